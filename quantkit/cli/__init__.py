@@ -1,0 +1,50 @@
+"""The `quantkit` command: nouns as groups, verbs as subcommands.
+
+User errors (QuantkitError) become one line on stderr and exit code 2 here and only
+here; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import QuantkitError
+from . import bench, compare, convert, evaluate, load, models, publish, recipe, roofline, run
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except QuantkitError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.version_option(package_name="quantkit")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Quantize, GQA-convert, evaluate and benchmark LLM checkpoints."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+    from .._quiet import quiet_libraries
+
+    quiet_libraries(debug)
+
+
+for _module in (models, recipe, convert, evaluate, bench, roofline, run, compare, publish, load):
+    for _command in _module.COMMANDS:
+        cli.add_command(_command)
+
+
+def main() -> None:
+    cli(prog_name="quantkit")

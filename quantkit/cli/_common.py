@@ -1,0 +1,38 @@
+"""Shared CLI plumbing: the --json flag, printing results, the rich console."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import click
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override a recipe key, validated like the file (repeatable), e.g. steps[0].gqa.kv_heads=2.",
+)
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(_clean(data), indent=2, sort_keys=False))
+
+
+def console(stderr: bool = True):
+    from rich.console import Console
+
+    return Console(stderr=stderr)

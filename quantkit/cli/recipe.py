@@ -1,0 +1,80 @@
+"""`quantkit recipe validate|list|show`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ._common import echo_json, json_option, set_option
+
+
+@click.group("recipe")
+def recipe_group() -> None:
+    """Validate and list recipes."""
+
+
+@recipe_group.command("validate")
+@click.argument("files", nargs=-1, required=True)
+@set_option
+@json_option
+def validate(files: tuple[str, ...], overrides: tuple[str, ...], as_json: bool) -> None:
+    """Validate recipe files; each error names the file and the key path. Exit 2 if any fails."""
+    from ..errors import QuantkitError
+    from ..recipe import load_recipe
+
+    results, errors = [], []
+    for f in files:
+        try:
+            recipe = load_recipe(f, overrides)
+        except QuantkitError as exc:
+            errors.append({"file": f, "error": str(exc)})
+            continue
+        results.append({"file": f, "name": recipe.name, "variants": [v.name for v in recipe.all_variants()]})
+    if as_json:
+        echo_json({"valid": results, "invalid": errors})
+    else:
+        for r in results:
+            n = len(r["variants"])
+            click.echo(f"ok  {r['file']}  ({n} variant{'s' if n != 1 else ''})")
+        for e in errors:
+            click.echo(f"error: {e['error']}", err=True)
+    if errors:
+        raise SystemExit(2)
+
+
+@recipe_group.command("list")
+@click.option("--dir", "directory", default="recipes", show_default=True, type=click.Path(file_okay=False))
+@json_option
+def list_(directory: str, as_json: bool) -> None:
+    """Name and one-line description of each recipe in a directory."""
+    from ..errors import RecipeError
+    from ..recipe import load_raw
+
+    rows = []
+    for path in sorted(Path(directory).glob("*.y*ml")):
+        try:
+            data = load_raw(path)
+        except RecipeError:
+            data = {"name": path.stem, "description": "(invalid YAML)"}
+        desc = str(data.get("description", "")).strip().splitlines()
+        rows.append({"name": data.get("name", path.stem), "file": str(path), "description": desc[0] if desc else ""})
+    if as_json:
+        echo_json({"recipes": rows})
+        return
+    width = max((len(r["name"]) for r in rows), default=0)
+    for r in rows:
+        click.echo(f"{r['name']:<{width}}  {r['description']}")
+
+
+@recipe_group.command("show")
+@click.argument("file")
+@set_option
+def show(file: str, overrides: tuple[str, ...]) -> None:
+    """Print the recipe as resolved (defaults filled in, overrides applied) as JSON."""
+    from ..recipe import load_recipe
+
+    echo_json(load_recipe(file, overrides).to_dict())
+
+
+COMMANDS = [recipe_group]

@@ -1,0 +1,57 @@
+"""The quantization-method registry: recipe `quantize.method` -> handler.
+
+A handler turns a loaded FP16/BF16 model (plus calibration token windows, when the method
+needs them) into a quantized model in memory and names the export format that saves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import NotImplementedYet
+
+
+@dataclass(frozen=True)
+class MethodHandler:
+    quantize: Callable  # (model, cfg, calib: list[Tensor] | None) -> model, quantized in memory
+    export_format: str  # key into export.FORMATS
+    loads_quantized: bool = False  # True: quantization happens at load time (bitsandbytes)
+
+
+def _handlers() -> dict[str, MethodHandler]:
+    from . import bnb, llmc
+
+    return {
+        "rtn": MethodHandler(llmc.quantize, "compressed-tensors"),
+        "gptq": MethodHandler(llmc.quantize, "compressed-tensors"),
+        "awq": MethodHandler(llmc.quantize, "compressed-tensors"),
+        "w8a8": MethodHandler(llmc.quantize, "compressed-tensors"),
+        "bnb-nf4": MethodHandler(bnb.quantize, "bitsandbytes", loads_quantized=True),
+        "bnb-int8": MethodHandler(bnb.quantize, "bitsandbytes", loads_quantized=True),
+    }
+
+
+# Steps whose implementation has not landed: validation says so instead of a silent no-op.
+PENDING_STEPS: dict[str, str] = {"gqa": "the gqa step"}
+PENDING_METHODS: dict[str, str] = {}
+
+
+def get_handler(method: str) -> MethodHandler:
+    handlers = _handlers()
+    if method not in handlers:
+        raise NotImplementedYet(f"quantize method {method!r} is not implemented; valid: {', '.join(handlers)}")
+    return handlers[method]
+
+
+def check_implemented(recipe, source: str) -> None:
+    """Fail validation, naming the key path, for any step that has not landed yet."""
+    groups = [("steps", recipe.steps)] + [(f"variants[{i}].steps", v.steps) for i, v in enumerate(recipe.variants)]
+    for prefix, steps in groups:
+        for j, step in enumerate(steps):
+            if step.kind in PENDING_STEPS:
+                raise NotImplementedYet(f"{source}: {prefix}[{j}].{step.kind}: {PENDING_STEPS[step.kind]} is not implemented yet")
+            if step.quantize is not None and step.quantize.method in PENDING_METHODS:
+                raise NotImplementedYet(
+                    f"{source}: {prefix}[{j}].quantize.method: {step.quantize.method} is not implemented yet"
+                )
