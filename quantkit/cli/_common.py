@@ -36,3 +36,9 @@ def console(stderr: bool = True):
     from rich.console import Console
 
     return Console(stderr=stderr)
+
+
+def debug_enabled() -> bool:
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx else None
+    return bool(root and root.obj and root.obj.get("debug"))

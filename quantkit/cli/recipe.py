@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ._common import echo_json, json_option, set_option
+from ._common import debug_enabled, echo_json, json_option, set_option
 
 
 @click.group("recipe")
@@ -28,6 +28,8 @@ def validate(files: tuple[str, ...], overrides: tuple[str, ...], as_json: bool) 
         try:
             recipe = load_recipe(f, overrides)
         except QuantkitError as exc:
+            if debug_enabled():
+                raise
             errors.append({"file": f, "error": str(exc)})
             continue
         results.append({"file": f, "name": recipe.name, "variants": [v.name for v in recipe.all_variants()]})

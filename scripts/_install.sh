@@ -1,0 +1,29 @@
+# Shared by quickstart.sh and test.sh: create or reuse .venv at the repo root and install
+# quantkit into it. Idempotent: a stamp of the inputs skips pip when nothing changed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  "$PY" -m venv .venv
+fi
+
+stamp=.venv/.quantkit-install
+want=$(cat pyproject.toml scripts/_install.sh | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import quantkit" 2>/dev/null; then
+  exit 0
+fi
+
+echo "==> installing quantkit into .venv (first run takes a few minutes)"
+.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+# torch first, pinned: the CPU build of 2.13.0 lies on this machine's disk, and a looser pin
+# would make pip fetch a multi-GB CUDA build. A GPU user installs the torch of their platform
+# into .venv before running this script; an importable torch is kept as it is.
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
+fi
+.venv/bin/python -m pip install -q -e ".[dev,serve]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import quantkit, torch, transformers, llmcompressor" 2>/dev/null \
+  || { echo "install failed: quantkit or one of its libraries does not import" >&2; exit 1; }
+echo "$want" > "$stamp"

@@ -1,0 +1,57 @@
+"""The CLI skeleton: recipe commands through --json, one-line errors with exit code 2."""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_recipe_validate_json(cli):
+    code, out, err, data = cli("recipe", "validate", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--json")
+    assert code == 0
+    assert data["valid"][0]["name"] == "int4-w4a16-rtn"
+
+
+def test_recipe_validate_error_is_one_line_exit_2(cli, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps:\n  - quantize: {method: gptq, group_size: 100}\n")
+    code, out, err, _ = cli("recipe", "validate", str(bad))
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [f"error: {bad}: steps[0].quantize.group_size: must be one of 32, 64, 128 or -1"]
+    assert "Traceback" not in err
+
+
+def test_recipe_list_json(cli):
+    code, _, _, data = cli("recipe", "list", "--dir", str(REPO / "recipes"), "--json")
+    names = {r["name"] for r in data["recipes"]}
+    assert {"demo", "int4-w4a16-gptq-g64", "bnb-nf4"} <= names
+    assert all(r["description"] for r in data["recipes"])
+
+
+def test_models_list_empty_home(cli):
+    code, _, _, data = cli("models", "list", "--json")
+    assert code == 0 and data["cached"] == [] and "demo" in data["named"]
+
+
+def test_models_path_not_pulled(cli):
+    code, _, err, _ = cli("models", "path", "demo")
+    assert code == 2 and "quantkit models pull demo" in err
+
+
+def test_debug_shows_traceback(tmp_path):
+    import pytest
+    from click.testing import CliRunner
+
+    from quantkit.cli import cli as group
+    from quantkit.errors import RecipeError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nonsense: 1\n")
+    with pytest.raises(RecipeError):
+        CliRunner().invoke(group, ["--debug", "recipe", "validate", str(bad)], catch_exceptions=False)
+
+
+def test_every_command_exists(cli):
+    for name in ["models", "recipe", "convert", "eval", "bench", "roofline", "run", "compare", "publish", "load"]:
+        code, out, _, _ = cli(name, "--help")
+        assert code == 0, name
