@@ -1,0 +1,114 @@
+"""Perplexity, KL and top-1 agreement of a model against a cached baseline, window by window.
+
+Each window of `seq_len` tokens is scored on its positions 1..seq_len-1 (no BOS is added;
+every model sees exactly the same tokens). Only one window's logits exist at a time. The
+baseline pass stores, per position, its top-k log-probabilities (float32) with their token ids,
+its NLL of the true next token and its argmax: comparing many variants costs one baseline pass
+(as llama.cpp's --kl-divergence-base does, but compact).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DataError
+from ..home import subdir
+from .stats import kl_topk, summarize
+
+TOPK = 256
+
+
+@dataclass
+class Windows:
+    tokens: list  # list of 1-D LongTensors of seq_len tokens
+    starts: list[int]
+    seq_len: int
+    provenance: dict
+
+    def describe(self) -> dict:
+        return {**self.provenance, "seq_len": self.seq_len, "count": len(self.starts), "window_starts": self.starts}
+
+
+def vocab_fingerprint(tokenizer) -> str:
+    items = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
+
+
+def text_windows(tokenizer, spec, *, seq_len: int, max_tokens: int, region: str) -> Windows:
+    from ..text import read_text, region_windows, tokenize_stream
+
+    text = read_text(spec)
+    stream = tokenize_stream(tokenizer, text.text)
+    all_windows = region_windows(len(stream), seq_len, region)
+    if not all_windows:
+        raise DataError(f"{spec}: {len(stream)} tokens, shorter than one {seq_len}-token window in region {region}")
+    n = max(1, max_tokens // seq_len)
+    chosen = all_windows[:n]
+    prov = {**text.provenance, "region": region, "stream_tokens": len(stream), "overlap": "none (non-overlapping)"}
+    return Windows([stream[s:e] for s, e in chosen], [s for s, _ in chosen], seq_len, prov)
+
+
+def _cache_key(baseline_hash: str, windows: Windows, vocab: str, dtype: str) -> str:
+    blob = json.dumps([baseline_hash, windows.provenance.get("sha256"), vocab, windows.seq_len, windows.starts, TOPK, dtype])
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _forward_logp(model, ids):
+    import torch
+
+    with torch.inference_mode():
+        logits = model(input_ids=ids.unsqueeze(0).to(model.device), use_cache=False).logits[0, :-1]
+        return torch.log_softmax(logits.float(), dim=-1)
+
+
+def baseline_pass(model, windows: Windows, progress=None) -> dict:
+    import torch
+
+    out = {"topk_logp": [], "topk_idx": [], "nll": [], "argmax": []}
+    for i, ids in enumerate(windows.tokens):
+        logp = _forward_logp(model, ids)
+        target = ids[1:].to(logp.device)
+        top = logp.topk(TOPK, dim=-1)
+        out["topk_logp"].append(top.values.cpu())
+        out["topk_idx"].append(top.indices.int().cpu())
+        out["nll"].append(-logp.gather(-1, target[:, None])[:, 0].cpu())
+        out["argmax"].append(top.indices[:, 0].int().cpu())
+        if progress:
+            progress(i + 1)
+    return {k: torch.stack(v) for k, v in out.items()}
+
+
+def cached_baseline(load_baseline, baseline_hash: str, windows: Windows, vocab: str, dtype: str, progress=None) -> tuple[dict, bool]:
+    """The baseline's per-window statistics, from disk when this exact pass was done before."""
+    import torch
+
+    path = subdir("eval-cache") / f"{_cache_key(baseline_hash, windows, vocab, dtype)}.pt"
+    if path.is_file():
+        return torch.load(path), True
+    data = baseline_pass(load_baseline(), windows, progress)
+    tmp = path.with_suffix(".tmp")
+    torch.save(data, tmp)
+    tmp.rename(path)
+    return data, False
+
+
+def score(model, windows: Windows, base: dict, progress=None) -> dict:
+    """Compare `model` with the cached baseline on the same windows."""
+    nll, kl, agree = [], [], []
+    for i, ids in enumerate(windows.tokens):
+        logp = _forward_logp(model, ids)
+        target = ids[1:].to(logp.device)
+        nll.append(-logp.gather(-1, target[:, None])[:, 0].cpu().numpy())
+        kl.append(kl_topk(base["topk_logp"][i].to(logp.device), base["topk_idx"][i].to(logp.device), logp).cpu().numpy())
+        agree.append((logp.argmax(-1).int().cpu() == base["argmax"][i]).numpy())
+        if progress:
+            progress(i + 1)
+    nll_m, kl_a, agree_a = np.concatenate(nll), np.concatenate(kl), np.concatenate(agree)
+    nll_b = base["nll"].reshape(-1).numpy().astype(np.float64)
+    result = summarize(nll_m.astype(np.float64), nll_b, kl_a, agree_a, windows.seq_len - 1)
+    result["kl_method"] = f"top-{TOPK} of the baseline plus one tail bucket (a lower bound of the exact KL)"
+    return result

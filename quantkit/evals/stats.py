@@ -1,0 +1,89 @@
+"""Pure statistics for accuracy deltas: perplexity, KL divergence, top-1 agreement, bootstrap intervals.
+
+The reference is llama.cpp's `llama-perplexity --kl-divergence`, which reports PPL of both
+models, KL(base || model) per token as mean/median/p99/max, and the top-token agreement.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def kl_full(logp_base, logp_model):
+    """Exact per-position KL(base || model) from full log-probability rows (torch, [..., V])."""
+    p = logp_base.exp()
+    return (p * (logp_base - logp_model)).sum(-1)
+
+
+def kl_topk(base_topk_logp, base_topk_idx, logp_model):
+    """Per-position KL(base || model) on the base's top-k tokens plus one bucket for the rest.
+
+    The tail bucket compares the base's remaining mass with the model's remaining mass, which
+    by the log-sum inequality makes this a lower bound of the exact KL; it is exact when the
+    base puts all its mass on its top k (and for a model compared with itself it is 0).
+    """
+    import torch
+
+    lb = base_topk_logp.float()
+    lm = logp_model.gather(-1, base_topk_idx.long())
+    pb = lb.exp()
+    head = (pb * (lb - lm)).sum(-1)
+    rest_b = (1.0 - pb.sum(-1)).clamp_min(0.0)
+    rest_m = (1.0 - lm.exp().sum(-1)).clamp_min(0.0)
+    tiny = torch.finfo(torch.float32).tiny
+    tail = torch.where(rest_b > 1e-7, rest_b * (torch.log(rest_b + tiny) - torch.log(rest_m + tiny)), torch.zeros_like(rest_b))
+    return (head + tail).clamp_min(0.0)
+
+
+def perplexity(nll: np.ndarray) -> float:
+    return float(math.exp(float(np.mean(nll))))
+
+
+def kl_summary(kl: np.ndarray) -> dict:
+    kl = np.asarray(kl, dtype=np.float64)
+    return {
+        "mean": float(kl.mean()),
+        "median": float(np.median(kl)),
+        "p99": float(np.percentile(kl, 99)),
+        "max": float(kl.max()),
+    }
+
+
+def bootstrap_ci(
+    nll_model: np.ndarray,
+    nll_base: np.ndarray,
+    kl: np.ndarray,
+    window_len: int,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict:
+    """95% intervals for dPPL% and mean KL, resampling whole windows (tokens within one are correlated)."""
+    rng = np.random.default_rng(seed)
+    n_win = len(nll_model) // window_len
+    if n_win < 2:
+        return {"delta_ppl_pct": [float("nan"), float("nan")], "kld_mean": [float("nan"), float("nan")]}
+    nm = nll_model[: n_win * window_len].reshape(n_win, window_len).mean(1)
+    nb = nll_base[: n_win * window_len].reshape(n_win, window_len).mean(1)
+    kw = kl[: n_win * window_len].reshape(n_win, window_len).mean(1)
+    idx = rng.integers(0, n_win, size=(n_boot, n_win))
+    d = (np.exp(nm[idx].mean(1) - nb[idx].mean(1)) - 1.0) * 100.0
+    k = kw[idx].mean(1)
+    return {
+        "delta_ppl_pct": [float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))],
+        "kld_mean": [float(np.percentile(k, 2.5)), float(np.percentile(k, 97.5))],
+    }
+
+
+def summarize(nll_model: np.ndarray, nll_base: np.ndarray, kl: np.ndarray, agree: np.ndarray, window_len: int) -> dict:
+    ppl, base = perplexity(nll_model), perplexity(nll_base)
+    return {
+        "ppl": ppl,
+        "baseline_ppl": base,
+        "delta_ppl_pct": (ppl / base - 1.0) * 100.0,
+        "kld": kl_summary(kl),
+        "top1_agreement": float(np.mean(agree)),
+        "ci95": bootstrap_ci(nll_model, nll_base, kl, window_len),
+        "tokens": int(len(nll_model)),
+    }

@@ -1,0 +1,186 @@
+"""A load run's settings, parsed and validated once at the edge; the engine and API registries.
+
+Deeper code (client, runner, stats) trusts a `LoadConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from urllib.parse import urlparse
+
+from ..errors import QuantkitError
+
+
+class LoadError(QuantkitError):
+    """Bad `quantkit load` input, or a server that cannot be used at all."""
+
+
+class ServerUnreachable(LoadError):
+    """The server did not accept a connection (wrong URL, not started, firewalled)."""
+
+
+# Extra body fields that make the server generate exactly max_tokens (ignore EOS), per engine.
+# An engine that rejects unknown fields (transformers serve answers 422) must not get them.
+ENGINES: dict[str, Callable[[int], dict]] = {
+    # Any OpenAI-compatible server: standard fields only; the output may stop early at EOS.
+    "openai": lambda gen_len: {},
+    # vLLM and SGLang sampling params: https://docs.vllm.ai/en/latest/api/ (SamplingParams.ignore_eos)
+    "vllm": lambda gen_len: {"ignore_eos": True},
+    "sglang": lambda gen_len: {"ignore_eos": True},
+    # llama.cpp server: `ignore_eos` is a documented /completion option and accepted on /v1/*.
+    "llamacpp": lambda gen_len: {"ignore_eos": True},
+    # transformers serve accepts a GenerationConfig as a JSON string; min_new_tokens holds EOS back.
+    "transformers": lambda gen_len: {
+        "generation_config": json.dumps({"max_new_tokens": gen_len, "min_new_tokens": gen_len})
+    },
+}
+
+DEFAULT_CONCURRENCY = "1,2,4,8,16,32"
+
+# Request path per API; the body builder lives in client.py.
+APIS: dict[str, str] = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+}
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency objectives in milliseconds; None means that metric has no objective."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.ttft_ms is None and self.tpot_ms is None
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    url: str
+    model: str
+    mode: str  # "concurrency" (closed loop) or "rate" (open loop, Poisson arrivals)
+    levels: tuple[float, ...]
+    api: str = "completions"
+    engine: str = "openai"
+    prompt_len: int = 128
+    gen_len: int = 64
+    step_seconds: float = 30.0
+    max_requests: int | None = None
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 5.0
+    slo: Slo = field(default_factory=Slo)
+    seed: int = 0
+    patience: int = 1
+    stop_at_saturation: bool = True
+    label: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def normalize_url(url: str) -> str:
+    """`http://host:8000/v1/` -> `http://host:8000`: the client appends the /v1/... path itself."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise LoadError(f"URL must look like http://HOST:PORT, got {url!r}")
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")]
+    return base
+
+
+def parse_levels(spec: str, *, integer: bool, option: str) -> tuple[float, ...]:
+    """`"1,2,4"` -> (1, 2, 4): positive, strictly increasing (a staircase only goes up)."""
+    try:
+        values = [float(part) for part in spec.split(",") if part.strip()]
+    except ValueError:
+        raise LoadError(f"{option}: expected comma-separated numbers, got {spec!r}") from None
+    if not values:
+        raise LoadError(f"{option}: no values in {spec!r}")
+    for value in values:
+        if not math.isfinite(value) or value <= 0:
+            raise LoadError(f"{option}: values must be positive, got {value:g}")
+        if integer and value != int(value):
+            raise LoadError(f"{option}: values must be whole numbers, got {value:g}")
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise LoadError(f"{option}: values must increase step by step, got {spec!r}")
+    return tuple(int(v) if integer else v for v in values)
+
+
+def parse_slo(spec: str | None) -> Slo:
+    """`"ttft=500,tpot=50"` (milliseconds) -> Slo. Either key may be left out."""
+    if not spec:
+        return Slo()
+    found: dict[str, float] = {}
+    for part in spec.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in ("ttft", "tpot"):
+            raise LoadError(f"--slo: expected ttft=MS,tpot=MS, got {spec!r}")
+        try:
+            number = float(value.rstrip("ms").strip())
+        except ValueError:
+            raise LoadError(f"--slo: {key} must be a number of milliseconds, got {value!r}") from None
+        if not math.isfinite(number) or number <= 0:
+            raise LoadError(f"--slo: {key} must be positive, got {value!r}")
+        found[key] = number
+    return Slo(ttft_ms=found.get("ttft"), tpot_ms=found.get("tpot"))
+
+
+def check_choice(value: str, registry: dict, option: str) -> str:
+    if value not in registry:
+        raise LoadError(f"{option}: unknown {value!r}; choose one of {', '.join(sorted(registry))}")
+    return value
+
+
+def build_config(
+    *,
+    url: str,
+    model: str,
+    concurrency: str | None,
+    rate: str | None,
+    slo: str | None,
+    api: str,
+    engine: str,
+    prompt_len: int,
+    gen_len: int,
+    step_seconds: float,
+    max_requests: int | None,
+    timeout_s: float,
+    patience: int,
+    **rest,
+) -> LoadConfig:
+    """The CLI's raw values -> a LoadConfig, or one LoadError naming the offending option."""
+    if concurrency and rate:
+        raise LoadError("give either --concurrency (closed loop) or --rate (open loop), not both")
+    if rate:
+        mode, levels = "rate", parse_levels(rate, integer=False, option="--rate")
+    else:
+        mode, levels = "concurrency", parse_levels(concurrency or DEFAULT_CONCURRENCY, integer=True, option="--concurrency")
+    for option, value in (("--prompt-len", prompt_len), ("--gen-len", gen_len), ("--step-seconds", step_seconds),
+                          ("--timeout", timeout_s), ("--max-requests", max_requests)):
+        if value is not None and not value > 0:
+            raise LoadError(f"{option} must be positive, got {value:g}")
+    if patience < 1:
+        raise LoadError(f"--patience must be at least 1, got {patience}")
+    return LoadConfig(
+        url=normalize_url(url),
+        model=model,
+        mode=mode,
+        levels=levels,
+        api=check_choice(api, APIS, "--api"),
+        engine=check_choice(engine, ENGINES, "--engine"),
+        prompt_len=prompt_len,
+        gen_len=gen_len,
+        step_seconds=step_seconds,
+        max_requests=max_requests,
+        timeout_s=timeout_s,
+        slo=parse_slo(slo),
+        patience=patience,
+        **rest,
+    )

@@ -1,0 +1,250 @@
+"""The numbers of a load run, as pure functions of recorded request timings.
+
+Definitions (all per request, in the client's clock):
+  TTFT = first generated chunk - send;  E2E = end - send;
+  TPOT = (E2E - TTFT) / (output tokens - 1), the mean time per output token after the first;
+  ITL  = the gaps between successive chunks that carried generated text (pooled over requests);
+  goodput = requests per second that met every SLO (TTFT <= ttft and TPOT <= tpot).
+A step's achieved QPS counts completed requests over the step's wall time (first send to last end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .config import Slo
+from .records import ERROR_KINDS, RequestRecord
+
+PERCENTILES = (50, 90, 99)
+# A step is saturated when its throughput grew by less than this fraction of the load increase ...
+FLAT_FRACTION = 0.25
+# ... while its TTFT-P99 rose by more than this factor: 25% sits above the step-to-step noise of
+# repeated unsaturated steps on the 2-core CI machine (docs/LOAD.md has the runs).
+TTFT_RISE = 1.25
+# A latency "degrades" once its P99 exceeds this multiple of the first (lightest) step's P99.
+DEGRADE_RATIO = 1.5
+
+MEANINGS = {
+    "ttft": "TTFT degraded first: requests wait for a slot or for prefill (queueing and scheduling); "
+    "more batch slots, chunked prefill or admission control move this knee",
+    "tpot": "TPOT degraded first: every decode step slows as the batch grows (memory-bandwidth "
+    "saturation); smaller weights and KV cache or faster memory move this knee",
+    None: f"neither TTFT-P99 nor TPOT-P99 exceeded {DEGRADE_RATIO:g}x the first step's within the bounds",
+}
+
+
+def percentiles(values: Iterable[float], scale: float = 1000.0) -> dict:
+    """P50/P90/P99 and the mean (linear interpolation, numpy's default), times `scale` (s -> ms)."""
+    arr = np.asarray(list(values), dtype=float) * scale
+    if arr.size == 0:
+        return {"n": 0, "mean": None, **{f"p{q}": None for q in PERCENTILES}}
+    out = {"n": int(arr.size), "mean": float(arr.mean())}
+    out.update({f"p{q}": float(np.percentile(arr, q)) for q in PERCENTILES})
+    return out
+
+
+def ttft_s(rec: RequestRecord) -> float:
+    return rec.t_first - rec.t_send
+
+
+def e2e_s(rec: RequestRecord) -> float:
+    return rec.t_end - rec.t_send
+
+
+def tpot_s(rec: RequestRecord) -> float | None:
+    """Mean time per output token after the first; None for a single-token answer."""
+    if not rec.output_tokens or rec.output_tokens < 2:
+        return None
+    return (rec.t_end - rec.t_first) / (rec.output_tokens - 1)
+
+
+def itls_s(rec: RequestRecord) -> list[float]:
+    times = rec.chunk_times
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def meets_slo(rec: RequestRecord, slo: Slo) -> bool:
+    if not rec.ok:
+        return False
+    if slo.ttft_ms is not None and ttft_s(rec) * 1000 > slo.ttft_ms:
+        return False
+    tpot = tpot_s(rec)
+    return slo.tpot_ms is None or tpot is None or tpot * 1000 <= slo.tpot_ms
+
+
+def count_errors(records: Sequence[RequestRecord]) -> dict:
+    counts = {kind: 0 for kind in ERROR_KINDS}
+    for rec in records:
+        if rec.error is not None:
+            counts[rec.error] = counts.get(rec.error, 0) + 1
+    return counts
+
+
+def _client_overhead(records: Sequence[RequestRecord], cpu_s: float | None, duration: float) -> dict:
+    lags = [r.t_send - r.t_scheduled for r in records if r.t_scheduled is not None]
+    return {
+        "parse_ms": percentiles(r.client_s for r in records),
+        "send_lag_ms": percentiles(lags) if lags else None,
+        "cpu_share": (cpu_s / duration) if cpu_s is not None and duration > 0 else None,
+    }
+
+
+def summarize_step(
+    records: Sequence[RequestRecord],
+    *,
+    mode: str,
+    offered: float,
+    t_start: float,
+    slo: Slo,
+    cpu_s: float | None = None,
+    partial: bool = False,
+) -> dict:
+    """One staircase step: throughput, latency percentiles, errors, goodput, client overhead."""
+    ok = [r for r in records if r.ok]
+    ends = [r.t_end for r in records if r.t_end is not None]
+    duration = (max(ends) - t_start) if ends else 0.0
+    per_s = (lambda n: n / duration) if duration > 0 else (lambda n: None)
+    out_tokens = sum(r.output_tokens or 0 for r in ok)
+    prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    errors = count_errors(records)
+    step = {
+        "mode": mode,
+        "offered": offered,
+        "partial": partial,
+        "requests": len(records),
+        "completed": len(ok),
+        "errors": errors,
+        "error_count": sum(errors.values()),
+        "timeouts": errors["timeout"],
+        "duration_s": duration,
+        "achieved_qps": per_s(len(ok)),
+        "output_tokens_per_s": per_s(out_tokens),
+        "output_tokens_mean": (out_tokens / len(ok)) if ok else None,
+        "prompt_tokens_mean": (sum(prompt) / len(prompt)) if prompt else None,
+        "tokens_from_usage": bool(ok) and all(r.tokens_from_usage for r in ok),
+        "ttft_ms": percentiles(ttft_s(r) for r in ok),
+        "tpot_ms": percentiles(t for t in (tpot_s(r) for r in ok) if t is not None),
+        "itl_ms": percentiles(gap for r in ok for gap in itls_s(r)),
+        "e2e_ms": percentiles(e2e_s(r) for r in ok),
+        "goodput": None,
+        "client": _client_overhead(records, cpu_s, duration),
+    }
+    if not slo.empty:
+        good = sum(meets_slo(r, slo) for r in records)
+        step["goodput"] = {"qps": per_s(good), "fraction": good / len(records) if records else None}
+    return step
+
+
+def _p99(step: dict, metric: str) -> float | None:
+    return (step.get(metric) or {}).get("p99")
+
+
+def is_saturated(prev: dict, cur: dict) -> bool:
+    """Throughput flattened (grew < FLAT_FRACTION of the load increase) while TTFT-P99 rose."""
+    qps_prev, qps_cur = prev.get("achieved_qps"), cur.get("achieved_qps")
+    if not qps_prev:
+        return False
+    offered_gain = cur["offered"] / prev["offered"] - 1
+    flat = (qps_cur or 0.0) / qps_prev - 1 < FLAT_FRACTION * offered_gain
+    ttft_prev, ttft_cur = _p99(prev, "ttft_ms"), _p99(cur, "ttft_ms")
+    if ttft_prev is None:
+        return False
+    rising = ttft_cur is None or ttft_cur > TTFT_RISE * ttft_prev
+    return flat and rising
+
+
+def saturated_flags(steps: Sequence[dict]) -> list[bool]:
+    return [False] + [is_saturated(a, b) for a, b in zip(steps, steps[1:])]
+
+
+def should_stop(steps: Sequence[dict], patience: int) -> bool:
+    """True once the last `patience` steps were each saturated against the one before."""
+    flags = saturated_flags(steps)
+    return patience > 0 and len(flags) > patience and all(flags[-patience:])
+
+
+def find_knee(steps: Sequence[dict]) -> dict | None:
+    """The last step that still scaled before the first saturated one; None if none saturated."""
+    flags = saturated_flags(steps)
+    if True not in flags:
+        return None
+    index = flags.index(True) - 1
+    step = steps[index]
+    return {
+        "index": index,
+        "offered": step["offered"],
+        "achieved_qps": step["achieved_qps"],
+        "output_tokens_per_s": step["output_tokens_per_s"],
+        "ttft_p99_ms": _p99(step, "ttft_ms"),
+        "tpot_p99_ms": _p99(step, "tpot_ms"),
+        "saturated_step": index + 1,
+    }
+
+
+def _first_degraded(steps: Sequence[dict], metric: str) -> tuple[int | None, float | None]:
+    base = _p99(steps[0], metric)
+    if not base:
+        return None, None
+    for i, step in enumerate(steps[1:], start=1):
+        value = _p99(step, metric)
+        if value is None or value > DEGRADE_RATIO * base:
+            return i, (value / base if value is not None else None)
+    return None, None
+
+
+def degraded_first(steps: Sequence[dict]) -> dict:
+    """Which P99 left its unloaded value first: TTFT (queueing) or TPOT (bandwidth)."""
+    ttft_step, ttft_ratio = _first_degraded(steps, "ttft_ms") if steps else (None, None)
+    tpot_step, tpot_ratio = _first_degraded(steps, "tpot_ms") if steps else (None, None)
+    if ttft_step is None and tpot_step is None:
+        first = None
+    elif tpot_step is None or (ttft_step is not None and ttft_step < tpot_step):
+        first = "ttft"
+    elif ttft_step is None or tpot_step < ttft_step:
+        first = "tpot"
+    else:  # same step: the one that moved further from its baseline
+        first = "ttft" if (ttft_ratio or float("inf")) >= (tpot_ratio or float("inf")) else "tpot"
+    return {
+        "first": first,
+        "ttft_step": ttft_step,
+        "ttft_ratio": ttft_ratio,
+        "tpot_step": tpot_step,
+        "tpot_ratio": tpot_ratio,
+        "meaning": MEANINGS[first],
+    }
+
+
+def max_qps_within_slo(steps: Sequence[dict], slo: Slo) -> dict | None:
+    """The highest achieved QPS among steps whose TTFT-P99 and TPOT-P99 met the SLO."""
+    if slo.empty:
+        return None
+    best = None
+    for i, step in enumerate(steps):
+        ttft, tpot = _p99(step, "ttft_ms"), _p99(step, "tpot_ms")
+        if ttft is None or not step.get("achieved_qps"):
+            continue
+        if slo.ttft_ms is not None and ttft > slo.ttft_ms:
+            continue
+        if slo.tpot_ms is not None and tpot is not None and tpot > slo.tpot_ms:
+            continue
+        if best is None or step["achieved_qps"] > best["achieved_qps"]:
+            best = {"index": i, "offered": step["offered"], "achieved_qps": step["achieved_qps"]}
+    return best
+
+
+def analyze(steps: Sequence[dict], slo: Slo) -> dict:
+    full = [s for s in steps if not s.get("partial")]
+    peak = max(range(len(full)), key=lambda i: full[i]["achieved_qps"] or 0.0) if full else None
+    return {
+        "knee": find_knee(full),
+        "peak": None if peak is None else {
+            "index": peak,
+            "offered": full[peak]["offered"],
+            "achieved_qps": full[peak]["achieved_qps"],
+            "output_tokens_per_s": full[peak]["output_tokens_per_s"],
+        },
+        "degraded_first": degraded_first(full),
+        "max_qps_within_slo": max_qps_within_slo(full, slo),
+    }

@@ -1,0 +1,119 @@
+"""A scripted OpenAI-compatible SSE server for tests: known timings, a fixed number of slots.
+
+Requests beyond `slots` wait for a free slot (a queue, like a server without batching), so a
+staircase past `slots` saturates at slots / service time. Every `fail_every`-th request answers
+HTTP 500 and every `hang_every`-th sends headers, then nothing for 30 s (a timeout). Stdlib only.
+
+    python tests/load_fixtures/fake_server.py --slots 2   # prints the port, serves until killed
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FakeOpenAI(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, *, slots=2, prefill_s=0.02, token_s=0.005, fail_every=0, hang_every=0, usage=True):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.slots = threading.Semaphore(slots)
+        self.prefill_s, self.token_s, self.usage = prefill_s, token_s, usage
+        self.fail_every, self.hang_every = fail_every, hang_every
+        self.counter = itertools.count(1)
+        self.bodies: list[dict] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def start(self) -> "FakeOpenAI":
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeOpenAI
+
+    def log_message(self, *args) -> None:  # keep test output clean
+        pass
+
+    def do_GET(self) -> None:
+        self._reply(200, {"status": "ok"} if self.path == "/health" else {"object": "list", "data": []})
+
+    def _reply(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.bodies.append(body)
+        n = next(self.server.counter)
+        if self.path not in ("/v1/completions", "/v1/chat/completions"):
+            return self._reply(404, {"detail": "Not Found"})
+        if self.server.fail_every and n % self.server.fail_every == 0:
+            return self._reply(500, {"detail": "scripted failure"})
+        if self.server.hang_every and n % self.server.hang_every == 0:
+            self._headers()
+            time.sleep(30)  # outlives any test's --timeout; holds no slot
+            return
+        with self.server.slots:
+            self._stream(body, chat=self.path.endswith("chat/completions"))
+
+    def _chunk(self, payload: dict) -> None:
+        self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
+        self.wfile.flush()
+
+    def _headers(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+
+    def _stream(self, body: dict, chat: bool) -> None:
+        self._headers()
+        n_tokens = int(body.get("max_tokens") or 16)
+        time.sleep(self.server.prefill_s)
+        if chat:
+            self._chunk({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+        for i in range(n_tokens):
+            if i:
+                time.sleep(self.server.token_s)
+            text = f" t{i}"
+            choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+            self._chunk({"choices": [choice]})
+        final = {"choices": [{"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}]}
+        if self.server.usage:
+            prompt_tokens = len(str(body.get("prompt") or body.get("messages")).split())
+            final["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens,
+                              "total_tokens": prompt_tokens + n_tokens}
+        self._chunk(final)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--token-s", type=float, default=0.005)
+    args = parser.parse_args()
+    server = FakeOpenAI(slots=args.slots, token_s=args.token_s)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

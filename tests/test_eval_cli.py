@@ -1,0 +1,70 @@
+"""quantkit eval on tiny checkpoints, through the CLI and --json."""
+
+import shutil
+
+import pytest
+
+
+def test_self_comparison_is_exact(cli, tiny_llama, tiny_text):
+    code, out, err, data = cli(
+        "eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}",
+        "--seq-len", "64", "--max-tokens", "256", "--json",
+    )
+    assert code == 0, err
+    assert data["kld"]["mean"] == pytest.approx(0.0, abs=1e-6)
+    assert data["kld"]["max"] == pytest.approx(0.0, abs=1e-5)
+    assert data["top1_agreement"] == 1.0
+    assert data["delta_ppl_pct"] == pytest.approx(0.0, abs=1e-6)
+    assert data["tokens"] == 4 * 63 and data["windows"]["count"] == 4
+    assert data["windows"]["window_starts"] == [0, 64, 128, 192]
+    assert set(data) >= {"ppl", "baseline_ppl", "delta_ppl_pct", "kld", "top1_agreement", "tokens", "windows", "tasks"}
+    assert data["baseline_cached"] is False
+
+
+def test_second_variant_uses_cached_baseline(cli, tiny_dir, tiny_text):
+    args = ["--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", "--seq-len", "64", "--max-tokens", "128", "--json"]
+    _, _, _, first = cli("eval", str(tiny_dir / "llama-gqa"), *args)
+    code, _, err, second = cli("eval", str(tiny_dir / "llama-gqa"), *args)
+    assert code == 0, err
+    assert first["baseline_cached"] is False and second["baseline_cached"] is True
+
+
+def test_different_model_has_positive_kl(cli, tiny_dir, tiny_text, tmp_path):
+    from fixtures import build_checkpoint
+
+    other = build_checkpoint(tmp_path / "other", "llama-gqa", tiny_dir / "tokenizer", seed=1)
+    code, _, err, data = cli(
+        "eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}",
+        "--seq-len", "64", "--max-tokens", "128", "--json",
+    )
+    assert code == 0, err
+    assert data["kld"]["mean"] > 0.01 and data["top1_agreement"] < 1.0
+
+
+def test_tokenizer_mismatch(cli, tiny_dir, tiny_text, tmp_path):
+    from fixtures import build_checkpoint, build_tokenizer
+
+    build_tokenizer(tmp_path / "tok2", vocab_size=320)
+    other = build_checkpoint(tmp_path / "m2", "llama-gqa", tmp_path / "tok2")
+    code, _, err, _ = cli("eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", "--seq-len", "64")
+    assert code == 2 and "tokenizer mismatch" in err and "Traceback" not in err
+
+
+def test_text_shorter_than_a_window(cli, tiny_llama, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("only a few words here")
+    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{short}", "--seq-len", "64")
+    assert code == 2 and "shorter than one 64-token window" in err
+
+
+def test_model_that_fails_to_load(cli, tiny_llama, tiny_text, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_llama, broken)
+    (broken / "config.json").write_text('{"model_type": "no-such-arch"}')
+    code, _, err, _ = cli("eval", str(broken), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64")
+    assert code == 2 and "error:" in err and "Traceback" not in err
+
+
+def test_nothing_to_evaluate(cli, tiny_llama):
+    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama))
+    assert code == 2 and "nothing to evaluate" in err

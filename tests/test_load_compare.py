@@ -1,0 +1,73 @@
+"""compare_load_runs / render_load_comparison: how far the knee moved between two load runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from load_fixtures.fake_server import FakeOpenAI
+
+from quantkit.cli import cli
+from quantkit.load.compare import compare_load_runs, render_load_comparison
+from quantkit.load.config import LoadError
+from quantkit.load.plot import plot_runs
+
+
+def _run(slots: int, label: str) -> dict:
+    server = FakeOpenAI(slots=slots).start()
+    try:
+        result = CliRunner().invoke(cli, [
+            "load", server.url, "--model", "m", "--gen-len", "16", "--prompt-len", "16", "--concurrency", "1,2,4,8",
+            "--step-seconds", "2", "--max-requests", "12", "--label", label, "--json"])
+    finally:
+        server.stop()
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_more_slots_move_the_knee(tmp_path):
+    one, four = _run(1, "1 slot"), _run(4, "4 slots")
+    result = compare_load_runs([one, four])
+    assert result["kind"] == "load-comparison" and result["baseline"] == "1 slot"
+    base, other = result["runs"]
+    assert base["knee_offered"] == 1 and other["knee_offered"] == 4
+    assert other["knee_qps_ratio"] > 2.5  # ideal: x4
+    assert [level["offered"] for level in result["matched_levels"]] == [1, 2]  # both stopped by then
+    assert "knee moved from" in result["verdicts"][0]
+    text = render_load_comparison(result)
+    assert text.startswith("| run | knee at |") and "| 4 slots | concurrency=4 |" in text
+    assert "At matched offered load" in text
+    png = plot_runs([one, four], tmp_path / "both.png")
+    assert png.stat().st_size > 1000
+
+
+def _stub(label, knee, peak=10.0, mode="concurrency"):
+    step = {"offered": 1, "achieved_qps": peak, "ttft_ms": {"p99": 10.0}, "tpot_ms": {"p99": 1.0}}
+    return {
+        "kind": "load-run", "schema_version": 1, "label": label, "config": {"mode": mode}, "stopped": "bounds",
+        "steps": [step],
+        "analysis": {
+            "knee": knee and {"offered": 1, "achieved_qps": knee, "output_tokens_per_s": 1.0,
+                              "ttft_p99_ms": 1.0, "tpot_p99_ms": 1.0},
+            "peak": {"offered": 1, "achieved_qps": peak, "output_tokens_per_s": 100.0},
+            "degraded_first": {"first": None}, "max_qps_within_slo": None,
+        },
+    }
+
+
+def test_runs_without_a_knee_and_mixed_modes():
+    result = compare_load_runs([_stub("a", 5.0), _stub("b", None, peak=12.0, mode="rate")])
+    assert result["matched_levels"] == []
+    assert "no knee within its bounds" in result["verdicts"][0] and "x2.40 or more" in result["verdicts"][0]
+    assert result["runs"][1]["peak_qps_ratio"] == pytest.approx(1.2)
+    render_load_comparison(result)
+
+
+def test_rejects_files_that_are_not_load_runs():
+    with pytest.raises(LoadError, match="run 2 is not a quantkit load run"):
+        compare_load_runs([_stub("a", 1.0), {"kind": "bench"}])
+    with pytest.raises(LoadError, match="schema_version 2"):
+        compare_load_runs([_stub("a", 1.0), {**_stub("b", 1.0), "schema_version": 2}])
+    with pytest.raises(LoadError, match="at least two"):
+        compare_load_runs([_stub("a", 1.0)])

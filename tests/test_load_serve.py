@@ -1,0 +1,114 @@
+"""`quantkit load` against a real OpenAI-compatible engine: `transformers serve` on loopback.
+
+The server runs a tiny random Llama built here (no download). Skipped, with the reason, when the
+`transformers[serving]` extra is missing or the server does not come up.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from load_fixtures.tiny_model import build_tiny_model
+
+from quantkit.cli import cli
+
+pytestmark = pytest.mark.serve
+READY_TIMEOUT_S = 180  # importing torch + transformers on a busy 2-core runner takes 20-40 s
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, log) -> str | None:
+    """None when /health answers 200; otherwise why the server is not usable."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"`transformers serve` exited with {proc.returncode}: {log.read_text()[-400:]}"
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return None
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    return f"`transformers serve` not ready within {READY_TIMEOUT_S} s: {log.read_text()[-400:]}"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"transformers[serving] extra not installed (missing {', '.join(missing)})")
+    root = tmp_path_factory.mktemp("serve")
+    model = build_tiny_model(root / "tiny")
+    port, log = _free_port(), root / "server.log"
+    cmd = [sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve", str(model),
+           "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        reason = _wait_ready(proc, url, log)
+        if reason:
+            pytest.skip(reason)
+        yield url, str(model)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_staircase_against_transformers_serve(served, tmp_path):
+    url, model = served
+    out = tmp_path / "run.json"
+    result = CliRunner().invoke(cli, [
+        "load", url, "--model", model, "--engine", "transformers", "--concurrency", "1,2",
+        "--prompt-len", "16", "--gen-len", "8", "--step-seconds", "10", "--max-requests", "4",
+        "--timeout", "30", "--slo", "ttft=2000,tpot=500", "--no-stop", "--keep-requests",
+        "--out", str(out), "--plot", str(tmp_path / "run.png"), "--json"])
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)
+    assert run["kind"] == "load-run" and run["stopped"] == "bounds"
+    assert run["prompt_tokens_reported"] > 0
+    assert [s["offered"] for s in run["steps"]] == [1, 2]
+    for step in run["steps"]:
+        assert step["requests"] == 4 and step["completed"] == 4, step["errors"]
+        assert step["tokens_from_usage"] and step["output_tokens_mean"] == 8  # min_new_tokens held EOS back
+        assert step["achieved_qps"] > 0 and step["output_tokens_per_s"] > 0
+        assert 0 < step["ttft_ms"]["p50"] <= step["ttft_ms"]["p99"] <= step["e2e_ms"]["p99"]
+        assert step["tpot_ms"]["n"] == 4 and step["goodput"]["fraction"] is not None
+    assert len(run["requests"]) == 2 and len(run["requests"][0]) == 4
+    assert (tmp_path / "run.png").stat().st_size > 1000
+
+
+def test_chat_endpoint_streams_too(served):
+    url, model = served
+    result = CliRunner().invoke(cli, [
+        "load", url, "--model", model, "--engine", "transformers", "--api", "chat", "--concurrency", "1",
+        "--prompt-len", "8", "--gen-len", "4", "--max-requests", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    step = json.loads(result.stdout)["steps"][0]
+    assert step["completed"] == 2 and step["output_tokens_mean"] == 4
+
+
+def test_wrong_model_name_is_a_clear_error(served):
+    url, _ = served
+    result = CliRunner().invoke(cli, ["load", url, "--model", "not-this-one", "--engine", "transformers", "--json"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "warm-up request" in result.output and "HTTP 400" in result.output
