@@ -1,0 +1,181 @@
+"""The roofline: bytes read per decode token and prefill FLOPs, as pure functions.
+
+Decode at batch 1 reads every weight once per token, so TPOT >= bytes / bandwidth.
+Prefill is a matmul over the prompt, so TTFT >= FLOPs / compute rate (and never below the
+time to read the weights once). Efficiency = predicted / measured: above 100% means the
+byte or FLOP accounting is wrong, and is flagged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the roofline needs to know about a decoder-only transformer."""
+
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+    gated_mlp: bool = True  # SwiGLU: gate, up, down
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "Shape":
+        heads = cfg["num_attention_heads"]
+        return cls(
+            vocab=cfg["vocab_size"],
+            hidden=cfg["hidden_size"],
+            intermediate=cfg["intermediate_size"],
+            layers=cfg["num_hidden_layers"],
+            heads=heads,
+            kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """(out_features, in_features) of each per-layer linear."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        mats = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q), "up_proj": (i, h), "down_proj": (h, i)}
+        if self.gated_mlp:
+            mats["gate_proj"] = (i, h)
+        return mats
+
+    def layer_linear_params(self) -> int:
+        return sum(o * i for o, i in self.linears().values())
+
+    def matmul_params(self) -> int:
+        """Parameters that take part in a matmul per token: all layer linears and the lm_head."""
+        return self.layers * self.layer_linear_params() + self.vocab * self.hidden
+
+    def total_params(self) -> int:
+        norms = (2 * self.layers + 1) * self.hidden
+        emb = self.vocab * self.hidden
+        return self.layers * self.layer_linear_params() + emb * (1 if self.tied else 2) + norms
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How linear weights are stored: bits per weight plus per-group scale (and zero) bytes."""
+
+    bits: float = 16.0
+    group_size: int = -1  # -1: one scale per output channel; 0: no scales (plain float)
+    scale_bytes: int = 2
+    zero_bits: float = 0.0  # 0 when symmetric
+
+    def bytes_for(self, out_features: int, in_features: int) -> float:
+        n = out_features * in_features
+        total = n * self.bits / 8
+        if self.group_size == 0:
+            return total
+        groups = out_features * (1 if self.group_size == -1 else -(-in_features // self.group_size))
+        return total + groups * (self.scale_bytes + self.zero_bits / 8)
+
+
+FP16 = WeightFormat(16.0, 0)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Storage of each part of the model."""
+
+    linear: WeightFormat = FP16
+    lm_head: WeightFormat = FP16
+    embedding_bytes: float = 2.0  # per element
+    kv_bytes: float = 2.0  # per cached element
+    norm_bytes: float = 2.0
+    overrides: dict[str, WeightFormat] = field(default_factory=dict)  # per linear name, e.g. {"down_proj": ...}
+
+
+def weight_bytes_per_token(shape: Shape, layout: Layout) -> float:
+    """Bytes of weights read by one decode step.
+
+    Every layer linear once at its stored precision (with scales and zeros); the input
+    embedding one row; the lm_head as a full matrix (for tied weights, the embedding table
+    is read in full as the lm_head); norm weights.
+    """
+    per_layer = sum(layout.overrides.get(name, layout.linear).bytes_for(o, i) for name, (o, i) in shape.linears().items())
+    emb_row = shape.hidden * layout.embedding_bytes
+    head = layout.lm_head.bytes_for(shape.vocab, shape.hidden)
+    norms = (2 * shape.layers + 1) * shape.hidden * layout.norm_bytes
+    return shape.layers * per_layer + emb_row + head + norms
+
+
+def kv_bytes_per_token(shape: Shape, layout: Layout = Layout()) -> float:
+    """Bytes one token occupies in the KV cache (K and V, every layer, GQA-aware)."""
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * layout.kv_bytes
+
+
+def decode_bytes(shape: Shape, layout: Layout, context_len: int) -> float:
+    """Bytes read (and the new KV written) by the decode step at a given context length."""
+    kv = kv_bytes_per_token(shape, layout)
+    return weight_bytes_per_token(shape, layout) + kv * context_len + kv
+
+
+def mean_decode_bytes(shape: Shape, layout: Layout, prompt_len: int, gen_len: int) -> float:
+    """Average over the timed decode steps (context prompt_len+1 .. prompt_len+gen_len-1)."""
+    steps = range(prompt_len + 1, prompt_len + gen_len)
+    return float(np.mean([decode_bytes(shape, layout, c) for c in steps])) if gen_len > 1 else decode_bytes(shape, layout, prompt_len)
+
+
+def prefill_flops(shape: Shape, prompt_len: int) -> float:
+    """2 * matmul parameters * prompt length, plus causal attention.
+
+    Attention at position t costs 2*h*d*t for QK^T and the same for AV (Kaplan et al. 2020,
+    "Scaling Laws for Neural Language Models", Table 1); summed over t = 1..P that is
+    2*L*h*d*P*(P+1).
+    """
+    linear = 2.0 * shape.matmul_params() * prompt_len
+    attn = 2.0 * shape.layers * shape.heads * shape.head_dim * prompt_len * (prompt_len + 1)
+    return linear + attn
+
+
+def prefill_bytes(shape: Shape, layout: Layout, prompt_len: int) -> float:
+    return weight_bytes_per_token(shape, layout) + kv_bytes_per_token(shape, layout) * prompt_len
+
+
+def predict_tpot_s(bytes_per_token: float, bandwidth: float) -> float:
+    return bytes_per_token / bandwidth
+
+
+def predict_ttft_s(flops: float, compute_rate: float, bytes_read: float, bandwidth: float) -> float:
+    return max(flops / compute_rate, bytes_read / bandwidth)
+
+
+def efficiency(predicted: float, measured: float) -> tuple[float, bool]:
+    """predicted / measured, and whether it is impossible (> 100%: an accounting error)."""
+    eff = predicted / measured if measured > 0 else float("nan")
+    return eff, bool(eff > 1.0)
+
+
+def fit_rule(bytes_per_token: list[float], tpot_s: list[float]) -> dict:
+    """Least squares TPOT = overhead + bytes / bw_eff; returns effective GB/s, overhead and R^2."""
+    x, y = np.asarray(bytes_per_token, float), np.asarray(tpot_s, float)
+    if len(x) < 2 or np.ptp(x) == 0:
+        return {"effective_gbps": None, "overhead_ms": None, "r2": None, "points": int(len(x))}
+    slope, intercept = np.polyfit(x, y, 1)
+    pred = slope * x + intercept
+    ss_res, ss_tot = float(((y - pred) ** 2).sum()), float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return {
+        "effective_gbps": (1.0 / slope) / 1e9 if slope > 0 else None,
+        "overhead_ms": intercept * 1e3,
+        "r2": r2,
+        "points": int(len(x)),
+    }
+
+
+def quantized_layout(bits: int, group_size: int = 128, symmetric: bool = True, quantize_lm_head: bool = False) -> Layout:
+    """A what-if layout: layer linears at `bits` with fp16 scales per group (16 = unquantized)."""
+    if bits >= 16:
+        return Layout()
+    fmt = WeightFormat(float(bits), group_size, 2, 0.0 if symmetric else float(bits))
+    return replace(Layout(), linear=fmt, lm_head=fmt if quantize_lm_head else FP16)

@@ -1,0 +1,97 @@
+"""Roofline math against hand-computed numbers."""
+
+import pytest
+
+from quantkit.hardware import SHAPES, get_device, shape_config
+from quantkit.roofline import (
+    FP16, Layout, Shape, WeightFormat, decode_bytes, efficiency, fit_rule, kv_bytes_per_token,
+    prefill_flops, predict_ttft_s, quantized_layout, weight_bytes_per_token,
+)
+
+TOY = Shape(vocab=10, hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, head_dim=2, tied=True)
+
+
+def test_toy_weight_bytes_by_hand():
+    # per layer: q 4x4=16, k 2x4=8, v 8, o 16, gate 8x4=32, up 32, down 32 -> 144 weights
+    assert TOY.layer_linear_params() == 144
+    # fp16: 2 layers * 144 * 2 B = 576; embedding row 4*2 = 8; tied lm_head full 10*4*2 = 80; norms (2*2+1)*4*2 = 40
+    assert weight_bytes_per_token(TOY, Layout()) == 576 + 8 + 80 + 40
+
+
+def test_toy_int4_group_bytes_by_hand():
+    fmt = WeightFormat(bits=4, group_size=4, scale_bytes=2)
+    # q: 16 weights * 0.5 B = 8, groups 4 rows * 1 = 4 scales * 2 B = 8 -> 16
+    assert fmt.bytes_for(4, 4) == 16
+    # asymmetric with 4-bit zeros: + 4 groups * 0.5 B
+    assert WeightFormat(4, 4, 2, 4).bytes_for(4, 4) == 18
+    # per channel: one scale per output row
+    assert WeightFormat(8, -1, 2).bytes_for(4, 4) == 16 + 8
+
+
+def test_kv_bytes_gqa_aware():
+    # 2 (K,V) * 2 layers * 1 kv head * 2 dims * 2 B = 16 per token
+    assert kv_bytes_per_token(TOY) == 16
+    mha = Shape(**{**TOY.__dict__, "kv_heads": 2})
+    assert kv_bytes_per_token(mha) == 32
+    # decode at context 10: weights + 10 tokens read + 1 written
+    assert decode_bytes(TOY, Layout(), 10) == 704 + 16 * 11
+
+
+def test_prefill_flops_by_hand():
+    # matmul params: 2*144 + lm_head 40 = 328; 2*328*P with P=3 -> 1968
+    # attention: 2 * L(2) * h(2) * d(2) * P(3) * (P+1)(4) = 192
+    assert prefill_flops(TOY, 3) == 1968 + 192
+
+
+def test_llama3_8b_on_h200_bf16_floor_is_3_1_ms():
+    shape = Shape.from_config(shape_config("llama3-8b"))
+    tpot = weight_bytes_per_token(shape, Layout()) / get_device("h200").bandwidth
+    assert tpot * 1e3 == pytest.approx(3.13, abs=0.02)
+
+
+def test_demo_shape_bf16_bytes():
+    shape = Shape.from_config(SHAPES["smollm2-135m"])
+    # 30 layers * 3,538,944 weights * 2 B + lm_head 49152*576*2 + one row + norms
+    expected = 30 * 3_538_944 * 2 + 49152 * 576 * 2 + 576 * 2 + 61 * 576 * 2
+    assert weight_bytes_per_token(shape, Layout()) == expected
+    assert shape.total_params() == 30 * 3_538_944 + 49152 * 576 + 61 * 576
+
+
+def test_quantized_layout_keeps_lm_head_fp16():
+    lay = quantized_layout(4, 128)
+    assert lay.lm_head == FP16 and lay.linear.bits == 4
+    assert quantized_layout(16) == Layout()
+
+
+def test_ttft_never_below_reading_weights():
+    assert predict_ttft_s(1e9, 1e12, 1e9, 1e11) == pytest.approx(0.01)
+    assert predict_ttft_s(1e12, 1e12, 1e6, 1e11) == pytest.approx(1.0)
+
+
+def test_efficiency_flags_impossible():
+    assert efficiency(1.0, 2.0) == (0.5, False)
+    assert efficiency(2.0, 1.0) == (2.0, True)
+
+
+def test_fit_recovers_line():
+    bw, overhead = 10e9, 0.002
+    xs = [1e8, 2e8, 3e8]
+    fit = fit_rule(xs, [overhead + x / bw for x in xs])
+    assert fit["effective_gbps"] == pytest.approx(10.0)
+    assert fit["overhead_ms"] == pytest.approx(2.0)
+    assert fit["r2"] == pytest.approx(1.0)
+    assert fit_rule([1e8], [0.01])["r2"] is None
+
+
+def test_roofline_cli_json(cli):
+    code, _, err, data = cli("roofline", "--shape", "llama3-8b", "--device", "h200", "--bits", "16,8,4", "--json")
+    assert code == 0, err
+    t16, t8, t4 = (r["predicted_tpot_ms"] for r in data["rows"])
+    assert t16 == pytest.approx(3.13, abs=0.03) and t16 > t8 > t4
+
+
+def test_roofline_cli_bad_input(cli):
+    code, _, err, _ = cli("roofline", "--shape", "nope", "--device", "h200")
+    assert code == 2 and "unknown shape" in err
+    code, _, err, _ = cli("roofline", "--shape", "llama3-8b", "--device", "tpu9")
+    assert code == 2 and "unknown device" in err
