@@ -20,7 +20,7 @@ from load_fixtures.fake_server import FakeOpenAI
 from quantkit.cli import cli
 
 REPO = Path(__file__).resolve().parents[1]
-QUICK = ["--model", "m", "--gen-len", "16", "--prompt-len", "16", "--step-seconds", "2", "--max-requests", "12"]
+QUICK = ["--model", "m", "--gen-len", "8", "--prompt-len", "16", "--step-seconds", "2", "--max-requests", "12"]
 
 
 @pytest.fixture(autouse=True)
@@ -42,9 +42,9 @@ def _load(*args) -> tuple[int, dict | None, str]:
 
 
 def test_closed_loop_finds_the_knee_of_a_two_slot_server(server, tmp_path):
-    # 2 slots, ~0.1 s per request: 1 -> 2 concurrent doubles req/s, 4 only queues.
+    # 2 slots, ~0.15 s per request: 1 -> 2 concurrent doubles req/s, 4 only queues.
     out, png = tmp_path / "run.json", tmp_path / "run.png"
-    code, run, output = _load(server.url, *QUICK, "--concurrency", "1,2,4,8", "--slo", "ttft=60",
+    code, run, output = _load(server.url, *QUICK, "--concurrency", "1,2,4,8", "--slo", "ttft=150",
                               "--out", str(out), "--plot", str(png), "--label", "two-slot")
     assert code == 0, output
     assert run["kind"] == "load-run" and run["schema_version"] == 1 and run["label"] == "two-slot"
@@ -53,20 +53,20 @@ def test_closed_loop_finds_the_knee_of_a_two_slot_server(server, tmp_path):
     assert run["analysis"]["degraded_first"]["first"] == "ttft"
     step = run["steps"][1]
     assert step["completed"] == 12 and step["error_count"] == 0 and step["tokens_from_usage"]
-    assert step["output_tokens_mean"] == 16 and step["prompt_tokens_mean"] > 0
+    assert step["output_tokens_mean"] == 8 and step["prompt_tokens_mean"] > 0
     for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert step[metric]["p50"] <= step[metric]["p90"] <= step[metric]["p99"]
     assert run["steps"][2]["goodput"]["qps"] < run["steps"][1]["goodput"]["qps"]
     assert run["client_overhead"]["parse_ms"]["n"] > 0
     assert json.loads(out.read_text())["steps"] == run["steps"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert all(body["max_tokens"] == 16 for body in server.bodies[1:])
+    assert all(body["max_tokens"] == 8 for body in server.bodies[1:])
 
 
 def test_open_loop_poisson_rates(server):
-    code, run, output = _load(server.url, *QUICK, "--rate", "5,10", "--step-seconds", "1")
+    code, run, output = _load(server.url, *QUICK, "--rate", "2,4", "--step-seconds", "1.5")
     assert code == 0, output
-    assert [s["offered"] for s in run["steps"]] == [5, 10] and run["config"]["mode"] == "rate"
+    assert [s["offered"] for s in run["steps"]] == [2, 4] and run["config"]["mode"] == "rate"
     assert all(s["client"]["send_lag_ms"]["n"] == s["requests"] for s in run["steps"])
     assert run["stopped"] == "bounds" and run["analysis"]["knee"] is None
 
@@ -85,7 +85,7 @@ def test_chat_api_without_usage_counts_chunks(server):
     code, run, output = _load(server.url, *QUICK, "--api", "chat", "--concurrency", "1", "--max-requests", "3")
     assert code == 0, output
     step = run["steps"][0]
-    assert step["output_tokens_mean"] == 16 and not step["tokens_from_usage"]
+    assert step["output_tokens_mean"] == 8 and not step["tokens_from_usage"]
     assert step["prompt_tokens_mean"] is None
     assert "messages" in server.bodies[-1]
 

@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from load_fixtures.fake_server import FakeOpenAI
 
 from quantkit.cli import cli
-from quantkit.load.compare import compare_load_runs, render_load_comparison
-from quantkit.load.config import LoadError
+from quantkit.load.compare import compare_load_runs, is_load_run, render_load_comparison
+from quantkit.load.config import LoadError, Slo
 from quantkit.load.plot import plot_runs
+from quantkit.load.stats import analyze
+
+FIXTURES = Path(__file__).parent / "load_fixtures"
 
 
 def _run(slots: int, label: str) -> dict:
     server = FakeOpenAI(slots=slots).start()
     try:
         result = CliRunner().invoke(cli, [
-            "load", server.url, "--model", "m", "--gen-len", "16", "--prompt-len", "16", "--concurrency", "1,2,4,8",
+            "load", server.url, "--model", "m", "--gen-len", "8", "--prompt-len", "16", "--concurrency", "1,2,4,8",
             "--step-seconds", "2", "--max-requests", "12", "--label", label, "--json"])
     finally:
         server.stop()
@@ -65,9 +69,25 @@ def test_runs_without_a_knee_and_mixed_modes():
 
 
 def test_rejects_files_that_are_not_load_runs():
+    assert is_load_run(_stub("a", 1.0)) and not is_load_run({"kind": "bench"}) and not is_load_run([])
     with pytest.raises(LoadError, match="run 2 is not a quantkit load run"):
         compare_load_runs([_stub("a", 1.0), {"kind": "bench"}])
     with pytest.raises(LoadError, match="schema_version 2"):
         compare_load_runs([_stub("a", 1.0), {**_stub("b", 1.0), "schema_version": 2}])
     with pytest.raises(LoadError, match="at least two"):
         compare_load_runs([_stub("a", 1.0)])
+
+
+def test_the_attribution_runs_in_the_docs():
+    """docs/LOAD.md's figures: transformers serve on the demo model, batching off vs on."""
+    runs = [json.loads((FIXTURES / f"attribution_{name}.json").read_text()) for name in ("nocb", "cb")]
+    for run in runs:  # the stored analysis is what the steps give today
+        again = analyze(run["steps"], Slo(**run["config"]["slo"]))
+        assert again["knee"] == run["analysis"]["knee"] and again["peak"] == run["analysis"]["peak"]
+    result = compare_load_runs(runs)
+    nocb, cb = result["runs"]
+    assert nocb["knee_offered"] == cb["knee_offered"] == 1  # the knee rule did not move
+    assert cb["peak_qps_ratio"] == pytest.approx(1.33, abs=0.01)
+    assert (nocb["max_qps_within_slo"], cb["max_qps_within_slo"]) == pytest.approx((0.42, 0.69), abs=0.005)
+    at_4 = result["matched_levels"][2]["runs"]
+    assert at_4[0]["ttft_p99_ms"] > 5 * at_4[1]["ttft_p99_ms"]

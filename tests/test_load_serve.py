@@ -56,7 +56,8 @@ def served(tmp_path_factory):
     port, log = _free_port(), root / "server.log"
     cmd = [sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve", str(model),
            "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    # one intra-op thread: on a shared 2-core runner two threads oversubscribe and crawl (docs/LOAD.md)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "1"}
     with open(log, "w") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"

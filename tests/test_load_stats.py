@@ -119,7 +119,7 @@ def test_max_qps_within_slo_and_analysis():
     assert max_qps_within_slo(SATURATING, Slo(tpot_ms=7.1))["index"] == 0
     assert max_qps_within_slo(SATURATING, Slo()) is None
     analysis = analyze(SATURATING + [{**_step(16, 5, 900, 8), "partial": True}], Slo(ttft_ms=100))
-    assert analysis["knee"]["index"] == 1
+    assert analysis["knee"]["index"] == 1 and analysis["saturated_steps"] == [2, 3]
     assert analysis["peak"]["achieved_qps"] == 21  # the partial step is left out
     assert analysis["degraded_first"]["first"] == "ttft"
 

@@ -10,8 +10,13 @@ from .config import LoadError
 from .report import KIND, SCHEMA_VERSION
 
 
+def is_load_run(data: object) -> bool:
+    """True for the JSON that `quantkit load --out` writes (how `quantkit compare` tells them apart)."""
+    return isinstance(data, dict) and data.get("kind") == KIND
+
+
 def _check(run: dict, position: int) -> None:
-    if not isinstance(run, dict) or run.get("kind") != KIND:
+    if not is_load_run(run):
         raise LoadError(f"run {position + 1} is not a quantkit load run (no \"kind\": \"{KIND}\")")
     if run.get("schema_version") != SCHEMA_VERSION:
         raise LoadError(
@@ -67,20 +72,20 @@ def _matched(runs: list[dict]) -> list[dict]:
 
 
 def _verdict(base: dict, row: dict) -> str:
-    if row["knee_qps"] is not None and base["knee_qps"] is not None:
+    name, knee, base_knee, peak = row["label"], row["knee_qps"], base["knee_qps"], row["peak_qps"] or 0.0
+    if knee is not None and base_knee is not None:
         return (
-            f"{row['label']}: knee moved from {base['knee_qps']:.2f} req/s ({base['mode']}={base['knee_offered']:g}) "
-            f"to {row['knee_qps']:.2f} req/s ({row['mode']}={row['knee_offered']:g}), "
-            f"x{row['knee_qps'] / base['knee_qps']:.2f}"
+            f"{name}: knee moved from {base_knee:.2f} req/s ({base['mode']}={base['knee_offered']:g}) "
+            f"to {knee:.2f} req/s ({row['mode']}={row['knee_offered']:g}), x{knee / base_knee:.2f}"
         )
-    if row["knee_qps"] is None and base["knee_qps"] is not None:
+    if knee is None and base_knee is not None:
         return (
-            f"{row['label']}: no knee within its bounds, so the knee moved past {row['peak_qps'] or 0:.2f} req/s "
-            f"(baseline knee {base['knee_qps']:.2f} req/s, x{(row['peak_qps'] or 0) / base['knee_qps']:.2f} or more)"
+            f"{name}: no knee within its bounds, so the knee moved past {peak:.2f} req/s "
+            f"(baseline knee {base_knee:.2f} req/s, x{peak / base_knee:.2f} or more)"
         )
-    if row["knee_qps"] is not None:
-        return f"{row['label']}: knee at {row['knee_qps']:.2f} req/s; the baseline found no knee within its bounds"
-    return f"{row['label']}: neither run reached its knee; compare peaks ({row['peak_qps'] or 0:.2f} vs {base['peak_qps'] or 0:.2f} req/s)"
+    if knee is not None:
+        return f"{name}: knee at {knee:.2f} req/s; the baseline found no knee within its bounds"
+    return f"{name}: neither run reached its knee; compare peaks ({peak:.2f} vs {base['peak_qps'] or 0:.2f} req/s)"
 
 
 def compare_load_runs(runs: list[dict]) -> dict:

@@ -161,7 +161,8 @@ def build_config(
     if rate:
         mode, levels = "rate", parse_levels(rate, integer=False, option="--rate")
     else:
-        mode, levels = "concurrency", parse_levels(concurrency or DEFAULT_CONCURRENCY, integer=True, option="--concurrency")
+        spec = concurrency or DEFAULT_CONCURRENCY
+        mode, levels = "concurrency", parse_levels(spec, integer=True, option="--concurrency")
     for option, value in (("--prompt-len", prompt_len), ("--gen-len", gen_len), ("--step-seconds", step_seconds),
                           ("--timeout", timeout_s), ("--max-requests", max_requests)):
         if value is not None and not value > 0:

@@ -33,7 +33,7 @@ def plot_runs(runs: list[dict], path: str | Path) -> Path:
     axes = fig.subplots(1, 2)
     for ax, metric, title in zip(axes, ("ttft_ms", "tpot_ms"), ("TTFT P99", "TPOT P99")):
         top = []
-        for run in runs:
+        for k, run in enumerate(runs):
             xs, ys, levels = _series(run, metric)
             if not xs:
                 continue
@@ -48,7 +48,7 @@ def plot_runs(runs: list[dict], path: str | Path) -> Path:
                     ax.plot([knee["achieved_qps"]], [y], marker="o", markersize=16, fillstyle="none",
                             color=line.get_color())
                     ax.annotate("knee", (knee["achieved_qps"], y), textcoords="offset points",
-                                xytext=(8, -14), color=line.get_color())
+                                xytext=(8, -14 - 12 * k), color=line.get_color())
         if top and min(top) > 0 and max(top) / min(top) > LOG_SPAN:
             ax.set_yscale("log")
         else:

@@ -80,8 +80,9 @@ def render_table(run: dict):
         head.insert(-1, "goodput req/s")
     for name in head:
         table.add_column(name, justify="right")
-    knee = run["analysis"]["knee"] or {}
-    notes = {knee.get("index"): "knee", knee.get("saturated_step"): "saturated"}
+    notes = {i: "saturated" for i in run["analysis"]["saturated_steps"]}
+    if run["analysis"]["knee"]:
+        notes[run["analysis"]["knee"]["index"]] = "knee"
     for i, step in enumerate(run["steps"]):
         t, p = step["ttft_ms"], step["tpot_ms"]
         row = [
@@ -127,7 +128,8 @@ def summary_lines(run: dict) -> list[str]:
         )
     client = run["client_overhead"]
     parse = client["parse_ms"]
-    text = f"client overhead: parse+bookkeeping P50 {_ms(parse['p50'], 2)} ms, P99 {_ms(parse['p99'], 2)} ms per request"
+    text = (f"client overhead: parse+bookkeeping P50 {_ms(parse['p50'], 2)} ms, "
+            f"P99 {_ms(parse['p99'], 2)} ms per request")
     if client["send_lag_ms"]:
         text += f"; send lag P99 {_ms(client['send_lag_ms']['p99'], 1)} ms"
     if client["cpu_share_max"] is not None:

@@ -80,7 +80,9 @@ class Progress:
         self.stopped = "interrupted"
 
 
-async def _closed_step(http: httpx.AsyncClient, cfg: LoadConfig, level: float, prompts: PromptSource, sink: list) -> None:
+async def _closed_step(
+    http: httpx.AsyncClient, cfg: LoadConfig, level: float, prompts: PromptSource, sink: list
+) -> None:
     deadline = time.perf_counter() + cfg.step_seconds
     limit = cfg.max_requests or math.inf
     issued = 0
@@ -94,7 +96,9 @@ async def _closed_step(http: httpx.AsyncClient, cfg: LoadConfig, level: float, p
     await asyncio.gather(*(worker() for _ in range(int(level))))
 
 
-async def _open_step(http: httpx.AsyncClient, cfg: LoadConfig, level: float, prompts: PromptSource, sink: list) -> None:
+async def _open_step(
+    http: httpx.AsyncClient, cfg: LoadConfig, level: float, prompts: PromptSource, sink: list
+) -> None:
     # Poisson arrivals: exponential gaps with mean 1/rate, seeded per step for reproducibility.
     rng = random.Random(f"{cfg.seed}:{level}")
     start = time.perf_counter()
@@ -127,12 +131,17 @@ def _describe(step: dict) -> str:
     )
 
 
-async def run_staircase(cfg: LoadConfig, progress: Progress, log: Callable[[str], None] = lambda s: None) -> None:
+def _quiet(line: str) -> None:
+    pass
+
+
+async def run_staircase(cfg: LoadConfig, progress: Progress, log: Callable[[str], None] = _quiet) -> None:
     """Warm up with one request, then climb the levels until saturation or the last level."""
     prompts = PromptSource(cfg)
     async with make_http(cfg) as http:
         progress.probe = await probe(http, cfg, prompts.next())
-        log(f"warm-up ok: {progress.probe.output_tokens} tokens in {progress.probe.t_end - progress.probe.t_send:.2f} s")
+        warm = progress.probe
+        log(f"warm-up ok: {warm.output_tokens} tokens in {warm.t_end - warm.t_send:.2f} s")
         for level in cfg.levels:
             sink = progress.begin(level)
             await STEP_RUNNERS[cfg.mode](http, cfg, level, prompts, sink)
@@ -144,7 +153,7 @@ async def run_staircase(cfg: LoadConfig, progress: Progress, log: Callable[[str]
     progress.stopped = "bounds"
 
 
-def run(cfg: LoadConfig, progress: Progress, log: Callable[[str], None] = lambda s: None) -> Progress:
+def run(cfg: LoadConfig, progress: Progress, log: Callable[[str], None] = _quiet) -> Progress:
     """Run the staircase; on Ctrl-C, mark the progress interrupted and re-raise."""
     try:
         asyncio.run(run_staircase(cfg, progress, log))

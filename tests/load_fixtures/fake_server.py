@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class FakeOpenAI(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, *, slots=2, prefill_s=0.02, token_s=0.005, fail_every=0, hang_every=0, usage=True):
+    def __init__(self, *, slots=2, prefill_s=0.08, token_s=0.01, fail_every=0, hang_every=0, usage=True):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.slots = threading.Semaphore(slots)
         self.prefill_s, self.token_s, self.usage = prefill_s, token_s, usage
@@ -108,7 +108,7 @@ class _Handler(BaseHTTPRequestHandler):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--slots", type=int, default=2)
-    parser.add_argument("--token-s", type=float, default=0.005)
+    parser.add_argument("--token-s", type=float, default=0.01)
     args = parser.parse_args()
     server = FakeOpenAI(slots=args.slots, token_s=args.token_s)
     print(server.server_address[1], flush=True)
