@@ -14,8 +14,32 @@ def quiet_libraries(debug: bool = False) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")  # library bars; quantkit draws its own (rich)
+    # llm-compressor logs to stdout at import (which would corrupt --json); never set
+    # LLM_COMPRESSOR_LOG_DISABLED: GPTQ then crashes on its unregistered METRIC level.
+    os.environ.setdefault("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("COMPRESSED_TENSORS_LOG_DISABLED", "true")
+    _silence_tqdm()
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
-    for name in ("torch.utils._pytree", "torch._dynamo", "torch._inductor", "torchao", "datasets", "lm_eval", "httpx"):
+    for name in ("torch.utils._pytree", "torch.fx._symbolic_trace", "torch._dynamo", "torch._inductor", "torchao", "datasets", "lm_eval", "httpx"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _silence_tqdm() -> None:
+    """compressed-tensors passes disable=False to some bars explicitly, overriding TQDM_DISABLE;
+    the CLI shows its own progress, so library bars are turned off at the source."""
+    try:
+        import tqdm.std
+    except ImportError:
+        return
+    init = tqdm.std.tqdm.__init__
+    if getattr(init, "_quantkit_quiet", False):
+        return
+
+    def quiet_init(self, *args, **kwargs):
+        kwargs["disable"] = True
+        init(self, *args, **kwargs)
+
+    quiet_init._quantkit_quiet = True
+    tqdm.std.tqdm.__init__ = quiet_init

@@ -1,16 +1,46 @@
-"""`quantkit convert`."""
+"""`quantkit convert`: a recipe's variant -> a verified artifact directory."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from ..errors import NotImplementedYet  # noqa: F401
+from ._common import echo_json, json_option, set_option
 
 
-@click.command("convert", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def convert_cmd() -> None:
-    """(not implemented yet)"""
-    raise NotImplementedYet("quantkit convert has not landed yet")
+@click.command("convert")
+@click.argument("recipe_file", metavar="RECIPE")
+@click.option("--model", "model_ref", default=None, help="Source checkpoint: a directory, a hub id, or 'demo' (default: the recipe's model).")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Artifact directory to create.")
+@click.option("--calib", default=None, help="Calibration text: file:PATH | hf:DATASET[:CONFIG]:SPLIT | self (overrides the recipe).")
+@click.option("--variant", default=None, help="Which variant of a suite recipe to convert.")
+@click.option("--force", is_flag=True, help="Replace an existing --out.")
+@click.option("--allow-pickle", is_flag=True, help="Accept .bin (pickle) checkpoints, which can run code on load.")
+@click.option("--trust-remote-code", is_flag=True, help="Allow model code from the checkpoint (off by default).")
+@set_option
+@json_option
+def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle, trust_remote_code, overrides, as_json):
+    """Convert a checkpoint with RECIPE into a verified, serving-ready artifact."""
+    from ..convert import ConvertOptions, convert
+    from ..recipe import load_recipe
+
+    recipe = load_recipe(recipe_file, overrides)
+    opts = ConvertOptions(calib=calib, force=force, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    meta = convert(recipe, model_ref, Path(out), opts, variant)
+    if as_json:
+        echo_json({"artifact": str(Path(out).resolve()), **meta})
+        return
+    v = meta["verification"]
+    q = meta.get("quantization") or {}
+    click.echo(f"wrote {out}")
+    if q:
+        click.echo(f"  {q.get('method')} {q.get('scheme')} -> {q.get('format')}")
+    if meta.get("gqa"):
+        g = meta["gqa"]
+        click.echo(f"  gqa: {g['kv_heads_before']} -> {g['kv_heads_after']} KV heads, KV bytes/token {g['kv_bytes_per_token_before']} -> {g['kv_bytes_per_token_after']}")
+    click.echo(f"  verified with {v['loader']}: mean KL {v['mean_kl']:.2e} (<= {v['threshold_mean_kl']:g}), top-1 {v['top1_agreement'] * 100:.1f}%")
+    click.echo(f"  {meta['wall_seconds']:.1f} s, peak RSS {meta['peak_rss_mb']:.0f} MB")
 
 
 COMMANDS = [convert_cmd]

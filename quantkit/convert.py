@@ -1,0 +1,141 @@
+"""`quantkit convert`: one variant's steps (gqa, quantize) -> a verified, serving-ready artifact."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .artifact import check_out, peak_rss_mb, staged_dir, tool_versions, write_meta
+from .card import write_card
+from .errors import DataError, RecipeError
+from .models import checkpoint_hash, load_model, load_tokenizer, read_config, resolve_model
+from .progress import note
+from .recipe import Recipe, Variant
+
+
+@dataclass
+class ConvertOptions:
+    calib: str | None = None
+    force: bool = False
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    calib_dtype: str = "bfloat16"
+
+
+def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
+    variants = recipe.all_variants()
+    if name is None:
+        if len(variants) != 1:
+            names = ", ".join(v.name for v in variants)
+            raise RecipeError(f"{recipe.name}: a suite of {len(variants)} variants ({names}); pick one with --variant or use `quantkit run`")
+        return variants[0], "steps"
+    for i, v in enumerate(variants):
+        if v.name == name:
+            return v, f"variants[{i}].steps" if recipe.variants else "steps"
+    raise RecipeError(f"{recipe.name}: no variant named {name!r}; variants: {', '.join(v.name for v in variants)}")
+
+
+def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool) -> None:
+    from .preflight import check_group_sizes, meta_model, quantizable_linears
+
+    if not variant.steps:
+        raise RecipeError(f"{key}: variant {variant.name!r} has no steps; there is nothing to convert (it is the baseline)")
+    skeleton = meta_model(cfg, trust_remote_code)
+    for i, step in enumerate(variant.steps):
+        if step.gqa is not None:
+            from .gqa.convert import preflight_gqa
+
+            preflight_gqa(cfg, step.gqa, f"{key}[{i}].gqa")
+        elif getattr(step.quantize, "group_size", None) is not None:
+            linears = quantizable_linears(skeleton, step.quantize.ignore)
+            check_group_sizes(linears, step.quantize, f"{key}[{i}].quantize")
+
+
+def needs_calibration(variant: Variant) -> bool:
+    return any((s.gqa is not None and (s.gqa.merge == "calibrated" or s.gqa.recover)) or (s.quantize is not None and s.quantize.calibrated) for s in variant.steps)
+
+
+def _calibration(recipe: Recipe, opts: ConvertOptions, src: Path, tok, model, src_hash: str, key: str):
+    from . import calib
+
+    spec = opts.calib or recipe.calibration.source
+    if not spec:
+        raise DataError(f"{key}: this variant needs calibration text: set calibration.source in the recipe or pass --calib file:PATH (or --calib self)")
+    c = recipe.calibration
+    return calib.build(src, tok, spec, samples=c.samples, seq_len=c.seq_len, seed=c.seed, region=c.region,
+                       chat_template=c.chat_template, model=model, model_hash=src_hash)
+
+
+def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> dict:
+    from .methods import get_handler
+    from .verify import check_finite, fixed_tokens, logits, verify_reload
+
+    variant, key = pick_variant(recipe, variant_name)
+    check_out(out, opts.force)
+    ref = model_ref or recipe.model
+    if not ref:
+        raise RecipeError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
+    src = resolve_model(ref, allow_pickle=opts.allow_pickle)
+    cfg = read_config(src)
+    preflight(cfg, variant, key, opts.trust_remote_code)
+    t0 = time.perf_counter()
+    src_hash = checkpoint_hash(src)
+    tok = load_tokenizer(src)
+    quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
+    handler = get_handler(quant.method) if quant is not None else None
+    note(f"loading {src}")
+    model = load_model(src, dtype=opts.calib_dtype, trust_remote_code=opts.trust_remote_code)
+    check_finite(model, "the source checkpoint")
+    calib_set = _calibration(recipe, opts, src, tok, model, src_hash, key) if needs_calibration(variant) else None
+    meta: dict = {"name": variant.name, "gqa": None}
+    for i, step in enumerate(variant.steps):
+        if step.gqa is not None:
+            from .gqa.convert import apply_gqa
+
+            note(f"gqa: {cfg.get('num_key_value_heads')} -> {step.gqa.kv_heads} KV heads ({step.gqa.merge})")
+            model, meta["gqa"] = apply_gqa(model, tok, step.gqa, calib_set, src_hash)
+        else:
+            note(f"quantize: {quant.method}")
+            model = handler.quantize(model, quant, calib_set.samples if calib_set else None, src=src)
+    check_finite(model, "the converted model")
+    ids = fixed_tokens(model.config.vocab_size, calib_set.samples if calib_set else None)
+    ref_logits = logits(model, ids)
+    from .export import FORMATS
+
+    fmt = handler.export_format if handler else "dense"
+    with staged_dir(out) as tmp:
+        FORMATS[fmt].save(model, tmp, recipe.export.max_shard_size)
+        tok.save_pretrained(str(tmp))
+        dtype = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).replace("torch.", "")
+        verification = verify_reload(ref_logits, lambda: FORMATS[fmt].load(tmp, dtype), ids, FORMATS[fmt].loader)
+        meta.update({
+            "schema_version": 1,
+            "kind": "quantkit-artifact",
+            "base_model": _base_model_name(src, cfg),
+            "source": {"path": str(src), "sha256": src_hash},
+            "recipe": {"name": recipe.name, "variant": variant.name, "steps": [s.model_dump(mode="json", exclude_none=True) for s in variant.steps]},
+            "quantization": FORMATS[fmt].describe(quant) if quant else None,
+            "calibration": calib_set.manifest if calib_set else None,
+            "verification": verification,
+            "tool_versions": tool_versions(),
+            "wall_seconds": time.perf_counter() - t0,
+            "peak_rss_mb": peak_rss_mb(),
+            "results": {},
+        })
+        write_meta(tmp, meta)
+        write_card(tmp, meta)
+    return meta
+
+
+def _base_model_name(src: Path, cfg: dict) -> str:
+    import json
+
+    source = src / "quantkit-source.json"
+    if source.is_file():
+        return json.loads(source.read_text()).get("base_model", str(src))
+    meta = src / "quantkit.json"
+    if meta.is_file():
+        return json.loads(meta.read_text()).get("base_model", str(src))
+    name = cfg.get("_name_or_path") or ""
+    return name if "/" in name and not name.startswith("/") else str(src)

@@ -1,0 +1,32 @@
+"""bitsandbytes NF4 / LLM.int8(): quantization happens as transformers loads the checkpoint."""
+
+from __future__ import annotations
+
+
+def bnb_config(cfg):
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if cfg.method == "bnb-nf4":
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=cfg.double_quant,
+            bnb_4bit_compute_dtype=getattr(torch, cfg.compute_dtype),
+            llm_int8_skip_modules=list(cfg.ignore),
+        )
+    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=cfg.threshold, llm_int8_skip_modules=list(cfg.ignore))
+
+
+def quantize(model, cfg, samples, src=None):
+    """Reload `src` through bitsandbytes (the in-memory FP model is not needed; it is dropped)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .bnb_cpu_fix import remember_canonical_state
+
+    del model
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    qmodel = AutoModelForCausalLM.from_pretrained(str(src), quantization_config=bnb_config(cfg), dtype=torch.bfloat16, device_map=device)
+    remember_canonical_state(qmodel)  # before any forward: see bnb_cpu_fix
+    return qmodel.eval()

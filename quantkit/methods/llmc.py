@@ -1,0 +1,99 @@
+"""RTN, GPTQ, AWQ and SmoothQuant W8A8 through llm-compressor, saved in the compressed-tensors format."""
+
+from __future__ import annotations
+
+
+def weight_args(bits: int, group_size: int, symmetric: bool, observer: str = "minmax"):
+    from compressed_tensors.quantization import QuantizationArgs
+
+    kw = {} if observer == "minmax" else {"observer": "mse"}
+    return QuantizationArgs(
+        num_bits=bits,
+        type="int",
+        symmetric=symmetric,
+        strategy="channel" if group_size == -1 else "group",
+        group_size=None if group_size == -1 else group_size,
+        **kw,
+    )
+
+
+def config_groups(cfg) -> dict:
+    """The base scheme for every Linear, plus one group per mixed-precision override.
+
+    compressed-tensors gives a regex target precedence over the class target "Linear"."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    if cfg.method == "w8a8":
+        acts = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token", dynamic=True)
+        return {"group_0": QuantizationScheme(targets=["Linear"], weights=weight_args(8, -1, True), input_activations=acts)}
+    groups = {"group_0": QuantizationScheme(targets=["Linear"], weights=weight_args(cfg.bits, cfg.group_size, cfg.symmetric, cfg.observer))}
+    for i, ov in enumerate(cfg.overrides, 1):
+        targets = [f"re:{t}" for t in ov.targets]
+        groups[f"group_{i}"] = QuantizationScheme(targets=targets, weights=weight_args(ov.bits, ov.group_size, ov.symmetric, cfg.observer))
+    return groups
+
+
+def build_recipe(cfg) -> list:
+    from llmcompressor.modifiers.gptq import GPTQModifier
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
+
+    groups, ignore = config_groups(cfg), list(cfg.ignore)
+    if cfg.method == "rtn":
+        return [QuantizationModifier(config_groups=groups, ignore=ignore)]
+    if cfg.method == "gptq":
+        return [GPTQModifier(config_groups=groups, ignore=ignore, actorder=cfg.actorder, dampening_frac=cfg.dampening, block_size=cfg.block_size)]
+    if cfg.method == "awq":
+        rounding = (
+            GPTQModifier(config_groups=groups, ignore=ignore, actorder=cfg.actorder, dampening_frac=cfg.dampening)
+            if cfg.rounding == "gptq"
+            else QuantizationModifier(config_groups=groups, ignore=ignore)
+        )
+        return [AWQModifier(duo_scaling=cfg.duo_scaling), rounding]
+    if cfg.method == "w8a8":
+        return [SmoothQuantModifier(smoothing_strength=cfg.smoothing_strength),
+                GPTQModifier(config_groups=groups, ignore=ignore, dampening_frac=cfg.dampening, actorder=None)]
+    raise ValueError(cfg.method)
+
+
+def _dataset(samples):
+    from datasets import Dataset
+
+    return Dataset.from_dict({
+        "input_ids": [s[0].tolist() for s in samples],
+        "attention_mask": [[1] * s.shape[1] for s in samples],
+    })
+
+
+class _NoProcessor:
+    """oneshot insists on a processor whenever a dataset is given; ours is already tokenized."""
+
+    def save_pretrained(self, *args, **kwargs) -> None:
+        return None
+
+
+def quantize(model, cfg, samples, src=None):
+    """Quantize `model` in place with llm-compressor's oneshot; returns the same model.
+
+    The sequential pipeline calibrates layer by layer ("independent": AWQ/SmoothQuant smooth in
+    their own pass before GPTQ solves on the smoothed model). Afterwards the model's forward
+    fake-quantizes, so its logits equal those of the saved artifact when reloaded.
+    """
+    import torch
+    from llmcompressor import oneshot
+
+    from .patches import llmcompressor_cpu_pin_memory, quiet_llmcompressor
+
+    quiet_llmcompressor()
+    llmcompressor_cpu_pin_memory()
+    recipe = build_recipe(cfg)
+    kwargs = {}
+    if samples:
+        kwargs = dict(dataset=_dataset(samples), processor=_NoProcessor(), num_calibration_samples=len(samples),
+                      max_seq_length=max(s.shape[1] for s in samples), shuffle_calibration_samples=False)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        oneshot(model=model, recipe=recipe, **kwargs)
+    # resave_config() re-reads config.json from _name_or_path at save time; keep the in-memory config.
+    model.config._name_or_path = ""
+    return model
