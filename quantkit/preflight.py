@@ -48,7 +48,7 @@ def quantizable_linears(model, ignore: tuple[str, ...]) -> dict[str, tuple[int, 
 
 def _override_for(name: str, overrides) -> object | None:
     for ov in overrides:
-        if any(re.search(t, name) for t in ov.targets):
+        if any(re.match(t, name) for t in ov.targets):
             return ov
     return None
 

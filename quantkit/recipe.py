@@ -28,7 +28,11 @@ class _Strict(BaseModel):
 
 
 class LayerOverride(_Strict):
-    """Mixed precision: layers whose names match `targets` (regexes) get other settings."""
+    """Mixed precision: layers whose names match `targets` get other settings.
+
+    Targets are regexes matched from the start of the module name (re.match, as
+    llm-compressor does): `.*mlp\\.down_proj$`, `model\\.layers\\.0\\..*`.
+    """
 
     targets: tuple[str, ...] = Field(min_length=1)
     bits: Bits = 8

@@ -1,0 +1,172 @@
+"""quantkit convert on tiny fixtures: every method, the artifact contents, and bad input."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_CALIB = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
+
+
+def convert(cli, recipe, model, out, text, *extra):
+    return cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
+               "--calib", f"file:{text}", *SMALL_CALIB, *extra, "--json")
+
+
+@pytest.mark.parametrize("recipe,fmt,bits", [
+    ("int4-w4a16-rtn", "compressed-tensors", 4),
+    ("int4-w4a16-gptq-g64", "compressed-tensors", 4),
+    ("int8-w8a16-gptq", "compressed-tensors", 8),
+    ("int4-w4a16-awq", "compressed-tensors", 4),
+    ("int8-w8a8-smoothquant", "compressed-tensors", 8),
+    ("bnb-nf4", "bitsandbytes", 4),
+    ("bnb-int8", "bitsandbytes", 8),
+])
+def test_each_method_converts_and_verifies(cli, tiny_llama, tiny_text, tmp_path, recipe, fmt, bits):
+    out = tmp_path / "art"
+    code, _, err, data = convert(cli, recipe, tiny_llama, out, tiny_text)
+    assert code == 0, err
+    assert data["verification"]["status"] == "passed"
+    assert data["verification"]["mean_kl"] <= 1e-3
+    assert data["quantization"]["format"] == fmt and data["quantization"]["weight_bits"] == bits
+    files = {p.name for p in out.iterdir()}
+    assert {"config.json", "quantkit.json", "README.md", "tokenizer.json", "generation_config.json"} <= files
+    assert any(f.endswith(".safetensors") for f in files)
+    cfg = json.loads((out / "config.json").read_text())
+    assert "quantization_config" in cfg
+    meta = json.loads((out / "quantkit.json").read_text())
+    assert meta["source"]["sha256"] and meta["tool_versions"]["torch"] and meta["peak_rss_mb"] > 0
+    card = (out / "README.md").read_text()
+    assert "base_model_relation: quantized" in card and "library_name: transformers" in card
+    assert not list(tmp_path.glob(".art.partial-*"))
+
+
+def test_calibration_manifest(cli, tiny_llama, tiny_text, tmp_path):
+    code, _, err, data = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, tmp_path / "a", tiny_text)
+    assert code == 0, err
+    c = data["calibration"]
+    assert c["samples"] == 8 and c["seq_len"] == 64 and c["tokens"] == 512
+    assert c["region"] == "second-half" and len(c["window_starts"]) == 8
+    assert all(s >= c["stream_tokens"] // 2 for s in c["window_starts"])
+    assert 0.0 <= c["duplicate_fraction"] <= 1.0 and len(c["sha256"]) == 64
+
+
+def test_mixed_precision_override(cli, tiny_llama, tiny_text, tmp_path):
+    out = tmp_path / "mixed"
+    code, _, err, data = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, out, tiny_text,
+                                 "--set", "steps[0].quantize.overrides=[{targets: ['.*mlp\\.down_proj$'], bits: 8, group_size: -1}]")
+    assert code == 0, err
+    groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
+    bits = sorted(g["weights"]["num_bits"] for g in groups.values())
+    assert bits == [4, 8]
+
+
+def test_existing_out_refused_then_force(cli, tiny_llama, tiny_text, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text)
+    assert code == 2 and "already exists" in err and (out / "keep.txt").exists()
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text, "--force")
+    assert code == 0, err
+    assert not (out / "keep.txt").exists() and (out / "quantkit.json").exists()
+
+
+def test_group_size_not_dividing_is_an_error_before_work(cli, tiny_dir, tiny_text, tmp_path):
+    from fixtures import build_checkpoint
+
+    # intermediate 256 and hidden 128 are divisible by 64; make a 96-wide model
+    import transformers
+
+    src = tmp_path / "odd"
+    build_checkpoint(src, "llama-gqa", tiny_dir / "tokenizer")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(hidden_size=96, head_dim=24)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}))
+    model.save_pretrained(str(src))
+    code, _, err, _ = convert(cli, "int4-w4a16-gptq-g64", src, tmp_path / "x", tiny_text)
+    assert code == 2
+    assert "group_size 64 does not divide the 96 input columns of" in err
+    assert "sizes that work for every layer: 32, -1" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_missing_calibration_source(cli, tiny_llama, tmp_path):
+    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "x"))
+    assert code == 2 and "needs calibration text" in err
+
+
+def test_suite_recipe_needs_variant(cli, tiny_llama, tmp_path):
+    code, _, err, _ = cli("convert", str(REPO / "recipes" / "demo.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "x"))
+    assert code == 2 and "--variant" in err
+
+
+def test_non_finite_source_refused(cli, tiny_llama, tiny_text, tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "nan"
+    shutil.copytree(tiny_llama, src)
+    sd = load_file(str(src / "model.safetensors"))
+    key = next(k for k in sd if "q_proj" in k)
+    sd[key][0, 0] = float("nan")
+    save_file(sd, str(src / "model.safetensors"), metadata={"format": "pt"})
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", src, tmp_path / "x", tiny_text)
+    assert code == 2 and "non-finite" in err and not (tmp_path / "x").exists()
+
+
+def test_missing_tokenizer(cli, tiny_llama, tiny_text, tmp_path):
+    src = tmp_path / "notok"
+    shutil.copytree(tiny_llama, src)
+    for f in src.glob("tokenizer*"):
+        f.unlink()
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", src, tmp_path / "x", tiny_text)
+    assert code == 2 and "tokenizer" in err
+
+
+def test_unsupported_architecture(cli, tiny_llama, tiny_text, tmp_path):
+    src = tmp_path / "arch"
+    shutil.copytree(tiny_llama, src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["model_type"] = "not-a-model"
+    (src / "config.json").write_text(json.dumps(cfg))
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", src, tmp_path / "x", tiny_text)
+    assert code == 2 and "unsupported architecture" in err
+
+
+def test_failed_verification_keeps_nothing(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
+    from quantkit import export
+
+    real = export.FORMATS["compressed-tensors"]
+
+    def corrupt_load(path, dtype):
+        model = real.load(path, dtype)
+        import torch
+
+        with torch.no_grad():
+            model.model.layers[0].mlp.down_proj.weight.mul_(3.0) if hasattr(model.model.layers[0].mlp.down_proj, "weight") else None
+            model.lm_head.weight.mul_(-1.0)
+        return model
+
+    monkeypatch.setitem(export.FORMATS, "compressed-tensors", export.ExportFormat(real.save, corrupt_load, real.loader, real.describe))
+    out = tmp_path / "bad"
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text)
+    assert code == 2 and "verification failed" in err
+    assert not out.exists() and not list(tmp_path.glob(".bad.partial-*"))
+
+
+def test_bnb_nf4_cpu_repack_fault_is_caught_without_the_fix(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
+    """bitsandbytes 0.50 repacks 4-bit layers in place on AVX512-BF16 CPUs; saving then corrupts absmax.
+
+    Without quantkit's restore (methods/bnb_cpu_fix.py) verification must catch it."""
+    import torch
+
+    from quantkit.methods import bnb_cpu_fix
+
+    monkeypatch.setattr(bnb_cpu_fix, "restore_canonical_state", lambda model: 0)
+    code, _, err, _ = convert(cli, "bnb-nf4", tiny_llama, tmp_path / "nf4", tiny_text, "--set", "steps[0].quantize.double_quant=false")
+    if code == 0:
+        pytest.skip("this CPU does not take bitsandbytes' AVX512-BF16 repack path; the fault cannot occur here")
+    assert code == 2 and "verification failed" in err and not (tmp_path / "nf4").exists()
