@@ -166,6 +166,7 @@ def fit_rule(bytes_per_token: list[float], tpot_s: list[float]) -> dict:
     ss_res, ss_tot = float(((y - pred) ** 2).sum()), float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     return {
+        "slope_s_per_byte": float(slope),
         "effective_gbps": (1.0 / slope) / 1e9 if slope > 0 else None,
         "overhead_ms": intercept * 1e3,
         "r2": r2,

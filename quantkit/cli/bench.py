@@ -1,16 +1,128 @@
-"""`quantkit bench`."""
+"""`quantkit bench`: batch-1 TTFT/TPOT next to the roofline, and the rule check across models."""
 
 from __future__ import annotations
 
+import csv
+import io
+from pathlib import Path
+
 import click
 
-from ..errors import NotImplementedYet  # noqa: F401
+from ._common import echo_json
 
 
-@click.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def bench_cmd() -> None:
-    """(not implemented yet)"""
-    raise NotImplementedYet("quantkit bench has not landed yet")
+def table_rows(result: dict) -> list[dict]:
+    out = []
+    for r in result["rows"]:
+        out.append({
+            "variant": r["name"], "kernel": r["kernel"], "MB/token": round(r["bytes_per_token"] / 1e6, 2),
+            "KV kB/token": round(r["kv_bytes_per_token"] / 1e3, 2), "TTFT ms": round(r["ttft_ms"], 1),
+            "TPOT ms": round(r["tpot_ms"], 2), "pred TTFT ms": round(r["predicted_ttft_ms"], 1),
+            "pred TPOT ms": round(r["predicted_tpot_ms"], 2), "TPOT eff": f"{r['tpot_efficiency'] * 100:.0f}%" + (" (!)" if r["accounting_error"] else ""),
+            "TTFT eff": f"{r['ttft_efficiency'] * 100:.0f}%",
+        })
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render(result: dict, fmt: str) -> str:
+    rows = table_rows(result)
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+        return buf.getvalue()
+    d, fit = result["device"], result["fit"]
+    lines = [f"device: {d['name']}: {d['bandwidth_gbps']:.1f} GB/s read, {d['compute_tflops']:.2f} TFLOP/s bf16 ({d['source']})", "", markdown(rows), ""]
+    if fit.get("effective_gbps"):
+        lines.append(f"rule check: TPOT = {fit['overhead_ms']:.2f} ms + bytes / {fit['effective_gbps']:.2f} GB/s  (R² {fit['r2']:.3f}, {fit['points']} points)")
+    elif fit.get("r2") is not None:
+        lines.append(f"rule check: TPOT does not grow with bytes/token here (slope {fit['slope_s_per_byte'] * 1e9:.3g} ms/GB, R² {fit['r2']:.3f}): "
+                     "decode is overhead-bound, not bandwidth-bound, on this engine")
+    elif len(rows) > 1:
+        lines.append("rule check: not enough distinct byte counts to fit")
+    if any(r["accounting_error"] for r in result["rows"]):
+        lines.append("(!) efficiency above 100%: the byte/FLOP accounting or the probed device figures are wrong")
+    return "\n".join(lines)
+
+
+@click.command("bench")
+@click.argument("models", nargs=-1)
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
+@click.option("--engine", default="compiled", show_default=True, help="eager | compiled | vllm")
+@click.option("--prompt-len", default=256, show_default=True, type=int)
+@click.option("--gen-len", default=64, show_default=True, type=int)
+@click.option("--repeats", default=5, show_default=True, type=int)
+@click.option("--min-seconds", default=2.0, show_default=True, type=float, help="Keep repeating until this much time was measured.")
+@click.option("--warmups", default=2, show_default=True, type=int)
+@click.option("--sweep", default="", help="Comma-separated prompt lengths for a TTFT sweep, e.g. 64,128,256,512.")
+@click.option("--shape", "shapes", multiple=True, help="Synthetic model: a named shape or config.json (random weights), with --shape-bits.")
+@click.option("--shape-bits", default="16", show_default=True, help="Bit widths for --shape models, e.g. 16,8,4 (RTN-style random integers).")
+@click.option("--probe", is_flag=True, help="Measure this device's bandwidth and matmul rate (cached) and print them.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--csv", "as_csv", is_flag=True)
+@click.option("--md", "as_md", is_flag=True)
+@click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write the rule-check PNG here.")
+@click.option("--out", "out_json", default=None, type=click.Path(dir_okay=False), help="Also save the JSON result here.")
+def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds, warmups, sweep, shapes, shape_bits,
+              probe, as_json, as_csv, as_md, plot, out_json):
+    """Measure batch-1 TTFT and TPOT of MODELS beside the roofline and fit TPOT against bytes/token."""
+    import json as _json
+
+    from ..bench.runner import BenchSettings, bench_many, check_device
+    from ..bench.synthetic import Synthetic
+    from ..errors import QuantkitError
+    from ..models import resolve_model
+
+    check_device(device)
+    if probe:
+        from ..bench.probe import run_probe
+
+        p = run_probe(device)
+        if not models and not shapes:
+            echo_json(p) if as_json else click.echo(
+                f"{p['name']} ({device}, {p['threads']} threads): read {p['read_gbps']:.1f} GB/s, copy {p['copy_gbps']:.1f} GB/s, "
+                f"bf16 matmul {p['bf16_matmul_tflops']:.3f} TFLOP/s")
+            return
+    if not models and not shapes:
+        raise QuantkitError("nothing to bench: give model directories (or 'demo'), --shape NAME, or --probe")
+    try:
+        sweep_lens = tuple(int(x) for x in sweep.split(",") if x.strip())
+        bits = [int(b) for b in shape_bits.split(",") if b.strip()]
+    except ValueError:
+        raise QuantkitError("--sweep and --shape-bits take comma-separated integers") from None
+    if any(b not in (4, 8, 16) for b in bits):
+        raise QuantkitError("--shape-bits: each must be 4, 8 or 16")
+    if any(x <= 0 for x in sweep_lens):
+        raise QuantkitError("--sweep: prompt lengths must be positive")
+    sources = [resolve_model(m) for m in models] + [Synthetic(s, b) for s in shapes for b in bits]
+    settings = BenchSettings(device=device, engine=engine, prompt_len=prompt_len, gen_len=gen_len, repeats=repeats,
+                             min_seconds=min_seconds, warmups=warmups, prompt_sweep=sweep_lens)
+    result = bench_many(sources, settings)
+    if plot:
+        from ..plots import rule_check, ttft_sweep
+
+        rule_check(result["rows"], result["fit"], result["device"]["bandwidth_gbps"], Path(plot))
+        result["plot"] = str(plot)
+        if sweep_lens:
+            sp = Path(plot).with_name(Path(plot).stem + "-ttft.png")
+            ttft_sweep(result["rows"], sp)
+            result["ttft_plot"] = str(sp)
+    if out_json:
+        Path(out_json).write_text(_json.dumps(result, indent=2))
+    if as_json:
+        echo_json(result)
+    else:
+        click.echo(render(result, "csv" if as_csv else "md"))
 
 
 COMMANDS = [bench_cmd]

@@ -1,0 +1,110 @@
+"""Low-bit linear layers for benchmarking on real kernels (never decompressed to 16 bits).
+
+The kernels are PyTorch's own weight-only int4/int8 matmuls, the ones gpt-fast and torchao's
+CPU layouts call:
+- int4, CPU:  aten._weight_int4pack_mm_for_cpu   (AVX-512/AVX2; groups 32/64/128/256)
+- int4, CUDA: aten._weight_int4pack_mm           (tinygemm; bf16 activations)
+- int8, any:  aten._weight_int8pack_mm           (per-channel scales)
+- W8A8:       torch._int_mm after dynamic per-token int8 quantization of the activation
+Both int4 kernels compute w = (q_u - 8) * scale + zero with q_u in [0, 15]; compressed-tensors
+stores signed q in [-8, 7] with w = (q - zp) * scale, so q_u = q + 8 and zero = -zp * scale.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+INT4_GROUPS = (32, 64, 128, 256)
+
+
+class Int4WeightOnlyLinear(nn.Module):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, group_size: int,
+                 bias: torch.Tensor | None, device: str, dtype=torch.bfloat16, inner_k_tiles: int = 8):
+        super().__init__()
+        n, k = q.shape
+        if group_size not in INT4_GROUPS or k % group_size:
+            raise ValueError(f"int4 kernel needs a group size in {INT4_GROUPS} dividing {k}")
+        self.in_features, self.out_features, self.group_size = k, n, group_size
+        scale = scale.float().reshape(n, k // group_size)
+        zero = torch.zeros_like(scale) if zp is None else -zp.float().reshape(n, -1) * scale
+        self.register_buffer("scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(dtype).to(device))
+        q_u = (q.to(torch.int32) + 8).to(device)
+        if device == "cuda":
+            self.kernel = "aten._weight_int4pack_mm (tinygemm)"
+            packed = (q_u[:, ::2] << 4 | q_u[:, 1::2]).to(torch.uint8)
+            self.register_buffer("weight", torch.ops.aten._convert_weight_to_int4pack(packed, inner_k_tiles))
+        else:
+            self.kernel = "aten._weight_int4pack_mm_for_cpu"
+            self.register_buffer("weight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q_u, 1))
+        self.register_buffer("bias", None if bias is None else bias.to(dtype).to(device))
+        self._cuda = device == "cuda"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if self._cuda:
+            y = torch.ops.aten._weight_int4pack_mm(x2, self.weight, self.group_size, self.scales_and_zeros)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.weight, self.group_size, self.scales_and_zeros)
+        y = y.reshape(*shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class Int8WeightOnlyLinear(nn.Module):
+    """Per-channel int8 weights; an asymmetric zero point becomes a rank-1 correction."""
+
+    kernel = "aten._weight_int8pack_mm"
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, bias, device: str, dtype=torch.bfloat16):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("weight", q.to(torch.int8).contiguous().to(device))
+        self.register_buffer("scales", scale.reshape(-1).to(dtype).to(device))
+        corr = None if zp is None else (zp.float().reshape(-1) * scale.float().reshape(-1)).to(dtype).to(device)
+        self.register_buffer("zero_correction", corr)
+        self.register_buffer("bias", None if bias is None else bias.to(dtype).to(device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scales)
+        if self.zero_correction is not None:
+            y = y - x2.sum(-1, keepdim=True) * self.zero_correction
+        y = y.reshape(*shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class Int8DynamicActivationLinear(nn.Module):
+    """W8A8: int8 per-channel weights, activations quantized per token at run time, int8 GEMM."""
+
+    kernel = "torch._int_mm (int8 x int8 -> int32), dynamic per-token activations"
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias, device: str, dtype=torch.bfloat16):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("weight_t", q.to(torch.int8).t().contiguous().to(device))
+        self.register_buffer("scales", scale.reshape(1, -1).float().to(device))
+        self.register_buffer("bias", None if bias is None else bias.to(dtype).to(device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        x_scale = x2.abs().amax(-1, keepdim=True).clamp_min(1e-8) / 127.0
+        xq = torch.round(x2 / x_scale).clamp(-128, 127).to(torch.int8)
+        rows = xq.shape[0]
+        if rows <= 16:  # torch._int_mm needs more than 16 rows; pad (decode has one)
+            xq = F.pad(xq, (0, 0, 0, 17 - rows))
+        acc = torch._int_mm(xq, self.weight_t)[:rows]
+        y = (acc.float() * x_scale * self.scales).to(x.dtype).reshape(*shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+def dense_from_int(q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, group_size: int) -> torch.Tensor:
+    """Reference dequantization w = (q - zp) * scale, for tests."""
+    n, k = q.shape
+    groups = 1 if group_size in (-1, None) else k // group_size
+    s = scale.float().reshape(n, groups, 1)
+    z = torch.zeros_like(s) if zp is None else zp.float().reshape(n, groups, 1)
+    return ((q.float().reshape(n, groups, -1) - z) * s).reshape(n, k)

@@ -1,0 +1,148 @@
+"""Load a checkpoint for benchmarking: 16-bit models as they are; compressed-tensors artifacts
+with their integer weights mapped onto low-bit kernels (transformers would decompress them to
+16 bits, which makes a speed comparison meaningless); bitsandbytes through its own layers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import QuantkitError
+from . import kernels
+
+
+@dataclass
+class BenchModel:
+    model: object
+    kind: str  # "dense" | "compressed-tensors" | "bitsandbytes" | "synthetic"
+    kernels: dict[str, int] = field(default_factory=dict)  # kernel name -> number of layers
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kernel(self) -> str:
+        return "; ".join(f"{k} x{n}" for k, n in self.kernels.items()) or "dense"
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def _group_of(name: str, qcfg: dict) -> dict:
+    """The config group whose scheme applies to `name` (exact name, then regex, then class)."""
+    import re
+
+    groups = list(qcfg["config_groups"].values())
+    for g in groups:
+        if name in g["targets"]:
+            return g
+    for g in groups:
+        if any(t.startswith("re:") and re.match(t[3:], name) for t in g["targets"]):
+            return g
+    return next(g for g in groups if "Linear" in g["targets"])
+
+
+def _unpack(sd: dict, prefix: str, scheme: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    w = scheme["weights"]
+    bits = w["num_bits"]
+    scale = sd[prefix + "weight_scale"]
+    if prefix + "weight_packed" in sd:
+        shape = torch.Size(sd[prefix + "weight_shape"].tolist())
+        q = unpack_from_int32(sd[prefix + "weight_packed"], bits, shape)
+    else:
+        q = sd[prefix + "weight"]
+    zp = None
+    if prefix + "weight_zero_point" in sd:
+        zp = unpack_from_int32(sd[prefix + "weight_zero_point"], bits, torch.Size((q.shape[0], scale.shape[-1])), packed_dim=0)
+    return q, scale, zp
+
+
+def _kernel_module(sd: dict, prefix: str, scheme: dict, device: str):
+    w, acts = scheme["weights"], scheme.get("input_activations")
+    q, scale, zp = _unpack(sd, prefix, scheme)
+    bias = sd.get(prefix + "bias")
+    if w["type"] != "int":
+        return None
+    if acts is not None:
+        if acts.get("dynamic") and w["num_bits"] == 8 and w["strategy"] == "channel" and zp is None:
+            return kernels.Int8DynamicActivationLinear(q, scale, bias, device)
+        return None
+    if w["num_bits"] == 4 and w["strategy"] == "group":
+        return kernels.Int4WeightOnlyLinear(q, scale, zp, w["group_size"], bias, device)
+    if w["num_bits"] == 8 and w["strategy"] == "channel":
+        return kernels.Int8WeightOnlyLinear(q, scale, zp, bias, device)
+    return None
+
+
+def _set_module(model, name: str, module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def _skeleton(path: Path, device: str):
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(path))
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with init_empty_weights(include_buffers=False):  # parameters on meta; rotary buffers computed for real
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.to(device) if device != "cpu" else model
+
+
+def load_compressed(path: Path, device: str) -> BenchModel:
+    qcfg = json.loads((path / "config.json").read_text())["quantization_config"]
+    sd = _weights(path)
+    model = _skeleton(path, device)
+    bm = BenchModel(model, "compressed-tensors")
+    prefixes = sorted({k[: -len("weight_scale")] for k in sd if k.endswith("weight_scale")})
+    for prefix in prefixes:
+        name = prefix.rstrip(".")
+        module = _kernel_module(sd, prefix, _group_of(name, qcfg), device)
+        if module is None:
+            raise QuantkitError(f"{path}: no low-bit kernel for {name}'s scheme on {device}; "
+                                "not reporting a decompressed 16-bit figure as the quantized one")
+        _set_module(model, name, module)
+        bm.kernels[module.kernel] = bm.kernels.get(module.kernel, 0) + 1
+        for suffix in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight", "bias"):
+            sd.pop(prefix + suffix, None)
+    dense = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sd.items()}
+    missing, unexpected = model.load_state_dict(dense, strict=False, assign=True)
+    model.tie_weights()
+    leftover = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if leftover or unexpected:
+        raise QuantkitError(f"{path}: could not place every tensor (missing {leftover[:3]}, unexpected {unexpected[:3]})")
+    model.to(device)
+    return bm
+
+
+def load_for_bench(path: Path, device: str) -> BenchModel:
+    cfg = json.loads((path / "config.json").read_text())
+    qm = (cfg.get("quantization_config") or {}).get("quant_method")
+    if qm == "compressed-tensors":
+        bm = load_compressed(path, device)
+    elif qm == "bitsandbytes":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(path), device_map=device, dtype=torch.bfloat16)
+        n = sum(1 for m in model.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt"))
+        bm = BenchModel(model, "bitsandbytes", {f"bitsandbytes {cfg['quantization_config'].get('_load_in_4bit') and 'Linear4bit' or 'Linear8bitLt'}": n})
+    elif qm:
+        raise QuantkitError(f"{path}: quantization method {qm!r} is not benchmarkable by quantkit")
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(path), device_map=device, dtype=torch.bfloat16)
+        bm = BenchModel(model, "dense")
+    bm.model.eval()
+    return bm

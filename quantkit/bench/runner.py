@@ -1,0 +1,191 @@
+"""`quantkit bench`: load each model, time it, set it beside the roofline, and fit the rule."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import QuantkitError
+from ..progress import note
+from ..roofline import Shape, efficiency, fit_rule, prefill_flops, predict_ttft_s
+from .accounting import kv_bytes_per_token, mean_step_bytes, weight_read_bytes
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    device: str = "cpu"
+    engine: str = "compiled"
+    prompt_len: int = 256
+    gen_len: int = 64
+    repeats: int = 5
+    min_seconds: float = 2.0
+    warmups: int = 2
+    prompt_sweep: tuple[int, ...] = ()
+    seed: int = 0
+
+
+def check_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise QuantkitError("--device cuda: no CUDA GPU is available on this machine")
+    if device not in ("cpu", "cuda"):
+        raise QuantkitError(f"--device {device}: use cpu or cuda")
+
+
+def check_lengths(cfg: dict, s: BenchSettings) -> None:
+    if s.prompt_len <= 0 or s.gen_len <= 1:
+        raise QuantkitError("--prompt-len must be > 0 and --gen-len > 1")
+    limit = cfg.get("max_position_embeddings")
+    longest = max((s.prompt_len, *s.prompt_sweep)) + s.gen_len
+    if limit and longest > limit:
+        raise QuantkitError(f"prompt + generated tokens ({longest}) exceed the model's context ({limit})")
+
+
+def check_fits_bytes(weights: float, cfg: dict, s: BenchSettings, what: str) -> None:
+    """Estimate from the weight bytes and the KV cache before allocating anything."""
+    import psutil
+    import torch
+
+    kv = Shape.from_config(cfg)
+    need = weights * 1.15 + 2 * kv.layers * kv.kv_heads * kv.head_dim * 2 * (s.prompt_len + s.gen_len + 1)
+    have = torch.cuda.mem_get_info()[0] if s.device == "cuda" else psutil.virtual_memory().available
+    if need > have:
+        raise QuantkitError(f"{what}: needs about {need / 1e9:.1f} GB on {s.device}, {have / 1e9:.1f} GB available")
+
+
+def _prompt(vocab: int, length: int, seed: int, device: str):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (1, length), generator=g).to(device)
+
+
+def _load(source, s: BenchSettings):
+    """A checkpoint directory or a Synthetic spec -> (config dict, BenchModel)."""
+    from .loader import load_for_bench
+    from .synthetic import Synthetic, load_synthetic
+
+    if isinstance(source, Synthetic):
+        from ..hardware import shape_config
+
+        cfg = shape_config(source.shape)
+        check_lengths(cfg, s)
+        check_fits_bytes(Shape.from_config(cfg).total_params() * source.bits / 8, cfg, s, source.label)
+        return cfg, load_synthetic(source, cfg, s.device, s.seed)
+    cfg = json.loads((source / "config.json").read_text())
+    check_lengths(cfg, s)
+    check_fits_bytes(sum(f.stat().st_size for f in source.glob("*.safetensors")), cfg, s, str(source))
+    return cfg, load_for_bench(source, s.device)
+
+
+def bench_one(path, s: BenchSettings, device_figs) -> dict:
+    import torch
+
+    from .engines import get_engine
+    from .harness import measure, summarize_ms
+
+    t_load = time.perf_counter()
+    cfg, bm = _load(path, s)
+    load_s = time.perf_counter() - t_load
+    model, config = bm.model, bm.model.config
+    max_len = max((s.prompt_len, *s.prompt_sweep)) + s.gen_len + 1
+    engine_cls = get_engine(s.engine)
+    engine = engine_cls(model, s.device, max_len)
+    prompt = _prompt(config.vocab_size, s.prompt_len, s.seed, s.device)
+    t_c = time.perf_counter()
+    with torch.inference_mode():
+        timings = measure(engine, prompt, s.gen_len, repeats=s.repeats, min_seconds=s.min_seconds, warmups=s.warmups, device=s.device)
+    summary = timings.summary()
+    acct = weight_read_bytes(model)
+    kv = kv_bytes_per_token(config)
+    step_bytes = mean_step_bytes(acct["weight_bytes_per_token"], kv, s.prompt_len, s.gen_len)
+    shape = Shape.from_config(cfg)
+    pred_tpot = step_bytes / device_figs.bandwidth
+    prefill_read = acct["weight_bytes_per_token"] + kv * s.prompt_len
+    pred_ttft = predict_ttft_s(prefill_flops(shape, s.prompt_len), device_figs.compute, prefill_read, device_figs.bandwidth)
+    tpot, ttft = summary["tpot_ms"]["median"] / 1e3, summary["ttft_ms"]["median"] / 1e3
+    eff_tpot, bad_tpot = efficiency(pred_tpot, tpot)
+    eff_ttft, bad_ttft = efficiency(pred_ttft, ttft)
+    sweep = []
+    if s.prompt_sweep:
+        for plen in s.prompt_sweep:
+            p = _prompt(config.vocab_size, plen, s.seed + plen, s.device)
+            times = []
+            for _ in range(max(2, s.repeats)):
+                engine.reset()
+                t0 = time.perf_counter()
+                engine.prefill(p)
+                if s.device == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+            pt = predict_ttft_s(prefill_flops(shape, plen), device_figs.compute, acct["weight_bytes_per_token"] + kv * plen, device_figs.bandwidth)
+            sweep.append({"prompt_len": plen, "ttft_ms": summarize_ms(times), "predicted_ttft_ms": pt * 1e3})
+    result = {
+        "model": str(path) if isinstance(path, Path) else path.label,
+        "name": _name(path),
+        "kind": bm.kind,
+        "kernel": bm.kernel,
+        "engine": s.engine,
+        "device": s.device,
+        "prompt_len": s.prompt_len,
+        "gen_len": s.gen_len,
+        "load_s": load_s,
+        "compile_and_warmup_s": summary.pop("warmup_s"),
+        **acct,
+        "kv_bytes_per_token": kv,
+        "bytes_per_token": step_bytes,
+        "ttft_ms": summary["ttft_ms"]["median"],
+        "tpot_ms": summary["tpot_ms"]["median"],
+        "predicted_tpot_ms": pred_tpot * 1e3,
+        "predicted_ttft_ms": pred_ttft * 1e3,
+        "tpot_efficiency": eff_tpot,
+        "ttft_efficiency": eff_ttft,
+        "accounting_error": bad_tpot or bad_ttft,
+        "stats": summary,
+        "prompt_sweep": sweep,
+        "notes": bm.notes,
+        "bench_wall_s": time.perf_counter() - t_c,
+    }
+    del engine, model, bm
+    gc.collect()
+    return result
+
+
+def _name(path) -> str:
+    if not isinstance(path, Path):
+        return path.label
+    meta = path / "quantkit.json"
+    if meta.is_file():
+        return json.loads(meta.read_text()).get("name") or path.name
+    return path.name
+
+
+def device_figures(s: BenchSettings, reprobe: bool = True):
+    """Probe in the same run as the timings by default (shared machines drift), else reuse the cache."""
+    from .probe import cached_probe, run_probe
+
+    if reprobe:
+        run_probe(s.device)
+    return cached_probe(s.device)
+
+
+def bench_many(paths: list[Path], s: BenchSettings) -> dict:
+    check_device(s.device)
+    figs = device_figures(s)
+    rows = []
+    for p in paths:
+        note(f"bench {p} ({s.engine}, {s.device})")
+        rows.append(bench_one(p, s, figs))
+    fit = fit_rule([r["bytes_per_token"] for r in rows], [r["tpot_ms"] / 1e3 for r in rows])
+    return {
+        "kind": "bench",
+        "schema_version": 1,
+        "settings": s.__dict__ | {"prompt_sweep": list(s.prompt_sweep)},
+        "device": {"name": figs.name, "bandwidth_gbps": figs.bandwidth / 1e9, "compute_tflops": figs.compute / 1e12, "source": figs.source},
+        "rows": rows,
+        "fit": fit,
+    }

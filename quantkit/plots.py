@@ -1,0 +1,86 @@
+"""PNG plots (matplotlib, Agg): the rule check, TTFT against prompt length, the accuracy/speed front."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def rule_check(rows: list[dict], fit: dict, bandwidth_gbps: float, out: Path, title: str = "") -> Path:
+    """TPOT against bytes read per token: the points, the least-squares fit and the roofline."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [r["bytes_per_token"] / 1e6 for r in rows]
+    ys = [r["tpot_ms"] for r in rows]
+    ax.scatter(xs, ys, zorder=3)
+    for r, x, y in zip(rows, xs, ys):
+        ax.annotate(r["name"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    top = max(xs) * 1.1 if xs else 1
+    grid = [0, top]
+    ax.plot(grid, [g * 1e6 / (bandwidth_gbps * 1e9) * 1e3 for g in grid], "--", label=f"roofline: bytes / {bandwidth_gbps:.1f} GB/s")
+    if fit.get("effective_gbps"):
+        ax.plot(grid, [fit["overhead_ms"] + g * 1e6 / (fit["effective_gbps"] * 1e9) * 1e3 for g in grid],
+                label=f"fit: {fit['overhead_ms']:.2f} ms + bytes / {fit['effective_gbps']:.1f} GB/s (R² {fit['r2']:.3f})")
+    ax.set_xlabel("bytes read per decode token (MB)")
+    ax.set_ylabel("TPOT (ms)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title or "TPOT against bytes per token (batch 1)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def ttft_sweep(rows: list[dict], out: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        sw = r.get("prompt_sweep") or []
+        if not sw:
+            continue
+        ls = [p["prompt_len"] for p in sw]
+        line = ax.plot(ls, [p["ttft_ms"]["median"] for p in sw], "o-", label=f"{r['name']} measured")
+        ax.plot(ls, [p["predicted_ttft_ms"] for p in sw], ":", color=line[0].get_color(), label=f"{r['name']} roofline")
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("TTFT (ms)")
+    ax.set_title("TTFT against prompt length (batch 1)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def pareto(points: list[dict], out: Path, metric: str = "kld_mean") -> Path:
+    """Accuracy loss against TPOT; the front is the set no other variant beats on both."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    pts = [p for p in points if p.get(metric) is not None and p.get("tpot_ms") is not None]
+    front = [p for p in pts if not any(q["tpot_ms"] <= p["tpot_ms"] and q[metric] <= p[metric] and q is not p
+                                         and (q["tpot_ms"] < p["tpot_ms"] or q[metric] < p[metric]) for q in pts)]
+    ax.scatter([p["tpot_ms"] for p in pts], [p[metric] for p in pts], zorder=3)
+    for p in pts:
+        ax.annotate(p["name"], (p["tpot_ms"], p[metric]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    front.sort(key=lambda p: p["tpot_ms"])
+    ax.plot([p["tpot_ms"] for p in front], [p[metric] for p in front], "-", alpha=0.5, label="Pareto front")
+    ax.set_xlabel("TPOT (ms, batch 1)")
+    ax.set_ylabel({"kld_mean": "mean KL divergence vs baseline", "delta_ppl_pct": "ΔPPL (%)"}.get(metric, metric))
+    ax.set_title("Accuracy against decode speed")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
