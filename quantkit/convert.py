@@ -84,8 +84,12 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     tok = load_tokenizer(src)
     quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
     handler = get_handler(quant.method) if quant is not None else None
+    has_gqa = any(st.gqa is not None for st in variant.steps)
+    # GQA's merge math and recovery want float32; quantization calibrates in bf16 (3x faster
+    # forwards on AMX/AVX512-BF16 cores, Hessians stay fp32 inside llm-compressor).
+    load_dtype = "float32" if has_gqa else opts.calib_dtype
     note(f"loading {src}")
-    model = load_model(src, dtype=opts.calib_dtype, trust_remote_code=opts.trust_remote_code)
+    model = load_model(src, dtype=load_dtype, trust_remote_code=opts.trust_remote_code)
     check_finite(model, "the source checkpoint")
     calib_set = _calibration(recipe, opts, src, tok, model, src_hash, key) if needs_calibration(variant) else None
     meta: dict = {"name": variant.name, "gqa": None}
@@ -94,16 +98,25 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
             from .gqa.convert import apply_gqa
 
             note(f"gqa: {cfg.get('num_key_value_heads')} -> {step.gqa.kv_heads} KV heads ({step.gqa.merge})")
-            model, meta["gqa"] = apply_gqa(model, tok, step.gqa, calib_set, src_hash)
+            spec = opts.calib or recipe.calibration.source
+            model, meta["gqa"] = apply_gqa(model, tok, step.gqa, calib_set, src=src, src_hash=src_hash, calib_spec=spec, calibration=recipe.calibration)
         else:
+            if has_gqa:
+                import torch
+
+                model = model.to(getattr(torch, opts.calib_dtype))
             note(f"quantize: {quant.method}")
             model = handler.quantize(model, quant, calib_set.samples if calib_set else None, src=src)
     check_finite(model, "the converted model")
+    fmt = handler.export_format if handler else "dense"
+    if fmt == "dense":  # a GQA-only artifact keeps the source checkpoint's precision
+        import torch
+
+        model = model.to(getattr(torch, str(cfg.get("torch_dtype") or cfg.get("dtype") or "float16")))
     ids = fixed_tokens(model.config.vocab_size, calib_set.samples if calib_set else None)
     ref_logits = logits(model, ids)
     from .export import FORMATS
 
-    fmt = handler.export_format if handler else "dense"
     with staged_dir(out) as tmp:
         FORMATS[fmt].save(model, tmp, recipe.export.max_shard_size)
         tok.save_pretrained(str(tmp))
