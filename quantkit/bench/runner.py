@@ -173,13 +173,26 @@ def device_figures(s: BenchSettings, reprobe: bool = True):
     return cached_probe(s.device)
 
 
-def bench_many(paths: list[Path], s: BenchSettings) -> dict:
+def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None) -> dict:
+    """Bench every model in one process and one probe, so ratios between them are comparable.
+
+    A model that cannot be benchmarked (no kernel for its scheme, too big) gets an error row;
+    the others go on."""
     check_device(s.device)
     figs = device_figures(s)
-    rows = []
-    for p in paths:
+    rows, failed = [], []
+    for i, p in enumerate(paths):
         note(f"bench {p} ({s.engine}, {s.device})")
-        rows.append(bench_one(p, s, figs))
+        try:
+            row = bench_one(p, s, figs)
+        except QuantkitError as exc:
+            failed.append({"model": str(p), "name": names[i] if names else _name(p), "error": str(exc)})
+            continue
+        if names:
+            row["name"] = names[i]
+        rows.append(row)
+    if not rows and failed:
+        raise QuantkitError(failed[0]["error"])
     fit = fit_rule([r["bytes_per_token"] for r in rows], [r["tpot_ms"] / 1e3 for r in rows])
     return {
         "kind": "bench",
@@ -187,5 +200,6 @@ def bench_many(paths: list[Path], s: BenchSettings) -> dict:
         "settings": s.__dict__ | {"prompt_sweep": list(s.prompt_sweep)},
         "device": {"name": figs.name, "bandwidth_gbps": figs.bandwidth / 1e9, "compute_tflops": figs.compute / 1e12, "source": figs.source},
         "rows": rows,
+        "failed": failed,
         "fit": fit,
     }

@@ -1,16 +1,113 @@
-"""`quantkit compare`."""
+"""`quantkit compare`: runs side by side (run directories, or load-run JSON files)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
 
-from ..errors import NotImplementedYet  # noqa: F401
+from ._common import echo_json
 
 
-@click.command("compare", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def compare_cmd() -> None:
-    """(not implemented yet)"""
-    raise NotImplementedYet("quantkit compare has not landed yet")
+def _read(path: str) -> dict:
+    from ..errors import QuantkitError
+
+    p = Path(path)
+    f = p / "report.json" if p.is_dir() else p
+    if not f.is_file():
+        raise QuantkitError(f"{path}: not a run directory (no report.json) or a JSON result file")
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError:
+        raise QuantkitError(f"{f}: not valid JSON") from None
+
+
+def compare_runs(reports: list[dict], labels: list[str]) -> dict:
+    names: list[str] = []
+    for r in reports:
+        for row in r["rows"]:
+            if row["name"] not in names:
+                names.append(row["name"])
+    table = []
+    for n in names:
+        entry = {"variant": n}
+        for label, r in zip(labels, reports):
+            row = next((x for x in r["rows"] if x["name"] == n), None)
+            entry[label] = None if row is None else {k: row.get(k) for k in ("tpot_ms", "ttft_ms", "predicted_tpot_ms", "tpot_efficiency_pct", "delta_ppl_pct", "kld_mean", "top1_pct", "bits_per_weight", "status")}
+        table.append(entry)
+    runs = [{"label": lab, "recipe": r["recipe"], "date": r["date"], "host": r["host"], "device": (r.get("device") or {}).get("name"),
+             "fit": r.get("fit")} for lab, r in zip(labels, reports)]
+    return {"kind": "compare", "runs": runs, "variants": table}
+
+
+def render(result: dict) -> str:
+    labels = [r["label"] for r in result["runs"]]
+    out = []
+    for r in result["runs"]:
+        fit = r.get("fit") or {}
+        fit_s = f"{fit['effective_gbps']:.2f} GB/s + {fit['overhead_ms']:.2f} ms (R² {fit['r2']:.3f})" if fit.get("effective_gbps") else "n/a"
+        out.append(f"- {r['label']}: {r['recipe']} on {r['device']} ({r['host']}, {r['date']}); rule fit {fit_s}")
+    head = ["variant"] + [f"{lab} {m}" for lab in labels for m in ("TPOT ms", "ΔPPL %", "KL")]
+    out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in result["variants"]:
+        cells = [v["variant"]]
+        for lab in labels:
+            row = v[lab] or {}
+            for key, fmt in (("tpot_ms", "{:.2f}"), ("delta_ppl_pct", "{:+.2f}"), ("kld_mean", "{:.4f}")):
+                cells.append("—" if row.get(key) is None else fmt.format(row[key]))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def plot_tpot(result: dict, path: Path) -> None:
+    from ..plots import _plt
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    labels = [r["label"] for r in result["runs"]]
+    variants = [v["variant"] for v in result["variants"]]
+    width = 0.8 / max(1, len(labels))
+    for i, lab in enumerate(labels):
+        ys = [((v[lab] or {}).get("tpot_ms") or 0) for v in result["variants"]]
+        ax.bar([j + i * width for j in range(len(variants))], ys, width, label=lab)
+    ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(variants))], variants, rotation=20, fontsize=8)
+    ax.set_ylabel("TPOT (ms)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@click.command("compare")
+@click.argument("runs", nargs=-1, required=True)
+@click.option("--md", "as_md", is_flag=True, help="Markdown table (the default).")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--plot", default=None, type=click.Path(dir_okay=False))
+def compare_cmd(runs, as_md, as_json, plot):
+    """Compare run directories (or `quantkit load --out` JSON files) side by side."""
+    from ..errors import QuantkitError
+    from ..load.compare import compare_load_runs, is_load_run, render_load_comparison
+
+    data = [_read(r) for r in runs]
+    kinds = {"load" if is_load_run(d) else d.get("kind") for d in data}
+    if kinds == {"load"}:
+        result = compare_load_runs(data)
+        if plot:
+            from ..load.plot import plot_runs
+
+            plot_runs(data, Path(plot))
+        echo_json(result) if as_json else click.echo(render_load_comparison(result))
+        return
+    if kinds != {"quantkit-run"}:
+        raise QuantkitError("compare takes run directories (quantkit run) or load-run JSON files (quantkit load --out), not a mix")
+    labels = [Path(r).name if Path(r).name != "report.json" else Path(r).parent.name for r in runs]
+    if len(set(labels)) != len(labels):
+        labels = [f"{i + 1}:{lab}" for i, lab in enumerate(labels)]
+    result = compare_runs(data, labels)
+    if plot:
+        plot_tpot(result, Path(plot))
+    echo_json(result) if as_json else click.echo(render(result))
 
 
 COMMANDS = [compare_cmd]

@@ -1,16 +1,42 @@
-"""`quantkit run`."""
+"""`quantkit run`: the main job, from a checkpoint to a side-by-side report."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from ..errors import NotImplementedYet  # noqa: F401
+from ._common import debug_enabled, echo_json, json_option, set_option
 
 
-@click.command("run", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def run_cmd() -> None:
-    """(not implemented yet)"""
-    raise NotImplementedYet("quantkit run has not landed yet")
+@click.command("run")
+@click.argument("recipe_file", metavar="RECIPE")
+@click.option("--model", default=None, help="Source checkpoint (default: the recipe's model).")
+@click.option("--out", default=None, type=click.Path(file_okay=False), help="Run directory (default: runs/RECIPE_NAME).")
+@click.option("--calib", default=None, help="Calibration text SPEC (overrides the recipe).")
+@click.option("--eval-text", default=None, help="Evaluation text SPEC (overrides the recipe's eval.text).")
+@click.option("--skip-eval", is_flag=True)
+@click.option("--skip-bench", is_flag=True)
+@click.option("--rerun", is_flag=True, help="Redo every step instead of reusing finished ones.")
+@set_option
+@json_option
+def run_cmd(recipe_file, model, out, calib, eval_text, skip_eval, skip_bench, rerun, overrides, as_json):
+    """Convert, verify, evaluate and benchmark every variant of RECIPE, then write a report."""
+    from ..recipe import load_recipe
+    from ..run import RunOptions, Runner
+
+    recipe = load_recipe(recipe_file, overrides)
+    opts = RunOptions(model=model, out=Path(out) if out else None, calib=calib, eval_text=eval_text,
+                      skip_eval=skip_eval, skip_bench=skip_bench, rerun=rerun, debug=debug_enabled())
+    runner = Runner(recipe, opts)
+    report = runner.run()
+    if as_json:
+        echo_json(report)
+    else:
+        click.echo((runner.dir / "report.md").read_text())
+        click.echo(f"report: {runner.dir / 'report.md'}")
+    if report["failed"]:
+        raise SystemExit(1)
 
 
 COMMANDS = [run_cmd]

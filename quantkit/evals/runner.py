@@ -10,7 +10,7 @@ from ..errors import DataError
 from ..models import checkpoint_hash, load_model, load_tokenizer, read_config
 from ..progress import bar
 from ..text import overlaps, parse_spec
-from .perplexity import Windows, cached_baseline, score, text_windows, vocab_fingerprint
+from .perplexity import Windows, cached_baseline, score, self_score, text_windows, vocab_fingerprint
 
 
 def check_same_vocab(model_path: Path, base_path: Path, tok_model, tok_base) -> str:
@@ -81,10 +81,13 @@ def run_eval(
             check_disjoint_from_calibration(model_path, windows)
         with bar("baseline pass", total=len(windows.tokens)) as update:
             base, hit = cached_baseline(lambda: load_model(base_path, dtype=dtype), base_hash, windows, vocab, dtype, update)
-        model = load_model(model_path, dtype=dtype)
         t1 = time.perf_counter()
-        with bar("scoring", total=len(windows.tokens)) as update:
-            result.update(score(model, windows, base, update))
+        if model_path.resolve() == base_path.resolve():
+            result.update(self_score(base, windows))  # the same checkpoint in the same dtype: exact, no second pass
+        else:
+            model = load_model(model_path, dtype=dtype)
+            with bar("scoring", total=len(windows.tokens)) as update:
+                result.update(score(model, windows, base, update))
         result["score_seconds"] = time.perf_counter() - t1
         result["baseline_cached"] = hit
         result["windows"] = windows.describe()

@@ -1,0 +1,187 @@
+"""`quantkit run`: every variant of a recipe through convert -> verify -> eval -> bench, then a report.
+
+Finished steps are reused on a re-run: each step's result is stored in the run directory under a
+key hashed from its inputs (source checkpoint hash, the resolved variant, calibration and eval
+settings, artifact hashes), so an interrupted run resumes and an unchanged one finishes at once.
+A failed variant is recorded and the others go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .errors import QuantkitError
+from .models import checkpoint_hash, resolve_model
+from .progress import note
+from .recipe import Recipe, Variant
+
+
+@dataclass
+class RunOptions:
+    model: str | None = None
+    out: Path | None = None
+    calib: str | None = None
+    eval_text: str | None = None
+    skip_eval: bool = False
+    skip_bench: bool = False
+    rerun: bool = False
+    debug: bool = False
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _file_sha(spec: str | None) -> str | None:
+    if spec and spec.startswith("file:"):
+        p = Path(spec[5:]).expanduser()
+        if p.is_file():
+            return hashlib.sha256(p.read_bytes()).hexdigest()
+    return spec
+
+
+@dataclass
+class StepCache:
+    """Step results stored in RUN_DIR/steps.json, keyed by content hashes of their inputs."""
+
+    path: Path
+    data: dict = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, run_dir: Path) -> "StepCache":
+        p = run_dir / "steps.json"
+        return cls(p, json.loads(p.read_text()) if p.is_file() else {})
+
+    def get(self, key: str):
+        return self.data.get(key)
+
+    def put(self, key: str, value) -> None:
+        self.data[key] = value
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        tmp.replace(self.path)
+
+
+def with_baseline(recipe: Recipe) -> tuple[Variant, ...]:
+    variants = recipe.all_variants()
+    if any(not v.steps for v in variants):
+        return variants
+    return (Variant(name="baseline", description="the unmodified source checkpoint"), *variants)
+
+
+class Runner:
+    def __init__(self, recipe: Recipe, opts: RunOptions):
+        self.recipe, self.opts = recipe, opts
+        ref = opts.model or recipe.model
+        if not ref:
+            raise QuantkitError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
+        self.src = resolve_model(ref)
+        self.src_hash = checkpoint_hash(self.src)
+        self.dir = Path(opts.out or Path("runs") / recipe.name)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cache = StepCache.open(self.dir)
+        self.calib = opts.calib or recipe.calibration.source
+        self.eval_text = opts.eval_text or recipe.eval.text
+        self.timings: dict[str, float] = {}
+        self.variants: dict[str, dict] = {}
+
+    def _timed(self, label: str, fn):
+        t = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.timings[label] = time.perf_counter() - t
+
+    def convert(self, v: Variant) -> Path:
+        if not v.steps:
+            return self.src
+        from .convert import ConvertOptions, convert
+
+        key = _key("convert", __version__, self.src_hash, [s.model_dump(mode="json") for s in v.steps],
+                   self.recipe.calibration.model_dump(mode="json"), _file_sha(self.calib))
+        out = self.dir / "artifacts" / v.name
+        meta_file = out / "quantkit.json"
+        if not self.opts.rerun and meta_file.is_file():
+            meta = json.loads(meta_file.read_text())
+            if meta.get("run_key") == key and meta.get("verification", {}).get("status") == "passed":
+                note(f"[{v.name}] convert: reusing {out}")
+                return out
+        note(f"[{v.name}] convert")
+        single = self.recipe.model_copy(update={"variants": (v,), "steps": ()})
+        convert(single, str(self.src), out, ConvertOptions(calib=self.calib, force=True), v.name)
+        meta = json.loads(meta_file.read_text())
+        meta["run_key"] = key
+        meta_file.write_text(json.dumps(meta, indent=2))
+        return out
+
+    def evaluate(self, v: Variant, path: Path) -> dict | None:
+        ev = self.recipe.eval
+        if self.opts.skip_eval or (not self.eval_text and not ev.tasks):
+            return None
+        from .evals.runner import run_eval
+
+        key = _key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json"), _file_sha(self.eval_text))
+        hit = self.cache.get(key)
+        if hit is not None and not self.opts.rerun:
+            note(f"[{v.name}] eval: reusing")
+            return hit
+        note(f"[{v.name}] eval")
+        result = run_eval(path, self.src, self.eval_text, seq_len=ev.seq_len, max_tokens=ev.max_tokens, region=ev.region,
+                          tasks=ev.tasks, limit=ev.limit)
+        self.cache.put(key, result)
+        return result
+
+    def bench(self, paths: dict[str, Path]) -> dict | None:
+        if self.opts.skip_bench or not paths:
+            return None
+        from .bench.runner import BenchSettings, bench_many
+
+        b = self.recipe.bench
+        settings = BenchSettings(device=b.device, engine=b.engine, prompt_len=b.prompt_len, gen_len=b.gen_len,
+                                 repeats=b.repeats, min_seconds=b.min_seconds, prompt_sweep=b.prompt_sweep)
+        key = _key("bench", __version__, sorted((n, checkpoint_hash(p)) for n, p in paths.items()), b.model_dump(mode="json"))
+        hit = self.cache.get(key)
+        if hit is not None and not self.opts.rerun:
+            note("bench: reusing")
+            return hit
+        note(f"bench: {len(paths)} variants in one run ({b.engine}, {b.device})")
+        result = bench_many(list(paths.values()), settings, names=list(paths))
+        self.cache.put(key, result)
+        return result
+
+    def run(self) -> dict:
+        t0 = time.perf_counter()
+        paths: dict[str, Path] = {}
+        for v in with_baseline(self.recipe):
+            rec = self.variants.setdefault(v.name, {"name": v.name, "description": v.description, "steps": [s.model_dump(mode="json", exclude_none=True) for s in v.steps]})
+            try:
+                path = self._timed(f"convert:{v.name}", lambda: self.convert(v))
+                rec["artifact"] = str(path)
+                rec["eval"] = self._timed(f"eval:{v.name}", lambda: self.evaluate(v, path))
+                paths[v.name] = path
+            except Exception as exc:  # a failed variant is reported; the others go on
+                if self.opts.debug:
+                    raise
+                rec["error"] = str(exc) if isinstance(exc, QuantkitError) else f"{type(exc).__name__}: {exc}"
+                rec["traceback"] = traceback.format_exc(limit=8) if not isinstance(exc, QuantkitError) else None
+                note(f"[{v.name}] failed: {rec['error']}")
+        bench = None
+        try:
+            bench = self._timed("bench", lambda: self.bench(paths))
+        except QuantkitError as exc:
+            note(f"bench failed: {exc}")
+            for rec in self.variants.values():
+                rec.setdefault("bench_error", str(exc))
+        if bench:
+            for row in bench["rows"]:
+                self.variants[row["name"]]["bench"] = row
+        from .report import finish_run
+
+        total = time.perf_counter() - t0
+        return self._timed("report", lambda: finish_run(self, bench, total))
