@@ -42,6 +42,7 @@ def resolve_token() -> str:
 
 def publish(artifact: Path, repo: str, *, private: bool = False, revision: str | None = None, api=None) -> dict:
     """Create the repo if needed and upload the artifact folder; returns the commit URL."""
+    import httpx
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -59,6 +60,6 @@ def publish(artifact: Path, repo: str, *, private: bool = False, revision: str |
     except HfHubHTTPError as exc:
         code = getattr(getattr(exc, "response", None), "status_code", None)
         raise QuantkitError(f"the Hub refused the upload to {repo} (HTTP {code}): check the token's write access") from None
-    except (ConnectionError, OSError) as exc:
+    except (ConnectionError, OSError, httpx.TransportError) as exc:
         raise OfflineError(f"cannot reach the Hugging Face Hub ({type(exc).__name__}); publish needs the network") from None
     return {"repo": repo, "revision": revision or "main", "commit_url": str(getattr(info, "commit_url", info))}

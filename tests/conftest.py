@@ -18,6 +18,7 @@ def quantkit_home(tmp_path, monkeypatch):
     home = tmp_path / "qk-home"
     monkeypatch.setenv("QUANTKIT_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("QUANTKIT_PROBE_MIB", "64")
     return home
 
 

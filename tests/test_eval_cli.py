@@ -5,9 +5,11 @@ import shutil
 import pytest
 
 
-def test_self_comparison_is_exact(cli, tiny_llama, tiny_text):
+def test_self_comparison_is_exact(cli, tiny_llama, tiny_text, tmp_path):
+    copy = tmp_path / "copy"  # a different path: both passes really run
+    shutil.copytree(tiny_llama, copy)
     code, out, err, data = cli(
-        "eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}",
+        "eval", str(copy), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}",
         "--seq-len", "64", "--max-tokens", "256", "--json",
     )
     assert code == 0, err
@@ -68,3 +70,10 @@ def test_model_that_fails_to_load(cli, tiny_llama, tiny_text, tmp_path):
 def test_nothing_to_evaluate(cli, tiny_llama):
     code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama))
     assert code == 2 and "nothing to evaluate" in err
+
+
+def test_same_checkpoint_shortcut(cli, tiny_llama, tiny_text):
+    code, _, err, data = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}",
+                             "--seq-len", "64", "--max-tokens", "128", "--json")
+    assert code == 0, err
+    assert data["kld"]["max"] == 0.0 and data["top1_agreement"] == 1.0 and data["ppl"] == data["baseline_ppl"]

@@ -105,4 +105,7 @@ def cached_probe(device: str = "cpu") -> Device:
 if __name__ == "__main__":
     import sys
 
-    print(json.dumps(probe(sys.argv[1] if len(sys.argv) > 1 else "cpu")))
+    import os
+
+    mib = int(os.environ.get("QUANTKIT_PROBE_MIB", "1024"))  # tests use a small buffer; real probes must exceed the LLC
+    print(json.dumps(probe(sys.argv[1] if len(sys.argv) > 1 else "cpu", buffer_bytes=mib << 20)))

@@ -1,0 +1,120 @@
+"""quantkit bench on tiny fixtures: engines, kernels, accounting, bad input. Timings are not asserted."""
+
+import json
+
+import pytest
+import torch
+
+from quantkit.bench import kernels
+from quantkit.bench.accounting import mean_step_bytes, weight_read_bytes
+from quantkit.bench.harness import summarize_ms
+
+FAST = ["--prompt-len", "16", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0", "--warmups", "1"]
+
+
+@pytest.mark.parametrize("group,asym", [(32, False), (64, True), (128, False)])
+def test_int4_kernel_matches_dense_reference(group, asym):
+    torch.manual_seed(0)
+    n, k = 64, 256
+    q = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    s = torch.rand(n, k // group) * 0.05
+    zp = torch.randint(-3, 3, (n, k // group), dtype=torch.int8) if asym else None
+    x = torch.randn(3, k, dtype=torch.bfloat16)
+    ref = x.float() @ kernels.dense_from_int(q, s, zp, group).t()
+    out = kernels.Int4WeightOnlyLinear(q, s, zp, group, None, "cpu")(x).float()
+    assert torch.allclose(out, ref, atol=0.05 * ref.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("asym", [False, True])
+def test_int8_kernel_matches_dense_reference(asym):
+    torch.manual_seed(0)
+    q = torch.randint(-128, 128, (32, 64), dtype=torch.int8)
+    s = torch.rand(32, 1) * 0.01
+    zp = torch.randint(-20, 20, (32, 1), dtype=torch.int8) if asym else None
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    ref = x.float() @ kernels.dense_from_int(q, s, zp, -1).t()
+    out = kernels.Int8WeightOnlyLinear(q, s, zp, None, "cpu")(x).float()
+    assert torch.allclose(out, ref, atol=0.02 * ref.abs().max().item(), rtol=0)
+    w8a8 = kernels.Int8DynamicActivationLinear(q, s, None, "cpu")(x).float()
+    assert torch.allclose(w8a8, x.float() @ kernels.dense_from_int(q, s, None, -1).t(), atol=0.05 * ref.abs().max().item(), rtol=0)
+
+
+def test_accounting_tied_lm_head_counts_table_once_plus_row():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True)
+    m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    acct = weight_read_bytes(m)
+    linears = (32 * 32 * 2 + 16 * 32 * 2 + 64 * 32 * 3) * 2
+    norms = 3 * 32 * 2
+    assert acct["tied_lm_head"] and acct["weight_bytes_per_token"] == linears + norms + 100 * 32 * 2 + 32 * 2
+    assert mean_step_bytes(1000, 10, 4, 3) == 1000 + 10 * (5.5 + 1)
+
+
+def test_summary_stats():
+    s = summarize_ms([0.001, 0.002, 0.003])
+    assert s["median"] == pytest.approx(2.0) and s["n"] == 3 and s["min"] == pytest.approx(1.0)
+
+
+def test_bench_cli_dense_and_int4_artifact(cli, tiny_llama, tiny_text, tmp_path):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    art = tmp_path / "int4"
+    code, _, err, _ = cli("convert", str(repo / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(art), "--json")
+    assert code == 0, err
+    plot = tmp_path / "rule.png"
+    code, _, err, data = cli("bench", str(tiny_llama), str(art), *FAST, "--engine", "eager", "--plot", str(plot), "--sweep", "8,16", "--json")
+    assert code == 0, err
+    dense, q4 = data["rows"]
+    assert dense["kernel"] == "dense" and "int4pack" in q4["kernel"]
+    assert q4["weight_bytes_per_token"] < dense["weight_bytes_per_token"]
+    for r in data["rows"]:
+        assert r["ttft_ms"] > 0 and r["tpot_ms"] > 0 and len(r["stats"]["step_times_ms"][0]) == 3
+        assert r["predicted_tpot_ms"] > 0 and 0 < r["tpot_efficiency"]
+        assert [p["prompt_len"] for p in r["prompt_sweep"]] == [8, 16]
+    assert plot.is_file() and plot.stat().st_size > 1000
+    assert data["fit"]["points"] == 2
+
+
+def test_bench_compiled_engine(cli, tiny_llama):
+    code, _, err, data = cli("bench", str(tiny_llama), *FAST, "--engine", "compiled", "--json")
+    assert code == 0, err
+    assert data["rows"][0]["compile_and_warmup_s"] > 0
+
+
+def test_bench_synthetic_shape(cli, tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 256, "max_position_embeddings": 256, "tie_word_embeddings": False}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    code, _, err, data = cli("bench", "--shape", str(p), "--shape-bits", "16,4", *FAST, "--engine", "eager", "--json")
+    assert code == 0, err
+    b16, b4 = data["rows"]
+    assert b4["weight_bytes_per_token"] < b16["weight_bytes_per_token"] / 2
+
+
+def test_bench_bad_input(cli, tiny_llama):
+    code, _, err, _ = cli("bench", str(tiny_llama), "--prompt-len", "0")
+    assert code == 2 and "--prompt-len" in err
+    code, _, err, _ = cli("bench", str(tiny_llama), "--prompt-len", "5000")
+    assert code == 2 and "exceed the model's context" in err
+    code, _, err, _ = cli("bench")
+    assert code == 2 and "nothing to bench" in err
+    if not torch.cuda.is_available():
+        code, _, err, _ = cli("bench", str(tiny_llama), "--device", "cuda")
+        assert code == 2 and "no CUDA GPU" in err
+    code, _, err, _ = cli("bench", str(tiny_llama), "--engine", "warp")
+    assert code == 2 and "unknown engine" in err
+
+
+def test_bench_model_too_big(cli, tiny_llama, monkeypatch):
+    import psutil
+
+    class Tiny:
+        available = 1000
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Tiny())
+    code, _, err, _ = cli("bench", str(tiny_llama), *FAST)
+    assert code == 2 and "GB available" in err
