@@ -77,3 +77,16 @@ def test_same_checkpoint_shortcut(cli, tiny_llama, tiny_text):
                              "--seq-len", "64", "--max-tokens", "128", "--json")
     assert code == 0, err
     assert data["kld"]["max"] == 0.0 and data["top1_agreement"] == 1.0 and data["ppl"] == data["baseline_ppl"]
+
+
+def test_offline_lm_eval_task_from_evals_dir(cli, tiny_dir):
+    code, _, err, data = cli("eval", str(tiny_dir / "llama-mha"), "--baseline", str(tiny_dir / "llama-mha"),
+                             "--tasks", "qk_facts", "--limit", "8", "--json")
+    assert code == 0, err
+    t = data["tasks"]["qk_facts"]
+    assert t["n"] == 8 and 0.0 <= t["value"] <= 1.0 and t["delta"] == 0.0 and t["metric"] in ("acc", "acc_norm")
+
+
+def test_unknown_task(cli, tiny_llama):
+    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--tasks", "no_such_task_xyz", "--limit", "2")
+    assert code == 2 and "unknown lm-eval task 'no_such_task_xyz'" in err
