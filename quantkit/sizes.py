@@ -42,3 +42,16 @@ def checkpoint_sizes(path: Path) -> dict:
         "bits_per_param": 8.0 * total_bytes / shape.total_params(),
         "kv_bytes_per_token": 2 * shape.layers * shape.kv_heads * shape.head_dim * 2,
     }
+
+
+def stored_read_bytes(path: Path) -> int:
+    """Bytes per decode token from the stored tensors (for engines whose tensors we cannot see)."""
+    path = Path(path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    tb = tensor_bytes(path)
+    emb = next((b for n, b in tb.items() if n.endswith("embed_tokens.weight")), 0)
+    row = emb // cfg["vocab_size"] if emb else 0
+    total = sum(b for n, b in tb.items() if not n.endswith("weight_shape"))
+    tied = not any(n.startswith("lm_head.") for n in tb)
+    return int(total + row if tied else total - emb + row)

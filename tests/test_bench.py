@@ -118,3 +118,15 @@ def test_bench_model_too_big(cli, tiny_llama, monkeypatch):
     monkeypatch.setattr(psutil, "virtual_memory", lambda: Tiny())
     code, _, err, _ = cli("bench", str(tiny_llama), *FAST)
     assert code == 2 and "GB available" in err
+
+
+def test_vllm_engine_without_vllm_is_clear(cli, tiny_llama):
+    pytest.importorskip("torch")
+    try:
+        import vllm  # noqa: F401
+
+        pytest.skip("vLLM is installed here")
+    except ImportError:
+        pass
+    code, _, err, _ = cli("bench", str(tiny_llama), "--engine", "vllm", *FAST)
+    assert code == 2 and ("vLLM is not installed" in err or "needs --device cuda" in err)

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import QuantkitError
 from ..progress import note
 from ..roofline import Shape, efficiency, fit_rule, prefill_flops, predict_ttft_s
-from .accounting import kv_bytes_per_token, mean_step_bytes, weight_read_bytes
+from .accounting import mean_step_bytes, weight_read_bytes
 
 
 @dataclass(frozen=True)
@@ -82,77 +82,101 @@ def _load(source, s: BenchSettings):
     return cfg, load_for_bench(source, s.device)
 
 
-def bench_one(path, s: BenchSettings, device_figs) -> dict:
+def bench_vllm(path: Path, s: BenchSettings):
+    """vLLM: whole generate() calls (see vllm_engine.py); the bytes come from the stored tensors."""
+    from ..sizes import stored_read_bytes
+    from .harness import Timings
+    from .vllm_engine import VllmEngine
+
+    cfg = json.loads((path / "config.json").read_text())
+    check_lengths(cfg, s)
+    eng = VllmEngine(str(path), s.device, max((s.prompt_len, *s.prompt_sweep)) + s.gen_len + 1)
+    prompt = _prompt(cfg["vocab_size"], s.prompt_len, s.seed, "cpu")[0].tolist()
+    timings = Timings()
+    t = time.perf_counter()
+    for _ in range(s.warmups):
+        eng.time_once(prompt, s.gen_len)
+    timings.warmup_s = time.perf_counter() - t
+    for _ in range(s.repeats):
+        ttft, steps = eng.time_once(prompt, s.gen_len)
+        timings.ttft_s.append(ttft)
+        timings.step_s.append(steps)
+    return cfg, {"weight_bytes_per_token": stored_read_bytes(path), "stored_weight_bytes": None, "tied_lm_head": None}, timings
+
+
+def _time_local(path, s: BenchSettings, figs) -> dict:
+    """Load with quantkit's loader, time with the harness; returns the pieces of a result row."""
     import torch
 
     from .engines import get_engine
-    from .harness import measure, summarize_ms
+    from .harness import measure
 
     t_load = time.perf_counter()
     cfg, bm = _load(path, s)
     load_s = time.perf_counter() - t_load
-    model, config = bm.model, bm.model.config
+    config = bm.model.config
     max_len = max((s.prompt_len, *s.prompt_sweep)) + s.gen_len + 1
-    engine_cls = get_engine(s.engine)
-    engine = engine_cls(model, s.device, max_len)
+    engine = get_engine(s.engine)(bm.model, s.device, max_len)
     prompt = _prompt(config.vocab_size, s.prompt_len, s.seed, s.device)
-    t_c = time.perf_counter()
     with torch.inference_mode():
         timings = measure(engine, prompt, s.gen_len, repeats=s.repeats, min_seconds=s.min_seconds, warmups=s.warmups, device=s.device)
-    summary = timings.summary()
-    acct = weight_read_bytes(model)
-    kv = kv_bytes_per_token(config)
-    step_bytes = mean_step_bytes(acct["weight_bytes_per_token"], kv, s.prompt_len, s.gen_len)
+        acct = weight_read_bytes(bm.model)
+        sweep = _sweep(engine, cfg, s, figs, acct["weight_bytes_per_token"])
+    out = {"cfg": cfg, "acct": acct, "timings": timings, "sweep": sweep, "kind": bm.kind, "kernel": bm.kernel, "notes": bm.notes, "load_s": load_s}
+    del engine, bm
+    gc.collect()
+    return out
+
+
+def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: int) -> list[dict]:
+    """TTFT at each prompt length of the sweep (prefill plus first token, cache cleared each time)."""
+    from .harness import Clock, summarize_ms
+
+    shape, kv, clock = Shape.from_config(cfg), kv_bytes_per_token_cfg(cfg), Clock(s.device)
+    out = []
+    for plen in s.prompt_sweep:
+        p = _prompt(cfg["vocab_size"], plen, s.seed + plen, s.device)
+        times = []
+        for _ in range(max(2, s.repeats)):
+            engine.reset()
+            t0 = clock.now()
+            engine.prefill(p)
+            times.append(clock.now() - t0)
+        pt = predict_ttft_s(prefill_flops(shape, plen), figs.compute, weight_bytes + kv * plen, figs.bandwidth)
+        out.append({"prompt_len": plen, "ttft_ms": summarize_ms(times), "predicted_ttft_ms": pt * 1e3})
+    return out
+
+
+def kv_bytes_per_token_cfg(cfg: dict) -> int:
     shape = Shape.from_config(cfg)
-    pred_tpot = step_bytes / device_figs.bandwidth
-    prefill_read = acct["weight_bytes_per_token"] + kv * s.prompt_len
-    pred_ttft = predict_ttft_s(prefill_flops(shape, s.prompt_len), device_figs.compute, prefill_read, device_figs.bandwidth)
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
+
+
+def bench_one(path, s: BenchSettings, figs) -> dict:
+    t0 = time.perf_counter()
+    if s.engine == "vllm":
+        cfg, acct, timings = bench_vllm(path, s)
+        part = {"cfg": cfg, "acct": acct, "timings": timings, "sweep": [], "kind": "vllm", "kernel": "vLLM's own kernels", "notes": [], "load_s": None}
+    else:
+        part = _time_local(path, s, figs)
+    cfg, acct, summary = part["cfg"], part["acct"], part["timings"].summary()
+    kv = kv_bytes_per_token_cfg(cfg)
+    step_bytes = mean_step_bytes(acct["weight_bytes_per_token"], kv, s.prompt_len, s.gen_len)
+    pred_tpot = step_bytes / figs.bandwidth
+    pred_ttft = predict_ttft_s(prefill_flops(Shape.from_config(cfg), s.prompt_len), figs.compute,
+                               acct["weight_bytes_per_token"] + kv * s.prompt_len, figs.bandwidth)
     tpot, ttft = summary["tpot_ms"]["median"] / 1e3, summary["ttft_ms"]["median"] / 1e3
     eff_tpot, bad_tpot = efficiency(pred_tpot, tpot)
     eff_ttft, bad_ttft = efficiency(pred_ttft, ttft)
-    sweep = []
-    if s.prompt_sweep:
-        for plen in s.prompt_sweep:
-            p = _prompt(config.vocab_size, plen, s.seed + plen, s.device)
-            times = []
-            for _ in range(max(2, s.repeats)):
-                engine.reset()
-                t0 = time.perf_counter()
-                engine.prefill(p)
-                if s.device == "cuda":
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
-            pt = predict_ttft_s(prefill_flops(shape, plen), device_figs.compute, acct["weight_bytes_per_token"] + kv * plen, device_figs.bandwidth)
-            sweep.append({"prompt_len": plen, "ttft_ms": summarize_ms(times), "predicted_ttft_ms": pt * 1e3})
-    result = {
-        "model": str(path) if isinstance(path, Path) else path.label,
-        "name": _name(path),
-        "kind": bm.kind,
-        "kernel": bm.kernel,
-        "engine": s.engine,
-        "device": s.device,
-        "prompt_len": s.prompt_len,
-        "gen_len": s.gen_len,
-        "load_s": load_s,
-        "compile_and_warmup_s": summary.pop("warmup_s"),
-        **acct,
-        "kv_bytes_per_token": kv,
-        "bytes_per_token": step_bytes,
-        "ttft_ms": summary["ttft_ms"]["median"],
-        "tpot_ms": summary["tpot_ms"]["median"],
-        "predicted_tpot_ms": pred_tpot * 1e3,
-        "predicted_ttft_ms": pred_ttft * 1e3,
-        "tpot_efficiency": eff_tpot,
-        "ttft_efficiency": eff_ttft,
-        "accounting_error": bad_tpot or bad_ttft,
-        "stats": summary,
-        "prompt_sweep": sweep,
-        "notes": bm.notes,
-        "bench_wall_s": time.perf_counter() - t_c,
+    return {
+        "model": str(path) if isinstance(path, Path) else path.label, "name": _name(path), "kind": part["kind"],
+        "kernel": part["kernel"], "engine": s.engine, "device": s.device, "prompt_len": s.prompt_len, "gen_len": s.gen_len,
+        "load_s": part["load_s"], "compile_and_warmup_s": summary.pop("warmup_s"), **acct, "kv_bytes_per_token": kv,
+        "bytes_per_token": step_bytes, "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3, "predicted_tpot_ms": pred_tpot * 1e3,
+        "predicted_ttft_ms": pred_ttft * 1e3, "tpot_efficiency": eff_tpot, "ttft_efficiency": eff_ttft,
+        "accounting_error": bad_tpot or bad_ttft, "stats": summary, "prompt_sweep": part["sweep"], "notes": part["notes"],
+        "bench_wall_s": time.perf_counter() - t0,
     }
-    del engine, model, bm
-    gc.collect()
-    return result
 
 
 def _name(path) -> str:
@@ -178,7 +202,10 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None) ->
 
     A model that cannot be benchmarked (no kernel for its scheme, too big) gets an error row;
     the others go on."""
+    import os
+
     check_device(s.device)
+    load_before = os.getloadavg()[0]
     figs = device_figures(s)
     rows, failed = [], []
     for i, p in enumerate(paths):
@@ -202,4 +229,5 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None) ->
         "rows": rows,
         "failed": failed,
         "fit": fit,
+        "load_average": {"before": load_before, "after": os.getloadavg()[0], "cpus": os.cpu_count()},
     }

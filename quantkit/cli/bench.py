@@ -50,6 +50,11 @@ def render(result: dict, fmt: str) -> str:
                      "decode is overhead-bound, not bandwidth-bound, on this engine")
     elif len(rows) > 1:
         lines.append("rule check: not enough distinct byte counts to fit")
+    la = result.get("load_average") or {}
+    if la and la.get("before", 0) > 0.5 * (la.get("cpus") or 1):
+        lines.append(f"warning: the machine was busy before the run (load average {la['before']:.1f} on {la['cpus']} CPUs): timings are unreliable")
+    for f in result.get("failed", []):
+        lines.append(f"not benchmarked: {f['name']}: {f['error']}")
     if any(r["accounting_error"] for r in result["rows"]):
         lines.append("(!) efficiency above 100%: the byte/FLOP accounting or the probed device figures are wrong")
     return "\n".join(lines)
