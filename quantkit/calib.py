@@ -89,7 +89,7 @@ def self_text(model, tokenizer, *, samples: int, seq_len: int, seed: int, chat_t
     key = hashlib.sha256(json.dumps([model_hash, samples, seq_len, seed, chat_template]).encode()).hexdigest()[:24]
     cache = subdir("calib") / f"self-{key}.pt"
     if cache.is_file():
-        batch = list(torch.load(cache))
+        batch = [row.unsqueeze(0) for row in torch.load(cache)]
     else:
         batch = _generate(model, tokenizer, samples, seq_len, seed, chat_template)
         torch.save(torch.stack([b[0] for b in batch]), cache)

