@@ -24,6 +24,8 @@ class TextSpec:
     dataset: str = ""
     config: str | None = None
     split: str = ""
+    expect_sha256: str | None = None  # from a calib_data/ manifest
+    set_name: str | None = None
 
     def __str__(self) -> str:
         if self.kind == "file":
@@ -33,8 +35,33 @@ class TextSpec:
         return "self"
 
 
+def calib_data_dir() -> Path:
+    import os
+
+    return Path(os.environ.get("QUANTKIT_CALIB_DATA") or Path(__file__).resolve().parents[1] / "calib_data")
+
+
+def _from_manifest(name: str) -> TextSpec:
+    """`set:NAME` -> calib_data/NAME.yaml; a relative file: path is relative to the repository root."""
+    import yaml
+
+    from dataclasses import replace
+
+    manifest = calib_data_dir() / f"{name}.yaml"
+    if not manifest.is_file():
+        known = sorted(p.stem for p in calib_data_dir().glob("*.yaml"))
+        raise DataError(f"set:{name}: no manifest {manifest.name} in {calib_data_dir()} (known: {', '.join(known) or 'none'})")
+    data = yaml.safe_load(manifest.read_text()) or {}
+    inner = parse_spec(str(data.get("source", "")))
+    if inner.kind == "file" and not Path(inner.path).is_absolute():
+        inner = replace(inner, path=str((manifest.parent.parent / inner.path).resolve()))
+    return replace(inner, expect_sha256=data.get("sha256"), set_name=name)
+
+
 def parse_spec(spec: str) -> TextSpec:
     spec = spec.strip()
+    if spec.startswith("set:") and len(spec) > 4:
+        return _from_manifest(spec[4:])
     if spec == "self":
         return TextSpec("self")
     if spec.startswith("file:"):
@@ -49,7 +76,7 @@ def parse_spec(spec: str) -> TextSpec:
         if len(parts) == 3 and all(parts):
             return TextSpec("hf", dataset=parts[0], config=parts[1], split=parts[2])
         raise DataError(f"{spec}: expected hf:DATASET[:CONFIG]:SPLIT")
-    raise DataError(f"{spec}: unknown text source; use file:PATH, hf:DATASET[:CONFIG]:SPLIT or self")
+    raise DataError(f"{spec}: unknown text source; use file:PATH, hf:DATASET[:CONFIG]:SPLIT, set:NAME or self")
 
 
 @dataclass
@@ -94,8 +121,13 @@ def read_text(spec: TextSpec) -> Text:
         if not path.is_file():
             raise DataError(f"{spec.path}: no such text file")
         raw = path.read_bytes()
+        digest = hashlib.sha256(raw).hexdigest()
+        if spec.expect_sha256 and digest != spec.expect_sha256:
+            raise DataError(f"set:{spec.set_name}: {path} has sha256 {digest[:12]}…, the manifest says {spec.expect_sha256[:12]}…")
         text = _read_file(path)
-        prov = {"source": str(spec), "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
+        prov = {"source": str(spec), "sha256": digest, "bytes": len(raw)}
+        if spec.set_name:
+            prov["set"] = spec.set_name
         return Text(text, prov)
     if spec.kind == "hf":
         try:

@@ -48,3 +48,30 @@ def test_parquet(tmp_path):
     p = tmp_path / "a.parquet"
     pq.write_table(pa.table({"text": ["one", "two"]}), p)
     assert read_text(parse_spec(f"file:{p}")).text == "one\n\ntwo"
+
+
+def test_named_set_manifest(tmp_path, monkeypatch):
+    import hashlib
+
+    (tmp_path / "calib_data").mkdir()
+    data = tmp_path / "corpus.txt"
+    data.write_text("some words " * 50)
+    digest = hashlib.sha256(data.read_bytes()).hexdigest()
+    (tmp_path / "calib_data" / "mine.yaml").write_text(f"source: file:corpus.txt\nsha256: {digest}\n")
+    monkeypatch.setenv("QUANTKIT_CALIB_DATA", str(tmp_path / "calib_data"))
+    spec = parse_spec("set:mine")
+    assert spec.kind == "file" and spec.path == str(data.resolve())
+    t = read_text(spec)
+    assert t.provenance["set"] == "mine" and t.provenance["sha256"] == digest
+    data.write_text("changed")
+    with pytest.raises(DataError, match="the manifest says"):
+        read_text(parse_spec("set:mine"))
+    with pytest.raises(DataError, match="no manifest"):
+        parse_spec("set:other")
+
+
+def test_shipped_manifests_parse():
+    from pathlib import Path
+
+    for m in (Path(__file__).resolve().parents[1] / "calib_data").glob("*.yaml"):
+        assert parse_spec(f"set:{m.stem}").kind in ("file", "hf")

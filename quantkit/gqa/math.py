@@ -92,6 +92,173 @@ def _normalise(c: torch.Tensor, merged: torch.Tensor):
     return merged * t[:, None], c / t
 
 
+def rotation_average(inv_freq: torch.Tensor, context: int) -> torch.Tensor:
+    """E exp(2 i delta theta_j) over causal pairs: how a 2x2 query covariance's anisotropy survives RoPE."""
+    delta = torch.arange(context, dtype=torch.float64)
+    weight = (context - delta) / (context - delta).sum()
+    return (torch.exp(2j * delta[None, :] * inv_freq.double()[:, None]) * weight).sum(1)
+
+
+def plane_cov(a: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """2x2 second moment of each rotary plane of projection(s) a (..., d, n): (..., d/2, 2, 2)."""
+    half = a.shape[-2] // 2
+    pa = torch.stack([a[..., :half, :], a[..., half:, :]], dim=-2)  # (..., p, 2, n)
+    return pa @ sigma @ pa.transpose(-1, -2)
+
+
+def averaged_query_cov(qcov: torch.Tensor, rot2: torch.Tensor) -> torch.Tensor:
+    """E_delta R qcov R^T: the isotropic part stays, the anisotropic part turns by 2 delta theta_j.
+
+    qcov (..., p, 2, 2), rot2 (p,) complex from `rotation_average`.
+    """
+    iso = (qcov[..., 0, 0] + qcov[..., 1, 1]) / 2
+    z = torch.complex((qcov[..., 0, 0] - qcov[..., 1, 1]) / 2, qcov[..., 0, 1]) * rot2
+    out = torch.empty_like(qcov)
+    out[..., 0, 0], out[..., 1, 1] = iso + z.real, iso - z.real
+    out[..., 0, 1] = out[..., 1, 0] = z.imag
+    return out
+
+
+def _rotscale(c: torch.Tensor) -> torch.Tensor:
+    """Complex c (...) -> its 2x2 real matrix [[x, -y], [y, x]]."""
+    return torch.stack([torch.stack([c.real, -c.imag], -1), torch.stack([c.imag, c.real], -1)], -2)
+
+
+def refine_keys(k, qbar, owner, sigma, mean, coherence, c0, merged0, iters: int = 30):
+    """Alternating least squares for sum_h tr(Qbar_h E[e_h e_h^T]), e_h = k_a(h) - C_h k~ per plane.
+
+    Qbar_h is query head h's RoPE-averaged 2x2 covariance (anisotropic in slow planes), C_h a
+    per-query-head rotation-and-scale (so it still folds into q_proj exactly). Given the C_h, k~
+    is a 2x2-weighted average of the member keys; given k~, each C_h is a 2-parameter least
+    squares. k (r, d, n), qbar (Hg, p, 2, 2), owner (Hg,) member index of each query head,
+    c0 (r, p) and merged0 (d, n) the isotropic solution -> merged (d, n), c (Hg, p).
+    """
+    r, d, n = k.shape
+    p = d // 2
+    kp = torch.stack([k[:, :p], k[:, p:]], dim=2)  # (r, p, 2, n)
+    sig_j = sigma[None] - coherence[:, None, None] * (mean[:, None] * mean[None, :])[None] if mean is not None else sigma[None]
+    gram = torch.einsum("apxn,pnm,bpym->pabxy", kp, sig_j, kp)  # (p, r, r, 2, 2)
+    # k~ = sum_a M_a k_a; initial M from the isotropic merge: merged0 = sum_a m_a k_a (least squares in key space)
+    coef = torch.linalg.lstsq(planes(k).permute(1, 2, 0), planes(merged0)[:, :, None]).solution[..., 0]  # (p, r)
+    m = _rotscale(coef)  # (p, r, 2, 2)
+    cmat = _rotscale(c0[owner].T)  # (p, Hg, 2, 2)
+    qb = qbar.transpose(0, 1)  # (p, Hg, 2, 2)
+    basis = torch.stack([torch.eye(2, dtype=k.dtype), torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=k.dtype)])
+    onehot = torch.nn.functional.one_hot(owner, r).to(k.dtype)  # (Hg, r)
+    for _ in range(iters):
+        ctq = cmat.transpose(-1, -2) @ qb  # (p, Hg, 2, 2)
+        lhs = (ctq @ cmat).sum(1)  # (p, 2, 2)
+        rhs = torch.einsum("ha,phxy->paxy", onehot, ctq)  # (p, r, 2, 2)
+        m = torch.linalg.solve(lhs[:, None], rhs)
+        pm = torch.einsum("paxy,pabyz,pbwz->pxw", m, gram, m)  # k~ Sigma k~^T (p, 2, 2)
+        x = torch.einsum("ha,pabxy,pbzy->phxz", onehot, gram, m)  # k_a Sigma k~^T (p, Hg, 2, 2)
+        h_mat = torch.einsum("phxy,myz,pzw,nxw->phmn", qb, basis, pm, basis)
+        h_mat = (h_mat + h_mat.transpose(-1, -2)) / 2
+        g = torch.einsum("phxy,myz,phxz->phm", qb, basis, x)  # tr(Qbar E_m X^T), Qbar symmetric
+        theta = torch.linalg.solve(h_mat + 1e-12 * torch.eye(2, dtype=k.dtype), g[..., None])[..., 0]
+        cmat = _rotscale(torch.complex(theta[..., 0], theta[..., 1]))
+    merged = torch.einsum("paxy,apyn->pxn", m, kp)
+    c = torch.complex(cmat[..., 0, 0], cmat[..., 1, 0]).T  # (Hg, p)
+    merged_c, c = _normalise(c, torch.complex(merged[:, 0], merged[:, 1]))
+    return unplanes(merged_c), c
+
+
+def key_loss_2x2(k, qbar, owner, sigma, merged, c, mean=None, coherence=None) -> float:
+    """sum_h tr(Qbar_h E[e_h e_h^T]) over planes, e_h = k_a(h) - C_h k~ (the objective of `refine_keys`)."""
+    err = planes(k)[owner] - c[:, :, None] * planes(merged)[None]  # (Hg, p, n)
+    e2 = torch.stack([err.real, err.imag], dim=2)  # (Hg, p, 2, n)
+    cov = e2 @ sigma @ e2.transpose(-1, -2)
+    if mean is not None:
+        em = e2 @ mean
+        cov = cov - coherence[None, :, None, None] * em[..., :, None] * em[..., None, :]
+    return float((qbar * cov).sum())
+
+
+def plane_major(d: int) -> torch.Tensor:
+    """Row order that puts each rotary plane's two rows (j, j + d/2) next to each other."""
+    half = d // 2
+    return torch.stack([torch.arange(half), torch.arange(half) + half], 1).reshape(-1)
+
+
+def rope_averaged(qcov: torch.Tensor, inv_freq: torch.Tensor, context: int):
+    """RoPE-averaged query second moments, for the logit error of keys (plane-major, (..., d, d)).
+
+    Returns (Qbar, Qmean): Qbar = E_delta[R(delta) E[q q^T] R(delta)^T] and
+    Qmean = E[R] E[q q^T] E[R]^T. Per pair of planes (j, k) the rotation-and-scale part of a
+    2x2 block turns with delta (theta_j - theta_k), the reflection part with delta (theta_j + theta_k).
+    """
+    p = inv_freq.shape[0]
+    delta = torch.arange(context, dtype=torch.float64)
+    weight = (context - delta) / (context - delta).sum()  # causal pairs at distance delta
+
+    def avg(freq):  # E exp(i delta freq), broadcast over freq
+        return (torch.exp(1j * delta * freq[..., None]) * weight).sum(-1)
+
+    th = inv_freq.double()
+    blocks = qcov.reshape(*qcov.shape[:-2], p, 2, p, 2).transpose(-3, -2)  # (..., p, p, 2, 2)
+    a = torch.complex((blocks[..., 0, 0] + blocks[..., 1, 1]) / 2, (blocks[..., 1, 0] - blocks[..., 0, 1]) / 2)
+    b = torch.complex((blocks[..., 0, 0] - blocks[..., 1, 1]) / 2, (blocks[..., 0, 1] + blocks[..., 1, 0]) / 2)
+    a = a * avg(th[:, None] - th[None, :])
+    b = b * avg(th[:, None] + th[None, :])
+    out = torch.stack([torch.stack([a.real + b.real, -a.imag + b.imag], -1), torch.stack([a.imag + b.imag, a.real - b.real], -1)], -2)
+    qbar = out.transpose(-3, -2).reshape(qcov.shape)
+    psi = torch.block_diag(*_rotscale(avg(th)))
+    return qbar, psi @ qcov @ psi.T
+
+
+def refine_keys_joint(k, qbar, qmean, owner, sigma, mean, merged0, c0, steps: int = 200):
+    """Minimise the RoPE-averaged logit error across all planes jointly (L-BFGS, float64).
+
+    loss = sum_h tr(Qbar_h E[e_h e_h^T]) - E[e_h]^T Qmean_h E[e_h], e_h = (k_a(h) - C_h k~) x:
+    the spread over keys of query head h's score error, less the part that is the same for
+    every key (softmax ignores it). C_h stays one rotation-and-scale per plane, so it folds into
+    q_proj exactly; k~ is searched in the span of the member keys. k (r, d, n) rotate-half rows,
+    qbar/qmean (Hg, d, d) plane-major, c0 (Hg, p) -> merged (d, n), c (Hg, p).
+    """
+    r, d, n = k.shape
+    p = d // 2
+    perm = plane_major(d)
+    basis = k[:, perm].reshape(r * d, n)  # member keys, plane-major rows
+    gram, mu = basis @ sigma @ basis.T, basis @ mean
+    select = torch.eye(r * d, dtype=k.dtype).reshape(r, d, r * d)[owner]  # (Hg, d, r d)
+    coef0 = torch.linalg.lstsq(basis.T, merged0[perm].T).solution.T  # (d, r d)
+    coef = coef0.clone().requires_grad_(True)
+    cpar = torch.stack([c0.real, c0.imag], -1).clone().requires_grad_(True)
+
+    def loss_fn():
+        rot = _rotscale(torch.complex(cpar[..., 0], cpar[..., 1]))  # (Hg, p, 2, 2)
+        cn = torch.einsum("hpxy,pyc->hpxc", rot, coef.reshape(p, 2, -1)).reshape(len(owner), d, -1)
+        err = select - cn  # (Hg, d, r d)
+        spread = torch.einsum("hxc,cD,hyD,hxy->", err, gram, err, qbar)
+        em = err @ mu
+        return spread - torch.einsum("hx,hxy,hy->", em, qmean, em)
+
+    scale = float(loss_fn().detach().abs().clamp_min(1e-300))
+    opt = torch.optim.LBFGS([coef, cpar], max_iter=steps, history_size=20, line_search_fn="strong_wolfe", tolerance_grad=1e-12, tolerance_change=1e-14)
+
+    def closure():
+        opt.zero_grad()
+        out = loss_fn() / scale
+        out.backward()
+        return out
+
+    opt.step(closure)
+    merged = torch.empty_like(merged0)
+    merged[perm] = (coef.detach() @ basis)
+    c = torch.complex(cpar.detach()[..., 0], cpar.detach()[..., 1])
+    merged_c, c = _normalise(c, planes(merged))
+    return unplanes(merged_c), c
+
+
+def key_loss_joint(k, qbar, qmean, owner, sigma, mean, merged, c) -> float:
+    """The objective of `refine_keys_joint` (plane-major query moments)."""
+    perm = plane_major(k.shape[1])
+    err = planes(k)[owner] - c[:, :, None] * planes(merged)[None]
+    e = unplanes(err)[:, perm]  # (Hg, d, n)
+    em = e @ mean
+    return float(torch.einsum("hxn,nm,hym,hxy->", e, sigma, e, qbar) - torch.einsum("hx,hxy,hy->", em, qmean, em))
+
+
 def key_merge(k, omega, sigma, kind: str, mean=None, coherence=None):
     """(merged (d, n), c (r, d/2)) by merge kind."""
     return merge_keys_mean(k) if kind == "mean" else merge_keys_calibrated(k, omega, sigma, mean, coherence)
