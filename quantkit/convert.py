@@ -67,9 +67,31 @@ def _calibration(recipe: Recipe, opts: ConvertOptions, src: Path, tok, model, sr
                        chat_template=c.chat_template, model=model, model_hash=src_hash)
 
 
-def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> dict:
+@dataclass
+class Job:
+    """What one conversion works on, resolved before any heavy work."""
+
+    recipe: Recipe
+    variant: Variant
+    key: str
+    src: Path
+    cfg: dict
+    opts: ConvertOptions
+    quant: object | None = None
+    handler: object | None = None
+
+    @property
+    def has_gqa(self) -> bool:
+        return any(st.gqa is not None for st in self.variant.steps)
+
+    @property
+    def export_format(self) -> str:
+        return self.handler.export_format if self.handler else "dense"
+
+
+def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None) -> Job:
+    """Every check that can fail before loading anything."""
     from .methods import get_handler
-    from .verify import check_finite, fixed_tokens, logits, verify_reload
 
     variant, key = pick_variant(recipe, variant_name)
     check_out(out, opts.force)
@@ -79,63 +101,73 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     src = resolve_model(ref, allow_pickle=opts.allow_pickle)
     cfg = read_config(src)
     preflight(cfg, variant, key, opts.trust_remote_code)
-    t0 = time.perf_counter()
-    src_hash = checkpoint_hash(src)
-    tok = load_tokenizer(src)
     quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
-    handler = get_handler(quant.method) if quant is not None else None
-    has_gqa = any(st.gqa is not None for st in variant.steps)
-    # GQA's merge math and recovery want float32; quantization calibrates in bf16 (3x faster
-    # forwards on AMX/AVX512-BF16 cores, Hessians stay fp32 inside llm-compressor).
-    load_dtype = "float32" if has_gqa else opts.calib_dtype
-    note(f"loading {src}")
-    model = load_model(src, dtype=load_dtype, trust_remote_code=opts.trust_remote_code)
-    check_finite(model, "the source checkpoint")
-    calib_set = _calibration(recipe, opts, src, tok, model, src_hash, key) if needs_calibration(variant) else None
-    meta: dict = {"name": variant.name, "gqa": None}
-    for i, step in enumerate(variant.steps):
+    return Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None)
+
+
+def apply_steps(job: Job, model, tok, calib_set, src_hash: str):
+    """Run the variant's steps in order (gqa, then quantize); returns the model and the gqa report."""
+    gqa_meta = None
+    for step in job.variant.steps:
         if step.gqa is not None:
             from .gqa.convert import apply_gqa
 
-            note(f"gqa: {cfg.get('num_key_value_heads')} -> {step.gqa.kv_heads} KV heads ({step.gqa.merge})")
-            spec = opts.calib or recipe.calibration.source
-            model, meta["gqa"] = apply_gqa(model, tok, step.gqa, calib_set, src=src, src_hash=src_hash, calib_spec=spec, calibration=recipe.calibration)
+            note(f"gqa: {job.cfg.get('num_key_value_heads')} -> {step.gqa.kv_heads} KV heads ({step.gqa.merge})")
+            spec = job.opts.calib or job.recipe.calibration.source
+            model, gqa_meta = apply_gqa(model, tok, step.gqa, calib_set, src=job.src, src_hash=src_hash, calib_spec=spec,
+                                        calibration=job.recipe.calibration)
         else:
-            if has_gqa:
+            if job.has_gqa:
                 import torch
 
-                model = model.to(getattr(torch, opts.calib_dtype))
-            note(f"quantize: {quant.method}")
-            model = handler.quantize(model, quant, calib_set.samples if calib_set else None, src=src)
+                model = model.to(getattr(torch, job.opts.calib_dtype))
+            note(f"quantize: {job.quant.method}")
+            model = job.handler.quantize(model, job.quant, calib_set.samples if calib_set else None, src=job.src)
+    return model, gqa_meta
+
+
+def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> dict:
+    from .verify import check_finite
+
+    job = prepare(recipe, model_ref, out, opts, variant_name)
+    t0 = time.perf_counter()
+    src_hash = checkpoint_hash(job.src)
+    tok = load_tokenizer(job.src)
+    # GQA's merge math and recovery want float32; quantization calibrates in bf16 (3x faster
+    # forwards on AMX/AVX512-BF16 cores, Hessians stay fp32 inside llm-compressor).
+    note(f"loading {job.src}")
+    model = load_model(job.src, dtype="float32" if job.has_gqa else opts.calib_dtype, trust_remote_code=opts.trust_remote_code)
+    check_finite(model, "the source checkpoint")
+    calib_set = _calibration(recipe, opts, job.src, tok, model, src_hash, job.key) if needs_calibration(job.variant) else None
+    model, gqa_meta = apply_steps(job, model, tok, calib_set, src_hash)
     check_finite(model, "the converted model")
-    fmt = handler.export_format if handler else "dense"
-    if fmt == "dense":  # a GQA-only artifact keeps the source checkpoint's precision
+    if job.export_format == "dense":  # a GQA-only artifact keeps the source checkpoint's precision
         import torch
 
-        model = model.to(getattr(torch, str(cfg.get("torch_dtype") or cfg.get("dtype") or "float16")))
+        model = model.to(getattr(torch, str(job.cfg.get("torch_dtype") or job.cfg.get("dtype") or "float16")))
+    meta = {"name": job.variant.name, "gqa": gqa_meta, "schema_version": 1, "kind": "quantkit-artifact",
+            "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
+            "recipe": {"name": recipe.name, "variant": job.variant.name,
+                       "steps": [s.model_dump(mode="json", exclude_none=True) for s in job.variant.steps]},
+            "calibration": calib_set.manifest if calib_set else None, "results": {}}
+    return export_verified(job, model, tok, calib_set, out, meta, t0)
+
+
+def export_verified(job: Job, model, tok, calib_set, out: Path, meta: dict, t0: float) -> dict:
+    """Save into a temp dir, reload as a user would, compare logits, then move into place."""
+    from .export import FORMATS
+    from .verify import fixed_tokens, logits, verify_reload
+
+    fmt = FORMATS[job.export_format]
     ids = fixed_tokens(model.config.vocab_size, calib_set.samples if calib_set else None)
     ref_logits = logits(model, ids)
-    from .export import FORMATS
-
+    dtype = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).replace("torch.", "")
     with staged_dir(out) as tmp:
-        FORMATS[fmt].save(model, tmp, recipe.export.max_shard_size)
+        fmt.save(model, tmp, job.recipe.export.max_shard_size)
         tok.save_pretrained(str(tmp))
-        dtype = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).replace("torch.", "")
-        verification = verify_reload(ref_logits, lambda: FORMATS[fmt].load(tmp, dtype), ids, FORMATS[fmt].loader)
-        meta.update({
-            "schema_version": 1,
-            "kind": "quantkit-artifact",
-            "base_model": _base_model_name(src, cfg),
-            "source": {"path": str(src), "sha256": src_hash},
-            "recipe": {"name": recipe.name, "variant": variant.name, "steps": [s.model_dump(mode="json", exclude_none=True) for s in variant.steps]},
-            "quantization": FORMATS[fmt].describe(quant) if quant else None,
-            "calibration": calib_set.manifest if calib_set else None,
-            "verification": verification,
-            "tool_versions": tool_versions(),
-            "wall_seconds": time.perf_counter() - t0,
-            "peak_rss_mb": peak_rss_mb(),
-            "results": {},
-        })
+        meta["verification"] = verify_reload(ref_logits, lambda: fmt.load(tmp, dtype), ids, fmt.loader)
+        meta.update({"quantization": fmt.describe(job.quant) if job.quant else None, "tool_versions": tool_versions(),
+                     "wall_seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()})
         write_meta(tmp, meta)
         write_card(tmp, meta)
     return meta
