@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import DataError
 from ..home import subdir
 
-METRICS = ("acc_norm", "acc", "exact_match")
+METRICS = ("acc", "acc_norm", "exact_match")
 
 
 def local_tasks_dir() -> Path | None:
@@ -84,6 +84,8 @@ def _evaluate(model, tok, tasks: tuple[str, ...], limit: int | None) -> dict:
         try:
             res = simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit, log_samples=True,
                                   bootstrap_iters=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+        except ValueError as exc:  # e.g. a group together with one of its own tasks
+            raise DataError(f"lm-eval rejected the task list: {str(exc).splitlines()[0][:160]}") from None
         except (ConnectionError, OSError) as exc:
             raise DataError(f"lm-eval could not load a task's data ({type(exc).__name__}: {str(exc)[:120]}); offline, use the local tasks in evals/") from None
     out = {}
