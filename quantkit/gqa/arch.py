@@ -18,6 +18,7 @@ class Layout:
     layers: str = "model.layers"  # ModuleList of decoder layers
     attn: str = "self_attn"  # attention module inside a layer
     qk_norm: str | None = None  # None | "head" (norm over head_dim) | "all" (norm over all heads' dims)
+    rotary: str = "model.rotary_emb"  # module holding `inv_freq`
 
 
 LLAMA = Layout()

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import copy
 import time
+from contextlib import contextmanager
 
-from ..errors import RecipeError
+import torch
+
+from ..errors import DataError, RecipeError
 from ..progress import bar, note
-from . import math as gm
 from .arch import head_counts, layout_for
-from .layer import group_loss, kv_weights, merged_heads, read_heads, write_heads
+from .groups import contiguous_groups, kv_bytes_per_token, search_groups
+from .layer import Stats, group_loss, merged_heads, read_heads, write_heads
+from .recover import Windows, distill
 from .stats import attention_modules, input_moments
 
 
@@ -23,7 +27,7 @@ def preflight_gqa(cfg: dict, gqa, key: str) -> None:
     if gqa.kv_heads >= kv:
         raise RecipeError(f"{key}.kv_heads: {gqa.kv_heads} is not below the model's {kv} KV heads")
     if kv % gqa.kv_heads:
-        raise RecipeError(f"{key}.kv_heads: {gqa.kv_heads} does not divide the model's {kv} KV heads (groups merge whole KV heads)")
+        raise RecipeError(f"{key}.kv_heads: {gqa.kv_heads} does not divide the model's {kv} KV heads (a group merges whole KV heads)")
     if layout.qk_norm and gqa.merge != "mean":
         raise RecipeError(
             f"{key}.merge: {model_type} normalises q and k per head after the projection, which undoes a folded "
@@ -31,29 +35,125 @@ def preflight_gqa(cfg: dict, gqa, key: str) -> None:
         )
 
 
-def plan_groups(h, n_groups: int, sigma, grouping: str, kind: str) -> list[list[int]]:
-    if grouping == "contiguous" or n_groups == 1:
-        return gm.contiguous_groups(h.k.shape[0], n_groups)
-    energy, metric = kv_weights(h, sigma)
-    return gm.search_groups(h.k.shape[0], n_groups, lambda g: group_loss(h, g, energy, metric, sigma, kind))
+@contextmanager
+def single_thread():
+    """The merge math is many small float64 factorisations; with 2 threads on a shared machine
+    a 192 x 192 eigh took 2 s instead of 5 ms (thread hand-off), so it runs on one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
-def merge_model(model, layout, kv_heads: int, grouping: str, kind: str, sigmas) -> list[dict]:
-    """Merge every layer in place; returns per-layer {groups, loss_before_search...}."""
-    import torch
-
+def merge_model(model, layout, kv_heads: int, grouping: str, kind: str, sigmas, context: int) -> list[dict]:
+    """Merge every layer in place; returns per layer the groups and the relative merge error."""
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    n_in = attention_modules(model, layout)[0].q_proj.in_features
+    inv_freq = rotary_frequencies(model, layout)
     report = []
-    for i, attn in enumerate(attention_modules(model, layout)):
-        sigma = sigmas[i] if sigmas is not None else torch.eye(n_in + 1, dtype=torch.float64)
-        h = read_heads(attn, n_heads, n_kv)
-        groups = plan_groups(h, kv_heads, sigma, grouping, kind)
-        energy, metric = kv_weights(h, sigma)
-        loss = sum(group_loss(h, g, energy, metric, sigma, kind) for g in groups)
-        new, order = merged_heads(h, groups, sigma, kind)
-        write_heads(attn, new, groups, order, layout.qk_norm)
-        report.append({"groups": groups, "relative_error": loss})
+    with single_thread(), bar("gqa merge", total=len(attention_modules(model, layout))) as update:
+        for i, attn in enumerate(attention_modules(model, layout)):
+            stats = Stats(sigmas[i], inv_freq, context) if sigmas is not None else None
+            if inv_freq is None:
+                inv_freq = torch.zeros(attn.head_dim // 2, dtype=torch.float64)
+            h = read_heads(attn, n_heads, n_kv)
+            if grouping == "searched" and kv_heads > 1:
+                search_stats = stats or Stats(torch.eye(h.q.shape[2], dtype=torch.float64), inv_freq, context)
+                groups = search_groups(n_kv, kv_heads, lambda g: group_loss(h, g, search_stats, kind))
+            else:
+                groups = contiguous_groups(n_kv, kv_heads)
+            new, order, loss = merged_heads(h, groups, stats, kind)
+            write_heads(attn, new, groups, order, layout.qk_norm)
+            report.append({"layer": i, "groups": groups, "relative_error": loss})
+            update(i + 1)
     cfg.num_key_value_heads = kv_heads
     return report
+
+
+def rotary_frequencies(model, layout):
+    """theta_j of the model's rotate-half RoPE (None where it has no single `inv_freq`, e.g. Gemma3)."""
+    try:
+        inv = model.get_submodule(layout.rotary).inv_freq
+    except AttributeError:
+        return None
+    return inv.detach().double().cpu()
+
+
+def recovery_windows(tok, spec: str | None, cfg, calib_set, key: str) -> Windows:
+    """Training and held-out windows of `cfg.seq_len` tokens from the second half of the text.
+
+    Evaluation reads the first half, so neither set overlaps it; the held-out windows also avoid
+    the merge's calibration windows. With `self` text, the calibration samples are cut up.
+    """
+    from ..text import parse_spec, read_text, region_windows, tokenize_stream
+
+    if spec is None or parse_spec(spec).kind == "self":
+        pieces = [s[:, i : i + cfg.seq_len] for s in (calib_set.samples if calib_set else []) for i in range(0, s.shape[1] - cfg.seq_len + 1, cfg.seq_len)]
+        if len(pieces) < cfg.heldout_windows + cfg.batch_size:
+            raise DataError(f"{key}.recover: {len(pieces)} windows of {cfg.seq_len} tokens from the calibration samples; need at least {cfg.heldout_windows + cfg.batch_size}")
+        return Windows(pieces[cfg.heldout_windows :], pieces[: cfg.heldout_windows])
+    stream = tokenize_stream(tok, read_text(parse_spec(spec)).text)
+    spans = region_windows(len(stream), cfg.seq_len, "second-half")
+    need = cfg.heldout_windows + cfg.batch_size
+    if len(spans) < need:
+        raise DataError(
+            f"{key}.recover: calibration text too short: {len(stream)} tokens give {len(spans)} windows of "
+            f"{cfg.seq_len} in its second half; recovery needs at least {need} ({cfg.heldout_windows} held out + one batch)"
+        )
+    used = _calibration_spans(calib_set)
+    order = torch.randperm(len(spans), generator=torch.Generator().manual_seed(0)).tolist()
+    clean = [i for i in order if not any(s < spans[i][1] and spans[i][0] < e for s, e in used)]
+    held = (clean if len(clean) >= cfg.heldout_windows else order)[: cfg.heldout_windows]
+    train = [i for i in order if i not in held]
+    take = lambda idx: [stream[spans[i][0] : spans[i][1]].unsqueeze(0) for i in idx]  # noqa: E731
+    return Windows(take(train), take(held))
+
+
+def _calibration_spans(calib_set) -> list[tuple[int, int]]:
+    if calib_set is None or "window_starts" not in calib_set.manifest:
+        return []
+    n = calib_set.manifest["seq_len"]
+    return [(s, s + n) for s in calib_set.manifest["window_starts"]]
+
+
+def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec: str | None = None, calibration=None):
+    """Merge KV heads (and optionally recover); returns the model (float32, in memory) and its meta."""
+    key = "steps.gqa"
+    cfg = model.config
+    layout = layout_for(cfg.model_type, key)
+    n_heads, n_kv, head_dim = head_counts(cfg.to_dict())
+    layers = len(attention_modules(model, layout))
+    windows = recovery_windows(tok, calib_spec, gqa.recover, calib_set, key) if gqa.recover else None
+    teacher = copy.deepcopy(model).eval() if gqa.recover else None
+    t0 = time.perf_counter()
+    sigmas = None
+    if calib_set is not None and (gqa.merge == "calibrated" or gqa.grouping == "searched"):
+        with bar("gqa statistics", total=len(calib_set.samples)) as update:
+            sigmas = input_moments(model, layout, calib_set.samples, update)
+    context = calib_set.manifest.get("seq_len", 512) if calib_set is not None else 512
+    report = merge_model(model, layout, gqa.kv_heads, gqa.grouping, gqa.merge, sigmas, context)
+    meta = {
+        "kv_heads_before": n_kv,
+        "kv_heads_after": gqa.kv_heads,
+        "query_heads": n_heads,
+        "merge": gqa.merge,
+        "grouping": gqa.grouping,
+        "groups": [r["groups"] for r in report],
+        "relative_merge_error": [r["relative_error"] for r in report] if sigmas is not None else None,
+        "kv_bytes_per_token_before": kv_bytes_per_token(layers, n_kv, head_dim),
+        "kv_bytes_per_token_after": kv_bytes_per_token(layers, gqa.kv_heads, head_dim),
+        "merge_seconds": round(time.perf_counter() - t0, 1),
+        "recover": None,
+    }
+    if gqa.recover:
+        log = distill(model, teacher, attention_modules(model, layout), windows, gqa.recover, note)
+        del teacher
+        meta["recover"] = {
+            "steps": log.steps, "tokens": log.tokens, "minutes": round(log.minutes, 2),
+            "heldout_kl": [[s, round(k, 5)] for s, k in log.heldout_kl], "best_step": log.best_step,
+            "stop": log.stop, "train": gqa.recover.train, "lr": gqa.recover.lr,
+            "windows": {"train": len(windows.train), "heldout": len(windows.heldout), "seq_len": gqa.recover.seq_len},
+        }
+    return model, meta

@@ -1,4 +1,4 @@
-"""Apply a merge to one attention module: read its projections, call gqa.math, write them back."""
+"""One attention layer: read its projections per head, merge groups of KV heads, write them back."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
-from . import math as gm
+from . import keys as K
+from . import values as V
+from .groups import query_order
 
 
 @dataclass
 class Heads:
-    """One layer's projections as per-head augmented matrices [W | b] (float64)."""
+    """A layer's projections as per-head augmented matrices [W | b] (float64)."""
 
     q: torch.Tensor  # (H, d, n+1)
     k: torch.Tensor  # (G, d, n+1)
@@ -21,6 +23,23 @@ class Heads:
     @property
     def q_per_kv(self) -> int:
         return self.q.shape[0] // self.k.shape[0]
+
+
+@dataclass
+class Stats:
+    """What the calibrated merge knows about a layer's input x: E[[x,1][x,1]^T] and the RoPE."""
+
+    sigma: torch.Tensor  # (n+1, n+1) float64; its last row is E[[x, 1]]
+    inv_freq: torch.Tensor | None  # (d/2,) rotary frequencies
+    context: int  # tokens per calibration window: the query-key distances the merge averages over
+
+
+@dataclass
+class Merged:
+    k: torch.Tensor  # (d, n+1)
+    c: torch.Tensor  # (Hg, d/2) complex: query compensation per query head of the group
+    v: torch.Tensor  # (d, n+1)
+    b: torch.Tensor  # (Hg, d, d): o_proj compensation per query head of the group
 
 
 def _aug(lin: torch.nn.Linear, heads: int) -> torch.Tensor:
@@ -36,53 +55,80 @@ def read_heads(attn, n_heads: int, n_kv: int) -> Heads:
                  o.reshape(o.shape[0], n_heads, d).permute(1, 0, 2))
 
 
-def kv_weights(h: Heads, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per old KV head: its queries' energy per plane (G, d/2) and o_proj metric sum_h W_o^h^T W_o^h (G, d, d)."""
-    g, d = h.k.shape[0], h.o.shape[2]
-    energy = gm.plane_energy(h.q, sigma).reshape(g, h.q_per_kv, -1).sum(1)
-    metric = torch.einsum("hDd,hDe->hde", h.o, h.o).reshape(g, h.q_per_kv, d, d).sum(1)
-    return energy, metric
+def _members(h: Heads, group):
+    """Member KV heads, their query heads (member order) and each query head's member index."""
+    qidx = torch.tensor([a * h.q_per_kv + i for a in group for i in range(h.q_per_kv)])
+    owner = torch.arange(len(group)).repeat_interleave(h.q_per_kv)
+    return torch.tensor(list(group)), qidx, owner
 
 
-def merge_group(h: Heads, group, energy, metric, sigma, kind: str):
-    """Merged K and V rows (d, n+1) and per-member compensations c (r, d/2), B (r, d, d)."""
-    idx = torch.tensor(list(group))
-    k, c = gm.key_merge(h.k[idx], energy[idx], sigma, kind)
-    v, b = gm.value_merge(h.v[idx], metric[idx], sigma, kind)
-    return k, c, v, b
+def merge_mean(h: Heads, group, stats: Stats | None, iters: int = 0) -> Merged:
+    members, qidx, owner = _members(h, group)
+    k, c = K.merge_keys_mean(h.k[members], owner)
+    v, b = V.merge_values_mean(h.v[members])
+    return Merged(k, c, v, b[owner])
 
 
-def group_loss(h: Heads, group, energy, metric, sigma, kind: str) -> float:
-    """Relative key (score) error plus relative value (output) error of merging `group`."""
-    idx = torch.tensor(list(group))
-    k, c, v, b = merge_group(h, group, energy, metric, sigma, kind)
-    eye = torch.eye(v.shape[0], dtype=v.dtype).expand_as(b)
-    k_ref = gm.key_loss(h.k[idx], energy[idx], sigma, torch.zeros_like(k), torch.zeros_like(c))
-    v_ref = gm.value_loss(h.v[idx], metric[idx], sigma, torch.zeros_like(v), eye)
-    k_err = gm.key_loss(h.k[idx], energy[idx], sigma, k, c)
-    v_err = gm.value_loss(h.v[idx], metric[idx], sigma, v, b)
+def merge_calibrated(h: Heads, group, stats: Stats, iters: int = 100) -> Merged:
+    """Keys: rank-1 per plane, then the RoPE-averaged logit objective (keys.refine_keys). Values: o_proj-metric PCA."""
+    members, qidx, owner = _members(h, group)
+    sigma, mean = stats.sigma, stats.sigma[-1]
+    k0, c0 = K.merge_keys_rank1(h.k[members], K.plane_energy(h.q[qidx], sigma), owner, sigma, mean, stats.inv_freq, stats.context)
+    qbar, qmean = _query_moments(h.q[qidx], stats)
+    k, c = K.refine_keys(h.k[members], qbar, qmean, owner, sigma, mean, k0, c0, iters)
+    d = h.o.shape[2]
+    metric = torch.einsum("hDd,hDe->hde", h.o[qidx], h.o[qidx]).reshape(len(group), h.q_per_kv, d, d).sum(1)
+    v, b = V.merge_values_pca(h.v[members], metric, sigma)
+    return Merged(k, c, v, b[owner])
+
+
+MERGES = {"mean": merge_mean, "calibrated": merge_calibrated}
+
+
+def _query_moments(q, stats: Stats):
+    perm = K.plane_major(q.shape[1])
+    qp = q[:, perm]
+    return K.rope_averaged(qp @ stats.sigma @ qp.transpose(1, 2), stats.inv_freq, stats.context)
+
+
+def group_loss(h: Heads, group, stats: Stats, kind: str, m: Merged | None = None, iters: int = 5) -> float:
+    """Relative logit error of the keys plus relative output error of the values after merging
+    `group` (a quick merge with few refinement steps unless the merge `m` is given)."""
+    members, qidx, owner = _members(h, group)
+    m = m if m is not None else MERGES[kind](h, group, stats, iters=iters)
+    sigma, mean = stats.sigma, stats.sigma[-1]
+    qbar, qmean = _query_moments(h.q[qidx], stats)
+    d = h.o.shape[2]
+    metric = torch.einsum("hDd,hDe->hde", h.o[qidx], h.o[qidx]).reshape(len(group), h.q_per_kv, d, d).sum(1)
+    k_err = K.key_loss(h.k[members], qbar, qmean, owner, sigma, mean, m.k, m.c)
+    k_ref = K.key_loss(h.k[members], qbar, qmean, owner, sigma, mean, torch.zeros_like(m.k), m.c)
+    b = m.b[:: h.q_per_kv]  # per member (identical across a member's query heads)
+    v_err = V.value_loss(h.v[members], metric, sigma, m.v, b)
+    v_ref = V.value_loss(h.v[members], metric, sigma, torch.zeros_like(m.v), b)
     return k_err / max(k_ref, 1e-300) + v_err / max(v_ref, 1e-300)
 
 
-def merged_heads(h: Heads, groups, sigma, kind: str) -> tuple[Heads, list[int]]:
-    """The layer after merging each group into one KV head; returns the new heads and the query order."""
-    energy, metric = kv_weights(h, sigma)
+def merged_heads(h: Heads, groups, stats: Stats | None, kind: str) -> tuple[Heads, list[int], float | None]:
+    """The layer with each group merged into one KV head, the old query-head order it uses, and
+    the summed relative error (None without calibration statistics)."""
     q, o, k, v = [None] * h.q.shape[0], [None] * h.q.shape[0], [], []
-    order = gm.query_order(groups, h.q_per_kv)
+    loss = 0.0 if stats is not None else None
     for group in groups:
-        gk, gc, gv, gb = merge_group(h, group, energy, metric, sigma, kind)
-        k.append(gk)
-        v.append(gv)
-        for member, a in enumerate(group):
-            for i in range(h.q_per_kv):
-                old = a * h.q_per_kv + i
-                q[old] = gm.fold_query(h.q[old], gc[member])
-                o[old] = gm.fold_output(h.o[old], gb[member])
-    return Heads(torch.stack([q[i] for i in order]), torch.stack(k), torch.stack(v), torch.stack([o[i] for i in order])), order
+        m = MERGES[kind](h, group, stats)
+        if stats is not None:
+            loss += group_loss(h, group, stats, kind, m)
+        _, qidx, _ = _members(h, group)
+        k.append(m.k)
+        v.append(m.v)
+        for j, old in enumerate(qidx.tolist()):
+            q[old] = K.fold_query(h.q[old], m.c[j])
+            o[old] = V.fold_output(h.o[old], m.b[j])
+    order = query_order(groups, h.q_per_kv)
+    return Heads(torch.stack([q[i] for i in order]), torch.stack(k), torch.stack(v), torch.stack([o[i] for i in order])), order, loss
 
 
 def _linear(a: torch.Tensor, bias: bool, like: torch.nn.Linear) -> torch.nn.Linear:
-    """(heads, rows, n+1) augmented -> a Linear with the same dtype/device as `like`."""
+    """(heads, rows, n+1) augmented -> a Linear with the dtype and device of `like`."""
     a = a.reshape(-1, a.shape[-1])
     lin = torch.nn.Linear(a.shape[1] - 1, a.shape[0], bias=bias, dtype=like.weight.dtype, device=like.weight.device)
     with torch.no_grad():
@@ -93,21 +139,17 @@ def _linear(a: torch.Tensor, bias: bool, like: torch.nn.Linear) -> torch.nn.Line
 
 
 def write_heads(attn, h: Heads, groups, order: list[int], qk_norm: str | None) -> None:
-    """Install merged projections in `attn` (k/v_proj shrink, q_proj rows and o_proj columns permuted)."""
-    n_heads, n_kv = h.q.shape[0], h.k.shape[0]
+    """Install merged projections: k/v_proj shrink, q_proj rows and o_proj columns follow `order`."""
+    n_heads, n_kv, d = h.q.shape[0], h.k.shape[0], h.q.shape[1]
     attn.q_proj = _linear(h.q, attn.q_proj.bias is not None, attn.q_proj)
     attn.k_proj = _linear(h.k, attn.k_proj.bias is not None, attn.k_proj)
     attn.v_proj = _linear(h.v, attn.v_proj.bias is not None, attn.v_proj)
     with torch.no_grad():
         attn.o_proj.weight.copy_(h.o.permute(1, 0, 2).reshape(h.o.shape[1], -1))
-    if qk_norm == "all":  # OLMo2: the norms span all heads; permute q's gains, average k's per group
-        d = h.q.shape[1]
-        with torch.no_grad():
-            gq = attn.q_norm.weight.detach().reshape(n_heads, d)[torch.tensor(order)]
-            attn.q_norm.weight.copy_(gq.reshape(-1))
-        gk = attn.k_norm.weight.detach().reshape(-1, d)
-        merged = torch.stack([gk[torch.tensor(g)].mean(0) for g in groups]).reshape(-1)
-        attn.k_norm.weight = torch.nn.Parameter(merged.clone())
+        if qk_norm == "all":  # OLMo2: norms over all heads' dims; q's gains follow the heads, k's average per group
+            attn.q_norm.weight.copy_(attn.q_norm.weight.reshape(n_heads, d)[torch.tensor(order)].reshape(-1))
+            gains = attn.k_norm.weight.detach().reshape(-1, d)
+            attn.k_norm.weight = torch.nn.Parameter(torch.stack([gains[torch.tensor(g)].mean(0) for g in groups]).reshape(-1))
     attn.num_key_value_groups = n_heads // n_kv
     if hasattr(attn, "num_key_value_heads"):
         attn.num_key_value_heads = n_kv

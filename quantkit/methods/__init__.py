@@ -33,7 +33,7 @@ def _handlers() -> dict[str, MethodHandler]:
 
 
 # Steps whose implementation has not landed: validation says so instead of a silent no-op.
-PENDING_STEPS: dict[str, str] = {"gqa": "the gqa step"}
+PENDING_STEPS: dict[str, str] = {}
 PENDING_METHODS: dict[str, str] = {}
 
 

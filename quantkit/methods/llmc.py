@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 
 def weight_args(bits: int, group_size: int, symmetric: bool, observer: str = "minmax"):
     from compressed_tensors.quantization import QuantizationArgs
@@ -72,6 +74,25 @@ class _NoProcessor:
         return None
 
 
+@contextmanager
+def layer_progress(model, label: str):
+    """A progress bar that follows llm-compressor's layer-by-layer pipeline (a pre-hook per decoder layer)."""
+    from ..progress import bar
+
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        yield
+        return
+    n = len(layers)
+    with bar(label, total=n) as update:
+        hooks = [layer.register_forward_pre_hook(lambda *_, i=i: update(i + 1, f"{label} layer {i + 1}/{n}")) for i, layer in enumerate(layers)]
+        try:
+            yield
+        finally:
+            for h in hooks:
+                h.remove()
+
+
 def quantize(model, cfg, samples, src=None):
     """Quantize `model` in place with llm-compressor's oneshot; returns the same model.
 
@@ -92,7 +113,7 @@ def quantize(model, cfg, samples, src=None):
         kwargs = dict(dataset=_dataset(samples), processor=_NoProcessor(), num_calibration_samples=len(samples),
                       max_seq_length=max(s.shape[1] for s in samples), shuffle_calibration_samples=False)
     torch.manual_seed(0)
-    with torch.no_grad():
+    with torch.no_grad(), layer_progress(model, f"{cfg.method}: calibrating"):
         oneshot(model=model, recipe=recipe, **kwargs)
     # resave_config() re-reads config.json from _name_or_path at save time; keep the in-memory config.
     model.config._name_or_path = ""
