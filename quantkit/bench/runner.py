@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QuantkitError
-from ..progress import note
+from ..progress import bar, note
 from ..roofline import Shape, efficiency, fit_rule, prefill_flops, predict_ttft_s
 from .accounting import mean_step_bytes, weight_read_bytes
 
@@ -208,16 +208,18 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None) ->
     load_before = os.getloadavg()[0]
     figs = device_figures(s)
     rows, failed = [], []
-    for i, p in enumerate(paths):
-        note(f"bench {p} ({s.engine}, {s.device})")
-        try:
-            row = bench_one(p, s, figs)
-        except QuantkitError as exc:
-            failed.append({"model": str(p), "name": names[i] if names else _name(p), "error": str(exc)})
-            continue
-        if names:
-            row["name"] = names[i]
-        rows.append(row)
+    with bar(f"bench ({s.engine}, {s.device})", total=len(paths)) as update:
+        for i, p in enumerate(paths):
+            note(f"bench {p} ({s.engine}, {s.device})")
+            update(i, f"bench {names[i] if names else _name(p)} ({s.engine}, {s.device})")
+            try:
+                rows.append(bench_one(p, s, figs))
+            except QuantkitError as exc:
+                failed.append({"model": str(p), "name": names[i] if names else _name(p), "error": str(exc)})
+                continue
+            if names:
+                rows[-1]["name"] = names[i]
+        update(len(paths))
     if not rows and failed:
         raise QuantkitError(failed[0]["error"])
     fit = fit_rule([r["bytes_per_token"] for r in rows], [r["tpot_ms"] / 1e3 for r in rows])
