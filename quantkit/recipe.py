@@ -176,6 +176,10 @@ class CalibrationConfig(_Strict):
     seed: int = 0
     chat_template: bool = False
     region: Literal["all", "first-half", "second-half"] = "second-half"
+    # The precision the model is calibrated in. bf16 forwards are about 3x faster on AMX/AVX512-BF16
+    # cores, but bf16 rounding of the weights is comparable to INT8's own error; "auto" takes
+    # float32 when any weight is quantized to 8 bits and bfloat16 otherwise.
+    compute_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
 
 
 class EvalConfig(_Strict):

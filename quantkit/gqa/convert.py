@@ -126,7 +126,7 @@ def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec
     n_heads, n_kv, head_dim = head_counts(cfg.to_dict())
     layers = len(attention_modules(model, layout))
     windows = recovery_windows(tok, calib_spec, gqa.recover, calib_set, key) if gqa.recover else None
-    teacher = copy.deepcopy(model).eval() if gqa.recover else None
+    teacher = copy.deepcopy(model).to(torch.bfloat16).eval() if gqa.recover else None
     t0 = time.perf_counter()
     sigmas = None
     if calib_set is not None and (gqa.merge == "calibrated" or gqa.grouping == "searched"):
@@ -148,12 +148,14 @@ def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec
         "recover": None,
     }
     if gqa.recover:
-        log = distill(model, teacher, attention_modules(model, layout), windows, gqa.recover, note)
+        names = [f"{layout.layers}.{i}.{layout.attn}" for i in range(layers)]
+        log = distill(model, teacher, names, windows, gqa.recover, note)
         del teacher
         meta["recover"] = {
             "steps": log.steps, "tokens": log.tokens, "minutes": round(log.minutes, 2),
             "heldout_kl": [[s, round(k, 5)] for s, k in log.heldout_kl], "best_step": log.best_step,
             "stop": log.stop, "train": gqa.recover.train, "lr": gqa.recover.lr,
+            "seconds_per_step": round(log.seconds_per_step, 2), "threads": log.threads,
             "windows": {"train": len(windows.train), "heldout": len(windows.heldout), "seq_len": gqa.recover.seq_len},
         }
     return model, meta

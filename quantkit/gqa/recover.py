@@ -1,14 +1,16 @@
 """Short KL distillation from the original model after a merge, bounded by tokens and wall clock.
 
 Only the merged layers' k_proj/v_proj train (`train: kvqo` adds q_proj/o_proj at a tenth of the
-learning rate: at the full rate they made things worse in our measurements, docs/GQA.md).
-Forward passes run under bf16 autocast (AMX/AVX512-BF16 cores do them several times faster
-than float32); master weights, the loss and AdamW's state stay float32. The held-out KL is
-measured every `eval_every` steps and at the end; the best weights seen are kept.
+learning rate: at the full rate they made things worse, docs/GQA.md). Frozen weights of the
+student and the teacher are held in bf16 and forwards run under bf16 autocast (AMX/AVX512-BF16
+cores do them several times faster than float32); the trained weights, the loss and AdamW's
+state stay float32, and the trained weights are copied back into the float32 model at the end.
+The held-out KL is measured every `eval_every` steps and at the end; the best weights are kept.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -34,14 +36,20 @@ class Log:
     stop: str = ""
     best_step: int = 0
     minutes: float = 0.0
+    threads: int = 0
+    seconds_per_step: float = 0.0
 
 
-def trainable_params(attns, train: str, lr: float) -> list[dict]:
-    kv = [p for a in attns for m in (a.k_proj, a.v_proj) for p in m.parameters()]
-    groups = [{"params": kv, "lr": lr}]
-    if train == "kvqo":
-        groups.append({"params": [p for a in attns for m in (a.q_proj, a.o_proj) for p in m.parameters()], "lr": lr * QO_LR_SCALE})
-    return groups
+def trained_names(model, attn_names: list[str], train: str) -> dict[str, float]:
+    """Parameter name -> learning-rate scale."""
+    out = {}
+    for a in attn_names:
+        for proj, scale in (("k_proj", 1.0), ("v_proj", 1.0), ("q_proj", QO_LR_SCALE), ("o_proj", QO_LR_SCALE)):
+            if proj in ("q_proj", "o_proj") and train != "kvqo":
+                continue
+            for pname, _ in model.get_submodule(f"{a}.{proj}").named_parameters():
+                out[f"{a}.{proj}.{pname}"] = scale
+    return out
 
 
 def kl_loss(teacher_logp: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
@@ -56,11 +64,8 @@ def _logp(model, ids) -> torch.Tensor:
 
 
 def heldout_kl(student, teacher_logp: list, windows: list) -> float:
-    total = 0.0
-    for ids, ref in zip(windows, teacher_logp):
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            total += float(kl_loss(ref, student(input_ids=ids, use_cache=False).logits))
-    return total / len(windows)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        return sum(float(kl_loss(ref, student(input_ids=ids, use_cache=False).logits)) for ids, ref in zip(windows, teacher_logp)) / len(windows)
 
 
 def lr_factor(progress: float, warmup: float = 0.05, floor: float = 0.1) -> float:
@@ -71,54 +76,92 @@ def lr_factor(progress: float, warmup: float = 0.05, floor: float = 0.1) -> floa
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
 
 
-def distill(student, teacher, attns, windows: Windows, cfg, note=print) -> Log:
-    """Train the merged layers' projections to match `teacher`; returns what happened."""
+def bf16_student(model, names: dict[str, float]):
+    """A bf16 copy of `model` whose trained parameters stay float32 and require grad."""
+    student = copy.deepcopy(model).to(torch.bfloat16)
+    for name, p in student.named_parameters():
+        p.requires_grad_(name in names)
+        if name in names:
+            p.data = p.data.float()
+    return student.train()
+
+
+class _Threads:
+    """Pick the faster of the configured thread count and one thread, timing real steps.
+
+    On a shared 2-core machine a busy second core makes every parallel region wait for it: we
+    measured 14-23 s per 1024-token step at 2 threads and 7 s at 1 (docs/GQA.md). Steps 2 and
+    3 run at n and 1 threads; the faster setting is kept for the rest of the run.
+    """
+
+    def __init__(self):
+        self.n = torch.get_num_threads()
+        self.times: dict[int, float] = {}
+
+    def before(self, step: int) -> None:
+        if self.n > 1 and step in (1, 2):
+            torch.set_num_threads(self.n if step == 1 else 1)
+
+    def after(self, step: int, seconds: float) -> None:
+        if self.n > 1 and step in (1, 2):
+            self.times[torch.get_num_threads()] = seconds
+            if step == 2:
+                torch.set_num_threads(min(self.times, key=self.times.get))
+
+    def restore(self) -> None:
+        torch.set_num_threads(self.n)
+
+
+def _train_step(student, teacher, opt, params, ids) -> float:
+    target = _logp(teacher, ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = student(input_ids=ids, use_cache=False).logits
+    loss = kl_loss(target, logits)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return float(loss.detach())
+
+
+def distill(model, teacher, attn_names: list[str], windows: Windows, cfg, note=print) -> Log:
+    """Train `model`'s merged projections (in place) to match `teacher` (a bf16 copy of the original)."""
     start = time.perf_counter()
     budget_s, per_step = cfg.max_minutes * 60.0, cfg.batch_size * cfg.seq_len
     max_steps = max(1, cfg.tokens // per_step)
-    for p in student.parameters():
-        p.requires_grad_(False)
-    groups = trainable_params(attns, cfg.train, cfg.lr)
-    params = [p for g in groups for p in g["params"]]
-    for p in params:
-        p.requires_grad_(True)
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=0.0)
+    names = trained_names(model, attn_names, cfg.train)
+    student = bf16_student(model, names)
+    named = dict(student.named_parameters())
+    params = [named[n] for n in names]
+    opt = torch.optim.AdamW([{"params": [named[n]], "lr": cfg.lr * s} for n, s in names.items()], lr=cfg.lr, weight_decay=0.0)
     base_lrs = [g["lr"] for g in opt.param_groups]
     ref = [_logp(teacher, w) for w in windows.heldout]
-    log = Log()
+    log, threads = Log(), _Threads()
     best = heldout_kl(student, ref, windows.heldout)
     log.heldout_kl.append([0, best])
     best_state, stale = [p.detach().clone() for p in params], 0
     step_s = eval_s = time.perf_counter() - start
-    student.train()
     with bar("recover", total=max_steps) as update:
         while True:
             elapsed = time.perf_counter() - start
-            due = (log.steps + 1) % cfg.eval_every == 0
             if log.steps >= max_steps:
                 log.stop = "tokens"
                 break
             if elapsed + step_s + eval_s > budget_s:  # always leave room for the final held-out evaluation
                 log.stop = "time"
                 break
-            t0 = time.perf_counter()
-            progress = max(log.steps / max_steps, elapsed / budget_s)
             for g, lr in zip(opt.param_groups, base_lrs):
-                g["lr"] = lr * lr_factor(progress)
+                g["lr"] = lr * lr_factor(max(log.steps / max_steps, elapsed / budget_s))
             ids = torch.cat([windows.train[(log.steps * cfg.batch_size + i) % len(windows.train)] for i in range(cfg.batch_size)])
-            target = _logp(teacher, ids)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = student(input_ids=ids, use_cache=False).logits
-            loss = kl_loss(target, logits)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            threads.before(log.steps)
+            t0 = time.perf_counter()
+            loss = _train_step(student, teacher, opt, params, ids)
+            step_s = time.perf_counter() - t0
+            threads.after(log.steps, step_s)
             log.steps += 1
             log.tokens += per_step
-            step_s = time.perf_counter() - t0 if log.steps > 1 else max(step_s, time.perf_counter() - t0)
-            update(log.steps, description=f"recover: train KL {float(loss):.3f}, held-out {best:.3f}")
-            if due:
+            update(log.steps, description=f"recover: KL {loss:.3f} (held-out {best:.3f})")
+            if log.steps % cfg.eval_every == 0:
                 t1 = time.perf_counter()
                 kl = heldout_kl(student, ref, windows.heldout)
                 eval_s = time.perf_counter() - t1
@@ -131,15 +174,16 @@ def distill(student, teacher, attns, windows: Windows, cfg, note=print) -> Log:
                     if stale >= cfg.patience:
                         log.stop = f"early stop: held-out KL did not improve for {cfg.patience} evaluations"
                         break
-    if log.steps and (not log.heldout_kl or log.heldout_kl[-1][0] != log.steps):
+    if log.heldout_kl[-1][0] != log.steps:
         kl = heldout_kl(student, ref, windows.heldout)
         log.heldout_kl.append([log.steps, kl])
         if kl < best:
-            best, best_state, log.best_step = kl, [p.detach().clone() for p in params], log.steps
+            best_state, log.best_step = [p.detach().clone() for p in params], log.steps
+    log.threads = torch.get_num_threads()
+    threads.restore()
     with torch.no_grad():
-        for p, b in zip(params, best_state):
-            p.copy_(b)
-            p.requires_grad_(False)
-    student.eval()
+        for n, b in zip(names, best_state):
+            model.get_parameter(n).copy_(b)
     log.minutes = (time.perf_counter() - start) / 60
+    log.seconds_per_step = (log.minutes * 60) / max(1, log.steps)
     return log
