@@ -14,7 +14,7 @@ from .arch import head_counts, layout_for
 from .groups import contiguous_groups, kv_bytes_per_token, search_groups
 from .layer import Stats, group_loss, merged_heads, read_heads, write_heads
 from .recover import Windows, distill
-from .stats import attention_modules, input_moments
+from .stats import attention_modules, moments
 
 
 def preflight_gqa(cfg: dict, gqa, key: str) -> None:
@@ -47,7 +47,7 @@ def single_thread():
         torch.set_num_threads(n)
 
 
-def merge_model(model, layout, kv_heads: int, grouping: str, kind: str, sigmas, context: int) -> list[dict]:
+def merge_model(model, layout, kv_heads: int, grouping: str, kind: str, sigmas, context: int, values=None) -> list[dict]:
     """Merge every layer in place; returns per layer the groups and the relative merge error."""
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -55,7 +55,7 @@ def merge_model(model, layout, kv_heads: int, grouping: str, kind: str, sigmas, 
     report = []
     with single_thread(), bar("gqa merge", total=len(attention_modules(model, layout))) as update:
         for i, attn in enumerate(attention_modules(model, layout)):
-            stats = Stats(sigmas[i], inv_freq, context) if sigmas is not None else None
+            stats = Stats(sigmas[i], inv_freq, context, values[i] if values else None) if sigmas is not None else None
             if inv_freq is None:
                 inv_freq = torch.zeros(attn.head_dim // 2, dtype=torch.float64)
             h = read_heads(attn, n_heads, n_kv)
@@ -128,12 +128,12 @@ def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec
     windows = recovery_windows(tok, calib_spec, gqa.recover, calib_set, key) if gqa.recover else None
     teacher = copy.deepcopy(model).to(torch.bfloat16).eval() if gqa.recover else None
     t0 = time.perf_counter()
-    sigmas = None
+    sigmas = values = None
     if calib_set is not None and (gqa.merge == "calibrated" or gqa.grouping == "searched"):
         with bar("gqa statistics", total=len(calib_set.samples)) as update:
-            sigmas = input_moments(model, layout, calib_set.samples, update)
+            sigmas, values = moments(model, layout, calib_set.samples, values=gqa.merge == "calibrated", progress=update)
     context = calib_set.manifest.get("seq_len", 512) if calib_set is not None else 512
-    report = merge_model(model, layout, gqa.kv_heads, gqa.grouping, gqa.merge, sigmas, context)
+    report = merge_model(model, layout, gqa.kv_heads, gqa.grouping, gqa.merge, sigmas, context, values)
     meta = {
         "kv_heads_before": n_kv,
         "kv_heads_after": gqa.kv_heads,
@@ -155,7 +155,7 @@ def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec
             "steps": log.steps, "tokens": log.tokens, "minutes": round(log.minutes, 2),
             "heldout_kl": [[s, round(k, 5)] for s, k in log.heldout_kl], "best_step": log.best_step,
             "stop": log.stop, "train": gqa.recover.train, "lr": gqa.recover.lr,
-            "seconds_per_step": round(log.seconds_per_step, 2), "threads": log.threads,
+            "seconds_per_step": round(log.seconds_per_step, 2), "seconds_per_step_by_threads": log.threads,
             "windows": {"train": len(windows.train), "heldout": len(windows.heldout), "seq_len": gqa.recover.seq_len},
         }
     return model, meta

@@ -32,6 +32,7 @@ class Stats:
     sigma: torch.Tensor  # (n+1, n+1) float64; its last row is E[[x, 1]]
     inv_freq: torch.Tensor | None  # (d/2,) rotary frequencies
     context: int  # tokens per calibration window: the query-key distances the merge averages over
+    values: torch.Tensor | None = None  # (G d, G d) E[z z^T] of attention-averaged values (stats.moments)
 
 
 @dataclass
@@ -62,11 +63,27 @@ def _members(h: Heads, group):
     return torch.tensor(list(group)), qidx, owner
 
 
+def _value_moment(h: Heads, members, stats: Stats) -> torch.Tensor:
+    """S for the members' stacked values: attention-averaged if gathered, else from Sigma."""
+    d = h.v.shape[1]
+    if stats.values is not None:
+        idx = torch.cat([torch.arange(a * d, (a + 1) * d) for a in members.tolist()])
+        return stats.values[idx][:, idx]
+    stacked = h.v[members].reshape(-1, h.v.shape[2])
+    return stacked @ stats.sigma @ stacked.T
+
+
+def _metric(h: Heads, qidx, r: int) -> torch.Tensor:
+    """Per member: sum over its query heads of W_o^h^T W_o^h (r, d, d)."""
+    d = h.o.shape[2]
+    return torch.einsum("hDd,hDe->hde", h.o[qidx], h.o[qidx]).reshape(r, h.q_per_kv, d, d).sum(1)
+
+
 def merge_mean(h: Heads, group, stats: Stats | None, iters: int = 0) -> Merged:
     members, qidx, owner = _members(h, group)
     k, c = K.merge_keys_mean(h.k[members], owner)
-    v, b = V.merge_values_mean(h.v[members])
-    return Merged(k, c, v, b[owner])
+    coef, b = V.merge_values_mean(len(group), h.v.shape[1])
+    return Merged(k, c, coef @ h.v[members].reshape(-1, h.v.shape[2]), b[owner])
 
 
 def merge_calibrated(h: Heads, group, stats: Stats, iters: int = 100) -> Merged:
@@ -76,10 +93,8 @@ def merge_calibrated(h: Heads, group, stats: Stats, iters: int = 100) -> Merged:
     k0, c0 = K.merge_keys_rank1(h.k[members], K.plane_energy(h.q[qidx], sigma), owner, sigma, mean, stats.inv_freq, stats.context)
     qbar, qmean = _query_moments(h.q[qidx], stats)
     k, c = K.refine_keys(h.k[members], qbar, qmean, owner, sigma, mean, k0, c0, iters)
-    d = h.o.shape[2]
-    metric = torch.einsum("hDd,hDe->hde", h.o[qidx], h.o[qidx]).reshape(len(group), h.q_per_kv, d, d).sum(1)
-    v, b = V.merge_values_pca(h.v[members], metric, sigma)
-    return Merged(k, c, v, b[owner])
+    coef, b = V.merge_values_pca(_metric(h, qidx, len(group)), _value_moment(h, members, stats))
+    return Merged(k, c, coef @ h.v[members].reshape(-1, h.v.shape[2]), b[owner])
 
 
 MERGES = {"mean": merge_mean, "calibrated": merge_calibrated}
@@ -98,13 +113,15 @@ def group_loss(h: Heads, group, stats: Stats, kind: str, m: Merged | None = None
     m = m if m is not None else MERGES[kind](h, group, stats, iters=iters)
     sigma, mean = stats.sigma, stats.sigma[-1]
     qbar, qmean = _query_moments(h.q[qidx], stats)
-    d = h.o.shape[2]
-    metric = torch.einsum("hDd,hDe->hde", h.o[qidx], h.o[qidx]).reshape(len(group), h.q_per_kv, d, d).sum(1)
     k_err = K.key_loss(h.k[members], qbar, qmean, owner, sigma, mean, m.k, m.c)
     k_ref = K.key_loss(h.k[members], qbar, qmean, owner, sigma, mean, torch.zeros_like(m.k), m.c)
-    b = m.b[:: h.q_per_kv]  # per member (identical across a member's query heads)
-    v_err = V.value_loss(h.v[members], metric, sigma, m.v, b)
-    v_ref = V.value_loss(h.v[members], metric, sigma, torch.zeros_like(m.v), b)
+    stacked = h.v[members].reshape(-1, h.v.shape[2])
+    # v~ in member coordinates. Not lstsq: its default CPU driver (gelsy) misjudged the rank of
+    # stacked copies of one head and returned a different wrong solution run to run; pinv is exact.
+    coef = m.v @ torch.linalg.pinv(stacked, rtol=1e-10)
+    metric, s, b = _metric(h, qidx, len(group)), _value_moment(h, members, stats), m.b[:: h.q_per_kv]
+    v_err = V.value_loss(metric, s, coef, b)
+    v_ref = V.value_loss(metric, s, torch.zeros_like(coef), b)
     return k_err / max(k_ref, 1e-300) + v_err / max(v_ref, 1e-300)
 
 

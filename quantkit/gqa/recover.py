@@ -36,7 +36,7 @@ class Log:
     stop: str = ""
     best_step: int = 0
     minutes: float = 0.0
-    threads: int = 0
+    threads: dict = field(default_factory=dict)  # thread count -> recent seconds per step
     seconds_per_step: float = 0.0
 
 
@@ -87,26 +87,40 @@ def bf16_student(model, names: dict[str, float]):
 
 
 class _Threads:
-    """Pick the faster of the configured thread count and one thread, timing real steps.
+    """Run each step at whichever of the configured thread count and one thread is faster now.
 
     On a shared 2-core machine a busy second core makes every parallel region wait for it: we
-    measured 14-23 s per 1024-token step at 2 threads and 7 s at 1 (docs/GQA.md). Steps 2 and
-    3 run at n and 1 threads; the faster setting is kept for the rest of the run.
+    measured 40 s per 1024-token step at 2 threads and 6.3 s at 1, and at quiet times the other
+    way round (docs/GQA.md). Both are timed on real steps (an average of recent ones), the faster
+    is used, and the slower is re-timed once the steps since it was last timed have taken ten
+    times its cost, so exploring costs about a tenth of the run at most.
     """
 
     def __init__(self):
         self.n = torch.get_num_threads()
-        self.times: dict[int, float] = {}
+        self.seconds: dict[int, float] = {}
+        self.since = 0.0  # seconds spent at the faster setting since the slower was timed
 
-    def before(self, step: int) -> None:
-        if self.n > 1 and step in (1, 2):
-            torch.set_num_threads(self.n if step == 1 else 1)
+    def choose(self, step: int) -> None:
+        if self.n == 1 or step == 0:
+            return
+        untimed = [o for o in (self.n, 1) if o not in self.seconds]
+        fast, slow = min(self.seconds, key=self.seconds.get, default=self.n), max(self.seconds, key=self.seconds.get, default=1)
+        pick = untimed[0] if untimed else (slow if self.since > 10 * self.seconds[slow] else fast)
+        torch.set_num_threads(pick)
 
-    def after(self, step: int, seconds: float) -> None:
-        if self.n > 1 and step in (1, 2):
-            self.times[torch.get_num_threads()] = seconds
-            if step == 2:
-                torch.set_num_threads(min(self.times, key=self.times.get))
+    def record(self, step: int, seconds: float) -> None:
+        if step == 0:  # allocations and first-call costs
+            return
+        k = torch.get_num_threads()
+        self.seconds[k] = seconds if k not in self.seconds else 0.5 * (self.seconds[k] + seconds)
+        self.since = 0.0 if k != self.best() else self.since + seconds
+
+    def expected(self, fallback: float) -> float:
+        return min(self.seconds.values()) if self.seconds else fallback
+
+    def best(self) -> int:
+        return min(self.seconds, key=self.seconds.get) if self.seconds else self.n
 
     def restore(self) -> None:
         torch.set_num_threads(self.n)
@@ -147,21 +161,22 @@ def distill(model, teacher, attn_names: list[str], windows: Windows, cfg, note=p
             if log.steps >= max_steps:
                 log.stop = "tokens"
                 break
-            if elapsed + step_s + eval_s > budget_s:  # always leave room for the final held-out evaluation
+            if elapsed + threads.expected(step_s) + eval_s > budget_s:  # leave room for the final held-out evaluation
                 log.stop = "time"
                 break
             for g, lr in zip(opt.param_groups, base_lrs):
                 g["lr"] = lr * lr_factor(max(log.steps / max_steps, elapsed / budget_s))
             ids = torch.cat([windows.train[(log.steps * cfg.batch_size + i) % len(windows.train)] for i in range(cfg.batch_size)])
-            threads.before(log.steps)
+            threads.choose(log.steps)
             t0 = time.perf_counter()
             loss = _train_step(student, teacher, opt, params, ids)
             step_s = time.perf_counter() - t0
-            threads.after(log.steps, step_s)
+            threads.record(log.steps, step_s)
             log.steps += 1
             log.tokens += per_step
             update(log.steps, description=f"recover: KL {loss:.3f} (held-out {best:.3f})")
             if log.steps % cfg.eval_every == 0:
+                torch.set_num_threads(threads.best())
                 t1 = time.perf_counter()
                 kl = heldout_kl(student, ref, windows.heldout)
                 eval_s = time.perf_counter() - t1
@@ -174,12 +189,13 @@ def distill(model, teacher, attn_names: list[str], windows: Windows, cfg, note=p
                     if stale >= cfg.patience:
                         log.stop = f"early stop: held-out KL did not improve for {cfg.patience} evaluations"
                         break
+    torch.set_num_threads(threads.best())
     if log.heldout_kl[-1][0] != log.steps:
         kl = heldout_kl(student, ref, windows.heldout)
         log.heldout_kl.append([log.steps, kl])
         if kl < best:
             best_state, log.best_step = [p.detach().clone() for p in params], log.steps
-    log.threads = torch.get_num_threads()
+    log.threads = {str(k): round(v, 2) for k, v in threads.seconds.items()}
     threads.restore()
     with torch.no_grad():
         for n, b in zip(names, best_state):
