@@ -9,7 +9,7 @@ from pathlib import Path
 from .artifact import check_out, peak_rss_mb, staged_dir, tool_versions, write_meta
 from .card import write_card
 from .errors import DataError, RecipeError
-from .models import checkpoint_hash, load_model, load_tokenizer, read_config, resolve_model
+from .models import cast_model, checkpoint_hash, load_model, load_tokenizer, read_config, resolve_model
 from .progress import note
 from .recipe import Recipe, Variant
 
@@ -116,7 +116,7 @@ def apply_steps(job: Job, model, tok, calib_set, src_hash: str):
             model, gqa_meta = apply_gqa(model, tok, step.gqa, calib_set, src=job.src, src_hash=src_hash, calib_spec=spec,
                                         calibration=job.recipe.calibration)
         else:
-            model = model.to(getattr(torch_module(), quant_dtype(job)))
+            model = cast_model(model, getattr(torch_module(), quant_dtype(job)))
             note(f"quantize: {job.quant.method}")
             model = job.handler.quantize(model, job.quant, calib_set.samples if calib_set else None, src=job.src)
     return model, gqa_meta
@@ -136,7 +136,7 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     model, gqa_meta = apply_steps(job, model, tok, calib_set, src_hash)
     check_finite(model, "the converted model")
     if job.export_format != "bitsandbytes":  # artifacts keep the source checkpoint's precision (scales included)
-        model = model.to(source_dtype(job.cfg))
+        model = cast_model(model, source_dtype(job.cfg))
     meta = {"name": job.variant.name, "gqa": gqa_meta, "schema_version": 1, "kind": "quantkit-artifact",
             "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
             "recipe": {"name": recipe.name, "variant": job.variant.name,

@@ -52,3 +52,14 @@ def test_no_config(tmp_path):
 def test_checkpoint_hash_is_stable(tiny_llama):
     assert checkpoint_hash(tiny_llama) == checkpoint_hash(tiny_llama)
     assert len(checkpoint_hash(tiny_llama)) == 64
+
+
+def test_cast_model_keeps_rope_frequencies_in_float32(tiny_llama):
+    import torch
+
+    from quantkit.models import cast_model, load_model
+
+    model = cast_model(load_model(tiny_llama, dtype="float32"), torch.float16)
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.float16
+    assert {n for n, _ in model.named_buffers()} == {n for n, _ in load_model(tiny_llama, dtype="float16").named_buffers()}

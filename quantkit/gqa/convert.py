@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from ..errors import DataError, RecipeError
+from ..models import cast_model
 from ..progress import bar, note
 from .arch import head_counts, layout_for
 from .groups import contiguous_groups, kv_bytes_per_token, search_groups
@@ -126,7 +127,7 @@ def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec
     n_heads, n_kv, head_dim = head_counts(cfg.to_dict())
     layers = len(attention_modules(model, layout))
     windows = recovery_windows(tok, calib_spec, gqa.recover, calib_set, key) if gqa.recover else None
-    teacher = copy.deepcopy(model).to(torch.bfloat16).eval() if gqa.recover else None
+    teacher = cast_model(copy.deepcopy(model), torch.bfloat16).eval() if gqa.recover else None
     t0 = time.perf_counter()
     sigmas = values = None
     if calib_set is not None and (gqa.merge == "calibrated" or gqa.grouping == "searched"):

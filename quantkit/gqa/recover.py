@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..models import cast_model
 from ..progress import bar
 
 QO_LR_SCALE = 0.1
@@ -78,7 +79,7 @@ def lr_factor(progress: float, warmup: float = 0.05, floor: float = 0.1) -> floa
 
 def bf16_student(model, names: dict[str, float]):
     """A bf16 copy of `model` whose trained parameters stay float32 and require grad."""
-    student = copy.deepcopy(model).to(torch.bfloat16)
+    student = cast_model(copy.deepcopy(model), torch.bfloat16)
     for name, p in student.named_parameters():
         p.requires_grad_(name in names)
         if name in names:
