@@ -65,6 +65,9 @@ def render_markdown(report: dict) -> str:
                    f"effective {fit['effective_gbps']:.2f} GB/s, fixed overhead {fit['overhead_ms']:.2f} ms per step, R² {fit['r2']:.3f}.")
     elif fit.get("r2") is not None:
         out.append(f"**Rule check**: TPOT does not grow with bytes per token here (R² {fit['r2']:.3f}); decode is overhead-bound on this engine.")
+    failed = [f"- {row['name']}: {row['error']}" for row in r["rows"] if row.get("error")]
+    if failed:
+        out += ["Failed:", *failed, ""]
     if any(row.get("accounting_error") for row in r["rows"]):
         out.append("\n(!) An efficiency above 100% means the byte accounting or the probed bandwidth is wrong.")
     kernels = [f"- {row['name']}: {row['kernel']}" for row in r["rows"] if row.get("kernel")]

@@ -152,8 +152,15 @@ class Runner:
             return hit
         note(f"bench: {len(paths)} variants in one run ({b.engine}, {b.device})")
         result = bench_many(list(paths.values()), settings, names=list(paths))
-        self.cache.put(key, result)
+        if not result["failed"]:  # a failure (out of memory, say) may not recur: try again next run
+            self.cache.put(key, result)
         return result
+
+    def _bench_failed(self, name: str, error: str) -> None:
+        """A variant whose bench failed is a failed variant, like one whose convert or eval failed."""
+        rec = self.variants[name]
+        rec.setdefault("error", f"bench: {error}")
+        note(f"[{name}] bench failed: {error}")
 
     def run(self) -> dict:
         t0 = time.perf_counter()
@@ -175,12 +182,13 @@ class Runner:
         try:
             bench = self._timed("bench", lambda: self.bench(paths))
         except QuantkitError as exc:
-            note(f"bench failed: {exc}")
-            for rec in self.variants.values():
-                rec.setdefault("bench_error", str(exc))
+            for name in paths:
+                self._bench_failed(name, str(exc))
         if bench:
             for row in bench["rows"]:
                 self.variants[row["name"]]["bench"] = row
+            for f in bench.get("failed", []):
+                self._bench_failed(f["name"], f["error"])
         from .report import finish_run
 
         total = time.perf_counter() - t0

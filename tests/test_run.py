@@ -66,6 +66,29 @@ def test_failed_variant_reported_others_go_on(cli, tiny_llama, tiny_text, tmp_pa
     assert "needs calibration text" in rep["variants"]["bad"]["error"]
 
 
+def test_bench_failure_fails_its_variant(cli, tiny_llama, tmp_path, monkeypatch):
+    import quantkit.bench.runner as runner
+
+    real = runner.bench_one
+
+    def bench_one(path, s, figs):
+        if Path(path).name == "int4":
+            raise runner.QuantkitError("no kernel for this scheme on cpu")
+        return real(path, s, figs)
+
+    monkeypatch.setattr(runner, "bench_one", bench_one)
+    p = tmp_path / "s.yaml"
+    p.write_text("variants:\n  - name: int4\n    steps:\n      - quantize: {method: rtn, group_size: 64}\n")
+    code, out, err, _ = cli("run", str(p), "--model", str(tiny_llama), "--out", str(tmp_path / "r"), *SMALL, "--skip-eval")
+    assert code == 1
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    status = {r["name"]: r["status"] for r in rep["rows"]}
+    assert status == {"baseline": "ok", "int4": "failed"} and rep["failed"] == ["int4"]
+    assert rep["variants"]["int4"]["error"] == "bench: no kernel for this scheme on cpu"
+    assert "- int4: bench: no kernel for this scheme on cpu" in (tmp_path / "r" / "report.md").read_text()
+    assert "int4: bench: no kernel" in out
+
+
 def test_compare_two_runs(cli, tmp_path):
     def fake(name, tpot):
         d = tmp_path / name
