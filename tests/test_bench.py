@@ -109,6 +109,40 @@ def test_bench_bad_input(cli, tiny_llama):
     assert code == 2 and "unknown engine" in err
 
 
+def _no_probe(monkeypatch):
+    import quantkit.bench.runner as runner
+
+    monkeypatch.setattr(runner, "device_figures", lambda *a, **k: pytest.fail("probed the device"))
+
+
+@pytest.mark.parametrize("flag,value", [("--repeats", "0"), ("--warmups", "-1"), ("--min-seconds", "-1")])
+def test_bench_bad_timing_settings_before_any_work(cli, tiny_llama, monkeypatch, flag, value):
+    _no_probe(monkeypatch)
+    monkeypatch.setattr("quantkit.models.resolve_model", lambda *a: pytest.fail("resolved a model"))
+    args = [*FAST, "--min-seconds", "0", flag, value]
+    code, _, err, _ = cli("bench", str(tiny_llama), *args)
+    assert code == 2 and flag in err and "Traceback" not in err
+
+
+def test_bench_context_checked_before_probe(cli, tiny_llama, monkeypatch):
+    _no_probe(monkeypatch)
+    code, _, err, _ = cli("bench", str(tiny_llama), "--prompt-len", "5000")
+    assert code == 2 and "exceed the model's context" in err
+
+
+def test_bench_one_row_fails_others_kept_exit_1(cli, tiny_llama, tmp_path):
+    import shutil
+
+    short = tmp_path / "short"
+    shutil.copytree(tiny_llama, short)
+    cfg = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 8}))
+    code, out, err, _ = cli("bench", str(tiny_llama), str(short), *FAST, "--engine", "eager")
+    assert code == 1, err
+    assert "| llama-gqa | dense |" in out
+    assert "not benchmarked: short: prompt + generated tokens (20) exceed the model's context (8)" in out
+
+
 def test_bench_model_too_big(cli, tiny_llama, monkeypatch):
     import psutil
 

@@ -36,9 +36,15 @@ def check_device(device: str) -> None:
         raise QuantkitError(f"--device {device}: use cpu or cuda")
 
 
-def check_lengths(cfg: dict, s: BenchSettings) -> None:
+def check_settings(s: BenchSettings) -> None:
+    """Settings that no model can be timed with: rejected before any loading or probing."""
     if s.prompt_len <= 0 or s.gen_len <= 1:
         raise QuantkitError("--prompt-len must be > 0 and --gen-len > 1")
+    if s.repeats < 1 or s.warmups < 0 or s.min_seconds < 0:
+        raise QuantkitError("--repeats must be >= 1, --warmups and --min-seconds >= 0")
+
+
+def check_lengths(cfg: dict, s: BenchSettings) -> None:
     limit = cfg.get("max_position_embeddings")
     longest = max((s.prompt_len, *s.prompt_sweep)) + s.gen_len
     if limit and longest > limit:
@@ -64,10 +70,10 @@ def _prompt(vocab: int, length: int, seed: int, device: str):
     return torch.randint(0, vocab, (1, length), generator=g).to(device)
 
 
-def _load(source, s: BenchSettings):
-    """A checkpoint directory or a Synthetic spec -> (config dict, BenchModel)."""
-    from .loader import load_for_bench
-    from .synthetic import Synthetic, load_synthetic
+def precheck(source, s: BenchSettings) -> None:
+    """Context length and memory from the config and file sizes alone, so a model that cannot run
+    fails before the device probe and before any loading."""
+    from .synthetic import Synthetic
 
     if isinstance(source, Synthetic):
         from ..hardware import shape_config
@@ -75,10 +81,24 @@ def _load(source, s: BenchSettings):
         cfg = shape_config(source.shape)
         check_lengths(cfg, s)
         check_fits_bytes(Shape.from_config(cfg).total_params() * source.bits / 8, cfg, s, source.label)
-        return cfg, load_synthetic(source, cfg, s.device, s.seed)
+        return
     cfg = json.loads((source / "config.json").read_text())
     check_lengths(cfg, s)
-    check_fits_bytes(sum(f.stat().st_size for f in source.glob("*.safetensors")), cfg, s, str(source))
+    if s.engine != "vllm":  # vLLM sizes its own memory
+        check_fits_bytes(sum(f.stat().st_size for f in source.glob("*.safetensors")), cfg, s, str(source))
+
+
+def _load(source, s: BenchSettings):
+    """A checkpoint directory or a Synthetic spec -> (config dict, BenchModel); precheck() has passed."""
+    from .loader import load_for_bench
+    from .synthetic import Synthetic, load_synthetic
+
+    if isinstance(source, Synthetic):
+        from ..hardware import shape_config
+
+        cfg = shape_config(source.shape)
+        return cfg, load_synthetic(source, cfg, s.device, s.seed)
+    cfg = json.loads((source / "config.json").read_text())
     return cfg, load_for_bench(source, s.device)
 
 
@@ -89,7 +109,6 @@ def bench_vllm(path: Path, s: BenchSettings):
     from .vllm_engine import VllmEngine
 
     cfg = json.loads((path / "config.json").read_text())
-    check_lengths(cfg, s)
     eng = VllmEngine(str(path), s.device, max((s.prompt_len, *s.prompt_sweep)) + s.gen_len + 1)
     prompt = _prompt(cfg["vocab_size"], s.prompt_len, s.seed, "cpu")[0].tolist()
     timings = Timings()
@@ -205,21 +224,28 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None) ->
     import os
 
     check_device(s.device)
+    check_settings(s)
+    names = names or [_name(p) for p in paths]
+    rows, failed, todo = [], [], []
+    for p, name in zip(paths, names):
+        try:
+            precheck(p, s)
+            todo.append((p, name))
+        except QuantkitError as exc:
+            failed.append({"model": str(p), "name": name, "error": str(exc)})
+    if not todo:
+        raise QuantkitError(failed[0]["error"])
     load_before = os.getloadavg()[0]
     figs = device_figures(s)
-    rows, failed = [], []
-    with bar(f"bench ({s.engine}, {s.device})", total=len(paths)) as update:
-        for i, p in enumerate(paths):
+    with bar(f"bench ({s.engine}, {s.device})", total=len(todo)) as update:
+        for i, (p, name) in enumerate(todo):
             note(f"bench {p} ({s.engine}, {s.device})")
-            update(i, f"bench {names[i] if names else _name(p)} ({s.engine}, {s.device})")
+            update(i, f"bench {name} ({s.engine}, {s.device})")
             try:
-                rows.append(bench_one(p, s, figs))
+                rows.append({**bench_one(p, s, figs), "name": name})
             except QuantkitError as exc:
-                failed.append({"model": str(p), "name": names[i] if names else _name(p), "error": str(exc)})
-                continue
-            if names:
-                rows[-1]["name"] = names[i]
-        update(len(paths))
+                failed.append({"model": str(p), "name": name, "error": str(exc)})
+        update(len(todo))
     if not rows and failed:
         raise QuantkitError(failed[0]["error"])
     fit = fit_rule([r["bytes_per_token"] for r in rows], [r["tpot_ms"] / 1e3 for r in rows])

@@ -60,6 +60,15 @@ def render(result: dict, fmt: str) -> str:
     return "\n".join(lines)
 
 
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    from ..errors import QuantkitError
+
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise QuantkitError(f"{option} takes comma-separated integers") from None
+
+
 @click.command("bench")
 @click.argument("models", nargs=-1)
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
@@ -83,12 +92,15 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
     """Measure batch-1 TTFT and TPOT of MODELS beside the roofline and fit TPOT against bytes/token."""
     import json as _json
 
-    from ..bench.runner import BenchSettings, bench_many, check_device
+    from ..bench.runner import BenchSettings, bench_many, check_device, check_settings
     from ..bench.synthetic import Synthetic
     from ..errors import QuantkitError
     from ..models import resolve_model
 
     check_device(device)
+    settings = BenchSettings(device=device, engine=engine, prompt_len=prompt_len, gen_len=gen_len, repeats=repeats,
+                             min_seconds=min_seconds, warmups=warmups, prompt_sweep=_ints(sweep, "--sweep"))
+    check_settings(settings)
     if probe:
         from ..bench.probe import run_probe
 
@@ -100,18 +112,12 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
             return
     if not models and not shapes:
         raise QuantkitError("nothing to bench: give model directories (or 'demo'), --shape NAME, or --probe")
-    try:
-        sweep_lens = tuple(int(x) for x in sweep.split(",") if x.strip())
-        bits = [int(b) for b in shape_bits.split(",") if b.strip()]
-    except ValueError:
-        raise QuantkitError("--sweep and --shape-bits take comma-separated integers") from None
+    sweep_lens, bits = settings.prompt_sweep, _ints(shape_bits, "--shape-bits")
     if any(b not in (4, 8, 16) for b in bits):
         raise QuantkitError("--shape-bits: each must be 4, 8 or 16")
     if any(x <= 0 for x in sweep_lens):
         raise QuantkitError("--sweep: prompt lengths must be positive")
     sources = [resolve_model(m) for m in models] + [Synthetic(s, b) for s in shapes for b in bits]
-    settings = BenchSettings(device=device, engine=engine, prompt_len=prompt_len, gen_len=gen_len, repeats=repeats,
-                             min_seconds=min_seconds, warmups=warmups, prompt_sweep=sweep_lens)
     result = bench_many(sources, settings)
     if plot:
         from ..plots import rule_check, ttft_sweep
@@ -128,6 +134,8 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
         echo_json(result)
     else:
         click.echo(render(result, "csv" if as_csv else "md"))
+    if result["failed"]:
+        raise SystemExit(1)
 
 
 COMMANDS = [bench_cmd]
