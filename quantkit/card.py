@@ -93,11 +93,20 @@ def write_card(artifact: Path, meta: dict) -> None:
     (artifact / "README.md").write_text(render_card(meta))
 
 
+def is_artifact(path) -> bool:
+    return isinstance(path, Path) and (path / "quantkit.json").is_file()
+
+
+def check_card_updatable(artifact: Path) -> None:
+    """Called before the work whose figures the card is to hold, so the figures are not lost."""
+    if not is_artifact(artifact):
+        raise QuantkitError(f"{artifact}: not a quantkit artifact (no quantkit.json); its model card cannot be updated")
+
+
 def update_card_results(artifact: Path, results: dict) -> dict:
     """Merge figures into quantkit.json["results"] and re-render the card's results table."""
+    check_card_updatable(artifact)
     meta_file = artifact / "quantkit.json"
-    if not meta_file.is_file():
-        raise QuantkitError(f"{artifact}: not a quantkit artifact (no quantkit.json); its model card cannot be updated")
     meta = json.loads(meta_file.read_text())
     merged = {**(meta.get("results") or {}), **results}
     meta["results"] = merged

@@ -143,6 +143,24 @@ def test_bench_one_row_fails_others_kept_exit_1(cli, tiny_llama, tmp_path):
     assert "not benchmarked: short: prompt + generated tokens (20) exceed the model's context (8)" in out
 
 
+def test_bench_update_card(cli, tiny_llama, tmp_path):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    art = tmp_path / "int4"
+    code, _, err, _ = cli("convert", str(repo / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(art), "--json")
+    assert code == 0, err
+    code, _, err, data = cli("bench", str(art), str(tiny_llama), *FAST, "--engine", "eager", "--update-card", "--json")
+    assert code == 0, err
+    assert f"skipped {tiny_llama}: not a quantkit artifact" in err
+    bench = json.loads((art / "quantkit.json").read_text())["results"]["bench"]
+    assert bench["tpot_ms"] == data["rows"][0]["tpot_ms"] and bench["engine"] == "eager" and bench["device"] == "cpu"
+    card = (art / "README.md").read_text()
+    assert "| TTFT (16-token prompt, cpu, eager) |" in card and f"| TPOT (batch 1) | {bench['tpot_ms']:.2f} ms" in card
+    assert f"| kernel | {bench['kernel']} |" in card
+    assert not (tiny_llama / "quantkit.json").exists()
+
+
 def test_bench_model_too_big(cli, tiny_llama, monkeypatch):
     import psutil
 

@@ -69,6 +69,21 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
         raise QuantkitError(f"{option} takes comma-separated integers") from None
 
 
+def _update_cards(sources: list, rows: list[dict]) -> None:
+    """Each benchmarked artifact gets its row in its model card; other models have no card to update."""
+    from ..card import is_artifact, update_card_results
+    from ..progress import note
+
+    by_model = {r["model"]: r for r in rows}
+    for src in sources:
+        label = str(src) if isinstance(src, Path) else src.label
+        if not is_artifact(src):
+            note(f"--update-card: skipped {label}: not a quantkit artifact (no quantkit.json)")
+        elif label in by_model:
+            update_card_results(src, {"bench": by_model[label]})
+            note(f"--update-card: wrote {src / 'README.md'}")
+
+
 @click.command("bench")
 @click.argument("models", nargs=-1)
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
@@ -87,8 +102,9 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 @click.option("--md", "as_md", is_flag=True)
 @click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write the rule-check PNG here.")
 @click.option("--out", "out_json", default=None, type=click.Path(dir_okay=False), help="Also save the JSON result here.")
+@click.option("--update-card", is_flag=True, help="Write TTFT/TPOT into the model card of each quantkit artifact benchmarked.")
 def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds, warmups, sweep, shapes, shape_bits,
-              probe, as_json, as_csv, as_md, plot, out_json):
+              probe, as_json, as_csv, as_md, plot, out_json, update_card):
     """Measure batch-1 TTFT and TPOT of MODELS beside the roofline and fit TPOT against bytes/token."""
     import json as _json
 
@@ -130,6 +146,8 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
             result["ttft_plot"] = str(sp)
     if out_json:
         Path(out_json).write_text(_json.dumps(result, indent=2))
+    if update_card:
+        _update_cards(sources, result["rows"])
     if as_json:
         echo_json(result)
     else:
