@@ -90,3 +90,11 @@ def test_offline_lm_eval_task_from_evals_dir(cli, tiny_dir):
 def test_unknown_task(cli, tiny_llama):
     code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--tasks", "no_such_task_xyz", "--limit", "2")
     assert code == 2 and "unknown lm-eval task 'no_such_task_xyz'" in err
+
+
+def test_update_card_on_non_artifact_fails_before_evaluating(cli, tiny_llama, tiny_text, monkeypatch):
+    import quantkit.evals.runner as runner
+
+    monkeypatch.setattr(runner, "run_eval", lambda *a, **k: pytest.fail("evaluated before refusing --update-card"))
+    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--update-card")
+    assert code == 2 and "not a quantkit artifact" in err and "Traceback" not in err

@@ -53,6 +53,10 @@ def eval_cmd(model, baseline, text, seq_len, max_tokens, region, tasks, limit, d
     if max_tokens < seq_len:
         raise DataError(f"--max-tokens {max_tokens} is less than one window of --seq-len {seq_len}")
     model_path, base_path = resolve_model(model), resolve_model(baseline)
+    if update_card:
+        from ..card import check_card_updatable
+
+        check_card_updatable(model_path)
     result = run_eval(
         model_path, base_path, text, seq_len=seq_len, max_tokens=max_tokens, region=region,
         tasks=task_list, limit=limit, dtype=dtype, allow_overlap=allow_overlap,
