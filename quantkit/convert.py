@@ -139,10 +139,19 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
         model = cast_model(model, source_dtype(job.cfg))
     meta = {"name": job.variant.name, "gqa": gqa_meta, "schema_version": 1, "kind": "quantkit-artifact",
             "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
-            "recipe": {"name": recipe.name, "variant": job.variant.name,
-                       "steps": [s.model_dump(mode="json", exclude_none=True) for s in job.variant.steps]},
+            "recipe": resolved_recipe(job),
             "calibration": calib_set.manifest if calib_set else None, "results": {}}
     return export_verified(job, model, tok, calib_set, out, meta, t0)
+
+
+def resolved_recipe(job: Job) -> dict:
+    """The recipe as this artifact was made: the variant's steps, and the calibration (with --calib
+    applied) and export settings with every default filled in; the other variants are left out."""
+    calibration = job.recipe.calibration.model_dump(mode="json")
+    calibration["source"] = job.opts.calib or calibration["source"]
+    return {"schema_version": job.recipe.schema_version, "name": job.recipe.name, "variant": job.variant.name,
+            "steps": [s.model_dump(mode="json", exclude_none=True) for s in job.variant.steps],
+            "calibration": calibration, "export": job.recipe.export.model_dump(mode="json")}
 
 
 def export_verified(job: Job, model, tok, calib_set, out: Path, meta: dict, t0: float) -> dict:

@@ -51,6 +51,11 @@ def test_calibration_manifest(cli, tiny_llama, tiny_text, tmp_path):
     assert c["region"] == "second-half" and len(c["window_starts"]) == 8
     assert all(s >= c["stream_tokens"] // 2 for s in c["window_starts"])
     assert 0.0 <= c["duplicate_fraction"] <= 1.0 and len(c["sha256"]) == 64
+    r = json.loads((tmp_path / "a" / "quantkit.json").read_text())["recipe"]  # the recipe as resolved
+    assert r["steps"][0]["quantize"]["group_size"] == 64 and r["variant"] == "int4-w4a16-gptq-g64"
+    assert r["calibration"]["source"] == f"file:{tiny_text}" and r["calibration"]["samples"] == 8
+    assert r["calibration"]["seq_len"] == 64 and r["calibration"]["region"] == "second-half"
+    assert r["export"]["max_shard_size"] and "variants" not in r
 
 
 def test_mixed_precision_override(cli, tiny_llama, tiny_text, tmp_path):
