@@ -51,6 +51,16 @@ def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool) ->
             check_group_sizes(linears, step.quantize, f"{key}[{i}].quantize")
 
 
+def _preflight_recovery(recipe: Recipe, variant: Variant, key: str, src: Path, opts: ConvertOptions) -> None:
+    """GQA recovery's text length, checked with the tokenizer alone (before the model is loaded)."""
+    for i, step in enumerate(variant.steps):
+        if step.gqa is not None and step.gqa.recover is not None:
+            from .gqa.convert import preflight_recovery_text
+
+            preflight_recovery_text(load_tokenizer(src), opts.calib or recipe.calibration.source, step.gqa.recover,
+                                    recipe.calibration, f"{key}[{i}].gqa")
+
+
 def needs_calibration(variant: Variant) -> bool:
     return any((s.gqa is not None and (s.gqa.merge == "calibrated" or s.gqa.recover)) or (s.quantize is not None and s.quantize.calibrated) for s in variant.steps)
 
@@ -100,6 +110,7 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     src = resolve_model(ref, allow_pickle=opts.allow_pickle)
     cfg = read_config(src)
     preflight(cfg, variant, key, opts.trust_remote_code)
+    _preflight_recovery(recipe, variant, key, src, opts)
     quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
     return Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None)
 

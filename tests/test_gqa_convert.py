@@ -215,13 +215,59 @@ def test_recover_time_bound(cli, tiny_llama, tiny_text, tmp_path):
     assert r["stop"] == "time" and r["minutes"] <= 0.03 * 1.5 + 0.02
 
 
-def test_recover_text_too_short(cli, tiny_llama, tmp_path):
+def test_recover_text_too_short(cli, tiny_llama, tmp_path, monkeypatch):
     from fixtures import synthetic_text
 
+    import quantkit.convert as qc
+
+    monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
     text = tmp_path / "short.txt"
     text.write_text(synthetic_text(300))
     code, _, err, _ = convert(cli, tiny_llama, tmp_path / "a", text, "--set", "steps[0].gqa.recover.seq_len=512")
-    assert code == 2 and "calibration text too short" in err and not (tmp_path / "a").exists()
+    assert code == 2 and "steps[0].gqa.recover: calibration text too short" in err and not (tmp_path / "a").exists()
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_recover_self_text_too_short(cli, tiny_llama, tmp_path, monkeypatch):
+    import quantkit.convert as qc
+
+    monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
+    code, _, err, _ = cli("convert", str(REPO / "recipes" / "gqa.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
+                          "--calib", "self", *SMALL, "--set", "steps[0].gqa.recover.seq_len=128")
+    assert code == 2 and "steps[0].gqa.recover: 0 windows of 128 tokens from the calibration samples; need at least 8" in err
+
+
+def test_recovery_text_preflight_matches_the_runtime_count(tiny_llama, tiny_text, tmp_path):
+    """The preflight's arithmetic agrees with the windows recovery really cuts (text and self)."""
+    from types import SimpleNamespace
+
+    from quantkit.errors import DataError
+    from quantkit.gqa.convert import preflight_recovery_text, recovery_windows
+    from quantkit.models import load_tokenizer
+    from quantkit.recipe import CalibrationConfig, RecoverConfig
+
+    tok = load_tokenizer(tiny_llama)
+    short = tmp_path / "short.txt"
+    short.write_text(tiny_text.read_text()[:3000])
+    calibration = CalibrationConfig(samples=3, seq_len=64)
+    samples = SimpleNamespace(samples=[torch.zeros(1, 64, dtype=torch.long)] * 3, manifest={})
+    outcomes = set()
+    for seq_len in (16, 32, 64):
+        for heldout in (1, 4, 8):
+            rec = RecoverConfig(seq_len=seq_len, heldout_windows=heldout, batch_size=4)
+            for spec, calib_set in ((f"file:{short}", None), ("self", samples)):
+                try:
+                    recovery_windows(tok, spec, rec, calib_set, "k")
+                    ok = True
+                except DataError:
+                    ok = False
+                try:
+                    preflight_recovery_text(tok, spec, rec, calibration, "k")
+                    assert ok, (spec, seq_len, heldout)
+                except DataError:
+                    assert not ok, (spec, seq_len, heldout)
+                outcomes.add((spec, ok))
+    assert len(outcomes) == 4  # both outcomes seen for both kinds of text
 
 
 @pytest.mark.parametrize("recipe", ["gqa", "gqa-int4"])

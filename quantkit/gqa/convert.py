@@ -82,6 +82,38 @@ def rotary_frequencies(model, layout):
     return inv.detach().double().cpu()
 
 
+def _too_few_self(key: str, have: int, cfg) -> DataError:
+    return DataError(f"{key}.recover: {have} windows of {cfg.seq_len} tokens from the calibration samples; "
+                     f"need at least {cfg.heldout_windows + cfg.batch_size}")
+
+
+def _too_short(key: str, tokens: int, windows: int, cfg) -> DataError:
+    return DataError(
+        f"{key}.recover: calibration text too short: {tokens} tokens give {windows} windows of "
+        f"{cfg.seq_len} in its second half; recovery needs at least {cfg.heldout_windows + cfg.batch_size} "
+        f"({cfg.heldout_windows} held out + one batch)"
+    )
+
+
+def preflight_recovery_text(tok, spec: str | None, cfg, calibration, key: str) -> None:
+    """recovery_windows' length check before the model is loaded: from the text's token count, or
+    for `self` text from samples x seq_len (each sample is cut into seq_len // recover.seq_len windows)."""
+    from ..text import parse_spec, read_text, region_windows, tokenize_stream
+
+    if spec is None:  # reported by the calibration step: no source at all
+        return
+    need = cfg.heldout_windows + cfg.batch_size
+    if parse_spec(spec).kind == "self":
+        have = calibration.samples * (calibration.seq_len // cfg.seq_len)
+        if have < need:
+            raise _too_few_self(key, have, cfg)
+        return
+    tokens = len(tokenize_stream(tok, read_text(parse_spec(spec)).text))
+    windows = len(region_windows(tokens, cfg.seq_len, "second-half"))
+    if windows < need:
+        raise _too_short(key, tokens, windows, cfg)
+
+
 def recovery_windows(tok, spec: str | None, cfg, calib_set, key: str) -> Windows:
     """Training and held-out windows of `cfg.seq_len` tokens from the second half of the text.
 
@@ -93,16 +125,12 @@ def recovery_windows(tok, spec: str | None, cfg, calib_set, key: str) -> Windows
     if spec is None or parse_spec(spec).kind == "self":
         pieces = [s[:, i : i + cfg.seq_len] for s in (calib_set.samples if calib_set else []) for i in range(0, s.shape[1] - cfg.seq_len + 1, cfg.seq_len)]
         if len(pieces) < cfg.heldout_windows + cfg.batch_size:
-            raise DataError(f"{key}.recover: {len(pieces)} windows of {cfg.seq_len} tokens from the calibration samples; need at least {cfg.heldout_windows + cfg.batch_size}")
+            raise _too_few_self(key, len(pieces), cfg)
         return Windows(pieces[cfg.heldout_windows :], pieces[: cfg.heldout_windows])
     stream = tokenize_stream(tok, read_text(parse_spec(spec)).text)
     spans = region_windows(len(stream), cfg.seq_len, "second-half")
-    need = cfg.heldout_windows + cfg.batch_size
-    if len(spans) < need:
-        raise DataError(
-            f"{key}.recover: calibration text too short: {len(stream)} tokens give {len(spans)} windows of "
-            f"{cfg.seq_len} in its second half; recovery needs at least {need} ({cfg.heldout_windows} held out + one batch)"
-        )
+    if len(spans) < cfg.heldout_windows + cfg.batch_size:
+        raise _too_short(key, len(stream), len(spans), cfg)
     used = _calibration_spans(calib_set)
     order = torch.randperm(len(spans), generator=torch.Generator().manual_seed(0)).tolist()
     clean = [i for i in order if not any(s < spans[i][1] and spans[i][0] < e for s, e in used)]
