@@ -341,22 +341,25 @@ def _message(err: dict) -> str:
     return msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg[:1].lower() + msg[1:]
 
 
-def format_validation_error(source: str, exc: ValidationError) -> str:
+def format_validation_error(source: str, exc: ValidationError, origin=None) -> str:
+    """`origin(loc)` may name where a key came from (an included file, a --set) as (source, loc)."""
     errors = exc.errors()
     first = errors[0]
-    line = f"{source}: {format_loc(_clean_loc(first['loc']))}: {_message(first)}"
+    loc = _clean_loc(first["loc"])
+    source, loc = (origin(loc) if origin else None) or (source, loc)
+    line = f"{source}: {format_loc(loc)}: {_message(first)}"
     if len(errors) > 1:
         line += f" (and {len(errors) - 1} more)"
     return line
 
 
-def recipe_from_dict(data: Any, source: str = "<recipe>") -> Recipe:
+def recipe_from_dict(data: Any, source: str = "<recipe>", origin=None) -> Recipe:
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe is a YAML mapping at the top level")
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(format_validation_error(source, exc)) from None
+        raise RecipeError(format_validation_error(source, exc, origin)) from None
 
 
 def load_raw(path: str | Path) -> dict[str, Any]:
@@ -376,11 +379,13 @@ def load_raw(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _include_variant_recipes(data: dict[str, Any], path: Path) -> None:
-    """`variants[i].recipe: other.yaml` takes that file's steps (path relative to this file)."""
+def _include_variant_recipes(data: dict[str, Any], path: Path) -> dict[int, Path]:
+    """`variants[i].recipe: other.yaml` takes that file's steps (path relative to this file);
+    returns, per variant index, the file its steps came from."""
     variants = data.get("variants")
+    included_from: dict[int, Path] = {}
     if not isinstance(variants, list):
-        return
+        return included_from
     for i, variant in enumerate(variants):
         if not isinstance(variant, dict) or "recipe" not in variant:
             continue
@@ -391,9 +396,27 @@ def _include_variant_recipes(data: dict[str, Any], path: Path) -> None:
         included = load_raw(target)
         if "variants" in included:
             raise RecipeError(f"{path}: variants[{i}].recipe: {ref} is a suite; include single-variant recipes only")
-        variant.setdefault("steps", included.get("steps", []))
+        if "steps" not in variant:
+            variant["steps"] = included.get("steps", [])
+            included_from[i] = target
         variant.setdefault("description", included.get("description", ""))
         variant.setdefault("name", included.get("name", target.stem))
+    return included_from
+
+
+def _origin(path, included: dict[int, Path], overrides):
+    """Where the key at an error's location was written: a --set, an included recipe, or the file."""
+
+    def origin(loc: list):
+        for assignment in overrides:
+            keys = parse_key_path(assignment.split("=", 1)[0].strip())
+            if loc and (loc[: len(keys)] == keys or keys[: len(loc)] == loc):
+                return f"--set {assignment}", loc
+        if len(loc) > 2 and loc[0] == "variants" and loc[1] in included and loc[2] == "steps":
+            return f"{included[loc[1]]} (included by {path}: variants[{loc[1]}].recipe)", loc[2:]
+        return None
+
+    return origin
 
 
 def load_recipe(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe:
@@ -401,10 +424,10 @@ def load_recipe(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
     data = load_raw(path)
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a YAML mapping at the top level")
-    _include_variant_recipes(data, Path(path))
+    included = _include_variant_recipes(data, Path(path))
     for assignment in overrides:
         apply_override(data, assignment)
-    recipe = recipe_from_dict(data, str(path))
+    recipe = recipe_from_dict(data, str(path), _origin(path, included, overrides))
     from .methods import check_implemented  # the registry knows what has landed
 
     check_implemented(recipe, str(path))

@@ -102,6 +102,28 @@ def test_variant_recipe_include(tmp_path):
     assert r.variants[1].description == "inner"
 
 
+def test_error_in_included_recipe_names_that_file(tmp_path):
+    inner = tmp_path / "q.yaml"
+    inner.write_text("steps:\n  - quantize: {method: gptq, group_size: 48}\n")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("variants:\n  - name: base\n  - name: q\n    recipe: q.yaml\n")
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(suite)
+    assert str(exc.value) == (f"{inner} (included by {suite}: variants[1].recipe): steps[0].quantize.group_size: "
+                              "must be one of 32, 64, 128 or -1")
+
+
+def test_set_error_names_the_set(tmp_path):
+    p = write(tmp_path, "steps:\n  - quantize: {method: gptq, group_size: 64}\n")
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(p, ["bench.gen_len=16", "steps[0].quantize.group_size=100"])
+    assert str(exc.value) == "--set steps[0].quantize.group_size=100: steps[0].quantize.group_size: must be one of 32, 64, 128 or -1"
+    with pytest.raises(RecipeError, match=r"^--set steps\[0\]\.quantize=\{method: rtn, colour: red\}: steps\[0\]\.quantize\.colour: unknown key"):
+        load_recipe(p, ["steps[0].quantize={method: rtn, colour: red}"])
+    with pytest.raises(RecipeError, match=rf"^{p}: steps\[0\]\.quantize\.group_size"):  # the file's own error is still the file's
+        load_recipe(write(tmp_path, "steps:\n  - quantize: {method: gptq, group_size: 48}\n"), ["bench.gen_len=16"])
+
+
 def test_invalid_yaml_and_missing_file(tmp_path):
     p = write(tmp_path, "steps: [\n")
     with pytest.raises(RecipeError, match="not valid YAML"):
