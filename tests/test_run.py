@@ -179,3 +179,34 @@ def test_publish_offline_is_clear(cli, artifact, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: like being offline
     code, _, err, _ = cli("publish", str(artifact), "--repo", "me/x")
     assert code == 2 and ("cannot reach" in err or "refused" in err) and "hf_x" not in err
+
+
+def test_run_gqa_variants(cli, tiny_dir, tiny_text, tmp_path):
+    """GQA alone and GQA then RTN in one variant, next to the baseline: the KV column follows the KV heads."""
+    p = tmp_path / "gqa-suite.yaml"
+    gqa = "      - gqa: {kv_heads: 1, grouping: contiguous, merge: calibrated, recover: null}\n"
+    p.write_text("variants:\n  - name: fp16\n"
+                 "  - name: gqa\n    steps:\n" + gqa +
+                 "  - name: gqa-rtn\n    steps:\n" + gqa + "      - quantize: {method: rtn, group_size: 64}\n")
+    out = tmp_path / "run"
+    code, _, err, rep = cli("run", str(p), "--model", str(tiny_dir / "llama-mha"), "--out", str(out), "--calib", f"file:{tiny_text}",
+                            "--eval-text", f"file:{tiny_text}", *SMALL, "--json")
+    assert code == 0, err
+    rows = {r["name"]: r for r in rep["rows"]}
+    assert list(rows) == ["fp16", "gqa", "gqa-rtn"] and all(r["status"] == "ok" for r in rows.values())
+    base = rows["fp16"]["kv_bytes_per_token"]
+    for name in ("gqa", "gqa-rtn"):
+        art = out / "artifacts" / name
+        g = json.loads((art / "quantkit.json").read_text())["gqa"]
+        assert (g["kv_heads_before"], g["kv_heads_after"]) == (4, 1)
+        assert rows[name]["kv_bytes_per_token"] == base * g["kv_heads_after"] // g["kv_heads_before"]
+        assert rep["variants"][name]["bench"]["kv_bytes_per_token"] == rows[name]["kv_bytes_per_token"]
+        assert rows[name]["kld_mean"] > 0 and rows[name]["tpot_ms"] > 0
+        cfg = json.loads((art / "config.json").read_text())
+        assert cfg["num_key_value_heads"] == 1
+        assert ("quantization_config" in cfg) == (name == "gqa-rtn")
+    assert rows["gqa-rtn"]["bits_per_weight"] == pytest.approx(4.25, abs=0.01)
+    md = (out / "report.md").read_text()
+    for name in rows:
+        assert sum(line.startswith(f"| {name} | ") for line in md.splitlines()) == 1
+    assert f"| {base // 4:,} |" in md
