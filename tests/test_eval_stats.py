@@ -42,6 +42,44 @@ def test_perplexity_of_known_probabilities():
     assert perplexity(nll) == pytest.approx(4.0)
 
 
+class ToyLM(torch.nn.Module):
+    """Fixed next-token probabilities: uniform over V, or `p_next` on token id+1 (mod V) and the rest spread evenly."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, vocab: int, p_next: float | None = None):
+        super().__init__()
+        self.vocab, self.p_next = vocab, p_next
+
+    def forward(self, input_ids, use_cache=False):
+        from types import SimpleNamespace
+
+        logits = torch.zeros(*input_ids.shape, self.vocab)
+        if self.p_next is not None:
+            logits[:] = math.log((1 - self.p_next) / (self.vocab - 1))
+            logits.scatter_(-1, ((input_ids + 1) % self.vocab)[..., None], math.log(self.p_next))
+        return SimpleNamespace(logits=logits)
+
+
+def test_perplexity_scoring_of_a_toy_model_with_known_probabilities():
+    from quantkit.evals.perplexity import TOPK, Windows, baseline_pass, score, self_score
+
+    V, n = TOPK, 8  # the baseline's top-k covers the vocabulary, so the KL is exact
+    hits = torch.arange(n + 1)  # every next token is id+1
+    misses = torch.arange(n + 1) * 5  # no next token is id+1
+    windows = Windows([hits, misses], [0, 100], n + 1, {})
+    base = baseline_pass(ToyLM(V), windows)
+    assert self_score(base, windows)["ppl"] == pytest.approx(V, rel=1e-6)
+    uniform = score(ToyLM(V), windows, base)
+    assert uniform["ppl"] == pytest.approx(V, rel=1e-6) and uniform["kld"]["max"] < 1e-6 and uniform["tokens"] == 2 * n
+    # p = 1/2 on half the positions, (1/2)/(V-1) on the other half: PPL = exp(mean NLL) = sqrt(2 * 2(V-1))
+    r = score(ToyLM(V, p_next=0.5), windows, base)
+    assert r["ppl"] == pytest.approx(2 * math.sqrt(V - 1), rel=1e-6) and r["baseline_ppl"] == pytest.approx(V, rel=1e-6)
+    assert r["delta_ppl_pct"] == pytest.approx((2 * math.sqrt(V - 1) / V - 1) * 100, rel=1e-5)
+    kl = (1 / V) * math.log(2 / V) + (V - 1) / V * math.log(2 * (V - 1) / V)  # KL(uniform || model), every position
+    assert r["kld"]["mean"] == pytest.approx(kl, rel=1e-4) and r["kld"]["max"] == pytest.approx(kl, rel=1e-4)
+
+
 def test_summary_and_bootstrap():
     rng = np.random.default_rng(0)
     nb = rng.uniform(1, 3, 1000)
