@@ -39,6 +39,31 @@ def test_int8_kernel_matches_dense_reference(asym):
     assert torch.allclose(w8a8, x.float() @ kernels.dense_from_int(q, s, None, -1).t(), atol=0.05 * ref.abs().max().item(), rtol=0)
 
 
+def test_int4_cpu_unpack_inverts_aten_packing():
+    q_u = torch.randint(0, 16, (128, 96), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q_u, 1)
+    assert torch.equal(kernels.unpack_int4_cpu(packed, 128, 96), q_u.to(torch.uint8))
+
+
+@pytest.mark.parametrize("asym", [False, True])
+def test_prefill_rows_take_the_dequantized_path_and_agree_with_decode(asym):
+    """From PREFILL_ROWS rows the weight-only layers dequantize for the call; each row must match
+    what the decode kernel gives for that row alone."""
+    torch.manual_seed(0)
+    n, k, group = 128, 256, 64
+    q = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    s = torch.rand(n, k // group) * 0.05
+    zp = torch.randint(-3, 3, (n, k // group), dtype=torch.int8) if asym else None
+    x = torch.randn(kernels.PREFILL_ROWS, k, dtype=torch.bfloat16)
+    for layer in (kernels.Int4WeightOnlyLinear(q, s, zp, group, None, "cpu"),
+                  kernels.Int8WeightOnlyLinear(torch.randint(-128, 128, (n, k), dtype=torch.int8), s[:, :1] * 0.2,
+                                               zp[:, :1] if asym else None, None, "cpu")):
+        many = layer(x).float()
+        one = torch.cat([layer(x[i : i + 1]) for i in range(x.shape[0])]).float()
+        assert torch.allclose(many, one, atol=0.02 * one.abs().max().item(), rtol=0)
+    assert kernels.Int4WeightOnlyLinear(q, s, zp, group, None, "cpu")._dense_prefill
+
+
 def test_accounting_tied_lm_head_counts_table_once_plus_row():
     from transformers import LlamaConfig, LlamaForCausalLM
 
