@@ -127,8 +127,12 @@ def test_ctrl_c_writes_what_was_measured(server, tmp_path):
     out = tmp_path / "partial.json"
     cmd = [sys.executable, "-c", "from quantkit.cli import main; main()", "load", server.url, "--model", "m",
            "--gen-len", "16", "--concurrency", "1,2", "--step-seconds", "60", "--out", str(out), "--json"]
+    # A child inherits an ignored SIGINT (something earlier in a full pytest session leaves the
+    # test process with SIGINT set to SIG_IGN, and the child then never saw Ctrl-C); a user's
+    # shell starts quantkit with the default disposition, so restore it.
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # other notes (e.g. a busy-machine warning) may come first; wait for the warm-up line
         seen = [proc.stderr.readline() for _ in range(1)]
