@@ -87,7 +87,7 @@ COLOUR_QS = [
     ("fire trucks", "Fire trucks are", "red", ["yellow"]),
     ("ripe tomatoes", "Ripe tomatoes are", "red", ["orange"]),
     ("limes", "Limes are", "green", ["yellow"]),
-        ("frogs", "Frogs are", "green", ["brown"]),
+    ("frogs", "Frogs are", "green", ["brown"]),
     ("plums", "Plums are", "purple", ["red"]),
     ("fresh snow", "Fresh snow is", "white", []),
     ("fresh grass", "Fresh grass is", "green", []),

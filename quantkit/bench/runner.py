@@ -70,21 +70,27 @@ def _prompt(vocab: int, length: int, seed: int, device: str):
     return torch.randint(0, vocab, (1, length), generator=g).to(device)
 
 
-def precheck(source, s: BenchSettings) -> None:
-    """Context length and memory from the config and file sizes alone, so a model that cannot run
-    fails before the device probe and before any loading."""
+def _config(source) -> dict:
+    """config.json of a checkpoint directory, or the named shape of a Synthetic spec."""
     from .synthetic import Synthetic
 
     if isinstance(source, Synthetic):
         from ..hardware import shape_config
 
-        cfg = shape_config(source.shape)
-        check_lengths(cfg, s)
-        check_fits_bytes(Shape.from_config(cfg).total_params() * source.bits / 8, cfg, s, source.label)
-        return
-    cfg = json.loads((source / "config.json").read_text())
+        return shape_config(source.shape)
+    return json.loads((source / "config.json").read_text())
+
+
+def precheck(source, s: BenchSettings) -> None:
+    """Context length and memory from the config and file sizes alone, so a model that cannot run
+    fails before the device probe and before any loading."""
+    from .synthetic import Synthetic
+
+    cfg = _config(source)
     check_lengths(cfg, s)
-    if s.engine != "vllm":  # vLLM sizes its own memory
+    if isinstance(source, Synthetic):
+        check_fits_bytes(Shape.from_config(cfg).total_params() * source.bits / 8, cfg, s, source.label)
+    elif s.engine != "vllm":  # vLLM sizes its own memory
         check_fits_bytes(sum(f.stat().st_size for f in source.glob("*.safetensors")), cfg, s, str(source))
 
 
@@ -93,12 +99,9 @@ def _load(source, s: BenchSettings):
     from .loader import load_for_bench
     from .synthetic import Synthetic, load_synthetic
 
+    cfg = _config(source)
     if isinstance(source, Synthetic):
-        from ..hardware import shape_config
-
-        cfg = shape_config(source.shape)
         return cfg, load_synthetic(source, cfg, s.device, s.seed)
-    cfg = json.loads((source / "config.json").read_text())
     return cfg, load_for_bench(source, s.device)
 
 

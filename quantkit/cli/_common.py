@@ -42,3 +42,13 @@ def debug_enabled() -> bool:
     ctx = click.get_current_context(silent=True)
     root = ctx.find_root() if ctx else None
     return bool(root and root.obj and root.obj.get("debug"))
+
+
+def int_list(text: str, option: str) -> tuple[int, ...]:
+    """`16,8,4` -> (16, 8, 4); anything else is a one-line error naming the option."""
+    from ..errors import QuantkitError
+
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise QuantkitError(f"{option} {text!r}: expected comma-separated integers, e.g. 16,8,4") from None

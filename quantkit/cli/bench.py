@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ._common import echo_json
+from ._common import echo_json, int_list
 
 
 def table_rows(result: dict) -> list[dict]:
@@ -60,15 +60,6 @@ def render(result: dict, fmt: str) -> str:
     return "\n".join(lines)
 
 
-def _ints(text: str, option: str) -> tuple[int, ...]:
-    from ..errors import QuantkitError
-
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise QuantkitError(f"{option} takes comma-separated integers") from None
-
-
 def _update_cards(sources: list, rows: list[dict]) -> None:
     """Each benchmarked artifact gets its row in its model card; other models have no card to update."""
     from ..card import is_artifact, update_card_results
@@ -115,7 +106,7 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
 
     check_device(device)
     settings = BenchSettings(device=device, engine=engine, prompt_len=prompt_len, gen_len=gen_len, repeats=repeats,
-                             min_seconds=min_seconds, warmups=warmups, prompt_sweep=_ints(sweep, "--sweep"))
+                             min_seconds=min_seconds, warmups=warmups, prompt_sweep=int_list(sweep, "--sweep"))
     check_settings(settings)
     if probe:
         from ..bench.probe import run_probe
@@ -128,7 +119,7 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
             return
     if not models and not shapes:
         raise QuantkitError("nothing to bench: give model directories (or 'demo'), --shape NAME, or --probe")
-    sweep_lens, bits = settings.prompt_sweep, _ints(shape_bits, "--shape-bits")
+    sweep_lens, bits = settings.prompt_sweep, int_list(shape_bits, "--shape-bits")
     if any(b not in (4, 8, 16) for b in bits):
         raise QuantkitError("--shape-bits: each must be 4, 8 or 16")
     if any(x <= 0 for x in sweep_lens):

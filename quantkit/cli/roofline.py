@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import echo_json, json_option
+from ._common import echo_json, int_list, json_option
 
 
 def predict(cfg: dict, device, bits_list, group_size: int, prompt_len: int, context: int, quantize_lm_head: bool) -> list[dict]:
@@ -42,10 +42,7 @@ def roofline_cmd(shape_name, device_name, bits, group_size, prompt_len, context,
     from ..errors import QuantkitError
     from ..hardware import get_device, shape_config
 
-    try:
-        bits_list = [int(b) for b in bits.split(",") if b.strip()]
-    except ValueError:
-        raise QuantkitError(f"--bits {bits!r}: expected comma-separated integers, e.g. 16,8,4") from None
+    bits_list = int_list(bits, "--bits")
     if any(b not in (2, 3, 4, 8, 16) for b in bits_list):
         raise QuantkitError("--bits: each width must be one of 2, 3, 4, 8, 16")
     if prompt_len <= 0 or (context is not None and context < 0):
