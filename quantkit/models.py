@@ -205,7 +205,11 @@ def cast_model(model, dtype):
     positions: a merged demo model cast in memory differed from its own reloaded artifact by mean
     KL 0.003-0.01 for that reason alone.
     """
-    kept = {name: buf for name, buf in model.named_buffers() if buf.is_floating_point() and _non_persistent(model, name)}
+    # Copies: after llm-compressor's oneshot the modules' buffer dicts are compressed-tensors'
+    # offload caches, whose assignment writes into the existing tensor in place, so a plain
+    # reference would come back rounded to `dtype` (seen: fp16 inv_freq, W8A8 verification KL 0.01).
+    kept = {name: buf.detach().clone() for name, buf in model.named_buffers()
+            if buf.is_floating_point() and _non_persistent(model, name)}
     model = model.to(dtype)
     for name, buf in kept.items():
         owner, _, leaf = name.rpartition(".")

@@ -63,3 +63,20 @@ def test_cast_model_keeps_rope_frequencies_in_float32(tiny_llama):
     assert model.model.rotary_emb.inv_freq.dtype == torch.float32
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.float16
     assert {n for n, _ in model.named_buffers()} == {n for n, _ in load_model(tiny_llama, dtype="float16").named_buffers()}
+
+
+def test_cast_model_keeps_exact_rope_frequencies_after_offload(tiny_llama):
+    """After llm-compressor's oneshot, module buffer dicts are compressed-tensors OffloadCaches whose
+    assignment copies in place: without a copy, inv_freq came back rounded to fp16 and a W8A8 demo
+    artifact failed its own reload check (mean KL 0.01; dynamic activation rounding amplifies it)."""
+    import torch
+    from compressed_tensors.offload import offload_module
+
+    from quantkit.models import cast_model, load_model
+
+    exact = load_model(tiny_llama, dtype="float32").model.rotary_emb.inv_freq.clone()
+    assert not torch.equal(exact, exact.half().float())  # the check below can fail
+    model = load_model(tiny_llama, dtype="float32")
+    offload_module(model.model.rotary_emb, "cpu", "cpu")
+    model = cast_model(model, torch.float16)
+    assert torch.equal(model.model.rotary_emb.inv_freq, exact)
