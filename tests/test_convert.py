@@ -43,6 +43,17 @@ def test_each_method_converts_and_verifies(cli, tiny_llama, tiny_text, tmp_path,
     assert not list(tmp_path.glob(".art.partial-*"))
 
 
+def test_group_128_with_act_order(cli, tiny_llama, tiny_text, tmp_path):
+    """Group 128 (no shipped recipe: it does not divide the demo's 576 columns) through --set."""
+    out = tmp_path / "g128"
+    code, _, err, data = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, out, tiny_text,
+                                 "--set", "steps[0].quantize.group_size=128", "--set", "steps[0].quantize.actorder=static")
+    assert code == 0, err
+    assert data["verification"]["status"] == "passed" and data["quantization"]["group_size"] == 128
+    weights = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]
+    assert (weights["group_size"], weights["actorder"], weights["num_bits"]) == (128, "static", 4)
+
+
 def test_calibration_manifest(cli, tiny_llama, tiny_text, tmp_path):
     code, _, err, data = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, tmp_path / "a", tiny_text)
     assert code == 0, err

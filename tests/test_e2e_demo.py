@@ -80,6 +80,20 @@ def test_demo_gptq_w8_round_trip_accuracy(demo, cli, tmp_path):
 
 
 @pytest.mark.skipif(not SHARED.is_file(), reason="../shared/data/wikitext2-valid.txt is not beside this checkout")
+def test_demo_w8a8_passes_its_reload_check(demo, cli, tmp_path):
+    """Dynamic per-token activation rounding turns any numeric difference between the in-memory
+    model and its reload into a large KL: an fp16-rounded inv_freq once made this fail (KL 0.01)."""
+    code, _, err, meta = cli("convert", str(REPO / "recipes" / "int8-w8a8-smoothquant.yaml"), "--model", "demo",
+                             "--out", str(tmp_path / "w8a8"), "--calib", f"file:{SHARED}",
+                             "--set", "calibration.samples=2", "--set", "calibration.seq_len=128", "--json")
+    assert code == 0, err
+    assert meta["verification"]["status"] == "passed" and meta["verification"]["mean_kl"] < 1e-4
+    groups = json.loads((tmp_path / "w8a8" / "config.json").read_text())["quantization_config"]["config_groups"]
+    acts = groups["group_0"]["input_activations"]
+    assert (acts["num_bits"], acts["strategy"], acts["dynamic"]) == (8, "token", True)
+
+
+@pytest.mark.skipif(not SHARED.is_file(), reason="../shared/data/wikitext2-valid.txt is not beside this checkout")
 def test_demo_gqa_to_mqa_calibrated_beats_mean(demo, cli, tmp_path):
     """3 KV heads -> 1 on the real model: the calibrated merge (plus a short recovery) must
     stay far better than mean pooling, and both artifacts must pass verification."""
