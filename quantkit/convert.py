@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .artifact import check_out, peak_rss_mb, staged_dir, tool_versions, write_meta
 from .card import write_card
-from .errors import DataError, RecipeError
+from .errors import DataError, ModelError, RecipeError
 from .models import cast_model, checkpoint_hash, load_model, load_tokenizer, read_config, resolve_model
 from .progress import note
 from .recipe import Recipe, Variant
@@ -20,6 +23,7 @@ class ConvertOptions:
     force: bool = False
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    max_memory: int | None = None  # bytes of RAM for weights; None: a share of what is available
 
 
 def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
@@ -88,6 +92,7 @@ class Job:
     opts: ConvertOptions
     quant: object | None = None
     handler: object | None = None
+    offload: object | None = None  # offload.OffloadPlan when the model does not fit in RAM
 
     @property
     def has_gqa(self) -> bool:
@@ -112,7 +117,23 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     preflight(cfg, variant, key, opts.trust_remote_code)
     _preflight_recovery(recipe, variant, key, src, opts)
     quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
-    return Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None)
+    job = Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None)
+    job.offload = _offload_plan(job)
+    return job
+
+
+def _offload_plan(job: Job):
+    """Offload to disk when llm-compressor's model would not fit in the RAM budget at its calibration precision."""
+    from . import offload
+
+    can_offload = job.handler is not None and job.export_format == "compressed-tensors" and not job.has_gqa
+    if not can_offload:
+        if job.opts.max_memory is not None:
+            raise RecipeError(f"{job.key}: --max-memory applies to the llm-compressor methods (rtn, gptq, awq, w8a8) without a gqa step")
+        return None
+    src = str(source_dtype(job.cfg)).replace("torch.", "")
+    return offload.plan(offload.parameter_count(job.cfg, job.opts.trust_remote_code), quant_dtype(job), src,
+                        job.opts.max_memory, offload.available_bytes())
 
 
 def apply_steps(job: Job, model, tok, calib_set, src_hash: str):
@@ -127,7 +148,8 @@ def apply_steps(job: Job, model, tok, calib_set, src_hash: str):
             model, gqa_meta = apply_gqa(model, tok, step.gqa, calib_set, src=job.src, src_hash=src_hash, calib_spec=spec,
                                         calibration=job.recipe.calibration)
         else:
-            model = cast_model(model, getattr(torch_module(), quant_dtype(job)))
+            if job.offload is None:  # an offloaded model is loaded at this precision already
+                model = cast_model(model, getattr(torch_module(), quant_dtype(job)))
             note(f"quantize: {job.quant.method}")
             model = job.handler.quantize(model, job.quant, calib_set.samples if calib_set else None, src=job.src)
     return model, gqa_meta
@@ -140,19 +162,59 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     t0 = time.perf_counter()
     src_hash = checkpoint_hash(job.src)
     tok = load_tokenizer(job.src)
-    note(f"loading {job.src}")
-    model = load_model(job.src, dtype=compute_dtype(job), trust_remote_code=opts.trust_remote_code)
-    check_finite(model, "the source checkpoint")
-    calib_set = _calibration(recipe, opts, job.src, tok, model, src_hash, job.key) if needs_calibration(job.variant) else None
-    model, gqa_meta = apply_steps(job, model, tok, calib_set, src_hash)
-    check_finite(model, "the converted model")
-    if job.export_format != "bitsandbytes":  # artifacts keep the source checkpoint's precision (scales included)
-        model = cast_model(model, source_dtype(job.cfg))
-    meta = {"name": job.variant.name, "gqa": gqa_meta, "schema_version": 1, "kind": "quantkit-artifact",
-            "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
-            "recipe": resolved_recipe(job),
-            "calibration": calib_set.manifest if calib_set else None, "results": {}}
-    return export_verified(job, model, tok, calib_set, out, meta, t0)
+    with offload_folder(out, job.offload) as folder:
+        model = _load(job, folder)
+        check_finite(model, "the source checkpoint")
+        calib_set = _calibration(recipe, opts, job.src, tok, model, src_hash, job.key) if needs_calibration(job.variant) else None
+        model, gqa_meta = apply_steps(job, model, tok, calib_set, src_hash)
+        check_finite(model, "the converted model")
+        if job.export_format != "bitsandbytes" and job.offload is None:  # artifacts keep the source precision (scales included)
+            model = cast_model(model, source_dtype(job.cfg))
+        meta = {"name": job.variant.name, "gqa": gqa_meta, "schema_version": 1, "kind": "quantkit-artifact",
+                "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
+                "recipe": resolved_recipe(job), "offload": _offload_meta(job, model),
+                "calibration": calib_set.manifest if calib_set else None, "results": {}}
+        return export_verified(job, model, tok, calib_set, out, meta, t0)
+
+
+def _load(job: Job, folder: Path | None):
+    if job.offload is None:
+        note(f"loading {job.src}")
+        return load_model(job.src, dtype=compute_dtype(job), trust_remote_code=job.opts.trust_remote_code)
+    from . import offload
+
+    p = job.offload
+    note(f"loading {job.src} with offloading: {p.model_bytes / 1e9:.2f} GB of {p.dtype} weights, "
+         f"{p.cpu_bytes / 1e9:.2f} GB in RAM, the rest on disk under {folder}")
+    try:
+        return offload.load(job.src, p, folder, trust_remote_code=job.opts.trust_remote_code)
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{job.src}: failed to load the model with offloading ({first})") from None
+
+
+def _offload_meta(job: Job, model) -> dict | None:
+    if job.offload is None:
+        return None
+    from .offload import disk_tensors
+
+    p = job.offload
+    return {"dtype": p.dtype, "model_bytes": p.model_bytes, "cpu_bytes": p.cpu_bytes, "disk_tensors": disk_tensors(model)}
+
+
+@contextmanager
+def offload_folder(out: Path, plan):
+    """A temp folder beside `out` for offloaded weights (None without a plan), always removed."""
+    if plan is None:
+        yield None
+        return
+    for stale in out.parent.glob(f".{out.name}.offload-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix=f".{out.name}.offload-", dir=out.parent))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def resolved_recipe(job: Job) -> dict:
@@ -195,6 +257,8 @@ def quant_dtype(job: Job) -> str:
     """Calibration precision: bf16 forwards are ~3x faster on AMX/AVX512-BF16 cores, but bf16
     rounding of the weights (8 mantissa bits) is comparable to INT8's own error, so 8-bit
     weights calibrate in float32 (measured on the demo: W8 GPTQ dPPL +0.38% in bf16)."""
+    if job.offload is not None:
+        return job.offload.dtype
     choice = job.recipe.calibration.compute_dtype
     if choice != "auto":
         return choice

@@ -18,15 +18,20 @@ from ._common import echo_json, json_option, set_option
 @click.option("--force", is_flag=True, help="Replace an existing --out.")
 @click.option("--allow-pickle", is_flag=True, help="Accept .bin (pickle) checkpoints, which can run code on load.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the checkpoint (off by default).")
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="RAM for the model's weights, e.g. 16GB (default: 75%% of what is available). A larger model is offloaded "
+                   "to disk beside --out and calibrated one layer at a time (rtn, gptq, awq, w8a8).")
 @set_option
 @json_option
-def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle, trust_remote_code, overrides, as_json):
+def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle, trust_remote_code, max_memory, overrides, as_json):
     """Convert a checkpoint with RECIPE into a verified, serving-ready artifact."""
     from ..convert import ConvertOptions, convert
+    from ..offload import parse_size
     from ..recipe import load_recipe
 
     recipe = load_recipe(recipe_file, overrides)
-    opts = ConvertOptions(calib=calib, force=force, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    opts = ConvertOptions(calib=calib, force=force, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+                          max_memory=parse_size(max_memory) if max_memory is not None else None)
     meta = convert(recipe, model_ref, Path(out), opts, variant)
     if as_json:
         echo_json({"artifact": str(Path(out).resolve()), **meta})
@@ -40,6 +45,9 @@ def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle
         g = meta["gqa"]
         click.echo(f"  gqa: {g['kv_heads_before']} -> {g['kv_heads_after']} KV heads, KV bytes/token {g['kv_bytes_per_token_before']} -> {g['kv_bytes_per_token_after']}")
     click.echo(f"  verified with {v['loader']}: mean KL {v['mean_kl']:.2e} (<= {v['threshold_mean_kl']:g}), top-1 {v['top1_agreement'] * 100:.1f}%")
+    if meta.get("offload"):
+        o = meta["offload"]
+        click.echo(f"  offloaded: {o['disk_tensors']} tensors on disk, {o['cpu_bytes'] / 1e9:.2f} GB in RAM")
     click.echo(f"  {meta['wall_seconds']:.1f} s, peak RSS {meta['peak_rss_mb']:.0f} MB")
 
 
