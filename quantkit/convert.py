@@ -40,7 +40,7 @@ def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
 
 
 def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool) -> None:
-    from .preflight import check_group_sizes, meta_model, quantizable_linears
+    from .preflight import check_fused_shards, check_group_sizes, meta_model, quantizable_linears
 
     if not variant.steps:
         raise RecipeError(f"{key}: variant {variant.name!r} has no steps; there is nothing to convert (it is the baseline)")
@@ -50,9 +50,10 @@ def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool) ->
             from .gqa.convert import preflight_gqa
 
             preflight_gqa(cfg, step.gqa, f"{key}[{i}].gqa")
-        elif getattr(step.quantize, "group_size", None) is not None:
-            linears = quantizable_linears(skeleton, step.quantize.ignore)
-            check_group_sizes(linears, step.quantize, f"{key}[{i}].quantize")
+        elif step.quantize is not None and step.quantize.method not in ("bnb-nf4", "bnb-int8"):
+            if getattr(step.quantize, "group_size", None) is not None:
+                check_group_sizes(quantizable_linears(skeleton, step.quantize.ignore), step.quantize, f"{key}[{i}].quantize")
+            check_fused_shards(skeleton, step.quantize, f"{key}[{i}].quantize")
 
 
 def _preflight_recovery(recipe: Recipe, variant: Variant, key: str, src: Path, opts: ConvertOptions) -> None:

@@ -72,3 +72,35 @@ def check_group_sizes(linears: dict[str, tuple[int, int]], cfg, key: str) -> Non
         f"{key}: group_size {gs} does not divide the {cols} input columns of {name}{more}; "
         f"sizes that work for every layer: {', '.join(map(str, work + [-1]))} (-1 = per channel), or add those layers to ignore"
     )
+
+
+# Modules vLLM loads as one fused kernel (its packed_modules_mapping for Llama, Mistral, Qwen2):
+# compressed-tensors' vLLM loader refuses a fused layer whose shards have different schemes.
+FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _scheme_label(name: str, cfg) -> str:
+    if is_ignored(name, tuple(getattr(cfg, "ignore", ()))):
+        return "not quantized"
+    ov = _override_for(name, getattr(cfg, "overrides", ()))
+    bits, gs = (ov.bits, ov.group_size) if ov is not None else (getattr(cfg, "bits", 8), getattr(cfg, "group_size", -1))
+    return f"{bits}-bit " + ("per channel" if gs == -1 else f"g{gs}")
+
+
+def check_fused_shards(model, cfg, key: str) -> None:
+    """Modules vLLM fuses (q/k/v, gate/up) must share one scheme: ignore and overrides take all or none."""
+    import torch
+
+    names = {name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
+    for fused, shards in FUSED_SHARDS.items():
+        for name in sorted(n for n in names if n.endswith("." + shards[0])):
+            parent = name[: -len(shards[0])]
+            members = [parent + s for s in shards if parent + s in names]
+            labels = {m: _scheme_label(m, cfg) for m in members}
+            if len(set(labels.values())) > 1:
+                found = ", ".join(f"{m.rsplit('.', 1)[1]}: {lab}" for m, lab in labels.items())
+                raise RecipeError(
+                    f"{key}: vLLM serves {'/'.join(shards)} of {parent.rstrip('.')} as one fused {fused} and needs one scheme "
+                    f"for all of them, but the recipe gives them different ones ({found}); target all of {', '.join(shards)} "
+                    "in the same override or ignore entry"
+                )

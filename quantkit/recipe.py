@@ -65,7 +65,9 @@ class GPTQConfig(_WeightOnly):
     """GPTQ (Frantar et al. 2022) through llm-compressor."""
 
     method: Literal["gptq"]
-    actorder: Literal["static", "group", "weight"] | None = None
+    # llm-compressor's default: columns by decreasing Hessian diagonal, groups kept in place (no
+    # g_idx, so no runtime cost). On the demo: +21.4% PPL with it, +38.5% without (W4 g64).
+    actorder: Literal["static", "group", "weight"] | None = "static"
     dampening: float = Field(0.01, gt=0, lt=1)
     block_size: int = Field(128, ge=1)
 
@@ -76,7 +78,7 @@ class AWQConfig(_WeightOnly):
     method: Literal["awq"]
     rounding: Literal["rtn", "gptq"] = "rtn"
     duo_scaling: bool = True
-    actorder: Literal["static", "group", "weight"] | None = None
+    actorder: Literal["static", "group", "weight"] | None = "static"  # with rounding: gptq
     dampening: float = Field(0.01, gt=0, lt=1)
 
 

@@ -43,15 +43,33 @@ def test_each_method_converts_and_verifies(cli, tiny_llama, tiny_text, tmp_path,
     assert not list(tmp_path.glob(".art.partial-*"))
 
 
-def test_group_128_with_act_order(cli, tiny_llama, tiny_text, tmp_path):
-    """Group 128 (no shipped recipe: it does not divide the demo's 576 columns) through --set."""
+def test_group_128_with_act_order_by_default(cli, tiny_llama, tiny_text, tmp_path):
+    """Group 128 (no shipped recipe: it does not divide the demo's 576 columns) through --set;
+    GPTQ orders columns by activation (static act-order, llm-compressor's default) unless told not to."""
     out = tmp_path / "g128"
-    code, _, err, data = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, out, tiny_text,
-                                 "--set", "steps[0].quantize.group_size=128", "--set", "steps[0].quantize.actorder=static")
+    code, _, err, data = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, out, tiny_text, "--set", "steps[0].quantize.group_size=128")
     assert code == 0, err
     assert data["verification"]["status"] == "passed" and data["quantization"]["group_size"] == 128
     weights = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]
     assert (weights["group_size"], weights["actorder"], weights["num_bits"]) == (128, "static", 4)
+    code, _, err, data = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, tmp_path / "plain", tiny_text, "--set", "steps[0].quantize.actorder=null")
+    assert code == 0, err
+    weights = json.loads((tmp_path / "plain" / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]
+    assert weights["actorder"] is None and data["quantization"]["actorder"] is None
+
+
+def test_fused_shards_need_one_scheme(cli, tiny_llama, tiny_text, tmp_path):
+    """vLLM fuses q/k/v and gate/up: an override or ignore entry must take all of them or none."""
+    for value, shards in [("[{targets: ['.*self_attn\\.(k_proj|v_proj)$'], bits: 8}]", "q_proj/k_proj/v_proj"),
+                          ("[{targets: ['.*mlp\\.up_proj$'], bits: 8}]", "gate_proj/up_proj")]:
+        code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "x", tiny_text, "--set", f"steps[0].quantize.overrides={value}")
+        assert code == 2 and f"vLLM serves {shards} of model.layers.0" in err and "needs one scheme" in err, err
+        assert not (tmp_path / "x").exists()
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "x", tiny_text, "--set", "steps[0].quantize.ignore=[lm_head, 're:.*v_proj$']")
+    assert code == 2 and "v_proj: not quantized" in err
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "y", tiny_text,
+                              "--set", "steps[0].quantize.overrides=[{targets: ['model\\.layers\\.0\\.self_attn\\.[qkv]_proj$'], bits: 8}]")
+    assert code == 0, err
 
 
 def test_calibration_manifest(cli, tiny_llama, tiny_text, tmp_path):

@@ -1,7 +1,8 @@
 """The `quantkit` command: nouns as groups, verbs as subcommands.
 
 User errors (QuantkitError) become one line on stderr and exit code 2 here and only
-here; `--debug` shows the traceback instead.
+here; any other exception (a fault in a library) one line and exit code 1; `--debug`
+shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a fault inside a library (or quantkit): one line, exit 1
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            click.echo(f"error: {type(exc).__name__}: {first} (an unexpected failure; "
+                       "`quantkit --debug ...` shows the traceback)", err=True)
+            sys.exit(1)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
