@@ -175,7 +175,9 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
                 "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
                 "recipe": resolved_recipe(job), "offload": _offload_meta(job, model),
                 "calibration": calib_set.manifest if calib_set else None, "results": {}}
-        return export_verified(job, model, tok, calib_set, out, meta, t0)
+        held = {"model": model}
+        del model  # export_verified frees it before reloading the artifact
+        return export_verified(job, held, tok, calib_set, out, meta, t0, folder)
 
 
 def _load(job: Job, folder: Path | None):
@@ -228,19 +230,35 @@ def resolved_recipe(job: Job) -> dict:
             "calibration": calibration, "export": job.recipe.export.model_dump(mode="json")}
 
 
-def export_verified(job: Job, model, tok, calib_set, out: Path, meta: dict, t0: float) -> dict:
-    """Save into a temp dir, reload as a user would, compare logits, then move into place."""
+def export_verified(job: Job, held: dict, tok, calib_set, out: Path, meta: dict, t0: float, folder: Path | None = None) -> dict:
+    """Save into a temp dir, reload as a user would, compare logits, then move into place.
+
+    `held["model"]` is the caller's only reference to the in-memory model: it is dropped once
+    the artifact is saved, so the reload never shares memory with it. An offloaded model's
+    artifact reloads with the same offloading."""
+    import gc
+
     from .export import FORMATS
     from .verify import fixed_tokens, logits, verify_reload
 
     fmt = FORMATS[job.export_format]
+    model = held.pop("model")
     ids = fixed_tokens(model.config.vocab_size, calib_set.samples if calib_set else None)
     ref_logits = logits(model, ids)
     dtype = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).replace("torch.", "")
     with staged_dir(out) as tmp:
         fmt.save(model, tmp, job.recipe.export.max_shard_size)
         tok.save_pretrained(str(tmp))
-        meta["verification"] = verify_reload(ref_logits, lambda: fmt.load(tmp, dtype), ids, fmt.loader)
+        del model
+        gc.collect()
+        if job.offload is not None:
+            from . import offload
+
+            reload = lambda: offload.load(tmp, job.offload, folder / "reload", trust_remote_code=job.opts.trust_remote_code)  # noqa: E731
+            loader = f"{fmt.loader} (offloaded as in the conversion)"
+        else:
+            reload, loader = (lambda: fmt.load(tmp, dtype)), fmt.loader
+        meta["verification"] = verify_reload(ref_logits, reload, ids, loader)
         meta.update({"quantization": fmt.describe(job.quant) if job.quant else None, "tool_versions": tool_versions(),
                      "wall_seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()})
         write_meta(tmp, meta)
