@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--group", type=int, default=64)
     ap.add_argument("--budget", type=float, default=4.5, help="average bits per weight over the decoder linears")
+    ap.add_argument("--units", default=",".join(UNITS), help="candidate units, comma-separated (qkv,o,gate_up,down)")
     args = ap.parse_args()
 
     src = resolve_model(args.model)
@@ -63,8 +64,9 @@ def main() -> None:
     layers = model.model.layers
     n_weights = sum(layer.get_submodule(m).weight.numel() for layer in layers for names in UNITS.values() for m in names)
     results = []
+    candidates = {u: UNITS[u] for u in args.units.split(",")}
     for i, layer in enumerate(layers):
-        for unit, names in UNITS.items():
+        for unit, names in candidates.items():
             mods = [layer.get_submodule(m) for m in names]
             saved = [m.weight.data.clone() for m in mods]
             for m in mods:
@@ -87,11 +89,15 @@ def main() -> None:
             used += cost
     bpw = base + used / n_weights
     print(json.dumps({"ranking": sorted(results, key=lambda r: -r["kl"])[:20], "picked": picked, "bits_per_weight": bpw}, indent=1))
-    targets = []
-    for r in sorted(picked, key=lambda r: (r["layer"], r["unit"])):
-        targets += [f"model\\\\.layers\\\\.{r['layer']}\\\\.{m.replace('.', chr(92) * 2 + '.')}$" for m in UNITS[r["unit"]]]
     print(f"# {len(picked)} units at INT8, {bpw:.3f} bits/weight")
-    print("overrides:\n  - targets: [" + ", ".join(f'"{t}"' for t in targets) + "]\n    bits: 8\n    group_size: -1")
+    print("overrides:")
+    for unit, names in UNITS.items():
+        chosen = sorted(r["layer"] for r in picked if r["unit"] == unit)
+        if chosen:
+            layers_re = "|".join(map(str, chosen))
+            mods = "|".join(m.split(".")[-1] for m in names)
+            parent = names[0].split(".")[0]
+            print(f'  - targets: ["model\\\\.layers\\\\.({layers_re})\\\\.{parent}\\\\.({mods})$"]\n    bits: 8\n    group_size: -1')
 
 
 if __name__ == "__main__":
