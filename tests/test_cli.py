@@ -51,6 +51,26 @@ def test_debug_shows_traceback(tmp_path):
         CliRunner().invoke(group, ["--debug", "recipe", "validate", str(bad)], catch_exceptions=False)
 
 
+def test_library_fault_is_one_line_exit_1(cli, tmp_path, monkeypatch):
+    """An exception that is not a user error (a fault inside a library) is one line and exit 1;
+    --debug shows the traceback."""
+    import pytest
+    from click.testing import CliRunner
+
+    import quantkit.recipe
+    from quantkit.cli import cli as group
+
+    def boom(*_a, **_k):
+        raise RuntimeError("The size of tensor a (128) must match the size of tensor b (2)\nsecond line")
+
+    monkeypatch.setattr(quantkit.recipe, "load_recipe", boom)
+    code, out, err, _ = cli("recipe", "validate", str(tmp_path / "r.yaml"))
+    assert code == 1 and "Traceback" not in err and "second line" not in err
+    assert "error: RuntimeError: The size of tensor a (128) must match" in err and "--debug" in err
+    with pytest.raises(RuntimeError):
+        CliRunner().invoke(group, ["--debug", "recipe", "validate", str(tmp_path / "r.yaml")], catch_exceptions=False)
+
+
 def test_every_command_exists(cli):
     for name in ["models", "recipe", "convert", "eval", "bench", "roofline", "run", "compare", "publish", "load"]:
         code, out, _, _ = cli(name, "--help")
