@@ -19,7 +19,7 @@ from ._common import echo_json, json_option, set_option
 @click.option("--allow-pickle", is_flag=True, help="Accept .bin (pickle) checkpoints, which can run code on load.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the checkpoint (off by default).")
 @click.option("--max-memory", default=None, metavar="SIZE",
-              help="RAM for the model's weights, e.g. 16GB (default: 75%% of what is available). A larger model is offloaded "
+              help="RAM for the model's weights, e.g. 16GB (default: 75% of what is available). A larger model is offloaded "
                    "to disk beside --out and calibrated one layer at a time (rtn, gptq, awq, w8a8).")
 @set_option
 @json_option
