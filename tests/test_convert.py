@@ -20,6 +20,7 @@ def convert(cli, recipe, model, out, text, *extra):
     ("int4-w4a16-gptq-g64", "compressed-tensors", 4),
     ("int8-w8a16-gptq", "compressed-tensors", 8),
     ("int4-w4a16-awq", "compressed-tensors", 4),
+    ("int4-w4a16-awq-gptq-mixed", "compressed-tensors", 4),  # AWQ, then GPTQ, with an INT8 override (layer 1's q/k/v)
     ("int8-w8a8-smoothquant", "compressed-tensors", 8),
     ("bnb-nf4", "bitsandbytes", 4),
     ("bnb-int8", "bitsandbytes", 8),
