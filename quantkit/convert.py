@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .artifact import check_out, peak_rss_mb, staged_dir, tool_versions, write_meta
 from .card import write_card
-from .errors import DataError, ModelError, RecipeError
+from .errors import DataError, RecipeError
 from .models import cast_model, checkpoint_hash, load_model, load_tokenizer, read_config, resolve_model
 from .progress import note
 from .recipe import Recipe, Variant
@@ -39,7 +39,8 @@ def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
     raise RecipeError(f"{recipe.name}: no variant named {name!r}; variants: {', '.join(v.name for v in variants)}")
 
 
-def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool) -> None:
+def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool):
+    """Checks on the model's skeleton (meta device, no memory); returns the skeleton."""
     from .preflight import check_fused_shards, check_group_sizes, meta_model, quantizable_linears
 
     if not variant.steps:
@@ -54,6 +55,7 @@ def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool) ->
             if getattr(step.quantize, "group_size", None) is not None:
                 check_group_sizes(quantizable_linears(skeleton, step.quantize.ignore), step.quantize, f"{key}[{i}].quantize")
             check_fused_shards(skeleton, step.quantize, f"{key}[{i}].quantize")
+    return skeleton
 
 
 def _preflight_recovery(recipe: Recipe, variant: Variant, key: str, src: Path, opts: ConvertOptions) -> None:
@@ -115,15 +117,15 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
         raise RecipeError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
     src = resolve_model(ref, allow_pickle=opts.allow_pickle)
     cfg = read_config(src)
-    preflight(cfg, variant, key, opts.trust_remote_code)
+    skeleton = preflight(cfg, variant, key, opts.trust_remote_code)
     _preflight_recovery(recipe, variant, key, src, opts)
     quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
     job = Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None)
-    job.offload = _offload_plan(job)
+    job.offload = _offload_plan(job, sum(p.numel() for p in skeleton.parameters()))
     return job
 
 
-def _offload_plan(job: Job):
+def _offload_plan(job: Job, n_params: int):
     """Offload to disk when llm-compressor's model would not fit in the RAM budget at its calibration precision."""
     from . import offload
 
@@ -133,8 +135,7 @@ def _offload_plan(job: Job):
             raise RecipeError(f"{job.key}: --max-memory applies to the llm-compressor methods (rtn, gptq, awq, w8a8) without a gqa step")
         return None
     src = str(source_dtype(job.cfg)).replace("torch.", "")
-    return offload.plan(offload.parameter_count(job.cfg, job.opts.trust_remote_code), quant_dtype(job), src,
-                        job.opts.max_memory, offload.available_bytes())
+    return offload.plan(n_params, quant_dtype(job), src, job.opts.max_memory, offload.available_bytes())
 
 
 def apply_steps(job: Job, model, tok, calib_set, src_hash: str):
@@ -181,19 +182,13 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
 
 
 def _load(job: Job, folder: Path | None):
-    if job.offload is None:
-        note(f"loading {job.src}")
-        return load_model(job.src, dtype=compute_dtype(job), trust_remote_code=job.opts.trust_remote_code)
-    from . import offload
-
     p = job.offload
-    note(f"loading {job.src} with offloading: {p.model_bytes / 1e9:.2f} GB of {p.dtype} weights, "
-         f"{p.cpu_bytes / 1e9:.2f} GB in RAM, the rest on disk under {folder}")
-    try:
-        return offload.load(job.src, p, folder, trust_remote_code=job.opts.trust_remote_code)
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{job.src}: failed to load the model with offloading ({first})") from None
+    if p is None:
+        note(f"loading {job.src}")
+    else:
+        note(f"loading {job.src} with offloading: {p.model_bytes / 1e9:.2f} GB of {p.dtype} weights, "
+             f"{p.cpu_bytes / 1e9:.2f} GB in RAM, the rest on disk under {folder}")
+    return load_model(job.src, dtype=compute_dtype(job), trust_remote_code=job.opts.trust_remote_code, offload=p, offload_folder=folder)
 
 
 def _offload_meta(job: Job, model) -> dict | None:

@@ -162,19 +162,24 @@ def load_tokenizer(path: Path):
         raise ModelError(f"{path}: no usable tokenizer ({str(exc).splitlines()[0][:160]})") from None
 
 
-def load_model(path: Path, *, dtype: str = "bfloat16", device: str = "cpu", trust_remote_code: bool = False):
-    """Load a causal LM as a user would (transformers, quantization config honoured)."""
+def load_model(path: Path, *, dtype: str = "bfloat16", device: str = "cpu", trust_remote_code: bool = False,
+               offload=None, offload_folder: Path | None = None):
+    """Load a causal LM as a user would (transformers, quantization config honoured); with an
+    `offload.OffloadPlan`, through compressed-tensors' CPU/disk offloading at the plan's precision."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch_dtype = getattr(torch, dtype)
     try:
+        if offload is not None:
+            from . import offload as offloading
+
+            return offloading.load(path, offload, offload_folder, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=torch_dtype, trust_remote_code=trust_remote_code, device_map=device
+            str(path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, device_map=device
         )
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{path}: failed to load the model ({first})") from None
+        raise ModelError(f"{path}: failed to load the model{' with offloading' if offload else ''} ({first})") from None
     model.eval()
     return model
 

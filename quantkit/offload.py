@@ -35,12 +35,6 @@ def parse_size(text: str, option: str = "--max-memory") -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
-def parameter_count(cfg: dict, trust_remote_code: bool = False) -> int:
-    from .preflight import meta_model
-
-    return sum(p.numel() for p in meta_model(cfg, trust_remote_code).parameters())
-
-
 def available_bytes() -> int:
     import psutil
 

@@ -26,11 +26,16 @@ UNITS = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o
 
 
 def fake_int4(w, group: int):
-    import torch
+    """RTN INT4, symmetric, per group: compressed-tensors' own min-max qparams and fake quantizer."""
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
 
+    from quantkit.methods.llmc import weight_args
+
+    args = weight_args(4, group, True)
     g = w.float().reshape(w.shape[0], -1, group)
-    scale = g.abs().amax(-1, keepdim=True).clamp(min=1e-8) / 7.5  # compressed-tensors' symmetric range
-    return (torch.clamp(torch.round(g / scale), -8, 7) * scale).reshape(w.shape).to(w.dtype)
+    scale, zp = calculate_qparams(g.amin(-1), g.amax(-1), args)
+    return fake_quantize(w.float(), scale, zp, args).to(w.dtype)
 
 
 def main() -> None:
