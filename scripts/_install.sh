@@ -34,6 +34,29 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   rm -rf "$wheels"
 fi
 .venv/bin/python -m pip install -q -e ".[dev,serve]" 2>&1 | grep -v "^WARNING: Location" || true
+# llama.cpp, through llama-cpp-python: PyPI carries only its source, which compiles llama.cpp
+# (8-25 minutes on 2 cores). The wheel is built once into a wheelhouse outside the repo and reused
+# by every later install. Portable CPU flags (AVX2 level, no -march=native): a native build died
+# with an illegal instruction on another CPU of the same workplace. QUANTKIT_SKIP_LLAMACPP=1 skips
+# it (quantkit works without it; `--engine llamacpp` then says how to install it).
+LLAMA_CPP_VERSION=0.3.36
+if [ "${QUANTKIT_SKIP_LLAMACPP:-0}" != 1 ] && ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+  wheelhouse=${QUANTKIT_WHEELHOUSE:-$HOME/.cache/quantkit/wheels}
+  mkdir -p "$wheelhouse"
+  whl=$(ls "$wheelhouse"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl 2>/dev/null | head -1 || true)
+  if [ -z "$whl" ]; then
+    echo "==> building llama-cpp-python $LLAMA_CPP_VERSION (compiles llama.cpp once, 8-25 minutes; the wheel is kept in $wheelhouse)"
+    log=$(mktemp)
+    if ! CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF" \
+        CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/python -m pip wheel --no-deps "llama-cpp-python==$LLAMA_CPP_VERSION" -w "$wheelhouse" >"$log" 2>&1; then
+      echo "llama-cpp-python failed to build (log: $log); set QUANTKIT_SKIP_LLAMACPP=1 to install without llama.cpp" >&2
+      exit 1
+    fi
+    rm -f "$log"
+    whl=$(ls "$wheelhouse"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl | head -1)
+  fi
+  .venv/bin/python -m pip install -q "$whl[server]" 2>&1 | grep -v "^WARNING: Location" || true
+fi
 .venv/bin/python -c "import quantkit, torch, transformers, llmcompressor" 2>/dev/null \
   || { echo "install failed: quantkit or one of its libraries does not import" >&2; exit 1; }
 echo "$want" > "$stamp"
