@@ -1,4 +1,4 @@
-"""quantkit.load.config parsing and quantkit.load.client's request bodies and SSE folding."""
+"""quantkit.load.config parsing, quantkit.load.client's request bodies, quantkit.load.sse's chunk folding."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import random
 
 import pytest
 
-from quantkit.load.client import DONE, apply_chunk, build_body, finish_record, parse_sse_line
+from quantkit.load.client import build_body, user_turn
 from quantkit.load.config import LoadConfig, LoadError, Slo, build_config, normalize_url, parse_levels, parse_slo
 from quantkit.load.prompts import make_prompt
 from quantkit.load.records import RequestRecord
+from quantkit.load.sse import DONE, MalformedChunk, apply_chunk, finish_record, parse_line
 
 
 def _cfg(**kw) -> LoadConfig:
@@ -53,21 +54,23 @@ def test_build_config_rejects_bad_combinations():
 
 
 def test_request_bodies_per_api_and_engine():
-    body = build_body(_cfg(), "hello")
+    body = build_body(_cfg(), user_turn("hello"))
     assert body["prompt"] == "hello" and body["max_tokens"] == 64 and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True} and "ignore_eos" not in body
-    assert build_body(_cfg(api="chat"), "hi")["messages"] == [{"role": "user", "content": "hi"}]
-    assert build_body(_cfg(engine="vllm"), "x")["ignore_eos"] is True
-    hf = build_body(_cfg(engine="transformers", gen_len=16), "x")
+    assert build_body(_cfg(api="chat"), user_turn("hi"))["messages"] == [{"role": "user", "content": "hi"}]
+    assert build_body(_cfg(engine="vllm"), user_turn("x"))["ignore_eos"] is True
+    hf = build_body(_cfg(engine="transformers", gen_len=16), user_turn("x"))
     assert json.loads(hf["generation_config"]) == {"max_new_tokens": 16, "min_new_tokens": 16}
     assert "ignore_eos" not in hf  # transformers serve answers 422 to unknown fields
+    assert build_body(_cfg(extra_body={"cache_prompt": False}), user_turn("x"))["cache_prompt"] is False
 
 
 def test_sse_lines():
-    assert parse_sse_line("data: [DONE]") == DONE
-    assert parse_sse_line(": keep-alive") is None and parse_sse_line("") is None
-    assert parse_sse_line('data: {"choices": []}') == {"choices": []}
-    assert "error" in parse_sse_line("data: {not json")
+    assert parse_line(b"data: [DONE]") == DONE
+    assert parse_line(b": keep-alive") is None and parse_line(b"") is None and parse_line(b"event: x") is None
+    assert parse_line(b'data: {"choices": []}') == {"choices": []}
+    with pytest.raises(MalformedChunk, match="not JSON"):
+        parse_line(b"data: {not json")
 
 
 def test_chunks_fold_into_a_record():
@@ -75,12 +78,13 @@ def test_chunks_fold_into_a_record():
     apply_chunk(rec, {"choices": [{"delta": {"role": "assistant"}}]}, "chat", 0.05)  # no text yet
     apply_chunk(rec, {"choices": [{"delta": {"content": "a"}}]}, "chat", 0.1)
     apply_chunk(rec, {"choices": [{"delta": {"reasoning_content": "b"}}]}, "chat", 0.2)
-    apply_chunk(rec, {"choices": [{"delta": {}}], "usage": {"prompt_tokens": 7, "completion_tokens": 5}}, "chat", 0.3)
-    finish_record(rec, 0.3)
+    apply_chunk(rec, {"choices": [{"delta": {}, "finish_reason": "length"}],
+                      "usage": {"prompt_tokens": 7, "completion_tokens": 5}}, "chat", 0.3)
+    finish_record(rec, 0.3)  # no [DONE], but a finish_reason and a clean end (transformers serve)
     assert rec.ok and rec.t_first == 0.1 and rec.chunk_times == [0.1, 0.2]
     assert rec.output_tokens == 5 and rec.prompt_tokens == 7 and rec.tokens_from_usage
 
-    plain = RequestRecord(t_send=0.0)
+    plain = RequestRecord(t_send=0.0, done=True)
     for i, t in enumerate((0.1, 0.2, 0.3)):
         apply_chunk(plain, {"choices": [{"text": f" w{i}"}]}, "completions", t)
     assert finish_record(plain, 0.3).output_tokens == 3 and not plain.tokens_from_usage  # chunks counted
@@ -88,7 +92,7 @@ def test_chunks_fold_into_a_record():
     broken = RequestRecord(t_send=0.0)
     apply_chunk(broken, {"error": "CUDA out of memory"}, "completions", 0.1)
     assert finish_record(broken, 0.1).error == "stream_error" and "memory" in broken.detail
-    empty = finish_record(RequestRecord(t_send=0.0), 0.1)
+    empty = finish_record(RequestRecord(t_send=0.0, done=True), 0.1)
     assert empty.error == "stream_error" and not empty.ok
 
 

@@ -83,7 +83,8 @@ def test_the_attribution_runs_in_the_docs():
     runs = [json.loads((FIXTURES / f"attribution_{name}.json").read_text()) for name in ("nocb", "cb")]
     for run in runs:  # the stored analysis is what the steps give today
         again = analyze(run["steps"], Slo(**run["config"]["slo"]))
-        assert again["knee"] == run["analysis"]["knee"] and again["peak"] == run["analysis"]["peak"]
+        stored = run["analysis"]["peak"]  # recorded before the peak said whether it was a partial step
+        assert again["knee"] == run["analysis"]["knee"] and {k: again["peak"][k] for k in stored} == stored
     result = compare_load_runs(runs)
     nocb, cb = result["runs"]
     assert nocb["knee_offered"] == cb["knee_offered"] == 1  # the knee rule did not move

@@ -120,8 +120,25 @@ def test_max_qps_within_slo_and_analysis():
     assert max_qps_within_slo(SATURATING, Slo()) is None
     analysis = analyze(SATURATING + [{**_step(16, 5, 900, 8), "partial": True}], Slo(ttft_ms=100))
     assert analysis["knee"]["index"] == 1 and analysis["saturated_steps"] == [2, 3]
-    assert analysis["peak"]["achieved_qps"] == 21  # the partial step is left out
+    assert analysis["peak"]["achieved_qps"] == 21 and not analysis["peak"]["partial"]
     assert analysis["degraded_first"]["first"] == "ttft"
+    # a cut-short last step that ran faster than any full one is the peak (issue 15 B4) ...
+    cut = analyze(SATURATING[:2] + [{**_step(4, 30, 60, 8), "partial": True}], Slo(ttft_ms=100))
+    assert cut["peak"] == {"index": 2, "offered": 4, "achieved_qps": 30, "output_tokens_per_s": 300, "partial": True}
+    assert cut["max_qps_within_slo"]["index"] == 2 and cut["max_qps_within_slo"]["partial"]
+    assert cut["knee"] is None and cut["saturated_steps"] == []  # ... but is never judged saturated
+
+
+def test_a_cut_step_runs_until_it_was_cut():
+    """Throughput of an interrupted step: completed requests over start -> cut, in-flight ones unfinished."""
+    done = [RequestRecord(t_send=0.0, t_first=0.1, t_end=0.5, chunk_times=[0.1], output_tokens=1, done=True)
+            for _ in range(3)]
+    in_flight = RequestRecord(t_send=0.6)
+    step = summarize_step(done + [in_flight], mode="concurrency", offered=4, t_start=0.0, slo=Slo(),
+                          partial=True, t_stop=2.0)
+    assert step["duration_s"] == 2.0 and step["achieved_qps"] == pytest.approx(1.5)
+    assert step["requests"] == 4 and step["completed"] == 3 and step["unfinished"] == 1
+    assert step["error_count"] == 0
 
 
 def test_recorded_timings_reproduce_the_reported_step():

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import json
+import os
+import sys
 from pathlib import Path
 
 import click
@@ -12,10 +13,26 @@ from ._common import _clean, console, echo_json, json_option
 
 
 def _write_json(path: str, data: dict) -> None:
+    from ..atomic import write_json
+
     try:
-        Path(path).write_text(json.dumps(_clean(data), indent=2) + "\n")
+        write_json(Path(path), _clean(data))  # temp file beside it, fsync, rename: never half-written
     except OSError as exc:
         raise LoadError(f"--out: cannot write {path}: {exc.strerror or exc}") from None
+
+
+def check_writable(path: str | None, option: str) -> None:
+    """Refuse an output path that cannot be written before the run, not after it."""
+    if not path:
+        return
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise LoadError(f"{option}: {path} is a directory")
+    if not parent.is_dir():
+        raise LoadError(f"{option}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise LoadError(f"{option}: cannot write into {parent}")
 
 
 def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> None:
@@ -24,7 +41,7 @@ def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> Non
 
     if out:
         _write_json(out, run)
-    if plot:
+    if plot and run["steps"]:
         plot_runs([run], plot)
     if as_json:
         echo_json(run)
@@ -64,10 +81,10 @@ def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> Non
 @click.option("--no-stop", is_flag=True, help="Climb every level even past saturation.")
 @click.option("--seed", default=0, show_default=True, help="Seed for prompts and arrival times.")
 @click.option("--label", help="Name of this run in tables, plots and comparisons.")
-@click.option("--out", type=click.Path(dir_okay=False),
+@click.option("--out",
               help="Save the run JSON here (input to `quantkit compare`).")
 @click.option("--keep-requests", is_flag=True, help="Include every request's timings in the run JSON.")
-@click.option("--plot", type=click.Path(dir_okay=False),
+@click.option("--plot",
               help="Write a PNG of TTFT-P99 and TPOT-P99 against achieved req/s.")
 @json_option
 def load_cmd(url, model, concurrency, rate, slo, no_stop, out, keep_requests, plot, as_json, **options) -> None:
@@ -79,22 +96,44 @@ def load_cmd(url, model, concurrency, rate, slo, no_stop, out, keep_requests, pl
     degraded first. Ctrl-C keeps what was measured so far.
     """
     from ..load.config import build_config
-    from ..load.report import build_run
-    from ..load.runner import Progress, run
 
     cfg = build_config(
         url=url, model=model, concurrency=concurrency, rate=rate, slo=slo,
         stop_at_saturation=not no_stop, **options,
     )
-    progress, interrupted = Progress(), False
+    check_writable(out, "--out")
+    check_writable(plot, "--plot")
+    execute(cfg, as_json=as_json, out=out, plot=plot, keep_requests=keep_requests)
+
+
+def execute(cfg, *, as_json: bool, out: str | None, plot: str | None, keep_requests: bool) -> dict:
+    """Run the staircase and report it. Once the warm-up passed, what was measured is always
+    written: after every step (so a kill -9 loses at most one step), and on Ctrl-C, SIGTERM or a
+    fault, before the error is raised."""
+    from ..load.report import build_run
+    from ..load.runner import Progress, Terminated, run
+
+    progress, failure = Progress(), None
+
+    def checkpoint(progress: Progress) -> None:
+        _write_json(out, build_run(cfg, progress, keep_requests=keep_requests))
+
     try:
-        run(cfg, progress, log=lambda line: click.echo(line, err=True))
-    except KeyboardInterrupt:
-        interrupted = True
+        run(cfg, progress, log=lambda line: click.echo(line, err=True), checkpoint=checkpoint if out else None)
+    except (KeyboardInterrupt, Terminated) as exc:
+        failure = exc
+    except Exception as exc:
+        if not progress.started:
+            raise
+        failure = exc
     result = build_run(cfg, progress, keep_requests=keep_requests)
     _emit(result, as_json=as_json, out=out, plot=plot)
-    if interrupted:
-        raise KeyboardInterrupt  # the cli group prints "interrupted" and exits 130
+    if isinstance(failure, Terminated):
+        click.echo("terminated", err=True)
+        sys.exit(143)  # 128 + SIGTERM, as a shell reports a process ended by it
+    if failure is not None:
+        raise failure  # Ctrl-C: "interrupted", exit 130; a fault: one line, exit 1
+    return result
 
 
 COMMANDS = [load_cmd]

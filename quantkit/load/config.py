@@ -78,6 +78,7 @@ class LoadConfig:
     patience: int = 1
     stop_at_saturation: bool = True
     label: str | None = None
+    extra_body: dict = field(default_factory=dict)  # fields added to every request body (lever studies)
 
     def to_dict(self) -> dict:
         return asdict(self)

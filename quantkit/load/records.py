@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-# Error kinds counted per step (none of them stops the run).
-ERROR_KINDS = ("http_4xx", "http_5xx", "timeout", "connection", "stream_error")
+# Error kinds counted per step (none of them stops the run). `truncated`: the response started
+# but the stream ended (closed, or the connection dropped) before [DONE] or a finish_reason.
+# `stream_error`: an in-stream error object, or a chunk that breaks the protocol (not JSON, wrong
+# types, data after [DONE], not an event stream).
+ERROR_KINDS = ("http_4xx", "http_5xx", "timeout", "connection", "truncated", "stream_error")
 
 
 @dataclass
@@ -18,17 +21,29 @@ class RequestRecord:
     t_first: float | None = None  # first chunk that carried generated text
     chunk_times: list[float] = field(default_factory=list)  # every chunk that carried text
     output_tokens: int | None = None  # usage.completion_tokens, else the number of text chunks
-    prompt_tokens: int | None = None  # usage.prompt_tokens where the server reports it
+    prompt_tokens: int | None = None  # usage.prompt_tokens (or llama.cpp's timings) where reported
+    cached_tokens: int | None = None  # prompt tokens the server served from its prefix cache
     tokens_from_usage: bool = False
+    finish_reason: str | None = None  # the last choice's finish_reason, as the server sent it
+    done: bool = False  # the stream ended with `data: [DONE]`
     error: str | None = None  # one of ERROR_KINDS, None when the request succeeded
     status: int | None = None  # HTTP status code
     detail: str | None = None  # a short error message from the server or the transport
     client_s: float = 0.0  # time the client spent parsing and bookkeeping this request
     t_scheduled: float | None = None  # open loop: when the Poisson schedule meant to send it
+    conversation: int | None = None  # multi-turn workloads: which conversation, and which turn
+    turn: int | None = None
+    # The generated text, kept only where the next turn must resend it; never saved.
+    text: str | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.t_first is not None and self.t_end is not None
+
+    @property
+    def finished(self) -> bool:
+        """False for a request still in flight when the run stopped (Ctrl-C, SIGTERM, a fault)."""
+        return self.t_end is not None
 
     def shifted(self, offset: float) -> "RequestRecord":
         """The same request with every timestamp moved by `offset` seconds."""
@@ -43,9 +58,11 @@ class RequestRecord:
         return RequestRecord(**data)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        del data["text"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "RequestRecord":
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"text"}
         return cls(**{k: v for k, v in data.items() if k in names})

@@ -45,7 +45,8 @@ def build_run(cfg: LoadConfig, progress: Progress, *, keep_requests: bool = Fals
         "config": cfg.to_dict(),
         "prompt_tokens_reported": probe.prompt_tokens if probe else None,
         "stopped": progress.stopped,
-        "interrupted": progress.stopped == "interrupted",
+        "stop_detail": progress.stop_detail,
+        "interrupted": progress.stopped in ("interrupted", "terminated"),
         "steps": progress.steps,
         "analysis": analyze(progress.steps, cfg.slo),
         "client_overhead": _client_summary(progress),
@@ -66,6 +67,11 @@ def build_run(cfg: LoadConfig, progress: Progress, *, keep_requests: bool = Fals
 
 def _ms(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _partial(step: dict) -> str:
+    unfinished = step.get("unfinished") or 0
+    return f"partial ({unfinished} cut)" if unfinished else "partial"
 
 
 def render_table(run: dict):
@@ -96,7 +102,7 @@ def render_table(run: dict):
             _ms(step["e2e_ms"]["p99"]),
             f"{step['completed']}/{step['requests']}",
             f"{step['error_count'] - step['timeouts']}/{step['timeouts']}",
-            "partial" if step["partial"] else notes.get(i, ""),
+            _partial(step) if step["partial"] else notes.get(i, ""),
         ]
         if len(head) > len(row):
             row.insert(-1, _ms((step["goodput"] or {}).get("qps"), 2))
@@ -117,15 +123,19 @@ def summary_lines(run: dict) -> list[str]:
     elif peak:
         lines.append(
             f"knee: not reached within the bounds; peak {peak['achieved_qps'] or 0:.2f} req/s at "
-            f"{run['config']['mode']}={peak['offered']:g} (raise the load to find it)"
+            f"{run['config']['mode']}={peak['offered']:g}{_cut(peak)} (raise the load to find it)"
         )
+    if knee and peak and peak["index"] != knee["index"]:
+        lines.append(f"peak: {peak['achieved_qps'] or 0:.2f} req/s at {run['config']['mode']}="
+                     f"{peak['offered']:g}{_cut(peak)}")
     lines.append(analysis["degraded_first"]["meaning"])
     slo_best = analysis["max_qps_within_slo"]
     if run["config"]["slo"]["ttft_ms"] is not None or run["config"]["slo"]["tpot_ms"] is not None:
         lines.append(
             "max req/s with P99s within the SLO: "
-            + (f"{slo_best['achieved_qps']:.2f} (step {slo_best['index']})" if slo_best else "none")
+            + (f"{slo_best['achieved_qps']:.2f} (step {slo_best['index']}{_cut(slo_best)})" if slo_best else "none")
         )
+    lines.extend(_error_lines(run["steps"]))
     client = run["client_overhead"]
     parse = client["parse_ms"]
     text = (f"client overhead: parse+bookkeeping P50 {_ms(parse['p50'], 2)} ms, "
@@ -135,5 +145,23 @@ def summary_lines(run: dict) -> list[str]:
     if client["cpu_share_max"] is not None:
         text += f"; client CPU up to {client['cpu_share_max']:.2f} cores"
     lines.append(text)
-    lines.append(f"stopped: {run['stopped']}")
+    detail = run.get("stop_detail")
+    lines.append(f"stopped: {run['stopped']}" + (f" ({detail})" if detail else ""))
     return lines
+
+
+def _cut(entry: dict) -> str:
+    return ", cut short" if entry.get("partial") else ""
+
+
+def _error_lines(steps: list[dict]) -> list[str]:
+    """One line per error kind seen in the run: how many, and the first message."""
+    totals: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for step in steps:
+        for kind, n in step["errors"].items():
+            if n:
+                totals[kind] = totals.get(kind, 0) + n
+        for kind, text in (step.get("error_examples") or {}).items():
+            examples.setdefault(kind, text)
+    return [f"errors: {n} {kind}, e.g. {examples.get(kind) or '-'}" for kind, n in totals.items()]

@@ -2,8 +2,10 @@
 
 Each step ends after `step_seconds` or `max_requests` sent, whichever comes first; requests in
 flight then finish (bounded by the request timeout) and count in that step. The staircase stops at
-saturation (stats.should_stop) or at its last level. Everything measured lands in a `Progress`
-that lives outside the event loop, so Ctrl-C keeps what was measured so far.
+saturation (stats.should_stop), at its last level, or when a step gets no answer at all (the
+server is failing). Everything measured lands in a `Progress` that lives outside the event loop,
+and a request's record joins it when it is sent, so Ctrl-C, SIGTERM or a fault keeps what was
+measured so far, in-flight requests included (as unfinished).
 """
 
 from __future__ import annotations
@@ -11,17 +13,26 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 
-from .client import make_http, probe, stream_request
+from .client import make_http, probe, stream_request, user_turn
 from .config import LoadConfig
 from .prompts import make_prompt
 from .records import RequestRecord
 from .stats import should_stop, summarize_step
+
+# A step ends early once this many requests in a row could not connect (at least 2 per worker):
+# the server is gone, and a closed loop would otherwise spin on refused connections.
+DOWN_AFTER = 20
+
+
+class Terminated(Exception):
+    """SIGTERM arrived during the staircase (what was measured is kept, like Ctrl-C)."""
 
 
 class PromptSource:
@@ -32,9 +43,9 @@ class PromptSource:
         self._len = cfg.prompt_len
         self._count = 0
 
-    def next(self) -> str:
+    def next(self) -> list[dict]:
         self._count += 1
-        return make_prompt(self._len, self._rng, self._count)
+        return user_turn(make_prompt(self._len, self._rng, self._count))
 
 
 @dataclass
@@ -49,7 +60,14 @@ class Progress:
     current_start: float = 0.0
     current_cpu: float = 0.0
     probe: RequestRecord | None = None
-    stopped: str | None = None  # "saturation", "bounds" or "interrupted"
+    # "saturation", "bounds", "failing", "interrupted", "terminated" or "error"
+    stopped: str | None = None
+    stop_detail: str | None = None
+
+    @property
+    def started(self) -> bool:
+        """True once the warm-up passed: from then on there is a run to write."""
+        return self.probe is not None
 
     def begin(self, level: float) -> list[RequestRecord]:
         self.current, self.current_level = [], level
@@ -65,6 +83,8 @@ class Progress:
             slo=cfg.slo,
             cpu_s=time.process_time() - self.current_cpu,
             partial=partial,
+            # a cut-short step ran until now, whatever was still in flight
+            t_stop=time.perf_counter() if partial else None,
         )
         self.steps.append(step)
         self.step_records.append(self.current)
@@ -72,26 +92,41 @@ class Progress:
         self.current = None
         return step
 
-    def interrupt(self, cfg: LoadConfig) -> None:
-        """Ctrl-C: keep the finished steps and summarize the interrupted one as partial."""
+    def stop(self, cfg: LoadConfig, reason: str, detail: str | None = None) -> None:
+        """Ctrl-C, SIGTERM or a fault: keep the finished steps and summarize the cut one as partial."""
         if self.current:
             self.end(cfg, partial=True)
         self.current = None
-        self.stopped = "interrupted"
+        self.stopped, self.stop_detail = reason, detail
+
+
+class _Step:
+    """One step's shared state: its deadline (moved up when the server stops answering)."""
+
+    def __init__(self, cfg: LoadConfig, level: float):
+        self.deadline = time.perf_counter() + cfg.step_seconds
+        self.limit = cfg.max_requests or math.inf
+        self.refused_in_a_row = 0
+        self.down_after = max(DOWN_AFTER, 2 * int(level))
+
+    def note(self, rec: RequestRecord) -> None:
+        self.refused_in_a_row = self.refused_in_a_row + 1 if rec.error == "connection" else 0
+        if self.refused_in_a_row >= self.down_after:
+            self.deadline = 0.0
 
 
 async def _closed_step(
     http: httpx.AsyncClient, cfg: LoadConfig, level: float, prompts: PromptSource, sink: list
 ) -> None:
-    deadline = time.perf_counter() + cfg.step_seconds
-    limit = cfg.max_requests or math.inf
-    issued = 0
+    state, issued = _Step(cfg, level), 0
 
     async def worker() -> None:
         nonlocal issued
-        while time.perf_counter() < deadline and issued < limit:
+        while time.perf_counter() < state.deadline and issued < state.limit:
             issued += 1
-            sink.append(await stream_request(http, cfg, prompts.next()))
+            rec = RequestRecord(t_send=time.perf_counter())
+            sink.append(rec)
+            state.note(await stream_request(http, cfg, prompts.next(), rec))
 
     await asyncio.gather(*(worker() for _ in range(int(level))))
 
@@ -101,17 +136,18 @@ async def _open_step(
 ) -> None:
     # Poisson arrivals: exponential gaps with mean 1/rate, seeded per step for reproducibility.
     rng = random.Random(f"{cfg.seed}:{level}")
-    start = time.perf_counter()
-    deadline, limit = start + cfg.step_seconds, cfg.max_requests or math.inf
+    state = _Step(cfg, level)
     tasks: list[asyncio.Task] = []
-    t_next = start
+    t_next = time.perf_counter()
 
     async def one(t_scheduled: float) -> None:
-        sink.append(await stream_request(http, cfg, prompts.next(), t_scheduled=t_scheduled))
+        rec = RequestRecord(t_send=time.perf_counter(), t_scheduled=t_scheduled)
+        sink.append(rec)
+        state.note(await stream_request(http, cfg, prompts.next(), rec))
 
-    while len(tasks) < limit:
+    while len(tasks) < state.limit:
         t_next += rng.expovariate(level)
-        if t_next > deadline:
+        if t_next > state.deadline:
             break
         await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
         tasks.append(asyncio.create_task(one(t_next)))
@@ -135,8 +171,36 @@ def _quiet(line: str) -> None:
     pass
 
 
-async def run_staircase(cfg: LoadConfig, progress: Progress, log: Callable[[str], None] = _quiet) -> None:
-    """Warm up with one request, then climb the levels until saturation or the last level."""
+def _on_sigterm(progress: Progress) -> None:
+    """Turn SIGTERM into a cancellation of the staircase (main thread only; a no-op elsewhere)."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+
+    def handler() -> None:
+        progress.stopped = "terminated"
+        task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, handler)
+    except (NotImplementedError, RuntimeError, ValueError):
+        pass
+
+
+def _failing(step: dict) -> str | None:
+    """Why the staircase cannot learn more by climbing, or None."""
+    if step["completed"] or not step["requests"]:
+        return None
+    kinds = ", ".join(f"{n} {kind}" for kind, n in step["errors"].items() if n)
+    return f"no request succeeded at {step['mode']}={step['offered']:g} ({kinds})"
+
+
+async def run_staircase(
+    cfg: LoadConfig,
+    progress: Progress,
+    log: Callable[[str], None] = _quiet,
+    checkpoint: Callable[[Progress], None] | None = None,
+) -> None:
+    """Warm up with one request, then climb the levels until saturation, failure or the last level."""
+    _on_sigterm(progress)
     prompts = PromptSource(cfg)
     async with make_http(cfg) as http:
         progress.probe = await probe(http, cfg, prompts.next())
@@ -145,7 +209,15 @@ async def run_staircase(cfg: LoadConfig, progress: Progress, log: Callable[[str]
         for level in cfg.levels:
             sink = progress.begin(level)
             await STEP_RUNNERS[cfg.mode](http, cfg, level, prompts, sink)
-            log(_describe(progress.end(cfg)))
+            step = progress.end(cfg)
+            log(_describe(step))
+            if checkpoint:
+                checkpoint(progress)
+            failing = _failing(step)
+            if failing:
+                progress.stopped, progress.stop_detail = "failing", failing
+                log(f"stopping: {failing}")
+                return
             if cfg.stop_at_saturation and should_stop(progress.steps, cfg.patience):
                 progress.stopped = "saturation"
                 log("saturated: throughput flat while TTFT-P99 rose; stopping")
@@ -153,12 +225,25 @@ async def run_staircase(cfg: LoadConfig, progress: Progress, log: Callable[[str]
     progress.stopped = "bounds"
 
 
-def run(cfg: LoadConfig, progress: Progress, log: Callable[[str], None] = _quiet) -> Progress:
-    """Run the staircase; on Ctrl-C, mark the progress interrupted and re-raise."""
+def run(
+    cfg: LoadConfig,
+    progress: Progress,
+    log: Callable[[str], None] = _quiet,
+    checkpoint: Callable[[Progress], None] | None = None,
+) -> Progress:
+    """Run the staircase. Ctrl-C re-raises KeyboardInterrupt, SIGTERM raises Terminated, a fault
+    re-raises; in every case `progress` holds what was measured, the cut step summarized as partial."""
     try:
-        asyncio.run(run_staircase(cfg, progress, log))
+        asyncio.run(run_staircase(cfg, progress, log, checkpoint))
     except KeyboardInterrupt:
-        progress.interrupt(cfg)
+        progress.stop(cfg, "interrupted")
+        raise
+    except asyncio.CancelledError:
+        if progress.stopped != "terminated":
+            raise
+        progress.stop(cfg, "terminated")
+        raise Terminated("terminated (SIGTERM)") from None
+    except Exception as exc:
+        progress.stop(cfg, "error", f"{type(exc).__name__}: {exc}"[:300])
         raise
     return progress
-

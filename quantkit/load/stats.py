@@ -83,6 +83,27 @@ def count_errors(records: Sequence[RequestRecord]) -> dict:
     return counts
 
 
+def error_examples(records: Sequence[RequestRecord]) -> dict:
+    """The first message seen per error kind: what a misbehaving server actually sent."""
+    examples: dict[str, str] = {}
+    for rec in records:
+        if rec.error is not None and rec.error not in examples:
+            examples[rec.error] = rec.detail or ""
+    return examples
+
+
+def prompt_cache(ok: Sequence[RequestRecord]) -> dict:
+    """The server's prompt token counts and, where it reports them, tokens served from its prefix cache."""
+    prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    both = [(r.prompt_tokens, r.cached_tokens) for r in ok if r.prompt_tokens and r.cached_tokens is not None]
+    return {
+        "prompt_tokens_mean": (sum(prompt) / len(prompt)) if prompt else None,
+        "cached_tokens_mean": (sum(c for _, c in both) / len(both)) if both else None,
+        # cached / prompt tokens, summed over the requests that report both
+        "cache_hit_fraction": (sum(c for _, c in both) / sum(p for p, _ in both)) if both else None,
+    }
+
+
 def _client_overhead(records: Sequence[RequestRecord], cpu_s: float | None, duration: float) -> dict:
     lags = [r.t_send - r.t_scheduled for r in records if r.t_scheduled is not None]
     return {
@@ -101,14 +122,21 @@ def summarize_step(
     slo: Slo,
     cpu_s: float | None = None,
     partial: bool = False,
+    t_stop: float | None = None,
 ) -> dict:
-    """One staircase step: throughput, latency percentiles, errors, goodput, client overhead."""
+    """One staircase step: throughput, latency percentiles, errors, goodput, client overhead.
+
+    A step cut short (`partial`, with `t_stop` when it was cut) ran from `t_start` to `t_stop`:
+    its throughput is what it completed over that time, and requests still in flight then are
+    counted as `unfinished` (neither completed nor failed)."""
     ok = [r for r in records if r.ok]
     ends = [r.t_end for r in records if r.t_end is not None]
-    duration = (max(ends) - t_start) if ends else 0.0
+    if t_stop is not None:
+        duration = t_stop - t_start
+    else:
+        duration = (max(ends) - t_start) if ends else 0.0
     per_s = (lambda n: n / duration) if duration > 0 else (lambda n: None)
     out_tokens = sum(r.output_tokens or 0 for r in ok)
-    prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     errors = count_errors(records)
     step = {
         "mode": mode,
@@ -116,14 +144,16 @@ def summarize_step(
         "partial": partial,
         "requests": len(records),
         "completed": len(ok),
+        "unfinished": sum(not r.finished for r in records),
         "errors": errors,
         "error_count": sum(errors.values()),
+        "error_examples": error_examples(records),
         "timeouts": errors["timeout"],
         "duration_s": duration,
         "achieved_qps": per_s(len(ok)),
         "output_tokens_per_s": per_s(out_tokens),
         "output_tokens_mean": (out_tokens / len(ok)) if ok else None,
-        "prompt_tokens_mean": (sum(prompt) / len(prompt)) if prompt else None,
+        **prompt_cache(ok),
         "tokens_from_usage": bool(ok) and all(r.tokens_from_usage for r in ok),
         "ttft_ms": percentiles(ttft_s(r) for r in ok),
         "tpot_ms": percentiles(t for t in (tpot_s(r) for r in ok) if t is not None),
@@ -231,22 +261,28 @@ def max_qps_within_slo(steps: Sequence[dict], slo: Slo) -> dict | None:
         if slo.tpot_ms is not None and tpot is not None and tpot > slo.tpot_ms:
             continue
         if best is None or step["achieved_qps"] > best["achieved_qps"]:
-            best = {"index": i, "offered": step["offered"], "achieved_qps": step["achieved_qps"]}
+            best = {"index": i, "offered": step["offered"], "achieved_qps": step["achieved_qps"],
+                    "partial": bool(step.get("partial"))}
     return best
 
 
 def analyze(steps: Sequence[dict], slo: Slo) -> dict:
+    """The knee, saturation and what degraded first come from the full steps (a cut-short step
+    cannot be judged against the one before); the peak and the best req/s within the SLO count a
+    partial step too, at the throughput it kept up until it was cut (summarize_step's t_stop)."""
     full = [s for s in steps if not s.get("partial")]
-    peak = max(range(len(full)), key=lambda i: full[i]["achieved_qps"] or 0.0) if full else None
+    measured = [i for i, s in enumerate(steps) if s.get("achieved_qps") is not None]
+    peak = max(measured, key=lambda i: steps[i]["achieved_qps"]) if measured else None
     return {
         "knee": find_knee(full),
         "peak": None if peak is None else {
             "index": peak,
-            "offered": full[peak]["offered"],
-            "achieved_qps": full[peak]["achieved_qps"],
-            "output_tokens_per_s": full[peak]["output_tokens_per_s"],
+            "offered": steps[peak]["offered"],
+            "achieved_qps": steps[peak]["achieved_qps"],
+            "output_tokens_per_s": steps[peak]["output_tokens_per_s"],
+            "partial": bool(steps[peak].get("partial")),
         },
         "saturated_steps": [i for i, flag in enumerate(saturated_flags(full)) if flag],
         "degraded_first": degraded_first(full),
-        "max_qps_within_slo": max_qps_within_slo(full, slo),
+        "max_qps_within_slo": max_qps_within_slo(steps, slo),
     }

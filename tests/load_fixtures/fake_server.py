@@ -2,7 +2,9 @@
 
 Requests beyond `slots` wait for a free slot (a queue, like a server without batching), so a
 staircase past `slots` saturates at slots / service time. Every `fail_every`-th request answers
-HTTP 500 and every `hang_every`-th sends headers, then nothing for 30 s (a timeout). Stdlib only.
+HTTP 500 and every `hang_every`-th sends headers, then nothing for 30 s (a timeout). Every
+`bad_every`-th request (never the first, the warm-up) misbehaves as `misbehave` names (see
+load_fixtures/hostile.py). `/v1/models` reports `max_model_len` when `context` is set. Stdlib only.
 
     python tests/load_fixtures/fake_server.py --slots 2   # prints the port, serves until killed
 """
@@ -20,13 +22,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class FakeOpenAI(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, *, slots=2, prefill_s=0.08, token_s=0.01, fail_every=0, hang_every=0, usage=True):
+    def __init__(self, *, slots=2, prefill_s=0.08, token_s=0.01, fail_every=0, hang_every=0, usage=True,
+                 misbehave=None, bad_every=0, context=None, cache=False, done=True):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.slots = threading.Semaphore(slots)
         self.prefill_s, self.token_s, self.usage = prefill_s, token_s, usage
         self.fail_every, self.hang_every = fail_every, hang_every
+        self.misbehave, self.bad_every = misbehave, bad_every
+        self.context, self.cache, self.done = context, cache, done
         self.counter = itertools.count(1)
         self.bodies: list[dict] = []
+        self.seen_prompts: list[str] = []  # for `cache`: the longest earlier prompt sharing a prefix
 
     @property
     def url(self) -> str:
@@ -48,7 +54,10 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        self._reply(200, {"status": "ok"} if self.path == "/health" else {"object": "list", "data": []})
+        if self.path == "/health":
+            return self._reply(200, {"status": "ok"})
+        models = [{"id": "m", "object": "model", **({"max_model_len": self.server.context} if self.server.context else {})}]
+        self._reply(200, {"object": "list", "data": models})
 
     def _reply(self, status: int, payload: dict) -> None:
         data = json.dumps(payload).encode()
@@ -70,6 +79,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._headers()
             time.sleep(30)  # outlives any test's --timeout; holds no slot
             return
+        if self.server.bad_every and n > 1 and n % self.server.bad_every == 0:
+            from load_fixtures.hostile import MISBEHAVIOURS
+
+            return MISBEHAVIOURS[self.server.misbehave](self, body)
         with self.server.slots:
             self._stream(body, chat=self.path.endswith("chat/completions"))
 
@@ -83,26 +96,58 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
 
-    def _stream(self, body: dict, chat: bool) -> None:
+    def _stream(self, body: dict, chat: bool, *, tokens: int | None = None, extra=None, done=None) -> None:
+        """A well-formed stream; `tokens` stops it early (no finish, no [DONE]); `extra` is a list of
+        (position, chunk) to insert; `done=False` leaves out [DONE]."""
         self._headers()
         n_tokens = int(body.get("max_tokens") or 16)
+        extra = dict(extra or [])
         time.sleep(self.server.prefill_s)
         if chat:
             self._chunk({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
-        for i in range(n_tokens):
+        for i in range(n_tokens if tokens is None else tokens):
             if i:
                 time.sleep(self.server.token_s)
+            if i in extra:
+                self._raw(extra[i])
             text = f" t{i}"
             choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
             self._chunk({"choices": [choice]})
+        if tokens is not None:
+            return
         final = {"choices": [{"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}]}
         if self.server.usage:
-            prompt_tokens = len(str(body.get("prompt") or body.get("messages")).split())
-            final["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens,
-                              "total_tokens": prompt_tokens + n_tokens}
+            final["usage"] = self._usage(body, n_tokens)
         self._chunk(final)
-        self.wfile.write(b"data: [DONE]\n\n")
+        if self.server.done if done is None else done:
+            self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    def _raw(self, item) -> None:
+        self.wfile.write(item if isinstance(item, bytes) else f"data: {json.dumps(item)}\n\n".encode())
+        self.wfile.flush()
+
+    def _usage(self, body: dict, n_tokens: int) -> dict:
+        if "prompt" in body:
+            text = body["prompt"]
+        else:
+            text = " ".join(m["content"] for m in body.get("messages") or [])
+        words = text.split()
+        usage = {"prompt_tokens": len(words), "completion_tokens": n_tokens, "total_tokens": len(words) + n_tokens}
+        if self.server.cache:  # a prefix cache: words shared with the best earlier prompt are cached
+            best = max((_common(words, seen) for seen in self.server.seen_prompts), default=0)
+            self.server.seen_prompts.append(words)
+            usage["prompt_tokens_details"] = {"cached_tokens": best}
+        return usage
+
+
+def _common(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def main() -> None:
