@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def duplicate_fraction(samples) -> float:
 def _chat_wrap(tokenizer, windows_text: list[str], seq_len: int):
     import torch
 
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("calibration.chat_template: the model's tokenizer has no chat template")
     out = []
     for text in windows_text:
         ids = tokenizer.apply_chat_template(
@@ -88,11 +91,12 @@ def self_text(model, tokenizer, *, samples: int, seq_len: int, seed: int, chat_t
 
     key = hashlib.sha256(json.dumps([model_hash, samples, seq_len, seed, chat_template]).encode()).hexdigest()[:24]
     cache = subdir("calib") / f"self-{key}.pt"
-    if cache.is_file():
-        batch = [row.unsqueeze(0) for row in torch.load(cache)]
-    else:
+    batch = _cached_samples(cache, samples, seq_len)
+    if batch is None:
+        if chat_template and not getattr(tokenizer, "chat_template", None):
+            raise DataError("calibration.chat_template: the model's tokenizer has no chat template")
         batch = _generate(model, tokenizer, samples, seq_len, seed, chat_template)
-        torch.save(torch.stack([b[0] for b in batch]), cache)
+        _save_samples(cache, batch)
     manifest = {
         "source": "self",
         "kind": "self",
@@ -106,6 +110,49 @@ def self_text(model, tokenizer, *, samples: int, seq_len: int, seed: int, chat_t
         "generation": {"temperature": 1.0, "top_k": 0, "start": "chat turn" if chat_template else "BOS"},
     }
     return CalibrationSet(batch, manifest)
+
+
+def _cached_samples(cache: Path, samples: int, seq_len: int):
+    """The cached generated samples, or None when absent or unreadable (a damaged cache is regenerated)."""
+    import torch
+
+    if not cache.is_file():
+        return None
+    try:
+        rows = torch.load(cache, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
+        return None
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[0] != samples or rows.dtype != torch.long:
+        return None
+    return [row.unsqueeze(0) for row in rows]
+
+
+def _save_samples(cache: Path, batch) -> None:
+    import io
+
+    import torch
+
+    from .atomic import write_bytes
+
+    buf = io.BytesIO()
+    torch.save(torch.stack([b[0] for b in batch]), buf)
+    write_bytes(cache, buf.getvalue())
+
+
+def check_source(spec_str: str | None, key: str) -> None:
+    """Before any model loads: the calibration text exists, is text, and (hf:) is reachable.
+
+    Reading it here costs a second read of a file; an offline `hf:` source or a binary file
+    otherwise fails only after the model has loaded (minutes on a large one)."""
+    if not spec_str:
+        raise DataError(f"{key}: this variant needs calibration text: set calibration.source in the recipe or pass --calib file:PATH (or --calib self)")
+    spec = parse_spec(spec_str)
+    if spec.kind == "mix":
+        from .calib_mix import check
+
+        check(spec.set_name)
+    elif spec.kind != "self":
+        read_text(spec)
 
 
 def _generate(model, tokenizer, samples: int, seq_len: int, seed: int, chat_template: bool, batch_size: int = 32):

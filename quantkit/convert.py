@@ -39,13 +39,13 @@ def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
     raise RecipeError(f"{recipe.name}: no variant named {name!r}; variants: {', '.join(v.name for v in variants)}")
 
 
-def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool):
+def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool, src: Path | None = None):
     """Checks on the model's skeleton (meta device, no memory); returns the skeleton."""
     from .preflight import check_fused_shards, check_group_sizes, meta_model, quantizable_linears
 
     if not variant.steps:
         raise RecipeError(f"{key}: variant {variant.name!r} has no steps; there is nothing to convert (it is the baseline)")
-    skeleton = meta_model(cfg, trust_remote_code)
+    skeleton = meta_model(cfg, trust_remote_code, src)
     for i, step in enumerate(variant.steps):
         if step.gqa is not None:
             from .gqa.convert import preflight_gqa
@@ -64,7 +64,7 @@ def _preflight_recovery(recipe: Recipe, variant: Variant, key: str, src: Path, o
         if step.gqa is not None and step.gqa.recover is not None:
             from .gqa.convert import preflight_recovery_text
 
-            preflight_recovery_text(load_tokenizer(src), opts.calib or recipe.calibration.source, step.gqa.recover,
+            preflight_recovery_text(load_tokenizer(src, opts.trust_remote_code), opts.calib or recipe.calibration.source, step.gqa.recover,
                                     recipe.calibration, f"{key}[{i}].gqa")
 
 
@@ -163,7 +163,7 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     job = prepare(recipe, model_ref, out, opts, variant_name)
     t0 = time.perf_counter()
     src_hash = checkpoint_hash(job.src)
-    tok = load_tokenizer(job.src)
+    tok = load_tokenizer(job.src, job.opts.trust_remote_code)
     with offload_folder(out, job.offload) as folder:
         model = _load(job, folder)
         check_finite(model, "the source checkpoint")

@@ -3,26 +3,47 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from .errors import ModelError, RecipeError
 
 
-def meta_model(config_dict: dict, trust_remote_code: bool = False):
-    """The model skeleton on the meta device (no memory), to read layer shapes."""
+def meta_model(config_dict: dict, trust_remote_code: bool = False, path: Path | None = None):
+    """The model skeleton on the meta device (no memory), to read layer shapes.
+
+    A model type transformers does not know is built from the checkpoint's own code (`auto_map`)
+    only with `trust_remote_code` and the checkpoint's `path`; without them nothing is imported."""
     import torch
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from .models import one_line, check_remote_code
 
     cfg_dict = dict(config_dict)
     model_type = cfg_dict.pop("model_type", None)
+    where = f"{path}/config.json" if path is not None else "config.json"
+    remote = model_type not in CONFIG_MAPPING
+    if remote:
+        if path is None:
+            raise ModelError(f"unsupported architecture {model_type!r}: transformers does not know this model type")
+        check_remote_code(path, config_dict, trust_remote_code)
     try:
-        config = AutoConfig.for_model(model_type, **cfg_dict)
-    except (ValueError, KeyError):
-        raise ModelError(f"unsupported architecture {model_type!r}: transformers does not know this model type") from None
+        if remote:
+            config = AutoConfig.from_pretrained(str(path), trust_remote_code=True)
+        else:
+            config = AutoConfig.for_model(model_type, **cfg_dict)
+    except (ValueError, TypeError, KeyError, StrictDataclassError) as exc:
+        raise ModelError(f"{where}: transformers refuses this {model_type} config ({one_line(exc)})") from None
+    except (OSError, ImportError, AttributeError, SyntaxError) as exc:  # the checkpoint's own code failed to import
+        raise ModelError(f"{where}: the model code of this checkpoint failed to load ({type(exc).__name__}: {one_line(exc)})") from None
     try:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except ValueError:
         raise ModelError(f"unsupported architecture {model_type!r}: not a causal language model in transformers") from None
+    except (TypeError, KeyError, AttributeError, RuntimeError) as exc:
+        raise ModelError(f"{where}: cannot build the {model_type} model from this config ({type(exc).__name__}: {one_line(exc)})") from None
 
 
 def is_ignored(name: str, ignore: tuple[str, ...]) -> bool:

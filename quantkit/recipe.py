@@ -207,9 +207,17 @@ class ExportConfig(_Strict):
     max_shard_size: str = "5GB"
 
 
+# Names become directory names (`runs/NAME`, `runs/NAME/artifacts/VARIANT`): plain names only, so
+# `name: ../../x` or `name: /tmp/x` can never make `run` write outside its run directory.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+
+
 class Variant(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
+    # A variant without steps is the unmodified checkpoint, and must say so: a step-less variant
+    # named like a quantized one (an include whose steps were lost) would be reported as one.
+    baseline: bool = False
     steps: tuple[Step, ...] = ()
 
 
@@ -221,9 +229,23 @@ def _check_steps(steps: tuple[Step, ...]) -> None:
         raise ValueError("gqa must come before quantize (a quantized model cannot be re-headed)")
 
 
+def _check_effective_steps(recipe: "Recipe") -> None:
+    """Only a variant marked `baseline: true` (or run's implicit baseline) converts nothing."""
+    if not recipe.variants and not recipe.steps:
+        raise ValueError("no steps and no variants: nothing to convert")
+    if sum(v.baseline for v in recipe.variants) > 1:
+        raise ValueError("more than one variant has baseline: true")
+    for i, v in enumerate(recipe.variants):
+        if v.baseline and v.steps:
+            raise ValueError(f"variants[{i}] ({v.name}): baseline: true is the unmodified checkpoint, it takes no steps")
+        if not v.baseline and not v.steps:
+            raise ValueError(f"variants[{i}] ({v.name}): no steps; give it steps (or recipe: FILE), "
+                             "or mark the unmodified checkpoint with baseline: true")
+
+
 class Recipe(_Strict):
     schema_version: Literal[1] = SCHEMA_VERSION
-    name: str = ""
+    name: str = Field("", pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,99})?$")  # NAME_PATTERN, or empty
     description: str = ""
     model: str | None = None
     calibration: CalibrationConfig = CalibrationConfig()
@@ -243,6 +265,7 @@ class Recipe(_Strict):
             raise ValueError("variant names must be unique")
         for v in self.variants:
             _check_steps(v.steps)
+        _check_effective_steps(self)
         return self
 
     def all_variants(self) -> tuple[Variant, ...]:
@@ -282,7 +305,10 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         raise RecipeError(f"--set {assignment}: expected KEY.PATH=VALUE")
     path, raw = assignment.split("=", 1)
     keys = parse_key_path(path.strip())
-    value = yaml.safe_load(raw) if raw.strip() else None
+    try:
+        value = yaml.load(raw, Loader=_NoAliasLoader) if raw.strip() else None  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError:
+        raise RecipeError(f"--set {assignment}: the value is not valid YAML") from None
     node: Any = data
     for i, key in enumerate(keys[:-1]):
         nxt = keys[i + 1]
@@ -339,6 +365,9 @@ def _message(err: dict) -> str:
         return f"unknown method {ctx.get('tag')!r}; valid methods: {', '.join(METHOD_CONFIGS)}"
     if kind == "union_tag_not_found":
         return f"needs a 'method' key; valid methods: {', '.join(METHOD_CONFIGS)}"
+    if kind == "string_pattern_mismatch" and err["loc"] and err["loc"][-1] == "name":
+        return ("must be a plain name (letters, digits, '.', '_', '-', starting with a letter or digit, at most 100): "
+                "it names a directory")
     msg = err["msg"]
     return msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg[:1].lower() + msg[1:]
 
@@ -349,7 +378,7 @@ def format_validation_error(source: str, exc: ValidationError, origin=None) -> s
     first = errors[0]
     loc = _clean_loc(first["loc"])
     source, loc = (origin(loc) if origin else None) or (source, loc)
-    line = f"{source}: {format_loc(loc)}: {_message(first)}"
+    line = f"{source}: {format_loc(loc) + ': ' if loc else ''}{_message(first)}"
     if len(errors) > 1:
         line += f" (and {len(errors) - 1} more)"
     return line
@@ -364,45 +393,112 @@ def recipe_from_dict(data: Any, source: str = "<recipe>", origin=None) -> Recipe
         raise RecipeError(format_validation_error(source, exc, origin)) from None
 
 
-def load_raw(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise RecipeError(f"{path}: no such recipe file")
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; anything larger is not one
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """safe_load without YAML aliases: `*ref` expands to shared objects, and nested ones make a
+    few hundred bytes validate as billions of nodes (the "billion laughs" document)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed in recipes", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def _read_recipe_text(p: Path, label: str) -> str:
     try:
-        data = yaml.safe_load(p.read_text())
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_RECIPE_BYTES + 1)
+    except OSError as exc:
+        raise RecipeError(f"{label}: cannot read the recipe ({exc.strerror or type(exc).__name__})") from None
+    if len(raw) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"{label}: not a recipe (larger than {MAX_RECIPE_BYTES >> 20} MiB)")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{label}: not a recipe: not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}; a binary file?)") from None
+    if "\x00" in text:
+        raise RecipeError(f"{label}: not a recipe: it contains NUL bytes (a binary file?)")
+    return text
+
+
+def plain_name(stem: str) -> str:
+    """A file stem as a recipe name (the default `name:`): characters a name may not hold become '-'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).lstrip("._-")[:100] or "recipe"
+
+
+def load_raw(path: str | Path, label: str | None = None) -> Any:
+    """The YAML document of a recipe file (a mapping gets its default `name:`); `label` names the file in errors."""
+    p, label = Path(path), label or str(path)
+    if not p.is_file():
+        raise RecipeError(f"{label}: no such recipe file")
+    try:
+        data = yaml.load(_read_recipe_text(p, label), Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
-        raise RecipeError(f"{path}: not valid YAML{where}") from None
+        problem = getattr(exc, "problem", None)
+        raise RecipeError(f"{label}: not valid YAML{where}{': ' + problem if problem else ''}") from None
     if data is None:
         data = {}
     if isinstance(data, dict):
-        data.setdefault("name", p.stem)
+        data.setdefault("name", plain_name(p.stem))
     return data
 
 
-def _include_variant_recipes(data: dict[str, Any], path: Path) -> dict[int, Path]:
-    """`variants[i].recipe: other.yaml` takes that file's steps (path relative to this file);
-    returns, per variant index, the file its steps came from."""
+def _not_a_mapping(label: str, data: Any) -> RecipeError:
+    kind = "a list" if isinstance(data, list) else f"a {type(data).__name__}" if not isinstance(data, str) else "text"
+    return RecipeError(f"{label}: not a recipe (the file holds {kind}; a recipe is a YAML mapping of keys such as steps:)")
+
+
+def include_target(path: Path, ref: Any, where: str, roots: tuple[Path, ...]) -> Path:
+    """`variants[i].recipe: REF` -> the file, which must lie (symlinks resolved) in the including
+    recipe's directory tree or under one of `roots` (--include-dir)."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise RecipeError(f"{path}: {where}: expected a recipe file name, relative to {path.parent}")
+    target = path.parent / ref
+    resolved = target.resolve()
+    allowed = (path.parent.resolve(), *(Path(r).expanduser().resolve() for r in roots))
+    if not any(resolved.is_relative_to(root) for root in allowed):
+        raise RecipeError(
+            f"{path}: {where}: {ref} resolves to {resolved}, outside the recipe's directory {allowed[0]}; "
+            "includes stay in that tree unless you allow another with --include-dir DIR"
+        )
+    if not resolved.is_file():
+        raise RecipeError(f"{path}: {where}: no such recipe file {target}")
+    return resolved
+
+
+def _include_variant_recipes(data: dict[str, Any], path: Path, roots: tuple[Path, ...] = ()) -> dict[int, str]:
+    """`variants[i].recipe: other.yaml` takes that file's steps (path relative to this file). The
+    included file is validated as a recipe of its own first, so a typo in it names it; returns, per
+    variant index, how to name the file its steps came from."""
     variants = data.get("variants")
-    included_from: dict[int, Path] = {}
+    included_from: dict[int, str] = {}
     if not isinstance(variants, list):
         return included_from
     for i, variant in enumerate(variants):
         if not isinstance(variant, dict) or "recipe" not in variant:
             continue
+        where = f"variants[{i}].recipe"
         ref = variant.pop("recipe")
-        target = path.parent / str(ref)
-        if not target.is_file():
-            raise RecipeError(f"{path}: variants[{i}].recipe: no such recipe file {target}")
-        included = load_raw(target)
+        target = include_target(path, ref, where, roots)
+        label = f"{target} (included by {path}: {where})"
+        for key in ("steps", "baseline"):
+            if key in variant:
+                raise RecipeError(f"{path}: variants[{i}]: give either recipe: or {key}:, not both")
+        included = load_raw(target, label)
+        if not isinstance(included, dict):
+            raise _not_a_mapping(label, included)
         if "variants" in included:
-            raise RecipeError(f"{path}: variants[{i}].recipe: {ref} is a suite; include single-variant recipes only")
-        if "steps" not in variant:
-            variant["steps"] = included.get("steps", [])
-            included_from[i] = target
+            raise RecipeError(f"{path}: {where}: {ref} is a suite; include single-variant recipes only")
+        recipe_from_dict(included, label)  # the same strict validation as a top-level recipe
+        variant["steps"] = included.get("steps") or []
+        included_from[i] = label
         variant.setdefault("description", included.get("description", ""))
-        variant.setdefault("name", included.get("name", target.stem))
+        variant.setdefault("name", included.get("name", plain_name(target.stem)))
     return included_from
 
 
@@ -415,18 +511,21 @@ def _origin(path, included: dict[int, Path], overrides):
             if loc and (loc[: len(keys)] == keys or keys[: len(loc)] == loc):
                 return f"--set {assignment}", loc
         if len(loc) > 2 and loc[0] == "variants" and loc[1] in included and loc[2] == "steps":
-            return f"{included[loc[1]]} (included by {path}: variants[{loc[1]}].recipe)", loc[2:]
+            return included[loc[1]], loc[2:]
         return None
 
     return origin
 
 
-def load_recipe(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe:
-    """Read, apply --set overrides, validate. The one entry point for recipe files."""
+def load_recipe(path: str | Path, overrides: tuple[str, ...] | list[str] = (), include_dirs: tuple[str, ...] | list[str] = ()) -> Recipe:
+    """Read, apply --set overrides, validate. The one entry point for recipe files.
+
+    `include_dirs` are directories besides the recipe's own tree that `variants[i].recipe`
+    includes may come from (the user's explicit allowance, never the recipe's)."""
     data = load_raw(path)
     if not isinstance(data, dict):
-        raise RecipeError(f"{path}: a recipe is a YAML mapping at the top level")
-    included = _include_variant_recipes(data, Path(path))
+        raise _not_a_mapping(str(path), data)
+    included = _include_variant_recipes(data, Path(path), tuple(Path(d) for d in include_dirs))
     for assignment in overrides:
         apply_override(data, assignment)
     recipe = recipe_from_dict(data, str(path), _origin(path, included, overrides))

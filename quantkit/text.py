@@ -7,8 +7,10 @@ read the same file. Window i covers tokens [start, start + seq_len) of the strea
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,12 +49,19 @@ def _from_manifest(name: str) -> TextSpec:
 
     from dataclasses import replace
 
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise DataError(f"set:{name}: a set is named by a plain name (a manifest in {calib_data_dir()})")
     manifest = calib_data_dir() / f"{name}.yaml"
     if not manifest.is_file():
         known = sorted(p.stem for p in calib_data_dir().glob("*.yaml"))
         raise DataError(f"set:{name}: no manifest {manifest.name} in {calib_data_dir()} (known: {', '.join(known) or 'none'})")
-    data = yaml.safe_load(manifest.read_text()) or {}
-    inner = parse_spec(str(data.get("source", "")))
+    try:
+        data = yaml.safe_load(manifest.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError):
+        raise DataError(f"set:{name}: {manifest} is not valid YAML") from None
+    if not isinstance(data, dict) or not isinstance(data.get("source"), str):
+        raise DataError(f"set:{name}: {manifest} needs a 'source: file:PATH' key")
+    inner = parse_spec(data["source"])
     if inner.kind == "file" and not Path(inner.path).is_absolute():
         inner = replace(inner, path=str((manifest.parent.parent / inner.path).resolve()))
     return replace(inner, expect_sha256=data.get("sha256"), set_name=name)
@@ -87,62 +96,159 @@ class Text:
     provenance: dict = field(default_factory=dict)
 
 
-def _read_file(path: Path) -> str:
+# Text that is not text: bytes that are not UTF-8 (decoded as U+FFFD) and control characters other
+# than tab, newlines, vertical tab and form feed (NUL, escape codes, C1 controls from mis-decoded
+# cp1252). Random bytes are mostly these; a real UTF-8 text has none, or a stray few from a bad copy.
+# Up to one in ten thousand characters is tolerated with a warning and recorded in the provenance
+# (`bad_characters`); more refuses the text, so binary files never become calibration or evaluation text.
+MAX_BAD_FRACTION = 1e-4
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+
+
+def decode_text(raw: bytes) -> tuple[str, int]:
+    """bytes -> (text, number of invalid byte sequences replaced by U+FFFD); UTF-8, or UTF-16 with its BOM."""
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        text = raw.decode("utf-16", errors="replace")
+        return text, text.count("\ufffd")
+    text = raw.decode("utf-8-sig", errors="replace")
+    return text, text.count("\ufffd") - raw.count("\ufffd".encode())  # a U+FFFD already in the file is text
+
+
+def check_text(text: str, replaced: int, where: str) -> dict:
+    """Refuse binary or non-UTF-8 text; returns provenance notes (the count of bad characters, if any)."""
+    if not text.strip():
+        raise DataError(f"{where}: no text (the file is empty or only whitespace)")
+    bad = replaced + len(_CONTROL.findall(text))
+    if bad == 0:
+        return {}
+    if bad > MAX_BAD_FRACTION * len(text):
+        raise DataError(
+            f"{where}: not UTF-8 text: {bad} of {len(text)} characters are invalid UTF-8 or control characters "
+            f"(a binary file, or another encoding?); convert it to UTF-8"
+        )
+    from .progress import note
+
+    note(f"warning: {where}: {bad} of {len(text)} characters are invalid UTF-8 or control characters "
+         f"({replaced} replaced with U+FFFD); using the text, recorded as bad_characters")
+    return {"bad_characters": bad}
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
+
+
+def _read_jsonl(path: Path, text: str) -> str:
+    rows = []
+    for n, line in enumerate(text.split("\n"), 1):  # not splitlines(): U+2028 may sit inside a JSON string
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            raise DataError(f"{path}:{n}: not valid JSON") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise DataError(f"{path}:{n}: each JSONL line needs a string 'text' field")
+        rows.append(obj["text"])
+    return "\n\n".join(rows)
+
+
+def _read_parquet(path: Path) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise DataError(f"{path}: not a readable parquet file ({' '.join(str(exc).split())[:160]})") from None
+    if "text" not in table.column_names:
+        raise DataError(f"{path}: parquet file has no 'text' column (columns: {', '.join(table.column_names) or 'none'})")
+    kind = table.schema.field("text").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"{path}: the parquet 'text' column holds {kind}, not strings")
+    return "\n\n".join(t for t in table.column("text").to_pylist() if t)
+
+
+def _read_file(path: Path, raw: bytes) -> tuple[str, int]:
+    """The text of a .txt/.md/.jsonl/.parquet file and the number of undecodable byte sequences."""
     suffix = path.suffix.lower()
     if suffix in (".txt", ".md", ".text", ""):
-        return path.read_text(encoding="utf-8", errors="replace")
+        return decode_text(raw)
     if suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                raise DataError(f"{path}:{n}: not valid JSON") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                raise DataError(f"{path}:{n}: each JSONL line needs a string 'text' field")
-            rows.append(obj["text"])
-        return "\n\n".join(rows)
+        text, replaced = decode_text(raw)
+        return _read_jsonl(path, text), replaced
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path)
-        if "text" not in table.column_names:
-            raise DataError(f"{path}: parquet file has no 'text' column (columns: {', '.join(table.column_names)})")
-        return "\n\n".join(str(t) for t in table.column("text").to_pylist() if t)
+        return _read_parquet(path), 0
     raise DataError(f"{path}: unsupported text file type {suffix!r}; use .txt, .jsonl or .parquet")
+
+
+# One request to the Hub, with a short timeout and no retries, before `datasets` tries: without a
+# network it retries for about 25 s (measured here: 5 retries with back-off) and only then fails.
+HUB_TIMEOUT_S = 5.0
+
+
+def check_hub_reachable(spec: TextSpec, timeout: float = HUB_TIMEOUT_S) -> None:
+    """An `hf:` source needs the Hub unless HF_HUB_OFFLINE=1 (then `datasets` reads its cache, or fails at once)."""
+    import httpx
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return
+    url = f"{constants.ENDPOINT}/api/datasets/{spec.dataset}"
+    try:
+        httpx.head(url, timeout=timeout)  # any HTTP answer, even 404, means the Hub is there
+    except httpx.HTTPError as exc:
+        raise OfflineError(
+            f"{spec}: the Hugging Face Hub ({constants.ENDPOINT}) is unreachable ({type(exc).__name__}); use file:PATH, "
+            "or set HF_HUB_OFFLINE=1 to read a copy from the local datasets cache"
+        ) from None
+
+
+def _read_hub(spec: TextSpec) -> Text:
+    check_hub_reachable(spec)
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(spec.dataset, spec.config, split=spec.split)
+    except (ConnectionError, OSError) as exc:
+        raise OfflineError(f"{spec}: cannot load from the Hugging Face Hub ({type(exc).__name__}); use file:PATH offline") from None
+    except ValueError as exc:
+        raise DataError(f"{spec}: {str(exc).splitlines()[0][:160] if str(exc).strip() else type(exc).__name__}") from None
+    if "text" not in ds.column_names:
+        raise DataError(f"{spec}: dataset has no 'text' column")
+    rows = [t for t in ds["text"] if t]
+    if not all(isinstance(t, str) for t in rows):
+        raise DataError(f"{spec}: the dataset's 'text' column does not hold strings")
+    text = "\n\n".join(rows)
+    prov = {"source": str(spec), "sha256": hashlib.sha256(text.encode()).hexdigest(), "fingerprint": ds._fingerprint}
+    prov.update(check_text(text, 0, str(spec)))
+    return Text(text, prov)
 
 
 def read_text(spec: TextSpec) -> Text:
     """Load the raw text of a file or hub source (`self` is generated by calib.self_text)."""
     if spec.kind == "file":
         path = Path(spec.path).expanduser()
-        if not path.is_file():
+        if not path.exists():
             raise DataError(f"{spec.path}: no such text file")
-        raw = path.read_bytes()
+        if not path.is_file():
+            raise DataError(f"{spec.path}: not a regular file")
+        raw = _read_bytes(path)
         digest = hashlib.sha256(raw).hexdigest()
         if spec.expect_sha256 and digest != spec.expect_sha256:
             raise DataError(f"set:{spec.set_name}: {path} has sha256 {digest[:12]}…, the manifest says {spec.expect_sha256[:12]}…")
-        text = _read_file(path)
+        text, replaced = _read_file(path, raw)
         prov = {"source": str(spec), "sha256": digest, "bytes": len(raw)}
+        prov.update(check_text(text, replaced, str(path)))
         if spec.set_name:
             prov["set"] = spec.set_name
         return Text(text, prov)
     if spec.kind == "hf":
-        try:
-            import datasets
-
-            ds = datasets.load_dataset(spec.dataset, spec.config, split=spec.split)
-        except (ConnectionError, OSError) as exc:
-            raise OfflineError(f"{spec}: cannot load from the Hugging Face Hub ({type(exc).__name__}); use file:PATH offline") from None
-        except ValueError as exc:
-            raise DataError(f"{spec}: {str(exc).splitlines()[0][:160]}") from None
-        if "text" not in ds.column_names:
-            raise DataError(f"{spec}: dataset has no 'text' column")
-        text = "\n\n".join(t for t in ds["text"] if t)
-        prov = {"source": str(spec), "sha256": hashlib.sha256(text.encode()).hexdigest(), "fingerprint": ds._fingerprint}
-        return Text(text, prov)
+        return _read_hub(spec)
+    if spec.kind == "mix":
+        raise DataError(f"{spec}: a calibration mix of several texts, not one text; use one of its parts (set:NAME or file:PATH)")
     raise DataError("the 'self' source is generated by the model; it has no raw text")
 
 

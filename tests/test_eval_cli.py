@@ -98,3 +98,50 @@ def test_update_card_on_non_artifact_fails_before_evaluating(cli, tiny_llama, ti
     monkeypatch.setattr(runner, "run_eval", lambda *a, **k: pytest.fail("evaluated before refusing --update-card"))
     code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--update-card")
     assert code == 2 and "not a quantkit artifact" in err and "Traceback" not in err
+
+
+def _rtn_artifact(cli, src, out):
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "int4-w4a16-rtn.yaml"
+    code, _, err, _ = cli("convert", str(recipe), "--model", str(src), "--out", str(out), "--set", "steps[0].quantize.group_size=32", "--json")
+    assert code == 0, err
+    return out
+
+
+def test_baseline_must_be_the_artifacts_source(cli, tiny_dir, tiny_text, tmp_path):
+    """The demo as the baseline of a fixture's artifact once printed dPPL +91,498% with exit 0."""
+    art = _rtn_artifact(cli, tiny_dir / "llama-gqa", tmp_path / "int4")
+    args = ["--text", f"file:{tiny_text}", "--seq-len", "64", "--max-tokens", "128"]
+    other = tiny_dir / "mistral"  # the same tokenizer, another checkpoint
+    code, _, err, _ = cli("eval", str(art), "--baseline", str(other), *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"--baseline {other}" in err and "llama-gqa" in err and "--baseline-mismatch-ok" in err
+    code, _, err, data = cli("eval", str(art), "--baseline", str(other), *args, "--baseline-mismatch-ok", "--json")
+    assert code == 0, err
+    check = data["baseline_check"]
+    assert check["match"] is False and check["mismatch_ok"] is True and check["artifact_source_sha256"] != check["baseline_sha256"]
+    code, _, err, data = cli("eval", str(art), "--baseline", str(tiny_dir / "llama-gqa"), *args, "--json")
+    assert code == 0, err
+    assert data["baseline_check"]["match"] is True
+    assert data["overlap_check"]["overlap"] is False  # RTN was fitted on no text
+    code, _, err, data = cli("eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), *args, "--json")
+    assert code == 0 and data["baseline_check"]["match"] is None  # a plain checkpoint records no source
+
+
+def test_damaged_artifact_metadata_is_one_line(cli, tiny_dir, tiny_text, tmp_path):
+    art = _rtn_artifact(cli, tiny_dir / "llama-gqa", tmp_path / "int4")
+    for content in ("{broken", "[]", "\x00\xff"):
+        (art / "quantkit.json").write_text(content, encoding="latin-1")
+        code, _, err, _ = cli("eval", str(art), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", "--seq-len", "64")
+        assert code == 2 and f"{art / 'quantkit.json'}" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_damaged_baseline_cache_is_recomputed(cli, tiny_llama, tiny_text, quantkit_home):
+    args = ["eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64", "--max-tokens", "128", "--json"]
+    _, _, _, first = cli(*args)
+    for f in (quantkit_home / "eval-cache").glob("*.pt"):
+        f.write_bytes(b"\x00" * 10)
+    code, _, err, second = cli(*args)
+    assert code == 0, err
+    assert second["baseline_cached"] is False and second["ppl"] == first["ppl"]

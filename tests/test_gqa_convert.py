@@ -282,3 +282,28 @@ def test_shipped_recipes_on_a_fixture(cli, tiny_dir, tiny_text, tmp_path, recipe
     if recipe == "gqa-int4":
         assert data["quantization"]["weight_bits"] == 4
         assert "quantization_config" in json.loads((out / "config.json").read_text())
+
+
+def test_recovery_windows_are_recorded_and_the_eval_guard_covers_them(cli, tiny_llama, tiny_text, tmp_path):
+    """Recovery trains on the second half of the text: quantkit.json records those windows, and
+    `eval --region second-half` on the same text is refused (it once scored on training text)."""
+    import hashlib
+
+    rec = "{tokens: 1024, max_minutes: 5, seq_len: 32, batch_size: 4, eval_every: 4, heldout_windows: 2}"
+    out = tmp_path / "a"
+    code, _, err, data = convert(cli, tiny_llama, out, tiny_text, "--set", f"steps[0].gqa.recover={rec}",
+                                 "--set", "calibration.region=first-half")
+    assert code == 0, err
+    w = data["gqa"]["recover"]["windows"]
+    assert w["sha256"] == hashlib.sha256(tiny_text.read_bytes()).hexdigest() and w["source"] == f"file:{tiny_text}"
+    assert w["seq_len"] == 32 and w["heldout"] == 2 and len(w["heldout_starts"]) == 2
+    assert w["train_used"] == len(w["train_starts"]) == 8 * 4 and w["train"] >= w["train_used"]
+    starts = w["train_starts"] + w["heldout_starts"]
+    assert min(starts) >= w["stream_tokens"] // 2 and len(set(starts)) == len(starts) and not set(w["train_starts"]) & set(w["heldout_starts"])
+    assert json.loads((out / "quantkit.json").read_text())["gqa"]["recover"]["windows"] == w
+    args = ["eval", str(out), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64", "--max-tokens", "4096"]
+    code, _, err, _ = cli(*args, "--region", "second-half")
+    assert code == 2 and "overlap the GQA recovery training windows" in err and "--allow-overlap" in err
+    code, _, err, ev = cli(*args, "--region", "second-half", "--allow-overlap", "--json")
+    assert code == 0, err
+    assert ev["overlap_check"] == {"allowed": True}

@@ -22,7 +22,8 @@ def test_hub_id_offline_is_clear(monkeypatch):
 
 
 def test_pickle_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    sizes = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 100}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **sizes}))
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04")
     with pytest.raises(ModelError, match="--allow-pickle"):
         check_checkpoint(tmp_path)
@@ -80,3 +81,42 @@ def test_cast_model_keeps_exact_rope_frequencies_after_offload(tiny_llama):
     offload_module(model.model.rotary_emb, "cpu", "cpu")
     model = cast_model(model, torch.float16)
     assert torch.equal(model.model.rotary_emb.inv_freq, exact)
+
+
+def _old_hash(path):
+    """The definition before weights other than safetensors were hashed (config.json + *.safetensors)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted([path / "config.json", *path.glob("*.safetensors")]):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model-00001-of-00002.bin", "consolidated.pt", "weights.pth", "modeling_custom.py"])
+def test_checkpoint_hash_covers_every_weight_format_and_model_code(tiny_llama, tmp_path, name):
+    """Once only config.json and *.safetensors were hashed: a changed .bin kept the source hash."""
+    import shutil
+
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_llama, ck)
+    plain = checkpoint_hash(ck)
+    assert plain == _old_hash(ck)  # safetensors-only checkpoints keep the hash they always had
+    (ck / name).write_bytes(b"one")
+    first = checkpoint_hash(ck)
+    (ck / name).write_bytes(b"two")
+    assert len({plain, first, checkpoint_hash(ck)}) == 3
+
+
+def test_checkpoint_hash_ignores_tokenizer_files_and_survives_a_damaged_memo(tiny_llama, tmp_path, quantkit_home):
+    import shutil
+
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_llama, ck)
+    before = checkpoint_hash(ck)
+    (ck / "tokenizer_config.json").write_text((ck / "tokenizer_config.json").read_text() + "\n")
+    assert checkpoint_hash(ck) == before
+    for memo in (quantkit_home / "hashes").glob("*.txt"):
+        memo.write_text("")
+    assert checkpoint_hash(ck) == before

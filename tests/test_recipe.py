@@ -27,6 +27,7 @@ def test_shipped_recipes_validate_or_say_not_implemented():
 def test_shipped_gqa_suite_includes_its_recipes():
     r = load_recipe(REPO / "recipes" / "suite-gqa.yaml")
     kinds = {v.name: [s.kind for s in v.steps] for v in r.variants}
+    assert r.variants[0].baseline and not any(v.baseline for v in r.variants[1:])
     assert kinds == {"fp16": [], "int4-awq-gptq-mixed": ["quantize"], "gqa": ["gqa"], "gqa-int4": ["gqa", "quantize"]}
     assert r.variants[2].steps[0].gqa.recover is not None and r.variants[1].steps[0].quantize.overrides
     assert (r.bench.engine, r.bench.prompt_len, r.bench.gen_len, r.bench.repeats) == ("compiled", 1536, 64, 3)
@@ -103,7 +104,7 @@ def test_apply_override_creates_missing_mappings():
 def test_variant_recipe_include(tmp_path):
     (tmp_path / "q.yaml").write_text("description: inner\nsteps:\n  - quantize: {method: rtn, group_size: 32}\n")
     suite = tmp_path / "suite.yaml"
-    suite.write_text("variants:\n  - name: base\n  - name: q\n    recipe: q.yaml\n")
+    suite.write_text("variants:\n  - name: base\n    baseline: true\n  - name: q\n    recipe: q.yaml\n")
     r = load_recipe(suite)
     assert [v.name for v in r.variants] == ["base", "q"]
     assert r.variants[1].steps[0].quantize.group_size == 32
@@ -114,7 +115,7 @@ def test_error_in_included_recipe_names_that_file(tmp_path):
     inner = tmp_path / "q.yaml"
     inner.write_text("steps:\n  - quantize: {method: gptq, group_size: 48}\n")
     suite = tmp_path / "suite.yaml"
-    suite.write_text("variants:\n  - name: base\n  - name: q\n    recipe: q.yaml\n")
+    suite.write_text("variants:\n  - name: base\n    baseline: true\n  - name: q\n    recipe: q.yaml\n")
     with pytest.raises(RecipeError) as exc:
         load_recipe(suite)
     assert str(exc.value) == (f"{inner} (included by {suite}: variants[1].recipe): steps[0].quantize.group_size: "

@@ -14,11 +14,13 @@ SMALL = ["--set", "calibration.samples=4", "--set", "calibration.seq_len=64", "-
 @pytest.fixture
 def suite(tmp_path):
     p = tmp_path / "suite.yaml"
+    for name in ("int4-w4a16-rtn.yaml", "int8-w8a16-gptq.yaml"):  # includes stay in the suite's directory tree
+        (tmp_path / name).write_text((REPO / "recipes" / name).read_text())
     p.write_text(
         "description: test suite\n"
         "variants:\n"
-        "  - name: int4-rtn\n    recipe: " + str(REPO / "recipes" / "int4-w4a16-rtn.yaml") + "\n"
-        "  - name: int8-gptq\n    recipe: " + str(REPO / "recipes" / "int8-w8a16-gptq.yaml") + "\n"
+        "  - name: int4-rtn\n    recipe: int4-w4a16-rtn.yaml\n"
+        "  - name: int8-gptq\n    recipe: int8-w8a16-gptq.yaml\n"
     )
     return p
 
@@ -185,7 +187,7 @@ def test_run_gqa_variants(cli, tiny_dir, tiny_text, tmp_path):
     """GQA alone and GQA then RTN in one variant, next to the baseline: the KV column follows the KV heads."""
     p = tmp_path / "gqa-suite.yaml"
     gqa = "      - gqa: {kv_heads: 1, grouping: contiguous, merge: calibrated, recover: null}\n"
-    p.write_text("variants:\n  - name: fp16\n"
+    p.write_text("variants:\n  - name: fp16\n    baseline: true\n"
                  "  - name: gqa\n    steps:\n" + gqa +
                  "  - name: gqa-rtn\n    steps:\n" + gqa + "      - quantize: {method: rtn, group_size: 64}\n")
     out = tmp_path / "run"

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from quantkit.errors import DataError
@@ -75,3 +77,67 @@ def test_shipped_manifests_parse():
 
     for m in (Path(__file__).resolve().parents[1] / "calib_data").glob("*.yaml"):
         assert parse_spec(f"set:{m.stem}").kind in ("file", "hf")
+
+
+WORDS = "the quick brown fox jumps over the lazy dog. " * 2000  # 90,000 characters
+
+
+def test_a_stray_bad_byte_is_a_warning_and_recorded(tmp_path, capsys):
+    """Up to one bad character in 10,000: the text is used, the count recorded and reported."""
+    p = tmp_path / "a.txt"
+    p.write_bytes(WORDS[:40000].encode() + b"\xff\xfe" + WORDS[40000:].encode() + b"\x1b")
+    t = read_text(parse_spec(f"file:{p}"))
+    assert t.provenance["bad_characters"] == 3  # two undecodable bytes, one escape character
+    assert "3 of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", [lambda b: b[:1000] + bytes(range(128, 256)) * 2 + b[1000:],  # cp1252 bytes in UTF-8
+                                    lambda b: b.replace(b" ", b"\x00", 50),  # NULs
+                                    lambda b: b.decode().encode("utf-16-le"),  # UTF-16 without a BOM
+                                    lambda b: bytes(x ^ 0xA5 for x in b)],  # scrambled
+                         ids=["high-bytes", "nul", "utf16-no-bom", "xor"])
+def test_more_than_a_stray_byte_refuses_the_text(tmp_path, damage):
+    p = tmp_path / "a.txt"
+    p.write_bytes(damage(WORDS.encode()))
+    with pytest.raises(DataError, match=rf"^{p}: not UTF-8 text: \d+ of \d+ characters"):
+        read_text(parse_spec(f"file:{p}"))
+
+
+def test_text_with_a_bom_and_real_replacement_characters(tmp_path):
+    for name, raw in [("utf8-bom.txt", b"\xef\xbb\xbf" + WORDS.encode()), ("utf16.txt", WORDS.encode("utf-16")),
+                      ("utf16be.txt", b"\xfe\xff" + WORDS.encode("utf-16-be"))]:
+        (tmp_path / name).write_bytes(raw)
+        t = read_text(parse_spec(f"file:{tmp_path / name}"))
+        assert t.text == WORDS and "bad_characters" not in t.provenance
+    q = tmp_path / "fffd.txt"
+    q.write_text(WORDS + "\ufffd" * 100, encoding="utf-8")  # U+FFFD written as text is text
+    assert "bad_characters" not in read_text(parse_spec(f"file:{q}")).provenance
+
+
+def test_jsonl_lines_split_only_at_newlines(tmp_path):
+    p = tmp_path / "a.jsonl"
+    p.write_text(json.dumps({"text": "a\u2028b\u2029c"}, ensure_ascii=False) + "\n" + json.dumps({"text": "d"}) + "\n", encoding="utf-8")
+    assert read_text(parse_spec(f"file:{p}")).text.startswith("a\u2028b")
+
+
+def test_unreadable_files_and_bad_manifests(tmp_path, monkeypatch):
+    import os
+
+    d = tmp_path / "dir.txt"
+    d.mkdir()
+    with pytest.raises(DataError, match="not a regular file"):
+        read_text(parse_spec(f"file:{d}"))
+    if os.geteuid() != 0:  # root reads anything
+        locked = tmp_path / "locked.txt"
+        locked.write_text(WORDS)
+        locked.chmod(0)
+        with pytest.raises(DataError, match="cannot read"):
+            read_text(parse_spec(f"file:{locked}"))
+    (tmp_path / "calib_data").mkdir()
+    monkeypatch.setenv("QUANTKIT_CALIB_DATA", str(tmp_path / "calib_data"))
+    for content in ("source: [1\n", "- a list\n", "sha256: abc\n"):
+        (tmp_path / "calib_data" / "bad.yaml").write_text(content)
+        with pytest.raises(DataError, match="set:bad"):
+            parse_spec("set:bad")
+    with pytest.raises(DataError, match="plain name"):
+        parse_spec("set:../../etc/x")

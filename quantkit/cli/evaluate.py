@@ -14,7 +14,7 @@ def render(result: dict) -> str:
         w = result["windows"]
         lines += [
             f"model     {result['model']}",
-            f"baseline  {result['baseline']}",
+            f"baseline  {result['baseline']}{_baseline_note(result.get('baseline_check') or {})}",
             f"text      {w.get('source')}  {w['count']} windows x {w['seq_len']} tokens ({w.get('region', '')}), {result['tokens']} scored tokens",
             f"PPL       {result['ppl']:.4f}  (baseline {result['baseline_ppl']:.4f})",
             f"dPPL      {result['delta_ppl_pct']:+.2f}%  95% CI [{ci['delta_ppl_pct'][0]:+.2f}, {ci['delta_ppl_pct'][1]:+.2f}]",
@@ -28,6 +28,12 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _baseline_note(check: dict) -> str:
+    if check.get("match") is None:
+        return ""
+    return "  (the artifact's source)" if check["match"] else "  (NOT the artifact's source: --baseline-mismatch-ok)"
+
+
 @click.command("eval")
 @click.argument("model")
 @click.option("--baseline", "baseline", required=True, help="The original model (directory, hub id or 'demo').")
@@ -38,10 +44,15 @@ def render(result: dict) -> str:
 @click.option("--tasks", default="", help="Comma-separated lm-eval tasks (local ones from evals/, or standard names online).")
 @click.option("--limit", default=None, type=int, help="Examples per lm-eval task.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
-@click.option("--allow-overlap", is_flag=True, help="Allow evaluation windows that overlap the calibration windows.")
+@click.option("--allow-overlap", is_flag=True, help="Allow evaluation windows that overlap text the artifact was fitted on "
+              "(calibration, GQA recovery).")
+@click.option("--baseline-mismatch-ok", is_flag=True, help="Compare with a --baseline other than the checkpoint the artifact "
+              "was converted from (its quantkit.json source.sha256).")
+@click.option("--trust-remote-code", is_flag=True, help="Allow model code from the checkpoints (off by default).")
 @click.option("--update-card", is_flag=True, help="Write the figures into the artifact's model card.")
 @json_option
-def eval_cmd(model, baseline, text, seq_len, max_tokens, region, tasks, limit, dtype, allow_overlap, update_card, as_json):
+def eval_cmd(model, baseline, text, seq_len, max_tokens, region, tasks, limit, dtype, allow_overlap, baseline_mismatch_ok,
+             trust_remote_code, update_card, as_json):
     """Perplexity, KL divergence, top-1 agreement and lm-eval deltas of MODEL against --baseline."""
     from ..errors import DataError
     from ..evals.runner import run_eval
@@ -59,7 +70,8 @@ def eval_cmd(model, baseline, text, seq_len, max_tokens, region, tasks, limit, d
         check_card_updatable(model_path)
     result = run_eval(
         model_path, base_path, text, seq_len=seq_len, max_tokens=max_tokens, region=region,
-        tasks=task_list, limit=limit, dtype=dtype, allow_overlap=allow_overlap,
+        tasks=task_list, limit=limit, dtype=dtype, allow_overlap=allow_overlap, baseline_mismatch_ok=baseline_mismatch_ok,
+        trust_remote_code=trust_remote_code,
     )
     if update_card:
         from ..card import update_card_results

@@ -9,6 +9,16 @@ import click
 from ._common import debug_enabled, echo_json, json_option, set_option
 
 
+include_option = click.option(
+    "--include-dir",
+    "include_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="Also allow `variants[i].recipe` includes from DIR (repeatable); by default an include must lie in the "
+    "recipe's own directory tree (symlinks resolved).",
+)
+
+
 @click.group("recipe")
 def recipe_group() -> None:
     """Validate and list recipes."""
@@ -17,8 +27,9 @@ def recipe_group() -> None:
 @recipe_group.command("validate")
 @click.argument("files", nargs=-1, required=True)
 @set_option
+@include_option
 @json_option
-def validate(files: tuple[str, ...], overrides: tuple[str, ...], as_json: bool) -> None:
+def validate(files: tuple[str, ...], overrides: tuple[str, ...], include_dirs: tuple[str, ...], as_json: bool) -> None:
     """Validate recipe files; each error names the file and the key path. Exit 2 if any fails."""
     from ..errors import QuantkitError
     from ..recipe import load_recipe
@@ -26,7 +37,7 @@ def validate(files: tuple[str, ...], overrides: tuple[str, ...], as_json: bool) 
     results, errors = [], []
     for f in files:
         try:
-            recipe = load_recipe(f, overrides)
+            recipe = load_recipe(f, overrides, include_dirs)
         except QuantkitError as exc:
             if debug_enabled():
                 raise
@@ -59,6 +70,8 @@ def list_(directory: str, as_json: bool) -> None:
             data = load_raw(path)
         except RecipeError:
             data = {"name": path.stem, "description": "(invalid YAML)"}
+        if not isinstance(data, dict):
+            data = {"name": path.stem, "description": "(not a recipe)"}
         desc = str(data.get("description", "")).strip().splitlines()
         rows.append({"name": data.get("name", path.stem), "file": str(path), "description": desc[0] if desc else ""})
     if as_json:
@@ -72,11 +85,12 @@ def list_(directory: str, as_json: bool) -> None:
 @recipe_group.command("show")
 @click.argument("file")
 @set_option
-def show(file: str, overrides: tuple[str, ...]) -> None:
+@include_option
+def show(file: str, overrides: tuple[str, ...], include_dirs: tuple[str, ...]) -> None:
     """Print the recipe as resolved (defaults filled in, overrides applied) as JSON."""
     from ..recipe import load_recipe
 
-    echo_json(load_recipe(file, overrides).to_dict())
+    echo_json(load_recipe(file, overrides, include_dirs).to_dict())
 
 
 COMMANDS = [recipe_group]

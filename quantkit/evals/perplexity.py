@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,14 +87,35 @@ def cached_baseline(load_baseline, baseline_hash: str, windows: Windows, vocab: 
     """The baseline's per-window statistics, from disk when this exact pass was done before."""
     import torch
 
+    import io
+
+    from ..atomic import write_bytes
+
     path = subdir("eval-cache") / f"{_cache_key(baseline_hash, windows, vocab, dtype)}.pt"
-    if path.is_file():
-        return torch.load(path), True
+    cached = _read_cache(path, len(windows.tokens))
+    if cached is not None:
+        return cached, True
     data = baseline_pass(load_baseline(), windows, progress)
-    tmp = path.with_suffix(".tmp")
-    torch.save(data, tmp)
-    tmp.rename(path)
+    buf = io.BytesIO()
+    torch.save(data, buf)
+    write_bytes(path, buf.getvalue())  # write-then-rename: two evals of one baseline never see half a file
     return data, False
+
+
+def _read_cache(path, n_windows: int) -> dict | None:
+    """A cached baseline pass, or None when absent or damaged (then the pass is redone)."""
+    import torch
+
+    if not path.is_file():
+        return None
+    try:
+        data = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
+        return None
+    keys = ("topk_logp", "topk_idx", "nll", "argmax")
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), torch.Tensor) and len(data[k]) == n_windows for k in keys):
+        return None
+    return data
 
 
 def score(model, windows: Windows, base: dict, progress=None) -> dict:

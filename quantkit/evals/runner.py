@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import DataError
-from ..models import checkpoint_hash, load_model, load_tokenizer, read_config
+from ..models import check_remote_code, checkpoint_hash, load_model, load_tokenizer, read_config
 from ..progress import bar
 from ..text import overlaps, parse_spec
 from .perplexity import Windows, cached_baseline, score, self_score, text_windows, vocab_fingerprint
@@ -23,30 +23,77 @@ def check_same_vocab(model_path: Path, base_path: Path, tok_model, tok_base) -> 
     return fp_m
 
 
-def check_disjoint_from_calibration(model_path: Path, windows: Windows) -> None:
-    """Refuse to evaluate on windows that the artifact was calibrated on (same file, same tokens)."""
-    meta_file = model_path / "quantkit.json"
-    if not meta_file.is_file():
-        return
-    calib = json.loads(meta_file.read_text()).get("calibration") or {}
-    if not calib or calib.get("sha256") != windows.provenance.get("sha256"):
-        return
-    cal = [(s, s + calib["seq_len"]) for s in calib.get("window_starts", [])]
+SELF_SEED = 1234  # the seed of `--text self` windows
+
+
+def fitted_texts(meta: dict) -> list[dict]:
+    """Every text an artifact was fitted on, from its quantkit.json: the calibration windows (used
+    by GPTQ/AWQ/SmoothQuant and the GQA merge) and GQA recovery's training and held-out windows.
+
+    Each record: what, source, sha256, seq_len, starts (token offsets in the text's stream). A new
+    step that fits on text records its windows in quantkit.json and is listed here."""
+    out = []
+    cal = meta.get("calibration")
+    for c in cal if isinstance(cal, list) else [cal]:
+        if isinstance(c, dict):
+            out.append({"what": "calibration", "source": c.get("source"), "sha256": c.get("sha256"), "seq_len": c.get("seq_len"),
+                        "starts": c.get("window_starts") or [], "seed": c.get("seed")})
+    rec = ((meta.get("gqa") or {}).get("recover") or {}).get("windows")
+    if isinstance(rec, dict):
+        for key, what in (("train_starts", "GQA recovery training"), ("heldout_starts", "GQA recovery held-out")):
+            out.append({"what": what, "source": rec.get("source"), "sha256": rec.get("sha256"), "seq_len": rec.get("seq_len"),
+                        "starts": rec.get(key) or [], "seed": None})
+    return out
+
+
+def check_disjoint_from_fitted(model_path: Path, meta: dict, windows: Windows) -> dict:
+    """Refuse to evaluate on text the artifact was fitted on: windows of the same text (same sha256)
+    that overlap, or `self` text generated with the same seed. Returns what was checked."""
+    records = fitted_texts(meta)
     ev = [(s, s + windows.seq_len) for s in windows.starts]
-    if overlaps(cal, ev):
+    for r in records:
+        same_self = windows.provenance.get("source") == "self" and r["source"] == "self" and r["seed"] == SELF_SEED
+        if r["sha256"] and r["sha256"] == windows.provenance.get("sha256") and isinstance(r["seq_len"], int):
+            fitted = [(s, s + r["seq_len"]) for s in r["starts"] if isinstance(s, int)]
+            hit = sum(overlaps(fitted, [w]) for w in ev)
+        else:
+            hit = len(ev) if same_self else 0
+        if hit:
+            raise DataError(
+                f"{hit} of {len(ev)} evaluation windows overlap the {r['what']} windows of {model_path} (same text: "
+                f"{r['source']}); evaluate on another region (--region first-half) or text, or pass --allow-overlap"
+            )
+    return {"fitted_texts": [{k: r[k] for k in ("what", "source", "sha256")} | {"windows": len(r["starts"])} for r in records],
+            "overlap": False}
+
+
+def check_baseline(model_path: Path, base_path: Path, meta: dict, base_hash: str, mismatch_ok: bool) -> dict:
+    """The baseline must be the checkpoint the artifact was converted from (quantkit.json source.sha256)."""
+    recorded = (meta.get("source") or {}).get("sha256") if isinstance(meta.get("source"), dict) else None
+    same = model_path.resolve() == base_path.resolve()
+    match = None if recorded is None or same else recorded == base_hash
+    if match is False and not mismatch_ok:
         raise DataError(
-            f"evaluation windows overlap the calibration windows of {model_path} (same text file); "
-            "evaluate on another region (--region first-half) or pass --allow-overlap"
+            f"--baseline {base_path} (sha256 {base_hash[:12]}) is not the checkpoint {model_path} was converted from "
+            f"({meta['source'].get('path')}, sha256 {recorded[:12]}); pass that one, or --baseline-mismatch-ok to compare anyway"
         )
+    return {"artifact_source_sha256": recorded, "baseline_sha256": base_hash, "match": match, "mismatch_ok": mismatch_ok}
 
 
-def _self_windows(base_path: Path, tok, seq_len: int, max_tokens: int, base_hash: str) -> Windows:
+def artifact_meta(model_path: Path) -> dict:
+    from ..models import read_json
+
+    f = model_path / "quantkit.json"
+    return read_json(f) if f.is_file() else {}
+
+
+def _self_windows(base_path: Path, tok, seq_len: int, max_tokens: int, base_hash: str, trust_remote_code: bool) -> Windows:
     from ..calib import self_text
 
-    model = load_model(base_path, dtype="bfloat16")
+    model = load_model(base_path, dtype="bfloat16", trust_remote_code=trust_remote_code)
     n = max(1, max_tokens // seq_len)
-    cs = self_text(model, tok, samples=n, seq_len=seq_len, seed=1234, chat_template=False, model_hash=base_hash)
-    prov = {"source": "self", "sha256": f"self:{base_hash}:{n}:{seq_len}", "seed": 1234, "duplicate_fraction": cs.manifest["duplicate_fraction"]}
+    cs = self_text(model, tok, samples=n, seq_len=seq_len, seed=SELF_SEED, chat_template=False, model_hash=base_hash)
+    prov = {"source": "self", "sha256": f"self:{base_hash}:{n}:{seq_len}", "seed": SELF_SEED, "duplicate_fraction": cs.manifest["duplicate_fraction"]}
     return Windows([s[0] for s in cs.samples], list(range(len(cs.samples))), seq_len, prov)
 
 
@@ -62,30 +109,38 @@ def run_eval(
     limit: int | None = None,
     dtype: str = "float32",
     allow_overlap: bool = False,
+    baseline_mismatch_ok: bool = False,
+    trust_remote_code: bool = False,
 ) -> dict:
+    """Every check that can refuse (tokenizers, the baseline's identity, the text, its overlap with
+    what the artifact was fitted on) runs before a model is loaded."""
     if seq_len < 8:
         raise DataError("--seq-len must be at least 8")
     t0 = time.perf_counter()
-    tok_m, tok_b = load_tokenizer(model_path), load_tokenizer(base_path)
+    for path in (model_path, base_path):  # before any tokenizer or model code is imported
+        check_remote_code(path, read_config(path), trust_remote_code)
+    meta = artifact_meta(model_path)
+    tok_m, tok_b = load_tokenizer(model_path, trust_remote_code), load_tokenizer(base_path, trust_remote_code)
     vocab = check_same_vocab(model_path, base_path, tok_m, tok_b)
     base_hash = checkpoint_hash(base_path)
-    result: dict = {"model": str(model_path), "baseline": str(base_path), "dtype": dtype}
+    result: dict = {"model": str(model_path), "baseline": str(base_path), "dtype": dtype,
+                    "baseline_check": check_baseline(model_path, base_path, meta, base_hash, baseline_mismatch_ok)}
+    load = lambda p: load_model(p, dtype=dtype, trust_remote_code=trust_remote_code)  # noqa: E731
     model = None
     if text:
         spec = parse_spec(text)
         if spec.kind == "self":
-            windows = _self_windows(base_path, tok_b, seq_len, max_tokens, base_hash)
+            windows = _self_windows(base_path, tok_b, seq_len, max_tokens, base_hash, trust_remote_code)
         else:
             windows = text_windows(tok_b, spec, seq_len=seq_len, max_tokens=max_tokens, region=region)
-        if not allow_overlap:
-            check_disjoint_from_calibration(model_path, windows)
+        result["overlap_check"] = {"allowed": True} if allow_overlap else check_disjoint_from_fitted(model_path, meta, windows)
         with bar("baseline pass", total=len(windows.tokens)) as update:
-            base, hit = cached_baseline(lambda: load_model(base_path, dtype=dtype), base_hash, windows, vocab, dtype, update)
+            base, hit = cached_baseline(lambda: load(base_path), base_hash, windows, vocab, dtype, update)
         t1 = time.perf_counter()
         if model_path.resolve() == base_path.resolve():
             result.update(self_score(base, windows))  # the same checkpoint in the same dtype: exact, no second pass
         else:
-            model = load_model(model_path, dtype=dtype)
+            model = load(model_path)
             with bar("scoring", total=len(windows.tokens)) as update:
                 result.update(score(model, windows, base, update))
         result["score_seconds"] = time.perf_counter() - t1
@@ -95,8 +150,8 @@ def run_eval(
         from .lmeval import task_deltas
 
         if model is None:
-            model = load_model(model_path, dtype=dtype)
-        result["tasks"] = task_deltas(model, tok_m, lambda: load_model(base_path, dtype=dtype), tok_b, base_hash, tasks, limit, dtype)
+            model = load(model_path)
+        result["tasks"] = task_deltas(model, tok_m, lambda: load(base_path), tok_b, base_hash, tasks, limit, dtype)
     else:
         result["tasks"] = {}
     result["seconds"] = time.perf_counter() - t0

@@ -126,8 +126,10 @@ def recovery_windows(tok, spec: str | None, cfg, calib_set, key: str) -> Windows
         pieces = [s[:, i : i + cfg.seq_len] for s in (calib_set.samples if calib_set else []) for i in range(0, s.shape[1] - cfg.seq_len + 1, cfg.seq_len)]
         if len(pieces) < cfg.heldout_windows + cfg.batch_size:
             raise _too_few_self(key, len(pieces), cfg)
-        return Windows(pieces[cfg.heldout_windows :], pieces[: cfg.heldout_windows])
-    stream = tokenize_stream(tok, read_text(parse_spec(spec)).text)
+        record = {"source": "self", "seq_len": cfg.seq_len, "cut_from": "the calibration samples"}
+        return Windows(pieces[cfg.heldout_windows :], pieces[: cfg.heldout_windows], record)
+    text = read_text(parse_spec(spec))
+    stream = tokenize_stream(tok, text.text)
     spans = region_windows(len(stream), cfg.seq_len, "second-half")
     if len(spans) < cfg.heldout_windows + cfg.batch_size:
         raise _too_short(key, len(stream), len(spans), cfg)
@@ -137,7 +139,10 @@ def recovery_windows(tok, spec: str | None, cfg, calib_set, key: str) -> Windows
     held = (clean if len(clean) >= cfg.heldout_windows else order)[: cfg.heldout_windows]
     train = [i for i in order if i not in held]
     take = lambda idx: [stream[spans[i][0] : spans[i][1]].unsqueeze(0) for i in idx]  # noqa: E731
-    return Windows(take(train), take(held))
+    record = {"source": text.provenance.get("source"), "sha256": text.provenance.get("sha256"), "seq_len": cfg.seq_len,
+              "region": "second-half", "stream_tokens": len(stream), "train_starts": [spans[i][0] for i in train],
+              "heldout_starts": sorted(spans[i][0] for i in held)}
+    return Windows(take(train), take(held), record)
 
 
 def _calibration_spans(calib_set) -> list[tuple[int, int]]:
@@ -185,6 +190,6 @@ def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec
             "heldout_kl": [[s, round(k, 5)] for s, k in log.heldout_kl], "best_step": log.best_step,
             "stop": log.stop, "train": gqa.recover.train, "lr": gqa.recover.lr,
             "seconds_per_step": round(log.seconds_per_step, 2), "seconds_per_step_by_threads": log.threads,
-            "windows": {"train": len(windows.train), "heldout": len(windows.heldout), "seq_len": gqa.recover.seq_len},
+            "windows": windows.describe(log.steps, gqa.recover.batch_size),
         }
     return model, meta
