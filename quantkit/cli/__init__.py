@@ -12,7 +12,14 @@ import sys
 import click
 
 from ..errors import QuantkitError
-from . import bench, compare, convert, evaluate, load, models, publish, recipe, roofline, run
+from . import bench, compare, convert, evaluate, export, load, models, publish, recipe, roofline, run, sensitivity
+
+
+def _permission_denied(exc: BaseException) -> bool:
+    """A file or directory the user named (or QUANTKIT_HOME) that cannot be read or written."""
+    import errno
+
+    return isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and bool(exc.filename)
 
 
 class _Group(click.Group):
@@ -32,6 +39,9 @@ class _Group(click.Group):
         except Exception as exc:  # a fault inside a library (or quantkit): one line, exit 1
             if ctx.obj and ctx.obj.get("debug"):
                 raise
+            if _permission_denied(exc):  # the user's files or directories, not a fault: exit 2
+                click.echo(f"error: {exc.filename}: {exc.strerror}", err=True)
+                sys.exit(2)
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             click.echo(f"error: {type(exc).__name__}: {first} (an unexpected failure; "
                        "`quantkit --debug ...` shows the traceback)", err=True)
@@ -51,7 +61,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     quiet_libraries(debug)
 
 
-for _module in (models, recipe, convert, evaluate, bench, roofline, run, compare, publish, load):
+for _module in (models, recipe, convert, export, evaluate, bench, roofline, run, compare, publish, load, sensitivity):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

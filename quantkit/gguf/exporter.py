@@ -1,0 +1,158 @@
+"""`export_gguf`: a quantkit artifact (compressed-tensors INT4/INT8, or a dense 16-bit checkpoint)
+-> one GGUF file for llama.cpp, plus a `NAME.quantkit.json` record beside it.
+
+Order: refuse what cannot be exported (before anything is written), plan every tensor, write and
+check each, read the table back, rename into place, hash, and write the record. A lossy export
+(only with --allow-lossy or --embeddings q8_0) also measures its KL against the artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..atomic import exclusive, write_json
+from ..errors import ModelError, QuantkitError
+from . import arch, plan
+from .source import Artifact, quant_method
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GgufOptions:
+    embeddings: str = "keep"  # keep | q8_0
+    allow_lossy: bool = False
+    force: bool = False
+    kl_text: str | None = None  # text SPEC for a lossy export's KL (default: seeded random ids)
+
+
+def default_out(artifact: Path) -> Path:
+    artifact = Path(artifact).resolve()
+    return artifact.parent / f"{artifact.name}.gguf"
+
+
+def record_path(out: Path) -> Path:
+    return out.with_name((out.name[: -len(".gguf")] if out.name.endswith(".gguf") else out.name) + ".quantkit.json")
+
+
+def _check_target(out: Path, artifact: Path, force: bool) -> None:
+    if out.exists() and out.is_dir():
+        raise QuantkitError(f"{out} is a directory; --out names the .gguf file to write")
+    if out.exists() and not force:
+        raise QuantkitError(f"{out} already exists; pass --force to replace it")
+    if out.resolve().is_relative_to(artifact.resolve()) and any(p.name == out.name for p in artifact.glob("*.safetensors")):
+        raise QuantkitError(f"{out} would overwrite a file of the artifact")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _check_artifact(art: Artifact) -> None:
+    method = quant_method(art)
+    if method not in (None, "compressed-tensors"):
+        raise ModelError(f"{art.path}: a {method} artifact (its 4/8-bit formats have no exact GGUF grid); export "
+                         "the 16-bit checkpoint, or convert it with an INT4/INT8 recipe (compressed-tensors) first")
+    q = art.quant or {}
+    for key, what in (("sparsity_config", "sparse weights"), ("transform_config", "online transforms (rotations)"),
+                      ("kv_cache_scheme", "a quantized KV cache")):
+        if q.get(key):
+            raise ModelError(f"{art.path}: the artifact uses {what} ({key}), which llama.cpp would not apply")
+    if method and not art.quantized_modules():
+        raise ModelError(f"{art.path}: the config says compressed-tensors but no tensor is quantized")
+    if not method and art.quantized_modules():
+        raise ModelError(f"{art.path}: quantized tensors (weight_packed/weight_scale) without a quantization_config")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def export_gguf(artifact: Path, out: Path | None = None, opts: GgufOptions = GgufOptions()) -> dict:
+    """Export `artifact` to `out` (default: ARTIFACT.gguf beside it); returns the record."""
+    from ..models import checkpoint_hash
+    from .write import staged_file, write
+
+    if opts.embeddings not in plan.EMBEDDING_TYPES:
+        raise QuantkitError(f"--embeddings {opts.embeddings}: use one of {', '.join(plan.EMBEDDING_TYPES)}")
+    t0 = time.perf_counter()
+    artifact = Path(artifact)
+    if artifact.is_file() and _head(artifact) == b"GGUF":
+        raise QuantkitError(f"{artifact} is already a GGUF file; export takes a quantkit artifact directory")
+    out = Path(out) if out is not None else default_out(artifact)
+    _check_target(out, artifact, opts.force)
+    with exclusive(out, what=str(out)), Artifact(artifact) as art:
+        _check_artifact(art)
+        hp = arch.hparams(art.path, art.config)
+        plans = plan.make_plan(art, hp, embeddings=opts.embeddings, allow_lossy=opts.allow_lossy)
+        source_hash = checkpoint_hash(art.path)
+        with staged_file(out) as tmp:
+            written = write(tmp, art, hp, plans, source_hash)
+            record = _record(art, hp, plans, written, tmp, source_hash)
+            record["gguf"] = str(out.resolve())
+            if not record["lossless"]:
+                from .fidelity import logits_kl
+
+                record["kl_vs_artifact"] = logits_kl(art.path, tmp, plans, hp, opts.kl_text)
+        record["wall_seconds"] = time.perf_counter() - t0
+        write_json(record_path(out), record)
+    return record
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(4)
+
+
+def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Path, source_hash: str) -> dict:
+    import gguf
+
+    from .. import __version__
+
+    checks = written["checks"]
+    lossy = [{"tensor": p.name, "source": p.source, "reason": p.reason, **checks[p.name]} for p in plans if not p.exact]
+    n_exact = sum(1 for p in plans if p.exact)
+    info = written["vocab"]
+    return {
+        "kind": "quantkit-gguf-export",
+        "schema_version": SCHEMA_VERSION,
+        "gguf": str(out),
+        "sha256": _sha256(out),
+        "bytes": out.stat().st_size,
+        "source": {"artifact": str(art.path.resolve()), "sha256": source_hash, "name": art.meta.get("name"),
+                   "quantization": art.meta.get("quantization")},
+        "architecture": hp.spec.gguf_arch.lower(),
+        "model_type": hp.model_type,
+        "lossless": not lossy,
+        "mapping": plan.mapping_summary(plans),
+        "tensor_types": {t: sum(1 for p in plans if p.qtype == t) for t in sorted({p.qtype for p in plans})},
+        "tensors": [{"name": p.name, "source": p.source, "type": p.qtype, "exact": p.exact, "rope_permuted_heads": p.permute}
+                    for p in plans],
+        "verification": {
+            "method": "every tensor dequantized with gguf.quants.dequantize and compared with the artifact's float32 "
+                      "weight (q - z) * s (q/k rows in llama.cpp's order) before it was written",
+            "tensors": len(plans),
+            "exact_tensors": n_exact,
+            "max_abs_diff_exact": max((checks[p.name]["max_abs_diff"] for p in plans if p.exact), default=0.0),
+        },
+        "lossy_tensors": lossy,
+        "extra_tensors": written["extra_tensors"],
+        "vocab": {"model": info.model, "pre": info.pre, "tokens": info.n_tokens, "padding_tokens": info.n_padded,
+                  "special_ids": info.special, "add_bos": info.add_bos, "add_eos": info.add_eos},
+        "notes": list(hp.notes),
+        "tool_versions": {"quantkit": __version__, "gguf": _version("gguf")},
+        "gguf_quant_version": gguf.GGML_QUANT_VERSION,
+    }
+
+
+def _version(pkg: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return None

@@ -1,0 +1,107 @@
+"""What a GGUF computes, measured in transformers: its tensors dequantized with the gguf package,
+mapped back to the artifact's names (q/k rows un-permuted), loaded into a dense copy of the model,
+and compared with the artifact as transformers loads it (float32 both, so only the weights differ).
+
+A lossless export gives KL 0 exactly; a lossy one (--allow-lossy, --embeddings q8_0) reports its KL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .arch import Hparams
+from .grids import rope_unpermute
+from .plan import TensorPlan
+from .read import open_reader
+
+
+def gguf_weights(gguf_path: Path, plans: list[TensorPlan]) -> dict[str, torch.Tensor]:
+    """The GGUF's tensors as float32, under the artifact's tensor names and in transformers' row order."""
+    import gguf
+    import numpy as np
+
+    reader = open_reader(gguf_path)
+    by_name = {t.name: t for t in reader.tensors}
+    out = {}
+    for p in plans:
+        t = by_name[p.name]
+        w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)).reshape(p.shape)
+        out[p.source] = rope_unpermute(w, p.permute) if p.permute else w
+    return out
+
+
+def dense_model(artifact: Path, weights: dict[str, torch.Tensor]):
+    """A float32 model of the artifact's architecture holding `weights` (no quantization config)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(str(artifact))
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF weights do not fill the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return model.eval()
+
+
+def token_windows(artifact: Path, text_spec: str | None, n: int = 4, length: int = 128) -> tuple[torch.Tensor, str]:
+    """`n` windows of `length` tokens of real text (a text SPEC, first half), else seeded random ids."""
+    from ..models import load_tokenizer, read_config
+    from ..verify import fixed_tokens
+
+    if text_spec:
+        from ..evals.perplexity import text_windows
+        from ..text import parse_spec
+
+        w = text_windows(load_tokenizer(artifact), parse_spec(text_spec), seq_len=length, max_tokens=n * length, region="first-half")
+        return torch.stack(w.tokens), f"{text_spec} (first half, {len(w.tokens)} x {length} tokens)"
+    vocab = read_config(artifact)["vocab_size"]
+    return fixed_tokens(vocab, n=n, length=length), f"{n} x {length} seeded random token ids (pass --kl-text for real text)"
+
+
+def artifact_weights(artifact: Path, plans: list[TensorPlan]) -> dict[str, torch.Tensor]:
+    """The artifact's own float32 weights, (q - z) * s for every column's group, read without transformers."""
+    from .source import Artifact
+    from .tensors import column_weights
+
+    out = {}
+    with Artifact(artifact) as art:
+        quantized = set(art.quantized_modules())
+        for p in plans:
+            if p.module in quantized and p.source.endswith(".weight"):
+                qw = art.quant_weight(p.module)
+                out[p.source] = column_weights(qw.codes, qw.scale, qw.zero, qw.g_idx)
+            else:
+                out[p.source] = art.tensor(p.source).to(torch.float32)
+    return out
+
+
+def _reference(artifact: Path, plans: list[TensorPlan]):
+    """The artifact as transformers loads it; when the installed transformers/compressed-tensors cannot
+    load it (an older format, e.g. act-order g_idx), a dense model of its exact weights instead."""
+    from ..errors import ModelError
+    from ..models import load_model
+
+    try:
+        return load_model(artifact, dtype="float32"), "the artifact loaded by transformers (float32)"
+    except ModelError as exc:
+        why = str(exc).split("(", 1)[-1][:120]
+        return dense_model(artifact, artifact_weights(artifact, plans)), (
+            f"the artifact's weights (q - z) * s in a dense float32 model (transformers cannot load it: {why}")
+
+
+def logits_kl(artifact: Path, gguf_path: Path, plans: list[TensorPlan], hp: Hparams, text_spec: str | None = None) -> dict:
+    """KL(artifact || GGUF weights) per token over the windows, both in transformers at float32."""
+    from ..verify import compare_logits, logits
+
+    ids, described = token_windows(artifact, text_spec)
+    ref_model, reference = _reference(artifact, plans)
+    ref = logits(ref_model, ids)
+    del ref_model
+    new = logits(dense_model(artifact, gguf_weights(gguf_path, plans)), ids)
+    result = compare_logits(ref, new)
+    result.update({"tokens": int(ids.numel()), "text": described, "reference": reference, "engine": "transformers, float32"})
+    return result

@@ -1,0 +1,68 @@
+"""Opening a GGUF file safely: a truncated file or one that is not a GGUF is one clear error.
+
+`inspect` returns what the rest of quantkit needs to know about a GGUF without loading it
+(architecture, tensor types, bytes by type, quantkit's own keys), through `gguf.GGUFReader`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from ..errors import ModelError
+
+GGUF_MAGIC = b"GGUF"
+
+
+def open_reader(path: Path):
+    """A gguf.GGUFReader over `path`, or ModelError naming what is wrong with the file."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"{path}: no such GGUF file")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head != GGUF_MAGIC:
+        raise ModelError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OverflowError, MemoryError, UnicodeDecodeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise ModelError(f"{path}: corrupt or truncated GGUF file ({first})") from None
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if int(t.data_offset) + int(t.n_bytes) > size:
+            raise ModelError(f"{path}: truncated GGUF file (tensor {t.name} ends past the end of the file)")
+    return reader
+
+
+def field_value(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    try:
+        return field.contents()
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return default
+
+
+def inspect(path: Path) -> dict:
+    """Architecture, tensor types and bytes of a GGUF file (read through its header and tensor table)."""
+    reader = open_reader(path)
+    arch = field_value(reader, "general.architecture")
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    nbytes: Counter = Counter()
+    for t in reader.tensors:
+        nbytes[t.tensor_type.name] += int(t.n_bytes)
+    return {
+        "path": str(Path(path)),
+        "architecture": arch,
+        "name": field_value(reader, "general.name"),
+        "file_type": field_value(reader, "general.file_type"),
+        "tensors": len(reader.tensors),
+        "tensor_types": dict(types),
+        "bytes_by_type": dict(nbytes),
+        "block_count": field_value(reader, f"{arch}.block_count") if arch else None,
+        "quantkit_lossless": field_value(reader, "quantkit.lossless"),
+    }

@@ -1,0 +1,116 @@
+"""Helpers for the GGUF tests: read a GGUF back under the artifact's names, the artifact's own
+dequantized weights, and hand-crafted compressed-tensors artifacts with grids GGUF cannot hold."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def hf_name_map(record: dict) -> dict:
+    """GGUF tensor name -> (artifact tensor name, heads of the q/k row permutation or None)."""
+    return {t["name"]: (t["source"], t["rope_permuted_heads"]) for t in record["tensors"]}
+
+
+def gguf_tensors(path: Path, names: dict) -> dict[str, torch.Tensor]:
+    """Every tensor of the GGUF dequantized with gguf.quants.dequantize, q/k rows back in transformers' order."""
+    import gguf
+
+    from quantkit.gguf.grids import rope_unpermute
+
+    out = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.name not in names:
+            continue
+        src, heads = names[t.name]
+        w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+        w = w.reshape(tuple(int(x) for x in reversed(t.shape.tolist())))
+        out[src] = rope_unpermute(w, heads) if heads else w
+    return out
+
+
+def artifact_weights(path: Path, dtype) -> dict[str, torch.Tensor]:
+    """The artifact's weights as transformers + compressed-tensors decompress them, in `dtype`."""
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    kw = {"quantization_config": CompressedTensorsConfig(dequantize=True)} if "quantization_config" in cfg else {}
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kw)
+    return {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+CASES = {  # name -> (bits, symmetric, group size or -1, scale dtype, g_idx kind)
+    "g16": (4, True, 16, torch.float16, None),
+    "permuted-g-idx": (4, True, 32, torch.float16, "columns"),
+    "blockwise-g-idx": (4, True, 32, torch.float16, "blocks"),
+    "bf16-scales": (4, True, 32, torch.bfloat16, None),
+    "bf16-exact-scales": (4, True, 32, torch.bfloat16, None),
+    "int8-asym": (8, False, -1, torch.float16, None),
+    "int2": (2, True, 32, torch.float16, None),
+}
+
+
+def _quantize(w: torch.Tensor, bits: int, symmetric: bool, group: int, scale_dtype):
+    rows, cols = w.shape
+    g = cols if group == -1 else group
+    wg = w.float().reshape(rows, cols // g, g)
+    qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if symmetric:
+        scale = (wg.abs().amax(-1) / qmax).clamp_min(1e-6).to(scale_dtype)
+        zero = torch.zeros_like(scale, dtype=torch.int8)
+    else:
+        lo, hi = wg.amin(-1), wg.amax(-1)
+        scale = ((hi - lo) / (qmax - qmin)).clamp_min(1e-6).to(scale_dtype)
+        zero = (qmin - torch.round(lo / scale.float())).clamp(qmin, qmax).to(torch.int8)
+    codes = torch.round(wg / scale.float().unsqueeze(-1) + zero.float().unsqueeze(-1)).clamp(qmin, qmax).to(torch.int8)
+    return codes.reshape(rows, cols), scale, zero
+
+
+def craft_artifact(src: Path, out: Path, case: str) -> Path:
+    """A compressed-tensors pack-quantized artifact of `src` with one of CASES' grids (packed with
+    compressed-tensors' own pack_to_int32); its exact weights are saved as reference.pt beside it."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from safetensors.torch import load_file, save_file
+
+    bits, sym, group, sdtype, gidx = CASES[case]
+    shutil.copytree(src, out)
+    state = load_file(str(out / "model.safetensors"))
+    new, ref = {}, {}
+    gen = torch.Generator().manual_seed(0)
+    for name, t in state.items():
+        mod = name[: -len(".weight")]
+        if not (name.endswith(".weight") and mod.split(".")[-1] in LINEARS):
+            new[name] = t
+            continue
+        rows, cols = t.shape
+        codes, scale, zero = _quantize(t, bits, sym, group, sdtype)
+        if case == "bf16-scales":
+            scale[0, 0] = torch.tensor(1.1e-6, dtype=torch.bfloat16)  # below fp16's normal range: not an fp16 value
+        col_group = torch.arange(cols) // (cols if group == -1 else group)
+        if gidx == "columns":
+            col_group = col_group[torch.randperm(cols, generator=gen)]
+        elif gidx == "blocks":
+            col_group = (col_group.reshape(-1, 32)[torch.randperm(cols // 32, generator=gen)]).reshape(-1)
+        new[f"{mod}.weight_packed"] = pack_to_int32(codes, bits)
+        new[f"{mod}.weight_scale"] = scale
+        new[f"{mod}.weight_shape"] = torch.tensor([rows, cols])
+        if gidx:
+            new[f"{mod}.weight_g_idx"] = col_group.to(torch.int32)
+        if not sym:
+            new[f"{mod}.weight_zero_point"] = pack_to_int32(zero, bits, packed_dim=0)
+        ref[name] = (codes.float() - zero.float()[:, col_group]) * scale.float()[:, col_group]
+    save_file(new, str(out / "model.safetensors"))
+    torch.save(ref, out / "reference.pt")
+    cfg = json.loads((out / "config.json").read_text())
+    weights = {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": "channel" if group == -1 else "group",
+               "group_size": None if group == -1 else group, "actorder": "group" if gidx else None, "dynamic": False}
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+                                  "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "format": "pack-quantized"}},
+                                  "ignore": ["lm_head"]}
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
