@@ -205,6 +205,9 @@ class BenchConfig(_Strict):
 
 class ExportConfig(_Strict):
     max_shard_size: str = "5GB"
+    # Extra serving formats written beside each variant's artifact (quantkit/cli/export.py FORMATS);
+    # "gguf" = exact GGUF for llama.cpp, refused (not approximated) where the grid has no GGUF type.
+    formats: tuple[Literal["gguf"], ...] = ()
 
 
 # Names become directory names (`runs/NAME`, `runs/NAME/artifacts/VARIANT`): plain names only, so
