@@ -7,7 +7,7 @@ import json
 import struct
 from pathlib import Path
 
-from .roofline import Shape
+from .roofline import Shape, kv_bytes_per_token
 
 
 def tensor_bytes(path: Path) -> dict[str, int]:
@@ -40,7 +40,7 @@ def checkpoint_sizes(path: Path) -> dict:
         "weight_file_bytes": total_bytes,
         "bits_per_weight": 8.0 * linear_bytes / linear_weights if linear_weights else None,
         "bits_per_param": 8.0 * total_bytes / shape.total_params(),
-        "kv_bytes_per_token": 2 * shape.layers * shape.kv_heads * shape.head_dim * 2,
+        "kv_bytes_per_token": int(kv_bytes_per_token(shape)),
     }
 
 

@@ -38,9 +38,43 @@ def test_kv_bytes_gqa_aware():
 
 
 def test_prefill_flops_by_hand():
-    # matmul params: 2*144 + lm_head 40 = 328; 2*328*P with P=3 -> 1968
+    # layer linears: 2 layers * 144 = 288 params, 2*288*P with P=3 -> 1728
+    # lm_head (10 x 4 = 40 params) at the last position only (logits_to_keep=1): 2*40 -> 80
     # attention: 2 * L(2) * h(2) * d(2) * P(3) * (P+1)(4) = 192
-    assert prefill_flops(TOY, 3) == 1968 + 192
+    assert prefill_flops(TOY, 3) == 1728 + 80 + 192
+    assert prefill_flops(TOY, 3, logits_positions=3) == 1728 + 240 + 192  # logits at every position
+
+
+def test_demo_ttft_floor_no_longer_counts_lm_head_per_token():
+    """Issue 15 A1: counting the lm_head at all 256 positions overstated the demo's floor by ~26%."""
+    shape = Shape.from_config(SHAPES["smollm2-135m"])
+    old = prefill_flops(shape, 256, logits_positions=256)
+    assert old / prefill_flops(shape, 256) == pytest.approx(1.26, abs=0.01)
+    qwen = Shape.from_config(SHAPES["qwen2.5-0.5b"])
+    assert prefill_flops(qwen, 256, logits_positions=256) / prefill_flops(qwen, 256) == pytest.approx(1.38, abs=0.01)
+
+
+def test_one_kv_formula_everywhere(tmp_path):
+    """Issue 15 A7: the KV-bytes formula is written once (roofline.kv_bytes) and everything uses it."""
+    import json
+    import re
+    from pathlib import Path
+
+    import quantkit.bench.accounting as accounting
+    from quantkit.gqa import groups
+    from quantkit.roofline import kv_bytes
+    from quantkit.sizes import checkpoint_sizes
+
+    assert kv_bytes(30, 3, 64) == 23040 and kv_bytes(30, 3, 64, 1) == 11520
+    assert groups.kv_bytes_per_token is kv_bytes
+    assert not hasattr(accounting, "kv_bytes_per_token")
+    cfg = {**SHAPES["smollm2-135m"], "max_position_embeddings": 2048}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert checkpoint_sizes(tmp_path)["kv_bytes_per_token"] == kv_bytes_per_token(Shape.from_config(cfg)) == 23040
+    repo = Path(__file__).resolve().parents[1] / "quantkit"
+    written = [f.relative_to(repo).as_posix() for f in repo.rglob("*.py")
+               if re.search(r"2 \* \w*layers \* \w*kv_heads", f.read_text())]
+    assert written == ["roofline.py"]
 
 
 def test_llama3_8b_on_h200_bf16_floor_is_3_1_ms():

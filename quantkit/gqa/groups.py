@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+from ..roofline import kv_bytes as kv_bytes_per_token  # noqa: F401  (the one KV formula; gqa.convert reports it)
+
 
 def contiguous_groups(n_kv: int, n_groups: int) -> list[list[int]]:
     size = n_kv // n_groups
@@ -43,8 +45,3 @@ def search_groups(n_kv: int, n_groups: int, loss, max_passes: int = 8) -> list[l
 def query_order(groups: list[list[int]], q_per_kv: int) -> list[int]:
     """Old query-head indices in their new order: group by group, each old KV head's queries together."""
     return [a * q_per_kv + i for g in groups for a in g for i in range(q_per_kv)]
-
-
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_elem: int = 2) -> int:
-    """KV-cache bytes per token: K and V, every layer (bf16: 2 bytes per element)."""
-    return 2 * layers * kv_heads * head_dim * bytes_per_elem
