@@ -1,16 +1,53 @@
-"""quantkit bench on tiny fixtures: engines, kernels, accounting, bad input. Timings are not asserted."""
+"""quantkit bench on tiny fixtures: the CLI end to end, kernels, accounting, devices, bad input.
+Timings are never asserted; the measurement fixes of issue 15 A are checked through what the
+JSON says about them."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from quantkit.bench import kernels
-from quantkit.bench.accounting import mean_step_bytes, weight_read_bytes
+from quantkit.bench.accounting import kv_concat, kv_live, kv_static, mean_step_bytes, weight_read_bytes
 from quantkit.bench.harness import summarize_ms
 
+REPO = Path(__file__).resolve().parents[1]
 FAST = ["--prompt-len", "16", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0", "--warmups", "1"]
 
+
+def fake_probe(read_gbps=(20.0,), tflops=(1.0,), llc=None):
+    """A probe(device) that returns the given figures in turn (before the timings, after them)."""
+    calls = []
+
+    def probe(device):
+        i = min(len(calls), len(read_gbps) - 1)
+        calls.append(device)
+        return {"device": str(device), "name": "fake cpu", "threads": 2, "read_gbps": read_gbps[i], "copy_gbps": read_gbps[i] / 2,
+                "bf16_matmul_tflops": tflops[min(i, len(tflops) - 1)], "llc_bytes": llc, "measured_at": "now", "method": "injected",
+                "spread": {"read_gbps": {"best": read_gbps[i], "median": read_gbps[i], "worst": read_gbps[i], "spread_pct": 0.0}}}
+
+    probe.calls = calls
+    return probe
+
+
+@pytest.fixture(scope="module")
+def int4_art(tiny_llama, tmp_path_factory):
+    """One RTN INT4 g32 artifact of the tiny Llama for the module (a real compressed-tensors file)."""
+    from click.testing import CliRunner
+
+    from quantkit.cli import cli as group
+
+    out = tmp_path_factory.mktemp("art") / "int4"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QUANTKIT_HOME", str(out.parent / "home"))
+        res = CliRunner().invoke(group, ["convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama),
+                                         "--set", "steps[0].quantize.group_size=32", "--out", str(out), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    return out
+
+
+# ---- kernels and accounting ---------------------------------------------------------------
 
 @pytest.mark.parametrize("group,asym", [(32, False), (64, True), (128, False)])
 def test_int4_kernel_matches_dense_reference(group, asym):
@@ -21,7 +58,7 @@ def test_int4_kernel_matches_dense_reference(group, asym):
     zp = torch.randint(-3, 3, (n, k // group), dtype=torch.int8) if asym else None
     x = torch.randn(3, k, dtype=torch.bfloat16)
     ref = x.float() @ kernels.dense_from_int(q, s, zp, group).t()
-    out = kernels.Int4WeightOnlyLinear(q, s, zp, group, None, "cpu")(x).float()
+    out = kernels.Int4WeightOnlyLinear(q, s, zp, group, None, torch.device("cpu"))(x).float()
     assert torch.allclose(out, ref, atol=0.05 * ref.abs().max().item(), rtol=0)
 
 
@@ -33,7 +70,7 @@ def test_int8_kernel_matches_dense_reference(asym):
     zp = torch.randint(-20, 20, (32, 1), dtype=torch.int8) if asym else None
     x = torch.randn(2, 64, dtype=torch.bfloat16)
     ref = x.float() @ kernels.dense_from_int(q, s, zp, -1).t()
-    out = kernels.Int8WeightOnlyLinear(q, s, zp, None, "cpu")(x).float()
+    out = kernels.Int8WeightOnlyLinear(q, s, zp, None, "cpu:0")(x).float()
     assert torch.allclose(out, ref, atol=0.02 * ref.abs().max().item(), rtol=0)
     w8a8 = kernels.Int8DynamicActivationLinear(q, s, None, "cpu")(x).float()
     assert torch.allclose(w8a8, x.float() @ kernels.dense_from_int(q, s, None, -1).t(), atol=0.05 * ref.abs().max().item(), rtol=0)
@@ -74,7 +111,15 @@ def test_accounting_tied_lm_head_counts_table_once_plus_row():
     linears = (32 * 32 * 2 + 16 * 32 * 2 + 64 * 32 * 3) * 2
     norms = 3 * 32 * 2
     assert acct["tied_lm_head"] and acct["weight_bytes_per_token"] == linears + norms + 100 * 32 * 2 + 32 * 2
-    assert mean_step_bytes(1000, 10, 4, 3) == 1000 + 10 * (5.5 + 1)
+
+
+def test_kv_step_formulas_by_hand():
+    """What each cache touches per step (accounting.py), kv = 10 bytes per token, 4 tokens cached."""
+    assert kv_live(10, 4) == 10 * 6  # attend over 5, write 1
+    assert kv_static(10, 32) == 10 * 33  # attend over all 32 slots, write 1
+    assert kv_concat(10, 4) == 10 * 15  # cat reads 5, writes 5, attention reads 5
+    # timed steps of prompt 4, 3 tokens (2 decode steps): 4 and 5 tokens cached
+    assert mean_step_bytes(lambda c: 1000 + kv_live(10, c), 4, 3) == 1000 + 10 * 6.5
 
 
 def test_summary_stats():
@@ -82,15 +127,50 @@ def test_summary_stats():
     assert s["median"] == pytest.approx(2.0) and s["n"] == 3 and s["min"] == pytest.approx(1.0)
 
 
-def test_bench_cli_dense_and_int4_artifact(cli, tiny_llama, tiny_text, tmp_path):
-    from pathlib import Path
+# ---- devices (issue 14 §1) -----------------------------------------------------------------
 
-    repo = Path(__file__).resolve().parents[1]
-    art = tmp_path / "int4"
-    code, _, err, _ = cli("convert", str(repo / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(art), "--json")
-    assert code == 0, err
+@pytest.mark.parametrize("device", ["cpu:0", torch.device("cpu"), torch.device("cpu", 0)])
+def test_compressed_loader_builds_on_the_device(int4_art, device):
+    """The skeleton was built on meta and then `.to(device)` for any device spelled other than
+    "cpu": `load_for_bench(path, "cpu:0")` raised "Cannot copy out of meta tensor"."""
+    from quantkit.bench.loader import load_for_bench
+
+    bm = load_for_bench(int4_art, device)
+    assert all(t.device.type == "cpu" for t in [*bm.model.parameters(), *bm.model.buffers()])
+    assert "int4pack" in bm.kernel
+
+
+def test_no_device_strings_compared_in_the_bench_path():
+    """Devices are values: nothing in bench/, roofline or the bench CLI compares a device string
+    with "cpu"/"cuda" (the only branches on a device pick a kernel or a sync, on `.type`)."""
+    import re
+
+    files = [*(REPO / "quantkit" / "bench").rglob("*.py"), REPO / "quantkit" / "roofline.py", REPO / "quantkit" / "cli" / "bench.py"]
+    pattern = re.compile(r"""(==|!=)\s*["'](cpu|cuda)["']|["'](cpu|cuda)["']\s*(==|!=)|in\s*\(\s*["'](cpu|cuda)["']""")
+    hits = [f"{f.name}: {line.strip()}" for f in files for line in f.read_text().splitlines()
+            if pattern.search(line) and ".type" not in line]
+    assert hits == []
+
+
+def test_bench_runs_with_device_values(tiny_llama, int4_art):
+    """The same bench path with a torch.device value and with "cpu:0"; the report names the device and dtype."""
+    from quantkit.bench.runner import BenchSettings, bench_many
+
+    for dev in (torch.device("cpu"), "cpu:0"):
+        s = BenchSettings(device=dev, engine="eager", prompt_len=8, gen_len=3, repeats=1, min_seconds=0, warmups=0)
+        res = bench_many([int4_art], s, probe=fake_probe())
+        row, d = res["rows"][0], res["device"]
+        assert d["type"] == "cpu" and d["dtype"] == "bfloat16" and d["device_name"] == "fake cpu"
+        assert row["device"] == str(torch.device(dev)) and row["dtype"] == "bfloat16" and row["device_name"]
+        assert res["settings"]["device"] == str(torch.device(dev))
+
+
+# ---- the CLI end to end --------------------------------------------------------------------
+
+def test_bench_cli_dense_and_int4_artifact(cli, tiny_llama, int4_art, tmp_path):
     plot = tmp_path / "rule.png"
-    code, _, err, data = cli("bench", str(tiny_llama), str(art), *FAST, "--engine", "eager", "--plot", str(plot), "--sweep", "8,16", "--json")
+    code, _, err, data = cli("bench", str(tiny_llama), str(int4_art), *FAST, "--engine", "eager", "--device", "cpu:0",
+                             "--plot", str(plot), "--sweep", "8,16", "--json")
     assert code == 0, err
     dense, q4 = data["rows"]
     assert dense["kernel"] == "dense" and "int4pack" in q4["kernel"]
@@ -99,14 +179,98 @@ def test_bench_cli_dense_and_int4_artifact(cli, tiny_llama, tiny_text, tmp_path)
         assert r["ttft_ms"] > 0 and r["tpot_ms"] > 0 and len(r["stats"]["step_times_ms"][0]) == 3
         assert r["predicted_tpot_ms"] > 0 and 0 < r["tpot_efficiency"]
         assert [p["prompt_len"] for p in r["prompt_sweep"]] == [8, 16]
+        assert r["self_check"]["status"] == "passed" and r["self_check"]["mean_kl"] < 0.05
     assert plot.is_file() and plot.stat().st_size > 1000
     assert data["fit"]["points"] == 2
+    assert data["device"]["device"] == "cpu:0" and data["device"]["dtype"] == "bfloat16" and data["device"]["name"]
 
 
-def test_bench_compiled_engine(cli, tiny_llama):
-    code, _, err, data = cli("bench", str(tiny_llama), *FAST, "--engine", "compiled", "--json")
+def test_prefill_floor_counts_lm_head_once(tiny_llama, monkeypatch):
+    """A1: the TTFT floor of the bench is the hand-computed FLOPs with the lm_head at one position
+    (engines ask for logits_to_keep=1); the old count put it at every prompt position."""
+    from quantkit.bench.runner import BenchSettings, bench_many
+
+    cfg = json.loads((tiny_llama / "config.json").read_text())
+    P, V, h, i, L = 16, cfg["vocab_size"], 128, 256, 2
+    linear = 2 * L * (h * h + 2 * 64 * h + h * h + 3 * i * h) * P  # q, k and v (2 KV heads of 32), o, gate/up/down
+    flops = linear + 2 * V * h * 1 + 2 * L * 4 * 32 * P * (P + 1)
+    compute = 1e-6  # TFLOP/s: compute-bound at any byte count
+    s = BenchSettings(device="cpu", engine="eager", prompt_len=P, gen_len=3, repeats=1, min_seconds=0, warmups=0, self_check=False)
+    row = bench_many([tiny_llama], s, probe=fake_probe(tflops=(compute,)))["rows"][0]
+    assert row["predicted_ttft_ms"] == pytest.approx(flops / (compute * 1e12) * 1e3, rel=1e-9)
+
+
+def test_compiled_cache_sized_per_measurement_and_gqa_shows(cli, tiny_dir):
+    """A2: the compiled engine's static cache holds prompt + generated tokens whatever the sweep,
+    and every step is accounted as reading all of it, at the KV heads' width: an MHA and a GQA
+    model differing only in KV heads differ by exactly that many bytes per step."""
+    args = ["--engine", "compiled", "--prompt-len", "16", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0",
+            "--warmups", "1", "--sweep", "8,48", "--no-self-check", "--json"]
+    code, _, err, data = cli("bench", str(tiny_dir / "llama-mha"), str(tiny_dir / "llama-gqa"), *args)
     assert code == 0, err
-    assert data["rows"][0]["compile_and_warmup_s"] > 0
+    mha, gqa = data["rows"]
+    for r in (mha, gqa):
+        assert r["kv_cache_tokens"] == 20  # not 48 + 4 (the sweep)
+        assert r["bytes_per_token"] == r["weight_bytes_per_token"] + r["kv_bytes_per_token"] * (20 + 1)
+    assert mha["kv_bytes_per_token"] == 2 * gqa["kv_bytes_per_token"] == 2 * 2 * 4 * 32 * 2  # K+V, 2 layers, 4 heads of 32, bf16
+    saved = (mha["bytes_per_token"] - mha["weight_bytes_per_token"]) - (gqa["bytes_per_token"] - gqa["weight_bytes_per_token"])
+    assert saved == (mha["kv_bytes_per_token"] - gqa["kv_bytes_per_token"]) * 21
+
+
+def test_compiled_engine_never_times_compilation(cli, tiny_llama):
+    """A3: --warmups 0 with the compiled engine still runs one warm-up (compilation is not decode), and says so."""
+    args = list(FAST)
+    args[args.index("--warmups") + 1] = "0"
+    code, out, err, data = cli("bench", str(tiny_llama), *args, "--engine", "compiled", "--no-self-check", "--json")
+    assert code == 0, err
+    row = data["rows"][0]
+    assert row["warmups"] == 1 and row["compile_and_warmup_s"] > 0 and "warmups_raised" in row["flags"]
+    assert any("raised to 1" in n for n in row["notes"])
+    code, out, err, _ = cli("bench", str(tiny_llama), *args, "--engine", "compiled", "--no-self-check")
+    assert code == 0 and "--warmups 0 raised to 1" in out
+
+
+def test_sweep_takes_enough_samples(cli, tiny_llama):
+    """A3: each sweep length is warmed up and its median taken over at least SWEEP_SAMPLES samples."""
+    from quantkit.bench.harness import SWEEP_SAMPLES
+
+    code, _, err, data = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--sweep", "8,12", "--no-self-check", "--json")
+    assert code == 0, err
+    assert all(p["ttft_ms"]["n"] >= SWEEP_SAMPLES for p in data["rows"][0]["prompt_sweep"])
+
+
+def test_probe_drift_and_spread_reported(cli, tiny_llama, monkeypatch):
+    """A4: the device is probed again after the timings; a drift beyond 15% is flagged in the JSON
+    and in the text, and the probe's spread over repeats is printed."""
+    import quantkit.bench.probe as probing
+
+    monkeypatch.setattr(probing, "run_probe", fake_probe(read_gbps=(50.0, 30.0)))
+    code, _, err, data = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--no-self-check", "--json")
+    assert code == 0, err
+    drift = data["device"]["drift"]
+    assert drift["flagged"] and drift["worst"] == "read_gbps" and drift["change"]["read_gbps"] == pytest.approx(-0.4)
+    assert data["device"]["probe_after"]["read_gbps"] == 30.0 and data["device"]["bandwidth_gbps"] == 50.0
+    monkeypatch.setattr(probing, "run_probe", fake_probe(read_gbps=(50.0, 30.0)))
+    code, out, err, _ = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--no-self-check")
+    assert "warning: probe after the timings: read_gbps -40%" in out and "spread 0% over repeats" in out
+    monkeypatch.setattr(probing, "run_probe", fake_probe(read_gbps=(50.0, 48.0)))
+    code, _, err, data = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--no-self-check", "--json")
+    assert not data["device"]["drift"]["flagged"]
+
+
+def test_model_in_cache_is_not_an_accounting_error(cli, tiny_llama, monkeypatch):
+    """A4: a model whose step fits in the last-level cache may beat the streaming read: flagged
+    'fits in cache', not an accounting error. The same speed without the cache is an error."""
+    import quantkit.bench.probe as probing
+
+    slow = 1e-6  # GB/s: any measured TPOT beats this roofline
+    monkeypatch.setattr(probing, "run_probe", fake_probe(read_gbps=(slow,), llc=1 << 30))
+    code, out, err, data = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--no-self-check", "--json")
+    row = data["rows"][0]
+    assert row["tpot_efficiency"] > 1 and row["fits_in_cache"] and not row["accounting_error"] and "fits_in_cache" in row["flags"]
+    monkeypatch.setattr(probing, "run_probe", fake_probe(read_gbps=(slow,), llc=1000))
+    code, out, err, _ = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--no-self-check")
+    assert "(!) efficiency above 100%" in out
 
 
 def test_bench_synthetic_shape(cli, tmp_path):
@@ -114,11 +278,14 @@ def test_bench_synthetic_shape(cli, tmp_path):
            "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 256, "max_position_embeddings": 256, "tie_word_embeddings": False}
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
-    code, _, err, data = cli("bench", "--shape", str(p), "--shape-bits", "16,4", *FAST, "--engine", "eager", "--json")
+    code, _, err, data = cli("bench", "--shape", str(p), "--shape-bits", "16,4", *FAST, "--engine", "eager", "--device", "cpu:0", "--json")
     assert code == 0, err
     b16, b4 = data["rows"]
     assert b4["weight_bytes_per_token"] < b16["weight_bytes_per_token"] / 2
+    assert b16["self_check"]["status"] == "skipped" and "random weights" in b16["self_check"]["reason"]
 
+
+# ---- bad input ------------------------------------------------------------------------------
 
 def test_bench_bad_input(cli, tiny_llama):
     code, _, err, _ = cli("bench", str(tiny_llama), "--prompt-len", "0")
@@ -128,19 +295,24 @@ def test_bench_bad_input(cli, tiny_llama):
     code, _, err, _ = cli("bench")
     assert code == 2 and "nothing to bench" in err
     if not torch.cuda.is_available():
-        code, _, err, _ = cli("bench", str(tiny_llama), "--device", "cuda")
-        assert code == 2 and "no CUDA GPU" in err
+        for dev in ("cuda", "cuda:1"):
+            code, _, err, _ = cli("bench", str(tiny_llama), "--device", dev)
+            assert code == 2 and "no CUDA GPU" in err
+    code, _, err, _ = cli("bench", str(tiny_llama), "--device", "tpu")
+    assert code == 2 and "--device tpu" in err
     code, _, err, _ = cli("bench", str(tiny_llama), "--engine", "warp")
-    assert code == 2 and "unknown engine" in err
+    assert code == 2 and "unknown engine 'warp'; valid: eager, compiled, vllm" in err
+    code, _, err, _ = cli("bench", str(tiny_llama), "--tensor-parallel", "2", "--engine", "compiled")
+    assert code == 2 and "--tensor-parallel" in err
 
 
 def _no_probe(monkeypatch):
-    import quantkit.bench.runner as runner
+    import quantkit.bench.probe as probing
 
-    monkeypatch.setattr(runner, "device_figures", lambda *a, **k: pytest.fail("probed the device"))
+    monkeypatch.setattr(probing, "run_probe", lambda *a, **k: pytest.fail("probed the device"))
 
 
-@pytest.mark.parametrize("flag,value", [("--repeats", "0"), ("--warmups", "-1"), ("--min-seconds", "-1")])
+@pytest.mark.parametrize("flag,value", [("--repeats", "0"), ("--warmups", "-1"), ("--min-seconds", "-1"), ("--threads", "0")])
 def test_bench_bad_timing_settings_before_any_work(cli, tiny_llama, monkeypatch, flag, value):
     _no_probe(monkeypatch)
     monkeypatch.setattr("quantkit.models.resolve_model", lambda *a: pytest.fail("resolved a model"))
@@ -168,14 +340,12 @@ def test_bench_one_row_fails_others_kept_exit_1(cli, tiny_llama, tmp_path):
     assert "not benchmarked: short: prompt + generated tokens (20) exceed the model's context (8)" in out
 
 
-def test_bench_update_card(cli, tiny_llama, tmp_path):
-    from pathlib import Path
+def test_bench_update_card(cli, tiny_llama, int4_art, tmp_path):
+    import shutil
 
-    repo = Path(__file__).resolve().parents[1]
     art = tmp_path / "int4"
-    code, _, err, _ = cli("convert", str(repo / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(art), "--json")
-    assert code == 0, err
-    code, _, err, data = cli("bench", str(art), str(tiny_llama), *FAST, "--engine", "eager", "--update-card", "--json")
+    shutil.copytree(int4_art, art)
+    code, _, err, data = cli("bench", str(art), str(tiny_llama), *FAST, "--engine", "eager", "--device", "cpu", "--update-card", "--json")
     assert code == 0, err
     assert f"skipped {tiny_llama}: not a quantkit artifact" in err
     bench = json.loads((art / "quantkit.json").read_text())["results"]["bench"]
@@ -197,13 +367,7 @@ def test_bench_model_too_big(cli, tiny_llama, monkeypatch):
     assert code == 2 and "GB available" in err
 
 
-def test_vllm_engine_without_vllm_is_clear(cli, tiny_llama):
-    pytest.importorskip("torch")
-    try:
-        import vllm  # noqa: F401
-
-        pytest.skip("vLLM is installed here")
-    except ImportError:
-        pass
-    code, _, err, _ = cli("bench", str(tiny_llama), "--engine", "vllm", *FAST)
-    assert code == 2 and ("vLLM is not installed" in err or "needs --device cuda" in err)
+def test_vllm_engine_without_a_gpu_or_vllm_is_clear(cli, tiny_llama, monkeypatch):
+    _no_probe(monkeypatch)
+    code, _, err, _ = cli("bench", str(tiny_llama), "--engine", "vllm", "--device", "cpu", *FAST)
+    assert code == 2 and "--engine vllm needs a CUDA GPU" in err

@@ -1,8 +1,21 @@
-"""Bytes a decode step reads, counted from the tensors the benchmarked model actually holds.
+"""Bytes a decode step moves, counted from what the benchmarked model really holds and reads.
 
-Every weight once in its runtime format (packed integers, scales and zeros included), the input
-embedding one row, the lm_head as a full matrix (a tied lm_head is the embedding table, read in
-full), norms; plus the KV cache at the current context (GQA-aware, from the config).
+Weights: every tensor once in its runtime format (packed integers, scales and zeros included),
+the input embedding one row, the lm_head as a full matrix (a tied lm_head is the embedding
+table, read in full), norms.
+
+KV cache: what each engine's cache really touches per step, in units of `kv` = bytes one token
+occupies (`roofline.kv_bytes`, GQA-aware). `cached` is the number of tokens already in the cache
+when the step starts (the prompt, then one more per step):
+- live (the ideal, vLLM's paged cache, llama.cpp): attend over cached + 1 tokens, write 1.
+- static (transformers' StaticCache, the compiled engine): `StaticLayer.update` returns the whole
+  preallocated buffer and attention runs over every slot under a mask, so each step reads the
+  cache's full capacity whatever the context, and `index_copy_` writes 1.
+- concat (transformers' DynamicCache, the eager engine): `DynamicLayer.update` is
+  `torch.cat([keys, new])`, which reads the cached + 1 tokens and writes a new cached + 1 copy,
+  then attention reads that copy: 3 (cached + 1).
+(transformers 5.17, cache_utils.py.) Attention runs at the KV heads' width in every torch engine
+(see engines/_torch.py, `gqa_attention`), so GQA's saving is real in what is read.
 """
 
 from __future__ import annotations
@@ -44,16 +57,28 @@ def weight_read_bytes(model) -> dict:
     return {"weight_bytes_per_token": int(per_token), "stored_weight_bytes": int(total), "tied_lm_head": bool(tied)}
 
 
-def kv_bytes_per_token(config, dtype_bytes: int = 2) -> int:
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    return 2 * config.num_hidden_layers * kv * head_dim * dtype_bytes
+def kv_live(kv: float, cached: int) -> float:
+    """Attend over the cached tokens and the new one, write the new one."""
+    return kv * (cached + 2)
 
 
-def mean_step_bytes(weight_bytes: int, kv_per_token: int, prompt_len: int, gen_len: int) -> float:
-    """Average bytes of the timed decode steps (contexts prompt_len+1 .. prompt_len+gen_len-1), new KV written included."""
-    if gen_len < 2:
-        return float(weight_bytes + kv_per_token * (prompt_len + 1))
-    contexts = range(prompt_len + 1, prompt_len + gen_len)
-    return weight_bytes + kv_per_token * (sum(contexts) / len(contexts) + 1)
+def kv_static(kv: float, capacity: int) -> float:
+    """Attend over every slot of a preallocated cache of `capacity` tokens, write one."""
+    return kv * (capacity + 1)
+
+
+def kv_concat(kv: float, cached: int) -> float:
+    """torch.cat of the cache and the new token (read cached + 1, write cached + 1), then attend."""
+    return kv * 3 * (cached + 1)
+
+
+def timed_contexts(prompt_len: int, gen_len: int) -> range:
+    """Tokens in the cache at the start of each timed decode step: the prefill leaves prompt_len,
+    and gen_len - 1 steps follow (the first token comes from the prefill)."""
+    return range(prompt_len, prompt_len + gen_len - 1)
+
+
+def mean_step_bytes(step_bytes, prompt_len: int, gen_len: int) -> float:
+    """Average of `step_bytes(cached)` over the timed decode steps."""
+    contexts = timed_contexts(prompt_len, gen_len)
+    return sum(step_bytes(c) for c in contexts) / len(contexts)

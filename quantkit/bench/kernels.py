@@ -39,8 +39,9 @@ def unpack_int4_cpu(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 class Int4WeightOnlyLinear(nn.Module):
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, group_size: int,
-                 bias: torch.Tensor | None, device: str, dtype=torch.bfloat16, inner_k_tiles: int = 8):
+                 bias: torch.Tensor | None, device, dtype=torch.bfloat16, inner_k_tiles: int = 8):
         super().__init__()
+        device = torch.device(device)
         n, k = q.shape
         if group_size not in INT4_GROUPS or k % group_size:
             raise ValueError(f"int4 kernel needs a group size in {INT4_GROUPS} dividing {k}")
@@ -49,7 +50,8 @@ class Int4WeightOnlyLinear(nn.Module):
         zero = torch.zeros_like(scale) if zp is None else -zp.float().reshape(n, -1) * scale
         self.register_buffer("scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(dtype).to(device))
         q_u = (q.to(torch.int32) + 8).to(device)
-        if device == "cuda":
+        self._cuda = device.type == "cuda"  # the one branch on the device: which kernel
+        if self._cuda:
             self.kernel = "aten._weight_int4pack_mm (tinygemm)"
             packed = (q_u[:, ::2] << 4 | q_u[:, 1::2]).to(torch.uint8)
             self.register_buffer("weight", torch.ops.aten._convert_weight_to_int4pack(packed, inner_k_tiles))
@@ -57,7 +59,6 @@ class Int4WeightOnlyLinear(nn.Module):
             self.kernel = "aten._weight_int4pack_mm_for_cpu"
             self.register_buffer("weight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q_u, 1))
         self.register_buffer("bias", None if bias is None else bias.to(dtype).to(device))
-        self._cuda = device == "cuda"
         self._dense_prefill = (not self._cuda and n % CPU_BLOCK_N == 0
                                and torch.equal(unpack_int4_cpu(self.weight, n, k), q_u.to(torch.uint8)))
 
@@ -86,7 +87,7 @@ class Int8WeightOnlyLinear(nn.Module):
 
     kernel = "aten._weight_int8pack_mm"
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, bias, device: str, dtype=torch.bfloat16):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, bias, device, dtype=torch.bfloat16):
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.register_buffer("weight", q.to(torch.int8).contiguous().to(device))
@@ -113,7 +114,7 @@ class Int8DynamicActivationLinear(nn.Module):
 
     kernel = "torch._int_mm (int8 x int8 -> int32), dynamic per-token activations"
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias, device: str, dtype=torch.bfloat16):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias, device, dtype=torch.bfloat16):
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.register_buffer("weight_t", q.to(torch.int8).t().contiguous().to(device))

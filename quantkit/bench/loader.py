@@ -27,6 +27,8 @@ class BenchModel:
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, on the CPU: packed integers are repacked there (ATen's
+    int4 packing runs on the device the layer is built for, see kernels.py)."""
     from safetensors.torch import load_file
 
     out: dict[str, torch.Tensor] = {}
@@ -66,7 +68,7 @@ def _unpack(sd: dict, prefix: str, scheme: dict) -> tuple[torch.Tensor, torch.Te
     return q, scale, zp
 
 
-def _kernel_module(sd: dict, prefix: str, scheme: dict, device: str):
+def _kernel_module(sd: dict, prefix: str, scheme: dict, device):
     w, acts = scheme["weights"], scheme.get("input_activations")
     q, scale, zp = _unpack(sd, prefix, scheme)
     bias = sd.get(prefix + "bias")
@@ -88,19 +90,31 @@ def _set_module(model, name: str, module) -> None:
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
-def _skeleton(path: Path, device: str):
+def _skeleton(path: Path, device):
+    """The architecture with its parameters on the meta device (no memory) and its computed
+    buffers (RoPE's inv_freq) built on `device`; every parameter is then assigned a tensor that
+    already lives on `device`, so nothing is ever copied out of meta."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(str(path))
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    with init_empty_weights(include_buffers=False):  # parameters on meta; rotary buffers computed for real
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    return model.to(device) if device != "cpu" else model
+    with torch.device(device), init_empty_weights(include_buffers=False):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
 
 
-def load_compressed(path: Path, device: str) -> BenchModel:
+def _misplaced(model, device) -> list[str]:
+    """Parameters and buffers that are not on `device` (meta ones included)."""
+    want = torch.device(device)
+    out = []
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.device.type != want.type or (want.index is not None and t.device.index not in (None, want.index)):
+            out.append(f"{name} ({t.device})")
+    return out
+
+
+def load_compressed(path: Path, device) -> BenchModel:
     qcfg = json.loads((path / "config.json").read_text())["quantization_config"]
     sd = _weights(path)
     model = _skeleton(path, device)
@@ -116,17 +130,21 @@ def load_compressed(path: Path, device: str) -> BenchModel:
         bm.kernels[module.kernel] = bm.kernels.get(module.kernel, 0) + 1
         for suffix in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight", "bias"):
             sd.pop(prefix + suffix, None)
-    dense = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sd.items()}
+    dense = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).to(device) for k, v in sd.items()}
     missing, unexpected = model.load_state_dict(dense, strict=False, assign=True)
     model.tie_weights()
     leftover = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if leftover or unexpected:
         raise QuantkitError(f"{path}: could not place every tensor (missing {leftover[:3]}, unexpected {unexpected[:3]})")
-    model.to(device)
+    wrong = _misplaced(model, device)
+    if wrong:  # a library fault, not the user's: say where
+        raise RuntimeError(f"bench loader: tensors not on {device}: {', '.join(wrong[:3])}")
     return bm
 
 
-def load_for_bench(path: Path, device: str) -> BenchModel:
+def load_for_bench(path: Path, device) -> BenchModel:
+    """`device`: a torch.device (or anything torch.device() takes: "cpu", "cpu:0", "cuda:1")."""
+    device = torch.device(device)
     cfg = json.loads((path / "config.json").read_text())
     qm = (cfg.get("quantization_config") or {}).get("quant_method")
     if qm == "compressed-tensors":

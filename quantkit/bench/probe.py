@@ -1,111 +1,159 @@
-"""Measure this machine: memory read and copy bandwidth, bf16 matmul rate. Cached per device.
+"""Measure this device: memory read and copy bandwidth, bf16 matmul rate, each with its spread
+over repeats, and the last-level cache size. Cached per device.
 
 Decode reads weights, so the roofline uses the *read* bandwidth (a streaming reduction over a
 buffer far larger than the last-level cache); copy bandwidth (bytes copied per second, the
-figure STREAM's "copy" halves) is reported beside it.
+figure STREAM's "copy" halves) is reported beside it. On a shared machine the figure moves (this
+CPU gave 34.5, 54.7 and 64.6 GB/s within 35 minutes), so `quantkit bench` probes before and after
+its timings and flags a drift above DRIFT_LIMIT.
 """
 
 from __future__ import annotations
 
 import json
-import platform
 import time
 
 from ..hardware import Device
 from ..home import subdir
 
+DRIFT_LIMIT = 0.15  # before/after change that makes every efficiency figure of the run uncertain
 
-def _timeit(fn, sync, repeats: int) -> float:
+
+def spread(samples_s: list[float], work: float, scale: float) -> dict:
+    """Rates (work / time, divided by `scale`) of repeated timings: best, median, worst and the
+    spread (best - worst) / best in percent."""
+    import numpy as np
+
+    rates = np.sort(work / np.asarray(samples_s, dtype=np.float64) / scale)
+    best, worst = float(rates[-1]), float(rates[0])
+    return {"best": best, "median": float(np.median(rates)), "worst": worst, "spread_pct": 100.0 * (best - worst) / best}
+
+
+def _times(fn, sync, repeats: int) -> list[float]:
     fn()
     sync()
-    best = float("inf")
+    out = []
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
         sync()
-        best = min(best, time.perf_counter() - t)
-    return best
+        out.append(time.perf_counter() - t)
+    return out
 
 
-def probe(device: str = "cpu", buffer_bytes: int = 1 << 30, repeats: int = 7) -> dict:
+def last_level_cache_bytes(device) -> int | None:
+    """The largest cache of the device: L3 (or L2) of CPU 0 from sysfs, the GPU's L2."""
     import torch
 
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or None
+    from pathlib import Path
+
+    sizes = []
+    for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (idx / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * mult)
+    return max(sizes) if sizes else None
+
+
+def probe(device, buffer_bytes: int = 1 << 30, repeats: int = 7) -> dict:
+    import torch
+
+    from .. import device as devices
+
+    def sync():
+        devices.synchronize(device)
+
     a = torch.ones(buffer_bytes // 4, dtype=torch.float32, device=device)
     b = torch.empty_like(a)
-    read = buffer_bytes / _timeit(lambda: a.sum(), sync, repeats)
-    copy = buffer_bytes / _timeit(lambda: b.copy_(a), sync, repeats)
+    read = spread(_times(lambda: a.sum(), sync, repeats), buffer_bytes, 1e9)
+    copy = spread(_times(lambda: b.copy_(a), sync, repeats), buffer_bytes, 1e9)
     del a, b
-    n = 4096 if device == "cuda" else 1536
+    n = 4096 if device.type == "cuda" else 1536
     x = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     y = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    mm = 2 * n**3 / _timeit(lambda: x @ y, sync, repeats)
-    name = torch.cuda.get_device_name() if device == "cuda" else _cpu_name()
+    mm = spread(_times(lambda: x @ y, sync, repeats), 2 * n**3, 1e12)
     return {
-        "device": device,
-        "name": name,
+        "device": str(device),
+        "name": devices.name(device),
         "threads": torch.get_num_threads(),
-        "read_gbps": read / 1e9,
-        "copy_gbps": copy / 1e9,
-        "bf16_matmul_tflops": mm / 1e12,
+        "read_gbps": read["best"],
+        "copy_gbps": copy["best"],
+        "bf16_matmul_tflops": mm["best"],
+        "spread": {"read_gbps": read, "copy_gbps": copy, "bf16_matmul_tflops": mm},
+        "llc_bytes": last_level_cache_bytes(device),
         "buffer_bytes": buffer_bytes,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "method": "best of %d: fp32 sum over %d MiB (read), copy_ (bytes copied), %dx%d bf16 matmul" % (repeats, buffer_bytes >> 20, n, n),
     }
 
 
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def drift(before: dict, after: dict, limit: float = DRIFT_LIMIT) -> dict:
+    """Relative change of each probed figure from before the timings to after. Flagged when a
+    figure the roofline uses (read bandwidth, matmul rate) moved by more than `limit`."""
+    keys = ("read_gbps", "copy_gbps", "bf16_matmul_tflops")
+    change = {k: (after[k] - before[k]) / before[k] for k in keys if before.get(k) and after.get(k) is not None}
+    used = [k for k in ("read_gbps", "bf16_matmul_tflops") if k in change]
+    worst = max(used, key=lambda k: abs(change[k])) if used else None
+    return {"change": change, "limit": limit, "worst": worst,
+            "flagged": bool(worst is not None and abs(change[worst]) > limit)}
 
 
-def _path(device: str):
-    return subdir("probe") / f"{device}.json"
+def _key(device) -> str:
+    return device.type if device.type == "cpu" else f"{device.type}{device.index or 0}"
 
 
-def run_probe(device: str = "cpu") -> dict:
+def run_probe(device) -> dict:
     """Probe in a child process: freeing the 1 GiB buffers in this one would leave glibc's
     adaptive mmap threshold raised, and later allocations here would page-fault (measured:
     a tiny model's TTFT went from 2 ms to 58 ms after an in-process probe)."""
     import subprocess
     import sys
 
+    from ..atomic import write_json
     from ..errors import QuantkitError
 
-    proc = subprocess.run([sys.executable, "-m", "quantkit.bench.probe", device], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "quantkit.bench.probe", str(device)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise QuantkitError(f"device probe failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    _path(device).write_text(json.dumps(result, indent=2))
+    write_json(subdir("probe") / f"{_key(device)}.json", result)
     return result
 
 
-def load_probe(device: str = "cpu") -> dict:
-    path = _path(device)
+def load_probe(device) -> dict:
+    path = subdir("probe") / f"{_key(device)}.json"
     if path.is_file():
-        return json.loads(path.read_text())
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            pass  # a damaged cache is probed again
     return run_probe(device)
 
 
-def cached_probe(device: str = "cpu") -> Device:
-    p = load_probe(device)
+def as_device(p: dict) -> Device:
+    """A probe's figures in the shape of a datasheet entry (hardware.Device)."""
     return Device(
-        f"this machine ({p['name']}, {device}, probed)",
+        f"this machine ({p['name']}, {p['device']}, probed)",
         p["read_gbps"] * 1e9,
         p["bf16_matmul_tflops"] * 1e12,
         f"quantkit bench --probe, {p['measured_at']}: {p['method']}",
     )
 
 
+def cached_probe(device) -> Device:
+    return as_device(load_probe(device))
+
+
 if __name__ == "__main__":
+    import os
     import sys
 
-    import os
+    import torch
 
     mib = int(os.environ.get("QUANTKIT_PROBE_MIB", "1024"))  # tests use a small buffer; real probes must exceed the LLC
-    print(json.dumps(probe(sys.argv[1] if len(sys.argv) > 1 else "cpu", buffer_bytes=mib << 20)))
+    print(json.dumps(probe(torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu"), buffer_bytes=mib << 20)))

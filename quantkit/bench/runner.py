@@ -1,84 +1,46 @@
-"""`quantkit bench`: load each model, time it, set it beside the roofline, and fit the rule."""
+"""`quantkit bench`: load each model on its engine, self-check it, time it, set it beside the
+roofline, and fit the rule; the device is probed before and after the timings."""
 
 from __future__ import annotations
 
-import gc
 import json
+import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QuantkitError
 from ..progress import bar, note
 from ..roofline import Shape, efficiency, fit_rule, prefill_flops, predict_ttft_s
-from .accounting import mean_step_bytes, weight_read_bytes
+from . import selfcheck
+from .accounting import kv_live, mean_step_bytes
+from .settings import BenchSettings, check_fits_bytes, check_lengths, check_settings  # noqa: F401  (re-exported)
 
 
-@dataclass(frozen=True)
-class BenchSettings:
-    device: str = "cpu"
-    engine: str = "compiled"
-    prompt_len: int = 256
-    gen_len: int = 64
-    repeats: int = 5
-    min_seconds: float = 2.0
-    warmups: int = 2
-    prompt_sweep: tuple[int, ...] = ()
-    seed: int = 0
+class SelfCheckError(QuantkitError):
+    """The engine's logits disagree with the reference load: no speed is reported."""
+
+    def __init__(self, message: str, result: dict):
+        super().__init__(message)
+        self.result = result
 
 
-def check_device(device: str) -> None:
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise QuantkitError("--device cuda: no CUDA GPU is available on this machine")
-    if device not in ("cpu", "cuda"):
-        raise QuantkitError(f"--device {device}: use cpu or cuda")
-
-
-def check_settings(s: BenchSettings) -> None:
-    """Settings that no model can be timed with: rejected before any loading or probing."""
-    if s.prompt_len <= 0 or s.gen_len <= 1:
-        raise QuantkitError("--prompt-len must be > 0 and --gen-len > 1")
-    if s.repeats < 1 or s.warmups < 0 or s.min_seconds < 0:
-        raise QuantkitError("--repeats must be >= 1, --warmups and --min-seconds >= 0")
-
-
-def check_lengths(cfg: dict, s: BenchSettings) -> None:
-    limit = cfg.get("max_position_embeddings")
-    longest = max((s.prompt_len, *s.prompt_sweep)) + s.gen_len
-    if limit and longest > limit:
-        raise QuantkitError(f"prompt + generated tokens ({longest}) exceed the model's context ({limit})")
-
-
-def check_fits_bytes(weights: float, cfg: dict, s: BenchSettings, what: str) -> None:
-    """Estimate from the weight bytes and the KV cache before allocating anything."""
-    import psutil
-    import torch
-
-    kv = Shape.from_config(cfg)
-    need = weights * 1.15 + 2 * kv.layers * kv.kv_heads * kv.head_dim * 2 * (s.prompt_len + s.gen_len + 1)
-    have = torch.cuda.mem_get_info()[0] if s.device == "cuda" else psutil.virtual_memory().available
-    if need > have:
-        raise QuantkitError(f"{what}: needs about {need / 1e9:.1f} GB on {s.device}, {have / 1e9:.1f} GB available")
-
-
-def _prompt(vocab: int, length: int, seed: int, device: str):
+def _prompt_ids(vocab: int, length: int, seed: int) -> list[int]:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (1, length), generator=g).to(device)
+    return torch.randint(0, vocab, (length,), generator=g).tolist()
 
 
 def _config(source) -> dict:
-    """config.json of a checkpoint directory, or the named shape of a Synthetic spec."""
+    """config.json (its text part) of a checkpoint directory, or the named shape of a Synthetic spec."""
     from .synthetic import Synthetic
 
     if isinstance(source, Synthetic):
         from ..hardware import shape_config
 
         return shape_config(source.shape)
-    return json.loads((source / "config.json").read_text())
+    cfg = json.loads((source / "config.json").read_text())
+    return cfg.get("text_config", cfg)
 
 
 def precheck(source, s: BenchSettings) -> None:
@@ -94,111 +56,119 @@ def precheck(source, s: BenchSettings) -> None:
         check_fits_bytes(sum(f.stat().st_size for f in source.glob("*.safetensors")), cfg, s, str(source))
 
 
-def _load(source, s: BenchSettings):
-    """A checkpoint directory or a Synthetic spec -> (config dict, BenchModel); precheck() has passed."""
-    from .loader import load_for_bench
-    from .synthetic import Synthetic, load_synthetic
+def _reference(source, cfg: dict, s: BenchSettings, ids: list[int]):
+    """The self-check's reference rows, computed before the engine loads (one model in memory at a time)."""
+    from .synthetic import Synthetic
 
-    cfg = _config(source)
+    if not s.self_check:
+        return None, {"status": "skipped", "reason": "--no-self-check"}
     if isinstance(source, Synthetic):
-        return cfg, load_synthetic(source, cfg, s.device, s.seed)
-    return cfg, load_for_bench(source, s.device)
-
-
-def bench_vllm(path: Path, s: BenchSettings):
-    """vLLM: whole generate() calls (see vllm_engine.py); the bytes come from the stored tensors."""
-    from ..sizes import stored_read_bytes
-    from .harness import Timings
-    from .vllm_engine import VllmEngine
-
-    cfg = json.loads((path / "config.json").read_text())
-    eng = VllmEngine(str(path), s.device, max((s.prompt_len, *s.prompt_sweep)) + s.gen_len + 1)
-    prompt = _prompt(cfg["vocab_size"], s.prompt_len, s.seed, "cpu")[0].tolist()
-    timings = Timings()
+        return None, {"status": "skipped", "reason": "random weights (speed only): no checkpoint to compare with"}
     t = time.perf_counter()
-    for _ in range(s.warmups):
-        eng.time_once(prompt, s.gen_len)
-    timings.warmup_s = time.perf_counter() - t
-    for _ in range(s.repeats):
-        ttft, steps = eng.time_once(prompt, s.gen_len)
-        timings.ttft_s.append(ttft)
-        timings.step_s.append(steps)
-    return cfg, {"weight_bytes_per_token": stored_read_bytes(path), "stored_weight_bytes": None, "tied_lm_head": None}, timings
+    ref, info = selfcheck.reference_logprobs(source, ids, s.prompt_len, s.device, cfg)
+    return ref, {**info, "reference_s": time.perf_counter() - t}
 
 
-def _time_local(path, s: BenchSettings, figs) -> dict:
-    """Load with quantkit's loader, time with the harness; returns the pieces of a result row."""
-    import torch
-
-    from .engines import get_engine
-    from .harness import measure
-
-    t_load = time.perf_counter()
-    cfg, bm = _load(path, s)
-    load_s = time.perf_counter() - t_load
-    config = bm.model.config
-    max_len = max((s.prompt_len, *s.prompt_sweep)) + s.gen_len + 1
-    engine = get_engine(s.engine)(bm.model, s.device, max_len)
-    prompt = _prompt(config.vocab_size, s.prompt_len, s.seed, s.device)
-    with torch.inference_mode():
-        timings = measure(engine, prompt, s.gen_len, repeats=s.repeats, min_seconds=s.min_seconds, warmups=s.warmups, device=s.device)
-        acct = weight_read_bytes(bm.model)
-        sweep = _sweep(engine, cfg, s, figs, acct["weight_bytes_per_token"])
-    out = {"cfg": cfg, "acct": acct, "timings": timings, "sweep": sweep, "kind": bm.kind, "kernel": bm.kernel, "notes": bm.notes, "load_s": load_s}
-    del engine, bm
-    gc.collect()
-    return out
+def _self_check(engine, ref, info: dict, ids: list[int], s: BenchSettings) -> dict:
+    if ref is None:
+        return info
+    t = time.perf_counter()
+    result = {**info, **selfcheck.compare(ref, engine.logprobs(ids, s.prompt_len, s.capacity), partial=not engine.full_logprobs),
+              "check_s": time.perf_counter() - t}
+    if not result["passed"]:
+        raise SelfCheckError(
+            f"self-check failed: next-token mean KL {result['mean_kl']:.3g} against {result['reference']} "
+            f"(threshold {result['threshold']:g}; bf16 noise is ~3e-3): the bench model does not compute what the "
+            "checkpoint means, so no speed is reported (--no-self-check times it anyway)", result)
+    return result
 
 
-def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: int) -> list[dict]:
-    """TTFT at each prompt length of the sweep (prefill plus first token, cache cleared each time)."""
-    from .harness import Clock, summarize_ms
+def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: float) -> list[dict]:
+    """TTFT at each prompt length of the sweep: a warm-up at each new length, then the median of
+    at least SWEEP_SAMPLES (or --repeats) samples, each with a cleared cache."""
+    from .harness import SWEEP_SAMPLES, summarize_ms, time_prefill
 
-    shape, kv, clock = Shape.from_config(cfg), kv_bytes_per_token_cfg(cfg), Clock(s.device)
-    out = []
+    shape, out = Shape.from_config(cfg), []
     for plen in s.prompt_sweep:
-        p = _prompt(cfg["vocab_size"], plen, s.seed + plen, s.device)
-        times = []
-        for _ in range(max(2, s.repeats)):
-            engine.reset()
-            t0 = clock.now()
-            engine.prefill(p)
-            times.append(clock.now() - t0)
+        times = time_prefill(engine, _prompt_ids(cfg["vocab_size"], plen, s.seed + plen), plen + s.gen_len, max(SWEEP_SAMPLES, s.repeats))
         pt = predict_ttft_s(prefill_flops(shape, plen), figs.compute, weight_bytes + kv * plen, figs.bandwidth)
         out.append({"prompt_len": plen, "ttft_ms": summarize_ms(times), "predicted_ttft_ms": pt * 1e3})
     return out
 
 
-def kv_bytes_per_token_cfg(cfg: dict) -> int:
-    shape = Shape.from_config(cfg)
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
+def _measure(source, cfg: dict, s: BenchSettings, figs) -> dict:
+    """Reference, load, self-check, timings and sweep on the engine; the pieces of a result row."""
+    from .engines import engine_class
+    from .engines.base import EngineSettings
+    from .harness import measure
+
+    ids = _prompt_ids(cfg["vocab_size"], s.prompt_len, s.seed)
+    check_ids = ids + _prompt_ids(cfg["vocab_size"], min(selfcheck.DECODE_STEPS, s.gen_len - 1), s.seed + 1)
+    ref, info = _reference(source, cfg, s, check_ids)
+    es = EngineSettings(device=s.device, max_tokens=s.max_tokens, seed=s.seed, threads=s.threads, tensor_parallel=s.tensor_parallel)
+    t = time.perf_counter()
+    engine = engine_class(s.engine).load(source, es)
+    load_s = time.perf_counter() - t
+    try:
+        check = _self_check(engine, ref, info, check_ids, s)
+        timings = measure(engine, ids, s.gen_len, repeats=s.repeats, min_seconds=s.min_seconds, warmups=s.warmups)
+        wb, kv = engine.weight_bytes(), engine.kv_bytes_per_token()
+        sweep = _sweep(engine, cfg, s, figs, wb["weight_bytes_per_token"], kv)
+        step = mean_step_bytes(lambda c: engine.step_bytes(c, s.capacity), s.prompt_len, s.gen_len)
+        return {"acct": wb, "kv": kv, "step_bytes": step, "timings": timings, "sweep": sweep, "self_check": check,
+                "engine": engine.describe(), "step_note": engine.step_note, "load_s": load_s,
+                "compiles": engine.compiles}
+    finally:
+        engine.close()
 
 
-def bench_one(path, s: BenchSettings, figs) -> dict:
+def bench_one(source, s: BenchSettings, figs) -> dict:
     t0 = time.perf_counter()
-    if s.engine == "vllm":
-        cfg, acct, timings = bench_vllm(path, s)
-        part = {"cfg": cfg, "acct": acct, "timings": timings, "sweep": [], "kind": "vllm", "kernel": "vLLM's own kernels", "notes": [], "load_s": None}
-    else:
-        part = _time_local(path, s, figs)
-    cfg, acct, summary = part["cfg"], part["acct"], part["timings"].summary()
-    kv = kv_bytes_per_token_cfg(cfg)
-    step_bytes = mean_step_bytes(acct["weight_bytes_per_token"], kv, s.prompt_len, s.gen_len)
-    pred_tpot = step_bytes / figs.bandwidth
-    pred_ttft = predict_ttft_s(prefill_flops(Shape.from_config(cfg), s.prompt_len), figs.compute,
-                               acct["weight_bytes_per_token"] + kv * s.prompt_len, figs.bandwidth)
+    cfg = _config(source)
+    part = _measure(source, cfg, s, figs)
+    acct, eng, kv = part["acct"], part["engine"], part["kv"]
+    summary = part["timings"].summary(part["step_note"])
+    weights = acct["weight_bytes_per_token"]
+    ideal = mean_step_bytes(lambda c: weights + kv_live(kv, c), s.prompt_len, s.gen_len)
+    bandwidth = figs.bandwidth * s.tensor_parallel  # tensor parallel: each GPU reads its 1/N shard
+    pred_tpot = part["step_bytes"] / bandwidth
+    flops_s = prefill_flops(Shape.from_config(cfg), s.prompt_len) / (figs.compute * s.tensor_parallel)
+    pred_ttft = predict_ttft_s(flops_s, 1.0, weights + kv * s.prompt_len, bandwidth)
     tpot, ttft = summary["tpot_ms"]["median"] / 1e3, summary["ttft_ms"]["median"] / 1e3
-    eff_tpot, bad_tpot = efficiency(pred_tpot, tpot)
-    eff_ttft, bad_ttft = efficiency(pred_ttft, ttft)
+    notes = list(eng.pop("notes", []))
+    if summary["warmups"] > s.warmups:
+        notes.append(f"--warmups {s.warmups} raised to {summary['warmups']}: the {s.engine} engine compiles on its first "
+                     "calls, and compilation is not decode")
     return {
-        "model": str(path) if isinstance(path, Path) else path.label, "name": _name(path), "kind": part["kind"],
-        "kernel": part["kernel"], "engine": s.engine, "device": s.device, "prompt_len": s.prompt_len, "gen_len": s.gen_len,
-        "load_s": part["load_s"], "compile_and_warmup_s": summary.pop("warmup_s"), **acct, "kv_bytes_per_token": kv,
-        "bytes_per_token": step_bytes, "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3, "predicted_tpot_ms": pred_tpot * 1e3,
-        "predicted_ttft_ms": pred_ttft * 1e3, "tpot_efficiency": eff_tpot, "ttft_efficiency": eff_ttft,
-        "accounting_error": bad_tpot or bad_ttft, "stats": summary, "prompt_sweep": part["sweep"], "notes": part["notes"],
+        "model": str(source) if isinstance(source, Path) else source.label, "name": _name(source), "kind": eng.pop("kind"),
+        "kernel": eng.pop("kernel"), "engine": s.engine, "device": str(s.device), "device_name": eng.get("name"),
+        "dtype": eng.get("dtype"), "threads": eng.get("threads"), "engine_info": eng,
+        "prompt_len": s.prompt_len, "gen_len": s.gen_len, "load_s": part["load_s"],
+        "compile_and_warmup_s": summary.pop("warmup_s"), "warmups": summary["warmups"], **acct, "kv_bytes_per_token": kv,
+        "kv_cache_tokens": s.capacity, "bytes_per_token": part["step_bytes"], "kv_bytes_per_step": part["step_bytes"] - weights,
+        "ideal_bytes_per_token": ideal, "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3,
+        "predicted_tpot_ms": pred_tpot * 1e3, "predicted_ttft_ms": pred_ttft * 1e3,
+        "tpot_efficiency": efficiency(pred_tpot, tpot)[0], "ttft_efficiency": efficiency(pred_ttft, ttft)[0],
+        "ttft_bound": "compute" if flops_s >= pred_ttft else "memory",
+        "self_check": part["self_check"], "stats": summary, "prompt_sweep": part["sweep"], "notes": notes,
         "bench_wall_s": time.perf_counter() - t0,
     }
+
+
+def classify(row: dict, llc_bytes: int | None) -> dict:
+    """Flags of a row. Efficiency above 100% is an accounting error, unless the bytes of a step
+    fit in the last-level cache: then the weights need not stream from memory at all and beating
+    a streaming read is expected ("fits in cache")."""
+    fits = bool(llc_bytes and row["bytes_per_token"] <= llc_bytes)
+    flags = ["fits_in_cache"] if fits else []
+    if row["tpot_efficiency"] > 1.0 and not fits:
+        flags.append("tpot_above_roofline")
+    if row["ttft_efficiency"] > 1.0 and not (fits and row.get("ttft_bound") == "memory"):
+        flags.append("ttft_above_roofline")
+    if any("raised" in n for n in row["notes"]):
+        flags.append("warmups_raised")
+    bad = {"tpot_above_roofline", "ttft_above_roofline"}
+    return {**row, "flags": flags, "fits_in_cache": fits, "accounting_error": bool(bad & set(flags))}
 
 
 def _name(path) -> str:
@@ -206,30 +176,15 @@ def _name(path) -> str:
         return path.label
     meta = path / "quantkit.json"
     if meta.is_file():
-        return json.loads(meta.read_text()).get("name") or path.name
+        try:
+            return json.loads(meta.read_text()).get("name") or path.name
+        except json.JSONDecodeError:
+            return path.name
     return path.name
 
 
-def device_figures(s: BenchSettings, reprobe: bool = True):
-    """Probe in the same run as the timings by default (shared machines drift), else reuse the cache."""
-    from .probe import cached_probe, run_probe
-
-    if reprobe:
-        run_probe(s.device)
-    return cached_probe(s.device)
-
-
-def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None) -> dict:
-    """Bench every model in one process and one probe, so ratios between them are comparable.
-
-    A model that cannot be benchmarked (no kernel for its scheme, too big) gets an error row;
-    the others go on."""
-    import os
-
-    check_device(s.device)
-    check_settings(s)
-    names = names or [_name(p) for p in paths]
-    rows, failed, todo = [], [], []
+def _precheck_all(paths: list, s: BenchSettings, names: list[str]):
+    todo, failed = [], []
     for p, name in zip(paths, names):
         try:
             precheck(p, s)
@@ -238,27 +193,60 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None) ->
             failed.append({"model": str(p), "name": name, "error": str(exc)})
     if not todo:
         raise QuantkitError(failed[0]["error"])
+    return todo, failed
+
+
+def _device_block(s: BenchSettings, before: dict, after: dict | None, rows: list[dict]) -> dict:
+    from . import probe as probing
+
+    figs = probing.as_device(before)
+    out = {"device": str(s.device), "type": s.device.type, "name": figs.name, "device_name": before.get("name"),
+           "dtype": rows[0]["dtype"] if rows else None, "threads": before.get("threads"),
+           "bandwidth_gbps": figs.bandwidth / 1e9, "compute_tflops": figs.compute / 1e12, "source": figs.source,
+           "llc_bytes": before.get("llc_bytes"), "probe": before, "probe_after": after}
+    out["drift"] = probing.drift(before, after) if after else None
+    return out
+
+
+def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None, probe=None) -> dict:
+    """Bench every model in one process between two probes, so ratios between them are comparable
+    and a device that changed speed during the run is flagged. `probe(device) -> dict` (default:
+    probe.run_probe) is a parameter so tests can inject one.
+
+    A model that cannot be benchmarked (no kernel for its scheme, too big, failed self-check)
+    gets an error row; the others go on."""
+    from . import probe as probing
+
+    probe = probe or probing.run_probe
+    check_settings(s)
+    names = names or [_name(p) for p in paths]
+    todo, failed = _precheck_all(paths, s, names)
     load_before = os.getloadavg()[0]
-    figs = device_figures(s)
+    before = probe(s.device)
+    figs = probing.as_device(before)
+    rows = []
     with bar(f"bench ({s.engine}, {s.device})", total=len(todo)) as update:
         for i, (p, name) in enumerate(todo):
             note(f"bench {p} ({s.engine}, {s.device})")
             update(i, f"bench {name} ({s.engine}, {s.device})")
             try:
                 rows.append({**bench_one(p, s, figs), "name": name})
+            except SelfCheckError as exc:
+                failed.append({"model": str(p), "name": name, "error": str(exc), "self_check": exc.result})
             except QuantkitError as exc:
                 failed.append({"model": str(p), "name": name, "error": str(exc)})
         update(len(todo))
-    if not rows and failed:
-        raise QuantkitError(failed[0]["error"])
-    fit = fit_rule([r["bytes_per_token"] for r in rows], [r["tpot_ms"] / 1e3 for r in rows])
+    if not rows and not any("self_check" in f for f in failed):
+        raise QuantkitError(failed[0]["error"])  # nothing ran: one line, as for any user error
+    after = probe(s.device)
+    rows = [classify(r, before.get("llc_bytes")) for r in rows]
     return {
         "kind": "bench",
-        "schema_version": 1,
-        "settings": s.__dict__ | {"prompt_sweep": list(s.prompt_sweep)},
-        "device": {"name": figs.name, "bandwidth_gbps": figs.bandwidth / 1e9, "compute_tflops": figs.compute / 1e12, "source": figs.source},
+        "schema_version": 2,
+        "settings": s.to_json(),
+        "device": _device_block(s, before, after, rows),
         "rows": rows,
         "failed": failed,
-        "fit": fit,
+        "fit": fit_rule([r["bytes_per_token"] for r in rows], [r["tpot_ms"] / 1e3 for r in rows]),
         "load_average": {"before": load_before, "after": os.getloadavg()[0], "cpus": os.cpu_count()},
     }

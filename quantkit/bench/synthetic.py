@@ -24,13 +24,16 @@ class Synthetic:
         return f"synthetic:{self.shape}:{'bf16' if self.bits == 16 else f'int{self.bits}'}"
 
 
-def load_synthetic(spec: Synthetic, cfg: dict, device: str, seed: int = 0) -> BenchModel:
+def load_synthetic(spec: Synthetic, cfg: dict, device, seed: int = 0) -> BenchModel:
+    """Parameters start on meta and are each replaced by a tensor made on `device`; computed
+    buffers are built there directly."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    device = torch.device(device)
     model_type = cfg.get("model_type", "llama")
     config = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != "model_type"})
-    with init_empty_weights(include_buffers=False):
+    with torch.device(device), init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     gen = torch.Generator(device=device).manual_seed(seed)
     bm = BenchModel(model, "synthetic", notes=[f"random weights ({spec.label}); speed only"])
@@ -55,5 +58,4 @@ def load_synthetic(spec: Synthetic, cfg: dict, device: str, seed: int = 0) -> Be
             setattr(model.get_submodule(parent), child, torch.nn.Parameter(data, requires_grad=False))
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    model.to(device)
     return bm

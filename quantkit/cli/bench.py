@@ -8,18 +8,22 @@ from pathlib import Path
 
 import click
 
-from ._common import echo_json, int_list
+from ._common import _clean, echo_json, int_list
 
 
 def table_rows(result: dict) -> list[dict]:
     out = []
     for r in result["rows"]:
+        check = r.get("self_check") or {}
         out.append({
             "variant": r["name"], "kernel": r["kernel"], "MB/token": round(r["bytes_per_token"] / 1e6, 2),
             "KV kB/token": round(r["kv_bytes_per_token"] / 1e3, 2), "TTFT ms": round(r["ttft_ms"], 1),
             "TPOT ms": round(r["tpot_ms"], 2), "pred TTFT ms": round(r["predicted_ttft_ms"], 1),
-            "pred TPOT ms": round(r["predicted_tpot_ms"], 2), "TPOT eff": f"{r['tpot_efficiency'] * 100:.0f}%" + (" (!)" if r["accounting_error"] else ""),
-            "TTFT eff": f"{r['ttft_efficiency'] * 100:.0f}%",
+            "pred TPOT ms": round(r["predicted_tpot_ms"], 2),
+            "TPOT eff": f"{r['tpot_efficiency'] * 100:.0f}%" + (" (!)" if "tpot_above_roofline" in r["flags"] else "")
+                        + (" (cache)" if r["fits_in_cache"] else ""),
+            "TTFT eff": f"{r['ttft_efficiency'] * 100:.0f}%" + (" (!)" if "ttft_above_roofline" in r["flags"] else ""),
+            "self-check KL": f"{check['mean_kl']:.2g}" if check.get("mean_kl") is not None else check.get("status", "—"),
         })
     return out
 
@@ -33,26 +37,52 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _device_lines(d: dict) -> list[str]:
+    probe = d.get("probe") or {}
+    sp = (probe.get("spread") or {}).get("read_gbps")
+    spread = f", spread {sp['spread_pct']:.0f}% over repeats (median {sp['median']:.1f})" if sp else ""
+    lines = [f"device: {d['device']} ({d.get('device_name') or d['name']}), dtype {d.get('dtype') or '?'}, "
+             f"{d.get('threads')} threads: {d['bandwidth_gbps']:.1f} GB/s read{spread}, {d['compute_tflops']:.2f} TFLOP/s bf16 ({d['source']})"]
+    drift = d.get("drift")
+    if drift and drift.get("worst"):
+        w = drift["worst"]
+        msg = f"probe after the timings: {w} {drift['change'][w] * 100:+.0f}%"
+        lines.append(f"warning: {msg}, beyond ±{drift['limit'] * 100:.0f}%: the device changed speed during the run; "
+                     "every efficiency figure is uncertain by that much" if drift["flagged"] else msg)
+    return lines
+
+
+def _fit_line(fit: dict, n_rows: int) -> list[str]:
+    if fit.get("effective_gbps"):
+        return [f"rule check: TPOT = {fit['overhead_ms']:.2f} ms + bytes / {fit['effective_gbps']:.2f} GB/s  (R² {fit['r2']:.3f}, {fit['points']} points)"]
+    if fit.get("r2") is not None:
+        return [f"rule check: TPOT does not grow with bytes/token here (slope {fit['slope_s_per_byte'] * 1e9:.3g} ms/GB, R² {fit['r2']:.3f}): "
+                "decode is overhead-bound, not bandwidth-bound, on this engine"]
+    return ["rule check: not enough distinct byte counts to fit"] if n_rows > 1 else []
+
+
 def render(result: dict, fmt: str) -> str:
     rows = table_rows(result)
     if fmt == "csv":
+        if not rows:
+            return ""
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
         return buf.getvalue()
-    d, fit = result["device"], result["fit"]
-    lines = [f"device: {d['name']}: {d['bandwidth_gbps']:.1f} GB/s read, {d['compute_tflops']:.2f} TFLOP/s bf16 ({d['source']})", "", markdown(rows), ""]
-    if fit.get("effective_gbps"):
-        lines.append(f"rule check: TPOT = {fit['overhead_ms']:.2f} ms + bytes / {fit['effective_gbps']:.2f} GB/s  (R² {fit['r2']:.3f}, {fit['points']} points)")
-    elif fit.get("r2") is not None:
-        lines.append(f"rule check: TPOT does not grow with bytes/token here (slope {fit['slope_s_per_byte'] * 1e9:.3g} ms/GB, R² {fit['r2']:.3f}): "
-                     "decode is overhead-bound, not bandwidth-bound, on this engine")
-    elif len(rows) > 1:
-        lines.append("rule check: not enough distinct byte counts to fit")
+    lines = [*_device_lines(result["device"]), "", markdown(rows), "", *_fit_line(result["fit"], len(rows))]
     la = result.get("load_average") or {}
     if la and la.get("before", 0) > 0.5 * (la.get("cpus") or 1):
         lines.append(f"warning: the machine was busy before the run (load average {la['before']:.1f} on {la['cpus']} CPUs): timings are unreliable")
+    for r in result["rows"]:
+        lines += [f"note: {r['name']}: {n}" for n in r.get("notes", [])]
+        if r.get("fits_in_cache"):
+            lines.append(f"note: {r['name']}: a decode step's {r['bytes_per_token'] / 1e6:.1f} MB fit in the last-level cache "
+                         f"({result['device']['llc_bytes'] / 1e6:.1f} MB): it may beat the streaming-read roofline (fits in cache)")
+        per_step = (r.get("stats") or {}).get("per_step") or {}
+        if per_step.get("measured") is False:
+            lines.append(f"note: {r['name']}: no per-step statistics: {per_step['reason']}")
     for f in result.get("failed", []):
         lines.append(f"not benchmarked: {f['name']}: {f['error']}")
     if any(r["accounting_error"] for r in result["rows"]):
@@ -75,18 +105,35 @@ def _update_cards(sources: list, rows: list[dict]) -> None:
             note(f"--update-card: wrote {src / 'README.md'}")
 
 
+def _print_probe(p: dict, as_json: bool) -> None:
+    if as_json:
+        echo_json(p)
+        return
+    sp = p.get("spread") or {}
+    def fig(key, unit):
+        x = sp.get(key)
+        return f"{p[key]:.3g} {unit}" + (f" (median {x['median']:.3g}, spread {x['spread_pct']:.0f}%)" if x else "")
+    llc = f", last-level cache {p['llc_bytes'] / 1e6:.1f} MB" if p.get("llc_bytes") else ""
+    click.echo(f"{p['name']} ({p['device']}, {p['threads']} threads): read {fig('read_gbps', 'GB/s')}, copy {fig('copy_gbps', 'GB/s')}, "
+               f"bf16 matmul {fig('bf16_matmul_tflops', 'TFLOP/s')}{llc}")
+
+
 @click.command("bench")
 @click.argument("models", nargs=-1)
-@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]))
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one).")
 @click.option("--engine", default="compiled", show_default=True, help="eager | compiled | vllm")
 @click.option("--prompt-len", default=256, show_default=True, type=int)
 @click.option("--gen-len", default=64, show_default=True, type=int)
 @click.option("--repeats", default=5, show_default=True, type=int)
 @click.option("--min-seconds", default=2.0, show_default=True, type=float, help="Keep repeating until this much time was measured.")
-@click.option("--warmups", default=2, show_default=True, type=int)
+@click.option("--warmups", default=2, show_default=True, type=int, help="Untimed runs first (engines that compile always get at least 1).")
 @click.option("--sweep", default="", help="Comma-separated prompt lengths for a TTFT sweep, e.g. 64,128,256,512.")
 @click.option("--shape", "shapes", multiple=True, help="Synthetic model: a named shape or config.json (random weights), with --shape-bits.")
 @click.option("--shape-bits", default="16", show_default=True, help="Bit widths for --shape models, e.g. 16,8,4 (RTN-style random integers).")
+@click.option("--tensor-parallel", default=1, show_default=True, type=int, help="GPUs per model (--engine vllm).")
+@click.option("--threads", default=None, type=int, help="CPU threads for the engine (default: the library's).")
+@click.option("--self-check/--no-self-check", default=True, show_default=True,
+              help="Compare the engine's next-token logits with transformers' load of the checkpoint before timing; refuse a mismatch.")
 @click.option("--probe", is_flag=True, help="Measure this device's bandwidth and matmul rate (cached) and print them.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--csv", "as_csv", is_flag=True)
@@ -94,49 +141,50 @@ def _update_cards(sources: list, rows: list[dict]) -> None:
 @click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write the rule-check PNG here.")
 @click.option("--out", "out_json", default=None, type=click.Path(dir_okay=False), help="Also save the JSON result here.")
 @click.option("--update-card", is_flag=True, help="Write TTFT/TPOT into the model card of each quantkit artifact benchmarked.")
+@click.option("--plan", "plan_only", is_flag=True, help="Print the run's memory and time from the headers, then exit without loading weights.")
 def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds, warmups, sweep, shapes, shape_bits,
-              probe, as_json, as_csv, as_md, plot, out_json, update_card):
+              tensor_parallel, threads, self_check, probe, as_json, as_csv, as_md, plot, out_json, update_card, plan_only):
     """Measure batch-1 TTFT and TPOT of MODELS beside the roofline and fit TPOT against bytes/token."""
-    import json as _json
-
-    from ..bench.runner import BenchSettings, bench_many, check_device, check_settings
+    from ..atomic import write_json
+    from ..bench.runner import bench_many
+    from ..bench.settings import BenchSettings, check_settings
     from ..bench.synthetic import Synthetic
     from ..errors import QuantkitError
     from ..models import resolve_model
 
-    check_device(device)
     settings = BenchSettings(device=device, engine=engine, prompt_len=prompt_len, gen_len=gen_len, repeats=repeats,
-                             min_seconds=min_seconds, warmups=warmups, prompt_sweep=int_list(sweep, "--sweep"))
+                             min_seconds=min_seconds, warmups=warmups, prompt_sweep=int_list(sweep, "--sweep"),
+                             tensor_parallel=tensor_parallel, threads=threads, self_check=self_check)
     check_settings(settings)
     if probe:
         from ..bench.probe import run_probe
 
-        p = run_probe(device)
+        p = run_probe(settings.device)
         if not models and not shapes:
-            echo_json(p) if as_json else click.echo(
-                f"{p['name']} ({device}, {p['threads']} threads): read {p['read_gbps']:.1f} GB/s, copy {p['copy_gbps']:.1f} GB/s, "
-                f"bf16 matmul {p['bf16_matmul_tflops']:.3f} TFLOP/s")
+            _print_probe(p, as_json)
             return
     if not models and not shapes:
         raise QuantkitError("nothing to bench: give model directories (or 'demo'), --shape NAME, or --probe")
-    sweep_lens, bits = settings.prompt_sweep, int_list(shape_bits, "--shape-bits")
+    bits = int_list(shape_bits, "--shape-bits")
     if any(b not in (4, 8, 16) for b in bits):
         raise QuantkitError("--shape-bits: each must be 4, 8 or 16")
-    if any(x <= 0 for x in sweep_lens):
-        raise QuantkitError("--sweep: prompt lengths must be positive")
     sources = [resolve_model(m) for m in models] + [Synthetic(s, b) for s in shapes for b in bits]
+    if plan_only:
+        from ..planner import plan_bench, show
+
+        return show(plan_bench(sources, settings), as_json)
     result = bench_many(sources, settings)
-    if plot:
+    if plot and result["rows"]:
         from ..plots import rule_check, ttft_sweep
 
         rule_check(result["rows"], result["fit"], result["device"]["bandwidth_gbps"], Path(plot))
         result["plot"] = str(plot)
-        if sweep_lens:
+        if settings.prompt_sweep:
             sp = Path(plot).with_name(Path(plot).stem + "-ttft.png")
             ttft_sweep(result["rows"], sp)
             result["ttft_plot"] = str(sp)
     if out_json:
-        Path(out_json).write_text(_json.dumps(result, indent=2))
+        write_json(Path(out_json), _clean(result))
     if update_card:
         _update_cards(sources, result["rows"])
     if as_json:

@@ -51,8 +51,9 @@ def roofline_cmd(shape_name, device_name, bits, group_size, prompt_len, context,
         device = get_device(device_name)
     else:
         from ..bench.probe import cached_probe
+        from ..device import resolve
 
-        device = cached_probe()
+        device = cached_probe(resolve("auto"))  # this machine's default device, probed
     cfg = shape_config(shape_name)
     rows = predict(cfg, device, bits_list, group_size, prompt_len, prompt_len if context is None else context, quantize_lm_head)
     out = {"shape": shape_name, "device": device.name, "bandwidth_gbps": device.bandwidth / 1e9,

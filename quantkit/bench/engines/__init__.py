@@ -1,0 +1,33 @@
+"""Bench engines by name: one module each, one `Engine` class per module (interface: base.py).
+
+- eager: transformers with its dynamic cache, no compilation.
+- compiled: transformers with a static KV cache and the decode step under torch.compile (CUDA
+  graphs via mode="reduce-overhead" on CUDA).
+- vllm: vLLM's own scheduler and kernels, stepped one token at a time (GPU; when installed).
+
+Modules are imported when their engine is asked for, so an optional engine's library is only
+needed by those who use it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ...errors import QuantkitError
+
+ENGINES: dict[str, str] = {
+    "eager": "quantkit.bench.engines.eager",
+    "compiled": "quantkit.bench.engines.compiled",
+    "vllm": "quantkit.bench.engines.vllm",
+}
+
+
+def check_engine(name: str) -> None:
+    if name not in ENGINES:
+        raise QuantkitError(f"unknown engine {name!r}; valid: {', '.join(ENGINES)}")
+
+
+def engine_class(name: str):
+    """The Engine class registered as `name` (its module imported now)."""
+    check_engine(name)
+    return importlib.import_module(ENGINES[name]).Engine

@@ -1,0 +1,134 @@
+"""What the two transformers engines share: loading, prefill/decode through the model's forward,
+logits for the self-check, the weight accounting, and decode attention at the KV heads' width.
+
+Decode attention: transformers' sdpa path expands K and V to the query heads (`repeat_kv`, a
+materialised copy) whenever a mask is passed, and a static cache always passes one (its unfilled
+slots must be masked). On the demo that moved 7x the KV cache's bytes per step and erased GQA's
+saving. For one query token the fix is exact and backend-neutral: the query heads that share a
+KV head become rows of one query block against that head (the layout flash-decoding kernels use),
+so SDPA reads each K/V head once, mask or not. Prefill goes through transformers' own sdpa.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+import torch.nn.functional as F
+
+from ... import device as devices
+from ...errors import QuantkitError
+from .. import accounting
+from ...roofline import kv_bytes
+from .base import Engine, EngineSettings
+
+ATTENTION = "quantkit_gqa_decode"
+
+
+def gqa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """transformers' attention-function signature; query (b, H, q, d), key/value (b, KV, L, d)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, heads, q_len, d = query.shape
+    kv_heads = key.shape[1]
+    if q_len != 1 or kv_heads == heads or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    q = query.reshape(b, kv_heads, heads // kv_heads, d)  # query head h = g * (H/KV) + r uses KV head g (repeat_kv's order)
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, 1, heads, d), None
+
+
+def use_gqa_attention(model) -> None:
+    """Register `gqa_attention` with transformers (its AttentionInterface, the documented way to
+    add an attention function; the mask is sdpa's) and switch a model that uses sdpa to it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, gqa_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    if model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(ATTENTION)
+
+
+def load_model(source, device, seed: int):
+    """A checkpoint directory or a Synthetic spec -> BenchModel on `device`."""
+    from ..loader import load_for_bench
+    from ..synthetic import Synthetic, load_synthetic
+
+    if isinstance(source, Synthetic):
+        from ...hardware import shape_config
+
+        return load_synthetic(source, shape_config(source.shape), device, seed)
+    if str(source).endswith(".gguf"):
+        raise QuantkitError(f"{source}: a GGUF file is read by the llama.cpp engine, not the torch engines")
+    return load_for_bench(source, device)
+
+
+class TorchEngine(Engine):
+    """Shared by eager and compiled; subclasses own the KV cache (reset) and step_bytes."""
+
+    def __init__(self, bm, settings: EngineSettings):
+        self.bm, self.model, self.device = bm, bm.model, settings.device
+        self.cache = None
+        self.capacity = 0
+        use_gqa_attention(self.model)
+        cfg = self.model.config.get_text_config(decoder=True)
+        self.cfg = cfg
+        self.dtype = next(p for p in self.model.parameters() if p.is_floating_point()).dtype
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+
+    @classmethod
+    def load(cls, source, settings: EngineSettings):
+        if settings.tensor_parallel != 1:
+            raise QuantkitError(f"--tensor-parallel {settings.tensor_parallel}: the {cls.name} engine runs on one device (use --engine vllm)")
+        if settings.threads and settings.device.type == "cpu":
+            torch.set_num_threads(settings.threads)
+        return cls(load_model(source, settings.device, settings.seed), settings)
+
+    def prepare(self, ids: list[int]):
+        return torch.tensor([ids], dtype=torch.long, device=self.device)
+
+    def _logits(self, ids, start: int):
+        positions = torch.arange(start, start + ids.shape[1], device=self.device)
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, past_key_values=self.cache, cache_position=positions, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def prefill(self, prompt):
+        return self._logits(prompt, 0).argmax(-1, keepdim=True)
+
+    def decode(self, token, pos: int):
+        return self._logits(token, pos).argmax(-1, keepdim=True)
+
+    def decode_logits(self, token, pos: int):
+        """The logits of a decode step (the path decode() times); for the self-check."""
+        return self._logits(token, pos)
+
+    def logprobs(self, ids: list[int], prompt_len: int, capacity: int):
+        self.reset(capacity)
+        rows = [self._logits(self.prepare(ids[:prompt_len]), 0)]
+        for pos in range(prompt_len, len(ids)):
+            rows.append(self.decode_logits(self.prepare([ids[pos]]), pos))
+        return torch.log_softmax(torch.cat(rows).float().cpu(), -1)
+
+    def sync(self) -> None:
+        devices.synchronize(self.device)
+
+    def weight_bytes(self) -> dict:
+        return accounting.weight_read_bytes(self.model)
+
+    def kv_bytes_per_token(self) -> float:
+        elem = torch.finfo(self.dtype).bits // 8
+        return kv_bytes(self.cfg.num_hidden_layers, self.kv_heads, self.head_dim, elem)
+
+    def describe(self) -> dict:
+        return {"engine": self.name, "kind": self.bm.kind, "kernel": self.bm.kernel, "notes": list(self.bm.notes),
+                "attention": f"sdpa; decode at the KV heads' width ({ATTENTION})",
+                **devices.describe(self.device, self.dtype), "threads": torch.get_num_threads()}
+
+    def close(self) -> None:
+        self.cache = self.model = self.bm = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

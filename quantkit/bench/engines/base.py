@@ -1,0 +1,120 @@
+"""The interface every bench engine implements; the harness (harness.py) is shared by all.
+
+An engine is one module holding one `Engine` subclass, registered by name in
+`engines/__init__.py` (`ENGINES`). The harness, the self-check and the runner only call the
+methods below, in this order, so a new engine (llama.cpp, ...) changes nothing around it:
+
+    engine = EngineClass.load(source, settings)   # untimed (reported as load_s)
+    engine.logprobs(ids, prompt_len, capacity)    # self-check against a reference, before timing
+    prompt = engine.prepare(ids)                  # untimed: the ids where the engine reads them
+    engine.reset(capacity)                        # untimed: an empty KV cache for `capacity` tokens
+    tok = engine.prefill(prompt)                  # timed: TTFT (prefill + the first greedy token)
+    tok = engine.decode(tok, pos)                 # timed, one call per token: TPOT's steps
+    engine.sync()                                 # before every clock read
+    engine.weight_bytes(); engine.step_bytes(cached, capacity); engine.describe()
+    engine.close()
+
+Sources: a checkpoint directory (`pathlib.Path`: 16-bit, compressed-tensors or bitsandbytes), a
+`synthetic.Synthetic` spec (random weights in a named shape), and for engines that read it a
+GGUF file (`Path` ending in .gguf). An engine that cannot take a source raises `QuantkitError`
+from `load` with one line saying why.
+
+How a llama.cpp engine fits (llama-cpp-python):
+- load: `Llama(model_path=gguf, n_threads=settings.threads or os.cpu_count(), n_ctx=settings.max_tokens,
+  logits_all=False, verbose=False)`; a quantkit artifact is exported to GGUF first.
+- prepare(ids) -> the list itself; reset(capacity) -> `llm.reset()` (clears the KV cache; check
+  capacity <= n_ctx); prefill(ids) -> `llm.eval(ids)` then argmax of the last logits (an int);
+  decode(tok, pos) -> `llm.eval([tok])`, argmax; sync() -> nothing (eval returns when done).
+- logprobs: eval the prompt, then each later id, taking the last logits after each eval.
+- weight_bytes / step_bytes from the GGUF's own tensor types (Q4_0 18 bytes per 32 weights,
+  Q8_0 34, Q4_1 20, BF16 64) and llama.cpp's cache (K/V in f16, attention over the used cells).
+- describe: kernel "llama.cpp (ggml CPU)", dtype per tensor type, threads = n_threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What an engine needs to load. `device` is a resolved `torch.device` (quantkit.device.resolve)."""
+
+    device: Any
+    max_tokens: int  # the longest sequence any measurement will hold (prompt + generated)
+    seed: int = 0
+    threads: int | None = None  # CPU threads (None: the library's default)
+    tensor_parallel: int = 1  # GPUs (vLLM)
+
+
+class Engine:
+    """Batch-1 greedy generation behind the few calls the harness makes.
+
+    Class attributes an engine sets:
+      name      registry name ("eager", "compiled", "vllm", "llamacpp")
+      compiles  True when the first calls compile or capture graphs: the harness then runs at
+                least one warm-up, so compilation is never timed as decode
+      full_logprobs  False when logprobs() reports only some tokens per position (NaN elsewhere):
+                the self-check then uses a tail bucket (a lower bound of the KL)
+    Instance attribute:
+      step_note None while every decode() call produced exactly one token; else the reason the
+                per-step times are not per-token times (the runner then reports no per-step
+                statistics and says why; TPOT stays the measured decode time / tokens)
+    """
+
+    name = "?"
+    compiles = False
+    full_logprobs = True
+    step_note: str | None = None
+
+    @classmethod
+    def load(cls, source, settings: EngineSettings) -> "Engine":
+        """Load `source` onto `settings.device`, ready to generate."""
+        raise NotImplementedError
+
+    def prepare(self, ids: list[int]) -> Any:
+        """The prompt's token ids in the form prefill() takes (a tensor on the device, a list...); untimed."""
+        raise NotImplementedError
+
+    def reset(self, capacity: int) -> None:
+        """Drop the previous sequence: an empty KV cache able to hold `capacity` tokens."""
+        raise NotImplementedError
+
+    def prefill(self, prompt) -> Any:
+        """Run the prompt, return the first greedy token (in the engine's own form)."""
+        raise NotImplementedError
+
+    def decode(self, token, pos: int) -> Any:
+        """Feed `token` at position `pos`, return the next greedy token."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Wait until queued device work is done (the clock reads after it)."""
+
+    def weight_bytes(self) -> dict:
+        """{"weight_bytes_per_token", "stored_weight_bytes", "tied_lm_head"} of the loaded model."""
+        raise NotImplementedError
+
+    def kv_bytes_per_token(self) -> float:
+        """Bytes one cached token occupies in this engine's KV cache (roofline.kv_bytes at its precision)."""
+        raise NotImplementedError
+
+    def step_bytes(self, cached: int, capacity: int) -> float:
+        """Bytes one decode step moves when `cached` tokens are in a cache sized `capacity`:
+        weights plus what this engine's KV cache really reads and writes (accounting.py)."""
+        raise NotImplementedError
+
+    def logprobs(self, ids: list[int], prompt_len: int, capacity: int):
+        """Next-token log-probabilities, float32 CPU tensor (len(ids) - prompt_len + 1, vocab):
+        after the prefill of ids[:prompt_len], then after each of ids[prompt_len:] fed by decode()
+        (the timed paths), in a cache reset to `capacity`. Entries the engine does not report are
+        NaN (vLLM gives its top-k only)."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """{"engine", "kernel", "dtype", "threads", "device", "device_name", ...} for the report."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free the model (the runner loads the next one in the same process)."""

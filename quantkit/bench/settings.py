@@ -1,0 +1,84 @@
+"""What a bench run measures, validated once (the CLI and `quantkit run` build it), and the
+checks that need a model's config but no weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import QuantkitError
+from ..roofline import Shape, kv_bytes_per_token
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    device: Any = "auto"  # any --device spec; a torch.device once built (quantkit.device.resolve)
+    engine: str = "compiled"
+    prompt_len: int = 256
+    gen_len: int = 64
+    repeats: int = 5
+    min_seconds: float = 2.0
+    warmups: int = 2
+    prompt_sweep: tuple[int, ...] = ()
+    seed: int = 0
+    tensor_parallel: int = 1
+    threads: int | None = None
+    self_check: bool = True
+
+    def __post_init__(self):
+        from ..device import resolve
+
+        object.__setattr__(self, "device", resolve(self.device))  # an unavailable device fails here, before any work
+        object.__setattr__(self, "prompt_sweep", tuple(self.prompt_sweep))
+
+    @property
+    def capacity(self) -> int:
+        """Tokens the timed sequence holds: the KV cache is sized to this per measurement."""
+        return self.prompt_len + self.gen_len
+
+    @property
+    def max_tokens(self) -> int:
+        return max((self.prompt_len, *self.prompt_sweep)) + self.gen_len
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "device": str(self.device), "prompt_sweep": list(self.prompt_sweep)}
+
+
+def check_settings(s: BenchSettings) -> None:
+    """Settings that no model can be timed with: rejected before any loading or probing."""
+    from .engines import check_engine
+
+    check_engine(s.engine)
+    if s.prompt_len <= 0 or s.gen_len <= 1:
+        raise QuantkitError("--prompt-len must be > 0 and --gen-len > 1")
+    if s.repeats < 1 or s.warmups < 0 or s.min_seconds < 0:
+        raise QuantkitError("--repeats must be >= 1, --warmups and --min-seconds >= 0")
+    if any(x <= 0 for x in s.prompt_sweep):
+        raise QuantkitError("--sweep: prompt lengths must be positive")
+    if s.tensor_parallel < 1 or (s.tensor_parallel > 1 and s.engine != "vllm"):
+        raise QuantkitError("--tensor-parallel must be >= 1, and above 1 only with --engine vllm")
+    if s.threads is not None and s.threads < 1:
+        raise QuantkitError("--threads must be >= 1")
+    if s.engine == "vllm":
+        import importlib.util
+
+        if s.device.type != "cuda":
+            raise QuantkitError(f"--engine vllm needs a CUDA GPU (--device cuda), not --device {s.device}")
+        if importlib.util.find_spec("vllm") is None:
+            raise QuantkitError("--engine vllm: vLLM is not installed (pip install vllm, on a CUDA machine)")
+
+
+def check_lengths(cfg: dict, s: BenchSettings) -> None:
+    limit = cfg.get("max_position_embeddings")
+    if limit and s.max_tokens > limit:
+        raise QuantkitError(f"prompt + generated tokens ({s.max_tokens}) exceed the model's context ({limit})")
+
+
+def check_fits_bytes(weights: float, cfg: dict, s: BenchSettings, what: str) -> None:
+    """Estimate from the weight bytes and the KV cache before allocating anything."""
+    from ..device import free_bytes
+
+    need = weights * 1.15 + kv_bytes_per_token(Shape.from_config(cfg)) * s.max_tokens
+    have = free_bytes(s.device)
+    if need > have:
+        raise QuantkitError(f"{what}: needs about {need / 1e9:.1f} GB on {s.device}, {have / 1e9:.1f} GB available")

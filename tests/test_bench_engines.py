@@ -1,0 +1,253 @@
+"""The engine interface: the registry, the shared harness driving any engine, decode attention at
+the KV heads' width, and the vLLM engine against a fake `vllm` module (vLLM is not installed here)."""
+
+import json
+import math
+import os
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from quantkit.bench import harness, selfcheck
+from quantkit.bench.engines import ENGINES, engine_class
+from quantkit.bench.engines.base import Engine, EngineSettings
+from quantkit.errors import QuantkitError
+
+
+class CountingEngine(Engine):
+    """An engine that records what the harness asks of it (no model)."""
+
+    name, compiles = "counting", False
+
+    def __init__(self):
+        self.calls = []
+
+    def prepare(self, ids):
+        return list(ids)
+
+    def reset(self, capacity):
+        self.calls.append(("reset", capacity))
+
+    def prefill(self, prompt):
+        self.calls.append(("prefill", len(prompt)))
+        return prompt[-1] + 1
+
+    def decode(self, token, pos):
+        self.calls.append(("decode", pos))
+        return token + 1
+
+
+def test_registry_is_explicit_and_lazy():
+    assert list(ENGINES) == ["eager", "compiled", "vllm"]
+    assert engine_class("eager").name == "eager" and engine_class("compiled").compiles
+    with pytest.raises(QuantkitError, match="unknown engine 'llama'; valid: eager, compiled, vllm"):
+        engine_class("llama")
+
+
+def test_harness_drives_any_engine():
+    e = CountingEngine()
+    t = harness.measure(e, [1, 2, 3], 4, repeats=2, min_seconds=0, warmups=1)
+    assert t.warmups == 1 and len(t.ttft_s) == 2 and all(len(s) == 3 for s in t.step_s)
+    # each repeat: a cache for prompt + generated tokens, prefill, decode at positions 3, 4, 5
+    assert e.calls[:5] == [("reset", 7), ("prefill", 3), ("decode", 3), ("decode", 4), ("decode", 5)]
+    assert t.summary()["per_step"] == {"measured": True}
+
+
+def test_compiling_engine_gets_a_warmup():
+    e = CountingEngine()
+    e.compiles = True
+    t = harness.measure(e, [1, 2], 3, repeats=1, min_seconds=0, warmups=0)
+    assert t.warmups == 1 and sum(c[0] == "prefill" for c in e.calls) == 2
+
+
+def test_sweep_warms_each_length_then_samples():
+    e = CountingEngine()
+    times = harness.time_prefill(e, [5] * 8, 12, samples=5)
+    assert len(times) == 5 and sum(c == ("prefill", 8) for c in e.calls) == 6  # one untimed first
+    assert all(c == ("reset", 12) for c in e.calls if c[0] == "reset")
+
+
+def test_summary_without_per_step_times_says_why():
+    t = harness.Timings(ttft_s=[0.1, 0.2], step_s=[[0.01, 0.03], [0.02, 0.02]], warmups=1)
+    s = t.summary("vLLM delivered 2 tokens from one engine step")
+    assert s["step_ms"] is None and s["step_times_ms"] is None
+    assert s["per_step"] == {"measured": False, "reason": "vLLM delivered 2 tokens from one engine step"}
+    assert s["tpot_ms"]["median"] == pytest.approx(20.0)  # decode time / tokens, measured either way
+
+
+@pytest.mark.parametrize("filled", [7, 12])
+def test_gqa_decode_attention_equals_repeat_kv_without_copying(monkeypatch, filled):
+    """One query token against a masked static cache: the same values as transformers' sdpa with
+    repeat_kv, without calling repeat_kv (no copy of K/V at the query heads' width)."""
+    from transformers.integrations import sdpa_attention as sa
+
+    from quantkit.bench.engines._torch import gqa_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((1, 8, 1, 16), (1, 2, 12, 16), (1, 2, 12, 16)))
+    mask = (torch.arange(12) < filled).view(1, 1, 1, 12) if filled < 12 else None
+    module = SimpleNamespace(num_key_value_groups=4, is_causal=True, training=False)
+    ref, _ = sa.sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+    monkeypatch.setattr(sa, "repeat_kv", lambda *a: pytest.fail("K/V copied to the query heads"))
+    out, _ = gqa_attention(module, q, k, v, mask, scaling=0.25)
+    assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-5)
+
+
+def test_torch_engines_use_the_gqa_attention(tiny_llama):
+    from quantkit.bench.engines._torch import ATTENTION
+
+    e = engine_class("eager").load(tiny_llama, EngineSettings(device=torch.device("cpu", 0), max_tokens=32))
+    try:
+        assert e.model.config._attn_implementation == ATTENTION
+        e.reset(20)
+        tok = e.prefill(e.prepare(list(range(10))))
+        assert e.decode(tok, 10).shape == (1, 1)
+        assert e.describe()["dtype"] == "bfloat16" and e.describe()["device"] == "cpu:0"
+    finally:
+        e.close()
+
+
+# ---- vLLM, against a fake module ------------------------------------------------------------
+
+FAKE_VLLM = '''
+import json, math, pathlib
+from types import SimpleNamespace
+__version__ = "0-fake"
+CREATED = []
+TOKENS_PER_STEP = 1
+
+class SamplingParams:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+def dist(prev, vocab):
+    """The fake model: the next token is prev + 1 (p = 0.9), prev + 2 (0.05), the rest share 0.05."""
+    return {(prev + 1) % vocab: SimpleNamespace(logprob=math.log(0.9)), (prev + 2) % vocab: SimpleNamespace(logprob=math.log(0.05))}
+
+class _Engine:
+    def __init__(self, vocab):
+        self.vocab, self.reqs, self.log = vocab, {}, []
+    def add_request(self, rid, prompt, params):
+        self.log.append("add")
+        self.reqs[rid] = {"ids": list(prompt["prompt_token_ids"]), "left": params.max_tokens, "started": False}
+    def step(self):
+        self.log.append("step")
+        outs = []
+        for rid, r in list(self.reqs.items()):
+            n = min(TOKENS_PER_STEP if r["started"] else 1, r["left"])
+            r["started"] = True
+            new = []
+            for _ in range(n):
+                r["ids"].append((r["ids"][-1] + 1) % self.vocab)
+                new.append(r["ids"][-1])
+            r["left"] -= n
+            outs.append(SimpleNamespace(request_id=rid, outputs=[SimpleNamespace(token_ids=new)], finished=r["left"] == 0))
+            if r["left"] == 0:
+                del self.reqs[rid]
+        return outs
+    def abort_request(self, rids):
+        self.log.append("abort")
+        for r in rids:
+            self.reqs.pop(r, None)
+    def has_unfinished_requests(self):
+        return bool(self.reqs)
+
+class LLM:
+    def __init__(self, **kw):
+        CREATED.append(kw)
+        self.vocab = json.loads((pathlib.Path(kw["model"]) / "config.json").read_text())["vocab_size"]
+        self.llm_engine = _Engine(self.vocab)
+    def generate(self, prompts, params, use_tqdm=True):
+        ids = prompts[0]["prompt_token_ids"]
+        pl = [None] + [dist(ids[i - 1], self.vocab) for i in range(1, len(ids))]
+        return [SimpleNamespace(prompt_logprobs=pl, outputs=[SimpleNamespace(logprobs=[dist(ids[-1], self.vocab)])])]
+'''
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch):
+    root = tmp_path / "fakevllm"
+    (root / "vllm" / "engine").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    (root / "vllm" / "sampling_params.py").write_text("import enum\nclass RequestOutputKind(enum.Enum):\n    CUMULATIVE = 0\n    DELTA = 1\n    FINAL_ONLY = 2\n")
+    (root / "vllm" / "engine" / "__init__.py").write_text("")
+    (root / "vllm" / "engine" / "arg_utils.py").write_text(
+        "import dataclasses\n@dataclasses.dataclass\nclass EngineArgs:\n    model: str = ''\n    async_scheduling: bool | None = None\n")
+    monkeypatch.syspath_prepend(str(root))
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.setattr("quantkit.device.name", lambda device: "fake GPU")
+    import vllm
+
+    return vllm
+
+
+def _vllm_engine(path, tp=1):
+    return engine_class("vllm").load(path, EngineSettings(device=torch.device("cuda", 0), max_tokens=64, tensor_parallel=tp))
+
+
+def test_vllm_steps_one_token_at_a_time(fake_vllm, tiny_llama):
+    e = _vllm_engine(tiny_llama, tp=2)
+    kw = fake_vllm.CREATED[-1]
+    assert kw["tensor_parallel_size"] == 2 and kw["async_scheduling"] is False and kw["enable_prefix_caching"] is False
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    t = harness.measure(e, list(range(16)), 5, repeats=2, min_seconds=0, warmups=0)
+    assert t.warmups == 1 and e.step_note is None
+    s = t.summary(e.step_note)
+    assert s["per_step"]["measured"] and all(len(rep) == 4 for rep in s["step_times_ms"])
+    # TTFT is measured from add_request to the first token: prefill added the request and stepped once
+    assert e.engine.log[-6:] == ["add", "step", "step", "step", "step", "step"]
+    e.reset(21)
+    assert e.prefill(e.prepare(list(range(16)))) == 16 and e.decode(16, 16) == 17
+    info = e.describe()
+    assert info["tensor_parallel"] == 2 and info["name"] == "fake GPU" and info["dtype"] == "bfloat16"
+    cfg = json.loads((tiny_llama / "config.json").read_text())
+    kv = 2 * 2 * 2 * 32 * 2
+    assert e.kv_bytes_per_token() == kv and cfg["num_key_value_heads"] == 2
+    assert e.step_bytes(16, 21) == e.weight_bytes()["weight_bytes_per_token"] + kv * 18
+    e.close()
+
+
+def test_vllm_pipelined_steps_give_no_per_step_statistics(fake_vllm, tiny_llama):
+    fake_vllm.TOKENS_PER_STEP = 2
+    e = _vllm_engine(tiny_llama)
+    t = harness.measure(e, list(range(16)), 5, repeats=1, min_seconds=0, warmups=0)
+    s = t.summary(e.step_note)
+    assert s["per_step"]["measured"] is False and "2 tokens from one engine step" in s["per_step"]["reason"]
+    assert s["step_times_ms"] is None and s["tpot_ms"]["n"] == 1
+
+
+def test_vllm_self_check_on_its_top_k(fake_vllm, tiny_llama):
+    e = _vllm_engine(tiny_llama)
+    ids = list(range(20))
+    rows = e.logprobs(ids, 16, 24)
+    assert rows.shape == (5, e.cfg["vocab_size"]) and int(torch.isfinite(rows).sum()) == 10
+    vocab = e.cfg["vocab_size"]
+    ref = torch.full((5, vocab), math.log(0.05 / (vocab - 2)))
+    for i, prev in enumerate(ids[15:]):
+        ref[i, prev + 1], ref[i, prev + 2] = math.log(0.9), math.log(0.05)
+    ok = selfcheck.compare(ref, rows, partial=True)
+    assert ok["passed"] and ok["mean_kl"] == pytest.approx(0.0, abs=1e-6) and not ok["exact"]
+    assert not selfcheck.compare(ref, rows)["passed"]  # NaN from an engine that should report everything
+
+
+def test_vllm_refuses_what_it_cannot_bench(fake_vllm, tiny_llama):
+    from quantkit.bench.synthetic import Synthetic
+
+    with pytest.raises(QuantkitError, match="needs a CUDA GPU"):
+        engine_class("vllm").load(tiny_llama, EngineSettings(device=torch.device("cpu"), max_tokens=64))
+    with pytest.raises(QuantkitError, match="CUDA_VISIBLE_DEVICES"):
+        engine_class("vllm").load(tiny_llama, EngineSettings(device=torch.device("cuda", 1), max_tokens=64))
+    with pytest.raises(QuantkitError, match="checkpoint directories"):
+        _vllm_engine(Synthetic("smollm2-135m"))
+
+
+def test_interface_doc_names_every_method():
+    """The llama.cpp engine will be written against base.py: its doc lists what the harness calls."""
+    doc = textwrap.dedent(sys.modules["quantkit.bench.engines.base"].__doc__)
+    for method in ("load", "logprobs", "prepare", "reset", "prefill", "decode", "sync", "weight_bytes", "step_bytes", "describe", "close"):
+        assert f"{method}(" in doc and callable(getattr(Engine, method))
