@@ -20,7 +20,7 @@ def fake_probe(read_gbps=(20.0,), tflops=(1.0,), llc=None):
     """A probe(device) that returns the given figures in turn (before the timings, after them)."""
     calls = []
 
-    def probe(device):
+    def probe(device, threads=None):
         i = min(len(calls), len(read_gbps) - 1)
         calls.append(device)
         return {"device": str(device), "name": "fake cpu", "threads": 2, "read_gbps": read_gbps[i], "copy_gbps": read_gbps[i] / 2,

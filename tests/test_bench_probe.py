@@ -38,7 +38,7 @@ def test_cli_probe_prints_spread(cli, monkeypatch):
             "llc_bytes": 32 << 20, "measured_at": "t", "method": "m",
             "spread": {k: {"best": v, "median": v * 0.9, "worst": v * 0.8, "spread_pct": 20.0}
                        for k, v in (("read_gbps", 20.0), ("copy_gbps", 10.0), ("bf16_matmul_tflops", 1.0))}}
-    monkeypatch.setattr(probe, "run_probe", lambda device: fake)
+    monkeypatch.setattr(probe, "run_probe", lambda device, threads=None: fake)
     code, out, err, _ = cli("bench", "--probe", "--device", "cpu")
     assert code == 0, err
     assert "read 20 GB/s (median 18, spread 20%)" in out and "last-level cache 33.6 MB" in out

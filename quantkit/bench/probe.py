@@ -107,17 +107,19 @@ def _key(device) -> str:
     return device.type if device.type == "cpu" else f"{device.type}{device.index or 0}"
 
 
-def run_probe(device) -> dict:
+def run_probe(device, threads: int | None = None) -> dict:
     """Probe in a child process: freeing the 1 GiB buffers in this one would leave glibc's
     adaptive mmap threshold raised, and later allocations here would page-fault (measured:
-    a tiny model's TTFT went from 2 ms to 58 ms after an in-process probe)."""
+    a tiny model's TTFT went from 2 ms to 58 ms after an in-process probe). `threads`: the CPU
+    threads the engine will use (the probe must measure what they can reach)."""
     import subprocess
     import sys
 
     from ..atomic import write_json
     from ..errors import QuantkitError
 
-    proc = subprocess.run([sys.executable, "-m", "quantkit.bench.probe", str(device)], capture_output=True, text=True)
+    argv = [sys.executable, "-m", "quantkit.bench.probe", str(device), *([str(threads)] if threads else [])]
+    proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         raise QuantkitError(f"device probe failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -156,4 +158,6 @@ if __name__ == "__main__":
     import torch
 
     mib = int(os.environ.get("QUANTKIT_PROBE_MIB", "1024"))  # tests use a small buffer; real probes must exceed the LLC
+    if len(sys.argv) > 2:
+        torch.set_num_threads(int(sys.argv[2]))
     print(json.dumps(probe(torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu"), buffer_bytes=mib << 20)))

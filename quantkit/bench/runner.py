@@ -217,7 +217,7 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None, pr
     gets an error row; the others go on."""
     from . import probe as probing
 
-    probe = probe or probing.run_probe
+    probe = probe or (lambda device: probing.run_probe(device, s.threads))
     check_settings(s)
     names = names or [_name(p) for p in paths]
     todo, failed = _precheck_all(paths, s, names)

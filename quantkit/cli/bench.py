@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..bench.engines import ENGINES
 from ._common import _clean, echo_json, int_list
 
 
@@ -121,7 +122,7 @@ def _print_probe(p: dict, as_json: bool) -> None:
 @click.command("bench")
 @click.argument("models", nargs=-1)
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one).")
-@click.option("--engine", default="compiled", show_default=True, help="eager | compiled | vllm")
+@click.option("--engine", default="compiled", show_default=True, help=" | ".join(ENGINES))
 @click.option("--prompt-len", default=256, show_default=True, type=int)
 @click.option("--gen-len", default=64, show_default=True, type=int)
 @click.option("--repeats", default=5, show_default=True, type=int)
@@ -159,7 +160,7 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
     if probe:
         from ..bench.probe import run_probe
 
-        p = run_probe(settings.device)
+        p = run_probe(settings.device, settings.threads)
         if not models and not shapes:
             _print_probe(p, as_json)
             return

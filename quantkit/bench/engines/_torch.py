@@ -71,6 +71,7 @@ class TorchEngine(Engine):
         self.bm, self.model, self.device = bm, bm.model, settings.device
         self.cache = None
         self.capacity = 0
+        self._weights = None
         use_gqa_attention(self.model)
         cfg = self.model.config.get_text_config(decoder=True)
         self.cfg = cfg
@@ -116,7 +117,9 @@ class TorchEngine(Engine):
         devices.synchronize(self.device)
 
     def weight_bytes(self) -> dict:
-        return accounting.weight_read_bytes(self.model)
+        if self._weights is None:  # the model does not change once loaded
+            self._weights = accounting.weight_read_bytes(self.model)
+        return self._weights
 
     def kv_bytes_per_token(self) -> float:
         elem = torch.finfo(self.dtype).bits // 8
