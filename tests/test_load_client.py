@@ -84,7 +84,7 @@ def test_chunks_fold_into_a_record():
     assert rec.ok and rec.t_first == 0.1 and rec.chunk_times == [0.1, 0.2]
     assert rec.output_tokens == 5 and rec.prompt_tokens == 7 and rec.tokens_from_usage
 
-    plain = RequestRecord(t_send=0.0, done=True)
+    plain = RequestRecord(t_send=0.0, done=True, finish_reason="length")
     for i, t in enumerate((0.1, 0.2, 0.3)):
         apply_chunk(plain, {"choices": [{"text": f" w{i}"}]}, "completions", t)
     assert finish_record(plain, 0.3).output_tokens == 3 and not plain.tokens_from_usage  # chunks counted
@@ -92,7 +92,7 @@ def test_chunks_fold_into_a_record():
     broken = RequestRecord(t_send=0.0)
     apply_chunk(broken, {"error": "CUDA out of memory"}, "completions", 0.1)
     assert finish_record(broken, 0.1).error == "stream_error" and "memory" in broken.detail
-    empty = finish_record(RequestRecord(t_send=0.0, done=True), 0.1)
+    empty = finish_record(RequestRecord(t_send=0.0, done=True, finish_reason="stop"), 0.1)
     assert empty.error == "stream_error" and not empty.ok
 
 

@@ -113,3 +113,18 @@ def test_wrong_model_name_is_a_clear_error(served):
     result = CliRunner().invoke(cli, ["load", url, "--model", "not-this-one", "--engine", "transformers", "--json"])
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert "warm-up request" in result.output and "HTTP 400" in result.output
+
+
+def test_multi_turn_chat_with_a_shared_prefix(served):
+    """The workload shapes against a real chat template: a system prompt, resent turns, growing prompts."""
+    url, model = served
+    result = CliRunner().invoke(cli, [
+        "load", url, "--model", model, "--engine", "transformers", "--api", "chat", "--concurrency", "1",
+        "--turns", "2", "--shared-prefix", "24", "--prompt-len", "6:10", "--gen-len", "4", "--max-requests", "4",
+        "--timeout", "30", "--keep-requests", "--json"])
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)
+    records = run["requests"][0]
+    assert all(r["error"] is None for r in records) and [r["turn"] for r in records] == [1, 2, 1, 2]
+    assert records[1]["prompt_tokens"] > records[0]["prompt_tokens"] + 4  # turn 2 resent turn 1 and its answer
+    assert run["config"]["workload"]["shared_prefix"] == 24

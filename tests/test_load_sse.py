@@ -55,7 +55,7 @@ def test_malformed_chunks_are_refused(name, api):
 
 
 def test_llama_cpp_timings_and_openai_cached_tokens():
-    rec = RequestRecord(t_send=0.0, done=True)
+    rec = RequestRecord(t_send=0.0, done=True, finish_reason="length")
     apply_chunk(rec, {"choices": [{"text": "a"}]}, "completions", 0.1)
     apply_chunk(rec, {"choices": [], "timings": {"cache_n": 96, "prompt_n": 32, "predicted_ms": 1.5}}, "completions", 0.2)
     assert (rec.prompt_tokens, rec.cached_tokens) == (128, 96)  # llama.cpp: cache_n + prompt_n
@@ -70,9 +70,11 @@ def test_when_a_stream_counts_as_complete():
         rec = RequestRecord(t_send=0.0, t_first=0.1, chunk_times=[0.1, 0.2], **kw)
         return finish_record(rec, 0.3)
 
-    assert record(done=True).ok
+    assert record(done=True, finish_reason="stop").ok
     assert record(finish_reason="length").ok  # clean end after a finish_reason (transformers serve)
     cut = record()
     assert cut.error == "truncated" and "after 2 text chunks" in cut.detail and cut.output_tokens == 2
-    odd = record(done=True, prompt_tokens=10, cached_tokens=11)
+    early = record(done=True)  # [DONE] without a finish_reason: an interrupted answer
+    assert early.error == "truncated" and early.detail.startswith("[DONE] came")
+    odd = record(done=True, finish_reason="length", prompt_tokens=10, cached_tokens=11)
     assert odd.error == "stream_error" and "exceed" in odd.detail

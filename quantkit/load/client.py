@@ -10,10 +10,11 @@ streams and malformed chunks are counted kinds of failure (records.ERROR_KINDS),
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 
-import httpx
+import aiohttp
 
 from .config import APIS, ENGINES, LoadConfig, LoadError, ServerUnreachable
 from .records import RequestRecord
@@ -60,46 +61,44 @@ def build_body(cfg: LoadConfig, messages: Messages, max_tokens: int | None = Non
     return body
 
 
-def make_http(cfg: LoadConfig) -> httpx.AsyncClient:
+def make_http(cfg: LoadConfig) -> aiohttp.ClientSession:
+    """The client's HTTP session (aiohttp: its C HTTP parser costs about a fifth of httpx's CPU per
+    streamed request here, see docs/LOAD.md *The client's own ceiling*; vLLM's and SGLang's
+    benchmark clients use it for the same reason). Call inside the event loop."""
     # No pool limit: a client-side queue would show up as server TTFT. No proxies from the
-    # environment: a proxy between client and server would be measured as the server.
-    timeout = httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    return httpx.AsyncClient(base_url=cfg.url, timeout=timeout, limits=limits, trust_env=False)
+    # environment (trust_env=False): a proxy between client and server would be measured as the server.
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
 
 
-async def _head(response: httpx.Response) -> str:
+async def _head(response: aiohttp.ClientResponse) -> str:
     """The first ERROR_BODY_BYTES of a body, as one line of text."""
-    data = b""
-    async for piece in response.aiter_bytes():
-        data += piece
-        if len(data) >= ERROR_BODY_BYTES:
-            break
-    return " ".join(data[:ERROR_BODY_BYTES].decode("utf-8", "replace").split())
+    data = await response.content.read(ERROR_BODY_BYTES)
+    return " ".join(data.decode("utf-8", "replace").split())
 
 
-def _not_a_stream(response: httpx.Response) -> str | None:
+def _not_a_stream(response: aiohttp.ClientResponse) -> str | None:
     """Why a response cannot be read as an event stream, or None when it can."""
-    status, ctype = response.status_code, response.headers.get("content-type", "")
+    status, ctype = response.status, response.headers.get("Content-Type", "")
     if not 200 <= status < 300:
-        where = f" to {response.headers.get('location')}" if response.headers.get("location") else ""
+        where = f" to {response.headers.get('Location')}" if response.headers.get("Location") else ""
         return f"HTTP {status}{where}, not a streamed answer"
     if ctype and "text/event-stream" not in ctype.lower():
         return f"Content-Type {ctype!r}, not an event stream (does the server stream with stream=true?)"
     return None
 
 
-async def _read_events(response: httpx.Response, api: str, rec: RequestRecord, keep_text: bool) -> None:
+async def _read_events(response: aiohttp.ClientResponse, api: str, rec: RequestRecord, keep_text: bool) -> None:
     splitter, parts = LineSplitter(), []
-    drain = None
     async with asyncio.timeout(None) as drain:
-        chunks = response.aiter_bytes()
-        async for data in chunks:
+        async for data in response.content.iter_any():
             now = time.perf_counter()
             for line in splitter.feed(data):
-                _line(line, api, rec, now, parts if keep_text else None, drain)
-                if rec.error:
-                    return
+                if line:  # every event ends with a blank line: half the lines
+                    _line(line, api, rec, now, parts if keep_text else None, drain)
+                    if rec.error:
+                        return
             rec.client_s += time.perf_counter() - now
         for line in splitter.close():
             _line(line, api, rec, time.perf_counter(), parts if keep_text else None, drain)
@@ -122,11 +121,11 @@ def _line(line: bytes, api: str, rec: RequestRecord, now: float, parts: list | N
         parts.append(text)
 
 
-async def _stream(http: httpx.AsyncClient, cfg: LoadConfig, body: dict, rec: RequestRecord, keep_text: bool) -> None:
-    async with http.stream("POST", APIS[cfg.api], json=body) as response:
-        rec.status = response.status_code
-        if response.status_code >= 400:
-            rec.error = "http_4xx" if response.status_code < 500 else "http_5xx"
+async def _stream(http: aiohttp.ClientSession, cfg: LoadConfig, body: dict, rec: RequestRecord, keep_text: bool) -> None:
+    async with http.post(cfg.url + APIS[cfg.api], json=body, allow_redirects=False) as response:
+        rec.status = response.status
+        if response.status >= 400:
+            rec.error = "http_4xx" if response.status < 500 else "http_5xx"
             rec.detail = (await _head(response))[:200]
             return
         why = _not_a_stream(response)
@@ -142,7 +141,7 @@ async def _stream(http: httpx.AsyncClient, cfg: LoadConfig, body: dict, rec: Req
 
 
 async def stream_request(
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
     cfg: LoadConfig,
     messages: Messages,
     rec: RequestRecord,
@@ -154,28 +153,71 @@ async def stream_request(
     rec.t_send = time.perf_counter()
     try:
         await asyncio.wait_for(_stream(http, cfg, body, rec, keep_text), cfg.timeout_s)
-    except (asyncio.TimeoutError, httpx.TimeoutException):
+    except TimeoutError:  # asyncio's, and aiohttp's socket timeouts (subclasses of it)
         rec.error, rec.detail = "timeout", f"no complete answer within {cfg.timeout_s:g} s"
     except MalformedChunk as exc:
         rec.error, rec.detail = "stream_error", str(exc)[:200]
-    except httpx.DecodingError as exc:  # a body that does not decode as its Content-Encoding says
-        rec.error, rec.detail = "stream_error", f"{type(exc).__name__}: {exc}"[:200]
-    except httpx.HTTPError as exc:
-        # after the headers, a dropped connection cut the answer short; before them, none came
+    except (aiohttp.ClientError, OSError) as exc:
+        # after the headers, a dropped connection or a broken body cut the answer short; before them,
+        # there was no HTTP answer at all (refused, reset, bytes that are not HTTP)
         rec.error = "truncated" if rec.status else "connection"
         rec.detail = f"{type(exc).__name__}: {exc}"[:200]
     return finish_record(rec, time.perf_counter())
 
 
-async def probe(http: httpx.AsyncClient, cfg: LoadConfig, messages: Messages) -> RequestRecord:
-    """One short request before the staircase: a warm-up, and a clear error if the server is unusable."""
+async def check_reachable(http: aiohttp.ClientSession, cfg: LoadConfig) -> None:
+    """Fail fast, with one line, when nothing answers at the URL."""
     try:
-        await http.get("/health", timeout=cfg.connect_timeout_s)
-    except httpx.TransportError as exc:
+        async with http.get(cfg.url + "/health", timeout=aiohttp.ClientTimeout(total=cfg.connect_timeout_s)):
+            pass
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise ServerUnreachable(
             f"cannot reach {cfg.url} within {cfg.connect_timeout_s:g} s ({type(exc).__name__}); "
             "is the server running and the URL right?"
         ) from None
+
+
+def _models_max_len(data, model: str) -> int | None:
+    # vLLM and SGLang: GET /v1/models -> {"data": [{"id": ..., "max_model_len": N}]}
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return None
+    entries = [e for e in entries if isinstance(e, dict)]
+    mine = [e for e in entries if e.get("id") == model] or (entries if len(entries) == 1 else [])
+    value = mine[0].get("max_model_len") if mine else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _props_n_ctx(data, model: str) -> int | None:
+    # llama.cpp's server: GET /props -> {"default_generation_settings": {"n_ctx": N}} (a slot's context)
+    settings = data.get("default_generation_settings") if isinstance(data, dict) else None
+    value = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+# (path, what it is called there, reader): the places servers state their context length
+CONTEXT_SOURCES = (
+    ("/v1/models", "/v1/models max_model_len", _models_max_len),
+    ("/props", "/props n_ctx", _props_n_ctx),
+)
+
+
+async def server_context(http: aiohttp.ClientSession, cfg: LoadConfig) -> tuple[int | None, str | None]:
+    """The server's context length in tokens and where it came from; (None, None) if it does not say."""
+    for path, name, read in CONTEXT_SOURCES:
+        try:
+            async with http.get(cfg.url + path, timeout=aiohttp.ClientTimeout(total=cfg.connect_timeout_s)) as response:
+                data = json.loads(await response.content.read(1 << 20)) if response.status == 200 else None
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            continue
+        tokens = read(data, cfg.model)
+        if tokens:
+            return tokens, name
+    return None, None
+
+
+async def warm_up(http: aiohttp.ClientSession, cfg: LoadConfig, messages: Messages) -> RequestRecord:
+    """One short request before the staircase: a warm-up, and a clear error if the server is unusable."""
     rec = await stream_request(http, cfg, messages, RequestRecord(t_send=0.0), max_tokens=min(cfg.gen_len, 8))
     if rec.error == "connection":
         raise ServerUnreachable(f"{cfg.url}: {rec.detail}")

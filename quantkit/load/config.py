@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
 from ..errors import QuantkitError
+from .workload import Workload, build_workload
 
 
 class LoadError(QuantkitError):
@@ -67,7 +68,7 @@ class LoadConfig:
     levels: tuple[float, ...]
     api: str = "completions"
     engine: str = "openai"
-    prompt_len: int = 128
+    workload: Workload = field(default_factory=Workload)
     gen_len: int = 64
     step_seconds: float = 30.0
     max_requests: int | None = None
@@ -79,9 +80,12 @@ class LoadConfig:
     stop_at_saturation: bool = True
     label: str | None = None
     extra_body: dict = field(default_factory=dict)  # fields added to every request body (lever studies)
+    context_len: int | None = None  # the server's context in tokens, when given (else asked from it)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["workload"] = self.workload.to_dict()
+        return data
 
 
 def normalize_url(url: str) -> str:
@@ -148,12 +152,15 @@ def build_config(
     slo: str | None,
     api: str,
     engine: str,
-    prompt_len: int,
+    prompt_len: str | int,
     gen_len: int,
     step_seconds: float,
     max_requests: int | None,
     timeout_s: float,
     patience: int,
+    shared_prefix: int = 0,
+    turns: int = 1,
+    context_len: int | None = None,
     **rest,
 ) -> LoadConfig:
     """The CLI's raw values -> a LoadConfig, or one LoadError naming the offending option."""
@@ -164,21 +171,23 @@ def build_config(
     else:
         spec = concurrency or DEFAULT_CONCURRENCY
         mode, levels = "concurrency", parse_levels(spec, integer=True, option="--concurrency")
-    for option, value in (("--prompt-len", prompt_len), ("--gen-len", gen_len), ("--step-seconds", step_seconds),
-                          ("--timeout", timeout_s), ("--max-requests", max_requests)):
+    for option, value in (("--gen-len", gen_len), ("--step-seconds", step_seconds), ("--timeout", timeout_s),
+                          ("--max-requests", max_requests), ("--context-len", context_len)):
         if value is not None and not value > 0:
             raise LoadError(f"{option} must be positive, got {value:g}")
     if patience < 1:
         raise LoadError(f"--patience must be at least 1, got {patience}")
+    api = check_choice(api, APIS, "--api")
     return LoadConfig(
         url=normalize_url(url),
         model=model,
         mode=mode,
         levels=levels,
-        api=check_choice(api, APIS, "--api"),
+        api=api,
         engine=check_choice(engine, ENGINES, "--engine"),
-        prompt_len=prompt_len,
+        workload=build_workload(prompt_len, shared_prefix, turns, api),
         gen_len=gen_len,
+        context_len=context_len,
         step_seconds=step_seconds,
         max_requests=max_requests,
         timeout_s=timeout_s,

@@ -24,8 +24,12 @@ WORDS = (
 ).split()
 
 
+def make_words(n_tokens: int, rng: random.Random) -> str:
+    """About `n_tokens` tokens of random common words ("" for 0): a shared prefix."""
+    return " ".join(rng.choices(WORDS, k=n_tokens))  # one call: a per-word choice() cost 0.3 ms per prompt
+
+
 def make_prompt(n_tokens: int, rng: random.Random, index: int) -> str:
-    """About `n_tokens` tokens; a leading request number keeps prefix caches from sharing work."""
-    words = [f"Request {index}:"]
-    words.extend(rng.choice(WORDS) for _ in range(max(1, n_tokens - 3)))
-    return " ".join(words)
+    """About `n_tokens` tokens; a leading request number keeps prefix caches from sharing work
+    beyond the shared prefix (workload.py), if there is one."""
+    return f"Request {index}: " + make_words(max(1, n_tokens - 3), rng)

@@ -31,8 +31,9 @@ class RequestRecord:
     detail: str | None = None  # a short error message from the server or the transport
     client_s: float = 0.0  # time the client spent parsing and bookkeeping this request
     t_scheduled: float | None = None  # open loop: when the Poisson schedule meant to send it
-    conversation: int | None = None  # multi-turn workloads: which conversation, and which turn
+    conversation: int | None = None  # which conversation, and which turn of it (workload.py)
     turn: int | None = None
+    prompt_words: int | None = None  # words the client sent: about the prompt's tokens
     # The generated text, kept only where the next turn must resend it; never saved.
     text: str | None = field(default=None, repr=False)
 

@@ -44,6 +44,7 @@ def build_run(cfg: LoadConfig, progress: Progress, *, keep_requests: bool = Fals
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": cfg.to_dict(),
         "prompt_tokens_reported": probe.prompt_tokens if probe else None,
+        "server_context": progress.context,
         "stopped": progress.stopped,
         "stop_detail": progress.stop_detail,
         "interrupted": progress.stopped in ("interrupted", "terminated"),
@@ -52,7 +53,7 @@ def build_run(cfg: LoadConfig, progress: Progress, *, keep_requests: bool = Fals
         "client_overhead": _client_summary(progress),
         "tool": {
             "quantkit": _version("quantkit"),
-            "httpx": _version("httpx"),
+            "aiohttp": _version("aiohttp"),
             "python": platform.python_version(),
         },
     }
@@ -129,6 +130,7 @@ def summary_lines(run: dict) -> list[str]:
         lines.append(f"peak: {peak['achieved_qps'] or 0:.2f} req/s at {run['config']['mode']}="
                      f"{peak['offered']:g}{_cut(peak)}")
     lines.append(analysis["degraded_first"]["meaning"])
+    lines.extend(_workload_lines(run))
     slo_best = analysis["max_qps_within_slo"]
     if run["config"]["slo"]["ttft_ms"] is not None or run["config"]["slo"]["tpot_ms"] is not None:
         lines.append(
@@ -147,6 +149,22 @@ def summary_lines(run: dict) -> list[str]:
     lines.append(text)
     detail = run.get("stop_detail")
     lines.append(f"stopped: {run['stopped']}" + (f" ({detail})" if detail else ""))
+    return lines
+
+
+def _workload_lines(run: dict) -> list[str]:
+    """The workload's shape, and what the server said it cached of it."""
+    workload = run["config"].get("workload") or {}
+    lines = []
+    if workload.get("shared_prefix") or workload.get("turns", 1) > 1 or "," in workload.get("prompt_len_spec", ""):
+        lines.append(f"workload: prompt-len {workload['prompt_len_spec']}, shared prefix "
+                     f"{workload['shared_prefix']} tokens, {workload['turns']} turn(s) per conversation")
+    cached = [(s["cached_tokens_mean"], s["prompt_tokens_mean"], s["cache_hit_fraction"])
+              for s in run["steps"] if s.get("cache_hit_fraction") is not None]
+    if cached:
+        hit = sum(c[2] for c in cached) / len(cached)
+        lines.append(f"prefix cache: {100 * hit:.0f}% of prompt tokens served from the server's cache "
+                     f"(per request {cached[0][0]:.0f} of {cached[0][1]:.0f} tokens in step 0)")
     return lines
 
 

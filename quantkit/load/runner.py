@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
-from .client import make_http, probe, stream_request, user_turn
+from .client import check_reachable, make_http, server_context, stream_request, warm_up
 from .config import LoadConfig
-from .prompts import make_prompt
 from .records import RequestRecord
 from .stats import should_stop, summarize_step
+from .workload import RequestSource, check_fits
 
 # A step ends early once this many requests in a row could not connect (at least 2 per worker):
 # the server is gone, and a closed loop would otherwise spin on refused connections.
@@ -33,19 +33,6 @@ DOWN_AFTER = 20
 
 class Terminated(Exception):
     """SIGTERM arrived during the staircase (what was measured is kept, like Ctrl-C)."""
-
-
-class PromptSource:
-    """A fresh prompt per request, reproducible from the seed."""
-
-    def __init__(self, cfg: LoadConfig):
-        self._rng = random.Random(cfg.seed)
-        self._len = cfg.prompt_len
-        self._count = 0
-
-    def next(self) -> list[dict]:
-        self._count += 1
-        return user_turn(make_prompt(self._len, self._rng, self._count))
 
 
 @dataclass
@@ -60,6 +47,7 @@ class Progress:
     current_start: float = 0.0
     current_cpu: float = 0.0
     probe: RequestRecord | None = None
+    context: dict | None = None  # the server's context length and where it came from
     # "saturation", "bounds", "failing", "interrupted", "terminated" or "error"
     stopped: str | None = None
     stop_detail: str | None = None
@@ -115,8 +103,21 @@ class _Step:
             self.deadline = 0.0
 
 
+async def _send(http: aiohttp.ClientSession, cfg: LoadConfig, source: RequestSource, sink: list,
+                state: _Step, t_scheduled: float | None = None) -> None:
+    """One request of the workload; its record joins the step when it is sent."""
+    turn = source.next()
+    rec = RequestRecord(t_send=time.perf_counter(), t_scheduled=t_scheduled, conversation=turn.conversation.index,
+                        turn=turn.turn, prompt_words=turn.words)
+    sink.append(rec)
+    await stream_request(http, cfg, turn.messages, rec, keep_text=source.keep_text)
+    source.answered(turn, rec.ok, rec.text)
+    rec.text = None
+    state.note(rec)
+
+
 async def _closed_step(
-    http: httpx.AsyncClient, cfg: LoadConfig, level: float, prompts: PromptSource, sink: list
+    http: aiohttp.ClientSession, cfg: LoadConfig, level: float, source: RequestSource, sink: list
 ) -> None:
     state, issued = _Step(cfg, level), 0
 
@@ -124,33 +125,25 @@ async def _closed_step(
         nonlocal issued
         while time.perf_counter() < state.deadline and issued < state.limit:
             issued += 1
-            rec = RequestRecord(t_send=time.perf_counter())
-            sink.append(rec)
-            state.note(await stream_request(http, cfg, prompts.next(), rec))
+            await _send(http, cfg, source, sink, state)
 
     await asyncio.gather(*(worker() for _ in range(int(level))))
 
 
 async def _open_step(
-    http: httpx.AsyncClient, cfg: LoadConfig, level: float, prompts: PromptSource, sink: list
+    http: aiohttp.ClientSession, cfg: LoadConfig, level: float, source: RequestSource, sink: list
 ) -> None:
     # Poisson arrivals: exponential gaps with mean 1/rate, seeded per step for reproducibility.
     rng = random.Random(f"{cfg.seed}:{level}")
     state = _Step(cfg, level)
     tasks: list[asyncio.Task] = []
     t_next = time.perf_counter()
-
-    async def one(t_scheduled: float) -> None:
-        rec = RequestRecord(t_send=time.perf_counter(), t_scheduled=t_scheduled)
-        sink.append(rec)
-        state.note(await stream_request(http, cfg, prompts.next(), rec))
-
     while len(tasks) < state.limit:
         t_next += rng.expovariate(level)
         if t_next > state.deadline:
             break
         await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
-        tasks.append(asyncio.create_task(one(t_next)))
+        tasks.append(asyncio.create_task(_send(http, cfg, source, sink, state, t_scheduled=t_next)))
     await asyncio.gather(*tasks)
 
 
@@ -185,6 +178,13 @@ def _on_sigterm(progress: Progress) -> None:
         pass
 
 
+async def _context(http: aiohttp.ClientSession, cfg: LoadConfig) -> dict:
+    if cfg.context_len:
+        return {"tokens": cfg.context_len, "source": "--context-len"}
+    tokens, source = await server_context(http, cfg)
+    return {"tokens": tokens, "source": source}
+
+
 def _failing(step: dict) -> str | None:
     """Why the staircase cannot learn more by climbing, or None."""
     if step["completed"] or not step["requests"]:
@@ -201,14 +201,18 @@ async def run_staircase(
 ) -> None:
     """Warm up with one request, then climb the levels until saturation, failure or the last level."""
     _on_sigterm(progress)
-    prompts = PromptSource(cfg)
+    source = RequestSource(cfg.workload, cfg.seed)
     async with make_http(cfg) as http:
-        progress.probe = await probe(http, cfg, prompts.next())
+        await check_reachable(http, cfg)
+        progress.context = await _context(http, cfg)
+        check_fits(cfg.workload, cfg.gen_len, progress.context["tokens"], progress.context["source"])
+        # The warm-up has the workload's shape (its shared prefix too: steady state for a prefix cache).
+        progress.probe = await warm_up(http, cfg, source.warm_up())
         warm = progress.probe
         log(f"warm-up ok: {warm.output_tokens} tokens in {warm.t_end - warm.t_send:.2f} s")
         for level in cfg.levels:
             sink = progress.begin(level)
-            await STEP_RUNNERS[cfg.mode](http, cfg, level, prompts, sink)
+            await STEP_RUNNERS[cfg.mode](http, cfg, level, source, sink)
             step = progress.end(cfg)
             log(_describe(step))
             if checkpoint:

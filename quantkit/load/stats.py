@@ -95,9 +95,11 @@ def error_examples(records: Sequence[RequestRecord]) -> dict:
 def prompt_cache(ok: Sequence[RequestRecord]) -> dict:
     """The server's prompt token counts and, where it reports them, tokens served from its prefix cache."""
     prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    words = [r.prompt_words for r in ok if r.prompt_words is not None]
     both = [(r.prompt_tokens, r.cached_tokens) for r in ok if r.prompt_tokens and r.cached_tokens is not None]
     return {
         "prompt_tokens_mean": (sum(prompt) / len(prompt)) if prompt else None,
+        "prompt_words_mean": (sum(words) / len(words)) if words else None,  # what the client sent
         "cached_tokens_mean": (sum(c for _, c in both) / len(both)) if both else None,
         # cached / prompt tokens, summed over the requests that report both
         "cache_hit_fraction": (sum(c for _, c in both) / sum(p for p, _ in both)) if both else None,

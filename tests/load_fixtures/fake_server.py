@@ -4,7 +4,10 @@ Requests beyond `slots` wait for a free slot (a queue, like a server without bat
 staircase past `slots` saturates at slots / service time. Every `fail_every`-th request answers
 HTTP 500 and every `hang_every`-th sends headers, then nothing for 30 s (a timeout). Every
 `bad_every`-th request (never the first, the warm-up) misbehaves as `misbehave` names (see
-load_fixtures/hostile.py). `/v1/models` reports `max_model_len` when `context` is set. Stdlib only.
+load_fixtures/hostile.py). `context` is reported as vLLM does (`/v1/models` max_model_len) or, with
+`context_at="props"`, as llama.cpp's server does (`/props` n_ctx). `cache="usage"` reports the words a
+prompt shares with the best earlier prompt as `usage.prompt_tokens_details.cached_tokens`,
+`cache="timings"` as llama.cpp's `timings.cache_n`/`prompt_n`. Stdlib only.
 
     python tests/load_fixtures/fake_server.py --slots 2   # prints the port, serves until killed
 """
@@ -23,13 +26,13 @@ class FakeOpenAI(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, *, slots=2, prefill_s=0.08, token_s=0.01, fail_every=0, hang_every=0, usage=True,
-                 misbehave=None, bad_every=0, context=None, cache=False, done=True):
+                 misbehave=None, bad_every=0, context=None, context_at="models", cache=None, done=True):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.slots = threading.Semaphore(slots)
         self.prefill_s, self.token_s, self.usage = prefill_s, token_s, usage
         self.fail_every, self.hang_every = fail_every, hang_every
         self.misbehave, self.bad_every = misbehave, bad_every
-        self.context, self.cache, self.done = context, cache, done
+        self.context, self.context_at, self.cache, self.done = context, context_at, cache, done
         self.counter = itertools.count(1)
         self.bodies: list[dict] = []
         self.seen_prompts: list[str] = []  # for `cache`: the longest earlier prompt sharing a prefix
@@ -56,8 +59,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             return self._reply(200, {"status": "ok"})
-        models = [{"id": "m", "object": "model", **({"max_model_len": self.server.context} if self.server.context else {})}]
-        self._reply(200, {"object": "list", "data": models})
+        context = self.server.context
+        if self.path == "/props":
+            if self.server.context_at != "props":
+                return self._reply(404, {"detail": "Not Found"})
+            return self._reply(200, {"default_generation_settings": {"n_ctx": context}, "total_slots": 1})
+        stated = {"max_model_len": context} if context and self.server.context_at == "models" else {}
+        self._reply(200, {"object": "list", "data": [{"id": "m", "object": "model", **stated}]})
 
     def _reply(self, status: int, payload: dict) -> None:
         data = json.dumps(payload).encode()
@@ -118,6 +126,9 @@ class _Handler(BaseHTTPRequestHandler):
         final = {"choices": [{"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}]}
         if self.server.usage:
             final["usage"] = self._usage(body, n_tokens)
+            if self.server.cache == "timings":  # llama.cpp: usage without details, timings beside it
+                cached = final["usage"].pop("prompt_tokens_details")["cached_tokens"]
+                final["timings"] = {"cache_n": cached, "prompt_n": final["usage"]["prompt_tokens"] - cached}
         self._chunk(final)
         if self.server.done if done is None else done:
             self.wfile.write(b"data: [DONE]\n\n")

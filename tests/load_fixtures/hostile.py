@@ -131,6 +131,11 @@ def _no_usage(h, body) -> None:
         h.server.usage = usage
 
 
+def _done_early(h, body) -> None:
+    h._stream(body, _chat(h), tokens=2)  # then [DONE] with no finish_reason (llama-cpp-python's interrupt)
+    h._raw(b"data: [DONE]\n\n")
+
+
 def _no_done_but_finished(h, body) -> None:
     h._stream(body, _chat(h), done=False)  # transformers serve's shape: a finish_reason, no [DONE]
 
@@ -170,6 +175,7 @@ MISBEHAVIOURS = {
     "slow-loris": _slow_loris,
     "no-headers": _no_headers,
     "closed-early": _closed_early,
+    "done-early": _done_early,
     "reset-mid-chunk": _reset_mid_chunk,
     "huge-line": _huge_line,
     "after-done": _after_done,
@@ -191,6 +197,7 @@ EXPECTED = {
     "slow-loris": "timeout",
     "no-headers": "timeout",
     "closed-early": "truncated",
+    "done-early": "truncated",
     "reset-mid-chunk": "truncated",
     "huge-line": "stream_error",
     "after-done": "stream_error",
