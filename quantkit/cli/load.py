@@ -64,8 +64,15 @@ def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> Non
               help=f"Closed loop: concurrent requests per step [default: {DEFAULT_CONCURRENCY}].")
 @click.option("--rate", metavar="R,R,...",
               help="Open loop: Poisson arrivals per second per step (instead of --concurrency).")
-@click.option("--prompt-len", default=128, show_default=True,
-              help="Prompt length in tokens (approximate: common words).")
+@click.option("--prompt-len", default="128", show_default=True, metavar="N|LO:HI[,long=FxK]",
+              help="Prompt length in tokens (approximate: common words): fixed N, uniform LO:HI, and "
+                   "optionally a fraction F of prompts K times longer, e.g. 256,long=0.1x4.")
+@click.option("--shared-prefix", default=0, show_default=True, metavar="N",
+              help="Start every prompt with the same N-token prefix (a system prompt), before its unique part.")
+@click.option("--turns", default=1, show_default=True, metavar="K",
+              help="K-turn conversations (--api chat): each request resends the conversation so far plus a new turn.")
+@click.option("--context-len", type=int, metavar="TOKENS",
+              help="The server's context length, to check the workload against [default: asked from the server].")
 @click.option("--gen-len", default=64, show_default=True,
               help="max_tokens per request (EOS ignored where --engine allows).")
 @click.option("--step-seconds", default=30.0, show_default=True, help="Seconds of sending per step.")
