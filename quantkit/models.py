@@ -240,7 +240,7 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False):
             read_json(path / name)
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError) as exc:
         raise ModelError(f"{path}: no usable tokenizer ({_first_line(exc)})") from None
     except Exception as exc:  # the `tokenizers` library raises a plain Exception for a malformed tokenizer.json
         if type(exc) is not Exception:
