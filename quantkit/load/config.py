@@ -33,6 +33,8 @@ ENGINES: dict[str, Callable[[int], dict]] = {
     "sglang": lambda gen_len: {"ignore_eos": True},
     # llama.cpp server: `ignore_eos` is a documented /completion option and accepted on /v1/*.
     "llamacpp": lambda gen_len: {"ignore_eos": True},
+    # llama-cpp-python's server: no ignore_eos; `min_tokens` holds EOS back (its MinTokensLogitsProcessor).
+    "llama-cpp-python": lambda gen_len: {"min_tokens": gen_len},
     # transformers serve accepts a GenerationConfig as a JSON string; min_new_tokens holds EOS back.
     "transformers": lambda gen_len: {
         "generation_config": json.dumps({"max_new_tokens": gen_len, "min_new_tokens": gen_len})

@@ -11,6 +11,9 @@ from .runner import Progress
 from .stats import analyze, percentiles
 
 KIND = "load-run"
+# Above this CPU share the client's asyncio loop queues work (bench_load_client.py: TTFT against an
+# instant server rises from ~1 ms to tens of ms as the client nears one busy core).
+BUSY_CLIENT = 0.7
 SCHEMA_VERSION = 1
 
 
@@ -147,6 +150,9 @@ def summary_lines(run: dict) -> list[str]:
     if client["cpu_share_max"] is not None:
         text += f"; client CPU up to {client['cpu_share_max']:.2f} cores"
     lines.append(text)
+    if (client["cpu_share_max"] or 0) > BUSY_CLIENT:
+        lines.append(f"warning: the client used {client['cpu_share_max']:.2f} of its one core: its own event-loop "
+                     "delays are in these latencies; run it on a quieter machine or lower the load (docs/LOAD.md)")
     detail = run.get("stop_detail")
     lines.append(f"stopped: {run['stopped']}" + (f" ({detail})" if detail else ""))
     return lines
