@@ -12,7 +12,7 @@ import sys
 import click
 
 from ..errors import QuantkitError
-from . import bench, compare, convert, evaluate, export, load, models, publish, recipe, roofline, run, sensitivity
+from . import bench, compare, convert, evaluate, export, levers, load, models, publish, recipe, roofline, run, sensitivity
 
 
 def _permission_denied(exc: BaseException) -> bool:
@@ -61,7 +61,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     quiet_libraries(debug)
 
 
-for _module in (models, recipe, convert, export, evaluate, bench, roofline, run, compare, publish, load, sensitivity):
+for _module in (models, recipe, convert, export, evaluate, bench, roofline, run, compare, publish, load, levers, sensitivity):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

@@ -1,0 +1,122 @@
+"""`quantkit levers STUDY.yaml`: the same staircase against one engine, one lever changed per run."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from ._common import console, echo_json, json_option
+
+
+def _engines_text() -> str:
+    from ..load.servers import SERVERS
+
+    lines = []
+    for kind in SERVERS.values():
+        lines.append(f"{kind.name}: {shlex.join(kind.command) or '(your command: server.command)'}")
+        for name, key in kind.keys.items():
+            how = f"body {key.body}" if key.body else f"{key.flag} ({key.style})"
+            lines.append(f"  {name:28s} {how:42s} {key.help}{'' if key.here else '  [not run on this machine]'}")
+    return "\n".join(lines)
+
+
+def _plan(study) -> list[dict]:
+    from ..load.levers import lever_plan
+
+    plans = []
+    for i in range(len(study.levers)):
+        plan = lever_plan(study, i)
+        plan["load"] = plan.pop("cfg").to_dict()
+        plans.append(plan)
+    return plans
+
+
+def _finish(result: dict, out: Path) -> None:
+    """levers.md and levers.png beside study.json, from whatever levers ran."""
+    from ..atomic import write_text
+    from ..load.compare import render_load_comparison
+    from ..load.levers_report import render_table
+    from ..load.plot import plot_runs
+
+    if not result["runs"]:
+        return
+    text = f"# Lever study: {result['name']}\n\n" + render_table(result)
+    if result.get("comparison"):
+        text += "\n" + render_load_comparison(result["comparison"])
+    write_text(out / "levers.md", text)
+    plot_runs(result["runs"], out / "levers.png")
+
+
+@click.command("levers")
+@click.argument("study_file", required=False)
+@click.option("--out", type=click.Path(file_okay=False), help="Directory for the runs [default: levers-NAME].")
+@click.option("--force", is_flag=True, help="Replace the results of an earlier study in --out.")
+@click.option("--dry-run", is_flag=True, help="Validate the study and print each lever's exact command; start nothing.")
+@click.option("--engines", is_flag=True, help="List the engines and the levers each one has.")
+@json_option
+def levers_cmd(study_file, out, force, dry_run, engines, as_json) -> None:
+    """Run a lever study: per lever, start the server on loopback, run the staircase, stop it.
+
+    Writes one load-run JSON per lever (the exact server command inside), the lever table
+    (knee req/s, TTFT-P99 and TPOT-P99 at the knee, goodput under the SLO, which latency degraded
+    first) as study.json and levers.md, and the comparison plot levers.png. Servers started here
+    are always stopped, also on Ctrl-C and SIGTERM.
+    """
+    from ..atomic import exclusive
+    from ..load.levers import run_study
+    from ..load.runner import Terminated
+    from ..load.servers import StudyError
+    from ..load.study import read_study
+
+    if engines:
+        click.echo(_engines_text())
+        return
+    if not study_file:
+        raise StudyError("give a study file (see recipes/levers-*.yaml), or --engines to list the engines")
+    study = read_study(study_file)
+    if dry_run:
+        plans = _plan(study)
+        if as_json:
+            echo_json({"kind": "lever-plan", "name": study.name, "levers": plans})
+            return
+        for plan in plans:
+            click.echo(f"{plan['lever']}: {shlex.join(plan['command'])}"
+                       + (f"  body {plan['body_fields']}" if plan["body_fields"] else ""))
+        return
+    _plan(study)  # every lever's model and command resolve before the first server starts
+    out_dir = Path(out or f"levers-{study.name}")
+    if (out_dir / "study.json").exists() and not force:
+        raise StudyError(f"--out: {out_dir} holds an earlier study (study.json); use --force to replace it")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StudyError(f"--out: cannot create {out_dir}: {exc.strerror or exc}") from None
+    result, failure = None, None
+    with exclusive(out_dir, f"the study directory {out_dir}"):
+        holder: dict = {}
+        try:
+            result = run_study(study, out_dir, source=str(study_file),
+                               log=lambda line: click.echo(line, err=True), sink=holder)
+        except (KeyboardInterrupt, Terminated, Exception) as exc:  # write what ran, then re-raise
+            failure, result = exc, holder.get("result")
+        if result:
+            _finish(result, out_dir)
+    if isinstance(failure, Terminated):
+        click.echo("terminated", err=True)
+        sys.exit(143)
+    if failure is not None:
+        raise failure
+    if as_json:
+        echo_json(result)
+        return
+    from ..load.levers_report import render_table
+
+    screen = console(stderr=False)
+    screen.print(render_table(result), highlight=False, markup=False)
+    screen.print(f"runs, server logs, study.json, levers.md, levers.png: {out_dir}", highlight=False)
+
+
+COMMANDS = [levers_cmd]

@@ -1,0 +1,172 @@
+"""Run a lever study: per lever, start the engine on loopback, wait until ready, run the staircase,
+stop the engine (always: also on Ctrl-C, SIGTERM or a fault), and keep every run.
+
+The output directory holds one `quantkit load` run JSON per lever (inputs to `quantkit compare`,
+each with the exact server command under "server"), its server log, and `study.json` with the
+lever table (levers_report.py), rewritten after every lever.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shlex
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from ..atomic import write_json
+from ..errors import QuantkitError
+from .process import free_port, running
+from .report import build_run
+from .runner import Progress, Terminated, run
+from .servers import StudyError, fill, lever_args, not_here, server_kind
+from .study import Lever, Study, expand, load_config, resolve_model
+
+KIND = "lever-study"
+SCHEMA_VERSION = 1
+HOST = "127.0.0.1"
+
+
+def _clean(obj):
+    from ..cli._common import _clean as clean
+
+    return clean(obj)
+
+
+def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
+    """What one lever runs: the exact command, the request-body fields, the model, the load config."""
+    lever = study.levers[index]
+    kind = server_kind(study.server.engine)
+    where = f"levers[{index}] ({lever.name})"
+    model = resolve_model(lever.model or study.server.model, f"{where}: model" if lever.model else "server.model")
+    settings = {name: expand(value, f"{where}.settings.{name}") if isinstance(value, str) else value
+                for name, value in {**study.server.settings, **lever.settings}.items()}
+    args, body = lever_args(kind, settings, where)
+    values = {"python": sys.executable, "model": model, "host": HOST, "port": str(port or "{port}")}
+    command = fill(study.server.command or kind.command, values) + args + list(lever.args)
+    url = f"http://{HOST}:{port}" if port else "http://127.0.0.1:1"
+    return {
+        "lever": lever.name,
+        "engine": kind.name,
+        "model": model,
+        "settings": settings,
+        "changes": _changes(lever),
+        "command": command,
+        "body_fields": body,
+        "not_run_here": not_here(kind, settings),
+        "cfg": load_config(study, lever, url=url, model=model, extra_body=body),
+    }
+
+
+def _changes(lever: Lever) -> str:
+    parts = [f"{k}={v}" for k, v in lever.settings.items()]
+    parts += [f"model={Path(lever.model).name}"] if lever.model else []
+    parts += [shlex.join(lever.args)] if lever.args else []
+    parts += [f"load.{k}={v}" for k, v in lever.load.items()]
+    return ", ".join(parts) or "baseline"
+
+
+def _write(out: Path, name: str, data: dict) -> None:
+    try:
+        write_json(out / name, _clean(data))
+    except OSError as exc:
+        raise StudyError(f"--out: cannot write {out / name}: {exc.strerror or exc}") from None
+
+
+def _sigterm(signum, frame) -> None:
+    raise Terminated("terminated (SIGTERM)")
+
+
+def _guard_sigterm() -> None:
+    """SIGTERM outside the staircase (starting or stopping a server) unwinds through the finally
+    that stops the server. The staircase's event loop installs its own handler and, when it
+    closes, resets SIGTERM to the default, so this is re-armed before each lever."""
+    try:
+        signal.signal(signal.SIGTERM, _sigterm)
+    except ValueError:  # not the main thread (an embedding program): its own handling applies
+        pass
+
+
+def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) -> tuple[dict, BaseException | None]:
+    """One lever: start, wait, staircase, stop. Returns the run JSON (also written to out) and what
+    cut it short (Ctrl-C, SIGTERM, a fault), if anything did."""
+    lever, kind = study.levers[index], server_kind(study.server.engine)
+    port = free_port()
+    plan = lever_plan(study, index, port)
+    slug = f"{index:02d}-{lever.name}"
+    ready = study.server.ready or kind.ready
+    _guard_sigterm()
+    log(f"[{lever.name}] starting: {shlex.join(plan['command'])}")
+    progress, failure = Progress(), None
+    with running(plan["command"], plan["cfg"].url, out / f"{slug}.server.log", study.server.env, ready,
+                 study.server.ready_timeout_s) as server:
+        log(f"[{lever.name}] ready in {server.ready_s:.0f} s")
+        try:
+            run(plan["cfg"], progress, log=lambda line: log(f"[{lever.name}] {line}"))
+        except QuantkitError as exc:
+            if not progress.started:  # the warm-up failed: nothing measured, say which lever
+                raise StudyError(f"levers[{index}] ({lever.name}): {exc}") from None
+            failure = exc
+        except (KeyboardInterrupt, Terminated, Exception) as exc:  # keep what was measured, then re-raise
+            failure = exc
+        finally:
+            _guard_sigterm()
+        result = build_run(plan["cfg"], progress)
+    result["server"] = {
+        "engine": plan["engine"], "command": plan["command"], "model": plan["model"], "settings": plan["settings"],
+        "body_fields": plan["body_fields"], "env": study.server.env, "changes": plan["changes"],
+        "ready_s": server.ready_s, "pid": server.proc.pid, "exit_code": server.proc.returncode,
+        "log": f"{slug}.server.log",
+    }
+    result["file"] = f"{slug}.json"
+    _write(out, result["file"], result)
+    return result, failure
+
+
+def run_study(study: Study, out: Path, *, source: str, log: Callable[[str], None], sink: dict | None = None) -> dict:
+    """Every lever in order; `study.json` is rewritten after each, and on the way out of a failure.
+    `sink["result"]` holds the result as it grows, for a caller that is interrupted."""
+    from .levers_report import summarize
+
+    result = {
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "name": study.name,
+        "source": source,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "study": study.model_dump(),
+        "runs": [],
+        "stopped": None,
+    }
+    if sink is not None:
+        sink["result"] = result
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        for index in range(len(study.levers)):
+            run_json, failure = _run_lever(study, index, out, log)
+            result["runs"].append(run_json)
+            if failure is not None:
+                raise failure
+            result.update(summarize(study, result["runs"]))
+            _write(out, "study.json", result)
+        result["stopped"] = "done"
+    except KeyboardInterrupt:
+        result["stopped"] = "interrupted"
+        raise
+    except Terminated:
+        result["stopped"] = "terminated"
+        raise
+    except Exception as exc:
+        result["stopped"] = "error"
+        result["error"] = str(exc)[:400]
+        raise
+    finally:
+        if result["runs"]:
+            result.update(summarize(study, result["runs"]))
+        _write(out, "study.json", result)
+        try:
+            signal.signal(signal.SIGTERM, previous)
+        except (ValueError, TypeError):
+            pass
+    return result

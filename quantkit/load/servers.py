@@ -1,0 +1,206 @@
+"""Serving engines a lever study can start: command templates and the levers each engine has.
+
+One registry entry per engine: its command template (`{python}`, `{model}`, `{host}`, `{port}`
+are filled in), the lever keys it understands and how each becomes a command-line flag or a
+request-body field, where it answers when ready, and which `quantkit load --engine` body fields
+make its answers a fixed length. A key whose `here` is False is a documented pass-through to the
+engine's own flag that this CPU machine does not run (speculative decoding with a draft model,
+vLLM's paged KV).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import QuantkitError
+
+
+class StudyError(QuantkitError):
+    """A lever study that cannot run: a bad study file, an unknown lever, a server that does not start."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """How one lever value reaches the engine."""
+
+    help: str
+    flag: str | None = None  # the command-line flag
+    style: str = "value"  # value: FLAG V | pair: FLAG / --no-FLAG | word: FLAG true/false | switch: FLAG when true
+    body: str | None = None  # a request-body field instead of a flag (llama.cpp's cache_prompt)
+    here: bool = True  # False: written for the engine's own flag, not run on this machine
+
+    def args(self, value: Any) -> list[str]:
+        if self.flag is None:
+            return []
+        if self.style == "pair":
+            return [self.flag if value else "--no-" + self.flag.removeprefix("--")]
+        if self.style == "switch":
+            return [self.flag] if value else []
+        if self.style == "word":
+            return [self.flag, "true" if value else "false"]
+        text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+        return [self.flag, text]
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    name: str
+    command: tuple[str, ...]
+    keys: dict[str, Key]
+    ready: str  # a GET path that answers 200 once the model is loaded
+    load_engine: str  # `quantkit load --engine`: the body fields that fix the answer's length
+    docs: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def key(self, name: str, where: str) -> Key:
+        if name not in self.keys:
+            raise StudyError(f"{where}: {self.name} has no lever {name!r}; its levers: {', '.join(sorted(self.keys))}")
+        return self.keys[name]
+
+
+def _bool(flag: str, help: str, style: str = "pair", here: bool = True) -> Key:
+    return Key(help, flag, style, here=here)
+
+
+TRANSFORMERS = ServerKind(
+    name="transformers-serve",
+    # transformers' own CLI entry point, run by this Python (`transformers serve` on PATH is the same)
+    command=("{python}", "-c", "from transformers.cli.transformers import main; main()", "serve", "{model}",
+             "--host", "{host}", "--port", "{port}"),
+    keys={
+        "continuous_batching": _bool("--continuous-batching", "continuous batching with a paged KV cache"),
+        "cb_block_size": Key("KV cache block size in tokens (continuous batching)", "--cb-block-size"),
+        "cb_num_blocks": Key("KV cache blocks (continuous batching); unset, it sizes itself to memory", "--cb-num-blocks"),
+        "cb_max_batch_tokens": Key("most tokens per batch (continuous batching)", "--cb-max-batch-tokens"),
+        "device": Key("device (cpu, cuda:0, ...)", "--device"),
+        "dtype": Key("model dtype (float32, bfloat16, ...)", "--dtype"),
+        "attn_implementation": Key("attention kernel (sdpa, flash_attention_2, ...)", "--attn-implementation"),
+        "compile": _bool("--compile", "torch.compile the model"),
+        "quantization": Key("on-the-fly quantization (bnb-4bit, bnb-8bit)", "--quantization"),
+    },
+    ready="/health",
+    load_engine="transformers",
+    docs="https://huggingface.co/docs/transformers/main/en/serving",
+)
+
+LLAMA_CPP_PYTHON = ServerKind(
+    name="llama-cpp-python",
+    # llama-cpp-python's server (0.3.x): one model, one request at a time (no parallel slots).
+    command=("{python}", "-m", "llama_cpp.server", "--model", "{model}", "--host", "{host}", "--port", "{port}"),
+    keys={
+        "n_threads": Key("threads for decode", "--n_threads"),
+        "n_threads_batch": Key("threads for prompt processing", "--n_threads_batch"),
+        "n_ctx": Key("context size in tokens", "--n_ctx"),
+        "n_batch": Key("logical batch size for prompt processing", "--n_batch"),
+        "n_ubatch": Key("physical batch size", "--n_ubatch"),
+        "cache": _bool("--cache", "a RAM (or disk) cache of prompt states, for prefixes other than the last prompt's", "word"),
+        "cache_type": Key("ram or disk", "--cache_type"),
+        "cache_size": Key("cache size in bytes", "--cache_size"),
+        "flash_attn": _bool("--flash_attn", "flash attention", "word"),
+        "type_k": Key("K cache type (ggml type id)", "--type_k"),
+        "type_v": Key("V cache type (ggml type id)", "--type_v"),
+        "interrupt_requests": _bool("--interrupt_requests", "a new request cuts the running answer short (default on)", "word"),
+        "draft_model": Key("speculative decoding: prompt-lookup-decoding (draft tokens from the prompt)", "--draft_model"),
+        "draft_model_num_pred_tokens": Key("draft tokens per step", "--draft_model_num_pred_tokens"),
+        "verbose": _bool("--verbose", "log every request", "word"),
+    },
+    ready="/v1/models",
+    load_engine="llama-cpp-python",
+    docs="https://llama-cpp-python.readthedocs.io/en/latest/server/",
+)
+
+LLAMA_SERVER = ServerKind(
+    name="llama-server",
+    # llama.cpp's own server binary (not part of the llama-cpp-python wheel): parallel slots and
+    # continuous batching. Flags: tools/server/README.md of ggml-org/llama.cpp.
+    command=("llama-server", "-m", "{model}", "--host", "{host}", "--port", "{port}"),
+    keys={
+        "parallel": Key("parallel slots (-np): how many requests decode together", "--parallel"),
+        "cont_batching": _bool("--cont-batching", "continuous batching (default on)"),
+        "cache_prompt": Key("prefix caching per slot (request field; default true)", body="cache_prompt"),
+        "cache_reuse": Key("min chunk size to reuse from the cache via KV shifting", "--cache-reuse"),
+        "ctx_size": Key("context size in tokens, shared by the slots", "--ctx-size"),
+        "threads": Key("threads", "--threads"),
+        "batch_size": Key("logical batch size", "--batch-size"),
+        "ubatch_size": Key("physical batch size", "--ubatch-size"),
+        "flash_attn": Key("flash attention: on, off, auto", "--flash-attn"),
+        "cache_type_k": Key("K cache type (f16, q8_0, ...)", "--cache-type-k"),
+        "cache_type_v": Key("V cache type", "--cache-type-v"),
+        "model_draft": Key("speculative decoding: the draft model GGUF", "--model-draft", here=False),
+        "draft_max": Key("speculative decoding: most draft tokens", "--draft-max", here=False),
+        "draft_min": Key("speculative decoding: fewest draft tokens", "--draft-min", here=False),
+    },
+    ready="/health",
+    load_engine="llamacpp",
+    docs="https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md",
+)
+
+VLLM = ServerKind(
+    name="vllm",
+    command=("vllm", "serve", "{model}", "--host", "{host}", "--port", "{port}"),
+    keys={
+        "enable_prefix_caching": _bool("--enable-prefix-caching", "automatic prefix caching", here=False),
+        "enable_chunked_prefill": _bool("--enable-chunked-prefill", "chunked prefill", here=False),
+        "max_num_seqs": Key("most sequences per batch (continuous batching width)", "--max-num-seqs", here=False),
+        "max_num_batched_tokens": Key("token budget per scheduler step", "--max-num-batched-tokens", here=False),
+        "block_size": Key("paged KV: tokens per KV block", "--block-size", here=False),
+        "gpu_memory_utilization": Key("paged KV: fraction of GPU memory for weights + KV blocks",
+                                      "--gpu-memory-utilization", here=False),
+        "kv_cache_dtype": Key("KV cache dtype (auto, fp8, ...)", "--kv-cache-dtype", here=False),
+        "speculative_config": Key("speculative decoding, as JSON: {\"model\": DRAFT, \"num_speculative_tokens\": N} "
+                                  "or {\"method\": \"ngram\", ...}", "--speculative-config", here=False),
+        "quantization": Key("weight quantization method", "--quantization", here=False),
+        "tensor_parallel_size": Key("GPUs per replica", "--tensor-parallel-size", here=False),
+        "max_model_len": Key("context length", "--max-model-len", here=False),
+    },
+    ready="/health",
+    load_engine="vllm",
+    docs="https://docs.vllm.ai/en/latest/cli/serve.html",
+)
+
+CUSTOM = ServerKind(
+    name="custom",
+    command=(),  # the study's `command:` is required; levers add raw `args:`
+    keys={},
+    ready="/health",
+    load_engine="openai",
+)
+
+SERVERS: dict[str, ServerKind] = {s.name: s for s in (TRANSFORMERS, LLAMA_CPP_PYTHON, LLAMA_SERVER, VLLM, CUSTOM)}
+
+
+def server_kind(name: str) -> ServerKind:
+    if name not in SERVERS:
+        raise StudyError(f"server.engine: unknown {name!r}; choose one of {', '.join(SERVERS)}")
+    return SERVERS[name]
+
+
+def fill(template: tuple[str, ...] | list[str], values: dict[str, str]) -> list[str]:
+    """The command template with {python}, {model}, {host}, {port} filled in (other braces left alone)."""
+    out = []
+    for part in template:
+        for name, value in values.items():
+            part = part.replace("{" + name + "}", value)
+        out.append(part)
+    return out
+
+
+def lever_args(kind: ServerKind, settings: dict[str, Any], where: str) -> tuple[list[str], dict[str, Any]]:
+    """Engine settings -> (command-line args, request-body fields)."""
+    args: list[str] = []
+    body: dict[str, Any] = {}
+    for name, value in settings.items():
+        key = kind.key(name, where)
+        if key.body:
+            body[key.body] = value
+        else:
+            args.extend(key.args(value))
+    return args, body
+
+
+def not_here(kind: ServerKind, settings: dict[str, Any]) -> list[str]:
+    """The keys among `settings` that this machine does not run (documented pass-throughs)."""
+    return [name for name in settings if name in kind.keys and not kind.keys[name].here]
+

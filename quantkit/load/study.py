@@ -1,0 +1,225 @@
+"""A lever study file: YAML -> frozen, validated objects, checked once, before any server starts.
+
+    name: llamacpp-levers
+    server:                      # how to start the engine (servers.SERVERS)
+      engine: llama-cpp-python
+      model: ${DEMO_GGUF}        # environment variables are expanded
+      settings: {n_threads: 2}   # engine keys every lever starts from
+      env: {OMP_NUM_THREADS: "1"}
+    load:                        # the staircase: `quantkit load` options
+      concurrency: "1,2,4"
+      gen_len: 16
+      slo: ttft=5000,tpot=2000
+    levers:                      # the first is the baseline; each other changes one thing
+      - name: baseline
+      - name: q4_0
+        model: ${DEMO_Q4_0}
+      - name: ram-cache
+        settings: {cache: true}
+
+Errors name the file and the key path (`study.yaml: levers[2].settings: ...`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import QuantkitError
+from ..recipe_files import _NoAliasLoader, format_validation_error
+from .config import build_config
+from .servers import StudyError, server_kind
+
+MAX_STUDY_BYTES = 1 << 20
+PLAIN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # lever and study names name files
+_UNSET = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSpec(_Strict):
+    engine: str
+    model: str = Field(min_length=1)
+    served_model: str | None = None  # the model name requests carry; default: `model` as given
+    command: tuple[str, ...] | None = None  # default: the engine's template (required for `custom`)
+    settings: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    ready: str | None = None  # the readiness path; default: the engine's
+    ready_timeout_s: float = Field(300.0, gt=0)
+
+
+class LoadSpec(_Strict):
+    """The staircase, as `quantkit load` options (same names, same validation)."""
+
+    concurrency: str | None = None
+    rate: str | None = None
+    prompt_len: str | int = "128"
+    shared_prefix: int = 0
+    turns: int = 1
+    gen_len: int = 64
+    step_seconds: float = 30.0
+    max_requests: int | None = None
+    timeout: float = 60.0
+    slo: str | None = None
+    api: str = "completions"
+    engine: str | None = None  # request-body fields; default: the server engine's
+    patience: int = 1
+    no_stop: bool = False
+    seed: int = 0
+    context_len: int | None = None
+
+
+class Lever(_Strict):
+    name: str = Field(pattern=PLAIN)
+    settings: dict[str, Any] = {}  # engine keys this lever changes
+    model: str | None = None  # another weights file (e.g. Q4_0 against F16)
+    args: tuple[str, ...] = ()  # `custom` engines only: raw command-line arguments
+    load: dict[str, Any] = {}  # staircase options this lever changes (a workload lever)
+    note: str | None = None
+
+
+class Reference(_Strict):
+    shape: str  # a model directory or config.json: the roofline's prefill estimate of the shared prefix
+
+
+class Study(_Strict):
+    name: str = Field(pattern=PLAIN)
+    description: str | None = None
+    server: ServerSpec
+    load: LoadSpec = LoadSpec()
+    levers: tuple[Lever, ...] = Field(min_length=1)
+    reference: Reference | None = None
+
+    @model_validator(mode="after")
+    def _checks(self) -> "Study":
+        kind = server_kind(self.server.engine)
+        if kind.name == "custom" and not self.server.command:
+            raise ValueError("server.command: a custom engine needs its command (a list with {port})")
+        if self.server.command is not None and not any("{port}" in part for part in self.server.command):
+            raise ValueError("server.command: the command must take {port} (the study picks a free loopback port)")
+        for name in self.server.settings:
+            kind.key(name, "server.settings")
+        names = [lever.name for lever in self.levers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"levers: names must be unique, got {names}")
+        for i, lever in enumerate(self.levers):
+            _check_lever(kind, lever, f"levers[{i}]", baseline=i == 0)
+            _merged_load(self.load, lever, f"levers[{i}].load")
+        return self
+
+    def load_options(self, lever: Lever) -> dict:
+        return _merged_load(self.load, lever, "load").model_dump()
+
+
+def _merged_load(base: LoadSpec, lever: Lever, where: str) -> LoadSpec:
+    try:
+        return LoadSpec.model_validate({**base.model_dump(), **lever.load})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(part) for part in err["loc"])
+        raise ValueError(f"{where}.{loc}: {err['msg'][:1].lower()}{err['msg'][1:]}") from None
+
+
+def _check_lever(kind, lever: Lever, where: str, baseline: bool) -> None:
+    for name in lever.settings:
+        kind.key(name, f"{where}.settings")
+    if lever.args and kind.name != "custom":
+        raise ValueError(f"{where}.args: raw arguments are for custom engines; {kind.name} levers are settings: "
+                         f"{', '.join(sorted(kind.keys))}")
+    server_changes = len(lever.settings) + (lever.model is not None) + bool(lever.args)
+    if server_changes > 1:
+        raise ValueError(f"{where}: a lever changes one thing (settings, model or args); split it into "
+                         f"{server_changes} levers")
+    if not baseline and not server_changes and not lever.load:
+        raise ValueError(f"{where}: changes nothing against the baseline (give settings, model, args or load)")
+    unknown = set(lever.load) - set(LoadSpec.model_fields)
+    if unknown:
+        raise ValueError(f"{where}.load: unknown option(s) {', '.join(sorted(unknown))}; "
+                         f"options: {', '.join(LoadSpec.model_fields)}")
+
+
+def expand(text: str, where: str) -> str:
+    """Environment variables and ~ in a path; an unset variable is an error, not an empty string."""
+    out = os.path.expanduser(os.path.expandvars(text))
+    left = _UNSET.search(out)
+    if left:
+        raise StudyError(f"{where}: {left.group(0)} is not set in the environment")
+    return out
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", ".", "~")) or model.endswith(".gguf")
+
+
+def resolve_model(model: str, where: str) -> str:
+    path = expand(model, where)
+    if _looks_like_path(path) and not Path(path).exists():
+        raise StudyError(f"{where}: {path} does not exist")
+    return path
+
+
+def read_study(path: str | Path) -> Study:
+    """The study file -> a validated Study (its load options checked like `quantkit load`'s)."""
+    p, label = Path(path), str(path)
+    if not p.is_file():
+        raise StudyError(f"{label}: no such study file")
+    raw = p.read_bytes()[: MAX_STUDY_BYTES + 1]
+    if len(raw) > MAX_STUDY_BYTES:
+        raise StudyError(f"{label}: not a study file (larger than 1 MiB)")
+    try:
+        data = yaml.load(raw.decode("utf-8-sig"), Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader)
+    except UnicodeDecodeError:
+        raise StudyError(f"{label}: not a study file (not UTF-8 text)") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise StudyError(f"{label}: not valid YAML{where}{': ' + problem if problem else ''}") from None
+    if not isinstance(data, dict):
+        raise StudyError(f"{label}: a study is a YAML mapping with server:, load: and levers:")
+    try:
+        study = Study.model_validate(data)
+    except ValidationError as exc:
+        raise StudyError(format_validation_error(label, exc)) from None
+    for i, lever in enumerate(study.levers):
+        try:
+            load_config(study, lever)
+        except StudyError as exc:  # the load options, checked as `quantkit load` checks them
+            raise StudyError(f"{label}: levers[{i}] ({lever.name}) load: {exc}") from None
+    if study.reference:
+        reference_shape(study)
+    return study
+
+
+def reference_shape(study: Study) -> str:
+    """The reference shape's path (variables expanded), checked to be a model config."""
+    from ..hardware import shape_config
+
+    shape = expand(study.reference.shape, "reference.shape")
+    try:
+        shape_config(shape)
+    except QuantkitError as exc:
+        raise StudyError(f"reference.shape: {exc}") from None
+    return shape
+
+
+def load_config(study: Study, lever: Lever, url: str = "http://127.0.0.1:1", model: str | None = None,
+                extra_body: dict | None = None):
+    """The `quantkit load` config of one lever (a placeholder URL when only validating)."""
+    opts = study.load_options(lever)
+    engine = opts.pop("engine") or server_kind(study.server.engine).load_engine
+    timeout, no_stop = opts.pop("timeout"), opts.pop("no_stop")
+    served = study.server.served_model or model or study.server.model
+    try:
+        return build_config(
+            url=url, model=served, engine=engine, timeout_s=timeout, stop_at_saturation=not no_stop,
+            label=lever.name, extra_body=extra_body or {}, **opts,
+        )
+    except QuantkitError as exc:
+        raise StudyError(str(exc)) from None

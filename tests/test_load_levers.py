@@ -1,0 +1,256 @@
+"""`quantkit levers`: study files validated at the edge, servers started and always stopped, the lever table.
+
+End to end with the scripted server (tests/load_fixtures/fake_server.py) as a `custom` engine whose
+levers are raw arguments (--slots), so the knee must move; real engines are checked by their commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from quantkit.cli import cli
+from quantkit.load.levers_report import lever_table, prefix_reference, render_table
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE = str(REPO / "tests" / "load_fixtures" / "fake_server.py")
+FIXTURES = REPO / "tests" / "load_fixtures"
+LOAD = {"concurrency": "1,2,4,8", "prompt_len": 16, "gen_len": 8, "step_seconds": 2, "max_requests": 12,
+        "slo": "ttft=150", "timeout": 20}
+
+
+def _fake_study(tmp_path: Path, levers=None, **server) -> Path:
+    study = {
+        "name": "fake-slots",
+        "server": {"engine": "custom", "model": "m", "ready_timeout_s": 60,
+                   "command": ["{python}", FAKE, "--port", "{port}", "--slots", "1"], **server},
+        "load": LOAD,
+        "levers": levers or [{"name": "one-slot"}, {"name": "four-slots", "args": ["--slots", "4"]}],
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def _levers(*args) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["levers", *map(str, args)])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie still answers kill(0): read its state
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "Z"
+    return state == "Z"
+
+
+def test_a_study_moves_the_knee_and_stops_its_servers(tmp_path):
+    out = tmp_path / "out"
+    code, stdout, stderr = _levers(_fake_study(tmp_path), "--out", out)
+    assert code == 0, stderr
+    study = json.loads((out / "study.json").read_text())
+    assert study["kind"] == "lever-study" and study["stopped"] == "done" and len(study["runs"]) == 2
+    base, four = study["table"]
+    assert base["knee_offered"] == 1 and four["knee_offered"] == 4 and four["knee_qps_ratio"] > 2.5
+    assert four["changes"] == "--slots 4" and four["degraded_first"] == "ttft" and four["goodput_qps"] > 0
+    for run in study["runs"]:
+        server = run["server"]
+        assert server["command"][0] == sys.executable and "--port" in server["command"]
+        assert _gone(server["pid"]) and server["exit_code"] is not None
+        assert json.loads((out / run["file"]).read_text())["server"]["command"] == server["command"]
+        assert (out / server["log"]).exists()
+    assert study["runs"][1]["server"]["command"][-2:] == ["--slots", "4"]
+    assert study["comparison"]["verdicts"] and "knee moved from" in study["comparison"]["verdicts"][0]
+    assert (out / "levers.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| four-slots | --slots 4 | concurrency=4 |" in (out / "levers.md").read_text()
+    assert "| one-slot | baseline |" in stdout
+    code, _, stderr = _levers(_fake_study(tmp_path), "--out", out)  # an earlier study is not replaced silently
+    assert code == 2 and "--force" in stderr
+
+
+def test_a_workload_lever_and_json_output(tmp_path):
+    levers = [{"name": "unique", "load": {"prompt_len": 48}},
+              {"name": "shared", "load": {"shared_prefix": 32, "prompt_len": 16}}]
+    study = _fake_study(tmp_path, levers=levers, command=["{python}", FAKE, "--port", "{port}", "--cache", "usage"])
+    result = CliRunner().invoke(cli, ["levers", str(study), "--out", str(tmp_path / "o"), "--json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    unique, shared = data["table"]
+    assert unique["changes"] == "load.prompt_len=48" and unique["first_cache_hit"] < 0.1
+    assert shared["first_cache_hit"] > 0.5
+    assert data["runs"][1]["config"]["workload"]["shared_prefix"] == 32
+
+
+def _count_line(stderr: str) -> int:
+    return len([line for line in stderr.splitlines() if line.startswith("error:")])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"server": {"engine": "tgi", "model": "m"}}, "unknown 'tgi'; choose one of"),
+    ({"levers": [{"name": "a"}, {"name": "b", "settings": {"n_parallel": 4}}]}, "has no lever 'n_parallel'"),
+    ({"levers": [{"name": "a"}, {"name": "b", "settings": {"cache": True, "n_threads": 1}}]}, "a lever changes one thing"),
+    ({"levers": [{"name": "a"}, {"name": "a", "settings": {"cache": True}}]}, "names must be unique"),
+    ({"levers": [{"name": "a"}, {"name": "b"}]}, "changes nothing against the baseline"),
+    ({"levers": [{"name": "../x"}]}, "levers[0].name: must be a plain name"),
+    ({"levers": []}, "levers"),
+    ({"levers": [{"name": "a"}, {"name": "b", "load": {"prompt_len": "9:3"}}]}, "levers[1] (b) load: --prompt-len"),
+    ({"levers": [{"name": "a"}, {"name": "b", "load": {"promptlen": 3}}]}, "unknown option(s) promptlen"),
+    ({"levers": [{"name": "a"}, {"name": "b", "load": {"gen_len": "many"}}]}, "levers[1].load.gen_len"),
+    ({"levers": [{"name": "a"}, {"name": "b", "args": ["--x"]}]}, "raw arguments are for custom engines"),
+    ({"load": {"shared_prefix": -4}}, "--shared-prefix"),
+    ({"surprise": 1}, "surprise: unknown key"),
+    ({"server": {"engine": "custom", "model": "m"}}, "a custom engine needs its command"),
+    ({"server": {"engine": "custom", "model": "m", "command": ["x"]}}, "must take {port}"),
+    ({"server": {"engine": "llama-cpp-python", "model": "${QK_SURELY_UNSET}"}}, "${QK_SURELY_UNSET} is not set"),
+    ({"server": {"engine": "llama-cpp-python", "model": "/nonexistent/m.gguf"}}, "/nonexistent/m.gguf does not exist"),
+])
+def test_bad_studies_are_one_line_and_exit_2(tmp_path, change, message):
+    study = {"name": "s", "server": {"engine": "llama-cpp-python", "model": "m"}, "load": {"concurrency": "1"},
+             "levers": [{"name": "base"}], **change}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(study))
+    code, _, stderr = _levers(path, "--out", tmp_path / "o")
+    assert code == 2 and _count_line(stderr) == 1 and message in stderr, stderr
+    assert not (tmp_path / "o").exists()  # refused before anything was started or written
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00binary", b"- a\n- list\n", b"key: [unclosed"])
+def test_files_that_are_not_studies(tmp_path, content):
+    path = tmp_path / "s.yaml"
+    path.write_bytes(content)
+    code, _, stderr = _levers(path)
+    assert code == 2 and _count_line(stderr) == 1
+    assert _levers(tmp_path / "missing.yaml")[0] == 2
+
+
+def test_dry_run_shows_the_exact_commands(tmp_path):
+    study = {"name": "s", "server": {"engine": "transformers-serve", "model": "/tmp", "settings": {"dtype": "float32"}},
+             "levers": [{"name": "no-cb"}, {"name": "cb", "settings": {"continuous_batching": True}}]}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(study))
+    result = CliRunner().invoke(cli, ["levers", str(path), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    no_cb, cb = json.loads(result.stdout)["levers"]
+    assert no_cb["command"][-2:] == ["--dtype", "float32"] and cb["command"][-1] == "--continuous-batching"
+    assert cb["load"]["engine"] == "transformers" and "{port}" in " ".join(cb["command"])
+    llama = {"name": "s", "server": {"engine": "llama-server", "model": "/tmp"},
+             "levers": [{"name": "on"}, {"name": "off", "settings": {"cache_prompt": False}},
+                        {"name": "np4", "settings": {"parallel": 4}}, {"name": "spec", "settings": {"model_draft": "/d.gguf"}}]}
+    path.write_text(yaml.safe_dump(llama))
+    plans = json.loads(CliRunner().invoke(cli, ["levers", str(path), "--dry-run", "--json"]).stdout)["levers"]
+    assert plans[1]["body_fields"] == {"cache_prompt": False} and plans[1]["load"]["extra_body"] == {"cache_prompt": False}
+    assert plans[2]["command"][-2:] == ["--parallel", "4"] and plans[3]["not_run_here"] == ["model_draft"]
+    assert "--engines" and "llama-server" in CliRunner().invoke(cli, ["levers", "--engines"]).stdout
+
+
+def test_a_server_that_fails_to_start_is_one_line_with_its_last_words(tmp_path):
+    crash = ["{python}", "-c", "import sys; print('loading...'); print('fatal: no such model', file=sys.stderr); sys.exit(3)",
+             "{port}"]
+    code, _, stderr = _levers(_fake_study(tmp_path, command=crash), "--out", tmp_path / "o")
+    assert code == 2 and _count_line(stderr) == 1
+    assert "exited with code 3" in stderr and "fatal: no such model" in stderr
+
+
+def test_a_server_that_never_gets_ready_is_stopped(tmp_path):
+    pid_file = tmp_path / "pid"
+    sleeper = ["{python}", "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)",
+               str(pid_file), "{port}"]
+    code, _, stderr = _levers(_fake_study(tmp_path, command=sleeper, ready_timeout_s=2), "--out", tmp_path / "o")
+    assert code == 2 and "not ready within 2 s" in stderr
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_a_warm_up_failure_names_the_lever(tmp_path):
+    failing = ["{python}", FAKE, "--port", "{port}", "--fail-every", "1"]
+    code, _, stderr = _levers(_fake_study(tmp_path, command=failing), "--out", tmp_path / "o")
+    assert code == 2 and "levers[0] (one-slot)" in stderr and "HTTP 500" in stderr
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_and_sigterm_stop_the_server_and_keep_the_runs(tmp_path, sig, code):
+    study = _fake_study(tmp_path)
+    data = yaml.safe_load(study.read_text())
+    data["load"].update(max_requests=None, step_seconds=30)  # a long first step, cut short
+    study.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-c", "from quantkit.cli import main; main()", "levers", str(study), "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for _ in range(50):
+            line = proc.stderr.readline()
+            if "warm-up ok" in line or not line:
+                break
+        assert "warm-up ok" in line, line
+        time.sleep(1.0)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, stderr
+    study_json = json.loads((out / "study.json").read_text())
+    assert study_json["stopped"] == ("interrupted" if sig == signal.SIGINT else "terminated")
+    run = study_json["runs"][0]
+    assert run["steps"][0]["partial"] and run["steps"][0]["completed"] > 0
+    assert _gone(run["server"]["pid"])
+
+
+def test_the_lever_table_on_stored_runs():
+    runs = [json.loads((FIXTURES / f"attribution_{name}.json").read_text()) for name in ("nocb", "cb")]
+    rows = lever_table(runs)
+    assert rows[0]["knee_qps_ratio"] == 1.0 and rows[1]["peak_qps_ratio"] == pytest.approx(1.33, abs=0.01)
+    assert rows[1]["goodput_qps"] == pytest.approx(0.69, abs=0.01) and rows[0]["degraded_first"] == "ttft"
+    assert rows[0]["first_ttft_p50_ms"] == pytest.approx(runs[0]["steps"][0]["ttft_ms"]["p50"])
+    text = render_table({"table": rows})
+    assert text.count("\n") == 4 and "| transformers serve (no CB) |" in text
+
+
+def test_prefix_reference_against_the_roofline(monkeypatch):
+    import quantkit.bench.probe as probe
+    from quantkit.hardware import Device, shape_config
+    from quantkit.roofline import Shape, prefill_flops
+
+    monkeypatch.setattr(probe, "cached_probe", lambda device: Device("test", 1e10, 1e11, "test"))
+
+    def run(label, prefix, suffix, ttft_ms):
+        return {"label": label, "config": {"workload": {"shared_prefix": prefix, "prompt_len": {"low": suffix}}},
+                "steps": [{"ttft_ms": {"p50": ttft_ms}}]}
+
+    ref = prefix_reference("smollm2-135m", [run("off", 0, 160, 100.0), run("on", 128, 32, 40.0)])
+    row, = ref["levers"]
+    shape = Shape.from_config(shape_config("smollm2-135m"))
+    expected = 1e3 * (prefill_flops(shape, 160) - prefill_flops(shape, 32)) / 1e11
+    assert row["roofline_prefix_prefill_ms"] == pytest.approx(expected)
+    assert row["saved_ms"] == pytest.approx(60.0) and row["saved_vs_roofline"] == pytest.approx(60.0 / expected)
+    assert row["ttft_ratio"] == pytest.approx(0.4) and 0.7 < row["prefix_share"] < 0.85
+
+
+@pytest.mark.parametrize("study", sorted((REPO / "recipes").glob("levers-*.yaml")), ids=lambda p: p.name)
+def test_the_shipped_studies_validate(study, tmp_path, monkeypatch):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "vocab_size": 100}))
+    for name in ("QK_DEMO_F16", "QK_DEMO_Q4_0", "QK_GGUF", "QK_DRAFT_GGUF"):
+        monkeypatch.setenv(name, str(gguf))
+    monkeypatch.setenv("QK_DEMO_MODEL", str(model))
+    monkeypatch.setenv("QK_HF_MODEL", "org/model")
+    result = CliRunner().invoke(cli, ["levers", str(study), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    plans = json.loads(result.stdout)["levers"]
+    assert len(plans) >= 2 and all("{port}" in " ".join(plan["command"]) for plan in plans)
