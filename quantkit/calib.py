@@ -194,4 +194,9 @@ def build(model_path: Path, tokenizer, spec_str: str, *, samples: int, seq_len: 
         if model is None:
             raise DataError("the 'self' calibration source needs the source model")
         return self_text(model, tokenizer, samples=samples, seq_len=seq_len, seed=seed, chat_template=chat_template, model_hash=model_hash)
+    if spec.kind == "mix":
+        from .calib_mix import build_mix
+
+        return build_mix(tokenizer, spec.set_name, samples=samples, seq_len=seq_len, seed=seed, region=region,
+                         chat_template=chat_template, model=model, model_hash=model_hash)
     return from_text(tokenizer, spec, samples=samples, seq_len=seq_len, seed=seed, region=region, chat_template=chat_template)

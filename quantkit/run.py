@@ -39,6 +39,10 @@ def _key(*parts) -> str:
 
 
 def _file_sha(spec: str | None) -> str | None:
+    if spec and spec.startswith("mix:"):  # the mix file and its parts' hashes (calib_mix.fingerprint)
+        from .calib_mix import fingerprint
+
+        return f"{spec}:{fingerprint(spec[4:])}"
     if spec and spec.startswith("file:"):
         p = Path(spec[5:]).expanduser()
         if p.is_file():

@@ -21,7 +21,7 @@ REGIONS = ("all", "first-half", "second-half")
 
 @dataclass(frozen=True)
 class TextSpec:
-    kind: str  # "file" | "hf" | "self"
+    kind: str  # "file" | "hf" | "self" | "mix" (calib_mix.py: several texts, set_name is the mix)
     path: str = ""
     dataset: str = ""
     config: str | None = None
@@ -34,6 +34,8 @@ class TextSpec:
             return f"file:{self.path}"
         if self.kind == "hf":
             return f"hf:{self.dataset}:{self.config + ':' if self.config else ''}{self.split}"
+        if self.kind == "mix":
+            return f"mix:{self.set_name}"
         return "self"
 
 
@@ -71,6 +73,11 @@ def parse_spec(spec: str) -> TextSpec:
     spec = spec.strip()
     if spec.startswith("set:") and len(spec) > 4:
         return _from_manifest(spec[4:])
+    if spec.startswith("mix:"):
+        from .calib_mix import load_mix
+
+        load_mix(spec[4:])  # an unknown or invalid mix is one line here, before anything loads
+        return TextSpec("mix", set_name=spec[4:])
     if spec == "self":
         return TextSpec("self")
     if spec.startswith("file:"):
@@ -85,7 +92,7 @@ def parse_spec(spec: str) -> TextSpec:
         if len(parts) == 3 and all(parts):
             return TextSpec("hf", dataset=parts[0], config=parts[1], split=parts[2])
         raise DataError(f"{spec}: expected hf:DATASET[:CONFIG]:SPLIT")
-    raise DataError(f"{spec}: unknown text source; use file:PATH, hf:DATASET[:CONFIG]:SPLIT, set:NAME or self")
+    raise DataError(f"{spec}: unknown text source; use file:PATH, hf:DATASET[:CONFIG]:SPLIT, set:NAME, mix:NAME or self")
 
 
 @dataclass

@@ -25,6 +25,13 @@ def check_same_vocab(model_path: Path, base_path: Path, tok_model, tok_base) -> 
 SELF_SEED = 1234  # the seed of `--text self` windows
 
 
+def _texts_of(record) -> list:
+    """A record itself, or each part of a calibration mix's record (calib_mix.py, gqa/mixed.py)."""
+    if isinstance(record, dict) and isinstance(record.get("parts"), list):
+        return [p for p in record["parts"] if isinstance(p, dict)]
+    return [record]
+
+
 def fitted_texts(meta: dict) -> list[dict]:
     """Every text an artifact was fitted on, from its quantkit.json: the calibration windows (used
     by GPTQ/AWQ/SmoothQuant and the GQA merge) and GQA recovery's training and held-out windows.
@@ -33,12 +40,12 @@ def fitted_texts(meta: dict) -> list[dict]:
     step that fits on text records its windows in quantkit.json and is listed here."""
     out = []
     cal = meta.get("calibration")
-    for c in cal if isinstance(cal, list) else [cal]:
+    for c in (part for r in (cal if isinstance(cal, list) else [cal]) for part in _texts_of(r)):
         if isinstance(c, dict):
             out.append({"what": "calibration", "source": c.get("source"), "sha256": c.get("sha256"), "seq_len": c.get("seq_len"),
                         "starts": c.get("window_starts") or [], "seed": c.get("seed")})
     rec = ((meta.get("gqa") or {}).get("recover") or {}).get("windows")
-    if isinstance(rec, dict):
+    for rec in _texts_of(rec) if isinstance(rec, dict) else []:
         for key, what in (("train_starts", "GQA recovery training"), ("heldout_starts", "GQA recovery held-out")):
             out.append({"what": what, "source": rec.get("source"), "sha256": rec.get("sha256"), "seq_len": rec.get("seq_len"),
                         "starts": rec.get(key) or [], "seed": None})

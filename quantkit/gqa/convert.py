@@ -103,6 +103,10 @@ def preflight_recovery_text(tok, spec: str | None, cfg, calibration, key: str) -
     if spec is None:  # reported by the calibration step: no source at all
         return
     need = cfg.heldout_windows + cfg.batch_size
+    if parse_spec(spec).kind == "mix":
+        from .mixed import preflight_mix_recovery
+
+        return preflight_mix_recovery(tok, parse_spec(spec).set_name, cfg, key)
     if parse_spec(spec).kind == "self":
         have = calibration.samples * (calibration.seq_len // cfg.seq_len)
         if have < need:
@@ -114,7 +118,7 @@ def preflight_recovery_text(tok, spec: str | None, cfg, calibration, key: str) -
         raise _too_short(key, tokens, windows, cfg)
 
 
-def recovery_windows(tok, spec: str | None, cfg, calib_set, key: str) -> Windows:
+def recovery_windows(tok, spec: str | None, cfg, calib_set, key: str, *, model=None, model_hash: str = "", seed: int = 0) -> Windows:
     """Training and held-out windows of `cfg.seq_len` tokens from the second half of the text.
 
     Evaluation reads the first half, so neither set overlaps it; the held-out windows also avoid
@@ -122,6 +126,10 @@ def recovery_windows(tok, spec: str | None, cfg, calib_set, key: str) -> Windows
     """
     from ..text import parse_spec, read_text, region_windows, tokenize_stream
 
+    if spec is not None and parse_spec(spec).kind == "mix":  # every part's second half, by weight (gqa/mixed.py)
+        from .mixed import mix_recovery_windows
+
+        return mix_recovery_windows(tok, parse_spec(spec).set_name, cfg, calib_set, key, model=model, model_hash=model_hash, seed=seed)
     if spec is None or parse_spec(spec).kind == "self":
         pieces = [s[:, i : i + cfg.seq_len] for s in (calib_set.samples if calib_set else []) for i in range(0, s.shape[1] - cfg.seq_len + 1, cfg.seq_len)]
         if len(pieces) < cfg.heldout_windows + cfg.batch_size:
@@ -159,7 +167,8 @@ def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec
     layout = layout_for(cfg.model_type, key)
     n_heads, n_kv, head_dim = head_counts(cfg.to_dict())
     layers = len(attention_modules(model, layout))
-    windows = recovery_windows(tok, calib_spec, gqa.recover, calib_set, key) if gqa.recover else None
+    windows = recovery_windows(tok, calib_spec, gqa.recover, calib_set, key, model=model, model_hash=src_hash,
+                               seed=calibration.seed if calibration is not None else 0) if gqa.recover else None
     teacher = cast_model(copy.deepcopy(model), torch.bfloat16).eval() if gqa.recover else None
     t0 = time.perf_counter()
     sigmas = values = None

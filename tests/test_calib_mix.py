@@ -1,0 +1,262 @@
+"""Calibration mixes (`mix:NAME`): allocation math, the mix file's validation, the shipped texts,
+conversions that record every part, GQA recovery drawing from every part, the eval guard."""
+
+import hashlib
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quantkit.calib_mix import allocate, load_mix
+from quantkit.errors import DataError
+from quantkit.gqa.mixed import heldout_counts, interleave
+from quantkit.text import parse_spec, read_text
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["--set", "calibration.samples=12", "--set", "calibration.seq_len=32"]
+
+
+# ---------------------------------------------------------------- pure math
+
+
+def test_allocate_by_weight_with_largest_remainder():
+    assert allocate([0.4, 0.2, 0.2, 0.2], 128) == [51, 26, 26, 25]
+    assert allocate([1, 1, 1], 2) == [1, 1, 0]  # ties go to the earlier part
+    assert allocate([3, 1], 0) == [0, 0]
+
+
+def test_allocate_caps_a_part_and_gives_the_rest_to_the_others():
+    assert allocate([0.4, 0.2, 0.2, 0.2], 128, [500, 10, 60, 5]) == [75, 10, 38, 5]
+    assert allocate([0.5, 0.5], 10, [0, None]) == [0, 10]
+    assert allocate([1, 2, 3], 1000, [1, 2, 3]) == [1, 2, 3]  # every part full: the sum falls short
+
+
+def test_allocate_invariants_on_random_inputs():
+    rng = random.Random(0)
+    for _ in range(500):
+        n = rng.randint(1, 6)
+        weights = [rng.choice([0.05, 0.1, 0.25, 1, 3.3]) for _ in range(n)]
+        cap = [rng.choice([None, 0, 1, 5, 40]) for _ in range(n)]
+        total = rng.randint(0, 120)
+        got = allocate(weights, total, cap)
+        room = sum(c if c is not None else total for c in cap)
+        assert sum(got) == min(total, room)
+        assert all(g >= 0 and (c is None or g <= c) for g, c in zip(got, cap))
+        free = allocate(weights, total)
+        assert sum(free) == total and all(abs(f - total * w / sum(weights)) < 1 for f, w in zip(free, weights))
+
+
+def test_interleave_spreads_every_part_evenly():
+    counts = [410, 205, 205, 204]
+    order = interleave(counts)
+    assert [order.count(i) for i in range(4)] == counts
+    for start in range(0, len(order) - 20, 7):  # every 20 consecutive slots hold each part near its share
+        window = order[start : start + 20]
+        for i, c in enumerate(counts):
+            assert abs(window.count(i) - 20 * c / sum(counts)) <= 2
+    assert interleave([0, 3]) == [1, 1, 1] and interleave([]) == []
+
+
+def test_heldout_counts_give_every_part_one():
+    assert heldout_counts([0.4, 0.2, 0.2, 0.2], 8) == [3, 2, 2, 1]
+    assert heldout_counts([0.4, 0.2, 0.2, 0.2], 2) == [1, 1, 1, 1]
+
+
+# ---------------------------------------------------------------- the mix file
+
+
+def _mix_dir(tmp_path, monkeypatch, parts: list[dict], name="test") -> Path:
+    root = tmp_path / "calib_data"
+    (root / "mix").mkdir(parents=True, exist_ok=True)
+    (root / "mix" / f"{name}.yaml").write_text(yaml.safe_dump({"description": "test mix", "parts": parts}))
+    monkeypatch.setenv("QUANTKIT_CALIB_DATA", str(root))
+    return root
+
+
+@pytest.mark.parametrize("parts,message", [
+    ([{"name": "a", "weight": 1}], "exactly one of: source, chat"),
+    ([{"name": "a", "weight": 0, "source": "file:x.txt"}], "parts[0].weight"),
+    ([{"name": "a", "weight": 1, "source": "self"}], "source must be set:NAME or file:PATH"),
+    ([{"name": "a", "weight": 1, "source": "mix:other"}], "source must be set:NAME or file:PATH"),
+    ([{"name": "a", "weight": 1, "source": "file:x", "colour": "red"}], "parts[0].colour"),
+    ([{"name": "a", "weight": 1, "source": "file:x"}, {"name": "a", "weight": 1, "source": "file:y"}], "names must be unique"),
+    ([{"name": "a", "weight": 1, "chat": {"prompts": "p.txt", "top_p": 2}}], "parts[0].chat.top_p"),
+    ([], "parts"),
+])
+def test_bad_mix_files_are_one_line(tmp_path, monkeypatch, parts, message):
+    _mix_dir(tmp_path, monkeypatch, parts)
+    with pytest.raises(DataError, match="test.yaml") as err:
+        parse_spec("mix:test")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_mix_lists_the_known_ones_and_invalid_yaml(tmp_path, monkeypatch):
+    root = _mix_dir(tmp_path, monkeypatch, [{"name": "a", "weight": 1, "source": "file:x"}])
+    with pytest.raises(DataError, match=r"mix:nope: no mix nope.yaml .*known: test"):
+        parse_spec("mix:nope")
+    (root / "mix" / "broken.yaml").write_text("parts: [unclosed\n")
+    with pytest.raises(DataError, match="not valid YAML"):
+        parse_spec("mix:broken")
+    for bad in ("mix:", "mix:../x"):
+        with pytest.raises(DataError):
+            parse_spec(bad)
+
+
+def test_a_mix_is_not_an_evaluation_text():
+    assert str(parse_spec("mix:default")) == "mix:default"
+    with pytest.raises(DataError, match="not one text; use one of its parts"):
+        read_text(parse_spec("mix:default"))
+
+
+# ---------------------------------------------------------------- what calib_data ships
+
+
+def test_shipped_texts_match_their_manifests_and_name_a_license():
+    for name in ("python-stdlib-code", "python-reference", "legal-licenses"):
+        manifest = yaml.safe_load((REPO / "calib_data" / f"{name}.yaml").read_text())
+        data = (REPO / "calib_data" / "text" / f"{name}.txt").read_bytes()
+        assert hashlib.sha256(data).hexdigest() == manifest["sha256"] and len(data) == manifest["bytes"]
+        assert manifest["license"] and manifest["domain"]
+        assert "bad_characters" not in read_text(parse_spec(f"set:{name}")).provenance
+    assert (REPO / "calib_data" / "text" / "LICENSE-PSF.txt").read_text().count("PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2") == 1
+    total = sum(p.stat().st_size for p in (REPO / "calib_data").rglob("*") if p.is_file())
+    assert total < 1_000_000  # the repository stays small
+
+
+def test_the_default_mix_spans_domains_and_never_reads_the_evaluation_only_text():
+    mix = load_mix("default")
+    domains = {p.domain for p in mix.parts}
+    assert {"encyclopedic", "code", "technical prose", "chat"} <= domains
+    assert all(p.license for p in mix.parts)
+    assert "set:legal-licenses" not in {p.source for p in mix.parts}
+    assert [p.name for p in mix.parts if p.optional] == ["encyclopedic"]  # only the text that is not shipped
+
+
+@pytest.mark.skipif(sys.version.split()[0] != "3.11.7" or not Path("/usr/share/common-licenses/GPL-3").is_file(),
+                    reason="the shipped texts were cut from CPython 3.11.7 and Debian's common-licenses")
+def test_build_script_reproduces_the_shipped_texts():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import build_calib_mix
+
+    assert build_calib_mix.main(["--check"]) == 0
+
+
+# ---------------------------------------------------------------- conversions
+
+
+def _parts(tmp_path, tiny_text, *, wiki_optional_missing=False) -> list[dict]:
+    words = tiny_text.read_text()
+    (tmp_path / "a.txt").write_text(words[: len(words) // 2])
+    (tmp_path / "b.txt").write_text("def f(x):\n    return x + 1\n" * 800)
+    (tmp_path / "calib_data").mkdir(exist_ok=True)
+    (tmp_path / "calib_data" / "prompts.txt").write_text("# a comment\nSay something.\nTell me about caches.\n")
+    parts = [
+        {"name": "prose", "domain": "prose", "weight": 0.5, "source": f"file:{tmp_path / 'a.txt'}", "license": "test"},
+        {"name": "code", "domain": "code", "weight": 0.25, "source": f"file:{tmp_path / 'b.txt'}", "license": "test"},
+        {"name": "chat", "domain": "chat", "weight": 0.25, "license": "generated",
+         "chat": {"prompts": "prompts.txt", "repeats": 8, "max_new_tokens": 48}},
+    ]
+    if wiki_optional_missing:
+        parts.insert(0, {"name": "wiki", "domain": "encyclopedic", "weight": 1.0, "source": f"file:{tmp_path / 'absent.txt'}",
+                         "optional": True})
+    return parts
+
+
+def _convert(cli, recipe, model, out, spec, *extra):
+    return cli("convert", str(REPO / "recipes" / recipe), "--model", str(model), "--out", str(out), "--calib", spec, *extra, "--json")
+
+
+def test_convert_records_every_part(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
+    _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text, wiki_optional_missing=True))
+    code, _, err, data = _convert(cli, "int4-w4a16-gptq-g64.yaml", tiny_llama, tmp_path / "q", "mix:test", *SMALL)
+    assert code == 0, err
+    cal = data["calibration"]
+    assert cal["source"] == "mix:test" and cal["kind"] == "mix" and cal["samples"] == 12
+    assert len(cal["mix"]["sha256"]) == 64
+    parts = {p["name"]: p for p in cal["parts"]}
+    assert set(parts) == {"prose", "code", "chat"} and [p["name"] for p in cal["left_out"]] == ["wiki"]
+    assert "not found" in cal["left_out"][0]["reason"] and "left out" in err
+    assert [parts[n]["samples"] for n in ("prose", "code", "chat")] == [6, 3, 3]  # 0.5 / 0.25 / 0.25 of 12
+    assert parts["code"]["sha256"] == hashlib.sha256((tmp_path / "b.txt").read_bytes()).hexdigest()
+    for p in parts.values():
+        assert len(p["window_starts"]) == p["samples"] and all(s >= p["stream_tokens"] // 2 for s in p["window_starts"])
+        assert p["license"] and p["region"] == "second-half"
+    assert parts["chat"]["source"] == "generated" and parts["chat"]["conversations"] == 16
+    assert cal["domains"] == {"prose": 6, "code": 3, "chat": 3}
+    # the artifact's recipe says what was asked; its card names the mix
+    assert data["recipe"]["calibration"]["source"] == "mix:test"
+
+
+def test_the_chat_part_is_generated_once(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
+    _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
+    code, _, err, first = _convert(cli, "int4-w4a16-gptq-g64.yaml", tiny_llama, tmp_path / "a", "mix:test", *SMALL)
+    assert code == 0, err
+    import quantkit.calib_chat as cc
+
+    monkeypatch.setattr(cc, "_replies", lambda *a, **k: pytest.fail("generated again"))
+    code, _, err, second = _convert(cli, "int4-w4a16-gptq-g64.yaml", tiny_llama, tmp_path / "b", "mix:test", *SMALL)
+    assert code == 0, err
+    assert first["calibration"]["parts"] == second["calibration"]["parts"]
+
+
+def test_a_missing_part_stops_before_the_model_loads(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
+    parts = _parts(tmp_path, tiny_text)
+    parts[1]["source"] = f"file:{tmp_path / 'gone.txt'}"
+    _mix_dir(tmp_path, monkeypatch, parts)
+    import quantkit.convert as qc
+
+    monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
+    code, _, err, _ = _convert(cli, "gqa.yaml", tiny_llama, tmp_path / "a", "mix:test", *SMALL)
+    assert code == 2 and "gone.txt: no such text file" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "a").exists()
+
+
+def test_gqa_recovery_draws_from_every_part(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
+    _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
+    rec = "{tokens: 2048, max_minutes: 5, seq_len: 32, batch_size: 4, eval_every: 4, heldout_windows: 4}"
+    out = tmp_path / "g"
+    code, _, err, data = _convert(cli, "gqa.yaml", tiny_llama, out, "mix:test", *SMALL, "--set", f"steps[0].gqa.recover={rec}")
+    assert code == 0, err
+    w = data["gqa"]["recover"]["windows"]
+    assert w["source"] == "mix:test" and w["train"] == 2048 // 32 and w["heldout"] == 4 and "slots" not in w
+    parts = {p["name"]: p for p in w["parts"]}
+    assert [len(parts[n]["heldout_starts"]) for n in ("prose", "code", "chat")] == [2, 1, 1]
+    used = sum(p["train_used"] for p in parts.values())
+    assert used == w["train_used"] == data["gqa"]["recover"]["steps"] * 4
+    assert parts["prose"]["train_used"] == pytest.approx(used / 2, abs=2)  # the weights hold in the visited prefix
+    calib = {p["name"]: p for p in data["calibration"]["parts"]}
+    for name, p in parts.items():
+        half = p["stream_tokens"] // 2
+        assert all(s >= half for s in p["train_starts"] + p["heldout_starts"])
+        assert not set(p["train_starts"]) & set(p["heldout_starts"])
+        cal = [(s, s + calib[name]["seq_len"]) for s in calib[name]["window_starts"]]
+        assert not any(a < e and s < a + 32 for a in p["heldout_starts"] for s, e in cal)  # held out from the merge's windows too
+        assert p["sha256"] == calib[name]["sha256"]
+
+
+def test_eval_refuses_windows_a_mix_part_was_fitted_on(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
+    _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
+    out = tmp_path / "q"
+    code, _, err, _ = _convert(cli, "int4-w4a16-gptq-g64.yaml", tiny_llama, out, "mix:test", *SMALL)
+    assert code == 0, err
+    args = ["eval", str(out), "--baseline", str(tiny_llama), "--text", f"file:{tmp_path / 'b.txt'}", "--seq-len", "32", "--max-tokens", "100000"]
+    code, _, err, _ = cli(*args, "--region", "second-half")
+    assert code == 2 and "overlap the calibration" in err
+    code, _, err, ev = cli(*args, "--region", "first-half", "--json")
+    assert code == 0, err
+    assert any(r["source"] == f"file:{tmp_path / 'b.txt'}" for r in ev["overlap_check"]["fitted_texts"])
+
+
+def test_run_key_follows_the_mix(tmp_path, monkeypatch, tiny_text):
+    from quantkit.calib_mix import fingerprint
+
+    root = _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
+    before = fingerprint("test")
+    assert fingerprint("test") == before
+    data = yaml.safe_load((root / "mix" / "test.yaml").read_text())
+    data["parts"][0]["weight"] = 0.6
+    (root / "mix" / "test.yaml").write_text(yaml.safe_dump(data))
+    assert fingerprint("test") != before
