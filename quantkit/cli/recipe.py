@@ -32,7 +32,7 @@ def recipe_group() -> None:
 def validate(files: tuple[str, ...], overrides: tuple[str, ...], include_dirs: tuple[str, ...], as_json: bool) -> None:
     """Validate recipe files; each error names the file and the key path. Exit 2 if any fails."""
     from ..errors import QuantkitError
-    from ..recipe_files import load_recipe
+    from ..recipe import load_recipe
 
     results, errors = [], []
     for f in files:
@@ -62,7 +62,7 @@ def validate(files: tuple[str, ...], overrides: tuple[str, ...], include_dirs: t
 def list_(directory: str, as_json: bool) -> None:
     """Name and one-line description of each recipe in a directory."""
     from ..errors import RecipeError
-    from ..recipe_files import load_raw
+    from ..recipe import load_raw
 
     rows = []
     for path in sorted(Path(directory).glob("*.y*ml")):
@@ -88,7 +88,7 @@ def list_(directory: str, as_json: bool) -> None:
 @include_option
 def show(file: str, overrides: tuple[str, ...], include_dirs: tuple[str, ...]) -> None:
     """Print the recipe as resolved (defaults filled in, overrides applied) as JSON."""
-    from ..recipe_files import load_recipe
+    from ..recipe import load_recipe
 
     echo_json(load_recipe(file, overrides, include_dirs).to_dict())
 
