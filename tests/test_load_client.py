@@ -47,7 +47,7 @@ def test_build_config_rejects_bad_combinations():
     assert build_config(concurrency=None, rate="0.5,1", **common).mode == "rate"
     with pytest.raises(LoadError, match="not both"):
         build_config(concurrency="1", rate="1", **common)
-    with pytest.raises(LoadError, match="--engine: unknown 'tgi'; choose one of llamacpp, openai"):
+    with pytest.raises(LoadError, match="--engine: unknown 'tgi'; choose one of llama-cpp-python, llamacpp, openai"):
         build_config(concurrency="1", rate=None, **{**common, "engine": "tgi"})
     with pytest.raises(LoadError, match="--max-requests must be positive"):
         build_config(concurrency="1", rate=None, **{**common, "max_requests": 0})

@@ -203,3 +203,20 @@ def test_context_len_overrides_and_bad_flags():
             assert code == 2 and output.count("\n") == 1 and text in output, output
     finally:
         server.stop()
+
+
+def test_session_header_names_conversations_and_headers_stay_out_of_the_json():
+    server = FakeOpenAI(**FAST).start()
+    try:
+        code, run, output = _load(server, "--concurrency", "2", "--api", "chat", "--turns", "2", "--prompt-len", "8",
+                                  "--session-header", "x-session-id", "--header", "Authorization: Bearer s3cret")
+        bad = [_load(server, "--header", "no colon")[0], _load(server, "--session-header", "bad name")[0]]
+    finally:
+        server.stop()
+    assert code == 0, output
+    seen = server.headers_seen[1:13]  # the staircase's requests
+    assert all(h["Authorization"] == "Bearer s3cret" for h in seen)
+    sessions = [h["x-session-id"] for h in seen]
+    assert len(set(sessions)) == 6 and all(sessions.count(s) == 2 for s in sessions)  # 2 turns per conversation
+    assert "s3cret" not in json.dumps(run) and run["config"]["headers"] == {"Authorization": "<not recorded>"}
+    assert bad == [2, 2]

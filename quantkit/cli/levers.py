@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ._common import console, echo_json, json_option
+from ._common import echo_json, json_option
 
 
 def _engines_text() -> str:
@@ -114,9 +114,8 @@ def levers_cmd(study_file, out, force, dry_run, engines, as_json) -> None:
         return
     from ..load.levers_report import render_table
 
-    screen = console(stderr=False)
-    screen.print(render_table(result), highlight=False, markup=False)
-    screen.print(f"runs, server logs, study.json, levers.md, levers.png: {out_dir}", highlight=False)
+    click.echo(render_table(result))  # markdown, one row per line (not wrapped to the terminal)
+    click.echo(f"runs, server logs, study.json, levers.md, levers.png: {out_dir}")
 
 
 COMMANDS = [levers_cmd]

@@ -71,6 +71,12 @@ def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> Non
               help="Start every prompt with the same N-token prefix (a system prompt), before its unique part.")
 @click.option("--turns", default=1, show_default=True, metavar="K",
               help="K-turn conversations (--api chat): each request resends the conversation so far plus a new turn.")
+@click.option("--header", "headers", multiple=True, metavar="'NAME: VALUE'",
+              help="Send this header with every request (repeatable), e.g. a gateway's 'Authorization: Bearer KEY'; "
+                   "values are not recorded in the run JSON.")
+@click.option("--session-header", metavar="NAME",
+              help="Name each request's conversation in this header (e.g. x-session-id), for routers with "
+                   "session affinity (vLLM production stack: --routing-logic session --session-key NAME).")
 @click.option("--context-len", type=int, metavar="TOKENS",
               help="The server's context length, to check the workload against [default: asked from the server].")
 @click.option("--gen-len", default=64, show_default=True,

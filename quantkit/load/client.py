@@ -69,7 +69,7 @@ def make_http(cfg: LoadConfig) -> aiohttp.ClientSession:
     # environment (trust_env=False): a proxy between client and server would be measured as the server.
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False, headers=cfg.headers)
 
 
 async def _head(response: aiohttp.ClientResponse) -> str:
@@ -121,8 +121,9 @@ def _line(line: bytes, api: str, rec: RequestRecord, now: float, parts: list | N
         parts.append(text)
 
 
-async def _stream(http: aiohttp.ClientSession, cfg: LoadConfig, body: dict, rec: RequestRecord, keep_text: bool) -> None:
-    async with http.post(cfg.url + APIS[cfg.api], json=body, allow_redirects=False) as response:
+async def _stream(http: aiohttp.ClientSession, cfg: LoadConfig, body: dict, rec: RequestRecord, keep_text: bool,
+                  headers: dict | None) -> None:
+    async with http.post(cfg.url + APIS[cfg.api], json=body, allow_redirects=False, headers=headers) as response:
         rec.status = response.status
         if response.status >= 400:
             rec.error = "http_4xx" if response.status < 500 else "http_5xx"
@@ -147,12 +148,13 @@ async def stream_request(
     rec: RequestRecord,
     max_tokens: int | None = None,
     keep_text: bool = False,
+    headers: dict | None = None,
 ) -> RequestRecord:
     """Send one streaming request and fill `rec`; every failure becomes a counted error kind."""
     body = build_body(cfg, messages, max_tokens)
     rec.t_send = time.perf_counter()
     try:
-        await asyncio.wait_for(_stream(http, cfg, body, rec, keep_text), cfg.timeout_s)
+        await asyncio.wait_for(_stream(http, cfg, body, rec, keep_text, headers), cfg.timeout_s)
     except TimeoutError:  # asyncio's, and aiohttp's socket timeouts (subclasses of it)
         rec.error, rec.detail = "timeout", f"no complete answer within {cfg.timeout_s:g} s"
     except MalformedChunk as exc:

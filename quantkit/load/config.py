@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
@@ -83,10 +84,13 @@ class LoadConfig:
     label: str | None = None
     extra_body: dict = field(default_factory=dict)  # fields added to every request body (lever studies)
     context_len: int | None = None  # the server's context in tokens, when given (else asked from it)
+    headers: dict = field(default_factory=dict)  # sent with every request (a gateway's API key)
+    session_header: str | None = None  # a header naming each request's conversation (session affinity)
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["workload"] = self.workload.to_dict()
+        data["headers"] = {name: "<not recorded>" for name in self.headers}  # keys stay out of run files
         return data
 
 
@@ -139,6 +143,26 @@ def parse_slo(spec: str | None) -> Slo:
     return Slo(ttft_ms=found.get("ttft"), tpot_ms=found.get("tpot"))
 
 
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110, 5.6.2)
+
+
+def parse_headers(specs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """`("Authorization: Bearer X",)` -> {"Authorization": "Bearer X"}."""
+    headers = {}
+    for spec in specs:
+        name, sep, value = spec.partition(":")
+        if not sep or not _HEADER_NAME.match(name.strip()) or "\n" in value or "\r" in value:
+            raise LoadError(f"--header: expected 'Name: value', got {spec!r}")
+        headers[name.strip()] = value.strip()
+    return headers
+
+
+def _session_header(name: str | None) -> str | None:
+    if name is not None and not _HEADER_NAME.match(name):
+        raise LoadError(f"--session-header: {name!r} is not a header name")
+    return name
+
+
 def check_choice(value: str, registry: dict, option: str) -> str:
     if value not in registry:
         raise LoadError(f"{option}: unknown {value!r}; choose one of {', '.join(sorted(registry))}")
@@ -163,6 +187,8 @@ def build_config(
     shared_prefix: int = 0,
     turns: int = 1,
     context_len: int | None = None,
+    headers: tuple[str, ...] = (),
+    session_header: str | None = None,
     **rest,
 ) -> LoadConfig:
     """The CLI's raw values -> a LoadConfig, or one LoadError naming the offending option."""
@@ -190,6 +216,8 @@ def build_config(
         workload=build_workload(prompt_len, shared_prefix, turns, api),
         gen_len=gen_len,
         context_len=context_len,
+        headers=parse_headers(headers),
+        session_header=_session_header(session_header),
         step_seconds=step_seconds,
         max_requests=max_requests,
         timeout_s=timeout_s,

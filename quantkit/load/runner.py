@@ -110,7 +110,9 @@ async def _send(http: aiohttp.ClientSession, cfg: LoadConfig, source: RequestSou
     rec = RequestRecord(t_send=time.perf_counter(), t_scheduled=t_scheduled, conversation=turn.conversation.index,
                         turn=turn.turn, prompt_words=turn.words)
     sink.append(rec)
-    await stream_request(http, cfg, turn.messages, rec, keep_text=source.keep_text)
+    # session affinity: a router that pins a session to a replica keeps its prefix cache warm
+    headers = {cfg.session_header: f"{cfg.seed}-{turn.conversation.index}"} if cfg.session_header else None
+    await stream_request(http, cfg, turn.messages, rec, keep_text=source.keep_text, headers=headers)
     source.answered(turn, rec.ok, rec.text)
     rec.text = None
     state.note(rec)

@@ -74,6 +74,7 @@ class LoadSpec(_Strict):
     no_stop: bool = False
     seed: int = 0
     context_len: int | None = None
+    session_header: str | None = None
 
 
 class Lever(_Strict):

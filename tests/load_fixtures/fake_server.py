@@ -35,6 +35,7 @@ class FakeOpenAI(ThreadingHTTPServer):
         self.context, self.context_at, self.cache, self.done = context, context_at, cache, done
         self.counter = itertools.count(1)
         self.bodies: list[dict] = []
+        self.headers_seen: list[dict] = []
         self.seen_prompts: list[str] = []  # for `cache`: the longest earlier prompt sharing a prefix
 
     @property
@@ -78,6 +79,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.bodies.append(body)
+        self.server.headers_seen.append(dict(self.headers))
         n = next(self.server.counter)
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             return self._reply(404, {"detail": "Not Found"})
