@@ -17,7 +17,7 @@ from pathlib import Path
 from .errors import DataError
 from .home import subdir
 
-BATCH = 32
+BATCH = 64
 
 
 def read_prompts(path: Path) -> list[str]:

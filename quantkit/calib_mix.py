@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import DataError
@@ -45,6 +47,9 @@ class MixPart(_Strict):
     source: str | None = None
     chat: ChatPart | None = None
     optional: bool = False
+    # None: the recipe's calibration.region (evaluation reads the other half). Generated text is
+    # read by no evaluation, so the chat part may use all of its windows.
+    region: Literal["all", "first-half", "second-half"] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> "MixPart":
@@ -194,14 +199,14 @@ def build_mix(tokenizer, name: str, *, samples: int, seq_len: int, seed: int, re
     mix = load_mix(name)
     parts, left_out = streams(mix, tokenizer, model=model, model_hash=model_hash, seed=seed)
     weights = [s.part.weight for s in parts]
-    capacity = [len(region_windows(len(s.tokens), seq_len, region)) for s in parts]
+    capacity = [len(region_windows(len(s.tokens), seq_len, s.part.region or region)) for s in parts]
     asked, counts = allocate(weights, samples), allocate(weights, samples, capacity)
     batch, records = [], []
     for s, want, n in zip(parts, asked, counts):
-        got, starts = _text_windows(tokenizer, s, n, seq_len, seed, region, chat_template)
+        got, starts = _text_windows(tokenizer, s, n, seq_len, seed, s.part.region or region, chat_template)
         batch += got
         records.append({"name": s.part.name, "domain": s.part.domain, "license": s.part.license, "weight": s.part.weight,
-                        "share": round(s.part.weight / sum(weights), 4), **s.provenance, "region": region, "seq_len": seq_len,
+                        "share": round(s.part.weight / sum(weights), 4), **s.provenance, "region": s.part.region or region, "seq_len": seq_len,
                         "stream_tokens": len(s.tokens), "requested_samples": want, "samples": len(got), "window_starts": starts})
     if not batch:
         raise DataError(f"mix:{name}: no part holds one {seq_len}-token window in region {region}")

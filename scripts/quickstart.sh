@@ -11,8 +11,15 @@ Q=.venv/bin/quantkit
 "$Q" models pull demo
 
 # Real text if the workstation has it (calibrate on the second half, evaluate on the first);
-# otherwise the model writes its own (data-free "self" text).
+# otherwise the texts calib_data/ ships: calibrate on mix:default (code, technical prose and the
+# model's own chat replies; its WikiText part is left out) and evaluate on the held-out first half
+# of the Python Language Reference (set:python-reference; the mix reads only its second half).
 TEXT=${QUANTKIT_TEXT:-../shared/data/wikitext2-valid.txt}
-if [ -f "$TEXT" ]; then SPEC="file:$TEXT"; else SPEC=self; echo "note: $TEXT not found; using self-generated text"; fi
+if [ -f "$TEXT" ]; then
+  CALIB="file:$TEXT"; EVAL="file:$TEXT"
+else
+  CALIB=mix:default; EVAL=set:python-reference
+  echo "note: $TEXT not found; calibrating on the shipped mix ($CALIB) and evaluating on held-out shipped text ($EVAL)"
+fi
 
-"$Q" run recipes/demo.yaml --model demo --calib "$SPEC" --eval-text "$SPEC" --out runs/demo "$@"
+"$Q" run recipes/demo.yaml --model demo --calib "$CALIB" --eval-text "$EVAL" --out runs/demo "$@"

@@ -156,7 +156,7 @@ def _parts(tmp_path, tiny_text, *, wiki_optional_missing=False) -> list[dict]:
     parts = [
         {"name": "prose", "domain": "prose", "weight": 0.5, "source": f"file:{tmp_path / 'a.txt'}", "license": "test"},
         {"name": "code", "domain": "code", "weight": 0.25, "source": f"file:{tmp_path / 'b.txt'}", "license": "test"},
-        {"name": "chat", "domain": "chat", "weight": 0.25, "license": "generated",
+        {"name": "chat", "domain": "chat", "weight": 0.25, "license": "generated", "region": "all",
          "chat": {"prompts": "prompts.txt", "repeats": 8, "max_new_tokens": 48}},
     ]
     if wiki_optional_missing:
@@ -182,12 +182,15 @@ def test_convert_records_every_part(cli, tiny_llama, tiny_text, tmp_path, monkey
     assert [parts[n]["samples"] for n in ("prose", "code", "chat")] == [6, 3, 3]  # 0.5 / 0.25 / 0.25 of 12
     assert parts["code"]["sha256"] == hashlib.sha256((tmp_path / "b.txt").read_bytes()).hexdigest()
     for p in parts.values():
-        assert len(p["window_starts"]) == p["samples"] and all(s >= p["stream_tokens"] // 2 for s in p["window_starts"])
-        assert p["license"] and p["region"] == "second-half"
+        half = p["stream_tokens"] // 2 if p["region"] == "second-half" else 0
+        assert len(p["window_starts"]) == p["samples"] and all(s >= half for s in p["window_starts"]) and p["license"]
+    assert [parts[n]["region"] for n in ("prose", "code", "chat")] == ["second-half", "second-half", "all"]
     assert parts["chat"]["source"] == "generated" and parts["chat"]["conversations"] == 16
     assert cal["domains"] == {"prose": 6, "code": 3, "chat": 3}
-    # the artifact's recipe says what was asked; its card names the mix
+    # the artifact's recipe says what was asked; its card names the mix and its domains
     assert data["recipe"]["calibration"]["source"] == "mix:test"
+    card = (tmp_path / "q" / "README.md").read_text()
+    assert "calibration: mix:test" in card and "samples per domain: prose 6, code 3, chat 3 (left out, absent here: wiki)" in card
 
 
 def test_the_chat_part_is_generated_once(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
@@ -228,8 +231,9 @@ def test_gqa_recovery_draws_from_every_part(cli, tiny_llama, tiny_text, tmp_path
     assert used == w["train_used"] == data["gqa"]["recover"]["steps"] * 4
     assert parts["prose"]["train_used"] == pytest.approx(used / 2, abs=2)  # the weights hold in the visited prefix
     calib = {p["name"]: p for p in data["calibration"]["parts"]}
+    assert [parts[n]["region"] for n in ("prose", "code", "chat")] == ["second-half", "second-half", "all"]
     for name, p in parts.items():
-        half = p["stream_tokens"] // 2
+        half = p["stream_tokens"] // 2 if p["region"] == "second-half" else 0
         assert all(s >= half for s in p["train_starts"] + p["heldout_starts"])
         assert not set(p["train_starts"]) & set(p["heldout_starts"])
         cal = [(s, s + calib[name]["seq_len"]) for s in calib[name]["window_starts"]]
@@ -260,3 +264,38 @@ def test_run_key_follows_the_mix(tmp_path, monkeypatch, tiny_text):
     data["parts"][0]["weight"] = 0.6
     (root / "mix" / "test.yaml").write_text(yaml.safe_dump(data))
     assert fingerprint("test") != before
+
+
+def test_mix_recovery_preflight_matches_the_runtime_check(tiny_llama, tiny_text, tmp_path, monkeypatch):
+    """The preflight (text parts only, before the model loads) refuses exactly when recovery would."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from quantkit.gqa.mixed import mix_recovery_windows, preflight_mix_recovery
+    from quantkit.models import load_tokenizer
+    from quantkit.recipe import RecoverConfig
+
+    parts = _parts(tmp_path, tiny_text)[:2]  # prose + code: no generation needed
+    (tmp_path / "b.txt").write_text("def f(x):\n    return x + 1\n" * 40)  # a short code part
+    _mix_dir(tmp_path, monkeypatch, parts)
+    tok = load_tokenizer(tiny_llama)
+    empty = SimpleNamespace(samples=[torch.zeros(1, 8, dtype=torch.long)], manifest={"parts": []})
+    outcomes = set()
+    for seq_len in (16, 64, 256):
+        for heldout in (1, 4, 12):
+            rec = RecoverConfig(seq_len=seq_len, heldout_windows=heldout, batch_size=2, tokens=4096)
+            try:
+                w = mix_recovery_windows(tok, "test", rec, empty, "k")
+                ok = True
+                assert len(w.heldout) == max(heldout, 2) and len(w.train) == 4096 // seq_len
+            except DataError as exc:
+                ok = False
+                assert "part 'code' too short" in str(exc)
+            try:
+                preflight_mix_recovery(tok, "test", rec, "k")
+                assert ok, (seq_len, heldout)
+            except DataError:
+                assert not ok, (seq_len, heldout)
+            outcomes.add(ok)
+    assert outcomes == {True, False}

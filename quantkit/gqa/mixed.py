@@ -68,15 +68,15 @@ def mix_recovery_windows(tok, name: str, cfg, calib_set, key: str, *, model=None
     train, heldout, slots, records = [], [], [], []
     per_part = []
     for p, h in zip(parts, held_n):
-        spans = region_windows(len(p.tokens), cfg.seq_len, REGION)
+        spans = region_windows(len(p.tokens), cfg.seq_len, p.part.region or REGION)
         if len(spans) < h + 1:
             raise _too_short(key, p.part.name, len(p.tokens), len(spans), h + 1, cfg.seq_len)
         tr, held = _split(len(spans), spans, _calibration_spans(calib_set, p.part.name), h)
         per_part.append((p, spans, tr))
         heldout += [p.tokens[spans[i][0] : spans[i][1]].unsqueeze(0) for i in held]
         records.append({"name": p.part.name, "domain": p.part.domain, "weight": p.part.weight, "source": p.provenance.get("source"),
-                        "sha256": p.provenance.get("sha256"), "seq_len": cfg.seq_len, "region": REGION, "stream_tokens": len(p.tokens),
-                        "train_windows": len(tr), "heldout_starts": sorted(spans[i][0] for i in held)})
+                        "sha256": p.provenance.get("sha256"), "seq_len": cfg.seq_len, "stream_tokens": len(p.tokens),
+                        "region": p.part.region or REGION, "train_windows": len(tr), "heldout_starts": sorted(spans[i][0] for i in held)})
     visits = [0] * len(parts)
     for k in interleave(slots_n):
         p, spans, tr = per_part[k]
@@ -84,7 +84,7 @@ def mix_recovery_windows(tok, name: str, cfg, calib_set, key: str, *, model=None
         visits[k] += 1
         train.append(p.tokens[a:b].unsqueeze(0))
         slots.append([k, a])
-    record = {"source": f"mix:{name}", "seq_len": cfg.seq_len, "region": REGION, "parts": records, "left_out": left_out, "slots": slots}
+    record = {"source": f"mix:{name}", "seq_len": cfg.seq_len, "parts": records, "left_out": left_out, "slots": slots}
     return Windows(train, heldout, record)
 
 
@@ -105,6 +105,6 @@ def preflight_mix_recovery(tok, name: str, cfg, key: str) -> None:
     present = [(p, None if p.chat is not None else text_stream(p, tok)) for p in load_mix(name).parts]
     present = [(p, s) for p, s in present if p.chat is not None or s is not None]  # as streams() leaves them
     for (p, s), h in zip(present, heldout_counts([p.weight for p, _ in present], cfg.heldout_windows)):
-        spans = region_windows(len(s.tokens), cfg.seq_len, REGION) if s is not None else None
+        spans = region_windows(len(s.tokens), cfg.seq_len, p.region or REGION) if s is not None else None
         if spans is not None and len(spans) < h + 1:
             raise _too_short(key, p.name, len(s.tokens), len(spans), h + 1, cfg.seq_len)
