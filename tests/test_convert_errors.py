@@ -109,3 +109,86 @@ def test_awq_pin_memory_patch_is_a_no_op_without_an_accelerator(monkeypatch):
     assert patched("cache", 1, x=2) is None and calls == []
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     assert patched("cache", 1, x=2) == "pinned" and calls == [("cache", (1,), {"x": 2})]
+
+
+def test_not_enough_free_space_refused_before_loading(cli, tiny_llama, tmp_path, monkeypatch):
+    import quantkit.artifact as art
+
+    monkeypatch.setattr(art, "free_bytes", lambda path: 10_000)
+    no_load(monkeypatch)
+    out = tmp_path / "x"
+    code, _, err, _ = convert(cli, tiny_llama, out)
+    assert code == 2 and "GB free, but the artifact needs about" in err and str(tmp_path) in err
+    assert len(err.strip().splitlines()) == 1 and nothing_at(out)
+
+
+@pytest.mark.parametrize("recipe", ["int4-w4a16-rtn", "bnb-nf4", "int8-w8a8-smoothquant"])
+def test_free_space_estimate_is_close_to_the_artifact(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, recipe):
+    """The estimate (less its fixed headroom) is within a factor of the weights actually written."""
+    import quantkit.convert as qc
+
+    needed = []
+    real = qc.check_free_space
+    monkeypatch.setattr(qc, "check_free_space", lambda out, need: (needed.append(need), real(out, need)))
+    out = tmp_path / "x"
+    code, _, err, _ = cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_llama), "--out", str(out),
+                          "--calib", f"file:{tiny_text}", "--set", "calibration.samples=4", "--set", "calibration.seq_len=64")
+    assert code == 0, err
+    weights = sum(p.stat().st_size for p in out.glob("*.safetensors"))
+    estimate = (needed[0] - (32 << 20)) / 1.05
+    assert 0.8 * weights <= estimate <= 1.6 * weights, (estimate, weights)
+
+
+@pytest.mark.parametrize("error", [
+    lambda: OSError(28, "No space left on device"),
+    lambda: __import__("safetensors").SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+], ids=["ENOSPC", "safetensors"])
+def test_disk_full_while_writing_is_one_line(cli, tiny_llama, tmp_path, monkeypatch, error):
+    from quantkit import export
+
+    real = export.FORMATS["compressed-tensors"]
+
+    def save(model, out, shard):
+        real.save(model, out, shard)
+        raise error()
+
+    monkeypatch.setitem(export.FORMATS, "compressed-tensors", export.ExportFormat(save, real.load, real.loader, real.describe))
+    out = tmp_path / "x"
+    code, _, err, _ = convert(cli, tiny_llama, out)
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "no space left on the device" in errors[0] and str(out) in errors[0], err
+    assert nothing_at(out) and not [p for p in tmp_path.iterdir() if p.name.startswith(".x.") and not p.name.endswith(".lock")]
+
+
+def _can_mount_tmpfs(path) -> bool:
+    import subprocess
+
+    try:
+        r = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {path}"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def test_real_full_disk(tiny_llama, tmp_path):
+    """A 200 KiB tmpfs (in a user namespace) as --out's disk: the weights do not fit. The free-space
+    check is switched off so the write itself hits ENOSPC, as when another process fills the disk."""
+    import os
+    import subprocess
+    import sys
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if not _can_mount_tmpfs(small):
+        pytest.skip("cannot mount a tmpfs in a user namespace here (unshare -rm)")
+    py = REPO / ".venv" / "bin" / "python"
+    driver = ("import sys, quantkit.convert as qc; qc.check_free_space = lambda out, need: None\n"
+              "from quantkit.cli import main; sys.argv = ['quantkit', *sys.argv[1:]]; main()")
+    out = small / "art"
+    script = (f"mount -t tmpfs -o size=200k tmpfs {small} && \"$0\" -c \"$1\" convert {REPO / 'recipes' / 'int4-w4a16-rtn.yaml'} "
+              f"--model {tiny_llama} --out {out}; rc=$?; ls -A {small}; exit $rc")
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(py if py.exists() else sys.executable), driver],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "QUANTKIT_NO_PROGRESS": "1"})
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 2 and len(errors) == 1 and "no space left on the device" in errors[0], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and r.stdout.split() == [".art.lock"]  # nothing at --out, no staging left

@@ -1,6 +1,7 @@
 """quantkit run / compare / publish on tiny fixtures."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -112,77 +113,6 @@ def test_compare_two_runs(cli, tmp_path):
     assert code == 2 and "not a run directory" in err
 
 
-@pytest.fixture
-def artifact(cli, tiny_llama, tmp_path):
-    out = tmp_path / "art"
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(out), "--json")
-    assert code == 0, err
-    return out
-
-
-def test_publish_dry_run(cli, artifact, monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", "hf_secret_token_value")
-    code, out, err, data = cli("publish", str(artifact), "--repo", "me/tiny-int4", "--dry-run", "--json")
-    assert code == 0, err
-    paths = {f["path"] for f in data["files"]}
-    assert {"config.json", "model.safetensors", "README.md", "quantkit.json"} <= paths
-    assert "base_model_relation: quantized" in data["card"]
-    assert "hf_secret_token_value" not in out + err
-
-
-def test_publish_refuses_unverified(cli, artifact):
-    meta = json.loads((artifact / "quantkit.json").read_text())
-    meta["verification"]["status"] = "failed"
-    (artifact / "quantkit.json").write_text(json.dumps(meta))
-    code, _, err, _ = cli("publish", str(artifact), "--repo", "me/x", "--dry-run")
-    assert code == 2 and "unverified" in err
-
-
-def test_publish_call_boundary(artifact, monkeypatch, tmp_path):
-    """The upload goes through huggingface_hub's HfApi with the token from HF_TOKEN, never written anywhere."""
-    from quantkit import publish
-
-    calls = []
-
-    class FakeApi:
-        def create_repo(self, repo, **kw):
-            calls.append(("create_repo", repo, kw))
-
-        def create_branch(self, repo, **kw):
-            calls.append(("create_branch", repo, kw))
-
-        def upload_folder(self, **kw):
-            calls.append(("upload_folder", kw))
-
-            class Info:
-                commit_url = "https://huggingface.co/me/x/commit/abc"
-
-            return Info()
-
-    monkeypatch.setenv("HF_TOKEN", "hf_secret_token_value")
-    result = publish.publish(artifact, "me/x", private=True, revision="v1", api=FakeApi())
-    assert calls[0] == ("create_repo", "me/x", {"repo_type": "model", "private": True, "exist_ok": True})
-    assert calls[1][0] == "create_branch" and calls[2][1]["folder_path"] == str(artifact) and calls[2][1]["revision"] == "v1"
-    assert result["commit_url"].endswith("abc")
-    for f in artifact.rglob("*"):
-        if f.is_file():
-            assert b"hf_secret_token_value" not in f.read_bytes()
-
-
-def test_publish_without_token(cli, artifact, monkeypatch, tmp_path):
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    code, _, err, _ = cli("publish", str(artifact), "--repo", "me/x")
-    assert code == 2 and "HF_TOKEN" in err
-
-
-def test_publish_offline_is_clear(cli, artifact, monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", "hf_x")
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: like being offline
-    code, _, err, _ = cli("publish", str(artifact), "--repo", "me/x")
-    assert code == 2 and ("cannot reach" in err or "refused" in err) and "hf_x" not in err
-
-
 def test_run_gqa_variants(cli, tiny_dir, tiny_text, tmp_path):
     """GQA alone and GQA then RTN in one variant, next to the baseline: the KV column follows the KV heads."""
     p = tmp_path / "gqa-suite.yaml"
@@ -212,3 +142,82 @@ def test_run_gqa_variants(cli, tiny_dir, tiny_text, tmp_path):
     for name in rows:
         assert sum(line.startswith(f"| {name} | ") for line in md.splitlines()) == 1
     assert f"| {base // 4:,} |" in md
+
+
+def _rtn_suite(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("variants:\n  - name: int4\n    steps:\n      - quantize: {method: rtn, group_size: 64}\n")
+    return p
+
+
+def test_damaged_records_redo_their_step(cli, tiny_llama, tiny_text, tmp_path):
+    """An emptied or garbled steps.json, an emptied artifact quantkit.json, truncated weights: each
+    step is done again, with a note; the run never aborts (and never rewrites an artifact in place)."""
+    from quantkit.integrity import check
+
+    out = tmp_path / "r"
+    args = ["run", str(_rtn_suite(tmp_path)), "--model", str(tiny_llama), "--out", str(out), "--eval-text", f"file:{tiny_text}",
+            *SMALL, "--skip-bench", "--json"]
+    code, _, err, rep = cli(*args)
+    assert code == 0, err
+    art = out / "artifacts" / "int4"
+    meta = json.loads((art / "quantkit.json").read_text())
+    assert meta["run_key"]
+    check(art, meta)  # the run's key and the card's results went in without breaking the sha256 manifest
+    kld = rep["rows"][1]["kld_mean"]
+
+    def steps_not_object():
+        (out / "steps.json").write_text("[1, 2]")
+
+    def step_record_damaged():
+        data = json.loads((out / "steps.json").read_text())
+        (out / "steps.json").write_text(json.dumps({k: "garbage" for k in data}))
+
+    damages = {
+        "emptied steps.json": (lambda: (out / "steps.json").write_text(""), "steps.json is damaged", "eval"),
+        "binary steps.json": (lambda: (out / "steps.json").write_bytes(b"\x00\xff\xfe{"), "steps.json is damaged", "eval"),
+        "steps.json not an object": (steps_not_object, "steps.json is damaged", "eval"),
+        "a damaged step record": (step_record_damaged, "", "eval"),
+        "emptied quantkit.json": (lambda: (art / "quantkit.json").write_text(""), "is damaged (not valid JSON): converting again", "convert"),
+        "truncated weights": (lambda: (art / "model.safetensors").write_bytes((art / "model.safetensors").read_bytes()[:-7]),
+                              "model.safetensors", "convert"),
+    }
+    for name, (damage, note, redone) in damages.items():
+        damage()
+        code, _, err, rep = cli(*args)
+        assert code == 0 and note in err, (name, err)
+        assert f"[int4] {redone}\n" in err and f"[int4] {redone}: reusing" not in err, (name, err)
+        assert all(r["status"] == "ok" for r in rep["rows"]) and rep["rows"][1]["kld_mean"] == pytest.approx(kld, rel=1e-6), name
+        check(art, json.loads((art / "quantkit.json").read_text()))
+
+
+def test_run_directory_is_locked(cli, tiny_llama, tmp_path):
+    from quantkit.atomic import exclusive
+
+    out = tmp_path / "r"
+    with exclusive(out):
+        code, _, err, _ = cli("run", str(_rtn_suite(tmp_path)), "--model", str(tiny_llama), "--out", str(out), *SMALL, "--skip-eval",
+                              "--skip-bench")
+    assert code == 2 and "in use by another quantkit process" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_run_never_replaces_its_source(cli, tiny_llama, tmp_path):
+    """A source checkpoint sitting where a variant's artifact would go is refused, not replaced."""
+    out = tmp_path / "r"
+    src = out / "artifacts" / "int4"
+    shutil.copytree(tiny_llama, src)
+    (src / "quantkit.json").write_text("{}")  # even one that looks like an artifact
+    before = sorted((p.name, p.read_bytes()) for p in src.iterdir())
+    code, _, err, _ = cli("run", str(_rtn_suite(tmp_path)), "--model", str(src), "--out", str(out), *SMALL, "--skip-eval", "--skip-bench")
+    assert code == 1
+    rep = json.loads((out / "report.json").read_text())
+    assert "is the source checkpoint" in rep["variants"]["int4"]["error"]
+    assert sorted((p.name, p.read_bytes()) for p in src.iterdir()) == before
+
+
+def test_run_out_is_a_file(cli, tiny_llama, tmp_path):
+    f = tmp_path / "r"
+    f.write_text("mine")
+    code, _, err, _ = cli("run", str(_rtn_suite(tmp_path)), "--model", str(tiny_llama), "--out", str(f), "--skip-eval", "--skip-bench")
+    assert code == 2 and f.read_text() == "mine"

@@ -15,7 +15,7 @@ from ._common import echo_json, json_option, set_option
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Artifact directory to create.")
 @click.option("--calib", default=None, help="Calibration text: file:PATH | hf:DATASET[:CONFIG]:SPLIT | self (overrides the recipe).")
 @click.option("--variant", default=None, help="Which variant of a suite recipe to convert.")
-@click.option("--force", is_flag=True, help="Replace an existing --out.")
+@click.option("--force", is_flag=True, help="Replace an existing --out (only an artifact quantkit wrote, never an input).")
 @click.option("--allow-pickle", is_flag=True, help="Accept .bin (pickle) checkpoints, which can run code on load.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the checkpoint (off by default).")
 @click.option("--max-memory", default=None, metavar="SIZE",
@@ -25,14 +25,18 @@ from ._common import echo_json, json_option, set_option
 @json_option
 def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle, trust_remote_code, max_memory, overrides, as_json):
     """Convert a checkpoint with RECIPE into a verified, serving-ready artifact."""
+    from ..artifact import recipe_inputs
+    from ..atomic import sigterm_as_interrupt
     from ..convert import ConvertOptions, convert
     from ..offload import parse_size
     from ..recipe import load_recipe
 
     recipe = load_recipe(recipe_file, overrides)
     opts = ConvertOptions(calib=calib, force=force, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-                          max_memory=parse_size(max_memory) if max_memory is not None else None)
-    meta = convert(recipe, model_ref, Path(out), opts, variant)
+                          max_memory=parse_size(max_memory) if max_memory is not None else None,
+                          inputs=tuple(recipe_inputs(recipe_file)))
+    with sigterm_as_interrupt():  # `kill` cleans up like Ctrl-C: nothing is left at --out or beside it
+        meta = convert(recipe, model_ref, Path(out), opts, variant)
     if as_json:
         echo_json({"artifact": str(Path(out).resolve()), **meta})
         return

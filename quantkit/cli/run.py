@@ -22,14 +22,18 @@ from ._common import debug_enabled, echo_json, json_option, set_option
 @json_option
 def run_cmd(recipe_file, model, out, calib, eval_text, skip_eval, skip_bench, rerun, overrides, as_json):
     """Convert, verify, evaluate and benchmark every variant of RECIPE, then write a report."""
+    from ..artifact import recipe_inputs
+    from ..atomic import sigterm_as_interrupt
     from ..recipe import load_recipe
     from ..run import RunOptions, Runner
 
     recipe = load_recipe(recipe_file, overrides)
     opts = RunOptions(model=model, out=Path(out) if out else None, calib=calib, eval_text=eval_text,
-                      skip_eval=skip_eval, skip_bench=skip_bench, rerun=rerun, debug=debug_enabled())
+                      skip_eval=skip_eval, skip_bench=skip_bench, rerun=rerun, debug=debug_enabled(),
+                      inputs=tuple(recipe_inputs(recipe_file)))
     runner = Runner(recipe, opts)
-    report = runner.run()
+    with sigterm_as_interrupt():  # `kill` unwinds like Ctrl-C: a conversion's staging dir is removed
+        report = runner.run()
     if as_json:
         echo_json(report)
     else:

@@ -110,11 +110,15 @@ def _stderr(values: list[float]) -> float:
 def task_deltas(model, tok, load_base, tok_base, base_hash: str, tasks: tuple[str, ...], limit: int | None, dtype: str) -> dict:
     key = hashlib.sha256(json.dumps([base_hash, sorted(tasks), limit, dtype, _files_hash(local_tasks_dir())]).encode()).hexdigest()[:24]
     cache = subdir("lmeval-cache") / f"{key}.json"
-    if cache.is_file():
-        base = json.loads(cache.read_text())
-    else:
+    try:  # a damaged cache entry (a crash before atomic writes) is recomputed
+        base = json.loads(cache.read_text()) if cache.is_file() else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        base = None
+    if not isinstance(base, dict):
+        from ..atomic import write_json
+
         base = _evaluate(load_base(), tok_base, tasks, limit)
-        cache.write_text(json.dumps(base))
+        write_json(cache, base)
     mine = _evaluate(model, tok, tasks, limit)
     out = {}
     for name, m in mine.items():

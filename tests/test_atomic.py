@@ -1,0 +1,124 @@
+"""quantkit.atomic: write-then-rename, locks that die with their holder, the user's umask, a full disk."""
+
+import errno
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from quantkit import atomic
+from quantkit.errors import QuantkitError
+
+
+def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    f = tmp_path / "steps.json"
+    atomic.write_json(f, {"a": 1})
+
+    def boom(*a, **k):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        atomic.write_json(f, {"a": 2})
+    assert json.loads(f.read_text()) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["steps.json"]
+
+
+def test_disk_full_is_one_clear_error(tmp_path, monkeypatch):
+    f = tmp_path / "report.json"
+    atomic.write_json(f, {"old": True})
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(atomic.DiskFullError, match="no space left") as e:
+        atomic.write_json(f, {"old": False})
+    assert isinstance(e.value, QuantkitError) and str(f) in str(e.value)
+    monkeypatch.undo()
+    assert json.loads(f.read_text()) == {"old": True} and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+@pytest.mark.parametrize("exc,full", [
+    (OSError(errno.ENOSPC, "No space left on device"), True),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
+    (Exception("Error while serializing: I/O error: No space left on device (os error 28)"), True),  # safetensors' Rust writer
+    (RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos"), False),
+    (OSError(errno.EACCES, "Permission denied"), False),
+])
+def test_is_disk_full(exc, full):
+    assert atomic.is_disk_full(exc) is full
+    wrapped = RuntimeError("save failed")
+    wrapped.__cause__ = exc
+    assert atomic.is_disk_full(wrapped) is full
+
+
+@pytest.mark.parametrize("umask,mode,dmode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700), (0o002, 0o664, 0o775)])
+def test_written_files_follow_the_umask(tmp_path, umask, mode, dmode):
+    old = os.umask(umask)
+    try:
+        atomic.write_text(tmp_path / "a.txt", "x")
+        d = tmp_path / "tree"
+        (d / "sub").mkdir(parents=True, mode=0o700)
+        (d / "sub" / "f").write_text("y")
+        os.chmod(d / "sub" / "f", 0o600)
+        atomic.apply_umask(d)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == mode
+    assert stat.S_IMODE((d / "sub" / "f").stat().st_mode) == mode
+    assert stat.S_IMODE((d / "sub").stat().st_mode) == dmode and stat.S_IMODE(d.stat().st_mode) == dmode
+
+
+def test_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
+    target = tmp_path / "art"
+    with atomic.exclusive(target):
+        with pytest.raises(QuantkitError, match=f"in use by another quantkit process \\(pid {os.getpid()}\\)"):
+            with atomic.exclusive(target):
+                pass
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from quantkit import atomic\n"
+                               f"with atomic.exclusive({str(target)!r}):\n print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(QuantkitError, match=f"pid {holder.pid}"):
+            with atomic.exclusive(target):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with atomic.exclusive(target):  # the kernel released the dead holder's lock: no stale lock
+        pass
+
+
+def test_unwritable_lock_dir_is_one_line(tmp_path, monkeypatch):
+    def denied(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr("builtins.open", denied)
+    with pytest.raises(QuantkitError, match="cannot create the lock file"):
+        with atomic.exclusive(tmp_path / "x"):
+            pass
+
+
+def test_sigterm_unwinds_like_ctrl_c():
+    with pytest.raises(KeyboardInterrupt):
+        with atomic.sigterm_as_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at the next bytecode
+            pytest.fail("SIGTERM did not interrupt")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_signals_deferred_until_the_block_ends():
+    seen = []
+    with atomic.sigterm_as_interrupt():
+        try:
+            with atomic.signals_deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                seen.append("renames done")
+        except KeyboardInterrupt:
+            seen.append("interrupted after")
+    assert seen == ["renames done", "interrupted after"]
