@@ -128,3 +128,34 @@ def test_multi_turn_chat_with_a_shared_prefix(served):
     assert all(r["error"] is None for r in records) and [r["turn"] for r in records] == [1, 2, 1, 2]
     assert records[1]["prompt_tokens"] > records[0]["prompt_tokens"] + 4  # turn 2 resent turn 1 and its answer
     assert run["config"]["workload"]["shared_prefix"] == 24
+
+
+def test_a_lever_study_against_transformers_serve(tmp_path):
+    """`quantkit levers` starts the real server per lever (batching off, then on) and stops it."""
+    import yaml
+
+    missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"transformers[serving] extra not installed (missing {', '.join(missing)})")
+    model = build_tiny_model(tmp_path / "tiny")
+    study = {
+        "name": "tiny-cb",
+        "server": {"engine": "transformers-serve", "model": str(model), "ready_timeout_s": READY_TIMEOUT_S,
+                   "settings": {"device": "cpu", "cb_block_size": 16, "cb_num_blocks": 64, "cb_max_batch_tokens": 128},
+                   "env": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}},
+        "load": {"concurrency": "1,2", "prompt_len": 8, "gen_len": 4, "max_requests": 2, "timeout": 60, "no_stop": True},
+        "levers": [{"name": "no-cb"}, {"name": "cb", "settings": {"continuous_batching": True}}],
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    result = CliRunner().invoke(cli, ["levers", str(path), "--out", str(tmp_path / "out"), "--json"])
+    if "not ready within" in result.output:
+        pytest.skip(result.output.strip()[-300:])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [row["lever"] for row in data["table"]] == ["no-cb", "cb"]
+    for run in data["runs"]:
+        assert all(step["completed"] == 2 for step in run["steps"]), run["steps"]
+        assert run["server"]["exit_code"] is not None  # stopped
+    assert "--continuous-batching" in data["runs"][1]["server"]["command"]
+    assert "--continuous-batching" not in data["runs"][0]["server"]["command"]
