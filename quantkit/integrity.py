@@ -75,7 +75,7 @@ def problems(root: Path, files: dict, deep: bool = True) -> list[str]:
         elif name not in seen:
             found.append(f"missing file {name}")
         elif (root / name).stat().st_size != rec.get("bytes"):
-            found.append(f"{name}: {(root / name).stat().st_size} bytes, {rec.get('bytes')} recorded at conversion")
+            found.append(f"{name}: {(root / name).stat().st_size} bytes on disk, {rec.get('bytes')} recorded at conversion (changed or truncated)")
         elif deep and sha256_file(root / name) != rec.get("sha256"):
             found.append(f"{name}: sha256 differs from the one recorded at conversion (changed or corrupt)")
     return found
