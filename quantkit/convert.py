@@ -14,6 +14,7 @@ from .errors import DataError, RecipeError
 from .models import cast_model, checkpoint_hash, load_model, load_tokenizer, read_config, resolve_model
 from .progress import note
 from .recipe import Recipe, Variant
+from .methods import preflight as method_preflight, runtime_meta, transform_step
 
 
 @dataclass
@@ -120,6 +121,7 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     guard_out(out, model_inputs(src))  # a named model or a hub snapshot, resolved
     cfg = read_config(src)
     skeleton = preflight(cfg, variant, key, opts.trust_remote_code)
+    method_preflight(recipe, variant, key, cfg)  # a method's package, its sample count, a rotation's sizes
     _preflight_recovery(recipe, variant, key, src, opts)
     quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
     job = Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None)
@@ -170,11 +172,12 @@ def apply_steps(job: Job, model, tok, calib_set, src_hash: str):
             spec = job.opts.calib or job.recipe.calibration.source
             model, gqa_meta = apply_gqa(model, tok, step.gqa, calib_set, src=job.src, src_hash=src_hash, calib_spec=spec,
                                         calibration=job.recipe.calibration)
-        else:
+        elif step.quantize is not None:  # a transform step's rotation runs inside the quantize step's pass
             if job.offload is None:  # an offloaded model is loaded at this precision already
                 model = cast_model(model, getattr(torch_module(), quant_dtype(job)))
             note(f"quantize: {job.quant.method}")
-            model = job.handler.quantize(model, job.quant, calib_set.samples if calib_set else None, src=job.src)
+            model = job.handler.quantize(model, job.quant, calib_set.samples if calib_set else None, src=job.src,
+                                         transform=transform_step(job.variant))
     return model, gqa_meta
 
 
@@ -203,7 +206,7 @@ def _convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOpti
             model = cast_model(model, source_dtype(job.cfg))
         meta = {"name": job.variant.name, "gqa": gqa_meta, "schema_version": 1, "kind": "quantkit-artifact",
                 "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
-                "recipe": resolved_recipe(job), "offload": _offload_meta(job, model),
+                "recipe": resolved_recipe(job), "offload": _offload_meta(job, model), "runtime": runtime_meta(),
                 "calibration": calib_set.manifest if calib_set else None, "results": {}, **(opts.meta or {})}
         held = {"model": model}
         del model  # export_verified frees it before reloading the artifact

@@ -77,6 +77,51 @@ class AWQConfig(_WeightOnly):
     dampening: float = Field(0.01, gt=0, lt=1)
 
 
+# auto-round 0.15.1's presets (auto_round/cli/main.py RECIPES; README "auto-round-best/-light"):
+# default 200 iterations, 128 samples, lr auto (1/iters); best 1000 iterations, 512 samples;
+# light 50 iterations, lr 5e-3, 128 samples. All three tune 2048-token sequences in batches of 8;
+# quantkit takes the sequence length from `calibration.seq_len`.
+AUTOROUND_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {"iters": 200, "lr": None, "samples": 128},
+    "best": {"iters": 1000, "lr": None, "samples": 512},
+    "light": {"iters": 50, "lr": 5e-3, "samples": 128},
+}
+
+
+class AutoRoundConfig(_WeightOnly):
+    """AutoRound (Cheng et al. 2024: sign-gradient descent on rounding and clipping, block by block)
+    through llm-compressor's AutoRoundModifier. Unset iters and lr come from the preset (filled in
+    when the recipe is read, so quantkit.json records the values used)."""
+
+    method: Literal["autoround"]
+    preset: Literal["default", "best", "light"] = "default"
+    iters: int | None = Field(None, ge=1)  # None only while another key is invalid: _preset fills it
+    lr: float | None = Field(None, gt=0, lt=1)
+    # Calibration windows AutoRound tunes on (the first N of the calibration set); must not exceed
+    # calibration.samples. Unset: the preset's count, or every calibration window if fewer.
+    samples: int | None = Field(None, ge=1)
+    batch_size: int = Field(8, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset", "default") not in AUTOROUND_PRESETS:
+            return data  # the field's own validation reports it
+        preset = AUTOROUND_PRESETS[data.get("preset", "default")]
+        out = dict(data)
+        if out.get("iters") is None:
+            out["iters"] = preset["iters"]
+            if out.get("lr") is None and preset["lr"] is not None:
+                out["lr"] = preset["lr"]
+        iters = out["iters"]
+        if out.get("lr") is None and isinstance(iters, int) and iters > 0:
+            out["lr"] = 1.0 / iters  # auto-round's rule for 4+ bits (SignRoundConfig._lr_for_bits)
+        return out
+
+    def resolved_samples(self, available: int) -> int:
+        return self.samples if self.samples is not None else min(AUTOROUND_PRESETS[self.preset]["samples"], available)
+
+
 class W8A8Config(_Strict):
     """SmoothQuant (Xiao et al. 2022) + GPTQ: int8 weights per channel, dynamic per-token int8 activations."""
 
@@ -113,12 +158,13 @@ METHOD_CONFIGS: dict[str, type[_Strict]] = {
     "rtn": RTNConfig,
     "gptq": GPTQConfig,
     "awq": AWQConfig,
+    "autoround": AutoRoundConfig,
     "w8a8": W8A8Config,
     "bnb-nf4": BnbNF4Config,
     "bnb-int8": BnbInt8Config,
 }
 QuantizeConfig = Annotated[
-    Union[RTNConfig, GPTQConfig, AWQConfig, W8A8Config, BnbNF4Config, BnbInt8Config],
+    Union[RTNConfig, GPTQConfig, AWQConfig, AutoRoundConfig, W8A8Config, BnbNF4Config, BnbInt8Config],
     Field(discriminator="method"),
 ]
 
@@ -146,21 +192,76 @@ class GqaConfig(_Strict):
     recover: RecoverConfig | None = None
 
 
+# ---------------------------------------------------------------- rotations (transform steps)
+
+# Rotations by where they act (compressed-tensors TransformLocation): offline ones are fused into
+# the weights (nothing at run time); online ones rotate activations at run time through hooks.
+ROTATIONS = {"spinquant": {"R1": "offline", "R2": "offline", "R3": "online", "R4": "online"},
+             "quip": {"v": "online", "u": "online"}}
+# llm-compressor 0.14's defaults (SpinQuantModifier, QuIPModifier).
+ROTATION_DEFAULTS = {"spinquant": {"rotations": ("R1", "R2"), "transform_type": "hadamard"},
+                     "quip": {"rotations": ("v",), "transform_type": "random-hadamard"}}
+ONLINE_REFUSED = (
+    "online rotations (applied to activations at run time) cannot be verified here: transformers' loader "
+    "(transformers 5.17, compressed-tensors 0.19) drops their transform weights, so the saved model would not "
+    "reproduce the converted one, and quantkit's reload check, eval and bench all load through it; vLLM would "
+    "serve input/output rotations at tensor-parallel size 1 on bias-free layers only, and has no attention-side "
+    "(R3) rotation. Offline rotations fused into the weights: spinquant R1, R2"
+)
+
+
+class TransformStepConfig(_Strict):
+    """A rotation before quantization, through llm-compressor's SpinQuantModifier / QuIPModifier
+    (Liu et al. 2024, SpinQuant; Tseng et al. 2024, QuIP#). Offline rotations only: see ONLINE_REFUSED."""
+
+    method: Literal["spinquant", "quip"]
+    rotations: tuple[str, ...] = ()
+    transform_type: Literal["hadamard", "random-hadamard", "random-matrix"] = "hadamard"
+    # Block-diagonal rotations of this size (a power of two for "hadamard"); unset: the whole
+    # hidden size (R1) and head dimension (R2).
+    block_size: int | None = Field(None, ge=2)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("method") in ROTATION_DEFAULTS:
+            data = {**ROTATION_DEFAULTS[data["method"]], **data}
+            if isinstance(data.get("rotations"), (list, tuple)):
+                data["rotations"] = tuple(str(r) for r in data["rotations"])
+        return data
+
+    @model_validator(mode="after")
+    def _offline_only(self) -> "TransformStepConfig":
+        known = ROTATIONS[self.method]
+        if not self.rotations:
+            raise ValueError(f"rotations: give at least one of {', '.join(known)}")
+        unknown = [r for r in self.rotations if r not in known]
+        if unknown:
+            raise ValueError(f"rotations: {self.method} has no rotation {unknown[0]!r}; valid: {', '.join(known)}")
+        online = [r for r in self.rotations if known[r] == "online"]
+        if online:
+            raise ValueError(f"rotations: {self.method} {', '.join(online)}: {ONLINE_REFUSED}")
+        if len(set(self.rotations)) != len(self.rotations):
+            raise ValueError("rotations: each rotation at most once")
+        return self
+
+
 class Step(_Strict):
-    """One step: exactly one of `quantize` or `gqa`."""
+    """One step: exactly one of `quantize`, `gqa` or `transform`."""
 
     quantize: QuantizeConfig | None = None
     gqa: GqaConfig | None = None
+    transform: TransformStepConfig | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Step":
-        if (self.quantize is None) == (self.gqa is None):
-            raise ValueError("a step holds exactly one of: quantize, gqa")
+        if sum(x is not None for x in (self.quantize, self.gqa, self.transform)) != 1:
+            raise ValueError("a step holds exactly one of: quantize, gqa, transform")
         return self
 
     @property
     def kind(self) -> str:
-        return "quantize" if self.quantize is not None else "gqa"
+        return "quantize" if self.quantize is not None else "gqa" if self.gqa is not None else "transform"
 
 
 # ---------------------------------------------------------------- sections
@@ -221,10 +322,23 @@ class Variant(_Strict):
 
 def _check_steps(steps: tuple[Step, ...]) -> None:
     kinds = [s.kind for s in steps]
-    if kinds.count("quantize") > 1 or kinds.count("gqa") > 1:
-        raise ValueError("at most one gqa step and one quantize step")
+    if kinds.count("quantize") > 1 or kinds.count("gqa") > 1 or kinds.count("transform") > 1:
+        raise ValueError("at most one gqa step, one transform step and one quantize step")
     if kinds == ["quantize", "gqa"]:
         raise ValueError("gqa must come before quantize (a quantized model cannot be re-headed)")
+    _check_transform_step(steps, kinds)
+
+
+def _check_transform_step(steps: tuple[Step, ...], kinds: list[str]) -> None:
+    """A rotation only pays off under quantization, and llm-compressor applies it in the same pass."""
+    if "transform" not in kinds:
+        return
+    i = kinds.index("transform")
+    if kinds[i + 1 : i + 2] != ["quantize"]:
+        raise ValueError("a transform step must be followed by its quantize step (gqa, then transform, then quantize)")
+    method = steps[i + 1].quantize.method
+    if method not in ("rtn", "gptq", "awq", "autoround", "w8a8"):
+        raise ValueError(f"a transform step composes with rtn, gptq, awq, autoround or w8a8 (llm-compressor), not {method}")
 
 
 def _check_effective_steps(recipe: "Recipe") -> None:

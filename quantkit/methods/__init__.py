@@ -11,10 +11,12 @@ from typing import Callable
 
 from ..errors import NotImplementedYet
 
+SEED = 0  # torch's seed for every calibration pass (llm-compressor's methods, AutoRound's included)
+
 
 @dataclass(frozen=True)
 class MethodHandler:
-    quantize: Callable  # (model, cfg, calib: list[Tensor] | None) -> model, quantized in memory
+    quantize: Callable  # (model, cfg, calib: list[Tensor] | None, src=, device=, transform=) -> model, quantized in memory
     export_format: str  # key into export.FORMATS
     loads_quantized: bool = False  # True: quantization happens at load time (bitsandbytes)
 
@@ -26,6 +28,7 @@ def _handlers() -> dict[str, MethodHandler]:
         "rtn": MethodHandler(llmc.quantize, "compressed-tensors"),
         "gptq": MethodHandler(llmc.quantize, "compressed-tensors"),
         "awq": MethodHandler(llmc.quantize, "compressed-tensors"),
+        "autoround": MethodHandler(llmc.quantize, "compressed-tensors"),
         "w8a8": MethodHandler(llmc.quantize, "compressed-tensors"),
         "bnb-nf4": MethodHandler(bnb.quantize, "bitsandbytes", loads_quantized=True),
         "bnb-int8": MethodHandler(bnb.quantize, "bitsandbytes", loads_quantized=True),
@@ -55,3 +58,29 @@ def check_implemented(recipe, source: str) -> None:
                 raise NotImplementedYet(
                     f"{source}: {prefix}[{j}].quantize.method: {step.quantize.method} is not implemented yet"
                 )
+
+
+def transform_step(variant):
+    """The variant's rotation (a transform step's config), or None."""
+    return next((s.transform for s in variant.steps if s.transform is not None), None)
+
+
+def preflight(recipe, variant, key: str, cfg: dict) -> None:
+    """Method checks that need the model's config or the recipe's other sections, before loading."""
+    from . import autoround, rotation
+
+    for i, step in enumerate(variant.steps):
+        if step.transform is not None:
+            rotation.check(cfg, step.transform, f"{key}[{i}].transform")
+        if step.quantize is not None and step.quantize.method == "autoround":
+            autoround.check_installed(f"{key}[{i}].quantize")
+            autoround.check_samples(step.quantize, recipe.calibration.samples, f"{key}[{i}].quantize")
+
+
+def runtime_meta() -> dict:
+    """What else a conversion's result depends on, for quantkit.json: the CPU thread count (reduction
+    order) and the seed. Choices must not depend on the threads (methods/patches.py); figures are
+    compared within their bootstrap CI at 1 and 2 threads (docs/PERFORMANCE.md)."""
+    import torch
+
+    return {"torch_num_threads": torch.get_num_threads(), "seed": SEED}

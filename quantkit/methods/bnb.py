@@ -18,7 +18,7 @@ def bnb_config(cfg):
     return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=cfg.threshold, llm_int8_skip_modules=list(cfg.ignore))
 
 
-def quantize(model, cfg, samples, src=None):
+def quantize(model, cfg, samples, src=None, transform=None):  # transform: never set (recipe refuses it)
     """Reload `src` through bitsandbytes (the in-memory FP model is not needed; it is dropped)."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -1,8 +1,10 @@
-"""RTN, GPTQ, AWQ and SmoothQuant W8A8 through llm-compressor, saved in the compressed-tensors format."""
+"""RTN, GPTQ, AWQ, AutoRound and SmoothQuant W8A8 (after a rotation, when the variant has one) through llm-compressor, saved in the compressed-tensors format."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+
+from . import SEED
 
 
 def weight_args(bits: int, group_size: int, symmetric: bool, observer: str = "minmax"):
@@ -35,27 +37,54 @@ def config_groups(cfg) -> dict:
     return groups
 
 
-def build_recipe(cfg) -> list:
+def _rtn(cfg, groups, ignore):
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    return [QuantizationModifier(config_groups=groups, ignore=ignore)]
+
+
+def _gptq(cfg, groups, ignore):
+    from llmcompressor.modifiers.gptq import GPTQModifier
+
+    return [GPTQModifier(config_groups=groups, ignore=ignore, actorder=cfg.actorder, dampening_frac=cfg.dampening, block_size=cfg.block_size)]
+
+
+def _awq(cfg, groups, ignore):
     from llmcompressor.modifiers.gptq import GPTQModifier
     from llmcompressor.modifiers.quantization import QuantizationModifier
-    from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
+    from llmcompressor.modifiers.transform import AWQModifier
 
-    groups, ignore = config_groups(cfg), list(cfg.ignore)
-    if cfg.method == "rtn":
-        return [QuantizationModifier(config_groups=groups, ignore=ignore)]
-    if cfg.method == "gptq":
-        return [GPTQModifier(config_groups=groups, ignore=ignore, actorder=cfg.actorder, dampening_frac=cfg.dampening, block_size=cfg.block_size)]
-    if cfg.method == "awq":
-        rounding = (
-            GPTQModifier(config_groups=groups, ignore=ignore, actorder=cfg.actorder, dampening_frac=cfg.dampening)
-            if cfg.rounding == "gptq"
-            else QuantizationModifier(config_groups=groups, ignore=ignore)
-        )
-        return [AWQModifier(duo_scaling=cfg.duo_scaling), rounding]
-    if cfg.method == "w8a8":
-        return [SmoothQuantModifier(smoothing_strength=cfg.smoothing_strength),
-                GPTQModifier(config_groups=groups, ignore=ignore, dampening_frac=cfg.dampening, actorder=None)]
-    raise ValueError(cfg.method)
+    rounding = (
+        GPTQModifier(config_groups=groups, ignore=ignore, actorder=cfg.actorder, dampening_frac=cfg.dampening)
+        if cfg.rounding == "gptq"
+        else QuantizationModifier(config_groups=groups, ignore=ignore)
+    )
+    return [AWQModifier(duo_scaling=cfg.duo_scaling), rounding]
+
+
+def _autoround(cfg, groups, ignore):
+    from .autoround import modifier
+
+    return [modifier(cfg, groups, ignore)]
+
+
+def _w8a8(cfg, groups, ignore):
+    from llmcompressor.modifiers.gptq import GPTQModifier
+    from llmcompressor.modifiers.transform import SmoothQuantModifier
+
+    return [SmoothQuantModifier(smoothing_strength=cfg.smoothing_strength),
+            GPTQModifier(config_groups=groups, ignore=ignore, dampening_frac=cfg.dampening, actorder=None)]
+
+
+# recipe `quantize.method` -> the llm-compressor modifiers that implement it, in order.
+BUILDERS = {"rtn": _rtn, "gptq": _gptq, "awq": _awq, "autoround": _autoround, "w8a8": _w8a8}
+
+
+def build_recipe(cfg, transform=None) -> list:
+    """llm-compressor modifiers for a quantize step, after the rotation of a transform step if any."""
+    from .rotation import modifiers as rotation_modifiers
+
+    return [*rotation_modifiers(transform), *BUILDERS[cfg.method](cfg, config_groups(cfg), list(cfg.ignore))]
 
 
 def _dataset(samples):
@@ -93,7 +122,7 @@ def layer_progress(model, label: str):
                 h.remove()
 
 
-def quantize(model, cfg, samples, src=None):
+def quantize(model, cfg, samples, src=None, transform=None):
     """Quantize `model` in place with llm-compressor's oneshot; returns the same model.
 
     The sequential pipeline calibrates layer by layer ("independent": AWQ/SmoothQuant smooth in
@@ -103,18 +132,25 @@ def quantize(model, cfg, samples, src=None):
     import torch
     from llmcompressor import oneshot
 
-    from .patches import llmcompressor_cpu_pin_memory, quiet_llmcompressor
+    from .patches import llmcompressor_awq_float64_loss, llmcompressor_cpu_pin_memory, quiet_llmcompressor
 
     quiet_llmcompressor()
     llmcompressor_cpu_pin_memory()
-    recipe = build_recipe(cfg)
+    llmcompressor_awq_float64_loss()
+    if cfg.method == "autoround":
+        from .autoround import tuning_samples
+
+        samples = tuning_samples(cfg, samples)
+    recipe = build_recipe(cfg, transform)
     kwargs = {}
     if samples:
         kwargs = dict(dataset=_dataset(samples), processor=_NoProcessor(), num_calibration_samples=len(samples),
                       max_seq_length=max(s.shape[1] for s in samples), shuffle_calibration_samples=False)
-    torch.manual_seed(0)
+    torch.manual_seed(SEED)
     with torch.no_grad(), layer_progress(model, f"{cfg.method}: calibrating"):
-        oneshot(model=model, recipe=recipe, **kwargs)
+        # oneshot re-reads the model's config from its path; a class from the checkpoint's own code
+        # (loaded under --trust-remote-code, so that code has run already) needs the same permission there.
+        oneshot(model=model, recipe=recipe, trust_remote_code_model=type(model).__module__.startswith("transformers_modules"), **kwargs)
     # resave_config() re-reads config.json from _name_or_path at save time; keep the in-memory config.
     model.config._name_or_path = ""
     return model

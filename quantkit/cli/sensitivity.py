@@ -1,0 +1,107 @@
+"""`quantkit sensitivity`: which vLLM-fusable units to keep at INT8 within a bits-per-weight budget."""
+
+from __future__ import annotations
+
+import click
+
+from ._common import echo_json, json_option
+
+UNIT_NAMES = ("qkv", "o", "gate_up", "down")
+
+
+def _units(text: str) -> list[str]:
+    from ..errors import QuantkitError
+
+    units = [u.strip() for u in text.split(",") if u.strip()]
+    bad = [u for u in units if u not in UNIT_NAMES]
+    if not units or bad:
+        raise QuantkitError(f"--units {text!r}: give a comma-separated subset of {','.join(UNIT_NAMES)}")
+    return list(dict.fromkeys(units))
+
+
+def _check_model(src, group: int, budget: float, trust_remote_code: bool):
+    """On the meta skeleton, before loading: Llama-style layers, the group divides every width, a sane budget."""
+    from ..errors import QuantkitError
+    from ..models import read_config
+    from ..preflight import meta_model
+    from ..sensitivity import check_group, decoder_layers, int4_bits
+
+    layers = decoder_layers(meta_model(read_config(src), trust_remote_code))
+    check_group(layers, group)
+    if not int4_bits(group) <= budget <= 16:
+        raise QuantkitError(f"--budget {budget}: between {int4_bits(group):g} (every unit INT4 g{group}) and 16 bits per weight")
+
+
+def analyse(model_ref: str, text: str, budget: float, units: list[str], group: int, windows: int, seq_len: int,
+            seed: int, trust_remote_code: bool) -> dict:
+    from .. import calib
+    from ..models import checkpoint_hash, load_model, load_tokenizer, resolve_model
+    from ..progress import bar
+    from ..sensitivity import all_unit_weights, decoder_layers, greedy_pick, overrides, unit_kls
+
+    src = resolve_model(model_ref)
+    _check_model(src, group, budget, trust_remote_code)
+    calib.check_source(text, "--text")
+    tok = load_tokenizer(src)
+    model = load_model(src, dtype="float32", trust_remote_code=trust_remote_code)
+    digest = checkpoint_hash(src) if text.strip() == "self" else ""
+    cs = calib.build(src, tok, text, samples=windows, seq_len=seq_len, seed=seed, region="second-half",
+                     chat_template=False, model=model, model_hash=digest)
+    import torch
+
+    rows = torch.cat(cs.samples)
+    layers = decoder_layers(model)
+    with bar("sensitivity", total=len(layers)) as update:
+        results = unit_kls(model, rows, units, group, progress=lambda i, unit, kl: update(i + 1, f"sensitivity: layer {i + 1}/{len(layers)} {unit}"))
+    picked, bpw = greedy_pick(results, all_unit_weights(layers), group, budget)
+    return {"model": str(src), "text": cs.manifest, "group_size": group, "budget": budget, "units": units,
+            "ranking": sorted(results, key=lambda r: (-r["kl"], r["layer"], r["unit"])),
+            "picked": [{"layer": r["layer"], "unit": r["unit"]} for r in picked], "bits_per_weight": bpw,
+            "overrides": overrides(picked)}
+
+
+def render(out: dict, top: int) -> str:
+    import yaml
+
+    t = out["text"]
+    lines = [f"INT4 RTN g{out['group_size']} sensitivity of {out['model']}: mean KL against the model itself, "
+             f"{t.get('samples')} x {t.get('seq_len')} tokens of {t.get('source')} ({t.get('region', 'second-half')})",
+             f"{'rank':>4}  {'layer':>5}  {'unit':<8}  {'KL':>8}  {'weights':>9}"]
+    for i, r in enumerate(out["ranking"][:top], 1):
+        lines.append(f"{i:>4}  {r['layer']:>5}  {r['unit']:<8}  {r['kl']:>8.4f}  {r['weights']:>9,}")
+    lines.append(f"# {len(out['picked'])} units at INT8 per channel: {out['bits_per_weight']:.3f} bits/weight (budget {out['budget']:g})")
+    if out["overrides"]:
+        lines.append("# under steps[0].quantize of an INT4 recipe:")
+        lines.append(yaml.safe_dump({"overrides": out["overrides"]}, sort_keys=False, default_flow_style=None, width=1000).rstrip())
+    else:
+        lines.append("# the budget leaves no room for an INT8 unit: no overrides")
+    return "\n".join(lines)
+
+
+@click.command("sensitivity")
+@click.argument("model")
+@click.option("--budget", type=float, required=True, help="Average bits per weight over the decoder linears (all INT4 g64: 4.25).")
+@click.option("--text", "text", required=True, help="Calibration text SPEC (file:PATH, set:NAME, mix:NAME, hf:..., self); its second half is read.")
+@click.option("--units", "units_text", default=",".join(UNIT_NAMES), show_default=True, help="Candidate units (vLLM's fused kernels).")
+@click.option("--group", default=64, show_default=True, type=int, help="INT4 group size the recipe will use.")
+@click.option("--windows", default=4, show_default=True, type=click.IntRange(1, 1024), help="Calibration windows.")
+@click.option("--seq-len", default=512, show_default=True, type=click.IntRange(8, 1 << 16))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--top", default=20, show_default=True, type=click.IntRange(1), help="Ranking rows printed (--json has all).")
+@click.option("--trust-remote-code", is_flag=True)
+@json_option
+def sensitivity_cmd(model, budget, text, units_text, group, windows, seq_len, seed, top, trust_remote_code, as_json):
+    """Rank each layer's q/k/v, o, gate/up and down by the KL their INT4 rounding costs, and print
+    the recipe `overrides:` that keep the most sensitive at INT8 within --budget bits per weight."""
+    from ..errors import QuantkitError
+
+    if group not in (32, 64, 128):
+        raise QuantkitError(f"--group {group}: one of 32, 64, 128")
+    out = analyse(model, text, budget, _units(units_text), group, windows, seq_len, seed, trust_remote_code)
+    if as_json:
+        echo_json(out)
+    else:
+        click.echo(render(out, top))
+
+
+COMMANDS = [sensitivity_cmd]

@@ -1,0 +1,133 @@
+"""Which parts of a model to keep at 8 bits: INT4 sensitivity per vLLM-fusable unit.
+
+For every decoder layer and each unit vLLM serves as one kernel (q/k/v fused as qkv_proj,
+gate/up as gate_up_proj, o_proj, down_proj), fake-quantize that unit alone to INT4 (RTN,
+symmetric, group G, compressed-tensors' own quantizer) and measure the mean KL against the FP
+model on calibration windows. A greedy pick by KL per extra bit then fills a bits-per-weight
+budget with 8-bit units and writes the `overrides:` block for a recipe. Units are never split:
+vLLM refuses a fused layer whose shards have different schemes (preflight.check_fused_shards).
+"""
+
+from __future__ import annotations
+
+from .errors import QuantkitError
+
+# unit -> (parent module in a decoder layer, its member linears); Llama, Mistral, Qwen2 names.
+UNITS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")),
+    "o": ("self_attn", ("o_proj",)),
+    "gate_up": ("mlp", ("gate_proj", "up_proj")),
+    "down": ("mlp", ("down_proj",)),
+}
+
+
+def int4_bits(group_size: int) -> float:
+    """INT4 with one 16-bit scale per group (symmetric: no zero points)."""
+    return 4 + 16 / group_size
+
+
+def int8_bits(in_features: int) -> float:
+    """INT8 per output channel: one 16-bit scale per row of `in_features` weights."""
+    return 8 + 16 / in_features
+
+
+def greedy_pick(results: list[dict], n_weights: int, group_size: int, budget: float) -> tuple[list[dict], float]:
+    """Units to raise to INT8, highest KL per weight first, while the average stays within `budget`.
+
+    `results`: dicts with "kl", "weights" (the unit's weight count) and "in_features". Returns the
+    picked units and the resulting bits per weight over all `n_weights` (ties: lower layer first)."""
+    base = int4_bits(group_size)
+    spare = (budget - base) * n_weights
+    picked, used = [], 0.0
+    for r in sorted(results, key=lambda r: (-r["kl"] / r["weights"], r["layer"], r["unit"])):
+        cost = (int8_bits(r["in_features"]) - base) * r["weights"]
+        if used + cost <= spare:
+            picked.append(r)
+            used += cost
+    return picked, base + used / n_weights
+
+
+def overrides(picked: list[dict], layers_path: str = "model.layers") -> list[dict]:
+    """One recipe override per unit type: regexes over whole units (all of q/k/v, both of gate/up)."""
+    prefix = layers_path.replace(".", "\\.")
+    out = []
+    for unit, (parent, members) in UNITS.items():
+        chosen = sorted(r["layer"] for r in picked if r["unit"] == unit)
+        if chosen:
+            layers = "|".join(map(str, chosen))
+            mods = members[0] if len(members) == 1 else f"({'|'.join(members)})"
+            out.append({"targets": [f"{prefix}\\.({layers})\\.{parent}\\.{mods}$"], "bits": 8, "group_size": -1})
+    return out
+
+
+def fake_int4(w, group: int):
+    """RTN INT4, symmetric, per group: compressed-tensors' own min-max qparams and fake quantizer."""
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    from .methods.llmc import weight_args
+
+    args = weight_args(4, group, True)
+    g = w.float().reshape(w.shape[0], -1, group)
+    scale, zp = calculate_qparams(g.amin(-1), g.amax(-1), args)
+    return fake_quantize(w.float(), scale, zp, args).to(w.dtype)
+
+
+def decoder_layers(model):
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or len(layers) == 0:
+        raise QuantkitError("sensitivity: the model has no model.layers list of decoder layers (Llama, Mistral, Qwen2 style)")
+    missing = [f"{p}.{m}" for p, ms in UNITS.values() for m in ms if not _has(layers[0], f"{p}.{m}")]
+    if missing:
+        raise QuantkitError(f"sensitivity: decoder layer 0 has no {', '.join(missing)}; it knows Llama-style layers "
+                            "(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj)")
+    return layers
+
+
+def _has(layer, name: str) -> bool:
+    try:
+        layer.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def check_group(layers, group: int) -> None:
+    widths = {layer.get_submodule(f"{p}.{m}").in_features for layer in layers[:1] for p, ms in UNITS.values() for m in ms}
+    bad = sorted(w for w in widths if w % group)
+    if bad:
+        raise QuantkitError(f"--group {group} does not divide the {bad[0]} input columns of this model's linears")
+
+
+def unit_kls(model, rows, units: list[str], group: int, progress=None) -> list[dict]:
+    """KL of each (layer, unit) quantized alone, against the unquantized model, on token rows."""
+    import torch
+
+    from .evals.stats import kl_full
+
+    def logp():
+        with torch.inference_mode():
+            return torch.log_softmax(model(input_ids=rows, use_cache=False).logits.float(), -1)
+
+    ref = logp()
+    layers = decoder_layers(model)
+    results = []
+    for i, layer in enumerate(layers):
+        for unit in units:
+            parent, members = UNITS[unit]
+            mods = [layer.get_submodule(f"{parent}.{m}") for m in members]
+            saved = [m.weight.data for m in mods]
+            for m in mods:
+                m.weight.data = fake_int4(m.weight.data, group)
+            kl = float(kl_full(ref, logp()).mean())
+            for m, w in zip(mods, saved):
+                m.weight.data = w
+            results.append({"layer": i, "unit": unit, "weights": sum(w.numel() for w in saved), "in_features": mods[0].in_features,
+                            "kl": kl})
+            if progress:
+                progress(i, unit, kl)
+    return results
+
+
+def all_unit_weights(layers) -> int:
+    return sum(layer.get_submodule(f"{p}.{m}").weight.numel() for layer in layers for p, ms in UNITS.values() for m in ms)

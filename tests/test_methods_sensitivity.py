@@ -1,0 +1,87 @@
+"""quantkit/sensitivity.py and `quantkit sensitivity`: the ranking, the budget, the overrides it prints."""
+
+import pytest
+import yaml
+
+
+def test_greedy_pick_by_kl_per_weight_within_the_budget():
+    from quantkit.sensitivity import greedy_pick, int4_bits, int8_bits
+
+    assert int4_bits(64) == 4.25 and int8_bits(512) == 8.03125
+    results = [
+        {"layer": 0, "unit": "qkv", "weights": 1000, "in_features": 512, "kl": 0.010},  # 1.0e-5 per weight
+        {"layer": 1, "unit": "down", "weights": 4000, "in_features": 512, "kl": 0.020},  # 0.5e-5
+        {"layer": 2, "unit": "o", "weights": 500, "in_features": 512, "kl": 0.004},  # 0.8e-5
+    ]
+    n = 10_000
+    # INT8 costs (8.03125 - 4.25) = 3.78125 bits more per weight; budget 4.5 leaves 0.25 * 10000 = 2500 bits:
+    # qkv (3781.25) does not fit, o (1890.6) does, down does not.
+    picked, bpw = greedy_pick(results, n, 64, 4.5)
+    assert [(r["layer"], r["unit"]) for r in picked] == [(2, "o")]
+    assert bpw == pytest.approx(4.25 + 3.78125 * 500 / n)
+    picked, bpw = greedy_pick(results, n, 64, 6.0)  # 17500 spare bits: qkv, then o; down (15125) no longer fits
+    assert [(r["layer"], r["unit"]) for r in picked] == [(0, "qkv"), (2, "o")] and bpw <= 6.0
+
+
+def test_overrides_keep_fused_units_whole(tiny_llama):
+    """Pasted into a recipe, the printed overrides validate and pass the vLLM fused-shard check."""
+    from quantkit.models import read_config
+    from quantkit.preflight import check_fused_shards, meta_model
+    from quantkit.recipe import recipe_from_dict
+    from quantkit.sensitivity import overrides
+
+    ovs = overrides([{"layer": 1, "unit": "qkv"}, {"layer": 0, "unit": "gate_up"}, {"layer": 1, "unit": "down"}])
+    block = yaml.safe_load(yaml.safe_dump({"overrides": ovs}))
+    q = recipe_from_dict({"steps": [{"quantize": {"method": "gptq", "bits": 4, "group_size": 64, **block}}]}).steps[0].quantize
+    skeleton = meta_model(read_config(tiny_llama))
+    check_fused_shards(skeleton, q, "steps[0].quantize")
+    from quantkit.preflight import _override_for
+
+    eight = {n for n, _ in skeleton.named_modules() if _override_for(n, q.overrides) is not None}
+    assert eight == {"model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.v_proj",
+                     "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "model.layers.1.mlp.down_proj"}
+
+
+def test_cli_json_ranks_every_unit_and_fills_the_budget(cli, tiny_llama, tiny_text):
+    code, out, err, data = cli("sensitivity", str(tiny_llama), "--budget", "4.6", "--text", f"file:{tiny_text}",
+                               "--windows", "2", "--seq-len", "64", "--json")
+    assert code == 0, err
+    assert len(data["ranking"]) == 2 * 4 and all(r["kl"] > 0 for r in data["ranking"])
+    assert [r["kl"] for r in data["ranking"]] == sorted((r["kl"] for r in data["ranking"]), reverse=True)
+    assert data["picked"] and 4.25 < data["bits_per_weight"] <= 4.6
+    assert data["text"]["region"] == "second-half" and data["text"]["samples"] == 2
+    code, out, err, _ = cli("sensitivity", str(tiny_llama), "--budget", "4.8", "--text", f"file:{tiny_text}",
+                            "--windows", "2", "--seq-len", "64", "--units", "qkv")  # one q/k/v unit fits in 4.8
+    assert code == 0, err
+    block = yaml.safe_load(out[out.index("overrides:"):])
+    assert block["overrides"][0]["bits"] == 8 and "(q_proj|k_proj|v_proj)$" in block["overrides"][0]["targets"][0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--budget", "4.0"), "--budget 4.0: between 4.25"),
+    (("--budget", "4.5", "--units", "qkv,mlp"), "--units 'qkv,mlp'"),
+    (("--budget", "4.5", "--group", "48"), "--group 48"),
+    (("--budget", "4.5", "--text", "file:/nonexistent/x.txt"), "no such text file"),
+])
+def test_bad_input_is_one_line(cli, tiny_llama, tiny_text, args, message):
+    full = ("sensitivity", str(tiny_llama), "--text", f"file:{tiny_text}", *args)
+    code, _, err, _ = cli(*full)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_layers_it_does_not_know_are_one_line():
+    import torch
+
+    from quantkit.errors import QuantkitError
+    from quantkit.sensitivity import decoder_layers
+
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.model.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+
+    with pytest.raises(QuantkitError, match="decoder layer 0 has no self_attn.q_proj"):
+        decoder_layers(Odd())
+    with pytest.raises(QuantkitError, match="no model.layers"):
+        decoder_layers(torch.nn.Linear(2, 2))
