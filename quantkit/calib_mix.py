@@ -130,13 +130,14 @@ def streams(mix: MixConfig, tok, *, model=None, model_hash: str = "", seed: int 
 
     out, left_out = [], []
     for part in mix.parts:
-        if part.chat is not None:
-            tokens, prov = chat_stream(model, tok, part.chat, calib_data_dir() / part.chat.prompts, seed=seed, model_hash=model_hash)
-            out.append(Stream(part, tokens, prov))
-            continue
-        s = text_stream(part, tok)
+        if part.chat is not None:  # a base model has no chat template, and no chat to imitate
+            reason = None if getattr(tok, "chat_template", None) else "the tokenizer has no chat template"
+            s = None if reason else Stream(part, *chat_stream(model, tok, part.chat, calib_data_dir() / part.chat.prompts,
+                                                               seed=seed, model_hash=model_hash))
+        else:
+            s = text_stream(part, tok)
+            reason = None if s is not None else f"{parse_spec(part.source).path} not found"
         if s is None:
-            reason = f"{parse_spec(part.source).path} not found"
             note(f"calibration mix: part {part.name!r} left out ({reason}); its share goes to the other parts")
             left_out.append({"name": part.name, "domain": part.domain, "weight": part.weight, "reason": reason})
         else:
@@ -171,9 +172,6 @@ def allocate(weights: list[float], total: int, capacity: list[int | None] | None
             active.remove(i)
     return counts
 
-
-def stream_sha256(stream) -> str:
-    return hashlib.sha256(stream.numpy().astype("<i4").tobytes()).hexdigest()
 
 
 def _text_windows(tokenizer, s: Stream, n: int, seq_len: int, seed: int, region: str, chat_template: bool):

@@ -299,3 +299,16 @@ def test_mix_recovery_preflight_matches_the_runtime_check(tiny_llama, tiny_text,
                 assert not ok, (seq_len, heldout)
             outcomes.add(ok)
     assert outcomes == {True, False}
+
+
+def test_a_base_model_without_chat_template_leaves_the_chat_part_out(tiny_llama, tiny_text, tmp_path, monkeypatch):
+    from quantkit.calib_mix import build_mix
+    from quantkit.models import load_tokenizer
+
+    _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
+    tok = load_tokenizer(tiny_llama)
+    tok.chat_template = None
+    cs = build_mix(tok, "test", samples=9, seq_len=32, seed=0, region="second-half", chat_template=False)  # no model needed
+    assert [p["name"] for p in cs.manifest["parts"]] == ["prose", "code"] and cs.manifest["samples"] == 9
+    assert cs.manifest["left_out"][0]["name"] == "chat" and "no chat template" in cs.manifest["left_out"][0]["reason"]
+    assert cs.manifest["domains"] == {"prose": 6, "code": 3}  # 0.5 : 0.25, renormalised

@@ -103,7 +103,8 @@ def preflight_mix_recovery(tok, name: str, cfg, key: str) -> None:
     from ..calib_mix import text_stream
 
     present = [(p, None if p.chat is not None else text_stream(p, tok)) for p in load_mix(name).parts]
-    present = [(p, s) for p, s in present if p.chat is not None or s is not None]  # as streams() leaves them
+    chat = bool(getattr(tok, "chat_template", None))
+    present = [(p, s) for p, s in present if (p.chat is not None and chat) or s is not None]  # as streams() leaves them
     for (p, s), h in zip(present, heldout_counts([p.weight for p, _ in present], cfg.heldout_windows)):
         spans = region_windows(len(s.tokens), cfg.seq_len, p.region or REGION) if s is not None else None
         if spans is not None and len(spans) < h + 1:
