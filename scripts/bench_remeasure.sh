@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Re-measure the bench figures of docs/PERFORMANCE.md that issue 15 A changed (TTFT floor and
 # efficiency, the compiled engine's KV bytes, the probe's spread and drift, the self-check), in
-# one quiet window. Each step takes the shared CPU lock; ~15 minutes on 2 cores.
+# one quiet window. Each step takes the shared CPU lock (or hold it for all of them:
+#   flock /tmp/qk-cpu.lock env LOCK_CMD= ./scripts/bench_remeasure.sh); ~15 minutes on 2 cores.
 #   ART=runs/demo/artifacts ./scripts/bench_remeasure.sh      (artifacts from ./scripts/quickstart.sh)
 # Without ART, the demo's RTN INT8 (per channel) and INT4 (g64) artifacts are converted into $OUT
 # (same kernels and bytes as the GPTQ ones; ~1 minute each).
@@ -9,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/qk-remeasure}
 QK=.venv/bin/quantkit
-LOCK="flock /tmp/qk-cpu.lock"
+LOCK=${LOCK_CMD-flock /tmp/qk-cpu.lock}  # LOCK_CMD= when the caller already holds the lock for the whole run
 mkdir -p "$OUT"
 if [[ -n "${ART:-}" ]]; then
   INT8="$ART/int8-gptq"; INT4="$ART/int4-gptq-g64"

@@ -30,7 +30,10 @@ print(f"\n{p['name']}: read {p['read_gbps']:.0f} GB/s, copy {p['copy_gbps']:.0f}
 for f in ("bench-llama3-8b", "bench-llama3-8b-eager"):
     r = json.load(open(f"{out}/{f}.json"))
     base = r["rows"][0]["tpot_ms"]
-    print(f"\n{f} (engine {r['settings']['engine']}); fit: {r['fit']}")
+    d = r["device"]
+    print(f"\n{f} (engine {r['settings']['engine']}, {d['device']} {d.get('device_name')}, {d.get('dtype')}); fit: {r['fit']}")
+    if d.get("drift"):
+        print(f"probe drift before/after the timings: {d['drift']['change']} (flagged: {d['drift']['flagged']})")
     print(f"{'variant':<34} {'GB/token':>9} {'TTFT ms':>8} {'TPOT ms':>8} {'pred ms':>8} {'eff':>5} {'x bf16':>7}  kernel")
     for row in r["rows"]:
         print(f"{row['name']:<34} {row['bytes_per_token']/1e9:>9.2f} {row['ttft_ms']:>8.1f} {row['tpot_ms']:>8.2f} "

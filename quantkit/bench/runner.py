@@ -116,8 +116,7 @@ def _measure(source, cfg: dict, s: BenchSettings, figs) -> dict:
         sweep = _sweep(engine, cfg, s, figs, wb["weight_bytes_per_token"], kv)
         step = mean_step_bytes(lambda c: engine.step_bytes(c, s.capacity), s.prompt_len, s.gen_len)
         return {"acct": wb, "kv": kv, "step_bytes": step, "timings": timings, "sweep": sweep, "self_check": check,
-                "engine": engine.describe(), "step_note": engine.step_note, "load_s": load_s,
-                "compiles": engine.compiles}
+                "engine": engine.describe(), "step_note": engine.step_note, "load_s": load_s}
     finally:
         engine.close()
 
@@ -144,7 +143,7 @@ def bench_one(source, s: BenchSettings, figs) -> dict:
         "kernel": eng.pop("kernel"), "engine": s.engine, "device": str(s.device), "device_name": eng.get("name"),
         "dtype": eng.get("dtype"), "threads": eng.get("threads"), "engine_info": eng,
         "prompt_len": s.prompt_len, "gen_len": s.gen_len, "load_s": part["load_s"],
-        "compile_and_warmup_s": summary.pop("warmup_s"), "warmups": summary["warmups"], **acct, "kv_bytes_per_token": kv,
+        "compile_and_warmup_s": summary.pop("warmup_s"), "warmups": summary["warmups"], "warmups_requested": s.warmups, **acct, "kv_bytes_per_token": kv,
         "kv_cache_tokens": s.capacity, "bytes_per_token": part["step_bytes"], "kv_bytes_per_step": part["step_bytes"] - weights,
         "ideal_bytes_per_token": ideal, "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3,
         "predicted_tpot_ms": pred_tpot * 1e3, "predicted_ttft_ms": pred_ttft * 1e3,
@@ -165,7 +164,7 @@ def classify(row: dict, llc_bytes: int | None) -> dict:
         flags.append("tpot_above_roofline")
     if row["ttft_efficiency"] > 1.0 and not (fits and row.get("ttft_bound") == "memory"):
         flags.append("ttft_above_roofline")
-    if any("raised" in n for n in row["notes"]):
+    if row["warmups"] > row["warmups_requested"]:
         flags.append("warmups_raised")
     bad = {"tpot_above_roofline", "ttft_above_roofline"}
     return {**row, "flags": flags, "fits_in_cache": fits, "accounting_error": bool(bad & set(flags))}

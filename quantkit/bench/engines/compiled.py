@@ -63,5 +63,12 @@ class Engine(TorchEngine):
         per_layer = [min(capacity, window) if window and t == "sliding_attention" else capacity for t in types]
         return sum(per_layer) / len(per_layer)
 
+    def close(self) -> None:
+        super().close()
+        # Dynamo keys its cache on the code object of _decode_step, shared by every engine of this
+        # class: without a reset each model benchmarked in this process adds recompilations, and
+        # past torch._dynamo.config.recompile_limit (8) decode would silently run uncompiled.
+        torch._dynamo.reset()
+
     def step_bytes(self, cached: int, capacity: int) -> float:
         return self.weight_bytes()["weight_bytes_per_token"] + accounting.kv_static(self.kv_bytes_per_token(), self.slots(capacity))
