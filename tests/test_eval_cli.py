@@ -1,6 +1,7 @@
 """quantkit eval on tiny checkpoints, through the CLI and --json."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +146,23 @@ def test_damaged_baseline_cache_is_recomputed(cli, tiny_llama, tiny_text, quantk
     code, _, err, second = cli(*args)
     assert code == 0, err
     assert second["baseline_cached"] is False and second["ppl"] == first["ppl"]
+
+
+def test_the_overlap_guard_reads_every_fitted_text_record():
+    """Calibration, GQA recovery, and each text of a calibration mix (`parts`) are guarded."""
+    from quantkit.evals.perplexity import Windows
+    from quantkit.evals.runner import check_disjoint_from_fitted, fitted_texts
+    from quantkit.errors import DataError
+
+    meta = {"calibration": {"source": "mix:m", "seq_len": 8, "parts": [
+                {"source": "file:a", "sha256": "A", "seq_len": 8, "window_starts": [0]},
+                {"source": "file:b", "sha256": "B", "seq_len": 8, "window_starts": [64]}]},
+            "gqa": {"recover": {"windows": {"source": "mix:m", "seq_len": 4, "parts": [
+                {"source": "file:c", "sha256": "C", "seq_len": 4, "train_starts": [100], "heldout_starts": [200]}]}}}}
+    assert {(r["what"], r["sha256"]) for r in fitted_texts(meta) if r["starts"]} == {
+        ("calibration", "A"), ("calibration", "B"), ("GQA recovery training", "C"), ("GQA recovery held-out", "C")}
+    for sha, start, what in [("B", 60, "calibration"), ("C", 102, "GQA recovery training"), ("C", 198, "GQA recovery held-out")]:
+        with pytest.raises(DataError, match=f"overlap the {what} windows"):
+            check_disjoint_from_fitted(Path("art"), meta, Windows([], [start], 8, {"sha256": sha}))
+    assert check_disjoint_from_fitted(Path("art"), meta, Windows([], [8, 300], 8, {"sha256": "B"}))["overlap"] is False
+    assert check_disjoint_from_fitted(Path("art"), meta, Windows([], [64], 8, {"sha256": "other"}))["overlap"] is False

@@ -40,8 +40,8 @@ def convert(cli, model, out, *extra):
 
 
 @pytest.mark.parametrize("content", [BINARY, PASSWD.encode(), b"- a\n- list\n", b"just a sentence\n", b"\x00\x00\x00\x00",
-                                     "steps: [\u00e9]".encode("latin-1"), b"a: &x [1]\nb: *x\n"],
-                         ids=["binary", "passwd", "list", "scalar", "nul", "latin1", "alias"])
+                                     "steps: [\u00e9]".encode("latin-1"), b"a: &x [1]\nb: *x\n", b"[" * 200000],
+                         ids=["binary", "passwd", "list", "scalar", "nul", "latin1", "alias", "deep"])
 def test_a_file_that_is_not_a_recipe_is_one_line(cli, tmp_path, content):
     p = tmp_path / "r.yaml"
     p.write_bytes(content)
@@ -72,21 +72,30 @@ def outside_refs(tmp_path: Path) -> dict[str, str]:
     linkdir = tree / "linkdir"
     if not linkdir.exists():
         linkdir.symlink_to(outside)
+    loop = tree / "loop.yaml"
+    if not loop.is_symlink():
+        loop.symlink_to(tree / "loop.yaml")
     return {"dotdot": "../outside/q.yaml", "deep-dotdot": "sub/../../outside/q.yaml", "absolute": str(outside / "q.yaml"),
-            "symlink": "link.yaml", "symlinked-dir": "linkdir/q.yaml", "etc-passwd": "/etc/passwd"}
+            "symlink": "link.yaml", "symlinked-dir": "linkdir/q.yaml", "etc-passwd": "/etc/passwd", "loop": "loop.yaml",
+            "not-a-string": "[a, b]", "dev-zero": "/dev/zero"}
 
 
-@pytest.mark.parametrize("kind", ["dotdot", "deep-dotdot", "absolute", "symlink", "symlinked-dir", "etc-passwd"])
+@pytest.mark.parametrize("kind", ["dotdot", "deep-dotdot", "absolute", "symlink", "symlinked-dir", "etc-passwd", "dev-zero",
+                                  "loop", "not-a-string"])
 def test_includes_are_confined_to_the_recipe_tree(cli, tmp_path, kind):
     ref = outside_refs(tmp_path)[kind]
     suite = tmp_path / "tree" / "suite.yaml"
     suite.write_text(f"variants:\n  - name: q\n    recipe: {ref}\n")
     code, _, err, _ = cli("recipe", "validate", str(suite))
-    one_line_error(code, err, str(suite), "variants[0].recipe", "outside the recipe's directory", "--include-dir")
-    if kind != "etc-passwd":  # the user's explicit allowance opens that directory, and only it
-        code, out, err, data = cli("recipe", "validate", "--include-dir", str(tmp_path / "outside"), str(suite), "--json")
-        assert code == 0, err
-        assert data["valid"][0]["variants"] == ["q"]
+    expect = {"loop": "symlink loop", "not-a-string": "expected a recipe file name"}.get(kind, "outside the recipe's directory")
+    one_line_error(code, err, str(suite), "variants[0].recipe", expect)
+    if kind in ("loop", "not-a-string", "etc-passwd", "dev-zero"):
+        return
+    code, _, err, _ = cli("recipe", "validate", "--include-dir", str(tmp_path / "tree" / "sub"), str(suite))
+    one_line_error(code, err, "outside the recipe's directory")  # allowing another directory does not open this one
+    code, _, err, data = cli("recipe", "validate", "--include-dir", str(tmp_path / "outside"), str(suite), "--json")
+    assert code == 0, err  # the user's explicit allowance opens that directory
+    assert data["valid"][0]["variants"] == ["q"]
 
 
 def test_includes_inside_the_tree_and_its_subdirectories(tmp_path):
@@ -546,3 +555,52 @@ def test_unreachable_hub_fails_fast_without_retries(tiny_llama, monkeypatch):
     with pytest.raises(OfflineError, match="unreachable"):
         read_text(parse_spec("hf:org/data:train"))
     assert time.perf_counter() - t < 10
+
+
+def test_a_directory_the_user_cannot_write_is_one_line(cli, tiny_llama, tmp_path, monkeypatch):
+    """A PermissionError on the user's own path is exit 2 naming it, not "an unexpected failure"."""
+    import quantkit.convert as qc
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "ro" / "out"))
+
+    monkeypatch.setattr(qc, "prepare", denied)
+    code, _, err, _ = convert(cli, tiny_llama, tmp_path / "ro" / "out")
+    one_line_error(code, err, f"{tmp_path / 'ro' / 'out'}: Permission denied")
+
+
+@pytest.mark.parametrize("text", ["hf:nobody/no-such-dataset:train", "file:{tmp}/random.bin.txt"])
+def test_run_checks_its_eval_text_before_converting_anything(cli, tiny_llama, tmp_path, monkeypatch, text):
+    import quantkit.convert as qc
+
+    (tmp_path / "random.bin.txt").write_bytes(os.urandom(4096))
+    monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("converted before checking the eval text"))
+    code, _, err, _ = cli("run", str(rtn_recipe(tmp_path)), "--model", str(tiny_llama), "--out", str(tmp_path / "run"),
+                          "--eval-text", text.format(tmp=tmp_path), "--skip-bench")
+    one_line_error(code, err, text.format(tmp=tmp_path).split(":", 1)[1].split(":")[0])
+
+
+# ---------------------------------------------------------------- A6: the reload check
+
+
+def test_reload_check_catches_a_precision_slip_the_old_threshold_passed(tiny_llama):
+    """Weights rounded to bf16 on the way to disk: mean KL between 1e-5 and 1e-3 (2.1e-4 on the
+    demo), which the old threshold (1e-3) accepted as a faithful reload."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.errors import VerificationError
+    from quantkit.verify import KL_THRESHOLD, fixed_tokens, logits, verify_reload
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float16).eval()
+    ids = fixed_tokens(model.config.vocab_size)
+    ref = logits(model, ids)
+    same = verify_reload(ref, lambda: copy.deepcopy(model), ids, "a faithful reload")
+    assert same["status"] == "passed" and same["mean_kl"] == 0.0 and same["threshold_mean_kl"] == KL_THRESHOLD == 1e-5
+    slipped = copy.deepcopy(model).to(torch.bfloat16).to(torch.float16)
+    with pytest.raises(VerificationError, match=r"mean KL (\S+) > 1e-05") as exc:
+        verify_reload(ref, lambda: slipped, ids, "a bf16 round trip")
+    measured = float(str(exc.value).split("mean KL ")[1].split(" ")[0])
+    assert KL_THRESHOLD < measured < 1e-3

@@ -34,21 +34,30 @@ def _texts_of(record) -> list:
 
 def fitted_texts(meta: dict) -> list[dict]:
     """Every text an artifact was fitted on, from its quantkit.json: the calibration windows (used
-    by GPTQ/AWQ/SmoothQuant and the GQA merge) and GQA recovery's training and held-out windows.
+    by GPTQ/AWQ/SmoothQuant and the GQA merge) and GQA recovery's training and held-out windows,
+    each text of a calibration mix (`parts`) on its own.
 
     Each record: what, source, sha256, seq_len, starts (token offsets in the text's stream). A new
     step that fits on text records its windows in quantkit.json and is listed here."""
-    out = []
-    cal = meta.get("calibration")
-    for c in (part for r in (cal if isinstance(cal, list) else [cal]) for part in _texts_of(r)):
-        if isinstance(c, dict):
-            out.append({"what": "calibration", "source": c.get("source"), "sha256": c.get("sha256"), "seq_len": c.get("seq_len"),
-                        "starts": c.get("window_starts") or [], "seed": c.get("seed")})
+    out: list[dict] = []
     rec = ((meta.get("gqa") or {}).get("recover") or {}).get("windows")
-    for rec in _texts_of(rec) if isinstance(rec, dict) else []:
-        for key, what in (("train_starts", "GQA recovery training"), ("heldout_starts", "GQA recovery held-out")):
-            out.append({"what": what, "source": rec.get("source"), "sha256": rec.get("sha256"), "seq_len": rec.get("seq_len"),
-                        "starts": rec.get(key) or [], "seed": None})
+    for what, record, keys in (("calibration", meta.get("calibration"), ("window_starts",)),
+                               ("GQA recovery", rec, ("train_starts", "heldout_starts"))):
+        for r in _with_parts(record):
+            for key in keys:
+                label = {"train_starts": f"{what} training", "heldout_starts": f"{what} held-out"}.get(key, what)
+                out.append({"what": label, "source": r.get("source"), "sha256": r.get("sha256"), "seq_len": r.get("seq_len"),
+                            "starts": r.get(key) or [], "seed": r.get("seed") if key == "window_starts" else None})
+    return out
+
+
+def _with_parts(record) -> list[dict]:
+    """A window record and those of its parts (a calibration mix: one per text)."""
+    records = record if isinstance(record, list) else [record]
+    out = []
+    for r in records:
+        if isinstance(r, dict):
+            out += [r, *_with_parts([p for p in r.get("parts") or [] if isinstance(p, dict)])]
     return out
 
 
