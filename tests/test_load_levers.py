@@ -254,3 +254,19 @@ def test_the_shipped_studies_validate(study, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     plans = json.loads(result.stdout)["levers"]
     assert len(plans) >= 2 and all("{port}" in " ".join(plan["command"]) for plan in plans)
+
+
+def test_the_whole_process_group_is_stopped(tmp_path):
+    """A server started through a wrapper (as `vllm serve` or a shell script would): its children go too."""
+    pid_file = tmp_path / "child.pid"
+    wrapper = ["{python}", "-c",
+               "import subprocess, sys; p = subprocess.Popen([sys.executable, sys.argv[1], '--port', sys.argv[2]]); "
+               "open(sys.argv[3], 'w').write(str(p.pid)); p.wait()", FAKE, "{port}", str(pid_file)]
+    study = _fake_study(tmp_path, command=wrapper, levers=[{"name": "only"}])
+    data = yaml.safe_load(study.read_text())
+    data["load"].update(concurrency="1", max_requests=2)
+    study.write_text(yaml.safe_dump(data))
+    code, _, stderr = _levers(study, "--out", tmp_path / "o")
+    assert code == 0, stderr
+    run = json.loads((tmp_path / "o" / "00-only.json").read_text())
+    assert _gone(run["server"]["pid"]) and _gone(int(pid_file.read_text()))
