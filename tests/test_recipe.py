@@ -139,3 +139,22 @@ def test_invalid_yaml_and_missing_file(tmp_path):
         load_recipe(p)
     with pytest.raises(RecipeError, match="no such recipe file"):
         load_recipe(tmp_path / "nope.yaml")
+
+
+def test_transform_step_kind_order_and_dump(tmp_path):
+    p = write(tmp_path, "steps:\n  - transform: {method: spinquant, transform_type: random-hadamard}\n"
+                        "  - quantize: {method: autoround, group_size: 64, preset: light}\n")
+    r = load_recipe(p)
+    assert [s.kind for s in r.steps] == ["transform", "quantize"]
+    dumped = r.to_dict()["steps"]
+    assert dumped[0]["transform"] == {"method": "spinquant", "rotations": ["R1", "R2"], "transform_type": "random-hadamard", "block_size": None}
+    assert (dumped[1]["quantize"]["iters"], dumped[1]["quantize"]["lr"]) == (50, 0.005)
+    with pytest.raises(RecipeError, match="exactly one of: quantize, gqa, transform"):
+        load_recipe(write(tmp_path, "steps:\n  - {transform: {method: spinquant}, quantize: {method: rtn}}\n"))
+    with pytest.raises(RecipeError, match="at most one gqa step, one transform step and one quantize step"):
+        load_recipe(write(tmp_path, "steps:\n  - transform: {method: spinquant}\n  - transform: {method: spinquant}\n  - quantize: {method: rtn}\n"))
+
+
+def test_unknown_method_lists_autoround(tmp_path):
+    with pytest.raises(RecipeError, match="valid methods: rtn, gptq, awq, autoround, w8a8"):
+        load_recipe(write(tmp_path, "steps:\n  - quantize: {method: hqq}\n"))
