@@ -43,9 +43,12 @@ def _check_target(out: Path, artifact: Path, force: bool) -> None:
         raise QuantkitError(f"{out} is a directory; --out names the .gguf file to write")
     if out.exists() and not force:
         raise QuantkitError(f"{out} already exists; pass --force to replace it")
-    if out.resolve().is_relative_to(artifact.resolve()) and any(p.name == out.name for p in artifact.glob("*.safetensors")):
-        raise QuantkitError(f"{out} would overwrite a file of the artifact")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists() and out.resolve().parent == artifact.resolve() and out.suffix != ".gguf":
+        raise QuantkitError(f"{out} is a file of the artifact; --out names a .gguf file to write")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise QuantkitError(f"{out.parent}: cannot create the output directory ({exc.strerror or type(exc).__name__})") from None
 
 
 def _check_artifact(art: Artifact) -> None:
@@ -90,14 +93,17 @@ def export_gguf(artifact: Path, out: Path | None = None, opts: GgufOptions = Ggu
         hp = arch.hparams(art.path, art.config)
         plans = plan.make_plan(art, hp, embeddings=opts.embeddings, allow_lossy=opts.allow_lossy)
         source_hash = checkpoint_hash(art.path)
-        with staged_file(out) as tmp:
-            written = write(tmp, art, hp, plans, source_hash)
-            record = _record(art, hp, plans, written, tmp, source_hash)
-            record["gguf"] = str(out.resolve())
-            if not record["lossless"]:
-                from .fidelity import logits_kl
+        try:
+            with staged_file(out) as tmp:
+                written = write(tmp, art, hp, plans, source_hash)
+                record = _record(art, hp, plans, written, tmp, source_hash)
+                record["gguf"] = str(out.resolve())
+                if not record["lossless"]:
+                    from .fidelity import logits_kl
 
-                record["kl_vs_artifact"] = logits_kl(art.path, tmp, plans, hp, opts.kl_text)
+                    record["kl_vs_artifact"] = logits_kl(art.path, tmp, plans, hp, opts.kl_text)
+        except OSError as exc:  # a full disk, a read-only directory: the temp file is gone, --out untouched
+            raise QuantkitError(f"{out}: cannot write the GGUF ({exc.strerror or type(exc).__name__}); nothing was written") from None
         record["wall_seconds"] = time.perf_counter() - t0
         write_json(record_path(out), record)
     return record

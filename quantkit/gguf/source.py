@@ -171,23 +171,25 @@ class Artifact:
 
     def _zero(self, module: str, sch: Scheme, rows: int, n_groups: int) -> torch.Tensor | None:
         name = f"{module}.weight_zero_point"
-        if sch.symmetric:
-            if self.has(name) and bool(self.tensor(name).any()):
-                raise ModelError(f"{module}: the config says symmetric but the artifact stores non-zero zero points")
-            return None
         if not self.has(name):
-            raise ModelError(f"{module}: asymmetric weights without weight_zero_point")
+            if not sch.symmetric:
+                raise ModelError(f"{module}: asymmetric weights without weight_zero_point")
+            return None
         zp = self.tensor(name)
-        if sch.fmt == "pack-quantized":
+        if sch.fmt == "pack-quantized" and zp.dtype == torch.int32:
             from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
 
-            if zp.dtype != torch.int32 or tuple(zp.shape) != (math.ceil(rows * sch.bits / 32), n_groups):
+            if tuple(zp.shape) != (math.ceil(rows * sch.bits / 32), n_groups):
                 raise ModelError(f"{name} has shape {tuple(zp.shape)}, not packed {sch.bits}-bit zero points for {rows}x{n_groups}")
             zp = unpack_from_int32(zp, sch.bits, torch.Size((rows, n_groups)), packed_dim=0)
-        zp = zp.reshape(rows, -1)
-        if zp.is_floating_point() or tuple(zp.shape) != (rows, n_groups):
+        if zp.is_floating_point() or zp.numel() != rows * n_groups:
             raise ModelError(f"{name}: expected integer zero points of shape {rows}x{n_groups}")
-        return zp.to(torch.int8)
+        zp = zp.reshape(rows, n_groups).to(torch.int8)
+        if sch.symmetric:  # some writers store all-zero points for symmetric weights
+            if bool(zp.any()):
+                raise ModelError(f"{module}: the config says symmetric but the artifact stores non-zero zero points")
+            return None
+        return zp
 
 
 def _target_rank(module: str, target: str) -> int | None:
