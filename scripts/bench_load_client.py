@@ -104,7 +104,8 @@ def _one_level(url: str, mode: str, level: float, args, stub) -> dict:
            "--gen-len", str(args.gen_len), "--prompt-len", str(args.prompt_len), "--step-seconds",
            str(args.step_seconds), "--timeout", "120", "--api", args.api, "--json"]
     stub_cpu = sum(stub.cpu_times()[:2])
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    source = str(args.quantkit or REPO)  # `python -m` puts the working directory first on sys.path
+    out = subprocess.run(cmd, cwd=source, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": source})
     stub_cpu = sum(stub.cpu_times()[:2]) - stub_cpu
     if out.returncode:
         raise SystemExit(f"quantkit load failed at {mode} {level:g}: {out.stderr.strip()[-400:]}")
@@ -153,6 +154,9 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=10.0)
     parser.add_argument("--api", default="completions", choices=["completions", "chat"])
     parser.add_argument("--json", metavar="FILE", help="also write the figures here")
+    parser.add_argument("--quantkit", metavar="DIR",
+                        help="import quantkit from this source tree (e.g. `git archive REV quantkit | tar -x -C DIR`): "
+                             "another version's client, measured in the same run [default: this repository]")
     args = parser.parse_args()
     if args.serve:
         asyncio.run(_serve(args.serve))
