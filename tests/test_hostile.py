@@ -604,3 +604,13 @@ def test_reload_check_catches_a_precision_slip_the_old_threshold_passed(tiny_lla
         verify_reload(ref, lambda: slipped, ids, "a bf16 round trip")
     measured = float(str(exc.value).split("mean KL ")[1].split(" ")[0])
     assert KL_THRESHOLD < measured < 1e-3
+
+
+@pytest.mark.parametrize("recipe", ["bnb-nf4", "int4-w4a16-gptq-g64"])
+def test_trust_remote_code_with_other_methods(cli, tiny_dir, tiny_text, tmp_path, recipe):
+    model = build_custom(tmp_path / f"custom_{recipe.replace('-', '_')}", tiny_dir / "tokenizer")
+    code, _, err, data = cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(tmp_path / "a"),
+                             "--calib", f"file:{tiny_text}", "--set", "calibration.samples=8", "--set", "calibration.seq_len=64",
+                             "--trust-remote-code", "--json")
+    assert code == 0, err
+    assert data["verification"]["status"] == "passed" and (tmp_path / "a" / "modeling_tinycustom.py").is_file()
