@@ -270,3 +270,16 @@ def test_the_whole_process_group_is_stopped(tmp_path):
     assert code == 0, stderr
     run = json.loads((tmp_path / "o" / "00-only.json").read_text())
     assert _gone(run["server"]["pid"]) and _gone(int(pid_file.read_text()))
+
+
+def test_how_settings_become_flags_and_body_fields():
+    from quantkit.load.servers import SERVERS, StudyError, fill, lever_args
+
+    args, body = lever_args(SERVERS["llama-cpp-python"], {"cache": True, "interrupt_requests": False, "n_threads": 2}, "x")
+    assert args == ["--cache", "true", "--interrupt_requests", "false", "--n_threads", "2"] and body == {}
+    args, body = lever_args(SERVERS["vllm"], {"enable_prefix_caching": False, "speculative_config": {"method": "ngram"}}, "x")
+    assert args == ["--no-enable-prefix-caching", "--speculative-config", '{"method": "ngram"}']
+    assert lever_args(SERVERS["llama-server"], {"cache_prompt": False}, "x") == ([], {"cache_prompt": False})
+    with pytest.raises(StudyError, match="llama-cpp-python has no lever 'parallel'"):
+        lever_args(SERVERS["llama-cpp-python"], {"parallel": 4}, "levers[1]")
+    assert fill(["{python}", "--port", "{port}", "{other}"], {"python": "py", "port": "8"}) == ["py", "--port", "8", "{other}"]

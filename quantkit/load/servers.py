@@ -27,7 +27,7 @@ class Key:
 
     help: str
     flag: str | None = None  # the command-line flag
-    style: str = "value"  # value: FLAG V | pair: FLAG / --no-FLAG | word: FLAG true/false | switch: FLAG when true
+    style: str = "value"  # value: FLAG V | pair: FLAG / --no-FLAG | word: FLAG true/false
     body: str | None = None  # a request-body field instead of a flag (llama.cpp's cache_prompt)
     here: bool = True  # False: written for the engine's own flag, not run on this machine
 
@@ -36,8 +36,6 @@ class Key:
             return []
         if self.style == "pair":
             return [self.flag if value else "--no-" + self.flag.removeprefix("--")]
-        if self.style == "switch":
-            return [self.flag] if value else []
         if self.style == "word":
             return [self.flag, "true" if value else "false"]
         text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
