@@ -45,6 +45,8 @@ SHAPES: dict[str, dict] = {
                        num_key_value_heads=8, head_dim=128, vocab_size=32768, tie_word_embeddings=False),
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                        num_key_value_heads=4, head_dim=128, vocab_size=152064, tie_word_embeddings=False),
+    "llama3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                        num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True),
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, head_dim=64, vocab_size=151936, tie_word_embeddings=True),
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,

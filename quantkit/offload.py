@@ -71,6 +71,54 @@ def load(path: Path, offload: OffloadPlan, folder: Path, trust_remote_code: bool
     return model.eval()
 
 
+def onload_to(model, device):
+    """Run `model`'s forwards on `device` one module at a time, its weights staying where they are
+    (RAM or disk): compressed-tensors' offloading, as llm-compressor's pipelines use it. The
+    reload check then runs on the calibration device, whatever the model's size."""
+    from compressed_tensors.offload import set_onload_device
+
+    return set_onload_device(model, plain_cpu(device))
+
+
+def plain_cpu(device):
+    """The device as compressed-tensors can take it: an indexed CPU ("cpu:0") becomes "cpu".
+
+    Upstream fault (compressed-tensors 0.19, offload/cache/base.py, OffloadCache.__init__):
+    `assert str(offload_device) == str(self.offload_device)` compares strings, so a CPU cache
+    built for "cpu:0" (the same device as "cpu") fails the assertion when llm-compressor's save
+    re-dispatches the model (from_accelerate -> dispatch_with_map). Other device types keep
+    their index."""
+    import torch
+
+    return torch.device("cpu") if device.type == "cpu" else device
+
+
+@contextmanager
+def calibration_device(device):
+    """Make llm-compressor 0.14 calibrate on `device` (a torch.device) for one oneshot call.
+
+    Upstream limitation (llmcompressor/utils/dev.py, get_main_device): the sequential and
+    data-free pipelines onload each layer to `get_main_device()`, which takes no argument: MPS if
+    present, else the accelerator whose index is the distributed rank, else the CPU. On a GPU
+    machine nobody can calibrate on the CPU, nor on cuda:1. The pipelines look the function up in
+    their own module namespaces, so it is swapped there (and in utils.dev, for get_high_precision)
+    and restored afterwards.
+    """
+    import importlib
+
+    names = ("llmcompressor.utils.dev", "llmcompressor.pipelines.sequential.pipeline", "llmcompressor.pipelines.data_free.pipeline")
+    modules = [importlib.import_module(n) for n in names]
+    saved = [m.get_main_device for m in modules]
+    target = plain_cpu(device)
+    for m in modules:
+        m.get_main_device = lambda: target
+    try:
+        yield device
+    finally:
+        for m, original in zip(modules, saved):
+            m.get_main_device = original
+
+
 def disk_tensors(model) -> int:
     """How many parameters and buffers live on disk."""
     from compressed_tensors.offload.cache import DiskCache

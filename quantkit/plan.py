@@ -1,0 +1,308 @@
+"""`--plan`: what a command will cost, before it loads a single weight.
+
+From config.json and the safetensors headers alone (the model's skeleton on the meta device
+gives the layer shapes): parameters, bytes at each stage, predicted peak RAM (and VRAM on a GPU),
+disk, whether it offloads, and a time estimate from this device's probed figures and a model of
+the work. The cost functions here are pure (numbers in, numbers out); reading headers, probing
+the device and printing live in the last section.
+
+What the model counts (docs/PERFORMANCE.md, "Scale" compares it with measurements):
+- GPTQ (llm-compressor's sequential pipeline): per decoder layer two forwards of the calibration
+  tokens (calibrate, then propagate the quantized output), 2·n·c² FLOPs to accumulate each
+  linear's Hessian (c input columns, n tokens), and a solve of ~r·c² + c³ FLOPs (r rows) plus a
+  Python step per column (llmcompressor/modifiers/gptq/gptq_quantize.py, one column at a time on
+  the CPU). RTN: a pass over the weights' bytes.
+- Memory: the libraries' own footprint, the model at its calibration precision, one layer's
+  Hessians and solve buffers, the calibration activations (llm-compressor keeps every sample's
+  layer input), then the reload check: the artifact loaded back at the source precision beside
+  what the allocator has not returned yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+GB = 1e9
+
+# Measured on this project's reference machine (2 Xeon cores with AMX, torch 2.13 CPU,
+# `scripts/bench_scale.py`, docs/PERFORMANCE.md "Scale"); each is a fraction of a probed peak
+# or a fixed cost, so another device scales them by its own probe.
+BASE_RSS = {"convert": 1.00 * GB, "eval": 0.80 * GB, "bench": 0.90 * GB}  # torch + transformers (+ llm-compressor) imported
+STARTUP_S = {"convert": 12.0, "eval": 8.0, "bench": 8.0}  # imports, config, tokenizer, hashing small files
+MATMUL_EFF = 0.45  # share of the probed matmul rate that layer forwards and Hessian products reach
+SOLVE_EFF = 0.15  # share of the fp32 matmul rate the GPTQ solve reaches (triangular solves, small blocks)
+COLUMN_S = {"cpu": 60e-6, "cuda": 4e-6}  # GPTQ's per-column Python step (torch dispatch of ~10 small ops)
+LOAD_BPS = 0.6 * GB  # safetensors -> torch tensors, including transformers' model init
+HASH_BPS = 0.8 * GB  # sha256 of the checkpoint (models.checkpoint_hash), first run only
+SAVE_BPS = 0.25 * GB  # compressed-tensors packing plus the write, per byte of the model at source precision
+RETAINED = 0.5  # share of the freed calibration model the allocator still holds when the reload starts
+DECODE_EFF = 0.3  # batch-1 decode reaches ~30% of the read floor on the CPU (docs/PERFORMANCE.md, issue 5)
+PROBE_S = 8.0  # `bench`'s device probe, run before and after the timings
+
+
+@dataclass(frozen=True)
+class Model:
+    """A checkpoint as its headers and config describe it."""
+
+    params: int
+    weight_bytes: int  # bytes of tensors on disk
+    itemsize: int  # bytes per parameter of the source precision
+    layers: int
+    hidden: int
+    vocab: int
+    q_dim: int  # attention heads x head dim
+    layer_linears: tuple[tuple[int, int], ...]  # (out, in) of each linear in one decoder layer
+    head: tuple[int, int]  # (vocab, hidden) of the LM head
+
+    @property
+    def layer_linear_params(self) -> int:
+        return sum(o * i for o, i in self.layer_linears)
+
+
+@dataclass(frozen=True)
+class Machine:
+    device: str  # e.g. "cpu", "cuda:0"
+    device_type: str  # torch.device.type
+    name: str
+    ram_available: int
+    device_free: int  # free memory of the device (RAM on the CPU)
+    disk_free: int
+    read_bps: float
+    bf16_flops: float
+    fp32_flops: float
+    probe: str  # where the figures come from
+
+
+@dataclass
+class Plan:
+    command: str
+    model: dict
+    machine: dict
+    stages: dict  # stage -> bytes
+    peak_ram: int
+    peak_vram: int | None
+    disk: int
+    offload: bool
+    seconds: float
+    time_breakdown: dict
+    fits: bool = True
+    problems: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- work (FLOPs and bytes)
+
+
+def forward_flops(m: Model, tokens: int, seq_len: int, with_head: bool = False) -> float:
+    """A forward over `tokens` tokens in windows of `seq_len`: 2 FLOPs per weight per token,
+    plus attention's QK^T and PV (4·seq·q_dim per token and layer, half of it masked away)."""
+    linear = 2.0 * m.layers * m.layer_linear_params * tokens
+    attention = 2.0 * m.layers * seq_len * m.q_dim * tokens
+    head = 2.0 * m.head[0] * m.head[1] * tokens if with_head else 0.0
+    return linear + attention + head
+
+
+def hessian_flops(m: Model, tokens: int) -> float:
+    """X^T X of every linear's input, every layer (q/k/v each keep their own)."""
+    return 2.0 * tokens * m.layers * sum(c * c for _, c in m.layer_linears)
+
+
+def solve_flops(m: Model) -> float:
+    """GPTQ per linear: Cholesky-based inverse (~c³) and the blocked column updates (~r·c²)."""
+    return m.layers * sum(r * c * c + c**3 for r, c in m.layer_linears)
+
+
+def hessian_bytes(m: Model) -> int:
+    """One layer's Hessians (float32, c² each), held until that layer is solved."""
+    return 4 * sum(c * c for _, c in m.layer_linears)
+
+
+def solve_bytes(m: Model) -> int:
+    """The largest linear's solve buffers: weight copies and Hessian copies in float32."""
+    return max(4 * (3 * r * c + 3 * c * c) for r, c in m.layer_linears)
+
+
+def activation_bytes(m: Model, tokens: int, seq_len: int, itemsize: int) -> int:
+    """llm-compressor's intermediates cache: every calibration sample's layer input and output
+    (hidden states), kept in RAM between layers (sequential_offload_device: cpu)."""
+    return itemsize * tokens * m.hidden * 2
+
+
+def window_bytes(m: Model, seq_len: int) -> int:
+    """One calibration window's activations in flight through a layer (the widest linear's
+    output, its float32 Hessian input copy, and the attention scores of every head)."""
+    widest = max(o for o, _ in m.layer_linears)
+    return 4 * seq_len * widest * 3 + 4 * seq_len * seq_len * max(1, m.q_dim // 64)
+
+
+# ---------------------------------------------------------------- convert
+
+
+@dataclass(frozen=True)
+class ConvertWork:
+    method: str  # rtn | gptq | awq | w8a8 | bnb-nf4 | bnb-int8 | gqa
+    calib_tokens: int
+    seq_len: int
+    calib_itemsize: int  # bytes per parameter while calibrating
+    artifact_bytes: int
+    disk_bytes: int  # artifact plus headroom (and offloaded weights), artifact.disk_needed
+    offload_cpu_bytes: int | None  # the RAM budget when the model is offloaded to disk
+    layerwise: bool  # llm-compressor's pipeline: weights stay in RAM, one layer on the device
+    first_hash: bool  # the checkpoint's sha256 is not memoized yet
+    recover_tokens: int = 0  # GQA recovery: distillation tokens ...
+    recover_max_s: float = 0.0  # ... and its time bound (recover.max_minutes)
+
+
+def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
+    # GQA keeps the model in float32 and, to recover, a bf16 teacher and a bf16 student beside it
+    calib_model = m.params * (w.calib_itemsize + (4 if w.recover_tokens else 0))
+    in_ram = min(calib_model, w.offload_cpu_bytes) if w.offload_cpu_bytes is not None else calib_model
+    calibrating = w.method not in ("rtn", "bnb-nf4", "bnb-int8") and w.calib_tokens > 0
+    cache = activation_bytes(m, w.calib_tokens, w.seq_len, w.calib_itemsize) if calibrating and w.layerwise else 0
+    window = window_bytes(m, w.seq_len) if calibrating else 0
+    layer = m.layer_linear_params * w.calib_itemsize
+    gptq_ws = hessian_bytes(m) + solve_bytes(m) if w.method in ("gptq", "w8a8") or (w.method == "awq" and calibrating) else 0
+    reload = min(m.params * m.itemsize, w.offload_cpu_bytes or m.params * m.itemsize)
+    stages = {"source": m.weight_bytes, "calibration_model": calib_model, "calibration_working_set": cache + window + gptq_ws,
+              "artifact": w.artifact_bytes, "reload_check": reload}
+    base = BASE_RSS["convert"]
+    # Where things live: llm-compressor keeps the model in RAM and brings one layer (and its
+    # GPTQ buffers) to the device; GQA and bitsandbytes hold the whole model there. On the CPU,
+    # RAM is the device: a layer onloaded to it is the same memory.
+    on_device = mc.device_type != "cpu"
+    working = (layer if on_device else 0) + gptq_ws + window if w.layerwise else calib_model + window
+    in_ram_calib = (in_ram + cache if w.layerwise else 0) + (0 if on_device else working)
+    calib_peak = base + in_ram_calib
+    reload_peak = base + RETAINED * in_ram + reload + w.artifact_bytes
+    peak_vram = int(working) if on_device else None
+    t = convert_time(m, w, mc)
+    plan = Plan("convert", _model_dict(m), asdict(mc), stages, int(max(calib_peak, reload_peak)), peak_vram, w.disk_bytes,
+                w.offload_cpu_bytes is not None, sum(t.values()), t)
+    _check_fit(plan, mc, w)
+    return plan
+
+
+def convert_time(m: Model, w: ConvertWork, mc: Machine) -> dict:
+    flops = mc.bf16_flops if w.calib_itemsize == 2 else mc.fp32_flops
+    t = {"startup": STARTUP_S["convert"], "hash": m.weight_bytes / HASH_BPS if w.first_hash else 0.0,
+         "load": m.weight_bytes / LOAD_BPS}
+    if w.method in ("gptq", "w8a8", "awq"):
+        passes = 2 if w.method == "gptq" else 3  # AWQ/SmoothQuant add a smoothing pass
+        t["calibration_forward"] = passes * forward_flops(m, w.calib_tokens, w.seq_len) / (flops * MATMUL_EFF)
+        t["hessians"] = hessian_flops(m, w.calib_tokens) / (mc.fp32_flops * MATMUL_EFF)
+        t["gptq_solve"] = solve_flops(m) / (mc.fp32_flops * SOLVE_EFF) + m.layers * sum(c for _, c in m.layer_linears) * COLUMN_S.get(mc.device_type, COLUMN_S["cpu"])
+    elif w.method == "gqa":
+        t["statistics"] = forward_flops(m, w.calib_tokens, w.seq_len) / (flops * MATMUL_EFF)
+        # a distillation step: the teacher's forward, the student's forward and backward (~3x a forward)
+        train = 4 * forward_flops(m, w.recover_tokens, w.seq_len, with_head=True) / (mc.bf16_flops * MATMUL_EFF)
+        t["recovery"] = min(train, w.recover_max_s) if w.recover_tokens else 0.0
+    else:
+        t["quantize"] = m.params * w.calib_itemsize / (mc.read_bps * 0.05)  # observers and rounding: elementwise passes
+    t["save"] = m.params * m.itemsize / SAVE_BPS
+    t["reload_check"] = w.artifact_bytes / LOAD_BPS + m.params * m.itemsize / LOAD_BPS
+    return {k: round(v, 1) for k, v in t.items()}
+
+
+def _check_fit(plan: Plan, mc: Machine, w: ConvertWork | None = None) -> None:
+    if plan.peak_ram > mc.ram_available:
+        plan.fits = False
+        plan.problems.append(f"needs about {plan.peak_ram / GB:.1f} GB of RAM, {mc.ram_available / GB:.1f} GB available")
+        if w is not None and w.layerwise and w.offload_cpu_bytes is None:
+            plan.advice.append(f"--max-memory {max(1, int(mc.ram_available * 0.5 / GB))}GB (offload weights to disk)")
+        if w is not None and w.calib_tokens and plan.stages.get("calibration_working_set", 0) > 0.25 * mc.ram_available:
+            plan.advice.append("fewer calibration samples (--set calibration.samples=N)")
+    if plan.peak_vram is not None and plan.peak_vram > mc.device_free:
+        plan.fits = False
+        plan.problems.append(f"needs about {plan.peak_vram / GB:.1f} GB on {mc.device}, {mc.device_free / GB:.1f} GB free")
+        plan.advice.append("--device cpu, or a GPU with more memory")
+        if w is not None and w.calib_tokens:
+            plan.advice.append("fewer calibration samples (--set calibration.samples=N)")
+    if plan.disk > mc.disk_free:
+        plan.fits = False
+        plan.problems.append(f"needs about {plan.disk / GB:.1f} GB of disk beside --out, {mc.disk_free / GB:.1f} GB free")
+        plan.advice.append("another --out on a disk with more space")
+    if not plan.fits and not plan.advice:
+        plan.advice.append("--device cuda (a GPU with enough memory) or a machine with more memory")
+
+
+# ---------------------------------------------------------------- eval and bench
+
+
+def eval_plan(base: Model, model: Model, tokens: int, seq_len: int, itemsize: int, mc: Machine, model_bytes: int, first_hash: bool,
+              same: bool = False) -> Plan:
+    """Baseline pass (cached afterwards), then the model's pass: each a forward with the LM head
+    over every window; one window's float32 log-probabilities at a time. `same`: the model is the
+    baseline, scored from the baseline pass alone."""
+    dense_base, dense_model = base.params * itemsize, (0 if same else model.params * itemsize)
+    logits = 3 * 4 * seq_len * base.vocab  # logits, log-softmax and a top-k copy, float32
+    stages = {"source": base.weight_bytes, "baseline_loaded": dense_base, "model_on_disk": model_bytes, "model_loaded": dense_model,
+              "window_logits": logits}
+    on_device = mc.device_type != "cpu"
+    peak_ram = BASE_RSS["eval"] + (0 if on_device else RETAINED * dense_base + dense_model + logits) + model_bytes
+    peak_vram = int(max(dense_base, dense_model) + logits) if on_device else None
+    flops = mc.bf16_flops if itemsize == 2 else mc.fp32_flops
+    fwd = forward_flops(base, tokens, seq_len, with_head=True) / (flops * MATMUL_EFF)
+    t = {"startup": STARTUP_S["eval"], "hash": (base.weight_bytes + model_bytes) / HASH_BPS if first_hash else 0.0,
+         "load": (base.weight_bytes + model_bytes) / LOAD_BPS + (dense_base + dense_model) / LOAD_BPS,
+         "baseline_pass": fwd, "model_pass": 0.0 if same else fwd}
+    plan = Plan("eval", _model_dict(model), asdict(mc), stages, int(peak_ram), peak_vram, 0, False, sum(t.values()),
+                {k: round(v, 1) for k, v in t.items()})
+    _check_fit(plan, mc)
+    if not plan.fits and itemsize == 4:
+        plan.advice.insert(0, "--dtype bfloat16 (half the memory)")
+    return plan
+
+
+@dataclass(frozen=True)
+class BenchWork:
+    prompt_len: int
+    gen_len: int
+    runs: int  # warm-ups + repeats
+    bytes_per_token: tuple[float, ...]  # each model's decode bytes (roofline)
+    loaded_bytes: tuple[int, ...]  # each model's weights as the engine holds them
+    compile_s: float  # per model: torch.compile's first call (0 for eager)
+    prefill_flops: tuple[float, ...]  # each model's prompt forward
+    reference_bytes: tuple[int, ...] = ()  # the self-check's reference load of each checkpoint (0: none)
+
+
+def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
+    """Models are benchmarked one after another: the peak is the largest one loaded; the time is
+    each one's load, its warm-ups and repeats of a prefill and `gen_len` decode steps."""
+    largest = max(w.loaded_bytes)
+    kv = 2 * m.layers * m.q_dim * (w.prompt_len + w.gen_len) * 2
+    on_device = mc.device_type != "cpu"
+    peak_ram = BASE_RSS["bench"] + (0 if on_device else largest + RETAINED * largest + kv)
+    t = {"startup": STARTUP_S["bench"], "probes": 2 * PROBE_S}
+    refs = w.reference_bytes or (0,) * len(w.loaded_bytes)
+    for i, (b, loaded, fl, ref) in enumerate(zip(w.bytes_per_token, w.loaded_bytes, w.prefill_flops, refs)):
+        prefill = fl / (mc.bf16_flops * MATMUL_EFF)
+        decode = w.gen_len * b / (mc.read_bps * DECODE_EFF)
+        t[f"model_{i}"] = round((loaded + ref) / LOAD_BPS + w.compile_s + (w.runs + (1 if ref else 0)) * prefill + w.runs * decode, 1)
+    plan = Plan("bench", _model_dict(m), asdict(mc), {"largest_loaded": largest, "kv_cache": kv}, int(peak_ram),
+                int(largest + kv) if on_device else None, 0, False, sum(t.values()), t)
+    _check_fit(plan, mc)
+    return plan
+
+
+def combine(command: str, plans: list[Plan]) -> Plan:
+    """`run`: steps one after another: times add up, the peak is the largest step's."""
+    first = plans[0]
+    vram = [p.peak_vram for p in plans if p.peak_vram is not None]
+    out = Plan(command, first.model, first.machine, {f"{p.command}:{i}": p.peak_ram for i, p in enumerate(plans)},
+               max(p.peak_ram for p in plans), max(vram) if vram else None, sum(p.disk for p in plans),
+               any(p.offload for p in plans), sum(p.seconds for p in plans),
+               {f"{i}:{p.command}": round(p.seconds, 1) for i, p in enumerate(plans)})
+    out.fits = all(p.fits for p in plans)
+    for p in plans:
+        out.problems += [f"{p.command}: {x}" for x in p.problems]
+        out.advice += [a for a in p.advice if a not in out.advice]
+    out.notes = [n for p in plans for n in p.notes]
+    return out
+
+
+def _model_dict(m: Model) -> dict:
+    return {"params": m.params, "weight_bytes": m.weight_bytes, "layers": m.layers, "hidden": m.hidden, "vocab": m.vocab}
