@@ -62,6 +62,7 @@ def test_cli_json_ranks_every_unit_and_fills_the_budget(cli, tiny_llama, tiny_te
     (("--budget", "4.5", "--units", "qkv,mlp"), "--units 'qkv,mlp'"),
     (("--budget", "4.5", "--group", "48"), "--group 48"),
     (("--budget", "4.5", "--text", "file:/nonexistent/x.txt"), "no such text file"),
+    (("--budget", "4.5", "--device", "cuda:99"), "--device cuda:99"),
 ])
 def test_bad_input_is_one_line(cli, tiny_llama, tiny_text, args, message):
     full = ("sensitivity", str(tiny_llama), "--text", f"file:{tiny_text}", *args)

@@ -33,28 +33,30 @@ def _check_model(src, group: int, budget: float, trust_remote_code: bool):
 
 
 def analyse(model_ref: str, text: str, budget: float, units: list[str], group: int, windows: int, seq_len: int,
-            seed: int, trust_remote_code: bool) -> dict:
+            seed: int, trust_remote_code: bool, device_spec: str = "auto", dtype: str = "float32") -> dict:
     from .. import calib
+    from ..device import resolve
     from ..models import checkpoint_hash, load_model, load_tokenizer, resolve_model
     from ..progress import bar
     from ..sensitivity import all_unit_weights, decoder_layers, greedy_pick, overrides, unit_kls
 
+    device = resolve(device_spec)  # an unavailable device: one line, before anything loads
     src = resolve_model(model_ref)
     _check_model(src, group, budget, trust_remote_code)
     calib.check_source(text, "--text")
     tok = load_tokenizer(src)
-    model = load_model(src, dtype="float32", trust_remote_code=trust_remote_code)
+    model = load_model(src, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     digest = checkpoint_hash(src) if text.strip() == "self" else ""
     cs = calib.build(src, tok, text, samples=windows, seq_len=seq_len, seed=seed, region="second-half",
                      chat_template=False, model=model, model_hash=digest)
     import torch
 
-    rows = torch.cat(cs.samples)
+    rows = torch.cat(cs.samples).to(device)
     layers = decoder_layers(model)
     with bar("sensitivity", total=len(layers)) as update:
         results = unit_kls(model, rows, units, group, progress=lambda i, unit, kl: update(i + 1, f"sensitivity: layer {i + 1}/{len(layers)} {unit}"))
     picked, bpw = greedy_pick(results, all_unit_weights(layers), group, budget)
-    return {"model": str(src), "text": cs.manifest, "group_size": group, "budget": budget, "units": units,
+    return {"model": str(src), "text": cs.manifest, "device": str(device), "dtype": dtype, "group_size": group, "budget": budget, "units": units,
             "ranking": sorted(results, key=lambda r: (-r["kl"], r["layer"], r["unit"])),
             "picked": [{"layer": r["layer"], "unit": r["unit"]} for r in picked], "bits_per_weight": bpw,
             "overrides": overrides(picked)}
@@ -88,16 +90,19 @@ def render(out: dict, top: int) -> str:
 @click.option("--seq-len", default=512, show_default=True, type=click.IntRange(8, 1 << 16))
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--top", default=20, show_default=True, type=click.IntRange(1), help="Ranking rows printed (--json has all).")
+@click.option("--device", "device_spec", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]),
+              help="Precision of the model and of its reference logits (bfloat16 halves the memory of a large model).")
 @click.option("--trust-remote-code", is_flag=True)
 @json_option
-def sensitivity_cmd(model, budget, text, units_text, group, windows, seq_len, seed, top, trust_remote_code, as_json):
+def sensitivity_cmd(model, budget, text, units_text, group, windows, seq_len, seed, top, device_spec, dtype, trust_remote_code, as_json):
     """Rank each layer's q/k/v, o, gate/up and down by the KL their INT4 rounding costs, and print
     the recipe `overrides:` that keep the most sensitive at INT8 within --budget bits per weight."""
     from ..errors import QuantkitError
 
     if group not in (32, 64, 128):
         raise QuantkitError(f"--group {group}: one of 32, 64, 128")
-    out = analyse(model, text, budget, _units(units_text), group, windows, seq_len, seed, trust_remote_code)
+    out = analyse(model, text, budget, _units(units_text), group, windows, seq_len, seed, trust_remote_code, device_spec, dtype)
     if as_json:
         echo_json(out)
     else:
