@@ -206,7 +206,7 @@ def _convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOpti
             model = cast_model(model, source_dtype(job.cfg))
         meta = {"name": job.variant.name, "gqa": gqa_meta, "schema_version": 1, "kind": "quantkit-artifact",
                 "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
-                "recipe": resolved_recipe(job), "offload": _offload_meta(job, model), "runtime": runtime_meta(),
+                "recipe": resolved_recipe(job), "offload": _offload_meta(job, model), "runtime": runtime_meta(job.quant),
                 "calibration": calib_set.manifest if calib_set else None, "results": {}, **(opts.meta or {})}
         held = {"model": model}
         del model  # export_verified frees it before reloading the artifact

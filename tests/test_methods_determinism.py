@@ -103,6 +103,7 @@ def test_same_artifact_at_1_and_2_threads(tiny_llama, tiny_text, tmp_path, recip
     metas = [convert_at(n, recipe, tiny_llama, tiny_text, tmp_path / f"t{n}", *sets) for n in (1, 2)]
     assert [m["runtime"]["torch_num_threads"] for m in metas] == [1, 2]
     assert metas[0]["runtime"]["seed"] == metas[1]["runtime"]["seed"] == 0
+    assert ("autoround_seed" in metas[0]["runtime"]) == ("autoround" in " ".join(sets))
     a, b = weights(tmp_path / "t1"), weights(tmp_path / "t2")
     assert a.keys() == b.keys()
     differ = [k for k in a if not (a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and bool((a[k] == b[k]).all()))]

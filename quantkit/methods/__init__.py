@@ -77,10 +77,15 @@ def preflight(recipe, variant, key: str, cfg: dict) -> None:
             autoround.check_samples(step.quantize, recipe.calibration.samples, f"{key}[{i}].quantize")
 
 
-def runtime_meta() -> dict:
+def runtime_meta(quant=None) -> dict:
     """What else a conversion's result depends on, for quantkit.json: the CPU thread count (reduction
-    order) and the seed. Choices must not depend on the threads (methods/patches.py); figures are
+    order) and the seeds. Choices must not depend on the threads (methods/patches.py); figures are
     compared within their bootstrap CI at 1 and 2 threads (docs/PERFORMANCE.md)."""
     import torch
 
-    return {"torch_num_threads": torch.get_num_threads(), "seed": SEED}
+    out = {"torch_num_threads": torch.get_num_threads(), "seed": SEED}
+    if quant is not None and quant.method == "autoround":
+        from .autoround import AUTOROUND_SEED
+
+        out["autoround_seed"] = AUTOROUND_SEED
+    return out

@@ -5,6 +5,9 @@ from __future__ import annotations
 from ..errors import QuantkitError
 
 INSTALL = "pip install auto-round"
+# auto-round seeds torch, numpy and random with this (its default) for every decoder layer it tunes
+# (transformers.set_seed in BaseCompressor.__init__); llm-compressor does not pass another.
+AUTOROUND_SEED = 42
 
 
 def check_installed(key: str) -> None:
