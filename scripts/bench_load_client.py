@@ -51,7 +51,7 @@ def _stream_body(n_tokens: int, chat: bool) -> list[bytes]:
     return writes
 
 
-async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cache: dict) -> None:
+async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cache: dict, gap_s: float) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -68,7 +68,9 @@ async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             if key not in cache:
                 cache[key] = _stream_body(*key)
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-            for piece in cache[key]:
+            for i, piece in enumerate(cache[key]):
+                if gap_s and i:
+                    await asyncio.sleep(gap_s)  # tokens spaced in time: each arrives in a read of its own
                 writer.write(piece)
                 await writer.drain()  # one write per token, as a streaming server sends them
     except (asyncio.IncompleteReadError, ConnectionError):
@@ -77,9 +79,9 @@ async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         writer.close()
 
 
-async def _serve(port_file: str) -> None:
+async def _serve(port_file: str, gap_s: float) -> None:
     cache: dict = {}
-    server = await asyncio.start_server(lambda r, w: _serve_one(r, w, cache), "127.0.0.1", 0, backlog=4096)
+    server = await asyncio.start_server(lambda r, w: _serve_one(r, w, cache, gap_s), "127.0.0.1", 0, backlog=4096)
     Path(port_file).write_text(str(server.sockets[0].getsockname()[1]))
     async with server:
         await server.serve_forever()
@@ -87,10 +89,10 @@ async def _serve(port_file: str) -> None:
 
 # ---------------------------------------------------------------- the driver
 
-def _start_stub() -> tuple[subprocess.Popen, str]:
+def _start_stub(token_ms: float) -> tuple[subprocess.Popen, str]:
     port_file = Path(f"/tmp/qk-bench-stub-{os.getpid()}.port")
     port_file.unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file), "--token-ms", str(token_ms)])
     for _ in range(100):
         if port_file.exists() and port_file.read_text():
             return proc, f"http://127.0.0.1:{port_file.read_text()}"
@@ -153,17 +155,20 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--step-seconds", type=float, default=10.0)
     parser.add_argument("--api", default="completions", choices=["completions", "chat"])
+    parser.add_argument("--token-ms", type=float, default=0.0,
+                        help="the stub's gap between tokens (0: all at once; > 0: each token arrives on its own, "
+                             "as from a real server, and TTFT is still instant)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures here")
     parser.add_argument("--quantkit", metavar="DIR",
                         help="import quantkit from this source tree (e.g. `git archive REV quantkit | tar -x -C DIR`): "
                              "another version's client, measured in the same run [default: this repository]")
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(_serve(args.serve))
+        asyncio.run(_serve(args.serve, args.token_ms / 1e3))
         return
     import psutil
 
-    proc, url = _start_stub()
+    proc, url = _start_stub(args.token_ms)
     try:
         stub = psutil.Process(proc.pid)
         load_before = os.getloadavg()
