@@ -43,7 +43,7 @@ def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
 
 def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool, src: Path | None = None):
     """Checks on the model's skeleton (meta device, no memory); returns the skeleton."""
-    from .preflight import check_fused_shards, check_group_sizes, meta_model, quantizable_linears
+    from .preflight import check_fused_shards, check_group_sizes, check_quantizes_something, meta_model, quantizable_linears
 
     if not variant.steps:
         raise RecipeError(f"{key}: variant {variant.name!r} has no steps; there is nothing to convert (it is the baseline)")
@@ -53,7 +53,10 @@ def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool, sr
             from .gqa.convert import preflight_gqa
 
             preflight_gqa(cfg, step.gqa, f"{key}[{i}].gqa")
-        elif step.quantize is not None and step.quantize.method not in ("bnb-nf4", "bnb-int8"):
+            continue
+        if step.quantize is not None:
+            check_quantizes_something(skeleton, step.quantize, f"{key}[{i}].quantize")
+        if step.quantize is not None and step.quantize.method not in ("bnb-nf4", "bnb-int8"):
             if getattr(step.quantize, "group_size", None) is not None:
                 check_group_sizes(quantizable_linears(skeleton, step.quantize.ignore), step.quantize, f"{key}[{i}].quantize")
             check_fused_shards(skeleton, step.quantize, f"{key}[{i}].quantize")
@@ -120,8 +123,12 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     src = resolve_model(ref, allow_pickle=opts.allow_pickle)
     guard_out(out, model_inputs(src))  # a named model or a hub snapshot, resolved
     cfg = read_config(src)
-    skeleton = preflight(cfg, variant, key, opts.trust_remote_code)
+    skeleton = preflight(cfg, variant, key, opts.trust_remote_code, src)
     method_preflight(recipe, variant, key, cfg)  # a method's package, its sample count, a rotation's sizes
+    if needs_calibration(variant):  # the text is read (and an hf: source reached) before any model loads
+        from .calib import check_source
+
+        check_source(opts.calib or recipe.calibration.source, key)
     _preflight_recovery(recipe, variant, key, src, opts)
     quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
     job = Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None)

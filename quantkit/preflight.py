@@ -67,6 +67,14 @@ def quantizable_linears(model, ignore: tuple[str, ...]) -> dict[str, tuple[int, 
     }
 
 
+def check_quantizes_something(model, cfg, key: str) -> None:
+    """A quantize step whose `ignore` covers every linear layer would ship the unmodified model
+    under a quantized name (16 bits per weight reported as its INT4 variant)."""
+    ignore = tuple(getattr(cfg, "ignore", ()))
+    if not quantizable_linears(model, ignore):
+        raise RecipeError(f"{key}.ignore: {list(ignore)} matches every linear layer of this model; nothing would be quantized")
+
+
 def _override_for(name: str, overrides) -> object | None:
     for ov in overrides:
         if any(re.match(t, name) for t in ov.targets):

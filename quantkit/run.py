@@ -108,6 +108,10 @@ class Runner:
         self.cache = StepCache(self.dir / "steps.json")  # read in run(), under the lock
         self.calib = opts.calib or recipe.calibration.source
         self.eval_text = opts.eval_text or recipe.eval.text
+        if self.eval_text and not opts.skip_eval:  # a bad or unreachable text fails now, not after every conversion
+            from .text import check_source
+
+            check_source(self.eval_text)
         self.timings: dict[str, float] = {}
         self.variants: dict[str, dict] = {}
 

@@ -614,3 +614,14 @@ def test_trust_remote_code_with_other_methods(cli, tiny_dir, tiny_text, tmp_path
                              "--trust-remote-code", "--json")
     assert code == 0, err
     assert data["verification"]["status"] == "passed" and (tmp_path / "a" / "modeling_tinycustom.py").is_file()
+
+
+@pytest.mark.parametrize("recipe,ignore", [("int4-w4a16-rtn", "['re:.*']"), ("bnb-nf4", "['re:.*']"),
+                                           ("int4-w4a16-rtn", "['re:model\\..*', lm_head]")])
+def test_a_quantize_step_that_ignores_every_layer_is_not_a_variant(cli, tiny_llama, tmp_path, monkeypatch, recipe, ignore):
+    import quantkit.convert as qc
+
+    monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
+    code, _, err, _ = cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
+                          "--set", f"steps[0].quantize.ignore={ignore}")
+    one_line_error(code, err, "steps[0].quantize.ignore", "nothing would be quantized")
