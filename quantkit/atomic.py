@@ -2,7 +2,8 @@
 
 A reader never sees a half-written file, and a crash leaves the old file (or none), never an
 empty or truncated one. Locks are advisory `flock`s on a `.NAME.lock` file beside the target;
-the kernel releases them when the holder dies, so a killed process never leaves a stale lock.
+the kernel releases them when the holder dies, so a killed process never leaves a stale lock
+(only, after `kill -9`, an unlocked `.NAME.lock` file, which the next holder reuses and removes).
 Files and directories get the modes the user's umask asks for (a server running as another
 user must be able to read what quantkit writes when the umask allows it).
 """
@@ -123,29 +124,46 @@ def exclusive(target: Path, what: str | None = None):
     """Hold an exclusive lock on `target` (a file or directory that may not exist yet).
 
     A second process gets one line and exit code 2 at once instead of waiting or clobbering.
-    The lock file is never deleted: removing it while another process waits on it would let
-    two processes hold "the" lock on two different files."""
-    import fcntl
-
+    The holder removes the lock file when it is done. That is safe because a process that got
+    the lock then checks that the path still names the file it locked (the usual flock-and-unlink
+    protocol): one that locked a file just unlinked by the previous holder starts over."""
     lp = lock_path(target)
+    fh = _acquire(lp, what or str(target))
     try:
-        lp.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(lp, "a+")
-    except OSError as exc:
-        raise QuantkitError(f"cannot create the lock file {lp}: {exc.strerror or exc}") from None
-    try:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(lp)
-            raise QuantkitError(f"{what or target} is in use by another quantkit process{holder}; wait for it to finish") from None
         fh.seek(0)
         fh.truncate()
         fh.write(str(os.getpid()))
         fh.flush()
         yield
     finally:
+        try:
+            lp.unlink()  # still holding the lock: nobody else can be between their lock and their check
+        except OSError:
+            pass
         fh.close()
+
+
+def _acquire(lp: Path, what: str):
+    import fcntl
+
+    while True:
+        try:
+            lp.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(lp, "a+")
+        except OSError as exc:
+            raise QuantkitError(f"cannot create the lock file {lp}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise QuantkitError(f"{what} is in use by another quantkit process{_holder(lp)}; wait for it to finish") from None
+        try:
+            same = os.path.samestat(os.fstat(fh.fileno()), os.stat(lp))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fh
+        fh.close()  # the previous holder removed this file after we opened it: lock the new one
 
 
 def _holder(lp: Path) -> str:

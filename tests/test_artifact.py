@@ -186,6 +186,7 @@ def test_locked_out_is_refused_and_live_staging_untouched(cli, src, tmp_path, mo
         code, _, err, _ = convert(cli, src, out, "--force")
     assert code == 2 and one_line(err) and "in use by another quantkit process" in err and f"pid {os.getpid()}" in err
     assert (live / "model.safetensors").read_text() == "being written" and not out.exists()
+    assert not (tmp_path / ".art.lock").exists()  # the holder removes its lock file when done
 
 
 def _fake_artifact(path: Path, tag: str) -> Path:

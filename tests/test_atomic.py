@@ -94,6 +94,33 @@ def test_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
         pass
 
 
+def test_lock_file_removed_and_a_just_unlinked_one_never_trusted(tmp_path, monkeypatch):
+    """The flock-and-unlink protocol: the holder removes its lock file; a process that locked a file
+    the previous holder unlinked in between (an orphan) must start over on the new file."""
+    import builtins
+
+    target = tmp_path / "art"
+    lp = atomic.lock_path(target)
+    lp.write_text("")
+    real_open, opened = builtins.open, []
+
+    def open_then_unlinked(path, *a, **k):
+        fh = real_open(path, *a, **k)
+        if str(path) == str(lp) and not opened:
+            os.unlink(path)  # the previous holder finishes right after this process opened its file
+        opened.append(path)
+        return fh
+
+    monkeypatch.setattr(builtins, "open", open_then_unlinked)
+    with atomic.exclusive(target):
+        assert len(opened) == 2 and lp.read_text() == str(os.getpid())  # locked the new file, not the orphan
+        monkeypatch.setattr(builtins, "open", real_open)
+        with pytest.raises(QuantkitError, match="in use"):
+            with atomic.exclusive(target):
+                pass
+    assert not lp.exists()
+
+
 def test_unwritable_lock_dir_is_one_line(tmp_path, monkeypatch):
     def denied(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied")
