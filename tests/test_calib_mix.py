@@ -312,3 +312,25 @@ def test_a_base_model_without_chat_template_leaves_the_chat_part_out(tiny_llama,
     assert [p["name"] for p in cs.manifest["parts"]] == ["prose", "code"] and cs.manifest["samples"] == 9
     assert cs.manifest["left_out"][0]["name"] == "chat" and "no chat template" in cs.manifest["left_out"][0]["reason"]
     assert cs.manifest["domains"] == {"prose": 6, "code": 3}  # 0.5 : 0.25, renormalised
+
+
+def test_run_on_a_mix_reuses_the_artifact_until_the_mix_changes(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
+    """`quantkit run --calib mix:NAME` (what the quickstart does without ../shared/data): the
+    convert step's key covers the mix file, so a changed weight re-converts."""
+    root = _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
+    suite = tmp_path / "suite.yaml"
+    (tmp_path / "gptq.yaml").write_text((REPO / "recipes" / "int4-w4a16-gptq-g64.yaml").read_text())
+    suite.write_text("variants:\n  - name: int4\n    recipe: gptq.yaml\n")
+    args = ["run", str(suite), "--model", str(tiny_llama), "--out", str(tmp_path / "run"), "--calib", "mix:test",
+            "--eval-text", f"file:{tmp_path / 'b.txt'}", *SMALL, "--set", "eval.seq_len=32", "--set", "eval.max_tokens=64", "--skip-bench", "--json"]
+    code, _, err, rep = cli(*args)
+    assert code == 0, err
+    meta = json.loads((tmp_path / "run" / "artifacts" / "int4" / "quantkit.json").read_text())
+    assert meta["calibration"]["source"] == "mix:test" and {p["name"] for p in meta["calibration"]["parts"]} == {"prose", "code", "chat"}
+    code, _, err, _ = cli(*args)
+    assert code == 0 and "[int4] convert: reusing" in err
+    data = yaml.safe_load((root / "mix" / "test.yaml").read_text())
+    data["parts"][0]["weight"] = 0.6
+    (root / "mix" / "test.yaml").write_text(yaml.safe_dump(data))
+    code, _, err, _ = cli(*args)
+    assert code == 0 and "[int4] convert\n" in err and "[int4] convert: reusing" not in err
