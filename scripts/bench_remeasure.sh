@@ -17,8 +17,8 @@ if [[ -n "${ART:-}" ]]; then
 else
   INT8="$OUT/int8-rtn"; INT4="$OUT/int4-rtn-g64"
   [[ -d $INT4 ]] || $LOCK $QK convert recipes/int4-w4a16-rtn.yaml --model demo --out "$INT4" --json > /dev/null
-  [[ -d $INT8 ]] || $LOCK $QK convert recipes/int4-w4a16-rtn.yaml --model demo --set 'steps[0].quantize.bits=8' \
-      --set 'steps[0].quantize.group_size=-1' --out "$INT8" --json > /dev/null
+  printf 'description: INT8 weights per output channel (W8A16), round-to-nearest, symmetric\nsteps:\n  - quantize:\n      method: rtn\n      bits: 8\n      group_size: -1\n      symmetric: true\n' > "$OUT/int8-w8a16-rtn.yaml"
+  [[ -d $INT8 ]] || $LOCK $QK convert "$OUT/int8-w8a16-rtn.yaml" --model demo --out "$INT8" --json > /dev/null
 fi
 uptime
 # 1. the demo suite on the compiled engine: TPOT/TTFT, efficiency, fit, sweep, self-check, probe before/after

@@ -268,6 +268,9 @@ def test_model_in_cache_is_not_an_accounting_error(cli, tiny_llama, monkeypatch)
     code, out, err, data = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--no-self-check", "--json")
     row = data["rows"][0]
     assert row["tpot_efficiency"] > 1 and row["fits_in_cache"] and not row["accounting_error"] and "fits_in_cache" in row["flags"]
+    monkeypatch.setattr(probing, "run_probe", fake_probe(read_gbps=(slow,), llc=1 << 30))
+    code, out, err, _ = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--no-self-check")
+    assert "(fits in cache)" in out and "fit in the last-level cache" in out and "(!)" not in out
     monkeypatch.setattr(probing, "run_probe", fake_probe(read_gbps=(slow,), llc=1000))
     code, out, err, _ = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--no-self-check")
     assert "(!) efficiency above 100%" in out

@@ -22,7 +22,7 @@ def table_rows(result: dict) -> list[dict]:
             "TPOT ms": round(r["tpot_ms"], 2), "pred TTFT ms": round(r["predicted_ttft_ms"], 1),
             "pred TPOT ms": round(r["predicted_tpot_ms"], 2),
             "TPOT eff": f"{r['tpot_efficiency'] * 100:.0f}%" + (" (!)" if "tpot_above_roofline" in r["flags"] else "")
-                        + (" (cache)" if r["fits_in_cache"] else ""),
+                        + (" (fits in cache)" if r["fits_in_cache"] and r["tpot_efficiency"] > 1 else ""),
             "TTFT eff": f"{r['ttft_efficiency'] * 100:.0f}%" + (" (!)" if "ttft_above_roofline" in r["flags"] else ""),
             "self-check KL": f"{check['mean_kl']:.2g}" if check.get("mean_kl") is not None else check.get("status", "—"),
         })
@@ -78,7 +78,7 @@ def render(result: dict, fmt: str) -> str:
         lines.append(f"warning: the machine was busy before the run (load average {la['before']:.1f} on {la['cpus']} CPUs): timings are unreliable")
     for r in result["rows"]:
         lines += [f"note: {r['name']}: {n}" for n in r.get("notes", [])]
-        if r.get("fits_in_cache"):
+        if r.get("fits_in_cache") and r["tpot_efficiency"] > 1:
             lines.append(f"note: {r['name']}: a decode step's {r['bytes_per_token'] / 1e6:.1f} MB fit in the last-level cache "
                          f"({result['device']['llc_bytes'] / 1e6:.1f} MB): it may beat the streaming-read roofline (fits in cache)")
         per_step = (r.get("stats") or {}).get("per_step") or {}
@@ -119,6 +119,23 @@ def _print_probe(p: dict, as_json: bool) -> None:
                f"bf16 matmul {fig('bf16_matmul_tflops', 'TFLOP/s')}{llc}")
 
 
+def _source(ref: str, engine: str):
+    """A model argument -> a checkpoint directory, or a GGUF file (opened now: a file that is not a
+    GGUF, or a truncated one, is one line before anything runs)."""
+    from ..errors import QuantkitError
+    from ..models import resolve_model
+
+    path = Path(ref).expanduser()
+    if not path.is_file():
+        return resolve_model(ref)
+    if engine != "llamacpp":
+        raise QuantkitError(f"{ref}: a file; the {engine} engine benches checkpoint directories (GGUF files: --engine llamacpp)")
+    from ..gguf.read import open_reader
+
+    open_reader(path)
+    return path.resolve()
+
+
 @click.command("bench")
 @click.argument("models", nargs=-1)
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one).")
@@ -132,7 +149,7 @@ def _print_probe(p: dict, as_json: bool) -> None:
 @click.option("--shape", "shapes", multiple=True, help="Synthetic model: a named shape or config.json (random weights), with --shape-bits.")
 @click.option("--shape-bits", default="16", show_default=True, help="Bit widths for --shape models, e.g. 16,8,4 (RTN-style random integers).")
 @click.option("--tensor-parallel", default=1, show_default=True, type=int, help="GPUs per model (--engine vllm).")
-@click.option("--threads", default=None, type=int, help="CPU threads for the engine (default: the library's).")
+@click.option("--threads", default=None, type=int, help="CPU threads for the engine (default: the library's; llamacpp: every core this process may use).")
 @click.option("--self-check/--no-self-check", default=True, show_default=True,
               help="Compare the engine's next-token logits with transformers' load of the checkpoint before timing; refuse a mismatch.")
 @click.option("--probe", is_flag=True, help="Measure this device's bandwidth and matmul rate (cached) and print them.")
@@ -151,7 +168,6 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
     from ..bench.settings import BenchSettings, check_settings
     from ..bench.synthetic import Synthetic
     from ..errors import QuantkitError
-    from ..models import resolve_model
 
     settings = BenchSettings(device=device, engine=engine, prompt_len=prompt_len, gen_len=gen_len, repeats=repeats,
                              min_seconds=min_seconds, warmups=warmups, prompt_sweep=int_list(sweep, "--sweep"),
@@ -169,7 +185,7 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
     bits = int_list(shape_bits, "--shape-bits")
     if any(b not in (4, 8, 16) for b in bits):
         raise QuantkitError("--shape-bits: each must be 4, 8 or 16")
-    sources = [resolve_model(m) for m in models] + [Synthetic(s, b) for s in shapes for b in bits]
+    sources = [_source(m, settings.engine) for m in models] + [Synthetic(s, b) for s in shapes for b in bits]
     if plan_only:
         from ..planner import plan_bench, show
 
