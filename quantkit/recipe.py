@@ -183,6 +183,8 @@ class RecoverConfig(_Strict):
     heldout_windows: int = Field(4, ge=1)
     eval_every: int = Field(20, ge=1)
     patience: int = Field(3, ge=1)
+    # Steps per layer of attention transfer before distillation (gqa/transfer.py); 0: none.
+    transfer_steps: int = Field(0, ge=0)
 
 
 class GqaConfig(_Strict):

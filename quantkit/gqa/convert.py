@@ -160,6 +160,20 @@ def _calibration_spans(calib_set) -> list[tuple[int, int]]:
     return [(s, s + n) for s in calib_set.manifest["window_starts"]]
 
 
+def _transfer(model, teacher, names: list[str], windows, cfg):
+    """Attention transfer on the first training windows (gqa/transfer.py), in the recovery's time
+    budget: returns its record (None when off) and the config distillation runs with."""
+    if not cfg.transfer_steps:
+        return None, cfg
+    from .recover import trained_names
+    from .transfer import transfer
+
+    used = windows.train[: 8 * cfg.batch_size]
+    record = transfer(model, teacher, [(n, model.get_submodule(n)) for n in names], [teacher.get_submodule(n) for n in names],
+                      trained_names(model, names, cfg.train), used, cfg)
+    return record, cfg.model_copy(update={"max_minutes": max(0.05, cfg.max_minutes - record["minutes"])})
+
+
 def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec: str | None = None, calibration=None):
     """Merge KV heads (and optionally recover); returns the model (float32, in memory) and its meta."""
     key = "steps.gqa"
@@ -192,13 +206,14 @@ def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec
     }
     if gqa.recover:
         names = [f"{layout.layers}.{i}.{layout.attn}" for i in range(layers)]
-        log = distill(model, teacher, names, windows, gqa.recover, note)
+        transferred, rec = _transfer(model, teacher, names, windows, gqa.recover)
+        log = distill(model, teacher, names, windows, rec, note)
         del teacher
         meta["recover"] = {
             "steps": log.steps, "tokens": log.tokens, "minutes": round(log.minutes, 2),
             "heldout_kl": [[s, round(k, 5)] for s, k in log.heldout_kl], "best_step": log.best_step,
             "stop": log.stop, "train": gqa.recover.train, "lr": gqa.recover.lr,
             "seconds_per_step": round(log.seconds_per_step, 2), "seconds_per_step_by_threads": log.threads,
-            "windows": windows.describe(log.steps, gqa.recover.batch_size),
+            "windows": windows.describe(log.steps, gqa.recover.batch_size), "transfer": transferred,
         }
     return model, meta
