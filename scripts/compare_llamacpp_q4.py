@@ -5,14 +5,15 @@ weights, at the same file size, all run by llama.cpp: mean KL against the FP16 G
 Variants (linear layers Q4_0; token_embd/output kept F16 in every file, so sizes are equal):
   llama.cpp Q4_0            llama_model_quantize of the FP16 GGUF (ggml's round-to-nearest Q4_0)
   llama.cpp Q4_0 + imatrix  the same with an importance matrix (mean squared input activation per
-                            column, as llama-imatrix computes it) from the calibration text GPTQ used
+                            column, as llama-imatrix computes it) from the calibration samples each
+                            GPTQ artifact was converted with (read from its quantkit.json)
   each --gptq ARTIFACT      `quantkit export --format gguf` (lossless; refused otherwise)
 
 KL(FP16 || variant) per token with full logits, over non-overlapping windows of each --text's first
-half (GPTQ and the imatrix calibrate on wikitext's second half); 95% intervals resample windows.
+half (calibration draws from second halves); 95% intervals resample windows.
 Usage:
   scripts/compare_llamacpp_q4.py --fp16 demo --gptq ART [--gptq ART ...] --workdir DIR \\
-      [--text set:wikitext2-valid --text set:python-stdlib-code] [--calib set:wikitext2-valid] [--json OUT]
+      [--text set:wikitext2-valid --text set:python-stdlib-code] [--json OUT]
 """
 
 from __future__ import annotations
@@ -36,21 +37,31 @@ def export(artifact: Path, out: Path) -> dict:
     return export_gguf(artifact, out, GgufOptions(force=True))
 
 
-def imatrix(fp16: Path, calib: str, tokens: int, seq_len: int) -> dict[str, np.ndarray]:
-    """Per linear layer, the mean squared input activation per column (llama-imatrix's statistic),
-    under the GGUF tensor names, from the FP16 model in transformers on the calibration text."""
-    from quantkit.evals.perplexity import text_windows
+def calibration_of(artifact: Path) -> dict:
+    """The calibration an artifact was converted with (its quantkit.json), to give the imatrix the same."""
+    meta = json.loads((artifact / "quantkit.json").read_text())
+    c, r = meta.get("calibration") or {}, (meta.get("recipe") or {}).get("calibration") or {}
+    return {"source": c.get("source") or r.get("source"), "samples": c.get("samples") or r.get("samples"),
+            "seq_len": c.get("seq_len") or r.get("seq_len"), "seed": c.get("seed", r.get("seed", 0)),
+            "region": c.get("region") or r.get("region", "second-half")}
+
+
+def imatrix(fp16: Path, calib: dict) -> dict[str, np.ndarray]:
+    """Per linear layer, the mean squared input activation per column (llama-imatrix's statistic), under
+    the GGUF tensor names, from the FP16 model on the calibration samples quantkit's convert draws for
+    the same settings (quantkit.calib.build: same source, count, length, seed and region)."""
+    from quantkit import calib as qcalib
     from quantkit.gguf.arch import hparams
     from quantkit.gguf.plan import make_plan
     from quantkit.gguf.source import Artifact
-    from quantkit.models import load_model, load_tokenizer
-    from quantkit.text import parse_spec
+    from quantkit.models import checkpoint_hash, load_model, load_tokenizer
 
     with Artifact(fp16) as art:
         names = {p.source[: -len(".weight")]: p.name for p in make_plan(art, hparams(art.path, art.config)) if len(p.shape) == 2}
     model = load_model(fp16, dtype="float32")
+    cset = qcalib.build(fp16, load_tokenizer(fp16), calib["source"], samples=calib["samples"], seq_len=calib["seq_len"],
+                        seed=calib["seed"], region=calib["region"], chat_template=False, model=model, model_hash=checkpoint_hash(fp16))
     sums: dict[str, torch.Tensor] = {}
-    count = [0]
 
     def hook(name):
         def fn(mod, args):
@@ -59,14 +70,14 @@ def imatrix(fp16: Path, calib: str, tokens: int, seq_len: int) -> dict[str, np.n
         return fn
 
     hooks = [m.register_forward_pre_hook(hook(n)) for n, m in model.named_modules() if n in names and isinstance(m, torch.nn.Linear)]
-    win = text_windows(load_tokenizer(fp16), parse_spec(calib), seq_len=seq_len, max_tokens=tokens, region="second-half")
+    count = 0
     with torch.inference_mode():
-        for w in win.tokens:
-            model(w.unsqueeze(0), use_cache=False)
-            count[0] += len(w)
+        for sample in cset.samples:
+            model(sample.reshape(1, -1), use_cache=False)
+            count += sample.numel()
     for h in hooks:
         h.remove()
-    return {names[n]: (s / count[0]).float().numpy() for n, s in sums.items()}
+    return {names[n]: (s / count).float().numpy() for n, s in sums.items()}
 
 
 def llama_quantize(f16: Path, out: Path, imat: dict[str, np.ndarray] | None = None) -> None:
@@ -148,8 +159,6 @@ def main() -> None:
     ap.add_argument("--fp16", default="demo")
     ap.add_argument("--gptq", action="append", type=Path, required=True)
     ap.add_argument("--text", action="append", default=None)
-    ap.add_argument("--calib", default="set:wikitext2-valid")
-    ap.add_argument("--calib-tokens", type=int, default=64 * 512)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--workdir", type=Path, required=True)
@@ -163,25 +172,34 @@ def main() -> None:
     export(fp16, files["FP16"])
     files["llama.cpp Q4_0"] = a.workdir / "llamacpp-q4_0.gguf"
     llama_quantize(files["FP16"], files["llama.cpp Q4_0"])
-    files["llama.cpp Q4_0 + imatrix"] = a.workdir / "llamacpp-q4_0-imatrix.gguf"
-    llama_quantize(files["FP16"], files["llama.cpp Q4_0 + imatrix"], imatrix(fp16, a.calib, a.calib_tokens, a.seq_len))
+    calibs = {}
+    for art in a.gptq:
+        c = calibration_of(art)
+        calibs.setdefault(json.dumps(c, sort_keys=True), c)
+    ref_imatrix = None
+    for i, c in enumerate(calibs.values()):
+        name = f"llama.cpp Q4_0 + imatrix ({c['source']}, {c['samples']} x {c['seq_len']})"
+        files[name] = a.workdir / f"llamacpp-q4_0-imatrix-{i}.gguf"
+        llama_quantize(files["FP16"], files[name], imatrix(fp16, c))
+        ref_imatrix = ref_imatrix or name
     for art in a.gptq:
         rec = export(art, a.workdir / f"{art.name}.gguf")
         assert rec["lossless"], f"{art}: export not lossless"
-        files[f"quantkit {art.name} -> Q4_0"] = a.workdir / f"{art.name}.gguf"
+        c = calibration_of(art)
+        files[f"quantkit {art.name} ({c['source']}, {c['samples']} x {c['seq_len']}) -> Q4_0"] = a.workdir / f"{art.name}.gguf"
     tok = load_tokenizer(fp16)
     result = {"files": {k: {"path": str(p), "bytes": p.stat().st_size} for k, p in files.items()}, "domains": {},
-              "calibration": a.calib, "calib_tokens": a.calib_tokens}
+              "calibrations": list(calibs.values())}
     for spec in texts:
         win = text_windows(tok, parse_spec(spec), seq_len=a.seq_len, max_tokens=a.max_tokens, region="first-half")
         per = score(files, [w.tolist() for w in win.tokens], a.seq_len + 8)
         result["domains"][spec] = {"windows": len(win.tokens), "seq_len": a.seq_len, **summarize(per, "llama.cpp Q4_0"),
-                                   "vs_imatrix": {k: v[f"kl_reduction_vs_llama.cpp Q4_0 + imatrix"] for k, v in
-                                                  summarize(per, "llama.cpp Q4_0 + imatrix").items() if k != "FP16"}}
+                                   "vs_imatrix": {k: v[f"kl_reduction_vs_{ref_imatrix}"] for k, v in
+                                                  summarize(per, ref_imatrix).items() if k != "FP16"}}
     result["wall_seconds"] = time.perf_counter() - t0
     if a.json:
         a.json.write_text(json.dumps(result, indent=2))
-    print(f"{'variant':38s} {'MB':>6s}", *(f"{s.split(':')[-1][:22]:>24s}" for s in texts))
+    print(f"{'variant':72s} {'MB':>6s}", *(f"{s.split(':')[-1][:22]:>24s}" for s in texts))
     for k in files:
         if k == "FP16":
             continue
@@ -189,7 +207,7 @@ def main() -> None:
         for s in texts:
             d = result["domains"][s][k]
             cells.append(f"KL {d['kl_mean']:.4f} ({d['kl_reduction_vs_llama.cpp Q4_0'] * 100:+.0f}%)".rjust(24))
-        print(f"{k:38s} {files[k].stat().st_size / 1e6:6.1f}", *cells)
+        print(f"{k:72s} {files[k].stat().st_size / 1e6:6.1f}", *cells)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,10 @@ def record_path(out: Path) -> Path:
     return out.with_name((out.name[: -len(".gguf")] if out.name.endswith(".gguf") else out.name) + ".quantkit.json")
 
 
-def _check_target(out: Path, artifact: Path, force: bool) -> None:
+def _check_target(out: Path, artifact: Path, force: bool, kl_text: str | None) -> None:
+    from ..artifact import guard_out, model_inputs, text_input
+
+    guard_out(out, [*model_inputs(artifact), *text_input(kl_text, "the KL text")])
     if out.exists() and out.is_dir():
         raise QuantkitError(f"{out} is a directory; --out names the .gguf file to write")
     if out.exists() and not force:
@@ -87,7 +90,7 @@ def export_gguf(artifact: Path, out: Path | None = None, opts: GgufOptions = Ggu
     if artifact.is_file() and _head(artifact) == b"GGUF":
         raise QuantkitError(f"{artifact} is already a GGUF file; export takes a quantkit artifact directory")
     out = Path(out) if out is not None else default_out(artifact)
-    _check_target(out, artifact, opts.force)
+    _check_target(out, artifact, opts.force, opts.kl_text)
     with exclusive(out, what=str(out)), Artifact(artifact) as art:
         _check_artifact(art)
         hp = arch.hparams(art.path, art.config)
