@@ -14,27 +14,38 @@ def _plt():
     return plt
 
 
-def rule_check(rows: list[dict], fit: dict, bandwidth_gbps: float, out: Path, title: str = "") -> Path:
-    """TPOT against bytes read per token: the points, the least-squares fit and the roofline."""
+def rule_check(rows: list[dict], fit: dict, bandwidth_gbps: float, out: Path, title: str = "",
+               fits: dict[str, dict] | None = None, bandwidths: dict[str, float] | None = None) -> Path:
+    """TPOT against bytes read per token: the points, the least-squares fit and the roofline.
+    With `fits` (engine -> fit), one series per engine (rows carry "engine"): its points, its fit
+    and the roofline of its own probe (`bandwidths`, engine -> GB/s)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [r["bytes_per_token"] / 1e6 for r in rows]
-    ys = [r["tpot_ms"] for r in rows]
-    ax.scatter(xs, ys, zorder=3)
-    for r, x, y in zip(rows, xs, ys):
-        ax.annotate(r["name"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
     top = max(xs) * 1.1 if xs else 1
     grid = [0, top]
-    ax.plot(grid, [g * 1e6 / (bandwidth_gbps * 1e9) * 1e3 for g in grid], "--", label=f"roofline: bytes / {bandwidth_gbps:.1f} GB/s")
-    if fit.get("effective_gbps"):
-        ax.plot(grid, [fit["overhead_ms"] + g * 1e6 / (fit["effective_gbps"] * 1e9) * 1e3 for g in grid],
-                label=f"fit: {fit['overhead_ms']:.2f} ms + bytes / {fit['effective_gbps']:.1f} GB/s (R² {fit['r2']:.3f})")
+    series = fits or {None: fit}
+    for i, (engine, f) in enumerate(series.items()):
+        color = f"C{i}"
+        mine = [r for r in rows if engine is None or r.get("engine") == engine]
+        px, py = [r["bytes_per_token"] / 1e6 for r in mine], [r["tpot_ms"] for r in mine]
+        ax.scatter(px, py, zorder=3, color=color, label=engine)
+        for r, x, y in zip(mine, px, py):
+            ax.annotate(r["name"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        bw = (bandwidths or {}).get(engine, bandwidth_gbps)
+        if engine is None or i == 0 or abs(bw - bandwidth_gbps) > 0.05 * bandwidth_gbps:  # one roofline unless the probes differ
+            ax.plot(grid, [g * 1e6 / (bw * 1e9) * 1e3 for g in grid], "--", color="gray" if engine is None else color, alpha=0.7,
+                    label=f"roofline{'' if engine is None else f' ({engine} probe)'}: bytes / {bw:.1f} GB/s")
+        if f and f.get("effective_gbps"):
+            ax.plot(grid, [f["overhead_ms"] + g * 1e6 / (f["effective_gbps"] * 1e9) * 1e3 for g in grid], color=color,
+                    label=f"{'fit' if engine is None else engine + ' fit'}: {f['overhead_ms']:.2f} ms + bytes / {f['effective_gbps']:.1f} GB/s "
+                          f"(R² {f['r2']:.3f})")
     ax.set_xlabel("bytes read per decode token (MB)")
     ax.set_ylabel("TPOT (ms)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
-    ax.set_title(title or "TPOT against bytes per token (batch 1)")
-    ax.legend(fontsize=8)
+    ax.set_title(title or ("TPOT against bytes per token (batch 1), per engine" if fits else "TPOT against bytes per token (batch 1)"))
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=120)

@@ -292,13 +292,42 @@ class EvalConfig(_Strict):
 
 
 class BenchConfig(_Strict):
+    # `engines: [compiled, llamacpp]` benches every variant on each engine (a row per engine in the
+    # report, a rule-check fit per engine); `engine: X` is the one-engine shorthand, and names the
+    # first engine either way. Names: quantkit/bench/engines ENGINES.
     engine: str = "compiled"
+    engines: tuple[str, ...] = ()
     device: Literal["cpu", "cuda"] = "cpu"
     prompt_len: int = Field(256, ge=1)
     gen_len: int = Field(64, ge=2)
     repeats: int = Field(5, ge=1)
     min_seconds: float = Field(2.0, ge=0)
     prompt_sweep: tuple[int, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        engine, engines = data.get("engine"), data.get("engines")
+        if not isinstance(engines, (list, tuple)):
+            return {**data, "engines": (engine or "compiled",)} if engines is None else data  # the field reports a non-list
+        if not engines:
+            raise ValueError("engines: give at least one engine")
+        if engine is not None and engine != engines[0]:  # a dumped recipe holds both, consistent
+            raise ValueError(f"engine: {engine} is not the first of engines ({', '.join(map(str, engines))}); give one of the two")
+        return {**data, "engine": engines[0]}
+
+    @model_validator(mode="after")
+    def _known_engines(self) -> "BenchConfig":
+        from .bench.engines import ENGINES
+
+        unknown = [e for e in self.engines if e not in ENGINES]
+        if unknown:
+            raise ValueError(f"unknown engine {unknown[0]!r}; valid: {', '.join(ENGINES)}")
+        if len(set(self.engines)) != len(self.engines):
+            raise ValueError("engines: each engine at most once")
+        return self
 
 
 class ExportConfig(_Strict):

@@ -20,7 +20,8 @@ COLUMNS = [
 ]
 
 
-def variant_row(rec: dict) -> dict:
+def variant_row(rec: dict, engine: str | None = None) -> dict:
+    """The variant's figures; with `engine`, its bench figures on that engine (a run's row per engine)."""
     row: dict = {"name": rec["name"], "status": "failed" if rec.get("error") else "ok", "error": rec.get("error")}
     if rec.get("artifact"):
         sizes = checkpoint_sizes(Path(rec["artifact"]))
@@ -32,25 +33,66 @@ def variant_row(rec: dict) -> dict:
     if ev.get("tasks"):
         row["tasks"] = ev["tasks"]
         row["tasks_delta"] = ", ".join(f"{n} {t['delta']:+.3f}±{t['delta_stderr']:.3f}" for n, t in ev["tasks"].items())
-    b = rec.get("bench") or {}
+    b = ((rec.get("benches") or {}).get(engine) if engine else rec.get("bench")) or {}
     if b:
         row.update(ttft_ms=b["ttft_ms"], tpot_ms=b["tpot_ms"], predicted_tpot_ms=b["predicted_tpot_ms"],
                    tpot_efficiency_pct=b["tpot_efficiency"] * 100, bytes_per_token=b["bytes_per_token"], kernel=b["kernel"],
-                   accounting_error=b["accounting_error"])
+                   accounting_error=b["accounting_error"], engine=b.get("engine"), threads=b.get("threads"))
+    if engine:
+        row["engine"] = engine
+        failed = (rec.get("bench_errors") or {}).get(engine)
+        if failed and not row["error"]:
+            row.update(status="failed", error=f"bench ({engine}): {failed}")
     return row
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(c[0] for c in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    # several engines: a row per variant and engine, the engine named beside the variant
+    many = len({r.get("engine") for r in rows if r.get("engine")}) > 1
+    columns = [COLUMNS[0], ("engine", "engine", "{}"), *COLUMNS[1:]] if many else COLUMNS
+    first = 2 if many else 1
+    lines = ["| " + " | ".join(c[0] for c in columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         cells = []
-        for _, key, fmt in COLUMNS:
+        for _, key, fmt in columns:
             v = r.get(key)
             cells.append("—" if v is None else fmt.format(v))
         if r.get("error"):
-            cells[1:] = [f"failed: {r['error'][:80]}"] + [""] * (len(COLUMNS) - 2)
+            cells[first:] = [f"failed: {r['error'][:80]}"] + [""] * (len(columns) - first - 1)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _fit_text(fit: dict, what: str) -> str | None:
+    if fit.get("effective_gbps"):
+        return (f"{what} (TPOT = overhead + bytes/token ÷ bandwidth, least squares over {fit['points']} variants): "
+                f"effective {fit['effective_gbps']:.2f} GB/s, fixed overhead {fit['overhead_ms']:.2f} ms per step, R² {fit['r2']:.3f}")
+    if fit.get("r2") is not None:
+        return f"{what}: TPOT does not grow with bytes per token here (R² {fit['r2']:.3f}); decode is overhead-bound on this engine"
+    return None
+
+
+def engine_lines(report: dict) -> list[str]:
+    """A run on several engines: each engine's probe and rule check, and the fastest engine per variant."""
+    out = []
+    for name, e in (report.get("engines") or {}).items():
+        dev = e.get("device") or {}
+        if e.get("error"):
+            out.append(f"- **{name}**: not benchmarked: {e['error']}")
+            continue
+        probe = f"{dev.get('threads')} threads, probed {dev.get('bandwidth_gbps', 0):.1f} GB/s read" if dev else "no probe"
+        effs = [row["tpot_efficiency_pct"] for row in report["rows"] if row.get("engine") == name and row.get("tpot_efficiency_pct") is not None]
+        eff = f"; TPOT efficiency {min(effs):.0f}–{max(effs):.0f}% of the roofline" if effs else ""
+        fit = _fit_text(e.get("fit") or {}, "rule check")
+        out.append(f"- **{name}** ({probe}{eff}): {fit or 'rule check: not enough variants to fit'}.")
+    fastest = report.get("fastest") or {}
+    if fastest:
+        out += ["", "**Fastest engine per variant** (batch-1 TPOT):"]
+        for name, f in fastest.items():
+            ms = ", ".join(f"{e} {t:.2f} ms" for e, t in sorted(f["tpot_ms"].items(), key=lambda kv: kv[1]))
+            ttft = ", ".join(f"{e} {t:.1f} ms" for e, t in sorted(f["ttft_ms"].items(), key=lambda kv: kv[1]))
+            out.append(f"- {name}: **{f['tpot']}**, {f['tpot_speedup']:.2f}x faster per token than the slowest (TPOT {ms}; TTFT {ttft})")
+    return out
 
 
 def render_markdown(report: dict) -> str:
@@ -62,17 +104,20 @@ def render_markdown(report: dict) -> str:
            f"- device: {dev.get('name', 'n/a')} — {dev.get('bandwidth_gbps', 0):.1f} GB/s read, {dev.get('compute_tflops', 0):.2f} TFLOP/s bf16 (probed in this run)",
            f"- eval: {r.get('eval_text') or 'skipped'}; bench: {r.get('bench_settings') or 'skipped'}", "",
            markdown_table(r["rows"]), ""]
-    if fit.get("effective_gbps"):
-        out.append(f"**Rule check** (TPOT = overhead + bytes/token ÷ bandwidth, least squares over {fit['points']} variants): "
-                   f"effective {fit['effective_gbps']:.2f} GB/s, fixed overhead {fit['overhead_ms']:.2f} ms per step, R² {fit['r2']:.3f}.")
-    elif fit.get("r2") is not None:
-        out.append(f"**Rule check**: TPOT does not grow with bytes per token here (R² {fit['r2']:.3f}); decode is overhead-bound on this engine.")
+    if len(r.get("engines") or {}) > 1:
+        out += ["**Rule check per engine**, each against its own probe of the device in this run:", *engine_lines(r), ""]
+    elif _fit_text(fit, "**Rule check**"):
+        out.append(_fit_text(fit, "**Rule check**") + ".")
+    gguf_failed = [f"- {name}: export gguf: {v['gguf_error']}" for name, v in r["variants"].items() if v.get("gguf_error")]
+    if gguf_failed:
+        out += ["GGUF export failed:", *gguf_failed, ""]
     failed = [f"- {row['name']}: {row['error']}" for row in r["rows"] if row.get("error")]
     if failed:
         out += ["Failed:", *failed, ""]
     if any(row.get("accounting_error") for row in r["rows"]):
         out.append("\n(!) An efficiency above 100% means the byte accounting or the probed bandwidth is wrong.")
-    kernels = [f"- {row['name']}: {row['kernel']}" for row in r["rows"] if row.get("kernel")]
+    kernels = [f"- {row['name']}{' (' + row['engine'] + ')' if r.get('engines') and len(r['engines']) > 1 else ''}: {row['kernel']}"
+               for row in r["rows"] if row.get("kernel")]
     if kernels:
         out += ["", "Kernels that ran:", *kernels]
     out += ["", f"Plots: {', '.join(r.get('plots', [])) or 'none'}",
@@ -80,22 +125,39 @@ def render_markdown(report: dict) -> str:
     return "\n".join(out)
 
 
-def finish_run(runner, bench: dict | None, total_s: float) -> dict:
+def _plots(runner, benches: dict[str, dict], rows: list[dict]) -> list[str]:
+    """The rule check (one series and fit per engine), accuracy against TPOT, TTFT against prompt length."""
+    from .plots import pareto, rule_check, ttft_sweep
+
+    ran = {e: res for e, res in benches.items() if res.get("rows")}
+    if not ran:
+        return []
+    many = len(benches) > 1
+    label = (lambda r: f"{r['name']} ({r['engine']})") if many else (lambda r: r["name"])
+    bench_rows = [{**b, "engine": e, "name": label({**b, "engine": e})} for e, res in ran.items() for b in res["rows"]]
+    d = runner.dir / "plots"
+    d.mkdir(exist_ok=True)
+    first = next(iter(ran.values()))
+    fits = {e: res["fit"] for e, res in ran.items()} if many else None
+    bandwidths = {e: res["device"]["bandwidth_gbps"] for e, res in ran.items()}
+    plots = [str(rule_check(bench_rows, first["fit"], first["device"]["bandwidth_gbps"], d / "rule_check.png", fits=fits, bandwidths=bandwidths))]
+    points = [{**r, "name": label(r)} for r in rows] if many else rows
+    if any(r.get("kld_mean") is not None and r.get("tpot_ms") is not None for r in points):
+        plots.append(str(pareto(points, d / "accuracy_vs_tpot.png")))
+    if any(b.get("prompt_sweep") for b in bench_rows):
+        plots.append(str(ttft_sweep(bench_rows, d / "ttft_vs_prompt.png")))
+    return plots
+
+
+def finish_run(runner, benches: dict[str, dict], total_s: float) -> dict:
+    """`benches`: engine -> bench_many's result (run_engines.bench_engines); empty when the bench was skipped."""
     from .card import update_card_results
+    from .run_engines import fastest
 
-    rows = [variant_row(rec) for rec in runner.variants.values()]
-    plots = []
-    if bench and bench["rows"]:
-        from .plots import pareto, rule_check, ttft_sweep
-
-        d = runner.dir / "plots"
-        d.mkdir(exist_ok=True)
-        bench_rows = [{**b, "name": b["name"]} for b in bench["rows"]]
-        plots.append(str(rule_check(bench_rows, bench["fit"], bench["device"]["bandwidth_gbps"], d / "rule_check.png")))
-        if any(r.get("kld_mean") is not None and r.get("tpot_ms") is not None for r in rows):
-            plots.append(str(pareto(rows, d / "accuracy_vs_tpot.png")))
-        if any(b.get("prompt_sweep") for b in bench["rows"]):
-            plots.append(str(ttft_sweep(bench_rows, d / "ttft_vs_prompt.png")))
+    engines = [e for e, res in benches.items() if not res.get("error")] or [None]  # an engine that could not run has no rows
+    rows = [variant_row(rec, e) for rec in runner.variants.values() for e in engines]
+    plots = _plots(runner, benches, rows)
+    first = next((res for res in benches.values() if res.get("rows")), None)
     for rec in runner.variants.values():
         art = Path(rec.get("artifact", ""))
         made_here = art.is_relative_to(runner.dir) and art.resolve() != Path(runner.src).resolve()  # never write into the source
@@ -109,11 +171,14 @@ def finish_run(runner, bench: dict | None, total_s: float) -> dict:
         "kind": "quantkit-run", "schema_version": 1, "recipe": runner.recipe.name, "model": str(runner.src),
         "model_sha256": runner.src_hash, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
         "eval_text": runner.eval_text, "calibration": runner.calib,
-        "bench_settings": runner.recipe.bench.model_dump(mode="json") if bench else None,
-        "device": bench["device"] if bench else None, "fit": bench["fit"] if bench else None,
+        "bench_settings": runner.recipe.bench.model_dump(mode="json") if benches else None,
+        "device": first["device"] if first else None, "fit": first["fit"] if first else None,
+        "engines": {e: {k: res.get(k) for k in ("device", "fit", "settings", "load_average", "error")} for e, res in benches.items()},
+        "fastest": fastest(rows),
         "rows": rows, "variants": runner.variants, "plots": plots, "timings": runner.timings,
         "wall_seconds": total_s, "steps_seconds": steps_s, "overhead_pct": 100.0 * max(0.0, total_s - steps_s) / total_s if total_s else 0.0,
-        "failed": [r["name"] for r in rows if r["status"] == "failed"],
+        "failed": sorted({r["name"] for r in rows if r["status"] == "failed"}
+                         | {n for n, v in runner.variants.items() if v.get("gguf_error")}, key=list(runner.variants).index),
     }
     write_json(runner.dir / "report.json", report, default=str)
     write_text(runner.dir / "report.md", render_markdown(report))

@@ -174,30 +174,23 @@ class Runner:
         self.cache.put(key, result)
         return result
 
-    def bench(self, paths: dict[str, Path]) -> dict | None:
+    def export(self, name: str, path: Path, rec: dict) -> None:
+        """`export: {formats: [gguf]}` (run_engines.py); a variant GGUF cannot hold exactly fails that format only."""
+        from .run_engines import export_gguf
+
+        try:
+            rec["gguf"] = self._timed(f"export:{name}", lambda: export_gguf(self, name, path))
+        except QuantkitError as exc:
+            rec["gguf_error"] = str(exc)
+            note(f"[{name}] export gguf failed: {exc}")
+
+    def bench(self, paths: dict[str, Path]) -> dict[str, dict]:
+        """One bench per engine of bench.engines (run_engines.py): engine -> bench_many's result."""
         if self.opts.skip_bench or not paths:
-            return None
-        from .bench.runner import BenchSettings, bench_many
+            return {}
+        from .run_engines import bench_engines
 
-        b = self.recipe.bench
-        settings = BenchSettings(device=b.device, engine=b.engine, prompt_len=b.prompt_len, gen_len=b.gen_len,
-                                 repeats=b.repeats, min_seconds=b.min_seconds, prompt_sweep=b.prompt_sweep)
-        key = _key("bench", __version__, sorted((n, checkpoint_hash(p)) for n, p in paths.items()), b.model_dump(mode="json"))
-        hit = self.cache.get(key)
-        if hit is not None and not self.opts.rerun:
-            note("bench: reusing")
-            return hit
-        note(f"bench: {len(paths)} variants in one run ({b.engine}, {b.device})")
-        result = bench_many(list(paths.values()), settings, names=list(paths))
-        if not result["failed"]:  # a failure (out of memory, say) may not recur: try again next run
-            self.cache.put(key, result)
-        return result
-
-    def _bench_failed(self, name: str, error: str) -> None:
-        """A variant whose bench failed is a failed variant, like one whose convert or eval failed."""
-        rec = self.variants[name]
-        rec.setdefault("error", f"bench: {error}")
-        note(f"[{name}] bench failed: {error}")
+        return bench_engines(self, paths)
 
     def run(self) -> dict:
         if self.dir.exists() and not self.dir.is_dir():
@@ -221,24 +214,18 @@ class Runner:
                 rec["artifact"] = str(path)
                 rec["eval"] = self._timed(f"eval:{v.name}", lambda: self.evaluate(v, path))
                 paths[v.name] = path
+                self.export(v.name, path, rec)
             except Exception as exc:  # a failed variant is reported; the others go on
                 if self.opts.debug:
                     raise
                 rec["error"] = str(exc) if isinstance(exc, QuantkitError) else f"{type(exc).__name__}: {exc}"
                 rec["traceback"] = traceback.format_exc(limit=8) if not isinstance(exc, QuantkitError) else None
                 note(f"[{v.name}] failed: {rec['error']}")
-        bench = None
-        try:
-            bench = self._timed("bench", lambda: self.bench(paths))
-        except QuantkitError as exc:
-            for name in paths:
-                self._bench_failed(name, str(exc))
-        if bench:
-            for row in bench["rows"]:
-                self.variants[row["name"]]["bench"] = row
-            for f in bench.get("failed", []):
-                self._bench_failed(f["name"], f["error"])
+        from .run_engines import record_benches
+
+        benches = self._timed("bench", lambda: self.bench(paths))
+        record_benches(self, benches)  # a variant an engine failed on is a failed variant
         from .report import finish_run
 
         total = time.perf_counter() - t0
-        return self._timed("report", lambda: finish_run(self, bench, total))
+        return self._timed("report", lambda: finish_run(self, benches, total))

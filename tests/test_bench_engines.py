@@ -41,9 +41,9 @@ class CountingEngine(Engine):
 
 
 def test_registry_is_explicit_and_lazy():
-    assert list(ENGINES) == ["eager", "compiled", "vllm"]
+    assert list(ENGINES) == ["eager", "compiled", "vllm", "llamacpp"]
     assert engine_class("eager").name == "eager" and engine_class("compiled").compiles
-    with pytest.raises(QuantkitError, match="unknown engine 'llama'; valid: eager, compiled, vllm"):
+    with pytest.raises(QuantkitError, match="unknown engine 'llama'; valid: eager, compiled, vllm, llamacpp"):
         engine_class("llama")
 
 

@@ -7,15 +7,18 @@ table, read in full), norms.
 KV cache: what each engine's cache really touches per step, in units of `kv` = bytes one token
 occupies (`roofline.kv_bytes`, GQA-aware). `cached` is the number of tokens already in the cache
 when the step starts (the prompt, then one more per step):
-- live (the ideal, vLLM's paged cache, llama.cpp): attend over cached + 1 tokens, write 1.
+- live (the ideal, vLLM's paged cache): attend over cached + 1 tokens, write 1.
 - static (transformers' StaticCache, the compiled engine): `StaticLayer.update` returns the whole
   preallocated buffer and attention runs over every slot under a mask, so each step reads the
   cache's full capacity whatever the context, and `index_copy_` writes 1.
 - concat (transformers' DynamicCache, the eager engine): `DynamicLayer.update` is
   `torch.cat([keys, new])`, which reads the cached + 1 tokens and writes a new cached + 1 copy,
   then attention reads that copy: 3 (cached + 1).
-(transformers 5.17, cache_utils.py.) Attention runs at the KV heads' width in every torch engine
-(see engines/_torch.py, `gqa_attention`), so GQA's saving is real in what is read.
+- padded (llama.cpp's cache, kv_llamacpp): attention reads the first n_kv cells, the used ones
+  padded up to a multiple of 256 (at least 256, at most the cache's size), and writes 1.
+(transformers 5.17, cache_utils.py; llama.cpp as vendored by llama-cpp-python 0.3.36,
+llama-kv-cache.cpp get_n_kv.) Attention runs at the KV heads' width in every torch engine (see
+engines/_torch.py, `gqa_attention`), so GQA's saving is real in what is read.
 """
 
 from __future__ import annotations
@@ -70,6 +73,23 @@ def kv_static(kv: float, capacity: int) -> float:
 def kv_concat(kv: float, cached: int) -> float:
     """torch.cat of the cache and the new token (read cached + 1, write cached + 1), then attend."""
     return kv * 3 * (cached + 1)
+
+
+LLAMACPP_KV_PAD = 256  # llama.cpp pads n_kv to this for graph reuse (llama-kv-cache.cpp get_n_kv, PR #16812)
+
+
+def llamacpp_cells(cached: int, kv_size: int, pad: int = LLAMACPP_KV_PAD) -> int:
+    """Cells llama.cpp's attention reads in a decode step that starts with `cached` tokens: the new
+    token's cell is filled first, then n_kv = min(kv_size, max(pad, used rounded up to pad)).
+    (kv_size itself is n_ctx rounded up to 256 by llama_context.) Checked against the kq tensor's
+    shape in llama.cpp's own graph by tests/test_bench_llamacpp.py."""
+    used = cached + 1
+    return min(kv_size, max(pad, -(-used // pad) * pad))
+
+
+def kv_llamacpp(kv: float, cached: int, kv_size: int) -> float:
+    """Read K and V of every cell attention spans (empty ones masked, but read), write the new token."""
+    return kv * (llamacpp_cells(cached, kv_size) + 1)
 
 
 def timed_contexts(prompt_len: int, gen_len: int) -> range:

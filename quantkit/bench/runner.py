@@ -32,13 +32,17 @@ def _prompt_ids(vocab: int, length: int, seed: int) -> list[int]:
 
 
 def _config(source) -> dict:
-    """config.json (its text part) of a checkpoint directory, or the named shape of a Synthetic spec."""
+    """config.json (its text part) of a checkpoint directory, the named shape of a Synthetic spec,
+    or a GGUF file's own keys."""
+    from .gguf_source import gguf_config, is_gguf
     from .synthetic import Synthetic
 
     if isinstance(source, Synthetic):
         from ..hardware import shape_config
 
         return shape_config(source.shape)
+    if is_gguf(source):
+        return gguf_config(source)
     cfg = json.loads((source / "config.json").read_text())
     return cfg.get("text_config", cfg)
 
@@ -53,7 +57,8 @@ def precheck(source, s: BenchSettings) -> None:
     if isinstance(source, Synthetic):
         check_fits_bytes(Shape.from_config(cfg).total_params() * source.bits / 8, cfg, s, source.label)
     elif s.engine != "vllm":  # vLLM sizes its own memory
-        check_fits_bytes(sum(f.stat().st_size for f in source.glob("*.safetensors")), cfg, s, str(source))
+        files = [source] if source.is_file() else source.glob("*.safetensors")  # a GGUF, or a checkpoint's shards
+        check_fits_bytes(sum(f.stat().st_size for f in files), cfg, s, str(source))
 
 
 def _reference(source, cfg: dict, s: BenchSettings, ids: list[int]):
@@ -64,8 +69,17 @@ def _reference(source, cfg: dict, s: BenchSettings, ids: list[int]):
         return None, {"status": "skipped", "reason": "--no-self-check"}
     if isinstance(source, Synthetic):
         return None, {"status": "skipped", "reason": "random weights (speed only): no checkpoint to compare with"}
+    from .gguf_source import reference_source
+
+    ref_source, why = reference_source(source)  # a GGUF: the artifact it was exported from, when known
+    if ref_source is None:
+        return None, {"status": "skipped", "reason": why}
+    if ref_source != source:
+        cfg = _config(ref_source)
     t = time.perf_counter()
-    ref, info = selfcheck.reference_logprobs(source, ids, s.prompt_len, s.device, cfg)
+    ref, info = selfcheck.reference_logprobs(ref_source, ids, s.prompt_len, s.device, cfg)
+    if ref_source != source:
+        info["reference_checkpoint"] = str(ref_source)
     return ref, {**info, "reference_s": time.perf_counter() - t}
 
 
@@ -173,6 +187,8 @@ def classify(row: dict, llc_bytes: int | None) -> dict:
 def _name(path) -> str:
     if not isinstance(path, Path):
         return path.label
+    if path.is_file():  # a GGUF
+        return path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.name
     meta = path / "quantkit.json"
     if meta.is_file():
         try:

@@ -28,7 +28,15 @@ class BenchSettings:
     def __post_init__(self):
         from ..device import resolve
 
-        object.__setattr__(self, "device", resolve(self.device))  # an unavailable device fails here, before any work
+        device = self.device
+        if self.engine == "llamacpp":
+            from .engines.llamacpp import available_cores, gpu_offload
+
+            if device == "auto" and not gpu_offload():  # a CPU-only llama.cpp: auto is the CPU, even beside a GPU
+                device = "cpu"
+            if self.threads is None:  # the engine's threads, so the probe measures what they can reach
+                object.__setattr__(self, "threads", available_cores())
+        object.__setattr__(self, "device", resolve(device))  # an unavailable device fails here, before any work
         object.__setattr__(self, "prompt_sweep", tuple(self.prompt_sweep))
 
     @property
@@ -59,6 +67,10 @@ def check_settings(s: BenchSettings) -> None:
         raise QuantkitError("--tensor-parallel must be >= 1, and above 1 only with --engine vllm")
     if s.threads is not None and s.threads < 1:
         raise QuantkitError("--threads must be >= 1")
+    if s.engine == "llamacpp":
+        from .engines.llamacpp import check_available
+
+        check_available(s.device)
     if s.engine == "vllm":
         import importlib.util
 

@@ -24,16 +24,19 @@ def _read(path: str) -> dict:
 
 
 def compare_runs(reports: list[dict], labels: list[str]) -> dict:
+    # a run on several engines has a row per variant and engine: rows then match by both
+    by_engine = any(len({row.get("engine") for row in r["rows"]}) > 1 for r in reports)
+    key = (lambda row: f"{row['name']} ({row.get('engine')})") if by_engine else (lambda row: row["name"])
     names: list[str] = []
     for r in reports:
         for row in r["rows"]:
-            if row["name"] not in names:
-                names.append(row["name"])
+            if key(row) not in names:
+                names.append(key(row))
     table = []
     for n in names:
         entry = {"variant": n}
         for label, r in zip(labels, reports):
-            row = next((x for x in r["rows"] if x["name"] == n), None)
+            row = next((x for x in r["rows"] if key(x) == n), None)
             entry[label] = None if row is None else {k: row.get(k) for k in ("tpot_ms", "ttft_ms", "predicted_tpot_ms", "tpot_efficiency_pct", "delta_ppl_pct", "kld_mean", "top1_pct", "bits_per_weight", "status")}
         table.append(entry)
     runs = [{"label": lab, "recipe": r["recipe"], "date": r["date"], "host": r["host"], "device": (r.get("device") or {}).get("name"),

@@ -4,6 +4,8 @@
 - compiled: transformers with a static KV cache and the decode step under torch.compile (CUDA
   graphs via mode="reduce-overhead" on CUDA).
 - vllm: vLLM's own scheduler and kernels, stepped one token at a time (GPU; when installed).
+- llamacpp: llama.cpp through llama-cpp-python, on GGUF files (a checkpoint is exported to GGUF
+  first); CPU, or a GPU when llama.cpp was built with one (when installed).
 
 Modules are imported when their engine is asked for, so an optional engine's library is only
 needed by those who use it.
@@ -19,6 +21,7 @@ ENGINES: dict[str, str] = {
     "eager": "quantkit.bench.engines.eager",
     "compiled": "quantkit.bench.engines.compiled",
     "vllm": "quantkit.bench.engines.vllm",
+    "llamacpp": "quantkit.bench.engines.llamacpp",
 }
 
 

@@ -1,0 +1,226 @@
+"""The llama.cpp engine (llama-cpp-python): what a CPU user who serves with llama.cpp gets.
+
+Sources: a GGUF file, or a quantkit artifact / 16-bit checkpoint, exported exactly to GGUF first
+(quantkit.gguf, cached in QUANTKIT_HOME/gguf by content hash: bench/gguf_source.py).
+
+The timed calls are llama-cpp-python's own: `Llama.eval(ids)` for the prefill and
+`Llama.eval([token])` per decode step, each followed by the argmax of the last logits
+(`llama_get_logits`), which is all a greedy loop over llama-cpp-python does; so quantkit's
+figures are those of a bare loop (scripts/bench_llamacpp_overhead.py measures that they agree).
+Settings are llama-cpp-python's defaults (f16 KV cache, flash attention off, n_batch 512)
+except the threads: every core this process may run on (os.sched_getaffinity), for the prompt
+and for decoding, unless --threads says otherwise. eval() returns when ggml is done: no sync.
+
+The KV cache is sized once (n_ctx = the longest sequence of the run; llama.cpp rounds it up to a
+multiple of 256) and cleared by reset(); what a step reads is accounting.kv_llamacpp: llama.cpp
+attends over the used cells padded to 256, not the live tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ...errors import QuantkitError
+from .. import accounting
+from .base import Engine as Base
+from .base import EngineSettings
+
+INSTALL = "./scripts/_install.sh builds it (or: pip install llama-cpp-python)"
+
+
+def available_cores() -> int:
+    """CPUs this process may run on (its affinity mask: a container's or taskset's limit)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def import_llama_cpp():
+    """llama_cpp, or one line saying how to install it."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise QuantkitError(f"--engine llamacpp: llama-cpp-python is not installed; {INSTALL}") from None
+    except OSError as exc:  # the package is there but its shared library does not load
+        raise QuantkitError(f"--engine llamacpp: llama-cpp-python's library does not load ({exc}); rebuild it: {INSTALL}") from None
+    return llama_cpp
+
+
+def gpu_offload() -> bool:
+    """Whether the installed llama.cpp was built with a GPU backend (False when it is not installed)."""
+    try:
+        return bool(import_llama_cpp().llama_supports_gpu_offload())
+    except QuantkitError:
+        return False
+
+
+def check_available(device) -> None:
+    """Before anything loads: llama-cpp-python importable, and a GPU only if llama.cpp can offload to one."""
+    llama_cpp = import_llama_cpp()
+    if device.type != "cpu" and not llama_cpp.llama_supports_gpu_offload():
+        raise QuantkitError(f"--engine llamacpp --device {device}: this llama-cpp-python build is CPU-only (llama.cpp reports "
+                            "no GPU offload); use --device cpu, or install a GPU build (CMAKE_ARGS=-DGGML_CUDA=on pip install llama-cpp-python)")
+
+
+class Engine(Base):
+    name = "llamacpp"
+    compiles = False
+
+    def __init__(self, llm, gguf: Path, settings: EngineSettings, threads: int, export: dict | None):
+        import numpy as np
+
+        from ...gguf.read import open_reader
+        from ..gguf_source import gguf_config, tensor_infos, weight_read_bytes
+
+        self.llm, self.gguf, self.settings, self.threads, self.export = llm, gguf, settings, threads, export
+        self.cfg = gguf_config(gguf)
+        self._weights = weight_read_bytes(tensor_infos(open_reader(gguf)))
+        self.n_vocab = llm.n_vocab()
+        self.kv_size = llm.n_ctx()  # as llama.cpp allocated it (n_ctx rounded up to 256)
+        self._np = np
+
+    @classmethod
+    def load(cls, source, settings: EngineSettings) -> "Engine":
+        from ..gguf_source import exported_gguf, is_gguf
+
+        if not isinstance(source, Path):
+            raise QuantkitError(f"{getattr(source, 'label', source)}: --engine llamacpp benches GGUF files and checkpoint "
+                                "directories; for a model shape, build a random-weight checkpoint with "
+                                "scripts/make_shaped_checkpoint.py and bench that")
+        if settings.tensor_parallel != 1:
+            raise QuantkitError("--tensor-parallel: the llamacpp engine runs on one device")
+        check_available(settings.device)
+        export = None
+        gguf = source
+        if not is_gguf(source):
+            gguf, export = exported_gguf(source)
+        threads = settings.threads or available_cores()
+        return cls(_open(gguf, settings, threads), gguf, settings, threads, export)
+
+    # ---------------------------------------------------------------- the timed paths
+
+    def prepare(self, ids: list[int]) -> list[int]:
+        return [int(i) for i in ids]
+
+    def reset(self, capacity: int) -> None:
+        if capacity > self.kv_size:
+            raise QuantkitError(f"llamacpp: a {capacity}-token sequence does not fit the {self.kv_size}-token context")
+        llama_cpp = import_llama_cpp()
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.llm.ctx), True)
+        self.llm.reset()  # position 0: the next eval() starts a new sequence
+
+    def _last_logits(self):
+        llama_cpp = import_llama_cpp()
+        return self._np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.llm.ctx), shape=(self.n_vocab,))
+
+    def prefill(self, prompt: list[int]) -> int:
+        self.llm.eval(prompt)
+        return int(self._last_logits().argmax())
+
+    def decode(self, token: int, pos: int) -> int:
+        if pos != self.llm.n_tokens:
+            raise RuntimeError(f"llamacpp: decode at position {pos}, but llama.cpp holds {self.llm.n_tokens} tokens")
+        self.llm.eval([token])
+        return int(self._last_logits().argmax())
+
+    # ---------------------------------------------------------------- logits
+
+    def logprobs(self, ids: list[int], prompt_len: int, capacity: int):
+        """The timed paths' logits: eval of the prompt, then one eval per later token."""
+        import torch
+
+        self.reset(capacity)
+        self.llm.eval(self.prepare(ids[:prompt_len]))
+        rows = [self._last_logits().copy()]
+        for tok in ids[prompt_len:]:
+            self.llm.eval([int(tok)])
+            rows.append(self._last_logits().copy())
+        return torch.log_softmax(torch.from_numpy(self._np.stack(rows)).float(), -1)
+
+    def window_logprobs(self, ids: list[int]):
+        """Scoring primitive (for evaluation): next-token log-probabilities after each prefix of one
+        window, float32 (len(ids), vocab); row i is the distribution of token i + 1. The window is
+        evaluated from an empty cache in batches of n_batch tokens with logits kept for every
+        position, as llama-perplexity does."""
+        import torch
+
+        llama_cpp = import_llama_cpp()
+        if len(ids) > self.kv_size:
+            raise QuantkitError(f"llamacpp: a {len(ids)}-token window does not fit the {self.kv_size}-token context")
+        self.reset(len(ids))
+        n_batch = self.llm.n_batch
+        batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        rows = []
+        try:
+            for start in range(0, len(ids), n_batch):
+                chunk = [int(t) for t in ids[start : start + n_batch]]
+                batch.n_tokens = len(chunk)
+                for i, tok in enumerate(chunk):
+                    batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, start + i, 1, True
+                    batch.seq_id[i][0] = 0
+                if llama_cpp.llama_decode(self.llm.ctx, batch) != 0:
+                    raise RuntimeError(f"llama_decode failed on tokens {start}..{start + len(chunk)}")
+                out = llama_cpp.llama_get_logits(self.llm.ctx)
+                rows.append(self._np.ctypeslib.as_array(out, shape=(len(chunk), self.n_vocab)).copy())
+        finally:
+            llama_cpp.llama_batch_free(batch)
+            self.llm.reset()
+        return torch.log_softmax(torch.from_numpy(self._np.concatenate(rows)).float(), -1)
+
+    # ---------------------------------------------------------------- accounting and description
+
+    def weight_bytes(self) -> dict:
+        return dict(self._weights)
+
+    def _kv_elem_bytes(self) -> tuple[str, float]:
+        import gguf
+
+        qtype = gguf.GGMLQuantizationType(int(self.llm.context_params.type_k)).name
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+        return qtype, size / block
+
+    def kv_bytes_per_token(self) -> float:
+        c = self.cfg
+        _, elem = self._kv_elem_bytes()
+        return c["num_hidden_layers"] * c["num_key_value_heads"] * (c["head_dim"] + c["value_head_dim"]) * elem
+
+    def step_bytes(self, cached: int, capacity: int) -> float:
+        return self._weights["weight_bytes_per_token"] + accounting.kv_llamacpp(self.kv_bytes_per_token(), cached, self.kv_size)
+
+    def describe(self) -> dict:
+        from ... import device as devices
+
+        llama_cpp = import_llama_cpp()
+        types = self._weights["weight_bytes_by_type"]
+        dtype = " + ".join(f"{t}" for t, _ in sorted(types.items(), key=lambda kv: -kv[1]))
+        notes = []
+        if self.export:
+            how = "reused from the cache" if self.export["cached"] else f"exported in {self.export['export_s']:.1f} s"
+            notes.append(f"benched as the exact GGUF of the checkpoint ({how}: {self.export['gguf']})")
+        return {"engine": self.name, "kind": "gguf", "notes": notes, **devices.describe(self.settings.device),
+                "kernel": f"llama.cpp (ggml {'CPU' if self.settings.device.type == 'cpu' else 'GPU offload'}) "
+                          f"via llama-cpp-python {llama_cpp.__version__}",
+                "dtype": dtype, "threads": self.threads, "threads_available": available_cores(),
+                "gguf": str(self.gguf), "gguf_export": self.export, "kv_cache_type": self._kv_elem_bytes()[0],
+                "n_ctx": self.kv_size, "n_batch": self.llm.n_batch, "flash_attn": False,
+                "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
+
+    def close(self) -> None:
+        if self.llm is not None:
+            self.llm.close()
+        self.llm = None
+
+
+def _open(gguf: Path, settings: EngineSettings, threads: int):
+    """llama_cpp.Llama over `gguf`; llama.cpp's own load failure (an architecture or tensor type it
+    does not know) becomes one line."""
+    llama_cpp = import_llama_cpp()
+    gpu = settings.device.type != "cpu"
+    try:
+        return llama_cpp.Llama(model_path=str(gguf), n_ctx=settings.max_tokens, n_threads=threads, n_threads_batch=threads,
+                               n_gpu_layers=-1 if gpu else 0, main_gpu=(settings.device.index or 0) if gpu else 0,
+                               seed=settings.seed, logits_all=False, verbose=False)
+    except (ValueError, RuntimeError) as exc:
+        raise QuantkitError(f"{gguf}: llama.cpp cannot load it ({str(exc).strip().splitlines()[0][:160]})") from None

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Does quantkit's llama.cpp harness add anything? Its figures against a bare timing loop over
+llama-cpp-python, interleaved in one process, on the same GGUF with the same threads and lengths.
+
+For each GGUF: quantkit's engine (quantkit.bench.engines.llamacpp, timed by the shared harness
+exactly as `quantkit bench --engine llamacpp` times it) and a separately loaded bare
+`llama_cpp.Llama` (the same n_ctx and threads) each get warm-ups, then --rounds rounds of one
+repeat each, the order alternating every round (ABBA) so that drift of a shared machine falls on
+both. The bare loop is what a user would write: reset, eval(prompt), argmax, then eval([token]),
+argmax per token, timed with perf_counter. llama.cpp's own counters (llama_perf_context:
+t_p_eval / t_eval per token, no Python at all) are reported beside it.
+
+Reported per GGUF: median TTFT and TPOT of each side, and the median of the per-round paired
+ratios quantkit / bare (the figure that must be within 5% of 1).
+
+  flock /tmp/qk-cpu.lock .venv/bin/python scripts/bench_llamacpp_overhead.py A.gguf B.gguf \\
+      --prompt-len 256 --gen-len 64 --rounds 10 --json /tmp/overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def bare_repeat(llm, ids: list[int], gen_len: int) -> tuple[float, list[float], dict]:
+    import llama_cpp
+
+    n_vocab = llm.n_vocab()
+
+    def argmax() -> int:
+        return int(np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(n_vocab,)).argmax())
+
+    llama_cpp.llama_perf_context_reset(llm.ctx)
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    tok = argmax()
+    t1 = time.perf_counter()
+    steps, last = [], t1
+    for _ in range(gen_len - 1):
+        llm.eval([tok])
+        tok = argmax()
+        now = time.perf_counter()
+        steps.append(now - last)
+        last = now
+    perf = llama_cpp.llama_perf_context(llm.ctx)
+    internal = {"ttft_ms": perf.t_p_eval_ms, "tpot_ms": perf.t_eval_ms / max(1, perf.n_eval), "n_eval": perf.n_eval, "n_p_eval": perf.n_p_eval}
+    return t1 - t0, steps, internal
+
+
+def quantkit_repeat(engine, ids: list[int], gen_len: int) -> tuple[float, list[float]]:
+    from quantkit.bench.harness import measure
+
+    t = measure(engine, ids, gen_len, repeats=1, min_seconds=0, warmups=0)
+    return t.ttft_s[0], t.step_s[0]
+
+
+def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int, threads: int) -> dict:
+    import llama_cpp
+    import torch
+
+    from quantkit.bench.engines.base import EngineSettings
+    from quantkit.bench.engines.llamacpp import Engine
+
+    n_ctx = prompt_len + gen_len
+    engine = Engine.load(path, EngineSettings(device=torch.device("cpu"), max_tokens=n_ctx, threads=threads))
+    bare = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+    ids = [int(i) for i in torch.randint(0, engine.n_vocab, (prompt_len,), generator=torch.Generator().manual_seed(0))]
+    try:
+        for _ in range(warmups):
+            quantkit_repeat(engine, ids, gen_len)
+            bare_repeat(bare, ids, gen_len)
+        q, b, internal = [], [], []
+        for r in range(rounds):
+            order = ("q", "b") if r % 2 == 0 else ("b", "q")
+            for side in order:
+                if side == "q":
+                    ttft, steps = quantkit_repeat(engine, ids, gen_len)
+                    q.append((ttft, float(np.mean(steps))))
+                else:
+                    ttft, steps, perf = bare_repeat(bare, ids, gen_len)
+                    b.append((ttft, float(np.mean(steps))))
+                    internal.append(perf)
+    finally:
+        engine.close()
+        bare.close()
+    q_a, b_a = np.asarray(q) * 1e3, np.asarray(b) * 1e3
+    ratio = q_a / b_a
+    return {
+        "gguf": str(path), "threads": threads, "prompt_len": prompt_len, "gen_len": gen_len, "rounds": rounds,
+        "quantkit": {"ttft_ms": float(np.median(q_a[:, 0])), "tpot_ms": float(np.median(q_a[:, 1]))},
+        "bare": {"ttft_ms": float(np.median(b_a[:, 0])), "tpot_ms": float(np.median(b_a[:, 1]))},
+        "llama_cpp_internal": {"ttft_ms": float(np.median([p["ttft_ms"] for p in internal])),
+                               "tpot_ms": float(np.median([p["tpot_ms"] for p in internal]))},
+        "ratio_quantkit_over_bare": {"ttft": float(np.median(ratio[:, 0])), "tpot": float(np.median(ratio[:, 1])),
+                                     "tpot_p10_p90": [float(np.percentile(ratio[:, 1], 10)), float(np.percentile(ratio[:, 1], 90))]},
+        "per_round_ms": {"quantkit": q_a.round(3).tolist(), "bare": b_a.round(3).tolist()},
+    }
+
+
+def main() -> None:
+    from quantkit.bench.engines.llamacpp import available_cores
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("ggufs", nargs="+", type=Path)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--warmups", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="default: every core this process may use (as quantkit bench)")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    threads = a.threads or available_cores()
+    load = os.getloadavg()[0]
+    results = [compare(p, a.prompt_len, a.gen_len, a.rounds, a.warmups, threads) for p in a.ggufs]
+    out = {"results": results, "load_average": {"before": load, "after": os.getloadavg()[0], "cpus": os.cpu_count()},
+           "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    print(f"{'gguf':34} {'TTFT q/bare ms':>18} {'TPOT q/bare ms':>18} {'ratio TTFT':>10} {'ratio TPOT':>10} {'llama.cpp TPOT':>14}")
+    for r in results:
+        q, b, x = r["quantkit"], r["bare"], r["ratio_quantkit_over_bare"]
+        print(f"{Path(r['gguf']).name:34} {q['ttft_ms']:8.1f} /{b['ttft_ms']:8.1f} {q['tpot_ms']:8.2f} /{b['tpot_ms']:8.2f} "
+              f"{x['ttft']:10.3f} {x['tpot']:10.3f} {r['llama_cpp_internal']['tpot_ms']:14.2f}")
+    print(f"threads {threads}; load average {load:.2f} before, {out['load_average']['after']:.2f} after, on {os.cpu_count()} CPUs")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
