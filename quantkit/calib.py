@@ -169,7 +169,7 @@ def _generate(model, tokenizer, samples: int, seq_len: int, seed: int, chat_temp
     with torch.inference_mode():
         for start in range(0, samples, batch_size):
             n = min(batch_size, samples - start)
-            ids = torch.tensor([prompt] * n, dtype=torch.long)
+            ids = torch.tensor([prompt] * n, dtype=torch.long, device=model.device)
             gen = model.generate(
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
@@ -182,7 +182,7 @@ def _generate(model, tokenizer, samples: int, seq_len: int, seed: int, chat_temp
                 pad_token_id=tokenizer.eos_token_id,
             )
             for row in gen:
-                out.append(row[:seq_len].unsqueeze(0).clone())
+                out.append(row[:seq_len].unsqueeze(0).cpu().clone())
     return out
 
 

@@ -26,6 +26,7 @@ class ConvertOptions:
     max_memory: int | None = None  # bytes of RAM for weights; None: a share of what is available
     inputs: tuple = ()  # (path, what) pairs --out must never be or contain (the recipe files, a run's eval text)
     meta: dict | None = None  # extra keys recorded in quantkit.json (a run's run_key)
+    device: str | None = None  # --device: where calibration runs; None: the recipe's calibration.device
 
 
 def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
@@ -101,6 +102,7 @@ class Job:
     quant: object | None = None
     handler: object | None = None
     offload: object | None = None  # offload.OffloadPlan when the model does not fit in RAM
+    device: object | None = None  # torch.device: where calibration (and the reload check) runs
 
     @property
     def has_gqa(self) -> bool:
@@ -116,6 +118,7 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     from .methods import get_handler
 
     variant, key = pick_variant(recipe, variant_name)
+    dev = calibration_device(recipe, opts)  # an unavailable device: one line, before anything loads
     ref = model_ref or recipe.model
     if not ref:
         raise RecipeError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
@@ -131,10 +134,20 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
         check_source(opts.calib or recipe.calibration.source, key)
     _preflight_recovery(recipe, variant, key, src, opts)
     quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
-    job = Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None)
+    job = Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None, device=dev)
     job.offload = _offload_plan(job, sum(p.numel() for p in skeleton.parameters()))
     check_free_space(out, _disk_needed(job, skeleton))
+    _warn_memory(job, skeleton, out)
     return job
+
+
+def _warn_memory(job: Job, skeleton, out: Path) -> None:
+    """Before minute one: warn when the plan's predicted peak exceeds the free memory."""
+    from .planner import memory_warning
+
+    line = memory_warning(job, skeleton, out)
+    if line:
+        note(line)
 
 
 def _disk_needed(job: Job, skeleton) -> int:
@@ -183,7 +196,7 @@ def apply_steps(job: Job, model, tok, calib_set, src_hash: str):
             if job.offload is None:  # an offloaded model is loaded at this precision already
                 model = cast_model(model, getattr(torch_module(), quant_dtype(job)))
             note(f"quantize: {job.quant.method}")
-            model = job.handler.quantize(model, job.quant, calib_set.samples if calib_set else None, src=job.src,
+            model = job.handler.quantize(model, job.quant, calib_set.samples if calib_set else None, src=job.src, device=job.device,
                                          transform=transform_step(job.variant))
     return model, gqa_meta
 
@@ -213,7 +226,7 @@ def _convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOpti
             model = cast_model(model, source_dtype(job.cfg))
         meta = {"name": job.variant.name, "gqa": gqa_meta, "schema_version": 1, "kind": "quantkit-artifact",
                 "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
-                "recipe": resolved_recipe(job), "offload": _offload_meta(job, model), "runtime": runtime_meta(job.quant),
+                "recipe": resolved_recipe(job), "offload": _offload_meta(job, model), "device": device_meta(job), "runtime": runtime_meta(job.quant),
                 "calibration": calib_set.manifest if calib_set else None, "results": {}, **(opts.meta or {})}
         held = {"model": model}
         del model  # export_verified frees it before reloading the artifact
@@ -227,7 +240,8 @@ def _load(job: Job, folder: Path | None):
     else:
         note(f"loading {job.src} with offloading: {p.model_bytes / 1e9:.2f} GB of {p.dtype} weights, "
              f"{p.cpu_bytes / 1e9:.2f} GB in RAM, the rest on disk under {folder}")
-    return load_model(job.src, dtype=compute_dtype(job), trust_remote_code=job.opts.trust_remote_code, offload=p, offload_folder=folder)
+    return load_model(job.src, dtype=compute_dtype(job), device=load_device(job), trust_remote_code=job.opts.trust_remote_code,
+                      offload=p, offload_folder=folder)
 
 
 def _offload_meta(job: Job, model) -> dict | None:
@@ -255,6 +269,7 @@ def resolved_recipe(job: Job) -> dict:
     applied) and export settings with every default filled in; the other variants are left out."""
     calibration = job.recipe.calibration.model_dump(mode="json")
     calibration["source"] = job.opts.calib or calibration["source"]
+    calibration["device"] = job.opts.device or calibration["device"]  # as asked; quantkit.json's device says what it was
     return {"schema_version": job.recipe.schema_version, "name": job.recipe.name, "variant": job.variant.name,
             "steps": [s.model_dump(mode="json", exclude_none=True) for s in job.variant.steps],
             "calibration": calibration, "export": job.recipe.export.model_dump(mode="json")}
@@ -284,10 +299,11 @@ def export_verified(job: Job, held: dict, tok, calib_set, out: Path, meta: dict,
         if job.offload is not None:
             from . import offload
 
-            reload = lambda: offload.load(tmp, job.offload, folder / "reload", trust_remote_code=job.opts.trust_remote_code)  # noqa: E731
+            reload = lambda: offload.onload_to(offload.load(tmp, job.offload, folder / "reload",  # noqa: E731
+                                                            trust_remote_code=job.opts.trust_remote_code), job.device)
             loader = f"{fmt.loader} (offloaded as in the conversion)"
         else:
-            reload, loader = (lambda: fmt.load(tmp, dtype)), fmt.loader
+            reload, loader = reload_on_device(job, fmt, tmp, dtype), fmt.loader
         meta["verification"] = verify_reload(ref_logits, reload, ids, loader)
         meta.update({"quantization": fmt.describe(job.quant) if job.quant else None, "tool_versions": tool_versions(),
                      "wall_seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()})
@@ -297,6 +313,43 @@ def export_verified(job: Job, held: dict, tok, calib_set, out: Path, meta: dict,
         meta["files"] = manifest(tmp)  # every file's sha256 and size, checked by publish
         write_meta(tmp, meta)
     return meta
+
+
+def calibration_device(recipe: Recipe, opts: ConvertOptions):
+    """--device, else the recipe's calibration.device, as a torch.device (device.resolve's errors)."""
+    from .device import resolve
+
+    return resolve(opts.device or recipe.calibration.device)
+
+
+def load_device(job: Job):
+    """Where the source loads: llm-compressor's pipelines keep the model in RAM (or on disk) and
+    onload a layer at a time to the calibration device; GQA's statistics and recovery run in
+    quantkit's own code on a model already on that device; bitsandbytes reloads it there itself."""
+    import torch
+
+    return job.device if job.has_gqa else torch.device("cpu")
+
+
+def reload_on_device(job: Job, fmt, tmp: Path, dtype: str):
+    """The artifact as a user loads it, its forward on the calibration device: bitsandbytes
+    quantizes onto the device as it loads; other formats load into RAM and run there a layer at
+    a time (offload.onload_to), so the check fits wherever the conversion did."""
+    import torch
+
+    from . import offload
+
+    if job.handler is not None and job.handler.loads_quantized:
+        return lambda: fmt.load(tmp, dtype, job.device, trust_remote_code=job.opts.trust_remote_code)
+    return lambda: offload.onload_to(fmt.load(tmp, dtype, torch.device("cpu"), trust_remote_code=job.opts.trust_remote_code), job.device)
+
+
+def device_meta(job: Job) -> dict:
+    """Where the conversion ran (quantkit.json's `device`): the device, its name and the precision."""
+    from .device import describe
+
+    dtype = quant_dtype(job) if job.quant is not None else compute_dtype(job)
+    return describe(job.device, getattr(torch_module(), dtype))
 
 
 def torch_module():

@@ -7,12 +7,17 @@ from pathlib import Path
 from typing import Callable
 
 
-def _load_auto(path: Path, dtype: str = "bfloat16"):
+def _load_auto(path: Path, dtype: str = "bfloat16", device=None, trust_remote_code: bool = False):
+    """As a user loads it: onto `device` (a torch.device; None: the GPU if there is one); a custom
+    architecture with the model code save_pretrained copied into the artifact (--trust-remote-code)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), device_map=device).eval()
+    from .device import resolve
+
+    device = resolve(device)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), device_map=device,
+                                                trust_remote_code=trust_remote_code).eval()
 
 
 def _scheme_name(cfg) -> str:
@@ -57,7 +62,7 @@ def _save_dense(model, out: Path, shard: str) -> None:
 @dataclass(frozen=True)
 class ExportFormat:
     save: Callable  # (model, out_dir, max_shard_size) -> None
-    load: Callable  # (dir) -> model, loaded exactly as a user would
+    load: Callable  # (dir, dtype, device, trust_remote_code=False) -> model, loaded exactly as a user would
     loader: str  # what the user's loader is, for messages
     describe: Callable
 

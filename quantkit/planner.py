@@ -168,7 +168,8 @@ def _convert_job(recipe, model_ref, opts, variant_name):
         raise RecipeError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
     src = resolve_model(ref, allow_pickle=opts.allow_pickle)
     cfg = read_config(src)
-    skeleton = C.preflight(cfg, variant, key, opts.trust_remote_code)
+    skeleton = C.preflight(cfg, variant, key, opts.trust_remote_code, src)
+    C.method_preflight(recipe, variant, key, cfg)  # a method's package, its sample count, a rotation's sizes
     quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
     job = C.Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None, device=dev)
     job.offload = C._offload_plan(job, sum(p.numel() for p in skeleton.parameters()))

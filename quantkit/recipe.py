@@ -280,6 +280,8 @@ class CalibrationConfig(_Strict):
     # cores, but bf16 rounding of the weights is comparable to INT8's own error; "auto" takes
     # float32 when any weight is quantized to 8 bits and bfloat16 otherwise.
     compute_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    # Where calibration runs (`quantkit convert --device` overrides it): auto = the GPU if any.
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda)(:[0-9]+)?$")
 
 
 class EvalConfig(_Strict):
@@ -297,7 +299,7 @@ class BenchConfig(_Strict):
     # first engine either way. Names: quantkit/bench/engines ENGINES.
     engine: str = "compiled"
     engines: tuple[str, ...] = ()
-    device: Literal["cpu", "cuda"] = "cpu"
+    device: str = Field("auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$")  # --device's values; resolved when the bench starts
     prompt_len: int = Field(256, ge=1)
     gen_len: int = Field(64, ge=2)
     repeats: int = Field(5, ge=1)

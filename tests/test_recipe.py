@@ -16,6 +16,8 @@ def write(tmp_path, text: str) -> Path:
 
 def test_shipped_recipes_validate_or_say_not_implemented():
     for path in sorted((REPO / "recipes").glob("*.yaml")):
+        if path.name.startswith("levers-"):  # lever studies: `quantkit levers`, checked in test_load_levers.py
+            continue
         try:
             recipe = load_recipe(path)
         except NotImplementedYet as exc:

@@ -189,6 +189,9 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
     if plan_only:
         from ..planner import plan_bench, show
 
+        if any(isinstance(src, Path) and src.is_file() for src in sources):
+            raise QuantkitError("--plan reads checkpoint headers; a GGUF file is not planned (bench it directly)")
+
         return show(plan_bench(sources, settings), as_json)
     result = bench_many(sources, settings)
     if plot and result["rows"]:

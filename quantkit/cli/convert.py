@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ._common import echo_json, json_option, set_option
+from .recipe import include_option
 
 
 @click.command("convert")
@@ -21,9 +22,15 @@ from ._common import echo_json, json_option, set_option
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="RAM for the model's weights, e.g. 16GB (default: 75% of what is available). A larger model is offloaded "
                    "to disk beside --out and calibrated one layer at a time (rtn, gptq, awq, w8a8).")
+@click.option("--device", default=None, help="Calibration device: auto | cpu | cuda | cuda:N (default: the recipe's calibration.device, auto).")
+@click.option("--plan", "plan_only", is_flag=True,
+              help="Print what the conversion will cost (memory, disk, time, offloading) from config.json and the safetensors "
+                   "headers, then exit without loading weights (exit 2 when it cannot fit).")
 @set_option
+@include_option
 @json_option
-def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle, trust_remote_code, max_memory, overrides, as_json):
+def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle, trust_remote_code, max_memory, device, plan_only,
+                overrides, include_dirs, as_json):
     """Convert a checkpoint with RECIPE into a verified, serving-ready artifact."""
     from ..artifact import recipe_inputs
     from ..atomic import sigterm_as_interrupt
@@ -31,10 +38,14 @@ def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle
     from ..offload import parse_size
     from ..recipe import load_recipe
 
-    recipe = load_recipe(recipe_file, overrides)
+    recipe = load_recipe(recipe_file, overrides, include_dirs)
     opts = ConvertOptions(calib=calib, force=force, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
                           max_memory=parse_size(max_memory) if max_memory is not None else None,
-                          inputs=tuple(recipe_inputs(recipe_file)))
+                          inputs=tuple(recipe_inputs(recipe_file)), device=device)
+    if plan_only:
+        from ..planner import plan_convert, show
+
+        return show(plan_convert(recipe, model_ref, Path(out), opts, variant), as_json)
     with sigterm_as_interrupt():  # `kill` cleans up like Ctrl-C: nothing is left at --out or beside it
         meta = convert(recipe, model_ref, Path(out), opts, variant)
     if as_json:

@@ -50,9 +50,10 @@ def _baseline_note(check: dict) -> str:
               "was converted from (its quantkit.json source.sha256).")
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the checkpoints (off by default).")
 @click.option("--update-card", is_flag=True, help="Write the figures into the artifact's model card.")
+@click.option("--plan", "plan_only", is_flag=True, help="Print the evaluation's memory and time from the headers, then exit without loading weights.")
 @json_option
 def eval_cmd(model, baseline, text, seq_len, max_tokens, region, tasks, limit, dtype, allow_overlap, baseline_mismatch_ok,
-             trust_remote_code, update_card, as_json):
+             trust_remote_code, update_card, plan_only, as_json):
     """Perplexity, KL divergence, top-1 agreement and lm-eval deltas of MODEL against --baseline."""
     from ..errors import DataError
     from ..evals.runner import run_eval
@@ -64,6 +65,10 @@ def eval_cmd(model, baseline, text, seq_len, max_tokens, region, tasks, limit, d
     if max_tokens < seq_len:
         raise DataError(f"--max-tokens {max_tokens} is less than one window of --seq-len {seq_len}")
     model_path, base_path = resolve_model(model), resolve_model(baseline)
+    if plan_only:
+        from ..planner import plan_eval, show
+
+        return show(plan_eval(str(model_path), str(base_path), text=text, seq_len=seq_len, max_tokens=max_tokens, dtype=dtype), as_json)
     if update_card:
         from ..card import check_card_updatable
 

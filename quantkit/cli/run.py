@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ._common import debug_enabled, echo_json, json_option, set_option
+from .recipe import include_option
 
 
 @click.command("run")
@@ -19,18 +20,24 @@ from ._common import debug_enabled, echo_json, json_option, set_option
 @click.option("--skip-bench", is_flag=True)
 @click.option("--rerun", is_flag=True, help="Redo every step instead of reusing finished ones.")
 @set_option
+@click.option("--plan", "plan_only", is_flag=True, help="Print every step's memory, disk and time from the headers, then exit without loading weights.")
+@include_option
 @json_option
-def run_cmd(recipe_file, model, out, calib, eval_text, skip_eval, skip_bench, rerun, overrides, as_json):
+def run_cmd(recipe_file, model, out, calib, eval_text, skip_eval, skip_bench, rerun, plan_only, overrides, include_dirs, as_json):
     """Convert, verify, evaluate and benchmark every variant of RECIPE, then write a report."""
     from ..artifact import recipe_inputs
     from ..atomic import sigterm_as_interrupt
     from ..recipe import load_recipe
     from ..run import RunOptions, Runner
 
-    recipe = load_recipe(recipe_file, overrides)
+    recipe = load_recipe(recipe_file, overrides, include_dirs)
     opts = RunOptions(model=model, out=Path(out) if out else None, calib=calib, eval_text=eval_text,
                       skip_eval=skip_eval, skip_bench=skip_bench, rerun=rerun, debug=debug_enabled(),
                       inputs=tuple(recipe_inputs(recipe_file)))
+    if plan_only:
+        from ..planner import plan_run, show
+
+        return show(plan_run(recipe, opts), as_json)
     runner = Runner(recipe, opts)
     with sigterm_as_interrupt():  # `kill` unwinds like Ctrl-C: a conversion's staging dir is removed
         report = runner.run()

@@ -44,13 +44,13 @@ class Merged:
 
 
 def _aug(lin: torch.nn.Linear, heads: int) -> torch.Tensor:
-    w = lin.weight.detach().double()
+    w = lin.weight.detach().double().cpu()  # the merge's float64 factorisations run on the CPU, whatever the model's device
     b = lin.bias.detach().double() if lin.bias is not None else torch.zeros(w.shape[0], dtype=torch.float64)
     return torch.cat([w, b[:, None]], dim=1).reshape(heads, -1, w.shape[1] + 1)
 
 
 def read_heads(attn, n_heads: int, n_kv: int) -> Heads:
-    o = attn.o_proj.weight.detach().double()
+    o = attn.o_proj.weight.detach().double().cpu()
     d = o.shape[1] // n_heads
     return Heads(_aug(attn.q_proj, n_heads), _aug(attn.k_proj, n_kv), _aug(attn.v_proj, n_kv),
                  o.reshape(o.shape[0], n_heads, d).permute(1, 0, 2))

@@ -75,13 +75,14 @@ def kl_loss(teacher_logp: torch.Tensor, student_logits: torch.Tensor) -> torch.T
 
 
 def _logp(model, ids) -> torch.Tensor:
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        return torch.log_softmax(model(input_ids=ids, use_cache=False).logits.float(), dim=-1)
+    with torch.no_grad(), torch.autocast(model.device.type, dtype=torch.bfloat16):
+        return torch.log_softmax(model(input_ids=ids.to(model.device), use_cache=False).logits.float(), dim=-1)
 
 
 def heldout_kl(student, teacher_logp: list, windows: list) -> float:
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        return sum(float(kl_loss(ref, student(input_ids=ids, use_cache=False).logits)) for ids, ref in zip(windows, teacher_logp)) / len(windows)
+    dev = student.device
+    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16):
+        return sum(float(kl_loss(ref, student(input_ids=ids.to(dev), use_cache=False).logits)) for ids, ref in zip(windows, teacher_logp)) / len(windows)
 
 
 def lr_factor(progress: float, warmup: float = 0.05, floor: float = 0.1) -> float:
@@ -144,8 +145,8 @@ class _Threads:
 
 def _train_step(student, teacher, opt, params, ids) -> float:
     target = _logp(teacher, ids)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = student(input_ids=ids, use_cache=False).logits
+    with torch.autocast(student.device.type, dtype=torch.bfloat16):
+        logits = student(input_ids=ids.to(student.device), use_cache=False).logits
     loss = kl_loss(target, logits)
     opt.zero_grad(set_to_none=True)
     loss.backward()

@@ -42,17 +42,18 @@ def moments(model, layout, samples, *, values: bool, progress=None, bf16: bool =
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     attns = attention_modules(model, layout)
     n = attns[0].q_proj.in_features
-    xs = [torch.zeros(n + 1, n + 1, dtype=torch.float64) for _ in attns]
-    zs = [torch.zeros(a.v_proj.out_features, a.v_proj.out_features, dtype=torch.float64) for a in attns] if values else None
+    dev = attns[0].q_proj.weight.device  # sums accumulate where the model runs; the merge reads them on the CPU
+    xs = [torch.zeros(n + 1, n + 1, dtype=torch.float64, device=dev) for _ in attns]
+    zs = [torch.zeros(a.v_proj.out_features, a.v_proj.out_features, dtype=torch.float64, device=dev) for a in attns] if values else None
     count = [0, 0]
 
     def hook(i):
         def pre(module, args, kwargs):
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             z = _attended_values(module, hidden, *kwargs["position_embeddings"], n_heads, n_kv) if values else None
-            with torch.autocast("cpu", enabled=False):  # the sums: float32 products, not bf16
+            with torch.autocast(dev.type, enabled=False):  # the sums: float32 products, not bf16
                 x = hidden.detach().reshape(-1, n).float()
-                x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], dim=1)
+                x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)], dim=1)
                 xs[i].add_((x.T @ x).double())
                 if values:
                     z = z.float().reshape(-1, zs[i].shape[0])
@@ -65,12 +66,12 @@ def moments(model, layout, samples, *, values: bool, progress=None, bf16: bool =
 
     handles = [a.register_forward_pre_hook(hook(i), with_kwargs=True) for i, a in enumerate(attns)]
     try:
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.inference_mode(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
             for j, ids in enumerate(samples):
-                model(input_ids=ids.to(model.device), use_cache=False)
+                model(input_ids=ids.to(dev), use_cache=False)
                 if progress:
                     progress(j + 1)
     finally:
         for h in handles:
             h.remove()
-    return [s / max(1, count[0]) for s in xs], ([z / max(1, count[1]) for z in zs] if values else None)
+    return [s.cpu() / max(1, count[0]) for s in xs], ([z.cpu() / max(1, count[1]) for z in zs] if values else None)

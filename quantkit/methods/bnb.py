@@ -18,15 +18,17 @@ def bnb_config(cfg):
     return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=cfg.threshold, llm_int8_skip_modules=list(cfg.ignore))
 
 
-def quantize(model, cfg, samples, src=None, transform=None):  # transform: never set (recipe refuses it)
+def quantize(model, cfg, samples, src=None, device=None, transform=None):  # transform: never set (recipe refuses it)
     """Reload `src` through bitsandbytes (the in-memory FP model is not needed; it is dropped)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from .bnb_cpu_fix import remember_canonical_state
 
+    remote = type(model).__module__.startswith("transformers_modules")  # loaded under --trust-remote-code: its code has run
     del model
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    qmodel = AutoModelForCausalLM.from_pretrained(str(src), quantization_config=bnb_config(cfg), dtype=torch.bfloat16, device_map=device)
+    device = device or torch.device("cpu")  # bitsandbytes quantizes as it loads, onto this device
+    qmodel = AutoModelForCausalLM.from_pretrained(str(src), quantization_config=bnb_config(cfg), dtype=torch.bfloat16, device_map=device,
+                                                  trust_remote_code=remote)
     remember_canonical_state(qmodel)  # before any forward: see bnb_cpu_fix
     return qmodel.eval()

@@ -122,16 +122,18 @@ def layer_progress(model, label: str):
                 h.remove()
 
 
-def quantize(model, cfg, samples, src=None, transform=None):
+def quantize(model, cfg, samples, src=None, device=None, transform=None):
     """Quantize `model` in place with llm-compressor's oneshot; returns the same model.
 
-    The sequential pipeline calibrates layer by layer ("independent": AWQ/SmoothQuant smooth in
-    their own pass before GPTQ solves on the smoothed model). Afterwards the model's forward
+    The sequential pipeline calibrates layer by layer on `device` (a torch.device; None: the CPU),
+    onloading each layer's weights there while the model stays in RAM or on disk ("independent":
+    AWQ/SmoothQuant smooth in their own pass before GPTQ solves on the smoothed model). Afterwards the model's forward
     fake-quantizes, so its logits equal those of the saved artifact when reloaded.
     """
     import torch
     from llmcompressor import oneshot
 
+    from ..offload import calibration_device
     from .patches import llmcompressor_awq_float64_loss, llmcompressor_cpu_pin_memory, quiet_llmcompressor
 
     quiet_llmcompressor()
@@ -147,7 +149,7 @@ def quantize(model, cfg, samples, src=None, transform=None):
         kwargs = dict(dataset=_dataset(samples), processor=_NoProcessor(), num_calibration_samples=len(samples),
                       max_seq_length=max(s.shape[1] for s in samples), shuffle_calibration_samples=False)
     torch.manual_seed(SEED)
-    with torch.no_grad(), layer_progress(model, f"{cfg.method}: calibrating"):
+    with torch.no_grad(), layer_progress(model, f"{cfg.method}: calibrating"), calibration_device(device or torch.device("cpu")):
         # oneshot re-reads the model's config from its path; a class from the checkpoint's own code
         # (loaded under --trust-remote-code, so that code has run already) needs the same permission there.
         oneshot(model=model, recipe=recipe, trust_remote_code_model=type(model).__module__.startswith("transformers_modules"), **kwargs)

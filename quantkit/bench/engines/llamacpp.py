@@ -79,7 +79,7 @@ class Engine(Base):
         self._weights = weight_read_bytes(tensor_infos(open_reader(gguf)))
         self.n_vocab = llm.n_vocab()
         self.kv_size = llm.n_ctx()  # as llama.cpp allocated it (n_ctx rounded up to 256)
-        self._np = np
+        self._np, self._lc = np, import_llama_cpp()
 
     @classmethod
     def load(cls, source, settings: EngineSettings) -> "Engine":
@@ -107,13 +107,11 @@ class Engine(Base):
     def reset(self, capacity: int) -> None:
         if capacity > self.kv_size:
             raise QuantkitError(f"llamacpp: a {capacity}-token sequence does not fit the {self.kv_size}-token context")
-        llama_cpp = import_llama_cpp()
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.llm.ctx), True)
+        self._lc.llama_memory_clear(self._lc.llama_get_memory(self.llm.ctx), True)
         self.llm.reset()  # position 0: the next eval() starts a new sequence
 
     def _last_logits(self):
-        llama_cpp = import_llama_cpp()
-        return self._np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.llm.ctx), shape=(self.n_vocab,))
+        return self._np.ctypeslib.as_array(self._lc.llama_get_logits(self.llm.ctx), shape=(self.n_vocab,))
 
     def prefill(self, prompt: list[int]) -> int:
         self.llm.eval(prompt)
@@ -146,7 +144,7 @@ class Engine(Base):
         position, as llama-perplexity does."""
         import torch
 
-        llama_cpp = import_llama_cpp()
+        llama_cpp = self._lc
         if len(ids) > self.kv_size:
             raise QuantkitError(f"llamacpp: a {len(ids)}-token window does not fit the {self.kv_size}-token context")
         self.reset(len(ids))

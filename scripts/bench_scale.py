@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""How quantkit's cost grows with the model: convert (GPTQ W4, RTN W4), eval and bench at three
+sizes, each command's wall time and peak RSS (its whole process tree, sampled every 50 ms) next
+to what `--plan` predicted for it, plus the bench's rule check on the synthetic shapes.
+
+The ~0.5B and ~1.2B models are RANDOM-WEIGHT checkpoints in the shapes of Qwen2.5-0.5B and
+Llama-3.2-1B (scripts/make_shaped_checkpoint.py): their accuracy figures mean nothing; only time,
+memory and bytes carry over. Each model's commands run under one hold of `flock /tmp/qk-cpu.lock` (the machine is
+shared), with a fresh QUANTKIT_HOME (cold caches, as on a first run). Time figures on a shared
+2-core machine are noisy: the raw JSON keeps every measurement.
+
+  .venv/bin/python scripts/bench_scale.py --text ../shared/data/wikitext2-valid.txt --out docs/scale.json
+  .venv/bin/python scripts/bench_scale.py --plot-only --out docs/scale.json     # redraw docs/scale.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PY = str(REPO / ".venv" / "bin" / "python")
+Q = [PY, "-m", "quantkit"]
+LOCK = "/tmp/qk-cpu.lock"
+# name -> (how to get it, group size the model's widths allow: the demo's 576 columns are not a multiple of 128)
+MODELS = {"demo": ("demo", 64), "qwen2.5-0.5b": ("shape", 128), "llama3.2-1b": ("shape", 128)}
+
+
+def sample_tree(proc: subprocess.Popen, every: float = 0.05) -> int:
+    """Peak summed RSS of `proc` and its children until it exits."""
+    import psutil
+
+    peak = 0
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+        except psutil.Error:
+            rss = 0
+        peak = max(peak, rss)
+        time.sleep(every)
+    return peak
+
+
+def measure(cmd: list[str], env: dict, plan_cmd: list[str] | None = None) -> dict:
+    """Run one command (the caller holds the shared CPU lock); its wall time, peak RSS, JSON
+    stdout and last stderr line. `plan_cmd` runs just before, so its quick device probe sees the
+    machine as the command will (on a shared machine the matmul rate moves by several times)."""
+    predicted = plan(plan_cmd, env) if plan_cmd else None
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=REPO)
+        peak = sample_tree(proc)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    row = {"cmd": " ".join(cmd), "rc": proc.returncode, "wall_s": round(wall, 1), "peak_rss_mb": round(peak / 1e6),
+           "load_before": round(load, 2), "plan": predicted}
+    try:
+        row["result"] = json.loads(stdout) if stdout.strip() else None
+    except json.JSONDecodeError:
+        row["result"] = None
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    if lines and lines[-1].startswith("{"):  # convert_rss_phases.py's per-phase RSS
+        row["phases"] = json.loads(lines[-1])
+    if proc.returncode:
+        row["error"] = lines[-1] if lines else "?"
+    return row
+
+
+def plan(cmd: list[str], env: dict) -> dict | None:
+    """The same command with --plan --json (no lock: a plan loads no weights)."""
+    p = subprocess.run([*cmd, "--plan"], capture_output=True, text=True, env=env, cwd=REPO)
+    try:
+        return json.loads(p.stdout)
+    except json.JSONDecodeError:
+        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+
+
+def model_path(name: str, kind: str, work: Path) -> Path:
+    if kind == "demo":
+        sys.path.insert(0, str(REPO))
+        from quantkit.models import resolve_model
+
+        return resolve_model("demo")
+    path = work / "models" / name
+    if not (path / "config.json").is_file():
+        subprocess.run([PY, str(REPO / "scripts" / "make_shaped_checkpoint.py"), name, "--out", str(path), "--force"], check=True,
+                       stdout=subprocess.DEVNULL)
+    return path
+
+
+def commands(name: str, src: Path, group: int, text: str, art: Path, args) -> dict[str, list[str]]:
+    calib = ["--calib", f"file:{text}", "--set", f"calibration.samples={args.samples}", "--set", f"calibration.seq_len={args.seq_len}"]
+    gs = ["--set", f"steps[0].quantize.group_size={group}"]
+    conv = [PY, str(REPO / "scripts" / "convert_rss_phases.py")]
+    return {
+        "convert-gptq": [*conv, str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(src), "--out", str(art / "gptq"),
+                         *calib, *gs, "--force", "--json"],
+        "convert-rtn": [*conv, str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out", str(art / "rtn"), *gs,
+                        "--force", "--json"],
+        "eval": [*Q, "eval", str(art / "gptq"), "--baseline", str(src), "--text", f"file:{text}", "--max-tokens", str(args.eval_tokens),
+                 "--json"],
+        "bench": [*Q, "bench", str(src), str(art / "gptq"), "--engine", args.engine, "--prompt-len", str(args.prompt_len),
+                  "--gen-len", str(args.gen_len), "--repeats", str(args.repeats), "--min-seconds", "0", "--json"],
+    }
+
+
+def plan_command(cmd: list[str]) -> list[str]:
+    """convert_rss_phases.py ARGS -> quantkit convert ARGS (the plan needs no RSS sampler)."""
+    if cmd[1].endswith("convert_rss_phases.py"):
+        return [*Q, "convert", *cmd[2:]]
+    return cmd
+
+
+def git_version() -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "quantkit"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    return head + ("+uncommitted" if dirty else "")
+
+
+def run_model(name: str, args, work: Path, results: dict) -> None:
+    """Every step of one model under one hold of the shared CPU lock (others queue meanwhile)."""
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _run_model(name, args, work, results)
+
+
+def _run_model(name: str, args, work: Path, results: dict) -> None:
+    kind, group = MODELS[name]
+    src = model_path(name, kind, work)  # the demo from the usual cache; every command then gets a fresh QUANTKIT_HOME
+    env = {**os.environ, "QUANTKIT_HOME": str(work / "home" / name)}
+    shutil.rmtree(env["QUANTKIT_HOME"], ignore_errors=True)
+    art = work / "artifacts" / name
+    art.mkdir(parents=True, exist_ok=True)
+    from safetensors import safe_open  # noqa: F401  (the venv's; fails early if run with another python)
+
+    entry = results.setdefault("models", {}).setdefault(name, {"path": str(src), "group_size": group, "steps": {}})
+    for step, cmd in commands(name, src, group, args.text, art, args).items():
+        if args.steps and step not in args.steps:
+            continue
+        print(f"[{name}] {step} ...", file=sys.stderr, flush=True)
+        row = measure(cmd, env, plan_command(cmd))
+        entry["steps"][step] = row
+        print(f"[{name}] {step}: rc {row['rc']}, {row['wall_s']} s, peak {row['peak_rss_mb']} MB", file=sys.stderr, flush=True)
+        save(results, args.out)
+    if kind == "shape" and (not args.steps or "rule-check" in args.steps):
+        cmd = [*Q, "bench", "--shape", name, "--shape-bits", "16,8,4", "--engine", args.engine, "--prompt-len", str(args.prompt_len),
+               "--gen-len", str(args.gen_len), "--repeats", str(args.repeats), "--min-seconds", "0", "--json"]
+        row = measure(cmd, env)
+        entry["steps"]["rule-check"] = row
+        save(results, args.out)
+
+
+def save(results: dict, out: Path) -> None:
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--text", default=str(REPO.parent / "shared" / "data" / "wikitext2-valid.txt"))
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "scale.json")
+    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--steps", nargs="*", default=None, help="convert-gptq convert-rtn eval bench rule-check (default: all)")
+    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--eval-tokens", type=int, default=2048)
+    ap.add_argument("--engine", default="compiled")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--gen-len", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/qk-scale"), help="models, artifacts and caches (kept for re-runs)")
+    ap.add_argument("--plot-only", action="store_true", help="only redraw the plot from --out")
+    ap.add_argument("--replan", action="store_true", help="re-run --plan for the recorded steps (no measurements)")
+    args = ap.parse_args()
+    results = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    if not args.plot_only and not args.replan:
+        args.text = str(Path(args.text).resolve())
+        results.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "quantkit": git_version(),
+                                               "models": args.models, "steps": args.steps, "cpus": os.cpu_count()})
+        results["settings"] = {k: v for k, v in vars(args).items() if k not in ("out", "work", "plot_only", "models", "steps")}
+        args.work.mkdir(parents=True, exist_ok=True)
+        for name in args.models:
+            run_model(name, args, args.work, results)
+    if args.replan:
+        replan(results, args)
+    save(results, args.out)
+    plot(results, args.out.with_suffix(".png"))
+    print(table(results))
+
+
+def replan(results: dict, args) -> None:
+    """Re-run `--plan` for every recorded step with the device figures its first plan probed
+    under the lock, just before the measurement (QUANTKIT_PLAN_PROBE); the measurements are kept."""
+    for name, entry in results.get("models", {}).items():
+        for step, row in entry["steps"].items():
+            first = row.get("plan") or {}
+            if step == "rule-check" or "machine" not in first:
+                continue
+            figures = {k: first["machine"][k] for k in ("read_bps", "bf16_flops", "fp32_flops")}
+            env = {**os.environ, "QUANTKIT_HOME": str(args.work / "home" / name), "QUANTKIT_PLAN_PROBE": json.dumps(figures)}
+            row.setdefault("first_plan", first)
+            row["plan"] = plan(plan_command(row["cmd"].split(" ")), env)
+
+
+def rows(results: dict) -> list[dict]:
+    """One row per (model, step): measured and predicted time and peak memory."""
+    out = []
+    for name, entry in results.get("models", {}).items():
+        for step, r in entry["steps"].items():
+            if step == "rule-check" or r.get("rc"):
+                continue
+            plan = r.get("plan") or {}
+            params = (plan.get("model") or {}).get("params") or entry.get("params")
+            out.append({"model": name, "step": step, "params": params, "wall_s": r["wall_s"], "peak_mb": r["peak_rss_mb"],
+                        "pred_s": plan.get("seconds"), "pred_mb": plan["peak_ram"] / 1e6 if plan.get("peak_ram") else None,
+                        "load": r.get("load_before")})
+    return out
+
+
+def table(results: dict) -> str:
+    lines = ["| model | params | step | wall s | predicted s | ratio | peak RSS MB | predicted MB | ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows(results):
+        ts = f"{r['pred_s'] / r['wall_s']:.2f}" if r["pred_s"] else "—"
+        ms = f"{r['pred_mb'] / r['peak_mb']:.2f}" if r["pred_mb"] else "—"
+        lines.append(f"| {r['model']} | {r['params'] / 1e9:.3f} B | {r['step']} | {r['wall_s']:.0f} | {r['pred_s'] or 0:.0f} | {ts} | "
+                     f"{r['peak_mb']:.0f} | {r['pred_mb'] or 0:.0f} | {ms} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    """Wall time and peak RSS of each step against parameters (log-log), measured (solid) and
+    predicted by --plan (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = [r for r in rows(results) if r["params"]]
+    if not data:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for step in sorted({r["step"] for r in data}):
+        pts = sorted((r for r in data if r["step"] == step), key=lambda r: r["params"])
+        x = [r["params"] / 1e9 for r in pts]
+        for ax, key, pred in ((axes[0], "wall_s", "pred_s"), (axes[1], "peak_mb", "pred_mb")):
+            line, = ax.plot(x, [r[key] for r in pts], "o-", label=step)
+            if all(r[pred] for r in pts):
+                ax.plot(x, [r[pred] for r in pts], "x--", color=line.get_color(), alpha=0.7)
+    for ax, title in ((axes[0], "wall time (s)"), (axes[1], "peak RSS (MB)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("parameters (B)")
+        ax.set_title(title + ": measured (o), --plan (x)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("quantkit cost against model size (2 CPU cores; 0.5B/1.2B: random weights, real shapes)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""`--plan`: the cost model's arithmetic against hand-computed values, and the four commands'
+plans from headers alone (no weight loaded, nothing written), fitting or not."""
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from quantkit.plan import (GB, ConvertWork, Machine, Model, activation_bytes, combine, convert_plan, eval_plan, forward_flops,
+                           hessian_bytes, hessian_flops, solve_flops, window_bytes)
+
+REPO = Path(__file__).resolve().parents[1]
+CALIB = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
+# A layer of two linears: (out, in) = (6, 4) and (4, 6); 3 layers, hidden 4, vocab 10.
+TOY = Model(params=200, weight_bytes=400, itemsize=2, layers=3, hidden=4, vocab=10, q_dim=4, layer_linears=((6, 4), (4, 6)), head=(10, 4))
+
+
+def machine(ram=100 * GB, device_free=None, disk=1000 * GB, device_type="cpu") -> Machine:
+    return Machine(device="cpu" if device_type == "cpu" else "cuda:0", device_type=device_type, name="test", ram_available=int(ram),
+                   device_free=int(device_free if device_free is not None else ram), disk_free=int(disk), read_bps=10 * GB,
+                   bf16_flops=1e12, fp32_flops=5e11, probe="test")
+
+
+def work(**kw) -> ConvertWork:
+    base = dict(method="gptq", calib_tokens=512, seq_len=128, calib_itemsize=2, artifact_bytes=100, disk_bytes=200,
+                offload_cpu_bytes=None, layerwise=True, first_hash=False)
+    return ConvertWork(**{**base, **kw})
+
+
+def test_flops_by_hand():
+    # linear: 2 * 3 layers * (24 + 24) params * 10 tokens = 2880; attention: 2 * 3 * 5 * 4 * 10 = 1200
+    assert forward_flops(TOY, tokens=10, seq_len=5) == 2880 + 1200
+    assert forward_flops(TOY, tokens=10, seq_len=5, with_head=True) == 2880 + 1200 + 2 * 10 * 4 * 10
+    assert hessian_flops(TOY, tokens=10) == 2 * 10 * 3 * (16 + 36)
+    assert solve_flops(TOY) == 3 * ((6 * 16 + 64) + (4 * 36 + 216))
+    assert hessian_bytes(TOY) == 4 * (16 + 36)
+    assert activation_bytes(TOY, tokens=10, seq_len=5, itemsize=2) == 2 * 10 * 4 * 2
+    assert window_bytes(TOY, seq_len=5) == 4 * 5 * 6 * 3 + 4 * 5 * 5 * 1
+
+
+def test_time_grows_linearly_in_calibration_tokens():
+    t1 = convert_plan(TOY, work(calib_tokens=1000), machine()).time_breakdown
+    t2 = convert_plan(TOY, work(calib_tokens=2000), machine()).time_breakdown
+    assert t2["hessians"] == pytest.approx(2 * t1["hessians"], rel=0.05)
+    assert t2["calibration_forward"] == pytest.approx(2 * t1["calibration_forward"], rel=0.05)
+
+
+def test_rtn_has_no_calibration_cost():
+    plan = convert_plan(TOY, work(method="rtn", calib_tokens=0), machine())
+    assert "hessians" not in plan.time_breakdown and plan.stages["calibration_working_set"] == 0
+
+
+def test_fits_and_each_way_of_not_fitting():
+    big = Model(**{**TOY.__dict__, "params": 20 * 10**9, "weight_bytes": 40 * 10**9})
+    assert convert_plan(TOY, work(), machine()).fits
+    ram = convert_plan(big, work(), machine(ram=16 * GB))
+    assert not ram.fits and "RAM" in ram.problems[0] and any("--max-memory" in a for a in ram.advice)
+    disk = convert_plan(TOY, work(disk_bytes=10 * GB), machine(disk=1 * GB))
+    assert not disk.fits and any("--out" in a for a in disk.advice)
+    gpu = convert_plan(big, work(layerwise=False), machine(device_free=1 * GB, device_type="cuda"))
+    assert not gpu.fits and gpu.peak_vram > 1 * GB and any("--device cpu" in a for a in gpu.advice)
+
+
+def test_offloaded_plan_keeps_ram_within_budget():
+    big = Model(**{**TOY.__dict__, "params": 10 * 10**9, "weight_bytes": 20 * 10**9})
+    plan = convert_plan(big, work(offload_cpu_bytes=4 * 10**9, artifact_bytes=6 * 10**9), machine(ram=16 * GB))
+    assert plan.offload and plan.fits and plan.peak_ram < 16 * GB
+
+
+def test_eval_advises_bfloat16_when_float32_does_not_fit():
+    big = Model(**{**TOY.__dict__, "params": 8 * 10**9, "weight_bytes": 16 * 10**9, "vocab": 128256})
+    plan = eval_plan(big, big, 8192, 512, 4, machine(ram=24 * GB), 16 * 10**9, first_hash=False)
+    assert not plan.fits and plan.advice[0].startswith("--dtype bfloat16")
+    assert eval_plan(big, big, 8192, 512, 2, machine(ram=64 * GB), 16 * 10**9, first_hash=False).fits
+
+
+def test_combine_adds_times_and_takes_the_largest_peak():
+    a, b = convert_plan(TOY, work(), machine()), convert_plan(TOY, work(method="rtn", calib_tokens=0), machine())
+    both = combine("run", [a, b])
+    assert both.seconds == pytest.approx(a.seconds + b.seconds) and both.peak_ram == max(a.peak_ram, b.peak_ram)
+
+
+# ---------------------------------------------------------------- through the CLI
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """A plan must not load a weight: every loader fails the test; the probe is a fixed figure."""
+    import safetensors.torch
+    import transformers
+
+    import quantkit.planner as planner
+
+    def fail(*a, **k):
+        pytest.fail("a plan loaded weights")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail)
+    monkeypatch.setattr(safetensors.torch, "load_file", fail)
+    monkeypatch.setattr(planner, "quick_probe", lambda device: {"read_bps": 10 * GB, "bfloat16_flops": 1e11, "float32_flops": 1e11})
+
+
+def header_params(path: Path) -> int:
+    n = 0
+    for f in path.glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            for name, info in json.loads(fh.read(size)).items():
+                if name != "__metadata__":
+                    count = 1
+                    for d in info["shape"]:
+                        count *= d
+                    n += count
+    return n
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa", "llama-mha", "mistral", "qwen2"])
+@pytest.mark.parametrize("recipe", ["int4-w4a16-gptq-g64", "int4-w4a16-rtn", "int8-w8a16-gptq", "bnb-nf4", "gqa"])
+def test_convert_plan_from_headers(cli, tiny_dir, tiny_text, tmp_path, no_weights, arch, recipe):
+    out = tmp_path / "art"
+    extra = ["--set", "steps[0].gqa.kv_heads=1"] if recipe == "gqa" else []
+    code, _, err, plan = cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_dir / arch), "--out", str(out),
+                             "--calib", f"file:{tiny_text}", *CALIB, *extra, "--plan", "--json")
+    assert code == 0, err
+    assert plan["command"] == "convert" and plan["fits"] and not out.exists()
+    assert plan["model"]["params"] == header_params(tiny_dir / arch)  # tied embeddings stored once, counted once
+    assert plan["stages"]["source"] == plan["model"]["weight_bytes"] > 0
+    assert plan["peak_ram"] > plan["stages"]["calibration_model"] and plan["seconds"] > 0 and plan["disk"] > 0
+    assert plan["machine"]["device"] == "cpu" and not plan["offload"]
+    calibrated = recipe in ("int4-w4a16-gptq-g64", "int8-w8a16-gptq")
+    assert ("hessians" in plan["time_breakdown"]) == calibrated
+
+
+def test_plan_predicts_the_artifact_size(cli, tiny_llama, tiny_text, tmp_path):
+    out = tmp_path / "art"
+    args = ["convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(out), "--json"]
+    code, _, err, plan = cli(*args, "--plan")
+    assert code == 0, err
+    code, _, err, _ = cli(*args)
+    assert code == 0, err
+    actual = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    assert plan["stages"]["artifact"] == pytest.approx(actual, rel=0.15)
+
+
+def test_plan_that_does_not_fit_exits_2_with_the_plan_and_one_line(cli, tiny_llama, tiny_text, tmp_path, no_weights, monkeypatch):
+    import psutil
+
+    class Mem:
+        available = 100_000  # 100 kB of RAM
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Mem())
+    code, out, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
+                            "--out", str(tmp_path / "a"), "--calib", f"file:{tiny_text}", *CALIB, "--plan", "--json")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "does not fit" in err and "to fit:" in err
+    plan = json.loads(out)
+    assert not plan["fits"] and plan["problems"] and plan["advice"]
+
+
+def test_plan_on_an_unavailable_device(cli, tiny_llama, tiny_text, tmp_path, no_weights, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
+                          "--device", "cuda", "--plan")
+    assert code == 2 and "no CUDA GPU" in err
+
+
+def test_plan_text_output(cli, tiny_llama, tiny_text, tmp_path, no_weights):
+    code, out, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
+                            "--out", str(tmp_path / "a"), "--calib", f"file:{tiny_text}", *CALIB, "--plan")
+    assert code == 0, err
+    assert "plan: convert on cpu" in out and "peak memory" in out and "time" in out and "DOES NOT FIT" not in out
+
+
+def test_eval_plan(cli, tiny_llama, tiny_dir, tiny_text, no_weights):
+    code, _, err, plan = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64",
+                             "--max-tokens", "256", "--plan", "--json")
+    assert code == 0, err
+    assert plan["command"] == "eval" and plan["fits"] and "baseline_pass" in plan["time_breakdown"]
+    assert "4 windows of 64 tokens" in plan["notes"][0]
+    assert plan["stages"]["model_loaded"] == 0  # the baseline against itself: scored from the baseline pass alone
+
+
+def test_bench_plan(cli, tiny_llama, no_weights):
+    code, _, err, plan = cli("bench", str(tiny_llama), "--device", "cpu", "--engine", "eager", "--plan", "--json")
+    assert code == 0, err
+    assert plan["command"] == "bench" and plan["stages"]["largest_loaded"] > 0 and "model_0" in plan["time_breakdown"]
+
+
+def test_bench_plan_of_a_synthetic_shape(cli, no_weights):
+    code, _, err, plan = cli("bench", "--shape", "llama3.2-1b", "--shape-bits", "16,4", "--device", "cpu", "--plan", "--json")
+    assert code == 0, err
+    assert plan["model"]["params"] == 1_235_814_400  # Llama-3.2-1B's published parameter count
+    assert plan["stages"]["largest_loaded"] == pytest.approx(1_235_814_400 * 2, rel=0.01)
+
+
+def test_run_plan(cli, tiny_llama, tiny_text, tmp_path, no_weights):
+    recipe = tmp_path / "suite.yaml"
+    recipe.write_text(f"model: {tiny_llama}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
+                      "variants:\n  - recipe: " + str(REPO / "recipes" / "int4-w4a16-rtn.yaml") + "\n"
+                      "  - recipe: " + str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml") + "\n")
+    code, _, err, plan = cli("run", str(recipe), "--out", str(tmp_path / "run"), "--include-dir", str(REPO / "recipes"), "--plan", "--json")
+    assert code == 0, err
+    steps = list(plan["time_breakdown"])
+    assert [s.split(":")[1] for s in steps] == ["convert", "convert", "bench"] and not (tmp_path / "run").exists()
+
+
+def test_float32_checkpoint_counts_four_bytes(cli, tiny_dir, tiny_text, tmp_path, no_weights):
+    from fixtures import build_checkpoint
+
+    src = build_checkpoint(tmp_path / "f32", "qwen2", tiny_dir / "tokenizer", dtype="float32")
+    code, _, err, plan = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out", str(tmp_path / "a"),
+                             "--plan", "--json")
+    assert code == 0, err
+    params = plan["model"]["params"]
+    assert plan["stages"]["source"] == 4 * params and plan["stages"]["reload_check"] == 4 * params
+    assert plan["stages"]["calibration_model"] == 2 * params  # 4-bit weights calibrate in bf16 (calibration.compute_dtype: auto)
+
+
+def test_truncated_checkpoint_is_one_line(cli, tiny_llama, tmp_path, no_weights):
+    import shutil
+
+    src = tmp_path / "broken"
+    shutil.copytree(tiny_llama, src)
+    shard = next(src.glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-100])
+    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out", str(tmp_path / "a"),
+                          "--plan", "--json")
+    assert code == 2 and "truncated" in err and len(err.strip().splitlines()) == 1
+
+
+def test_recorded_probe_figures_replay(monkeypatch):
+    import torch
+
+    from quantkit.planner import this_machine
+
+    monkeypatch.setenv("QUANTKIT_PLAN_PROBE", json.dumps({"read_bps": 1e10, "bf16_flops": 2e11, "fp32_flops": 1e11}))
+    mc = this_machine(torch.device("cpu", 0))
+    assert (mc.read_bps, mc.bf16_flops, mc.fp32_flops) == (1e10, 2e11, 1e11) and mc.device == "cpu:0" and mc.device_type == "cpu"
+
+
+def test_quick_probe_measures_this_device():
+    import torch
+
+    from quantkit.planner import quick_probe
+
+    figures = quick_probe(torch.device("cpu"))
+    assert set(figures) == {"read_bps", "bfloat16_flops", "float32_flops"} and all(v > 0 for v in figures.values())
+
+
+def test_convert_warns_before_loading_when_the_plan_does_not_fit(cli, tiny_llama, tmp_path, monkeypatch):
+    import quantkit.plan as plan
+
+    monkeypatch.setitem(plan.BASE_RSS, "convert", 10**15)  # a petabyte of libraries: no machine has that
+    code, _, err, data = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama),
+                             "--out", str(tmp_path / "a"), "--json")
+    assert code == 0, err  # a prediction warns; it does not refuse
+    lines = err.splitlines()
+    warning = next(i for i, ln in enumerate(lines) if ln.startswith("warning: this conversion needs about"))
+    loading = next(i for i, ln in enumerate(lines) if ln.startswith("loading"))
+    assert warning < loading and "--plan" in lines[warning]
+
+
+def test_plan_says_when_it_will_offload(cli, tiny_llama, tmp_path, no_weights):
+    args = ["convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"), "--plan", "--json"]
+    code, _, err, plan = cli(*args)
+    assert code == 0 and not plan["offload"], err
+    code, _, err, small = cli(*args, "--max-memory", "100KB")
+    assert code == 0 and small["offload"], err
+    assert small["disk"] > plan["disk"]  # the offloaded weights share the disk with the artifact
+    assert small["stages"]["reload_check"] <= 100_000  # the reload check is offloaded the same way
