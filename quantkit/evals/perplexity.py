@@ -58,21 +58,38 @@ def _cache_key(baseline_hash: str, windows: Windows, vocab: str, dtype: str) -> 
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def _forward_logp(model, ids):
-    import torch
+class TorchScorer:
+    """Log-probabilities of a transformers model, `batch_size` windows per forward pass (on a GPU a
+    batch keeps the device busy; windows are all seq_len long, so no padding and no mask). Each
+    window's rows are upcast to float32 one window at a time, so only one window's float32 logits
+    exist beside the batch's own."""
 
-    with torch.inference_mode():
-        logits = model(input_ids=ids.unsqueeze(0).to(model.device), use_cache=False).logits[0, :-1]
-        return torch.log_softmax(logits.float(), dim=-1)
+    def __init__(self, model, batch_size: int = 1):
+        self.model, self.batch_size = model, max(1, int(batch_size))
+
+    def logps(self, tokens: list):
+        """Per window: float32 (seq_len - 1, vocab) next-token log-probabilities, on the model's device."""
+        import torch
+
+        for b in range(0, len(tokens), self.batch_size):
+            ids = torch.stack(list(tokens[b : b + self.batch_size])).to(self.model.device)
+            with torch.inference_mode():
+                logits = self.model(input_ids=ids, use_cache=False).logits[:, :-1]
+                for row in logits:
+                    yield torch.log_softmax(row.float(), dim=-1)
 
 
-def baseline_pass(model, windows: Windows, progress=None) -> dict:
+def scorer_of(model, batch_size: int = 1):
+    """A scorer (anything with `logps(tokens)`), or a transformers model wrapped in one."""
+    return model if hasattr(model, "logps") else TorchScorer(model, batch_size)
+
+
+def baseline_pass(model, windows: Windows, progress=None, batch_size: int = 1) -> dict:
     import torch
 
     out = {"topk_logp": [], "topk_idx": [], "nll": [], "argmax": []}
-    for i, ids in enumerate(windows.tokens):
-        logp = _forward_logp(model, ids)
-        target = ids[1:].to(logp.device)
+    for i, logp in enumerate(scorer_of(model, batch_size).logps(windows.tokens)):
+        target = windows.tokens[i][1:].to(logp.device)
         top = logp.topk(TOPK, dim=-1)
         out["topk_logp"].append(top.values.cpu())
         out["topk_idx"].append(top.indices.int().cpu())
@@ -83,19 +100,23 @@ def baseline_pass(model, windows: Windows, progress=None) -> dict:
     return {k: torch.stack(v) for k, v in out.items()}
 
 
-def cached_baseline(load_baseline, baseline_hash: str, windows: Windows, vocab: str, dtype: str, progress=None) -> tuple[dict, bool]:
-    """The baseline's per-window statistics, from disk when this exact pass was done before."""
+def cached_baseline(load_baseline, baseline_hash: str, windows: Windows, vocab: str, dtype: str, progress=None,
+                    batch_size: int = 1, device_type: str = "cpu") -> tuple[dict, bool]:
+    """The baseline's per-window statistics, from disk when this exact pass was done before.
+    `load_baseline` is called only on a miss. The key holds the device type: a GPU's kernels
+    round differently from the CPU's, so their passes are different baselines."""
     import torch
 
     import io
 
     from ..atomic import write_bytes
 
-    path = subdir("eval-cache") / f"{_cache_key(baseline_hash, windows, vocab, dtype)}.pt"
+    key_dtype = dtype if device_type == "cpu" else f"{dtype}@{device_type}"  # CPU keys as before: old caches stay valid
+    path = subdir("eval-cache") / f"{_cache_key(baseline_hash, windows, vocab, key_dtype)}.pt"
     cached = _read_cache(path, len(windows.tokens))
     if cached is not None:
         return cached, True
-    data = baseline_pass(load_baseline(), windows, progress)
+    data = baseline_pass(load_baseline(), windows, progress, batch_size)
     buf = io.BytesIO()
     torch.save(data, buf)
     write_bytes(path, buf.getvalue())  # write-then-rename: two evals of one baseline never see half a file
@@ -118,12 +139,11 @@ def _read_cache(path, n_windows: int) -> dict | None:
     return data
 
 
-def score(model, windows: Windows, base: dict, progress=None) -> dict:
-    """Compare `model` with the cached baseline on the same windows."""
+def score(model, windows: Windows, base: dict, progress=None, batch_size: int = 1) -> dict:
+    """Compare `model` (a transformers model, or a scorer such as evals/gguf.py's) with the cached baseline on the same windows."""
     nll, kl, agree = [], [], []
-    for i, ids in enumerate(windows.tokens):
-        logp = _forward_logp(model, ids)
-        target = ids[1:].to(logp.device)
+    for i, logp in enumerate(scorer_of(model, batch_size).logps(windows.tokens)):
+        target = windows.tokens[i][1:].to(logp.device)
         nll.append(-logp.gather(-1, target[:, None])[:, 0].cpu().numpy())
         kl.append(kl_topk(base["topk_logp"][i].to(logp.device), base["topk_idx"][i].to(logp.device), logp).cpu().numpy())
         agree.append((logp.argmax(-1).int().cpu() == base["argmax"][i]).numpy())
