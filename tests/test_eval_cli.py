@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_TEXT
 
 
 def test_self_comparison_is_exact(cli, tiny_llama, tiny_text, tmp_path):
@@ -68,9 +69,20 @@ def test_model_that_fails_to_load(cli, tiny_llama, tiny_text, tmp_path):
     assert code == 2 and "error:" in err and "Traceback" not in err
 
 
-def test_nothing_to_evaluate(cli, tiny_llama):
+def test_no_text_evaluates_two_default_domains(cli, tiny_llama, monkeypatch):
+    """Without --text: WikiText-2 where ../shared/data has it, else shipped held-out code; legal text either way."""
+    import quantkit.evals.domains as domains
+
+    for wikitext, expected in ((True, ["wikitext2-valid", "legal-licenses"]), (False, ["legal-licenses", "python-stdlib-code"])):
+        monkeypatch.setattr(domains, "_available", lambda n, w=wikitext: w or n != "wikitext2-valid")
+        if wikitext and not SHARED_TEXT.is_file():
+            continue  # off this workplace: no WikiText-2 to read
+        code, _, err, data = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--seq-len", "32", "--max-tokens", "64", "--json")
+        assert code == 0, err
+        assert [t["label"] for t in data["texts"]] == expected and data["primary_text"] == expected[0]
+    monkeypatch.setattr(domains, "_available", lambda n: n == "legal-licenses")
     code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama))
-    assert code == 2 and "nothing to evaluate" in err
+    assert code == 2 and "only 1 of the default domains" in err and "--text" in err
 
 
 def test_same_checkpoint_shortcut(cli, tiny_llama, tiny_text):

@@ -1,4 +1,4 @@
-"""`quantkit eval`: accuracy deltas of a model against its baseline."""
+"""`quantkit eval`: accuracy deltas of a model against its baseline, one row per text domain."""
 
 from __future__ import annotations
 
@@ -7,20 +7,34 @@ import click
 from ._common import echo_json, json_option
 
 
+def _ci(pair, fmt: str) -> str:
+    return f"[{format(pair[0], fmt)}, {format(pair[1], fmt)}]"
+
+
+def domain_table(texts: list[dict]) -> list[str]:
+    """One row per text: PPL, its baseline's, ΔPPL and mean KL with their 95% bootstrap CIs, KL p99, top-1."""
+    head = f"{'domain':<20} {'windows':>9} {'PPL':>9} {'base PPL':>9} {'ΔPPL %  [95% CI]':>26} {'KL mean  [95% CI]':>30} {'KL p99':>7} {'top-1':>7}"
+    lines = [head]
+    for t in texts:
+        w, k, ci = t["windows"], t["kld"], t["ci95"]
+        lines.append(f"{t['label'][:20]:<20} {w['count']:>4}x{w['seq_len']:<4} {t['ppl']:>9.4f} {t['baseline_ppl']:>9.4f} "
+                     f"{t['delta_ppl_pct']:>+8.2f} {_ci(ci['delta_ppl_pct'], '+.2f'):>17} "
+                     f"{k['mean']:>8.5f} {_ci(ci['kld_mean'], '.5f'):>21} {k['p99']:>7.3f} {t['top1_agreement'] * 100:>6.2f}%")
+    return lines
+
+
 def render(result: dict) -> str:
-    lines = []
-    if "ppl" in result:
-        k, ci = result["kld"], result["ci95"]
-        w = result["windows"]
-        lines += [
-            f"model     {result['model']}",
-            f"baseline  {result['baseline']}{_baseline_note(result.get('baseline_check') or {})}",
-            f"text      {w.get('source')}  {w['count']} windows x {w['seq_len']} tokens ({w.get('region', '')}), {result['tokens']} scored tokens",
-            f"PPL       {result['ppl']:.4f}  (baseline {result['baseline_ppl']:.4f})",
-            f"dPPL      {result['delta_ppl_pct']:+.2f}%  95% CI [{ci['delta_ppl_pct'][0]:+.2f}, {ci['delta_ppl_pct'][1]:+.2f}]",
-            f"KL        mean {k['mean']:.5f} [{ci['kld_mean'][0]:.5f}, {ci['kld_mean'][1]:.5f}]  median {k['median']:.5f}  p99 {k['p99']:.4f}  max {k['max']:.3f}",
-            f"top-1     {result['top1_agreement'] * 100:.2f}% agreement",
-        ]
+    dev = result.get("device") or {}
+    scorer = result.get("scorer") or {}
+    how = (f"llama.cpp ({scorer.get('kernel', 'llama-cpp-python')}, {scorer.get('threads')} threads); baseline "
+           if result.get("engine") == "llamacpp" else "")
+    batch = f", {scorer['batch_size']} window(s) per forward" if scorer.get("batch_size") else ""
+    lines = [f"model     {result['model']}",
+             f"baseline  {result['baseline']}{_baseline_note(result.get('baseline_check') or {})}",
+             f"device    {how}{dev.get('device')} ({dev.get('name')}), {result.get('dtype')}{batch}"]
+    if result.get("texts"):
+        lines += ["", *domain_table(result["texts"]), ""]
+        lines += [f"text {t['label']}: {t['text']} ({t['windows'].get('region', '')}), {t['tokens']} scored tokens" for t in result["texts"]]
     for name, t in result.get("tasks", {}).items():
         lines.append(
             f"task {name:<14} {t['metric']} {t['value']:.4f} (baseline {t['baseline']:.4f})  delta {t['delta']:+.4f} +- {t['delta_stderr']:.4f}"
@@ -34,16 +48,40 @@ def _baseline_note(check: dict) -> str:
     return "  (the artifact's source)" if check["match"] else "  (NOT the artifact's source: --baseline-mismatch-ok)"
 
 
+def _model_path(model: str, engine: str):
+    """A checkpoint reference; with --engine llamacpp also a .gguf file (checked as a GGUF later, in one line)."""
+    from pathlib import Path
+
+    from ..models import resolve_model
+
+    p = Path(model).expanduser()
+    if engine == "llamacpp" and (p.is_file() or p.suffix.lower() == ".gguf"):
+        return p.resolve()
+    return resolve_model(model)
+
+
 @click.command("eval")
 @click.argument("model")
 @click.option("--baseline", "baseline", required=True, help="The original model (directory, hub id or 'demo').")
-@click.option("--text", "text", default=None, help="file:PATH | hf:DATASET[:CONFIG]:SPLIT | self")
+@click.option("--text", "texts", multiple=True, help="file:PATH | set:NAME | hf:DATASET[:CONFIG]:SPLIT | self; repeatable, one "
+              "row per text. Default (without --tasks): set:wikitext2-valid where ../shared/data has it, and set:legal-licenses "
+              "(set:python-stdlib-code in WikiText's place where it is absent).")
 @click.option("--seq-len", default=512, show_default=True, type=int)
-@click.option("--max-tokens", default=8192, show_default=True, type=int, help="Tokens to score (whole windows).")
+@click.option("--max-tokens", default=8192, show_default=True, type=int, help="Tokens to score per text (whole windows).")
 @click.option("--region", default="first-half", show_default=True, type=click.Choice(["first-half", "second-half", "all"]))
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (the baseline, the model and lm-eval tasks).")
+@click.option("--dtype", default=None, type=click.Choice(["float32", "bfloat16", "float16"]),
+              help="Precision the models load in [default: bfloat16 on a GPU, float32 on the CPU].")
+@click.option("--batch-size", default=None, type=int, help="Windows per forward pass [default: 1 on the CPU; on a GPU, what fits "
+              "40% of its free memory, up to 32].")
+@click.option("--engine", default="transformers", show_default=True, type=click.Choice(["transformers", "llamacpp"]),
+              help="What scores MODEL: transformers, or llama.cpp on a GGUF file (or an artifact, exported exactly on the fly).")
 @click.option("--tasks", default="", help="Comma-separated lm-eval tasks (local ones from evals/, or standard names online).")
 @click.option("--limit", default=None, type=int, help="Examples per lm-eval task.")
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
+@click.option("--tasks-backend", default="hf", show_default=True, type=click.Choice(["hf", "vllm"]),
+              help="lm-eval's backend: hf (in process; data parallel under `accelerate launch`) or vllm.")
+@click.option("--tensor-parallel", default=1, show_default=True, type=int, help="vLLM tensor_parallel_size (--tasks-backend vllm).")
+@click.option("--data-parallel", default=1, show_default=True, type=int, help="vLLM data_parallel_size (--tasks-backend vllm).")
 @click.option("--allow-overlap", is_flag=True, help="Allow evaluation windows that overlap text the artifact was fitted on "
               "(calibration, GQA recovery).")
 @click.option("--baseline-mismatch-ok", is_flag=True, help="Compare with a --baseline other than the checkpoint the artifact "
@@ -52,32 +90,42 @@ def _baseline_note(check: dict) -> str:
 @click.option("--update-card", is_flag=True, help="Write the figures into the artifact's model card.")
 @click.option("--plan", "plan_only", is_flag=True, help="Print the evaluation's memory and time from the headers, then exit without loading weights.")
 @json_option
-def eval_cmd(model, baseline, text, seq_len, max_tokens, region, tasks, limit, dtype, allow_overlap, baseline_mismatch_ok,
-             trust_remote_code, update_card, plan_only, as_json):
-    """Perplexity, KL divergence, top-1 agreement and lm-eval deltas of MODEL against --baseline."""
+def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, device, dtype, batch_size, engine, tasks, limit, tasks_backend,
+             tensor_parallel, data_parallel, allow_overlap, baseline_mismatch_ok, trust_remote_code, update_card, plan_only, as_json):
+    """Perplexity, KL divergence, top-1 agreement (one row per text domain) and lm-eval deltas of MODEL against --baseline."""
+    from ..device import resolve
     from ..errors import DataError
+    from ..evals.domains import default_texts
+    from ..evals.lmeval import is_main_process
     from ..evals.runner import run_eval
     from ..models import resolve_model
 
     task_list = tuple(t.strip() for t in tasks.split(",") if t.strip())
-    if not text and not task_list:
-        raise DataError("nothing to evaluate: pass --text SPEC and/or --tasks LIST")
+    texts = list(texts) or ([] if task_list else default_texts())
     if max_tokens < seq_len:
         raise DataError(f"--max-tokens {max_tokens} is less than one window of --seq-len {seq_len}")
-    model_path, base_path = resolve_model(model), resolve_model(baseline)
+    dev = resolve(device)  # an unavailable device: one line, before anything loads
+    model_path, base_path = _model_path(model, engine), resolve_model(baseline)
     if plan_only:
         from ..planner import plan_eval, show
 
-        return show(plan_eval(str(model_path), str(base_path), text=text, seq_len=seq_len, max_tokens=max_tokens, dtype=dtype), as_json)
+        if engine != "transformers":
+            raise DataError("--plan estimates the transformers engine; llama.cpp's cost is the GGUF's size (quantkit bench --plan)")
+        return show(plan_eval(str(model_path), str(base_path), text=texts[0] if texts else None, seq_len=seq_len,
+                              max_tokens=max_tokens * max(1, len(texts)), dtype=dtype or ("float32" if dev.type == "cpu" else "bfloat16"),
+                              device=dev), as_json)
     if update_card:
         from ..card import check_card_updatable
 
         check_card_updatable(model_path)
     result = run_eval(
-        model_path, base_path, text, seq_len=seq_len, max_tokens=max_tokens, region=region,
-        tasks=task_list, limit=limit, dtype=dtype, allow_overlap=allow_overlap, baseline_mismatch_ok=baseline_mismatch_ok,
+        model_path, base_path, texts, seq_len=seq_len, max_tokens=max_tokens, region=region, tasks=task_list, limit=limit,
+        device=dev, dtype=dtype, batch_size=batch_size, engine=engine, tasks_backend=tasks_backend, tensor_parallel=tensor_parallel,
+        data_parallel=data_parallel, allow_overlap=allow_overlap, baseline_mismatch_ok=baseline_mismatch_ok,
         trust_remote_code=trust_remote_code,
     )
+    if not is_main_process():
+        return  # a data-parallel rank other than 0: rank 0 reports
     if update_card:
         from ..card import update_card_results
 

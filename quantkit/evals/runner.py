@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import DataError
 from ..models import check_remote_code, checkpoint_hash, load_model, load_tokenizer, read_config
 from ..progress import bar
 from ..text import overlaps, parse_spec
-from .perplexity import Windows, cached_baseline, score, self_score, text_windows, vocab_fingerprint
+from .perplexity import TorchScorer, Windows, cached_baseline, score, self_score, text_windows, vocab_fingerprint
 
 
 def check_same_vocab(model_path: Path, base_path: Path, tok_model, tok_base) -> str:
@@ -102,72 +104,208 @@ def artifact_meta(model_path: Path) -> dict:
     return read_json(f) if f.is_file() else {}
 
 
-def _self_windows(base_path: Path, tok, seq_len: int, max_tokens: int, base_hash: str, trust_remote_code: bool) -> Windows:
+def _self_windows(base_path: Path, tok, seq_len: int, max_tokens: int, base_hash: str, trust_remote_code: bool, device) -> Windows:
     from ..calib import self_text
 
-    model = load_model(base_path, dtype="bfloat16", trust_remote_code=trust_remote_code)
+    model = load_model(base_path, dtype="bfloat16", device=device, trust_remote_code=trust_remote_code)
     n = max(1, max_tokens // seq_len)
     cs = self_text(model, tok, samples=n, seq_len=seq_len, seed=SELF_SEED, chat_template=False, model_hash=base_hash)
     prov = {"source": "self", "sha256": f"self:{base_hash}:{n}:{seq_len}", "seed": SELF_SEED, "duplicate_fraction": cs.manifest["duplicate_fraction"]}
     return Windows([s[0] for s in cs.samples], list(range(len(cs.samples))), seq_len, prov)
 
 
-def run_eval(
-    model_path: Path,
-    base_path: Path,
-    text: str | None,
-    *,
-    seq_len: int = 512,
-    max_tokens: int = 8192,
-    region: str = "first-half",
-    tasks: tuple[str, ...] = (),
-    limit: int | None = None,
-    dtype: str = "float32",
-    allow_overlap: bool = False,
-    baseline_mismatch_ok: bool = False,
-    trust_remote_code: bool = False,
-) -> dict:
-    """Every check that can refuse (tokenizers, the baseline's identity, the text, its overlap with
-    what the artifact was fitted on) runs before a model is loaded."""
-    if seq_len < 8:
-        raise DataError("--seq-len must be at least 8")
-    t0 = time.perf_counter()
-    for path in (model_path, base_path):  # before any tokenizer or model code is imported
-        check_remote_code(path, read_config(path), trust_remote_code)
-    meta = artifact_meta(model_path)
-    tok_m, tok_b = load_tokenizer(model_path, trust_remote_code), load_tokenizer(base_path, trust_remote_code)
-    vocab = check_same_vocab(model_path, base_path, tok_m, tok_b)
-    base_hash = checkpoint_hash(base_path)
-    result: dict = {"model": str(model_path), "baseline": str(base_path), "dtype": dtype,
-                    "baseline_check": check_baseline(model_path, base_path, meta, base_hash, baseline_mismatch_ok)}
-    load = lambda p: load_model(p, dtype=dtype, trust_remote_code=trust_remote_code)  # noqa: E731
-    model = None
-    if text:
-        spec = parse_spec(text)
-        if spec.kind == "self":
-            windows = _self_windows(base_path, tok_b, seq_len, max_tokens, base_hash, trust_remote_code)
-        else:
-            windows = text_windows(tok_b, spec, seq_len=seq_len, max_tokens=max_tokens, region=region)
-        result["overlap_check"] = {"allowed": True} if allow_overlap else check_disjoint_from_fitted(model_path, meta, windows)
-        with bar("baseline pass", total=len(windows.tokens)) as update:
-            base, hit = cached_baseline(lambda: load(base_path), base_hash, windows, vocab, dtype, update)
-        t1 = time.perf_counter()
-        if model_path.resolve() == base_path.resolve():
-            result.update(self_score(base, windows))  # the same checkpoint in the same dtype: exact, no second pass
-        else:
-            model = load(model_path)
-            with bar("scoring", total=len(windows.tokens)) as update:
-                result.update(score(model, windows, base, update))
-        result["score_seconds"] = time.perf_counter() - t1
-        result["baseline_cached"] = hit
-        result["windows"] = windows.describe()
-    if tasks:
-        from .lmeval import task_deltas
+ENGINES = ("transformers", "llamacpp")  # what scores the model under test; the baseline is always transformers
 
-        if model is None:
-            model = load(model_path)
-        result["tasks"] = task_deltas(model, tok_m, lambda: load(base_path), tok_b, base_hash, tasks, limit, dtype)
-    else:
-        result["tasks"] = {}
+
+@dataclass(frozen=True)
+class EvalOptions:
+    seq_len: int = 512
+    max_tokens: int = 8192
+    region: str = "first-half"
+    tasks: tuple[str, ...] = ()
+    limit: int | None = None
+    device: Any = None  # a --device spec or torch.device; None: auto
+    dtype: str | None = None  # None: placement.default_dtype(device)
+    batch_size: int | None = None  # windows per forward pass; None: placement.default_batch_size
+    engine: str = "transformers"
+    tasks_backend: str = "hf"
+    tensor_parallel: int = 1  # lm-eval's vLLM backend
+    data_parallel: int = 1
+    allow_overlap: bool = False
+    baseline_mismatch_ok: bool = False
+    trust_remote_code: bool = False
+
+
+def _check_options(o: EvalOptions) -> None:
+    from .placement import DTYPES
+
+    if o.seq_len < 8:
+        raise DataError("--seq-len must be at least 8")
+    if o.batch_size is not None and o.batch_size < 1:
+        raise DataError(f"--batch-size {o.batch_size}: give at least 1 window per forward pass")
+    if o.dtype is not None and o.dtype not in DTYPES:
+        raise DataError(f"--dtype {o.dtype}: use one of {', '.join(DTYPES)}")
+    if o.engine not in ENGINES:
+        raise DataError(f"--engine {o.engine}: eval scores with {' or '.join(ENGINES)}")
+    if o.engine == "llamacpp" and o.tasks:
+        raise DataError("--tasks run through lm-eval (--tasks-backend hf|vllm), not llama.cpp; evaluate the GGUF's texts "
+                        "with --engine llamacpp and its tasks on the artifact it was exported from")
+    if o.tasks:
+        from .lmeval import check_backend
+
+        check_backend(o.tasks_backend, o.tensor_parallel, o.data_parallel)
+
+
+@dataclass
+class _Subject:
+    """The model under test as the checks need it: its metadata, tokenizer, identity."""
+
+    meta: dict
+    tok: Any  # None for a GGUF file (its token list is checked instead)
+    vocab: str
+    baseline_check: dict
+    gguf: bool
+
+
+def _subject(model_path: Path, base_path: Path, o: EvalOptions, dev, tok_b, base_hash: str) -> _Subject:
+    """Every identity check (vocabularies, the baseline is the model's source) before any weights load."""
+    if o.engine == "llamacpp" and model_path.is_file():
+        from . import gguf
+
+        gguf.check_gguf(model_path, dev)
+        vocab = gguf.check_same_vocab(model_path, base_path, tok_b)
+        meta, exported_from, found = gguf.source_meta(model_path)
+        if exported_from == base_hash:  # a GGUF of the baseline checkpoint itself
+            check = {"artifact_source_sha256": base_hash, "baseline_sha256": base_hash, "match": True, "mismatch_ok": o.baseline_mismatch_ok}
+        else:
+            check = check_baseline(model_path, base_path, meta, base_hash, o.baseline_mismatch_ok)
+        return _Subject(meta, None, vocab, {**check, "found_via": found}, True)
+    if o.engine == "llamacpp":
+        from ..bench.engines.llamacpp import check_available
+
+        check_available(dev)
+    check_remote_code(model_path, read_config(model_path), o.trust_remote_code)
+    meta = artifact_meta(model_path)
+    tok_m = load_tokenizer(model_path, o.trust_remote_code)
+    vocab = check_same_vocab(model_path, base_path, tok_m, tok_b)
+    return _Subject(meta, tok_m, vocab, check_baseline(model_path, base_path, meta, base_hash, o.baseline_mismatch_ok), False)
+
+
+def _windows(texts: list[str], model_path: Path, base_path: Path, tok_b, base_hash: str, subject: _Subject, o: EvalOptions, dev) -> list:
+    """[(label, spec, Windows, overlap check)] for every text, in the order given; every text is read,
+    cut and checked against what the model was fitted on before any model loads (`self` text, which
+    the baseline generates, last)."""
+    from .domains import labelled
+
+    items = [(label, spec, parse_spec(spec)) for label, spec in labelled(texts)]  # a bad SPEC fails before any text is read
+    out = {}
+    for label, spec, parsed in sorted(items, key=lambda it: it[2].kind == "self"):
+        if parsed.kind == "self":
+            w = _self_windows(base_path, tok_b, o.seq_len, o.max_tokens, base_hash, o.trust_remote_code, dev)
+        else:
+            w = text_windows(tok_b, parsed, seq_len=o.seq_len, max_tokens=o.max_tokens, region=o.region)
+        overlap = {"allowed": True} if o.allow_overlap else check_disjoint_from_fitted(model_path, subject.meta, w)
+        out[label] = (label, spec, w, overlap)
+    return [out[label] for label, _, _ in items]
+
+
+def _loader(path: Path, o: EvalOptions, dev, dtype: str):
+    return lambda: load_model(path, dtype=dtype, device=dev, trust_remote_code=o.trust_remote_code)
+
+
+def _torch_scorer(model, o: EvalOptions, dev, dtype: str, n_windows: int) -> TorchScorer:
+    from .placement import default_batch_size
+
+    bs = o.batch_size or default_batch_size(dev, model.config.to_dict(), o.seq_len, n_windows, dtype)
+    return TorchScorer(model, bs)
+
+
+def _baselines(items: list, base_path: Path, base_hash: str, vocab: str, o: EvalOptions, dev, dtype: str) -> list:
+    """The baseline's cached pass per text; the baseline loads at most once, and only on a cache miss."""
+    held: dict = {}
+    n = max(len(w.tokens) for _, _, w, _ in items)
+
+    def scorer():
+        if "s" not in held:
+            held["s"] = _torch_scorer(_loader(base_path, o, dev, dtype)(), o, dev, dtype, n)
+        return held["s"]
+
+    out = []
+    for label, _, w, _ in items:
+        with bar(f"baseline pass ({label})", total=len(w.tokens)) as update:
+            out.append(cached_baseline(scorer, base_hash, w, vocab, dtype, update, device_type=dev.type))
+    held.clear()  # the baseline's weights go before the model under test loads
+    return out
+
+
+def _model_scorer(model_path: Path, subject: _Subject, o: EvalOptions, dev, dtype: str, n_windows: int):
+    """(scorer, close, description): llama.cpp over the GGUF, or the transformers model on `dev`."""
+    if o.engine == "llamacpp":
+        from . import gguf
+
+        engine = gguf.open_engine(model_path, dev, o.seq_len)
+        return gguf.LlamaCppScorer(engine), engine.close, gguf.describe(engine)
+    model = _loader(model_path, o, dev, dtype)()
+    s = _torch_scorer(model, o, dev, dtype, n_windows)
+    return s, (lambda: None), {"engine": "transformers", "batch_size": s.batch_size}
+
+
+def _score_texts(items: list, bases: list, model_path: Path, base_path: Path, subject: _Subject, o: EvalOptions, dev, dtype: str):
+    """One result per text (label, figures, windows, checks); and the loaded model (for lm-eval tasks) or None."""
+    same = o.engine == "transformers" and model_path.resolve() == base_path.resolve()
+    scorer, close, engine = (None, lambda: None, {"engine": "transformers"}) if same else \
+        _model_scorer(model_path, subject, o, dev, dtype, max(len(w.tokens) for _, _, w, _ in items))
+    rows = []
+    try:
+        for (label, spec, w, overlap), (base, hit) in zip(items, bases):
+            t = time.perf_counter()
+            if same:
+                figures = self_score(base, w)  # the same checkpoint in the same dtype: exact, no second pass
+            else:
+                with bar(f"scoring ({label})", total=len(w.tokens)) as update:
+                    figures = score(scorer, w, base, update)
+            rows.append({"label": label, "text": spec, **figures, "score_seconds": time.perf_counter() - t,
+                         "baseline_cached": hit, "windows": w.describe(), "overlap_check": overlap})
+    finally:
+        close()
+    model = getattr(scorer, "model", None)
+    return rows, engine, model
+
+
+def run_eval(model_path: Path, base_path: Path, texts, **kw) -> dict:
+    """PPL, KL and top-1 of `model_path` against `base_path` on each text (a SPEC or a list of them;
+    one result per text, in `texts`), and lm-eval task deltas. EvalOptions' fields are the keywords.
+
+    Every check that can refuse (options, the device, tokenizers, the baseline's identity, each
+    text, its overlap with what the artifact was fitted on) runs before a model is loaded."""
+    from .. import device as devices
+    from .placement import default_dtype
+
+    o = EvalOptions(**kw)
+    _check_options(o)
+    texts = [texts] if isinstance(texts, str) else list(texts or [])
+    t0 = time.perf_counter()
+    dev = devices.resolve(o.device)
+    dtype = o.dtype or default_dtype(dev)
+    check_remote_code(base_path, read_config(base_path), o.trust_remote_code)  # before any tokenizer or model code is imported
+    tok_b = load_tokenizer(base_path, o.trust_remote_code)
+    base_hash = checkpoint_hash(base_path)
+    subject = _subject(model_path, base_path, o, dev, tok_b, base_hash)
+    items = _windows(texts, model_path, base_path, tok_b, base_hash, subject, o, dev) if texts else []
+    result: dict = {"model": str(model_path), "baseline": str(base_path), "engine": o.engine, "dtype": dtype,
+                    "device": devices.describe(dev, dtype), "baseline_check": subject.baseline_check, "texts": [], "tasks": {}}
+    model = None
+    if items:
+        bases = _baselines(items, base_path, base_hash, subject.vocab, o, dev, dtype)
+        result["texts"], result["scorer"], model = _score_texts(items, bases, model_path, base_path, subject, o, dev, dtype)
+        result.update({k: v for k, v in result["texts"][0].items() if k not in ("label", "text")})  # the one-text format's keys
+        result["primary_text"] = result["texts"][0]["label"]
+    if o.tasks:
+        from .lmeval import TaskRun, task_deltas
+
+        run = TaskRun(o.tasks, o.limit, dtype, dev, o.tasks_backend, o.tensor_parallel, o.data_parallel, o.trust_remote_code)
+        result["tasks"] = task_deltas(run, model_path, base_path, subject.tok, tok_b, base_hash, model,
+                                      lambda: _loader(model_path, o, dev, dtype)(), _loader(base_path, o, dev, dtype))
+        result["tasks_backend"] = o.tasks_backend
     result["seconds"] = time.perf_counter() - t0
     return result

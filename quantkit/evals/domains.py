@@ -1,0 +1,76 @@
+"""Which texts an evaluation reads, and the label each gets (one report row per domain).
+
+An accuracy figure on one domain is not the model's: GPTQ calibrated on WikiText lost its whole
+lead over RTN on legal text (docs/PERFORMANCE.md, "calibration domains"). So `quantkit eval` and
+`quantkit run` take several texts and, given none, evaluate on at least two domains.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..errors import DataError
+
+# The default domains, in order: WikiText-2 validation (encyclopedic; read from ../shared/data at
+# run time, never shipped: CC BY-SA) where the workstation has it, then shipped held-out sets
+# (calib_data/README.md). legal-licenses is read by no calibration; python-stdlib-code's first
+# half is held out from the calibration mix, which reads its second half.
+DEFAULT_SETS = ("wikitext2-valid", "legal-licenses", "python-stdlib-code")
+MIN_DEFAULT_DOMAINS = 2
+
+
+def label_of(spec: str) -> str:
+    """A short, stable name for a text SPEC: the set's name, the file's stem, the dataset, `self`."""
+    spec = spec.strip()
+    if spec.startswith(("set:", "mix:")):
+        return spec[4:]
+    if spec.startswith("file:"):
+        return Path(spec[5:]).name.rsplit(".", 1)[0] or spec[5:]
+    if spec.startswith("hf:"):
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", spec[3:]).strip("-")
+    return spec
+
+
+def labelled(specs) -> list[tuple[str, str]]:
+    """[(label, spec)] in the order given; the same text twice is a user error, and two different
+    texts with one name (two files called eval.txt) are told apart by a suffix."""
+    out: list[tuple[str, str]] = []
+    seen_specs, seen_labels = set(), set()
+    for spec in specs:
+        spec = str(spec).strip()
+        if not spec:
+            raise DataError("--text: an empty text SPEC")
+        if spec in seen_specs:
+            raise DataError(f"--text {spec} is given twice; each domain is evaluated once")
+        seen_specs.add(spec)
+        label, n = label_of(spec), 2
+        while label in seen_labels:
+            label = f"{label_of(spec)}-{n}"
+            n += 1
+        seen_labels.add(label)
+        out.append((label, spec))
+    return out
+
+
+def _available(name: str) -> bool:
+    """The set's manifest exists and its file is on this machine (WikiText-2 is not shipped)."""
+    from ..text import parse_spec
+
+    try:
+        spec = parse_spec(f"set:{name}")
+    except DataError:
+        return False
+    return spec.kind != "file" or Path(spec.path).expanduser().is_file()
+
+
+def default_texts() -> list[str]:
+    """WikiText-2 where present plus the shipped held-out sets, at least two domains; refused in
+    one line when fewer than two can be found (a calib_data/ removed from an install)."""
+    found = [f"set:{n}" for n in DEFAULT_SETS if _available(n)]
+    if "set:wikitext2-valid" in found:
+        found = found[:MIN_DEFAULT_DOMAINS]  # encyclopedic + legal; code only stands in for WikiText
+    if len(found) < MIN_DEFAULT_DOMAINS:
+        raise DataError(f"no --text given and only {len(found)} of the default domains ({', '.join(DEFAULT_SETS)}) "
+                        "are on this machine; pass --text SPEC (repeatable)")
+    return found[:MIN_DEFAULT_DOMAINS]

@@ -1,0 +1,105 @@
+"""`quantkit eval --engine llamacpp FILE.gguf --baseline MODEL`: a GGUF's PPL, KL and top-1 through
+llama.cpp, against the original model's cached top-k baseline pass.
+
+What llama.cpp users get from `llama-perplexity --kl-divergence-base` + `--kl-divergence`, without
+its base-logits file (vocab x tokens float32: GBs for a few thousand tokens): quantkit's cache
+keeps the baseline's top-256 per position (evals/perplexity.py). The windows are tokenized by the
+baseline's tokenizer and fed to llama.cpp as ids, so both models see exactly the same tokens;
+llama.cpp scores each window from an empty cache with every position's logits kept, as
+llama-perplexity does (bench/engines/llamacpp.py `window_logprobs`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import DataError
+
+
+class LlamaCppScorer:
+    """The scorer interface of evals/perplexity.py over a loaded llamacpp engine."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def logps(self, tokens: list):
+        for ids in tokens:
+            yield self.engine.window_logprobs([int(t) for t in ids])[:-1]
+
+
+def check_gguf(path: Path, device) -> dict:
+    """Before any model loads: llama-cpp-python importable (and GPU-capable if asked), and the file a
+    whole GGUF (magic, header, every tensor inside the file) - one line otherwise."""
+    from ..bench.engines.llamacpp import check_available
+    from ..gguf.read import inspect, open_reader
+
+    check_available(device)
+    if not path.is_file():
+        raise DataError(f"{path}: --engine llamacpp evaluates a GGUF file (or a quantkit artifact directory)")
+    open_reader(path)  # ModelError (exit 2): no such file / not a GGUF / truncated
+    return inspect(path)
+
+
+def gguf_tokens(path: Path) -> list[str]:
+    from ..gguf.read import field_value, open_reader
+
+    tokens = field_value(open_reader(path), "tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise DataError(f"{path}: the GGUF holds no tokenizer.ggml.tokens; its vocabulary cannot be checked against the baseline's")
+    return [str(t) for t in tokens]
+
+
+def check_same_vocab(path: Path, base_path: Path, tok_base) -> str:
+    """The GGUF's token list must be the baseline tokenizer's, id for id (llama.cpp pads unused
+    embedding rows with [PADn] placeholders; those ids are never fed). Returns the baseline's
+    vocabulary fingerprint (the baseline cache's key)."""
+    from .perplexity import vocab_fingerprint
+
+    tokens = gguf_tokens(path)
+    vocab = tok_base.get_vocab()
+    wrong = next((t for t, i in sorted(vocab.items(), key=lambda kv: kv[1]) if i >= len(tokens) or tokens[i] != t), None)
+    if wrong is not None:
+        i = vocab[wrong]
+        got = tokens[i] if i < len(tokens) else "nothing"
+        raise DataError(f"tokenizer mismatch: {path} has {got!r} at id {i} where {base_path} has {wrong!r}; "
+                        "KL and agreement need identical tokens")
+    return vocab_fingerprint(tok_base)
+
+
+def source_meta(path: Path) -> tuple[dict, str | None, str]:
+    """(the quantkit.json of the artifact the GGUF was exported from, or {}; the sha256 of the
+    checkpoint it was exported from, or None; how that was found), for the baseline and overlap checks."""
+    from ..bench.gguf_source import reference_source
+    from ..gguf.read import field_value, open_reader
+    from .runner import artifact_meta
+
+    exported_from = field_value(open_reader(path), "quantkit.source.sha256")
+    art, why = reference_source(path)
+    if art is not None:
+        return artifact_meta(art), exported_from, f"the artifact it was exported from ({art})"
+    return {}, exported_from if isinstance(exported_from, str) else None, why or "no export record"
+
+
+def open_engine(source: Path, device, seq_len: int):
+    """The llamacpp engine over a GGUF (or a quantkit artifact, exported exactly on the fly), its
+    context sized to one window."""
+    from ..bench.engines.base import EngineSettings
+    from ..bench.engines.llamacpp import Engine
+
+    return Engine.load(source, EngineSettings(device=device, max_tokens=seq_len))
+
+
+def model_hash(path: Path) -> str:
+    """The GGUF file's sha256 (a directory: quantkit's checkpoint hash), for run caches."""
+    from ..bench.gguf_source import file_sha256
+    from ..models import checkpoint_hash
+
+    return checkpoint_hash(path) if path.is_dir() else file_sha256(path)
+
+
+def describe(engine) -> dict:
+    d = engine.describe()
+    keep = ("engine", "kernel", "dtype", "threads", "gguf", "gguf_export", "n_ctx", "n_batch")
+    return {k: json.loads(json.dumps(d.get(k), default=str)) for k in keep if k in d}
+
