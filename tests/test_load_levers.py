@@ -115,6 +115,17 @@ def _count_line(stderr: str) -> int:
     ({"server": {"engine": "custom", "model": "m", "command": ["x"]}}, "must take {port}"),
     ({"server": {"engine": "llama-cpp-python", "model": "${QK_SURELY_UNSET}"}}, "${QK_SURELY_UNSET} is not set"),
     ({"server": {"engine": "llama-cpp-python", "model": "/nonexistent/m.gguf"}}, "/nonexistent/m.gguf does not exist"),
+    # a shared prefix longer than the context the study gives the server, refused before it starts
+    ({"server": {"engine": "llama-cpp-python", "model": "m", "settings": {"n_ctx": 512}},
+      "load": {"concurrency": "1", "shared_prefix": 600}}, "--shared-prefix 600 is longer than the server's context (512"),
+    ({"load": {"concurrency": "1", "shared_prefix": 4000}}, "(2048 tokens, llama-cpp-python's default n_ctx)"),
+    ({"levers": [{"name": "a"}, {"name": "b", "settings": {"n_ctx": 256}}],
+      "load": {"concurrency": "1", "shared_prefix": 200, "prompt_len": 64}}, "levers[1] (b) load: the longest request"),
+    ({"server": {"engine": "llama-server", "model": "m", "settings": {"ctx_size": 4096, "parallel": 4}},
+      "load": {"concurrency": "1", "shared_prefix": 1500}}, "ctx_size 4096 / settings.parallel 4"),
+    ({"load": {"concurrency": "1", "shared_prefix": 300, "context_len": 256}}, "(256 tokens, load.context_len)"),
+    ({"server": {"engine": "vllm", "model": "m", "settings": {"max_model_len": 128}},
+      "load": {"concurrency": "1", "shared_prefix": 128}}, "settings.max_model_len"),
 ])
 def test_bad_studies_are_one_line_and_exit_2(tmp_path, change, message):
     study = {"name": "s", "server": {"engine": "llama-cpp-python", "model": "m"}, "load": {"concurrency": "1"},
@@ -236,6 +247,8 @@ def test_prefix_reference_against_the_roofline(monkeypatch):
     assert row["roofline_prefix_prefill_ms"] == pytest.approx(expected)
     assert row["saved_ms"] == pytest.approx(60.0) and row["saved_vs_roofline"] == pytest.approx(60.0 / expected)
     assert row["ttft_ratio"] == pytest.approx(0.4) and 0.7 < row["prefix_share"] < 0.85
+    assert row["roofline_ttft_ratio"] == pytest.approx(1 - row["prefix_share"])
+    assert "| x0.40 |" in render_table({"table": [], "prefix_reference": ref})
 
 
 @pytest.mark.parametrize("study", sorted((REPO / "recipes").glob("levers-*.yaml")), ids=lambda p: p.name)

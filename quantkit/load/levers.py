@@ -51,7 +51,7 @@ def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
         "engine": kind.name,
         "model": model,
         "settings": settings,
-        "changes": _changes(lever),
+        "changes": _changes(lever, model),
         "command": command,
         "body_fields": body,
         "not_run_here": not_here(kind, settings),
@@ -59,9 +59,9 @@ def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
     }
 
 
-def _changes(lever: Lever) -> str:
+def _changes(lever: Lever, model: str) -> str:
     parts = [f"{k}={v}" for k, v in lever.settings.items()]
-    parts += [f"model={Path(lever.model).name}"] if lever.model else []
+    parts += [f"model={Path(model).name}"] if lever.model else []  # the file, its variables expanded
     parts += [shlex.join(lever.args)] if lever.args else []
     parts += [f"load.{k}={v}" for k, v in lever.load.items()]
     return ", ".join(parts) or "baseline"

@@ -51,6 +51,23 @@ class ServerKind:
     load_engine: str  # `quantkit load --engine`: the body fields that fix the answer's length
     docs: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    context: str | None = None  # the setting that sizes the context, for the check before any server starts
+    slots: str | None = None  # the setting that splits that context between parallel slots
+    context_default: int | None = None  # the engine's own default for `context`, when it is a fixed number
+
+    def context_tokens(self, settings: dict[str, Any]) -> tuple[int, str] | None:
+        """(tokens per request, where from) when the settings fix the context; None when unknown."""
+        if not self.context:
+            return None
+        given = self.context in settings
+        size = settings[self.context] if given else self.context_default
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:  # unset, 0 (the model's) or a ${VAR}
+            return None
+        where = f"settings.{self.context}" if given else f"{self.name}'s default {self.context}"
+        slots = settings.get(self.slots) if self.slots else None
+        if isinstance(slots, int) and not isinstance(slots, bool) and slots > 1:
+            return size // slots, f"{where} {size} / settings.{self.slots} {slots}"
+        return size, where
 
     def key(self, name: str, where: str) -> Key:
         if name not in self.keys:
@@ -106,6 +123,8 @@ LLAMA_CPP_PYTHON = ServerKind(
     },
     ready="/v1/models",
     load_engine="llama-cpp-python",
+    context="n_ctx",
+    context_default=2048,  # llama_cpp/server/settings.py: ModelSettings.n_ctx
     docs="https://llama-cpp-python.readthedocs.io/en/latest/server/",
 )
 
@@ -132,6 +151,8 @@ LLAMA_SERVER = ServerKind(
     },
     ready="/health",
     load_engine="llamacpp",
+    context="ctx_size",
+    slots="parallel",  # llama-server splits --ctx-size between its slots
     docs="https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md",
 )
 
@@ -155,6 +176,7 @@ VLLM = ServerKind(
     },
     ready="/health",
     load_engine="vllm",
+    context="max_model_len",
     docs="https://docs.vllm.ai/en/latest/cli/serve.html",
 )
 

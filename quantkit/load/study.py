@@ -190,12 +190,30 @@ def read_study(path: str | Path) -> Study:
         raise StudyError(format_validation_error(label, exc)) from None
     for i, lever in enumerate(study.levers):
         try:
-            load_config(study, lever)
+            cfg = load_config(study, lever)
+            _check_context(study, lever, cfg)
         except StudyError as exc:  # the load options, checked as `quantkit load` checks them
             raise StudyError(f"{label}: levers[{i}] ({lever.name}) load: {exc}") from None
     if study.reference:
         reference_shape(study)
     return study
+
+
+def _check_context(study: Study, lever: Lever, cfg) -> None:
+    """A workload that cannot fit the context the study gives the server (load.context_len, or the
+    engine's context setting) is refused before any server starts; the run checks again against
+    what the server itself reports."""
+    from .workload import WorkloadError, check_fits
+
+    if cfg.context_len:
+        context = (cfg.context_len, "load.context_len")
+    else:
+        context = server_kind(study.server.engine).context_tokens({**study.server.settings, **lever.settings})
+    if context:
+        try:
+            check_fits(cfg.workload, cfg.gen_len, *context)
+        except WorkloadError as exc:
+            raise StudyError(str(exc)) from None
 
 
 def reference_shape(study: Study) -> str:
