@@ -123,7 +123,8 @@ def test_bitsandbytes_quantizes_onto_the_device(cli, tiny_llama, tiny_text, tmp_
 @pytest.mark.parametrize("spec,message", [
     ("cuda", "no CUDA GPU is available"),
     ("cuda:7", "no CUDA GPU is available"),
-    ("tpu", "not supported"),
+    ("mps", "not supported"),  # a torch device type quantkit does not run on
+    ("tpu", "not a device"),  # not a torch device type at all
     ("gpu0", "not a device"),
 ])
 def test_unavailable_device_is_one_line_before_loading(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, spec, message):
