@@ -297,12 +297,16 @@ def plan_run(recipe, opts) -> Plan:
         work = convert_work(job, skeleton)
         plans.append(convert_plan(model, work, this_machine(job.device, Path(opts.out or "runs"))))
         shapes.append((model, work.artifact_bytes))
-    ev, text = recipe.eval, opts.eval_text or recipe.eval.text
-    if shapes and text and not opts.skip_eval:
-        mc = this_machine(_device("cpu"))
+    ev = recipe.eval
+    given = (opts.eval_text,) if isinstance(opts.eval_text, str) else tuple(opts.eval_text or ())
+    n_texts = len(given or ev.texts) or (0 if ev.tasks else 2)  # no text: the two default domains (evals/domains.py)
+    if shapes and n_texts and not opts.skip_eval:
+        dev = _device(ev.device)
+        mc = this_machine(dev)
+        elem = 4 if (ev.dtype or ("float32" if dev.type == "cpu" else "bfloat16")) == "float32" else 2
         for model, art in shapes:
-            plans.append(eval_plan(model, Model(**{**model.__dict__, "weight_bytes": art}), (ev.max_tokens // ev.seq_len) * ev.seq_len,
-                                   ev.seq_len, 4, mc, art, first_hash=True))
+            plans.append(eval_plan(model, Model(**{**model.__dict__, "weight_bytes": art}), n_texts * (ev.max_tokens // ev.seq_len) * ev.seq_len,
+                                   ev.seq_len, elem, mc, art, first_hash=True))
     if shapes and not opts.skip_bench:
         b = recipe.bench
         s = BenchSettings(device=b.device, engine=b.engine, prompt_len=b.prompt_len, gen_len=b.gen_len, repeats=b.repeats)

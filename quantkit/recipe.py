@@ -285,12 +285,38 @@ class CalibrationConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    text: str | None = None
+    # `texts: [...]`: one report row per variant per text (domain); `text: X` is the one-text shorthand.
+    # None of them (and no tasks): the default domains (quantkit/evals/domains.py), at least two.
+    texts: tuple[str, ...] = ()
     seq_len: int = Field(512, ge=8)
     max_tokens: int = Field(8192, ge=8)
     region: Literal["all", "first-half", "second-half"] = "first-half"
     tasks: tuple[str, ...] = ()
     limit: int | None = Field(None, ge=1)
+    device: str = Field("auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$")  # --device's values; resolved when the eval starts
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: bfloat16 on a GPU, float32 on the CPU
+    batch_size: int | None = Field(None, ge=1)  # windows per forward pass; None: sized to the device
+    tasks_backend: Literal["hf", "vllm"] = "hf"
+    tensor_parallel: int = Field(1, ge=1)  # lm-eval's vLLM backend
+    data_parallel: int = Field(1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "text" not in data:
+            return data
+        data = dict(data)
+        text = data.pop("text")
+        if text is None:
+            return data
+        if data.get("texts") not in (None, [], (), [text], (text,)):
+            raise ValueError("text: give `text: SPEC` or `texts: [SPEC, ...]`, not both")
+        return {**data, "texts": (text,)}
+
+    @property
+    def text(self) -> str | None:
+        """The first text (the one-text format's field)."""
+        return self.texts[0] if self.texts else None
 
 
 class BenchConfig(_Strict):

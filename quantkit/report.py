@@ -20,6 +20,9 @@ COLUMNS = [
 ]
 
 
+ACCURACY_KEYS = ("delta_ppl_pct", "kld_mean", "top1_pct")
+
+
 def variant_row(rec: dict, engine: str | None = None) -> dict:
     """The variant's figures; with `engine`, its bench figures on that engine (a run's row per engine)."""
     row: dict = {"name": rec["name"], "status": "failed" if rec.get("error") else "ok", "error": rec.get("error")}
@@ -29,7 +32,7 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
     ev = rec.get("eval") or {}
     if "ppl" in ev:
         row.update(ppl=ev["ppl"], baseline_ppl=ev["baseline_ppl"], delta_ppl_pct=ev["delta_ppl_pct"], kld_mean=ev["kld"]["mean"],
-                   kld_p99=ev["kld"]["p99"], top1_pct=ev["top1_agreement"] * 100, ci95=ev.get("ci95"))
+                   kld_p99=ev["kld"]["p99"], top1_pct=ev["top1_agreement"] * 100, ci95=ev.get("ci95"), domain=ev.get("primary_text"))
     if ev.get("tasks"):
         row["tasks"] = ev["tasks"]
         row["tasks_delta"] = ", ".join(f"{n} {t['delta']:+.3f}±{t['delta_stderr']:.3f}" for n, t in ev["tasks"].items())
@@ -46,10 +49,35 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
     return row
 
 
-def markdown_table(rows: list[dict]) -> str:
+def accuracy_rows(rec: dict) -> list[dict]:
+    """The variant's accuracy on each evaluation text: a row per variant per domain."""
+    out = []
+    for t in (rec.get("eval") or {}).get("texts") or []:
+        out.append({"name": rec["name"], "domain": t["label"], "text": t["text"], "ppl": t["ppl"], "baseline_ppl": t["baseline_ppl"],
+                    "delta_ppl_pct": t["delta_ppl_pct"], "ci95": t.get("ci95"), "kld_mean": t["kld"]["mean"], "kld_p99": t["kld"]["p99"],
+                    "top1_pct": t["top1_agreement"] * 100, "tokens": t["tokens"], "windows": t["windows"]["count"],
+                    "seq_len": t["windows"]["seq_len"]})
+    return out
+
+
+def accuracy_table(rows: list[dict]) -> str:
+    """Markdown: variant, domain, PPL, ΔPPL and mean KL with their 95% bootstrap CIs, KL p99, top-1."""
+    lines = ["| variant | domain | PPL | ΔPPL % [95% CI] | KL mean [95% CI] | KL p99 | top-1 | tokens |", "|" + "---|" * 8]
+    for r in rows:
+        ci = r.get("ci95") or {}
+        d, k = ci.get("delta_ppl_pct") or [float("nan")] * 2, ci.get("kld_mean") or [float("nan")] * 2
+        lines.append(f"| {r['name']} | {r['domain']} | {r['ppl']:.3f} | {r['delta_ppl_pct']:+.2f} [{d[0]:+.2f}, {d[1]:+.2f}] | "
+                     f"{r['kld_mean']:.4f} [{k[0]:.4f}, {k[1]:.4f}] | {r['kld_p99']:.3f} | {r['top1_pct']:.1f}% | {r['tokens']:,} |")
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[dict], domain: str | None = None) -> str:
+    """The main table; with several evaluation domains its accuracy columns are the first domain's
+    (named in their headers) and accuracy_table has them all."""
     # several engines: a row per variant and engine, the engine named beside the variant
     many = len({r.get("engine") for r in rows if r.get("engine")}) > 1
-    columns = [COLUMNS[0], ("engine", "engine", "{}"), *COLUMNS[1:]] if many else COLUMNS
+    base = [(f"{h} ({domain})" if domain and key in ACCURACY_KEYS else h, key, fmt) for h, key, fmt in COLUMNS]
+    columns = [base[0], ("engine", "engine", "{}"), *base[1:]] if many else base
     first = 2 if many else 1
     lines = ["| " + " | ".join(c[0] for c in columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
@@ -102,8 +130,11 @@ def render_markdown(report: dict) -> str:
            f"- model: `{r['model']}` (sha256 {r['model_sha256'][:12]}…)",
            f"- date: {r['date']}, host: {r['host']}",
            f"- device: {dev.get('name', 'n/a')} — {dev.get('bandwidth_gbps', 0):.1f} GB/s read, {dev.get('compute_tflops', 0):.2f} TFLOP/s bf16 (probed in this run)",
-           f"- eval: {r.get('eval_text') or 'skipped'}; bench: {r.get('bench_settings') or 'skipped'}", "",
-           markdown_table(r["rows"]), ""]
+           f"- eval: {r.get('eval_text') or 'skipped'}{_eval_device(r)}; bench: {r.get('bench_settings') or 'skipped'}", "",
+           markdown_table(r["rows"], domain=_first_domain(r)), ""]
+    if len({a["domain"] for a in r.get("accuracy") or []}) > 1:
+        out += ["**Accuracy per domain** (each text's held-out windows; the 95% intervals resample whole windows):", "",
+                accuracy_table(r["accuracy"]), ""]
     if len(r.get("engines") or {}) > 1:
         out += ["**Rule check per engine**, each against its own probe of the device in this run:", *engine_lines(r), ""]
     elif _fit_text(fit, "**Rule check**"):
@@ -123,6 +154,20 @@ def render_markdown(report: dict) -> str:
     out += ["", f"Plots: {', '.join(r.get('plots', [])) or 'none'}",
             f"Wall time {r['wall_seconds']:.0f} s; steps {r['steps_seconds']:.0f} s; run overhead {r['overhead_pct']:.1f}%.", ""]
     return "\n".join(out)
+
+
+def _first_domain(report: dict) -> str | None:
+    domains = list(dict.fromkeys(a["domain"] for a in report.get("accuracy") or []))
+    return domains[0] if len(domains) > 1 else None
+
+
+def _eval_device(report: dict) -> str:
+    """Where the evaluation ran, from the first variant evaluated: device, its name, dtype."""
+    ev = next((v["eval"] for v in report["variants"].values() if isinstance(v.get("eval"), dict) and v["eval"].get("device")), None)
+    if ev is None:
+        return ""
+    d = ev["device"]
+    return f" (on {d.get('device')}, {d.get('name')}, {ev.get('dtype')})"
 
 
 def _plots(runner, benches: dict[str, dict], rows: list[dict]) -> list[str]:
@@ -170,7 +215,8 @@ def finish_run(runner, benches: dict[str, dict], total_s: float) -> dict:
     report = {
         "kind": "quantkit-run", "schema_version": 1, "recipe": runner.recipe.name, "model": str(runner.src),
         "model_sha256": runner.src_hash, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
-        "eval_text": runner.eval_text, "calibration": runner.calib,
+        "eval_text": runner.eval_text, "eval_texts": list(getattr(runner, "eval_texts", ()) or ()), "calibration": runner.calib,
+        "accuracy": [a for rec in runner.variants.values() for a in accuracy_rows(rec)],
         "bench_settings": runner.recipe.bench.model_dump(mode="json") if benches else None,
         "device": first["device"] if first else None, "fit": first["fit"] if first else None,
         "engines": {e: {k: res.get(k) for k in ("device", "fit", "settings", "load_average", "error")} for e, res in benches.items()},

@@ -34,7 +34,7 @@ class RunOptions:
     model: str | None = None
     out: Path | None = None
     calib: str | None = None
-    eval_text: str | None = None
+    eval_text: str | tuple | None = None  # --eval-text (repeatable): overrides the recipe's eval.texts
     skip_eval: bool = False
     skip_bench: bool = False
     rerun: bool = False
@@ -107,13 +107,25 @@ class Runner:
         self.dir = Path(opts.out or Path("runs") / recipe.name)
         self.cache = StepCache(self.dir / "steps.json")  # read in run(), under the lock
         self.calib = opts.calib or recipe.calibration.source
-        self.eval_text = opts.eval_text or recipe.eval.text
-        if self.eval_text and not opts.skip_eval:  # a bad or unreachable text fails now, not after every conversion
-            from .text import check_source
-
-            check_source(self.eval_text)
+        self.eval_texts = self._eval_texts() if not opts.skip_eval else ()
+        self.eval_text = ", ".join(self.eval_texts) or None  # for the report's header
         self.timings: dict[str, float] = {}
         self.variants: dict[str, dict] = {}
+
+    def _eval_texts(self) -> tuple[str, ...]:
+        """--eval-text, else the recipe's eval.texts, else (no tasks either) the default domains; each
+        is read now, so a bad or unreachable text fails before any conversion rather than after."""
+        from .evals.domains import default_texts, labelled
+        from .text import check_source
+
+        given = self.opts.eval_text
+        texts = tuple([given] if isinstance(given, str) else given or ()) or self.recipe.eval.texts
+        if not texts and not self.recipe.eval.tasks:
+            texts = tuple(default_texts())
+        labelled(texts)  # the same text twice is refused here
+        for t in texts:
+            check_source(t)
+        return texts
 
     def _timed(self, label: str, fn):
         t = time.perf_counter()
@@ -135,7 +147,7 @@ class Runner:
             return out
         note(f"[{v.name}] convert")
         single = self.recipe.model_copy(update={"variants": (v,), "steps": ()})
-        inputs = (*self.opts.inputs, *text_input(self.eval_text, "the evaluation text"))
+        inputs = (*self.opts.inputs, *[i for t in self.eval_texts for i in text_input(t, "the evaluation text")])
         convert(single, str(self.src), out, ConvertOptions(calib=self.calib, force=True, inputs=inputs, meta={"run_key": key}), v.name)
         return out
 
@@ -159,18 +171,20 @@ class Runner:
 
     def evaluate(self, v: Variant, path: Path) -> dict | None:
         ev = self.recipe.eval
-        if self.opts.skip_eval or (not self.eval_text and not ev.tasks):
+        if self.opts.skip_eval or (not self.eval_texts and not ev.tasks):
             return None
         from .evals.runner import run_eval
 
-        key = _key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json"), _file_sha(self.eval_text))
+        key = _key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts"}),
+                   [(t, _file_sha(t)) for t in self.eval_texts])
         hit = self.cache.get(key)
         if hit is not None and not self.opts.rerun:
             note(f"[{v.name}] eval: reusing")
             return hit
         note(f"[{v.name}] eval")
-        result = run_eval(path, self.src, self.eval_text, seq_len=ev.seq_len, max_tokens=ev.max_tokens, region=ev.region,
-                          tasks=ev.tasks, limit=ev.limit)
+        result = run_eval(path, self.src, list(self.eval_texts), seq_len=ev.seq_len, max_tokens=ev.max_tokens, region=ev.region,
+                          tasks=ev.tasks, limit=ev.limit, device=ev.device, dtype=ev.dtype, batch_size=ev.batch_size,
+                          tasks_backend=ev.tasks_backend, tensor_parallel=ev.tensor_parallel, data_parallel=ev.data_parallel)
         self.cache.put(key, result)
         return result
 

@@ -26,15 +26,15 @@ def domain_table(texts: list[dict]) -> list[str]:
 def render(result: dict) -> str:
     dev = result.get("device") or {}
     scorer = result.get("scorer") or {}
-    how = (f"llama.cpp ({scorer.get('kernel', 'llama-cpp-python')}, {scorer.get('threads')} threads); baseline "
-           if result.get("engine") == "llamacpp" else "")
-    batch = f", {scorer['batch_size']} window(s) per forward" if scorer.get("batch_size") else ""
+    batch = f", {scorer['batch_size']} window(s) per forward pass" if scorer.get("batch_size") else ""
     lines = [f"model     {result['model']}",
              f"baseline  {result['baseline']}{_baseline_note(result.get('baseline_check') or {})}",
-             f"device    {how}{dev.get('device')} ({dev.get('name')}), {result.get('dtype')}{batch}"]
+             f"device    {dev.get('device')} ({dev.get('name')}), {result.get('dtype')}{batch}"]
+    if result.get("engine") == "llamacpp":
+        lines.append(f"scorer    {scorer.get('kernel', 'llama.cpp')}, {scorer.get('threads')} threads (the baseline: transformers on the device above)")
     if result.get("texts"):
         lines += ["", *domain_table(result["texts"]), ""]
-        lines += [f"text {t['label']}: {t['text']} ({t['windows'].get('region', '')}), {t['tokens']} scored tokens" for t in result["texts"]]
+        lines += [f"  {t['label']}: {t['text']} ({t['windows'].get('region', '')}), {t['tokens']} scored tokens" for t in result["texts"]]
     for name, t in result.get("tasks", {}).items():
         lines.append(
             f"task {name:<14} {t['metric']} {t['value']:.4f} (baseline {t['baseline']:.4f})  delta {t['delta']:+.4f} +- {t['delta_stderr']:.4f}"

@@ -15,7 +15,8 @@ from .recipe import include_option
 @click.option("--model", default=None, help="Source checkpoint (default: the recipe's model).")
 @click.option("--out", default=None, type=click.Path(file_okay=False), help="Run directory (default: runs/RECIPE_NAME).")
 @click.option("--calib", default=None, help="Calibration text SPEC (overrides the recipe).")
-@click.option("--eval-text", default=None, help="Evaluation text SPEC (overrides the recipe's eval.text).")
+@click.option("--eval-text", multiple=True, help="Evaluation text SPEC, repeatable: one report row per variant per text "
+              "(overrides the recipe's eval.texts).")
 @click.option("--skip-eval", is_flag=True)
 @click.option("--skip-bench", is_flag=True)
 @click.option("--rerun", is_flag=True, help="Redo every step instead of reusing finished ones.")
@@ -31,7 +32,7 @@ def run_cmd(recipe_file, model, out, calib, eval_text, skip_eval, skip_bench, re
     from ..run import RunOptions, Runner
 
     recipe = load_recipe(recipe_file, overrides, include_dirs)
-    opts = RunOptions(model=model, out=Path(out) if out else None, calib=calib, eval_text=eval_text,
+    opts = RunOptions(model=model, out=Path(out) if out else None, calib=calib, eval_text=tuple(eval_text),
                       skip_eval=skip_eval, skip_bench=skip_bench, rerun=rerun, debug=debug_enabled(),
                       inputs=tuple(recipe_inputs(recipe_file)))
     if plan_only:
