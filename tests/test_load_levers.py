@@ -225,6 +225,7 @@ def test_the_lever_table_on_stored_runs():
     assert rows[0]["knee_qps_ratio"] == 1.0 and rows[1]["peak_qps_ratio"] == pytest.approx(1.33, abs=0.01)
     assert rows[1]["goodput_qps"] == pytest.approx(0.69, abs=0.01) and rows[0]["degraded_first"] == "ttft"
     assert rows[0]["first_ttft_p50_ms"] == pytest.approx(runs[0]["steps"][0]["ttft_ms"]["p50"])
+    assert rows[1]["knee_tpot_p99_ms_ratio"] == pytest.approx(160.5 / 174.8, abs=0.01)  # docs/LOAD.md's runs
     text = render_table({"table": rows})
     assert text.count("\n") == 4 and "| transformers serve (no CB) |" in text
 

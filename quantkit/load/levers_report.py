@@ -48,7 +48,8 @@ def lever_table(runs: list[dict]) -> list[dict]:
     rows = [lever_row(run) for run in runs]
     base = rows[0]
     for row in rows:
-        for key in ("knee_qps", "peak_qps", "goodput_qps", "first_ttft_p50_ms", "first_tpot_p50_ms"):
+        for key in ("knee_qps", "peak_qps", "goodput_qps", "knee_tpot_p99_ms", "first_ttft_p50_ms",
+                    "first_tpot_p50_ms"):
             row[f"{key}_ratio"] = _ratio(row[key], base[key])
     return rows
 
@@ -112,8 +113,8 @@ def render_table(result: dict) -> str:
     lines = [
         "| lever | changes | knee at | knee req/s | TTFT-P99 @knee ms | TPOT-P99 @knee ms | goodput req/s "
         "| peak req/s | degraded first | TTFT-P50 step 0 ms | TPOT-P50 step 0 ms | cached | knee vs base "
-        "| peak vs base | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak vs base | TPOT-P99 @knee vs base | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result.get("table", []):
         knee_at = "-" if r["knee_offered"] is None else f"{r['mode']}={r['knee_offered']:g}"
@@ -122,7 +123,8 @@ def render_table(result: dict) -> str:
             f"| {r['lever']} | {r['changes']} | {knee_at} | {_f(r['knee_qps'])} | {_f(r['knee_ttft_p99_ms'], 0)} "
             f"| {_f(r['knee_tpot_p99_ms'], 1)} | {_f(r['goodput_qps'])} | {_f(r['peak_qps'])} "
             f"| {r['degraded_first'] or '-'} | {_f(r['first_ttft_p50_ms'], 0)} | {_f(r['first_tpot_p50_ms'], 1)} "
-            f"| {cached} | {_x(r['knee_qps_ratio'])} | {_x(r['peak_qps_ratio'])} | {r['errors']} |")
+            f"| {cached} | {_x(r['knee_qps_ratio'])} | {_x(r['peak_qps_ratio'])} | {_x(r.get('knee_tpot_p99_ms_ratio'))} "
+            f"| {r['errors']} |")
     ref = result.get("prefix_reference")
     if ref and ref["levers"]:
         lines += ["", f"Prefix prefill against the roofline ({ref['shape']}, {ref['compute_tflops']:.2f} TFLOPS "
