@@ -305,4 +305,5 @@ def combine(command: str, plans: list[Plan]) -> Plan:
 
 
 def _model_dict(m: Model) -> dict:
-    return {"params": m.params, "weight_bytes": m.weight_bytes, "layers": m.layers, "hidden": m.hidden, "vocab": m.vocab}
+    return {"params": m.params, "weight_bytes": m.weight_bytes, "layers": m.layers, "hidden": m.hidden, "vocab": m.vocab,
+            "linear_params": m.layers * m.layer_linear_params}

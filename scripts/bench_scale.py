@@ -56,6 +56,7 @@ def measure(cmd: list[str], env: dict, plan_cmd: list[str] | None = None) -> dic
     machine as the command will (on a shared machine the matmul rate moves by several times)."""
     predicted = plan(plan_cmd, env) if plan_cmd else None
     load = os.getloadavg()[0]
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=REPO)
@@ -65,7 +66,7 @@ def measure(cmd: list[str], env: dict, plan_cmd: list[str] | None = None) -> dic
         err.seek(0)
         stdout, stderr = out.read(), err.read()
     row = {"cmd": " ".join(cmd), "rc": proc.returncode, "wall_s": round(wall, 1), "peak_rss_mb": round(peak / 1e6),
-           "load_before": round(load, 2), "plan": predicted}
+           "load_before": round(load, 2), "started": started, "plan": predicted}
     try:
         row["result"] = json.loads(stdout) if stdout.strip() else None
     except json.JSONDecodeError:
@@ -104,9 +105,12 @@ def commands(name: str, src: Path, group: int, text: str, art: Path, args) -> di
     calib = ["--calib", f"file:{text}", "--set", f"calibration.samples={args.samples}", "--set", f"calibration.seq_len={args.seq_len}"]
     gs = ["--set", f"steps[0].quantize.group_size={group}"]
     conv = [PY, str(REPO / "scripts" / "convert_rss_phases.py")]
+    gptq = [*conv, str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(src)]
+    calib2 = ["--calib", f"file:{text}", "--set", f"calibration.samples={2 * args.samples}", "--set", f"calibration.seq_len={args.seq_len}"]
     return {
-        "convert-gptq": [*conv, str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(src), "--out", str(art / "gptq"),
-                         *calib, *gs, "--force", "--json"],
+        "convert-gptq": [*gptq, "--out", str(art / "gptq"), *calib, *gs, "--force", "--json"],
+        # twice the calibration tokens: convert time against tokens at a fixed size (run on the demo by default)
+        "convert-gptq-2x": [*gptq, "--out", str(art / "gptq-2x"), *calib2, *gs, "--force", "--json"],
         "convert-rtn": [*conv, str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out", str(art / "rtn"), *gs,
                         "--force", "--json"],
         "eval": [*Q, "eval", str(art / "gptq"), "--baseline", str(src), "--text", f"file:{text}", "--max-tokens", str(args.eval_tokens),
@@ -147,10 +151,11 @@ def _run_model(name: str, args, work: Path, results: dict) -> None:
 
     entry = results.setdefault("models", {}).setdefault(name, {"path": str(src), "group_size": group, "steps": {}})
     for step, cmd in commands(name, src, group, args.text, art, args).items():
-        if args.steps and step not in args.steps:
+        if (args.steps and step not in args.steps) or (not args.steps and step == "convert-gptq-2x" and kind != "demo"):
             continue
         print(f"[{name}] {step} ...", file=sys.stderr, flush=True)
         row = measure(cmd, env, plan_command(cmd))
+        row["calib_tokens"] = (2 if step == "convert-gptq-2x" else 1) * args.samples * args.seq_len if "gptq" in step else 0
         entry["steps"][step] = row
         print(f"[{name}] {step}: rc {row['rc']}, {row['wall_s']} s, peak {row['peak_rss_mb']} MB", file=sys.stderr, flush=True)
         save(results, args.out)
@@ -173,8 +178,8 @@ def main() -> None:
     ap.add_argument("--text", default=str(REPO.parent / "shared" / "data" / "wikitext2-valid.txt"))
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "scale.json")
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--steps", nargs="*", default=None, help="convert-gptq convert-rtn eval bench rule-check (default: all)")
-    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("--steps", nargs="*", default=None, help="convert-gptq convert-gptq-2x convert-rtn eval bench rule-check (default: all; -2x on the demo only)")
+    ap.add_argument("--samples", type=int, default=16, help="calibration windows (16 x 512 keeps the 1.2B GPTQ near 10 min here)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--eval-tokens", type=int, default=2048)
     ap.add_argument("--engine", default="compiled")
@@ -184,6 +189,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/qk-scale"), help="models, artifacts and caches (kept for re-runs)")
     ap.add_argument("--plot-only", action="store_true", help="only redraw the plot from --out")
     ap.add_argument("--replan", action="store_true", help="re-run --plan for the recorded steps (no measurements)")
+    ap.add_argument("--markdown", action="store_true", help="print the docs tables (with --plot-only: no measurements)")
     args = ap.parse_args()
     results = json.loads(args.out.read_text()) if args.out.is_file() else {}
     if not args.plot_only and not args.replan:
@@ -198,7 +204,7 @@ def main() -> None:
         replan(results, args)
     save(results, args.out)
     plot(results, args.out.with_suffix(".png"))
-    print(table(results))
+    print(markdown(results) if args.markdown else table(results))
 
 
 def replan(results: dict, args) -> None:
@@ -238,6 +244,84 @@ def table(results: dict) -> str:
         lines.append(f"| {r['model']} | {r['params'] / 1e9:.3f} B | {r['step']} | {r['wall_s']:.0f} | {r['pred_s'] or 0:.0f} | {ts} | "
                      f"{r['peak_mb']:.0f} | {r['pred_mb'] or 0:.0f} | {ms} |")
     return "\n".join(lines)
+
+
+# convert_rss_phases.py's phases -> the plan's time_breakdown keys they cover
+PHASE_KEYS = {"start": ("startup", "hash"), "loading": ("load",),
+              "quantize": ("calibration_forward", "hessians", "gptq_solve", "quantize"), "export": ("save",),
+              "reload check": ("reload_check",)}
+
+
+def phase_rows(results: dict) -> list[dict]:
+    """Each convert's measured phases (seconds, peak RSS) beside the plan's seconds for the same phase."""
+    out = []
+    for name, entry in results.get("models", {}).items():
+        for step, r in entry["steps"].items():
+            if not step.startswith("convert") or r.get("rc") or not r.get("phases"):
+                continue
+            breakdown, prev = (r.get("plan") or {}).get("time_breakdown") or {}, 0.0
+            for ph in r["phases"]["phases"]:
+                key = next((k for k in PHASE_KEYS if ph["phase"].startswith(k)), None)
+                if key is None:
+                    continue
+                pred = sum(breakdown.get(k, 0.0) for k in PHASE_KEYS[key])
+                out.append({"model": name, "step": step, "phase": key, "s": ph["end_s"] - prev, "pred_s": pred, "peak_mb": ph["peak_mb"]})
+                prev = ph["end_s"]
+    return out
+
+
+def linearity(results: dict) -> list[dict]:
+    """GPTQ's calibrate-and-solve phase per (decoder-linear parameter x calibration token): flat or
+    falling across sizes and token counts means cost grows no worse than linearly in their product."""
+    out = []
+    for name, entry in results.get("models", {}).items():
+        for step, r in entry["steps"].items():
+            if not step.startswith("convert-gptq") or r.get("rc") or not r.get("phases"):
+                continue
+            model = (r.get("plan") or {}).get("model") or {}
+            quant = next((p for p in phase_rows({"models": {name: {"steps": {step: r}}}}) if p["phase"] == "quantize"), None)
+            if quant and model.get("linear_params") and r.get("calib_tokens"):
+                work = model["linear_params"] * r["calib_tokens"]
+                out.append({"model": name, "step": step, "linear_params": model["linear_params"], "tokens": r["calib_tokens"],
+                            "quantize_s": quant["s"], "wall_s": r["wall_s"], "ns_per_param_token": quant["s"] / work * 1e9 * 1e3})
+    return out
+
+
+def rule_rows(results: dict) -> list[dict]:
+    out = []
+    for name, entry in results.get("models", {}).items():
+        r = entry["steps"].get("rule-check")
+        if not r or r.get("rc") or not r.get("result"):
+            continue
+        res = r["result"]
+        out.append({"model": name, "fit": res.get("fit") or {}, "wall_s": r["wall_s"], "peak_mb": r["peak_rss_mb"],
+                    "rows": [{"name": x["name"], "gb": x["bytes_per_token"] / 1e9, "tpot": x["tpot_ms"], "pred": x["predicted_tpot_ms"],
+                              "eff": x["tpot_efficiency"], "ttft": x["ttft_ms"], "kernel": x.get("kernel", "")} for x in res["rows"]]})
+    return out
+
+
+def markdown(results: dict) -> str:
+    """The tables of docs/PERFORMANCE.md "Scale", from the JSON."""
+    parts = [table(results), "", "Per phase of each conversion (convert_rss_phases.py's progress marks; the plan's figure for the same phase):", "",
+             "| model | step | phase | measured s | predicted s | phase peak RSS MB |", "|---|---|---|---|---|---|"]
+    for p in phase_rows(results):
+        parts.append(f"| {p['model']} | {p['step']} | {p['phase']} | {p['s']:.1f} | {p['pred_s']:.1f} | {p['peak_mb']:.0f} |")
+    parts += ["", "GPTQ's calibrate-and-solve phase per unit of work (decoder-linear parameters x calibration tokens):", "",
+              "| model | step | linear params | tokens | quantize phase s | ns per (param x 1k tokens) |", "|---|---|---|---|---|---|"]
+    for x in linearity(results):
+        parts.append(f"| {x['model']} | {x['step']} | {x['linear_params'] / 1e6:.0f} M | {x['tokens']} | {x['quantize_s']:.0f} | "
+                     f"{x['ns_per_param_token']:.2f} |")
+    parts += ["", "Rule check (`bench --shape NAME --shape-bits 16,8,4`, synthetic weights, compiled engine):", "",
+              "| shape | variant | GB/token | TTFT ms | TPOT ms | predicted ms | efficiency | kernel |", "|---|---|---|---|---|---|---|---|"]
+    fits = []
+    for rc in rule_rows(results):
+        for x in rc["rows"]:
+            parts.append(f"| {rc['model']} | {x['name']} | {x['gb']:.3f} | {x['ttft']:.0f} | {x['tpot']:.1f} | {x['pred']:.1f} | "
+                         f"{x['eff'] * 100:.0f}% | {x['kernel']} |")
+        f = rc["fit"]
+        fits.append(f"- {rc['model']}: TPOT = {f.get('overhead_ms') or 0:.1f} ms + bytes / {f.get('effective_gbps') or 0:.1f} GB/s, "
+                    f"R² {f.get('r2') if f.get('r2') is not None else float('nan'):.3f} ({f.get('points')} points)")
+    return "\n".join(parts + [""] + fits)
 
 
 def plot(results: dict, path: Path) -> None:
