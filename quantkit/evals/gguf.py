@@ -35,8 +35,6 @@ def check_gguf(path: Path, device) -> dict:
     from ..gguf.read import inspect, open_reader
 
     check_available(device)
-    if not path.is_file():
-        raise DataError(f"{path}: --engine llamacpp evaluates a GGUF file (or a quantkit artifact directory)")
     open_reader(path)  # ModelError (exit 2): no such file / not a GGUF / truncated
     return inspect(path)
 

@@ -169,7 +169,7 @@ class _Subject:
 
 def _subject(model_path: Path, base_path: Path, o: EvalOptions, dev, tok_b, base_hash: str) -> _Subject:
     """Every identity check (vocabularies, the baseline is the model's source) before any weights load."""
-    if o.engine == "llamacpp" and model_path.is_file():
+    if o.engine == "llamacpp" and not model_path.is_dir():  # a GGUF file (a missing one: "no such GGUF file")
         from . import gguf
 
         gguf.check_gguf(model_path, dev)

@@ -1,0 +1,114 @@
+"""`quantkit eval --engine llamacpp FILE.gguf --baseline MODEL`: a GGUF scored by llama.cpp against
+the original model's cached top-k baseline; bad files, another vocabulary, a missing llama_cpp."""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+REPO = Path(__file__).resolve().parents[1]
+ARGS = ["--seq-len", "32", "--max-tokens", "128", "--json"]
+
+needs_llama_cpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                     reason="llama-cpp-python is not installed (./scripts/_install.sh builds it)")
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_dir, tmp_path_factory):
+    """An RTN g32 INT4 artifact of the fixture and its Q4_0 GGUF, the fixture's own F16 GGUF, and a GGUF
+    of another tokenizer's model."""
+    from fixtures import build_checkpoint, build_tokenizer
+
+    from quantkit.cli import cli as group
+
+    root = tmp_path_factory.mktemp("eval-gguf")
+    env = {"QUANTKIT_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"}
+
+    def run(*args):
+        res = CliRunner().invoke(group, list(args), catch_exceptions=False, env=env)
+        assert res.exit_code == 0, res.stderr
+
+    art = root / "int4"
+    run("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_dir / "llama-gqa"), "--out", str(art),
+        "--set", "steps[0].quantize.group_size=32")
+    run("export", str(art), "--format", "gguf", "--out", str(root / "int4.gguf"))
+    run("export", str(tiny_dir / "llama-gqa"), "--format", "gguf", "--out", str(root / "f16.gguf"))
+    build_tokenizer(root / "tok2", vocab_size=320)
+    foreign = build_checkpoint(root / "foreign", "llama-gqa", root / "tok2")
+    run("export", str(foreign), "--format", "gguf", "--out", str(root / "foreign.gguf"))
+    return {"artifact": art, "int4": root / "int4.gguf", "f16": root / "f16.gguf", "foreign": root / "foreign.gguf"}
+
+
+@needs_llama_cpp
+def test_f16_gguf_of_the_baseline_scores_like_the_baseline(cli, exported, tiny_dir, tiny_text):
+    code, _, err, data = cli("eval", "--engine", "llamacpp", str(exported["f16"]), "--baseline", str(tiny_dir / "llama-gqa"),
+                             "--text", f"file:{tiny_text}", "--text", "set:legal-licenses", *ARGS)
+    assert code == 0, err
+    assert data["engine"] == "llamacpp" and data["scorer"]["engine"] == "llamacpp" and data["scorer"]["threads"] >= 1
+    assert data["baseline_check"]["match"] is True  # exported from the baseline itself (quantkit.source.sha256)
+    assert [t["label"] for t in data["texts"]] == ["text", "legal-licenses"]
+    for t in data["texts"]:  # F16 weights, llama.cpp's own kernels: agreement of the order of activation rounding
+        assert t["kld"]["mean"] < 1e-3 and t["top1_agreement"] > 0.97 and abs(t["delta_ppl_pct"]) < 1.0, t
+
+
+@needs_llama_cpp
+def test_int4_gguf_agrees_with_its_artifact_in_transformers(cli, exported, tiny_dir, tiny_text):
+    """The same Q4_0 weights through llama.cpp and through transformers: close figures (llama.cpp also
+    rounds the activations to Q8_0 for Q4_0 matmuls), both clearly away from the baseline."""
+    base = ["--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", *ARGS]
+    code, _, err, ggml = cli("eval", "--engine", "llamacpp", str(exported["int4"]), *base)
+    assert code == 0, err
+    code, _, err, torch_ = cli("eval", str(exported["artifact"]), *base)
+    assert code == 0, err
+    g, t = ggml["texts"][0], torch_["texts"][0]
+    assert ggml["baseline_check"]["match"] is True and str(exported["artifact"]) in ggml["baseline_check"]["found_via"]
+    assert t["baseline_cached"] is True  # one baseline pass serves both engines
+    assert g["tokens"] == t["tokens"] and g["kld"]["mean"] > 1e-3
+    assert g["kld"]["mean"] == pytest.approx(t["kld"]["mean"], rel=0.3) and g["ppl"] == pytest.approx(t["ppl"], rel=0.05)
+
+
+@needs_llama_cpp
+def test_an_artifact_directory_is_exported_on_the_fly(cli, exported, tiny_dir, tiny_text):
+    code, _, err, data = cli("eval", "--engine", "llamacpp", str(exported["artifact"]), "--baseline", str(tiny_dir / "llama-gqa"),
+                             "--text", f"file:{tiny_text}", *ARGS)
+    assert code == 0, err
+    assert data["scorer"]["gguf_export"]["lossless"] is True and data["texts"][0]["kld"]["mean"] > 1e-3
+
+
+@needs_llama_cpp
+def test_bad_ggufs_are_one_line_exit_2(cli, exported, tiny_dir, tiny_text, tmp_path, monkeypatch):
+    import quantkit.evals.runner as runner
+
+    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("loaded the baseline for a bad GGUF"))
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(os.urandom(4096))
+    short = tmp_path / "short.gguf"
+    short.write_bytes(exported["int4"].read_bytes()[:20000])
+    header = tmp_path / "header.gguf"
+    header.write_bytes(exported["int4"].read_bytes()[:40])
+    text = tmp_path / "model.txt"
+    text.write_text("not a model")
+    cases = [(junk, "not a GGUF file"), (short, "truncated"), (header, "GGUF"), (text, "not a GGUF file"),
+             (tmp_path / "missing.gguf", "no such GGUF file"), (exported["foreign"], "tokenizer mismatch")]
+    for path, needle in cases:
+        code, _, err, _ = cli("eval", "--engine", "llamacpp", str(path), "--baseline", str(tiny_dir / "llama-gqa"),
+                              "--text", f"file:{tiny_text}", "--seq-len", "32")
+        assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (path, err)
+
+
+def test_missing_llama_cpp_is_one_line_exit_2(cli, tiny_dir, tiny_text, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    code, _, err, _ = cli("eval", "--engine", "llamacpp", str(f), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}")
+    assert code == 2 and "llama-cpp-python is not installed" in err and len(err.strip().splitlines()) == 1
+
+
+def test_tasks_are_not_llama_cpps(cli, tiny_dir, tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    code, _, err, _ = cli("eval", "--engine", "llamacpp", str(f), "--baseline", str(tiny_dir / "llama-gqa"), "--tasks", "qk_facts")
+    assert code == 2 and "--tasks" in err and "lm-eval" in err
