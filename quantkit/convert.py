@@ -27,6 +27,7 @@ class ConvertOptions:
     inputs: tuple = ()  # (path, what) pairs --out must never be or contain (the recipe files, a run's eval text)
     meta: dict | None = None  # extra keys recorded in quantkit.json (a run's run_key)
     device: str | None = None  # --device: where calibration runs; None: the recipe's calibration.device
+    group: object | None = None  # distributed.Group under torchrun: every rank converts, rank 0 alone writes
 
 
 def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
@@ -205,14 +206,26 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     """Every check, load and write under an exclusive lock on --out (artifact.claim_out)."""
     calib = text_input(opts.calib or recipe.calibration.source, "the calibration text")
     guard_out(out, [*model_inputs(model_ref or recipe.model), *calib, *opts.inputs])  # before the lock file is made
-    with claim_out(out):
+    from contextlib import ExitStack
+
+    from .distributed import together
+
+    with ExitStack() as claimed:
+        with together("to claim --out"):  # under torchrun rank 0 alone claims and writes --out
+            if opts.group is None or opts.group.writer:
+                claimed.enter_context(claim_out(out))
         return _convert(recipe, model_ref, out, opts, variant_name)
 
 
 def _convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> dict:
     from .verify import check_finite
 
-    job = prepare(recipe, model_ref, out, opts, variant_name)
+    from .distributed import check_convert, together
+
+    with together("its checks"):  # every rank checks; all stop if one refuses
+        job = prepare(recipe, model_ref, out, opts, variant_name)
+        if opts.group is not None:
+            check_convert(job)
     t0 = time.perf_counter()
     src_hash = checkpoint_hash(job.src)
     tok = load_tokenizer(job.src, job.opts.trust_remote_code)
@@ -227,9 +240,14 @@ def _convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOpti
         meta = {"name": job.variant.name, "gqa": gqa_meta, "schema_version": 1, "kind": "quantkit-artifact",
                 "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
                 "recipe": resolved_recipe(job), "offload": _offload_meta(job, model), "device": device_meta(job), "runtime": runtime_meta(job.quant),
-                "calibration": calib_set.manifest if calib_set else None, "results": {}, **(opts.meta or {})}
+                "calibration": calib_set.manifest if calib_set else None, "results": {}, **(opts.meta or {}),
+                "distributed": opts.group.describe() if opts.group is not None else {"world_size": 1}}
         held = {"model": model}
         del model  # export_verified frees it before reloading the artifact
+        if opts.group is not None:  # all ranks save together (llm-compressor compresses in parallel); rank 0 writes
+            from .distributed import export_together
+
+            return export_together(job, held, lambda: export_verified(job, held, tok, calib_set, out, meta, t0, folder))
         return export_verified(job, held, tok, calib_set, out, meta, t0, folder)
 
 
@@ -240,6 +258,10 @@ def _load(job: Job, folder: Path | None):
     else:
         note(f"loading {job.src} with offloading: {p.model_bytes / 1e9:.2f} GB of {p.dtype} weights, "
              f"{p.cpu_bytes / 1e9:.2f} GB in RAM, the rest on disk under {folder}")
+    if job.opts.group is not None:  # rank 0 loads, the other ranks share its memory
+        from .distributed import load_shared
+
+        return load_shared(lambda dev: load_model(job.src, dtype=compute_dtype(job), device=dev, trust_remote_code=job.opts.trust_remote_code))
     return load_model(job.src, dtype=compute_dtype(job), device=load_device(job), trust_remote_code=job.opts.trust_remote_code,
                       offload=p, offload_folder=folder)
 
@@ -282,6 +304,7 @@ def export_verified(job: Job, held: dict, tok, calib_set, out: Path, meta: dict,
     the artifact is saved, so the reload never shares memory with it. An offloaded model's
     artifact reloads with the same offloading."""
     import gc
+    from contextlib import ExitStack
 
     from .export import FORMATS
     from .verify import fixed_tokens, logits, verify_reload
@@ -291,11 +314,15 @@ def export_verified(job: Job, held: dict, tok, calib_set, out: Path, meta: dict,
     ids = fixed_tokens(model.config.vocab_size, calib_set.samples if calib_set else None)
     ref_logits = logits(model, ids)
     dtype = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).replace("torch.", "")
-    with staged_dir(out) as tmp:
+    with staged_dir(out) as tmp, ExitStack() as stack:
         fmt.save(model, tmp, job.recipe.export.max_shard_size)
         tok.save_pretrained(str(tmp))
         del model
         gc.collect()
+        if job.opts.group is not None:  # the other ranks' part ends with the save: rank 0 checks alone
+            from .distributed import rank0_alone
+
+            stack.enter_context(rank0_alone())
         if job.offload is not None:
             from . import offload
 

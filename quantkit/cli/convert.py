@@ -46,8 +46,14 @@ def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle
         from ..planner import plan_convert, show
 
         return show(plan_convert(recipe, model_ref, Path(out), opts, variant), as_json)
-    with sigterm_as_interrupt():  # `kill` cleans up like Ctrl-C: nothing is left at --out or beside it
+    from ..distributed import session
+
+    with sigterm_as_interrupt(), session(device or recipe.calibration.device) as group:  # `kill` cleans up like Ctrl-C
+        if group is not None:  # under torchrun: every rank on its own device; rank 0 alone writes and prints
+            opts.group, opts.device = group, str(group.device)
         meta = convert(recipe, model_ref, Path(out), opts, variant)
+    if meta is None:  # a rank other than 0 of a torchrun conversion
+        return
     if as_json:
         echo_json({"artifact": str(Path(out).resolve()), **meta})
         return

@@ -143,6 +143,10 @@ def quantize(model, cfg, samples, src=None, device=None, transform=None):
         from .autoround import tuning_samples
 
         samples = tuning_samples(cfg, samples)
+    from ..distributed import calibration_share, llmcompressor_qparams_barrier
+
+    llmcompressor_qparams_barrier()  # under torchrun: two faults of llm-compressor's distributed calibration (distributed.py)
+    samples = calibration_share(samples)  # this rank's part (all of them in one process)
     recipe = build_recipe(cfg, transform)
     kwargs = {}
     if samples:
