@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..home import subdir
+from .parallel import everywhere, gather, share
 from .stats import kl_topk, summarize
 
 TOPK = 256
@@ -88,7 +89,8 @@ def baseline_pass(model, windows: Windows, progress=None, batch_size: int = 1) -
     import torch
 
     out = {"topk_logp": [], "topk_idx": [], "nll": [], "argmax": []}
-    for i, logp in enumerate(scorer_of(model, batch_size).logps(windows.tokens)):
+    mine = share(len(windows.tokens))  # under torchrun this rank's windows, gathered below (evals/parallel.py)
+    for i, logp in zip(mine, scorer_of(model, batch_size).logps([windows.tokens[j] for j in mine])):
         target = windows.tokens[i][1:].to(logp.device)
         top = logp.topk(TOPK, dim=-1)
         out["topk_logp"].append(top.values.cpu())
@@ -97,7 +99,7 @@ def baseline_pass(model, windows: Windows, progress=None, batch_size: int = 1) -
         out["argmax"].append(top.indices[:, 0].int().cpu())
         if progress:
             progress(i + 1)
-    return {k: torch.stack(v) for k, v in out.items()}
+    return {k: torch.stack(gather(v)) for k, v in out.items()}
 
 
 def cached_baseline(load_baseline, baseline_hash: str, windows: Windows, vocab: str, dtype: str, progress=None,
@@ -113,7 +115,7 @@ def cached_baseline(load_baseline, baseline_hash: str, windows: Windows, vocab: 
 
     key_dtype = dtype if device_type == "cpu" else f"{dtype}@{device_type}"  # CPU keys as before: old caches stay valid
     path = subdir("eval-cache") / f"{_cache_key(baseline_hash, windows, vocab, key_dtype)}.pt"
-    cached = _read_cache(path, len(windows.tokens))
+    cached = everywhere(_read_cache(path, len(windows.tokens)))  # under torchrun: a hit only if every rank reads it
     if cached is not None:
         return cached, True
     data = baseline_pass(load_baseline(), windows, progress, batch_size)
@@ -142,13 +144,15 @@ def _read_cache(path, n_windows: int) -> dict | None:
 def score(model, windows: Windows, base: dict, progress=None, batch_size: int = 1) -> dict:
     """Compare `model` (a transformers model, or a scorer such as evals/gguf.py's) with the cached baseline on the same windows."""
     nll, kl, agree = [], [], []
-    for i, logp in enumerate(scorer_of(model, batch_size).logps(windows.tokens)):
+    mine = share(len(windows.tokens))  # under torchrun this rank's windows, gathered below (evals/parallel.py)
+    for i, logp in zip(mine, scorer_of(model, batch_size).logps([windows.tokens[j] for j in mine])):
         target = windows.tokens[i][1:].to(logp.device)
         nll.append(-logp.gather(-1, target[:, None])[:, 0].cpu().numpy())
         kl.append(kl_topk(base["topk_logp"][i].to(logp.device), base["topk_idx"][i].to(logp.device), logp).cpu().numpy())
         agree.append((logp.argmax(-1).int().cpu() == base["argmax"][i]).numpy())
         if progress:
             progress(i + 1)
+    nll, kl, agree = gather(nll), gather(kl), gather(agree)
     nll_m, kl_a, agree_a = np.concatenate(nll), np.concatenate(kl), np.concatenate(agree)
     nll_b = base["nll"].reshape(-1).numpy().astype(np.float64)
     result = summarize(nll_m.astype(np.float64), nll_b, kl_a, agree_a, windows.seq_len - 1)
