@@ -208,9 +208,12 @@ def export_together(job, held: dict, export):
     return None
 
 
-# recipe `quantize.method`s whose llm-compressor modifiers calibrate under torch.distributed and
-# whose artifact was checked against one process (tests/test_distributed.py)
-METHODS = ("rtn", "gptq", "awq", "w8a8")
+# recipe `quantize.method`s whose torchrun artifact equals one process's (tests/test_distributed.py).
+# Left out, measured on the tiny fixture with gloo on CPUs (llm-compressor 0.14): awq fails with
+# AttributeError: 'NoneType' object has no attribute 'type' (not traced further); w8a8 (SmoothQuant
+# then GPTQ) finishes, but its smoothed norms and INT8 codes differ from one process's (every
+# layer: each rank appears to apply the smoothing to the weights they share). Not tried on GPUs.
+METHODS = ("rtn", "gptq")
 
 
 def check_convert(job) -> None:
