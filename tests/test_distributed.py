@@ -1,0 +1,217 @@
+"""quantkit under torchrun (issue 17): convert and eval on 2 gloo processes equal one process;
+a failure or a dead rank stops every rank and leaves nothing at --out.
+
+The 2-process runs start `torchrun --nproc-per-node 2 -m quantkit ...` as a user would (each
+run loads torch and llm-compressor twice, ~20-40 s on 2 cores): marked slow."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from quantkit.evals.parallel import everywhere, gather, share, share_bounds
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]  # a free port each run
+CALIB = ("--set", "calibration.samples=8", "--set", "calibration.seq_len=64")
+BOUND_S = 90  # a dead rank: the others are gone within this (torchrun's stop + the collective timeout below)
+
+
+# --- pure parts (no process group) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 16, 33])
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_shares_cover_windows_in_order(n, world):
+    """Concatenating the ranks' shares in rank order gives 0..n-1 once each, shares differ by <= 1."""
+    parts = [range(*share_bounds(n, r, world)) for r in range(world)]
+    assert [i for p in parts for i in p] == list(range(n))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_one_process_is_the_identity():
+    assert list(share(5)) == [0, 1, 2, 3, 4]
+    items = [object(), object()]
+    assert gather(items) is items
+    assert everywhere(None) is None and everywhere(items) is items
+
+
+def test_calibration_share_and_agree_outside_torchrun():
+    from quantkit.distributed import agree, calibration_share
+
+    samples = [1, 2, 3]
+    assert calibration_share(samples) is samples
+    agree(None, "x")  # nothing to agree on
+    with pytest.raises(ValueError):
+        agree(ValueError("boom"), "x")
+
+
+def test_timeout_setting(monkeypatch):
+    from quantkit.distributed import ENV_TIMEOUT, timeout_s
+    from quantkit.errors import QuantkitError
+
+    monkeypatch.setenv(ENV_TIMEOUT, "12.5")
+    assert timeout_s() == 12.5
+    for bad in ("soon", "0", "-3"):
+        monkeypatch.setenv(ENV_TIMEOUT, bad)
+        with pytest.raises(QuantkitError, match=ENV_TIMEOUT):
+            timeout_s()
+
+
+# --- two processes ---------------------------------------------------------------------------------
+
+def _env(home: Path, **extra) -> dict:
+    env = {**os.environ, "QUANTKIT_HOME": str(home), "OMP_NUM_THREADS": "1", "QUANTKIT_DIST_TIMEOUT": "60", **extra}
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    return env
+
+
+def _quantkit(args, home: Path, launcher=(), timeout=600):
+    cmd = [*launcher, *(["-m", "quantkit"] if launcher else [sys.executable, "-m", "quantkit"]), *args]
+    return subprocess.run(cmd, cwd=REPO, env=_env(home), capture_output=True, text=True, timeout=timeout)
+
+
+def _convert_args(recipe: str, model: Path, out: Path, text: Path, *extra) -> list[str]:
+    return ["convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
+            "--calib", f"file:{text}", *CALIB, "--device", "cpu", "--json", *extra]
+
+
+def _tensors(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(glob.glob(str(path / "*.safetensors"))):
+        out.update(load_file(f))
+    return out
+
+
+def _nothing_at(out: Path) -> None:
+    assert not out.exists()
+    left = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+    assert left == [], left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["int4-w4a16-gptq-g64", "int4-w4a16-rtn"])
+def test_torchrun_convert_equals_one_process(recipe, tiny_llama, tiny_text, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    r1 = _quantkit(_convert_args(recipe, tiny_llama, one, tiny_text), tmp_path / "h1")
+    assert r1.returncode == 0, r1.stderr[-2000:]
+    r2 = _quantkit(_convert_args(recipe, tiny_llama, two, tiny_text), tmp_path / "h2", launcher=TORCHRUN)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    data = json.loads(r2.stdout)  # rank 0 alone prints: one JSON document
+    assert data["distributed"]["world_size"] == 2 and data["distributed"]["backend"] == "gloo"
+    assert data["verification"]["status"] == "passed"
+    meta = json.loads((two / "quantkit.json").read_text())
+    assert meta["distributed"]["world_size"] == 2 and json.loads((one / "quantkit.json").read_text())["distributed"]["world_size"] == 1
+    if "gptq" in recipe:
+        assert meta["calibration"]["samples"] == 8  # every sample calibrated, split across the ranks
+    a, b = _tensors(one), _tensors(two)
+    assert a.keys() == b.keys() and a
+    different = [k for k in a if a[k].dtype != b[k].dtype or not bool((a[k] == b[k]).all())]
+    assert different == []  # identical tensors (measured: GPTQ's float32 Hessian sums agree to ~1e-7, no code flips)
+
+
+def _flat(value) -> list[float]:
+    if isinstance(value, dict):
+        return [x for k in sorted(value) for x in _flat(value[k])]
+    if isinstance(value, list):
+        return [x for v in value for x in _flat(v)]
+    return [float(value)]
+
+
+@pytest.mark.slow
+def test_torchrun_eval_equals_one_process(tiny_llama, tiny_text, tmp_path):
+    art = tmp_path / "art"
+    assert _quantkit(_convert_args("int4-w4a16-rtn", tiny_llama, art, tiny_text), tmp_path / "h0").returncode == 0
+    args = ["eval", str(art), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--region", "second-half",
+            "--seq-len", "64", "--max-tokens", "704", "--device", "cpu", "--json"]  # 11 windows: the ranks get 6 and 5
+    r1 = _quantkit(args, tmp_path / "h1")
+    r2 = _quantkit(args, tmp_path / "h2", launcher=TORCHRUN)  # its own home: the baseline pass runs split too
+    assert r1.returncode == 0, r1.stderr[-2000:]
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    a, b = json.loads(r1.stdout), json.loads(r2.stdout)
+    assert (a["world_size"], b["world_size"]) == (1, 2)
+    assert b["windows"]["count"] == 11 and b["tokens"] == a["tokens"] == 11 * 63
+    for key in ("ppl", "baseline_ppl", "delta_ppl_pct", "kld", "top1_agreement", "ci95"):
+        assert _flat(b[key]) == pytest.approx(_flat(a[key]), rel=1e-6, abs=1e-9), key  # to reduction order (here: exactly)
+    r3 = _quantkit(args, tmp_path / "h2", launcher=TORCHRUN)  # now every rank reads the cached baseline
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    assert json.loads(r3.stdout)["baseline_cached"] is True and json.loads(r3.stdout)["ppl"] == b["ppl"]
+
+
+@pytest.mark.slow
+def test_torchrun_failure_on_one_rank_stops_all(tiny_llama, tiny_text, tmp_path):
+    """rank 0 cannot claim --out (another command holds it): both ranks exit 2, nothing written."""
+    from quantkit.atomic import exclusive
+
+    out = tmp_path / "held"
+    with exclusive(out):
+        r = _quantkit(_convert_args("int4-w4a16-gptq-g64", tiny_llama, out, tiny_text), tmp_path / "h", launcher=TORCHRUN)
+    assert r.returncode != 0
+    assert "rank 0 failed to claim --out" in r.stderr  # what rank 1 says
+    assert not out.exists()
+    r = _quantkit(_convert_args("bnb-nf4", tiny_llama, tmp_path / "bnb", tiny_text), tmp_path / "h", launcher=TORCHRUN)
+    assert r.returncode != 0 and "does not run under torchrun" in r.stderr
+    assert f'File "{REPO / "quantkit"}' not in r.stderr  # one line per rank (torchrun adds its own failure report)
+    assert r.stderr.count("does not run under torchrun") == 2
+    _nothing_at(tmp_path / "bnb")
+
+
+def _worker_pids(launcher_pid: int) -> dict[int, int]:
+    """LOCAL_RANK -> pid of torchrun's workers."""
+    import psutil
+
+    found = {}
+    for child in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            rank = child.environ().get("LOCAL_RANK")
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+        if rank is not None and "quantkit" in " ".join(child.cmdline()):
+            found[int(rank)] = child.pid
+    return found
+
+
+@pytest.mark.slow
+def test_dead_rank_stops_the_others_and_leaves_nothing(tiny_llama, tiny_text, tmp_path):
+    """SIGKILL rank 1 while it calibrates: torchrun and rank 0 exit non-zero within BOUND_S, nothing at --out."""
+    out = tmp_path / "out"
+    args = _convert_args("int4-w4a16-gptq-g64", tiny_llama, out, tiny_text, "--set", "calibration.samples=64",
+                         "--set", "calibration.seq_len=256")
+    err = open(tmp_path / "stderr.txt", "w+")
+    proc = subprocess.Popen([*TORCHRUN, "-m", "quantkit", *args], cwd=REPO, env=_env(tmp_path / "h"), stdout=subprocess.DEVNULL,
+                            stderr=err, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while "quantize: gptq" not in Path(err.name).read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        workers = _worker_pids(proc.pid)
+        assert proc.poll() is None and 1 in workers, Path(err.name).read_text()[-2000:]
+        os.kill(workers[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=BOUND_S)
+        assert rc != 0 and time.monotonic() - t0 < BOUND_S
+        for pid in workers.values():
+            assert not _alive(pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    _nothing_at(out)
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
