@@ -226,6 +226,12 @@ def check_convert(job) -> None:
         raise QuantkitError(f"{job.key}: method {method!r} does not run under torchrun; those that do: {', '.join(METHODS)}")
     if job.offload is not None:
         raise QuantkitError(f"{job.key}: the model does not fit in RAM (--max-memory); disk offloading runs in one process")
+    local, world = int(os.environ.get("LOCAL_WORLD_SIZE", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if local and local != world:
+        # compressed-tensors 0.19's DistributedCPUCache shares rank 0's weights through a
+        # shared-memory file (`_share_filename_cpu_`) that exists on rank 0's machine only
+        raise QuantkitError(f"{job.key}: llm-compressor's distributed calibration shares the model through one machine's "
+                            f"shared memory; run the conversion on one machine (torchrun --nnodes 1, here {world // local} nodes)")
 
 
 def calibration_share(samples):
