@@ -65,6 +65,28 @@ def test_timeout_setting(monkeypatch):
             timeout_s()
 
 
+def test_check_convert_refuses_what_runs_in_one_process(monkeypatch):
+    from types import SimpleNamespace
+
+    from quantkit.distributed import check_convert
+    from quantkit.errors import QuantkitError
+
+    def job(method="gptq", gqa=False, offload=None):
+        return SimpleNamespace(key="steps", has_gqa=gqa, quant=SimpleNamespace(method=method) if method else None, offload=offload)
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    check_convert(job())
+    check_convert(job("rtn"))
+    for bad, match in ((job("awq"), "does not run under torchrun"), (job("bnb-nf4"), "does not run under torchrun"),
+                       (job(None, gqa=True), "gqa step"), (job(offload=object()), "disk offloading")):
+        with pytest.raises(QuantkitError, match=match):
+            check_convert(bad)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 2 machines x 2 processes
+    with pytest.raises(QuantkitError, match="one machine"):
+        check_convert(job())
+
+
 # --- two processes ---------------------------------------------------------------------------------
 
 def _env(home: Path, **extra) -> dict:
