@@ -206,14 +206,9 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     """Every check, load and write under an exclusive lock on --out (artifact.claim_out)."""
     calib = text_input(opts.calib or recipe.calibration.source, "the calibration text")
     guard_out(out, [*model_inputs(model_ref or recipe.model), *calib, *opts.inputs])  # before the lock file is made
-    from contextlib import ExitStack
+    from .distributed import claimed_by_writer
 
-    from .distributed import together
-
-    with ExitStack() as claimed:
-        with together("to claim --out"):  # under torchrun rank 0 alone claims and writes --out
-            if opts.group is None or opts.group.writer:
-                claimed.enter_context(claim_out(out))
+    with claimed_by_writer(opts.group, lambda: claim_out(out)):  # under torchrun rank 0 alone claims and writes --out
         return _convert(recipe, model_ref, out, opts, variant_name)
 
 

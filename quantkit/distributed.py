@@ -68,6 +68,15 @@ def timeout_s() -> float:
     return value
 
 
+COMMANDS = ("convert", "eval")  # what runs under torchrun; anything else would run N times over
+
+
+def check_command(name: str | None) -> None:
+    if launched() and name is not None and name not in COMMANDS:
+        raise QuantkitError(f"`quantkit {name}` does not run under torchrun (one copy per process would compete for the same "
+                            f"files); under torchrun: {', '.join(COMMANDS)}")
+
+
 def rank_device(spec=None):
     """This rank's torch.device: a CUDA request means the GPU whose index is LOCAL_RANK (one
     process per GPU, as torchrun --nproc-per-node N expects); the CPU stays the CPU."""
@@ -146,6 +155,19 @@ def together(what: str):
     except Exception as exc:  # re-raised by agree on this rank, after the others heard of it
         error = exc
     agree(error, what)
+
+
+@contextmanager
+def claimed_by_writer(group, claim):
+    """Hold `claim()` (a context manager: the lock on --out) on rank 0 alone, or in the one
+    process outside torchrun; every rank learns whether taking it failed."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        with together("to claim --out"):
+            if group is None or group.writer:
+                stack.enter_context(claim())
+        yield
 
 
 def _one_line(exc: BaseException) -> str:

@@ -87,6 +87,13 @@ def test_check_convert_refuses_what_runs_in_one_process(monkeypatch):
         check_convert(job())
 
 
+def test_other_commands_refused_under_torchrun(cli, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, _, err, _ = cli("models", "list")
+    assert code == 2 and "does not run under torchrun" in err and "convert, eval" in err
+
+
 # --- two processes ---------------------------------------------------------------------------------
 
 def _env(home: Path, **extra) -> dict:

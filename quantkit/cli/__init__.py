@@ -57,8 +57,10 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     from .._quiet import quiet_libraries
+    from ..distributed import check_command
 
     quiet_libraries(debug)
+    check_command(ctx.invoked_subcommand)  # under torchrun: convert and eval only
 
 
 for _module in (models, recipe, convert, export, evaluate, bench, roofline, run, compare, publish, load, levers, sensitivity):
