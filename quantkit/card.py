@@ -50,13 +50,14 @@ def _fmt(v, spec: str) -> str:
 def results_table(results: dict) -> str:
     rows = ["| metric | value |", "| --- | --- |"]
     ev = results.get("eval") or {}
-    if "ppl" in ev:
-        w = ev.get("windows", {})
+    texts = ev.get("texts") or ([ev] if "ppl" in ev else [])  # one block per evaluation domain (older results: one text)
+    for t in texts:
+        w, dom = t.get("windows", {}), f"{t['label']}: " if len(texts) > 1 and t.get("label") else ""
         rows += [
-            f"| perplexity ({w.get('count')} x {w.get('seq_len')} tokens of {w.get('source', '?')}, {w.get('region', '')}) | {_fmt(ev['ppl'], '.3f')} (baseline {_fmt(ev['baseline_ppl'], '.3f')}) |",
-            f"| dPPL | {_fmt(ev['delta_ppl_pct'], '+.2f')}% |",
-            f"| KL divergence vs baseline (mean / p99) | {_fmt(ev['kld']['mean'], '.4f')} / {_fmt(ev['kld']['p99'], '.3f')} |",
-            f"| top-1 agreement | {_fmt(ev['top1_agreement'] * 100, '.2f')}% |",
+            f"| {dom}perplexity ({w.get('count')} x {w.get('seq_len')} tokens of {w.get('source', '?')}, {w.get('region', '')}) | {_fmt(t['ppl'], '.3f')} (baseline {_fmt(t['baseline_ppl'], '.3f')}) |",
+            f"| {dom}dPPL | {_fmt(t['delta_ppl_pct'], '+.2f')}% |",
+            f"| {dom}KL divergence vs baseline (mean / p99) | {_fmt(t['kld']['mean'], '.4f')} / {_fmt(t['kld']['p99'], '.3f')} |",
+            f"| {dom}top-1 agreement | {_fmt(t['top1_agreement'] * 100, '.2f')}% |",
         ]
     for name, t in (ev.get("tasks") or {}).items():
         rows.append(f"| {name} {t['metric']} | {t['value']:.4f} (baseline {t['baseline']:.4f}, delta {t['delta']:+.4f} +- {t['delta_stderr']:.4f}) |")

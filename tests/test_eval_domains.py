@@ -126,3 +126,18 @@ def test_run_reports_a_row_per_variant_per_domain(cli, tiny_llama, tiny_text, tm
     code, _, err, _ = cli("run", str(suite), "--model", str(tiny_llama), "--out", str(tmp_path / "r3"), *SMALL,
                           "--eval-text", f"file:{legal}", "--eval-text", f"file:{tmp_path / 'missing.txt'}")
     assert code == 2 and "no such text file" in err and not (tmp_path / "r3" / "artifacts").exists()
+
+
+def test_update_card_lists_every_domain(cli, tiny_dir, tiny_text, tmp_path):
+    art = tmp_path / "int4"
+    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_dir / "llama-gqa"),
+                          "--out", str(art), "--set", "steps[0].quantize.group_size=32")
+    assert code == 0, err
+    legal = _other_text(tmp_path)
+    code, _, err, _ = cli("eval", str(art), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}",
+                          "--text", f"file:{legal}", *ARGS, "--update-card")
+    assert code == 0, err
+    card = (art / "README.md").read_text()
+    assert "| text: dPPL |" in card and "| legal: dPPL |" in card and "| legal: KL divergence vs baseline (mean / p99) |" in card
+    meta = json.loads((art / "quantkit.json").read_text())
+    assert [t["label"] for t in meta["results"]["eval"]["texts"]] == ["text", "legal"]
