@@ -299,6 +299,9 @@ class EvalConfig(_Strict):
     tasks_backend: Literal["hf", "vllm"] = "hf"
     tensor_parallel: int = Field(1, ge=1)  # lm-eval's vLLM backend
     data_parallel: int = Field(1, ge=1)
+    # What scores each variant (quantkit/evals/runner.py ENGINES): `[transformers, llamacpp]` gives every
+    # variant a row per engine and domain; llamacpp scores the variant's exact GGUF (exported on the fly).
+    engines: tuple[Literal["transformers", "llamacpp"], ...] = ("transformers",)
 
     @model_validator(mode="before")
     @classmethod
@@ -312,6 +315,14 @@ class EvalConfig(_Strict):
         if data.get("texts") not in (None, [], (), [text], (text,)):
             raise ValueError("text: give `text: SPEC` or `texts: [SPEC, ...]`, not both")
         return {**data, "texts": (text,)}
+
+    @model_validator(mode="after")
+    def _engines(self) -> "EvalConfig":
+        if not self.engines or len(set(self.engines)) != len(self.engines):
+            raise ValueError("engines: give each eval engine once, at least one")
+        if self.tasks and self.engines[0] != "transformers":
+            raise ValueError("tasks: lm-eval tasks run with the first eval engine, which must be transformers (tasks_backend picks hf or vllm)")
+        return self
 
     @property
     def text(self) -> str | None:

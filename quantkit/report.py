@@ -50,10 +50,11 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
 
 
 def accuracy_rows(rec: dict) -> list[dict]:
-    """The variant's accuracy on each evaluation text: a row per variant per domain."""
+    """The variant's accuracy on each evaluation text: a row per variant per domain (and per eval engine)."""
     out = []
-    for t in (rec.get("eval") or {}).get("texts") or []:
-        out.append({"name": rec["name"], "domain": t["label"], "text": t["text"], "ppl": t["ppl"], "baseline_ppl": t["baseline_ppl"],
+    evals = [rec.get("eval") or {}, *(rec.get("evals") or {}).values()]
+    for t, engine in ((t, ev.get("engine", "transformers")) for ev in evals for t in ev.get("texts") or []):
+        out.append({"name": rec["name"], "engine": engine, "domain": t["label"], "text": t["text"], "ppl": t["ppl"], "baseline_ppl": t["baseline_ppl"],
                     "delta_ppl_pct": t["delta_ppl_pct"], "ci95": t.get("ci95"), "kld_mean": t["kld"]["mean"], "kld_p99": t["kld"]["p99"],
                     "top1_pct": t["top1_agreement"] * 100, "tokens": t["tokens"], "windows": t["windows"]["count"],
                     "seq_len": t["windows"]["seq_len"]})
@@ -62,11 +63,14 @@ def accuracy_rows(rec: dict) -> list[dict]:
 
 def accuracy_table(rows: list[dict]) -> str:
     """Markdown: variant, domain, PPL, ΔPPL and mean KL with their 95% bootstrap CIs, KL p99, top-1."""
-    lines = ["| variant | domain | PPL | ΔPPL % [95% CI] | KL mean [95% CI] | KL p99 | top-1 | tokens |", "|" + "---|" * 8]
+    engines = len({r.get("engine") for r in rows}) > 1  # several eval engines: the engine beside the variant
+    head = ["variant", *(["engine"] if engines else []), "domain", "PPL", "ΔPPL % [95% CI]", "KL mean [95% CI]", "KL p99", "top-1", "tokens"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ci = r.get("ci95") or {}
         d, k = ci.get("delta_ppl_pct") or [float("nan")] * 2, ci.get("kld_mean") or [float("nan")] * 2
-        lines.append(f"| {r['name']} | {r['domain']} | {r['ppl']:.3f} | {r['delta_ppl_pct']:+.2f} [{d[0]:+.2f}, {d[1]:+.2f}] | "
+        who = f"{r['name']} | {r['engine']}" if engines else r["name"]
+        lines.append(f"| {who} | {r['domain']} | {r['ppl']:.3f} | {r['delta_ppl_pct']:+.2f} [{d[0]:+.2f}, {d[1]:+.2f}] | "
                      f"{r['kld_mean']:.4f} [{k[0]:.4f}, {k[1]:.4f}] | {r['kld_p99']:.3f} | {r['top1_pct']:.1f}% | {r['tokens']:,} |")
     return "\n".join(lines)
 
@@ -132,9 +136,14 @@ def render_markdown(report: dict) -> str:
            f"- device: {dev.get('name', 'n/a')} — {dev.get('bandwidth_gbps', 0):.1f} GB/s read, {dev.get('compute_tflops', 0):.2f} TFLOP/s bf16 (probed in this run)",
            f"- eval: {r.get('eval_text') or 'skipped'}{_eval_device(r)}; bench: {r.get('bench_settings') or 'skipped'}", "",
            markdown_table(r["rows"], domain=_first_domain(r)), ""]
-    if len({a["domain"] for a in r.get("accuracy") or []}) > 1:
-        out += ["**Accuracy per domain** (each text's held-out windows; the 95% intervals resample whole windows):", "",
-                accuracy_table(r["accuracy"]), ""]
+    acc = r.get("accuracy") or []
+    if len({a["domain"] for a in acc}) > 1 or len({a["engine"] for a in acc}) > 1:
+        out += ["**Accuracy per domain** (each text's held-out windows; the 95% intervals resample whole windows"
+                + ("; llamacpp scores each variant's exact GGUF in llama.cpp against the same baseline pass" if len({a["engine"] for a in acc}) > 1 else "")
+                + "):", "", accuracy_table(acc), ""]
+    eval_failed = [f"- {name}: eval ({e}): {msg}" for name, v in r["variants"].items() for e, msg in (v.get("eval_errors") or {}).items()]
+    if eval_failed:
+        out += ["Evaluation failed on an engine:", *eval_failed, ""]
     if len(r.get("engines") or {}) > 1:
         out += ["**Rule check per engine**, each against its own probe of the device in this run:", *engine_lines(r), ""]
     elif _fit_text(fit, "**Rule check**"):

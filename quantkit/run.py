@@ -169,21 +169,37 @@ class Runner:
             note(f"[{v.name}] {out}: {found[0]}: converting again")
         return not found
 
-    def evaluate(self, v: Variant, path: Path) -> dict | None:
+    def evaluate(self, v: Variant, path: Path, rec: dict) -> dict | None:
+        """The first of eval.engines' result (rec["eval"]: the report's main row and the model card);
+        each further engine's under rec["evals"][engine], where a failure (no llama.cpp, a grid GGUF
+        cannot hold exactly) is recorded in rec["eval_errors"] and the variant goes on."""
         ev = self.recipe.eval
         if self.opts.skip_eval or (not self.eval_texts and not ev.tasks):
             return None
+        first, *more = ev.engines
+        result = self._evaluate(v, path, first)
+        for engine in more:
+            try:
+                rec.setdefault("evals", {})[engine] = self._evaluate(v, path, engine)
+            except QuantkitError as exc:
+                rec.setdefault("eval_errors", {})[engine] = str(exc)
+                note(f"[{v.name}] eval ({engine}) failed: {exc}")
+        return result
+
+    def _evaluate(self, v: Variant, path: Path, engine: str) -> dict:
         from .evals.runner import run_eval
 
-        key = _key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts"}),
-                   [(t, _file_sha(t)) for t in self.eval_texts])
+        ev = self.recipe.eval
+        key = _key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts", "engines"}),
+                   [(t, _file_sha(t)) for t in self.eval_texts], engine)
         hit = self.cache.get(key)
         if hit is not None and not self.opts.rerun:
-            note(f"[{v.name}] eval: reusing")
+            note(f"[{v.name}] eval ({engine}): reusing")
             return hit
-        note(f"[{v.name}] eval")
+        note(f"[{v.name}] eval ({engine})")
+        tasks = ev.tasks if engine == "transformers" else ()  # lm-eval tasks run on transformers/vLLM (recipe validation)
         result = run_eval(path, self.src, list(self.eval_texts), seq_len=ev.seq_len, max_tokens=ev.max_tokens, region=ev.region,
-                          tasks=ev.tasks, limit=ev.limit, device=ev.device, dtype=ev.dtype, batch_size=ev.batch_size,
+                          tasks=tasks, limit=ev.limit, device=ev.device, dtype=ev.dtype, batch_size=ev.batch_size, engine=engine,
                           tasks_backend=ev.tasks_backend, tensor_parallel=ev.tensor_parallel, data_parallel=ev.data_parallel)
         self.cache.put(key, result)
         return result
@@ -226,7 +242,7 @@ class Runner:
             try:
                 path = self._timed(f"convert:{v.name}", lambda: self.convert(v))
                 rec["artifact"] = str(path)
-                rec["eval"] = self._timed(f"eval:{v.name}", lambda: self.evaluate(v, path))
+                rec["eval"] = self._timed(f"eval:{v.name}", lambda: self.evaluate(v, path, rec))
                 paths[v.name] = path
                 self.export(v.name, path, rec)
             except Exception as exc:  # a failed variant is reported; the others go on

@@ -112,3 +112,38 @@ def test_tasks_are_not_llama_cpps(cli, tiny_dir, tmp_path):
     f.write_bytes(b"GGUF")
     code, _, err, _ = cli("eval", "--engine", "llamacpp", str(f), "--baseline", str(tiny_dir / "llama-gqa"), "--tasks", "qk_facts")
     assert code == 2 and "--tasks" in err and "lm-eval" in err
+
+
+@needs_llama_cpp
+def test_run_evaluates_every_variant_on_each_eval_engine(cli, tiny_llama, tiny_text, tmp_path):
+    """`eval: {engines: [transformers, llamacpp]}`: a row per variant, engine and domain; one baseline pass serves both."""
+    legal = tmp_path / "legal.txt"
+    legal.write_text((REPO / "calib_data" / "text" / "legal-licenses.txt").read_text()[:20000])
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text((REPO / "recipes" / "int4-w4a16-rtn.yaml").read_text())
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("description: engines\nvariants:\n  - name: int4-rtn\n    recipe: int4-w4a16-rtn.yaml\n"
+                     f"eval:\n  texts: [file:{tiny_text}, file:{legal}]\n  engines: [transformers, llamacpp]\n"
+                     "  seq_len: 32\n  max_tokens: 64\n")
+    out = tmp_path / "run"
+    code, _, err, rep = cli("run", str(suite), "--model", str(tiny_llama), "--out", str(out), "--skip-bench", "--json")
+    assert code == 0, err
+    got = {(a["name"], a["engine"], a["domain"]): a for a in rep["accuracy"]}
+    assert set(got) == {(n, e, d) for n in ("baseline", "int4-rtn") for e in ("transformers", "llamacpp") for d in ("text", "legal")}
+    assert got[("baseline", "transformers", "text")]["kld_mean"] == 0.0
+    assert 0 < got[("baseline", "llamacpp", "text")]["kld_mean"] < 1e-3  # the F16 GGUF: activation rounding only
+    for d in ("text", "legal"):
+        t, g = got[("int4-rtn", "transformers", d)], got[("int4-rtn", "llamacpp", d)]
+        assert g["kld_mean"] == pytest.approx(t["kld_mean"], rel=0.3)
+    md = (out / "report.md").read_text()
+    assert "| int4-rtn | llamacpp | legal |" in md
+
+
+def test_recipe_eval_engines():
+    from quantkit.recipe import EvalConfig
+
+    assert EvalConfig().engines == ("transformers",)
+    assert EvalConfig.model_validate({"engines": ["transformers", "llamacpp"]}).engines == ("transformers", "llamacpp")
+    for bad, needle in (({"engines": []}, "at least one"), ({"engines": ["llamacpp", "llamacpp"]}, "once"),
+                        ({"engines": ["llamacpp"], "tasks": ["qk_facts"]}, "must be transformers"), ({"engines": ["vllm"]}, "llamacpp")):
+        with pytest.raises(ValueError, match=needle):
+            EvalConfig.model_validate(bad)

@@ -123,7 +123,7 @@ def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, device, dtype,
     with session(device) as group:  # under torchrun: windows split across ranks (evals/parallel.py), each rank on its device
         result = run_eval(
             model_path, base_path, texts, seq_len=seq_len, max_tokens=max_tokens, region=region, tasks=task_list, limit=limit,
-            device=group.device if group else dev, dtype=dtype, batch_size=batch_size, engine=engine, tasks_backend=tasks_backend,
+            device=group.device if group else device, dtype=dtype, batch_size=batch_size, engine=engine, tasks_backend=tasks_backend,
             tensor_parallel=tensor_parallel, data_parallel=data_parallel, allow_overlap=allow_overlap,
             baseline_mismatch_ok=baseline_mismatch_ok, trust_remote_code=trust_remote_code,
         )

@@ -286,6 +286,10 @@ def run_eval(model_path: Path, base_path: Path, texts, **kw) -> dict:
     texts = [texts] if isinstance(texts, str) else list(texts or [])
     t0 = time.perf_counter()
     dev = devices.resolve(o.device)
+    if o.engine == "llamacpp" and str(o.device or "auto") == "auto" and dev.type != "cpu":
+        from ..bench.engines.llamacpp import gpu_offload
+
+        dev = dev if gpu_offload() else devices.resolve("cpu")  # auto: the CPU for a CPU-only llama.cpp build
     dtype = o.dtype or default_dtype(dev)
     check_remote_code(base_path, read_config(base_path), o.trust_remote_code)  # before any tokenizer or model code is imported
     tok_b = load_tokenizer(base_path, o.trust_remote_code)
