@@ -22,4 +22,6 @@ else
   echo "note: $TEXT not found; calibrating on the shipped mix ($CALIB) and evaluating on held-out shipped text ($EVAL)"
 fi
 
-"$Q" run recipes/demo.yaml --model demo --calib "$CALIB" --eval-text "$EVAL" --out runs/demo "$@"
+# Accuracy on two domains: the text above and legal text no calibration reads (set:legal-licenses),
+# one report row per variant per domain.
+"$Q" run recipes/demo.yaml --model demo --calib "$CALIB" --eval-text "$EVAL" --eval-text set:legal-licenses --out runs/demo "$@"
