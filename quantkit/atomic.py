@@ -177,15 +177,29 @@ def _holder(lp: Path) -> str:
 @contextmanager
 def signals_deferred():
     """Hold SIGINT/SIGTERM until the block is done (a rename pair that must not be split).
-    A signal that arrives meanwhile is delivered when the block ends."""
-    if not hasattr(signal, "pthread_sigmask"):
+    A signal that arrives meanwhile is delivered when the block ends.
+
+    Handlers, not the signal mask: `pthread_sigmask` blocks a signal for the calling thread
+    only, and `kill PID` is delivered to any thread that does not block it (torch's and
+    OpenMP's worker threads), whose C handler then has the main thread run Python's handler
+    at once. A recording handler holds the signal process-wide."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pending: list[int] = []
+    watched = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in watched}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if pending:
+            handler = old[pending[0]]
+            if callable(handler):
+                handler(pending[0], None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(pending[0])
 
 
 def _terminated(signum, frame):

@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import time
 import signal
 import stat
 import subprocess
@@ -148,4 +149,30 @@ def test_signals_deferred_until_the_block_ends():
                 seen.append("renames done")
         except KeyboardInterrupt:
             seen.append("interrupted after")
+    assert seen == ["renames done", "interrupted after"]
+
+
+def test_signals_deferred_while_other_threads_run():
+    """A process-directed signal goes to any thread not blocking it (torch's workers): the
+    deferral must hold process-wide, not only for the main thread's signal mask."""
+    import threading
+
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, daemon=True)
+    worker.start()
+    seen = []
+    try:
+        with atomic.sigterm_as_interrupt():
+            try:
+                with atomic.signals_deferred():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    deadline = time.monotonic() + 0.3  # time for the worker to take the signal
+                    while time.monotonic() < deadline:  # bytecodes at which a pending handler would run
+                        pass
+                    seen.append("renames done")
+            except KeyboardInterrupt:
+                seen.append("interrupted after")
+    finally:
+        stop.set()
+        worker.join()
     assert seen == ["renames done", "interrupted after"]

@@ -180,8 +180,8 @@ def test_failed_verification_keeps_nothing(cli, tiny_llama, tiny_text, tmp_path,
 
     real = export.FORMATS["compressed-tensors"]
 
-    def corrupt_load(path, dtype):
-        model = real.load(path, dtype)
+    def corrupt_load(path, dtype, device=None, **kwargs):
+        model = real.load(path, dtype, device, **kwargs)
         import torch
 
         with torch.no_grad():
