@@ -193,10 +193,11 @@ class Runner:
         key = _key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts", "engines"}),
                    [(t, _file_sha(t)) for t in self.eval_texts], engine)
         hit = self.cache.get(key)
+        what = "eval" if len(ev.engines) == 1 else f"eval ({engine})"
         if hit is not None and not self.opts.rerun:
-            note(f"[{v.name}] eval ({engine}): reusing")
+            note(f"[{v.name}] {what}: reusing")
             return hit
-        note(f"[{v.name}] eval ({engine})")
+        note(f"[{v.name}] {what}")
         tasks = ev.tasks if engine == "transformers" else ()  # lm-eval tasks run on transformers/vLLM (recipe validation)
         result = run_eval(path, self.src, list(self.eval_texts), seq_len=ev.seq_len, max_tokens=ev.max_tokens, region=ev.region,
                           tasks=tasks, limit=ev.limit, device=ev.device, dtype=ev.dtype, batch_size=ev.batch_size, engine=engine,

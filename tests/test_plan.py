@@ -202,7 +202,8 @@ def test_run_plan(cli, tiny_llama, tiny_text, tmp_path, no_weights):
     code, _, err, plan = cli("run", str(recipe), "--out", str(tmp_path / "run"), "--include-dir", str(REPO / "recipes"), "--plan", "--json")
     assert code == 0, err
     steps = list(plan["time_breakdown"])
-    assert [s.split(":")[1] for s in steps] == ["convert", "convert", "bench"] and not (tmp_path / "run").exists()
+    # no eval text in the recipe: the run evaluates the two default domains (quantkit/evals/domains.py), and plans them
+    assert [s.split(":")[1] for s in steps] == ["convert", "convert", "eval", "eval", "bench"] and not (tmp_path / "run").exists()
 
 
 def test_float32_checkpoint_counts_four_bytes(cli, tiny_dir, tiny_text, tmp_path, no_weights):
