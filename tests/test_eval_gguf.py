@@ -147,3 +147,21 @@ def test_recipe_eval_engines():
                         ({"engines": ["llamacpp"], "tasks": ["qk_facts"]}, "must be transformers"), ({"engines": ["vllm"]}, "llamacpp")):
         with pytest.raises(ValueError, match=needle):
             EvalConfig.model_validate(bad)
+
+
+def test_a_gguf_with_more_rows_than_the_baseline_is_refused(tiny_dir, monkeypatch):
+    """Same tokens, padded vocabulary: the baseline's top-k ids would index past llama.cpp's rows or leave rows out."""
+    import quantkit.evals.gguf as g
+    from quantkit.errors import DataError
+    from quantkit.models import load_tokenizer
+
+    base = tiny_dir / "llama-gqa"
+    tok = load_tokenizer(base)
+    tokens = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+    rows = __import__("json").loads((base / "config.json").read_text())["vocab_size"]
+    padded = tokens + [f"[PAD{i}]" for i in range(len(tokens), rows)]
+    monkeypatch.setattr(g, "gguf_tokens", lambda p: padded)
+    assert g.check_same_vocab(Path("m.gguf"), base, tok)  # the export's own padding: accepted
+    monkeypatch.setattr(g, "gguf_tokens", lambda p: padded + ["[PAD-extra]"])
+    with pytest.raises(DataError, match="vocabulary size mismatch"):
+        g.check_same_vocab(Path("m.gguf"), base, tok)

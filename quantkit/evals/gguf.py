@@ -54,7 +54,12 @@ def check_same_vocab(path: Path, base_path: Path, tok_base) -> str:
     vocabulary fingerprint (the baseline cache's key)."""
     from .perplexity import vocab_fingerprint
 
+    from ..models import read_config
+
     tokens = gguf_tokens(path)
+    rows = read_config(base_path).get("vocab_size")
+    if isinstance(rows, int) and rows != len(tokens):  # the baseline's log-probabilities index its own rows
+        raise DataError(f"vocabulary size mismatch: {path} has {len(tokens)} tokens, {base_path} has {rows}")
     vocab = tok_base.get_vocab()
     wrong = next((t for t, i in sorted(vocab.items(), key=lambda kv: kv[1]) if i >= len(tokens) or tokens[i] != t), None)
     if wrong is not None:
