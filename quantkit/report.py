@@ -133,7 +133,8 @@ def render_markdown(report: dict) -> str:
     out = [f"# quantkit run: {r['recipe']}", "",
            f"- model: `{r['model']}` (sha256 {r['model_sha256'][:12]}…)",
            f"- date: {r['date']}, host: {r['host']}",
-           f"- device: {dev.get('name', 'n/a')} — {dev.get('bandwidth_gbps', 0):.1f} GB/s read, {dev.get('compute_tflops', 0):.2f} TFLOP/s bf16 (probed in this run)",
+           (f"- device: {dev.get('name', 'n/a')} — {dev.get('bandwidth_gbps', 0):.1f} GB/s read, {dev.get('compute_tflops', 0):.2f} TFLOP/s bf16 (probed in this run)"
+            if dev else "- device: not probed (no bench in this run)"),
            f"- eval: {r.get('eval_text') or 'skipped'}{_eval_device(r)}; bench: {r.get('bench_settings') or 'skipped'}", "",
            markdown_table(r["rows"], domain=_first_domain(r)), ""]
     acc = r.get("accuracy") or []
