@@ -92,7 +92,7 @@ def test_bad_ggufs_are_one_line_exit_2(cli, exported, tiny_dir, tiny_text, tmp_p
     text = tmp_path / "model.txt"
     text.write_text("not a model")
     cases = [(junk, "not a GGUF file"), (short, "truncated"), (header, "GGUF"), (text, "not a GGUF file"),
-             (tmp_path / "missing.gguf", "no such GGUF file"), (exported["foreign"], "tokenizer mismatch")]
+             (tmp_path / "missing.gguf", "no such GGUF file"), (exported["foreign"], "vocabulary size mismatch")]
     for path, needle in cases:
         code, _, err, _ = cli("eval", "--engine", "llamacpp", str(path), "--baseline", str(tiny_dir / "llama-gqa"),
                               "--text", f"file:{tiny_text}", "--seq-len", "32")
@@ -149,7 +149,7 @@ def test_recipe_eval_engines():
             EvalConfig.model_validate(bad)
 
 
-def test_a_gguf_with_more_rows_than_the_baseline_is_refused(tiny_dir, monkeypatch):
+def test_a_gguf_vocabulary_must_be_the_baselines_row_for_row(tiny_dir, monkeypatch):
     """Same tokens, padded vocabulary: the baseline's top-k ids would index past llama.cpp's rows or leave rows out."""
     import quantkit.evals.gguf as g
     from quantkit.errors import DataError
@@ -164,4 +164,9 @@ def test_a_gguf_with_more_rows_than_the_baseline_is_refused(tiny_dir, monkeypatc
     assert g.check_same_vocab(Path("m.gguf"), base, tok)  # the export's own padding: accepted
     monkeypatch.setattr(g, "gguf_tokens", lambda p: padded + ["[PAD-extra]"])
     with pytest.raises(DataError, match="vocabulary size mismatch"):
+        g.check_same_vocab(Path("m.gguf"), base, tok)
+    swapped = list(padded)
+    swapped[5], swapped[6] = swapped[6], swapped[5]  # same size, two ids exchanged
+    monkeypatch.setattr(g, "gguf_tokens", lambda p: swapped)
+    with pytest.raises(DataError, match="tokenizer mismatch.* at id 5 "):
         g.check_same_vocab(Path("m.gguf"), base, tok)
