@@ -120,7 +120,7 @@ def render_table(result: dict) -> str:
         knee_at = "-" if r["knee_offered"] is None else f"{r['mode']}={r['knee_offered']:g}"
         cached = "-" if r["first_cache_hit"] is None else f"{100 * r['first_cache_hit']:.0f}%"
         lines.append(
-            f"| {r['lever']} | {r['changes']} | {knee_at} | {_f(r['knee_qps'])} | {_f(r['knee_ttft_p99_ms'], 0)} "
+            f"| {r['lever']} | {r['changes'] or '-'} | {knee_at} | {_f(r['knee_qps'])} | {_f(r['knee_ttft_p99_ms'], 0)} "
             f"| {_f(r['knee_tpot_p99_ms'], 1)} | {_f(r['goodput_qps'])} | {_f(r['peak_qps'])} "
             f"| {r['degraded_first'] or '-'} | {_f(r['first_ttft_p50_ms'], 0)} | {_f(r['first_tpot_p50_ms'], 1)} "
             f"| {cached} | {_x(r['knee_qps_ratio'])} | {_x(r['peak_qps_ratio'])} | {_x(r.get('knee_tpot_p99_ms_ratio'))} "
