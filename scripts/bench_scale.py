@@ -328,7 +328,8 @@ def phase_rows(results: dict) -> list[dict]:
                 if key is None:
                     continue
                 pred = sum(breakdown.get(k, 0.0) for k in PHASE_KEYS[key])
-                out.append({"model": name, "step": step, "phase": key, "s": ph["end_s"] - prev, "pred_s": pred, "peak_mb": ph["peak_mb"]})
+                out.append({"model": name, "step": step, "phase": key, "s": ph["end_s"] - prev, "pred_s": pred, "peak_mb": ph["peak_mb"],
+                            "timed": r.get("timed", True)})
                 prev = ph["end_s"]
     return out
 
@@ -368,15 +369,17 @@ def markdown(results: dict) -> str:
     parts = [table(results), "", "Per phase of each conversion (convert_rss_phases.py's progress marks; the plan's figure for the same phase):", "",
              "| model | step | phase | measured s | predicted s | phase peak RSS MB |", "|---|---|---|---|---|---|"]
     for p in phase_rows(results):
-        parts.append(f"| {p['model']} | {p['step']} | {p['phase']} | {p['s']:.1f} | {p['pred_s']:.1f} | {p['peak_mb']:.0f} |")
+        measured = f"{p['s']:.1f}" if p["timed"] else "(not timed)"
+        parts.append(f"| {p['model']} | {p['step']} | {p['phase']} | {measured} | {p['pred_s']:.1f} | {p['peak_mb']:.0f} |")
     parts += ["", "GPTQ's calibrate-and-solve phase per unit of work (decoder-linear parameters x calibration tokens):", "",
               "| model | step | linear params | tokens | quantize phase s | ps per (param x token) |", "|---|---|---|---|---|---|"]
     for x in linearity(results):
         parts.append(f"| {x['model']} | {x['step']} | {x['linear_params'] / 1e6:.0f} M | {x['tokens']} | {x['quantize_s']:.0f} | "
                      f"{x['ps_per_param_token']:.1f} |")
-    parts += ["", "Rule check (`bench --shape NAME --shape-bits 16,8,4`, synthetic weights, compiled engine):", "",
-              "| shape | variant | GB/token | TTFT ms | TPOT ms | predicted ms | efficiency | kernel |", "|---|---|---|---|---|---|---|---|"]
     fits = []
+    if rule_rows(results):
+        parts += ["", "Rule check (`bench --shape NAME --shape-bits 16,8,4`, synthetic weights, compiled engine):", "",
+                  "| shape | variant | GB/token | TTFT ms | TPOT ms | predicted ms | efficiency | kernel |", "|---|---|---|---|---|---|---|---|"]
     for rc in rule_rows(results):
         for x in rc["rows"]:
             parts.append(f"| {rc['model']} | {x['name']} | {x['gb']:.3f} | {x['ttft']:.0f} | {x['tpot']:.1f} | {x['pred']:.1f} | "
