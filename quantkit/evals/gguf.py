@@ -93,14 +93,6 @@ def open_engine(source: Path, device, seq_len: int):
     return Engine.load(source, EngineSettings(device=device, max_tokens=seq_len))
 
 
-def model_hash(path: Path) -> str:
-    """The GGUF file's sha256 (a directory: quantkit's checkpoint hash), for run caches."""
-    from ..bench.gguf_source import file_sha256
-    from ..models import checkpoint_hash
-
-    return checkpoint_hash(path) if path.is_dir() else file_sha256(path)
-
-
 def describe(engine) -> dict:
     d = engine.describe()
     keep = ("engine", "kernel", "dtype", "threads", "gguf", "gguf_export", "n_ctx", "n_batch")
