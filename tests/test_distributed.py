@@ -176,6 +176,62 @@ def test_torchrun_eval_equals_one_process(tiny_llama, tiny_text, tmp_path):
     assert json.loads(r3.stdout)["baseline_cached"] is True and json.loads(r3.stdout)["ppl"] == b["ppl"]
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(args, home: Path, timeout=600) -> list[subprocess.CompletedProcess]:
+    """`torchrun --nnodes 2 --nproc-per-node 1` twice on this host, joined by c10d rendezvous on
+    loopback: two "machines" of one process each, as on a cluster (GROUP_WORLD_SIZE 2,
+    LOCAL_WORLD_SIZE 1), with the same command on each."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", f"qk-{os.getpid()}"]
+    procs = [subprocess.Popen([*launcher, "-m", "quantkit", *args], cwd=REPO, env=_env(home), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) for _ in range(2)]
+    done = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return done
+
+
+@pytest.mark.slow
+def test_two_nodes_eval_equals_one_process_and_convert_is_refused(tiny_llama, tiny_text, tmp_path):
+    """Several machines: eval splits its windows over the nodes' ranks (each loads its own copy)
+    and equals one process; a convert is refused in one line on every node (llm-compressor's
+    distributed calibration shares the model through one machine's shared memory)."""
+    art = tmp_path / "art"
+    assert _quantkit(_convert_args("int4-w4a16-rtn", tiny_llama, art, tiny_text), tmp_path / "h0").returncode == 0
+    args = ["eval", str(art), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--region", "second-half",
+            "--seq-len", "64", "--max-tokens", "448", "--device", "cpu", "--json"]
+    one = _quantkit(args, tmp_path / "h1")
+    assert one.returncode == 0, one.stderr[-2000:]
+    nodes = _two_nodes(args, tmp_path / "h2")
+    assert [n.returncode for n in nodes] == [0, 0], [n.stderr[-2000:] for n in nodes]
+    printed = [json.loads(n.stdout) for n in nodes if n.stdout.strip()]
+    assert len(printed) == 1  # rank 0's node alone prints
+    a, b = json.loads(one.stdout), printed[0]
+    assert b["world_size"] == 2 and b["tokens"] == a["tokens"]
+    for key in ("ppl", "baseline_ppl", "kld", "top1_agreement", "ci95"):
+        assert _flat(b[key]) == pytest.approx(_flat(a[key]), rel=1e-6, abs=1e-9), key
+    out = tmp_path / "conv"
+    nodes = _two_nodes(_convert_args("int4-w4a16-gptq-g64", tiny_llama, out, tiny_text), tmp_path / "h3")
+    assert all(n.returncode != 0 for n in nodes)
+    assert all("run the conversion on one machine" in n.stderr for n in nodes), [n.stderr[-1500:] for n in nodes]
+    assert all(f'File "{REPO / "quantkit"}' not in n.stderr for n in nodes)  # one line, no traceback of ours
+    _nothing_at(out)
+
+
 @pytest.mark.slow
 def test_torchrun_failure_on_one_rank_stops_all(tiny_llama, tiny_text, tmp_path):
     """rank 0 cannot claim --out (another command holds it): both ranks exit 2, nothing written."""

@@ -29,6 +29,8 @@ ARTIFACTS = {
     "int8-mistral": ("mistral", "int8-w8a16-gptq", [], "Q8_0"),
     "w8a8-gqa": ("llama-gqa", "int8-w8a8-smoothquant", [], "Q8_0"),
     "rtn-g128-untied": ("llama-untied", "int4-w4a16-rtn", ["steps[0].quantize.group_size=128"], "Q4_0"),
+    # SpinQuant R1/R2 fused into the weights: a plain model to llama.cpp (transform_config weight_* only)
+    "spin-gptq-gqa": ("llama-gqa", "int4-w4a16-spinquant-gptq-g64", [], "Q4_0"),
 }
 
 
@@ -345,6 +347,13 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(cli, artifacts, models
     cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 64  # the tensors hold group 32
     (lies / "config.json").write_text(json.dumps(cfg))
     cases["config that does not match its tensors"] = (lies, "weight_scale has shape")
+    online = tmp_path / "online"
+    shutil.copytree(artifacts["spin-gptq-gqa"], online)
+    cfg = json.loads((online / "config.json").read_text())
+    cfg["quantization_config"]["transform_config"]["config_groups"]["R4"] = {
+        "type": "hadamard", "apply": [{"targets": ["re:.*down_proj$"], "location": "input"}]}  # QuaRot's online R4
+    (online / "config.json").write_text(json.dumps(cfg))
+    cases["an online rotation"] = (online, "rotates activations at run time (R4 at input")
     cases["not a directory"] = (tmp_path / "missing", "not a directory")
     gg = tmp_path / "in.gguf"
     gg.write_bytes(b"GGUF" + bytes(60))
@@ -537,3 +546,24 @@ def test_demo_artifacts_export_exactly(cli, demo_artifacts, tmp_path, name):
         # so unlike the tiny models no position matches the simulation to float32 noise.
         assert r["engines"]["mean"] < 1e-2 and r["engines"]["mean"] < 3 * r["simulated"]["mean"], r
         assert agreement().tokenizations_agree(art, out, DEMO_TEXT.read_text()[:20000])
+
+
+@pytest.mark.parametrize("config, online", [
+    (None, []),
+    ({"config_groups": {"R1": {"apply": [{"location": "weight_output"}, {"location": "weight_input"}]}}}, []),
+    ({"config_groups": {"R1": {"apply": [{"location": "weight_input"}]}, "R3": {"apply": [{"location": "k_cache"}]}}},
+     ["R3 at k_cache"]),
+    ({"config_groups": {"U": {"apply": [{"location": "input"}, {"location": "weight_input"}]}}}, ["U at input"]),
+    ({"config_groups": {"X": {"apply": []}}}, ["X (no locations)"]),
+    ({"config_groups": "junk"}, ["an unreadable transform_config"]),
+])
+def test_only_fused_rotations_export(config, online):
+    from quantkit.gguf.exporter import online_transforms
+
+    assert online_transforms(config) == online
+
+
+def test_fused_rotation_export_says_so(cli, artifacts, tmp_path):
+    code, _, err, rec = export(cli, artifacts["spin-gptq-gqa"], tmp_path / "s.gguf")
+    assert code == 0, err
+    assert rec["lossless"] and any("R1, R2 are fused into the weights" in n for n in rec["notes"])

@@ -60,14 +60,47 @@ def _check_artifact(art: Artifact) -> None:
         raise ModelError(f"{art.path}: a {method} artifact (its 4/8-bit formats have no exact GGUF grid); export "
                          "the 16-bit checkpoint, or convert it with an INT4/INT8 recipe (compressed-tensors) first")
     q = art.quant or {}
-    for key, what in (("sparsity_config", "sparse weights"), ("transform_config", "online transforms (rotations)"),
-                      ("kv_cache_scheme", "a quantized KV cache")):
+    for key, what in (("sparsity_config", "sparse weights"), ("kv_cache_scheme", "a quantized KV cache")):
         if q.get(key):
             raise ModelError(f"{art.path}: the artifact uses {what} ({key}), which llama.cpp would not apply")
+    online = online_transforms(q.get("transform_config"))
+    if online:
+        raise ModelError(f"{art.path}: the artifact rotates activations at run time ({', '.join(online)} in transform_config), "
+                         "which llama.cpp would not apply")
     if method and not art.quantized_modules():
         raise ModelError(f"{art.path}: the config says compressed-tensors but no tensor is quantized")
     if not method and art.quantized_modules():
         raise ModelError(f"{art.path}: quantized tensors (weight_packed/weight_scale) without a quantization_config")
+
+
+FUSED_LOCATIONS = ("weight_input", "weight_output")  # compressed-tensors' offline locations: multiplied into the weights
+
+
+def _fused_note(q: dict) -> list[str]:
+    groups = (q.get("transform_config") or {}).get("config_groups") or {}
+    return [f"rotations {', '.join(groups)} are fused into the weights (transform_config: weight_input/weight_output only); "
+            "llama.cpp runs them as a plain model"] if groups else []
+
+
+def online_transforms(transform_config) -> list[str]:
+    """The transforms of a compressed-tensors `transform_config` that act at run time: any location
+    but weight_input/weight_output (SpinQuant's R1/R2 as quantkit's recipes apply them are fused
+    into the saved weights, so the checkpoint computes the rotated model without them; R3/R4 and
+    QuIP's input rotations are not). Empty when nothing runs online."""
+    if not transform_config:
+        return []
+    groups = transform_config.get("config_groups") if isinstance(transform_config, dict) else None
+    if not isinstance(groups, dict):
+        return ["an unreadable transform_config"]
+    found = []
+    for name, scheme in groups.items():
+        applies = scheme.get("apply") if isinstance(scheme, dict) else None
+        if not isinstance(applies, list) or not applies:
+            found.append(f"{name} (no locations)")
+            continue
+        found += [f"{name} at {a.get('location')}" for a in applies
+                  if not isinstance(a, dict) or a.get("location") not in FUSED_LOCATIONS]
+    return found
 
 
 def export_gguf(artifact: Path, out: Path | None = None, opts: GgufOptions = GgufOptions()) -> dict:
@@ -144,7 +177,7 @@ def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Pa
         "extra_tensors": written["extra_tensors"],
         "vocab": {"model": info.model, "pre": info.pre, "tokens": info.n_tokens, "padding_tokens": info.n_padded,
                   "special_ids": info.special, "add_bos": info.add_bos, "add_eos": info.add_eos},
-        "notes": list(hp.notes),
+        "notes": list(hp.notes) + _fused_note(art.quant or {}),
         "tool_versions": {"quantkit": __version__, "gguf": _version("gguf")},
         "gguf_quant_version": gguf.GGML_QUANT_VERSION,
     }
