@@ -239,7 +239,10 @@ def bench_work(sources: list, settings) -> tuple[Model, BenchWork]:
                                                           compile_s, prefill, tuple(refs))
 
 
-COMPILE_S = 40.0  # torch.compile of the decode step, per model (measured on the demo, 2 CPU cores)
+# torch.compile per model: the decode graph with its warm-ups (7.5-16 s at 135M-1.2B on 2 CPU cores)
+# and the self-check's all-positions graph (25-35 s on inductor's cold cache, 7-27 s warm); a first
+# run's cold figure (docs/PERFORMANCE.md "Scale")
+COMPILE_S = 30.0
 
 
 def _bench_checkpoint(path: Path) -> tuple[Model, float, int]:

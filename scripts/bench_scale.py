@@ -6,7 +6,7 @@ to what `--plan` predicted for it, plus the bench's rule check on the synthetic 
 The ~0.5B and ~1.2B models are RANDOM-WEIGHT checkpoints in the shapes of Qwen2.5-0.5B and
 Llama-3.2-1B (scripts/make_shaped_checkpoint.py): their accuracy figures mean nothing; only time,
 memory and bytes carry over. Each model's commands run under one hold of `flock /tmp/qk-cpu.lock` (the machine is
-shared), with a fresh QUANTKIT_HOME (cold caches, as on a first run). Time figures on a shared
+shared), with a fresh QUANTKIT_HOME and inductor cache (cold caches, as on a first run). Time figures on a shared
 2-core machine are noisy: the raw JSON keeps every measurement.
 
   .venv/bin/python scripts/bench_scale.py --text ../shared/data/wikitext2-valid.txt --out docs/scale.json
@@ -155,7 +155,8 @@ def run_model(name: str, args, work: Path, results: dict) -> None:
 def _run_model(name: str, args, work: Path, results: dict) -> None:
     kind, group = MODELS[name]
     src = model_path(name, kind, work)  # the demo from the usual cache; every command then gets a fresh QUANTKIT_HOME
-    env = {**os.environ, "QUANTKIT_HOME": str(work / "home" / name)}
+    # inductor's cache too: torch.compile on a cold cache starts worker processes (summed into the peak)
+    env = {**os.environ, "QUANTKIT_HOME": str(work / "home" / name), "TORCHINDUCTOR_CACHE_DIR": str(work / "home" / name / "inductor")}
     shutil.rmtree(env["QUANTKIT_HOME"], ignore_errors=True)
     art = work / "artifacts" / name
     art.mkdir(parents=True, exist_ok=True)

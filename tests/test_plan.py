@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.plan import (GB, ConvertWork, Machine, Model, activation_bytes, combine, convert_plan, eval_plan, forward_flops,
-                           hessian_bytes, hessian_flops, solve_flops, window_bytes)
+from quantkit.plan import (BASE_RSS, COMPILE_RSS, GB, RETAINED, BenchWork, ConvertWork, Machine, Model, activation_bytes,
+                           bench_plan, combine, convert_plan, eval_plan, forward_flops, hessian_bytes, hessian_flops, solve_flops,
+                           window_bytes)
 
 REPO = Path(__file__).resolve().parents[1]
 CALIB = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
@@ -270,3 +271,29 @@ def test_plan_says_when_it_will_offload(cli, tiny_llama, tmp_path, no_weights):
     assert code == 0 and small["offload"], err
     assert small["disk"] > plan["disk"]  # the offloaded weights share the disk with the artifact
     assert small["stages"]["reload_check"] <= 100_000  # the reload check is offloaded the same way
+
+
+def _bench_work(loaded, refs, compile_s=0.0):
+    n = len(loaded)
+    return BenchWork(prompt_len=8, gen_len=4, runs=3, bytes_per_token=tuple(float(b) for b in loaded), loaded_bytes=tuple(loaded),
+                     compile_s=compile_s, prefill_flops=(1e9,) * n, reference_bytes=tuple(refs))
+
+
+def test_bench_peak_is_the_reference_phase_or_the_engine_phase():
+    kv = 2 * TOY.layers * TOY.q_dim * (8 + 4) * 2
+    big, small = 2 * GB, 1 * GB
+    # self-check on: the float32 reference (2x a bf16 model) beside the mapped checkpoint is the peak
+    p = bench_plan(TOY, _bench_work([big, small], [2 * big, 2 * big]), machine())
+    assert p.peak_ram == int(BASE_RSS["bench"] + 3 * big)
+    # no reference: the engine's model, what the allocator keeps of the previous one, the KV cache
+    p = bench_plan(TOY, _bench_work([big, small], [0, 0]), machine())
+    assert p.peak_ram == int(BASE_RSS["bench"] + (1 + RETAINED) * big + kv)
+    # torch.compile on a cold cache joins the engine phase, which then can exceed the reference phase
+    p = bench_plan(TOY, _bench_work([small], [2 * small], compile_s=15.0), machine())
+    assert p.peak_ram == int(BASE_RSS["bench"] + (1 + RETAINED) * small + kv + COMPILE_RSS)
+    # on a GPU the weights and the reference live in device memory, not RAM; a float32 reference
+    # over a third of the free memory is loaded in bfloat16 instead (bench/selfcheck.reference_dtype)
+    p = bench_plan(TOY, _bench_work([big], [2 * big]), machine(device_type="cuda", ram=100 * GB))
+    assert p.peak_ram == int(BASE_RSS["bench"]) and p.peak_vram == int(2 * big)
+    p = bench_plan(TOY, _bench_work([big], [2 * big]), machine(device_type="cuda", device_free=10 * GB))
+    assert p.peak_vram == int(big + kv)
