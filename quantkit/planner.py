@@ -307,18 +307,20 @@ def plan_run(recipe, opts) -> Plan:
         dev = _device(ev.device)
         mc = this_machine(dev)
         elem = 4 if (ev.dtype or ("float32" if dev.type == "cpu" else "bfloat16")) == "float32" else 2
-        for model, art in shapes:
-            plans.append(eval_plan(model, Model(**{**model.__dict__, "weight_bytes": art}), n_texts * (ev.max_tokens // ev.seq_len) * ev.seq_len,
-                                   ev.seq_len, elem, mc, art, first_hash=True))
+        for _engine in ev.engines:  # llama.cpp scores the same windows from a GGUF export: costed like transformers' pass
+            for model, art in shapes:
+                plans.append(eval_plan(model, Model(**{**model.__dict__, "weight_bytes": art}), n_texts * (ev.max_tokens // ev.seq_len) * ev.seq_len,
+                                       ev.seq_len, elem, mc, art, first_hash=True))
     if shapes and not opts.skip_bench:
         b = recipe.bench
-        s = BenchSettings(device=b.device, engine=b.engine, prompt_len=b.prompt_len, gen_len=b.gen_len, repeats=b.repeats)
         model = shapes[0][0]
         n = len(shapes) + 1  # the variants and the baseline
-        work = BenchWork(s.prompt_len, s.gen_len, s.warmups + s.repeats, tuple(float(a) for _, a in shapes) + (float(model.weight_bytes),),
-                         tuple(a for _, a in shapes) + (model.params * 2,), COMPILE_S if s.engine == "compiled" else 0.0,
-                         (forward_flops(model, s.prompt_len, s.prompt_len, with_head=True),) * n, (model.params * 4,) * n)
-        plans.append(bench_plan(model, work, this_machine(s.device)))
+        for engine in b.engines or (b.engine,):  # one bench of all variants per engine
+            s = BenchSettings(device=b.device, engine=engine, prompt_len=b.prompt_len, gen_len=b.gen_len, repeats=b.repeats)
+            work = BenchWork(s.prompt_len, s.gen_len, s.warmups + s.repeats, tuple(float(a) for _, a in shapes) + (float(model.weight_bytes),),
+                             tuple(a for _, a in shapes) + (model.params * 2,), COMPILE_S if s.engine == "compiled" else 0.0,
+                             (forward_flops(model, s.prompt_len, s.prompt_len, with_head=True),) * n, (model.params * 4,) * n)
+            plans.append(bench_plan(model, work, this_machine(s.device)))
     if not plans:
         from .errors import RecipeError
 

@@ -207,6 +207,21 @@ def test_run_plan(cli, tiny_llama, tiny_text, tmp_path, no_weights):
     assert [s.split(":")[1] for s in steps] == ["convert", "convert", "eval", "eval", "bench"] and not (tmp_path / "run").exists()
 
 
+def test_run_plan_counts_every_engine(cli, tiny_llama, tiny_text, tmp_path, no_weights):
+    """A suite that evaluates and benches on two engines (like recipes/demo.yaml) plans each engine's work."""
+    recipe = tmp_path / "suite.yaml"
+    recipe.write_text(f"model: {tiny_llama}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
+                      f"eval: {{texts: ['file:{tiny_text}'], engines: [transformers, llamacpp]}}\n"
+                      "bench: {engines: [compiled, llamacpp]}\n"
+                      "variants:\n  - recipe: " + str(REPO / "recipes" / "int4-w4a16-rtn.yaml") + "\n")
+    code, _, err, plan = cli("run", str(recipe), "--out", str(tmp_path / "run"), "--include-dir", str(REPO / "recipes"), "--plan", "--json")
+    assert code == 0, err
+    steps = [s.split(":")[1] for s in plan["time_breakdown"]]
+    assert steps == ["convert", "eval", "eval", "bench", "bench"]
+    compiled, llamacpp = (plan["time_breakdown"][k] for k in list(plan["time_breakdown"])[-2:])
+    assert compiled > llamacpp  # torch.compile's cost is the compiled engine's alone
+
+
 def test_float32_checkpoint_counts_four_bytes(cli, tiny_dir, tiny_text, tmp_path, no_weights):
     from fixtures import build_checkpoint
 
