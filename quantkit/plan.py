@@ -281,6 +281,12 @@ class BenchWork:
     reference_bytes: tuple[int, ...] = ()  # the self-check's reference load of each checkpoint (0: none)
 
 
+def reference_in_float32(float32_bytes: float, free_bytes: float) -> bool:
+    """The bench self-check's reference runs in float32 where that takes under a third of the
+    device's free memory, else in bfloat16 (bench/selfcheck.reference_dtype)."""
+    return 3 * float32_bytes < free_bytes
+
+
 def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     """Models are benchmarked one after another: the peak is the largest one loaded; the time is
     each one's load, its warm-ups and repeats of a prefill and `gen_len` decode steps."""
@@ -291,7 +297,7 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     # takes under a third of the free memory, else bfloat16 (bench/selfcheck.reference_dtype); on
     # the CPU beside the mapped checkpoint file (measured at 0.5B/1.2B: 0.95x of base + file +
     # float32 copy; docs/PERFORMANCE.md "Scale")
-    refs = [r if 3 * r < mc.device_free else r // 2 for r in (w.reference_bytes or (0,) * len(w.loaded_bytes))]
+    refs = [r if reference_in_float32(r, mc.device_free) else r // 2 for r in (w.reference_bytes or (0,) * len(w.loaded_bytes))]
     compiling = COMPILE_RSS if w.compile_s else 0
     held = max(max(loaded + ref, (1 + RETAINED) * loaded + kv + compiling) for loaded, ref in zip(w.loaded_bytes, refs))
     peak_ram = BASE_RSS["bench"] + (0 if on_device else held)

@@ -24,8 +24,8 @@ def export_gguf(runner, name: str, path: Path) -> dict | None:
     the llama.cpp self-check find the artifact); reused while the file matches the stored hash."""
     if "gguf" not in runner.recipe.export.formats:
         return None
-    from .bench.gguf_source import file_sha256
     from .gguf import GgufOptions
+    from .integrity import sha256_file
     from .gguf import export_gguf as export
     from .run import _key
 
@@ -33,7 +33,7 @@ def export_gguf(runner, name: str, path: Path) -> dict | None:
     key = _key("gguf", __version__, checkpoint_hash(path), GgufOptions().__dict__)
     hit = runner.cache.get(key)
     if (hit is not None and not runner.opts.rerun and out.is_file() and out.stat().st_size == hit.get("bytes")
-            and file_sha256(out) == hit.get("sha256")):
+            and sha256_file(out) == hit.get("sha256")):
         note(f"[{name}] export gguf: reusing {out}")
         return hit
     note(f"[{name}] export gguf")
@@ -59,9 +59,9 @@ def _sources(runner, engine: str, paths: dict[str, Path]) -> tuple[dict[str, Pat
 
 
 def _source_hash(path: Path) -> str:
-    from .bench.gguf_source import file_sha256
+    from .integrity import sha256_file
 
-    return file_sha256(path) if path.is_file() else checkpoint_hash(path)
+    return sha256_file(path) if path.is_file() else checkpoint_hash(path)
 
 
 def engine_settings(runner, engine: str):

@@ -30,7 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 PY = str(REPO / ".venv" / "bin" / "python")
 Q = [PY, "-m", "quantkit"]
 LOCK = "/tmp/qk-cpu.lock"
-THREADS = 2  # torch's threads on this machine: CPU seconds / THREADS = the wall time alone
 # name -> (how to get it, group size the model's widths allow: the demo's 576 columns are not a multiple of 128)
 MODELS = {"demo": ("demo", 64), "qwen2.5-0.5b": ("shape", 128), "llama3.2-1b": ("shape", 128)}
 
@@ -155,7 +154,7 @@ def run_model(name: str, args, work: Path, results: dict) -> None:
 def _run_model(name: str, args, work: Path, results: dict) -> None:
     kind, group = MODELS[name]
     src = model_path(name, kind, work)  # the demo from the usual cache; every command then gets a fresh QUANTKIT_HOME
-    # inductor's cache too: torch.compile on a cold cache starts worker processes (summed into the peak)
+    # inductor's cache too: a cold torch.compile adds 1.4-2.4 GB to bench's peak (docs "Scale")
     env = {**os.environ, "QUANTKIT_HOME": str(work / "home" / name), "TORCHINDUCTOR_CACHE_DIR": str(work / "home" / name / "inductor")}
     shutil.rmtree(env["QUANTKIT_HOME"], ignore_errors=True)
     art = work / "artifacts" / name
@@ -203,16 +202,11 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/qk-scale"), help="models, artifacts and caches (kept for re-runs)")
     ap.add_argument("--plot-only", action="store_true", help="only redraw the plot from --out")
     ap.add_argument("--replan", action="store_true", help="re-run --plan for the recorded steps (no measurements)")
-    ap.add_argument("--alone", help="with --replan: also plan with these probe figures (JSON: read_bps, bf16_flops, fp32_flops) "
-                    "measured on the machine alone, compared with CPU seconds / threads")
     ap.add_argument("--memory-only", action="store_true", help="run without the CPU lock at nice 19: peak memory only, times not reported")
-    ap.add_argument("--plans-only", action="store_true", help="only --plan every step (JSON 'plans'), nothing measured")
     ap.add_argument("--markdown", action="store_true", help="print the docs tables (with --plot-only: no measurements)")
     args = ap.parse_args()
     results = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    if args.plans_only:
-        plans_only(results, args)
-    elif not args.plot_only and not args.replan:
+    if not args.plot_only and not args.replan:
         args.text = str(Path(args.text).resolve())
         results.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "quantkit": git_version(),
                                                "models": args.models, "steps": args.steps, "cpus": os.cpu_count()})
@@ -227,36 +221,6 @@ def main() -> None:
     print(markdown(results) if args.markdown else table(results))
 
 
-def plans_only(results: dict, args) -> None:
-    """`--plan` of every step of every model, nothing measured (for the sizes a session had no time
-    to run); with --alone, from those probe figures instead of a probe now."""
-    args.text = str(Path(args.text).resolve())
-    env = {**os.environ, **({"QUANTKIT_PLAN_PROBE": args.alone} if args.alone else {})}
-    for name in args.models:
-        kind, group = MODELS[name]
-        src = model_path(name, kind, args.work)
-        entry = results.setdefault("plans", {}).setdefault(name, {})
-        for step, cmd in commands(name, src, group, args.text, args.work / "artifacts" / name, args).items():
-            if not args.steps or step in args.steps:
-                entry[step] = {"cmd": " ".join(plan_command(cmd)), "samples": args.samples, "seq_len": args.seq_len,
-                               "plan": plan(plan_command(cmd), {**env, "QUANTKIT_HOME": str(args.work / "home" / f"plan-{name}")})}
-                print(f"[{name}] {step}: {entry[step]['plan'].get('seconds')} s, {entry[step]['plan'].get('peak_ram')} B", file=sys.stderr)
-
-
-def plans_table(results: dict) -> str:
-    lines = ["| model | step | calib tokens | predicted peak RAM GB | predicted time alone | fits | offload |", "|---|---|---|---|---|---|---|"]
-    for name, steps in results.get("plans", {}).items():
-        for step, r in steps.items():
-            p = r["plan"]
-            if "seconds" not in p:
-                lines.append(f"| {name} | {step} | | {p.get('error', '?')} | | | |")
-                continue
-            tokens = (2 if step.endswith("2x") else 1) * r["samples"] * r["seq_len"] if "gptq" in step else "—"
-            lines.append(f"| {name} | {step} | {tokens} | {p['peak_ram'] / 1e9:.2f} | {p['seconds'] / 60:.1f} min | "
-                         f"{'yes' if p['fits'] else 'no'} | {'yes' if p['offload'] else 'no'} |")
-    return "\n".join(lines)
-
-
 def replan(results: dict, args) -> None:
     """Re-run `--plan` for every recorded step with the device figures its first plan probed
     under the lock, just before the measurement (QUANTKIT_PLAN_PROBE); the measurements are kept."""
@@ -269,8 +233,6 @@ def replan(results: dict, args) -> None:
             env = {**os.environ, "QUANTKIT_HOME": str(args.work / "home" / name), "QUANTKIT_PLAN_PROBE": json.dumps(figures)}
             row.setdefault("first_plan", first)
             row["plan"] = plan(plan_command(row["cmd"].split(" ")), env)
-            if args.alone:  # the same plan with figures probed on the machine alone, against CPU seconds / THREADS
-                row["plan_alone"] = plan(plan_command(row["cmd"].split(" ")), {**env, "QUANTKIT_PLAN_PROBE": args.alone})
 
 
 def rows(results: dict) -> list[dict]:
@@ -285,7 +247,7 @@ def rows(results: dict) -> list[dict]:
             out.append({"model": name, "step": step, "params": params, "wall_s": r["wall_s"], "peak_mb": r["peak_rss_mb"],
                         "pred_s": plan.get("seconds"), "pred_mb": plan["peak_ram"] / 1e6 if plan.get("peak_ram") else None,
                         "load": r.get("load_before"), "cpu_s": r.get("cpu_s"), "tokens": r.get("calib_tokens") or 0,
-                        "alone_s": (r.get("plan_alone") or {}).get("seconds"), "timed": r.get("timed", True)})
+                        "timed": r.get("timed", True)})
     return out
 
 
@@ -302,11 +264,6 @@ def table(results: dict) -> str:
         cpu = f"{r['cpu_s']:.0f}" if r.get("cpu_s") else "—"
         lines.append(f"| {r['model']} | {r['params'] / 1e9:.3f} B | {r['step']} | {r['tokens'] or '—'} | {r['wall_s']:.0f} | {cpu} | "
                      f"{r['load'] or 0:.1f} | {r['pred_s'] or 0:.0f} | {ts} | {r['peak_mb']:.0f} | {r['pred_mb'] or 0:.0f} | {ms} |")
-    alone = [r for r in rows(results) if r.get("alone_s") and r.get("cpu_s")]
-    if alone:
-        lines += ["", "| model | step | CPU s / 2 (alone) | predicted alone s | ratio |", "|---|---|---|---|---|"]
-        for r in alone:
-            lines.append(f"| {r['model']} | {r['step']} | {r['cpu_s'] / THREADS:.0f} | {r['alone_s']:.0f} | {r['alone_s'] / (r['cpu_s'] / THREADS):.2f} |")
     return "\n".join(lines)
 
 
@@ -388,15 +345,12 @@ def markdown(results: dict) -> str:
         f = rc["fit"]
         fits.append(f"- {rc['model']}: TPOT = {f.get('overhead_ms') or 0:.1f} ms + bytes / {f.get('effective_gbps') or 0:.1f} GB/s, "
                     f"R² {f.get('r2') if f.get('r2') is not None else float('nan'):.3f} ({f.get('points')} points)")
-    if results.get("plans"):
-        parts += ["", "Predicted by `--plan` only (not measured):", "", plans_table(results)]
     return "\n".join(parts + [""] + fits)
 
 
 def plot(results: dict, path: Path) -> None:
     """Time and peak RSS of each step against parameters (log-log): measured (o, solid; a
-    --memory-only run has no time), predicted by --plan just before it (x), and `--plans-only`
-    predictions for what was not run (+, dotted)."""
+    --memory-only run has no time) and predicted by --plan just before it (x)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -406,27 +360,20 @@ def plot(results: dict, path: Path) -> None:
     if not data:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
-    series = sorted({(r["step"], "quiet" in r["model"]) for r in data})
-    for step, quiet in series:
-        pts = sorted((r for r in data if r["step"] == step and ("quiet" in r["model"]) == quiet), key=lambda r: r["params"])
-        label = f"{step}{' (quiet machine, 12:03)' if quiet else ''}"
+    for step in sorted({r["step"] for r in data}):
+        pts = sorted((r for r in data if r["step"] == step), key=lambda r: r["params"])
+        label = step
         for ax, key, pred in ((axes[0], "wall_s", "pred_s"), (axes[1], "peak_mb", "pred_mb")):
             shown = [r for r in pts if r["timed"] or key != "wall_s"]
             if not shown:
                 continue
             line, = ax.plot([r["params"] / 1e9 for r in shown], [r[key] for r in shown], "o-", label=label)
             ax.plot([r["params"] / 1e9 for r in shown], [r[pred] or float("nan") for r in shown], "x--", color=line.get_color(), alpha=0.7)
-    for step in sorted({st for steps in results.get("plans", {}).values() for st in steps}):
-        pts = sorted(((steps[step]["plan"]["model"]["params"] / 1e9, steps[step]["plan"]) for steps in results["plans"].values()
-                      if step in steps and "seconds" in steps[step]["plan"]))
-        if pts:
-            axes[0].plot([x for x, _ in pts], [p["seconds"] for _, p in pts], "+:", label=f"{step}: --plan only (machine alone)")
-            axes[1].plot([x for x, _ in pts], [p["peak_ram"] / 1e6 for _, p in pts], "+:", label=f"{step}: --plan only")
     for ax, title in ((axes[0], "time (s)"), (axes[1], "peak RSS (MB)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("parameters (B)")
-        ax.set_title(title + ": measured (o), --plan before it (x), --plan only (+)", fontsize=9)
+        ax.set_title(title + ": measured (o), --plan before it (x)", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("quantkit cost against model size (2 shared CPU cores; 0.5B/1.2B: random weights, real shapes)", fontsize=10)

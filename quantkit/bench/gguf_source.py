@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ModelError, QuantkitError
-from ..integrity import sha256_file as file_sha256  # noqa: F401  (run_engines, evals.gguf import it from here)
+from ..integrity import sha256_file
 
 EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"
@@ -119,7 +119,7 @@ def _record(gguf: Path) -> dict | None:
 def _record_matches(gguf: Path, rec: dict | None) -> bool:
     """The export record describes this very file (size, then sha256)."""
     return bool(rec and isinstance(rec.get("sha256"), str) and rec.get("bytes") == gguf.stat().st_size
-                and file_sha256(gguf) == rec["sha256"])
+                and sha256_file(gguf) == rec["sha256"])
 
 
 def reference_source(source) -> tuple[Path | None, str | None]:

@@ -66,10 +66,11 @@ def compare(ref, eng, threshold: float = THRESHOLD, partial: bool = False) -> di
 def reference_dtype(cfg: dict, device) -> str:
     """float32 where the dequantized model fits in a third of the free memory, else bfloat16."""
     from .. import device as devices
+    from ..plan import reference_in_float32
     from ..roofline import Shape
 
     params = Shape.from_config(cfg.get("text_config", cfg)).total_params()
-    return "float32" if params * 4 * 3 < devices.free_bytes(device) else "bfloat16"
+    return "float32" if reference_in_float32(params * 4, devices.free_bytes(device)) else "bfloat16"
 
 
 def reference_logprobs(path, ids: list[int], prompt_len: int, device, cfg: dict):
