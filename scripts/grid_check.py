@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Do a checkpoint's linear weights still lie on a 4-bit grid, as they are and after a rotation?
+
+The demo is built from a Q4_1 GGUF (w = d*u + m per block of 32, float minimum m), so its weights
+sit exactly on that grid and a quantizer that re-finds it looks better than it is. A dense
+rotation of the input dimension (what SpinQuant's R1 does before quantization) mixes every block,
+and a rotated weight should then quantize like Gaussian weights of the same row spread. This
+prints the mean relative round-to-nearest error ||Q(W) - W|| / ||W|| over the decoder-layer
+linears for: Q4_1's grid (group 32, float minimum), asymmetric INT4 with an integer zero point
+(compressed-tensors', groups 32 and 64) and symmetric INT4 (group 64), each for the weights as
+they are, after a random orthogonal rotation of the input dimension, and for Gaussian weights
+with each row's standard deviation.
+
+  .venv/bin/python scripts/grid_check.py --model demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# name -> (group, kind); kind: "float-min" (Q4_1), "asym" (integer zero point), "sym"
+GRIDS = {"Q4_1 g32 (float minimum)": (32, "float-min"), "asym g32 (integer zero)": (32, "asym"),
+         "asym g64": (64, "asym"), "sym g64": (64, "sym")}
+
+
+def rtn_relative_error(w: torch.Tensor, group: int, kind: str) -> float:
+    rows, cols = w.shape
+    g = w.reshape(rows, cols // group, group)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    if kind == "float-min":
+        d = ((hi - lo) / 15).clamp_min(1e-12)
+        q = ((g - lo) / d).round().clamp(0, 15) * d + lo
+    elif kind == "asym":
+        s = ((hi - lo) / 15).clamp_min(1e-12)
+        z = (-lo / s).round()
+        q = ((g / s).round() + z).clamp(0, 15).sub(z) * s
+    else:
+        s = (g.abs().amax(-1, keepdim=True) / 7.5).clamp_min(1e-12)
+        q = (g / s).round().clamp(-8, 7) * s
+    return ((q - g).norm() / g.norm()).item()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="demo", help="a model directory or quantkit's name for one")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    from safetensors.torch import load_file
+
+    from quantkit.models import resolve_model
+
+    gen = torch.Generator().manual_seed(args.seed)
+    path = resolve_model(args.model, pull=False)
+    weights = {}
+    for f in sorted(path.glob("*.safetensors")):
+        weights.update({k: v for k, v in load_file(f).items() if ".layers." in k and k.endswith("proj.weight")})
+    rotations: dict[int, torch.Tensor] = {}
+    errors: dict[tuple[str, str], list[float]] = {}
+    for w in weights.values():
+        w = w.float()
+        cols = w.shape[1]
+        if cols not in rotations:
+            rotations[cols] = torch.linalg.qr(torch.randn(cols, cols, dtype=torch.float64, generator=gen))[0].float()
+        variants = {"as is": w, "rotated": w @ rotations[cols],
+                    "Gaussian": torch.randn(w.shape, generator=gen) * w.std(dim=1, keepdim=True)}
+        for label, m in variants.items():
+            for grid, (group, kind) in GRIDS.items():
+                if cols % group == 0:
+                    errors.setdefault((label, grid), []).append(rtn_relative_error(m, group, kind))
+    print(f"{path}: {len(weights)} decoder-layer linears; mean relative RTN error ||Q(W) - W|| / ||W||")
+    print("| weights | " + " | ".join(GRIDS) + " |\n|---|" + "---|" * len(GRIDS))
+    for label in ("as is", "rotated", "Gaussian"):
+        cells = [errors.get((label, g)) for g in GRIDS]
+        print(f"| {label} | " + " | ".join(f"{sum(c) / len(c):.4f}" if c else "n/a" for c in cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
