@@ -60,14 +60,14 @@ def overrides(picked: list[dict], layers_path: str = "model.layers") -> list[dic
     return out
 
 
-def fake_int4(w, group: int):
-    """RTN INT4, symmetric, per group: compressed-tensors' own min-max qparams and fake quantizer."""
+def fake_int4(w, group: int, symmetric: bool = True):
+    """RTN INT4 per group: compressed-tensors' own min-max qparams and fake quantizer."""
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
     from compressed_tensors.quantization.utils import calculate_qparams
 
     from .methods.llmc import weight_args
 
-    args = weight_args(4, group, True)
+    args = weight_args(4, group, symmetric)
     g = w.float().reshape(w.shape[0], -1, group)
     scale, zp = calculate_qparams(g.amin(-1), g.amax(-1), args)
     return fake_quantize(w.float(), scale, zp, args).to(w.dtype)

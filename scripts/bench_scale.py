@@ -362,12 +362,11 @@ def plot(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     for step in sorted({r["step"] for r in data}):
         pts = sorted((r for r in data if r["step"] == step), key=lambda r: r["params"])
-        label = step
         for ax, key, pred in ((axes[0], "wall_s", "pred_s"), (axes[1], "peak_mb", "pred_mb")):
             shown = [r for r in pts if r["timed"] or key != "wall_s"]
             if not shown:
                 continue
-            line, = ax.plot([r["params"] / 1e9 for r in shown], [r[key] for r in shown], "o-", label=label)
+            line, = ax.plot([r["params"] / 1e9 for r in shown], [r[key] for r in shown], "o-", label=step)
             ax.plot([r["params"] / 1e9 for r in shown], [r[pred] or float("nan") for r in shown], "x--", color=line.get_color(), alpha=0.7)
     for ax, title in ((axes[0], "time (s)"), (axes[1], "peak RSS (MB)")):
         ax.set_xscale("log")

@@ -24,26 +24,28 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# name -> (group, kind); kind: "float-min" (Q4_1), "asym" (integer zero point), "sym"
+from quantkit._quiet import quiet_libraries  # noqa: E402
+
+quiet_libraries()  # as the CLI does: no third-party import chatter
+from quantkit.sensitivity import fake_int4  # noqa: E402
+
+# name -> (group, kind); kind: "float-min" (Q4_1: group 32 only), "asym" (integer zero point), "sym"
 GRIDS = {"Q4_1 g32 (float minimum)": (32, "float-min"), "asym g32 (integer zero)": (32, "asym"),
          "asym g64": (64, "asym"), "sym g64": (64, "sym")}
 
 
 def rtn_relative_error(w: torch.Tensor, group: int, kind: str) -> float:
-    rows, cols = w.shape
-    g = w.reshape(rows, cols // group, group)
-    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    """Round to nearest on a grid: Q4_1 through gguf-py's own quantizer (llama.cpp's reference),
+    the INT4 grids through compressed-tensors' min-max qparams and fake quantizer."""
     if kind == "float-min":
-        d = ((hi - lo) / 15).clamp_min(1e-12)
-        q = ((g - lo) / d).round().clamp(0, 15) * d + lo
-    elif kind == "asym":
-        s = ((hi - lo) / 15).clamp_min(1e-12)
-        z = (-lo / s).round()
-        q = ((g / s).round() + z).clamp(0, 15).sub(z) * s
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize, quantize
+
+        x = w.float().numpy()
+        q = torch.from_numpy(dequantize(quantize(x, GGMLQuantizationType.Q4_1), GGMLQuantizationType.Q4_1))
     else:
-        s = (g.abs().amax(-1, keepdim=True) / 7.5).clamp_min(1e-12)
-        q = (g / s).round().clamp(-8, 7) * s
-    return ((q - g).norm() / g.norm()).item()
+        q = fake_int4(w.float(), group, symmetric=kind == "sym")
+    return ((q - w).norm() / w.norm()).item()
 
 
 def main() -> None:

@@ -14,8 +14,9 @@ import grid_check  # noqa: E402
 def on_q4_1_grid() -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
     rows, blocks = 64, 8
-    d = torch.rand(rows, blocks, 1, generator=g) * 0.01 + 0.001
-    m = -torch.rand(rows, blocks, 1, generator=g) * 0.1
+    # Q4_1 stores each block's d and m as fp16
+    d = (torch.rand(rows, blocks, 1, generator=g) * 0.01 + 0.001).half().float()
+    m = (-torch.rand(rows, blocks, 1, generator=g) * 0.1).half().float()
     u = torch.randint(0, 16, (rows, blocks, 32), generator=g).float()
     u[..., 0], u[..., 1] = 0, 15  # llama.cpp's Q4_1 puts each block's extremes on levels 0 and 15
     return (d * u + m).reshape(rows, blocks * 32)
