@@ -2,7 +2,7 @@
 
 For every decoder layer and each unit vLLM serves as one kernel (q/k/v fused as qkv_proj,
 gate/up as gate_up_proj, o_proj, down_proj), fake-quantize that unit alone to INT4 (RTN,
-symmetric, group G, compressed-tensors' own quantizer) and measure the mean KL against the FP
+symmetric or asymmetric, group G, compressed-tensors' own quantizer) and measure the mean KL against the FP
 model on calibration windows. A greedy pick by KL per extra bit then fills a bits-per-weight
 budget with 8-bit units and writes the `overrides:` block for a recipe. Units are never split:
 vLLM refuses a fused layer whose shards have different schemes (preflight.check_fused_shards).
@@ -21,9 +21,10 @@ UNITS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def int4_bits(group_size: int) -> float:
-    """INT4 with one 16-bit scale per group (symmetric: no zero points)."""
-    return 4 + 16 / group_size
+def int4_bits(group_size: int, symmetric: bool = True) -> float:
+    """INT4 with one 16-bit scale per group, and one 4-bit zero point per group when asymmetric
+    (compressed-tensors packs the zero points at the weights' bit width)."""
+    return 4 + 16 / group_size + (0 if symmetric else 4 / group_size)
 
 
 def int8_bits(in_features: int) -> float:
@@ -31,12 +32,13 @@ def int8_bits(in_features: int) -> float:
     return 8 + 16 / in_features
 
 
-def greedy_pick(results: list[dict], n_weights: int, group_size: int, budget: float) -> tuple[list[dict], float]:
+def greedy_pick(results: list[dict], n_weights: int, group_size: int, budget: float,
+                symmetric: bool = True) -> tuple[list[dict], float]:
     """Units to raise to INT8, highest KL per weight first, while the average stays within `budget`.
 
     `results`: dicts with "kl", "weights" (the unit's weight count) and "in_features". Returns the
     picked units and the resulting bits per weight over all `n_weights` (ties: lower layer first)."""
-    base = int4_bits(group_size)
+    base = int4_bits(group_size, symmetric)
     spare = (budget - base) * n_weights
     picked, used = [], 0.0
     for r in sorted(results, key=lambda r: (-r["kl"] / r["weights"], r["layer"], r["unit"])):
@@ -99,7 +101,7 @@ def check_group(layers, group: int) -> None:
         raise QuantkitError(f"--group {group} does not divide the {bad[0]} input columns of this model's linears")
 
 
-def unit_kls(model, rows, units: list[str], group: int, progress=None) -> list[dict]:
+def unit_kls(model, rows, units: list[str], group: int, progress=None, symmetric: bool = True) -> list[dict]:
     """KL of each (layer, unit) quantized alone, against the unquantized model, on token rows."""
     import torch
 
@@ -118,7 +120,7 @@ def unit_kls(model, rows, units: list[str], group: int, progress=None) -> list[d
             mods = [layer.get_submodule(f"{parent}.{m}") for m in members]
             saved = [m.weight.data for m in mods]
             for m in mods:
-                m.weight.data = fake_int4(m.weight.data, group)
+                m.weight.data = fake_int4(m.weight.data, group, symmetric)
             kl = float(kl_full(ref, logp()).mean())
             for m, w in zip(mods, saved):
                 m.weight.data = w

@@ -23,6 +23,19 @@ def test_greedy_pick_by_kl_per_weight_within_the_budget():
     assert [(r["layer"], r["unit"]) for r in picked] == [(0, "qkv"), (2, "o")] and bpw <= 6.0
 
 
+def test_asymmetric_int4_counts_its_zero_points_in_the_budget():
+    """A 4-bit zero point per group: g64 asymmetric is 4.3125 bits/weight, leaving less room for INT8."""
+    from quantkit.sensitivity import greedy_pick, int4_bits
+
+    assert int4_bits(64, symmetric=False) == 4.3125 and int4_bits(32, symmetric=False) == 4.625
+    results = [{"layer": 0, "unit": "o", "weights": 600, "in_features": 512, "kl": 0.004}]
+    # (8.03125 - 4.25) * 600 = 2268.75 bits fit in 0.25 * 10000 = 2500; (8.03125 - 4.3125) * 600 = 2231.25
+    # do not fit in (4.5 - 4.3125) * 10000 = 1875
+    assert len(greedy_pick(results, 10_000, 64, 4.5)[0]) == 1
+    picked, bpw = greedy_pick(results, 10_000, 64, 4.5, symmetric=False)
+    assert picked == [] and bpw == 4.3125
+
+
 def test_overrides_keep_fused_units_whole(tiny_llama):
     """Pasted into a recipe, the printed overrides validate and pass the vLLM fused-shard check."""
     from quantkit.models import read_config
@@ -57,8 +70,22 @@ def test_cli_json_ranks_every_unit_and_fills_the_budget(cli, tiny_llama, tiny_te
     assert block["overrides"][0]["bits"] == 8 and "(q_proj|k_proj|v_proj)$" in block["overrides"][0]["targets"][0]
 
 
+def test_cli_asymmetric_rounds_and_budgets_with_zero_points(cli, tiny_llama, tiny_text):
+    base = ("sensitivity", str(tiny_llama), "--budget", "4.6", "--text", f"file:{tiny_text}", "--windows", "2", "--seq-len", "64", "--json")
+    code, _, err, sym = cli(*base)
+    assert code == 0, err
+    code, _, err, asym = cli(*base, "--asymmetric")
+    assert code == 0, err
+    assert sym["symmetric"] is True and asym["symmetric"] is False
+    assert 4.3125 <= asym["bits_per_weight"] <= 4.6
+    # a zero point changes every unit's rounding, so the KLs differ from the symmetric ranking's
+    kl = {(r["layer"], r["unit"]): r["kl"] for r in sym["ranking"]}
+    assert all(r["kl"] != kl[(r["layer"], r["unit"])] for r in asym["ranking"])
+
+
 @pytest.mark.parametrize("args,message", [
     (("--budget", "4.0"), "--budget 4.0: between 4.25"),
+    (("--budget", "4.3", "--asymmetric"), "--budget 4.3: between 4.3125 (every unit INT4 g64 asymmetric)"),
     (("--budget", "4.5", "--units", "qkv,mlp"), "--units 'qkv,mlp'"),
     (("--budget", "4.5", "--group", "48"), "--group 48"),
     (("--budget", "4.5", "--text", "file:/nonexistent/x.txt"), "no such text file"),

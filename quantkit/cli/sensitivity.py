@@ -19,7 +19,7 @@ def _units(text: str) -> list[str]:
     return list(dict.fromkeys(units))
 
 
-def _check_model(src, group: int, budget: float, trust_remote_code: bool):
+def _check_model(src, group: int, budget: float, trust_remote_code: bool, symmetric: bool = True):
     """On the meta skeleton, before loading: Llama-style layers, the group divides every width, a sane budget."""
     from ..errors import QuantkitError
     from ..models import read_config
@@ -28,12 +28,14 @@ def _check_model(src, group: int, budget: float, trust_remote_code: bool):
 
     layers = decoder_layers(meta_model(read_config(src), trust_remote_code))
     check_group(layers, group)
-    if not int4_bits(group) <= budget <= 16:
-        raise QuantkitError(f"--budget {budget}: between {int4_bits(group):g} (every unit INT4 g{group}) and 16 bits per weight")
+    base = int4_bits(group, symmetric)
+    if not base <= budget <= 16:
+        kind = "" if symmetric else " asymmetric"
+        raise QuantkitError(f"--budget {budget}: between {base:g} (every unit INT4 g{group}{kind}) and 16 bits per weight")
 
 
 def analyse(model_ref: str, text: str, budget: float, units: list[str], group: int, windows: int, seq_len: int,
-            seed: int, trust_remote_code: bool, device_spec: str = "auto", dtype: str = "float32") -> dict:
+            seed: int, trust_remote_code: bool, device_spec: str = "auto", dtype: str = "float32", symmetric: bool = True) -> dict:
     from .. import calib
     from ..device import resolve
     from ..models import checkpoint_hash, load_model, load_tokenizer, resolve_model
@@ -42,7 +44,7 @@ def analyse(model_ref: str, text: str, budget: float, units: list[str], group: i
 
     device = resolve(device_spec)  # an unavailable device: one line, before anything loads
     src = resolve_model(model_ref)
-    _check_model(src, group, budget, trust_remote_code)
+    _check_model(src, group, budget, trust_remote_code, symmetric)
     calib.check_source(text, "--text")
     tok = load_tokenizer(src)
     model = load_model(src, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
@@ -54,9 +56,11 @@ def analyse(model_ref: str, text: str, budget: float, units: list[str], group: i
     rows = torch.cat(cs.samples).to(device)
     layers = decoder_layers(model)
     with bar("sensitivity", total=len(layers)) as update:
-        results = unit_kls(model, rows, units, group, progress=lambda i, unit, kl: update(i + 1, f"sensitivity: layer {i + 1}/{len(layers)} {unit}"))
-    picked, bpw = greedy_pick(results, all_unit_weights(layers), group, budget)
-    return {"model": str(src), "text": cs.manifest, "device": str(device), "dtype": dtype, "group_size": group, "budget": budget, "units": units,
+        results = unit_kls(model, rows, units, group, symmetric=symmetric,
+                           progress=lambda i, unit, kl: update(i + 1, f"sensitivity: layer {i + 1}/{len(layers)} {unit}"))
+    picked, bpw = greedy_pick(results, all_unit_weights(layers), group, budget, symmetric)
+    return {"model": str(src), "text": cs.manifest, "device": str(device), "dtype": dtype, "group_size": group, "symmetric": symmetric,
+            "budget": budget, "units": units,
             "ranking": sorted(results, key=lambda r: (-r["kl"], r["layer"], r["unit"])),
             "picked": [{"layer": r["layer"], "unit": r["unit"]} for r in picked], "bits_per_weight": bpw,
             "overrides": overrides(picked)}
@@ -66,7 +70,8 @@ def render(out: dict, top: int) -> str:
     import yaml
 
     t = out["text"]
-    lines = [f"INT4 RTN g{out['group_size']} sensitivity of {out['model']}: mean KL against the model itself, "
+    kind = "" if out["symmetric"] else " asymmetric"
+    lines = [f"INT4 RTN g{out['group_size']}{kind} sensitivity of {out['model']}: mean KL against the model itself, "
              f"{t.get('samples')} x {t.get('seq_len')} tokens of {t.get('source')} ({t.get('region', 'second-half')})",
              f"{'rank':>4}  {'layer':>5}  {'unit':<8}  {'KL':>8}  {'weights':>9}"]
     for i, r in enumerate(out["ranking"][:top], 1):
@@ -82,10 +87,12 @@ def render(out: dict, top: int) -> str:
 
 @click.command("sensitivity")
 @click.argument("model")
-@click.option("--budget", type=float, required=True, help="Average bits per weight over the decoder linears (all INT4 g64: 4.25).")
+@click.option("--budget", type=float, required=True, help="Average bits per weight over the decoder linears (all INT4 g64: 4.25; asymmetric: 4.3125).")
 @click.option("--text", "text", required=True, help="Calibration text SPEC (file:PATH, set:NAME, mix:NAME, hf:..., self); its second half is read.")
 @click.option("--units", "units_text", default=",".join(UNIT_NAMES), show_default=True, help="Candidate units (vLLM's fused kernels).")
 @click.option("--group", default=64, show_default=True, type=int, help="INT4 group size the recipe will use.")
+@click.option("--asymmetric", is_flag=True, help="The recipe's INT4 is asymmetric (symmetric: false): round with a zero point, "
+              "and count its 4 bits per group in the budget.")
 @click.option("--windows", default=4, show_default=True, type=click.IntRange(1, 1024), help="Calibration windows.")
 @click.option("--seq-len", default=512, show_default=True, type=click.IntRange(8, 1 << 16))
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -95,14 +102,16 @@ def render(out: dict, top: int) -> str:
               help="Precision of the model and of its reference logits (bfloat16 halves the memory of a large model).")
 @click.option("--trust-remote-code", is_flag=True)
 @json_option
-def sensitivity_cmd(model, budget, text, units_text, group, windows, seq_len, seed, top, device_spec, dtype, trust_remote_code, as_json):
+def sensitivity_cmd(model, budget, text, units_text, group, asymmetric, windows, seq_len, seed, top, device_spec, dtype, trust_remote_code,
+                    as_json):
     """Rank each layer's q/k/v, o, gate/up and down by the KL their INT4 rounding costs, and print
     the recipe `overrides:` that keep the most sensitive at INT8 within --budget bits per weight."""
     from ..errors import QuantkitError
 
     if group not in (32, 64, 128):
         raise QuantkitError(f"--group {group}: one of 32, 64, 128")
-    out = analyse(model, text, budget, _units(units_text), group, windows, seq_len, seed, trust_remote_code, device_spec, dtype)
+    out = analyse(model, text, budget, _units(units_text), group, windows, seq_len, seed, trust_remote_code, device_spec, dtype,
+                  symmetric=not asymmetric)
     if as_json:
         echo_json(out)
     else:
