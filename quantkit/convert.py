@@ -45,7 +45,8 @@ def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
 
 def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool, src: Path | None = None):
     """Checks on the model's skeleton (meta device, no memory); returns the skeleton."""
-    from .preflight import check_fused_shards, check_group_sizes, check_quantizes_something, meta_model, quantizable_linears
+    from .preflight import (check_fused_shards, check_group_sizes, check_overrides_match, check_quantizes_something, meta_model,
+                            quantizable_linears)
 
     if not variant.steps:
         raise RecipeError(f"{key}: variant {variant.name!r} has no steps; there is nothing to convert (it is the baseline)")
@@ -61,6 +62,7 @@ def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool, sr
         if step.quantize is not None and step.quantize.method not in ("bnb-nf4", "bnb-int8"):
             if getattr(step.quantize, "group_size", None) is not None:
                 check_group_sizes(quantizable_linears(skeleton, step.quantize.ignore), step.quantize, f"{key}[{i}].quantize")
+            check_overrides_match(quantizable_linears(skeleton, step.quantize.ignore), step.quantize, f"{key}[{i}].quantize")
             check_fused_shards(skeleton, step.quantize, f"{key}[{i}].quantize")
     return skeleton
 

@@ -73,6 +73,19 @@ def test_fused_shards_need_one_scheme(cli, tiny_llama, tiny_text, tmp_path):
     assert code == 0, err
 
 
+def test_override_matching_no_layer_is_refused(cli, tiny_llama, tiny_text, tmp_path):
+    """A layer list written for a deeper model, or a typo: one line, exit 2, before loading, nothing at --out."""
+    for target in ("model\\.layers\\.(7|9)\\.self_attn\\.(q_proj|k_proj|v_proj)$", ".*mlp\\.dwn_proj$"):
+        code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "x", tiny_text,
+                                  "--set", f"steps[0].quantize.overrides=[{{targets: ['{target}'], bits: 8, group_size: -1}}]")
+        assert code == 2 and "steps[0].quantize.overrides[0]: target" in err and "matches no quantized linear layer" in err, err
+        assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+    # a target that matches some layers passes, even when others in its list do not exist here
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "y", tiny_text, "--set",
+                              "steps[0].quantize.overrides=[{targets: ['model\\.layers\\.(1|29)\\.self_attn\\.(q_proj|k_proj|v_proj)$'], bits: 8}]")
+    assert code == 0, err
+
+
 def test_calibration_manifest(cli, tiny_llama, tiny_text, tmp_path):
     code, _, err, data = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, tmp_path / "a", tiny_text)
     assert code == 0, err
