@@ -21,6 +21,7 @@ def convert(cli, recipe, model, out, text, *extra):
     ("int8-w8a16-gptq", "compressed-tensors", 8),
     ("int4-w4a16-awq", "compressed-tensors", 4),
     ("int4-w4a16-awq-gptq-mixed", "compressed-tensors", 4),  # AWQ, then GPTQ, with an INT8 override (layer 1's q/k/v)
+    ("int4-w4a16-spinquant-gptq-asym-mixed", "compressed-tensors", 4),  # rotations, asymmetric GPTQ, INT8 q/k/v of layer 1
     ("int8-w8a8-smoothquant", "compressed-tensors", 8),
     ("bnb-nf4", "bitsandbytes", 4),
     ("bnb-int8", "bitsandbytes", 8),
