@@ -32,7 +32,8 @@ def _spurious_unmatched_target(record: logging.LogRecord) -> bool:
     of the config's targets to match a module (it `break`s there), so loading any mixed-precision
     artifact ("Linear", then the overrides' "re:..." targets) warns "Could not match `re:...`" for
     overrides that did apply. quantkit checks at convert time that every override matches a layer
-    (preflight.check_overrides_match), so the warning says nothing about its artifacts."""
+    (preflight.check_overrides_match), so for its artifacts the warning says nothing; for a
+    third-party artifact it could be a real miss, which --debug shows."""
     return not record.getMessage().startswith("Could not match `")
 
 

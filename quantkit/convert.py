@@ -60,9 +60,10 @@ def preflight(cfg: dict, variant: Variant, key: str, trust_remote_code: bool, sr
         if step.quantize is not None:
             check_quantizes_something(skeleton, step.quantize, f"{key}[{i}].quantize")
         if step.quantize is not None and step.quantize.method not in ("bnb-nf4", "bnb-int8"):
+            linears = quantizable_linears(skeleton, step.quantize.ignore)
             if getattr(step.quantize, "group_size", None) is not None:
-                check_group_sizes(quantizable_linears(skeleton, step.quantize.ignore), step.quantize, f"{key}[{i}].quantize")
-            check_overrides_match(quantizable_linears(skeleton, step.quantize.ignore), step.quantize, f"{key}[{i}].quantize")
+                check_group_sizes(linears, step.quantize, f"{key}[{i}].quantize")
+            check_overrides_match(linears, step.quantize, f"{key}[{i}].quantize")
             check_fused_shards(skeleton, step.quantize, f"{key}[{i}].quantize")
     return skeleton
 

@@ -77,12 +77,13 @@ def check_quantizes_something(model, cfg, key: str) -> None:
 
 def check_overrides_match(linears: dict[str, tuple[int, int]], cfg, key: str) -> None:
     """An override target that matches no quantized linear would leave the layers it names at the
-    base scheme without a word (a typo, or a layer list written for a deeper model)."""
+    base scheme without a word (a typo, or a layer list none of whose layers this model has). A
+    target is one regex: an alternation that matches some of its layers passes."""
     for j, ov in enumerate(getattr(cfg, "overrides", ())):
         for t in ov.targets:
             if not any(re.match(t, name) for name in linears):
                 raise RecipeError(f"{key}.overrides[{j}]: target {t!r} matches no quantized linear layer of this model "
-                                  "(`quantkit sensitivity MODEL --budget BITS` prints overrides for it)")
+                                  "(`quantkit sensitivity MODEL --budget BITS --text SPEC` prints overrides for it)")
 
 
 def _override_for(name: str, overrides) -> object | None:

@@ -43,6 +43,15 @@ def test_each_method_converts_and_verifies(cli, tiny_llama, tiny_text, tmp_path,
     card = (out / "README.md").read_text()
     assert "base_model_relation: quantized" in card and "library_name: transformers" in card
     assert not list(tmp_path.glob(".art.partial-*"))
+    if recipe == "int4-w4a16-spinquant-gptq-asym-mixed":  # asymmetric INT4 with zero points, INT8 q/k/v kept
+        groups = cfg["quantization_config"]["config_groups"]
+        assert groups["group_0"]["weights"]["symmetric"] is False and groups["group_0"]["weights"]["num_bits"] == 4
+        assert [g["weights"]["num_bits"] for n, g in groups.items() if n != "group_0"] == [8]
+        from safetensors import safe_open
+
+        names = [k for f in out.glob("*.safetensors") for k in safe_open(str(f), "pt").keys()]
+        assert any(k.endswith("mlp.down_proj.weight_zero_point") for k in names)
+        assert not any(k.startswith("model.layers.1.self_attn.q_proj.weight_zero_point") for k in names)
 
 
 def test_group_128_with_act_order_by_default(cli, tiny_llama, tiny_text, tmp_path):
