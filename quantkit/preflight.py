@@ -81,14 +81,19 @@ def check_overrides_match(linears: dict[str, tuple[int, int]], cfg, key: str) ->
     target is one regex: an alternation that matches some of its layers passes."""
     for j, ov in enumerate(getattr(cfg, "overrides", ())):
         for t in ov.targets:
-            if not any(re.match(t, name) for name in linears):
+            if not any(_matches((t,), name) for name in linears):
                 raise RecipeError(f"{key}.overrides[{j}]: target {t!r} matches no quantized linear layer of this model "
                                   "(`quantkit sensitivity MODEL --budget BITS --text SPEC` prints overrides for it)")
 
 
+def _matches(targets, name: str) -> bool:
+    """An override's targets against a module name, as compressed-tensors matches `re:` targets."""
+    return any(re.match(t, name) for t in targets)
+
+
 def _override_for(name: str, overrides) -> object | None:
     for ov in overrides:
-        if any(re.match(t, name) for t in ov.targets):
+        if _matches(ov.targets, name):
             return ov
     return None
 

@@ -21,15 +21,23 @@ UNITS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+def _bits_per_weight(fmt, in_features: int) -> float:
+    """Stored bits per weight of one row of `in_features` weights (roofline's storage accounting)."""
+    return fmt.bytes_for(1, in_features) * 8 / in_features
+
+
 def int4_bits(group_size: int, symmetric: bool = True) -> float:
-    """INT4 with one 16-bit scale per group, and one 4-bit zero point per group when asymmetric
-    (compressed-tensors packs the zero points at the weights' bit width)."""
-    return 4 + 16 / group_size + (0 if symmetric else 4 / group_size)
+    """INT4 with one 16-bit scale per group, and one 4-bit zero point per group when asymmetric."""
+    from .roofline import quantized_layout
+
+    return _bits_per_weight(quantized_layout(4, group_size, symmetric).linear, group_size)
 
 
 def int8_bits(in_features: int) -> float:
     """INT8 per output channel: one 16-bit scale per row of `in_features` weights."""
-    return 8 + 16 / in_features
+    from .roofline import quantized_layout
+
+    return _bits_per_weight(quantized_layout(8, -1).linear, in_features)
 
 
 def greedy_pick(results: list[dict], n_weights: int, group_size: int, budget: float,
