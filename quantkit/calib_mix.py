@@ -4,11 +4,12 @@ A mix is calib_data/mix/NAME.yaml: parts, each a text SPEC (`set:NAME`, `file:PA
 model's own chat replies (`chat:`, quantkit/calib_chat.py), with a weight. Every part becomes one
 token stream; a part's share of the samples is its weight (largest remainder, no part asked for
 more windows than its region holds, the rest going to the parts with room), and its windows are
-chosen in the recipe's region with the recipe's seed, exactly as a single text's are. An
-`optional` part whose file is absent (WikiText under ../shared/data on a fresh machine) is left
-out with a note, and the manifest says so. Calibrating on one domain fits the quantizer to it:
-GPTQ calibrated on WikiText alone lost its whole advantage over RTN on other text (issue 16,
-docs/PERFORMANCE.md "Calibration domains").
+chosen in the recipe's region with the recipe's seed, exactly as a single text's are. A text
+part that is missing or changed is an error, never a silent re-weighting: a mix calibrates the
+same on every machine. The one part that may be left out is the chat part of a model with no
+chat template (a note, and the manifest's `left_out` says why). Calibrating on one domain fits the
+quantizer to it: GPTQ calibrated on encyclopedic text alone lost its whole advantage over RTN on
+other text (docs/PERFORMANCE.md, "Calibration domains").
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ class MixPart(_Strict):
     weight: float = Field(gt=0)
     source: str | None = None
     chat: ChatPart | None = None
-    optional: bool = False
     # None: the recipe's calibration.region (evaluation reads the other half). Generated text is
     # read by no evaluation, so the chat part may use all of its windows.
     region: Literal["all", "first-half", "second-half"] | None = None
@@ -116,11 +116,16 @@ def fingerprint(name: str) -> str:
     return h.hexdigest()
 
 
-def text_stream(part: MixPart, tok) -> Stream | None:
-    spec = parse_spec(part.source)
-    if spec.kind == "file" and part.optional and not Path(spec.path).expanduser().is_file():
-        return None
-    text = read_text(spec)
+def _read_part(part: MixPart):
+    """A text part's text; a missing or unreadable one names the part (a mix is all of its parts)."""
+    try:
+        return read_text(parse_spec(part.source))
+    except DataError as exc:
+        raise DataError(f"calibration mix: part {part.name!r}: {exc}") from None
+
+
+def text_stream(part: MixPart, tok) -> Stream:
+    text = _read_part(part)
     return Stream(part, tokenize_stream(tok, text.text), dict(text.provenance))
 
 
@@ -135,8 +140,7 @@ def streams(mix: MixConfig, tok, *, model=None, model_hash: str = "", seed: int 
             s = None if reason else Stream(part, *chat_stream(model, tok, part.chat, calib_data_dir() / part.chat.prompts,
                                                                seed=seed, model_hash=model_hash))
         else:
-            s = text_stream(part, tok)
-            reason = None if s is not None else f"{parse_spec(part.source).path} not found"
+            s, reason = text_stream(part, tok), None
         if s is None:
             note(f"calibration mix: part {part.name!r} left out ({reason}); its share goes to the other parts")
             left_out.append({"name": part.name, "domain": part.domain, "weight": part.weight, "reason": reason})
@@ -208,6 +212,9 @@ def build_mix(tokenizer, name: str, *, samples: int, seq_len: int, seed: int, re
                         "stream_tokens": len(s.tokens), "requested_samples": want, "samples": len(got), "window_starts": starts})
     if not batch:
         raise DataError(f"mix:{name}: no part holds one {seq_len}-token window in region {region}")
+    if len(batch) < samples:  # every part is full: say so, the manifest records both numbers
+        note(f"calibration mix: {len(batch)} of {samples} windows delivered (every part's region holds fewer "
+             f"{seq_len}-token windows than its share)")
     manifest = {
         "source": f"mix:{name}",
         "kind": "mix",
@@ -229,7 +236,7 @@ def build_mix(tokenizer, name: str, *, samples: int, seq_len: int, seed: int, re
 
 
 def check(name: str) -> None:
-    """Before any model loads: the mix is valid and its text parts are there and intact (optional ones may be absent)."""
+    """Before any model loads: the mix is valid and every text part is there and intact."""
     from .calib_chat import read_prompts
 
     mix = load_mix(name)
@@ -237,7 +244,4 @@ def check(name: str) -> None:
         if part.chat is not None:
             read_prompts(calib_data_dir() / part.chat.prompts)
             continue
-        spec = parse_spec(part.source)
-        if spec.kind == "file" and part.optional and not Path(spec.path).expanduser().is_file():
-            continue
-        read_text(spec)
+        _read_part(part)

@@ -115,7 +115,7 @@ def test_a_mix_is_not_an_evaluation_text():
 
 
 def test_shipped_texts_match_their_manifests_and_name_a_license():
-    for name in ("python-stdlib-code", "python-reference", "legal-licenses"):
+    for name in ("python-stdlib-code", "python-reference", "world-factbook", "shakespeare-plays", "legal-licenses"):
         manifest = yaml.safe_load((REPO / "calib_data" / f"{name}.yaml").read_text())
         data = (REPO / "calib_data" / "text" / f"{name}.txt").read_bytes()
         assert hashlib.sha256(data).hexdigest() == manifest["sha256"] and len(data) == manifest["bytes"]
@@ -123,7 +123,7 @@ def test_shipped_texts_match_their_manifests_and_name_a_license():
         assert "bad_characters" not in read_text(parse_spec(f"set:{name}")).provenance
     assert (REPO / "calib_data" / "text" / "LICENSE-PSF.txt").read_text().count("PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2") == 1
     total = sum(p.stat().st_size for p in (REPO / "calib_data").rglob("*") if p.is_file())
-    assert total < 1_000_000  # the repository stays small
+    assert total < 2_500_000  # the repository stays small
 
 
 def test_the_default_mix_spans_domains_and_never_reads_the_evaluation_only_text():
@@ -132,7 +132,11 @@ def test_the_default_mix_spans_domains_and_never_reads_the_evaluation_only_text(
     assert {"encyclopedic", "code", "technical prose", "chat"} <= domains
     assert all(p.license for p in mix.parts)
     assert "set:legal-licenses" not in {p.source for p in mix.parts}
-    assert [p.name for p in mix.parts if p.optional] == ["encyclopedic"]  # only the text that is not shipped
+    assert "set:shakespeare-plays" not in {p.source for p in mix.parts}
+    for part in mix.parts:  # every text part ships: the mix is the same on every machine
+        if part.source:
+            spec = parse_spec(part.source)
+            assert spec.kind == "file" and Path(spec.path).is_relative_to(REPO) and spec.expect_sha256
 
 
 @pytest.mark.skipif(sys.version.split()[0] != "3.11.7" or not Path("/usr/share/common-licenses/GPL-3").is_file(),
@@ -147,7 +151,7 @@ def test_build_script_reproduces_the_shipped_texts():
 # ---------------------------------------------------------------- conversions
 
 
-def _parts(tmp_path, tiny_text, *, wiki_optional_missing=False) -> list[dict]:
+def _parts(tmp_path, tiny_text) -> list[dict]:
     words = tiny_text.read_text()
     (tmp_path / "a.txt").write_text(words[: len(words) // 2])
     (tmp_path / "b.txt").write_text("def f(x):\n    return x + 1\n" * 800)
@@ -159,9 +163,6 @@ def _parts(tmp_path, tiny_text, *, wiki_optional_missing=False) -> list[dict]:
         {"name": "chat", "domain": "chat", "weight": 0.25, "license": "generated", "region": "all",
          "chat": {"prompts": "prompts.txt", "repeats": 8, "max_new_tokens": 48}},
     ]
-    if wiki_optional_missing:
-        parts.insert(0, {"name": "wiki", "domain": "encyclopedic", "weight": 1.0, "source": f"file:{tmp_path / 'absent.txt'}",
-                         "optional": True})
     return parts
 
 
@@ -170,15 +171,14 @@ def _convert(cli, recipe, model, out, spec, *extra):
 
 
 def test_convert_records_every_part(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
-    _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text, wiki_optional_missing=True))
+    _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
     code, _, err, data = _convert(cli, "int4-w4a16-gptq-g64.yaml", tiny_llama, tmp_path / "q", "mix:test", *SMALL)
     assert code == 0, err
     cal = data["calibration"]
     assert cal["source"] == "mix:test" and cal["kind"] == "mix" and cal["samples"] == 12
     assert len(cal["mix"]["sha256"]) == 64
     parts = {p["name"]: p for p in cal["parts"]}
-    assert set(parts) == {"prose", "code", "chat"} and [p["name"] for p in cal["left_out"]] == ["wiki"]
-    assert "not found" in cal["left_out"][0]["reason"] and "left out" in err
+    assert set(parts) == {"prose", "code", "chat"} and cal["left_out"] == []
     assert [parts[n]["samples"] for n in ("prose", "code", "chat")] == [6, 3, 3]  # 0.5 / 0.25 / 0.25 of 12
     assert parts["code"]["sha256"] == hashlib.sha256((tmp_path / "b.txt").read_bytes()).hexdigest()
     for p in parts.values():
@@ -190,7 +190,7 @@ def test_convert_records_every_part(cli, tiny_llama, tiny_text, tmp_path, monkey
     # the artifact's recipe says what was asked; its card names the mix and its domains
     assert data["recipe"]["calibration"]["source"] == "mix:test"
     card = (tmp_path / "q" / "README.md").read_text()
-    assert "calibration: mix:test" in card and "samples per domain: prose 6, code 3, chat 3 (left out, absent here: wiki)" in card
+    assert "calibration: mix:test" in card and "samples per domain: prose 6, code 3, chat 3" in card
 
 
 def test_the_chat_part_is_generated_once(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
@@ -214,7 +214,27 @@ def test_a_missing_part_stops_before_the_model_loads(cli, tiny_llama, tiny_text,
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
     code, _, err, _ = _convert(cli, "gqa.yaml", tiny_llama, tmp_path / "a", "mix:test", *SMALL)
     assert code == 2 and "gone.txt: no such text file" in err and len(err.strip().splitlines()) == 1
+    assert "part 'code'" in err
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("damage", ["absent", "changed"])
+def test_a_missing_or_changed_set_part_is_an_error_not_a_reweighting(tmp_path, monkeypatch, tiny_text, damage):
+    """A part named through a manifest (`set:`) that is absent or differs from its sha256 stops the mix."""
+    from quantkit import calib_mix
+
+    root = _mix_dir(tmp_path, monkeypatch, [{"name": "a", "weight": 1, "source": "set:mine"}])
+    text = tmp_path / "mine.txt"
+    text.write_text(tiny_text.read_text())
+    digest = hashlib.sha256(text.read_bytes()).hexdigest()
+    (root / "mine.yaml").write_text(yaml.safe_dump({"source": f"file:{text}", "sha256": digest}))
+    calib_mix.check("test")  # intact: fine
+    if damage == "absent":
+        text.unlink()
+    else:
+        text.write_text(tiny_text.read_text() + " one more word")
+    with pytest.raises(DataError, match="part 'a'"):
+        calib_mix.check("test")
 
 
 def test_gqa_recovery_draws_from_every_part(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
