@@ -99,6 +99,7 @@ def recipe_inputs(path) -> list[tuple[Path, str]]:
 
 
 def check_out(out: Path, force: bool) -> None:
+    """Checks alone (`convert --plan` makes them too); the lock on --out creates its parent."""
     out = Path(out)
     if os.path.lexists(out) and not out.exists():
         raise QuantkitError(f"{out} is a broken symbolic link; remove it or choose another --out")
@@ -109,7 +110,6 @@ def check_out(out: Path, force: bool) -> None:
     if out.exists() and not (out / META).is_file() and any(out.iterdir()):
         raise QuantkitError(f"{out} is not a quantkit artifact (no {META}) and is not empty; --force replaces only an "
                             "artifact quantkit wrote: remove it yourself or choose another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
 
 
 @contextmanager

@@ -73,6 +73,9 @@ def _preflight_recovery(recipe: Recipe, variant: Variant, key: str, src: Path, o
     for i, step in enumerate(variant.steps):
         if step.gqa is not None and step.gqa.recover is not None:
             from .gqa.convert import preflight_recovery_text
+            from .preflight import check_context
+
+            check_context(read_config(src), step.gqa.recover.seq_len, f"{key}[{i}].gqa.recover.seq_len")
 
             preflight_recovery_text(load_tokenizer(src, opts.trust_remote_code), opts.calib or recipe.calibration.source, step.gqa.recover,
                                     recipe.calibration, f"{key}[{i}].gqa")
@@ -89,8 +92,14 @@ def _calibration(recipe: Recipe, opts: ConvertOptions, src: Path, tok, model, sr
     if not spec:
         raise DataError(f"{key}: this variant needs calibration text: set calibration.source in the recipe or pass --calib file:PATH (or --calib self)")
     c = recipe.calibration
-    return calib.build(src, tok, spec, samples=c.samples, seq_len=c.seq_len, seed=c.seed, region=c.region,
-                       chat_template=c.chat_template, model=model, model_hash=src_hash)
+    cs = calib.build(src, tok, spec, samples=c.samples, seq_len=c.seq_len, seed=c.seed, region=c.region,
+                     chat_template=c.chat_template, model=model, model_hash=src_hash)
+    from .text import shortfall
+
+    short = shortfall(len(cs.samples), c.samples, c.seq_len, c.region, cs.manifest.get("stream_tokens"))
+    if short:  # quantkit.json records both counts (calibration.samples, requested_samples)
+        note(f"note: {key}: calibration text {spec}: {short}")
+    return cs
 
 
 @dataclass
@@ -107,6 +116,7 @@ class Job:
     handler: object | None = None
     offload: object | None = None  # offload.OffloadPlan when the model does not fit in RAM
     device: object | None = None  # torch.device: where calibration (and the reload check) runs
+    skeleton: object | None = None  # the model on the meta device (preflight's), for the plan's shapes
 
     @property
     def has_gqa(self) -> bool:
@@ -117,9 +127,18 @@ class Job:
         return self.handler.export_format if self.handler else "dense"
 
 
-def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None) -> Job:
-    """Every check that can fail before loading anything."""
+def check_inputs(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions) -> None:
+    """--out is none of the inputs, nor contains one: the model as named, the calibration text, the recipe files."""
+    calib = text_input(opts.calib or recipe.calibration.source, "the calibration text")
+    guard_out(out, [*model_inputs(model_ref or recipe.model), *calib, *opts.inputs])  # before the lock file is made
+
+
+def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None,
+            planning: bool = False) -> Job:
+    """Every check that can fail before loading anything; `--plan` makes the same (`planning`:
+    the disk and memory estimates are the plan's to report, and nothing is created)."""
     from .methods import get_handler
+    from .preflight import check_context, check_not_inside
 
     variant, key = pick_variant(recipe, variant_name)
     dev = calibration_device(recipe, opts)  # an unavailable device: one line, before anything loads
@@ -129,19 +148,23 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     check_out(out, opts.force)
     src = resolve_model(ref, allow_pickle=opts.allow_pickle)
     guard_out(out, model_inputs(src))  # a named model or a hub snapshot, resolved
+    check_not_inside(out, src)
     cfg = read_config(src)
     skeleton = preflight(cfg, variant, key, opts.trust_remote_code, src)
     method_preflight(recipe, variant, key, cfg)  # a method's package, its sample count, a rotation's sizes
     if needs_calibration(variant):  # the text is read (and an hf: source reached) before any model loads
         from .calib import check_source
 
+        check_context(cfg, recipe.calibration.seq_len, "calibration.seq_len")
         check_source(opts.calib or recipe.calibration.source, key)
     _preflight_recovery(recipe, variant, key, src, opts)
     quant = next((s.quantize for s in variant.steps if s.quantize is not None), None)
-    job = Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None, device=dev)
+    job = Job(recipe, variant, key, src, cfg, opts, quant, get_handler(quant.method) if quant is not None else None, device=dev,
+              skeleton=skeleton)
     job.offload = _offload_plan(job, sum(p.numel() for p in skeleton.parameters()))
-    check_free_space(out, _disk_needed(job, skeleton))
-    _warn_memory(job, skeleton, out)
+    if not planning:
+        check_free_space(out, _disk_needed(job, skeleton))
+        _warn_memory(job, skeleton, out)
     return job
 
 
@@ -207,10 +230,10 @@ def apply_steps(job: Job, model, tok, calib_set, src_hash: str):
 
 def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> dict:
     """Every check, load and write under an exclusive lock on --out (artifact.claim_out)."""
-    calib = text_input(opts.calib or recipe.calibration.source, "the calibration text")
-    guard_out(out, [*model_inputs(model_ref or recipe.model), *calib, *opts.inputs])  # before the lock file is made
-    from .distributed import claimed_by_writer
+    from .distributed import claimed_by_writer, together
 
+    with together("its checks"):  # under torchrun every rank checks, and rank 0 alone reports
+        check_inputs(recipe, model_ref, out, opts)
     with claimed_by_writer(opts.group, lambda: claim_out(out)):  # under torchrun rank 0 alone claims and writes --out
         return _convert(recipe, model_ref, out, opts, variant_name)
 

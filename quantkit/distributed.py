@@ -94,13 +94,88 @@ def rank_device(spec=None):
     return resolve(torch.device("cuda", local))
 
 
+# ---------------------------------------------------------------- who reports an error
+#
+# Every process of a torchrun job runs the same command, so a bad input fails in all of them. One
+# line is printed per machine, by its first process (LOCAL_RANK 0; on one machine: rank 0); the
+# others exit with the same code and print nothing - when it is certain that the first process
+# reports the same failure: an error raised before the process group is joined (the same
+# arguments, checked the same way on the same machine), or one every rank heard of through
+# `agree`. A failure of one rank alone inside the job (its device, say) is printed by that rank,
+# prefixed with its rank, since no other process may live to report it. Exit codes are the
+# processes'; torchrun itself then exits 1 and prints its own failure report (README).
+
+_AGREED, _IN_SESSION = "_quantkit_agreed", "_quantkit_in_session"
+
+
+def _tag(exc: BaseException, name: str) -> None:
+    try:
+        setattr(exc, name, True)
+    except AttributeError:  # an exception type that takes no attributes: it stays untagged (printed)
+        pass
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0") or 0) if launched() else 0
+
+
+def error_line(exc: BaseException, line: str) -> str | None:
+    """The line this process prints for `exc` (None: another process prints it)."""
+    if not launched():
+        return line
+    agreed, in_session = getattr(exc, _AGREED, False), getattr(exc, _IN_SESSION, False)
+    if agreed or not in_session:
+        return line if local_rank() == 0 else None
+    head, sep, rest = line.partition("error: ")
+    rank = f"rank {os.environ.get('RANK', '?')}: "
+    return f"{head}{sep}{rank}{rest}" if sep and not head else rank + line
+
+
+def quiet() -> bool:
+    """A process that leaves argument errors (the same argv in every process) to its machine's first."""
+    return local_rank() != 0
+
+
+# How long a silent process waits for the one that reports (see exit_silently).
+REPORT_WAIT_S = 60.0
+
+
+def exit_silently(code: int) -> None:
+    """Exit with `code` once the reporting process has printed. torchrun stops every process when
+    one exits with an error, so a silent process that exited first could have the reporter stopped
+    before it prints; instead this one waits for the reporter to exit and torchrun to stop it
+    (SIGTERM, on which it exits with `code`), or at most REPORT_WAIT_S."""
+    import signal
+    import sys
+    import time
+
+    def leave(signum, frame):
+        sys.exit(code)
+
+    signal.signal(signal.SIGTERM, leave)
+    time.sleep(REPORT_WAIT_S)
+    sys.exit(code)
+
+
 @contextmanager
 def session(device_spec=None):
     """Yield this process's Group under torchrun (None otherwise), the process group joined for
-    the command and left afterwards. NCCL for CUDA devices, gloo for the CPU."""
+    the command and left afterwards. NCCL for CUDA devices, gloo for the CPU. An error that
+    leaves the session is marked as raised inside the job (see error_line)."""
     if not launched():
         yield None
         return
+    limit = timeout_s()  # the same environment in every process: an error here is every rank's
+    try:
+        with _joined(device_spec, limit) as group:
+            yield group
+    except BaseException as exc:
+        _tag(exc, _IN_SESSION)
+        raise
+
+
+@contextmanager
+def _joined(device_spec, limit: float):
     import datetime
 
     import torch
@@ -108,7 +183,6 @@ def session(device_spec=None):
 
     dev = rank_device(device_spec)
     backend = "nccl" if dev.type == "cuda" else "gloo"
-    limit = timeout_s()
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=limit), device_id=dev if dev.type == "cuda" else None)
@@ -138,11 +212,14 @@ def agree(error: BaseException | None, what: str) -> None:
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if error is not None:
+        _tag(error, _AGREED)
         raise error
     failed = [(r, f) for r, f in enumerate(everyone) if f is not None]
     if failed:
         rank, (line, code) = failed[0]
-        raise DistributedError(f"rank {rank} failed {what}: {line}", code)
+        agreed = DistributedError(f"rank {rank} failed {what}: {line}", code)
+        _tag(agreed, _AGREED)
+        raise agreed
 
 
 @contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import ModelError, RecipeError
+from .errors import DataError, ModelError, QuantkitError, RecipeError
 
 
 def meta_model(config_dict: dict, trust_remote_code: bool = False, path: Path | None = None):
@@ -44,6 +44,35 @@ def meta_model(config_dict: dict, trust_remote_code: bool = False, path: Path | 
         raise ModelError(f"unsupported architecture {model_type!r}: not a causal language model in transformers") from None
     except (TypeError, KeyError, AttributeError, RuntimeError) as exc:
         raise ModelError(f"{where}: cannot build the {model_type} model from this config ({type(exc).__name__}: {one_line(exc)})") from None
+
+
+def context_length(cfg: dict) -> int | None:
+    """The longest sequence the model was built for (config.json), or None where it does not say."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = text.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def check_context(cfg: dict, seq_len: int, what: str) -> None:
+    """A window longer than the model's context: positions it never learned (or, with learned
+    position embeddings, an index error), so its figures would describe a model nobody runs."""
+    limit = context_length(cfg)
+    if limit is not None and seq_len > limit:
+        raise DataError(f"{what} {seq_len} is longer than the model's context of {limit} tokens "
+                        "(config.json max_position_embeddings); use at most that")
+
+
+def check_not_inside(out: Path, src: Path, option: str = "--out") -> None:
+    """An output inside the source checkpoint would change the checkpoint it was made from
+    (its hash, what a directory loader picks up)."""
+    import os
+
+    o, s = (Path(os.path.abspath(Path(p).expanduser())).resolve() for p in (out, src))
+    if s in o.parents:
+        raise QuantkitError(f"{option} {out} is inside the source checkpoint ({s}); choose a directory outside it (nothing was changed)")
 
 
 def is_ignored(name: str, ignore: tuple[str, ...]) -> bool:

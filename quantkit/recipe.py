@@ -380,6 +380,21 @@ class ExportConfig(_Strict):
 # `name: ../../x` or `name: /tmp/x` can never make `run` write outside its run directory.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 
+# Variant names `quantkit run` gives its own rows. A run adds the unmodified checkpoint as
+# "baseline" (its report row, runs/NAME/gguf/baseline.gguf) unless a variant says `baseline: true`;
+# a quantized variant of that name would take over that row. Compared ignoring case: names are
+# file names, and two that differ in case alone are one file on macOS and Windows file systems.
+# (Every other path a run writes - steps.json, report.*, plots/, artifacts/, gguf/ - sits beside
+# artifacts/ and gguf/, never inside them, and its files' names start with '.' or end in
+# .quantkit.json beside NAME.gguf, so no plain name collides with them.)
+BASELINE_NAME = "baseline"
+RESERVED_NAMES = {BASELINE_NAME: "the unmodified source checkpoint's row, which `quantkit run` adds"}
+
+
+def reserved(name: str) -> str | None:
+    """What a reserved name stands for, or None for a name a variant may take."""
+    return RESERVED_NAMES.get(name.lower())
+
 
 class Variant(_Strict):
     name: str = Field(pattern=NAME_PATTERN)
@@ -388,6 +403,17 @@ class Variant(_Strict):
     # named like a quantized one (an include whose steps were lost) would be reported as one.
     baseline: bool = False
     steps: tuple[Step, ...] = ()
+
+    @model_validator(mode="after")
+    def _not_reserved(self) -> "Variant":
+        if reserved(self.name) and not self.baseline:  # `baseline: true` *is* that checkpoint: it may keep the name
+            raise ValueError(_reserved_message(self.name, "variant"))
+        return self
+
+
+def _reserved_message(name: str, what: str) -> str:
+    return (f"name {name!r} is reserved for {reserved(name)}; name this {what} otherwise "
+            f"(reserved names, in any letter case: {', '.join(RESERVED_NAMES)})")
 
 
 def _check_steps(steps: tuple[Step, ...]) -> None:
@@ -442,9 +468,11 @@ class Recipe(_Strict):
         if self.steps and self.variants:
             raise ValueError("use either steps (one variant) or variants (a suite), not both")
         _check_steps(self.steps)
-        names = [v.name for v in self.variants]
+        if self.steps and reserved(self.name):  # a one-variant recipe's name is its variant's (all_variants)
+            raise ValueError(_reserved_message(self.name, "recipe") + "; without name: a recipe takes its file's name")
+        names = [v.name.lower() for v in self.variants]
         if len(set(names)) != len(names):
-            raise ValueError("variant names must be unique")
+            raise ValueError("variant names must be unique, ignoring case (each names a directory)")
         for v in self.variants:
             _check_steps(v.steps)
         _check_effective_steps(self)

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from . import __version__
@@ -26,7 +28,7 @@ from .errors import QuantkitError
 from .artifact import text_input
 from .models import checkpoint_hash, resolve_model
 from .progress import note
-from .recipe import Recipe, Variant
+from .recipe import BASELINE_NAME, Recipe, Variant
 
 
 @dataclass
@@ -90,27 +92,85 @@ class StepCache:
 
 
 def with_baseline(recipe: Recipe) -> tuple[Variant, ...]:
+    """The recipe's variants, after the unmodified checkpoint unless one of them is it (recipe
+    validation keeps its name, BASELINE_NAME, free for it)."""
     variants = recipe.all_variants()
     if any(not v.steps for v in variants):
         return variants
-    return (Variant(name="baseline", description="the unmodified source checkpoint"), *variants)
+    return (Variant(name=BASELINE_NAME, description="the unmodified source checkpoint", baseline=True), *variants)
+
+
+def _real(p: Path) -> Path:
+    """An absolute path with its symlinks resolved (one that does not exist yet: as far as it does)."""
+    return Path(os.path.abspath(Path(p).expanduser())).resolve()
+
+
+def check_run_dir(run_dir: Path, src: Path, inputs) -> None:
+    """A run directory is a directory of its own: not a file, not the root or home directory, and
+    neither one of the run's inputs (the source checkpoint, the recipe files, the texts), nor
+    inside the source checkpoint (whose hash, and so every cached step, would change under it),
+    nor containing any of them."""
+    from .artifact import model_inputs
+    from .preflight import check_not_inside
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise QuantkitError(f"--out {run_dir} exists and is not a directory; a run directory holds the report and artifacts")
+    here = _real(run_dir)
+    if here in (Path(here.anchor), _real(Path.home())):
+        raise QuantkitError(f"--out {run_dir} is the root or home directory; a run directory is a new directory of its own")
+    for p, what in [*model_inputs(src), *inputs]:
+        if here == p or here in p.parents:
+            raise QuantkitError(f"--out {run_dir} {'is' if here == p else 'contains'} {what} ({p}); "
+                                "a run directory is a new directory of its own (nothing was changed)")
+    check_not_inside(run_dir, src)
 
 
 class Runner:
+    """Construction makes every check of the run as a whole (the model, --out, the texts), so a
+    bad one fails before anything is converted; `run --plan` builds the same Runner."""
+
     def __init__(self, recipe: Recipe, opts: RunOptions):
         self.recipe, self.opts = recipe, opts
         ref = opts.model or recipe.model
         if not ref:
             raise QuantkitError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
         self.src = resolve_model(ref)
-        self.src_hash = checkpoint_hash(self.src)
         self.dir = Path(opts.out or Path("runs") / recipe.name)
         self.cache = StepCache(self.dir / "steps.json")  # read in run(), under the lock
         self.calib = opts.calib or recipe.calibration.source
         self.eval_texts = self._eval_texts() if not opts.skip_eval else ()
         self.eval_text = ", ".join(self.eval_texts) or None  # for the report's header
+        self._check_windows()
+        check_run_dir(self.dir, self.src, self.inputs())
         self.timings: dict[str, float] = {}
         self.variants: dict[str, dict] = {}
+
+    @cached_property
+    def src_hash(self) -> str:
+        """Hashed when a step first needs it (never by `run --plan`)."""
+        return checkpoint_hash(self.src)
+
+    def inputs(self) -> tuple:
+        """(path, what) pairs no run directory or artifact may be or contain: the recipe files and the texts."""
+        texts = [i for t in self.eval_texts for i in text_input(t, "the evaluation text")]
+        return (*self.opts.inputs, *texts, *text_input(self.calib, "the calibration text"))
+
+    def _check_windows(self) -> None:
+        """The texts' window lengths fit the model's context, and a calibration text that is given
+        is read now (it exists, it is text), as the eval texts are; a calibrated variant without one
+        fails on its own, and the others go on."""
+        from .calib import check_source
+        from .convert import needs_calibration
+        from .models import read_config
+        from .preflight import check_context
+
+        cfg = read_config(self.src)
+        if self.eval_texts:
+            check_context(cfg, self.recipe.eval.seq_len, "eval.seq_len")
+        if any(needs_calibration(v) for v in self.recipe.all_variants()):
+            check_context(cfg, self.recipe.calibration.seq_len, "calibration.seq_len")
+            if self.calib:
+                check_source(self.calib, "--calib" if self.opts.calib else "calibration.source")
 
     def _eval_texts(self) -> tuple[str, ...]:
         """--eval-text, else the recipe's eval.texts, else (no tasks either) the default domains; each
@@ -122,7 +182,7 @@ class Runner:
         texts = tuple([given] if isinstance(given, str) else given or ()) or self.recipe.eval.texts
         if not texts and not self.recipe.eval.tasks:
             texts = tuple(default_texts())
-        labelled(texts)  # the same text twice is refused here
+        labelled(texts, "--eval-text" if given else "eval.texts")  # the same text twice is refused here
         for t in texts:
             check_source(t)
         return texts
@@ -134,21 +194,26 @@ class Runner:
         finally:
             self.timings[label] = time.perf_counter() - t
 
+    def conversion(self, v: Variant, meta: dict | None = None):
+        """What `convert` gets for variant `v`: (the one-variant recipe, source, artifact directory, options)."""
+        from .convert import ConvertOptions
+
+        single = self.recipe.model_copy(update={"variants": (v,), "steps": ()})
+        return single, str(self.src), self.dir / "artifacts" / v.name, ConvertOptions(calib=self.calib, force=True, inputs=self.inputs(), meta=meta)
+
     def convert(self, v: Variant) -> Path:
         if not v.steps:
             return self.src
-        from .convert import ConvertOptions, convert
+        from .convert import convert
 
         key = _key("convert", __version__, self.src_hash, [s.model_dump(mode="json") for s in v.steps],
                    self.recipe.calibration.model_dump(mode="json"), _file_sha(self.calib))
-        out = self.dir / "artifacts" / v.name
+        single, src, out, opts = self.conversion(v, meta={"run_key": key})
         if not self.opts.rerun and self._reusable(v, out, key):
             note(f"[{v.name}] convert: reusing {out}")
             return out
         note(f"[{v.name}] convert")
-        single = self.recipe.model_copy(update={"variants": (v,), "steps": ()})
-        inputs = (*self.opts.inputs, *[i for t in self.eval_texts for i in text_input(t, "the evaluation text")])
-        convert(single, str(self.src), out, ConvertOptions(calib=self.calib, force=True, inputs=inputs, meta={"run_key": key}), v.name)
+        convert(single, src, out, opts, v.name)
         return out
 
     def _reusable(self, v: Variant, out: Path, key: str) -> bool:
@@ -224,12 +289,6 @@ class Runner:
         return bench_engines(self, paths)
 
     def run(self) -> dict:
-        if self.dir.exists() and not self.dir.is_dir():
-            raise QuantkitError(f"--out {self.dir} exists and is not a directory; a run directory holds the report and artifacts")
-        here = self.dir.resolve()
-        if here in (Path(here.anchor), Path.home().resolve(), self.src.resolve()):
-            raise QuantkitError(f"--out {self.dir} is {'the source checkpoint' if here == self.src.resolve() else 'the root or home directory'}; "
-                                "a run directory is a new directory of its own")
         with exclusive(self.dir, what=f"run directory {self.dir}"):
             self.dir.mkdir(parents=True, exist_ok=True)
             self.cache = StepCache.open(self.dir)

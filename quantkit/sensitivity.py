@@ -21,6 +21,9 @@ UNITS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+UNIT_ORDER = {unit: i for i, unit in enumerate(UNITS)}
+
+
 def _bits_per_weight(fmt, in_features: int) -> float:
     """Stored bits per weight of one row of `in_features` weights (roofline's storage accounting)."""
     return fmt.bytes_for(1, in_features) * 8 / in_features
@@ -44,12 +47,14 @@ def greedy_pick(results: list[dict], n_weights: int, group_size: int, budget: fl
                 symmetric: bool = True) -> tuple[list[dict], float]:
     """Units to raise to INT8, highest KL per weight first, while the average stays within `budget`.
 
-    `results`: dicts with "kl", "weights" (the unit's weight count) and "in_features". Returns the
-    picked units and the resulting bits per weight over all `n_weights` (ties: lower layer first)."""
+    `results`: dicts with "kl", "weights" (the unit's weight count) and "in_features"; one whose
+    "below_noise" is true is never picked (its INT4 cost cannot be told from rounding, so INT8
+    buys nothing measurable). Returns the picked units and the resulting bits per weight over all
+    `n_weights` (ties: lower layer first)."""
     base = int4_bits(group_size, symmetric)
     spare = (budget - base) * n_weights
     picked, used = [], 0.0
-    for r in sorted(results, key=lambda r: (-r["kl"] / r["weights"], r["layer"], r["unit"])):
+    for r in sorted((r for r in results if not r.get("below_noise")), key=lambda r: (-r["kl"] / r["weights"], r["layer"], r["unit"])):
         cost = (int8_bits(r["in_features"]) - base) * r["weights"]
         if used + cost <= spare:
             picked.append(r)
@@ -109,34 +114,91 @@ def check_group(layers, group: int) -> None:
         raise QuantkitError(f"--group {group} does not divide the {bad[0]} input columns of this model's linears")
 
 
-def unit_kls(model, rows, units: list[str], group: int, progress=None, symmetric: bool = True) -> list[dict]:
-    """KL of each (layer, unit) quantized alone, against the unquantized model, on token rows."""
+def _logp(model, rows):
     import torch
 
+    with torch.inference_mode():
+        return torch.log_softmax(model(input_ids=rows, use_cache=False).logits.float(), -1)
+
+
+def _mean_kl(ref, logp) -> float:
     from .evals.stats import kl_full
 
-    def logp():
-        with torch.inference_mode():
-            return torch.log_softmax(model(input_ids=rows, use_cache=False).logits.float(), -1)
+    return float(kl_full(ref, logp).mean())
 
-    ref = logp()
+
+def _unit_modules(layer, unit: str) -> list:
+    parent, members = UNITS[unit]
+    return [layer.get_submodule(f"{parent}.{m}") for m in members]
+
+
+def unit_kls(model, rows, units: list[str], group: int, progress=None, symmetric: bool = True) -> tuple[list[dict], dict]:
+    """KL of each (layer, unit) quantized alone, against the unquantized model, on token rows; and
+    the noise floor of that measurement (noise_floor). Each result's "kl" is the measured mean KL
+    ("kl_measured") clamped at 0 - KL is never negative; a negative figure is float rounding - and
+    "below_noise" says whether it is under the floor."""
+    ref = _logp(model, rows)
     layers = decoder_layers(model)
     results = []
     for i, layer in enumerate(layers):
         for unit in units:
-            parent, members = UNITS[unit]
-            mods = [layer.get_submodule(f"{parent}.{m}") for m in members]
+            mods = _unit_modules(layer, unit)
             saved = [m.weight.data for m in mods]
             for m in mods:
                 m.weight.data = fake_int4(m.weight.data, group, symmetric)
-            kl = float(kl_full(ref, logp()).mean())
+            kl = _mean_kl(ref, _logp(model, rows))
             for m, w in zip(mods, saved):
                 m.weight.data = w
             results.append({"layer": i, "unit": unit, "weights": sum(w.numel() for w in saved), "in_features": mods[0].in_features,
-                            "kl": kl})
+                            "kl_measured": kl, "kl": max(kl, 0.0)})
             if progress:
                 progress(i, unit, kl)
-    return results
+    floor = noise_floor(model, rows, ref, layers, units, results)
+    for r in results:
+        r["below_noise"] = r["kl_measured"] < floor["kl"]
+    return results, floor
+
+
+def noise_floor(model, rows, ref, layers, units: list[str], results: list[dict]) -> dict:
+    """The smallest KL this measurement tells from float rounding, measured on this model, rows and
+    dtype: the largest of (1) the KL of the unmodified model run again (nondeterministic kernels),
+    (2) the KL after every weight of every candidate unit moves one representable step of its
+    dtype (random direction, seed 0) - what recasting weights can do with no quantization at all,
+    here for all units at once, so more than for any one - and (3) the size of the most negative
+    KL measured (KL >= 0, so a negative figure is rounding alone)."""
+    repeat = abs(_mean_kl(ref, _logp(model, rows)))
+    mods = [m for layer in layers for unit in units for m in _unit_modules(layer, unit)]
+    directions = _one_step(mods)
+    try:
+        rounding = abs(_mean_kl(ref, _logp(model, rows)))
+    finally:
+        _one_step(mods, directions)  # back: nextafter's step undone exactly, no copy of the weights kept
+    negative = max([-r["kl_measured"] for r in results] + [0.0])
+    return {"kl": max(repeat, rounding, negative), "repeat_kl": repeat, "rounding_kl": rounding, "most_negative_kl": -negative,
+            "method": "the largest of: the model run twice; every candidate unit's weights one representable step away "
+                      "(random direction); the most negative KL measured"}
+
+
+def _one_step(mods: list, back: list | None = None) -> list:
+    """Move each module's weights, in place, one representable value up or down (torch.nextafter);
+    with `back` (the seeds this returned), undo it. Returns the per-module seeds."""
+    import torch
+
+    seeds = back or list(range(len(mods)))
+    for m, seed in zip(mods, seeds):
+        w = m.weight.data
+        up = torch.randint(0, 2, w.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.bool).to(w.device)
+        if back is not None:
+            up = ~up
+        target = torch.where(up, torch.tensor(float("inf"), dtype=w.dtype, device=w.device),
+                             torch.tensor(float("-inf"), dtype=w.dtype, device=w.device))
+        w.copy_(torch.nextafter(w, target))
+    return seeds
+
+
+def ranked(results: list[dict]) -> list[dict]:
+    """Highest KL first; the units below the noise floor after them, tied, in layer order."""
+    return sorted(results, key=lambda r: (r["below_noise"], -r["kl"] if not r["below_noise"] else 0.0, r["layer"], UNIT_ORDER[r["unit"]]))
 
 
 def all_unit_weights(layers) -> int:

@@ -267,6 +267,36 @@ def check_source(spec_str: str) -> None:
         read_text(spec)
 
 
+def content_key(spec_str: str) -> str | None:
+    """What makes two text SPECs the same text: a local file's (a set's) bytes, by sha256, whatever
+    path, symlink or copy names it; an hf: source's dataset, config and split; `self`. None when
+    the source cannot be read (its reader reports that, in one line)."""
+    spec = parse_spec(spec_str)
+    if spec.kind != "file":
+        return str(spec)
+    path = Path(spec.path).expanduser()
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    except OSError:
+        return None
+    return f"sha256:{h.hexdigest()}"
+
+
+def shortfall(got: int, wanted: int, seq_len: int, region: str, stream_tokens: int | None) -> str | None:
+    """One sentence when a text yields fewer windows than were asked for (None when it yields them
+    all): how many, and why (its region holds no more)."""
+    if got >= wanted:
+        return None
+    where = "the text" if region == "all" else f"the {region.replace('-', ' ')} of the text"
+    size = f" ({stream_tokens // (1 if region == 'all' else 2):,} of its {stream_tokens:,} tokens)" if stream_tokens else ""
+    return f"{got} of the {wanted} windows asked for: {where}{size} holds only {got} windows of {seq_len} tokens"
+
+
 def tokenize_stream(tokenizer, text: str, chunk_chars: int = 1 << 16):
     """The whole text as one 1-D token tensor (no special tokens), tokenized in line-aligned chunks."""
     import torch

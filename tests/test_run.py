@@ -203,17 +203,17 @@ def test_run_directory_is_locked(cli, tiny_llama, tmp_path):
 
 
 def test_run_never_replaces_its_source(cli, tiny_llama, tmp_path):
-    """A source checkpoint sitting where a variant's artifact would go is refused, not replaced."""
+    """A source checkpoint sitting where a variant's artifact would go (inside the run directory)
+    is refused at once, in one line, not replaced, and nothing is written."""
     out = tmp_path / "r"
     src = out / "artifacts" / "int4"
     shutil.copytree(tiny_llama, src)
     (src / "quantkit.json").write_text("{}")  # even one that looks like an artifact
     before = sorted((p.name, p.read_bytes()) for p in src.iterdir())
     code, _, err, _ = cli("run", str(_rtn_suite(tmp_path)), "--model", str(src), "--out", str(out), *SMALL, "--skip-eval", "--skip-bench")
-    assert code == 1
-    rep = json.loads((out / "report.json").read_text())
-    assert "is the source checkpoint" in rep["variants"]["int4"]["error"]
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "contains the source checkpoint" in err, err
     assert sorted((p.name, p.read_bytes()) for p in src.iterdir()) == before
+    assert sorted(p.name for p in out.iterdir()) == ["artifacts"]  # no steps.json, no report
 
 
 def test_run_out_is_a_file(cli, tiny_llama, tmp_path):

@@ -22,30 +22,56 @@ def _permission_denied(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and bool(exc.filename)
 
 
+def _fail(exc: BaseException, line: str, code: int):
+    """Print `line` and exit with `code`; under torchrun, only the process that reports `exc`
+    prints (distributed.error_line), and every process exits with `code`."""
+    from ..distributed import error_line, exit_silently
+
+    shown = error_line(exc, line)
+    if shown is None:
+        exit_silently(code)
+    click.echo(shown, err=True)
+    sys.exit(code)
+
+
+def _usage_error(exc: click.ClickException):
+    """Under torchrun a usage error (the same arguments in every process) is printed by each
+    machine's first process alone (click prints it); the others exit with its code, silent."""
+    from ..distributed import exit_silently, quiet
+
+    if quiet():
+        exit_silently(exc.exit_code)
+    raise exc
+
+
 class _Group(click.Group):
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.ClickException as exc:
+            _usage_error(exc)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except QuantkitError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
+            _fail(exc, f"error: {exc}", exc.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except click.ClickException as exc:
+            _usage_error(exc)
+        except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # a fault inside a library (or quantkit): one line, exit 1
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             if _permission_denied(exc):  # the user's files or directories, not a fault: exit 2
-                click.echo(f"error: {exc.filename}: {exc.strerror}", err=True)
-                sys.exit(2)
+                _fail(exc, f"error: {exc.filename}: {exc.strerror}", 2)
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            click.echo(f"error: {type(exc).__name__}: {first} (an unexpected failure; "
-                       "`quantkit --debug ...` shows the traceback)", err=True)
-            sys.exit(1)
+            _fail(exc, f"error: {type(exc).__name__}: {first} (an unexpected failure; `quantkit --debug ...` shows the traceback)", 1)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

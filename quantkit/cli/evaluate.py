@@ -104,29 +104,23 @@ def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, device, dtype,
     texts = list(texts) or ([] if task_list else default_texts())
     if max_tokens < seq_len:
         raise DataError(f"--max-tokens {max_tokens} is less than one window of --seq-len {seq_len}")
-    dev = resolve(device)  # an unavailable device: one line, before anything loads
+    resolve(device)  # an unavailable device: one line, before anything loads
     model_path, base_path = _model_path(model, engine), resolve_model(baseline)
-    if plan_only:
-        from ..planner import plan_eval, show
-
-        if engine != "transformers":
-            raise DataError("--plan estimates the transformers engine; llama.cpp's cost is the GGUF's size (quantkit bench --plan)")
-        return show(plan_eval(str(model_path), str(base_path), text=texts[0] if texts else None, seq_len=seq_len,
-                              max_tokens=max_tokens * max(1, len(texts)), dtype=dtype or ("float32" if dev.type == "cpu" else "bfloat16"),
-                              device=dev), as_json)
     if update_card:
         from ..card import check_card_updatable
 
         check_card_updatable(model_path)
+    options = dict(seq_len=seq_len, max_tokens=max_tokens, region=region, tasks=task_list, limit=limit, dtype=dtype, batch_size=batch_size,
+                   engine=engine, tasks_backend=tasks_backend, tensor_parallel=tensor_parallel, data_parallel=data_parallel,
+                   allow_overlap=allow_overlap, baseline_mismatch_ok=baseline_mismatch_ok, trust_remote_code=trust_remote_code)
+    if plan_only:  # the evaluation's own checks (evals.runner.prepare_eval), then its cost
+        from ..planner import plan_eval, show
+
+        return show(plan_eval(model_path, base_path, texts, device=device, **options), as_json)
     from ..distributed import session
 
     with session(device) as group:  # under torchrun: windows split across ranks (evals/parallel.py), each rank on its device
-        result = run_eval(
-            model_path, base_path, texts, seq_len=seq_len, max_tokens=max_tokens, region=region, tasks=task_list, limit=limit,
-            device=group.device if group else device, dtype=dtype, batch_size=batch_size, engine=engine, tasks_backend=tasks_backend,
-            tensor_parallel=tensor_parallel, data_parallel=data_parallel, allow_overlap=allow_overlap,
-            baseline_mismatch_ok=baseline_mismatch_ok, trust_remote_code=trust_remote_code,
-        )
+        result = run_eval(model_path, base_path, texts, device=group.device if group else device, **options)
     result["world_size"] = group.world_size if group else 1
     if not is_main_process():
         return  # a data-parallel rank other than 0: rank 0 reports

@@ -19,14 +19,18 @@ def _units(text: str) -> list[str]:
     return list(dict.fromkeys(units))
 
 
-def _check_model(src, group: int, budget: float, trust_remote_code: bool, symmetric: bool = True):
-    """On the meta skeleton, before loading: Llama-style layers, the group divides every width, a sane budget."""
+def _check_model(src, group: int, budget: float, trust_remote_code: bool, symmetric: bool = True, seq_len: int | None = None):
+    """On the meta skeleton, before loading: Llama-style layers, the group divides every width, a
+    sane budget, windows no longer than the model's context."""
     from ..errors import QuantkitError
     from ..models import read_config
-    from ..preflight import meta_model
+    from ..preflight import check_context, meta_model
     from ..sensitivity import check_group, decoder_layers, int4_bits
 
-    layers = decoder_layers(meta_model(read_config(src), trust_remote_code))
+    cfg = read_config(src)
+    if seq_len is not None:
+        check_context(cfg, seq_len, "--seq-len")
+    layers = decoder_layers(meta_model(cfg, trust_remote_code))
     check_group(layers, group)
     base = int4_bits(group, symmetric)
     if not base <= budget <= 16:
@@ -39,29 +43,34 @@ def analyse(model_ref: str, text: str, budget: float, units: list[str], group: i
     from .. import calib
     from ..device import resolve
     from ..models import checkpoint_hash, load_model, load_tokenizer, resolve_model
-    from ..progress import bar
-    from ..sensitivity import all_unit_weights, decoder_layers, greedy_pick, overrides, unit_kls
+    from ..progress import bar, note
+    from ..sensitivity import all_unit_weights, decoder_layers, greedy_pick, overrides, ranked, unit_kls
+    from ..text import shortfall
 
     device = resolve(device_spec)  # an unavailable device: one line, before anything loads
     src = resolve_model(model_ref)
-    _check_model(src, group, budget, trust_remote_code, symmetric)
+    _check_model(src, group, budget, trust_remote_code, symmetric, seq_len)
     calib.check_source(text, "--text")
     tok = load_tokenizer(src)
     model = load_model(src, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     digest = checkpoint_hash(src) if text.strip() == "self" else ""
     cs = calib.build(src, tok, text, samples=windows, seq_len=seq_len, seed=seed, region="second-half",
                      chat_template=False, model=model, model_hash=digest)
+    short = shortfall(len(cs.samples), windows, seq_len, "second-half", cs.manifest.get("stream_tokens"))
+    if short:
+        note(f"note: --text {text}: {short}; the ranking rests on those")
     import torch
 
     rows = torch.cat(cs.samples).to(device)
     layers = decoder_layers(model)
     with bar("sensitivity", total=len(layers)) as update:
-        results = unit_kls(model, rows, units, group, symmetric=symmetric,
-                           progress=lambda i, unit, kl: update(i + 1, f"sensitivity: layer {i + 1}/{len(layers)} {unit}"))
+        results, floor = unit_kls(model, rows, units, group, symmetric=symmetric,
+                                  progress=lambda i, unit, kl: update(i + 1, f"sensitivity: layer {i + 1}/{len(layers)} {unit}"))
     picked, bpw = greedy_pick(results, all_unit_weights(layers), group, budget, symmetric)
     return {"model": str(src), "text": cs.manifest, "device": str(device), "dtype": dtype, "group_size": group, "symmetric": symmetric,
             "budget": budget, "units": units,
-            "ranking": sorted(results, key=lambda r: (-r["kl"], r["layer"], r["unit"])),
+            "windows": {"requested": windows, "used": len(cs.samples), "seq_len": seq_len, "note": short},
+            "noise_floor": floor, "ranking": ranked(results),
             "picked": [{"layer": r["layer"], "unit": r["unit"]} for r in picked], "bits_per_weight": bpw,
             "overrides": overrides(picked)}
 
@@ -71,11 +80,21 @@ def render(out: dict, top: int) -> str:
 
     t = out["text"]
     kind = "" if out["symmetric"] else " asymmetric"
+    floor = out["noise_floor"]["kl"]
     lines = [f"INT4 RTN g{out['group_size']}{kind} sensitivity of {out['model']}: mean KL against the model itself, "
              f"{t.get('samples')} x {t.get('seq_len')} tokens of {t.get('source')} ({t.get('region', 'second-half')})",
-             f"{'rank':>4}  {'layer':>5}  {'unit':<8}  {'KL':>8}  {'weights':>9}"]
+             f"{'rank':>4}  {'layer':>5}  {'unit':<8}  {'KL':>9}  {'weights':>9}"]
     for i, r in enumerate(out["ranking"][:top], 1):
-        lines.append(f"{i:>4}  {r['layer']:>5}  {r['unit']:<8}  {r['kl']:>8.4f}  {r['weights']:>9,}")
+        rank, kl = ("=", f"<{floor:.1e}") if r["below_noise"] else (str(i), _kl(r["kl"]))
+        lines.append(f"{rank:>4}  {r['layer']:>5}  {r['unit']:<8}  {kl:>9}  {r['weights']:>9,}")
+    noisy = sum(r["below_noise"] for r in out["ranking"])
+    lines.append(f"# noise floor: KL {floor:.1e} ({out['noise_floor']['method']}); KL is never negative, so a measured "
+                 "negative value (float rounding) counts as 0")
+    if noisy:
+        lines.append(f"# {noisy} units ('=') are below the floor: their INT4 cost cannot be told from rounding, so they are "
+                     "tied, unranked, and never picked for INT8")
+    if out["windows"]["note"]:
+        lines.append(f"# {out['windows']['note']}")
     lines.append(f"# {len(out['picked'])} units at INT8 per channel: {out['bits_per_weight']:.3f} bits/weight (budget {out['budget']:g})")
     if out["overrides"]:
         lines.append("# under steps[0].quantize of an INT4 recipe:")
@@ -83,6 +102,11 @@ def render(out: dict, top: int) -> str:
     else:
         lines.append("# the budget leaves no room for an INT8 unit: no overrides")
     return "\n".join(lines)
+
+
+def _kl(x: float) -> str:
+    """Four decimals where they show the figure; scientific notation for smaller ones (never '-0.0000')."""
+    return f"{x:.4f}" if x >= 1e-3 or x == 0 else f"{x:.2e}"
 
 
 @click.command("sensitivity")

@@ -32,18 +32,28 @@ def label_of(spec: str) -> str:
     return spec
 
 
-def labelled(specs) -> list[tuple[str, str]]:
-    """[(label, spec)] in the order given; the same text twice is a user error, and two different
-    texts with one name (two files called eval.txt) are told apart by a suffix."""
+def labelled(specs, option: str = "--text") -> list[tuple[str, str]]:
+    """[(label, spec)] in the order given; the same text twice is a user error - the same SPEC, or
+    two SPECs naming the same content (a symlink, a byte-identical copy, a set and its file:
+    text.content_key), which would be scored as two domains - and two different texts with one
+    name (two files called eval.txt) are told apart by a suffix."""
+    from ..text import content_key
+
     out: list[tuple[str, str]] = []
-    seen_specs, seen_labels = set(), set()
+    seen: dict[str, str] = {}
+    seen_labels = set()
     for spec in specs:
         spec = str(spec).strip()
         if not spec:
-            raise DataError("--text: an empty text SPEC")
-        if spec in seen_specs:
-            raise DataError(f"--text {spec} is given twice; each domain is evaluated once")
-        seen_specs.add(spec)
+            raise DataError(f"{option}: an empty text SPEC")
+        if spec in seen:
+            raise DataError(f"{option} {spec} is given twice; each domain is evaluated once")
+        key = content_key(spec)
+        first = next((s for s, k in seen.items() if key is not None and k == key), None)
+        if first is not None:
+            same = f" (sha256 {key[7:19]}…)" if key.startswith("sha256:") else ""
+            raise DataError(f"{option} {spec} is the same text as {option} {first}{same}; each domain is evaluated once")
+        seen[spec] = key
         label, n = label_of(spec), 2
         while label in seen_labels:
             label = f"{label_of(spec)}-{n}"

@@ -191,22 +191,39 @@ def _subject(model_path: Path, base_path: Path, o: EvalOptions, dev, tok_b, base
     return _Subject(meta, tok_m, vocab, check_baseline(model_path, base_path, meta, base_hash, o.baseline_mismatch_ok), False)
 
 
-def _windows(texts: list[str], model_path: Path, base_path: Path, tok_b, base_hash: str, subject: _Subject, o: EvalOptions, dev) -> list:
+def _windows(texts: list[str], model_path: Path, base_path: Path, tok_b, base_hash: str, subject: _Subject, o: EvalOptions, dev,
+             planning: bool = False) -> list:
     """[(label, spec, Windows, overlap check)] for every text, in the order given; every text is read,
     cut and checked against what the model was fitted on before any model loads (`self` text, which
-    the baseline generates, last)."""
+    the baseline generates, last; under `planning` not at all: its Windows is None)."""
     from .domains import labelled
 
     items = [(label, spec, parse_spec(spec)) for label, spec in labelled(texts)]  # a bad SPEC fails before any text is read
     out = {}
     for label, spec, parsed in sorted(items, key=lambda it: it[2].kind == "self"):
+        if parsed.kind == "self" and planning:
+            out[label] = (label, spec, None, None)
+            continue
         if parsed.kind == "self":
             w = _self_windows(base_path, tok_b, o.seq_len, o.max_tokens, base_hash, o.trust_remote_code, dev)
         else:
             w = text_windows(tok_b, parsed, seq_len=o.seq_len, max_tokens=o.max_tokens, region=o.region)
         overlap = {"allowed": True} if o.allow_overlap else check_disjoint_from_fitted(model_path, subject.meta, w)
         out[label] = (label, spec, w, overlap)
+    _say_if_short(out.values(), o)
     return [out[label] for label, _, _ in items]
+
+
+def _say_if_short(items, o: EvalOptions) -> None:
+    """A text with fewer windows than --max-tokens asks for (its region holds no more) is said,
+    not hidden; once every text has passed its checks, so a refusal stays one line."""
+    from ..progress import note
+    from ..text import shortfall
+
+    for label, _, w, _ in items:
+        line = w and shortfall(len(w.tokens), max(1, o.max_tokens // o.seq_len), o.seq_len, o.region, w.provenance.get("stream_tokens"))
+        if line:
+            note(f"note: {label}: {line}")
 
 
 def _loader(path: Path, o: EvalOptions, dev, dtype: str):
@@ -265,26 +282,39 @@ def _score_texts(items: list, bases: list, model_path: Path, base_path: Path, su
                 with bar(f"scoring ({label})", total=len(w.tokens)) as update:
                     figures = score(scorer, w, base, update)
             rows.append({"label": label, "text": spec, **figures, "score_seconds": time.perf_counter() - t,
-                         "baseline_cached": hit, "windows": w.describe(), "overlap_check": overlap})
+                         "baseline_cached": hit, "windows": {**w.describe(), "requested": max(1, o.max_tokens // o.seq_len)},
+                         "overlap_check": overlap})
     finally:
         close()
     model = getattr(scorer, "model", None)
     return rows, engine, model
 
 
-def run_eval(model_path: Path, base_path: Path, texts, **kw) -> dict:
-    """PPL, KL and top-1 of `model_path` against `base_path` on each text (a SPEC or a list of them;
-    one result per text, in `texts`), and lm-eval task deltas. EvalOptions' fields are the keywords.
+@dataclass
+class Prepared:
+    """An evaluation checked and ready to load models: what `quantkit eval` and `eval --plan` share."""
 
-    Every check that can refuse (options, the device, tokenizers, the baseline's identity, each
-    text, its overlap with what the artifact was fitted on) runs before a model is loaded."""
+    options: EvalOptions
+    device: Any  # torch.device
+    dtype: str
+    tok_b: Any
+    base_hash: str
+    subject: _Subject
+    items: list  # _windows' [(label, spec, Windows, overlap)]; Windows None for `self` under planning
+
+
+def prepare_eval(model_path: Path, base_path: Path, texts, planning: bool = False, **kw) -> Prepared:
+    """Every check that can refuse (options, the device, the window length against both models'
+    context, tokenizers, the baseline's identity, each text, its overlap with what the artifact was
+    fitted on), before any model is loaded. `planning` (eval --plan): `self` text, which the
+    baseline generates, is left for the evaluation itself."""
     from .. import device as devices
+    from ..preflight import check_context
     from .placement import default_dtype
 
     o = EvalOptions(**kw)
     _check_options(o)
     texts = [texts] if isinstance(texts, str) else list(texts or [])
-    t0 = time.perf_counter()
     dev = devices.resolve(o.device)
     if o.engine == "llamacpp" and str(o.device or "auto") == "auto" and dev.type != "cpu":
         from ..bench.engines.llamacpp import gpu_offload
@@ -292,10 +322,30 @@ def run_eval(model_path: Path, base_path: Path, texts, **kw) -> dict:
         dev = dev if gpu_offload() else devices.resolve("cpu")  # auto: the CPU for a CPU-only llama.cpp build
     dtype = o.dtype or default_dtype(dev)
     check_remote_code(base_path, read_config(base_path), o.trust_remote_code)  # before any tokenizer or model code is imported
+    if texts:
+        for path in (base_path, model_path):
+            if path.is_dir():  # a GGUF file's context is llama.cpp's to enforce
+                check_context(read_config(path), o.seq_len, "--seq-len")
     tok_b = load_tokenizer(base_path, o.trust_remote_code)
     base_hash = checkpoint_hash(base_path)
     subject = _subject(model_path, base_path, o, dev, tok_b, base_hash)
-    items = _windows(texts, model_path, base_path, tok_b, base_hash, subject, o, dev) if texts else []
+    items = _windows(texts, model_path, base_path, tok_b, base_hash, subject, o, dev, planning) if texts else []
+    return Prepared(o, dev, dtype, tok_b, base_hash, subject, items)
+
+
+def run_eval(model_path: Path, base_path: Path, texts, **kw) -> dict:
+    """PPL, KL and top-1 of `model_path` against `base_path` on each text (a SPEC or a list of them;
+    one result per text, in `texts`), and lm-eval task deltas. EvalOptions' fields are the keywords.
+
+    prepare_eval's checks run first; under torchrun every rank makes them and rank 0 alone reports
+    a refusal (distributed.together)."""
+    from .. import device as devices
+    from ..distributed import together
+
+    t0 = time.perf_counter()
+    with together("its checks"):
+        p = prepare_eval(model_path, base_path, texts, **kw)
+    o, dev, dtype, tok_b, base_hash, subject, items = p.options, p.device, p.dtype, p.tok_b, p.base_hash, p.subject, p.items
     result: dict = {"model": str(model_path), "baseline": str(base_path), "engine": o.engine, "dtype": dtype,
                     "device": devices.describe(dev, dtype), "baseline_check": subject.baseline_check, "texts": [], "tasks": {}}
     model = None
