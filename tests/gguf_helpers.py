@@ -114,3 +114,58 @@ def craft_artifact(src: Path, out: Path, case: str) -> Path:
                                   "ignore": ["lm_head"]}
     (out / "config.json").write_text(json.dumps(cfg))
     return out
+
+
+def rerecord(artifact: Path) -> Path:
+    """Re-record an artifact's manifest after a test changed its files on purpose, so the export's
+    own checks (not the manifest's) meet the change."""
+    from quantkit.integrity import manifest
+
+    meta_file = Path(artifact) / "quantkit.json"
+    meta = json.loads(meta_file.read_text())
+    meta["files"] = manifest(Path(artifact), fsync=False)
+    meta_file.write_text(json.dumps(meta))
+    return artifact
+
+
+def flip_tensor_bytes(shard: Path, suffix: str, n: int = 4096) -> str:
+    """Invert the first `n` bytes of the data of the first tensor whose name ends with `suffix`, in
+    place (the file keeps its size); returns the tensor's name."""
+    blob = bytearray(Path(shard).read_bytes())
+    hlen = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8: 8 + hlen])
+    name = next(k for k in sorted(header) if k.endswith(suffix))
+    start, end = header[name]["data_offsets"]
+    lo = 8 + hlen + start
+    for i in range(lo, min(lo + n, 8 + hlen + end)):
+        blob[i] ^= 0xFF
+    Path(shard).write_bytes(bytes(blob))
+    return name
+
+
+def without_quantkit_keys(gguf_file: Path, out: Path) -> Path:
+    """A copy of a GGUF whose quantkit.* keys are renamed (same length, so the file stays valid):
+    a GGUF as another tool would have written it."""
+    import gguf
+
+    data = Path(gguf_file).read_bytes()
+    end = gguf.GGUFReader(str(gguf_file)).data_offset
+    out.write_bytes(data[:end].replace(b"quantkit.", b"imported.") + data[end:])
+    return out
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under root (links not followed) -> its sha256; links -> their target."""
+    import hashlib
+    import os
+
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = "-> " + os.readlink(p)
+            elif p.is_file():
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out

@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 
 from fixtures import build_checkpoint
-from gguf_helpers import artifact_weights, craft_artifact, gguf_tensors, hf_name_map
+from gguf_helpers import artifact_weights, craft_artifact, gguf_tensors, hf_name_map, rerecord
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_CALIB = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
@@ -176,7 +176,11 @@ def test_metadata_round_trips(cli, artifacts, tmp_path):
     assert len(f("tokenizer.ggml.merges")) > 0
     assert (f("tokenizer.ggml.bos_token_id"), f("tokenizer.ggml.eos_token_id")) == (1, 2)
     assert "<|im_start|>" in f("tokenizer.chat_template")
-    assert f("quantkit.lossless") is True and f("quantkit.source.sha256") == rec["source"]["sha256"]
+    assert f("quantkit.lossless") is True and f("quantkit.artifact.sha256") == rec["source"]["sha256"]
+    meta = json.loads((artifacts["gptq-g64-gqa"] / "quantkit.json").read_text())
+    # the origin is the checkpoint the artifact was converted from, not the artifact
+    assert f("quantkit.source.sha256") == rec["origin"]["sha256"] == meta["source"]["sha256"] != rec["source"]["sha256"]
+    assert json.loads(f("quantkit.provenance"))["calibration"] == json.loads(json.dumps(meta["calibration"]))
     assert json.loads(f("quantkit.quantization"))["group_size"] == 64
     info = inspect(out)
     assert info["tensor_types"]["Q4_0"] == 14 and info["bytes_by_type"]["Q4_0"] == sum(
@@ -331,7 +335,7 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(cli, artifacts, models
     shutil.copytree(art, trunc)
     st = trunc / "model.safetensors"
     st.write_bytes(st.read_bytes()[: st.stat().st_size // 2])
-    cases["truncated safetensors"] = (trunc, "truncated")
+    cases["truncated safetensors"] = (rerecord(trunc), "truncated")
     phi = tmp_path / "phi"
     shutil.copytree(models["llama-gqa"], phi)
     cfg = json.loads((phi / "config.json").read_text())
@@ -346,14 +350,14 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(cli, artifacts, models
     cfg = json.loads((lies / "config.json").read_text())
     cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 64  # the tensors hold group 32
     (lies / "config.json").write_text(json.dumps(cfg))
-    cases["config that does not match its tensors"] = (lies, "weight_scale has shape")
+    cases["config that does not match its tensors"] = (rerecord(lies), "weight_scale has shape")
     online = tmp_path / "online"
     shutil.copytree(artifacts["spin-gptq-gqa"], online)
     cfg = json.loads((online / "config.json").read_text())
     cfg["quantization_config"]["transform_config"]["config_groups"]["R4"] = {
         "type": "hadamard", "apply": [{"targets": ["re:.*down_proj$"], "location": "input"}]}  # QuaRot's online R4
     (online / "config.json").write_text(json.dumps(cfg))
-    cases["an online rotation"] = (online, "rotates activations at run time (R4 at input")
+    cases["an online rotation"] = (rerecord(online), "rotates activations at run time (R4 at input")
     cases["not a directory"] = (tmp_path / "missing", "not a directory")
     gg = tmp_path / "in.gguf"
     gg.write_bytes(b"GGUF" + bytes(60))
@@ -367,9 +371,10 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(cli, artifacts, models
 
 def test_existing_out_needs_force_and_a_failed_export_leaves_it(cli, artifacts, tmp_path, monkeypatch):
     out = tmp_path / "keep.gguf"
-    out.write_bytes(b"old")
+    assert export(cli, artifacts["rtn-g32-mha"], out)[0] == 0
+    old, old_record = out.read_bytes(), (tmp_path / "keep.quantkit.json").read_bytes()
     code, _, err, _ = export(cli, artifacts["rtn-g32-mha"], out)
-    assert code == 2 and "--force" in err and out.read_bytes() == b"old"
+    assert code == 2 and "--force" in err and out.read_bytes() == old
     code, _, err, _ = cli("export", str(artifacts["rtn-g32-mha"]), "--format", "gguf", "--out", str(tmp_path))
     assert code == 2 and "is a directory" in err
     import quantkit.gguf.write as w
@@ -383,9 +388,14 @@ def test_existing_out_needs_force_and_a_failed_export_leaves_it(cli, artifacts, 
             raise KeyboardInterrupt
         return real(art, plan)
 
+    def untouched():
+        assert out.read_bytes() == old and (tmp_path / "keep.quantkit.json").read_bytes() == old_record
+        assert not list(tmp_path.glob(".keep*"))  # no temp file, no lock
+
     monkeypatch.setattr(w, "tensor_bytes", failing)
     code, _, err, _ = export(cli, artifacts["rtn-g32-mha"], out, "--force")
-    assert code == 130 and out.read_bytes() == b"old" and not list(tmp_path.glob(".keep.gguf.partial-*"))
+    assert code == 130
+    untouched()
 
     def disk_full(art, plan):
         raise OSError(28, "No space left on device")
@@ -393,10 +403,11 @@ def test_existing_out_needs_force_and_a_failed_export_leaves_it(cli, artifacts, 
     monkeypatch.setattr(w, "tensor_bytes", disk_full)
     code, _, err, _ = export(cli, artifacts["rtn-g32-mha"], out, "--force")
     assert code == 2 and "No space left on device" in err and err.count("\n") == 1
-    assert out.read_bytes() == b"old" and not list(tmp_path.glob(".keep.gguf.partial-*"))
-    code, _, err, _ = cli("export", str(artifacts["rtn-g32-mha"]), "--format", "gguf", "--force",
-                          "--out", str(artifacts["rtn-g32-mha"] / "config.json"))
-    assert code == 2 and "file of the artifact" in err
+    untouched()
+    monkeypatch.setattr(w, "tensor_bytes", real)
+    code, _, err, rec = export(cli, artifacts["rtn-g32-mha"], out, "--force")
+    assert code == 0, err
+    assert json.loads((tmp_path / "keep.quantkit.json").read_text())["sha256"] == rec["sha256"]
 
 
 def test_default_out_is_beside_the_artifact(cli, artifacts, tmp_path):

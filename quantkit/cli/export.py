@@ -23,7 +23,8 @@ FORMATS = {"gguf": _gguf}
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), required=True, help="Format to write.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="File to write (default: ARTIFACT.gguf beside the artifact directory).")
+              help="File to write, with its record NAME.quantkit.json beside it (default: ARTIFACT.gguf beside the "
+                   "artifact directory); never inside the artifact or the checkpoint it was converted from.")
 @click.option("--embeddings", type=click.Choice(["keep", "q8_0"]), default="keep", show_default=True,
               help="token_embd/output: keep their 16 bits, or Q8_0 (lossy; its KL is measured).")
 @click.option("--allow-lossy", is_flag=True,
@@ -31,10 +32,12 @@ FORMATS = {"gguf": _gguf}
                    "scales that are not fp16 values) with ggml's rounding, and report the KL instead of refusing.")
 @click.option("--kl-text", default=None, metavar="SPEC",
               help="Text for a lossy export's KL (file:PATH, set:NAME, hf:...; default: seeded random token ids).")
-@click.option("--force", is_flag=True, help="Replace an existing --out.")
+@click.option("--force", is_flag=True, help="Replace an existing --out and its record, only when quantkit export wrote them.")
 @json_option
 def export_cmd(artifact, fmt, out, embeddings, allow_lossy, kl_text, force, as_json):
-    """Export a quantkit ARTIFACT (compressed-tensors INT4/INT8 or 16-bit) for llama.cpp, exactly where grids match."""
+    """Export a quantkit ARTIFACT (compressed-tensors INT4/INT8 or 16-bit) for llama.cpp, exactly where grids match.
+
+    An artifact quantkit converted must still match its sha256 manifest, as for publish."""
     record = FORMATS[fmt](artifact, out, embeddings=embeddings, allow_lossy=allow_lossy, force=force, kl_text=kl_text)
     if as_json:
         echo_json(record)

@@ -1,9 +1,15 @@
 """`export_gguf`: a quantkit artifact (compressed-tensors INT4/INT8, or a dense 16-bit checkpoint)
 -> one GGUF file for llama.cpp, plus a `NAME.quantkit.json` record beside it.
 
-Order: refuse what cannot be exported (before anything is written), plan every tensor, write and
-check each, read the table back, rename into place, hash, and write the record. A lossy export
-(only with --allow-lossy or --embeddings q8_0) also measures its KL against the artifact.
+Order: refuse an --out export may not write (target.py) and an artifact whose files differ from its
+manifest (integrity.check, as publish does), before anything is written; take the lock and check
+--out again; refuse what cannot be exported, plan every tensor, write and check each, read the
+table back, hash, and rename the file and its record into place together. A lossy export (only
+with --allow-lossy or --embeddings q8_0) also measures its KL against the artifact.
+
+The GGUF carries its origin: `quantkit.source.sha256` is the checkpoint the artifact was converted
+from (what eval's --baseline must be), `quantkit.artifact.sha256` the artifact's own hash, and
+`quantkit.provenance` what eval's overlap check reads (the texts the artifact was fitted on).
 """
 
 from __future__ import annotations
@@ -12,13 +18,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import exclusive, write_json
+from .. import integrity
+from ..artifact import read_meta
+from ..atomic import exclusive, sigterm_as_interrupt
 from ..errors import ModelError, QuantkitError
 from ..integrity import sha256_file as _sha256
-from . import arch, plan
+from . import arch, plan, target
+from .read import Origin
 from .source import Artifact, quant_method
+from .target import record_path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: quantkit.source.sha256 names the checkpoint converted from (1: the artifact)
 
 
 @dataclass(frozen=True)
@@ -32,26 +42,6 @@ class GgufOptions:
 def default_out(artifact: Path) -> Path:
     artifact = Path(artifact).resolve()
     return artifact.parent / f"{artifact.name}.gguf"
-
-
-def record_path(out: Path) -> Path:
-    return out.with_name((out.name[: -len(".gguf")] if out.name.endswith(".gguf") else out.name) + ".quantkit.json")
-
-
-def _check_target(out: Path, artifact: Path, force: bool, kl_text: str | None) -> None:
-    from ..artifact import guard_out, model_inputs, text_input
-
-    guard_out(out, [*model_inputs(artifact), *text_input(kl_text, "the KL text")])
-    if out.exists() and out.is_dir():
-        raise QuantkitError(f"{out} is a directory; --out names the .gguf file to write")
-    if out.exists() and not force:
-        raise QuantkitError(f"{out} already exists; pass --force to replace it")
-    if out.exists() and out.resolve().parent == artifact.resolve() and out.suffix != ".gguf":
-        raise QuantkitError(f"{out} is a file of the artifact; --out names a .gguf file to write")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise QuantkitError(f"{out.parent}: cannot create the output directory ({exc.strerror or type(exc).__name__})") from None
 
 
 def _check_artifact(art: Artifact) -> None:
@@ -105,36 +95,60 @@ def online_transforms(transform_config) -> list[str]:
 
 def export_gguf(artifact: Path, out: Path | None = None, opts: GgufOptions = GgufOptions()) -> dict:
     """Export `artifact` to `out` (default: ARTIFACT.gguf beside it); returns the record."""
-    from ..models import checkpoint_hash
-    from .write import staged_file, write
-
     if opts.embeddings not in plan.EMBEDDING_TYPES:
         raise QuantkitError(f"--embeddings {opts.embeddings}: use one of {', '.join(plan.EMBEDDING_TYPES)}")
+    with sigterm_as_interrupt():  # `kill` unwinds like Ctrl-C: the temp files and the lock go, --out stays as it was
+        return _export(Path(artifact), opts, Path(out) if out is not None else default_out(artifact))
+
+
+def _export(artifact: Path, opts: GgufOptions, out: Path) -> dict:
+    from .write import staged_file, write
+
     t0 = time.perf_counter()
-    artifact = Path(artifact)
     if artifact.is_file() and _head(artifact) == b"GGUF":
         raise QuantkitError(f"{artifact} is already a GGUF file; export takes a quantkit artifact directory")
-    out = Path(out) if out is not None else default_out(artifact)
-    _check_target(out, artifact, opts.force, opts.kl_text)
+    meta = read_meta(artifact) if artifact.is_dir() else {}
+    target.check(out, artifact, meta, opts.force, opts.kl_text)
+    if meta:  # the bytes are those `quantkit convert` recorded, checked as publish checks them
+        integrity.check(artifact, meta, deep=True)
+    target.make_parent(out)
     with exclusive(out, what=str(out)), Artifact(artifact) as art:
+        target.check(out, artifact, meta, opts.force, opts.kl_text)  # again under the lock: another export may have written it
         _check_artifact(art)
         hp = arch.hparams(art.path, art.config)
         plans = plan.make_plan(art, hp, embeddings=opts.embeddings, allow_lossy=opts.allow_lossy)
-        source_hash = checkpoint_hash(art.path)
+        origin = _origin(art, meta)
         try:
-            with staged_file(out) as tmp:
-                written = write(tmp, art, hp, plans, source_hash)
-                record = _record(art, hp, plans, written, tmp, source_hash)
+            with staged_file(out, record_path(out)) as stage:
+                written = write(stage.path, art, hp, plans, origin)
+                record = _record(art, hp, plans, written, stage.path, origin)
                 record["gguf"] = str(out.resolve())
                 if not record["lossless"]:
                     from .fidelity import logits_kl
 
-                    record["kl_vs_artifact"] = logits_kl(art.path, tmp, plans, hp, opts.kl_text)
-        except OSError as exc:  # a full disk, a read-only directory: the temp file is gone, --out untouched
+                    record["kl_vs_artifact"] = logits_kl(art.path, stage.path, plans, hp, opts.kl_text)
+                record["wall_seconds"] = time.perf_counter() - t0
+                stage.record = record
+        except OSError as exc:  # a full disk, a read-only directory: the temp files are gone, --out untouched
             raise QuantkitError(f"{out}: cannot write the GGUF ({exc.strerror or type(exc).__name__}); nothing was written") from None
-        record["wall_seconds"] = time.perf_counter() - t0
-        write_json(record_path(out), record)
     return record
+
+
+def _origin(art: Artifact, meta: dict) -> Origin:
+    """The checkpoint the artifact was converted from (quantkit.json `source.sha256`; a checkpoint
+    without one is its own origin), the artifact's own hash, and what eval's baseline and overlap
+    checks read from quantkit.json (the source, the calibration and GQA recovery windows)."""
+    from ..models import checkpoint_hash
+
+    own = checkpoint_hash(art.path)
+    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    recorded = source.get("sha256") if isinstance(source.get("sha256"), str) else None
+    if recorded is None:
+        return Origin(own, own, None)
+    recover = ((meta.get("gqa") or {}).get("recover") or {}) if isinstance(meta.get("gqa"), dict) else {}
+    provenance = {"source": {"path": source.get("path"), "sha256": recorded}, "base_model": meta.get("base_model"),
+                  "calibration": meta.get("calibration"), "gqa": {"recover": {"windows": recover.get("windows")}}}
+    return Origin(recorded, own, provenance)
 
 
 def _head(path: Path) -> bytes:
@@ -142,7 +156,7 @@ def _head(path: Path) -> bytes:
         return fh.read(4)
 
 
-def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Path, source_hash: str) -> dict:
+def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Path, origin: Origin) -> dict:
     import gguf
 
     from .. import __version__
@@ -157,8 +171,10 @@ def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Pa
         "gguf": str(out),
         "sha256": _sha256(out),
         "bytes": out.stat().st_size,
-        "source": {"artifact": str(art.path.resolve()), "sha256": source_hash, "name": art.meta.get("name"),
+        "source": {"artifact": str(art.path.resolve()), "sha256": origin.artifact_sha256, "name": art.meta.get("name"),
                    "quantization": art.meta.get("quantization")},
+        "origin": {"sha256": origin.source_sha256, "path": ((origin.provenance or {}).get("source") or {}).get("path")
+                   or str(art.path.resolve())},
         "architecture": hp.spec.gguf_arch.lower(),
         "model_type": hp.model_type,
         "lossless": not lossy,

@@ -1,17 +1,22 @@
 """Opening a GGUF file safely: a truncated file or one that is not a GGUF is one clear error.
 
 `inspect` returns what the rest of quantkit needs to know about a GGUF without loading it
-(architecture, tensor types, bytes by type, quantkit's own keys), through `gguf.GGUFReader`.
+(architecture, tensor types, bytes by type, quantkit's own keys), through `gguf.GGUFReader`;
+`origin` where quantkit export says the file came from; `written_by_quantkit` whether it did.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelError
 
 GGUF_MAGIC = b"GGUF"
+# What gguf.GGUFReader raises on a file that is not a whole GGUF.
+READ_ERRORS = (ValueError, IndexError, KeyError, OverflowError, MemoryError, UnicodeDecodeError)
 
 
 def open_reader(path: Path):
@@ -27,7 +32,7 @@ def open_reader(path: Path):
         raise ModelError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
     try:
         reader = gguf.GGUFReader(str(path))
-    except (ValueError, IndexError, KeyError, OverflowError, MemoryError, UnicodeDecodeError) as exc:
+    except READ_ERRORS as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         raise ModelError(f"{path}: corrupt or truncated GGUF file ({first})") from None
     size = path.stat().st_size
@@ -66,3 +71,46 @@ def inspect(path: Path) -> dict:
         "block_count": field_value(reader, f"{arch}.block_count") if arch else None,
         "quantkit_lossless": field_value(reader, "quantkit.lossless"),
     }
+
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a GGUF came from, as quantkit export writes it into the file (write.py `_metadata`)."""
+
+    source_sha256: str | None  # the checkpoint the artifact was converted from (the artifact itself when it records none)
+    artifact_sha256: str | None  # the artifact that was exported; absent from GGUFs of older quantkit versions
+    provenance: dict | None  # the conversion's source and fitted texts, quantkit.json-shaped (None: no conversion record)
+
+    @property
+    def known(self) -> bool:
+        """quantkit export wrote it, recent enough that source_sha256 names the checkpoint converted from
+        (older versions stored the artifact's own hash under that key)."""
+        return self.artifact_sha256 is not None
+
+
+def origin(reader) -> Origin:
+    def text(key):
+        value = field_value(reader, key)
+        return value if isinstance(value, str) else None
+
+    try:
+        prov = json.loads(text("quantkit.provenance") or "null")
+    except json.JSONDecodeError:
+        prov = None
+    return Origin(text("quantkit.source.sha256"), text("quantkit.artifact.sha256"), prov if isinstance(prov, dict) else None)
+
+
+def written_by_quantkit(path: Path) -> bool:
+    """The file is a GGUF whose header carries quantkit export's own keys (a header that does not
+    parse, or a file that is not a GGUF, is not)."""
+    import gguf
+
+    with open(path, "rb") as fh:
+        if fh.read(4) != GGUF_MAGIC:
+            return False
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except READ_ERRORS:
+        return False
+    return isinstance(field_value(reader, "quantkit.version"), str)

@@ -1,47 +1,86 @@
 """Writing the GGUF: header and metadata first, then each tensor streamed one at a time.
 
 The file is written under a temp name beside the target, fsync'ed and renamed into place only when
-every tensor has passed its check and the file reads back with the planned tensor table; a failure
-(or Ctrl-C) removes the temp file, so the target is never half written. A kill -9 can leave a
-`.NAME.partial-*` file, which the next export to the same target removes.
+every tensor has passed its check and the file reads back with the planned tensor table; its
+export record is staged beside it the same way and renamed in the same step, with SIGINT/SIGTERM
+held between the two renames, so a GGUF never stands beside another export's record. A failure
+(or Ctrl-C, or `kill`) removes the temp files, so the target is never half written. A kill -9 can
+leave `.NAME.partial-PID` files, which the next export to the same target removes (under its lock).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..atomic import fsync_dir
+from ..atomic import file_mode, fsync_dir, signals_deferred
 from .arch import Hparams, add_hparams, extra_tensors
 from .plan import TensorPlan, file_type, mapping_summary
-from .read import open_reader
+from .read import Origin, open_reader
 from .source import Artifact
 from .tensors import tensor_bytes
 from .vocab import VocabInfo, add_vocab
 
 
+@dataclass
+class Stage:
+    """The GGUF's temp file, and the export record to rename into place with it."""
+
+    path: Path
+    record: dict | None = None
+
+
+def _partial(path: Path) -> Path:
+    return path.parent / f".{path.name}.partial-{os.getpid()}"
+
+
+def _remove_stale(path: Path) -> None:
+    """What a killed export left: an exact name (a glob of `path.name` could match other targets' files)."""
+    pat = re.compile(rf"\.{re.escape(path.name)}\.partial-\d+")
+    for stale in path.parent.iterdir():
+        if pat.fullmatch(stale.name) and stale.is_file() and not stale.is_symlink():
+            stale.unlink(missing_ok=True)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(path, file_mode())
+
+
 @contextmanager
-def staged_file(out: Path):
-    """Yield a temp path beside `out`; fsync and rename it to `out` when the block succeeds."""
-    for stale in out.parent.glob(f".{out.name}.partial-*"):
-        stale.unlink(missing_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+def staged_file(out: Path, record_file: Path):
+    """Yield a Stage beside `out`; when the block succeeds, fsync and rename it to `out` and its
+    `record` (set by the block) to `record_file`, as one step."""
+    _remove_stale(out)
+    _remove_stale(record_file)
+    stage, rec_tmp = Stage(_partial(out)), _partial(record_file)
     try:
-        yield tmp
-        with open(tmp, "rb+") as fh:
+        yield stage
+        with open(stage.path, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, out)
+        if stage.record is not None:
+            _write_synced(rec_tmp, json.dumps(stage.record, indent=2, default=str) + "\n")
+        with signals_deferred():
+            os.replace(stage.path, out)
+            if stage.record is not None:
+                os.replace(rec_tmp, record_file)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        stage.path.unlink(missing_ok=True)
+        rec_tmp.unlink(missing_ok=True)
         raise
     fsync_dir(out.parent)
 
 
-def _metadata(writer, art: Artifact, hp: Hparams, plans: list[TensorPlan], source_hash: str) -> VocabInfo:
+def _metadata(writer, art: Artifact, hp: Hparams, plans: list[TensorPlan], origin: Origin) -> VocabInfo:
     import gguf
 
     from .. import __version__
@@ -57,7 +96,10 @@ def _metadata(writer, art: Artifact, hp: Hparams, plans: list[TensorPlan], sourc
     # quantkit's own keys (llama.cpp ignores keys it does not know): what the file claims and where it came from
     writer.add_bool("quantkit.lossless", all(p.exact for p in plans))
     writer.add_string("quantkit.version", __version__)
-    writer.add_string("quantkit.source.sha256", source_hash)
+    writer.add_string("quantkit.source.sha256", origin.source_sha256)  # eval's baseline check compares it
+    writer.add_string("quantkit.artifact.sha256", origin.artifact_sha256)
+    if origin.provenance is not None:  # a GGUF moved away from its record still carries eval's baseline and overlap checks
+        writer.add_string("quantkit.provenance", json.dumps(origin.provenance, default=str))
     writer.add_string("quantkit.mapping", json.dumps(mapping_summary(plans)))
     if art.meta.get("quantization"):
         writer.add_string("quantkit.quantization", json.dumps(art.meta["quantization"], default=str))
@@ -70,14 +112,14 @@ def _byte_shape(shape: tuple[int, ...], qtype: str) -> tuple[int, ...]:
     return gguf.quant_shape_to_byte_shape(shape, getattr(gguf.GGMLQuantizationType, qtype))
 
 
-def write(tmp: Path, art: Artifact, hp: Hparams, plans: list[TensorPlan], source_hash: str) -> dict:
+def write(tmp: Path, art: Artifact, hp: Hparams, plans: list[TensorPlan], origin: Origin) -> dict:
     """Write the GGUF at `tmp`; return per-tensor checks and the vocabulary summary."""
     import gguf
 
     extra = extra_tensors(art.path, hp)
     writer = gguf.GGUFWriter(path=None, arch=gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, hp.spec.gguf_arch)])
     try:
-        info = _metadata(writer, art, hp, plans, source_hash)
+        info = _metadata(writer, art, hp, plans, origin)
         for p in plans:
             shape = _byte_shape(p.shape, p.qtype)
             writer.add_tensor_info(p.name, shape, np.dtype(np.uint8), int(np.prod(shape)), raw_dtype=getattr(gguf.GGMLQuantizationType, p.qtype))

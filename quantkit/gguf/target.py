@@ -1,0 +1,120 @@
+"""What `quantkit export --out` may be, checked before anything is written and again under the lock.
+
+Never: inside the artifact being exported (`publish` would then refuse it for the extra file) or
+inside the checkpoint it was converted from (quantkit.json `source.path`), nor a file either one's
+symlinks point at (a hub cache's blobs); nor an input `guard_out` knows (the KL text, the current
+directory, $HOME, QUANTKIT_HOME). Symlinks are resolved first, and --out itself may not be one.
+An existing --out, or its NAME.quantkit.json record, needs --force, and --force replaces only what
+quantkit export wrote: a GGUF whose header carries quantkit's keys (or whose export record beside
+it names its sha256), and a record of quantkit's kind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import QuantkitError
+
+RECORD_KIND = "quantkit-gguf-export"
+
+
+def record_path(out: Path) -> Path:
+    out = Path(out)
+    return out.with_name((out.name[: -len(".gguf")] if out.name.endswith(".gguf") else out.name) + ".quantkit.json")
+
+
+def _resolved(p) -> Path:
+    return Path(os.path.abspath(Path(p).expanduser())).resolve()
+
+
+def recorded_source(meta: dict) -> Path | None:
+    """The checkpoint an artifact was converted from, as its quantkit.json records it."""
+    src = meta.get("source") if isinstance(meta, dict) else None
+    path = src.get("path") if isinstance(src, dict) else None
+    return Path(path) if isinstance(path, str) and path else None
+
+
+def _tree(root: Path, what: str) -> list[tuple[Path, str]]:
+    """A directory and every path its entries link to, resolved."""
+    found = [(_resolved(root), what)]
+    if Path(root).is_dir():
+        for dirpath, dirnames, filenames in os.walk(root):  # links are listed, not followed
+            for name in [*dirnames, *filenames]:
+                p = Path(dirpath) / name
+                if p.is_symlink():
+                    found.append((_resolved(p), f"a file {what} links to ({p.relative_to(root)})"))
+    return found
+
+
+def protected(artifact: Path, meta: dict) -> list[tuple[Path, str]]:
+    """(path, what it is) that --out may neither be nor lie inside."""
+    found = _tree(artifact, "the artifact being exported")
+    src = recorded_source(meta)
+    if src is not None:
+        found += _tree(src, "the checkpoint the artifact was converted from")
+    return found
+
+
+def check(out: Path, artifact: Path, meta: dict, force: bool, kl_text: str | None) -> None:
+    """QuantkitError (one line, nothing changed) unless export may write `out` and its record."""
+    from ..artifact import guard_out, text_input
+
+    keep = protected(artifact, meta)
+    guard_out(out, [*keep, *text_input(kl_text, "the KL text")])
+    o = _resolved(out)
+    for p, what in keep:
+        if p in o.parents:
+            raise QuantkitError(f"--out {out} is inside {what} ({p}); export writes beside it, never into it: "
+                                "choose another --out (nothing was changed)")
+    _replaceable(Path(out), force, written_gguf, "a GGUF that quantkit export wrote")
+    _replaceable(record_path(out), force, written_record, "an export record that quantkit export wrote")
+
+
+def _replaceable(path: Path, force: bool, ours, what: str) -> None:
+    if path.is_symlink():
+        raise QuantkitError(f"{path} is a symbolic link; name a file, not a link (nothing was changed)")
+    if not path.exists():
+        return
+    if path.is_dir():
+        raise QuantkitError(f"{path} is a directory; --out names the .gguf file to write (and its record beside it)")
+    if not path.is_file():
+        raise QuantkitError(f"{path} is not a regular file; choose another --out")
+    if not force:
+        raise QuantkitError(f"{path} already exists; pass --force to replace it")
+    if not ours(path):
+        raise QuantkitError(f"{path} is not {what}; --force replaces only those: remove it yourself or choose "
+                            "another --out (nothing was changed)")
+
+
+def read_record(path: Path) -> dict | None:
+    """An export record (NAME.quantkit.json), or None when the file is not one."""
+    try:
+        rec = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    return rec if isinstance(rec, dict) and rec.get("kind") == RECORD_KIND else None
+
+
+def written_record(path: Path) -> bool:
+    return read_record(path) is not None
+
+
+def written_gguf(path: Path) -> bool:
+    """quantkit's keys in the GGUF's header; failing that (a header that does not parse), the export
+    record beside it naming this file's size and sha256."""
+    from ..integrity import sha256_file
+    from .read import written_by_quantkit
+
+    if written_by_quantkit(path):
+        return True
+    rec = read_record(record_path(path))
+    return bool(rec and rec.get("bytes") == path.stat().st_size and rec.get("sha256") == sha256_file(path))
+
+
+def make_parent(out: Path) -> None:
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise QuantkitError(f"{Path(out).parent}: cannot create the output directory ({exc.strerror or type(exc).__name__})") from None
