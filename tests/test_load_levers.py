@@ -46,6 +46,11 @@ def _levers(*args) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def _trusted(*args) -> tuple[int, str, str]:
+    """A study that runs its own command (the stub as a `custom` engine) runs only with --trust-study."""
+    return _levers(*args, "--trust-study")
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -58,7 +63,7 @@ def _gone(pid: int) -> bool:
 
 def test_a_study_moves_the_knee_and_stops_its_servers(tmp_path):
     out = tmp_path / "out"
-    code, stdout, stderr = _levers(_fake_study(tmp_path), "--out", out)
+    code, stdout, stderr = _trusted(_fake_study(tmp_path), "--out", out)
     assert code == 0, stderr
     study = json.loads((out / "study.json").read_text())
     assert study["kind"] == "lever-study" and study["stopped"] == "done" and len(study["runs"]) == 2
@@ -76,7 +81,7 @@ def test_a_study_moves_the_knee_and_stops_its_servers(tmp_path):
     assert (out / "levers.png").read_bytes()[:4] == b"\x89PNG"
     assert "| four-slots | --slots 4 | concurrency=4 |" in (out / "levers.md").read_text()
     assert "| one-slot | baseline |" in stdout
-    code, _, stderr = _levers(_fake_study(tmp_path), "--out", out)  # an earlier study is not replaced silently
+    code, _, stderr = _trusted(_fake_study(tmp_path), "--out", out)  # an earlier study is not replaced silently
     assert code == 2 and "--force" in stderr
 
 
@@ -84,7 +89,7 @@ def test_a_workload_lever_and_json_output(tmp_path):
     levers = [{"name": "unique", "load": {"prompt_len": 48}},
               {"name": "shared", "load": {"shared_prefix": 32, "prompt_len": 16}}]
     study = _fake_study(tmp_path, levers=levers, command=["{python}", FAKE, "--port", "{port}", "--cache", "usage"])
-    result = CliRunner().invoke(cli, ["levers", str(study), "--out", str(tmp_path / "o"), "--json"])
+    result = CliRunner().invoke(cli, ["levers", str(study), "--out", str(tmp_path / "o"), "--json", "--trust-study"])
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     unique, shared = data["table"]
@@ -169,7 +174,7 @@ def test_dry_run_shows_the_exact_commands(tmp_path):
 def test_a_server_that_fails_to_start_is_one_line_with_its_last_words(tmp_path):
     crash = ["{python}", "-c", "import sys; print('loading...'); print('fatal: no such model', file=sys.stderr); sys.exit(3)",
              "{port}"]
-    code, _, stderr = _levers(_fake_study(tmp_path, command=crash), "--out", tmp_path / "o")
+    code, _, stderr = _trusted(_fake_study(tmp_path, command=crash), "--out", tmp_path / "o")
     assert code == 2 and _count_line(stderr) == 1
     assert "exited with code 3" in stderr and "fatal: no such model" in stderr
 
@@ -178,14 +183,14 @@ def test_a_server_that_never_gets_ready_is_stopped(tmp_path):
     pid_file = tmp_path / "pid"
     sleeper = ["{python}", "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)",
                str(pid_file), "{port}"]
-    code, _, stderr = _levers(_fake_study(tmp_path, command=sleeper, ready_timeout_s=2), "--out", tmp_path / "o")
+    code, _, stderr = _trusted(_fake_study(tmp_path, command=sleeper, ready_timeout_s=2), "--out", tmp_path / "o")
     assert code == 2 and "not ready within 2 s" in stderr
     assert _gone(int(pid_file.read_text()))
 
 
 def test_a_warm_up_failure_names_the_lever(tmp_path):
     failing = ["{python}", FAKE, "--port", "{port}", "--fail-every", "1"]
-    code, _, stderr = _levers(_fake_study(tmp_path, command=failing), "--out", tmp_path / "o")
+    code, _, stderr = _trusted(_fake_study(tmp_path, command=failing), "--out", tmp_path / "o")
     assert code == 2 and "levers[0] (one-slot)" in stderr and "HTTP 500" in stderr
 
 
@@ -196,7 +201,8 @@ def test_ctrl_c_and_sigterm_stop_the_server_and_keep_the_runs(tmp_path, sig, cod
     data["load"].update(max_requests=None, step_seconds=30)  # a long first step, cut short
     study.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-c", "from quantkit.cli import main; main()", "levers", str(study), "--out", str(out)]
+    cmd = [sys.executable, "-c", "from quantkit.cli import main; main()", "levers", str(study), "--out", str(out),
+           "--trust-study"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -280,7 +286,7 @@ def test_the_whole_process_group_is_stopped(tmp_path):
     data = yaml.safe_load(study.read_text())
     data["load"].update(concurrency="1", max_requests=2)
     study.write_text(yaml.safe_dump(data))
-    code, _, stderr = _levers(study, "--out", tmp_path / "o")
+    code, _, stderr = _trusted(study, "--out", tmp_path / "o")
     assert code == 0, stderr
     run = json.loads((tmp_path / "o" / "00-only.json").read_text())
     assert _gone(run["server"]["pid"]) and _gone(int(pid_file.read_text()))

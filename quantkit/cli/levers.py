@@ -16,7 +16,7 @@ def _engines_text() -> str:
 
     lines = []
     for kind in SERVERS.values():
-        lines.append(f"{kind.name}: {shlex.join(kind.command) or '(your command: server.command)'}")
+        lines.append(f"{kind.name}: {shlex.join(kind.command) or '(your command: server.command, run with --trust-study)'}")
         for name, key in kind.keys.items():
             how = f"body {key.body}" if key.body else f"{key.flag} ({key.style})"
             lines.append(f"  {name:28s} {how:42s} {key.help}{'' if key.here else '  [not run on this machine]'}")
@@ -32,6 +32,19 @@ def _plan(study) -> list[dict]:
         plan["load"] = plan.pop("cfg").to_dict()
         plans.append(plan)
     return plans
+
+
+def _print_plan(study, plans: list[dict], reasons: list[str], as_json: bool) -> None:
+    """Everything a run would start: per lever, what it adds to the environment and the command."""
+    if as_json:
+        echo_json({"kind": "lever-plan", "name": study.name, "needs_trust": reasons, "levers": plans})
+        return
+    for plan in plans:
+        env = [f"{name}={value}" for name, value in plan["env"].items()]
+        click.echo(f"{plan['lever']}: {shlex.join(['env', *env, *plan['command']] if env else plan['command'])}"
+                   + (f"  body {plan['body_fields']}" if plan["body_fields"] else ""))
+    if reasons:
+        click.echo(f"runs only with --trust-study: {'; '.join(reasons)}")
 
 
 def _finish(result: dict, out: Path) -> None:
@@ -54,22 +67,27 @@ def _finish(result: dict, out: Path) -> None:
 @click.argument("study_file", required=False)
 @click.option("--out", type=click.Path(file_okay=False), help="Directory for the runs [default: levers-NAME].")
 @click.option("--force", is_flag=True, help="Replace the results of an earlier study in --out.")
-@click.option("--dry-run", is_flag=True, help="Validate the study and print each lever's exact command; start nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="Validate the study and print each lever's exact command and environment; start nothing.")
+@click.option("--trust-study", is_flag=True,
+              help="Run a study that runs its own command (custom engine) or sets the server's environment "
+                   "beyond thread counts and quiet/offline switches. Off by default: read it with --dry-run first.")
 @click.option("--engines", is_flag=True, help="List the engines and the levers each one has.")
 @json_option
-def levers_cmd(study_file, out, force, dry_run, engines, as_json) -> None:
+def levers_cmd(study_file, out, force, dry_run, trust_study, engines, as_json) -> None:
     """Run a lever study: per lever, start the server on loopback, run the staircase, stop it.
 
     Writes one load-run JSON per lever (the exact server command inside), the lever table
     (knee req/s, TTFT-P99 and TPOT-P99 at the knee, goodput under the SLO, which latency degraded
     first) as study.json and levers.md, and the comparison plot levers.png. Servers started here
-    are always stopped, also on Ctrl-C and SIGTERM.
+    are always stopped, with everything they started, also on Ctrl-C and SIGTERM (and on Linux
+    when quantkit itself is killed).
     """
     from ..atomic import exclusive
     from ..load.levers import run_study
     from ..load.runner import Terminated
     from ..load.servers import StudyError
-    from ..load.study import read_study
+    from ..load.study import check_trusted, read_study, untrusted
 
     if engines:
         click.echo(_engines_text())
@@ -78,14 +96,9 @@ def levers_cmd(study_file, out, force, dry_run, engines, as_json) -> None:
         raise StudyError("give a study file (see recipes/levers-*.yaml), or --engines to list the engines")
     study = read_study(study_file)
     if dry_run:
-        plans = _plan(study)
-        if as_json:
-            echo_json({"kind": "lever-plan", "name": study.name, "levers": plans})
-            return
-        for plan in plans:
-            click.echo(f"{plan['lever']}: {shlex.join(plan['command'])}"
-                       + (f"  body {plan['body_fields']}" if plan["body_fields"] else ""))
+        _print_plan(study, _plan(study), untrusted(study), as_json)
         return
+    check_trusted(study, str(study_file), trust_study)  # before anything is created or started
     _plan(study)  # every lever's model and command resolve before the first server starts
     out_dir = Path(out or f"levers-{study.name}")
     if (out_dir / "study.json").exists() and not force:
@@ -98,7 +111,7 @@ def levers_cmd(study_file, out, force, dry_run, engines, as_json) -> None:
     with exclusive(out_dir, f"the study directory {out_dir}"):
         holder: dict = {}
         try:
-            result = run_study(study, out_dir, source=str(study_file),
+            result = run_study(study, out_dir, source=str(study_file), trusted=trust_study,
                                log=lambda line: click.echo(line, err=True), sink=holder)
         except (KeyboardInterrupt, Terminated, Exception) as exc:  # write what ran, then re-raise
             failure, result = exc, holder.get("result")

@@ -21,7 +21,7 @@ from .process import free_port, running
 from .report import build_run
 from .runner import Progress, Terminated, run
 from .servers import StudyError, fill, lever_args, not_here, server_kind
-from .study import Lever, Study, expand, load_config, resolve_model
+from .study import Lever, Study, check_trusted, expand, load_config, resolve_model
 
 KIND = "lever-study"
 SCHEMA_VERSION = 1
@@ -35,7 +35,8 @@ def _clean(obj):
 
 
 def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
-    """What one lever runs: the exact command, the request-body fields, the model, the load config."""
+    """What one lever runs: the exact command and what it adds to the environment, the request-body
+    fields, the model, the load config."""
     lever = study.levers[index]
     kind = server_kind(study.server.engine)
     where = f"levers[{index}] ({lever.name})"
@@ -53,6 +54,7 @@ def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
         "settings": settings,
         "changes": _changes(lever, model),
         "command": command,
+        "env": dict(study.server.env),
         "body_fields": body,
         "not_run_here": not_here(kind, settings),
         "cfg": load_config(study, lever, url=url, model=model, extra_body=body),
@@ -124,10 +126,14 @@ def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) 
     return result, failure
 
 
-def run_study(study: Study, out: Path, *, source: str, log: Callable[[str], None], sink: dict | None = None) -> dict:
+def run_study(study: Study, out: Path, *, source: str, log: Callable[[str], None], sink: dict | None = None,
+              trusted: bool = False) -> dict:
     """Every lever in order; `study.json` is rewritten after each, and on the way out of a failure.
-    `sink["result"]` holds the result as it grows, for a caller that is interrupted."""
+    `sink["result"]` holds the result as it grows, for a caller that is interrupted. A study that
+    runs its own command or sets the server's environment needs `trusted` (study.check_trusted)."""
     from .levers_report import summarize
+
+    check_trusted(study, source, trusted)
 
     result = {
         "kind": KIND,

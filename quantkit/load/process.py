@@ -1,18 +1,24 @@
-"""Start a server on loopback, wait until it is ready, and always stop it (its whole process group).
+"""Start a server on loopback, wait until it is ready, and always stop it with everything it started.
 
-The server runs in its own session (process group), so stopping it reaches anything it spawned;
-on Linux it also gets SIGTERM if quantkit itself dies (prctl PR_SET_PDEATHSIG), so even a
-`kill -9` of quantkit does not leave a server behind.
+On Linux the server runs under `supervisor.py` (same Python): a child subreaper that gets SIGTERM
+when quantkit dies, even by SIGKILL, and then stops every descendant of the server, those that
+called setsid() or double-forked included. Elsewhere the server runs in its own session and is
+stopped by a process-group kill, which misses descendants that left the group and does not
+happen at all if quantkit is killed with SIGKILL.
+
+The parent-death signal follows the thread that started the supervisor: start servers from a
+thread that lives as long as they should (quantkit uses its main thread).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,8 +28,9 @@ from pathlib import Path
 from .servers import StudyError
 
 STOP_GRACE_S = 15.0  # SIGTERM, then SIGKILL after this long
+SUPERVISOR_MARGIN_S = 10.0  # on top of the grace: the supervisor's own SIGKILL round and reaping
 LOG_TAIL_LINES = 3
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+SUPERVISOR = Path(__file__).with_name("supervisor.py")
 # No proxies from the environment: the server is on loopback.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -34,13 +41,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: a new session, and SIGTERM when the parent dies (Linux)."""
-    os.setsid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux / no glibc: the group kill on the normal path remains
-        pass
+def supervised() -> bool:
+    """Whether servers start under the supervisor (it needs Linux's prctl and /proc)."""
+    return sys.platform.startswith("linux")
+
+
+def _launch(command: list[str], supervise: bool) -> list[str]:
+    if not supervise:
+        return command
+    # -I -S: the study's environment (PYTHONPATH, ...) and the working directory do not reach it
+    return [sys.executable, "-I", "-S", str(SUPERVISOR), "--parent", str(os.getpid()),
+            "--grace", f"{STOP_GRACE_S:g}", "--", *command]
 
 
 @dataclass
@@ -48,7 +59,8 @@ class Server:
     command: list[str]
     url: str
     log: Path
-    proc: subprocess.Popen
+    proc: subprocess.Popen  # the supervisor where supervised, else the server itself
+    supervised: bool = False
     ready_s: float | None = None  # seconds from start until it answered
 
     def tail(self, lines: int = LOG_TAIL_LINES) -> str:
@@ -62,14 +74,18 @@ class Server:
 
 
 def start(command: list[str], url: str, log: Path, env: dict[str, str]) -> Server:
+    full_env = {**os.environ, **env}
+    if shutil.which(command[0], path=full_env.get("PATH")) is None:  # refused here, not in the log
+        raise StudyError(f"cannot start the server ({command[0]}: not found or not executable)")
+    supervise = supervised()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as sink:
         try:
-            proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **env}, preexec_fn=_die_with_parent)
+            proc = subprocess.Popen(_launch(command, supervise), stdout=sink, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
         except OSError as exc:
             raise StudyError(f"cannot start the server ({command[0]}: {exc.strerror or exc})") from None
-    return Server(command, url, log, proc)
+    return Server(command, url, log, proc, supervise)
 
 
 def wait_ready(server: Server, path: str, timeout_s: float) -> float:
@@ -90,16 +106,27 @@ def wait_ready(server: Server, path: str, timeout_s: float) -> float:
 
 
 def stop(server: Server) -> int | None:
-    """SIGTERM to the server's process group, SIGKILL after STOP_GRACE_S; returns its exit code."""
+    """SIGTERM, SIGKILL after STOP_GRACE_S; returns the exit code (the server's, through the supervisor).
+
+    Supervised, only the supervisor is signalled: it stops the whole tree itself. If it has not
+    exited after its grace and a margin, or unsupervised after the grace, the process group gets
+    SIGKILL."""
     proc = server.proc
-    for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            return proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
-    return proc.poll()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if server.supervised:
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.wait(timeout=STOP_GRACE_S + (SUPERVISOR_MARGIN_S if server.supervised else 0.0))
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        return proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        return proc.poll()
 
 
 @contextlib.contextmanager

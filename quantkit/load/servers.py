@@ -207,6 +207,17 @@ def fill(template: tuple[str, ...] | list[str], values: dict[str, str]) -> list[
     return out
 
 
+def _flag_like(value: Any) -> bool:
+    """A string value that an engine's parser would take for another flag (`--trust-remote-code`)."""
+    if not isinstance(value, str) or not value.startswith("-"):
+        return False
+    try:
+        float(value)  # -1 is a value
+    except ValueError:
+        return True
+    return False
+
+
 def lever_args(kind: ServerKind, settings: dict[str, Any], where: str) -> tuple[list[str], dict[str, Any]]:
     """Engine settings -> (command-line args, request-body fields)."""
     args: list[str] = []
@@ -215,8 +226,10 @@ def lever_args(kind: ServerKind, settings: dict[str, Any], where: str) -> tuple[
         key = kind.key(name, where)
         if key.body:
             body[key.body] = value
-        else:
-            args.extend(key.args(value))
+            continue
+        if _flag_like(value):
+            raise StudyError(f"{where}.settings.{name}: {value!r} starts with '-' and would be read as another flag")
+        args.extend(key.args(value))
     return args, body
 
 

@@ -5,7 +5,7 @@
       engine: llama-cpp-python
       model: ${DEMO_GGUF}        # environment variables are expanded
       settings: {n_threads: 2}   # engine keys every lever starts from
-      env: {OMP_NUM_THREADS: "1"}
+      env: {OMP_NUM_THREADS: "1"}  # thread counts and quiet/offline switches only, unless trusted
     load:                        # the staircase: `quantkit load` options
       concurrency: "1,2,4"
       gen_len: 16
@@ -18,6 +18,11 @@
         settings: {cache: true}
 
 Errors name the file and the key path (`study.yaml: levers[2].settings: ...`).
+
+A study is a file someone else may have written. It starts an engine from quantkit's own
+template with flags quantkit builds; a study that runs a command of its own (`custom` engine) or
+sets a variable outside SAFE_ENV in the server's environment (PYTHONPATH, LD_PRELOAD, PATH, ...
+make the server run other code) runs only with `trusted=True` (`--trust-study`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,20 @@ from .servers import StudyError, server_kind
 MAX_STUDY_BYTES = 1 << 20
 PLAIN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # lever and study names name files
 _UNSET = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
+_COUNT = r"[0-9]{1,4}"
+# Environment variables a study may set without --trust-study, with the values each accepts:
+# thread counts and quiet/offline switches, which change how fast a server runs, not what it runs.
+SAFE_ENV: dict[str, str] = {
+    "OMP_NUM_THREADS": _COUNT,
+    "MKL_NUM_THREADS": _COUNT,
+    "OPENBLAS_NUM_THREADS": _COUNT,
+    "TOKENIZERS_PARALLELISM": "true|false",
+    "HF_HUB_OFFLINE": "[01]",
+    "TRANSFORMERS_OFFLINE": "[01]",
+    "HF_HUB_DISABLE_TELEMETRY": "[01]",
+    "TRANSFORMERS_VERBOSITY": "debug|info|warning|error|critical",
+    "CUDA_VISIBLE_DEVICES": "[0-9,]{0,64}",
+}
 
 
 class _Strict(BaseModel):
@@ -51,7 +70,7 @@ class ServerSpec(_Strict):
     command: tuple[str, ...] | None = None  # default: the engine's template (required for `custom`)
     settings: dict[str, Any] = {}
     env: dict[str, str] = {}
-    ready: str | None = None  # the readiness path; default: the engine's
+    ready: str | None = Field(None, pattern=r"^/[^\s@]*$")  # the readiness path on the server; default: the engine's
     ready_timeout_s: float = Field(300.0, gt=0)
 
 
@@ -103,6 +122,9 @@ class Study(_Strict):
         kind = server_kind(self.server.engine)
         if kind.name == "custom" and not self.server.command:
             raise ValueError("server.command: a custom engine needs its command (a list with {port})")
+        if kind.name != "custom" and self.server.command is not None:
+            raise ValueError(f"server.command: only the custom engine runs a command of its own; {kind.name} "
+                             "runs its template with the study's settings (quantkit levers --engines)")
         if self.server.command is not None and not any("{port}" in part for part in self.server.command):
             raise ValueError("server.command: the command must take {port} (the study picks a free loopback port)")
         for name in self.server.settings:
@@ -117,6 +139,29 @@ class Study(_Strict):
 
     def load_options(self, lever: Lever) -> dict:
         return _merged_load(self.load, lever, "load").model_dump()
+
+
+def untrusted(study: Study) -> list[str]:
+    """What in the study runs code of its author's choosing: empty when it only picks an engine,
+    its settings and models."""
+    reasons = []
+    if study.server.command is not None:
+        reasons.append(f"server.command runs {study.server.command[0]!r}")
+    for name, value in study.server.env.items():
+        pattern = SAFE_ENV.get(name)
+        if pattern is None or not re.fullmatch(pattern, value):
+            reasons.append(f"server.env sets {name}")
+    return reasons
+
+
+def check_trusted(study: Study, label: str, trusted: bool) -> None:
+    """Refuse, before anything starts, a study that runs its own code when the user did not say
+    they trust it."""
+    reasons = untrusted(study)
+    if reasons and not trusted:
+        raise StudyError(f"{label}: {'; '.join(reasons)}: a study that runs its own command or sets the server's "
+                         "environment runs whatever its author chose; read it (quantkit levers --dry-run), "
+                         "then pass --trust-study")
 
 
 def _merged_load(base: LoadSpec, lever: Lever, where: str) -> LoadSpec:
@@ -161,6 +206,8 @@ def _looks_like_path(model: str) -> bool:
 
 def resolve_model(model: str, where: str) -> str:
     path = expand(model, where)
+    if path.startswith("-"):  # it is an engine argument: it would be read as a flag
+        raise StudyError(f"{where}: {path!r} is not a model (it starts with '-')")
     if _looks_like_path(path) and not Path(path).exists():
         raise StudyError(f"{where}: {path} does not exist")
     return path
