@@ -136,7 +136,7 @@ def unit_kls(model, rows, units: list[str], group: int, progress=None, symmetric
     """KL of each (layer, unit) quantized alone, against the unquantized model, on token rows; and
     the noise floor of that measurement (noise_floor). Each result's "kl" is the measured mean KL
     ("kl_measured") clamped at 0 - KL is never negative; a negative figure is float rounding - and
-    "below_noise" says whether it is under the floor."""
+    "below_noise" says whether it cannot be told from rounding."""
     ref = _logp(model, rows)
     layers = decoder_layers(model)
     results = []
@@ -153,30 +153,42 @@ def unit_kls(model, rows, units: list[str], group: int, progress=None, symmetric
                             "kl_measured": kl, "kl": max(kl, 0.0)})
             if progress:
                 progress(i, unit, kl)
-    floor = noise_floor(model, rows, ref, layers, units, results)
-    for r in results:
-        r["below_noise"] = r["kl_measured"] < floor["kl"]
-    return results, floor
+    return results, noise_floor(model, rows, ref, layers, units, results)
 
 
 def noise_floor(model, rows, ref, layers, units: list[str], results: list[dict]) -> dict:
-    """The smallest KL this measurement tells from float rounding, measured on this model, rows and
-    dtype: the largest of (1) the KL of the unmodified model run again (nondeterministic kernels),
-    (2) the KL after every weight of every candidate unit moves one representable step of its
-    dtype (random direction, seed 0) - what recasting weights can do with no quantization at all,
-    here for all units at once, so more than for any one - and (3) the size of the most negative
-    KL measured (KL >= 0, so a negative figure is rounding alone)."""
+    """Which measured KLs can be told from float rounding, on this model, rows and dtype; sets
+    each result's "below_noise" (and, where it was needed, its own "noise_kl").
+
+    A measurement's noise is the largest of: the KL of the unmodified model run again
+    (nondeterministic kernels), the size of the most negative KL measured (KL >= 0, so a negative
+    figure is rounding alone), and what recasting the unit's weights costs with no quantization at
+    all - every weight one representable step of its dtype away, in a random direction. That last
+    is measured once for every candidate unit at once (a bound on each unit's own); a unit whose KL
+    falls under that bound gets its own measured too (one more forward pass each)."""
     repeat = abs(_mean_kl(ref, _logp(model, rows)))
-    mods = [m for layer in layers for unit in units for m in _unit_modules(layer, unit)]
-    directions = _one_step(mods)
-    try:
-        rounding = abs(_mean_kl(ref, _logp(model, rows)))
-    finally:
-        _one_step(mods, directions)  # back: nextafter's step undone exactly, no copy of the weights kept
     negative = max([-r["kl_measured"] for r in results] + [0.0])
-    return {"kl": max(repeat, rounding, negative), "repeat_kl": repeat, "rounding_kl": rounding, "most_negative_kl": -negative,
-            "method": "the largest of: the model run twice; every candidate unit's weights one representable step away "
-                      "(random direction); the most negative KL measured"}
+    every = [m for layer in layers for unit in units for m in _unit_modules(layer, unit)]
+    bound = max(repeat, negative, _rounding_kl(model, rows, ref, every))
+    checked = 0
+    for r in results:
+        r["below_noise"] = False
+        if r["kl_measured"] <= bound:
+            r["noise_kl"] = max(repeat, negative, _rounding_kl(model, rows, ref, _unit_modules(layers[r["layer"]], r["unit"])))
+            r["below_noise"] = r["kl_measured"] <= r["noise_kl"]  # an exact 0 with no noise: nothing to tell either
+            checked += 1
+    return {"kl": bound, "repeat_kl": repeat, "most_negative_kl": -negative if negative else 0.0, "units_checked_alone": checked,
+            "method": "a KL above `kl` is measurable; below it, a unit is below the noise when its KL is at most its own "
+                      "noise_kl: the largest of the model run twice, the most negative KL measured, and the KL of that "
+                      "unit's weights moved one representable step (random direction; for `kl`: every unit's at once)"}
+
+
+def _rounding_kl(model, rows, ref, mods: list) -> float:
+    seeds = _one_step(mods)
+    try:
+        return abs(_mean_kl(ref, _logp(model, rows)))
+    finally:
+        _one_step(mods, seeds)  # back: nextafter's step undone exactly, no copy of the weights kept
 
 
 def _one_step(mods: list, back: list | None = None) -> list:

@@ -113,3 +113,107 @@ def test_layers_it_does_not_know_are_one_line():
         decoder_layers(Odd())
     with pytest.raises(QuantkitError, match="no model.layers"):
         decoder_layers(torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------- noise, context, windows
+
+
+def _zeroed_unit_checkpoint(tiny_dir, tmp_path):
+    """A float32 checkpoint whose layer 0 o_proj is all zeros: INT4 leaves it unchanged, and layer
+    0's q/k/v then feed nothing, so both units' measured KL is rounding alone (exactly 0 here), like
+    units whose weights sit on the INT4 grid."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from fixtures import build_checkpoint
+
+    src = build_checkpoint(tmp_path / "zeroed", "llama-gqa", tiny_dir / "tokenizer", dtype="float32")
+    shard = next(src.glob("*.safetensors"))
+    tensors = load_file(shard)
+    tensors["model.layers.0.self_attn.o_proj.weight"] = torch.zeros_like(tensors["model.layers.0.self_attn.o_proj.weight"])
+    save_file(tensors, shard, metadata={"format": "pt"})
+    return src
+
+
+def test_units_at_noise_level_are_tied_flagged_and_never_picked(cli, tiny_dir, tiny_text, tmp_path):
+    src = _zeroed_unit_checkpoint(tiny_dir, tmp_path)
+    args = ("sensitivity", str(src), "--budget", "16", "--text", f"file:{tiny_text}", "--windows", "2", "--seq-len", "64")
+    code, _, err, data = cli(*args, "--json")
+    assert code == 0, err
+    floor = data["noise_floor"]
+    assert floor["kl"] > 0 and floor["method"] and floor["units_checked_alone"] >= 1
+    noisy = [r for r in data["ranking"] if r["below_noise"]]
+    assert [(r["layer"], r["unit"]) for r in noisy] == [(0, "qkv"), (0, "o")]  # tied: in layer and unit order
+    assert all(r["kl"] == 0.0 and r["kl_measured"] <= r["noise_kl"] for r in noisy)
+    assert data["ranking"][-2:] == noisy  # after every measurable unit
+    measurable = [r for r in data["ranking"] if not r["below_noise"]]
+    assert measurable and all(r["kl_measured"] > r.get("noise_kl", floor["kl"]) for r in measurable)
+    picked = {(p["layer"], p["unit"]) for p in data["picked"]}
+    assert len(picked) == len(measurable) and not picked & {(0, "qkv"), (0, "o")}  # 16 bits takes every measurable unit
+    code, out, err, _ = cli(*args)
+    assert code == 0, err
+    for unit in ("qkv", "o"):
+        row = next(line for line in out.splitlines() if line.split()[1:3] == ["0", unit])
+        assert row.split()[0] == "=" and "≤" in row
+    assert "cannot be told from rounding" in out and "never negative" in out and "-0.0000" not in out
+
+
+def test_negative_kl_is_rounding_and_counts_as_zero(tiny_llama):
+    """KL >= 0: a negative measured figure sets the noise floor and is never shown or ranked as a value."""
+    import torch
+
+    from quantkit.cli.sensitivity import render
+    from quantkit.models import load_model
+    from quantkit.sensitivity import _logp, decoder_layers, noise_floor, ranked
+
+    model = load_model(tiny_llama, dtype="float32", device=torch.device("cpu"))
+    rows = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(0))
+    ref = _logp(model, rows)
+    layers = decoder_layers(model)
+    results = [{"layer": i, "unit": u, "weights": 1000, "in_features": 128, "kl_measured": m, "kl": max(m, 0.0)}
+               for i, (u, m) in enumerate([("o", -3e-6), ("down", 0.02)])]
+    floor = noise_floor(model, rows, ref, layers, ["o", "down"], results)
+    assert floor["most_negative_kl"] == -3e-6 and floor["kl"] >= 3e-6
+    low, high = results
+    assert low["below_noise"] and low["kl"] == 0.0 and low["noise_kl"] >= 3e-6
+    assert not high["below_noise"]
+    assert [r["unit"] for r in ranked(results)] == ["down", "o"]
+    out = {"text": {"samples": 2, "seq_len": 32, "source": "x"}, "model": "m", "symmetric": True, "group_size": 64, "budget": 4.5,
+           "noise_floor": floor, "ranking": ranked(results), "windows": {"note": None}, "picked": [], "bits_per_weight": 4.25,
+           "overrides": []}
+    text = render(out, 10)
+    assert "-0.0000" not in text and "-3" not in text and "≤" in text
+
+
+def test_greedy_pick_skips_units_below_the_noise():
+    from quantkit.sensitivity import greedy_pick
+
+    results = [{"layer": 0, "unit": "o", "weights": 100, "in_features": 512, "kl": 1e-9, "below_noise": True},
+               {"layer": 1, "unit": "o", "weights": 100, "in_features": 512, "kl": 1e-3, "below_noise": False}]
+    picked, _ = greedy_pick(results, 10_000, 64, 16.0)
+    assert [(r["layer"], r["unit"]) for r in picked] == [(1, "o")]
+
+
+def test_windows_longer_than_the_context_are_refused(cli, tiny_llama, tiny_text):
+    """The fixture's max_position_embeddings is 1024: a longer --seq-len is one line, before loading."""
+    code, _, err, _ = cli("sensitivity", str(tiny_llama), "--budget", "4.5", "--text", f"file:{tiny_text}", "--windows", "4",
+                          "--seq-len", "2048")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--seq-len 2048" in err and "context of 1024 tokens" in err
+
+
+def test_fewer_windows_than_asked_are_said(cli, tiny_llama, tiny_text):
+    """The second half of the fixture text holds fewer than 1000 windows of 512 tokens: the JSON
+    and the text say how many were used and why."""
+    args = ("sensitivity", str(tiny_llama), "--budget", "4.5", "--text", f"file:{tiny_text}", "--windows", "1000", "--seq-len", "512",
+            "--units", "o")
+    code, out, err, data = cli(*args, "--json")
+    assert code == 0, err
+    w = data["windows"]
+    assert w["requested"] == 1000 and 0 < w["used"] < 1000 and w["used"] == data["text"]["samples"]
+    assert f"{w['used']} of the 1000 windows asked for" in w["note"] and "second half" in w["note"]
+    assert w["note"] in err
+    code, out, err, _ = cli(*args)
+    assert code == 0 and f"# {w['note']}" in out
+    code, _, err, data = cli(*args[:7], "2", *args[8:], "--json")  # windows the text holds: used = requested, no note
+    assert code == 0 and data["windows"]["used"] == 2 and data["windows"]["note"] is None

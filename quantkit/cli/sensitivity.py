@@ -85,14 +85,14 @@ def render(out: dict, top: int) -> str:
              f"{t.get('samples')} x {t.get('seq_len')} tokens of {t.get('source')} ({t.get('region', 'second-half')})",
              f"{'rank':>4}  {'layer':>5}  {'unit':<8}  {'KL':>9}  {'weights':>9}"]
     for i, r in enumerate(out["ranking"][:top], 1):
-        rank, kl = ("=", f"<{floor:.1e}") if r["below_noise"] else (str(i), _kl(r["kl"]))
+        rank, kl = ("=", f"≤{r['noise_kl']:.1e}") if r["below_noise"] else (str(i), _kl(r["kl"]))
         lines.append(f"{rank:>4}  {r['layer']:>5}  {r['unit']:<8}  {kl:>9}  {r['weights']:>9,}")
     noisy = sum(r["below_noise"] for r in out["ranking"])
-    lines.append(f"# noise floor: KL {floor:.1e} ({out['noise_floor']['method']}); KL is never negative, so a measured "
-                 "negative value (float rounding) counts as 0")
+    lines.append(f"# noise: a KL above {floor:.1e} is measurable (above what moving every unit's weights one representable "
+                 "step does); KL is never negative, so a negative figure (float rounding) counts as 0")
     if noisy:
-        lines.append(f"# {noisy} units ('=') are below the floor: their INT4 cost cannot be told from rounding, so they are "
-                     "tied, unranked, and never picked for INT8")
+        lines.append(f"# {noisy} units ('=') cannot be told from rounding (their KL is under what moving their own weights one "
+                     "step does): tied, unranked, never picked for INT8")
     if out["windows"]["note"]:
         lines.append(f"# {out['windows']['note']}")
     lines.append(f"# {len(out['picked'])} units at INT8 per channel: {out['bits_per_weight']:.3f} bits/weight (budget {out['budget']:g})")
