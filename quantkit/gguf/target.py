@@ -37,14 +37,13 @@ def recorded_source(meta: dict) -> Path | None:
 
 
 def _tree(root: Path, what: str) -> list[tuple[Path, str]]:
-    """A directory and every path its entries link to, resolved."""
+    """A directory and every path its files link to (a checkpoint's files sit at its top level, as
+    artifact.model_inputs reads them; quantkit.json's `source.path` is not covered by the manifest,
+    so it is not walked deeper), resolved."""
+    root = Path(root)
     found = [(_resolved(root), what)]
-    if Path(root).is_dir():
-        for dirpath, dirnames, filenames in os.walk(root):  # links are listed, not followed
-            for name in [*dirnames, *filenames]:
-                p = Path(dirpath) / name
-                if p.is_symlink():
-                    found.append((_resolved(p), f"a file {what} links to ({p.relative_to(root)})"))
+    if root.is_dir():
+        found += [(_resolved(p), f"a file {what} links to ({p.name})") for p in root.iterdir() if p.is_symlink()]
     return found
 
 
