@@ -169,6 +169,70 @@ def test_names_are_plain_names(cli, tmp_path, name, where):
     one_line_error(code, err, "name: must be a plain name")
 
 
+def _reserved_spellings() -> list[str]:
+    from quantkit.recipe import RESERVED_NAMES
+
+    return [spelling for name in RESERVED_NAMES for spelling in (name, name.upper(), name.capitalize())]
+
+
+RTN_STEPS = "steps:\n  - quantize: {method: rtn}\n"
+
+
+@pytest.mark.parametrize("name", _reserved_spellings())
+@pytest.mark.parametrize("where", ["variant", "included variant", "included file's name", "one-variant recipe", "file name", "--set"])
+def test_names_run_gives_its_own_rows_are_refused(cli, tmp_path, name, where):
+    """A quantized variant named like a row `quantkit run` adds itself (the unmodified checkpoint's
+    "baseline") would take that row over: refused in one line naming the file and key, wherever the
+    name comes from, in any letter case (names are file names on case-insensitive file systems too)."""
+    (tmp_path / "q.yaml").write_text(RTN_STEPS)
+    (tmp_path / f"{name}.yaml").write_text(RTN_STEPS)
+    p = tmp_path / "r.yaml"
+    extra, needle, where_in_file = [], str(p), "variants[0]: "
+    if where == "variant":
+        p.write_text(f"variants:\n  - name: {name}\n    steps:\n      - quantize: {{method: rtn}}\n")
+    elif where == "included variant":
+        p.write_text(f"variants:\n  - name: {name}\n    recipe: q.yaml\n")
+    elif where == "included file's name":  # the included file names itself; the variant takes that name
+        (tmp_path / "q.yaml").write_text(f"name: {name}\n{RTN_STEPS}")
+        p.write_text("variants:\n  - recipe: q.yaml\n")
+        needle, where_in_file = str(tmp_path / "q.yaml"), ""
+    elif where == "one-variant recipe":
+        p.write_text(f"name: {name}\n{RTN_STEPS}")
+        where_in_file = ""
+    elif where == "file name":  # a recipe without name: takes its file's
+        p = tmp_path / f"{name}.yaml"
+        needle, where_in_file = str(p), ""
+    else:
+        p.write_text("variants:\n  - name: int4\n    steps:\n      - quantize: {method: rtn}\n")
+        extra, needle = ["--set", f"variants[0].name={name}"], f"--set variants[0].name={name}"
+    code, _, err, _ = cli("recipe", "validate", str(p), *extra)
+    one_line_error(code, err, needle, f"{where_in_file}name {name!r} is reserved", "unmodified source checkpoint")
+
+
+def test_a_run_refuses_a_variant_named_baseline_before_writing(cli, tiny_llama, tmp_path):
+    """The reported case: a suite whose one variant, named baseline, is INT4 RTN ran (exit 0) and
+    reported the INT4 figures as "the unmodified source checkpoint"."""
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text((REPO / "recipes" / "int4-w4a16-rtn.yaml").read_text())
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("variants:\n  - name: baseline\n    recipe: int4-w4a16-rtn.yaml\n")
+    out = tmp_path / "run"
+    code, _, err, _ = cli("run", str(suite), "--model", str(tiny_llama), "--out", str(out), "--skip-eval", "--skip-bench")
+    one_line_error(code, err, str(suite), "variants[0]: name 'baseline' is reserved")
+    assert not out.exists()
+
+
+def test_the_unmodified_checkpoint_may_keep_its_name_and_names_differ_in_more_than_case(cli, tmp_path):
+    from quantkit.recipe import load_recipe
+
+    p = tmp_path / "r.yaml"
+    p.write_text("variants:\n  - name: baseline\n    baseline: true\n  - name: int4\n    steps:\n      - quantize: {method: rtn}\n")
+    assert [v.name for v in load_recipe(p).variants] == ["baseline", "int4"]
+    p.write_text("variants:\n  - name: int4\n    steps:\n      - quantize: {method: rtn}\n"
+                 "  - name: INT4\n    steps:\n      - quantize: {method: rtn, group_size: 64}\n")
+    code, _, err, _ = cli("recipe", "validate", str(p))
+    one_line_error(code, err, str(p), "variant names must be unique, ignoring case")
+
+
 def test_run_never_writes_outside_its_directory(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "work").mkdir()
