@@ -272,7 +272,9 @@ def test_the_shipped_studies_validate(study, tmp_path, monkeypatch):
     monkeypatch.setenv("QK_HF_MODEL", "org/model")
     result = CliRunner().invoke(cli, ["levers", str(study), "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
-    plans = json.loads(result.stdout)["levers"]
+    plan = json.loads(result.stdout)
+    assert plan["needs_trust"] == []  # the shipped studies run without --trust-study
+    plans = plan["levers"]
     assert len(plans) >= 2 and all("{port}" in " ".join(plan["command"]) for plan in plans)
 
 

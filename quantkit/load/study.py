@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import QuantkitError
 from ..recipe_files import _NoAliasLoader, format_validation_error
@@ -70,8 +70,16 @@ class ServerSpec(_Strict):
     command: tuple[str, ...] | None = None  # default: the engine's template (required for `custom`)
     settings: dict[str, Any] = {}
     env: dict[str, str] = {}
-    ready: str | None = Field(None, pattern=r"^/[^\s@]*$")  # the readiness path on the server; default: the engine's
+    ready: str | None = None  # the readiness path; default: the engine's
     ready_timeout_s: float = Field(300.0, gt=0)
+
+    @field_validator("ready")
+    @classmethod
+    def _a_path(cls, value: str | None) -> str | None:
+        # appended to http://127.0.0.1:PORT: "@host/" would send the check to another host
+        if value is not None and not re.fullmatch(r"/[^\s@]*", value):
+            raise ValueError(f"a path on the server, starting with / (got {value!r})")
+        return value
 
 
 class LoadSpec(_Strict):
@@ -159,9 +167,8 @@ def check_trusted(study: Study, label: str, trusted: bool) -> None:
     they trust it."""
     reasons = untrusted(study)
     if reasons and not trusted:
-        raise StudyError(f"{label}: {'; '.join(reasons)}: a study that runs its own command or sets the server's "
-                         "environment runs whatever its author chose; read it (quantkit levers --dry-run), "
-                         "then pass --trust-study")
+        raise StudyError(f"{label}: {'; '.join(reasons)}: this study runs code of its author's choosing; "
+                         "read it (quantkit levers --dry-run), then pass --trust-study")
 
 
 def _merged_load(base: LoadSpec, lever: Lever, where: str) -> LoadSpec:

@@ -157,6 +157,10 @@ def main(argv: list[str]) -> int:
     try:
         if not supervisor.arm():
             return NOT_STARTED  # quantkit died first: start nothing
+    except (OSError, AttributeError) as exc:  # no prctl (not Linux, a sandbox that forbids it): fail closed
+        print(f"quantkit supervisor: cannot watch the server: {exc}", file=sys.stderr, flush=True)
+        return NOT_STARTED
+    try:
         supervisor.spawn(command)
     except OSError as exc:
         print(f"quantkit supervisor: cannot start {command[0]}: {exc.strerror or exc}", file=sys.stderr, flush=True)
