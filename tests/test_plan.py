@@ -312,3 +312,152 @@ def test_bench_peak_is_the_reference_phase_or_the_engine_phase():
     assert p.peak_ram == int(BASE_RSS["bench"]) and p.peak_vram == int(2 * big)
     p = bench_plan(TOY, _bench_work([big], [2 * big]), machine(device_type="cuda", device_free=10 * GB))
     assert p.peak_vram == int(big + kv)
+
+
+# ---------------------------------------------------------------- --plan makes the command's own checks
+
+
+def _refusal(cli, args) -> tuple[int, str]:
+    """(exit code, the one error line); progress notes may come before it."""
+    code, _, err, _ = cli(*args)
+    errors = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and err.strip().splitlines()[-1] == errors[0] and "Traceback" not in err, err
+    return code, errors[0]
+
+
+def _same_refusal(cli, args, needle, tmp_path, before):
+    """The command and its --plan refuse alike: exit 2 and the same line, before loading anything
+    (no_weights), and neither writes a file."""
+    code, line = _refusal(cli, args)
+    plan_code, plan_line = _refusal(cli, [*args, "--plan"])
+    assert (code, plan_code) == (2, 2) and plan_line == line and needle in line, (line, plan_line)
+    assert _files(tmp_path) == before
+
+
+def _files(tmp_path) -> list[Path]:
+    """Every path under tmp_path but QUANTKIT_HOME's (conftest puts it there; checkpoint hashes are memoized in it)."""
+    return sorted(p for p in tmp_path.rglob("*") if "qk-home" not in p.relative_to(tmp_path).parts)
+
+
+def _src(tmp_path, tiny_llama) -> Path:
+    """A copy of the checkpoint in a directory of its own (tmp_path also holds QUANTKIT_HOME)."""
+    import shutil
+
+    return Path(shutil.copytree(tiny_llama, tmp_path / "box" / "src"))
+
+
+def _binary(tmp_path) -> Path:
+    p = tmp_path / "random.txt"
+    p.write_bytes(bytes(range(256)) * 64)
+    return p
+
+
+GPTQ = str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml")
+
+# case -> (args after `convert RECIPE --model SRC`, a part of the refusal); {src} {tmp} {text} {binary} filled in
+CONVERT_REFUSALS = {
+    "--out is the source": (["--out", "{src}", "--calib", "file:{text}"], "is the source checkpoint"),
+    "--out inside the source": (["--out", "{src}/int4", "--calib", "file:{text}"], "is inside the source checkpoint"),
+    "--out contains the source": (["--out", "{src}/..", "--calib", "file:{text}"], "contains the source checkpoint"),
+    "--out contains the calibration text": (["--out", "{tmp}/texts", "--calib", "file:{tmp}/texts/calib.txt"], "contains the calibration text"),
+    "--out is not an artifact": (["--out", "{tmp}/texts", "--calib", "file:{text}", "--force"], "is not a quantkit artifact"),
+    "missing --calib file": (["--out", "{tmp}/a", "--calib", "file:{tmp}/none.txt"], "no such text file"),
+    "binary --calib": (["--out", "{tmp}/a", "--calib", "file:{binary}"], "not UTF-8 text"),
+    "no calibration text": (["--out", "{tmp}/a", "--set", "calibration.source="], "needs calibration text"),
+    "windows beyond the context": (["--out", "{tmp}/a", "--calib", "file:{text}", "--set", "calibration.seq_len=2048"],
+                                   "calibration.seq_len 2048 is longer than the model's context of 1024 tokens"),
+}
+
+
+def _fill(args, **values) -> list[str]:
+    return [a.format(**values) for a in args]
+
+
+@pytest.mark.parametrize("case", list(CONVERT_REFUSALS))
+def test_convert_plan_refuses_what_convert_refuses(cli, tiny_llama, tiny_text, tmp_path, no_weights, case):
+    src, binary = _src(tmp_path, tiny_llama), _binary(tmp_path)
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "calib.txt").write_bytes(Path(tiny_text).read_bytes())
+    args, needle = CONVERT_REFUSALS[case]
+    before = _files(tmp_path)
+    _same_refusal(cli, ["convert", GPTQ, "--model", str(src), *_fill(args, src=src, tmp=tmp_path, text=tiny_text, binary=binary),
+                        *CALIB[:2]], needle, tmp_path, before)
+
+
+def test_convert_plan_refuses_a_missing_model(cli, tmp_path, tiny_text, no_weights):
+    _same_refusal(cli, ["convert", GPTQ, "--model", str(tmp_path / "nothing"), "--out", str(tmp_path / "a"), "--calib", f"file:{tiny_text}"],
+                  "no such directory", tmp_path, _files(tmp_path))
+
+
+def _fake_artifact(tmp_path, tiny_llama) -> Path:
+    """A checkpoint whose quantkit.json says it was converted from another checkpoint."""
+    import shutil
+
+    art = Path(shutil.copytree(tiny_llama, tmp_path / "art"))
+    (art / "quantkit.json").write_text(json.dumps({"kind": "quantkit-artifact", "source": {"path": "/elsewhere", "sha256": "0" * 64}}))
+    return art
+
+
+EVAL_REFUSALS = {
+    "baseline mismatch": (["{art}", "--baseline", "{src}", "--text", "file:{text}"], "is not the checkpoint"),
+    "missing --text": (["{src}", "--baseline", "{src}", "--text", "file:{tmp}/none.txt"], "no such text file"),
+    "binary --text": (["{src}", "--baseline", "{src}", "--text", "file:{binary}"], "not UTF-8 text"),
+    "the same text twice": (["{src}", "--baseline", "{src}", "--text", "file:{text}", "--text", "file:{tmp}/link.txt"], "the same text"),
+    "windows beyond the context": (["{src}", "--baseline", "{src}", "--text", "file:{text}", "--seq-len", "2048", "--max-tokens", "4096"],
+                                   "--seq-len 2048 is longer than the model's context"),
+    "text shorter than a window": (["{src}", "--baseline", "{src}", "--text", "file:{tmp}/short.txt"], "shorter than one"),
+    "missing model": (["{tmp}/nothing", "--baseline", "{src}", "--text", "file:{text}"], "no such directory"),
+}
+
+
+@pytest.mark.parametrize("case", list(EVAL_REFUSALS))
+def test_eval_plan_refuses_what_eval_refuses(cli, tiny_llama, tiny_text, tmp_path, no_weights, case):
+    src, binary, art = _src(tmp_path, tiny_llama), _binary(tmp_path), _fake_artifact(tmp_path, tiny_llama)
+    (tmp_path / "link.txt").symlink_to(tiny_text)
+    (tmp_path / "short.txt").write_text("A few words.\n")
+    args, needle = EVAL_REFUSALS[case]
+    before = _files(tmp_path)
+    window = [] if "--seq-len" in args else ["--seq-len", "64"]
+    _same_refusal(cli, ["eval", *_fill(args, src=src, art=art, tmp=tmp_path, text=tiny_text, binary=binary), *window], needle,
+                  tmp_path, before)
+
+
+RUN_REFUSALS = {
+    "--out is the source": (["--out", "{src}"], "is the source checkpoint"),
+    "--out inside the source": (["--out", "{src}/run"], "is inside the source checkpoint"),
+    "--out contains the source": (["--out", "{src}/.."], "contains the source checkpoint"),
+    "--out contains the recipe": (["--out", "{tmp}/recipes"], "contains the recipe file"),
+    "missing --calib file": (["--out", "{tmp}/run", "--calib", "file:{tmp}/none.txt"], "no such text file"),
+    "binary --calib": (["--out", "{tmp}/run", "--calib", "file:{binary}"], "not UTF-8 text"),
+    "missing --eval-text": (["--out", "{tmp}/run", "--eval-text", "file:{tmp}/none.txt"], "no such text file"),
+    "binary --eval-text": (["--out", "{tmp}/run", "--eval-text", "file:{binary}"], "not UTF-8 text"),
+    "the same eval text twice": (["--out", "{tmp}/run", "--eval-text", "file:{text}", "--eval-text", "file:{tmp}/copy.txt"],
+                                 "is the same text as"),
+    "eval windows beyond the context": (["--out", "{tmp}/run", "--eval-text", "file:{text}", "--set", "eval.seq_len=2048"],
+                                        "eval.seq_len 2048 is longer than the model's context"),
+    "missing model": (["--out", "{tmp}/run", "--model", "{tmp}/nothing"], "no such directory"),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_REFUSALS))
+def test_run_plan_refuses_what_run_refuses(cli, tiny_llama, tiny_text, tmp_path, no_weights, case):
+    src, binary = _src(tmp_path, tiny_llama), _binary(tmp_path)
+    (tmp_path / "copy.txt").write_bytes(Path(tiny_text).read_bytes())
+    (tmp_path / "recipes").mkdir()
+    recipe = tmp_path / "recipes" / "suite.yaml"
+    recipe.write_text(f"model: {src}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
+                      "variants:\n  - name: int4\n    steps:\n      - quantize: {method: gptq, group_size: 64}\n")
+    args, needle = RUN_REFUSALS[case]
+    before = _files(tmp_path)
+    _same_refusal(cli, ["run", str(recipe), *_fill(args, src=src, tmp=tmp_path, text=tiny_text, binary=binary)], needle, tmp_path, before)
+
+
+def test_run_plan_names_a_variant_the_run_would_fail(cli, tiny_llama, tmp_path, no_weights):
+    """A variant whose own checks fail is reported failed by the run, which goes on with the others;
+    its plan stops on the same line, naming the variant."""
+    recipe = tmp_path / "suite.yaml"
+    recipe.write_text(f"model: {tiny_llama}\nvariants:\n  - name: ok\n    steps:\n      - quantize: {{method: rtn, group_size: 64}}\n"
+                      "  - name: bad\n    steps:\n      - quantize: {method: gptq, group_size: 64}\n")
+    code, line = _refusal(cli, ["run", str(recipe), "--out", str(tmp_path / "run"), "--plan"])
+    assert code == 2 and "variant bad would fail: " in line and "needs calibration text" in line and "goes on with the others" in line
+    assert not (tmp_path / "run").exists()
