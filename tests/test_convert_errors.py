@@ -192,3 +192,18 @@ def test_real_full_disk(tiny_llama, tmp_path):
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.returncode == 2 and len(errors) == 1 and "no space left on the device" in errors[0], r.stderr[-2000:]
     assert "Traceback" not in r.stderr and r.stdout.split() == []  # nothing at --out, no staging, no lock file left
+
+
+def test_fewer_calibration_windows_than_asked_are_said(cli, tiny_llama, tmp_path):
+    """calibration.samples beyond what the text's region holds: the conversion calibrates on what
+    there is, says how many and why, and quantkit.json records both counts."""
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"word{i % 97} river {i}" for i in range(600)))
+    out = tmp_path / "a"
+    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--out", str(out),
+                          "--calib", f"file:{text}", "--set", "calibration.samples=500", "--set", "calibration.seq_len=64",
+                          "--set", "steps[0].quantize.group_size=32")
+    assert code == 0, err
+    cal = json.loads((out / "quantkit.json").read_text())["calibration"]
+    assert cal["requested_samples"] == 500 and 0 < cal["samples"] < 500
+    assert f"{cal['samples']} of the 500 windows asked for: the second half of the text" in err

@@ -61,6 +61,29 @@ def test_text_shorter_than_a_window(cli, tiny_llama, tmp_path):
     assert code == 2 and "shorter than one 64-token window" in err
 
 
+def test_fewer_windows_than_max_tokens_asks_for_are_said(cli, tiny_llama, tmp_path):
+    """A text whose region holds fewer windows than --max-tokens asks for: scored on those, and
+    said (how many, why) on stderr and in the JSON; a text that holds them all says nothing."""
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"word{i % 97} river {i}" for i in range(600)))
+    base = ["eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{text}", "--seq-len", "64", "--json"]
+    code, _, err, data = cli(*base, "--max-tokens", str(64 * 1000))
+    assert code == 0, err
+    w = data["windows"]
+    assert w["requested"] == 1000 and 0 < w["count"] < 1000
+    assert f"note: t: {w['count']} of the 1000 windows asked for: the first half of the text" in err
+    assert f"holds only {w['count']} windows of 64 tokens" in err
+    code, _, err, data = cli(*base, "--max-tokens", str(64 * w["count"]))
+    assert code == 0 and data["windows"]["count"] == data["windows"]["requested"] and "windows asked for" not in err
+
+
+def test_windows_longer_than_the_context_are_refused(cli, tiny_llama, tiny_text):
+    """The fixture's context is 1024 tokens (max_position_embeddings)."""
+    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}",
+                          "--seq-len", "1025", "--max-tokens", "4100")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--seq-len 1025 is longer than the model's context of 1024" in err
+
+
 def test_model_that_fails_to_load(cli, tiny_llama, tiny_text, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(tiny_llama, broken)

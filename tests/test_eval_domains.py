@@ -2,6 +2,7 @@
 each text with its own guards; labels, duplicates and the recipe's eval.text / eval.texts keys."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,55 @@ def test_two_files_with_one_name_get_distinct_labels_and_a_repeated_text_is_refu
     assert [lab for lab, _ in labelled(["file:a/x.txt", "file:b/x.txt", "file:c/x.txt"])] == ["x", "x-2", "x-3"]
     with pytest.raises(DataError, match="given twice"):
         labelled(["set:legal-licenses", "set:legal-licenses"])
+
+
+def _same_text_ways(tmp_path: Path, text: Path) -> dict[str, tuple[str, str]]:
+    """Two SPECs that name one text, each way there is: a symlink, a byte-identical copy, a path
+    through a symlinked directory, a relative and an absolute path, a set and its file."""
+    (tmp_path / "link.txt").symlink_to(text)
+    (tmp_path / "copy.txt").write_bytes(text.read_bytes())
+    (tmp_path / "dirlink").symlink_to(text.parent)
+    from quantkit.text import parse_spec
+
+    legal = parse_spec("set:legal-licenses").path
+    return {
+        "symlink": (f"file:{text}", f"file:{tmp_path / 'link.txt'}"),
+        "copy": (f"file:{text}", f"file:{tmp_path / 'copy.txt'}"),
+        "directory symlink": (f"file:{text}", f"file:{tmp_path / 'dirlink' / text.name}"),
+        "relative path": (f"file:{text}", f"file:{os.path.relpath(text)}"),
+        "set and its file": ("set:legal-licenses", f"file:{legal}"),
+        "hf spacing": ("hf:org/data:train", " hf:org/data:train"),
+    }
+
+
+WAYS = ["symlink", "copy", "directory symlink", "relative path", "set and its file", "hf spacing"]
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_one_text_named_twice_is_refused_whatever_names_it(tmp_path, tiny_text, way):
+    first, second = _same_text_ways(tmp_path, Path(tiny_text))[way]
+    with pytest.raises(DataError, match="is the same text as|given twice") as caught:
+        labelled([first, second])
+    assert "each domain is evaluated once" in str(caught.value)
+
+
+def test_different_texts_with_one_name_are_two_domains(tmp_path, tiny_text):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "x.txt").write_text("one text")
+    (tmp_path / "b" / "x.txt").write_text("another text")
+    assert [lab for lab, _ in labelled([f"file:{tmp_path / 'a' / 'x.txt'}", f"file:{tmp_path / 'b' / 'x.txt'}"])] == ["x", "x-2"]
+
+
+@pytest.mark.parametrize("way", ["symlink", "copy"])
+def test_eval_refuses_one_text_twice_before_loading(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, way):
+    import quantkit.evals.runner as runner
+
+    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking the texts"))
+    first, second = _same_text_ways(tmp_path, Path(tiny_text))[way]
+    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", first, "--text", second, *ARGS)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"--text {second} is the same text as --text {first} (sha256 " in err
 
 
 def test_one_row_per_text_each_equal_to_its_single_text_run(cli, tiny_dir, tiny_text, tmp_path):
