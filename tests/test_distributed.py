@@ -87,6 +87,79 @@ def test_check_convert_refuses_what_runs_in_one_process(monkeypatch):
         check_convert(job())
 
 
+@pytest.fixture
+def worker(monkeypatch):
+    """This process as a torchrun worker of a 2-process job: `worker(rank)` sets its rank. A silent
+    worker does not wait for the reporting one (there is none here); its SIGTERM handler is put back."""
+    import signal
+
+    import quantkit.distributed as distributed
+
+    monkeypatch.setattr(distributed, "REPORT_WAIT_S", 0)
+    handler = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def as_rank(rank: int):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+
+    yield as_rank
+    signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.mark.parametrize("kind", ["a bad argument", "a missing model", "a missing recipe", "another command"])
+def test_a_refusal_before_the_job_is_printed_by_rank_0_alone(cli, worker, tiny_llama, tmp_path, kind):
+    """Every process checks the same arguments on the same machine: rank 0 prints the one line,
+    the others exit with the same code and print nothing."""
+    args = {"a bad argument": ["eval", str(tiny_llama), "--baseline", str(tiny_llama), "--bogus"],
+            "a missing model": ["eval", str(tmp_path / "nothing"), "--baseline", str(tiny_llama), "--text", "self"],
+            "a missing recipe": ["convert", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o")],
+            "another command": ["models", "list"]}[kind]
+    outcomes = []
+    for rank in (0, 1):
+        worker(rank)
+        code, out, err, _ = cli(*args)
+        outcomes.append((code, len(err.strip().splitlines()) if err.strip() else 0))
+    assert outcomes[0][0] == 2 and outcomes[0][1] >= 1 and outcomes[1] == (2, 0), outcomes
+
+
+def test_who_prints_an_error_inside_the_job(monkeypatch):
+    """Joined (a real gloo group of one process): an error every rank heard of (distributed.agree)
+    is rank 0's to print; an error of one rank alone is printed by that rank, naming it."""
+    import socket
+
+    from quantkit.distributed import error_line, session, together
+    from quantkit.errors import QuantkitError
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for key, value in {"TORCHELASTIC_RUN_ID": "t", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    caught = {}
+    for kind in ("agreed", "alone"):
+        try:
+            with session("cpu"):
+                if kind == "agreed":
+                    with together("its checks"):
+                        raise QuantkitError("bad input")
+                raise QuantkitError("this rank's device")
+        except QuantkitError as exc:
+            caught[kind] = exc
+    before = QuantkitError("bad argument")  # raised before the session: every rank's
+    assert error_line(caught["agreed"], "error: bad input") == "error: bad input"
+    assert error_line(caught["alone"], "error: this rank's device") == "error: rank 0: this rank's device"
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "1")
+    assert error_line(caught["agreed"], "error: bad input") is None
+    assert error_line(before, "error: bad argument") is None
+    assert error_line(caught["alone"], "error: this rank's device") == "error: rank 1: this rank's device"
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert error_line(before, "error: bad argument") == "error: bad argument"  # outside torchrun: always printed
+
+
 def test_other_commands_refused_under_torchrun(cli, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -241,13 +314,47 @@ def test_torchrun_failure_on_one_rank_stops_all(tiny_llama, tiny_text, tmp_path)
     with exclusive(out):
         r = _quantkit(_convert_args("int4-w4a16-gptq-g64", tiny_llama, out, tiny_text), tmp_path / "h", launcher=TORCHRUN)
     assert r.returncode != 0
-    assert "rank 0 failed to claim --out" in r.stderr  # what rank 1 says
+    assert _quantkit_lines(r.stderr) == [f"error: {out} is in use by another quantkit process (pid {os.getpid()}); wait for it to finish"]
+    assert r.stderr.count("exitcode  : 2") == 2  # rank 1 heard of it (distributed.agree) and exits alike, silent
     assert not out.exists()
     r = _quantkit(_convert_args("bnb-nf4", tiny_llama, tmp_path / "bnb", tiny_text), tmp_path / "h", launcher=TORCHRUN)
     assert r.returncode != 0 and "does not run under torchrun" in r.stderr
-    assert f'File "{REPO / "quantkit"}' not in r.stderr  # one line per rank (torchrun adds its own failure report)
-    assert r.stderr.count("does not run under torchrun") == 2
+    assert f'File "{REPO / "quantkit"}' not in r.stderr  # one line (torchrun adds its own failure report)
+    assert r.stderr.count("does not run under torchrun") == 1
     _nothing_at(tmp_path / "bnb")
+
+
+def _quantkit_lines(stderr: str) -> list[str]:
+    """quantkit's error lines in a torchrun's stderr (torchrun's own lines are its log, its traceback and its report)."""
+    return [line for line in stderr.splitlines() if line.startswith(("error: ", "Error: "))]
+
+
+@pytest.mark.slow
+def test_torchrun_refusals_are_one_line_and_exit_2_in_every_rank(tiny_llama, tiny_dir, tiny_text, tmp_path):
+    """Each kind of refusal under `torchrun --nproc-per-node 2`: one line from rank 0, rank 1
+    silent, both processes exit 2 (torchrun's report lists each process's exit code; torchrun
+    itself exits 1 and adds its log lines, its own traceback and that report)."""
+    import shutil
+
+    art = Path(shutil.copytree(tiny_llama, tmp_path / "art"))  # says it was converted from another checkpoint
+    (art / "quantkit.json").write_text(json.dumps({"kind": "quantkit-artifact", "source": {"path": "/elsewhere", "sha256": "0" * 64}}))
+    binary = tmp_path / "random.txt"
+    binary.write_bytes(bytes(range(256)) * 64)
+    ev = ["eval", "--device", "cpu", "--seq-len", "64", "--max-tokens", "128"]
+    cases = {
+        "a bad argument": ([*ev, str(tiny_llama), "--baseline", str(tiny_llama), "--bogus"], "No such option"),
+        "a missing model": ([*ev, str(tmp_path / "nothing"), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}"], "no such directory"),
+        "a binary --text": ([*ev, str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{binary}"], "not UTF-8 text"),
+        "a baseline mismatch": ([*ev, str(art), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}"], "is not the checkpoint"),
+        "--out is the source": (_convert_args("int4-w4a16-rtn", tiny_llama, tiny_llama, tiny_text), "is the source checkpoint"),
+    }
+    for case, (args, needle) in cases.items():
+        r = _quantkit(args, tmp_path / "h", launcher=TORCHRUN)
+        lines = _quantkit_lines(r.stderr)
+        assert len(lines) == 1 and needle in lines[0], (case, r.stderr[-3000:])
+        assert r.returncode == 1 and "ChildFailedError" in r.stderr, case  # torchrun's, whatever the workers' codes
+        assert r.stderr.count("exitcode  : 2") == 2 and "SIGTERM" not in r.stderr.split("ChildFailedError")[-1], (case, r.stderr[-2000:])
+        assert f'File "{REPO / "quantkit"}' not in r.stderr and r.stdout == "", case
 
 
 def _worker_pids(launcher_pid: int) -> dict[int, int]:
