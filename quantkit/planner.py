@@ -266,11 +266,33 @@ def read_model_config(cfg: dict, bits: int = 16) -> Model:
 
 
 def plan_bench(sources: list, settings) -> Plan:
+    """`bench --plan`: bench's own checks of each model before the probe (bench.runner.precheck:
+    context length, memory), then the cost."""
+    _bench_prechecks(sources, settings)
     model, work = bench_work(sources, settings)
     plan = bench_plan(model, work, this_machine(settings.device))
     plan.notes.append(f"{len(sources)} model(s), one at a time; {work.runs} runs of a {work.prompt_len}-token prefill and "
                       f"{work.gen_len} decode steps each, plus the self-check's reference load")
     return plan
+
+
+def _bench_prechecks(sources: list, settings) -> None:
+    """As bench_many: every model failing its checks is bench's one-line refusal; some failing
+    are reported failed by the bench, which goes on with the others: the plan stops, naming one."""
+    from .bench.runner import precheck
+    from .errors import QuantkitError
+
+    failed = []
+    for src in sources:
+        try:
+            precheck(src, settings)
+        except QuantkitError as exc:
+            failed.append((src, exc))
+    if failed and len(failed) == len(sources):
+        raise failed[0][1]
+    if failed:
+        src, exc = failed[0]
+        raise QuantkitError(f"{src} would fail: {exc} (the bench reports it failed and goes on with the others)")
 
 
 def plan_run(recipe, opts) -> Plan:

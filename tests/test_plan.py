@@ -461,3 +461,12 @@ def test_run_plan_names_a_variant_the_run_would_fail(cli, tiny_llama, tmp_path, 
     code, line = _refusal(cli, ["run", str(recipe), "--out", str(tmp_path / "run"), "--plan"])
     assert code == 2 and "variant bad would fail: " in line and "needs calibration text" in line and "goes on with the others" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_bench_plan_refuses_what_bench_refuses(cli, tiny_llama, tmp_path, no_weights):
+    """bench's checks before its probe (context length; memory) under --plan: all models failing is
+    bench's own line; one of several failing names it."""
+    args = ["bench", str(tiny_llama), "--device", "cpu", "--engine", "eager", "--prompt-len", "1000", "--gen-len", "100"]
+    _same_refusal(cli, args, "exceed the model's context (1024)", tmp_path, _files(tmp_path))
+    code, line = _refusal(cli, ["bench", str(tiny_llama), "--shape", "llama3.2-1b", *args[2:], "--plan"])
+    assert code == 2 and f"{tiny_llama} would fail: prompt + generated tokens (1100) exceed" in line and "goes on with the others" in line
