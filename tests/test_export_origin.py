@@ -69,7 +69,7 @@ def test_a_moved_gguf_is_checked_from_what_it_carries(ggufs, tiny_dir, capsys):
 
     beside, _, _ = source_meta(ggufs["beside"])
     moved, exported_from, found = source_meta(ggufs["moved"])
-    assert "quantkit.provenance" in found and exported_from == checkpoint_hash(ggufs["src"])
+    assert "quantkit.provenance" in found["found_via"] and "warning" not in found and exported_from == checkpoint_hash(ggufs["src"])
     assert moved["source"]["sha256"] == beside["source"]["sha256"] == exported_from
     assert [r["starts"] for r in fitted_texts(moved)] == [r["starts"] for r in fitted_texts(beside)] != [[]]
     other = tiny_dir / "llama-mha"
@@ -83,8 +83,8 @@ def test_an_unknown_origin_is_a_warning_on_stderr_and_in_the_record(ggufs, capsy
 
     meta, exported_from, found = source_meta(ggufs["foreign"])
     assert meta == {} and exported_from is None
-    assert found.startswith("warning:") and "unknown origin" in found
-    assert found in capsys.readouterr().err
+    assert found["found_via"] == "unknown origin" and "unknown origin" in found["warning"]
+    assert found["warning"] in capsys.readouterr().err
 
 
 EVAL = ["--seq-len", "64", "--json"]
@@ -121,4 +121,4 @@ def test_eval_of_a_gguf_of_unknown_origin_warns_and_records_it(cli, ggufs, tiny_
                              "--text", f"file:{tiny_text}", "--max-tokens", "128", *EVAL)
     assert code == 0, err
     assert "unknown origin" in err and data["baseline_check"]["match"] is None
-    assert data["baseline_check"]["found_via"].startswith("warning:") and "unknown origin" in data["baseline_check"]["found_via"]
+    assert data["baseline_check"]["found_via"] == "unknown origin" and "unknown origin" in data["baseline_check"]["warning"]

@@ -70,15 +70,15 @@ def check_same_vocab(path: Path, base_path: Path, tok_base) -> str:
     return vocab_fingerprint(tok_base)
 
 
-def source_meta(path: Path) -> tuple[dict, str | None, str]:
+def source_meta(path: Path) -> tuple[dict, str | None, dict]:
     """What the baseline and overlap checks read for a GGUF: (quantkit.json-shaped metadata; the sha256
-    of the checkpoint it came from, or None; how that was found).
+    of the checkpoint it came from, or None; how that was found: {"found_via"[, "warning"]}).
 
     The metadata is the quantkit.json of the artifact it was exported from when its export record
     beside it still names that artifact unchanged, else the provenance quantkit export embedded in the
     file (`quantkit.provenance`: the conversion's source and fitted texts), so a GGUF moved away from
     its record is checked the same way. A GGUF without quantkit's keys (or from a quantkit too old to
-    name the checkpoint converted from) has an unknown origin: a warning on stderr and in `found_via`,
+    name the checkpoint converted from) has an unknown origin: a warning on stderr and in `warning`,
     and only the vocabulary check applies, as for a checkpoint without quantkit.json."""
     from ..bench.gguf_source import reference_source
     from ..gguf.read import open_reader, origin
@@ -88,17 +88,17 @@ def source_meta(path: Path) -> tuple[dict, str | None, str]:
     emb = origin(open_reader(path))
     art, why = reference_source(path)
     if art is not None:
-        return artifact_meta(art), emb.source_sha256, f"the artifact it was exported from ({art})"
+        return artifact_meta(art), emb.source_sha256, {"found_via": f"the artifact it was exported from ({art})"}
     if emb.known and emb.provenance is not None:
-        return emb.provenance, emb.source_sha256, "the provenance quantkit export embedded in the GGUF (quantkit.provenance)"
+        return emb.provenance, emb.source_sha256, {"found_via": "the provenance quantkit export embedded in the GGUF (quantkit.provenance)"}
     if emb.known:  # exported from a checkpoint that records no conversion: that checkpoint is its origin
-        return {}, emb.source_sha256, "the checkpoint hash quantkit export embedded in the GGUF (quantkit.source.sha256)"
+        return {}, emb.source_sha256, {"found_via": "the checkpoint hash quantkit export embedded in the GGUF (quantkit.source.sha256)"}
     what = ("written by an older quantkit export, whose quantkit.source.sha256 names the artifact, not the checkpoint "
             "it was converted from" if emb.source_sha256 else "no quantkit metadata in the GGUF and no export record beside it")
     warning = (f"warning: {path} has an unknown origin ({what}); the baseline cannot be checked to be the model it "
                "was made from, nor the texts for overlap with its calibration")
     note(warning)
-    return {}, emb.source_sha256, warning
+    return {}, emb.source_sha256, {"found_via": "unknown origin", "warning": warning.removeprefix("warning: ")}
 
 
 def open_engine(source: Path, device, seq_len: int):

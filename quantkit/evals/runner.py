@@ -179,7 +179,7 @@ def _subject(model_path: Path, base_path: Path, o: EvalOptions, dev, tok_b, base
             check = {"artifact_source_sha256": base_hash, "baseline_sha256": base_hash, "match": True, "mismatch_ok": o.baseline_mismatch_ok}
         else:
             check = check_baseline(model_path, base_path, meta, base_hash, o.baseline_mismatch_ok)
-        return _Subject(meta, None, vocab, {**check, "found_via": found}, True)
+        return _Subject(meta, None, vocab, {**check, **found}, True)
     if o.engine == "llamacpp":
         from ..bench.engines.llamacpp import check_available
 
