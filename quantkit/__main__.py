@@ -1,3 +1,3 @@
-from .cli import main
+from quantkit.cli import main
 
 main()

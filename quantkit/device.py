@@ -6,7 +6,7 @@ GPU run takes; the only branches on the device's type pick a kernel or a synchro
 
 from __future__ import annotations
 
-from .errors import QuantkitError
+from quantkit.errors import QuantkitError
 
 
 def resolve(spec=None):

@@ -31,10 +31,10 @@ def main() -> None:
 
     import torch
 
-    from quantkit import calib
+    from quantkit.data import calib
     from quantkit.methods import llmc
-    from quantkit.models import load_model, load_tokenizer, resolve_model
-    from quantkit.recipe import recipe_from_dict
+    from quantkit.models.checkpoint import load_model, load_tokenizer, resolve_model
+    from quantkit.recipe.schema import recipe_from_dict
 
     src = resolve_model(args.model)
     tok = load_tokenizer(src)

@@ -50,7 +50,7 @@ def accuracy(ev: dict) -> dict:
 
 
 def run_one(recipe: Path, name: str, args, texts: list[str]) -> dict:
-    from quantkit.sizes import checkpoint_sizes
+    from quantkit.models.sizes import checkpoint_sizes
 
     art = Path(args.out_dir) / name
     extra = [x for s in args.sets for x in ("--set", s)]

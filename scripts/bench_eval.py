@@ -14,8 +14,8 @@ import time
 import torch
 
 from quantkit.evals.perplexity import cached_baseline, score, text_windows, vocab_fingerprint
-from quantkit.models import checkpoint_hash, load_model, load_tokenizer, resolve_model
-from quantkit.text import parse_spec
+from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer, resolve_model
+from quantkit.data.text import parse_spec
 
 
 def main() -> None:

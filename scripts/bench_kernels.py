@@ -18,8 +18,8 @@ import time
 import torch
 
 from quantkit.bench import kernels
-from quantkit.hardware import SHAPES, shape_config
-from quantkit.roofline import Shape
+from quantkit.core.hardware import SHAPES, shape_config
+from quantkit.core.roofline import Shape
 
 
 def linear_shapes(shape: Shape) -> list[tuple[int, int]]:

@@ -25,7 +25,7 @@ from quantkit.bench.engines import engine_class
 from quantkit.bench.engines.base import EngineSettings
 from quantkit.bench.harness import Clock
 from quantkit.bench.synthetic import Synthetic
-from quantkit.hardware import SHAPES
+from quantkit.core.hardware import SHAPES
 
 
 def tpot_ms(engine, prompt: list[int], gen_len: int, capacity: int, repeats: int) -> float:

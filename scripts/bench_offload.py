@@ -27,7 +27,7 @@ def build(out: Path, layers: int, hidden: int) -> int:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from quantkit.models import resolve_model
+    from quantkit.models.checkpoint import resolve_model
 
     cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers, num_attention_heads=hidden // 64,
                       num_key_value_heads=hidden // 256, vocab_size=49152, tie_word_embeddings=True, dtype="float16")

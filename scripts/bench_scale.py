@@ -99,7 +99,7 @@ def plan(cmd: list[str], env: dict) -> dict | None:
 def model_path(name: str, kind: str, work: Path) -> Path:
     if kind == "demo":
         sys.path.insert(0, str(REPO))
-        from quantkit.models import resolve_model
+        from quantkit.models.checkpoint import resolve_model
 
         return resolve_model("demo")
     path = work / "models" / name

@@ -45,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-OUT = REPO / "calib_data"
+OUT = REPO / "quantkit" / "resources" / "calib_data"
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 LICENSES = Path("/usr/share/common-licenses")
 
@@ -163,12 +163,12 @@ SETS = {
     "python-stdlib-code": dict(
         build=code_text, domain="code",
         description=f"{len(CODE_MODULES)} whole modules of the CPython {PYTHON} standard library (code, docstrings, comments)",
-        license="PSF License Agreement v2 (calib_data/text/LICENSE-PSF.txt)",
+        license="PSF License Agreement v2 (text/LICENSE-PSF.txt)",
         use="calibration: the code part of mix:default (second half); evaluation: held-out code (first half)"),
     "python-reference": dict(
         build=reference_text, domain="technical prose",
         description=f"The Python Language Reference as pydoc ships it (CPython {PYTHON} Lib/pydoc_data/topics.py), the first topics by name",
-        license="PSF License Agreement v2 (calib_data/text/LICENSE-PSF.txt)",
+        license="PSF License Agreement v2 (text/LICENSE-PSF.txt)",
         use="calibration: the technical-prose part of mix:default (second half); evaluation: held-out technical prose (first half)"),
     "world-factbook": dict(
         build=factbook_text, domain="encyclopedic",
@@ -194,7 +194,7 @@ def manifest(name: str, spec: dict, data: bytes, inputs: list[dict]) -> str:
     body = {
         "description": spec["description"],
         "domain": spec["domain"],
-        "source": f"file:calib_data/text/{name}.txt",
+        "source": f"file:text/{name}.txt",
         "sha256": sha256(data),
         "bytes": len(data),
         "license": spec["license"],
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import yaml
 
-    from quantkit.atomic import write_bytes, write_text
+    from quantkit.core.atomic import write_bytes, write_text
 
     bad, cache = 0, {}
     for name, spec in SETS.items():

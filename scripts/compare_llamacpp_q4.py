@@ -49,12 +49,12 @@ def calibration_of(artifact: Path) -> dict:
 def imatrix(fp16: Path, calib: dict) -> dict[str, np.ndarray]:
     """Per linear layer, the mean squared input activation per column (llama-imatrix's statistic), under
     the GGUF tensor names, from the FP16 model on the calibration samples quantkit's convert draws for
-    the same settings (quantkit.calib.build: same source, count, length, seed and region)."""
-    from quantkit import calib as qcalib
+    the same settings (quantkit.data.calib.build: same source, count, length, seed and region)."""
+    from quantkit.data import calib as qcalib
     from quantkit.gguf.arch import hparams
     from quantkit.gguf.plan import make_plan
     from quantkit.gguf.source import Artifact
-    from quantkit.models import checkpoint_hash, load_model, load_tokenizer
+    from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer
 
     with Artifact(fp16) as art:
         names = {p.source[: -len(".weight")]: p.name for p in make_plan(art, hparams(art.path, art.config)) if len(p.shape) == 2}
@@ -152,8 +152,8 @@ def summarize(per: dict, reference: str, n_boot: int = 2000, seed: int = 0) -> d
 
 def main() -> None:
     from quantkit.evals.perplexity import text_windows
-    from quantkit.models import load_tokenizer, resolve_model
-    from quantkit.text import parse_spec
+    from quantkit.models.checkpoint import load_tokenizer, resolve_model
+    from quantkit.data.text import parse_spec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fp16", default="demo")

@@ -16,8 +16,8 @@ import time
 
 import psutil
 
-import quantkit.convert as convert
-import quantkit.verify as verify
+import quantkit.quantize.convert as convert
+import quantkit.quantize.verify as verify
 from quantkit.cli import cli
 
 state = {"phase": "start", "peak": 0, "peak_phase": "start", "notes": [], "phase_peak": 0, "t0": time.perf_counter()}

@@ -83,8 +83,8 @@ def llama_cpp_logits(gguf_path: Path, ids: list[int], threads: int, **settings) 
 
 
 def tokens(artifact: Path, text_spec: str, n: int) -> list[int]:
-    from quantkit.models import load_tokenizer
-    from quantkit.text import parse_spec, read_text
+    from quantkit.models.checkpoint import load_tokenizer
+    from quantkit.data.text import parse_spec, read_text
 
     text = read_text(parse_spec(text_spec)).text
     return load_tokenizer(artifact)(text[: n * 20], add_special_tokens=False)["input_ids"][:n]
@@ -93,7 +93,7 @@ def tokens(artifact: Path, text_spec: str, n: int) -> list[int]:
 def tokenizations_agree(artifact: Path, gguf_path: Path, text: str) -> bool:
     import llama_cpp
 
-    from quantkit.models import load_tokenizer
+    from quantkit.models.checkpoint import load_tokenizer
 
     hf = load_tokenizer(artifact)(text, add_special_tokens=False)["input_ids"]
     llm = llama_cpp.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
@@ -105,7 +105,7 @@ def tokenizations_agree(artifact: Path, gguf_path: Path, text: str) -> bool:
 
 def measure(artifact: Path, gguf_path: Path, ids: list[int], threads: int = 2) -> dict:
     from quantkit.gguf import record_path
-    from quantkit.models import load_model
+    from quantkit.models.checkpoint import load_model
 
     record = json.loads(record_path(gguf_path).read_text())
     quantized = {t["source"][: -len(".weight")] for t in record["tensors"] if t["type"] in ("Q4_0", "Q4_1", "Q8_0")}

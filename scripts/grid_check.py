@@ -24,10 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantkit._quiet import quiet_libraries  # noqa: E402
+from quantkit.quiet import quiet_libraries  # noqa: E402
 
 quiet_libraries()  # as the CLI does: no third-party import chatter
-from quantkit.sensitivity import fake_int4  # noqa: E402
+from quantkit.quantize.sensitivity import fake_int4  # noqa: E402
 
 # name -> (group, kind); kind: "float-min" (Q4_1: group 32 only), "asym" (integer zero point), "sym"
 GRIDS = {"Q4_1 g32 (float minimum)": (32, "float-min"), "asym g32 (integer zero)": (32, "asym"),
@@ -56,7 +56,7 @@ def main() -> None:
 
     from safetensors.torch import load_file
 
-    from quantkit.models import resolve_model
+    from quantkit.models.checkpoint import resolve_model
 
     gen = torch.Generator().manual_seed(args.seed)
     path = resolve_model(args.model, pull=False)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantkit.hardware import SHAPE_ARCH, SHAPES  # noqa: E402
+from quantkit.core.hardware import SHAPE_ARCH, SHAPES  # noqa: E402
 
 # What the shape table leaves out, from each model's public config.json.
 ARCH_EXTRAS: dict[str, dict] = {
@@ -119,7 +119,7 @@ def _numel(shape) -> int:
 def build(shape: str, out: Path, seed: int, force: bool) -> dict:
     from transformers import GenerationConfig
 
-    from quantkit.models import load_tokenizer, resolve_model
+    from quantkit.models.checkpoint import load_tokenizer, resolve_model
 
     if out.exists() and not force:
         raise SystemExit(f"{out} exists; pass --force to replace it")

@@ -47,8 +47,8 @@ def noise() -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from quantkit.models import resolve_model
-    from quantkit.verify import compare_logits, fixed_tokens
+    from quantkit.models.checkpoint import resolve_model
+    from quantkit.quantize.verify import compare_logits, fixed_tokens
 
     model = AutoModelForCausalLM.from_pretrained(str(resolve_model("demo", pull=False)), dtype=torch.float16).eval()
     ids = fixed_tokens(model.config.vocab_size)
@@ -87,7 +87,7 @@ def main() -> None:
                 build_checkpoint(root / arch, arch, root / "tokenizer")
         models, extra = [root / a for a in ARCHS], ["--set", "calibration.seq_len=128"]
     else:
-        from quantkit.models import resolve_model
+        from quantkit.models.checkpoint import resolve_model
 
         models, extra = [resolve_model("demo", pull=False)], []
     for model in models:

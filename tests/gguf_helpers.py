@@ -119,7 +119,7 @@ def craft_artifact(src: Path, out: Path, case: str) -> Path:
 def rerecord(artifact: Path) -> Path:
     """Re-record an artifact's manifest after a test changed its files on purpose, so the export's
     own checks (not the manifest's) meet the change."""
-    from quantkit.integrity import manifest
+    from quantkit.core.integrity import manifest
 
     meta_file = Path(artifact) / "quantkit.json"
     meta = json.loads(meta_file.read_text())

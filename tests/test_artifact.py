@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "recipes" / "int4-w4a16-rtn.yaml"
+RECIPE = REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"
 PY = REPO / ".venv" / "bin" / "python"
 PY = str(PY if PY.exists() else sys.executable)
 
@@ -25,7 +25,7 @@ PY = str(PY if PY.exists() else sys.executable)
 PAUSED = r"""
 import os, sys, time
 from pathlib import Path
-import quantkit.convert as qc
+import quantkit.quantize.convert as qc
 real = qc.write_card
 def paused(tmp, meta):
     real(tmp, meta)
@@ -57,7 +57,7 @@ def digest(path: Path) -> str:
 
 
 def no_load(monkeypatch):
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before refusing --out"))
 
@@ -160,7 +160,7 @@ def test_force_replaces_only_an_artifact(cli, src, tmp_path, monkeypatch):
     f.write_text("mine")
     code, _, err, _ = convert(cli, src, f, "--force")
     assert code == 2 and "is a file" in err and f.read_text() == "mine"  # click's check of a directory option
-    from quantkit.artifact import check_out
+    from quantkit.artifacts.staging import check_out
     from quantkit.errors import QuantkitError
 
     with pytest.raises(QuantkitError, match="not a directory"):  # the library's own, for callers other than the CLI
@@ -175,7 +175,7 @@ def test_force_replaces_only_an_artifact(cli, src, tmp_path, monkeypatch):
 
 
 def test_locked_out_is_refused_and_live_staging_untouched(cli, src, tmp_path, monkeypatch):
-    from quantkit.atomic import exclusive
+    from quantkit.core.atomic import exclusive
 
     out = tmp_path / "art"
     live = tmp_path / ".art.partial-abcd1234"  # the staging dir of the process holding the lock
@@ -260,7 +260,7 @@ def test_artifact_modes_follow_the_umask(cli, src, tmp_path, umask, dmode, fmode
 
 
 def test_manifest_matches_the_files(cli, src, tmp_path):
-    from quantkit.integrity import sha256_file
+    from quantkit.core.integrity import sha256_file
 
     out = tmp_path / "art"
     code, _, err, data = convert(cli, src, out, "--json")

@@ -1,4 +1,4 @@
-"""quantkit.atomic: write-then-rename, locks that die with their holder, the user's umask, a full disk."""
+"""quantkit.core.atomic: write-then-rename, locks that die with their holder, the user's umask, a full disk."""
 
 import errno
 import json
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from quantkit import atomic
+from quantkit.core import atomic
 from quantkit.errors import QuantkitError
 
 

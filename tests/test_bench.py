@@ -41,7 +41,7 @@ def int4_art(tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("art") / "int4"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QUANTKIT_HOME", str(out.parent / "home"))
-        res = CliRunner().invoke(group, ["convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama),
+        res = CliRunner().invoke(group, ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama),
                                          "--set", "steps[0].quantize.group_size=32", "--out", str(out), "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
     return out
@@ -318,7 +318,7 @@ def _no_probe(monkeypatch):
 @pytest.mark.parametrize("flag,value", [("--repeats", "0"), ("--warmups", "-1"), ("--min-seconds", "-1"), ("--threads", "0")])
 def test_bench_bad_timing_settings_before_any_work(cli, tiny_llama, monkeypatch, flag, value):
     _no_probe(monkeypatch)
-    monkeypatch.setattr("quantkit.models.resolve_model", lambda *a: pytest.fail("resolved a model"))
+    monkeypatch.setattr("quantkit.models.checkpoint.resolve_model", lambda *a: pytest.fail("resolved a model"))
     args = [*FAST, "--min-seconds", "0", flag, value]
     code, _, err, _ = cli("bench", str(tiny_llama), *args)
     assert code == 2 and flag in err and "Traceback" not in err

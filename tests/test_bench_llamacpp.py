@@ -73,7 +73,7 @@ def test_llamacpp_reads_used_cells_padded_to_256(cached, kv_size, cells):
 
 def test_bench_engines_in_recipes():
     from quantkit.errors import RecipeError
-    from quantkit.recipe import Recipe, recipe_from_dict
+    from quantkit.recipe.schema import Recipe, recipe_from_dict
 
     steps = [{"quantize": {"method": "rtn"}}]
     assert recipe_from_dict({"steps": steps}).bench.engines == ("compiled",)
@@ -87,7 +87,7 @@ def test_bench_engines_in_recipes():
                           ({"engine": "eager", "engines": ["compiled"]}, "not the first of engines")]:
         with pytest.raises(RecipeError, match=needle):
             recipe_from_dict({"steps": steps, "bench": bench})
-    demo = __import__("quantkit.recipe", fromlist=["load_recipe"]).load_recipe(REPO / "recipes" / "demo.yaml")
+    demo = __import__("quantkit.recipe.schema", fromlist=["load_recipe"]).load_recipe(REPO / "quantkit" / "resources" / "recipes" / "demo.yaml")
     assert demo.bench.engines == ("compiled", "llamacpp") and demo.export.formats == ("gguf",)
 
 
@@ -112,7 +112,7 @@ def ggufs(tiny_dir, tmp_path_factory):
     out = {}
     for arch in ("llama-gqa", "qwen2", "mistral"):
         art = root / f"{arch}-int4"
-        run("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_dir / arch), "--out", str(art),
+        run("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_dir / arch), "--out", str(art),
             "--set", "steps[0].quantize.group_size=32")
         run("export", str(art), "--format", "gguf", "--out", str(root / f"{arch}-int4.gguf"))
         out[f"{arch}-int4"] = (art, root / f"{arch}-int4.gguf")

@@ -22,7 +22,7 @@ def int4_art(tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("art") / "int4"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QUANTKIT_HOME", str(out.parent / "home"))
-        res = CliRunner().invoke(group, ["convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama),
+        res = CliRunner().invoke(group, ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama),
                                          "--set", "steps[0].quantize.group_size=32", "--out", str(out), "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
     return out

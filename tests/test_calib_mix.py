@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quantkit.calib_mix import allocate, load_mix
+from quantkit.data.mix import allocate, load_mix
 from quantkit.errors import DataError
 from quantkit.gqa.mixed import heldout_counts, interleave
-from quantkit.text import parse_spec, read_text
+from quantkit.data.text import parse_spec, read_text
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "calibration.samples=12", "--set", "calibration.seq_len=32"]
@@ -116,13 +116,13 @@ def test_a_mix_is_not_an_evaluation_text():
 
 def test_shipped_texts_match_their_manifests_and_name_a_license():
     for name in ("python-stdlib-code", "python-reference", "world-factbook", "shakespeare-plays", "legal-licenses"):
-        manifest = yaml.safe_load((REPO / "calib_data" / f"{name}.yaml").read_text())
-        data = (REPO / "calib_data" / "text" / f"{name}.txt").read_bytes()
+        manifest = yaml.safe_load((REPO / "quantkit" / "resources" / "calib_data" / f"{name}.yaml").read_text())
+        data = (REPO / "quantkit" / "resources" / "calib_data" / "text" / f"{name}.txt").read_bytes()
         assert hashlib.sha256(data).hexdigest() == manifest["sha256"] and len(data) == manifest["bytes"]
         assert manifest["license"] and manifest["domain"]
         assert "bad_characters" not in read_text(parse_spec(f"set:{name}")).provenance
-    assert (REPO / "calib_data" / "text" / "LICENSE-PSF.txt").read_text().count("PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2") == 1
-    total = sum(p.stat().st_size for p in (REPO / "calib_data").rglob("*") if p.is_file())
+    assert (REPO / "quantkit" / "resources" / "calib_data" / "text" / "LICENSE-PSF.txt").read_text().count("PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2") == 1
+    total = sum(p.stat().st_size for p in (REPO / "quantkit" / "resources" / "calib_data").rglob("*") if p.is_file())
     assert total < 2_500_000  # the repository stays small
 
 
@@ -167,7 +167,7 @@ def _parts(tmp_path, tiny_text) -> list[dict]:
 
 
 def _convert(cli, recipe, model, out, spec, *extra):
-    return cli("convert", str(REPO / "recipes" / recipe), "--model", str(model), "--out", str(out), "--calib", spec, *extra, "--json")
+    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / recipe), "--model", str(model), "--out", str(out), "--calib", spec, *extra, "--json")
 
 
 def test_convert_records_every_part(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
@@ -197,7 +197,7 @@ def test_the_chat_part_is_generated_once(cli, tiny_llama, tiny_text, tmp_path, m
     _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
     code, _, err, first = _convert(cli, "int4-w4a16-gptq-g64.yaml", tiny_llama, tmp_path / "a", "mix:test", *SMALL)
     assert code == 0, err
-    import quantkit.calib_chat as cc
+    import quantkit.data.chat as cc
 
     monkeypatch.setattr(cc, "_replies", lambda *a, **k: pytest.fail("generated again"))
     code, _, err, second = _convert(cli, "int4-w4a16-gptq-g64.yaml", tiny_llama, tmp_path / "b", "mix:test", *SMALL)
@@ -209,7 +209,7 @@ def test_a_missing_part_stops_before_the_model_loads(cli, tiny_llama, tiny_text,
     parts = _parts(tmp_path, tiny_text)
     parts[1]["source"] = f"file:{tmp_path / 'gone.txt'}"
     _mix_dir(tmp_path, monkeypatch, parts)
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
     code, _, err, _ = _convert(cli, "gqa.yaml", tiny_llama, tmp_path / "a", "mix:test", *SMALL)
@@ -221,7 +221,7 @@ def test_a_missing_part_stops_before_the_model_loads(cli, tiny_llama, tiny_text,
 @pytest.mark.parametrize("damage", ["absent", "changed"])
 def test_a_missing_or_changed_set_part_is_an_error_not_a_reweighting(tmp_path, monkeypatch, tiny_text, damage):
     """A part named through a manifest (`set:`) that is absent or differs from its sha256 stops the mix."""
-    from quantkit import calib_mix
+    from quantkit.data import mix as calib_mix
 
     root = _mix_dir(tmp_path, monkeypatch, [{"name": "a", "weight": 1, "source": "set:mine"}])
     text = tmp_path / "mine.txt"
@@ -275,7 +275,7 @@ def test_eval_refuses_windows_a_mix_part_was_fitted_on(cli, tiny_llama, tiny_tex
 
 
 def test_run_key_follows_the_mix(tmp_path, monkeypatch, tiny_text):
-    from quantkit.calib_mix import fingerprint
+    from quantkit.data.mix import fingerprint
 
     root = _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
     before = fingerprint("test")
@@ -293,8 +293,8 @@ def test_mix_recovery_preflight_matches_the_runtime_check(tiny_llama, tiny_text,
     import torch
 
     from quantkit.gqa.mixed import mix_recovery_windows, preflight_mix_recovery
-    from quantkit.models import load_tokenizer
-    from quantkit.recipe import RecoverConfig
+    from quantkit.models.checkpoint import load_tokenizer
+    from quantkit.recipe.schema import RecoverConfig
 
     parts = _parts(tmp_path, tiny_text)[:2]  # prose + code: no generation needed
     (tmp_path / "b.txt").write_text("def f(x):\n    return x + 1\n" * 40)  # a short code part
@@ -322,8 +322,8 @@ def test_mix_recovery_preflight_matches_the_runtime_check(tiny_llama, tiny_text,
 
 
 def test_a_base_model_without_chat_template_leaves_the_chat_part_out(tiny_llama, tiny_text, tmp_path, monkeypatch):
-    from quantkit.calib_mix import build_mix
-    from quantkit.models import load_tokenizer
+    from quantkit.data.mix import build_mix
+    from quantkit.models.checkpoint import load_tokenizer
 
     _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
     tok = load_tokenizer(tiny_llama)
@@ -339,7 +339,7 @@ def test_run_on_a_mix_reuses_the_artifact_until_the_mix_changes(cli, tiny_llama,
     convert step's key covers the mix file, so a changed weight re-converts."""
     root = _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
     suite = tmp_path / "suite.yaml"
-    (tmp_path / "gptq.yaml").write_text((REPO / "recipes" / "int4-w4a16-gptq-g64.yaml").read_text())
+    (tmp_path / "gptq.yaml").write_text((REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml").read_text())
     suite.write_text("variants:\n  - name: int4\n    recipe: gptq.yaml\n")
     args = ["run", str(suite), "--model", str(tiny_llama), "--out", str(tmp_path / "run"), "--calib", "mix:test",
             "--eval-text", f"file:{tmp_path / 'b.txt'}", *SMALL, "--set", "eval.seq_len=32", "--set", "eval.max_tokens=64", "--skip-bench", "--json"]

@@ -6,7 +6,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_recipe_validate_json(cli):
-    code, out, err, data = cli("recipe", "validate", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--json")
+    code, out, err, data = cli("recipe", "validate", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--json")
     assert code == 0
     assert data["valid"][0]["name"] == "int4-w4a16-rtn"
 
@@ -22,7 +22,7 @@ def test_recipe_validate_error_is_one_line_exit_2(cli, tmp_path):
 
 
 def test_recipe_list_json(cli):
-    code, _, _, data = cli("recipe", "list", "--dir", str(REPO / "recipes"), "--json")
+    code, _, _, data = cli("recipe", "list", "--dir", str(REPO / "quantkit" / "resources" / "recipes"), "--json")
     names = {r["name"] for r in data["recipes"]}
     assert {"demo", "int4-w4a16-gptq-g64", "bnb-nf4"} <= names
     assert all(r["description"] for r in data["recipes"])
@@ -57,13 +57,13 @@ def test_library_fault_is_one_line_exit_1(cli, tmp_path, monkeypatch):
     import pytest
     from click.testing import CliRunner
 
-    import quantkit.recipe
+    import quantkit.recipe.schema
     from quantkit.cli import cli as group
 
     def boom(*_a, **_k):
         raise RuntimeError("The size of tensor a (128) must match the size of tensor b (2)\nsecond line")
 
-    monkeypatch.setattr(quantkit.recipe, "load_recipe", boom)
+    monkeypatch.setattr(quantkit.recipe.schema, "load_recipe", boom)
     code, out, err, _ = cli("recipe", "validate", str(tmp_path / "r.yaml"))
     assert code == 1 and "Traceback" not in err and "second line" not in err
     assert "error: RuntimeError: The size of tensor a (128) must match" in err and "--debug" in err

@@ -11,7 +11,7 @@ SMALL_CALIB = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=6
 
 
 def convert(cli, recipe, model, out, text, *extra):
-    return cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
+    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
                "--calib", f"file:{text}", *SMALL_CALIB, *extra, "--json")
 
 
@@ -155,13 +155,13 @@ def test_group_size_not_dividing_is_an_error_before_work(cli, tiny_dir, tiny_tex
 
 
 def test_missing_calibration_source(cli, tiny_llama, tmp_path):
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "x"),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "x"),
                           "--set", "calibration.source=null")  # the recipe's own source is mix:default
     assert code == 2 and "needs calibration text" in err
 
 
 def test_suite_recipe_needs_variant(cli, tiny_llama, tmp_path):
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "demo.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "x"))
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "demo.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "x"))
     assert code == 2 and "--variant" in err
 
 
@@ -199,7 +199,7 @@ def test_unsupported_architecture(cli, tiny_llama, tiny_text, tmp_path):
 
 
 def test_failed_verification_keeps_nothing(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
-    from quantkit import export
+    from quantkit.artifacts import formats as export
 
     real = export.FORMATS["compressed-tensors"]
 
@@ -235,7 +235,7 @@ def test_bnb_nf4_cpu_repack_fault_is_caught_without_the_fix(cli, tiny_llama, tin
 
 
 def test_self_calibration_is_seeded_and_cached(cli, tiny_llama, tmp_path, quantkit_home):
-    args = ["convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--calib", "self",
+    args = ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--calib", "self",
             "--set", "calibration.samples=4", "--set", "calibration.seq_len=32", "--json"]
     code, _, err, a = cli(*args, "--out", str(tmp_path / "a"))
     assert code == 0, err
@@ -256,6 +256,6 @@ def test_chat_template_calibration(cli, tiny_llama, tiny_text, tmp_path):
 
 def test_hf_source_offline_is_clear(cli, tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
                           "--out", str(tmp_path / "h"), "--calib", "hf:wikitext:wikitext-2-raw-v1:train")
     assert code == 2 and "hf:wikitext" in err and "Traceback" not in err and not (tmp_path / "h").exists()

@@ -13,7 +13,7 @@ SMALL = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
 
 
 def convert(cli, recipe, model, out, text, *extra):
-    return cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
+    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
                "--calib", f"file:{text}", *SMALL, *extra, "--json")
 
 
@@ -61,7 +61,7 @@ def test_llmcompressor_calibrates_on_the_given_device(cli, tiny_llama, tiny_text
 
 
 def test_indexed_cpu_is_plain_for_compressed_tensors():
-    from quantkit.offload import plain_cpu
+    from quantkit.models.offload import plain_cpu
 
     assert plain_cpu(torch.device("cpu", 0)) == torch.device("cpu")
     assert plain_cpu(torch.device("cuda", 1)) == torch.device("cuda", 1)  # a GPU keeps its index (no CUDA needed to build it)
@@ -71,7 +71,7 @@ def test_patch_is_undone_even_on_failure():
     import llmcompressor.pipelines.sequential.pipeline as sequential
     import llmcompressor.utils.dev as dev
 
-    from quantkit.offload import calibration_device
+    from quantkit.models.offload import calibration_device
 
     before = (dev.get_main_device, sequential.get_main_device)
     with pytest.raises(RuntimeError):
@@ -128,7 +128,7 @@ def test_bitsandbytes_quantizes_onto_the_device(cli, tiny_llama, tiny_text, tmp_
     ("gpu0", "not a device"),
 ])
 def test_unavailable_device_is_one_line_before_loading(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, spec, message):
-    import quantkit.models as models
+    import quantkit.models.checkpoint as models
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("weights loaded"))

@@ -10,11 +10,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def convert(cli, model, out, *extra):
-    return cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(model), "--out", str(out), *extra)
+    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(model), "--out", str(out), *extra)
 
 
 def no_load(monkeypatch):
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
 
@@ -52,7 +52,7 @@ def test_bin_only_checkpoint_needs_allow_pickle(cli, tiny_llama, tmp_path, monke
     assert len(err.strip().splitlines()) == 1 and nothing_at(out)
 
     # with the flag the check lets it through to the load (stubbed here: the file is no real pickle)
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
     from quantkit.errors import ModelError
 
     def reached(*a, **k):
@@ -66,7 +66,7 @@ def test_bin_only_checkpoint_needs_allow_pickle(cli, tiny_llama, tmp_path, monke
 def test_non_finite_converted_model_refused(cli, tiny_llama, tmp_path, monkeypatch):
     import torch
 
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     real = qc.apply_steps
 
@@ -112,7 +112,7 @@ def test_awq_pin_memory_patch_is_a_no_op_without_an_accelerator(monkeypatch):
 
 
 def test_not_enough_free_space_refused_before_loading(cli, tiny_llama, tmp_path, monkeypatch):
-    import quantkit.artifact as art
+    import quantkit.artifacts.staging as art
 
     monkeypatch.setattr(art, "free_bytes", lambda path: 10_000)
     no_load(monkeypatch)
@@ -125,13 +125,13 @@ def test_not_enough_free_space_refused_before_loading(cli, tiny_llama, tmp_path,
 @pytest.mark.parametrize("recipe", ["int4-w4a16-rtn", "bnb-nf4", "int8-w8a8-smoothquant"])
 def test_free_space_estimate_is_close_to_the_artifact(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, recipe):
     """The estimate (less its fixed headroom) is within a factor of the weights actually written."""
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     needed = []
     real = qc.check_free_space
     monkeypatch.setattr(qc, "check_free_space", lambda out, need: (needed.append(need), real(out, need)))
     out = tmp_path / "x"
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_llama), "--out", str(out),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_llama), "--out", str(out),
                           "--calib", f"file:{tiny_text}", "--set", "calibration.samples=4", "--set", "calibration.seq_len=64")
     assert code == 0, err
     weights = sum(p.stat().st_size for p in out.glob("*.safetensors"))
@@ -144,7 +144,7 @@ def test_free_space_estimate_is_close_to_the_artifact(cli, tiny_llama, tiny_text
     lambda: __import__("safetensors").SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
 ], ids=["ENOSPC", "safetensors"])
 def test_disk_full_while_writing_is_one_line(cli, tiny_llama, tmp_path, monkeypatch, error):
-    from quantkit import export
+    from quantkit.artifacts import formats as export
 
     real = export.FORMATS["compressed-tensors"]
 
@@ -182,10 +182,10 @@ def test_real_full_disk(tiny_llama, tmp_path):
     if not _can_mount_tmpfs(small):
         pytest.skip("cannot mount a tmpfs in a user namespace here (unshare -rm)")
     py = REPO / ".venv" / "bin" / "python"
-    driver = ("import sys, quantkit.convert as qc; qc.check_free_space = lambda out, need: None\n"
+    driver = ("import sys, quantkit.quantize.convert as qc; qc.check_free_space = lambda out, need: None\n"
               "from quantkit.cli import main; sys.argv = ['quantkit', *sys.argv[1:]]; main()")
     out = small / "art"
-    script = (f"mount -t tmpfs -o size=200k tmpfs {small} && \"$0\" -c \"$1\" convert {REPO / 'recipes' / 'int4-w4a16-rtn.yaml'} "
+    script = (f"mount -t tmpfs -o size=200k tmpfs {small} && \"$0\" -c \"$1\" convert {REPO / 'quantkit' / 'resources' / 'recipes' / 'int4-w4a16-rtn.yaml'} "
               f"--model {tiny_llama} --out {out}; rc=$?; ls -A {small}; exit $rc")
     r = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(py if py.exists() else sys.executable), driver],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "QUANTKIT_NO_PROGRESS": "1"})
@@ -200,7 +200,7 @@ def test_fewer_calibration_windows_than_asked_are_said(cli, tiny_llama, tmp_path
     text = tmp_path / "t.txt"
     text.write_text(" ".join(f"word{i % 97} river {i}" for i in range(600)))
     out = tmp_path / "a"
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--out", str(out),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--out", str(out),
                           "--calib", f"file:{text}", "--set", "calibration.samples=500", "--set", "calibration.seq_len=64",
                           "--set", "steps[0].quantize.group_size=32")
     assert code == 0, err

@@ -44,7 +44,7 @@ def test_one_process_is_the_identity():
 
 
 def test_calibration_share_and_agree_outside_torchrun():
-    from quantkit.distributed import agree, calibration_share
+    from quantkit.core.distributed import agree, calibration_share
 
     samples = [1, 2, 3]
     assert calibration_share(samples) is samples
@@ -54,7 +54,7 @@ def test_calibration_share_and_agree_outside_torchrun():
 
 
 def test_timeout_setting(monkeypatch):
-    from quantkit.distributed import ENV_TIMEOUT, timeout_s
+    from quantkit.core.distributed import ENV_TIMEOUT, timeout_s
     from quantkit.errors import QuantkitError
 
     monkeypatch.setenv(ENV_TIMEOUT, "12.5")
@@ -68,7 +68,7 @@ def test_timeout_setting(monkeypatch):
 def test_check_convert_refuses_what_runs_in_one_process(monkeypatch):
     from types import SimpleNamespace
 
-    from quantkit.distributed import check_convert
+    from quantkit.core.distributed import check_convert
     from quantkit.errors import QuantkitError
 
     def job(method="gptq", gqa=False, offload=None):
@@ -93,7 +93,7 @@ def worker(monkeypatch):
     worker does not wait for the reporting one (there is none here); its SIGTERM handler is put back."""
     import signal
 
-    import quantkit.distributed as distributed
+    import quantkit.core.distributed as distributed
 
     monkeypatch.setattr(distributed, "REPORT_WAIT_S", 0)
     handler = signal.getsignal(signal.SIGTERM)
@@ -129,7 +129,7 @@ def test_who_prints_an_error_inside_the_job(monkeypatch):
     is rank 0's to print; an error of one rank alone is printed by that rank, naming it."""
     import socket
 
-    from quantkit.distributed import error_line, session, together
+    from quantkit.core.distributed import error_line, session, together
     from quantkit.errors import QuantkitError
 
     with socket.socket() as sock:
@@ -181,7 +181,7 @@ def _quantkit(args, home: Path, launcher=(), timeout=600):
 
 
 def _convert_args(recipe: str, model: Path, out: Path, text: Path, *extra) -> list[str]:
-    return ["convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
+    return ["convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
             "--calib", f"file:{text}", *CALIB, "--device", "cpu", "--json", *extra]
 
 
@@ -308,7 +308,7 @@ def test_two_nodes_eval_equals_one_process_and_convert_is_refused(tiny_llama, ti
 @pytest.mark.slow
 def test_torchrun_failure_on_one_rank_stops_all(tiny_llama, tiny_text, tmp_path):
     """rank 0 cannot claim --out (another command holds it): both ranks exit 2, nothing written."""
-    from quantkit.atomic import exclusive
+    from quantkit.core.atomic import exclusive
 
     out = tmp_path / "held"
     with exclusive(out):

@@ -51,7 +51,7 @@ def test_demo_pull_is_a_plain_fp16_llama_that_answers(demo, cli):
 
 def test_demo_int4_convert_eval_bench(demo, cli, tmp_path):
     art = tmp_path / "int4"
-    code, _, err, meta = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", "demo", "--out", str(art), "--json")
+    code, _, err, meta = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", "demo", "--out", str(art), "--json")
     assert code == 0, err
     assert meta["verification"]["status"] == "passed" and meta["quantization"]["group_size"] == 64
     if SHARED.is_file():
@@ -71,7 +71,7 @@ def test_demo_int4_convert_eval_bench(demo, cli, tmp_path):
 @pytest.mark.skipif(not SHARED.is_file(), reason="../shared/data/wikitext2-valid.txt is not beside this checkout")
 def test_demo_gptq_w8_round_trip_accuracy(demo, cli, tmp_path):
     art = tmp_path / "int8"
-    code, _, err, meta = cli("convert", str(REPO / "recipes" / "int8-w8a16-gptq.yaml"), "--model", "demo", "--out", str(art),
+    code, _, err, meta = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int8-w8a16-gptq.yaml"), "--model", "demo", "--out", str(art),
                              "--calib", f"file:{SHARED}", "--set", "calibration.samples=16", "--json")
     assert code == 0, err
     code, _, err, ev = cli("eval", str(art), "--baseline", "demo", "--text", f"file:{SHARED}", "--max-tokens", "1024", "--json")
@@ -83,7 +83,7 @@ def test_demo_gptq_w8_round_trip_accuracy(demo, cli, tmp_path):
 def test_demo_w8a8_passes_its_reload_check(demo, cli, tmp_path):
     """Dynamic per-token activation rounding turns any numeric difference between the in-memory
     model and its reload into a large KL: an fp16-rounded inv_freq once made this fail (KL 0.01)."""
-    code, _, err, meta = cli("convert", str(REPO / "recipes" / "int8-w8a8-smoothquant.yaml"), "--model", "demo",
+    code, _, err, meta = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int8-w8a8-smoothquant.yaml"), "--model", "demo",
                              "--out", str(tmp_path / "w8a8"), "--calib", f"file:{SHARED}",
                              "--set", "calibration.samples=2", "--set", "calibration.seq_len=128", "--json")
     assert code == 0, err
@@ -101,7 +101,7 @@ def test_demo_gqa_to_mqa_calibrated_beats_mean(demo, cli, tmp_path):
     kl = {}
     for merge, recover in [("mean", "null"), ("calibrated", "{tokens: 4096, max_minutes: 2, seq_len: 128, batch_size: 2, eval_every: 8}")]:
         art = tmp_path / merge
-        code, _, err, meta = cli("convert", str(REPO / "recipes" / "gqa.yaml"), "--model", "demo", "--out", str(art),
+        code, _, err, meta = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"), "--model", "demo", "--out", str(art),
                                  "--set", f"steps[0].gqa.merge={merge}", "--set", f"steps[0].gqa.recover={recover}", *small)
         assert code == 0, err
         assert meta["verification"]["status"] == "passed" and meta["gqa"]["kv_bytes_per_token_after"] * 3 == meta["gqa"]["kv_bytes_per_token_before"]

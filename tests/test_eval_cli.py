@@ -139,7 +139,7 @@ def test_update_card_on_non_artifact_fails_before_evaluating(cli, tiny_llama, ti
 def _rtn_artifact(cli, src, out):
     from pathlib import Path
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "int4-w4a16-rtn.yaml"
+    recipe = Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"
     code, _, err, _ = cli("convert", str(recipe), "--model", str(src), "--out", str(out), "--set", "steps[0].quantize.group_size=32", "--json")
     assert code == 0, err
     return out

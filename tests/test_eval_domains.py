@@ -17,7 +17,7 @@ ARGS = ["--seq-len", "32", "--max-tokens", "96"]
 def _other_text(tmp_path: Path) -> Path:
     """A second domain: shipped legal text, copied so the test does not depend on where it lives."""
     p = tmp_path / "legal.txt"
-    p.write_text((REPO / "calib_data" / "text" / "legal-licenses.txt").read_text()[:20000])
+    p.write_text((REPO / "quantkit" / "resources" / "calib_data" / "text" / "legal-licenses.txt").read_text()[:20000])
     return p
 
 
@@ -40,7 +40,7 @@ def _same_text_ways(tmp_path: Path, text: Path) -> dict[str, tuple[str, str]]:
     (tmp_path / "link.txt").symlink_to(text)
     (tmp_path / "copy.txt").write_bytes(text.read_bytes())
     (tmp_path / "dirlink").symlink_to(text.parent)
-    from quantkit.text import parse_spec
+    from quantkit.data.text import parse_spec
 
     legal = parse_spec("set:legal-licenses").path
     return {
@@ -113,7 +113,7 @@ def test_each_text_is_guarded_before_any_model_loads(cli, tiny_dir, tiny_text, t
     import quantkit.evals.runner as runner
 
     art = tmp_path / "gptq"
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_dir / "llama-gqa"),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_dir / "llama-gqa"),
                           "--out", str(art), "--calib", f"file:{tiny_text}", "--set", "calibration.samples=4",
                           "--set", "calibration.seq_len=32", "--set", "steps[0].quantize.group_size=32")
     assert code == 0, err
@@ -135,7 +135,7 @@ def test_each_text_is_guarded_before_any_model_loads(cli, tiny_dir, tiny_text, t
 
 
 def test_recipe_eval_text_and_texts():
-    from quantkit.recipe import EvalConfig
+    from quantkit.recipe.schema import EvalConfig
 
     assert EvalConfig.model_validate({"text": "set:a"}).texts == ("set:a",)
     assert EvalConfig.model_validate({"texts": ["set:a", "file:b"]}).text == "set:a"
@@ -153,7 +153,7 @@ SMALL = ["--set", "calibration.samples=4", "--set", "calibration.seq_len=64", "-
 def test_run_reports_a_row_per_variant_per_domain(cli, tiny_llama, tiny_text, tmp_path):
     legal = _other_text(tmp_path)
     suite = tmp_path / "suite.yaml"
-    (tmp_path / "int4-w4a16-rtn.yaml").write_text((REPO / "recipes" / "int4-w4a16-rtn.yaml").read_text())
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text((REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text())
     suite.write_text("description: domains\nvariants:\n  - name: int4-rtn\n    recipe: int4-w4a16-rtn.yaml\n"
                      f"eval:\n  texts: [file:{tiny_text}, file:{legal}]\n")
     out = tmp_path / "run"
@@ -180,7 +180,7 @@ def test_run_reports_a_row_per_variant_per_domain(cli, tiny_llama, tiny_text, tm
 
 def test_update_card_lists_every_domain(cli, tiny_dir, tiny_text, tmp_path):
     art = tmp_path / "int4"
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_dir / "llama-gqa"),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_dir / "llama-gqa"),
                           "--out", str(art), "--set", "steps[0].quantize.group_size=32")
     assert code == 0, err
     legal = _other_text(tmp_path)

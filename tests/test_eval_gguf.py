@@ -32,7 +32,7 @@ def exported(tiny_dir, tmp_path_factory):
         assert res.exit_code == 0, res.stderr
 
     art = root / "int4"
-    run("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_dir / "llama-gqa"), "--out", str(art),
+    run("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_dir / "llama-gqa"), "--out", str(art),
         "--set", "steps[0].quantize.group_size=32")
     run("export", str(art), "--format", "gguf", "--out", str(root / "int4.gguf"))
     run("export", str(tiny_dir / "llama-gqa"), "--format", "gguf", "--out", str(root / "f16.gguf"))
@@ -118,8 +118,8 @@ def test_tasks_are_not_llama_cpps(cli, tiny_dir, tmp_path):
 def test_run_evaluates_every_variant_on_each_eval_engine(cli, tiny_llama, tiny_text, tmp_path):
     """`eval: {engines: [transformers, llamacpp]}`: a row per variant, engine and domain; one baseline pass serves both."""
     legal = tmp_path / "legal.txt"
-    legal.write_text((REPO / "calib_data" / "text" / "legal-licenses.txt").read_text()[:20000])
-    (tmp_path / "int4-w4a16-rtn.yaml").write_text((REPO / "recipes" / "int4-w4a16-rtn.yaml").read_text())
+    legal.write_text((REPO / "quantkit" / "resources" / "calib_data" / "text" / "legal-licenses.txt").read_text()[:20000])
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text((REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text())
     suite = tmp_path / "suite.yaml"
     suite.write_text("description: engines\nvariants:\n  - name: int4-rtn\n    recipe: int4-w4a16-rtn.yaml\n"
                      f"eval:\n  texts: [file:{tiny_text}, file:{legal}]\n  engines: [transformers, llamacpp]\n"
@@ -139,7 +139,7 @@ def test_run_evaluates_every_variant_on_each_eval_engine(cli, tiny_llama, tiny_t
 
 
 def test_recipe_eval_engines():
-    from quantkit.recipe import EvalConfig
+    from quantkit.recipe.schema import EvalConfig
 
     assert EvalConfig().engines == ("transformers",)
     assert EvalConfig.model_validate({"engines": ["transformers", "llamacpp"]}).engines == ("transformers", "llamacpp")
@@ -153,7 +153,7 @@ def test_a_gguf_vocabulary_must_be_the_baselines_row_for_row(tiny_dir, monkeypat
     """Same tokens, padded vocabulary: the baseline's top-k ids would index past llama.cpp's rows or leave rows out."""
     import quantkit.evals.gguf as g
     from quantkit.errors import DataError
-    from quantkit.models import load_tokenizer
+    from quantkit.models.checkpoint import load_tokenizer
 
     base = tiny_dir / "llama-gqa"
     tok = load_tokenizer(base)

@@ -35,7 +35,7 @@ def ggufs(tiny_dir, tiny_text, tmp_path_factory) -> dict[str, Path]:
         res = CliRunner().invoke(group, list(args), catch_exceptions=False, env=env)
         assert res.exit_code == 0, res.stderr
 
-    run("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(src), "--out", str(root / "art"),
+    run("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(src), "--out", str(root / "art"),
         "--calib", f"file:{tiny_text}", *SMALL_CALIB)
     run("export", str(root / "art"), "--format", "gguf", "--out", str(root / "beside" / "int4.gguf"))
     run("export", str(src), "--format", "gguf", "--out", str(root / "f16" / "f16.gguf"))
@@ -48,7 +48,7 @@ def ggufs(tiny_dir, tiny_text, tmp_path_factory) -> dict[str, Path]:
 
 def test_the_gguf_names_the_checkpoint_converted_from_and_the_artifact(ggufs):
     from quantkit.gguf.read import open_reader, origin
-    from quantkit.models import checkpoint_hash
+    from quantkit.models.checkpoint import checkpoint_hash
 
     meta = json.loads((ggufs["art"] / "quantkit.json").read_text())
     o = origin(open_reader(ggufs["moved"]))
@@ -65,7 +65,7 @@ def test_a_moved_gguf_is_checked_from_what_it_carries(ggufs, tiny_dir, capsys):
     from quantkit.errors import DataError
     from quantkit.evals.gguf import source_meta
     from quantkit.evals.runner import check_baseline, fitted_texts
-    from quantkit.models import checkpoint_hash
+    from quantkit.models.checkpoint import checkpoint_hash
 
     beside, _, _ = source_meta(ggufs["beside"])
     moved, exported_from, found = source_meta(ggufs["moved"])

@@ -35,7 +35,7 @@ def made(tiny_dir, tmp_path_factory) -> dict[str, Path]:
     (src / "model.safetensors").rename(blobs / "0123abcd")
     (src / "model.safetensors").symlink_to(Path("..") / "blobs" / "0123abcd")
     env = {"QUANTKIT_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"}
-    res = CliRunner().invoke(group, ["convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out",
+    res = CliRunner().invoke(group, ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out",
                                      str(root / "art"), "--set", "steps[0].quantize.group_size=32"], catch_exceptions=False, env=env)
     assert res.exit_code == 0, res.stderr
     assert Path(json.loads((root / "art" / "quantkit.json").read_text())["source"]["path"]).resolve() == src.resolve()
@@ -80,7 +80,7 @@ def forbidden_targets(made: dict, tmp: Path) -> dict[str, tuple[Path, str, bool]
 
 
 def test_out_never_lands_in_an_input_nor_replaces_a_foreign_file(cli, made, tmp_path):
-    from quantkit.integrity import check
+    from quantkit.core.integrity import check
 
     work = tmp_path / "work"
     work.mkdir()

@@ -68,7 +68,7 @@ def artifacts(models, tiny_text, tmp_path_factory) -> dict[str, Path]:
     built = {}
     for name, (model, recipe, sets, _) in ARTIFACTS.items():
         extra = [a for s in sets for a in ("--set", s)]
-        code, _, err, _ = run_cli(root / "home", "convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(models[model]),
+        code, _, err, _ = run_cli(root / "home", "convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(models[model]),
                                   "--out", str(root / name), "--calib", f"file:{tiny_text}", *SMALL_CALIB, *extra, "--json")
         assert code == 0, f"{name}: {err}"
         built[name] = root / name
@@ -260,7 +260,7 @@ def test_asymmetric_int4_maps_to_q4_1_or_says_why_not(cli, models, tiny_text, tm
     """Asymmetric INT4 -> Q4_1 exactly where every block's minimum is an fp16 value; otherwise refused,
     or with --allow-lossy written with rounded minimums and its KL reported."""
     art = tmp_path / "asym"
-    code, _, err, _ = run_cli(tmp_path / "home", "convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(models["qwen2"]),
+    code, _, err, _ = run_cli(tmp_path / "home", "convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(models["qwen2"]),
                               "--out", str(art), "--set", "steps[0].quantize.group_size=32", "--set", "steps[0].quantize.symmetric=false", "--json")
     assert code == 0, err
     out = tmp_path / "asym.gguf"
@@ -435,7 +435,7 @@ def test_truncated_or_foreign_gguf_is_one_clear_error(cli, artifacts, tmp_path):
 
 def test_recipe_export_formats_key():
     from quantkit.errors import RecipeError
-    from quantkit.recipe import recipe_from_dict
+    from quantkit.recipe.schema import recipe_from_dict
 
     steps = [{"quantize": {"method": "rtn"}}]
     assert recipe_from_dict({"steps": steps, "export": {"formats": ["gguf"]}}).export.formats == ("gguf",)
@@ -460,7 +460,7 @@ def agreement():
 
 
 def text_ids(artifact: Path, text: Path, n: int = 128) -> list[int]:
-    from quantkit.models import load_tokenizer
+    from quantkit.models.checkpoint import load_tokenizer
 
     return load_tokenizer(artifact)(text.read_text()[: n * 12], add_special_tokens=False)["input_ids"][:n]
 
@@ -532,7 +532,7 @@ def demo_artifacts(tmp_path_factory):
     calib = f"file:{DEMO_TEXT}" if DEMO_TEXT.is_file() else "self"
     built = {}
     for name, (recipe, _, _) in DEMO_RECIPES.items():
-        code, _, err, _ = run_cli(root / "home", "convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(demo),
+        code, _, err, _ = run_cli(root / "home", "convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(demo),
                                   "--out", str(root / name), "--calib", calib, "--set", "calibration.samples=16", "--json")
         assert code == 0, err
         built[name] = root / name

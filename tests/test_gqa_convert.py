@@ -46,7 +46,7 @@ def build(out: Path, tokenizer_dir: Path, cfg_name: str, model_name: str, extra:
 
 
 def convert(cli, model, out, text, *extra, recipe="gqa"):
-    return cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
+    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
                "--calib", f"file:{text}", *SMALL, *extra, "--json")
 
 
@@ -175,7 +175,7 @@ def test_calibrated_beats_mean(cli, tiny_dir, tiny_text, tmp_path):
     (dict(kv_heads=2), "steps[0].gqa.kv_heads: 2 is not below the model's 2 KV heads"),
 ])
 def test_bad_kv_heads_before_any_work(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, overrides, message):
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
     code, _, err, _ = convert(cli, tiny_llama, tmp_path / "x", tiny_text, *gqa_set(**overrides))
@@ -185,7 +185,7 @@ def test_bad_kv_heads_before_any_work(cli, tiny_llama, tiny_text, tmp_path, monk
 def test_gpt2_style_mha_is_a_clear_error(cli, tiny_dir, tiny_text, tmp_path, monkeypatch):
     import transformers
 
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     src = tmp_path / "gpt2"
     cfg = transformers.GPT2Config(vocab_size=384, n_embd=64, n_layer=1, n_head=4, n_positions=128)
@@ -218,7 +218,7 @@ def test_recover_time_bound(cli, tiny_llama, tiny_text, tmp_path):
 def test_recover_text_too_short(cli, tiny_llama, tmp_path, monkeypatch):
     from fixtures import synthetic_text
 
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
     text = tmp_path / "short.txt"
@@ -229,10 +229,10 @@ def test_recover_text_too_short(cli, tiny_llama, tmp_path, monkeypatch):
 
 
 def test_recover_self_text_too_short(cli, tiny_llama, tmp_path, monkeypatch):
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "gqa.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
                           "--calib", "self", *SMALL, "--set", "steps[0].gqa.recover.seq_len=128")
     assert code == 2 and "steps[0].gqa.recover: 0 windows of 128 tokens from the calibration samples; need at least 8" in err
 
@@ -243,8 +243,8 @@ def test_recovery_text_preflight_matches_the_runtime_count(tiny_llama, tiny_text
 
     from quantkit.errors import DataError
     from quantkit.gqa.convert import preflight_recovery_text, recovery_windows
-    from quantkit.models import load_tokenizer
-    from quantkit.recipe import CalibrationConfig, RecoverConfig
+    from quantkit.models.checkpoint import load_tokenizer
+    from quantkit.recipe.schema import CalibrationConfig, RecoverConfig
 
     tok = load_tokenizer(tiny_llama)
     short = tmp_path / "short.txt"

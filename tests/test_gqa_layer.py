@@ -6,7 +6,7 @@ from quantkit.gqa import keys as K
 from quantkit.gqa.arch import LAYOUTS
 from quantkit.gqa.layer import Heads, read_heads, write_heads
 from quantkit.gqa.stats import attention_modules
-from quantkit.models import load_model
+from quantkit.models.checkpoint import load_model
 
 
 def _logits(model):

@@ -4,7 +4,7 @@ import torch
 
 from quantkit.gqa.arch import LAYOUTS
 from quantkit.gqa.stats import _attended_values, attention_modules, moments
-from quantkit.models import load_model
+from quantkit.models.checkpoint import load_model
 
 
 def test_attended_values_match_the_model_attention(tiny_dir):

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _models(tiny_llama):
-    from quantkit.models import load_model
+    from quantkit.models.checkpoint import load_model
 
     teacher = load_model(tiny_llama, dtype="float32").eval()
     student = copy.deepcopy(teacher)
@@ -66,7 +66,7 @@ def test_a_step_that_makes_a_layer_worse_is_undone(tiny_llama):
 def test_convert_records_the_transfer(cli, tiny_dir, tiny_text, tmp_path):
     rec = "{tokens: 1024, seq_len: 32, batch_size: 4, eval_every: 4, transfer_steps: 20}"
     out = tmp_path / "t"
-    code, _, err, data = cli("convert", str(REPO / "recipes" / "gqa.yaml"), "--model", str(tiny_dir / "llama-mha"), "--out", str(out),
+    code, _, err, data = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"), "--model", str(tiny_dir / "llama-mha"), "--out", str(out),
                              "--calib", f"file:{tiny_text}", "--set", "calibration.samples=8", "--set", "calibration.seq_len=64",
                              "--set", f"steps[0].gqa.recover={rec}", "--json")
     assert code == 0, err
@@ -78,6 +78,6 @@ def test_convert_records_the_transfer(cli, tiny_dir, tiny_text, tmp_path):
 
 
 def test_transfer_steps_must_not_be_negative(cli, tiny_llama, tiny_text, tmp_path):
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "gqa.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "x"),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "x"),
                           "--calib", f"file:{tiny_text}", "--set", "steps[0].gqa.recover.transfer_steps=-1")
     assert code == 2 and "steps[0].gqa.recover.transfer_steps" in err and not (tmp_path / "x").exists()

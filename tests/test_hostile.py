@@ -33,7 +33,7 @@ def rtn_recipe(tmp_path: Path) -> Path:
 
 
 def convert(cli, model, out, *extra):
-    return cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(model), "--out", str(out), *RTN, *extra, "--json")
+    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(model), "--out", str(out), *RTN, *extra, "--json")
 
 
 # ---------------------------------------------------------------- C1: recipe files and includes
@@ -99,7 +99,7 @@ def test_includes_are_confined_to_the_recipe_tree(cli, tmp_path, kind):
 
 
 def test_includes_inside_the_tree_and_its_subdirectories(tmp_path):
-    from quantkit.recipe import load_recipe
+    from quantkit.recipe.schema import load_recipe
 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "q.yaml").write_text("steps:\n  - quantize: {method: rtn}\n")
@@ -170,7 +170,7 @@ def test_names_are_plain_names(cli, tmp_path, name, where):
 
 
 def _reserved_spellings() -> list[str]:
-    from quantkit.recipe import RESERVED_NAMES
+    from quantkit.recipe.schema import RESERVED_NAMES
 
     return [spelling for name in RESERVED_NAMES for spelling in (name, name.upper(), name.capitalize())]
 
@@ -212,7 +212,7 @@ def test_names_run_gives_its_own_rows_are_refused(cli, tmp_path, name, where):
 def test_a_run_refuses_a_variant_named_baseline_before_writing(cli, tiny_llama, tmp_path):
     """The reported case: a suite whose one variant, named baseline, is INT4 RTN ran (exit 0) and
     reported the INT4 figures as "the unmodified source checkpoint"."""
-    (tmp_path / "int4-w4a16-rtn.yaml").write_text((REPO / "recipes" / "int4-w4a16-rtn.yaml").read_text())
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text((REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text())
     suite = tmp_path / "suite.yaml"
     suite.write_text("variants:\n  - name: baseline\n    recipe: int4-w4a16-rtn.yaml\n")
     out = tmp_path / "run"
@@ -222,7 +222,7 @@ def test_a_run_refuses_a_variant_named_baseline_before_writing(cli, tiny_llama, 
 
 
 def test_the_unmodified_checkpoint_may_keep_its_name_and_names_differ_in_more_than_case(cli, tmp_path):
-    from quantkit.recipe import load_recipe
+    from quantkit.recipe.schema import load_recipe
 
     p = tmp_path / "r.yaml"
     p.write_text("variants:\n  - name: baseline\n    baseline: true\n  - name: int4\n    steps:\n      - quantize: {method: rtn}\n")
@@ -244,7 +244,7 @@ def test_run_never_writes_outside_its_directory(cli, tmp_path, monkeypatch):
 
 
 def test_default_names_from_odd_file_names_are_plain(tmp_path):
-    from quantkit.recipe import load_recipe
+    from quantkit.recipe.schema import load_recipe
 
     p = tmp_path / "my recipe (v2).yaml"
     p.write_text("steps:\n  - quantize: {method: rtn}\n")
@@ -338,7 +338,7 @@ def test_weights_that_do_not_match_the_config_are_refused(tiny_llama, tmp_path):
     from safetensors.torch import load_file, save_file
 
     from quantkit.errors import ModelError
-    from quantkit.models import load_model
+    from quantkit.models.checkpoint import load_model
 
     state = load_file(tiny_llama / "model.safetensors")
     key = "model.layers.0.self_attn.q_proj.weight"
@@ -358,7 +358,7 @@ def test_malformed_safetensors_headers(tiny_llama, tmp_path, header):
     import struct
 
     from quantkit.errors import ModelError
-    from quantkit.models import check_checkpoint
+    from quantkit.models.checkpoint import check_checkpoint
 
     model = broken_copy(tiny_llama, tmp_path / "m", "model.safetensors", struct.pack("<Q", len(header)) + header + b"\0" * 16)
     with pytest.raises(ModelError, match="not a valid safetensors file"):
@@ -369,7 +369,7 @@ def test_malformed_safetensors_headers(tiny_llama, tmp_path, header):
                          ids=["invalid-json", "not-a-map", "escaping-path"])
 def test_malformed_safetensors_index(tiny_llama, tmp_path, index):
     from quantkit.errors import ModelError
-    from quantkit.models import check_checkpoint
+    from quantkit.models.checkpoint import check_checkpoint
 
     model = broken_copy(tiny_llama, tmp_path / "m", "config.json", lambda c: c)
     (model / "model.safetensors.index.json").write_bytes(index)
@@ -409,7 +409,7 @@ TEXTS = {  # file name -> (bytes, or None for a parquet table built in the test;
 
 @pytest.mark.parametrize("name", list(TEXTS))
 def test_text_that_is_not_text_is_refused_before_any_model_loads(cli, tiny_llama, tmp_path, monkeypatch, name):
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
     import quantkit.evals.runner as runner
 
     content, message = TEXTS[name]
@@ -423,7 +423,7 @@ def test_text_that_is_not_text_is_refused_before_any_model_loads(cli, tiny_llama
     monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("loaded the model before reading the text"))
     code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{path}", "--seq-len", "64")
     one_line_error(code, err, str(path), message)
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
                           "--out", str(tmp_path / "out"), "--calib", f"file:{path}")
     one_line_error(code, err, str(path), message)
     assert not (tmp_path / "out").exists()
@@ -592,10 +592,10 @@ def test_trust_remote_code_converts_evaluates_and_verifies(cli, tiny_dir, tiny_t
 
 
 def test_offline_hf_text_fails_before_the_model_loads(cli, tiny_llama, tmp_path, monkeypatch):
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking the text"))
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
                           "--out", str(tmp_path / "out"), "--calib", "hf:nobody/no-such-dataset:train")
     one_line_error(code, err, "hf:nobody/no-such-dataset:train")
     assert not (tmp_path / "out").exists()
@@ -610,7 +610,7 @@ def test_unreachable_hub_fails_fast_without_retries(tiny_llama, monkeypatch):
     from huggingface_hub import constants
 
     from quantkit.errors import OfflineError
-    from quantkit.text import parse_spec, read_text
+    from quantkit.data.text import parse_spec, read_text
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
@@ -623,7 +623,7 @@ def test_unreachable_hub_fails_fast_without_retries(tiny_llama, monkeypatch):
 
 def test_a_directory_the_user_cannot_write_is_one_line(cli, tiny_llama, tmp_path, monkeypatch):
     """A PermissionError on the user's own path is exit 2 naming it, not "an unexpected failure"."""
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     def denied(*a, **k):
         raise PermissionError(13, "Permission denied", str(tmp_path / "ro" / "out"))
@@ -635,7 +635,7 @@ def test_a_directory_the_user_cannot_write_is_one_line(cli, tiny_llama, tmp_path
 
 @pytest.mark.parametrize("text", ["hf:nobody/no-such-dataset:train", "file:{tmp}/random.bin.txt"])
 def test_run_checks_its_eval_text_before_converting_anything(cli, tiny_llama, tmp_path, monkeypatch, text):
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     (tmp_path / "random.bin.txt").write_bytes(os.urandom(4096))
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("converted before checking the eval text"))
@@ -656,7 +656,7 @@ def test_reload_check_catches_a_precision_slip_the_old_threshold_passed(tiny_lla
     from transformers import AutoModelForCausalLM
 
     from quantkit.errors import VerificationError
-    from quantkit.verify import KL_THRESHOLD, fixed_tokens, logits, verify_reload
+    from quantkit.quantize.verify import KL_THRESHOLD, fixed_tokens, logits, verify_reload
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float16).eval()
     ids = fixed_tokens(model.config.vocab_size)
@@ -673,7 +673,7 @@ def test_reload_check_catches_a_precision_slip_the_old_threshold_passed(tiny_lla
 @pytest.mark.parametrize("recipe", ["bnb-nf4", "int4-w4a16-gptq-g64"])
 def test_trust_remote_code_with_other_methods(cli, tiny_dir, tiny_text, tmp_path, recipe):
     model = build_custom(tmp_path / f"custom_{recipe.replace('-', '_')}", tiny_dir / "tokenizer")
-    code, _, err, data = cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(tmp_path / "a"),
+    code, _, err, data = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(tmp_path / "a"),
                              "--calib", f"file:{tiny_text}", "--set", "calibration.samples=8", "--set", "calibration.seq_len=64",
                              "--trust-remote-code", "--json")
     assert code == 0, err
@@ -683,9 +683,9 @@ def test_trust_remote_code_with_other_methods(cli, tiny_dir, tiny_text, tmp_path
 @pytest.mark.parametrize("recipe,ignore", [("int4-w4a16-rtn", "['re:.*']"), ("bnb-nf4", "['re:.*']"),
                                            ("int4-w4a16-rtn", "['re:model\\..*', lm_head]")])
 def test_a_quantize_step_that_ignores_every_layer_is_not_a_variant(cli, tiny_llama, tmp_path, monkeypatch, recipe, ignore):
-    import quantkit.convert as qc
+    import quantkit.quantize.convert as qc
 
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
                           "--set", f"steps[0].quantize.ignore={ignore}")
     one_line_error(code, err, "steps[0].quantize.ignore", "nothing would be quantized")

@@ -238,8 +238,8 @@ def test_the_lever_table_on_stored_runs():
 
 def test_prefix_reference_against_the_roofline(monkeypatch):
     import quantkit.bench.probe as probe
-    from quantkit.hardware import Device, shape_config
-    from quantkit.roofline import Shape, prefill_flops
+    from quantkit.core.hardware import Device, shape_config
+    from quantkit.core.roofline import Shape, prefill_flops
 
     monkeypatch.setattr(probe, "cached_probe", lambda device: Device("test", 1e10, 1e11, "test"))
 
@@ -258,7 +258,7 @@ def test_prefix_reference_against_the_roofline(monkeypatch):
     assert "| x0.40 |" in render_table({"table": [], "prefix_reference": ref})
 
 
-@pytest.mark.parametrize("study", sorted((REPO / "recipes").glob("levers-*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("study", sorted((REPO / "quantkit" / "resources" / "studies").glob("levers-*.yaml")), ids=lambda p: p.name)
 def test_the_shipped_studies_validate(study, tmp_path, monkeypatch):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")

@@ -10,12 +10,12 @@ AUTOROUND = 'steps[0].quantize={method: autoround, bits: 4, group_size: 64, iter
 
 
 def convert(cli, model, out, text, *sets):
-    return cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(model), "--out", str(out),
+    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(model), "--out", str(out),
                "--calib", f"file:{text}", "--set", "calibration.samples=8", "--set", "calibration.seq_len=64", *sets, "--json")
 
 
 def test_presets_fill_iters_and_lr_from_auto_round_docs():
-    from quantkit.recipe import recipe_from_dict
+    from quantkit.recipe.schema import recipe_from_dict
 
     def q(**kw):
         return recipe_from_dict({"steps": [{"quantize": {"method": "autoround", **kw}}]}).steps[0].quantize
@@ -42,9 +42,9 @@ def test_bad_knobs_are_one_line_at_the_recipe_edge(cli, tiny_llama, tiny_text, t
 
 
 def test_more_samples_than_calibration_windows_is_refused_before_loading(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
-    import quantkit.convert
+    import quantkit.quantize.convert
 
-    monkeypatch.setattr(quantkit.convert, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    monkeypatch.setattr(quantkit.quantize.convert, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
     code, _, err, _ = convert(cli, tiny_llama, tmp_path / "a", tiny_text, "--set", AUTOROUND, "--set", "steps[0].quantize.samples=9")
     assert code == 2 and "samples: 9 tuning samples, but calibration.samples gives only 8" in err
 
@@ -52,11 +52,11 @@ def test_more_samples_than_calibration_windows_is_refused_before_loading(cli, ti
 def test_missing_auto_round_says_what_to_install_before_loading(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
     import importlib.util
 
-    import quantkit.convert
+    import quantkit.quantize.convert
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "auto_round" else real(name, *a))
-    monkeypatch.setattr(quantkit.convert, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    monkeypatch.setattr(quantkit.quantize.convert, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
     code, _, err, _ = convert(cli, tiny_llama, tmp_path / "a", tiny_text, "--set", AUTOROUND)
     assert code == 2 and "pip install auto-round" in err and len(err.strip().splitlines()) == 1
 

@@ -78,7 +78,7 @@ cli.main(args=sys.argv[2:], prog_name="quantkit", standalone_mode=True)
 
 
 def convert_at(threads: int, recipe: str, model: Path, text: Path, out: Path, *sets: str) -> dict:
-    args = ["convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
+    args = ["convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
             "--calib", f"file:{text}", "--set", "calibration.samples=8", "--set", "calibration.seq_len=64", *sets, "--json"]
     proc = subprocess.run([sys.executable, "-c", CONVERT, str(threads), *args], capture_output=True, text=True, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]

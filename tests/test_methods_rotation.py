@@ -68,7 +68,7 @@ def test_refused_rotations_are_one_line_before_loading(cli, tiny_llama, tiny_tex
 ])
 def test_transform_step_order(tmp_path, steps, message):
     from quantkit.errors import RecipeError
-    from quantkit.recipe import load_recipe
+    from quantkit.recipe.schema import load_recipe
 
     p = tmp_path / "r.yaml"
     p.write_text("steps:\n" + steps)
@@ -78,23 +78,23 @@ def test_transform_step_order(tmp_path, steps, message):
 
 def test_unsupported_architecture_is_refused_at_preflight(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
     """A Gemma-type model (its norms scale by 1 + w, so SpinQuant's norm fusing would be wrong): exit 2, nothing loaded."""
-    import quantkit.convert
+    import quantkit.quantize.convert
 
     model = tmp_path / "gemma"
     shutil.copytree(tiny_llama, model)
     cfg = json.loads((model / "config.json").read_text())
     cfg.update(model_type="gemma", architectures=["GemmaForCausalLM"])
     (model / "config.json").write_text(json.dumps(cfg))
-    monkeypatch.setattr(quantkit.convert, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    monkeypatch.setattr(quantkit.quantize.convert, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
     path = recipe(tmp_path, "{method: spinquant}", "{method: gptq, bits: 4, group_size: 64}")
     code, _, err, _ = convert(cli, path, model, tmp_path / "art", tiny_text)
     assert code == 2 and "spinquant supports the llama, mistral, qwen2 architectures" in err and "'gemma'" in err
 
 
 def test_rotation_sizes_are_checked_at_preflight(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
-    import quantkit.convert
+    import quantkit.quantize.convert
 
-    monkeypatch.setattr(quantkit.convert, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    monkeypatch.setattr(quantkit.quantize.convert, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
     path = recipe(tmp_path, "{method: spinquant, block_size: 96}", "{method: gptq, bits: 4, group_size: 64}")
     code, _, err, _ = convert(cli, path, tiny_llama, tmp_path / "a", tiny_text)
     assert code == 2 and "block_size: 96 does not divide the hidden size 128" in err

@@ -5,7 +5,7 @@ import yaml
 
 
 def test_greedy_pick_by_kl_per_weight_within_the_budget():
-    from quantkit.sensitivity import greedy_pick, int4_bits, int8_bits
+    from quantkit.quantize.sensitivity import greedy_pick, int4_bits, int8_bits
 
     assert int4_bits(64) == 4.25 and int8_bits(512) == 8.03125
     results = [
@@ -25,7 +25,7 @@ def test_greedy_pick_by_kl_per_weight_within_the_budget():
 
 def test_asymmetric_int4_counts_its_zero_points_in_the_budget():
     """A 4-bit zero point per group: g64 asymmetric is 4.3125 bits/weight, leaving less room for INT8."""
-    from quantkit.sensitivity import greedy_pick, int4_bits
+    from quantkit.quantize.sensitivity import greedy_pick, int4_bits
 
     assert int4_bits(64, symmetric=False) == 4.3125 and int4_bits(32, symmetric=False) == 4.625
     results = [{"layer": 0, "unit": "o", "weights": 600, "in_features": 512, "kl": 0.004}]
@@ -38,17 +38,17 @@ def test_asymmetric_int4_counts_its_zero_points_in_the_budget():
 
 def test_overrides_keep_fused_units_whole(tiny_llama):
     """Pasted into a recipe, the printed overrides validate and pass the vLLM fused-shard check."""
-    from quantkit.models import read_config
-    from quantkit.preflight import check_fused_shards, meta_model
-    from quantkit.recipe import recipe_from_dict
-    from quantkit.sensitivity import overrides
+    from quantkit.models.checkpoint import read_config
+    from quantkit.quantize.preflight import check_fused_shards, meta_model
+    from quantkit.recipe.schema import recipe_from_dict
+    from quantkit.quantize.sensitivity import overrides
 
     ovs = overrides([{"layer": 1, "unit": "qkv"}, {"layer": 0, "unit": "gate_up"}, {"layer": 1, "unit": "down"}])
     block = yaml.safe_load(yaml.safe_dump({"overrides": ovs}))
     q = recipe_from_dict({"steps": [{"quantize": {"method": "gptq", "bits": 4, "group_size": 64, **block}}]}).steps[0].quantize
     skeleton = meta_model(read_config(tiny_llama))
     check_fused_shards(skeleton, q, "steps[0].quantize")
-    from quantkit.preflight import _override_for
+    from quantkit.quantize.preflight import _override_for
 
     eight = {n for n, _ in skeleton.named_modules() if _override_for(n, q.overrides) is not None}
     assert eight == {"model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.v_proj",
@@ -101,7 +101,7 @@ def test_layers_it_does_not_know_are_one_line():
     import torch
 
     from quantkit.errors import QuantkitError
-    from quantkit.sensitivity import decoder_layers
+    from quantkit.quantize.sensitivity import decoder_layers
 
     class Odd(torch.nn.Module):
         def __init__(self):
@@ -163,8 +163,8 @@ def test_negative_kl_is_rounding_and_counts_as_zero(tiny_llama):
     import torch
 
     from quantkit.cli.sensitivity import render
-    from quantkit.models import load_model
-    from quantkit.sensitivity import _logp, decoder_layers, noise_floor, ranked
+    from quantkit.models.checkpoint import load_model
+    from quantkit.quantize.sensitivity import _logp, decoder_layers, noise_floor, ranked
 
     model = load_model(tiny_llama, dtype="float32", device=torch.device("cpu"))
     rows = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -186,7 +186,7 @@ def test_negative_kl_is_rounding_and_counts_as_zero(tiny_llama):
 
 
 def test_greedy_pick_skips_units_below_the_noise():
-    from quantkit.sensitivity import greedy_pick
+    from quantkit.quantize.sensitivity import greedy_pick
 
     results = [{"layer": 0, "unit": "o", "weights": 100, "in_features": 512, "kl": 1e-9, "below_noise": True},
                {"layer": 1, "unit": "o", "weights": 100, "in_features": 512, "kl": 1e-3, "below_noise": False}]

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from quantkit.errors import ModelError, OfflineError
-from quantkit.models import check_checkpoint, checkpoint_hash, resolve_model
+from quantkit.models.checkpoint import check_checkpoint, checkpoint_hash, resolve_model
 
 
 def test_local_dir_resolves(tiny_llama):
@@ -58,7 +58,7 @@ def test_checkpoint_hash_is_stable(tiny_llama):
 def test_cast_model_keeps_rope_frequencies_in_float32(tiny_llama):
     import torch
 
-    from quantkit.models import cast_model, load_model
+    from quantkit.models.checkpoint import cast_model, load_model
 
     model = cast_model(load_model(tiny_llama, dtype="float32"), torch.float16)
     assert model.model.rotary_emb.inv_freq.dtype == torch.float32
@@ -73,7 +73,7 @@ def test_cast_model_keeps_exact_rope_frequencies_after_offload(tiny_llama):
     import torch
     from compressed_tensors.offload import offload_module
 
-    from quantkit.models import cast_model, load_model
+    from quantkit.models.checkpoint import cast_model, load_model
 
     exact = load_model(tiny_llama, dtype="float32").model.rotary_emb.inv_freq.clone()
     assert not torch.equal(exact, exact.half().float())  # the check below can fail

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from quantkit.errors import RecipeError
-from quantkit.offload import OffloadPlan, parse_size, plan
+from quantkit.models.offload import OffloadPlan, parse_size, plan
 
 
 def test_parse_size():
@@ -29,7 +29,7 @@ def test_plan_offloads_only_what_does_not_fit():
 def _convert(cli, tiny_llama, tiny_text, out, *extra, recipe="int4-w4a16-gptq-g64"):
     from pathlib import Path
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / f"{recipe}.yaml"
+    recipe = Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"
     return cli("convert", str(recipe), "--model", str(tiny_llama), "--out", str(out), "--calib", f"file:{tiny_text}",
                "--set", "calibration.samples=4", "--set", "calibration.seq_len=32", *extra, "--json")
 
@@ -37,8 +37,8 @@ def _convert(cli, tiny_llama, tiny_text, out, *extra, recipe="int4-w4a16-gptq-g6
 def test_convert_offloaded_to_disk_matches_in_ram(cli, tiny_llama, tiny_text, tmp_path):
     import torch
 
-    from quantkit.export import FORMATS
-    from quantkit.verify import compare_logits, logits
+    from quantkit.artifacts.formats import FORMATS
+    from quantkit.quantize.verify import compare_logits, logits
 
     code, _, err, gptq = _convert(cli, tiny_llama, tiny_text, tmp_path / "gptq", "--max-memory", "100KB")
     assert code == 0, err  # GPTQ through the sequential pipeline with most weights on disk
@@ -60,7 +60,7 @@ def test_convert_offloaded_to_disk_matches_in_ram(cli, tiny_llama, tiny_text, tm
 def test_max_memory_refused_where_it_does_not_apply(cli, tiny_llama, tmp_path):
     from pathlib import Path
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "bnb-int8.yaml"
+    recipe = Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "recipes" / "bnb-int8.yaml"
     code, _, err, _ = cli("convert", str(recipe), "--model", str(tiny_llama), "--out", str(tmp_path / "x"), "--max-memory", "1GB")
     assert code == 2 and "--max-memory applies to the llm-compressor methods" in err
     code, _, err, _ = cli("convert", str(recipe), "--model", str(tiny_llama), "--out", str(tmp_path / "x"), "--max-memory", "lots")
@@ -74,8 +74,8 @@ def test_offloaded_fake_quant_runs_quantized_weights(tiny_llama, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from quantkit.methods import llmc
-    from quantkit.offload import load
-    from quantkit.verify import logits  # runs the forward inside offload.layer_at_a_time
+    from quantkit.models.offload import load
+    from quantkit.quantize.verify import logits  # runs the forward inside offload.layer_at_a_time
 
     rtn = _rtn_cfg()
     ids = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(1))
@@ -90,6 +90,6 @@ def test_offloaded_fake_quant_runs_quantized_weights(tiny_llama, tmp_path):
 
 
 def _rtn_cfg():
-    from quantkit.recipe import RTNConfig
+    from quantkit.recipe.schema import RTNConfig
 
     return RTNConfig(method="rtn", bits=4, group_size=32, symmetric=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.plan import (BASE_RSS, COMPILE_RSS, GB, RETAINED, BenchWork, ConvertWork, Machine, Model, activation_bytes,
+from quantkit.plan.cost import (BASE_RSS, COMPILE_RSS, GB, RETAINED, BenchWork, ConvertWork, Machine, Model, activation_bytes,
                            bench_plan, combine, convert_plan, eval_plan, forward_flops, hessian_bytes, hessian_flops, solve_flops,
                            window_bytes)
 
@@ -91,7 +91,7 @@ def no_weights(monkeypatch):
     import safetensors.torch
     import transformers
 
-    import quantkit.planner as planner
+    import quantkit.plan.plans as planner
 
     def fail(*a, **k):
         pytest.fail("a plan loaded weights")
@@ -120,7 +120,7 @@ def header_params(path: Path) -> int:
 def test_convert_plan_from_headers(cli, tiny_dir, tiny_text, tmp_path, no_weights, arch, recipe):
     out = tmp_path / "art"
     extra = ["--set", "steps[0].gqa.kv_heads=1"] if recipe == "gqa" else []
-    code, _, err, plan = cli("convert", str(REPO / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_dir / arch), "--out", str(out),
+    code, _, err, plan = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_dir / arch), "--out", str(out),
                              "--calib", f"file:{tiny_text}", *CALIB, *extra, "--plan", "--json")
     assert code == 0, err
     assert plan["command"] == "convert" and plan["fits"] and not out.exists()
@@ -134,7 +134,7 @@ def test_convert_plan_from_headers(cli, tiny_dir, tiny_text, tmp_path, no_weight
 
 def test_plan_predicts_the_artifact_size(cli, tiny_llama, tiny_text, tmp_path):
     out = tmp_path / "art"
-    args = ["convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(out), "--json"]
+    args = ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(out), "--json"]
     code, _, err, plan = cli(*args, "--plan")
     assert code == 0, err
     code, _, err, _ = cli(*args)
@@ -150,7 +150,7 @@ def test_plan_that_does_not_fit_exits_2_with_the_plan_and_one_line(cli, tiny_lla
         available = 100_000  # 100 kB of RAM
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: Mem())
-    code, out, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
+    code, out, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
                             "--out", str(tmp_path / "a"), "--calib", f"file:{tiny_text}", *CALIB, "--plan", "--json")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "does not fit" in err and "to fit:" in err
     plan = json.loads(out)
@@ -161,13 +161,13 @@ def test_plan_on_an_unavailable_device(cli, tiny_llama, tiny_text, tmp_path, no_
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
                           "--device", "cuda", "--plan")
     assert code == 2 and "no CUDA GPU" in err
 
 
 def test_plan_text_output(cli, tiny_llama, tiny_text, tmp_path, no_weights):
-    code, out, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
+    code, out, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
                             "--out", str(tmp_path / "a"), "--calib", f"file:{tiny_text}", *CALIB, "--plan")
     assert code == 0, err
     assert "plan: convert on cpu" in out and "peak memory" in out and "time" in out and "DOES NOT FIT" not in out
@@ -198,9 +198,9 @@ def test_bench_plan_of_a_synthetic_shape(cli, no_weights):
 def test_run_plan(cli, tiny_llama, tiny_text, tmp_path, no_weights):
     recipe = tmp_path / "suite.yaml"
     recipe.write_text(f"model: {tiny_llama}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
-                      "variants:\n  - recipe: " + str(REPO / "recipes" / "int4-w4a16-rtn.yaml") + "\n"
-                      "  - recipe: " + str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml") + "\n")
-    code, _, err, plan = cli("run", str(recipe), "--out", str(tmp_path / "run"), "--include-dir", str(REPO / "recipes"), "--plan", "--json")
+                      "variants:\n  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml") + "\n"
+                      "  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml") + "\n")
+    code, _, err, plan = cli("run", str(recipe), "--out", str(tmp_path / "run"), "--include-dir", str(REPO / "quantkit" / "resources" / "recipes"), "--plan", "--json")
     assert code == 0, err
     steps = list(plan["time_breakdown"])
     # no eval text in the recipe: the run evaluates the two default domains (quantkit/evals/domains.py), and plans them
@@ -213,8 +213,8 @@ def test_run_plan_counts_every_engine(cli, tiny_llama, tiny_text, tmp_path, no_w
     recipe.write_text(f"model: {tiny_llama}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
                       f"eval: {{texts: ['file:{tiny_text}'], engines: [transformers, llamacpp]}}\n"
                       "bench: {engines: [compiled, llamacpp]}\n"
-                      "variants:\n  - recipe: " + str(REPO / "recipes" / "int4-w4a16-rtn.yaml") + "\n")
-    code, _, err, plan = cli("run", str(recipe), "--out", str(tmp_path / "run"), "--include-dir", str(REPO / "recipes"), "--plan", "--json")
+                      "variants:\n  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml") + "\n")
+    code, _, err, plan = cli("run", str(recipe), "--out", str(tmp_path / "run"), "--include-dir", str(REPO / "quantkit" / "resources" / "recipes"), "--plan", "--json")
     assert code == 0, err
     steps = [s.split(":")[1] for s in plan["time_breakdown"]]
     assert steps == ["convert", "eval", "eval", "bench", "bench"]
@@ -226,7 +226,7 @@ def test_float32_checkpoint_counts_four_bytes(cli, tiny_dir, tiny_text, tmp_path
     from fixtures import build_checkpoint
 
     src = build_checkpoint(tmp_path / "f32", "qwen2", tiny_dir / "tokenizer", dtype="float32")
-    code, _, err, plan = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out", str(tmp_path / "a"),
+    code, _, err, plan = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out", str(tmp_path / "a"),
                              "--plan", "--json")
     assert code == 0, err
     params = plan["model"]["params"]
@@ -241,7 +241,7 @@ def test_truncated_checkpoint_is_one_line(cli, tiny_llama, tmp_path, no_weights)
     shutil.copytree(tiny_llama, src)
     shard = next(src.glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:-100])
-    code, _, err, _ = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out", str(tmp_path / "a"),
+    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out", str(tmp_path / "a"),
                           "--plan", "--json")
     assert code == 2 and "truncated" in err and len(err.strip().splitlines()) == 1
 
@@ -249,7 +249,7 @@ def test_truncated_checkpoint_is_one_line(cli, tiny_llama, tmp_path, no_weights)
 def test_recorded_probe_figures_replay(monkeypatch):
     import torch
 
-    from quantkit.planner import this_machine
+    from quantkit.plan.plans import this_machine
 
     monkeypatch.setenv("QUANTKIT_PLAN_PROBE", json.dumps({"read_bps": 1e10, "bf16_flops": 2e11, "fp32_flops": 1e11}))
     mc = this_machine(torch.device("cpu", 0))
@@ -259,17 +259,17 @@ def test_recorded_probe_figures_replay(monkeypatch):
 def test_quick_probe_measures_this_device():
     import torch
 
-    from quantkit.planner import quick_probe
+    from quantkit.plan.plans import quick_probe
 
     figures = quick_probe(torch.device("cpu"))
     assert set(figures) == {"read_bps", "bfloat16_flops", "float32_flops"} and all(v > 0 for v in figures.values())
 
 
 def test_convert_warns_before_loading_when_the_plan_does_not_fit(cli, tiny_llama, tmp_path, monkeypatch):
-    import quantkit.plan as plan
+    import quantkit.plan.cost as plan
 
     monkeypatch.setitem(plan.BASE_RSS, "convert", 10**15)  # a petabyte of libraries: no machine has that
-    code, _, err, data = cli("convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama),
+    code, _, err, data = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama),
                              "--out", str(tmp_path / "a"), "--json")
     assert code == 0, err  # a prediction warns; it does not refuse
     lines = err.splitlines()
@@ -279,7 +279,7 @@ def test_convert_warns_before_loading_when_the_plan_does_not_fit(cli, tiny_llama
 
 
 def test_plan_says_when_it_will_offload(cli, tiny_llama, tmp_path, no_weights):
-    args = ["convert", str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"), "--plan", "--json"]
+    args = ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"), "--plan", "--json"]
     code, _, err, plan = cli(*args)
     assert code == 0 and not plan["offload"], err
     code, _, err, small = cli(*args, "--max-memory", "100KB")
@@ -352,7 +352,7 @@ def _binary(tmp_path) -> Path:
     return p
 
 
-GPTQ = str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml")
+GPTQ = str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml")
 
 # case -> (args after `convert RECIPE --model SRC`, a part of the refusal); {src} {tmp} {text} {binary} filled in
 CONVERT_REFUSALS = {

@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "recipes" / "int4-w4a16-rtn.yaml"
+RECIPE = REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"
 TOKEN = "hf_secret_token_value"
 
 
@@ -197,7 +197,7 @@ def test_existing_repos_are_uploaded_to_without_changing_them(cli, artifact, hub
 
 
 def test_token_never_written(artifact, hub, tmp_path):
-    from quantkit import publish
+    from quantkit.artifacts import publish
 
     publish.publish(artifact, "me/x", api=hub)
     for f in [*artifact.rglob("*"), *artifact.parent.rglob("*")]:
@@ -220,7 +220,7 @@ def test_offline_is_clear(cli, artifact, monkeypatch):
 
 
 def test_card_base_model_is_a_hub_id_or_absent(artifact):
-    from quantkit.card import hub_id, render_card
+    from quantkit.artifacts.card import hub_id, render_card
 
     card = (artifact / "README.md").read_text()  # converted from a local directory
     assert "base_model:" not in card.split("---")[1] and str(artifact.parent.parent) not in card and "/tmp" not in card
@@ -234,7 +234,7 @@ def test_card_base_model_is_a_hub_id_or_absent(artifact):
 
 
 def test_card_update_keeps_the_artifact_publishable(cli, artifact, hub):
-    from quantkit.card import update_card_results
+    from quantkit.artifacts.card import update_card_results
 
     bench = {"prompt_len": 16, "device": "cpu", "engine": "eager", "ttft_ms": 1.0, "tpot_ms": 2.0, "predicted_tpot_ms": 1.5,
              "bytes_per_token": 1e6, "kernel": "dense"}

@@ -24,7 +24,7 @@ def _unmatched_warnings(caplog, targets):
 def test_compressed_tensors_false_unmatched_warning_is_dropped(caplog):
     """The upstream fault: a regex target after the class target "Linear" (every mixed-precision
     artifact's config_groups) is reported unmatched though it matches. quiet_libraries drops it."""
-    from quantkit._quiet import _spurious_unmatched_target, quiet_libraries
+    from quantkit.quiet import _spurious_unmatched_target, quiet_libraries
 
     logger = logging.getLogger("compressed_tensors.utils.match")
     logger.removeFilter(_spurious_unmatched_target)
@@ -39,7 +39,7 @@ def test_compressed_tensors_false_unmatched_warning_is_dropped(caplog):
 
 
 def test_debug_keeps_every_library_message(caplog):
-    from quantkit._quiet import _spurious_unmatched_target, quiet_libraries
+    from quantkit.quiet import _spurious_unmatched_target, quiet_libraries
 
     logger = logging.getLogger("compressed_tensors.utils.match")
     logger.removeFilter(_spurious_unmatched_target)

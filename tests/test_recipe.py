@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from quantkit.errors import NotImplementedYet, RecipeError
-from quantkit.recipe import apply_override, load_recipe, parse_key_path, recipe_from_dict
+from quantkit.recipe.schema import apply_override, load_recipe, parse_key_path, recipe_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -14,20 +14,33 @@ def write(tmp_path, text: str) -> Path:
     return p
 
 
-def test_shipped_recipes_validate_or_say_not_implemented():
-    for path in sorted((REPO / "recipes").glob("*.yaml")):
-        if path.name.startswith("levers-"):  # lever studies: `quantkit levers`, checked in test_load_levers.py
-            continue
-        try:
-            recipe = load_recipe(path)
-        except NotImplementedYet as exc:
-            assert "not implemented yet" in str(exc)
-            continue
-        assert recipe.all_variants()
+def test_every_builtin_recipe_validates_by_path_and_by_name(cli):
+    paths = sorted((REPO / "quantkit" / "resources" / "recipes").glob("*.yaml"))
+    assert len(paths) >= 10
+    code, _, err, data = cli("recipe", "validate", *map(str, paths), "--json")
+    assert code == 0, err
+    assert len(data["valid"]) == len(paths) and data["invalid"] == []
+    code, _, err, data = cli("recipe", "validate", *(p.stem for p in paths), "--json")  # built-in names
+    assert code == 0 and len(data["valid"]) == len(paths), err
+
+
+def test_a_recipe_name_that_is_neither_a_file_nor_builtin_is_one_line(cli, tmp_path):
+    code, _, err, _ = cli("recipe", "show", "int4-w4a16-gptq-g65")
+    assert code == 2 and "no built-in recipe" in err and "int4-w4a16-gptq-g64" in err and len(err.strip().splitlines()) == 1
+    local = tmp_path / "int4-w4a16-rtn.yaml"  # a file of a built-in's name: the path wins
+    local.write_text("description: mine\nsteps:\n  - quantize: {method: rtn, bits: 8, group_size: -1}\n")
+    import os
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code, out, err, _ = cli("recipe", "show", "int4-w4a16-rtn.yaml")
+    finally:
+        os.chdir(cwd)
+    assert code == 0 and '"bits": 8' in out, err
 
 
 def test_shipped_gqa_suite_includes_its_recipes():
-    r = load_recipe(REPO / "recipes" / "suite-gqa.yaml")
+    r = load_recipe(REPO / "quantkit" / "resources" / "recipes" / "suite-gqa.yaml")
     kinds = {v.name: [s.kind for s in v.steps] for v in r.variants}
     assert r.variants[0].baseline and not any(v.baseline for v in r.variants[1:])
     assert kinds == {"fp16": [], "int4-awq-gptq-mixed": ["quantize"], "gqa": ["gqa"], "gqa-int4": ["gqa", "quantize"]}

@@ -2,8 +2,8 @@
 
 import pytest
 
-from quantkit.hardware import SHAPES, get_device, shape_config
-from quantkit.roofline import (
+from quantkit.core.hardware import SHAPES, get_device, shape_config
+from quantkit.core.roofline import (
     FP16, Layout, Shape, WeightFormat, decode_bytes, efficiency, fit_rule, kv_bytes_per_token,
     prefill_flops, predict_ttft_s, quantized_layout, weight_bytes_per_token,
 )
@@ -62,8 +62,8 @@ def test_one_kv_formula_everywhere(tmp_path):
 
     import quantkit.bench.accounting as accounting
     from quantkit.gqa import groups
-    from quantkit.roofline import kv_bytes
-    from quantkit.sizes import checkpoint_sizes
+    from quantkit.core.roofline import kv_bytes
+    from quantkit.models.sizes import checkpoint_sizes
 
     assert kv_bytes(30, 3, 64) == 23040 and kv_bytes(30, 3, 64, 1) == 11520
     assert groups.kv_bytes_per_token is kv_bytes

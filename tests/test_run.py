@@ -16,7 +16,7 @@ SMALL = ["--set", "calibration.samples=4", "--set", "calibration.seq_len=64", "-
 def suite(tmp_path):
     p = tmp_path / "suite.yaml"
     for name in ("int4-w4a16-rtn.yaml", "int8-w8a16-gptq.yaml"):  # includes stay in the suite's directory tree
-        (tmp_path / name).write_text((REPO / "recipes" / name).read_text())
+        (tmp_path / name).write_text((REPO / "quantkit" / "resources" / "recipes" / name).read_text())
     p.write_text(
         "description: test suite\n"
         "variants:\n"
@@ -153,7 +153,7 @@ def _rtn_suite(tmp_path):
 def test_damaged_records_redo_their_step(cli, tiny_llama, tiny_text, tmp_path):
     """An emptied or garbled steps.json, an emptied artifact quantkit.json, truncated weights: each
     step is done again, with a note; the run never aborts (and never rewrites an artifact in place)."""
-    from quantkit.integrity import check
+    from quantkit.core.integrity import check
 
     out = tmp_path / "r"
     args = ["run", str(_rtn_suite(tmp_path)), "--model", str(tiny_llama), "--out", str(out), "--eval-text", f"file:{tiny_text}",
@@ -192,7 +192,7 @@ def test_damaged_records_redo_their_step(cli, tiny_llama, tiny_text, tmp_path):
 
 
 def test_run_directory_is_locked(cli, tiny_llama, tmp_path):
-    from quantkit.atomic import exclusive
+    from quantkit.core.atomic import exclusive
 
     out = tmp_path / "r"
     with exclusive(out):

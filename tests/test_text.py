@@ -3,7 +3,7 @@ import json
 import pytest
 
 from quantkit.errors import DataError
-from quantkit.text import overlaps, parse_spec, read_text, region_windows
+from quantkit.data.text import overlaps, parse_spec, read_text, region_windows
 
 
 def test_parse_spec():
@@ -68,14 +68,37 @@ def test_named_set_manifest(tmp_path, monkeypatch):
     data.write_text("changed")
     with pytest.raises(DataError, match="the manifest says"):
         read_text(parse_spec("set:mine"))
+    beside = tmp_path / "calib_data" / "corpus.txt"  # a text beside its manifest wins
+    beside.write_text("other words " * 50)
+    assert parse_spec("set:mine").path == str(beside.resolve())
+
+
+def test_a_set_kept_outside_quantkit_is_read_where_its_variable_says(tmp_path, monkeypatch):
+    import hashlib
+
+    from quantkit.evals.domains import default_texts
+
+    monkeypatch.delenv("QUANTKIT_WIKITEXT2_VALID", raising=False)
+    with pytest.raises(DataError, match="set QUANTKIT_WIKITEXT2_VALID"):
+        parse_spec("set:wikitext2-valid")
+    assert "set:wikitext2-valid" not in default_texts()
+    copy = tmp_path / "wiki.txt"
+    copy.write_text("not the real file " * 100)
+    monkeypatch.setenv("QUANTKIT_WIKITEXT2_VALID", str(copy))
+    spec = parse_spec("set:wikitext2-valid")
+    assert spec.path == str(copy) and spec.expect_sha256 != hashlib.sha256(copy.read_bytes()).hexdigest()
+    with pytest.raises(DataError, match="the manifest says"):  # a different file is refused, not substituted
+        read_text(spec)
+    assert default_texts()[-1] == "set:wikitext2-valid"
     with pytest.raises(DataError, match="no manifest"):
         parse_spec("set:other")
 
 
-def test_shipped_manifests_parse():
+def test_shipped_manifests_parse(monkeypatch, tmp_path):
     from pathlib import Path
 
-    for m in (Path(__file__).resolve().parents[1] / "calib_data").glob("*.yaml"):
+    monkeypatch.setenv("QUANTKIT_WIKITEXT2_VALID", str(tmp_path / "wiki.txt"))  # the one set kept outside quantkit
+    for m in (Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "calib_data").glob("*.yaml"):
         assert parse_spec(f"set:{m.stem}").kind in ("file", "hf")
 
 

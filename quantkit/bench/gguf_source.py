@@ -15,8 +15,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import ModelError, QuantkitError
-from ..integrity import sha256_file
+from quantkit.errors import ModelError, QuantkitError
+from quantkit.core.integrity import sha256_file
 
 EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"
@@ -73,7 +73,7 @@ def _first(value):
 
 def gguf_config(path: Path) -> dict:
     """The transformers-style config fields quantkit's roofline needs, from the GGUF's own keys."""
-    from ..gguf.read import field_value, open_reader
+    from quantkit.gguf.read import field_value, open_reader
 
     reader = open_reader(path)
     arch = field_value(reader, "general.architecture")
@@ -107,7 +107,7 @@ def gguf_config(path: Path) -> dict:
 
 
 def _record(gguf: Path) -> dict | None:
-    from ..gguf import record_path
+    from quantkit.gguf import record_path
 
     try:
         rec = json.loads(record_path(gguf).read_text())
@@ -126,7 +126,7 @@ def reference_source(source) -> tuple[Path | None, str | None]:
     """The checkpoint the self-check loads in transformers: a directory source itself; for a GGUF,
     the artifact its quantkit export record (NAME.quantkit.json beside it) names, when that artifact
     is still there unchanged. (None, why) when there is nothing to compare with."""
-    from ..models import checkpoint_hash
+    from quantkit.models.checkpoint import checkpoint_hash
 
     if not is_gguf(source):
         return source, None
@@ -148,8 +148,8 @@ def reference_source(source) -> tuple[Path | None, str | None]:
 
 
 def _cache_key(source_hash: str, opts) -> str:
-    from .. import __version__
-    from ..gguf.exporter import SCHEMA_VERSION
+    from quantkit import __version__
+    from quantkit.gguf.exporter import SCHEMA_VERSION
 
     options = {k: v for k, v in asdict(opts).items() if k != "force"}
     blob = json.dumps({"source": source_hash, "options": options, "quantkit": __version__, "schema": SCHEMA_VERSION}, sort_keys=True)
@@ -164,10 +164,10 @@ def exported_gguf(source: Path) -> tuple[Path, dict]:
     is reused."""
     import time
 
-    from ..gguf import GgufOptions, export_gguf
-    from ..gguf.plan import NotLosslessError
-    from ..home import subdir
-    from ..models import checkpoint_hash
+    from quantkit.gguf import GgufOptions, export_gguf
+    from quantkit.gguf.plan import NotLosslessError
+    from quantkit.home import subdir
+    from quantkit.models.checkpoint import checkpoint_hash
 
     opts = GgufOptions()
     source_hash = checkpoint_hash(source)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import QuantkitError
-from . import kernels
+from quantkit.errors import QuantkitError
+from quantkit.bench import kernels
 
 
 @dataclass

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import time
 
-from ..hardware import Device
-from ..home import subdir
+from quantkit.core.hardware import Device
+from quantkit.home import subdir
 
 DRIFT_LIMIT = 0.15  # before/after change that makes every efficiency figure of the run uncertain
 
@@ -63,7 +63,7 @@ def last_level_cache_bytes(device) -> int | None:
 def probe(device, buffer_bytes: int = 1 << 30, repeats: int = 7) -> dict:
     import torch
 
-    from .. import device as devices
+    from quantkit import device as devices
 
     def sync():
         devices.synchronize(device)
@@ -115,8 +115,8 @@ def run_probe(device, threads: int | None = None) -> dict:
     import subprocess
     import sys
 
-    from ..atomic import write_json
-    from ..errors import QuantkitError
+    from quantkit.core.atomic import write_json
+    from quantkit.errors import QuantkitError
 
     argv = [sys.executable, "-m", "quantkit.bench.probe", str(device), *([str(threads)] if threads else [])]
     proc = subprocess.run(argv, capture_output=True, text=True)

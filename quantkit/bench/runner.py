@@ -8,12 +8,12 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import QuantkitError
-from ..progress import bar, note
-from ..roofline import Shape, efficiency, fit_rule, prefill_flops, predict_ttft_s
-from . import selfcheck
-from .accounting import kv_live, mean_step_bytes
-from .settings import BenchSettings, check_fits_bytes, check_lengths, check_settings  # noqa: F401  (re-exported)
+from quantkit.errors import QuantkitError
+from quantkit.progress import bar, note
+from quantkit.core.roofline import Shape, efficiency, fit_rule, prefill_flops, predict_ttft_s
+from quantkit.bench import selfcheck
+from quantkit.bench.accounting import kv_live, mean_step_bytes
+from quantkit.bench.settings import BenchSettings, check_fits_bytes, check_lengths, check_settings  # noqa: F401  (re-exported)
 
 
 class SelfCheckError(QuantkitError):
@@ -34,11 +34,11 @@ def _prompt_ids(vocab: int, length: int, seed: int) -> list[int]:
 def _config(source) -> dict:
     """config.json (its text part) of a checkpoint directory, the named shape of a Synthetic spec,
     or a GGUF file's own keys."""
-    from .gguf_source import gguf_config, is_gguf
-    from .synthetic import Synthetic
+    from quantkit.bench.gguf_source import gguf_config, is_gguf
+    from quantkit.bench.synthetic import Synthetic
 
     if isinstance(source, Synthetic):
-        from ..hardware import shape_config
+        from quantkit.core.hardware import shape_config
 
         return shape_config(source.shape)
     if is_gguf(source):
@@ -50,7 +50,7 @@ def _config(source) -> dict:
 def precheck(source, s: BenchSettings) -> None:
     """Context length and memory from the config and file sizes alone, so a model that cannot run
     fails before the device probe and before any loading."""
-    from .synthetic import Synthetic
+    from quantkit.bench.synthetic import Synthetic
 
     cfg = _config(source)
     check_lengths(cfg, s)
@@ -63,13 +63,13 @@ def precheck(source, s: BenchSettings) -> None:
 
 def _reference(source, cfg: dict, s: BenchSettings, ids: list[int]):
     """The self-check's reference rows, computed before the engine loads (one model in memory at a time)."""
-    from .synthetic import Synthetic
+    from quantkit.bench.synthetic import Synthetic
 
     if not s.self_check:
         return None, {"status": "skipped", "reason": "--no-self-check"}
     if isinstance(source, Synthetic):
         return None, {"status": "skipped", "reason": "random weights (speed only): no checkpoint to compare with"}
-    from .gguf_source import reference_source
+    from quantkit.bench.gguf_source import reference_source
 
     ref_source, why = reference_source(source)  # a GGUF: the artifact it was exported from, when known
     if ref_source is None:
@@ -100,7 +100,7 @@ def _self_check(engine, ref, info: dict, ids: list[int], s: BenchSettings) -> di
 def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: float) -> list[dict]:
     """TTFT at each prompt length of the sweep: a warm-up at each new length, then the median of
     at least SWEEP_SAMPLES (or --repeats) samples, each with a cleared cache."""
-    from .harness import SWEEP_SAMPLES, summarize_ms, time_prefill
+    from quantkit.bench.harness import SWEEP_SAMPLES, summarize_ms, time_prefill
 
     shape, out = Shape.from_config(cfg), []
     for plen in s.prompt_sweep:
@@ -112,9 +112,9 @@ def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: f
 
 def _measure(source, cfg: dict, s: BenchSettings, figs) -> dict:
     """Reference, load, self-check, timings and sweep on the engine; the pieces of a result row."""
-    from .engines import engine_class
-    from .engines.base import EngineSettings
-    from .harness import measure
+    from quantkit.bench.engines import engine_class
+    from quantkit.bench.engines.base import EngineSettings
+    from quantkit.bench.harness import measure
 
     ids = _prompt_ids(cfg["vocab_size"], s.prompt_len, s.seed)
     check_ids = ids + _prompt_ids(cfg["vocab_size"], min(selfcheck.DECODE_STEPS, s.gen_len - 1), s.seed + 1)
@@ -212,7 +212,7 @@ def _precheck_all(paths: list, s: BenchSettings, names: list[str]):
 
 
 def _device_block(s: BenchSettings, before: dict, after: dict | None, rows: list[dict]) -> dict:
-    from . import probe as probing
+    from quantkit.bench import probe as probing
 
     figs = probing.as_device(before)
     out = {"device": str(s.device), "type": s.device.type, "name": figs.name, "device_name": before.get("name"),
@@ -230,7 +230,7 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None, pr
 
     A model that cannot be benchmarked (no kernel for its scheme, too big, failed self-check)
     gets an error row; the others go on."""
-    from . import probe as probing
+    from quantkit.bench import probe as probing
 
     probe = probe or (lambda device: probing.run_probe(device, s.threads))
     check_settings(s)

@@ -30,7 +30,7 @@ def kl_rows(ref, eng):
     tail bucket on both sides, which by the log-sum inequality gives a lower bound of the exact KL."""
     import torch
 
-    from ..evals.stats import kl_full
+    from quantkit.evals.stats import kl_full
 
     known = torch.isfinite(eng)
     if bool(known.all()):
@@ -65,9 +65,9 @@ def compare(ref, eng, threshold: float = THRESHOLD, partial: bool = False) -> di
 
 def reference_dtype(cfg: dict, device) -> str:
     """float32 where the dequantized model fits in a third of the free memory, else bfloat16."""
-    from .. import device as devices
-    from ..plan import reference_in_float32
-    from ..roofline import Shape
+    from quantkit import device as devices
+    from quantkit.plan.cost import reference_in_float32
+    from quantkit.core.roofline import Shape
 
     params = Shape.from_config(cfg.get("text_config", cfg)).total_params()
     return "float32" if reference_in_float32(params * 4, devices.free_bytes(device)) else "bfloat16"
@@ -78,7 +78,7 @@ def reference_logprobs(path, ids: list[int], prompt_len: int, device, cfg: dict)
     next token after ids[:p + 1] for p = prompt_len - 1 .. len(ids) - 1, from one full forward."""
     import torch
 
-    from ..models import load_model
+    from quantkit.models.checkpoint import load_model
 
     dtype = reference_dtype(cfg, device)
     model = load_model(path, dtype=dtype, device=device)

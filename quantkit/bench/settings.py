@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import QuantkitError
-from ..roofline import Shape, kv_bytes_per_token
+from quantkit.errors import QuantkitError
+from quantkit.core.roofline import Shape, kv_bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -26,11 +26,11 @@ class BenchSettings:
     self_check: bool = True
 
     def __post_init__(self):
-        from ..device import resolve
+        from quantkit.device import resolve
 
         device = self.device
         if self.engine == "llamacpp":
-            from .engines.llamacpp import available_cores, gpu_offload
+            from quantkit.bench.engines.llamacpp import available_cores, gpu_offload
 
             if device == "auto" and not gpu_offload():  # a CPU-only llama.cpp: auto is the CPU, even beside a GPU
                 device = "cpu"
@@ -54,7 +54,7 @@ class BenchSettings:
 
 def check_settings(s: BenchSettings) -> None:
     """Settings that no model can be timed with: rejected before any loading or probing."""
-    from .engines import check_engine
+    from quantkit.bench.engines import check_engine
 
     check_engine(s.engine)
     if s.prompt_len <= 0 or s.gen_len <= 1:
@@ -68,7 +68,7 @@ def check_settings(s: BenchSettings) -> None:
     if s.threads is not None and s.threads < 1:
         raise QuantkitError("--threads must be >= 1")
     if s.engine == "llamacpp":
-        from .engines.llamacpp import check_available
+        from quantkit.bench.engines.llamacpp import check_available
 
         check_available(s.device)
     if s.engine == "vllm":
@@ -88,7 +88,7 @@ def check_lengths(cfg: dict, s: BenchSettings) -> None:
 
 def check_fits_bytes(weights: float, cfg: dict, s: BenchSettings, what: str) -> None:
     """Estimate from the weight bytes and the KV cache before allocating anything."""
-    from ..device import free_bytes
+    from quantkit.device import free_bytes
 
     need = weights * 1.15 + kv_bytes_per_token(Shape.from_config(cfg)) * s.max_tokens
     have = free_bytes(s.device)

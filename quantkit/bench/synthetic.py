@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import kernels
-from .loader import BenchModel
+from quantkit.bench import kernels
+from quantkit.bench.loader import BenchModel
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import sys
 
 import click
 
-from ..errors import QuantkitError
-from . import bench, compare, convert, evaluate, export, levers, load, models, publish, recipe, roofline, run, sensitivity
+from quantkit.errors import QuantkitError
+from quantkit.cli import bench, compare, convert, evaluate, export, levers, load, models, publish, recipe, roofline, run, sensitivity
 
 
 def _permission_denied(exc: BaseException) -> bool:
@@ -25,7 +25,7 @@ def _permission_denied(exc: BaseException) -> bool:
 def _fail(exc: BaseException, line: str, code: int):
     """Print `line` and exit with `code`; under torchrun, only the process that reports `exc`
     prints (distributed.error_line), and every process exits with `code`."""
-    from ..distributed import error_line, exit_silently
+    from quantkit.core.distributed import error_line, exit_silently
 
     shown = error_line(exc, line)
     if shown is None:
@@ -37,7 +37,7 @@ def _fail(exc: BaseException, line: str, code: int):
 def _usage_error(exc: click.ClickException):
     """Under torchrun a usage error (the same arguments in every process) is printed by each
     machine's first process alone (click prints it); the others exit with its code, silent."""
-    from ..distributed import exit_silently, quiet
+    from quantkit.core.distributed import exit_silently, quiet
 
     if quiet():
         exit_silently(exc.exit_code)
@@ -82,8 +82,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Quantize, GQA-convert, evaluate and benchmark LLM checkpoints."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-    from .._quiet import quiet_libraries
-    from ..distributed import check_command
+    from quantkit.quiet import quiet_libraries
+    from quantkit.core.distributed import check_command
 
     quiet_libraries(debug)
     check_command(ctx.invoked_subcommand)  # under torchrun: convert and eval only

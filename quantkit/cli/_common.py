@@ -46,7 +46,7 @@ def debug_enabled() -> bool:
 
 def int_list(text: str, option: str) -> tuple[int, ...]:
     """`16,8,4` -> (16, 8, 4); anything else is a one-line error naming the option."""
-    from ..errors import QuantkitError
+    from quantkit.errors import QuantkitError
 
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..bench.engines import ENGINES
-from ._common import _clean, echo_json, int_list
+from quantkit.bench.engines import ENGINES
+from quantkit.cli._common import _clean, echo_json, int_list
 
 
 def table_rows(result: dict) -> list[dict]:
@@ -93,8 +93,8 @@ def render(result: dict, fmt: str) -> str:
 
 def _update_cards(sources: list, rows: list[dict]) -> None:
     """Each benchmarked artifact gets its row in its model card; other models have no card to update."""
-    from ..card import is_artifact, update_card_results
-    from ..progress import note
+    from quantkit.artifacts.card import is_artifact, update_card_results
+    from quantkit.progress import note
 
     by_model = {r["model"]: r for r in rows}
     for src in sources:
@@ -122,15 +122,15 @@ def _print_probe(p: dict, as_json: bool) -> None:
 def _source(ref: str, engine: str):
     """A model argument -> a checkpoint directory, or a GGUF file (opened now: a file that is not a
     GGUF, or a truncated one, is one line before anything runs)."""
-    from ..errors import QuantkitError
-    from ..models import resolve_model
+    from quantkit.errors import QuantkitError
+    from quantkit.models.checkpoint import resolve_model
 
     path = Path(ref).expanduser()
     if not path.is_file():
         return resolve_model(ref)
     if engine != "llamacpp":
         raise QuantkitError(f"{ref}: a file; the {engine} engine benches checkpoint directories (GGUF files: --engine llamacpp)")
-    from ..gguf.read import open_reader
+    from quantkit.gguf.read import open_reader
 
     open_reader(path)
     return path.resolve()
@@ -163,18 +163,18 @@ def _source(ref: str, engine: str):
 def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds, warmups, sweep, shapes, shape_bits,
               tensor_parallel, threads, self_check, probe, as_json, as_csv, as_md, plot, out_json, update_card, plan_only):
     """Measure batch-1 TTFT and TPOT of MODELS beside the roofline and fit TPOT against bytes/token."""
-    from ..atomic import write_json
-    from ..bench.runner import bench_many
-    from ..bench.settings import BenchSettings, check_settings
-    from ..bench.synthetic import Synthetic
-    from ..errors import QuantkitError
+    from quantkit.core.atomic import write_json
+    from quantkit.bench.runner import bench_many
+    from quantkit.bench.settings import BenchSettings, check_settings
+    from quantkit.bench.synthetic import Synthetic
+    from quantkit.errors import QuantkitError
 
     settings = BenchSettings(device=device, engine=engine, prompt_len=prompt_len, gen_len=gen_len, repeats=repeats,
                              min_seconds=min_seconds, warmups=warmups, prompt_sweep=int_list(sweep, "--sweep"),
                              tensor_parallel=tensor_parallel, threads=threads, self_check=self_check)
     check_settings(settings)
     if probe:
-        from ..bench.probe import run_probe
+        from quantkit.bench.probe import run_probe
 
         p = run_probe(settings.device, settings.threads)
         if not models and not shapes:
@@ -187,7 +187,7 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
         raise QuantkitError("--shape-bits: each must be 4, 8 or 16")
     sources = [_source(m, settings.engine) for m in models] + [Synthetic(s, b) for s in shapes for b in bits]
     if plan_only:
-        from ..planner import plan_bench, show
+        from quantkit.plan.plans import plan_bench, show
 
         if any(isinstance(src, Path) and src.is_file() for src in sources):
             raise QuantkitError("--plan reads checkpoint headers; a GGUF file is not planned (bench it directly)")
@@ -195,7 +195,7 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
         return show(plan_bench(sources, settings), as_json)
     result = bench_many(sources, settings)
     if plot and result["rows"]:
-        from ..plots import rule_check, ttft_sweep
+        from quantkit.pipeline.plots import rule_check, ttft_sweep
 
         rule_check(result["rows"], result["fit"], result["device"]["bandwidth_gbps"], Path(plot))
         result["plot"] = str(plot)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from ._common import echo_json
+from quantkit.cli._common import echo_json
 
 
 def _read(path: str) -> dict:
-    from ..errors import QuantkitError
+    from quantkit.errors import QuantkitError
 
     p = Path(path)
     f = p / "report.json" if p.is_dir() else p
@@ -64,7 +64,7 @@ def render(result: dict) -> str:
 
 
 def plot_tpot(result: dict, path: Path) -> None:
-    from ..plots import _plt
+    from quantkit.pipeline.plots import _plt
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -89,15 +89,15 @@ def plot_tpot(result: dict, path: Path) -> None:
 @click.option("--plot", default=None, type=click.Path(dir_okay=False))
 def compare_cmd(runs, as_md, as_json, plot):
     """Compare run directories (or `quantkit load --out` JSON files) side by side."""
-    from ..errors import QuantkitError
-    from ..load.compare import compare_load_runs, is_load_run, render_load_comparison
+    from quantkit.errors import QuantkitError
+    from quantkit.load.compare import compare_load_runs, is_load_run, render_load_comparison
 
     data = [_read(r) for r in runs]
     kinds = {"load" if is_load_run(d) else d.get("kind") for d in data}
     if kinds == {"load"}:
         result = compare_load_runs(data)
         if plot:
-            from ..load.plot import plot_runs
+            from quantkit.load.plot import plot_runs
 
             plot_runs(data, Path(plot))
         echo_json(result) if as_json else click.echo(render_load_comparison(result))

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ._common import echo_json, json_option, set_option
-from .recipe import include_option
+from quantkit.cli._common import echo_json, json_option, set_option
+from quantkit.cli.recipe import include_option
 
 
 @click.command("convert")
@@ -32,21 +32,21 @@ from .recipe import include_option
 def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle, trust_remote_code, max_memory, device, plan_only,
                 overrides, include_dirs, as_json):
     """Convert a checkpoint with RECIPE into a verified, serving-ready artifact."""
-    from ..artifact import recipe_inputs
-    from ..atomic import sigterm_as_interrupt
-    from ..convert import ConvertOptions, convert
-    from ..offload import parse_size
-    from ..recipe import load_recipe
+    from quantkit.artifacts.staging import recipe_inputs
+    from quantkit.core.atomic import sigterm_as_interrupt
+    from quantkit.quantize.convert import ConvertOptions, convert
+    from quantkit.models.offload import parse_size
+    from quantkit.recipe.schema import load_recipe
 
     recipe = load_recipe(recipe_file, overrides, include_dirs)
     opts = ConvertOptions(calib=calib, force=force, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
                           max_memory=parse_size(max_memory) if max_memory is not None else None,
                           inputs=tuple(recipe_inputs(recipe_file)), device=device)
     if plan_only:
-        from ..planner import plan_convert, show
+        from quantkit.plan.plans import plan_convert, show
 
         return show(plan_convert(recipe, model_ref, Path(out), opts, variant), as_json)
-    from ..distributed import session
+    from quantkit.core.distributed import session
 
     with sigterm_as_interrupt(), session(device or recipe.calibration.device) as group:  # `kill` cleans up like Ctrl-C
         if group is not None:  # under torchrun: every rank on its own device; rank 0 alone writes and prints

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import echo_json, json_option
+from quantkit.cli._common import echo_json, json_option
 
 
 def _ci(pair, fmt: str) -> str:
@@ -52,7 +52,7 @@ def _model_path(model: str, engine: str):
     """A checkpoint reference; with --engine llamacpp also a .gguf file (checked as a GGUF later, in one line)."""
     from pathlib import Path
 
-    from ..models import resolve_model
+    from quantkit.models.checkpoint import resolve_model
 
     p = Path(model).expanduser()
     if engine == "llamacpp" and (p.is_file() or p.suffix.lower() == ".gguf"):
@@ -93,12 +93,12 @@ def _model_path(model: str, engine: str):
 def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, device, dtype, batch_size, engine, tasks, limit, tasks_backend,
              tensor_parallel, data_parallel, allow_overlap, baseline_mismatch_ok, trust_remote_code, update_card, plan_only, as_json):
     """Perplexity, KL divergence, top-1 agreement (one row per text domain) and lm-eval deltas of MODEL against --baseline."""
-    from ..device import resolve
-    from ..errors import DataError
-    from ..evals.domains import default_texts
-    from ..evals.lmeval import is_main_process
-    from ..evals.runner import run_eval
-    from ..models import resolve_model
+    from quantkit.device import resolve
+    from quantkit.errors import DataError
+    from quantkit.evals.domains import default_texts
+    from quantkit.evals.lmeval import is_main_process
+    from quantkit.evals.runner import run_eval
+    from quantkit.models.checkpoint import resolve_model
 
     task_list = tuple(t.strip() for t in tasks.split(",") if t.strip())
     texts = list(texts) or ([] if task_list else default_texts())
@@ -107,17 +107,17 @@ def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, device, dtype,
     resolve(device)  # an unavailable device: one line, before anything loads
     model_path, base_path = _model_path(model, engine), resolve_model(baseline)
     if update_card:
-        from ..card import check_card_updatable
+        from quantkit.artifacts.card import check_card_updatable
 
         check_card_updatable(model_path)
     options = dict(seq_len=seq_len, max_tokens=max_tokens, region=region, tasks=task_list, limit=limit, dtype=dtype, batch_size=batch_size,
                    engine=engine, tasks_backend=tasks_backend, tensor_parallel=tensor_parallel, data_parallel=data_parallel,
                    allow_overlap=allow_overlap, baseline_mismatch_ok=baseline_mismatch_ok, trust_remote_code=trust_remote_code)
     if plan_only:  # the evaluation's own checks (evals.runner.prepare_eval), then its cost
-        from ..planner import plan_eval, show
+        from quantkit.plan.plans import plan_eval, show
 
         return show(plan_eval(model_path, base_path, texts, device=device, **options), as_json)
-    from ..distributed import session
+    from quantkit.core.distributed import session
 
     with session(device) as group:  # under torchrun: windows split across ranks (evals/parallel.py), each rank on its device
         result = run_eval(model_path, base_path, texts, device=group.device if group else device, **options)
@@ -125,7 +125,7 @@ def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, device, dtype,
     if not is_main_process():
         return  # a data-parallel rank other than 0: rank 0 reports
     if update_card:
-        from ..card import update_card_results
+        from quantkit.artifacts.card import update_card_results
 
         update_card_results(model_path, {"eval": result})
     if as_json:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from ._common import echo_json, json_option
+from quantkit.cli._common import echo_json, json_option
 
 
 def _gguf(artifact: Path, out: Path | None, **opts) -> dict:
-    from ..gguf import GgufOptions, export_gguf
+    from quantkit.gguf import GgufOptions, export_gguf
 
     return export_gguf(artifact, out, GgufOptions(**opts))
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from ._common import echo_json, json_option
+from quantkit.cli._common import echo_json, json_option
 
 
 def _engines_text() -> str:
-    from ..load.servers import SERVERS
+    from quantkit.load.servers import SERVERS
 
     lines = []
     for kind in SERVERS.values():
@@ -24,7 +24,7 @@ def _engines_text() -> str:
 
 
 def _plan(study) -> list[dict]:
-    from ..load.levers import lever_plan
+    from quantkit.load.levers import lever_plan
 
     plans = []
     for i in range(len(study.levers)):
@@ -49,10 +49,10 @@ def _print_plan(study, plans: list[dict], reasons: list[str], as_json: bool) -> 
 
 def _finish(result: dict, out: Path) -> None:
     """levers.md and levers.png beside study.json, from whatever levers ran."""
-    from ..atomic import write_text
-    from ..load.compare import render_load_comparison
-    from ..load.levers_report import render_table
-    from ..load.plot import plot_runs
+    from quantkit.core.atomic import write_text
+    from quantkit.load.compare import render_load_comparison
+    from quantkit.load.levers_report import render_table
+    from quantkit.load.plot import plot_runs
 
     if not result["runs"]:
         return
@@ -83,17 +83,20 @@ def levers_cmd(study_file, out, force, dry_run, trust_study, engines, as_json) -
     are always stopped, with everything they started, also on Ctrl-C and SIGTERM (and on Linux
     when quantkit itself is killed).
     """
-    from ..atomic import exclusive
-    from ..load.levers import run_study
-    from ..load.runner import Terminated
-    from ..load.servers import StudyError
-    from ..load.study import check_trusted, read_study, untrusted
+    from quantkit.core.atomic import exclusive
+    from quantkit.load.levers import run_study
+    from quantkit.load.runner import Terminated
+    from quantkit.load.servers import StudyError
+    from quantkit.load.study import check_trusted, read_study, untrusted
 
     if engines:
         click.echo(_engines_text())
         return
     if not study_file:
-        raise StudyError("give a study file (see recipes/levers-*.yaml), or --engines to list the engines")
+        raise StudyError("give a study file or a built-in study's name (quantkit recipe list --studies), or --engines to list the engines")
+    from quantkit.resources import find_study
+
+    study_file = find_study(study_file)
     study = read_study(study_file)
     if dry_run:
         _print_plan(study, _plan(study), untrusted(study), as_json)
@@ -125,7 +128,7 @@ def levers_cmd(study_file, out, force, dry_run, trust_study, engines, as_json) -
     if as_json:
         echo_json(result)
         return
-    from ..load.levers_report import render_table
+    from quantkit.load.levers_report import render_table
 
     click.echo(render_table(result))  # markdown, one row per line (not wrapped to the terminal)
     click.echo(f"runs, server logs, study.json, levers.md, levers.png: {out_dir}")

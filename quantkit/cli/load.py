@@ -8,12 +8,12 @@ from pathlib import Path
 
 import click
 
-from ..load.config import DEFAULT_CONCURRENCY, LoadError
-from ._common import _clean, console, echo_json, json_option
+from quantkit.load.config import DEFAULT_CONCURRENCY, LoadError
+from quantkit.cli._common import _clean, console, echo_json, json_option
 
 
 def _write_json(path: str, data: dict) -> None:
-    from ..atomic import write_json
+    from quantkit.core.atomic import write_json
 
     try:
         write_json(Path(path), _clean(data))  # temp file beside it, fsync, rename: never half-written
@@ -36,8 +36,8 @@ def check_writable(path: str | None, option: str) -> None:
 
 
 def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> None:
-    from ..load.plot import plot_runs
-    from ..load.report import render_table, summary_lines
+    from quantkit.load.plot import plot_runs
+    from quantkit.load.report import render_table, summary_lines
 
     if out:
         _write_json(out, run)
@@ -108,7 +108,7 @@ def load_cmd(url, model, concurrency, rate, slo, no_stop, out, keep_requests, pl
     TTFT-P99 keeps rising, marks the knee, and says whether TTFT (queueing) or TPOT (bandwidth)
     degraded first. Ctrl-C keeps what was measured so far.
     """
-    from ..load.config import build_config
+    from quantkit.load.config import build_config
 
     cfg = build_config(
         url=url, model=model, concurrency=concurrency, rate=rate, slo=slo,
@@ -123,8 +123,8 @@ def execute(cfg, *, as_json: bool, out: str | None, plot: str | None, keep_reque
     """Run the staircase and report it. Once the warm-up passed, what was measured is always
     written: after every step (so a kill -9 loses at most one step), and on Ctrl-C, SIGTERM or a
     fault, before the error is raised."""
-    from ..load.report import build_run
-    from ..load.runner import Progress, Terminated, run
+    from quantkit.load.report import build_run
+    from quantkit.load.runner import Progress, Terminated, run
 
     progress, failure = Progress(), None
 

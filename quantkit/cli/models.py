@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import console, echo_json, json_option
+from quantkit.cli._common import console, echo_json, json_option
 
 
 @click.group("models")
@@ -18,9 +18,9 @@ def models_group() -> None:
 @json_option
 def pull(name: str, force: bool, as_json: bool) -> None:
     """Build a named model into the cache (idempotent)."""
-    from ..demo import pull_named
-    from ..errors import ModelError
-    from ..models import NAMED_MODELS, is_complete, named_model_dir
+    from quantkit.models.demo import pull_named
+    from quantkit.errors import ModelError
+    from quantkit.models.checkpoint import NAMED_MODELS, is_complete, named_model_dir
 
     if name not in NAMED_MODELS:
         raise ModelError(f"unknown model {name!r}; known: {', '.join(NAMED_MODELS)}")
@@ -42,7 +42,7 @@ def pull(name: str, force: bool, as_json: bool) -> None:
 @click.argument("name")
 def path(name: str) -> None:
     """Print the local path of a named model (it must be pulled)."""
-    from ..models import resolve_model
+    from quantkit.models.checkpoint import resolve_model
 
     click.echo(str(resolve_model(name, pull=False)))
 
@@ -51,7 +51,7 @@ def path(name: str) -> None:
 @json_option
 def list_(as_json: bool) -> None:
     """Show the models in the cache."""
-    from ..models import NAMED_MODELS, list_cached
+    from quantkit.models.checkpoint import NAMED_MODELS, list_cached
 
     cached = list_cached()
     if as_json:

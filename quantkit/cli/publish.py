@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ._common import echo_json, json_option
+from quantkit.cli._common import echo_json, json_option
 
 
 @click.command("publish")
@@ -19,7 +19,7 @@ from ._common import echo_json, json_option
 @json_option
 def publish_cmd(artifact, repo, private, revision, dry_run, as_json):
     """Publish ARTIFACT (it must have passed verification and still match its sha256 manifest) to the Hub."""
-    from ..publish import check_publishable, check_repo, plan, publish
+    from quantkit.artifacts.publish import check_publishable, check_repo, plan, publish
 
     path = Path(artifact)
     if not dry_run:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ._common import debug_enabled, echo_json, json_option, set_option
+from quantkit.cli._common import debug_enabled, echo_json, json_option, set_option
 
 
 include_option = click.option(
@@ -31,8 +31,8 @@ def recipe_group() -> None:
 @json_option
 def validate(files: tuple[str, ...], overrides: tuple[str, ...], include_dirs: tuple[str, ...], as_json: bool) -> None:
     """Validate recipe files; each error names the file and the key path. Exit 2 if any fails."""
-    from ..errors import QuantkitError
-    from ..recipe import load_recipe
+    from quantkit.errors import QuantkitError
+    from quantkit.recipe.schema import load_recipe
 
     results, errors = [], []
     for f in files:
@@ -57,15 +57,20 @@ def validate(files: tuple[str, ...], overrides: tuple[str, ...], include_dirs: t
 
 
 @recipe_group.command("list")
-@click.option("--dir", "directory", default="recipes", show_default=True, type=click.Path(file_okay=False))
+@click.option("--dir", "directory", default=None, type=click.Path(file_okay=False),
+              help="List the recipes in DIR instead of the built-in ones.")
+@click.option("--studies", is_flag=True, help="List the built-in lever studies (quantkit levers NAME) instead.")
 @json_option
-def list_(directory: str, as_json: bool) -> None:
-    """Name and one-line description of each recipe in a directory."""
-    from ..errors import RecipeError
-    from ..recipe import load_raw
+def list_(directory: str | None, studies: bool, as_json: bool) -> None:
+    """Name and one-line description of each built-in recipe (a RECIPE argument takes the name), or of
+    each recipe in --dir."""
+    from quantkit.errors import RecipeError
+    from quantkit.recipe.schema import load_raw
+    from quantkit.resources import recipes_dir, studies_dir
 
+    folder = Path(directory) if directory else studies_dir() if studies else recipes_dir()
     rows = []
-    for path in sorted(Path(directory).glob("*.y*ml")):
+    for path in sorted(folder.glob("*.y*ml")):
         try:
             data = load_raw(path)
         except RecipeError:
@@ -73,7 +78,8 @@ def list_(directory: str, as_json: bool) -> None:
         if not isinstance(data, dict):
             data = {"name": path.stem, "description": "(not a recipe)"}
         desc = str(data.get("description", "")).strip().splitlines()
-        rows.append({"name": data.get("name", path.stem), "file": str(path), "description": desc[0] if desc else ""})
+        rows.append({"name": data.get("name", path.stem), "file": str(path), "description": desc[0] if desc else "",
+                     "builtin": directory is None})
     if as_json:
         echo_json({"recipes": rows})
         return
@@ -88,7 +94,7 @@ def list_(directory: str, as_json: bool) -> None:
 @include_option
 def show(file: str, overrides: tuple[str, ...], include_dirs: tuple[str, ...]) -> None:
     """Print the recipe as resolved (defaults filled in, overrides applied) as JSON."""
-    from ..recipe import load_recipe
+    from quantkit.recipe.schema import load_recipe
 
     echo_json(load_recipe(file, overrides, include_dirs).to_dict())
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ._common import echo_json, int_list, json_option
+from quantkit.cli._common import echo_json, int_list, json_option
 
 
 def predict(cfg: dict, device, bits_list, group_size: int, prompt_len: int, context: int, quantize_lm_head: bool) -> list[dict]:
-    from ..roofline import Shape, decode_bytes, kv_bytes_per_token, prefill_bytes, prefill_flops, predict_ttft_s, quantized_layout
+    from quantkit.core.roofline import Shape, decode_bytes, kv_bytes_per_token, prefill_bytes, prefill_flops, predict_ttft_s, quantized_layout
 
     shape = Shape.from_config(cfg)
     rows = []
@@ -39,8 +39,8 @@ def predict(cfg: dict, device, bits_list, group_size: int, prompt_len: int, cont
 @json_option
 def roofline_cmd(shape_name, device_name, bits, group_size, prompt_len, context, quantize_lm_head, as_json):
     """Predicted batch-1 TPOT and TTFT floors for a model shape on a device."""
-    from ..errors import QuantkitError
-    from ..hardware import get_device, shape_config
+    from quantkit.errors import QuantkitError
+    from quantkit.core.hardware import get_device, shape_config
 
     bits_list = int_list(bits, "--bits")
     if any(b not in (2, 3, 4, 8, 16) for b in bits_list):
@@ -50,8 +50,8 @@ def roofline_cmd(shape_name, device_name, bits, group_size, prompt_len, context,
     if device_name:
         device = get_device(device_name)
     else:
-        from ..bench.probe import cached_probe
-        from ..device import resolve
+        from quantkit.bench.probe import cached_probe
+        from quantkit.device import resolve
 
         device = cached_probe(resolve("auto"))  # this machine's default device, probed
     cfg = shape_config(shape_name)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ._common import debug_enabled, echo_json, json_option, set_option
-from .recipe import include_option
+from quantkit.cli._common import debug_enabled, echo_json, json_option, set_option
+from quantkit.cli.recipe import include_option
 
 
 @click.command("run")
@@ -26,17 +26,17 @@ from .recipe import include_option
 @json_option
 def run_cmd(recipe_file, model, out, calib, eval_text, skip_eval, skip_bench, rerun, plan_only, overrides, include_dirs, as_json):
     """Convert, verify, evaluate and benchmark every variant of RECIPE, then write a report."""
-    from ..artifact import recipe_inputs
-    from ..atomic import sigterm_as_interrupt
-    from ..recipe import load_recipe
-    from ..run import RunOptions, Runner
+    from quantkit.artifacts.staging import recipe_inputs
+    from quantkit.core.atomic import sigterm_as_interrupt
+    from quantkit.recipe.schema import load_recipe
+    from quantkit.pipeline.run import RunOptions, Runner
 
     recipe = load_recipe(recipe_file, overrides, include_dirs)
     opts = RunOptions(model=model, out=Path(out) if out else None, calib=calib, eval_text=tuple(eval_text),
                       skip_eval=skip_eval, skip_bench=skip_bench, rerun=rerun, debug=debug_enabled(),
                       inputs=tuple(recipe_inputs(recipe_file)))
     if plan_only:
-        from ..planner import plan_run, show
+        from quantkit.plan.plans import plan_run, show
 
         return show(plan_run(recipe, opts), as_json)
     runner = Runner(recipe, opts)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
-from ._common import echo_json, json_option
+from quantkit.cli._common import echo_json, json_option
 
 UNIT_NAMES = ("qkv", "o", "gate_up", "down")
 
 
 def _units(text: str) -> list[str]:
-    from ..errors import QuantkitError
+    from quantkit.errors import QuantkitError
 
     units = [u.strip() for u in text.split(",") if u.strip()]
     bad = [u for u in units if u not in UNIT_NAMES]
@@ -22,10 +22,10 @@ def _units(text: str) -> list[str]:
 def _check_model(src, group: int, budget: float, trust_remote_code: bool, symmetric: bool = True, seq_len: int | None = None):
     """On the meta skeleton, before loading: Llama-style layers, the group divides every width, a
     sane budget, windows no longer than the model's context."""
-    from ..errors import QuantkitError
-    from ..models import read_config
-    from ..preflight import check_context, meta_model
-    from ..sensitivity import check_group, decoder_layers, int4_bits
+    from quantkit.errors import QuantkitError
+    from quantkit.models.checkpoint import read_config
+    from quantkit.quantize.preflight import check_context, meta_model
+    from quantkit.quantize.sensitivity import check_group, decoder_layers, int4_bits
 
     cfg = read_config(src)
     if seq_len is not None:
@@ -40,12 +40,12 @@ def _check_model(src, group: int, budget: float, trust_remote_code: bool, symmet
 
 def analyse(model_ref: str, text: str, budget: float, units: list[str], group: int, windows: int, seq_len: int,
             seed: int, trust_remote_code: bool, device_spec: str = "auto", dtype: str = "float32", symmetric: bool = True) -> dict:
-    from .. import calib
-    from ..device import resolve
-    from ..models import checkpoint_hash, load_model, load_tokenizer, resolve_model
-    from ..progress import bar, note
-    from ..sensitivity import all_unit_weights, decoder_layers, greedy_pick, overrides, ranked, unit_kls
-    from ..text import shortfall
+    from quantkit.data import calib
+    from quantkit.device import resolve
+    from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer, resolve_model
+    from quantkit.progress import bar, note
+    from quantkit.quantize.sensitivity import all_unit_weights, decoder_layers, greedy_pick, overrides, ranked, unit_kls
+    from quantkit.data.text import shortfall
 
     device = resolve(device_spec)  # an unavailable device: one line, before anything loads
     src = resolve_model(model_ref)
@@ -130,7 +130,7 @@ def sensitivity_cmd(model, budget, text, units_text, group, asymmetric, windows,
                     as_json):
     """Rank each layer's q/k/v, o, gate/up and down by the KL their INT4 rounding costs, and print
     the recipe `overrides:` that keep the most sensitive at INT8 within --budget bits per weight."""
-    from ..errors import QuantkitError
+    from quantkit.errors import QuantkitError
 
     if group not in (32, 64, 128):
         raise QuantkitError(f"--group {group}: one of 32, 64, 128")

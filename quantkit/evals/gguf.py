@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import DataError
+from quantkit.errors import DataError
 
 
 class LlamaCppScorer:
@@ -31,8 +31,8 @@ class LlamaCppScorer:
 def check_gguf(path: Path, device) -> dict:
     """Before any model loads: llama-cpp-python importable (and GPU-capable if asked), and the file a
     whole GGUF (magic, header, every tensor inside the file) - one line otherwise."""
-    from ..bench.engines.llamacpp import check_available
-    from ..gguf.read import inspect, open_reader
+    from quantkit.bench.engines.llamacpp import check_available
+    from quantkit.gguf.read import inspect, open_reader
 
     check_available(device)
     open_reader(path)  # ModelError (exit 2): no such file / not a GGUF / truncated
@@ -40,7 +40,7 @@ def check_gguf(path: Path, device) -> dict:
 
 
 def gguf_tokens(path: Path) -> list[str]:
-    from ..gguf.read import field_value, open_reader
+    from quantkit.gguf.read import field_value, open_reader
 
     tokens = field_value(open_reader(path), "tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not tokens:
@@ -52,9 +52,9 @@ def check_same_vocab(path: Path, base_path: Path, tok_base) -> str:
     """The GGUF's token list must be the baseline tokenizer's, id for id (llama.cpp pads unused
     embedding rows with [PADn] placeholders; those ids are never fed). Returns the baseline's
     vocabulary fingerprint (the baseline cache's key)."""
-    from .perplexity import vocab_fingerprint
+    from quantkit.evals.perplexity import vocab_fingerprint
 
-    from ..models import read_config
+    from quantkit.models.checkpoint import read_config
 
     tokens = gguf_tokens(path)
     rows = read_config(base_path).get("vocab_size")
@@ -80,10 +80,10 @@ def source_meta(path: Path) -> tuple[dict, str | None, dict]:
     its record is checked the same way. A GGUF without quantkit's keys (or from a quantkit too old to
     name the checkpoint converted from) has an unknown origin: a warning on stderr and in `warning`,
     and only the vocabulary check applies, as for a checkpoint without quantkit.json."""
-    from ..bench.gguf_source import reference_source
-    from ..gguf.read import open_reader, origin
-    from ..progress import note
-    from .runner import artifact_meta
+    from quantkit.bench.gguf_source import reference_source
+    from quantkit.gguf.read import open_reader, origin
+    from quantkit.progress import note
+    from quantkit.evals.runner import artifact_meta
 
     emb = origin(open_reader(path))
     art, why = reference_source(path)
@@ -104,8 +104,8 @@ def source_meta(path: Path) -> tuple[dict, str | None, dict]:
 def open_engine(source: Path, device, seq_len: int):
     """The llamacpp engine over a GGUF (or a quantkit artifact, exported exactly on the fly), its
     context sized to one window."""
-    from ..bench.engines.base import EngineSettings
-    from ..bench.engines.llamacpp import Engine
+    from quantkit.bench.engines.base import EngineSettings
+    from quantkit.bench.engines.llamacpp import Engine
 
     return Engine.load(source, EngineSettings(device=device, max_tokens=seq_len))
 

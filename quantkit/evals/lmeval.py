@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
-from ..home import subdir
+from quantkit.errors import DataError
+from quantkit.home import subdir
 
 METRICS = ("acc", "acc_norm", "exact_match")
 BACKENDS = ("hf", "vllm")
@@ -75,11 +75,10 @@ def check_backend(backend: str, tensor_parallel: int, data_parallel: int) -> Non
 
 
 def local_tasks_dir() -> Path | None:
-    env = os.environ.get("QUANTKIT_EVALS_DIR")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[2] / "evals"
-    return repo if repo.is_dir() else None
+    from quantkit.resources import eval_tasks_dir
+
+    tasks = eval_tasks_dir()
+    return tasks if tasks.is_dir() else None
 
 
 def _rewrite_include(src: Path, dest: Path) -> None:
@@ -193,7 +192,7 @@ def _baseline_items(run: TaskRun, base_path: Path, load_base, tok_base, base_has
     except (UnicodeDecodeError, json.JSONDecodeError):
         base = None
     if not isinstance(base, dict):
-        from ..atomic import write_json
+        from quantkit.core.atomic import write_json
 
         base = _evaluate(run, base_path, load_base, tok_base)
         if base is not None:  # rank 0 only

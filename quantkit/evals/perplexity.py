@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DataError
-from ..home import subdir
-from .parallel import everywhere, gather, share
-from .stats import kl_topk, summarize
+from quantkit.errors import DataError
+from quantkit.home import subdir
+from quantkit.evals.parallel import everywhere, gather, share
+from quantkit.evals.stats import kl_topk, summarize
 
 TOPK = 256
 
@@ -41,7 +41,7 @@ def vocab_fingerprint(tokenizer) -> str:
 
 
 def text_windows(tokenizer, spec, *, seq_len: int, max_tokens: int, region: str) -> Windows:
-    from ..text import read_text, region_windows, tokenize_stream
+    from quantkit.data.text import read_text, region_windows, tokenize_stream
 
     text = read_text(spec)
     stream = tokenize_stream(tokenizer, text.text)
@@ -111,7 +111,7 @@ def cached_baseline(load_baseline, baseline_hash: str, windows: Windows, vocab: 
 
     import io
 
-    from ..atomic import write_bytes
+    from quantkit.core.atomic import write_bytes
 
     key_dtype = dtype if device_type == "cpu" else f"{dtype}@{device_type}"  # CPU keys as before: old caches stay valid
     path = subdir("eval-cache") / f"{_cache_key(baseline_hash, windows, vocab, key_dtype)}.pt"

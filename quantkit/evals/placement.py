@@ -34,7 +34,7 @@ def default_batch_size(device, config: dict, seq_len: int, n_windows: int, dtype
     """Windows per forward pass: on a GPU as many as fit BATCH_MEMORY_SHARE of its free memory (up
     to MAX_BATCH); on the CPU one, as batching a compute-bound CPU forward gains nothing measurable
     (README, eval section) while it multiplies the peak memory."""
-    from ..device import free_bytes
+    from quantkit.device import free_bytes
 
     cap = MAX_BATCH.get(device.type, 1)
     if cap <= 1:

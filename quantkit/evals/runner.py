@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
-from ..models import check_remote_code, checkpoint_hash, load_model, load_tokenizer, read_config
-from ..progress import bar
-from ..text import overlaps, parse_spec
-from .perplexity import TorchScorer, Windows, cached_baseline, score, self_score, text_windows, vocab_fingerprint
+from quantkit.errors import DataError
+from quantkit.models.checkpoint import check_remote_code, checkpoint_hash, load_model, load_tokenizer, read_config
+from quantkit.progress import bar
+from quantkit.data.text import overlaps, parse_spec
+from quantkit.evals.perplexity import TorchScorer, Windows, cached_baseline, score, self_score, text_windows, vocab_fingerprint
 
 
 def check_same_vocab(model_path: Path, base_path: Path, tok_model, tok_base) -> str:
@@ -98,14 +98,14 @@ def check_baseline(model_path: Path, base_path: Path, meta: dict, base_hash: str
 
 
 def artifact_meta(model_path: Path) -> dict:
-    from ..models import read_json
+    from quantkit.models.checkpoint import read_json
 
     f = model_path / "quantkit.json"
     return read_json(f) if f.is_file() else {}
 
 
 def _self_windows(base_path: Path, tok, seq_len: int, max_tokens: int, base_hash: str, trust_remote_code: bool, device) -> Windows:
-    from ..calib import self_text
+    from quantkit.data.calib import self_text
 
     model = load_model(base_path, dtype="bfloat16", device=device, trust_remote_code=trust_remote_code)
     n = max(1, max_tokens // seq_len)
@@ -137,7 +137,7 @@ class EvalOptions:
 
 
 def _check_options(o: EvalOptions) -> None:
-    from .placement import DTYPES
+    from quantkit.evals.placement import DTYPES
 
     if o.seq_len < 8:
         raise DataError("--seq-len must be at least 8")
@@ -151,7 +151,7 @@ def _check_options(o: EvalOptions) -> None:
         raise DataError("--tasks run through lm-eval (--tasks-backend hf|vllm), not llama.cpp; evaluate the GGUF's texts "
                         "with --engine llamacpp and its tasks on the artifact it was exported from")
     if o.tasks:
-        from .lmeval import check_backend
+        from quantkit.evals.lmeval import check_backend
 
         check_backend(o.tasks_backend, o.tensor_parallel, o.data_parallel)
 
@@ -170,7 +170,7 @@ class _Subject:
 def _subject(model_path: Path, base_path: Path, o: EvalOptions, dev, tok_b, base_hash: str) -> _Subject:
     """Every identity check (vocabularies, the baseline is the model's source) before any weights load."""
     if o.engine == "llamacpp" and not model_path.is_dir():  # a GGUF file (a missing one: "no such GGUF file")
-        from . import gguf
+        from quantkit.evals import gguf
 
         gguf.check_gguf(model_path, dev)
         vocab = gguf.check_same_vocab(model_path, base_path, tok_b)
@@ -181,7 +181,7 @@ def _subject(model_path: Path, base_path: Path, o: EvalOptions, dev, tok_b, base
             check = check_baseline(model_path, base_path, meta, base_hash, o.baseline_mismatch_ok)
         return _Subject(meta, None, vocab, {**check, **found}, True)
     if o.engine == "llamacpp":
-        from ..bench.engines.llamacpp import check_available
+        from quantkit.bench.engines.llamacpp import check_available
 
         check_available(dev)
     check_remote_code(model_path, read_config(model_path), o.trust_remote_code)
@@ -196,7 +196,7 @@ def _windows(texts: list[str], model_path: Path, base_path: Path, tok_b, base_ha
     """[(label, spec, Windows, overlap check)] for every text, in the order given; every text is read,
     cut and checked against what the model was fitted on before any model loads (`self` text, which
     the baseline generates, last; under `planning` not at all: its Windows is None)."""
-    from .domains import labelled
+    from quantkit.evals.domains import labelled
 
     items = [(label, spec, parse_spec(spec)) for label, spec in labelled(texts)]  # a bad SPEC fails before any text is read
     out = {}
@@ -217,8 +217,8 @@ def _windows(texts: list[str], model_path: Path, base_path: Path, tok_b, base_ha
 def _say_if_short(items, o: EvalOptions) -> None:
     """A text with fewer windows than --max-tokens asks for (its region holds no more) is said,
     not hidden; once every text has passed its checks, so a refusal stays one line."""
-    from ..progress import note
-    from ..text import shortfall
+    from quantkit.progress import note
+    from quantkit.data.text import shortfall
 
     for label, _, w, _ in items:
         line = w and shortfall(len(w.tokens), max(1, o.max_tokens // o.seq_len), o.seq_len, o.region, w.provenance.get("stream_tokens"))
@@ -231,7 +231,7 @@ def _loader(path: Path, o: EvalOptions, dev, dtype: str):
 
 
 def _torch_scorer(model, o: EvalOptions, dev, dtype: str, n_windows: int) -> TorchScorer:
-    from .placement import default_batch_size
+    from quantkit.evals.placement import default_batch_size
 
     bs = o.batch_size or default_batch_size(dev, model.config.to_dict(), o.seq_len, n_windows, dtype)
     return TorchScorer(model, bs)
@@ -258,7 +258,7 @@ def _baselines(items: list, base_path: Path, base_hash: str, vocab: str, o: Eval
 def _model_scorer(model_path: Path, subject: _Subject, o: EvalOptions, dev, dtype: str, n_windows: int):
     """(scorer, close, description): llama.cpp over the GGUF, or the transformers model on `dev`."""
     if o.engine == "llamacpp":
-        from . import gguf
+        from quantkit.evals import gguf
 
         engine = gguf.open_engine(model_path, dev, o.seq_len)
         return gguf.LlamaCppScorer(engine), engine.close, gguf.describe(engine)
@@ -308,16 +308,16 @@ def prepare_eval(model_path: Path, base_path: Path, texts, planning: bool = Fals
     context, tokenizers, the baseline's identity, each text, its overlap with what the artifact was
     fitted on), before any model is loaded. `planning` (eval --plan): `self` text, which the
     baseline generates, is left for the evaluation itself."""
-    from .. import device as devices
-    from ..preflight import check_context
-    from .placement import default_dtype
+    from quantkit import device as devices
+    from quantkit.quantize.preflight import check_context
+    from quantkit.evals.placement import default_dtype
 
     o = EvalOptions(**kw)
     _check_options(o)
     texts = [texts] if isinstance(texts, str) else list(texts or [])
     dev = devices.resolve(o.device)
     if o.engine == "llamacpp" and str(o.device or "auto") == "auto" and dev.type != "cpu":
-        from ..bench.engines.llamacpp import gpu_offload
+        from quantkit.bench.engines.llamacpp import gpu_offload
 
         dev = dev if gpu_offload() else devices.resolve("cpu")  # auto: the CPU for a CPU-only llama.cpp build
     dtype = o.dtype or default_dtype(dev)
@@ -339,8 +339,8 @@ def run_eval(model_path: Path, base_path: Path, texts, **kw) -> dict:
 
     prepare_eval's checks run first; under torchrun every rank makes them and rank 0 alone reports
     a refusal (distributed.together)."""
-    from .. import device as devices
-    from ..distributed import together
+    from quantkit import device as devices
+    from quantkit.core.distributed import together
 
     t0 = time.perf_counter()
     with together("its checks"):
@@ -355,7 +355,7 @@ def run_eval(model_path: Path, base_path: Path, texts, **kw) -> dict:
         result.update({k: v for k, v in result["texts"][0].items() if k not in ("label", "text")})  # the one-text format's keys
         result["primary_text"] = result["texts"][0]["label"]
     if o.tasks:
-        from .lmeval import TaskRun, task_deltas
+        from quantkit.evals.lmeval import TaskRun, task_deltas
 
         run = TaskRun(o.tasks, o.limit, dtype, dev, o.tasks_backend, o.tensor_parallel, o.data_parallel, o.trust_remote_code)
         result["tasks"] = task_deltas(run, model_path, base_path, subject.tok, tok_b, base_hash, model,

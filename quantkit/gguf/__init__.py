@@ -6,6 +6,6 @@ write (the file, transactionally) · read (opening a GGUF safely) · fidelity (K
 transformers) · exporter (the whole export).
 """
 
-from .exporter import GgufOptions, default_out, export_gguf, record_path
+from quantkit.gguf.exporter import GgufOptions, default_out, export_gguf, record_path
 
 __all__ = ["GgufOptions", "default_out", "export_gguf", "record_path"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelError
+from quantkit.errors import ModelError
 
 
 @dataclass(frozen=True)

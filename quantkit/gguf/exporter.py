@@ -18,15 +18,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import integrity
-from ..artifact import read_meta
-from ..atomic import exclusive, sigterm_as_interrupt
-from ..errors import ModelError, QuantkitError
-from ..integrity import sha256_file as _sha256
-from . import arch, plan, target
-from .read import Origin
-from .source import Artifact, quant_method
-from .target import record_path
+from quantkit.core import integrity
+from quantkit.artifacts.staging import read_meta
+from quantkit.core.atomic import exclusive, sigterm_as_interrupt
+from quantkit.errors import ModelError, QuantkitError
+from quantkit.core.integrity import sha256_file as _sha256
+from quantkit.gguf import arch, plan, target
+from quantkit.gguf.read import Origin
+from quantkit.gguf.source import Artifact, quant_method
+from quantkit.gguf.target import record_path
 
 SCHEMA_VERSION = 2  # 2: quantkit.source.sha256 names the checkpoint converted from (1: the artifact)
 
@@ -102,7 +102,7 @@ def export_gguf(artifact: Path, out: Path | None = None, opts: GgufOptions = Ggu
 
 
 def _export(artifact: Path, opts: GgufOptions, out: Path) -> dict:
-    from .write import staged_file, write
+    from quantkit.gguf.write import staged_file, write
 
     t0 = time.perf_counter()
     if artifact.is_file() and _head(artifact) == b"GGUF":
@@ -124,7 +124,7 @@ def _export(artifact: Path, opts: GgufOptions, out: Path) -> dict:
                 record = _record(art, hp, plans, written, stage.path, origin)
                 record["gguf"] = str(out.resolve())
                 if not record["lossless"]:
-                    from .fidelity import logits_kl
+                    from quantkit.gguf.fidelity import logits_kl
 
                     record["kl_vs_artifact"] = logits_kl(art.path, stage.path, plans, hp, opts.kl_text)
                 record["wall_seconds"] = time.perf_counter() - t0
@@ -138,7 +138,7 @@ def _origin(art: Artifact, meta: dict) -> Origin:
     """The checkpoint the artifact was converted from (quantkit.json `source.sha256`; a checkpoint
     without one is its own origin), the artifact's own hash, and what eval's baseline and overlap
     checks read from quantkit.json (the source, the calibration and GQA recovery windows)."""
-    from ..models import checkpoint_hash
+    from quantkit.models.checkpoint import checkpoint_hash
 
     own = checkpoint_hash(art.path)
     source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
@@ -159,7 +159,7 @@ def _head(path: Path) -> bytes:
 def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Path, origin: Origin) -> dict:
     import gguf
 
-    from .. import __version__
+    from quantkit import __version__
 
     checks = written["checks"]
     lossy = [{"tensor": p.name, "source": p.source, "reason": p.reason, **checks[p.name]} for p in plans if not p.exact]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from .arch import Hparams
-from .grids import rope_unpermute
-from .plan import TensorPlan
-from .read import open_reader
+from quantkit.gguf.arch import Hparams
+from quantkit.gguf.grids import rope_unpermute
+from quantkit.gguf.plan import TensorPlan
+from quantkit.gguf.read import open_reader
 
 
 def gguf_weights(gguf_path: Path, plans: list[TensorPlan]) -> dict[str, torch.Tensor]:
@@ -49,12 +49,12 @@ def dense_model(artifact: Path, weights: dict[str, torch.Tensor]):
 
 def token_windows(artifact: Path, text_spec: str | None, n: int = 4, length: int = 128) -> tuple[torch.Tensor, str]:
     """`n` windows of `length` tokens of real text (a text SPEC, first half), else seeded random ids."""
-    from ..models import load_tokenizer, read_config
-    from ..verify import fixed_tokens
+    from quantkit.models.checkpoint import load_tokenizer, read_config
+    from quantkit.quantize.verify import fixed_tokens
 
     if text_spec:
-        from ..evals.perplexity import text_windows
-        from ..text import parse_spec
+        from quantkit.evals.perplexity import text_windows
+        from quantkit.data.text import parse_spec
 
         w = text_windows(load_tokenizer(artifact), parse_spec(text_spec), seq_len=length, max_tokens=n * length, region="first-half")
         return torch.stack(w.tokens), f"{text_spec} (first half, {len(w.tokens)} x {length} tokens)"
@@ -64,8 +64,8 @@ def token_windows(artifact: Path, text_spec: str | None, n: int = 4, length: int
 
 def artifact_weights(artifact: Path, plans: list[TensorPlan]) -> dict[str, torch.Tensor]:
     """The artifact's own float32 weights, (q - z) * s for every column's group, read without transformers."""
-    from .source import Artifact
-    from .tensors import column_weights
+    from quantkit.gguf.source import Artifact
+    from quantkit.gguf.tensors import column_weights
 
     out = {}
     with Artifact(artifact) as art:
@@ -82,8 +82,8 @@ def artifact_weights(artifact: Path, plans: list[TensorPlan]) -> dict[str, torch
 def _reference(artifact: Path, plans: list[TensorPlan]):
     """The artifact as transformers loads it; when the installed transformers/compressed-tensors cannot
     load it (an older format, e.g. act-order g_idx), a dense model of its exact weights instead."""
-    from ..errors import ModelError
-    from ..models import load_model
+    from quantkit.errors import ModelError
+    from quantkit.models.checkpoint import load_model
 
     try:
         return load_model(artifact, dtype="float32"), "the artifact loaded by transformers (float32)"
@@ -95,7 +95,7 @@ def _reference(artifact: Path, plans: list[TensorPlan]):
 
 def logits_kl(artifact: Path, gguf_path: Path, plans: list[TensorPlan], hp: Hparams, text_spec: str | None = None) -> dict:
     """KL(artifact || GGUF weights) per token over the windows, both in transformers at float32."""
-    from ..verify import compare_logits, logits
+    from quantkit.quantize.verify import compare_logits, logits
 
     ids, described = token_windows(artifact, text_spec)
     ref_model, reference = _reference(artifact, plans)

@@ -11,10 +11,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from ..errors import ModelError, QuantkitError
-from . import grids
-from .arch import Hparams
-from .source import Artifact
+from quantkit.errors import ModelError, QuantkitError
+from quantkit.gguf import grids
+from quantkit.gguf.arch import Hparams
+from quantkit.gguf.source import Artifact
 
 SKIP = re.compile(r".*rotary_emb\.inv_freq$")  # a buffer some old checkpoints saved; llama.cpp computes RoPE itself
 EMBEDDING_TYPES = ("keep", "q8_0")

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelError
+from quantkit.errors import ModelError
 
 GGUF_MAGIC = b"GGUF"
 # What gguf.GGUFReader raises on a file that is not a whole GGUF.

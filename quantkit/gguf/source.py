@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ModelError
-from ..models import check_checkpoint, read_config, read_json
+from quantkit.errors import ModelError
+from quantkit.models.checkpoint import check_checkpoint, read_config, read_json
 
 QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
 # compressed-tensors formats whose weights are integer codes on a uniform grid (the others, fp8,

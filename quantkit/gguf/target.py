@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import QuantkitError
+from quantkit.errors import QuantkitError
 
 RECORD_KIND = "quantkit-gguf-export"
 
@@ -58,7 +58,7 @@ def protected(artifact: Path, meta: dict) -> list[tuple[Path, str]]:
 
 def check(out: Path, artifact: Path, meta: dict, force: bool, kl_text: str | None) -> None:
     """QuantkitError (one line, nothing changed) unless export may write `out` and its record."""
-    from ..artifact import guard_out, text_input
+    from quantkit.artifacts.staging import guard_out, text_input
 
     keep = protected(artifact, meta)
     guard_out(out, [*keep, *text_input(kl_text, "the KL text")])
@@ -103,8 +103,8 @@ def written_record(path: Path) -> bool:
 def written_gguf(path: Path) -> bool:
     """quantkit's keys in the GGUF's header; failing that (a header that does not parse), the export
     record beside it naming this file's size and sha256."""
-    from ..integrity import sha256_file
-    from .read import written_by_quantkit
+    from quantkit.core.integrity import sha256_file
+    from quantkit.gguf.read import written_by_quantkit
 
     if written_by_quantkit(path):
         return True

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import grids
-from .plan import TensorPlan
-from .source import Artifact
+from quantkit.gguf import grids
+from quantkit.gguf.plan import TensorPlan
+from quantkit.gguf.source import Artifact
 
 ROW_CHUNK_ELEMS = 1 << 24  # pack and check this many weights at a time (bounds the float32 copies)
 

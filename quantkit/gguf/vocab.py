@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelError
+from quantkit.errors import ModelError
 
 # The Split regexes of Qwen2's and Llama 3's tokenizer.json (llama-vocab.cpp lists them as the originals).
 _QWEN2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -108,7 +108,7 @@ def add_vocab(writer, path: Path, vocab_size: int, config: dict) -> VocabInfo:
     """Write tokenizer.* keys for the artifact at `path` (its embedding has `vocab_size` rows)."""
     import gguf
 
-    from ..models import load_tokenizer, read_json
+    from quantkit.models.checkpoint import load_tokenizer, read_json
 
     if not (path / "tokenizer.json").is_file():
         raise ModelError(f"{path}: no tokenizer.json (GGUF export reads the fast tokenizer's definition)")

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import file_mode, fsync_dir, signals_deferred
-from .arch import Hparams, add_hparams, extra_tensors
-from .plan import TensorPlan, file_type, mapping_summary
-from .read import Origin, open_reader
-from .source import Artifact
-from .tensors import tensor_bytes
-from .vocab import VocabInfo, add_vocab
+from quantkit.core.atomic import file_mode, fsync_dir, signals_deferred
+from quantkit.gguf.arch import Hparams, add_hparams, extra_tensors
+from quantkit.gguf.plan import TensorPlan, file_type, mapping_summary
+from quantkit.gguf.read import Origin, open_reader
+from quantkit.gguf.source import Artifact
+from quantkit.gguf.tensors import tensor_bytes
+from quantkit.gguf.vocab import VocabInfo, add_vocab
 
 
 @dataclass
@@ -83,7 +83,7 @@ def staged_file(out: Path, record_file: Path):
 def _metadata(writer, art: Artifact, hp: Hparams, plans: list[TensorPlan], origin: Origin) -> VocabInfo:
     import gguf
 
-    from .. import __version__
+    from quantkit import __version__
 
     name = art.meta.get("name") or art.config.get("_name_or_path") or art.path.name
     writer.add_type("model")

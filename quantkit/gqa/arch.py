@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import RecipeError
+from quantkit.errors import RecipeError
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,14 @@ from contextlib import contextmanager
 
 import torch
 
-from ..errors import DataError, RecipeError
-from ..models import cast_model
-from ..progress import bar, note
-from .arch import head_counts, layout_for
-from .groups import contiguous_groups, kv_bytes_per_token, search_groups
-from .layer import Stats, group_loss, merged_heads, read_heads, write_heads
-from .recover import Windows, distill
-from .stats import attention_modules, moments
+from quantkit.errors import DataError, RecipeError
+from quantkit.models.checkpoint import cast_model
+from quantkit.progress import bar, note
+from quantkit.gqa.arch import head_counts, layout_for
+from quantkit.gqa.groups import contiguous_groups, kv_bytes_per_token, search_groups
+from quantkit.gqa.layer import Stats, group_loss, merged_heads, read_heads, write_heads
+from quantkit.gqa.recover import Windows, distill
+from quantkit.gqa.stats import attention_modules, moments
 
 
 def preflight_gqa(cfg: dict, gqa, key: str) -> None:
@@ -98,13 +98,13 @@ def _too_short(key: str, tokens: int, windows: int, cfg) -> DataError:
 def preflight_recovery_text(tok, spec: str | None, cfg, calibration, key: str) -> None:
     """recovery_windows' length check before the model is loaded: from the text's token count, or
     for `self` text from samples x seq_len (each sample is cut into seq_len // recover.seq_len windows)."""
-    from ..text import parse_spec, read_text, region_windows, tokenize_stream
+    from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
 
     if spec is None:  # reported by the calibration step: no source at all
         return
     need = cfg.heldout_windows + cfg.batch_size
     if parse_spec(spec).kind == "mix":
-        from .mixed import preflight_mix_recovery
+        from quantkit.gqa.mixed import preflight_mix_recovery
 
         return preflight_mix_recovery(tok, parse_spec(spec).set_name, cfg, key)
     if parse_spec(spec).kind == "self":
@@ -124,10 +124,10 @@ def recovery_windows(tok, spec: str | None, cfg, calib_set, key: str, *, model=N
     Evaluation reads the first half, so neither set overlaps it; the held-out windows also avoid
     the merge's calibration windows. With `self` text, the calibration samples are cut up.
     """
-    from ..text import parse_spec, read_text, region_windows, tokenize_stream
+    from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
 
     if spec is not None and parse_spec(spec).kind == "mix":  # every part's second half, by weight (gqa/mixed.py)
-        from .mixed import mix_recovery_windows
+        from quantkit.gqa.mixed import mix_recovery_windows
 
         return mix_recovery_windows(tok, parse_spec(spec).set_name, cfg, calib_set, key, model=model, model_hash=model_hash, seed=seed)
     if spec is None or parse_spec(spec).kind == "self":
@@ -165,8 +165,8 @@ def _transfer(model, teacher, names: list[str], windows, cfg):
     budget: returns its record (None when off) and the config distillation runs with."""
     if not cfg.transfer_steps:
         return None, cfg
-    from .recover import trained_names
-    from .transfer import transfer
+    from quantkit.gqa.recover import trained_names
+    from quantkit.gqa.transfer import transfer
 
     used = windows.train[: 8 * cfg.batch_size]
     record = transfer(model, teacher, [(n, model.get_submodule(n)) for n in names], [teacher.get_submodule(n) for n in names],

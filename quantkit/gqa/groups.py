@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..roofline import kv_bytes as kv_bytes_per_token  # noqa: F401  (the one KV formula; gqa.convert reports it)
+from quantkit.core.roofline import kv_bytes as kv_bytes_per_token  # noqa: F401  (the one KV formula; gqa.convert reports it)
 
 
 def contiguous_groups(n_kv: int, n_groups: int) -> list[list[int]]:

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import keys as K
-from . import values as V
-from .groups import query_order
+from quantkit.gqa import keys as K
+from quantkit.gqa import values as V
+from quantkit.gqa.groups import query_order
 
 
 @dataclass

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from ..calib_mix import allocate, load_mix, streams
-from ..errors import DataError
-from ..text import region_windows
-from .recover import Windows
+from quantkit.data.mix import allocate, load_mix, streams
+from quantkit.errors import DataError
+from quantkit.data.text import region_windows
+from quantkit.gqa.recover import Windows
 
 REGION = "second-half"
 
@@ -100,7 +100,7 @@ def describe_parts(record: dict, used: int) -> dict:
 
 def preflight_mix_recovery(tok, name: str, cfg, key: str) -> None:
     """The text parts' lengths, before the model loads (the chat part is generated later and checked then)."""
-    from ..calib_mix import text_stream
+    from quantkit.data.mix import text_stream
 
     present = [(p, None if p.chat is not None else text_stream(p, tok)) for p in load_mix(name).parts]
     chat = bool(getattr(tok, "chat_template", None))

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models import cast_model
-from ..progress import bar
+from quantkit.models.checkpoint import cast_model
+from quantkit.progress import bar
 
 QO_LR_SCALE = 0.1
 
@@ -37,7 +37,7 @@ class Windows:
         starts = self.record.get("train_starts", [])
         used = min(len(self.train), steps * batch_size)
         if "parts" in self.record:  # a calibration mix: the windows per part (gqa/mixed.py)
-            from .mixed import describe_parts
+            from quantkit.gqa.mixed import describe_parts
 
             return {**describe_parts(self.record, used), "train": len(self.train), "heldout": len(self.heldout), "train_used": used}
         return {**self.record, "train": len(self.train), "heldout": len(self.heldout), "train_used": used,

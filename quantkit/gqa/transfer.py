@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from ..progress import bar
+from quantkit.progress import bar
 
 
 def capture(teacher, attns, windows: list, batch_size: int) -> list[list[tuple[dict, torch.Tensor]]]:

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import aiohttp
 
-from .config import APIS, ENGINES, LoadConfig, LoadError, ServerUnreachable
-from .records import RequestRecord
-from .sse import DONE, LineSplitter, MalformedChunk, apply_chunk, finish_record, parse_line
+from quantkit.load.config import APIS, ENGINES, LoadConfig, LoadError, ServerUnreachable
+from quantkit.load.records import RequestRecord
+from quantkit.load.sse import DONE, LineSplitter, MalformedChunk, apply_chunk, finish_record, parse_line
 
 # After [DONE] the stream should end at once; wait this long for it, so data sent after [DONE]
 # is caught, without holding a worker on a server that keeps the response open.

@@ -6,8 +6,8 @@ the baseline; every ratio is other / baseline.
 
 from __future__ import annotations
 
-from .config import LoadError
-from .report import KIND, SCHEMA_VERSION
+from quantkit.load.config import LoadError
+from quantkit.load.report import KIND, SCHEMA_VERSION
 
 
 def is_load_run(data: object) -> bool:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
-from ..errors import QuantkitError
-from .workload import Workload, build_workload
+from quantkit.errors import QuantkitError
+from quantkit.load.workload import Workload, build_workload
 
 
 class LoadError(QuantkitError):

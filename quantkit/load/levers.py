@@ -15,13 +15,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ..atomic import write_json
-from ..errors import QuantkitError
-from .process import free_port, running
-from .report import build_run
-from .runner import Progress, Terminated, run
-from .servers import StudyError, fill, lever_args, not_here, server_kind
-from .study import Lever, Study, check_trusted, expand, load_config, resolve_model
+from quantkit.core.atomic import write_json
+from quantkit.errors import QuantkitError
+from quantkit.load.process import free_port, running
+from quantkit.load.report import build_run
+from quantkit.load.runner import Progress, Terminated, run
+from quantkit.load.servers import StudyError, fill, lever_args, not_here, server_kind
+from quantkit.load.study import Lever, Study, check_trusted, expand, load_config, resolve_model
 
 KIND = "lever-study"
 SCHEMA_VERSION = 1
@@ -29,7 +29,7 @@ HOST = "127.0.0.1"
 
 
 def _clean(obj):
-    from ..cli._common import _clean as clean
+    from quantkit.cli._common import _clean as clean
 
     return clean(obj)
 
@@ -131,7 +131,7 @@ def run_study(study: Study, out: Path, *, source: str, log: Callable[[str], None
     """Every lever in order; `study.json` is rewritten after each, and on the way out of a failure.
     `sink["result"]` holds the result as it grows, for a caller that is interrupted. A study that
     runs its own command or sets the server's environment needs `trusted` (study.check_trusted)."""
-    from .levers_report import summarize
+    from quantkit.load.levers_report import summarize
 
     check_trusted(study, source, trusted)
 

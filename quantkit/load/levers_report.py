@@ -7,7 +7,7 @@ weight bytes show there first), and ratios against the baseline (the first lever
 
 from __future__ import annotations
 
-from .compare import compare_load_runs
+from quantkit.load.compare import compare_load_runs
 
 
 def _p(step: dict, metric: str, q: str = "p50") -> float | None:
@@ -59,9 +59,9 @@ def prefix_reference(shape_path: str, runs: list[dict]) -> dict:
     against the baseline at the lightest step: prefill(P+S) - prefill(S), at the probed compute."""
     import torch
 
-    from ..bench.probe import cached_probe
-    from ..hardware import shape_config
-    from ..roofline import Shape, prefill_flops
+    from quantkit.bench.probe import cached_probe
+    from quantkit.core.hardware import shape_config
+    from quantkit.core.roofline import Shape, prefill_flops
 
     shape, device = Shape.from_config(shape_config(shape_path)), cached_probe(torch.device("cpu"))
     base_ttft = _p(runs[0]["steps"][0] if runs[0]["steps"] else {}, "ttft_ms")
@@ -94,7 +94,7 @@ def summarize(study, runs: list[dict]) -> dict:
     if len(runs) > 1:
         out["comparison"] = compare_load_runs(runs)
     if study.reference and runs:
-        from .study import reference_shape
+        from quantkit.load.study import reference_shape
 
         out["prefix_reference"] = prefix_reference(reference_shape(study), runs)
     return out

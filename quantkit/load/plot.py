@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import LoadError
+from quantkit.load.config import LoadError
 
 # Log scale once a curve spans more than this ratio, so the flat part before the knee stays readable.
 LOG_SPAN = 20.0

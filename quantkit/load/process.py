@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .servers import StudyError
+from quantkit.load.servers import StudyError
 
 STOP_GRACE_S = 15.0  # SIGTERM, then SIGKILL after this long
 SUPERVISOR_MARGIN_S = 10.0  # on top of the grace: the supervisor's own SIGKILL round and reaping

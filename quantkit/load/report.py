@@ -6,9 +6,9 @@ import datetime as _dt
 import platform
 from importlib import metadata
 
-from .config import LoadConfig
-from .runner import Progress
-from .stats import analyze, percentiles
+from quantkit.load.config import LoadConfig
+from quantkit.load.runner import Progress
+from quantkit.load.stats import analyze, percentiles
 
 KIND = "load-run"
 # Above this CPU share the client's asyncio loop queues work (bench_load_client.py: TTFT against an

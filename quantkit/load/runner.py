@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from .client import check_reachable, make_http, server_context, stream_request, warm_up
-from .config import LoadConfig
-from .records import RequestRecord
-from .stats import should_stop, summarize_step
-from .workload import RequestSource, check_fits
+from quantkit.load.client import check_reachable, make_http, server_context, stream_request, warm_up
+from quantkit.load.config import LoadConfig
+from quantkit.load.records import RequestRecord
+from quantkit.load.stats import should_stop, summarize_step
+from quantkit.load.workload import RequestSource, check_fits
 
 # A step ends early once this many requests in a row could not connect (at least 2 per worker):
 # the server is gone, and a closed loop would otherwise spin on refused connections.

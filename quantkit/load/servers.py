@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import QuantkitError
+from quantkit.errors import QuantkitError
 
 
 class StudyError(QuantkitError):

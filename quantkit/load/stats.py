@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .config import Slo
-from .records import ERROR_KINDS, RequestRecord
+from quantkit.load.config import Slo
+from quantkit.load.records import ERROR_KINDS, RequestRecord
 
 PERCENTILES = (50, 90, 99)
 # A step is saturated when its throughput grew by less than this fraction of the load increase

@@ -35,10 +35,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import QuantkitError
-from ..recipe_files import _NoAliasLoader, format_validation_error
-from .config import build_config
-from .servers import StudyError, server_kind
+from quantkit.errors import QuantkitError
+from quantkit.recipe.files import _NoAliasLoader, format_validation_error
+from quantkit.load.config import build_config
+from quantkit.load.servers import StudyError, server_kind
 
 MAX_STUDY_BYTES = 1 << 20
 PLAIN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # lever and study names name files
@@ -257,7 +257,7 @@ def _check_context(study: Study, lever: Lever, cfg) -> None:
     """A workload that cannot fit the context the study gives the server (load.context_len, or the
     engine's context setting) is refused before any server starts; the run checks again against
     what the server itself reports."""
-    from .workload import WorkloadError, check_fits
+    from quantkit.load.workload import WorkloadError, check_fits
 
     if cfg.context_len:
         context = (cfg.context_len, "load.context_len")
@@ -272,7 +272,7 @@ def _check_context(study: Study, lever: Lever, cfg) -> None:
 
 def reference_shape(study: Study) -> str:
     """The reference shape's path (variables expanded), checked to be a model config."""
-    from ..hardware import shape_config
+    from quantkit.core.hardware import shape_config
 
     shape = expand(study.reference.shape, "reference.shape")
     try:

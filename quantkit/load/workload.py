@@ -19,8 +19,8 @@ import re
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from ..errors import QuantkitError
-from .prompts import make_prompt, make_words
+from quantkit.errors import QuantkitError
+from quantkit.load.prompts import make_prompt, make_words
 
 _LENGTH = re.compile(r"^(\d+)(?::(\d+))?$")
 _LONG = re.compile(r"^long=([0-9.]+)x([0-9.]+)$")

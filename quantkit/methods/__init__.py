@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import NotImplementedYet
+from quantkit.errors import NotImplementedYet
 
 SEED = 0  # torch's seed for every calibration pass (llm-compressor's methods, AutoRound's included)
 
@@ -22,7 +22,7 @@ class MethodHandler:
 
 
 def _handlers() -> dict[str, MethodHandler]:
-    from . import bnb, llmc
+    from quantkit.methods import bnb, llmc
 
     return {
         "rtn": MethodHandler(llmc.quantize, "compressed-tensors"),
@@ -67,7 +67,7 @@ def transform_step(variant):
 
 def preflight(recipe, variant, key: str, cfg: dict) -> None:
     """Method checks that need the model's config or the recipe's other sections, before loading."""
-    from . import autoround, rotation
+    from quantkit.methods import autoround, rotation
 
     for i, step in enumerate(variant.steps):
         if step.transform is not None:
@@ -85,7 +85,7 @@ def runtime_meta(quant=None) -> dict:
 
     out = {"torch_num_threads": torch.get_num_threads(), "seed": SEED}
     if quant is not None and quant.method == "autoround":
-        from .autoround import AUTOROUND_SEED
+        from quantkit.methods.autoround import AUTOROUND_SEED
 
         out["autoround_seed"] = AUTOROUND_SEED
     return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import QuantkitError
+from quantkit.errors import QuantkitError
 
 INSTALL = "pip install auto-round"
 # auto-round seeds torch, numpy and random with this (its default) for every decoder layer it tunes

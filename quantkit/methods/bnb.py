@@ -23,7 +23,7 @@ def quantize(model, cfg, samples, src=None, device=None, transform=None):  # tra
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .bnb_cpu_fix import remember_canonical_state
+    from quantkit.methods.bnb_cpu_fix import remember_canonical_state
 
     remote = type(model).__module__.startswith("transformers_modules")  # loaded under --trust-remote-code: its code has run
     del model

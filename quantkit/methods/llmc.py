@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from . import SEED
+from quantkit.methods import SEED
 
 
 def weight_args(bits: int, group_size: int, symmetric: bool, observer: str = "minmax"):
@@ -63,7 +63,7 @@ def _awq(cfg, groups, ignore):
 
 
 def _autoround(cfg, groups, ignore):
-    from .autoround import modifier
+    from quantkit.methods.autoround import modifier
 
     return [modifier(cfg, groups, ignore)]
 
@@ -82,7 +82,7 @@ BUILDERS = {"rtn": _rtn, "gptq": _gptq, "awq": _awq, "autoround": _autoround, "w
 
 def build_recipe(cfg, transform=None) -> list:
     """llm-compressor modifiers for a quantize step, after the rotation of a transform step if any."""
-    from .rotation import modifiers as rotation_modifiers
+    from quantkit.methods.rotation import modifiers as rotation_modifiers
 
     return [*rotation_modifiers(transform), *BUILDERS[cfg.method](cfg, config_groups(cfg), list(cfg.ignore))]
 
@@ -106,7 +106,7 @@ class _NoProcessor:
 @contextmanager
 def layer_progress(model, label: str):
     """A progress bar that follows llm-compressor's layer-by-layer pipeline (a pre-hook per decoder layer)."""
-    from ..progress import bar
+    from quantkit.progress import bar
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
@@ -133,17 +133,17 @@ def quantize(model, cfg, samples, src=None, device=None, transform=None):
     import torch
     from llmcompressor import oneshot
 
-    from ..offload import calibration_device
-    from .patches import llmcompressor_awq_float64_loss, llmcompressor_cpu_pin_memory, quiet_llmcompressor
+    from quantkit.models.offload import calibration_device
+    from quantkit.methods.patches import llmcompressor_awq_float64_loss, llmcompressor_cpu_pin_memory, quiet_llmcompressor
 
     quiet_llmcompressor()
     llmcompressor_cpu_pin_memory()
     llmcompressor_awq_float64_loss()
     if cfg.method == "autoround":
-        from .autoround import tuning_samples
+        from quantkit.methods.autoround import tuning_samples
 
         samples = tuning_samples(cfg, samples)
-    from ..distributed import calibration_share, llmcompressor_qparams_barrier
+    from quantkit.core.distributed import calibration_share, llmcompressor_qparams_barrier
 
     llmcompressor_qparams_barrier()  # under torchrun: two faults of llm-compressor's distributed calibration (distributed.py)
     samples = calibration_share(samples)  # this rank's part (all of them in one process)

@@ -6,7 +6,7 @@ Online rotations (QuIP, SpinQuant R3/R4) are refused when the recipe is read (re
 
 from __future__ import annotations
 
-from ..errors import RecipeError
+from quantkit.errors import RecipeError
 
 # Architectures whose module names match SpinQuant's default mapping and whose norms are plain
 # RMSNorm (x * w), so fuse_norm_linears is exact; each is converted in tests/test_methods_rotation.py.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 
-from ...errors import QuantkitError
+from quantkit.errors import QuantkitError
 
 ENGINES: dict[str, str] = {
     "eager": "quantkit.bench.engines.eager",

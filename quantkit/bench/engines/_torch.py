@@ -16,11 +16,11 @@ import gc
 import torch
 import torch.nn.functional as F
 
-from ... import device as devices
-from ...errors import QuantkitError
-from .. import accounting
-from ...roofline import kv_bytes
-from .base import Engine, EngineSettings
+from quantkit import device as devices
+from quantkit.errors import QuantkitError
+from quantkit.bench import accounting
+from quantkit.core.roofline import kv_bytes
+from quantkit.bench.engines.base import Engine, EngineSettings
 
 ATTENTION = "quantkit_gqa_decode"
 
@@ -52,11 +52,11 @@ def use_gqa_attention(model) -> None:
 
 def load_model(source, device, seed: int):
     """A checkpoint directory or a Synthetic spec -> BenchModel on `device`."""
-    from ..loader import load_for_bench
-    from ..synthetic import Synthetic, load_synthetic
+    from quantkit.bench.loader import load_for_bench
+    from quantkit.bench.synthetic import Synthetic, load_synthetic
 
     if isinstance(source, Synthetic):
-        from ...hardware import shape_config
+        from quantkit.core.hardware import shape_config
 
         return load_synthetic(source, shape_config(source.shape), device, seed)
     if str(source).endswith(".gguf"):

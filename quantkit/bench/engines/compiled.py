@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import accounting
-from ._torch import TorchEngine
+from quantkit.bench import accounting
+from quantkit.bench.engines._torch import TorchEngine
 
 
 class Engine(TorchEngine):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import accounting
-from ._torch import TorchEngine
+from quantkit.bench import accounting
+from quantkit.bench.engines._torch import TorchEngine
 
 
 class Engine(TorchEngine):

@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ...errors import QuantkitError
-from .. import accounting
-from .base import Engine as Base
-from .base import EngineSettings
+from quantkit.errors import QuantkitError
+from quantkit.bench import accounting
+from quantkit.bench.engines.base import Engine as Base
+from quantkit.bench.engines.base import EngineSettings
 
 INSTALL = "./scripts/_install.sh builds it (or: pip install llama-cpp-python)"
 
@@ -71,8 +71,8 @@ class Engine(Base):
     def __init__(self, llm, gguf: Path, settings: EngineSettings, threads: int, export: dict | None):
         import numpy as np
 
-        from ...gguf.read import open_reader
-        from ..gguf_source import gguf_config, tensor_infos, weight_read_bytes
+        from quantkit.gguf.read import open_reader
+        from quantkit.bench.gguf_source import gguf_config, tensor_infos, weight_read_bytes
 
         self.llm, self.gguf, self.settings, self.threads, self.export = llm, gguf, settings, threads, export
         self.cfg = gguf_config(gguf)
@@ -83,7 +83,7 @@ class Engine(Base):
 
     @classmethod
     def load(cls, source, settings: EngineSettings) -> "Engine":
-        from ..gguf_source import exported_gguf, is_gguf
+        from quantkit.bench.gguf_source import exported_gguf, is_gguf
 
         if not isinstance(source, Path):
             raise QuantkitError(f"{getattr(source, 'label', source)}: --engine llamacpp benches GGUF files and checkpoint "
@@ -188,7 +188,7 @@ class Engine(Base):
         return self._weights["weight_bytes_per_token"] + accounting.kv_llamacpp(self.kv_bytes_per_token(), cached, self.kv_size)
 
     def describe(self) -> dict:
-        from ... import device as devices
+        from quantkit import device as devices
 
         llama_cpp = import_llama_cpp()
         types = self._weights["weight_bytes_by_type"]

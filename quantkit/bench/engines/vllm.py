@@ -20,12 +20,12 @@ import itertools
 import os
 from pathlib import Path
 
-from ... import device as devices
-from ...errors import QuantkitError
-from ...roofline import kv_bytes
-from .. import accounting
-from .base import Engine as Base
-from .base import EngineSettings
+from quantkit import device as devices
+from quantkit.errors import QuantkitError
+from quantkit.core.roofline import kv_bytes
+from quantkit.bench import accounting
+from quantkit.bench.engines.base import Engine as Base
+from quantkit.bench.engines.base import EngineSettings
 
 TOP_K = 20  # vLLM's default max_logprobs: the self-check compares these plus one tail bucket
 
@@ -140,7 +140,7 @@ class Engine(Base):
         return rows
 
     def weight_bytes(self) -> dict:
-        from ...sizes import stored_read_bytes
+        from quantkit.models.sizes import stored_read_bytes
 
         return {"weight_bytes_per_token": stored_read_bytes(self.path), "stored_weight_bytes": None, "tied_lm_head": None}
 

@@ -1,0 +1,1 @@
+"""What quantkit writes: staging and locking, export formats, model cards, publishing."""

@@ -1,0 +1,74 @@
+"""Export formats, by name: how an in-memory model is saved, reloaded as a user would, and described."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+def _load_auto(path: Path, dtype: str = "bfloat16", device=None, trust_remote_code: bool = False):
+    """As a user loads it: onto `device` (a torch.device; None: the GPU if there is one); a custom
+    architecture with the model code save_pretrained copied into the artifact (--trust-remote-code)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.device import resolve
+
+    device = resolve(device)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), device_map=device,
+                                                trust_remote_code=trust_remote_code).eval()
+
+
+def _scheme_name(cfg) -> str:
+    if cfg.method == "w8a8":
+        return "W8A8"
+    if cfg.method == "bnb-nf4":
+        return "NF4"
+    if cfg.method == "bnb-int8":
+        return "LLM.int8"
+    return f"W{cfg.bits}A16"
+
+
+def _describe(fmt: str):
+    def describe(cfg) -> dict:
+        d = {"format": fmt, "method": cfg.method, "scheme": _scheme_name(cfg), "weight_bits": cfg.weight_bits}
+        for key in ("group_size", "symmetric", "observer", "actorder", "dampening", "rounding", "smoothing_strength", "double_quant", "threshold"):
+            if hasattr(cfg, key):
+                d[key] = getattr(cfg, key)
+        d["ignore"] = list(cfg.ignore)
+        if getattr(cfg, "overrides", None):
+            d["overrides"] = [o.model_dump(mode="json") for o in cfg.overrides]
+        return d
+
+    return describe
+
+
+def _save_compressed(model, out: Path, shard: str) -> None:
+    model.save_pretrained(str(out), save_compressed=True, max_shard_size=shard)
+
+
+def _save_bnb(model, out: Path, shard: str) -> None:
+    from quantkit.methods.bnb_cpu_fix import restore_canonical_state
+
+    restore_canonical_state(model)  # bitsandbytes 0.50 CPU repack fault: see methods/bnb_cpu_fix.py
+    model.save_pretrained(str(out), max_shard_size=shard)
+
+
+def _save_dense(model, out: Path, shard: str) -> None:
+    model.save_pretrained(str(out), max_shard_size=shard)
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    save: Callable  # (model, out_dir, max_shard_size) -> None
+    load: Callable  # (dir, dtype, device, trust_remote_code=False) -> model, loaded exactly as a user would
+    loader: str  # what the user's loader is, for messages
+    describe: Callable
+
+
+FORMATS: dict[str, ExportFormat] = {
+    "compressed-tensors": ExportFormat(_save_compressed, _load_auto, "transformers + compressed-tensors", _describe("compressed-tensors")),
+    "bitsandbytes": ExportFormat(_save_bnb, _load_auto, "transformers + bitsandbytes", _describe("bitsandbytes")),
+    "dense": ExportFormat(_save_dense, _load_auto, "transformers", lambda cfg: None),
+}

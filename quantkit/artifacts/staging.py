@@ -1,0 +1,288 @@
+"""Writing artifacts safely: what `--out` may be, a lock on it, and a temp dir renamed into place.
+
+- `guard_out`: --out never is, or contains, an input (the source checkpoint and the files its
+  symlinks point at, the calibration or evaluation text, the recipe files), the current
+  directory, $HOME or QUANTKIT_HOME; symlinks are resolved first.
+- `claim_out`: an exclusive lock beside --out for the whole command (a second process gets one
+  line, exit 2). Under it, what a dead process left beside --out is cleaned up:
+  `.NAME.partial-*` (staging), `.NAME.offload-*` (offloaded weights), `.NAME.old-PID` (the old
+  artifact of an interrupted --force swap, restored to --out when --out is missing).
+- `check_out`: an existing --out needs --force, and --force replaces only a directory that
+  quantkit wrote (it holds quantkit.json) or an empty one.
+- `staged_dir`: the artifact is written into `.NAME.partial-*`, given the user's umask, fsynced,
+  then swapped in: old aside, new in (with SIGINT/SIGTERM held between the two renames), old
+  removed. Any failure removes the staging dir and leaves --out as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from quantkit.core.atomic import DiskFullError, apply_umask, exclusive, fsync_dir, is_disk_full, signals_deferred, write_json
+from quantkit.errors import QuantkitError
+from quantkit.progress import note
+
+META = "quantkit.json"
+
+
+def _resolved(p) -> Path:
+    return Path(os.path.abspath(Path(p).expanduser())).resolve()
+
+
+def _protected() -> list[tuple[Path, str]]:
+    from quantkit.home import home
+
+    out = [(_resolved(Path.cwd()), "the current directory"), (_resolved(Path.home()), "your home directory")]
+    return out + [(_resolved(home()), "quantkit's cache (QUANTKIT_HOME)")]
+
+
+def guard_out(out: Path, inputs=(), option: str = "--out") -> None:
+    """Refuse an --out that is or contains an input or a directory nobody means to replace.
+    `inputs`: (path, what it is) pairs, e.g. from `model_inputs` and `text_input`."""
+    o = _resolved(out)
+    if o == Path(o.anchor):
+        raise QuantkitError(f"{option} {out} is the root directory; choose a new directory for the artifact")
+    for p, what in [*_protected(), *inputs]:
+        if o == p or o in p.parents:
+            verb = "is" if o == p else "contains"
+            raise QuantkitError(f"{option} {out} {verb} {what} ({p}); choose another directory (nothing was changed)")
+
+
+def model_inputs(src) -> list[tuple[Path, str]]:
+    """The checkpoint directory and every file its symlinks point at (a hub cache's blobs)."""
+    if src is None or not Path(src).exists():
+        return []
+    src = Path(src)
+    found = [(_resolved(src), "the source checkpoint")]
+    if src.is_dir():
+        for entry in src.iterdir():
+            if entry.is_symlink():
+                found.append((_resolved(entry), f"a file of the source checkpoint ({entry.name} links to it)"))
+    return found
+
+
+def text_input(spec: str | None, what: str) -> list[tuple[Path, str]]:
+    """A `file:PATH` (or `set:NAME` resolving to one) text source; other kinds have no local file."""
+    if not spec:
+        return []
+    from quantkit.data.text import parse_spec
+
+    try:
+        parsed = parse_spec(str(spec))
+    except QuantkitError:
+        return []  # reported by the code that reads it
+    return [(_resolved(parsed.path), what)] if parsed.kind == "file" else []
+
+
+def recipe_inputs(path) -> list[tuple[Path, str]]:
+    """The recipe file and the recipe files its variants include (`variants[i].recipe`)."""
+    import yaml
+
+    from quantkit.recipe.files import include_target
+    from quantkit.resources import find_recipe
+
+    p = find_recipe(path)
+    found = [(_resolved(p), "the recipe file")]
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return found  # load_recipe reports it
+    for v in (data.get("variants") or []) if isinstance(data, dict) else []:
+        if isinstance(v, dict) and isinstance(v.get("recipe"), str):
+            try:
+                target = include_target(p, v["recipe"], "", ())
+            except QuantkitError:
+                target = p.parent / v["recipe"]  # load_recipe reports it
+            found.append((_resolved(target), "a recipe file it includes"))
+    return found
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Checks alone (`convert --plan` makes them too); the lock on --out creates its parent."""
+    out = Path(out)
+    if os.path.lexists(out) and not out.exists():
+        raise QuantkitError(f"{out} is a broken symbolic link; remove it or choose another --out")
+    if out.exists() and not out.is_dir():
+        raise QuantkitError(f"{out} exists and is not a directory; --out names the artifact directory to create")
+    if out.exists() and not force:
+        raise QuantkitError(f"{out} already exists; pass --force to replace it")
+    if out.exists() and not (out / META).is_file() and any(out.iterdir()):
+        raise QuantkitError(f"{out} is not a quantkit artifact (no {META}) and is not empty; --force replaces only an "
+                            "artifact quantkit wrote: remove it yourself or choose another --out")
+
+
+@contextmanager
+def claim_out(out: Path):
+    """Lock --out for this process, clean what dead processes left, turn a full disk into one line."""
+    guard_out(out)
+    out = Path(out)
+    with exclusive(out, what=str(out)):
+        recover_leftovers(out)
+        try:
+            yield
+        except (QuantkitError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if is_disk_full(exc):
+                raise DiskFullError(f"no space left on the device holding {out.parent} while writing {out}; "
+                                    f"nothing was written at {out} (free some space and run again)") from None
+            raise
+
+
+def _leftover_re(out: Path) -> re.Pattern:
+    # tempfile names: 8 characters of [a-z0-9_]; an exact pattern, so `.a.partial-x.partial-…`
+    # (the staging of a *different* --out, "a.partial-x") is never taken for one of "a"'s.
+    return re.compile(rf"\.{re.escape(out.name)}\.(?:(partial|offload)-[a-z0-9_]{{8}}|old-(\d+))")
+
+
+def leftovers(out: Path) -> list[Path]:
+    out = Path(out)
+    if not out.parent.is_dir():
+        return []
+    pat = _leftover_re(out)
+    return sorted(p for p in out.parent.iterdir() if pat.fullmatch(p.name))
+
+
+def recover_leftovers(out: Path) -> None:
+    """Only call with the lock held: then whoever wrote these is dead."""
+    found = leftovers(out)
+    olds = [p for p in found if ".old-" in p.name]
+    if olds and not os.path.lexists(out):
+        # killed between moving the old artifact aside and moving the new one in: put it back
+        keep = max(olds, key=lambda p: p.lstat().st_ctime)
+        os.rename(keep, out)
+        found.remove(keep)
+        note(f"{out}: restored the artifact that an interrupted --force replacement had moved aside ({keep.name})")
+    for p in found:
+        remove(p)
+        note(f"removed {p}, left by an interrupted quantkit process")
+
+
+def remove(p: Path) -> None:
+    """Remove a file, a symlink (never what it points at) or a directory tree."""
+    p = Path(p)
+    if p.is_symlink() or p.is_file():
+        p.unlink(missing_ok=True)
+    elif p.exists():
+        shutil.rmtree(p, ignore_errors=True)
+
+
+@contextmanager
+def staged_dir(out: Path, prefix: str = "partial"):
+    """Yield a fresh temp dir beside `out`; swap it in for `out` when the block succeeds."""
+    out = Path(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{prefix}-", dir=out.parent))
+    try:
+        yield tmp
+        apply_umask(tmp)
+        fsync_dir(tmp)
+    except BaseException:
+        remove(tmp)
+        raise
+    swap_in(tmp, out)
+
+
+def swap_in(new: Path, out: Path) -> None:
+    """Old aside, new in, old removed. A kill between the renames leaves `.NAME.old-PID`, which
+    the next command on `out` restores; the signals this process handles are held meanwhile."""
+    old = None
+    with signals_deferred():
+        if os.path.lexists(out):
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, old)
+        try:
+            os.rename(new, out)
+        except BaseException:
+            if old is not None:
+                os.rename(old, out)
+            remove(new)
+            raise
+        fsync_dir(out.parent)
+    if old is not None:
+        remove(old)
+
+
+@contextmanager
+def temp_dir_beside(out: Path, prefix: str):
+    """A scratch dir beside `out` (e.g. offloaded weights), always removed."""
+    folder = Path(tempfile.mkdtemp(prefix=f".{Path(out).name}.{prefix}-", dir=Path(out).parent))
+    try:
+        yield folder
+    finally:
+        remove(folder)
+
+
+def free_bytes(path: Path) -> int:
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def check_free_space(out: Path, need: int) -> None:
+    free = free_bytes(Path(out).parent)
+    if free < need:
+        raise DiskFullError(f"{Path(out).parent}: {free / 1e9:.2f} GB free, but the artifact needs about {need / 1e9:.2f} GB "
+                            "(estimated from the model's parameters and the method); free some space or choose another --out")
+
+
+def estimate_bytes(n_params: int, quantized: int, rows: int, bits: int, group_size: int, itemsize: int) -> int:
+    """Artifact bytes: `quantized` weights at `bits` plus a 2-byte scale and zero point per group
+    (per row when group_size is -1); every other parameter at the checkpoint's `itemsize`."""
+    scales = 4 * (quantized // group_size if group_size > 0 else rows)
+    return (n_params - quantized) * itemsize + quantized * bits // 8 + scales
+
+
+def disk_needed(artifact_bytes: int, offloaded_bytes: int = 0) -> int:
+    """Headroom: tokenizer and config files, and 5% for the estimate; an offloaded conversion
+    also keeps its offloaded weights and the reload's on the same disk until it finishes."""
+    extra = offloaded_bytes + artifact_bytes if offloaded_bytes else 0
+    return int(artifact_bytes * 1.05) + (32 << 20) + extra
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+
+
+def tool_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": sys.version.split()[0]}
+    for pkg in ("quantkit", "torch", "transformers", "llmcompressor", "compressed-tensors", "bitsandbytes", "torchao", "safetensors"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def write_meta(path: Path, meta: dict) -> None:
+    write_json(Path(path) / META, meta, default=str)
+
+
+def read_meta(path: Path) -> dict:
+    """An artifact's quantkit.json; {} when missing; QuantkitError when damaged."""
+    f = Path(path) / META
+    if not f.is_file():
+        return {}
+    try:
+        meta = json.loads(f.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise QuantkitError(f"{f} is damaged (not valid JSON)") from None
+    if not isinstance(meta, dict):
+        raise QuantkitError(f"{f} is damaged (not a JSON object)")
+    return meta
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())

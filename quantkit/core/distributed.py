@@ -1,0 +1,387 @@
+"""quantkit under `torchrun`: one process per device, joined by torch.distributed.
+
+quantkit adds no cluster code of its own. `torchrun` (torch.distributed.elastic) starts the
+processes, on one machine or several (--nnodes, --rdzv-*), and kills the others when one dies;
+llm-compressor 0.14 partitions the calibration samples and reduces the statistics
+(compressed-tensors' `is_distributed` paths: GPTQ's Hessians are summed onto the rank that
+solves each layer, the results shared back); `quantkit eval` splits its windows across ranks
+(evals/parallel.py). What is here: joining the group (gloo on CPUs, NCCL on CUDA GPUs, a
+timeout on every collective so a lost rank cannot hang the rest), the device of each rank, one
+verdict for all ranks when a step fails on one, and two narrow workarounds for faults of
+llm-compressor 0.14's distributed calibration (below).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from quantkit.errors import QuantkitError
+
+ENV_TIMEOUT = "QUANTKIT_DIST_TIMEOUT"  # seconds a rank waits in one collective for the others
+DEFAULT_TIMEOUT_S = 1800.0  # longer than any one step between collectives (a layer's GPTQ, rank 0's reload check)
+
+
+class DistributedError(QuantkitError):
+    """Another rank failed; this rank stops with the exit code that rank had."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class Group:
+    """This process's place in the torchrun job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: object  # torch.device of this rank
+    timeout_s: float
+
+    @property
+    def writer(self) -> bool:
+        """Rank 0 alone writes, verifies and renames artifacts and prints results."""
+        return self.rank == 0
+
+    def describe(self) -> dict:
+        return {"world_size": self.world_size, "backend": self.backend, "launcher": "torchrun",
+                "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")), "timeout_s": self.timeout_s}
+
+
+def launched() -> bool:
+    """Started by torchrun (it sets TORCHELASTIC_RUN_ID, RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def timeout_s() -> float:
+    text = os.environ.get(ENV_TIMEOUT, "")
+    try:
+        value = float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise QuantkitError(f"{ENV_TIMEOUT}={text!r}: expected seconds, e.g. 600") from None
+    if value <= 0:
+        raise QuantkitError(f"{ENV_TIMEOUT}={text!r}: expected a positive number of seconds")
+    return value
+
+
+COMMANDS = ("convert", "eval")  # what runs under torchrun; anything else would run N times over
+
+
+def check_command(name: str | None) -> None:
+    if launched() and name is not None and name not in COMMANDS:
+        raise QuantkitError(f"`quantkit {name}` does not run under torchrun (one copy per process would compete for the same "
+                            f"files); under torchrun: {', '.join(COMMANDS)}")
+
+
+def rank_device(spec=None):
+    """This rank's torch.device: a CUDA request means the GPU whose index is LOCAL_RANK (one
+    process per GPU, as torchrun --nproc-per-node N expects); the CPU stays the CPU."""
+    import torch
+
+    from quantkit.device import resolve
+
+    dev = resolve(spec)
+    if dev.type != "cuda":
+        return dev
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if spec not in (None, "auto", "cuda") and dev.index not in (None, local):
+        raise QuantkitError(f"--device {spec}: under torchrun each process takes the GPU of its LOCAL_RANK; "
+                            "pass --device cuda (or auto) and choose GPUs with CUDA_VISIBLE_DEVICES")
+    return resolve(torch.device("cuda", local))
+
+
+# ---------------------------------------------------------------- who reports an error
+#
+# Every process of a torchrun job runs the same command, so a bad input fails in all of them. One
+# line is printed per machine, by its first process (LOCAL_RANK 0; on one machine: rank 0); the
+# others exit with the same code and print nothing - when it is certain that the first process
+# reports the same failure: an error raised before the process group is joined (the same
+# arguments, checked the same way on the same machine), or one every rank heard of through
+# `agree`. A failure of one rank alone inside the job (its device, say) is printed by that rank,
+# prefixed with its rank, since no other process may live to report it. Exit codes are the
+# processes'; torchrun itself then exits 1 and prints its own failure report (README).
+
+_AGREED, _IN_SESSION = "_quantkit_agreed", "_quantkit_in_session"
+
+
+def _tag(exc: BaseException, name: str) -> None:
+    try:
+        setattr(exc, name, True)
+    except AttributeError:  # an exception type that takes no attributes: it stays untagged (printed)
+        pass
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0") or 0) if launched() else 0
+
+
+def error_line(exc: BaseException, line: str) -> str | None:
+    """The line this process prints for `exc` (None: another process prints it)."""
+    if not launched():
+        return line
+    agreed, in_session = getattr(exc, _AGREED, False), getattr(exc, _IN_SESSION, False)
+    if agreed or not in_session:
+        return line if local_rank() == 0 else None
+    head, sep, rest = line.partition("error: ")
+    rank = f"rank {os.environ.get('RANK', '?')}: "
+    return f"{head}{sep}{rank}{rest}" if sep and not head else rank + line
+
+
+def quiet() -> bool:
+    """A process that leaves argument errors (the same argv in every process) to its machine's first."""
+    return local_rank() != 0
+
+
+# How long a silent process waits for the one that reports (see exit_silently).
+REPORT_WAIT_S = 60.0
+
+
+def exit_silently(code: int) -> None:
+    """Exit with `code` once the reporting process has printed. torchrun stops every process when
+    one exits with an error, so a silent process that exited first could have the reporter stopped
+    before it prints; instead this one waits for the reporter to exit and torchrun to stop it
+    (SIGTERM, on which it exits with `code`), or at most REPORT_WAIT_S."""
+    import signal
+    import sys
+    import time
+
+    def leave(signum, frame):
+        sys.exit(code)
+
+    signal.signal(signal.SIGTERM, leave)
+    time.sleep(REPORT_WAIT_S)
+    sys.exit(code)
+
+
+@contextmanager
+def session(device_spec=None):
+    """Yield this process's Group under torchrun (None otherwise), the process group joined for
+    the command and left afterwards. NCCL for CUDA devices, gloo for the CPU. An error that
+    leaves the session is marked as raised inside the job (see error_line)."""
+    if not launched():
+        yield None
+        return
+    limit = timeout_s()  # the same environment in every process: an error here is every rank's
+    try:
+        with _joined(device_spec, limit) as group:
+            yield group
+    except BaseException as exc:
+        _tag(exc, _IN_SESSION)
+        raise
+
+
+@contextmanager
+def _joined(device_spec, limit: float):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dev = rank_device(device_spec)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=limit), device_id=dev if dev.type == "cuda" else None)
+    group = Group(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), backend, dev, limit)
+    try:
+        yield group
+    finally:
+        dist.destroy_process_group()
+
+
+def active() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def agree(error: BaseException | None, what: str) -> None:
+    """Every rank learns whether any rank failed at `what`; then all raise, or none do.
+    Without a process group: raise `error` if there is one."""
+    if not active():
+        if error is not None:
+            raise error
+        return
+    import torch.distributed as dist
+
+    mine = None if error is None else (_one_line(error), getattr(error, "exit_code", 1))
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if error is not None:
+        _tag(error, _AGREED)
+        raise error
+    failed = [(r, f) for r, f in enumerate(everyone) if f is not None]
+    if failed:
+        rank, (line, code) = failed[0]
+        agreed = DistributedError(f"rank {rank} failed {what}: {line}", code)
+        _tag(agreed, _AGREED)
+        raise agreed
+
+
+@contextmanager
+def together(what: str):
+    """Run a block on every rank and agree on its outcome (see agree). Ctrl-C and signals pass
+    straight through: torchrun stops the other ranks itself."""
+    error = None
+    try:
+        yield
+    except Exception as exc:  # re-raised by agree on this rank, after the others heard of it
+        error = exc
+    agree(error, what)
+
+
+@contextmanager
+def claimed_by_writer(group, claim):
+    """Hold `claim()` (a context manager: the lock on --out) on rank 0 alone, or in the one
+    process outside torchrun; every rank learns whether taking it failed."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        with together("to claim --out"):
+            if group is None or group.writer:
+                stack.enter_context(claim())
+        yield
+
+
+def _one_line(exc: BaseException) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0][:300]
+    return text if isinstance(exc, QuantkitError) else f"{type(exc).__name__}: {text}"
+
+
+def barrier() -> None:
+    if active():
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+@contextmanager
+def rank0_alone():
+    """Rank 0 works on its own (reload check, eval of a saved artifact) while the group stays
+    joined: compressed-tensors' own switch makes its offloading and `is_distributed` act as in
+    one process, so loading an artifact does not wait for ranks that are not loading it."""
+    if not active():
+        yield
+        return
+    from compressed_tensors.offload.utils import as_single_threaded
+
+    with as_single_threaded():
+        yield
+
+
+def load_shared(load):
+    """The source model in every rank, loaded once: rank 0 loads it (`load(torch.device("cpu"))`,
+    quantkit's loader with all its checks) into RAM, the others build it on the meta device, and
+    compressed-tensors' `from_accelerate` puts rank 0's tensors in shared memory for all (what
+    its `load_offloaded_model` does; called directly because quantkit's loader also reads
+    transformers' loading info, which that wrapper cannot pass through)."""
+    import torch
+    import torch.distributed as dist
+    from compressed_tensors.offload import from_accelerate
+
+    model = load(torch.device("cpu" if dist.get_rank() == 0 else "meta"))
+    from_accelerate(model)
+    return model
+
+
+def export_together(job, held: dict, export):
+    """Rank 0 runs `export` (convert.export_verified: save, then reload, verify and rename alone);
+    the other ranks take part in the save, whose compression llm-compressor spreads over all
+    ranks (compressed-tensors' replace_module_parallel), then wait for rank 0's verdict. Returns
+    the artifact's metadata on rank 0, None elsewhere."""
+    if job.opts.group.writer:
+        with together("to verify and write the artifact"):
+            return export()
+    from quantkit.artifacts.formats import FORMATS
+
+    model = held.pop("model")
+    # llm-compressor's save_pretrained writes on the source rank only (is_source_process); a
+    # path nothing can be written under, so a change upstream would fail here rather than write
+    FORMATS[job.export_format].save(model, os.devnull, job.recipe.export.max_shard_size)
+    del model
+    agree(None, "to verify and write the artifact")
+    return None
+
+
+# recipe `quantize.method`s whose torchrun artifact equals one process's (tests/test_distributed.py).
+# Left out, measured on the tiny fixture with gloo on CPUs (llm-compressor 0.14): awq fails with
+# AttributeError: 'NoneType' object has no attribute 'type' (not traced further); w8a8 (SmoothQuant
+# then GPTQ) finishes, but its smoothed norms and INT8 codes differ from one process's (every
+# layer: each rank appears to apply the smoothing to the weights they share). Not tried on GPUs.
+METHODS = ("rtn", "gptq")
+
+
+def check_convert(job) -> None:
+    """What a torchrun conversion supports: llm-compressor's methods, whose calibration it
+    distributes. quantkit's own GQA code, bitsandbytes and disk offloading run in one process."""
+    if job.has_gqa:
+        raise QuantkitError(f"{job.key}: a gqa step runs in one process; run this conversion without torchrun")
+    if job.quant is None or job.quant.method not in METHODS:
+        method = job.quant.method if job.quant is not None else "none"
+        raise QuantkitError(f"{job.key}: method {method!r} does not run under torchrun; those that do: {', '.join(METHODS)}")
+    if job.offload is not None:
+        raise QuantkitError(f"{job.key}: the model does not fit in RAM (--max-memory); disk offloading runs in one process")
+    local, world = int(os.environ.get("LOCAL_WORLD_SIZE", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if local and local != world:
+        # compressed-tensors 0.19's DistributedCPUCache shares rank 0's weights through a
+        # shared-memory file (`_share_filename_cpu_`) that exists on rank 0's machine only
+        raise QuantkitError(f"{job.key}: llm-compressor's distributed calibration shares the model through one machine's "
+                            f"shared memory; run the conversion on one machine (torchrun --nnodes 1, here {world // local} nodes)")
+
+
+def calibration_share(samples):
+    """This rank's part of the calibration samples (all of them outside torchrun), split by
+    llm-compressor's own rule (`get_rank_partition`: contiguous, the first ranks one more when
+    the count does not divide).
+
+    Upstream fault (llm-compressor 0.14, llmcompressor/datasets/utils.py, _make_sampler): when
+    every rank passes the same dataset it partitions a *copy* (`dataset.select(range(start,
+    end))`) and builds the sampler on that copy, but the DataLoader indexes the original: every
+    rank calibrates on samples 0..N/R-1 and the rest are never seen (measured on the tiny
+    fixture: Hessians 11% off, 30% of the INT4 codes different from one process). Passing each
+    rank its own part, as llm-compressor's examples do with `get_rank_partition`, avoids that
+    path (the ranks' datasets differ, so it does not partition again)."""
+    if not active() or not samples:
+        return samples
+    import re
+
+    from llmcompressor.datasets.utils import get_rank_partition
+
+    start, end = map(int, re.fullmatch(r"s\[(\d+):(\d+)\]", get_rank_partition("s", len(samples))).groups())
+    if end <= start:
+        import torch.distributed as dist
+
+        raise QuantkitError(f"{len(samples)} calibration samples cannot be split across {dist.get_world_size()} processes "
+                            "(each needs at least one): raise calibration.samples or use fewer processes")
+    return samples[start:end]
+
+
+def llmcompressor_qparams_barrier() -> None:
+    """Wait for every rank after each distributed weight-quantization step. Idempotent.
+
+    Upstream fault (llm-compressor 0.14, llmcompressor/utils/dist.py,
+    broadcast_qparams_and_cleanup, called by GPTQModifier.compress_modules and
+    QuantizationModifier.on_sequential_epoch_end): each rank quantizes its share of the layers
+    and broadcasts the results, but with `skip_cpu=True` a CPU-executed module is not broadcast
+    (its weights are in shared memory) and nothing else waits for the rank writing them, so the
+    next layers' calibration read some weights before or after GPTQ had updated them (on the
+    tiny fixture: a different artifact from run to run). A barrier after the step restores one
+    order; its cost is one collective per layer group."""
+    from llmcompressor.modifiers.gptq import base as gptq_base
+    from llmcompressor.modifiers.quantization.quantization import base as quant_base
+
+    for module in (gptq_base, quant_base):
+        original = module.broadcast_qparams_and_cleanup
+        if getattr(original, "_quantkit_barrier", False):
+            continue
+
+        def with_barrier(*args, _original=original, **kwargs):
+            _original(*args, **kwargs)
+            barrier()
+
+        with_barrier._quantkit_barrier = True
+        module.broadcast_qparams_and_cleanup = with_barrier

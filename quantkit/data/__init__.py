@@ -1,0 +1,1 @@
+"""Text sources, calibration sets and mixes."""

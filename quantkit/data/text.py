@@ -1,0 +1,381 @@
+"""Text sources (`file:PATH`, `hf:DATASET[:CONFIG]:SPLIT`, `self`) and fixed-length token windows.
+
+Calibration and evaluation both cut one token stream into non-overlapping windows of
+`seq_len` tokens; a region (first half / second half / all) keeps the two disjoint when they
+read the same file. Window i covers tokens [start, start + seq_len) of the stream.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from quantkit.errors import DataError, OfflineError
+
+REGIONS = ("all", "first-half", "second-half")
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    kind: str  # "file" | "hf" | "self" | "mix" (calib_mix.py: several texts, set_name is the mix)
+    path: str = ""
+    dataset: str = ""
+    config: str | None = None
+    split: str = ""
+    expect_sha256: str | None = None  # from a calib_data/ manifest
+    set_name: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "file":
+            return f"file:{self.path}"
+        if self.kind == "hf":
+            return f"hf:{self.dataset}:{self.config + ':' if self.config else ''}{self.split}"
+        if self.kind == "mix":
+            return f"mix:{self.set_name}"
+        return "self"
+
+
+def calib_data_dir() -> Path:
+    from quantkit.resources import calib_data_dir as shipped
+
+    return shipped()
+
+
+def _from_manifest(name: str) -> TextSpec:
+    """`set:NAME` -> calib_data/NAME.yaml; a relative file: path is relative to the manifest's directory
+    (or, where nothing lies there, to its parent: the older layout)."""
+    import yaml
+
+    from dataclasses import replace
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise DataError(f"set:{name}: a set is named by a plain name (a manifest in {calib_data_dir()})")
+    manifest = calib_data_dir() / f"{name}.yaml"
+    if not manifest.is_file():
+        known = sorted(p.stem for p in calib_data_dir().glob("*.yaml"))
+        raise DataError(f"set:{name}: no manifest {manifest.name} in {calib_data_dir()} (known: {', '.join(known) or 'none'})")
+    try:
+        data = yaml.safe_load(manifest.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError):
+        raise DataError(f"set:{name}: {manifest} is not valid YAML") from None
+    if not isinstance(data, dict) or not isinstance(data.get("source"), str):
+        raise DataError(f"set:{name}: {manifest} needs a 'source: file:PATH' key")
+    inner = parse_spec(local_source(name, data))
+    if inner.kind == "file" and not Path(inner.path).is_absolute():
+        # relative to the manifest's directory; manifests written for the older layout named paths
+        # relative to that directory's parent, which is still read when nothing lies beside it
+        here, legacy = manifest.parent / inner.path, manifest.parent.parent / inner.path
+        inner = replace(inner, path=str((here if here.exists() or not legacy.exists() else legacy).resolve()))
+    return replace(inner, expect_sha256=data.get("sha256"), set_name=name)
+
+
+def local_source(name: str, manifest: dict) -> str:
+    """A manifest's source; `file:$VAR` names a text the user keeps where VAR says (a text quantkit
+    may not ship, such as share-alike WikiText): unset, it is one line saying what to set."""
+    import os
+
+    source = manifest["source"]
+    var = re.fullmatch(r"file:\$\{?([A-Z_][A-Z0-9_]*)\}?", source)
+    if var is None:
+        return source
+    if not os.environ.get(var.group(1)):
+        raise DataError(f"set:{name}: not shipped with quantkit ({manifest.get('license') or 'its licence'}); "
+                        f"set {var.group(1)} to the path of your copy ({manifest.get('description', '').strip()})")
+    return "file:" + os.environ[var.group(1)]
+
+
+def configured(name: str) -> bool:
+    """Whether `set:NAME` can be read here: shipped, or kept locally where its variable says."""
+    try:
+        _from_manifest(name)
+    except DataError:
+        return False
+    return True
+
+
+def parse_spec(spec: str) -> TextSpec:
+    spec = spec.strip()
+    if spec.startswith("set:") and len(spec) > 4:
+        return _from_manifest(spec[4:])
+    if spec.startswith("mix:"):
+        from quantkit.data.mix import load_mix
+
+        load_mix(spec[4:])  # an unknown or invalid mix is one line here, before anything loads
+        return TextSpec("mix", set_name=spec[4:])
+    if spec == "self":
+        return TextSpec("self")
+    if spec.startswith("file:"):
+        path = spec[5:]
+        if not path:
+            raise DataError("file: needs a path, e.g. file:data/eval.txt")
+        return TextSpec("file", path=path)
+    if spec.startswith("hf:"):
+        parts = spec[3:].split(":")
+        if len(parts) == 2 and all(parts):
+            return TextSpec("hf", dataset=parts[0], split=parts[1])
+        if len(parts) == 3 and all(parts):
+            return TextSpec("hf", dataset=parts[0], config=parts[1], split=parts[2])
+        raise DataError(f"{spec}: expected hf:DATASET[:CONFIG]:SPLIT")
+    raise DataError(f"{spec}: unknown text source; use file:PATH, hf:DATASET[:CONFIG]:SPLIT, set:NAME, mix:NAME or self")
+
+
+@dataclass
+class Text:
+    """Raw text and where it came from."""
+
+    text: str
+    provenance: dict = field(default_factory=dict)
+
+
+# Text that is not text: bytes that are not UTF-8 (decoded as U+FFFD) and control characters other
+# than tab, newlines, vertical tab and form feed (NUL, escape codes, C1 controls from mis-decoded
+# cp1252). Random bytes are mostly these; a real UTF-8 text has none, or a stray few from a bad copy.
+# Up to one in ten thousand characters is tolerated with a warning and recorded in the provenance
+# (`bad_characters`); more refuses the text, so binary files never become calibration or evaluation text.
+MAX_BAD_FRACTION = 1e-4
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+
+
+def decode_text(raw: bytes) -> tuple[str, int]:
+    """bytes -> (text, number of invalid byte sequences replaced by U+FFFD); UTF-8, or UTF-16 with its BOM."""
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        text = raw.decode("utf-16", errors="replace")
+        return text, text.count("\ufffd")
+    text = raw.decode("utf-8-sig", errors="replace")
+    return text, text.count("\ufffd") - raw.count("\ufffd".encode())  # a U+FFFD already in the file is text
+
+
+def check_text(text: str, replaced: int, where: str) -> dict:
+    """Refuse binary or non-UTF-8 text; returns provenance notes (the count of bad characters, if any)."""
+    if not text.strip():
+        raise DataError(f"{where}: no text (the file is empty or only whitespace)")
+    bad = replaced + len(_CONTROL.findall(text))
+    if bad == 0:
+        return {}
+    if bad > MAX_BAD_FRACTION * len(text):
+        raise DataError(
+            f"{where}: not UTF-8 text: {bad} of {len(text)} characters are invalid UTF-8 or control characters "
+            f"(a binary file, or another encoding?); convert it to UTF-8"
+        )
+    from quantkit.progress import note
+
+    note(f"warning: {where}: {bad} of {len(text)} characters are invalid UTF-8 or control characters "
+         f"({replaced} replaced with U+FFFD); using the text, recorded as bad_characters")
+    return {"bad_characters": bad}
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
+
+
+def _read_jsonl(path: Path, text: str) -> str:
+    rows = []
+    for n, line in enumerate(text.split("\n"), 1):  # not splitlines(): U+2028 may sit inside a JSON string
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            raise DataError(f"{path}:{n}: not valid JSON") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise DataError(f"{path}:{n}: each JSONL line needs a string 'text' field")
+        rows.append(obj["text"])
+    return "\n\n".join(rows)
+
+
+def _read_parquet(path: Path) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise DataError(f"{path}: not a readable parquet file ({' '.join(str(exc).split())[:160]})") from None
+    if "text" not in table.column_names:
+        raise DataError(f"{path}: parquet file has no 'text' column (columns: {', '.join(table.column_names) or 'none'})")
+    kind = table.schema.field("text").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"{path}: the parquet 'text' column holds {kind}, not strings")
+    return "\n\n".join(t for t in table.column("text").to_pylist() if t)
+
+
+def _read_file(path: Path, raw: bytes) -> tuple[str, int]:
+    """The text of a .txt/.md/.jsonl/.parquet file and the number of undecodable byte sequences."""
+    suffix = path.suffix.lower()
+    if suffix in (".txt", ".md", ".text", ""):
+        return decode_text(raw)
+    if suffix == ".jsonl":
+        text, replaced = decode_text(raw)
+        return _read_jsonl(path, text), replaced
+    if suffix == ".parquet":
+        return _read_parquet(path), 0
+    raise DataError(f"{path}: unsupported text file type {suffix!r}; use .txt, .jsonl or .parquet")
+
+
+# One request to the Hub, with a short timeout and no retries, before `datasets` tries: without a
+# network it retries for about 25 s (measured here: 5 retries with back-off) and only then fails.
+HUB_TIMEOUT_S = 5.0
+
+
+def check_hub_reachable(spec: TextSpec, timeout: float = HUB_TIMEOUT_S) -> None:
+    """An `hf:` source needs the Hub unless HF_HUB_OFFLINE=1 (then `datasets` reads its cache, or fails at once)."""
+    import httpx
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return
+    url = f"{constants.ENDPOINT}/api/datasets/{spec.dataset}"
+    try:
+        httpx.head(url, timeout=timeout)  # any HTTP answer, even 404, means the Hub is there
+    except httpx.HTTPError as exc:
+        raise OfflineError(
+            f"{spec}: the Hugging Face Hub ({constants.ENDPOINT}) is unreachable ({type(exc).__name__}); use file:PATH, "
+            "or set HF_HUB_OFFLINE=1 to read a copy from the local datasets cache"
+        ) from None
+
+
+def _read_hub(spec: TextSpec) -> Text:
+    check_hub_reachable(spec)
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(spec.dataset, spec.config, split=spec.split)
+    except (ConnectionError, OSError) as exc:
+        raise OfflineError(f"{spec}: cannot load from the Hugging Face Hub ({type(exc).__name__}); use file:PATH offline") from None
+    except ValueError as exc:
+        raise DataError(f"{spec}: {str(exc).splitlines()[0][:160] if str(exc).strip() else type(exc).__name__}") from None
+    if "text" not in ds.column_names:
+        raise DataError(f"{spec}: dataset has no 'text' column")
+    rows = [t for t in ds["text"] if t]
+    if not all(isinstance(t, str) for t in rows):
+        raise DataError(f"{spec}: the dataset's 'text' column does not hold strings")
+    text = "\n\n".join(rows)
+    prov = {"source": str(spec), "sha256": hashlib.sha256(text.encode()).hexdigest(), "fingerprint": ds._fingerprint}
+    prov.update(check_text(text, 0, str(spec)))
+    return Text(text, prov)
+
+
+def read_text(spec: TextSpec) -> Text:
+    """Load the raw text of a file or hub source (`self` is generated by calib.self_text)."""
+    if spec.kind == "file":
+        path = Path(spec.path).expanduser()
+        if not path.exists():
+            raise DataError(f"{spec.path}: no such text file")
+        if not path.is_file():
+            raise DataError(f"{spec.path}: not a regular file")
+        raw = _read_bytes(path)
+        digest = hashlib.sha256(raw).hexdigest()
+        if spec.expect_sha256 and digest != spec.expect_sha256:
+            raise DataError(f"set:{spec.set_name}: {path} has sha256 {digest[:12]}…, the manifest says {spec.expect_sha256[:12]}…")
+        text, replaced = _read_file(path, raw)
+        prov = {"source": str(spec), "sha256": digest, "bytes": len(raw)}
+        prov.update(check_text(text, replaced, str(path)))
+        if spec.set_name:
+            prov["set"] = spec.set_name
+        return Text(text, prov)
+    if spec.kind == "hf":
+        return _read_hub(spec)
+    if spec.kind == "mix":
+        raise DataError(f"{spec}: a calibration mix of several texts, not one text; use one of its parts (set:NAME or file:PATH)")
+    raise DataError("the 'self' source is generated by the model; it has no raw text")
+
+
+def check_source(spec_str: str) -> None:
+    """Read a file: or hf: source now (it exists, it is text, the Hub answers), so that a bad one
+    fails before any model is loaded rather than after."""
+    spec = parse_spec(spec_str)
+    if spec.kind in ("file", "hf"):
+        read_text(spec)
+
+
+def content_key(spec_str: str) -> str | None:
+    """What makes two text SPECs the same text: a local file's (a set's) bytes, by sha256, whatever
+    path, symlink or copy names it; an hf: source's dataset, config and split; `self`. None when
+    the source cannot be read (its reader reports that, in one line)."""
+    spec = parse_spec(spec_str)
+    if spec.kind != "file":
+        return str(spec)
+    path = Path(spec.path).expanduser()
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    except OSError:
+        return None
+    return f"sha256:{h.hexdigest()}"
+
+
+def shortfall(got: int, wanted: int, seq_len: int, region: str, stream_tokens: int | None) -> str | None:
+    """One sentence when a text yields fewer windows than were asked for (None when it yields them
+    all): how many, and why (its region holds no more)."""
+    if got >= wanted:
+        return None
+    where = "the text" if region == "all" else f"the {region.replace('-', ' ')} of the text"
+    size = f" ({stream_tokens // (1 if region == 'all' else 2):,} of its {stream_tokens:,} tokens)" if stream_tokens else ""
+    return f"{got} of the {wanted} windows asked for: {where}{size} holds only {got} windows of {seq_len} tokens"
+
+
+def tokenize_stream(tokenizer, text: str, chunk_chars: int = 1 << 16):
+    """The whole text as one 1-D token tensor (no special tokens), tokenized in line-aligned chunks."""
+    import torch
+
+    ids: list[int] = []
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + chunk_chars)
+        if end < len(text):
+            nl = text.rfind("\n", start, end)
+            end = nl + 1 if nl > start else end
+        ids.extend(tokenizer(text[start:end], add_special_tokens=False)["input_ids"])
+        start = end
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def region_windows(n_tokens: int, seq_len: int, region: str) -> list[tuple[int, int]]:
+    """Non-overlapping [start, end) windows of seq_len tokens lying wholly inside the region."""
+    if region not in REGIONS:
+        raise DataError(f"unknown region {region!r}; use one of {', '.join(REGIONS)}")
+    lo, hi = 0, n_tokens
+    if region == "first-half":
+        hi = n_tokens // 2
+    elif region == "second-half":
+        lo = n_tokens // 2
+    return [(s, s + seq_len) for s in range(lo, hi - seq_len + 1, seq_len)]
+
+
+def overlaps(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    """Whether any window of a intersects any window of b (both lists of [start, end))."""
+    if not a or not b:
+        return False
+    a_sorted, b_sorted = sorted(a), sorted(b)
+    i = j = 0
+    while i < len(a_sorted) and j < len(b_sorted):
+        (s1, e1), (s2, e2) = a_sorted[i], b_sorted[j]
+        if s1 < e2 and s2 < e1:
+            return True
+        if e1 <= e2:
+            i += 1
+        else:
+            j += 1
+    return False
+
+
+def compress_windows(windows: list[tuple[int, int]]) -> list[list[int]]:
+    """Merge adjacent windows into [start, end) ranges, for compact manifests."""
+    out: list[list[int]] = []
+    for s, e in sorted(windows):
+        if out and out[-1][1] == s:
+            out[-1][1] = e
+        else:
+            out.append([s, e])
+    return out

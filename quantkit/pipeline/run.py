@@ -1,0 +1,321 @@
+"""`quantkit run`: every variant of a recipe through convert -> verify -> eval -> bench, then a report.
+
+Finished steps are reused on a re-run: each step's result is stored in the run directory under a
+key hashed from its inputs (source checkpoint hash, the resolved variant, calibration and eval
+settings, artifact hashes), so an interrupted run resumes and an unchanged one finishes at once.
+A failed variant is recorded and the others go on.
+
+The run directory is locked for the whole run (a second `quantkit run` on it gets one line,
+exit 2). Every record is written with write-then-rename; a damaged one (an emptied steps.json
+or artifact quantkit.json, say) means that step is done again, with a note, never that the run
+stops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from quantkit import __version__
+from quantkit.core.atomic import exclusive, write_json
+from quantkit.errors import QuantkitError
+from quantkit.artifacts.staging import text_input
+from quantkit.models.checkpoint import checkpoint_hash, resolve_model
+from quantkit.progress import note
+from quantkit.recipe.schema import BASELINE_NAME, Recipe, Variant
+
+
+@dataclass
+class RunOptions:
+    model: str | None = None
+    out: Path | None = None
+    calib: str | None = None
+    eval_text: str | tuple | None = None  # --eval-text (repeatable): overrides the recipe's eval.texts
+    skip_eval: bool = False
+    skip_bench: bool = False
+    rerun: bool = False
+    debug: bool = False
+    inputs: tuple = ()  # (path, what) pairs no artifact --out may be or contain (the recipe files)
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _file_sha(spec: str | None) -> str | None:
+    if spec and spec.startswith("mix:"):  # the mix file and its parts' hashes (calib_mix.fingerprint)
+        from quantkit.data.mix import fingerprint
+
+        return f"{spec}:{fingerprint(spec[4:])}"
+    if spec and spec.startswith("file:"):
+        p = Path(spec[5:]).expanduser()
+        if p.is_file():
+            return hashlib.sha256(p.read_bytes()).hexdigest()
+    return spec
+
+
+@dataclass
+class StepCache:
+    """Step results stored in RUN_DIR/steps.json, keyed by content hashes of their inputs."""
+
+    path: Path
+    data: dict = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, run_dir: Path) -> "StepCache":
+        p = run_dir / "steps.json"
+        if not p.is_file():
+            return cls(p, {})
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            data = exc
+        if not isinstance(data, dict):
+            note(f"{p} is damaged ({'not valid JSON' if isinstance(data, Exception) else 'not a JSON object'}); "
+                 "its steps will be done again")
+            data = {}
+        return cls(p, data)
+
+    def get(self, key: str):
+        hit = self.data.get(key)
+        return hit if isinstance(hit, dict) else None  # a damaged record: redo the step
+
+    def put(self, key: str, value) -> None:
+        self.data[key] = value
+        write_json(self.path, self.data, indent=1, default=str)
+
+
+def with_baseline(recipe: Recipe) -> tuple[Variant, ...]:
+    """The recipe's variants, after the unmodified checkpoint unless one of them is it (recipe
+    validation keeps its name, BASELINE_NAME, free for it)."""
+    variants = recipe.all_variants()
+    if any(not v.steps for v in variants):
+        return variants
+    return (Variant(name=BASELINE_NAME, description="the unmodified source checkpoint", baseline=True), *variants)
+
+
+def _real(p: Path) -> Path:
+    """An absolute path with its symlinks resolved (one that does not exist yet: as far as it does)."""
+    return Path(os.path.abspath(Path(p).expanduser())).resolve()
+
+
+def check_run_dir(run_dir: Path, src: Path, inputs) -> None:
+    """A run directory is a directory of its own: not a file, not the root or home directory, and
+    neither one of the run's inputs (the source checkpoint, the recipe files, the texts), nor
+    inside the source checkpoint (whose hash, and so every cached step, would change under it),
+    nor containing any of them."""
+    from quantkit.artifacts.staging import model_inputs
+    from quantkit.quantize.preflight import check_not_inside
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise QuantkitError(f"--out {run_dir} exists and is not a directory; a run directory holds the report and artifacts")
+    here = _real(run_dir)
+    if here in (Path(here.anchor), _real(Path.home())):
+        raise QuantkitError(f"--out {run_dir} is the root or home directory; a run directory is a new directory of its own")
+    for p, what in [*model_inputs(src), *inputs]:
+        if here == p or here in p.parents:
+            raise QuantkitError(f"--out {run_dir} {'is' if here == p else 'contains'} {what} ({p}); "
+                                "a run directory is a new directory of its own (nothing was changed)")
+    check_not_inside(run_dir, src)
+
+
+class Runner:
+    """Construction makes every check of the run as a whole (the model, --out, the texts), so a
+    bad one fails before anything is converted; `run --plan` builds the same Runner."""
+
+    def __init__(self, recipe: Recipe, opts: RunOptions):
+        self.recipe, self.opts = recipe, opts
+        ref = opts.model or recipe.model
+        if not ref:
+            raise QuantkitError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
+        self.src = resolve_model(ref)
+        self.dir = Path(opts.out or Path("runs") / recipe.name)
+        self.cache = StepCache(self.dir / "steps.json")  # read in run(), under the lock
+        self.calib = opts.calib or recipe.calibration.source
+        self.eval_texts = self._eval_texts() if not opts.skip_eval else ()
+        self.eval_text = ", ".join(self.eval_texts) or None  # for the report's header
+        self._check_windows()
+        check_run_dir(self.dir, self.src, self.inputs())
+        self.timings: dict[str, float] = {}
+        self.variants: dict[str, dict] = {}
+
+    @cached_property
+    def src_hash(self) -> str:
+        """Hashed when a step first needs it (never by `run --plan`)."""
+        return checkpoint_hash(self.src)
+
+    def inputs(self) -> tuple:
+        """(path, what) pairs no run directory or artifact may be or contain: the recipe files and the texts."""
+        texts = [i for t in self.eval_texts for i in text_input(t, "the evaluation text")]
+        return (*self.opts.inputs, *texts, *text_input(self.calib, "the calibration text"))
+
+    def _check_windows(self) -> None:
+        """The texts' window lengths fit the model's context, and a calibration text that is given
+        is read now (it exists, it is text), as the eval texts are; a calibrated variant without one
+        fails on its own, and the others go on."""
+        from quantkit.data.calib import check_source
+        from quantkit.quantize.convert import needs_calibration
+        from quantkit.models.checkpoint import read_config
+        from quantkit.quantize.preflight import check_context
+
+        cfg = read_config(self.src)
+        if self.eval_texts:
+            check_context(cfg, self.recipe.eval.seq_len, "eval.seq_len")
+        if any(needs_calibration(v) for v in self.recipe.all_variants()):
+            check_context(cfg, self.recipe.calibration.seq_len, "calibration.seq_len")
+            if self.calib:
+                check_source(self.calib, "--calib" if self.opts.calib else "calibration.source")
+
+    def _eval_texts(self) -> tuple[str, ...]:
+        """--eval-text, else the recipe's eval.texts, else (no tasks either) the default domains; each
+        is read now, so a bad or unreachable text fails before any conversion rather than after."""
+        from quantkit.evals.domains import default_texts, labelled
+        from quantkit.data.text import check_source
+
+        given = self.opts.eval_text
+        texts = tuple([given] if isinstance(given, str) else given or ()) or self.recipe.eval.texts
+        if not texts and not self.recipe.eval.tasks:
+            texts = tuple(default_texts())
+        labelled(texts, "--eval-text" if given else "eval.texts")  # the same text twice is refused here
+        for t in texts:
+            check_source(t)
+        return texts
+
+    def _timed(self, label: str, fn):
+        t = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.timings[label] = time.perf_counter() - t
+
+    def conversion(self, v: Variant, meta: dict | None = None):
+        """What `convert` gets for variant `v`: (the one-variant recipe, source, artifact directory, options)."""
+        from quantkit.quantize.convert import ConvertOptions
+
+        single = self.recipe.model_copy(update={"variants": (v,), "steps": ()})
+        return single, str(self.src), self.dir / "artifacts" / v.name, ConvertOptions(calib=self.calib, force=True, inputs=self.inputs(), meta=meta)
+
+    def convert(self, v: Variant) -> Path:
+        if not v.steps:
+            return self.src
+        from quantkit.quantize.convert import convert
+
+        key = _key("convert", __version__, self.src_hash, [s.model_dump(mode="json") for s in v.steps],
+                   self.recipe.calibration.model_dump(mode="json"), _file_sha(self.calib))
+        single, src, out, opts = self.conversion(v, meta={"run_key": key})
+        if not self.opts.rerun and self._reusable(v, out, key):
+            note(f"[{v.name}] convert: reusing {out}")
+            return out
+        note(f"[{v.name}] convert")
+        convert(single, src, out, opts, v.name)
+        return out
+
+    def _reusable(self, v: Variant, out: Path, key: str) -> bool:
+        """The artifact this step made before, intact: same inputs, verified, every file its recorded size."""
+        from quantkit.artifacts.staging import read_meta
+        from quantkit.core.integrity import problems
+
+        try:
+            meta = read_meta(out)
+        except QuantkitError as exc:
+            note(f"[{v.name}] {exc}: converting again")
+            return False
+        if meta.get("run_key") != key or (meta.get("verification") or {}).get("status") != "passed":
+            return False
+        files = meta.get("files")
+        found = problems(out, files, deep=False) if isinstance(files, dict) and files else ["no integrity manifest"]
+        if found:
+            note(f"[{v.name}] {out}: {found[0]}: converting again")
+        return not found
+
+    def evaluate(self, v: Variant, path: Path, rec: dict) -> dict | None:
+        """The first of eval.engines' result (rec["eval"]: the report's main row and the model card);
+        each further engine's under rec["evals"][engine], where a failure (no llama.cpp, a grid GGUF
+        cannot hold exactly) is recorded in rec["eval_errors"] and the variant goes on."""
+        ev = self.recipe.eval
+        if self.opts.skip_eval or (not self.eval_texts and not ev.tasks):
+            return None
+        first, *more = ev.engines
+        result = self._evaluate(v, path, first)
+        for engine in more:
+            try:
+                rec.setdefault("evals", {})[engine] = self._evaluate(v, path, engine)
+            except QuantkitError as exc:
+                rec.setdefault("eval_errors", {})[engine] = str(exc)
+                note(f"[{v.name}] eval ({engine}) failed: {exc}")
+        return result
+
+    def _evaluate(self, v: Variant, path: Path, engine: str) -> dict:
+        from quantkit.evals.runner import run_eval
+
+        ev = self.recipe.eval
+        key = _key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts", "engines"}),
+                   [(t, _file_sha(t)) for t in self.eval_texts], engine)
+        hit = self.cache.get(key)
+        what = "eval" if len(ev.engines) == 1 else f"eval ({engine})"
+        if hit is not None and not self.opts.rerun:
+            note(f"[{v.name}] {what}: reusing")
+            return hit
+        note(f"[{v.name}] {what}")
+        tasks = ev.tasks if engine == "transformers" else ()  # lm-eval tasks run on transformers/vLLM (recipe validation)
+        result = run_eval(path, self.src, list(self.eval_texts), seq_len=ev.seq_len, max_tokens=ev.max_tokens, region=ev.region,
+                          tasks=tasks, limit=ev.limit, device=ev.device, dtype=ev.dtype, batch_size=ev.batch_size, engine=engine,
+                          tasks_backend=ev.tasks_backend, tensor_parallel=ev.tensor_parallel, data_parallel=ev.data_parallel)
+        self.cache.put(key, result)
+        return result
+
+    def export(self, name: str, path: Path, rec: dict) -> None:
+        """`export: {formats: [gguf]}` (run_engines.py); a variant GGUF cannot hold exactly fails that format only."""
+        from quantkit.pipeline.serving import export_gguf
+
+        try:
+            rec["gguf"] = self._timed(f"export:{name}", lambda: export_gguf(self, name, path))
+        except QuantkitError as exc:
+            rec["gguf_error"] = str(exc)
+            note(f"[{name}] export gguf failed: {exc}")
+
+    def bench(self, paths: dict[str, Path]) -> dict[str, dict]:
+        """One bench per engine of bench.engines (run_engines.py): engine -> bench_many's result."""
+        if self.opts.skip_bench or not paths:
+            return {}
+        from quantkit.pipeline.serving import bench_engines
+
+        return bench_engines(self, paths)
+
+    def run(self) -> dict:
+        with exclusive(self.dir, what=f"run directory {self.dir}"):
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.cache = StepCache.open(self.dir)
+            return self._run()
+
+    def _run(self) -> dict:
+        t0 = time.perf_counter()
+        paths: dict[str, Path] = {}
+        for v in with_baseline(self.recipe):
+            rec = self.variants.setdefault(v.name, {"name": v.name, "description": v.description, "steps": [s.model_dump(mode="json", exclude_none=True) for s in v.steps]})
+            try:
+                path = self._timed(f"convert:{v.name}", lambda: self.convert(v))
+                rec["artifact"] = str(path)
+                rec["eval"] = self._timed(f"eval:{v.name}", lambda: self.evaluate(v, path, rec))
+                paths[v.name] = path
+                self.export(v.name, path, rec)
+            except Exception as exc:  # a failed variant is reported; the others go on
+                if self.opts.debug:
+                    raise
+                rec["error"] = str(exc) if isinstance(exc, QuantkitError) else f"{type(exc).__name__}: {exc}"
+                rec["traceback"] = traceback.format_exc(limit=8) if not isinstance(exc, QuantkitError) else None
+                note(f"[{v.name}] failed: {rec['error']}")
+        from quantkit.pipeline.serving import record_benches
+
+        benches = self._timed("bench", lambda: self.bench(paths))
+        record_benches(self, benches)  # a variant an engine failed on is a failed variant
+        from quantkit.pipeline.report import finish_run
+
+        total = time.perf_counter() - t0
+        return self._timed("report", lambda: finish_run(self, benches, total))

@@ -1,0 +1,157 @@
+"""`quantkit run`'s serving side: each variant's GGUF (`export: {formats: [gguf]}`) and one bench
+per engine of `bench.engines`, so the report has a row per variant and engine and a rule-check
+fit per engine.
+
+Each engine is benched in its own `bench_many` (its own probes before and after, its own fit),
+one engine after the other in this process. The llama.cpp engine benches the run's GGUF when the
+recipe exports one, else the artifact itself (exported into QUANTKIT_HOME's GGUF cache).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quantkit import __version__
+from quantkit.errors import QuantkitError
+from quantkit.models.checkpoint import checkpoint_hash
+from quantkit.progress import note
+
+GGUF_ENGINES = ("llamacpp",)  # engines that read the run's GGUF rather than the artifact
+
+
+def export_gguf(runner, name: str, path: Path) -> dict | None:
+    """The variant's exact GGUF in RUN_DIR/gguf/NAME.gguf (its export record beside it, which lets
+    the llama.cpp self-check find the artifact); reused while the file matches the stored hash."""
+    if "gguf" not in runner.recipe.export.formats:
+        return None
+    from quantkit.gguf import GgufOptions
+    from quantkit.core.integrity import sha256_file
+    from quantkit.gguf import export_gguf as export
+    from quantkit.pipeline.run import _key
+
+    out = runner.dir / "gguf" / f"{name}.gguf"
+    key = _key("gguf", __version__, checkpoint_hash(path), GgufOptions().__dict__)
+    hit = runner.cache.get(key)
+    if (hit is not None and not runner.opts.rerun and out.is_file() and out.stat().st_size == hit.get("bytes")
+            and sha256_file(out) == hit.get("sha256")):
+        note(f"[{name}] export gguf: reusing {out}")
+        return hit
+    note(f"[{name}] export gguf")
+    out.parent.mkdir(exist_ok=True)
+    rec = export(path, out, GgufOptions(force=True))
+    kept = {k: rec.get(k) for k in ("gguf", "sha256", "bytes", "lossless", "tensor_types", "mapping")}
+    runner.cache.put(key, kept)
+    return kept
+
+
+def _sources(runner, engine: str, paths: dict[str, Path]) -> tuple[dict[str, Path], dict[str, str]]:
+    """What `engine` benches for each variant, and the variants it cannot (their GGUF export failed)."""
+    if engine not in GGUF_ENGINES:
+        return dict(paths), {}
+    srcs, failed = {}, {}
+    for name, path in paths.items():
+        rec = runner.variants[name]
+        if rec.get("gguf_error"):
+            failed[name] = f"export gguf: {rec['gguf_error']}"
+        else:
+            srcs[name] = Path(rec["gguf"]["gguf"]) if rec.get("gguf") else path
+    return srcs, failed
+
+
+def _source_hash(path: Path) -> str:
+    from quantkit.core.integrity import sha256_file
+
+    return sha256_file(path) if path.is_file() else checkpoint_hash(path)
+
+
+def engine_settings(runner, engine: str):
+    """The bench settings of `engine`, checked: an engine that cannot run here (not installed, no
+    such device) raises QuantkitError before any model loads."""
+    from quantkit.bench.settings import BenchSettings, check_settings
+
+    b = runner.recipe.bench
+    settings = BenchSettings(device=b.device, engine=engine, prompt_len=b.prompt_len, gen_len=b.gen_len,
+                             repeats=b.repeats, min_seconds=b.min_seconds, prompt_sweep=b.prompt_sweep)
+    check_settings(settings)
+    return settings
+
+
+def bench_engine(runner, settings, sources: dict[str, Path]) -> dict:
+    """One engine over every variant, in one bench_many; a finished result is reused on a re-run."""
+    from quantkit.bench.runner import bench_many
+    from quantkit.pipeline.run import _key
+
+    engine = settings.engine
+    shared = runner.recipe.bench.model_dump(mode="json", exclude={"engine", "engines"})  # adding an engine keeps the others' results
+    key = _key("bench", __version__, engine, sorted((n, _source_hash(p)) for n, p in sources.items()), shared)
+    hit = runner.cache.get(key)
+    if hit is not None and not runner.opts.rerun:
+        note(f"bench ({engine}): reusing")
+        return hit
+    note(f"bench: {len(sources)} variants in one run ({engine}, {settings.device})")
+    result = bench_many(list(sources.values()), settings, names=list(sources))
+    if not result["failed"]:  # a failure (out of memory, say) may not recur: try again next run
+        runner.cache.put(key, result)
+    return result
+
+
+def bench_engines(runner, paths: dict[str, Path]) -> dict[str, dict]:
+    """engine -> bench_many's result. One of several engines that cannot run here at all
+    (llama-cpp-python not installed, say) gets {"error": line} and no rows: the report says so and
+    the other engines' results stand (the quickstart works without llama.cpp); a run's only engine
+    fails every variant instead. A variant an engine that runs fails on is a failed row."""
+    out = {}
+    engines = runner.recipe.bench.engines
+    for engine in engines:
+        try:
+            settings = engine_settings(runner, engine)
+        except QuantkitError as exc:
+            if len(engines) == 1:
+                out[engine] = {"rows": [], "failed": [{"name": n, "error": str(exc)} for n in paths]}
+            else:
+                note(f"bench ({engine}): not run: {exc}")
+                out[engine] = {"error": str(exc), "rows": [], "failed": []}
+            continue
+        sources, failed = _sources(runner, engine, paths)
+        try:
+            result = bench_engine(runner, settings, sources) if sources else {"rows": [], "failed": []}
+        except QuantkitError as exc:
+            result = {"rows": [], "failed": [{"name": n, "error": str(exc)} for n in sources]}
+        out[engine] = {**result, "failed": [*result.get("failed", []), *({"name": n, "error": e} for n, e in failed.items())]}
+    return out
+
+
+def record_benches(runner, benches: dict[str, dict]) -> None:
+    """Each variant's row per engine into runner.variants[name]["benches"]; "bench" keeps the first
+    engine's row (model cards and single-engine readers). A variant an engine failed on is failed."""
+    engines = list(benches)
+    for engine, result in benches.items():
+        for row in result.get("rows", []):
+            rec = runner.variants[row["name"]]
+            rec.setdefault("benches", {})[engine] = row
+            if engine == engines[0]:
+                rec["bench"] = row
+        for f in result.get("failed", []):
+            rec = runner.variants[f["name"]]
+            rec.setdefault("bench_errors", {})[engine] = f["error"]
+            if len(runner.recipe.bench.engines) == 1:
+                rec.setdefault("error", f"bench: {f['error']}")
+            note(f"[{f['name']}] bench ({engine}) failed: {f['error']}")
+
+
+def fastest(rows: list[dict]) -> dict:
+    """variant -> the engine with the lowest TPOT and the one with the lowest TTFT, with each
+    engine's figures, among the engines that benched it."""
+    by_variant: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("tpot_ms") is not None and r.get("engine"):
+            by_variant.setdefault(r["name"], []).append(r)
+    out = {}
+    for name, rs in by_variant.items():
+        if len(rs) < 2:
+            continue
+        tpot, ttft = min(rs, key=lambda r: r["tpot_ms"]), min(rs, key=lambda r: r["ttft_ms"])
+        slowest = max(r["tpot_ms"] for r in rs)
+        out[name] = {"tpot": tpot["engine"], "ttft": ttft["engine"], "tpot_speedup": slowest / tpot["tpot_ms"],
+                     "tpot_ms": {r["engine"]: r["tpot_ms"] for r in rs}, "ttft_ms": {r["engine"]: r["ttft_ms"] for r in rs}}
+    return out

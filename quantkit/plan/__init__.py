@@ -1,0 +1,1 @@
+"""`--plan`: pure cost functions and the wiring that feeds them a command's inputs."""

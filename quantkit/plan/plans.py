@@ -1,0 +1,366 @@
+"""The wiring behind `--plan`: read a command's inputs (config.json, safetensors headers, the
+meta-device skeleton), probe the device for a second, and hand numbers to quantkit.plan.cost's cost
+functions; then print the plan, or exit 2 when it cannot fit. Nothing here loads a weight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quantkit.plan.cost import GB, BenchWork, ConvertWork, Machine, Model, Plan, bench_plan, combine, convert_plan, eval_plan, forward_flops
+
+
+def read_model(path: Path, trust_remote_code: bool = False, skeleton=None) -> Model:
+    """A checkpoint's Model from config.json, the safetensors headers and the meta-device skeleton."""
+    from quantkit.models.checkpoint import read_config
+    from quantkit.quantize.preflight import meta_model
+    from quantkit.models.sizes import tensor_bytes
+
+    cfg = read_config(path)
+    skeleton = skeleton if skeleton is not None else meta_model(cfg, trust_remote_code)
+    return _from_skeleton(cfg, skeleton, sum(tensor_bytes(path).values()))
+
+
+def _from_skeleton(cfg: dict, skeleton, weight_bytes: int) -> Model:
+    import torch
+
+    text = cfg.get("text_config", cfg)
+    layers = _decoder_layers(skeleton)
+    linears = tuple((mod.out_features, mod.in_features) for mod in layers[0].modules() if isinstance(mod, torch.nn.Linear)) if layers else ()
+    head = skeleton.get_output_embeddings()
+    heads = text["num_attention_heads"]
+    dtype = str(text.get("torch_dtype") or text.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype") or "float16")
+    return Model(params=sum(p.numel() for p in skeleton.parameters()), weight_bytes=weight_bytes, itemsize=4 if dtype == "float32" else 2,
+                 layers=len(layers), hidden=text["hidden_size"], vocab=text["vocab_size"],
+                 q_dim=heads * (text.get("head_dim") or text["hidden_size"] // heads), layer_linears=linears,
+                 head=(head.out_features, head.in_features) if head is not None else (0, 0))
+
+
+def _decoder_layers(model) -> list:
+    import torch
+
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) and any(isinstance(s, torch.nn.Linear) for s in mod[0].modules()):
+            return list(mod)
+    return []
+
+
+def quick_probe(device) -> dict:
+    """This device's figures in about a second: a streaming read, bf16 and float32 matmuls
+    (best of 5). `quantkit bench --probe` measures more carefully; a plan must not take minutes.
+    QUANTKIT_PLAN_PROBE (JSON of these figures) replays figures recorded earlier, so a plan can be
+    recomputed for the machine state a measurement ran in (scripts/bench_scale.py --replan)."""
+    import json
+    import os
+    import time
+
+    import torch
+
+    from quantkit.device import synchronize
+
+    if os.environ.get("QUANTKIT_PLAN_PROBE"):
+        figures = json.loads(os.environ["QUANTKIT_PLAN_PROBE"])
+        return {"read_bps": float(figures["read_bps"]), "bfloat16_flops": float(figures["bf16_flops"]),
+                "float32_flops": float(figures["fp32_flops"])}
+
+    def best(fn, n=5):
+        fn()
+        synchronize(device)
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            synchronize(device)
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    big = device.type != "cpu"
+    buf = torch.ones((1 << 28 if big else 1 << 26), dtype=torch.float32, device=device)  # 1 GiB / 256 MiB
+    read = buf.numel() * 4 / best(lambda: buf.sum())
+    del buf
+    n = 8192 if big else 2048  # the size of a 1-8B model's layer matmuls: smaller ones under-report a CPU by 2x
+    out = {"read_bps": read}
+    for dt in (torch.bfloat16, torch.float32):
+        a = torch.randn(n, n, dtype=dt, device=device)
+        out[f"{str(dt)[6:]}_flops"] = 2 * n**3 / best(lambda: a @ a)
+    return out
+
+
+def this_machine(device, out_dir=None, probe: bool = True) -> Machine:
+    """Free memory, disk and the quick probe of `device` (a torch.device); without `probe`, unit
+    figures (for a memory-only check: its times mean nothing)."""
+    import shutil
+    from pathlib import Path
+
+    import psutil
+
+    from quantkit.device import free_bytes, name
+
+    p = Path(out_dir or ".").resolve()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    figures = quick_probe(device) if probe else {"read_bps": 1.0, "bfloat16_flops": 1.0, "float32_flops": 1.0}
+    return Machine(device=str(device), device_type=device.type, name=name(device), ram_available=int(psutil.virtual_memory().available),
+                   device_free=free_bytes(device), disk_free=shutil.disk_usage(p).free, read_bps=figures["read_bps"],
+                   bf16_flops=figures["bfloat16_flops"], fp32_flops=figures["float32_flops"],
+                   probe="quantkit.plan.plans.quick_probe: 256 MiB read (1 GiB on a GPU), 2048² (8192²) matmuls, best of 5")
+
+
+def render(plan: Plan) -> str:
+    m, mc = plan.model, plan.machine
+    lines = [f"plan: {plan.command} on {mc['device']} ({mc['name']})",
+             f"  model        {m['params'] / 1e9:.3f} B parameters, {m['weight_bytes'] / GB:.2f} GB of weights, {m['layers']} layers"]
+    for stage, nbytes in plan.stages.items():
+        lines.append(f"  {stage:<24} {nbytes / GB:8.2f} GB")
+    vram = f", {plan.peak_vram / GB:.2f} GB on {mc['device']}" if plan.peak_vram is not None else ""
+    lines.append(f"  peak memory  {plan.peak_ram / GB:.2f} GB of RAM ({mc['ram_available'] / GB:.1f} GB available){vram}")
+    if plan.disk:
+        lines.append(f"  disk         {plan.disk / GB:.2f} GB ({mc['disk_free'] / GB:.0f} GB free)")
+    lines.append(f"  offload      {'yes: weights beyond the RAM budget go to disk' if plan.offload else 'no'}")
+    parts = ", ".join(f"{k} {v:.0f}s" for k, v in plan.time_breakdown.items() if v >= 0.5)
+    lines.append(f"  time         about {_duration(plan.seconds)} ({parts})")
+    lines += [f"  note: {n}" for n in plan.notes]
+    if not plan.fits:
+        lines += [f"  DOES NOT FIT: {p}" for p in plan.problems]
+        lines += [f"  to fit: {a}" for a in plan.advice]
+    return "\n".join(lines)
+
+
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def show(plan: Plan, as_json: bool) -> None:
+    """Print the plan; one that cannot fit then exits 2 with one line naming what would make it fit."""
+    import click
+
+    from quantkit.errors import QuantkitError
+
+    if as_json:
+        from quantkit.cli._common import echo_json
+
+        echo_json(plan.to_dict())
+    else:
+        click.echo(render(plan))
+    if not plan.fits:
+        raise QuantkitError(f"the plan does not fit: {'; '.join(plan.problems)}; to fit: {' or '.join(plan.advice)}")
+
+
+# ---------------------------------------------------------------- the commands
+
+
+def plan_convert(recipe, model_ref: str | None, out: Path, opts, variant_name: str | None = None) -> Plan:
+    """`convert --plan`: `convert`'s own checks (convert.check_inputs and convert.prepare: every
+    refusal the command makes before loading), then the cost; nothing is loaded, locked or written."""
+    from quantkit.quantize.convert import check_inputs, prepare
+
+    check_inputs(recipe, model_ref, out, opts)
+    job = prepare(recipe, model_ref, out, opts, variant_name, planning=True)
+    model = read_model(job.src, opts.trust_remote_code, job.skeleton)
+    return convert_plan(model, convert_work(job, job.skeleton), this_machine(job.device, out.parent))
+
+
+def memory_warning(job, skeleton, out: Path) -> str | None:
+    """`convert`'s check before loading: one line when the predicted peak exceeds what the
+    machine has (a prediction, so a warning, not a refusal; `--plan` shows the whole estimate)."""
+    plan = convert_plan(read_model(job.src, job.opts.trust_remote_code, skeleton), convert_work(job, skeleton),
+                        this_machine(job.device, out.parent, probe=False))
+    memory = [p for p in plan.problems if "disk" not in p]  # disk space is artifact.check_free_space's to refuse
+    if not memory:
+        return None
+    return f"warning: this conversion {memory[0]}; it may run out of memory (to fit: {' or '.join(plan.advice)}; details: --plan)"
+
+
+def convert_work(job, skeleton) -> ConvertWork:
+    """What the cost model needs to know about a prepared convert.Job."""
+    from quantkit.quantize import convert as C
+
+    c = job.recipe.calibration
+    quantizing = job.quant is not None and not job.has_gqa
+    rec = next((st.gqa.recover for st in job.variant.steps if st.gqa is not None and st.gqa.recover), None)
+    dtype = C.quant_dtype(job) if quantizing else C.compute_dtype(job)
+    return ConvertWork(method=job.quant.method if quantizing else "gqa", seq_len=c.seq_len,
+                       calib_tokens=c.samples * c.seq_len if C.needs_calibration(job.variant) else 0,
+                       calib_itemsize=4 if dtype == "float32" else 2, artifact_bytes=C._artifact_bytes(job, skeleton),
+                       disk_bytes=C._disk_needed(job, skeleton), offload_cpu_bytes=job.offload.cpu_bytes if job.offload else None,
+                       layerwise=job.export_format == "compressed-tensors" and not job.has_gqa, first_hash=True,
+                       recover_tokens=rec.tokens if rec else 0, recover_max_s=rec.max_minutes * 60 if rec else 0.0)
+
+
+def plan_eval(model_path: Path, base_path: Path, texts: list[str], **options) -> Plan:
+    """`eval --plan`: `eval`'s own checks (evals.runner.prepare_eval: options, device, tokenizers,
+    the baseline's identity, every text read and cut into its windows, their overlap with what the
+    artifact was fitted on), then the baseline pass and the model's pass over those windows."""
+    from quantkit.evals.runner import prepare_eval
+
+    if options.get("engine", "transformers") != "transformers":
+        from quantkit.errors import DataError
+
+        raise DataError("--plan estimates the transformers engine; llama.cpp's cost is the GGUF's size (quantkit bench --plan)")
+    prep = prepare_eval(model_path, base_path, texts, planning=True, **options)
+    seq_len = prep.options.seq_len
+    windows = [len(w.tokens) if w is not None else prep.options.max_tokens // seq_len for _, _, w, _ in prep.items]
+    base, model = read_model(base_path), read_model(model_path)
+    plan = eval_plan(base, model, sum(windows) * seq_len, seq_len, 4 if prep.dtype == "float32" else 2, this_machine(prep.device),
+                     model.weight_bytes, first_hash=True, same=base_path.resolve() == model_path.resolve())
+    plan.notes.append("; ".join(f"{label}: {n} windows of {seq_len} tokens{' (generated by the baseline)' if w is None else ''}"
+                                for (label, _, w, _), n in zip(prep.items, windows))
+                      + "; a cached baseline pass is skipped on later runs" if prep.items else "no text to score")
+    if prep.options.tasks:
+        plan.notes.append("lm-eval tasks are not estimated")
+    return plan
+
+
+def bench_work(sources: list, settings) -> tuple[Model, BenchWork]:
+    """Each source's weights as the engine holds them and its decode bytes per token; the cost
+    model times the largest model's shape (the others share it in a comparison run)."""
+    from quantkit.bench.synthetic import Synthetic
+
+    models, per_token, loaded, refs = [], [], [], []
+    for src in sources:
+        m, token_bytes, held = _synthetic(src) if isinstance(src, Synthetic) else _bench_checkpoint(src)
+        models.append(m)
+        per_token.append(token_bytes)
+        loaded.append(held)
+        refs.append(m.params * 4 if settings.self_check and not isinstance(src, Synthetic) else 0)  # a float32 reference load
+    runs = settings.warmups + settings.repeats
+    compile_s = COMPILE_S if settings.engine == "compiled" else 0.0
+    prefill = tuple(forward_flops(m, settings.prompt_len, settings.prompt_len, with_head=True) for m in models)
+    return max(models, key=lambda m: m.params), BenchWork(settings.prompt_len, settings.gen_len, runs, tuple(per_token), tuple(loaded),
+                                                          compile_s, prefill, tuple(refs))
+
+
+# torch.compile per model: the decode graph with its warm-ups (7.5-16 s at 135M-1.2B on 2 CPU cores)
+# and the self-check's all-positions graph (25-35 s on inductor's cold cache, 7-27 s warm); a first
+# run's cold figure (docs/PERFORMANCE.md "Scale")
+COMPILE_S = 30.0
+
+
+def _bench_checkpoint(path: Path) -> tuple[Model, float, int]:
+    from quantkit.models.checkpoint import read_config
+    from quantkit.models.sizes import stored_read_bytes
+
+    m = read_model(path)
+    quantized = "quantization_config" in read_config(path)
+    return m, float(stored_read_bytes(path)), m.weight_bytes if quantized else m.params * 2  # dense models run in bf16
+
+
+def _synthetic(spec) -> tuple[Model, float, int]:
+    from quantkit.core.hardware import shape_config
+    from quantkit.core.roofline import Layout, Shape, WeightFormat, weight_bytes_per_token
+
+    cfg = shape_config(spec.shape)
+    m = read_model_config(cfg, spec.bits)
+    fmt = WeightFormat(spec.bits, spec.group_size if spec.bits < 16 else 0)
+    token = weight_bytes_per_token(Shape.from_config(cfg), Layout(linear=fmt))
+    return m, token, m.weight_bytes
+
+
+def read_model_config(cfg: dict, bits: int = 16) -> Model:
+    """A Model from a config alone (a named shape): weights at `bits` in the decoder linears."""
+    from quantkit.quantize.preflight import meta_model
+
+    skeleton = meta_model(cfg)
+    m = _from_skeleton(cfg, skeleton, 0)
+    linear = m.layers * m.layer_linear_params
+    return Model(**{**m.__dict__, "weight_bytes": int((m.params - linear) * 2 + linear * bits / 8)})
+
+
+def plan_bench(sources: list, settings) -> Plan:
+    """`bench --plan`: bench's own checks of each model before the probe (bench.runner.precheck:
+    context length, memory), then the cost."""
+    _bench_prechecks(sources, settings)
+    model, work = bench_work(sources, settings)
+    plan = bench_plan(model, work, this_machine(settings.device))
+    plan.notes.append(f"{len(sources)} model(s), one at a time; {work.runs} runs of a {work.prompt_len}-token prefill and "
+                      f"{work.gen_len} decode steps each, plus the self-check's reference load")
+    return plan
+
+
+def _bench_prechecks(sources: list, settings) -> None:
+    """As bench_many: every model failing its checks is bench's one-line refusal; some failing
+    are reported failed by the bench, which goes on with the others: the plan stops, naming one."""
+    from quantkit.bench.runner import precheck
+    from quantkit.errors import QuantkitError
+
+    failed = []
+    for src in sources:
+        try:
+            precheck(src, settings)
+        except QuantkitError as exc:
+            failed.append((src, exc))
+    if failed and len(failed) == len(sources):
+        raise failed[0][1]
+    if failed:
+        src, exc = failed[0]
+        raise QuantkitError(f"{src} would fail: {exc} (the bench reports it failed and goes on with the others)")
+
+
+def plan_run(recipe, opts) -> Plan:
+    """`run --plan`: the run's own checks (building run.Runner: the model, --out, every text), each
+    variant's `convert` checks as the run passes them (convert.check_inputs and convert.prepare),
+    then each variant's convert, eval (when the run evaluates) and one bench of all per engine."""
+    from quantkit.pipeline.run import Runner, with_baseline
+
+    runner = Runner(recipe, opts)
+    plans, shapes = [], []
+    for v in with_baseline(recipe):
+        if v.steps:
+            job = _run_variant_job(runner, v)
+            model = read_model(job.src, skeleton=job.skeleton)
+            work = convert_work(job, job.skeleton)
+            plans.append(convert_plan(model, work, this_machine(job.device, runner.dir)))
+            shapes.append((model, work.artifact_bytes))
+    ev = recipe.eval
+    n_texts = len(runner.eval_texts)  # the recipe's, --eval-text, or the default domains (evals/domains.py)
+    if shapes and n_texts:
+        dev = _device(ev.device)
+        mc = this_machine(dev)
+        elem = 4 if (ev.dtype or ("float32" if dev.type == "cpu" else "bfloat16")) == "float32" else 2
+        for _engine in ev.engines:  # llama.cpp scores the same windows from a GGUF export: costed like transformers' pass
+            for model, art in shapes:
+                plans.append(eval_plan(model, Model(**{**model.__dict__, "weight_bytes": art}), n_texts * (ev.max_tokens // ev.seq_len) * ev.seq_len,
+                                       ev.seq_len, elem, mc, art, first_hash=True))
+    if shapes and not opts.skip_bench:
+        plans += _run_bench_plans(recipe, shapes)
+    if not plans:
+        from quantkit.errors import RecipeError
+
+        raise RecipeError(f"{recipe.name}: nothing to plan: no variant has steps")
+    return combine("run", plans)
+
+
+def _run_variant_job(runner, v):
+    """The checks `run` has `convert` make for variant `v`. A variant that fails them is reported
+    failed by the run, which goes on with the others; its plan stops here, naming it."""
+    from quantkit.quantize.convert import check_inputs, prepare
+    from quantkit.errors import QuantkitError
+
+    single, src, out, opts = runner.conversion(v)
+    try:
+        check_inputs(single, src, out, opts)
+        return prepare(single, src, out, opts, v.name, planning=True)
+    except QuantkitError as exc:
+        raise QuantkitError(f"variant {v.name} would fail: {exc} (the run reports it failed and goes on with the others)") from None
+
+
+def _run_bench_plans(recipe, shapes) -> list[Plan]:
+    """One bench of every variant and the baseline per engine of bench.engines."""
+    from quantkit.bench.settings import BenchSettings
+
+    b = recipe.bench
+    model = shapes[0][0]
+    n = len(shapes) + 1  # the variants and the baseline
+    plans = []
+    for engine in b.engines or (b.engine,):
+        s = BenchSettings(device=b.device, engine=engine, prompt_len=b.prompt_len, gen_len=b.gen_len, repeats=b.repeats)
+        work = BenchWork(s.prompt_len, s.gen_len, s.warmups + s.repeats, tuple(float(a) for _, a in shapes) + (float(model.weight_bytes),),
+                         tuple(a for _, a in shapes) + (model.params * 2,), COMPILE_S if s.engine == "compiled" else 0.0,
+                         (forward_flops(model, s.prompt_len, s.prompt_len, with_head=True),) * n, (model.params * 4,) * n)
+        plans.append(bench_plan(model, work, this_machine(s.device)))
+    return plans
+
+
+def _device(spec):
+    from quantkit.device import resolve
+
+    return resolve(spec)

@@ -1,0 +1,1 @@
+"""Conversion: preflight checks, the convert job, the reload check, per-unit sensitivity."""

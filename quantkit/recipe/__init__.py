@@ -1,0 +1,1 @@
+"""Recipes: the typed schema and the files it is read from."""

@@ -1,0 +1,504 @@
+"""Recipes: YAML -> frozen, validated objects, checked once at the edge.
+
+Every error names the file and the key path (``recipes/x.yaml: steps[1].quantize.group_size:
+must be one of 32, 64, 128 or -1``). Deeper code trusts what comes out of here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+GroupSize = Literal[32, 64, 128, -1]
+Bits = Literal[4, 8]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- quantize methods
+
+
+class LayerOverride(_Strict):
+    """Mixed precision: layers whose names match `targets` get other settings.
+
+    Targets are regexes matched from the start of the module name (re.match, as
+    llm-compressor does): `.*mlp\\.down_proj$`, `model\\.layers\\.0\\..*`.
+    """
+
+    targets: tuple[str, ...] = Field(min_length=1)
+    bits: Bits = 8
+    group_size: GroupSize = -1
+    symmetric: bool = True
+
+
+class _WeightOnly(_Strict):
+    bits: Bits = 4
+    group_size: GroupSize = 128
+    symmetric: bool = True
+    observer: Literal["minmax", "mse"] = "minmax"
+    ignore: tuple[str, ...] = ("lm_head",)
+    overrides: tuple[LayerOverride, ...] = ()
+    calibrated: ClassVar[bool] = True
+
+    @property
+    def weight_bits(self) -> int:
+        return self.bits
+
+
+class RTNConfig(_WeightOnly):
+    """Round-to-nearest: no calibration data."""
+
+    method: Literal["rtn"]
+    calibrated: ClassVar[bool] = False
+
+
+class GPTQConfig(_WeightOnly):
+    """GPTQ (Frantar et al. 2022) through llm-compressor."""
+
+    method: Literal["gptq"]
+    # llm-compressor's default: columns by decreasing Hessian diagonal, groups kept in place (no
+    # g_idx, so no runtime cost). On the demo: +21.4% PPL with it, +38.5% without (W4 g64).
+    actorder: Literal["static", "group", "weight"] | None = "static"
+    dampening: float = Field(0.01, gt=0, lt=1)
+    block_size: int = Field(128, ge=1)
+
+
+class AWQConfig(_WeightOnly):
+    """AWQ (Lin et al. 2023) activation-aware scaling, then RTN or GPTQ rounding."""
+
+    method: Literal["awq"]
+    rounding: Literal["rtn", "gptq"] = "rtn"
+    duo_scaling: bool = True
+    actorder: Literal["static", "group", "weight"] | None = "static"  # with rounding: gptq
+    dampening: float = Field(0.01, gt=0, lt=1)
+
+
+# auto-round 0.15.1's presets (auto_round/cli/main.py RECIPES; README "auto-round-best/-light"):
+# default 200 iterations, 128 samples, lr auto (1/iters); best 1000 iterations, 512 samples;
+# light 50 iterations, lr 5e-3, 128 samples. All three tune 2048-token sequences in batches of 8;
+# quantkit takes the sequence length from `calibration.seq_len`.
+AUTOROUND_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {"iters": 200, "lr": None, "samples": 128},
+    "best": {"iters": 1000, "lr": None, "samples": 512},
+    "light": {"iters": 50, "lr": 5e-3, "samples": 128},
+}
+
+
+class AutoRoundConfig(_WeightOnly):
+    """AutoRound (Cheng et al. 2024: sign-gradient descent on rounding and clipping, block by block)
+    through llm-compressor's AutoRoundModifier. Unset iters and lr come from the preset (filled in
+    when the recipe is read, so quantkit.json records the values used)."""
+
+    method: Literal["autoround"]
+    preset: Literal["default", "best", "light"] = "default"
+    iters: int | None = Field(None, ge=1)  # None only while another key is invalid: _preset fills it
+    lr: float | None = Field(None, gt=0, lt=1)
+    # Calibration windows AutoRound tunes on (the first N of the calibration set); must not exceed
+    # calibration.samples. Unset: the preset's count, or every calibration window if fewer.
+    samples: int | None = Field(None, ge=1)
+    batch_size: int = Field(8, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset", "default") not in AUTOROUND_PRESETS:
+            return data  # the field's own validation reports it
+        preset = AUTOROUND_PRESETS[data.get("preset", "default")]
+        out = dict(data)
+        if out.get("iters") is None:
+            out["iters"] = preset["iters"]
+            if out.get("lr") is None and preset["lr"] is not None:
+                out["lr"] = preset["lr"]
+        iters = out["iters"]
+        if out.get("lr") is None and isinstance(iters, int) and iters > 0:
+            out["lr"] = 1.0 / iters  # auto-round's rule for 4+ bits (SignRoundConfig._lr_for_bits)
+        return out
+
+    def resolved_samples(self, available: int) -> int:
+        return self.samples if self.samples is not None else min(AUTOROUND_PRESETS[self.preset]["samples"], available)
+
+
+class W8A8Config(_Strict):
+    """SmoothQuant (Xiao et al. 2022) + GPTQ: int8 weights per channel, dynamic per-token int8 activations."""
+
+    method: Literal["w8a8"]
+    smoothing_strength: float = Field(0.8, gt=0, lt=1)
+    dampening: float = Field(0.01, gt=0, lt=1)
+    ignore: tuple[str, ...] = ("lm_head",)
+    calibrated: ClassVar[bool] = True
+    weight_bits: ClassVar[int] = 8
+
+
+class BnbNF4Config(_Strict):
+    """bitsandbytes NF4 (Dettmers et al. 2023): no calibration, blocks of 64."""
+
+    method: Literal["bnb-nf4"]
+    double_quant: bool = True
+    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    ignore: tuple[str, ...] = ("lm_head",)
+    calibrated: ClassVar[bool] = False
+    weight_bits: ClassVar[int] = 4
+
+
+class BnbInt8Config(_Strict):
+    """bitsandbytes LLM.int8() (Dettmers et al. 2022): no calibration."""
+
+    method: Literal["bnb-int8"]
+    threshold: float = Field(6.0, ge=0)
+    ignore: tuple[str, ...] = ("lm_head",)
+    calibrated: ClassVar[bool] = False
+    weight_bits: ClassVar[int] = 8
+
+
+METHOD_CONFIGS: dict[str, type[_Strict]] = {
+    "rtn": RTNConfig,
+    "gptq": GPTQConfig,
+    "awq": AWQConfig,
+    "autoround": AutoRoundConfig,
+    "w8a8": W8A8Config,
+    "bnb-nf4": BnbNF4Config,
+    "bnb-int8": BnbInt8Config,
+}
+QuantizeConfig = Annotated[
+    Union[RTNConfig, GPTQConfig, AWQConfig, AutoRoundConfig, W8A8Config, BnbNF4Config, BnbInt8Config],
+    Field(discriminator="method"),
+]
+
+# ---------------------------------------------------------------- gqa
+
+
+class RecoverConfig(_Strict):
+    """Short KL distillation from the original model after a GQA merge."""
+
+    tokens: int = Field(262_144, ge=1024)
+    max_minutes: float = Field(10.0, gt=0)
+    lr: float = Field(1e-3, gt=0)
+    seq_len: int = Field(256, ge=16)
+    batch_size: int = Field(4, ge=1)
+    train: Literal["kv", "kvqo"] = "kv"
+    heldout_windows: int = Field(4, ge=1)
+    eval_every: int = Field(20, ge=1)
+    patience: int = Field(3, ge=1)
+    # Steps per layer of attention transfer before distillation (gqa/transfer.py); 0: none.
+    transfer_steps: int = Field(0, ge=0)
+
+
+class GqaConfig(_Strict):
+    kv_heads: int = Field(ge=1)
+    grouping: Literal["contiguous", "searched"] = "contiguous"
+    merge: Literal["mean", "calibrated"] = "mean"
+    recover: RecoverConfig | None = None
+
+
+# ---------------------------------------------------------------- rotations (transform steps)
+
+# Rotations by where they act (compressed-tensors TransformLocation): offline ones are fused into
+# the weights (nothing at run time); online ones rotate activations at run time through hooks.
+ROTATIONS = {"spinquant": {"R1": "offline", "R2": "offline", "R3": "online", "R4": "online"},
+             "quip": {"v": "online", "u": "online"}}
+# llm-compressor 0.14's defaults (SpinQuantModifier, QuIPModifier).
+ROTATION_DEFAULTS = {"spinquant": {"rotations": ("R1", "R2"), "transform_type": "hadamard"},
+                     "quip": {"rotations": ("v",), "transform_type": "random-hadamard"}}
+ONLINE_REFUSED = (
+    "online rotations (applied to activations at run time) cannot be verified here: transformers' loader "
+    "(transformers 5.17, compressed-tensors 0.19) drops their transform weights, so the saved model would not "
+    "reproduce the converted one, and quantkit's reload check, eval and bench all load through it; vLLM would "
+    "serve input/output rotations at tensor-parallel size 1 on bias-free layers only, and has no attention-side "
+    "(R3) rotation. Offline rotations fused into the weights: spinquant R1, R2"
+)
+
+
+class TransformStepConfig(_Strict):
+    """A rotation before quantization, through llm-compressor's SpinQuantModifier / QuIPModifier
+    (Liu et al. 2024, SpinQuant; Tseng et al. 2024, QuIP#). Offline rotations only: see ONLINE_REFUSED."""
+
+    method: Literal["spinquant", "quip"]
+    rotations: tuple[str, ...] = ()
+    transform_type: Literal["hadamard", "random-hadamard", "random-matrix"] = "hadamard"
+    # Block-diagonal rotations of this size (a power of two for "hadamard"); unset: the whole
+    # hidden size (R1) and head dimension (R2).
+    block_size: int | None = Field(None, ge=2)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("method") in ROTATION_DEFAULTS:
+            data = {**ROTATION_DEFAULTS[data["method"]], **data}
+            if isinstance(data.get("rotations"), (list, tuple)):
+                data["rotations"] = tuple(str(r) for r in data["rotations"])
+        return data
+
+    @model_validator(mode="after")
+    def _offline_only(self) -> "TransformStepConfig":
+        known = ROTATIONS[self.method]
+        if not self.rotations:
+            raise ValueError(f"rotations: give at least one of {', '.join(known)}")
+        unknown = [r for r in self.rotations if r not in known]
+        if unknown:
+            raise ValueError(f"rotations: {self.method} has no rotation {unknown[0]!r}; valid: {', '.join(known)}")
+        online = [r for r in self.rotations if known[r] == "online"]
+        if online:
+            raise ValueError(f"rotations: {self.method} {', '.join(online)}: {ONLINE_REFUSED}")
+        if len(set(self.rotations)) != len(self.rotations):
+            raise ValueError("rotations: each rotation at most once")
+        return self
+
+
+class Step(_Strict):
+    """One step: exactly one of `quantize`, `gqa` or `transform`."""
+
+    quantize: QuantizeConfig | None = None
+    gqa: GqaConfig | None = None
+    transform: TransformStepConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Step":
+        if sum(x is not None for x in (self.quantize, self.gqa, self.transform)) != 1:
+            raise ValueError("a step holds exactly one of: quantize, gqa, transform")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "quantize" if self.quantize is not None else "gqa" if self.gqa is not None else "transform"
+
+
+# ---------------------------------------------------------------- sections
+
+
+class CalibrationConfig(_Strict):
+    source: str | None = None
+    samples: int = Field(128, ge=1)
+    seq_len: int = Field(512, ge=8)
+    seed: int = 0
+    chat_template: bool = False
+    region: Literal["all", "first-half", "second-half"] = "second-half"
+    # The precision the model is calibrated in. bf16 forwards are about 3x faster on AMX/AVX512-BF16
+    # cores, but bf16 rounding of the weights is comparable to INT8's own error; "auto" takes
+    # float32 when any weight is quantized to 8 bits and bfloat16 otherwise.
+    compute_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    # Where calibration runs (`quantkit convert --device` overrides it): auto = the GPU if any.
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda)(:[0-9]+)?$")
+
+
+class EvalConfig(_Strict):
+    # `texts: [...]`: one report row per variant per text (domain); `text: X` is the one-text shorthand.
+    # None of them (and no tasks): the default domains (quantkit/evals/domains.py), at least two.
+    texts: tuple[str, ...] = ()
+    seq_len: int = Field(512, ge=8)
+    max_tokens: int = Field(8192, ge=8)
+    region: Literal["all", "first-half", "second-half"] = "first-half"
+    tasks: tuple[str, ...] = ()
+    limit: int | None = Field(None, ge=1)
+    device: str = Field("auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$")  # --device's values; resolved when the eval starts
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: bfloat16 on a GPU, float32 on the CPU
+    batch_size: int | None = Field(None, ge=1)  # windows per forward pass; None: sized to the device
+    tasks_backend: Literal["hf", "vllm"] = "hf"
+    tensor_parallel: int = Field(1, ge=1)  # lm-eval's vLLM backend
+    data_parallel: int = Field(1, ge=1)
+    # What scores each variant (quantkit/evals/runner.py ENGINES): `[transformers, llamacpp]` gives every
+    # variant a row per engine and domain; llamacpp scores the variant's exact GGUF (exported on the fly).
+    engines: tuple[Literal["transformers", "llamacpp"], ...] = ("transformers",)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "text" not in data:
+            return data
+        data = dict(data)
+        text = data.pop("text")
+        if text is None:
+            return data
+        if data.get("texts") not in (None, [], (), [text], (text,)):
+            raise ValueError("text: give `text: SPEC` or `texts: [SPEC, ...]`, not both")
+        return {**data, "texts": (text,)}
+
+    @model_validator(mode="after")
+    def _engines(self) -> "EvalConfig":
+        if not self.engines or len(set(self.engines)) != len(self.engines):
+            raise ValueError("engines: give each eval engine once, at least one")
+        if self.tasks and self.engines[0] != "transformers":
+            raise ValueError("tasks: lm-eval tasks run with the first eval engine, which must be transformers (tasks_backend picks hf or vllm)")
+        return self
+
+    @property
+    def text(self) -> str | None:
+        """The first text (the one-text format's field)."""
+        return self.texts[0] if self.texts else None
+
+
+class BenchConfig(_Strict):
+    # `engines: [compiled, llamacpp]` benches every variant on each engine (a row per engine in the
+    # report, a rule-check fit per engine); `engine: X` is the one-engine shorthand, and names the
+    # first engine either way. Names: quantkit/bench/engines ENGINES.
+    engine: str = "compiled"
+    engines: tuple[str, ...] = ()
+    device: str = Field("auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$")  # --device's values; resolved when the bench starts
+    prompt_len: int = Field(256, ge=1)
+    gen_len: int = Field(64, ge=2)
+    repeats: int = Field(5, ge=1)
+    min_seconds: float = Field(2.0, ge=0)
+    prompt_sweep: tuple[int, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        engine, engines = data.get("engine"), data.get("engines")
+        if not isinstance(engines, (list, tuple)):
+            return {**data, "engines": (engine or "compiled",)} if engines is None else data  # the field reports a non-list
+        if not engines:
+            raise ValueError("engines: give at least one engine")
+        if engine is not None and engine != engines[0]:  # a dumped recipe holds both, consistent
+            raise ValueError(f"engine: {engine} is not the first of engines ({', '.join(map(str, engines))}); give one of the two")
+        return {**data, "engine": engines[0]}
+
+    @model_validator(mode="after")
+    def _known_engines(self) -> "BenchConfig":
+        from quantkit.bench.engines import ENGINES
+
+        unknown = [e for e in self.engines if e not in ENGINES]
+        if unknown:
+            raise ValueError(f"unknown engine {unknown[0]!r}; valid: {', '.join(ENGINES)}")
+        if len(set(self.engines)) != len(self.engines):
+            raise ValueError("engines: each engine at most once")
+        return self
+
+
+class ExportConfig(_Strict):
+    max_shard_size: str = "5GB"
+    # Extra serving formats written beside each variant's artifact (quantkit/cli/export.py FORMATS);
+    # "gguf" = exact GGUF for llama.cpp, refused (not approximated) where the grid has no GGUF type.
+    formats: tuple[Literal["gguf"], ...] = ()
+
+
+# Names become directory names (`runs/NAME`, `runs/NAME/artifacts/VARIANT`): plain names only, so
+# `name: ../../x` or `name: /tmp/x` can never make `run` write outside its run directory.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+
+# Variant names `quantkit run` gives its own rows. A run adds the unmodified checkpoint as
+# "baseline" (its report row, runs/NAME/gguf/baseline.gguf) unless a variant says `baseline: true`;
+# a quantized variant of that name would take over that row. Compared ignoring case: names are
+# file names, and two that differ in case alone are one file on macOS and Windows file systems.
+# (Every other path a run writes - steps.json, report.*, plots/, artifacts/, gguf/ - sits beside
+# artifacts/ and gguf/, never inside them, and its files' names start with '.' or end in
+# .quantkit.json beside NAME.gguf, so no plain name collides with them.)
+BASELINE_NAME = "baseline"
+RESERVED_NAMES = {BASELINE_NAME: "the unmodified source checkpoint's row, which `quantkit run` adds"}
+
+
+def reserved(name: str) -> str | None:
+    """What a reserved name stands for, or None for a name a variant may take."""
+    return RESERVED_NAMES.get(name.lower())
+
+
+class Variant(_Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    # A variant without steps is the unmodified checkpoint, and must say so: a step-less variant
+    # named like a quantized one (an include whose steps were lost) would be reported as one.
+    baseline: bool = False
+    steps: tuple[Step, ...] = ()
+
+    @model_validator(mode="after")
+    def _not_reserved(self) -> "Variant":
+        if reserved(self.name) and not self.baseline:  # `baseline: true` *is* that checkpoint: it may keep the name
+            raise ValueError(_reserved_message(self.name, "variant"))
+        return self
+
+
+def _reserved_message(name: str, what: str) -> str:
+    return (f"name {name!r} is reserved for {reserved(name)}; name this {what} otherwise "
+            f"(reserved names, in any letter case: {', '.join(RESERVED_NAMES)})")
+
+
+def _check_steps(steps: tuple[Step, ...]) -> None:
+    kinds = [s.kind for s in steps]
+    if kinds.count("quantize") > 1 or kinds.count("gqa") > 1 or kinds.count("transform") > 1:
+        raise ValueError("at most one gqa step, one transform step and one quantize step")
+    if kinds == ["quantize", "gqa"]:
+        raise ValueError("gqa must come before quantize (a quantized model cannot be re-headed)")
+    _check_transform_step(steps, kinds)
+
+
+def _check_transform_step(steps: tuple[Step, ...], kinds: list[str]) -> None:
+    """A rotation only pays off under quantization, and llm-compressor applies it in the same pass."""
+    if "transform" not in kinds:
+        return
+    i = kinds.index("transform")
+    if kinds[i + 1 : i + 2] != ["quantize"]:
+        raise ValueError("a transform step must be followed by its quantize step (gqa, then transform, then quantize)")
+    method = steps[i + 1].quantize.method
+    if method not in ("rtn", "gptq", "awq", "autoround", "w8a8"):
+        raise ValueError(f"a transform step composes with rtn, gptq, awq, autoround or w8a8 (llm-compressor), not {method}")
+
+
+def _check_effective_steps(recipe: "Recipe") -> None:
+    """Only a variant marked `baseline: true` (or run's implicit baseline) converts nothing."""
+    if not recipe.variants and not recipe.steps:
+        raise ValueError("no steps and no variants: nothing to convert")
+    if sum(v.baseline for v in recipe.variants) > 1:
+        raise ValueError("more than one variant has baseline: true")
+    for i, v in enumerate(recipe.variants):
+        if v.baseline and v.steps:
+            raise ValueError(f"variants[{i}] ({v.name}): baseline: true is the unmodified checkpoint, it takes no steps")
+        if not v.baseline and not v.steps:
+            raise ValueError(f"variants[{i}] ({v.name}): no steps; give it steps (or recipe: FILE), "
+                             "or mark the unmodified checkpoint with baseline: true")
+
+
+class Recipe(_Strict):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str = Field("", pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,99})?$")  # NAME_PATTERN, or empty
+    description: str = ""
+    model: str | None = None
+    calibration: CalibrationConfig = CalibrationConfig()
+    steps: tuple[Step, ...] = ()
+    variants: tuple[Variant, ...] = ()
+    eval: EvalConfig = EvalConfig()
+    bench: BenchConfig = BenchConfig()
+    export: ExportConfig = ExportConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Recipe":
+        if self.steps and self.variants:
+            raise ValueError("use either steps (one variant) or variants (a suite), not both")
+        _check_steps(self.steps)
+        if self.steps and reserved(self.name):  # a one-variant recipe's name is its variant's (all_variants)
+            raise ValueError(_reserved_message(self.name, "recipe") + "; without name: a recipe takes its file's name")
+        names = [v.name.lower() for v in self.variants]
+        if len(set(names)) != len(names):
+            raise ValueError("variant names must be unique, ignoring case (each names a directory)")
+        for v in self.variants:
+            _check_steps(v.steps)
+        _check_effective_steps(self)
+        return self
+
+    def all_variants(self) -> tuple[Variant, ...]:
+        """The variants a run covers; a single-variant recipe is itself one variant."""
+        if self.variants:
+            return self.variants
+        return (Variant(name=self.name or "variant", description=self.description, steps=self.steps),)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------- files
+
+# Reading recipe files (YAML, includes, --set, error locations) lives in recipe_files.py; these
+# names stay importable from here.
+_FILE_API = ("apply_override", "format_loc", "format_validation_error", "include_target", "load_raw", "load_recipe",
+             "parse_key_path", "plain_name", "recipe_from_dict")
+
+
+def __getattr__(name: str):
+    if name in _FILE_API:
+        from quantkit.recipe import files as recipe_files
+
+        return getattr(recipe_files, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
