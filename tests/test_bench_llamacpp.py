@@ -87,8 +87,11 @@ def test_bench_engines_in_recipes():
                           ({"engine": "eager", "engines": ["compiled"]}, "not the first of engines")]:
         with pytest.raises(RecipeError, match=needle):
             recipe_from_dict({"steps": steps, "bench": bench})
-    demo = __import__("quantkit.recipe.schema", fromlist=["load_recipe"]).load_recipe(REPO / "quantkit" / "resources" / "recipes" / "demo.yaml")
-    assert demo.bench.engines == ("compiled", "llamacpp") and demo.export.formats == ("gguf",)
+    from quantkit.recipe.files import load_recipe
+
+    assert load_recipe("demo").bench.engines == ("llamacpp",)  # the quickstart benches the fastest CPU engine
+    full = load_recipe("demo-full")
+    assert full.bench.engines == ("compiled", "llamacpp") and full.export.formats == ("gguf",)
 
 
 # ---------------------------------------------------------------- GGUFs of the tiny fixtures

@@ -1,4 +1,4 @@
-"""scripts/grid_check.py: a weight on Q4_1's grid is found as such, and a rotation removes the grid."""
+"""benchmarks/grid_check.py: a weight on Q4_1's grid is found as such, and a rotation removes the grid."""
 
 import sys
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import grid_check  # noqa: E402
 
 

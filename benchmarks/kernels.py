@@ -7,7 +7,7 @@ Prints, per kernel, the time for all linears of one decode step and the bandwidt
 far below the read bandwidth, no engine around it can reach the roofline: the kernel is the
 limit. Compare within one run (the machine is shared).
 
-  .venv/bin/python scripts/bench_kernels.py --shape smollm2-135m --repeats 10
+  .venv/bin/python benchmarks/kernels.py --shape smollm2-135m --repeats 10
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ draws from the second half), once per `--text` and `--ood-text`. Prints a markdo
 JSON next to the artifacts. `--threads N` runs every process with N CPU threads (OMP_NUM_THREADS),
 so the same recipe can be compared at 1 and 2 threads.
 
-  .venv/bin/python scripts/bench_convert.py --text ../shared/data/wikitext2-valid.txt \
+  .venv/bin/python benchmarks/accuracy.py --text ../shared/data/wikitext2-valid.txt \
       --ood-text set:legal-licenses --recipes int4-w4a16-rtn int4-w4a16-spinquant-gptq-g64 --threads 2
 """
 

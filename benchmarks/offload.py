@@ -6,7 +6,7 @@ Builds a random-weight Llama checkpoint (default: 24 layers, hidden 2048, about 
 at fp16 = 2.9 GB) in a temp dir, then converts it with RTN W4 g64 twice, each in its own
 process: as is, and with --max-memory. Prints wall time, peak RSS and what was offloaded.
 
-  .venv/bin/python scripts/bench_offload.py --max-memory 500MB
+  .venv/bin/python benchmarks/offload.py --max-memory 500MB
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def main() -> None:
         for label, extra in [("in RAM", []), (f"--max-memory {args.max_memory}", ["--max-memory", args.max_memory])]:
             out = work / "out"
             shutil.rmtree(out, ignore_errors=True)
-            proc = subprocess.run([sys.executable, str(REPO / "scripts" / "convert_rss_phases.py"), str(REPO / "recipes" / "int4-w4a16-rtn.yaml"),
+            proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "rss.py"), str(REPO / "recipes" / "int4-w4a16-rtn.yaml"),
                                    "--model", str(work / "src"), "--out", str(out), *extra, "--json"], capture_output=True, text=True)
             if proc.returncode:
                 raise SystemExit(f"{label}: {proc.stderr.strip().splitlines()[-1]}")

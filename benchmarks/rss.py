@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Run `quantkit convert ARGS...` in this process while sampling its resident set size every
 50 ms; prints one JSON line on stderr at exit: the peak, the phase it fell in, and the RSS at
-each progress note (load, quantize, export, reload check). Used by scripts/bench_offload.py.
+each progress note (load, quantize, export, reload check). Used by benchmarks/offload.py.
 
-  .venv/bin/python scripts/convert_rss_phases.py recipes/int4-w4a16-rtn.yaml --model M --out O
+  .venv/bin/python benchmarks/rss.py recipes/int4-w4a16-rtn.yaml --model M --out O
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Each stage is a `quantkit convert` of a shipped recipe (with --set overrides) fo
 recovery read the second half). Prints the table and the exact commands; writes
 OUT/ladder.json. Takes about an hour on 2 CPU cores (the recover stages run 10 minutes each).
 
-    .venv/bin/python scripts/bench_gqa.py --text ../shared/data/wikitext2-valid.txt
+    .venv/bin/python benchmarks/gqa.py --text ../shared/data/wikitext2-valid.txt
 """
 
 from __future__ import annotations

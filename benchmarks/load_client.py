@@ -7,7 +7,7 @@ achieved req/s and output tokens/s, the client's CPU per request and per streame
 client's and the stub's CPU share (1.0 = one core busy), and the latency the client + loopback
 add on their own (TTFT and TPOT against a server that takes no time).
 
-    python scripts/bench_load_client.py --concurrency 1,4,16,64,256 --gen-len 64 --step-seconds 10
+    python benchmarks/load_client.py --concurrency 1,4,16,64,256 --gen-len 64 --step-seconds 10
 
 The client is the bottleneck when its CPU share nears 1.0 (one asyncio loop, one core). Its
 ceiling on one core is 1 / (client CPU per request); on a shared machine, read the CPU figures,

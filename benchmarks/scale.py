@@ -4,13 +4,13 @@ sizes, each command's wall time and peak RSS (its whole process tree, sampled ev
 to what `--plan` predicted for it, plus the bench's rule check on the synthetic shapes.
 
 The ~0.5B and ~1.2B models are RANDOM-WEIGHT checkpoints in the shapes of Qwen2.5-0.5B and
-Llama-3.2-1B (scripts/make_shaped_checkpoint.py): their accuracy figures mean nothing; only time,
+Llama-3.2-1B (benchmarks/shaped_checkpoint.py): their accuracy figures mean nothing; only time,
 memory and bytes carry over. Each model's commands run under one hold of `flock /tmp/qk-cpu.lock` (the machine is
 shared), with a fresh QUANTKIT_HOME and inductor cache (cold caches, as on a first run). Time figures on a shared
 2-core machine are noisy: the raw JSON keeps every measurement.
 
-  .venv/bin/python scripts/bench_scale.py --text ../shared/data/wikitext2-valid.txt --out docs/scale.json
-  .venv/bin/python scripts/bench_scale.py --plot-only --out docs/scale.json     # redraw docs/scale.png
+  .venv/bin/python benchmarks/scale.py --text ../shared/data/wikitext2-valid.txt --out docs/scale.json
+  .venv/bin/python benchmarks/scale.py --plot-only --out docs/scale.json     # redraw docs/scale.png
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def measure(cmd: list[str], env: dict, plan_cmd: list[str] | None = None) -> dic
     except json.JSONDecodeError:
         row["result"] = None
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    if lines and lines[-1].startswith("{"):  # convert_rss_phases.py's per-phase RSS
+    if lines and lines[-1].startswith("{"):  # rss.py's per-phase RSS
         row["phases"] = json.loads(lines[-1])
     if proc.returncode:
         row["error"] = lines[-1] if lines else "?"
@@ -104,7 +104,7 @@ def model_path(name: str, kind: str, work: Path) -> Path:
         return resolve_model("demo")
     path = work / "models" / name
     if not (path / "config.json").is_file():
-        subprocess.run([PY, str(REPO / "scripts" / "make_shaped_checkpoint.py"), name, "--out", str(path), "--force"], check=True,
+        subprocess.run([PY, str(REPO / "benchmarks" / "shaped_checkpoint.py"), name, "--out", str(path), "--force"], check=True,
                        stdout=subprocess.DEVNULL)
     return path
 
@@ -112,7 +112,7 @@ def model_path(name: str, kind: str, work: Path) -> Path:
 def commands(name: str, src: Path, group: int, text: str, art: Path, args) -> dict[str, list[str]]:
     calib = ["--calib", f"file:{text}", "--set", f"calibration.samples={args.samples}", "--set", f"calibration.seq_len={args.seq_len}"]
     gs = ["--set", f"steps[0].quantize.group_size={group}"]
-    conv = [PY, str(REPO / "scripts" / "convert_rss_phases.py")]
+    conv = [PY, str(REPO / "benchmarks" / "rss.py")]
     gptq = [*conv, str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(src)]
     calib2 = ["--calib", f"file:{text}", "--set", f"calibration.samples={2 * args.samples}", "--set", f"calibration.seq_len={args.seq_len}"]
     return {
@@ -129,8 +129,8 @@ def commands(name: str, src: Path, group: int, text: str, art: Path, args) -> di
 
 
 def plan_command(cmd: list[str]) -> list[str]:
-    """convert_rss_phases.py ARGS -> quantkit convert ARGS (the plan needs no RSS sampler)."""
-    if cmd[1].endswith("convert_rss_phases.py"):
+    """rss.py ARGS -> quantkit convert ARGS (the plan needs no RSS sampler)."""
+    if cmd[1].endswith("rss.py"):
         return [*Q, "convert", *cmd[2:]]
     return cmd
 
@@ -267,7 +267,7 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-# convert_rss_phases.py's phases -> the plan's time_breakdown keys they cover
+# rss.py's phases -> the plan's time_breakdown keys they cover
 PHASE_KEYS = {"start": ("startup", "hash"), "loading": ("load",),
               "quantize": ("calibration_forward", "hessians", "gptq_solve", "quantize"), "export": ("save",),
               "reload check": ("reload_check",)}
@@ -324,7 +324,7 @@ def rule_rows(results: dict) -> list[dict]:
 
 def markdown(results: dict) -> str:
     """The tables of docs/PERFORMANCE.md "Scale", from the JSON."""
-    parts = [table(results), "", "Per phase of each conversion (convert_rss_phases.py's progress marks; the plan's figure for the same phase):", "",
+    parts = [table(results), "", "Per phase of each conversion (rss.py's progress marks; the plan's figure for the same phase):", "",
              "| model | step | phase | measured s | predicted s | phase peak RSS MB |", "|---|---|---|---|---|---|"]
     for p in phase_rows(results):
         measured = f"{p['s']:.1f}" if p["timed"] else "(not timed)"
