@@ -35,7 +35,7 @@ cd "$WORK"
 Q="$WORK/venv/bin/quantkit"
 where=$("$WORK/venv/bin/python" -c "import quantkit, os; print(os.path.dirname(quantkit.__file__))")
 case "$where" in "$REPO"*) echo "quantkit was imported from the checkout ($where), not the wheel" >&2; exit 1;; esac
-"$Q" recipe list | grep -q "^int4-w4a16-gptq-g64 "
+"$Q" recipe list > "$WORK/recipes.txt" && grep -q "^int4-w4a16-gptq-g64 " "$WORK/recipes.txt"
 "$Q" models pull demo >/dev/null
 "$Q" convert int4-w4a16-rtn --model demo --out "$WORK/int4" --json >/dev/null
 "$Q" eval "$WORK/int4" --baseline demo --text set:legal-licenses --max-tokens 1024 --seq-len 256 --json > "$WORK/eval.json"
