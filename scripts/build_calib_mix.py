@@ -53,7 +53,7 @@ LICENSES = Path("/usr/share/common-licenses")
 # "incorporated software" with other terms in CPython's Doc/license.rst (asyncore, http.cookies,
 # trace, uu, xmlrpc, ... are avoided for that reason).
 CODE_MODULES = ("textwrap.py", "fractions.py", "statistics.py", "heapq.py", "shlex.py", "string.py", "csv.py",
-                "graphlib.py", "contextlib.py", "sched.py", "queue.py", "bisect.py", "colorsys.py")
+                "graphlib.py", "pprint.py", "sched.py", "queue.py", "bisect.py", "colorsys.py")
 REFERENCE_CHARS = 200_000  # the first topics, in name order, up to this many characters
 LEGAL_TEXTS = ("Apache-2.0", "GPL-3", "GPL-2", "LGPL-2.1", "LGPL-3", "GFDL-1.3", "CC0-1.0")
 PYTHON = "3.11.7"
