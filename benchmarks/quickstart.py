@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""The quickstart as a new user meets it: a fresh clone, `./scripts/quickstart.sh`, the main table.
+
+Clones the repository's HEAD into a temp dir and runs its quickstart there with an empty
+QUANTKIT_HOME and an empty wheelhouse (so llama.cpp is compiled and the demo model built as on a
+new machine; pip's own download cache is the one thing a second run shares). Before the run,
+`quantkit run demo --plan` predicts its time; after it, the install, the demo pull and the run are
+timed apart from the log's own marks. Writes benchmarks/results/quickstart.json: the wall times,
+the prediction and the run's table (accuracy on each domain, llama.cpp's TTFT/TPOT, the rule check).
+
+  python benchmarks/quickstart.py                  # the cold run (about a quarter of an hour on 2 cores)
+  python benchmarks/quickstart.py --run-dir runs/demo --no-clone   # only tabulate a finished run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO, write_result
+
+
+def cold_run(keep: bool) -> tuple[Path, dict]:
+    work = Path(tempfile.mkdtemp(prefix="qk-quickstart-"))
+    clone = work / "quantkit"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    env = dict(os.environ, QUANTKIT_HOME=str(work / "home"), QUANTKIT_WHEELHOUSE=str(work / "wheels"))
+    env.pop("VIRTUAL_ENV", None)
+    marks, t0 = {}, time.time()
+    proc = subprocess.Popen(["./scripts/quickstart.sh"], cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = []
+    for line in proc.stdout:
+        log.append(line)
+        sys.stdout.write(line)
+        if line.startswith("loading") and "pull" not in marks:  # `models pull demo` is done when run starts loading
+            marks["pull"] = time.time() - t0
+        if "installing quantkit" in line and "install_start" not in marks:
+            marks["install_start"] = time.time() - t0
+        if "models pull" in line or "building the demo model" in line:
+            marks.setdefault("install", time.time() - t0)
+    if proc.wait() != 0:
+        raise SystemExit("the quickstart failed:\n" + "".join(log[-20:]))
+    total = time.time() - t0
+    plan = subprocess.run([str(clone / ".venv" / "bin" / "quantkit"), "run", "demo", "--model", "demo", "--calib", "mix:default",
+                           "--out", str(work / "plan-only"), "--plan", "--json"], env=env, capture_output=True, text=True)
+    predicted = json.loads(plan.stdout).get("time_s") if plan.returncode == 0 else None
+    run_dir = work / "run"
+    shutil.copytree(clone / "runs" / "demo", run_dir)
+    timing = {"total_s": round(total), "marks_s": {k: round(v) for k, v in marks.items()}, "plan_predicted_run_s": predicted}
+    if not keep:
+        shutil.rmtree(clone, ignore_errors=True)
+    return run_dir, timing
+
+
+def main_table(report: dict) -> dict:
+    domains = list(dict.fromkeys(a["domain"] for a in report.get("accuracy") or []))
+    acc = {(a["variant"], a["domain"]): a for a in report.get("accuracy") or []}
+    fp16 = next((r["tpot_ms"] for r in report["rows"] if r.get("baseline") and r.get("tpot_ms")), None)
+    rows = []
+    for r in report["rows"]:
+        row = {"variant": r["name"], "bits": r.get("bits_per_weight"), "mb": (r.get("bytes_per_token") or 0) / 1e6 or None,
+               "tpot": r.get("tpot_ms"), "speedup": fp16 / r["tpot_ms"] if fp16 and r.get("tpot_ms") else None,
+               "ttft": r.get("ttft_ms"), "eff": r.get("tpot_efficiency_pct")}
+        for d in domains:
+            a = acc.get((r["name"], d))
+            row[d] = None if a is None or a.get("delta_ppl_pct") is None else \
+                f"{a['delta_ppl_pct']:+.1f}% / {a['kld_mean']:.3f} / {a['top1'] * 100:.1f}%"
+        rows.append(row)
+    cols = [{"key": "variant", "header": "variant", "fmt": "{}"}, {"key": "bits", "header": "bits/weight", "fmt": "{:.2f}"}]
+    cols += [{"key": d, "header": f"{d}: ΔPPL / KL / top-1", "fmt": "{}"} for d in domains]
+    cols += [{"key": "mb", "header": "MB/token", "fmt": "{:.1f}"}, {"key": "tpot", "header": "TPOT ms", "fmt": "{:.1f}"},
+             {"key": "speedup", "header": "vs FP16", "fmt": "{:.2f}×"}, {"key": "ttft", "header": "TTFT ms", "fmt": "{:.0f}"},
+             {"key": "eff", "header": "roofline eff.", "fmt": "{:.0f}%"}]
+    return {"columns": cols, "rows": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--run-dir", default=None, help="tabulate this finished run instead of running a cold quickstart")
+    ap.add_argument("--no-clone", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the clone (its .venv) after the run")
+    args = ap.parse_args()
+    if args.no_clone:
+        run_dir, timing = Path(args.run_dir or "runs/demo"), {}
+    else:
+        run_dir, timing = cold_run(args.keep)
+    report = json.loads((run_dir / "report.json").read_text())
+    fit = report.get("rule_check") or {}
+    table = main_table(report)
+    notes = []
+    if timing:
+        notes.append(f"Fresh clone to table: {timing['total_s'] / 60:.1f} min on this machine, install and llama.cpp's build included"
+                     + (f" (`quantkit run --plan` predicted {timing['plan_predicted_run_s'] / 60:.1f} min for the run itself)"
+                        if timing.get("plan_predicted_run_s") else "") + ".")
+    table["note"] = " ".join(notes)
+    path = write_result("quickstart", {"timing": timing, "rule_check": fit, "report": {k: report.get(k) for k in ("rows", "accuracy", "engines")},
+                                       "tables": {"main": table}})
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
