@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Eval speed: scoring a model against a cached baseline vs one bare forward pass over the same tokens.
 
-  .venv/bin/python benchmarks/eval_speed.py --model runs/bench-convert/int4-w4a16-gptq-g64 \
-      --baseline demo --text ../shared/data/wikitext2-valid.txt --windows 64
-Target (issue 4): scoring within 1.3x of the bare forward pass when the baseline is cached.
+  python benchmarks/eval_speed.py --model ARTIFACT --baseline demo --text TEXT.txt --windows 64
+
+The target: scoring within 1.3x of the bare forward pass when the baseline is cached.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@
 Each stage is a `quantkit convert` of a shipped recipe (with --set overrides) followed by
 `quantkit eval` against the FP16 demo model on the first half of the text (calibration and
 recovery read the second half). Prints the table and the exact commands; writes
-OUT/ladder.json. Takes about an hour on 2 CPU cores (the recover stages run 10 minutes each).
+OUT/ladder.json. The recover stages each run up to their recipe's 10-minute bound.
 
-    .venv/bin/python benchmarks/gqa.py --text ../shared/data/wikitext2-valid.txt
+    python benchmarks/gqa.py --text TEXT.txt --out runs/gqa
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def run(cmd: list[str], env: dict) -> tuple[dict, float, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--text", required=True, help="plain-text file (WikiText-2 valid in docs/GQA.md)")
+    ap.add_argument("--text", required=True, help="a plain-text file: calibration and recovery read its second half, evaluation its first")
     ap.add_argument("--model", default="demo")
     ap.add_argument("--out", default="runs/gqa", help="where artifacts and ladder.json go")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {', '.join(STAGES)}")

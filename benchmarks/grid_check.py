@@ -11,7 +11,7 @@ linears for: Q4_1's grid (group 32, float minimum), asymmetric INT4 with an inte
 they are, after a random orthogonal rotation of the input dimension, and for Gaussian weights
 with each row's standard deviation.
 
-  .venv/bin/python benchmarks/grid_check.py --model demo
+  python benchmarks/grid_check.py --model demo
 """
 
 from __future__ import annotations

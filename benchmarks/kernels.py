@@ -5,9 +5,9 @@ model shape (distinct weights, so they stream from memory as in decode), per ker
 Prints, per kernel, the time for all linears of one decode step and the bandwidth it implies
 (stored bytes ÷ time), next to a plain memory read of the same size. When a kernel's figure is
 far below the read bandwidth, no engine around it can reach the roofline: the kernel is the
-limit. Compare within one run (the machine is shared).
+limit. Compare within one run: on a shared machine the read bandwidth moves between runs.
 
-  .venv/bin/python benchmarks/kernels.py --shape smollm2-135m --repeats 10
+  python benchmarks/kernels.py --shape smollm2-135m --repeats 10
 """
 
 from __future__ import annotations

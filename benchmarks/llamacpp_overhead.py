@@ -13,8 +13,8 @@ t_p_eval / t_eval per token, no Python at all) are reported beside it.
 Reported per GGUF: median TTFT and TPOT of each side, and the median of the per-round paired
 ratios quantkit / bare (the figure that must be within 5% of 1).
 
-  flock /tmp/qk-cpu.lock .venv/bin/python benchmarks/llamacpp_overhead.py A.gguf B.gguf \\
-      --prompt-len 256 --gen-len 64 --rounds 10 --json /tmp/overhead.json
+  python benchmarks/llamacpp_overhead.py A.gguf B.gguf --prompt-len 256 --gen-len 64 --rounds 10 \\
+      --json overhead.json
 """
 
 from __future__ import annotations

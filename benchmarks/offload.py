@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Peak memory of `quantkit convert` with and without disk offloading, on a model whose weights
-dominate the process (the demo's 0.27 GB hide under the ~0.9 GB that torch and the libraries take).
+dominate the process (the demo's weights are small beside what torch and the libraries take).
 
 Builds a random-weight Llama checkpoint (default: 24 layers, hidden 2048, about 1.4 B parameters
 at fp16 = 2.9 GB) in a temp dir, then converts it with RTN W4 g64 twice, each in its own
 process: as is, and with --max-memory. Prints wall time, peak RSS and what was offloaded.
 
-  .venv/bin/python benchmarks/offload.py --max-memory 500MB
+  python benchmarks/offload.py --max-memory 500MB
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ new machine; pip's own download cache is the one thing a second run shares). Bef
 timed apart from the log's own marks. Writes benchmarks/results/quickstart.json: the wall times,
 the prediction and the run's table (accuracy on each domain, llama.cpp's TTFT/TPOT, the rule check).
 
-  python benchmarks/quickstart.py                  # the cold run (about a quarter of an hour on 2 cores)
+  python benchmarks/quickstart.py                  # the cold run
   python benchmarks/quickstart.py --run-dir runs/demo --no-clone   # only tabulate a finished run
 """
 

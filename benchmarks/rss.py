@@ -3,7 +3,7 @@
 50 ms; prints one JSON line on stderr at exit: the peak, the phase it fell in, and the RSS at
 each progress note (load, quantize, export, reload check). Used by benchmarks/offload.py.
 
-  .venv/bin/python benchmarks/rss.py recipes/int4-w4a16-rtn.yaml --model M --out O
+  python benchmarks/rss.py int4-w4a16-rtn --model M --out O
 """
 
 from __future__ import annotations

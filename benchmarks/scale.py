@@ -5,12 +5,12 @@ to what `--plan` predicted for it, plus the bench's rule check on the synthetic 
 
 The ~0.5B and ~1.2B models are RANDOM-WEIGHT checkpoints in the shapes of Qwen2.5-0.5B and
 Llama-3.2-1B (benchmarks/shaped_checkpoint.py): their accuracy figures mean nothing; only time,
-memory and bytes carry over. Each model's commands run under one hold of `flock /tmp/qk-cpu.lock` (the machine is
-shared), with a fresh QUANTKIT_HOME and inductor cache (cold caches, as on a first run). Time figures on a shared
-2-core machine are noisy: the raw JSON keeps every measurement.
+memory and bytes carry over. Each model's commands run under one hold of a CPU lock file (other
+jobs that take the same lock wait), with a fresh QUANTKIT_HOME and inductor cache (cold caches, as
+on a first run). Time figures on a shared machine are noisy: the raw JSON keeps every measurement.
 
-  .venv/bin/python benchmarks/scale.py --text ../shared/data/wikitext2-valid.txt --out docs/scale.json
-  .venv/bin/python benchmarks/scale.py --plot-only --out docs/scale.json     # redraw docs/scale.png
+  python benchmarks/scale.py --text TEXT.txt --out scale.json
+  python benchmarks/scale.py --plot-only --out scale.json     # redraw scale.png
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "scale.json")
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--steps", nargs="*", default=None, help="convert-gptq convert-gptq-2x convert-rtn eval bench rule-check (default: all; -2x on the demo only)")
-    ap.add_argument("--samples", type=int, default=16, help="calibration windows (16 x 512 keeps the 1.2B GPTQ near 10 min here)")
+    ap.add_argument("--samples", type=int, default=16, help="calibration windows of 512 tokens")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--eval-tokens", type=int, default=2048)
     ap.add_argument("--engine", default="compiled")
@@ -323,7 +323,7 @@ def rule_rows(results: dict) -> list[dict]:
 
 
 def markdown(results: dict) -> str:
-    """The tables of docs/PERFORMANCE.md "Scale", from the JSON."""
+    """The markdown tables of a scale run, from the JSON."""
     parts = [table(results), "", "Per phase of each conversion (rss.py's progress marks; the plan's figure for the same phase):", "",
              "| model | step | phase | measured s | predicted s | phase peak RSS MB |", "|---|---|---|---|---|---|"]
     for p in phase_rows(results):

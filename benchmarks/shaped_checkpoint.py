@@ -12,8 +12,8 @@ the tokenizer: the demo's (SmolLM2, 49,152 tokens) is reused, so token ids stay 
 while the embedding keeps its real row count (Qwen's own config also has more embedding rows
 than tokenizer entries). No hub download is needed or made.
 
-  .venv/bin/python benchmarks/shaped_checkpoint.py llama3.2-1b --out /tmp/qk-shapes/llama3.2-1b
-  .venv/bin/python benchmarks/shaped_checkpoint.py --list
+  python benchmarks/shaped_checkpoint.py llama3.2-1b --out shapes/llama3.2-1b
+  python benchmarks/shaped_checkpoint.py --list
 """
 
 from __future__ import annotations
