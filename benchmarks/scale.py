@@ -192,7 +192,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "scale.json")
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--steps", nargs="*", default=None, help="convert-gptq convert-gptq-2x convert-rtn eval bench rule-check (default: all; -2x on the demo only)")
-    ap.add_argument("--samples", type=int, default=16, help="calibration windows of 512 tokens")
+    ap.add_argument("--samples", type=int, default=16, help="calibration windows (of --seq-len tokens each)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--eval-tokens", type=int, default=2048)
     ap.add_argument("--engine", default="compiled")
