@@ -47,15 +47,17 @@ def builtin(directory: Path) -> dict[str, Path]:
     return {p.stem: p for p in sorted(directory.glob("*.yaml"))}
 
 
-def find(ref: str | Path, directory: Path, what: str) -> Path:
-    """A path as given when it exists; else a built-in by name (with or without .yaml); else one line."""
+def find(ref: str | Path, directory: Path, what: str, prefix: str = "") -> Path:
+    """A path as given when it exists; else a built-in by name (with or without .yaml, and without the
+    file names' common prefix); else one line."""
     p = Path(ref).expanduser()
     if p.exists() or not _PLAIN.fullmatch(str(ref)):
         return p  # a path: the reader reports what is wrong with it
     known = builtin(directory)
     name = str(ref)[:-5] if str(ref).endswith(".yaml") else str(ref)
-    if name in known:
-        return known[name]
+    for candidate in (name, prefix + name):
+        if candidate in known:
+            return known[candidate]
     raise QuantkitError(f"{ref}: no such file, and no built-in {what} of that name (built-in: {', '.join(known) or 'none'})")
 
 
@@ -64,4 +66,4 @@ def find_recipe(ref: str | Path) -> Path:
 
 
 def find_study(ref: str | Path) -> Path:
-    return find(ref, studies_dir(), "lever study")
+    return find(ref, studies_dir(), "lever study", prefix="levers-")
