@@ -1,0 +1,124 @@
+"""Mixed precision under a budget: which units to raise above the base scheme, chosen on the model
+being converted, so that the artifact's bits per weight stay within the budget exactly.
+
+A unit is what vLLM serves as one kernel in one decoder layer (q/k/v fused, o, gate/up fused,
+down). Each unit has the recipe's base scheme and a few options that raise it (INT8 per channel,
+INT4 at a smaller group); each option has a cost in stored bits and a measured cost in accuracy
+(the KL its rounding alone adds, `sensitivity.unit_kls`). Choosing one option per unit to minimise
+the summed KL under a bits budget is a multiple-choice knapsack (Sinha & Zoltners 1979), solved
+here by dynamic programming over the spare bits cut into `RESOLUTION` steps. Every option's cost
+is rounded *up* to a whole step, so a solution never exceeds the budget: the only approximation is
+that a choice needing a fraction of a step more than the spare bits may be passed over. Summing
+per-unit KLs treats the units' errors as independent, as HAWQ-V3 and llm-compressor's and
+ModelOpt's searches do.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from quantkit.errors import QuantkitError
+
+RESOLUTION = 20_000  # steps of the spare budget: 120 units x 2 options x 20k = 5M updates, well under a second
+_CHOICE = re.compile(r"int(4|8)(?:-g(32|64|128))?(-asym)?")
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A weight scheme a unit may take: bits, group (-1: one scale per output channel), symmetry."""
+
+    bits: int
+    group_size: int = -1
+    symmetric: bool = True
+
+    @property
+    def name(self) -> str:
+        group = "" if self.group_size == -1 else f"-g{self.group_size}"
+        return f"int{self.bits}{group}{'' if self.symmetric else '-asym'}"
+
+    def bits_per_weight(self, in_features: int) -> float:
+        """Stored bits per weight of a row of `in_features` weights (roofline's storage accounting)."""
+        from quantkit.core.roofline import quantized_layout
+
+        return quantized_layout(self.bits, self.group_size, self.symmetric).linear.bytes_for(1, in_features) * 8 / in_features
+
+
+def parse_choice(text: str) -> Scheme:
+    """`int8` (per channel), `int4-g32`, `int4-g128-asym`, ... -> Scheme; anything else one line."""
+    m = _CHOICE.fullmatch(text.strip())
+    if m is None:
+        raise QuantkitError(f"choice {text!r}: expected int8, int8-gG, int4-gG or int4-gG-asym (G one of 32, 64, 128)")
+    bits, group = int(m.group(1)), int(m.group(2)) if m.group(2) else -1
+    if bits == 4 and group == -1:
+        raise QuantkitError(f"choice {text!r}: 4-bit needs a group (int4-g32, int4-g64, int4-g128)")
+    return Scheme(bits, group, m.group(3) is None)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One unit of one layer: its weight count, input width, and the KL of each scheme (the base first)."""
+
+    layer: int
+    unit: str
+    weights: int
+    in_features: int
+    kl: tuple[float, ...]  # kl[0]: the base scheme; kl[j]: option j
+
+
+@dataclass(frozen=True)
+class Choice:
+    picked: tuple[int, ...]  # per unit: 0 = the base scheme, j = option j
+    bits_per_weight: float  # over all the quantized linear weights (`total_weights`)
+    kl_sum: float  # the summed per-unit KL of the choice (the objective)
+
+
+def solve(units: list[Unit], schemes: list[Scheme], budget: float, total_weights: int, other_bits: float = 0.0) -> Choice:
+    """Minimise the summed KL under `budget` bits per weight over `total_weights` weights.
+
+    `schemes[0]` is the base, `schemes[1:]` the options, each unit's KLs in that order. `other_bits`
+    are the stored bits of quantized weights that are in no candidate unit (they stay at the base).
+    Ties go to the cheaper choice, then to the lower layer. An infeasible budget (below every unit
+    at the base) is one line."""
+    base_bits = sum(schemes[0].bits_per_weight(u.in_features) * u.weights for u in units) + other_bits
+    spare = budget * total_weights - base_bits
+    floor = base_bits / total_weights
+    if spare < -1e-9 * total_weights:
+        raise QuantkitError(f"budget {budget:g} bits/weight is below {floor:.4f}, every unit at the base scheme "
+                            f"({schemes[0].name}); raise it or drop units")
+    extra = [[(s.bits_per_weight(u.in_features) - schemes[0].bits_per_weight(u.in_features)) * u.weights for s in schemes]
+             for u in units]
+    step = max(spare, 0.0) / RESOLUTION
+    cap = RESOLUTION if step > 0 else 0
+    cost = [[0 if e[j] <= 0 else (math.ceil(e[j] / step - 1e-9) if step > 0 else cap + 1) for j in range(len(schemes))] for e in extra]
+    picked = _knapsack(units, cost, cap)
+    bits = base_bits + sum(extra[i][j] for i, j in enumerate(picked))
+    return Choice(tuple(picked), bits / total_weights, sum(u.kl[j] for u, j in zip(units, picked)))
+
+
+def _knapsack(units: list[Unit], cost: list[list[int]], cap: int) -> list[int]:
+    """best[c]: the largest KL saved with at most c steps spent; ties keep the cheaper, earlier choice."""
+    import numpy as np
+
+    n = len(units)
+    neg = -np.inf
+    best = np.zeros(cap + 1)
+    take = np.zeros((n, cap + 1), dtype=np.int8)
+    for i, u in enumerate(units):
+        new, arg = best.copy(), np.zeros(cap + 1, dtype=np.int8)
+        for j in range(1, len(u.kl)):
+            c, gain = cost[i][j], u.kl[0] - u.kl[j]
+            if c > cap or gain <= 0:
+                continue
+            cand = np.full(cap + 1, neg)
+            cand[c:] = best[: cap + 1 - c] + gain
+            better = cand > new + 1e-15
+            new[better], arg[better] = cand[better], j
+        best, take[i] = new, arg
+    c = int(np.flatnonzero(best >= best.max() - 1e-15)[0])  # the cheapest way to the best saving
+    picked = [0] * n
+    for i in range(n - 1, -1, -1):
+        picked[i] = int(take[i, c])
+        c -= cost[i][picked[i]] if picked[i] else 0
+    return picked
