@@ -92,18 +92,24 @@ def test_model_that_fails_to_load(cli, tiny_llama, tiny_text, tmp_path):
     assert code == 2 and "error:" in err and "Traceback" not in err
 
 
-def test_no_text_evaluates_two_default_domains(cli, tiny_llama, monkeypatch):
-    """Without --text: WikiText-2 where ../shared/data has it, else shipped held-out code; legal text either way."""
+def test_no_text_evaluates_the_default_domains(cli, tiny_llama, monkeypatch):
+    """Without --text: the shipped encyclopedic and literature sets, and WikiText-2 after them where
+    QUANTKIT_WIKITEXT2_VALID points at a copy; fewer than two default domains found: one line."""
     import quantkit.evals.domains as domains
 
-    for wikitext, expected in ((True, ["wikitext2-valid", "legal-licenses"]), (False, ["legal-licenses", "python-stdlib-code"])):
-        monkeypatch.setattr(domains, "_available", lambda n, w=wikitext: w or n != "wikitext2-valid")
+    args = ("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--seq-len", "32", "--max-tokens", "64", "--json")
+    for wikitext in (False, True):
         if wikitext and not SHARED_TEXT.is_file():
-            continue  # off this workplace: no WikiText-2 to read
-        code, _, err, data = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--seq-len", "32", "--max-tokens", "64", "--json")
+            continue  # no copy of WikiText-2 on this machine
+        if wikitext:
+            monkeypatch.setenv("QUANTKIT_WIKITEXT2_VALID", str(SHARED_TEXT))
+        else:
+            monkeypatch.delenv("QUANTKIT_WIKITEXT2_VALID", raising=False)
+        code, _, err, data = cli(*args)
         assert code == 0, err
+        expected = list(domains.DEFAULT_SETS) + (["wikitext2-valid"] if wikitext else [])
         assert [t["label"] for t in data["texts"]] == expected and data["primary_text"] == expected[0]
-    monkeypatch.setattr(domains, "_available", lambda n: n == "legal-licenses")
+    monkeypatch.setattr(domains, "_available", lambda n: n == domains.DEFAULT_SETS[0])
     code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama))
     assert code == 2 and "only 1 of the default domains" in err and "--text" in err
 
@@ -186,7 +192,7 @@ def test_damaged_baseline_cache_is_recomputed(cli, tiny_llama, tiny_text, quantk
 def test_the_overlap_guard_reads_every_fitted_text_record():
     """Calibration, GQA recovery, and each text of a calibration mix (`parts`) are guarded."""
     from quantkit.evals.perplexity import Windows
-    from quantkit.evals.runner import check_disjoint_from_fitted, fitted_texts
+    from quantkit.evals.checks import check_disjoint_from_fitted, fitted_texts
     from quantkit.errors import DataError
 
     meta = {"calibration": {"source": "mix:m", "seq_len": 8, "parts": [

@@ -25,11 +25,11 @@ def _eval(cli, other, tiny_dir, tiny_text, *extra):
 
 @pytest.mark.parametrize("device", ["cpu", "cpu:0", "auto"])
 def test_every_cpu_spelling_gives_the_same_figures_and_reports_the_device(cli, other, tiny_dir, tiny_text, device, monkeypatch):
-    import quantkit.evals.runner as runner
+    import quantkit.evals.scorers.transformers as hf
 
     seen = []
-    real = runner.load_model
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: seen.append(k["device"]) or real(*a, **k))
+    real = hf.load_model
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: seen.append(k["device"]) or real(*a, **k))
     ref = _eval(cli, other, tiny_dir, tiny_text, "--device", "cpu")
     seen.clear()
     data = _eval(cli, other, tiny_dir, tiny_text, "--device", device)
@@ -63,10 +63,11 @@ def test_dtype_override_and_its_own_baseline_cache(cli, other, tiny_dir, tiny_te
                                            ("meta", "not supported")])
 def test_an_unavailable_device_is_one_line_before_anything_loads(cli, other, tiny_dir, tiny_text, device, needle, monkeypatch):
     import quantkit.evals.runner as runner
+    import quantkit.evals.scorers.transformers as hf
 
     if torch.cuda.is_available() and device.startswith("cuda"):
         pytest.skip("this machine has a GPU")
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("loaded a model for an unavailable device"))
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model for an unavailable device"))
     monkeypatch.setattr(runner, "load_tokenizer", lambda *a, **k: pytest.fail("read the tokenizer for an unavailable device"))
     code, _, err, _ = cli("eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", "--device", device)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -74,9 +74,9 @@ def test_different_texts_with_one_name_are_two_domains(tmp_path, tiny_text):
 
 @pytest.mark.parametrize("way", ["symlink", "copy"])
 def test_eval_refuses_one_text_twice_before_loading(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, way):
-    import quantkit.evals.runner as runner
+    import quantkit.evals.scorers.transformers as hf
 
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking the texts"))
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking the texts"))
     first, second = _same_text_ways(tmp_path, Path(tiny_text))[way]
     code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", first, "--text", second, *ARGS)
     assert code == 2 and len(err.strip().splitlines()) == 1
@@ -110,14 +110,14 @@ def test_one_row_per_text_each_equal_to_its_single_text_run(cli, tiny_dir, tiny_
 
 def test_each_text_is_guarded_before_any_model_loads(cli, tiny_dir, tiny_text, tmp_path, monkeypatch):
     """A bad second text, or one overlapping the artifact's calibration, refuses the whole eval up front."""
-    import quantkit.evals.runner as runner
+    import quantkit.evals.scorers.transformers as hf
 
     art = tmp_path / "gptq"
     code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_dir / "llama-gqa"),
                           "--out", str(art), "--calib", f"file:{tiny_text}", "--set", "calibration.samples=4",
                           "--set", "calibration.seq_len=32", "--set", "steps[0].quantize.group_size=32")
     assert code == 0, err
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking every text"))
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking every text"))
     legal = _other_text(tmp_path)
     base = ["--baseline", str(tiny_dir / "llama-gqa"), *ARGS]
     # the calibration read the text's second half: its second half overlaps, whichever position the text has

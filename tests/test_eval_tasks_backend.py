@@ -15,11 +15,11 @@ from quantkit.evals.lmeval import TaskRun, _lm, check_backend
 def test_vllm_missing_is_one_line_before_anything_loads(cli, tiny_dir, monkeypatch):
     import importlib.util
 
-    import quantkit.evals.runner as runner
+    import quantkit.evals.scorers.transformers as hf
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking the backend"))
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking the backend"))
     code, _, err, _ = cli("eval", str(tiny_dir / "llama-mha"), "--baseline", str(tiny_dir / "llama-mha"), "--tasks", "qk_facts",
                           "--tasks-backend", "vllm", "--tensor-parallel", "2")
     assert code == 2 and "vLLM is not installed" in err and "pip install vllm" in err and len(err.strip().splitlines()) == 1

@@ -5,6 +5,11 @@ from __future__ import annotations
 import click
 
 from quantkit.cli._common import echo_json, json_option
+from quantkit.evals.scorers import SCORERS
+from quantkit.evals.splits import SPLITS
+
+SPLIT_USE = {"selection": "the first half of each text's region, where recipes, methods and layers are chosen",
+             "confirmation": "the second half of each text's region, which no choice saw: the figures to report"}
 
 
 def _ci(pair, fmt: str) -> str:
@@ -30,16 +35,28 @@ def render(result: dict) -> str:
     lines = [f"model     {result['model']}",
              f"baseline  {result['baseline']}{_baseline_note(result.get('baseline_check') or {})}",
              f"device    {dev.get('device')} ({dev.get('name')}), {result.get('dtype')}{batch}"]
-    if result.get("engine") == "llamacpp":
-        lines.append(f"scorer    {scorer.get('kernel', 'llama.cpp')}, {scorer.get('threads')} threads (the baseline: transformers on the device above)")
+    base_engine = result.get("baseline_engine", result.get("engine"))
+    if result.get("engine") != base_engine:  # the model under test scored by another library than the baseline
+        threads = f", {scorer['threads']} threads" if scorer.get("threads") else ""
+        lines.append(f"scorer    {scorer.get('kernel', result.get('engine'))}{threads} (the baseline: {base_engine} on the device above)")
+    if result.get("split", "all") != "all":
+        lines.append(f"split     {result['split']}: {SPLIT_USE[result['split']]}")
     if result.get("texts"):
         lines += ["", *domain_table(result["texts"]), ""]
-        lines += [f"  {t['label']}: {t['text']} ({t['windows'].get('region', '')}), {t['tokens']} scored tokens" for t in result["texts"]]
+        lines += [f"  {t['label']}: {t['text']} ({_part(t['windows'])}), {t['tokens']} scored tokens" for t in result["texts"]]
     for name, t in result.get("tasks", {}).items():
         lines.append(
             f"task {name:<14} {t['metric']} {t['value']:.4f} (baseline {t['baseline']:.4f})  delta {t['delta']:+.4f} +- {t['delta_stderr']:.4f}"
         )
     return "\n".join(lines)
+
+
+def _part(windows: dict) -> str:
+    """The region scored, with its part and token range when a split was asked for."""
+    region, split, span = windows.get("region", ""), windows.get("split", "all"), windows.get("token_range")
+    if split == "all" or not span:
+        return region
+    return f"{region}, {split}: tokens {span[0]:,} to {span[1]:,}"
 
 
 def _baseline_note(check: dict) -> str:
@@ -49,13 +66,13 @@ def _baseline_note(check: dict) -> str:
 
 
 def _model_path(model: str, engine: str):
-    """A checkpoint reference; with --engine llamacpp also a .gguf file (checked as a GGUF later, in one line)."""
+    """A checkpoint reference; for a scorer that takes GGUF files also a .gguf file (checked as a GGUF later, in one line)."""
     from pathlib import Path
 
     from quantkit.models.checkpoint import resolve_model
 
     p = Path(model).expanduser()
-    if engine == "llamacpp" and (p.is_file() or p.suffix.lower() == ".gguf"):
+    if SCORERS[engine].takes_gguf and (p.is_file() or p.suffix.lower() == ".gguf"):
         return p.resolve()
     return resolve_model(model)
 
@@ -69,13 +86,17 @@ def _model_path(model: str, engine: str):
 @click.option("--seq-len", default=512, show_default=True, type=int)
 @click.option("--max-tokens", default=8192, show_default=True, type=int, help="Tokens to score per text (whole windows).")
 @click.option("--region", default="first-half", show_default=True, type=click.Choice(["first-half", "second-half", "all"]))
+@click.option("--split", default="all", show_default=True, type=click.Choice(SPLITS),
+              help="Which part of the region to score: all, selection (its first half: choose recipes, rank methods and "
+                   "layers here) or confirmation (its second half, which no choice saw: report these figures).")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (the baseline, the model and lm-eval tasks).")
 @click.option("--dtype", default=None, type=click.Choice(["float32", "bfloat16", "float16"]),
               help="Precision the models load in [default: bfloat16 on a GPU, float32 on the CPU].")
 @click.option("--batch-size", default=None, type=int, help="Windows per forward pass [default: 1 on the CPU; on a GPU, what fits "
               "40% of its free memory, up to 32].")
-@click.option("--engine", default="transformers", show_default=True, type=click.Choice(["transformers", "llamacpp"]),
-              help="What scores MODEL: transformers, or llama.cpp on a GGUF file (or an artifact, exported exactly on the fly).")
+@click.option("--engine", default="transformers", show_default=True, type=click.Choice(list(SCORERS)),
+              help="What scores MODEL: transformers, or llamacpp on a GGUF file (or an artifact, exported exactly on the fly). "
+                   "The baseline is scored by transformers either way.")
 @click.option("--tasks", default="", help="Comma-separated lm-eval tasks (local ones from evals/, or standard names online).")
 @click.option("--limit", default=None, type=int, help="Examples per lm-eval task.")
 @click.option("--tasks-backend", default="hf", show_default=True, type=click.Choice(["hf", "vllm"]),
@@ -90,7 +111,7 @@ def _model_path(model: str, engine: str):
 @click.option("--update-card", is_flag=True, help="Write the figures into the artifact's model card.")
 @click.option("--plan", "plan_only", is_flag=True, help="Print the evaluation's memory and time from the headers, then exit without loading weights.")
 @json_option
-def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, device, dtype, batch_size, engine, tasks, limit, tasks_backend,
+def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, split, device, dtype, batch_size, engine, tasks, limit, tasks_backend,
              tensor_parallel, data_parallel, allow_overlap, baseline_mismatch_ok, trust_remote_code, update_card, plan_only, as_json):
     """Perplexity, KL divergence, top-1 agreement (one row per text domain) and lm-eval deltas of MODEL against --baseline."""
     from quantkit.device import resolve
@@ -110,11 +131,12 @@ def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, device, dtype,
         from quantkit.artifacts.card import check_card_updatable
 
         check_card_updatable(model_path)
-    options = dict(seq_len=seq_len, max_tokens=max_tokens, region=region, tasks=task_list, limit=limit, dtype=dtype, batch_size=batch_size,
+    options = dict(seq_len=seq_len, max_tokens=max_tokens, region=region, split=split, tasks=task_list, limit=limit, dtype=dtype, batch_size=batch_size,
                    engine=engine, tasks_backend=tasks_backend, tensor_parallel=tensor_parallel, data_parallel=data_parallel,
                    allow_overlap=allow_overlap, baseline_mismatch_ok=baseline_mismatch_ok, trust_remote_code=trust_remote_code)
     if plan_only:  # the evaluation's own checks (evals.runner.prepare_eval), then its cost
-        from quantkit.plan.plans import plan_eval, show
+        from quantkit.cli._plan import show
+        from quantkit.plan.plans import plan_eval
 
         return show(plan_eval(model_path, base_path, texts, device=device, **options), as_json)
     from quantkit.core.distributed import session

@@ -1,42 +1,14 @@
-"""`quantkit eval --engine llamacpp FILE.gguf --baseline MODEL`: a GGUF's PPL, KL and top-1 through
-llama.cpp, against the original model's cached top-k baseline pass.
-
-What llama.cpp users get from `llama-perplexity --kl-divergence-base` + `--kl-divergence`, without
-its base-logits file (vocab x tokens float32: GBs for a few thousand tokens): quantkit's cache
-keeps the baseline's top-256 per position (evals/perplexity.py). The windows are tokenized by the
-baseline's tokenizer and fed to llama.cpp as ids, so both models see exactly the same tokens;
-llama.cpp scores each window from an empty cache with every position's logits kept, as
-llama-perplexity does (bench/engines/llamacpp.py `window_logprobs`).
+"""The identity of a GGUF under evaluation (`quantkit eval --engine llamacpp FILE.gguf`): its
+vocabulary against the baseline's, id for id, and where it came from (the checkpoint it was
+exported from, the texts its artifact was fitted on), read from its export record or from the
+provenance quantkit export embedded in it. The scoring itself: scorers/llamacpp.py.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from quantkit.errors import DataError
-
-
-class LlamaCppScorer:
-    """The scorer interface of evals/perplexity.py over a loaded llamacpp engine."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def logps(self, tokens: list):
-        for ids in tokens:
-            yield self.engine.window_logprobs([int(t) for t in ids])[:-1]
-
-
-def check_gguf(path: Path, device) -> dict:
-    """Before any model loads: llama-cpp-python importable (and GPU-capable if asked), and the file a
-    whole GGUF (magic, header, every tensor inside the file) - one line otherwise."""
-    from quantkit.bench.engines.llamacpp import check_available
-    from quantkit.gguf.read import inspect, open_reader
-
-    check_available(device)
-    open_reader(path)  # ModelError (exit 2): no such file / not a GGUF / truncated
-    return inspect(path)
 
 
 def gguf_tokens(path: Path) -> list[str]:
@@ -83,7 +55,7 @@ def source_meta(path: Path) -> tuple[dict, str | None, dict]:
     from quantkit.bench.gguf_source import reference_source
     from quantkit.gguf.read import open_reader, origin
     from quantkit.progress import note
-    from quantkit.evals.runner import artifact_meta
+    from quantkit.evals.checks import artifact_meta
 
     emb = origin(open_reader(path))
     art, why = reference_source(path)
@@ -99,19 +71,3 @@ def source_meta(path: Path) -> tuple[dict, str | None, dict]:
                "was made from, nor the texts for overlap with its calibration")
     note(warning)
     return {}, emb.source_sha256, {"found_via": "unknown origin", "warning": warning.removeprefix("warning: ")}
-
-
-def open_engine(source: Path, device, seq_len: int):
-    """The llamacpp engine over a GGUF (or a quantkit artifact, exported exactly on the fly), its
-    context sized to one window."""
-    from quantkit.bench.engines.base import EngineSettings
-    from quantkit.bench.engines.llamacpp import Engine
-
-    return Engine.load(source, EngineSettings(device=device, max_tokens=seq_len))
-
-
-def describe(engine) -> dict:
-    d = engine.describe()
-    keep = ("engine", "kernel", "dtype", "threads", "gguf", "gguf_export", "n_ctx", "n_batch")
-    return {k: json.loads(json.dumps(d.get(k), default=str)) for k in keep if k in d}
-

@@ -19,9 +19,9 @@ import numpy as np
 from quantkit.errors import DataError
 from quantkit.home import subdir
 from quantkit.evals.parallel import everywhere, gather, share
-from quantkit.evals.stats import kl_topk, summarize
+from quantkit.evals.stats import TOPK, summarize
 
-TOPK = 256
+REFERENCE_KEYS = ("topk_logp", "topk_idx", "nll", "argmax")  # a baseline record (stats.window_reference)
 
 
 @dataclass
@@ -40,17 +40,23 @@ def vocab_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
 
 
-def text_windows(tokenizer, spec, *, seq_len: int, max_tokens: int, region: str) -> Windows:
-    from quantkit.data.text import read_text, region_windows, tokenize_stream
+def text_windows(tokenizer, spec, *, seq_len: int, max_tokens: int, region: str, split: str = "all") -> Windows:
+    """Up to max_tokens // seq_len non-overlapping windows from the start of the text's part
+    `split` of `region` (evals/splits.py; `all`: the whole region)."""
+    from quantkit.data.text import read_text, tokenize_stream
+    from quantkit.evals.splits import split_range, split_windows, where
 
     text = read_text(spec)
     stream = tokenize_stream(tokenizer, text.text)
-    all_windows = region_windows(len(stream), seq_len, region)
+    lo, hi = split_range(len(stream), region, split)
+    all_windows = split_windows(len(stream), seq_len, region, split)
     if not all_windows:
-        raise DataError(f"{spec}: {len(stream)} tokens, shorter than one {seq_len}-token window in region {region}")
+        part = f"region {region}" if split == "all" else f"{where(region, split)} (tokens {lo} to {hi})"
+        raise DataError(f"{spec}: {len(stream)} tokens, shorter than one {seq_len}-token window in {part}")
     n = max(1, max_tokens // seq_len)
     chosen = all_windows[:n]
-    prov = {**text.provenance, "region": region, "stream_tokens": len(stream), "overlap": "none (non-overlapping)"}
+    prov = {**text.provenance, "region": region, "split": split, "token_range": [lo, hi],
+            "stream_tokens": len(stream), "overlap": "none (non-overlapping)"}
     return Windows([stream[s:e] for s, e in chosen], [s for s, _ in chosen], seq_len, prov)
 
 
@@ -59,44 +65,23 @@ def _cache_key(baseline_hash: str, windows: Windows, vocab: str, dtype: str) -> 
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-class TorchScorer:
-    """Log-probabilities of a transformers model, `batch_size` windows per forward pass (on a GPU a
-    batch keeps the device busy; windows are all seq_len long, so no padding and no mask). Each
-    window's rows are upcast to float32 one window at a time, so only one window's float32 logits
-    exist beside the batch's own."""
-
-    def __init__(self, model, batch_size: int = 1):
-        self.model, self.batch_size = model, max(1, int(batch_size))
-
-    def logps(self, tokens: list):
-        """Per window: float32 (seq_len - 1, vocab) next-token log-probabilities, on the model's device."""
-        import torch
-
-        for b in range(0, len(tokens), self.batch_size):
-            ids = torch.stack(list(tokens[b : b + self.batch_size])).to(self.model.device)
-            with torch.inference_mode():
-                logits = self.model(input_ids=ids, use_cache=False).logits[:, :-1]
-                for row in logits:
-                    yield torch.log_softmax(row.float(), dim=-1)
-
-
 def scorer_of(model, batch_size: int = 1):
-    """A scorer (anything with `logps(tokens)`), or a transformers model wrapped in one."""
-    return model if hasattr(model, "logps") else TorchScorer(model, batch_size)
+    """A scorer (evals/scorers), or a transformers model wrapped in the transformers scorer."""
+    from quantkit.evals.scorers.base import Scorer
+    from quantkit.evals.scorers.transformers import TransformersScorer
+
+    return model if isinstance(model, Scorer) else TransformersScorer(model, batch_size)
 
 
 def baseline_pass(model, windows: Windows, progress=None, batch_size: int = 1) -> dict:
+    """The baseline's record of every window (stats.window_reference), stacked: the cache's content."""
     import torch
 
-    out = {"topk_logp": [], "topk_idx": [], "nll": [], "argmax": []}
+    out: dict = {k: [] for k in REFERENCE_KEYS}
     mine = share(len(windows.tokens))  # under torchrun this rank's windows, gathered below (evals/parallel.py)
-    for i, logp in zip(mine, scorer_of(model, batch_size).logps([windows.tokens[j] for j in mine])):
-        target = windows.tokens[i][1:].to(logp.device)
-        top = logp.topk(TOPK, dim=-1)
-        out["topk_logp"].append(top.values.cpu())
-        out["topk_idx"].append(top.indices.int().cpu())
-        out["nll"].append(-logp.gather(-1, target[:, None])[:, 0].cpu())
-        out["argmax"].append(top.indices[:, 0].int().cpu())
+    for i, ref in zip(mine, scorer_of(model, batch_size).reference([windows.tokens[j] for j in mine], TOPK)):
+        for k in out:
+            out[k].append(ref[k])
         if progress:
             progress(i + 1)
     return {k: torch.stack(gather(v)) for k, v in out.items()}
@@ -135,21 +120,20 @@ def _read_cache(path, n_windows: int) -> dict | None:
         data = torch.load(path, weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
         return None
-    keys = ("topk_logp", "topk_idx", "nll", "argmax")
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), torch.Tensor) and len(data[k]) == n_windows for k in keys):
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), torch.Tensor) and len(data[k]) == n_windows for k in REFERENCE_KEYS):
         return None
     return data
 
 
 def score(model, windows: Windows, base: dict, progress=None, batch_size: int = 1) -> dict:
-    """Compare `model` (a transformers model, or a scorer such as evals/gguf.py's) with the cached baseline on the same windows."""
+    """Compare `model` (a scorer, or a transformers model) with the cached baseline on the same windows."""
     nll, kl, agree = [], [], []
     mine = share(len(windows.tokens))  # under torchrun this rank's windows, gathered below (evals/parallel.py)
-    for i, logp in zip(mine, scorer_of(model, batch_size).logps([windows.tokens[j] for j in mine])):
-        target = windows.tokens[i][1:].to(logp.device)
-        nll.append(-logp.gather(-1, target[:, None])[:, 0].cpu().numpy())
-        kl.append(kl_topk(base["topk_logp"][i].to(logp.device), base["topk_idx"][i].to(logp.device), logp).cpu().numpy())
-        agree.append((logp.argmax(-1).int().cpu() == base["argmax"][i]).numpy())
+    refs = ({k: base[k][j] for k in REFERENCE_KEYS} for j in mine)
+    for i, stats in zip(mine, scorer_of(model, batch_size).compare([windows.tokens[j] for j in mine], refs)):
+        nll.append(stats["nll"])
+        kl.append(stats["kl"])
+        agree.append(stats["agree"])
         if progress:
             progress(i + 1)
     nll, kl, agree = gather(nll), gather(kl), gather(agree)

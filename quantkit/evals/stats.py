@@ -10,6 +10,10 @@ import math
 
 import numpy as np
 
+# Log-probabilities the baseline pass keeps per position: the KL's head (kl_topk); the rest of the
+# vocabulary is one tail bucket.
+TOPK = 256
+
 
 def kl_full(logp_base, logp_model):
     """Exact per-position KL(base || model) from full log-probability rows (torch, [..., V])."""
@@ -35,6 +39,25 @@ def kl_topk(base_topk_logp, base_topk_idx, logp_model):
     tiny = torch.finfo(torch.float32).tiny
     tail = torch.where(rest_b > 1e-7, rest_b * (torch.log(rest_b + tiny) - torch.log(rest_m + tiny)), torch.zeros_like(rest_b))
     return (head + tail).clamp_min(0.0)
+
+
+def window_reference(logp, target, k: int = TOPK) -> dict:
+    """The baseline's record of one window from its log-probabilities `logp` (positions, vocab) and
+    the true next tokens `target`: top-k log-probabilities (float32) with their ids, the NLL of each
+    true token and the argmax, as CPU tensors (what the baseline cache stores)."""
+    top = logp.topk(k, dim=-1)
+    return {"topk_logp": top.values.cpu(), "topk_idx": top.indices.int().cpu(),
+            "nll": -logp.gather(-1, target[:, None])[:, 0].cpu(), "argmax": top.indices[:, 0].int().cpu()}
+
+
+def window_stats(logp, target, ref: dict) -> dict:
+    """Per-token statistics of one window of the model under test against the baseline's record
+    `ref` (window_reference): its NLL of each true token, KL(base || model) on the baseline's top-k
+    plus a tail bucket (kl_topk), and whether both argmaxes agree; numpy arrays."""
+    dev = logp.device
+    return {"nll": -logp.gather(-1, target[:, None])[:, 0].cpu().numpy(),
+            "kl": kl_topk(ref["topk_logp"].to(dev), ref["topk_idx"].to(dev), logp).cpu().numpy(),
+            "agree": (logp.argmax(-1).int().cpu() == ref["argmax"]).numpy()}
 
 
 def perplexity(nll: np.ndarray) -> float:

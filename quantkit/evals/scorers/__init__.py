@@ -1,0 +1,34 @@
+"""Eval scorers by `--engine` name: one module each, one `Scorer` subclass per module (interface:
+base.py).
+
+- transformers: the checkpoint as transformers loads it, on the CPU or a GPU; it also makes every
+  baseline pass.
+- llamacpp: llama.cpp through llama-cpp-python, on a GGUF file (a checkpoint is exported exactly
+  to GGUF first).
+
+The modules import their libraries (torch, llama_cpp) only when a model is opened, so listing the
+scorers and reading their capabilities costs nothing.
+"""
+
+from __future__ import annotations
+
+from quantkit.errors import DataError
+from quantkit.evals.scorers.base import Scorer
+from quantkit.evals.scorers.llamacpp import LlamaCppScorer
+from quantkit.evals.scorers.transformers import TransformersScorer
+
+SCORERS: dict[str, type[Scorer]] = {
+    "transformers": TransformersScorer,
+    "llamacpp": LlamaCppScorer,
+}
+
+# What makes every baseline pass, whichever scorer scores the model under test: one cached pass
+# serves them all (its cache key names no scorer).
+BASELINE: type[Scorer] = TransformersScorer
+
+
+def scorer_named(name: str, option: str = "--engine") -> type[Scorer]:
+    """The scorer registered as `name`; an unknown name is one line listing the valid ones."""
+    if name not in SCORERS:
+        raise DataError(f"{option} {name}: unknown eval engine; valid: {', '.join(SCORERS)}")
+    return SCORERS[name]

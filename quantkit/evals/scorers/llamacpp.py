@@ -1,0 +1,71 @@
+"""The llama.cpp scorer: a GGUF's PPL, KL and top-1 through llama.cpp (llama-cpp-python), against
+the original model's cached top-k baseline pass.
+
+What llama.cpp users get from `llama-perplexity --kl-divergence-base` + `--kl-divergence`, without
+its base-logits file (vocab x tokens float32: GBs for a few thousand tokens): quantkit's cache
+keeps the baseline's top-256 per position (evals/perplexity.py). The windows are tokenized by the
+baseline's tokenizer and fed to llama.cpp as ids, so both models see exactly the same tokens;
+llama.cpp scores each window from an empty cache with every position's logits kept, as
+llama-perplexity does (bench/engines/llamacpp.py `window_logprobs`). A checkpoint directory is
+exported exactly to GGUF first (bench/gguf_source.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from quantkit.evals.scorers.base import Scorer, ScorerSettings
+
+# bench's llamacpp engine (and torch with it) is imported when a model is checked or opened, so
+# reading this scorer's capabilities imports no library
+
+DESCRIBED = ("engine", "kernel", "dtype", "threads", "gguf", "gguf_export", "n_ctx", "n_batch")
+
+
+class LlamaCppScorer(Scorer):
+    name = "llamacpp"
+    takes_checkpoint = True
+    takes_gguf = True
+    exports_on_the_fly = True
+    devices = ("cpu", "cuda")  # cuda: a llama.cpp built with GPU offload (check)
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    @classmethod
+    def check(cls, source: Path, device) -> None:
+        """llama-cpp-python importable (and GPU-capable if asked); a GGUF file whole (magic, header,
+        every tensor inside the file)."""
+        from quantkit.bench.engines.llamacpp import check_available
+        from quantkit.gguf.read import open_reader
+
+        check_available(device)
+        if not source.is_dir():
+            open_reader(source)  # ModelError (exit 2): no such file / not a GGUF / truncated
+
+    @classmethod
+    def auto_device(cls, device):
+        from quantkit.bench.engines.llamacpp import gpu_offload
+        from quantkit.device import resolve
+
+        return device if device.type == "cpu" or gpu_offload() else resolve("cpu")  # a CPU-only build: the CPU
+
+    @classmethod
+    def open(cls, source: Path, settings: ScorerSettings) -> "LlamaCppScorer":
+        """The llamacpp bench engine over the GGUF (or the artifact's exact export), its context one window."""
+        from quantkit.bench.engines.base import EngineSettings
+        from quantkit.bench.engines.llamacpp import Engine
+
+        return cls(Engine.load(source, EngineSettings(device=settings.device, max_tokens=settings.seq_len)))
+
+    def logps(self, windows: list):
+        for ids in windows:
+            yield self.engine.window_logprobs([int(t) for t in ids])[:-1]
+
+    def describe(self) -> dict:
+        d = self.engine.describe()
+        return {k: json.loads(json.dumps(d.get(k), default=str)) for k in DESCRIBED if k in d}
+
+    def close(self) -> None:
+        self.engine.close()
