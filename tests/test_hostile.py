@@ -410,7 +410,7 @@ TEXTS = {  # file name -> (bytes, or None for a parquet table built in the test;
 @pytest.mark.parametrize("name", list(TEXTS))
 def test_text_that_is_not_text_is_refused_before_any_model_loads(cli, tiny_llama, tmp_path, monkeypatch, name):
     import quantkit.quantize.convert as qc
-    import quantkit.evals.runner as runner
+    import quantkit.evals.scorers.transformers as hf
 
     content, message = TEXTS[name]
     if name == "no-text-column.parquet":
@@ -420,7 +420,7 @@ def test_text_that_is_not_text_is_refused_before_any_model_loads(cli, tiny_llama
     path = tmp_path / name
     path.write_bytes(content)
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before reading the text"))
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("loaded the model before reading the text"))
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded the model before reading the text"))
     code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{path}", "--seq-len", "64")
     one_line_error(code, err, str(path), message)
     code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
