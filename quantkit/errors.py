@@ -23,9 +23,5 @@ class VerificationError(QuantkitError):
     """An artifact whose reload does not match the in-memory model."""
 
 
-class NotImplementedYet(QuantkitError):
-    """A feature whose implementation has not landed."""
-
-
 class OfflineError(QuantkitError):
     """Something needed the network and the network is not there."""

@@ -73,7 +73,8 @@ def test_llamacpp_reads_used_cells_padded_to_256(cached, kv_size, cells):
 
 def test_bench_engines_in_recipes():
     from quantkit.errors import RecipeError
-    from quantkit.recipe.schema import Recipe, recipe_from_dict
+    from quantkit.recipe.files import recipe_from_dict
+    from quantkit.recipe.schema import Recipe
 
     steps = [{"quantize": {"method": "rtn"}}]
     assert recipe_from_dict({"steps": steps}).bench.engines == ("compiled",)

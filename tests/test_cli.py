@@ -57,13 +57,13 @@ def test_library_fault_is_one_line_exit_1(cli, tmp_path, monkeypatch):
     import pytest
     from click.testing import CliRunner
 
-    import quantkit.recipe.schema
+    import quantkit.recipe.files
     from quantkit.cli import cli as group
 
     def boom(*_a, **_k):
         raise RuntimeError("The size of tensor a (128) must match the size of tensor b (2)\nsecond line")
 
-    monkeypatch.setattr(quantkit.recipe.schema, "load_recipe", boom)
+    monkeypatch.setattr(quantkit.recipe.files, "load_recipe", boom)
     code, out, err, _ = cli("recipe", "validate", str(tmp_path / "r.yaml"))
     assert code == 1 and "Traceback" not in err and "second line" not in err
     assert "error: RuntimeError: The size of tensor a (128) must match" in err and "--debug" in err

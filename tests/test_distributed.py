@@ -65,26 +65,33 @@ def test_timeout_setting(monkeypatch):
             timeout_s()
 
 
-def test_check_convert_refuses_what_runs_in_one_process(monkeypatch):
+def test_torchrun_check_refuses_what_runs_in_one_process(monkeypatch):
+    """Every registered method runs under torchrun exactly when its registry entry says so."""
     from types import SimpleNamespace
 
-    from quantkit.core.distributed import check_convert
     from quantkit.errors import QuantkitError
+    from quantkit.methods.registry import METHODS
+    from quantkit.quantize.job import check_torchrun
 
     def job(method="gptq", gqa=False, offload=None):
-        return SimpleNamespace(key="steps", has_gqa=gqa, quant=SimpleNamespace(method=method) if method else None, offload=offload)
+        return SimpleNamespace(key="steps", has_gqa=gqa, quant=SimpleNamespace(method=method) if method else None,
+                               method=METHODS[method] if method else None, offload=offload)
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    check_convert(job())
-    check_convert(job("rtn"))
-    for bad, match in ((job("awq"), "does not run under torchrun"), (job("bnb-nf4"), "does not run under torchrun"),
-                       (job(None, gqa=True), "gqa step"), (job(offload=object()), "disk offloading")):
+    assert {"rtn", "gptq"} <= {n for n, m in METHODS.items() if m.torchrun} and not METHODS["bnb-nf4"].torchrun
+    for name, method in METHODS.items():
+        if method.torchrun:
+            check_torchrun(job(name))
+        else:
+            with pytest.raises(QuantkitError, match=f"method '{name}' does not run under torchrun; those that do: rtn, gptq"):
+                check_torchrun(job(name))
+    for bad, match in ((job(None, gqa=True), "gqa step"), (job(offload=object()), "disk offloading")):
         with pytest.raises(QuantkitError, match=match):
-            check_convert(bad)
+            check_torchrun(bad)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 2 machines x 2 processes
     with pytest.raises(QuantkitError, match="one machine"):
-        check_convert(job())
+        check_torchrun(job())
 
 
 @pytest.fixture

@@ -435,7 +435,7 @@ def test_truncated_or_foreign_gguf_is_one_clear_error(cli, artifacts, tmp_path):
 
 def test_recipe_export_formats_key():
     from quantkit.errors import RecipeError
-    from quantkit.recipe.schema import recipe_from_dict
+    from quantkit.recipe.files import recipe_from_dict
 
     steps = [{"quantize": {"method": "rtn"}}]
     assert recipe_from_dict({"steps": steps, "export": {"formats": ["gguf"]}}).export.formats == ("gguf",)

@@ -99,7 +99,7 @@ def test_includes_are_confined_to_the_recipe_tree(cli, tmp_path, kind):
 
 
 def test_includes_inside_the_tree_and_its_subdirectories(tmp_path):
-    from quantkit.recipe.schema import load_recipe
+    from quantkit.recipe.files import load_recipe
 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "q.yaml").write_text("steps:\n  - quantize: {method: rtn}\n")
@@ -222,7 +222,7 @@ def test_a_run_refuses_a_variant_named_baseline_before_writing(cli, tiny_llama, 
 
 
 def test_the_unmodified_checkpoint_may_keep_its_name_and_names_differ_in_more_than_case(cli, tmp_path):
-    from quantkit.recipe.schema import load_recipe
+    from quantkit.recipe.files import load_recipe
 
     p = tmp_path / "r.yaml"
     p.write_text("variants:\n  - name: baseline\n    baseline: true\n  - name: int4\n    steps:\n      - quantize: {method: rtn}\n")
@@ -244,7 +244,7 @@ def test_run_never_writes_outside_its_directory(cli, tmp_path, monkeypatch):
 
 
 def test_default_names_from_odd_file_names_are_plain(tmp_path):
-    from quantkit.recipe.schema import load_recipe
+    from quantkit.recipe.files import load_recipe
 
     p = tmp_path / "my recipe (v2).yaml"
     p.write_text("steps:\n  - quantize: {method: rtn}\n")

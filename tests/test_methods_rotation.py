@@ -68,7 +68,7 @@ def test_refused_rotations_are_one_line_before_loading(cli, tiny_llama, tiny_tex
 ])
 def test_transform_step_order(tmp_path, steps, message):
     from quantkit.errors import RecipeError
-    from quantkit.recipe.schema import load_recipe
+    from quantkit.recipe.files import load_recipe
 
     p = tmp_path / "r.yaml"
     p.write_text("steps:\n" + steps)

@@ -40,7 +40,7 @@ def test_overrides_keep_fused_units_whole(tiny_llama):
     """Pasted into a recipe, the printed overrides validate and pass the vLLM fused-shard check."""
     from quantkit.models.checkpoint import read_config
     from quantkit.quantize.preflight import check_fused_shards, meta_model
-    from quantkit.recipe.schema import recipe_from_dict
+    from quantkit.recipe.files import recipe_from_dict
     from quantkit.quantize.sensitivity import overrides
 
     ovs = overrides([{"layer": 1, "unit": "qkv"}, {"layer": 0, "unit": "gate_up"}, {"layer": 1, "unit": "down"}])

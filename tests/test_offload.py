@@ -73,7 +73,7 @@ def test_offloaded_fake_quant_runs_quantized_weights(tiny_llama, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from quantkit.methods import llmc
+    from quantkit.methods.registry import METHODS
     from quantkit.models.offload import load
     from quantkit.quantize.verify import logits  # runs the forward inside offload.layer_at_a_time
 
@@ -82,14 +82,15 @@ def test_offloaded_fake_quant_runs_quantized_weights(tiny_llama, tmp_path):
     fp = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float16).eval()
     with torch.inference_mode():
         fp_logits = fp(input_ids=ids).logits.float()
-    ram = llmc.quantize(AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float16).eval(), rtn, None)
-    disk = llmc.quantize(load(tiny_llama, OffloadPlan(cpu_bytes=10_000, model_bytes=0, dtype="float16"), tmp_path / "off"), rtn, None)
+    quantize = METHODS["rtn"].quantize
+    ram = quantize(AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float16).eval(), rtn, None)
+    disk = quantize(load(tiny_llama, OffloadPlan(cpu_bytes=10_000, model_bytes=0, dtype="float16"), tmp_path / "off"), rtn, None)
     want = logits(ram, ids)
     assert (want - fp_logits).abs().max() > 1e-2  # quantization shows in the logits
     assert torch.allclose(logits(disk, ids), want, atol=1e-3)
 
 
 def _rtn_cfg():
-    from quantkit.recipe.schema import RTNConfig
+    from quantkit.methods.configs import RTNConfig
 
     return RTNConfig(method="rtn", bits=4, group_size=32, symmetric=True)

@@ -23,9 +23,17 @@ def machine(ram=100 * GB, device_free=None, disk=1000 * GB, device_type="cpu") -
                    bf16_flops=1e12, fp32_flops=5e11, probe="test")
 
 
-def work(**kw) -> ConvertWork:
-    base = dict(method="gptq", calib_tokens=512, seq_len=128, calib_itemsize=2, artifact_bytes=100, disk_bytes=200,
-                offload_cpu_bytes=None, layerwise=True, first_hash=False)
+def costs(method: str) -> dict:
+    """The cost constants of a registered method (methods/registry.py), as the plan reads them."""
+    from quantkit.methods.registry import METHODS
+
+    m = METHODS[method]
+    return dict(calibrates=m.calibrates, passes=m.passes, hessians=m.hessians, layerwise=m.layerwise)
+
+
+def work(method="gptq", **kw) -> ConvertWork:
+    base = dict(calib_tokens=512, seq_len=128, calib_itemsize=2, artifact_bytes=100, disk_bytes=200, offload_cpu_bytes=None,
+                first_hash=False, **costs(method))
     return ConvertWork(**{**base, **kw})
 
 

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.errors import NotImplementedYet, RecipeError
-from quantkit.recipe.schema import apply_override, load_recipe, parse_key_path, recipe_from_dict
+from quantkit.errors import RecipeError
+from quantkit.recipe.files import apply_override, load_recipe, parse_key_path, recipe_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 

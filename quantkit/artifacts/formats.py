@@ -20,19 +20,10 @@ def _load_auto(path: Path, dtype: str = "bfloat16", device=None, trust_remote_co
                                                 trust_remote_code=trust_remote_code).eval()
 
 
-def _scheme_name(cfg) -> str:
-    if cfg.method == "w8a8":
-        return "W8A8"
-    if cfg.method == "bnb-nf4":
-        return "NF4"
-    if cfg.method == "bnb-int8":
-        return "LLM.int8"
-    return f"W{cfg.bits}A16"
-
-
 def _describe(fmt: str):
     def describe(cfg) -> dict:
-        d = {"format": fmt, "method": cfg.method, "scheme": _scheme_name(cfg), "weight_bits": cfg.weight_bits}
+        """quantkit.json's `quantization`: the method's config (methods/configs.py) as stored."""
+        d = {"format": fmt, "method": cfg.method, "scheme": cfg.scheme, "weight_bits": cfg.weight_bits}
         for key in ("group_size", "symmetric", "observer", "actorder", "dampening", "rounding", "smoothing_strength", "double_quant", "threshold"):
             if hasattr(cfg, key):
                 d[key] = getattr(cfg, key)
@@ -64,11 +55,11 @@ class ExportFormat:
     save: Callable  # (model, out_dir, max_shard_size) -> None
     load: Callable  # (dir, dtype, device, trust_remote_code=False) -> model, loaded exactly as a user would
     loader: str  # what the user's loader is, for messages
-    describe: Callable
+    describe: Callable  # (a method's config) -> quantkit.json's `quantization`
 
 
 FORMATS: dict[str, ExportFormat] = {
     "compressed-tensors": ExportFormat(_save_compressed, _load_auto, "transformers + compressed-tensors", _describe("compressed-tensors")),
     "bitsandbytes": ExportFormat(_save_bnb, _load_auto, "transformers + bitsandbytes", _describe("bitsandbytes")),
-    "dense": ExportFormat(_save_dense, _load_auto, "transformers", lambda cfg: None),
+    "dense": ExportFormat(_save_dense, _load_auto, "transformers", _describe("dense")),
 }

@@ -63,10 +63,15 @@ def compare(ref, eng, threshold: float = THRESHOLD, partial: bool = False) -> di
             "top1_agreement": float(top1), "positions": int(len(kl)), "threshold": threshold, "exact": not partial}
 
 
+def reference_in_float32(float32_bytes: float, free_bytes: float) -> bool:
+    """The reference runs in float32 where that takes under a third of the device's free memory,
+    else in bfloat16 (plan/cost.py's bench plan counts the same)."""
+    return 3 * float32_bytes < free_bytes
+
+
 def reference_dtype(cfg: dict, device) -> str:
     """float32 where the dequantized model fits in a third of the free memory, else bfloat16."""
     from quantkit import device as devices
-    from quantkit.plan.cost import reference_in_float32
     from quantkit.core.roofline import Shape
 
     params = Shape.from_config(cfg.get("text_config", cfg)).total_params()

@@ -187,7 +187,8 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
         raise QuantkitError("--shape-bits: each must be 4, 8 or 16")
     sources = [_source(m, settings.engine) for m in models] + [Synthetic(s, b) for s in shapes for b in bits]
     if plan_only:
-        from quantkit.plan.plans import plan_bench, show
+        from quantkit.cli._plan import show
+        from quantkit.plan.plans import plan_bench
 
         if any(isinstance(src, Path) and src.is_file() for src in sources):
             raise QuantkitError("--plan reads checkpoint headers; a GGUF file is not planned (bench it directly)")

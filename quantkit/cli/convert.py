@@ -8,6 +8,7 @@ import click
 
 from quantkit.cli._common import echo_json, json_option, set_option
 from quantkit.cli.recipe import include_option
+from quantkit.methods.registry import names
 
 
 @click.command("convert")
@@ -21,7 +22,7 @@ from quantkit.cli.recipe import include_option
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the checkpoint (off by default).")
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="RAM for the model's weights, e.g. 16GB (default: 75% of what is available). A larger model is offloaded "
-                   "to disk beside --out and calibrated one layer at a time (rtn, gptq, awq, w8a8).")
+                   f"to disk beside --out and calibrated one layer at a time ({', '.join(names('layerwise'))}).")
 @click.option("--device", default=None, help="Calibration device: auto | cpu | cuda | cuda:N (default: the recipe's calibration.device, auto).")
 @click.option("--plan", "plan_only", is_flag=True,
               help="Print what the conversion will cost (memory, disk, time, offloading) from config.json and the safetensors "
@@ -34,16 +35,19 @@ def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle
     """Convert a checkpoint with RECIPE into a verified, serving-ready artifact."""
     from quantkit.artifacts.staging import recipe_inputs
     from quantkit.core.atomic import sigterm_as_interrupt
-    from quantkit.quantize.convert import ConvertOptions, convert
     from quantkit.models.offload import parse_size
-    from quantkit.recipe.schema import load_recipe
+    from quantkit.plan.plans import memory_warning
+    from quantkit.quantize.convert import convert
+    from quantkit.quantize.job import ConvertOptions
+    from quantkit.recipe.files import load_recipe
 
     recipe = load_recipe(recipe_file, overrides, include_dirs)
     opts = ConvertOptions(calib=calib, force=force, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
                           max_memory=parse_size(max_memory) if max_memory is not None else None,
-                          inputs=tuple(recipe_inputs(recipe_file)), device=device)
+                          inputs=tuple(recipe_inputs(recipe_file)), device=device, memory_check=memory_warning)
     if plan_only:
-        from quantkit.plan.plans import plan_convert, show
+        from quantkit.cli._plan import show
+        from quantkit.plan.plans import plan_convert
 
         return show(plan_convert(recipe, model_ref, Path(out), opts, variant), as_json)
     from quantkit.core.distributed import session

@@ -32,7 +32,7 @@ def recipe_group() -> None:
 def validate(files: tuple[str, ...], overrides: tuple[str, ...], include_dirs: tuple[str, ...], as_json: bool) -> None:
     """Validate recipe files; each error names the file and the key path. Exit 2 if any fails."""
     from quantkit.errors import QuantkitError
-    from quantkit.recipe.schema import load_recipe
+    from quantkit.recipe.files import load_recipe
 
     results, errors = [], []
     for f in files:
@@ -65,7 +65,7 @@ def list_(directory: str | None, studies: bool, as_json: bool) -> None:
     """Name and one-line description of each built-in recipe (a RECIPE argument takes the name), or of
     each recipe in --dir."""
     from quantkit.errors import RecipeError
-    from quantkit.recipe.schema import load_raw
+    from quantkit.recipe.files import load_raw
     from quantkit.resources import recipes_dir, studies_dir
 
     folder = Path(directory) if directory else studies_dir() if studies else recipes_dir()
@@ -94,7 +94,7 @@ def list_(directory: str | None, studies: bool, as_json: bool) -> None:
 @include_option
 def show(file: str, overrides: tuple[str, ...], include_dirs: tuple[str, ...]) -> None:
     """Print the recipe as resolved (defaults filled in, overrides applied) as JSON."""
-    from quantkit.recipe.schema import load_recipe
+    from quantkit.recipe.files import load_recipe
 
     echo_json(load_recipe(file, overrides, include_dirs).to_dict())
 

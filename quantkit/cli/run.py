@@ -28,7 +28,7 @@ def run_cmd(recipe_file, model, out, calib, eval_text, skip_eval, skip_bench, re
     """Convert, verify, evaluate and benchmark every variant of RECIPE, then write a report."""
     from quantkit.artifacts.staging import recipe_inputs
     from quantkit.core.atomic import sigterm_as_interrupt
-    from quantkit.recipe.schema import load_recipe
+    from quantkit.recipe.files import load_recipe
     from quantkit.pipeline.run import RunOptions, Runner
 
     recipe = load_recipe(recipe_file, overrides, include_dirs)
@@ -36,7 +36,8 @@ def run_cmd(recipe_file, model, out, calib, eval_text, skip_eval, skip_bench, re
                       skip_eval=skip_eval, skip_bench=skip_bench, rerun=rerun, debug=debug_enabled(),
                       inputs=tuple(recipe_inputs(recipe_file)))
     if plan_only:
-        from quantkit.plan.plans import plan_run, show
+        from quantkit.cli._plan import show
+        from quantkit.pipeline.plan import plan_run
 
         return show(plan_run(recipe, opts), as_json)
     runner = Runner(recipe, opts)

@@ -288,51 +288,6 @@ def load_shared(load):
     return model
 
 
-def export_together(job, held: dict, export):
-    """Rank 0 runs `export` (convert.export_verified: save, then reload, verify and rename alone);
-    the other ranks take part in the save, whose compression llm-compressor spreads over all
-    ranks (compressed-tensors' replace_module_parallel), then wait for rank 0's verdict. Returns
-    the artifact's metadata on rank 0, None elsewhere."""
-    if job.opts.group.writer:
-        with together("to verify and write the artifact"):
-            return export()
-    from quantkit.artifacts.formats import FORMATS
-
-    model = held.pop("model")
-    # llm-compressor's save_pretrained writes on the source rank only (is_source_process); a
-    # path nothing can be written under, so a change upstream would fail here rather than write
-    FORMATS[job.export_format].save(model, os.devnull, job.recipe.export.max_shard_size)
-    del model
-    agree(None, "to verify and write the artifact")
-    return None
-
-
-# recipe `quantize.method`s whose torchrun artifact equals one process's (tests/test_distributed.py).
-# Left out, measured on the tiny fixture with gloo on CPUs (llm-compressor 0.14): awq fails with
-# AttributeError: 'NoneType' object has no attribute 'type' (not traced further); w8a8 (SmoothQuant
-# then GPTQ) finishes, but its smoothed norms and INT8 codes differ from one process's (every
-# layer: each rank appears to apply the smoothing to the weights they share). Not tried on GPUs.
-METHODS = ("rtn", "gptq")
-
-
-def check_convert(job) -> None:
-    """What a torchrun conversion supports: llm-compressor's methods, whose calibration it
-    distributes. quantkit's own GQA code, bitsandbytes and disk offloading run in one process."""
-    if job.has_gqa:
-        raise QuantkitError(f"{job.key}: a gqa step runs in one process; run this conversion without torchrun")
-    if job.quant is None or job.quant.method not in METHODS:
-        method = job.quant.method if job.quant is not None else "none"
-        raise QuantkitError(f"{job.key}: method {method!r} does not run under torchrun; those that do: {', '.join(METHODS)}")
-    if job.offload is not None:
-        raise QuantkitError(f"{job.key}: the model does not fit in RAM (--max-memory); disk offloading runs in one process")
-    local, world = int(os.environ.get("LOCAL_WORLD_SIZE", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if local and local != world:
-        # compressed-tensors 0.19's DistributedCPUCache shares rank 0's weights through a
-        # shared-memory file (`_share_filename_cpu_`) that exists on rank 0's machine only
-        raise QuantkitError(f"{job.key}: llm-compressor's distributed calibration shares the model through one machine's "
-                            f"shared memory; run the conversion on one machine (torchrun --nnodes 1, here {world // local} nodes)")
-
-
 def calibration_share(samples):
     """This rank's part of the calibration samples (all of them outside torchrun), split by
     llm-compressor's own rule (`get_rank_partition`: contiguous, the first ranks one more when

@@ -86,7 +86,7 @@ def mix_file(name: str) -> Path:
 def load_mix(name: str) -> MixConfig:
     import yaml
 
-    from quantkit.recipe.schema import format_validation_error
+    from quantkit.recipe.files import format_validation_error
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise DataError(f"mix:{name}: a mix is named by a plain name (a file in {calib_data_dir() / 'mix'})")

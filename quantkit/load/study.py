@@ -36,7 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from quantkit.errors import QuantkitError
-from quantkit.recipe.files import _NoAliasLoader, format_validation_error
+from quantkit.recipe.files import NoAliasLoader, format_validation_error
 from quantkit.load.config import build_config
 from quantkit.load.servers import StudyError, server_kind
 
@@ -229,7 +229,7 @@ def read_study(path: str | Path) -> Study:
     if len(raw) > MAX_STUDY_BYTES:
         raise StudyError(f"{label}: not a study file (larger than 1 MiB)")
     try:
-        data = yaml.load(raw.decode("utf-8-sig"), Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader)
+        data = yaml.load(raw.decode("utf-8-sig"), Loader=NoAliasLoader)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError:
         raise StudyError(f"{label}: not a study file (not UTF-8 text)") from None
     except (yaml.YAMLError, RecursionError) as exc:

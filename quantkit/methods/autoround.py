@@ -1,27 +1,16 @@
-"""AutoRound through llm-compressor's AutoRoundModifier (needs the `auto-round` package)."""
+"""AutoRound through llm-compressor's AutoRoundModifier (the auto-round package, a dependency)."""
 
 from __future__ import annotations
 
 from quantkit.errors import QuantkitError
 
-INSTALL = "pip install auto-round"
-# auto-round seeds torch, numpy and random with this (its default) for every decoder layer it tunes
-# (transformers.set_seed in BaseCompressor.__init__); llm-compressor does not pass another.
-AUTOROUND_SEED = 42
 
-
-def check_installed(key: str) -> None:
-    """Before anything loads: llm-compressor imports auto_round only when the modifier is built."""
-    from importlib.util import find_spec
-
-    if find_spec("auto_round") is None:
-        raise QuantkitError(f"{key}: method autoround needs the auto-round package, which is not installed: {INSTALL}")
-
-
-def check_samples(cfg, calibration_samples: int, key: str) -> None:
-    if cfg.samples is not None and cfg.samples > calibration_samples:
+def check_samples(cfg, recipe, key: str) -> None:
+    """Before loading: the tuning windows come out of the calibration set, so there must be enough."""
+    available = recipe.calibration.samples
+    if cfg.samples is not None and cfg.samples > available:
         raise QuantkitError(f"{key}.samples: {cfg.samples} tuning samples, but calibration.samples gives only "
-                            f"{calibration_samples} windows; raise calibration.samples or lower samples")
+                            f"{available} windows; raise calibration.samples or lower samples")
 
 
 def tuning_samples(cfg, samples: list) -> list:
@@ -29,10 +18,22 @@ def tuning_samples(cfg, samples: list) -> list:
     return samples[: cfg.resolved_samples(len(samples))]
 
 
-def modifier(cfg, groups: dict, ignore: list):
+def modifiers(cfg) -> list:
     from llmcompressor.modifiers.autoround import AutoRoundModifier
 
-    # torch.compile of the tuning loop: a C++ toolchain and minutes of compiling on a CPU; eager is
-    # what the speed figures in docs/PERFORMANCE.md measured.
-    return AutoRoundModifier(config_groups=groups, ignore=ignore, iters=cfg.iters, lr=cfg.lr,
-                             batch_size=cfg.batch_size, enable_torch_compile=False)
+    from quantkit.methods.llmc import weight_groups
+
+    # torch.compile of the tuning loop needs a C++ toolchain and minutes of compiling on a CPU; eager needs neither.
+    return [AutoRoundModifier(config_groups=weight_groups(cfg), ignore=list(cfg.ignore), iters=cfg.iters, lr=cfg.lr,
+                              batch_size=cfg.batch_size, enable_torch_compile=False)]
+
+
+def runtime() -> dict:
+    """auto-round seeds torch, numpy and random with its `seed` argument for every decoder layer it
+    tunes (transformers.set_seed in BaseCompressor.__init__); llm-compressor passes none, so the
+    default applies. Read from auto-round itself, so quantkit.json records the seed that ran."""
+    import inspect
+
+    from auto_round import AutoRound
+
+    return {"autoround_seed": inspect.signature(AutoRound).parameters["seed"].default}

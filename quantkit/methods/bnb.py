@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Callable
 
-def bnb_config(cfg):
+
+def nf4_config(cfg):
     import torch
     from transformers import BitsAndBytesConfig
 
-    if cfg.method == "bnb-nf4":
-        return BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=cfg.double_quant,
-            bnb_4bit_compute_dtype=getattr(torch, cfg.compute_dtype),
-            llm_int8_skip_modules=list(cfg.ignore),
-        )
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=cfg.double_quant,
+        bnb_4bit_compute_dtype=getattr(torch, cfg.compute_dtype),
+        llm_int8_skip_modules=list(cfg.ignore),
+    )
+
+
+def int8_config(cfg):
+    from transformers import BitsAndBytesConfig
+
     return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=cfg.threshold, llm_int8_skip_modules=list(cfg.ignore))
 
 
-def quantize(model, cfg, samples, src=None, device=None, transform=None):  # transform: never set (recipe refuses it)
-    """Reload `src` through bitsandbytes (the in-memory FP model is not needed; it is dropped)."""
+def quantize(model, cfg, samples, src=None, device=None, transform=None, *, config: Callable):  # transform: never set (recipe refuses it)
+    """Reload `src` through bitsandbytes (the in-memory FP model is not needed; it is dropped);
+    `config(cfg)`: transformers' BitsAndBytesConfig of the method (nf4_config, int8_config)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -28,7 +35,7 @@ def quantize(model, cfg, samples, src=None, device=None, transform=None):  # tra
     remote = type(model).__module__.startswith("transformers_modules")  # loaded under --trust-remote-code: its code has run
     del model
     device = device or torch.device("cpu")  # bitsandbytes quantizes as it loads, onto this device
-    qmodel = AutoModelForCausalLM.from_pretrained(str(src), quantization_config=bnb_config(cfg), dtype=torch.bfloat16, device_map=device,
+    qmodel = AutoModelForCausalLM.from_pretrained(str(src), quantization_config=config(cfg), dtype=torch.bfloat16, device_map=device,
                                                   trust_remote_code=remote)
     remember_canonical_state(qmodel)  # before any forward: see bnb_cpu_fix
     return qmodel.eval()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Callable
 
-from quantkit.methods import SEED
+SEED = 0  # torch's seed for every calibration pass (llm-compressor's methods, AutoRound's included)
 
 
 def weight_args(bits: int, group_size: int, symmetric: bool, observer: str = "minmax"):
@@ -21,15 +22,12 @@ def weight_args(bits: int, group_size: int, symmetric: bool, observer: str = "mi
     )
 
 
-def config_groups(cfg) -> dict:
-    """The base scheme for every Linear, plus one group per mixed-precision override.
+def weight_groups(cfg) -> dict:
+    """The base weight-only scheme for every Linear, plus one group per mixed-precision override.
 
     compressed-tensors gives a regex target precedence over the class target "Linear"."""
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization import QuantizationScheme
 
-    if cfg.method == "w8a8":
-        acts = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token", dynamic=True)
-        return {"group_0": QuantizationScheme(targets=["Linear"], weights=weight_args(8, -1, True), input_activations=acts)}
     groups = {"group_0": QuantizationScheme(targets=["Linear"], weights=weight_args(cfg.bits, cfg.group_size, cfg.symmetric, cfg.observer))}
     for i, ov in enumerate(cfg.overrides, 1):
         targets = [f"re:{t}" for t in ov.targets]
@@ -37,23 +35,37 @@ def config_groups(cfg) -> dict:
     return groups
 
 
-def _rtn(cfg, groups, ignore):
+def w8a8_groups() -> dict:
+    """INT8 weights per channel, INT8 activations per token (dynamic: scales computed at run time)."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    acts = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token", dynamic=True)
+    return {"group_0": QuantizationScheme(targets=["Linear"], weights=weight_args(8, -1, True), input_activations=acts)}
+
+
+# Each method's llm-compressor modifiers, in the order they run: (cfg) -> list of modifiers. The
+# registry (methods/registry.py) hands one of these to `quantize`.
+
+
+def rtn(cfg) -> list:
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
-    return [QuantizationModifier(config_groups=groups, ignore=ignore)]
+    return [QuantizationModifier(config_groups=weight_groups(cfg), ignore=list(cfg.ignore))]
 
 
-def _gptq(cfg, groups, ignore):
+def gptq(cfg) -> list:
     from llmcompressor.modifiers.gptq import GPTQModifier
 
-    return [GPTQModifier(config_groups=groups, ignore=ignore, actorder=cfg.actorder, dampening_frac=cfg.dampening, block_size=cfg.block_size)]
+    return [GPTQModifier(config_groups=weight_groups(cfg), ignore=list(cfg.ignore), actorder=cfg.actorder, dampening_frac=cfg.dampening,
+                         block_size=cfg.block_size)]
 
 
-def _awq(cfg, groups, ignore):
+def awq(cfg) -> list:
     from llmcompressor.modifiers.gptq import GPTQModifier
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.transform import AWQModifier
 
+    groups, ignore = weight_groups(cfg), list(cfg.ignore)
     rounding = (
         GPTQModifier(config_groups=groups, ignore=ignore, actorder=cfg.actorder, dampening_frac=cfg.dampening)
         if cfg.rounding == "gptq"
@@ -62,29 +74,19 @@ def _awq(cfg, groups, ignore):
     return [AWQModifier(duo_scaling=cfg.duo_scaling), rounding]
 
 
-def _autoround(cfg, groups, ignore):
-    from quantkit.methods.autoround import modifier
-
-    return [modifier(cfg, groups, ignore)]
-
-
-def _w8a8(cfg, groups, ignore):
+def w8a8(cfg) -> list:
     from llmcompressor.modifiers.gptq import GPTQModifier
     from llmcompressor.modifiers.transform import SmoothQuantModifier
 
     return [SmoothQuantModifier(smoothing_strength=cfg.smoothing_strength),
-            GPTQModifier(config_groups=groups, ignore=ignore, dampening_frac=cfg.dampening, actorder=None)]
+            GPTQModifier(config_groups=w8a8_groups(), ignore=list(cfg.ignore), dampening_frac=cfg.dampening, actorder=None)]
 
 
-# recipe `quantize.method` -> the llm-compressor modifiers that implement it, in order.
-BUILDERS = {"rtn": _rtn, "gptq": _gptq, "awq": _awq, "autoround": _autoround, "w8a8": _w8a8}
-
-
-def build_recipe(cfg, transform=None) -> list:
+def build_recipe(cfg, modifiers: Callable, transform=None) -> list:
     """llm-compressor modifiers for a quantize step, after the rotation of a transform step if any."""
     from quantkit.methods.rotation import modifiers as rotation_modifiers
 
-    return [*rotation_modifiers(transform), *BUILDERS[cfg.method](cfg, config_groups(cfg), list(cfg.ignore))]
+    return [*rotation_modifiers(transform), *modifiers(cfg)]
 
 
 def _dataset(samples):
@@ -122,8 +124,11 @@ def layer_progress(model, label: str):
                 h.remove()
 
 
-def quantize(model, cfg, samples, src=None, device=None, transform=None):
+def quantize(model, cfg, samples, src=None, device=None, transform=None, *, modifiers: Callable, tuning: Callable | None = None):
     """Quantize `model` in place with llm-compressor's oneshot; returns the same model.
+
+    `modifiers(cfg)`: the method's llm-compressor modifiers (rtn, gptq, ... above); `tuning(cfg,
+    samples)`: the calibration windows the method works on, when not all of them (AutoRound's).
 
     The sequential pipeline calibrates layer by layer on `device` (a torch.device; None: the CPU),
     onloading each layer's weights there while the model stays in RAM or on disk ("independent":
@@ -139,15 +144,13 @@ def quantize(model, cfg, samples, src=None, device=None, transform=None):
     quiet_llmcompressor()
     llmcompressor_cpu_pin_memory()
     llmcompressor_awq_float64_loss()
-    if cfg.method == "autoround":
-        from quantkit.methods.autoround import tuning_samples
-
-        samples = tuning_samples(cfg, samples)
+    if tuning is not None:
+        samples = tuning(cfg, samples)
     from quantkit.core.distributed import calibration_share, llmcompressor_qparams_barrier
 
     llmcompressor_qparams_barrier()  # under torchrun: two faults of llm-compressor's distributed calibration (distributed.py)
     samples = calibration_share(samples)  # this rank's part (all of them in one process)
-    recipe = build_recipe(cfg, transform)
+    recipe = build_recipe(cfg, modifiers, transform)
     kwargs = {}
     if samples:
         kwargs = dict(dataset=_dataset(samples), processor=_NoProcessor(), num_calibration_samples=len(samples),

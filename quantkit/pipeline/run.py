@@ -160,7 +160,7 @@ class Runner:
         is read now (it exists, it is text), as the eval texts are; a calibrated variant without one
         fails on its own, and the others go on."""
         from quantkit.data.calib import check_source
-        from quantkit.quantize.convert import needs_calibration
+        from quantkit.quantize.job import needs_calibration
         from quantkit.models.checkpoint import read_config
         from quantkit.quantize.preflight import check_context
 
@@ -196,10 +196,12 @@ class Runner:
 
     def conversion(self, v: Variant, meta: dict | None = None):
         """What `convert` gets for variant `v`: (the one-variant recipe, source, artifact directory, options)."""
-        from quantkit.quantize.convert import ConvertOptions
+        from quantkit.plan.plans import memory_warning
+        from quantkit.quantize.job import ConvertOptions
 
         single = self.recipe.model_copy(update={"variants": (v,), "steps": ()})
-        return single, str(self.src), self.dir / "artifacts" / v.name, ConvertOptions(calib=self.calib, force=True, inputs=self.inputs(), meta=meta)
+        opts = ConvertOptions(calib=self.calib, force=True, inputs=self.inputs(), meta=meta, memory_check=memory_warning)
+        return single, str(self.src), self.dir / "artifacts" / v.name, opts
 
     def convert(self, v: Variant) -> Path:
         if not v.steps:

@@ -3,10 +3,10 @@
 From config.json and the safetensors headers alone (the model's skeleton on the meta device
 gives the layer shapes): parameters, bytes at each stage, predicted peak RAM (and VRAM on a GPU),
 disk, whether it offloads, and a time estimate from this device's probed figures and a model of
-the work. The cost functions here are pure (numbers in, numbers out); reading headers, probing
-the device and printing live in the last section.
+the work. The cost functions here are pure (numbers in, numbers out); reading headers and probing
+the device live in plan/plans.py.
 
-What the model counts (docs/PERFORMANCE.md, "Scale" compares it with measurements):
+What the model counts (benchmarks/scale.py compares it with measurements):
 - GPTQ (llm-compressor's sequential pipeline): per decoder layer two forwards of the calibration
   tokens (calibrate, then propagate the quantized output), 2·n·c² FLOPs to accumulate each
   linear's Hessian (c input columns, n tokens), and a solve of ~r·c² + c³ FLOPs (r rows) plus a
@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from quantkit.bench.selfcheck import reference_in_float32
+
 GB = 1e9
 
 # Measured on this project's reference machine (2 Xeon cores with AMX, torch 2.13 CPU,
-# `scripts/bench_scale.py`, docs/PERFORMANCE.md "Scale"); each is a fraction of a probed peak
+# `benchmarks/scale.py`); each is a fraction of a probed peak
 # or a fixed cost, so another device scales them by its own probe.
 BASE_RSS = {"convert": 1.00 * GB, "eval": 0.80 * GB, "bench": 0.90 * GB}  # torch + transformers (+ llm-compressor) imported
 STARTUP_S = {"convert": 12.0, "eval": 8.0, "bench": 8.0}  # imports, config, tokenizer, hashing small files
@@ -39,13 +41,13 @@ SAVE_BPS = 0.25 * GB  # compressed-tensors packing plus the write, per byte of t
 RETAINED = 0.5  # eval/bench: share of a freed model the allocator still holds when the next one loads
 # convert: the calibration model is all still resident when the reload check loads the artifact
 # beside it (measured: 3.7 GB before the reload of the 1.2B shape, peak 7.13 GB = that + 2.47 GB
-# reloaded + the 1.04 GB artifact; docs/PERFORMANCE.md "Scale"); 0.5 under-predicted it by 19%
+# reloaded + the 1.04 GB artifact; benchmarks/scale.py); 0.5 under-predicted it by 19%
 RELOAD_RETAINED = 1.0
 # batch-1 decode reaches ~50% of the read floor on the CPU at 0.5-1.2B, 36% on the 135M demo (compiled
-# engine under issue 15's accounting; docs/PERFORMANCE.md "Scale", rule check)
+# engine's byte accounting; benchmarks/scale.py, rule check)
 DECODE_EFF = 0.5
 # torch.compile on a cold inductor cache (graph capture, codegen, C++ builds), on top of the engine's
-# model: measured +2.35 GB on the demo's bench and +1.6 GB at 0.5B (docs/PERFORMANCE.md "Scale");
+# model: measured +2.35 GB on the demo's bench and +1.6 GB at 0.5B (benchmarks/scale.py);
 # counted on the CPU, where the compiled engine runs its model
 COMPILE_RSS = 2.4 * GB
 PROBE_S = 8.0  # `bench`'s device probe, run before and after the timings
@@ -155,7 +157,6 @@ def window_bytes(m: Model, seq_len: int) -> int:
 
 @dataclass(frozen=True)
 class ConvertWork:
-    method: str  # rtn | gptq | awq | w8a8 | bnb-nf4 | bnb-int8 | gqa
     calib_tokens: int
     seq_len: int
     calib_itemsize: int  # bytes per parameter while calibrating
@@ -164,6 +165,12 @@ class ConvertWork:
     offload_cpu_bytes: int | None  # the RAM budget when the model is offloaded to disk
     layerwise: bool  # llm-compressor's pipeline: weights stay in RAM, one layer on the device
     first_hash: bool  # the checkpoint's sha256 is not memoized yet
+    # What the method costs (methods/registry.py: calibrates, passes, hessians); a gqa step costs
+    # its statistics pass and its recovery instead.
+    calibrates: bool = False  # keeps calibration activations (llm-compressor's cache, a window in flight)
+    passes: int = 0  # forwards over the calibration tokens per layer; 0: one elementwise pass over the weights
+    hessians: bool = False  # GPTQ's per-layer Hessians and their solve
+    gqa: bool = False
     recover_tokens: int = 0  # GQA recovery: distillation tokens ...
     recover_max_s: float = 0.0  # ... and its time bound (recover.max_minutes)
 
@@ -172,11 +179,11 @@ def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
     # GQA keeps the model in float32 and, to recover, a bf16 teacher and a bf16 student beside it
     calib_model = m.params * (w.calib_itemsize + (4 if w.recover_tokens else 0))
     in_ram = min(calib_model, w.offload_cpu_bytes) if w.offload_cpu_bytes is not None else calib_model
-    calibrating = w.method not in ("rtn", "bnb-nf4", "bnb-int8") and w.calib_tokens > 0
+    calibrating = (w.calibrates or w.gqa) and w.calib_tokens > 0
     cache = activation_bytes(m, w.calib_tokens, w.seq_len, w.calib_itemsize) if calibrating and w.layerwise else 0
     window = window_bytes(m, w.seq_len) if calibrating else 0
     layer = m.layer_linear_params * w.calib_itemsize
-    gptq_ws = hessian_bytes(m) + solve_bytes(m) if w.method in ("gptq", "w8a8") or (w.method == "awq" and calibrating) else 0
+    gptq_ws = hessian_bytes(m) + solve_bytes(m) if w.hessians and calibrating else 0
     reload = min(m.params * m.itemsize, w.offload_cpu_bytes or m.params * m.itemsize)
     stages = {"source": m.weight_bytes, "calibration_model": calib_model, "calibration_working_set": cache + window + gptq_ws,
               "artifact": w.artifact_bytes, "reload_check": reload}
@@ -201,16 +208,17 @@ def convert_time(m: Model, w: ConvertWork, mc: Machine) -> dict:
     flops = mc.bf16_flops if w.calib_itemsize == 2 else mc.fp32_flops
     t = {"startup": STARTUP_S["convert"], "hash": m.weight_bytes / HASH_BPS if w.first_hash else 0.0,
          "load": m.weight_bytes / LOAD_BPS}
-    if w.method in ("gptq", "w8a8", "awq"):
-        passes = 2 if w.method == "gptq" else 3  # AWQ/SmoothQuant add a smoothing pass
-        t["calibration_forward"] = passes * forward_flops(m, w.calib_tokens, w.seq_len) / (flops * MATMUL_EFF)
-        t["hessians"] = hessian_flops(m, w.calib_tokens) / (mc.fp32_flops * MATMUL_EFF)
-        t["gptq_solve"] = solve_flops(m) / (mc.fp32_flops * SOLVE_EFF) + m.layers * sum(c for _, c in m.layer_linears) * COLUMN_S.get(mc.device_type, COLUMN_S["cpu"])
-    elif w.method == "gqa":
+    if w.gqa:
         t["statistics"] = forward_flops(m, w.calib_tokens, w.seq_len) / (flops * MATMUL_EFF)
         # a distillation step: the teacher's forward, the student's forward and backward (~3x a forward)
         train = 4 * forward_flops(m, w.recover_tokens, w.seq_len, with_head=True) / (mc.bf16_flops * MATMUL_EFF)
         t["recovery"] = min(train, w.recover_max_s) if w.recover_tokens else 0.0
+    elif w.passes:
+        t["calibration_forward"] = w.passes * forward_flops(m, w.calib_tokens, w.seq_len) / (flops * MATMUL_EFF)
+        if w.hessians:
+            t["hessians"] = hessian_flops(m, w.calib_tokens) / (mc.fp32_flops * MATMUL_EFF)
+            t["gptq_solve"] = (solve_flops(m) / (mc.fp32_flops * SOLVE_EFF)
+                               + m.layers * sum(c for _, c in m.layer_linears) * COLUMN_S.get(mc.device_type, COLUMN_S["cpu"]))
     else:
         t["quantize"] = m.params * w.calib_itemsize / (mc.read_bps * 0.05)  # observers and rounding: elementwise passes
     t["save"] = m.params * m.itemsize / SAVE_BPS
@@ -281,12 +289,6 @@ class BenchWork:
     reference_bytes: tuple[int, ...] = ()  # the self-check's reference load of each checkpoint (0: none)
 
 
-def reference_in_float32(float32_bytes: float, free_bytes: float) -> bool:
-    """The bench self-check's reference runs in float32 where that takes under a third of the
-    device's free memory, else in bfloat16 (bench/selfcheck.reference_dtype)."""
-    return 3 * float32_bytes < free_bytes
-
-
 def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     """Models are benchmarked one after another: the peak is the largest one loaded; the time is
     each one's load, its warm-ups and repeats of a prefill and `gen_len` decode steps."""
@@ -296,7 +298,7 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     # the self-check's reference, on the bench's device before the engine loads: float32 where it
     # takes under a third of the free memory, else bfloat16 (bench/selfcheck.reference_dtype); on
     # the CPU beside the mapped checkpoint file (measured at 0.5B/1.2B: 0.95x of base + file +
-    # float32 copy; docs/PERFORMANCE.md "Scale")
+    # float32 copy; benchmarks/scale.py)
     refs = [r if reference_in_float32(r, mc.device_free) else r // 2 for r in (w.reference_bytes or (0,) * len(w.loaded_bytes))]
     compiling = COMPILE_RSS if w.compile_s else 0
     held = max(max(loaded + ref, (1 + RETAINED) * loaded + kv + compiling) for loaded, ref in zip(w.loaded_bytes, refs))

@@ -1,6 +1,7 @@
 """The wiring behind `--plan`: read a command's inputs (config.json, safetensors headers, the
 meta-device skeleton), probe the device for a second, and hand numbers to quantkit.plan.cost's cost
-functions; then print the plan, or exit 2 when it cannot fit. Nothing here loads a weight."""
+functions. Nothing here loads a weight. `convert --plan` costs the same prepared job `convert`
+runs (quantize/job.py); `run --plan` is pipeline/plan.py; the commands print the plan."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def quick_probe(device) -> dict:
     """This device's figures in about a second: a streaming read, bf16 and float32 matmuls
     (best of 5). `quantkit bench --probe` measures more carefully; a plan must not take minutes.
     QUANTKIT_PLAN_PROBE (JSON of these figures) replays figures recorded earlier, so a plan can be
-    recomputed for the machine state a measurement ran in (scripts/bench_scale.py --replan)."""
+    recomputed for the machine state a measurement ran in (benchmarks/scale.py --replan)."""
     import json
     import os
     import time
@@ -129,61 +130,48 @@ def _duration(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-def show(plan: Plan, as_json: bool) -> None:
-    """Print the plan; one that cannot fit then exits 2 with one line naming what would make it fit."""
-    import click
-
-    from quantkit.errors import QuantkitError
-
-    if as_json:
-        from quantkit.cli._common import echo_json
-
-        echo_json(plan.to_dict())
-    else:
-        click.echo(render(plan))
-    if not plan.fits:
-        raise QuantkitError(f"the plan does not fit: {'; '.join(plan.problems)}; to fit: {' or '.join(plan.advice)}")
-
-
 # ---------------------------------------------------------------- the commands
 
 
 def plan_convert(recipe, model_ref: str | None, out: Path, opts, variant_name: str | None = None) -> Plan:
-    """`convert --plan`: `convert`'s own checks (convert.check_inputs and convert.prepare: every
-    refusal the command makes before loading), then the cost; nothing is loaded, locked or written."""
-    from quantkit.quantize.convert import check_inputs, prepare
+    """`convert --plan`: `convert`'s own checks (job.check_inputs and job.prepare: every refusal
+    the command makes before loading), then the cost; nothing is loaded, locked or written."""
+    from quantkit.quantize.job import check_inputs, prepare
 
     check_inputs(recipe, model_ref, out, opts)
-    job = prepare(recipe, model_ref, out, opts, variant_name, planning=True)
-    model = read_model(job.src, opts.trust_remote_code, job.skeleton)
-    return convert_plan(model, convert_work(job, job.skeleton), this_machine(job.device, out.parent))
+    return convert_job_plan(prepare(recipe, model_ref, out, opts, variant_name))
 
 
-def memory_warning(job, skeleton, out: Path) -> str | None:
-    """`convert`'s check before loading: one line when the predicted peak exceeds what the
-    machine has (a prediction, so a warning, not a refusal; `--plan` shows the whole estimate)."""
-    plan = convert_plan(read_model(job.src, job.opts.trust_remote_code, skeleton), convert_work(job, skeleton),
-                        this_machine(job.device, out.parent, probe=False))
+def convert_job_plan(job, probe: bool = True) -> Plan:
+    """The cost of a prepared convert job on its calibration device (`probe`: time the device;
+    without it, the memory and disk figures alone mean something)."""
+    model = read_model(job.src, job.opts.trust_remote_code, job.skeleton)
+    return convert_plan(model, convert_work(job), this_machine(job.device, job.out.parent, probe=probe))
+
+
+def memory_warning(job) -> str | None:
+    """`convert`'s check before loading (ConvertOptions.memory_check): one line when the predicted
+    peak exceeds what the machine has (a prediction, so a warning, not a refusal)."""
+    plan = convert_job_plan(job, probe=False)
     memory = [p for p in plan.problems if "disk" not in p]  # disk space is artifact.check_free_space's to refuse
     if not memory:
         return None
     return f"warning: this conversion {memory[0]}; it may run out of memory (to fit: {' or '.join(plan.advice)}; details: --plan)"
 
 
-def convert_work(job, skeleton) -> ConvertWork:
-    """What the cost model needs to know about a prepared convert.Job."""
-    from quantkit.quantize import convert as C
-
+def convert_work(job) -> ConvertWork:
+    """What the cost model needs to know about a prepared convert job (quantize/job.py ConvertJob):
+    its sizes and precisions, and the method's costs from its registry entry."""
     c = job.recipe.calibration
-    quantizing = job.quant is not None and not job.has_gqa
+    method = job.method if not job.has_gqa else None  # a gqa step's float32 model and recovery dominate the cost
+    dtype = job.quant_dtype if method is not None else job.compute_dtype
+    costs = dict(calibrates=method.calibrates, passes=method.passes, hessians=method.hessians) if method is not None else dict(gqa=job.has_gqa)
     rec = next((st.gqa.recover for st in job.variant.steps if st.gqa is not None and st.gqa.recover), None)
-    dtype = C.quant_dtype(job) if quantizing else C.compute_dtype(job)
-    return ConvertWork(method=job.quant.method if quantizing else "gqa", seq_len=c.seq_len,
-                       calib_tokens=c.samples * c.seq_len if C.needs_calibration(job.variant) else 0,
-                       calib_itemsize=4 if dtype == "float32" else 2, artifact_bytes=C._artifact_bytes(job, skeleton),
-                       disk_bytes=C._disk_needed(job, skeleton), offload_cpu_bytes=job.offload.cpu_bytes if job.offload else None,
-                       layerwise=job.export_format == "compressed-tensors" and not job.has_gqa, first_hash=True,
-                       recover_tokens=rec.tokens if rec else 0, recover_max_s=rec.max_minutes * 60 if rec else 0.0)
+    return ConvertWork(seq_len=c.seq_len, calib_tokens=c.samples * c.seq_len if job.needs_calibration else 0,
+                       calib_itemsize=4 if dtype == "float32" else 2, artifact_bytes=job.artifact_bytes, disk_bytes=job.disk_bytes,
+                       offload_cpu_bytes=job.offload.cpu_bytes if job.offload else None,
+                       layerwise=method is not None and method.layerwise, first_hash=True,
+                       recover_tokens=rec.tokens if rec else 0, recover_max_s=rec.max_minutes * 60 if rec else 0.0, **costs)
 
 
 def plan_eval(model_path: Path, base_path: Path, texts: list[str], **options) -> Plan:
@@ -231,7 +219,7 @@ def bench_work(sources: list, settings) -> tuple[Model, BenchWork]:
 
 # torch.compile per model: the decode graph with its warm-ups (7.5-16 s at 135M-1.2B on 2 CPU cores)
 # and the self-check's all-positions graph (25-35 s on inductor's cold cache, 7-27 s warm); a first
-# run's cold figure (docs/PERFORMANCE.md "Scale")
+# run's cold figure (benchmarks/scale.py)
 COMPILE_S = 30.0
 
 
@@ -293,74 +281,3 @@ def _bench_prechecks(sources: list, settings) -> None:
     if failed:
         src, exc = failed[0]
         raise QuantkitError(f"{src} would fail: {exc} (the bench reports it failed and goes on with the others)")
-
-
-def plan_run(recipe, opts) -> Plan:
-    """`run --plan`: the run's own checks (building run.Runner: the model, --out, every text), each
-    variant's `convert` checks as the run passes them (convert.check_inputs and convert.prepare),
-    then each variant's convert, eval (when the run evaluates) and one bench of all per engine."""
-    from quantkit.pipeline.run import Runner, with_baseline
-
-    runner = Runner(recipe, opts)
-    plans, shapes = [], []
-    for v in with_baseline(recipe):
-        if v.steps:
-            job = _run_variant_job(runner, v)
-            model = read_model(job.src, skeleton=job.skeleton)
-            work = convert_work(job, job.skeleton)
-            plans.append(convert_plan(model, work, this_machine(job.device, runner.dir)))
-            shapes.append((model, work.artifact_bytes))
-    ev = recipe.eval
-    n_texts = len(runner.eval_texts)  # the recipe's, --eval-text, or the default domains (evals/domains.py)
-    if shapes and n_texts:
-        dev = _device(ev.device)
-        mc = this_machine(dev)
-        elem = 4 if (ev.dtype or ("float32" if dev.type == "cpu" else "bfloat16")) == "float32" else 2
-        for _engine in ev.engines:  # llama.cpp scores the same windows from a GGUF export: costed like transformers' pass
-            for model, art in shapes:
-                plans.append(eval_plan(model, Model(**{**model.__dict__, "weight_bytes": art}), n_texts * (ev.max_tokens // ev.seq_len) * ev.seq_len,
-                                       ev.seq_len, elem, mc, art, first_hash=True))
-    if shapes and not opts.skip_bench:
-        plans += _run_bench_plans(recipe, shapes)
-    if not plans:
-        from quantkit.errors import RecipeError
-
-        raise RecipeError(f"{recipe.name}: nothing to plan: no variant has steps")
-    return combine("run", plans)
-
-
-def _run_variant_job(runner, v):
-    """The checks `run` has `convert` make for variant `v`. A variant that fails them is reported
-    failed by the run, which goes on with the others; its plan stops here, naming it."""
-    from quantkit.quantize.convert import check_inputs, prepare
-    from quantkit.errors import QuantkitError
-
-    single, src, out, opts = runner.conversion(v)
-    try:
-        check_inputs(single, src, out, opts)
-        return prepare(single, src, out, opts, v.name, planning=True)
-    except QuantkitError as exc:
-        raise QuantkitError(f"variant {v.name} would fail: {exc} (the run reports it failed and goes on with the others)") from None
-
-
-def _run_bench_plans(recipe, shapes) -> list[Plan]:
-    """One bench of every variant and the baseline per engine of bench.engines."""
-    from quantkit.bench.settings import BenchSettings
-
-    b = recipe.bench
-    model = shapes[0][0]
-    n = len(shapes) + 1  # the variants and the baseline
-    plans = []
-    for engine in b.engines or (b.engine,):
-        s = BenchSettings(device=b.device, engine=engine, prompt_len=b.prompt_len, gen_len=b.gen_len, repeats=b.repeats)
-        work = BenchWork(s.prompt_len, s.gen_len, s.warmups + s.repeats, tuple(float(a) for _, a in shapes) + (float(model.weight_bytes),),
-                         tuple(a for _, a in shapes) + (model.params * 2,), COMPILE_S if s.engine == "compiled" else 0.0,
-                         (forward_flops(model, s.prompt_len, s.prompt_len, with_head=True),) * n, (model.params * 4,) * n)
-        plans.append(bench_plan(model, work, this_machine(s.device)))
-    return plans
-
-
-def _device(spec):
-    from quantkit.device import resolve
-
-    return resolve(spec)

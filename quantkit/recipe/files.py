@@ -1,6 +1,6 @@
 """Recipe files: reading YAML, includes, `--set` overrides, and errors that name the file and key.
 
-The schema (typed, frozen configs and their cross-checks) is quantkit/recipe.py; everything that
+The schema (typed, frozen configs and their cross-checks) is recipe/schema.py; everything that
 touches a file or a user's string on its way there is here. Includes (`variants[i].recipe`) stay
 in the including recipe's directory tree unless the user allows another directory (--include-dir).
 """
@@ -17,7 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from quantkit.errors import RecipeError
-from quantkit.recipe.schema import METHOD_CONFIGS, Recipe
+from quantkit.recipe.schema import Recipe
 
 _PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
@@ -44,7 +44,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     path, raw = assignment.split("=", 1)
     keys = parse_key_path(path.strip())
     try:
-        value = yaml.load(raw, Loader=_NoAliasLoader) if raw.strip() else None  # noqa: S506 (a SafeLoader)
+        value = yaml.load(raw, Loader=NoAliasLoader) if raw.strip() else None  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError:
         raise RecipeError(f"--set {assignment}: the value is not valid YAML") from None
     node: Any = data
@@ -81,16 +81,6 @@ def format_loc(loc: tuple | list) -> str:
     return out or "(top level)"
 
 
-def _clean_loc(loc: tuple) -> list:
-    """Drop pydantic's union tags (the method name) from an error location."""
-    cleaned = []
-    for i, part in enumerate(loc):
-        if i > 0 and loc[i - 1] == "quantize" and part in METHOD_CONFIGS:
-            continue
-        cleaned.append(part)
-    return cleaned
-
-
 def _message(err: dict) -> str:
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "extra_forbidden":
@@ -99,10 +89,6 @@ def _message(err: dict) -> str:
         return "required key is missing"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}"
-    if kind == "union_tag_invalid":
-        return f"unknown method {ctx.get('tag')!r}; valid methods: {', '.join(METHOD_CONFIGS)}"
-    if kind == "union_tag_not_found":
-        return f"needs a 'method' key; valid methods: {', '.join(METHOD_CONFIGS)}"
     if kind == "string_pattern_mismatch" and err["loc"] and err["loc"][-1] == "name":
         return ("must be a plain name (letters, digits, '.', '_', '-', starting with a letter or digit, at most 100): "
                 "it names a directory")
@@ -114,7 +100,7 @@ def format_validation_error(source: str, exc: ValidationError, origin=None) -> s
     """`origin(loc)` may name where a key came from (an included file, a --set) as (source, loc)."""
     errors = exc.errors()
     first = errors[0]
-    loc = _clean_loc(first["loc"])
+    loc = list(first["loc"])
     source, loc = (origin(loc) if origin else None) or (source, loc)
     line = f"{source}: {format_loc(loc) + ': ' if loc else ''}{_message(first)}"
     if len(errors) > 1:
@@ -134,7 +120,7 @@ def recipe_from_dict(data: Any, source: str = "<recipe>", origin=None) -> Recipe
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; anything larger is not one
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+class NoAliasLoader(yaml.SafeLoader):
     """safe_load without YAML aliases: `*ref` expands to shared objects, and nested ones make a
     few hundred bytes validate as billions of nodes (the "billion laughs" document)."""
 
@@ -173,7 +159,7 @@ def load_raw(path: str | Path, label: str | None = None) -> Any:
     if not p.is_file():
         raise RecipeError(f"{label}: no such recipe file")
     try:
-        data = yaml.load(_read_recipe_text(p, label), Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader)
+        data = yaml.load(_read_recipe_text(p, label), Loader=NoAliasLoader)  # noqa: S506 (a SafeLoader)
     except RecursionError:
         raise RecipeError(f"{label}: not valid YAML (nested too deeply)") from None
     except yaml.YAMLError as exc:
@@ -280,8 +266,4 @@ def load_recipe(path: str | Path, overrides: tuple[str, ...] | list[str] = (), i
     included = _include_variant_recipes(data, Path(path), tuple(Path(d) for d in include_dirs))
     for assignment in overrides:
         apply_override(data, assignment)
-    recipe = recipe_from_dict(data, str(path), _origin(path, included, overrides))
-    from quantkit.methods import check_implemented  # the registry knows what has landed
-
-    check_implemented(recipe, str(path))
-    return recipe
+    return recipe_from_dict(data, str(path), _origin(path, included, overrides))

@@ -6,167 +6,19 @@ must be one of 32, 64, 128 or -1``). Deeper code trusts what comes out of here.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidatorFunctionWrapHandler, field_validator, model_validator
+
+from quantkit.methods.configs import MethodConfig
+from quantkit.methods.registry import METHODS, names, spoken
 
 SCHEMA_VERSION = 1
-GroupSize = Literal[32, 64, 128, -1]
-Bits = Literal[4, 8]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-
-# ---------------------------------------------------------------- quantize methods
-
-
-class LayerOverride(_Strict):
-    """Mixed precision: layers whose names match `targets` get other settings.
-
-    Targets are regexes matched from the start of the module name (re.match, as
-    llm-compressor does): `.*mlp\\.down_proj$`, `model\\.layers\\.0\\..*`.
-    """
-
-    targets: tuple[str, ...] = Field(min_length=1)
-    bits: Bits = 8
-    group_size: GroupSize = -1
-    symmetric: bool = True
-
-
-class _WeightOnly(_Strict):
-    bits: Bits = 4
-    group_size: GroupSize = 128
-    symmetric: bool = True
-    observer: Literal["minmax", "mse"] = "minmax"
-    ignore: tuple[str, ...] = ("lm_head",)
-    overrides: tuple[LayerOverride, ...] = ()
-    calibrated: ClassVar[bool] = True
-
-    @property
-    def weight_bits(self) -> int:
-        return self.bits
-
-
-class RTNConfig(_WeightOnly):
-    """Round-to-nearest: no calibration data."""
-
-    method: Literal["rtn"]
-    calibrated: ClassVar[bool] = False
-
-
-class GPTQConfig(_WeightOnly):
-    """GPTQ (Frantar et al. 2022) through llm-compressor."""
-
-    method: Literal["gptq"]
-    # llm-compressor's default: columns by decreasing Hessian diagonal, groups kept in place (no
-    # g_idx, so no runtime cost). On the demo: +21.4% PPL with it, +38.5% without (W4 g64).
-    actorder: Literal["static", "group", "weight"] | None = "static"
-    dampening: float = Field(0.01, gt=0, lt=1)
-    block_size: int = Field(128, ge=1)
-
-
-class AWQConfig(_WeightOnly):
-    """AWQ (Lin et al. 2023) activation-aware scaling, then RTN or GPTQ rounding."""
-
-    method: Literal["awq"]
-    rounding: Literal["rtn", "gptq"] = "rtn"
-    duo_scaling: bool = True
-    actorder: Literal["static", "group", "weight"] | None = "static"  # with rounding: gptq
-    dampening: float = Field(0.01, gt=0, lt=1)
-
-
-# auto-round 0.15.1's presets (auto_round/cli/main.py RECIPES; README "auto-round-best/-light"):
-# default 200 iterations, 128 samples, lr auto (1/iters); best 1000 iterations, 512 samples;
-# light 50 iterations, lr 5e-3, 128 samples. All three tune 2048-token sequences in batches of 8;
-# quantkit takes the sequence length from `calibration.seq_len`.
-AUTOROUND_PRESETS: dict[str, dict[str, Any]] = {
-    "default": {"iters": 200, "lr": None, "samples": 128},
-    "best": {"iters": 1000, "lr": None, "samples": 512},
-    "light": {"iters": 50, "lr": 5e-3, "samples": 128},
-}
-
-
-class AutoRoundConfig(_WeightOnly):
-    """AutoRound (Cheng et al. 2024: sign-gradient descent on rounding and clipping, block by block)
-    through llm-compressor's AutoRoundModifier. Unset iters and lr come from the preset (filled in
-    when the recipe is read, so quantkit.json records the values used)."""
-
-    method: Literal["autoround"]
-    preset: Literal["default", "best", "light"] = "default"
-    iters: int | None = Field(None, ge=1)  # None only while another key is invalid: _preset fills it
-    lr: float | None = Field(None, gt=0, lt=1)
-    # Calibration windows AutoRound tunes on (the first N of the calibration set); must not exceed
-    # calibration.samples. Unset: the preset's count, or every calibration window if fewer.
-    samples: int | None = Field(None, ge=1)
-    batch_size: int = Field(8, ge=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _preset(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("preset", "default") not in AUTOROUND_PRESETS:
-            return data  # the field's own validation reports it
-        preset = AUTOROUND_PRESETS[data.get("preset", "default")]
-        out = dict(data)
-        if out.get("iters") is None:
-            out["iters"] = preset["iters"]
-            if out.get("lr") is None and preset["lr"] is not None:
-                out["lr"] = preset["lr"]
-        iters = out["iters"]
-        if out.get("lr") is None and isinstance(iters, int) and iters > 0:
-            out["lr"] = 1.0 / iters  # auto-round's rule for 4+ bits (SignRoundConfig._lr_for_bits)
-        return out
-
-    def resolved_samples(self, available: int) -> int:
-        return self.samples if self.samples is not None else min(AUTOROUND_PRESETS[self.preset]["samples"], available)
-
-
-class W8A8Config(_Strict):
-    """SmoothQuant (Xiao et al. 2022) + GPTQ: int8 weights per channel, dynamic per-token int8 activations."""
-
-    method: Literal["w8a8"]
-    smoothing_strength: float = Field(0.8, gt=0, lt=1)
-    dampening: float = Field(0.01, gt=0, lt=1)
-    ignore: tuple[str, ...] = ("lm_head",)
-    calibrated: ClassVar[bool] = True
-    weight_bits: ClassVar[int] = 8
-
-
-class BnbNF4Config(_Strict):
-    """bitsandbytes NF4 (Dettmers et al. 2023): no calibration, blocks of 64."""
-
-    method: Literal["bnb-nf4"]
-    double_quant: bool = True
-    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    ignore: tuple[str, ...] = ("lm_head",)
-    calibrated: ClassVar[bool] = False
-    weight_bits: ClassVar[int] = 4
-
-
-class BnbInt8Config(_Strict):
-    """bitsandbytes LLM.int8() (Dettmers et al. 2022): no calibration."""
-
-    method: Literal["bnb-int8"]
-    threshold: float = Field(6.0, ge=0)
-    ignore: tuple[str, ...] = ("lm_head",)
-    calibrated: ClassVar[bool] = False
-    weight_bits: ClassVar[int] = 8
-
-
-METHOD_CONFIGS: dict[str, type[_Strict]] = {
-    "rtn": RTNConfig,
-    "gptq": GPTQConfig,
-    "awq": AWQConfig,
-    "autoround": AutoRoundConfig,
-    "w8a8": W8A8Config,
-    "bnb-nf4": BnbNF4Config,
-    "bnb-int8": BnbInt8Config,
-}
-QuantizeConfig = Annotated[
-    Union[RTNConfig, GPTQConfig, AWQConfig, AutoRoundConfig, W8A8Config, BnbNF4Config, BnbInt8Config],
-    Field(discriminator="method"),
-]
 
 # ---------------------------------------------------------------- gqa
 
@@ -251,9 +103,26 @@ class TransformStepConfig(_Strict):
 class Step(_Strict):
     """One step: exactly one of `quantize`, `gqa` or `transform`."""
 
-    quantize: QuantizeConfig | None = None
+    # The method's own config class (methods/registry.py METHODS[method].config); serialized as that class.
+    quantize: SerializeAsAny[MethodConfig] | None = None
     gqa: GqaConfig | None = None
     transform: TransformStepConfig | None = None
+
+    @field_validator("quantize", mode="wrap")
+    @classmethod
+    def _method_config(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """`quantize: {method: NAME, ...}` is validated by NAME's config class, looked up when the
+        recipe is read; errors keep their key path (steps[0].quantize.group_size)."""
+        if data is None or isinstance(data, MethodConfig):
+            return handler(data)
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a mapping (method: NAME and its keys); valid methods: {', '.join(METHODS)}")
+        if "method" not in data:
+            raise ValueError(f"needs a 'method' key; valid methods: {', '.join(METHODS)}")
+        method = METHODS.get(data["method"]) if isinstance(data["method"], str) else None
+        if method is None:
+            raise ValueError(f"unknown method {str(data['method'])!r}; valid methods: {', '.join(METHODS)}")
+        return method.config.model_validate(data)
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Step":
@@ -433,8 +302,8 @@ def _check_transform_step(steps: tuple[Step, ...], kinds: list[str]) -> None:
     if kinds[i + 1 : i + 2] != ["quantize"]:
         raise ValueError("a transform step must be followed by its quantize step (gqa, then transform, then quantize)")
     method = steps[i + 1].quantize.method
-    if method not in ("rtn", "gptq", "awq", "autoround", "w8a8"):
-        raise ValueError(f"a transform step composes with rtn, gptq, awq, autoround or w8a8 (llm-compressor), not {method}")
+    if not METHODS[method].rotates:
+        raise ValueError(f"a transform step composes with {spoken(names('rotates'))} (llm-compressor), not {method}")
 
 
 def _check_effective_steps(recipe: "Recipe") -> None:
@@ -486,19 +355,3 @@ class Recipe(_Strict):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
-
-
-# ---------------------------------------------------------------- files
-
-# Reading recipe files (YAML, includes, --set, error locations) lives in recipe_files.py; these
-# names stay importable from here.
-_FILE_API = ("apply_override", "format_loc", "format_validation_error", "include_target", "load_raw", "load_recipe",
-             "parse_key_path", "plain_name", "recipe_from_dict")
-
-
-def __getattr__(name: str):
-    if name in _FILE_API:
-        from quantkit.recipe import files as recipe_files
-
-        return getattr(recipe_files, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

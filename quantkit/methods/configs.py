@@ -1,0 +1,170 @@
+"""The recipe's `quantize:` section of each method: frozen, validated pydantic models.
+
+The recipe schema finds the class for a step through the method registry (methods/registry.py),
+so a method's config lives here and nowhere else names it. Every config carries what the export
+and the plan need to know about the stored weights: `weight_bits`, `storage_group` (the group its
+scales cover, -1 per output channel) and `scheme` (how quantkit.json names it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GroupSize = Literal[32, 64, 128, -1]
+Bits = Literal[4, 8]
+
+
+class MethodConfig(BaseModel):
+    """The base of every method's config: unknown keys refused, frozen once read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Each config has `method: Literal[NAME]` (its registry key), `ignore` (module names left
+    # unquantized) and `weight_bits`; fields are declared in the subclasses, in the order a recipe
+    # dump shows them.
+    storage_group: ClassVar[int] = -1
+
+    @property
+    def scheme(self) -> str:
+        return f"W{self.weight_bits}A16"
+
+
+class LayerOverride(BaseModel):
+    """Mixed precision: layers whose names match `targets` get other settings.
+
+    Targets are regexes matched from the start of the module name (re.match, as
+    llm-compressor does): `.*mlp\\.down_proj$`, `model\\.layers\\.0\\..*`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    targets: tuple[str, ...] = Field(min_length=1)
+    bits: Bits = 8
+    group_size: GroupSize = -1
+    symmetric: bool = True
+
+
+class WeightOnly(MethodConfig):
+    """Integer weights in groups (or per channel), activations left in 16 bits."""
+
+    bits: Bits = 4
+    group_size: GroupSize = 128
+    symmetric: bool = True
+    observer: Literal["minmax", "mse"] = "minmax"
+    ignore: tuple[str, ...] = ("lm_head",)
+    overrides: tuple[LayerOverride, ...] = ()
+
+    @property
+    def weight_bits(self) -> int:
+        return self.bits
+
+    @property
+    def storage_group(self) -> int:  # type: ignore[override]
+        return self.group_size
+
+
+class RTNConfig(WeightOnly):
+    """Round-to-nearest: no calibration data."""
+
+    method: Literal["rtn"]
+
+
+class GPTQConfig(WeightOnly):
+    """GPTQ (Frantar et al. 2022) through llm-compressor."""
+
+    method: Literal["gptq"]
+    # llm-compressor's default: columns by decreasing Hessian diagonal, groups kept in place (no
+    # g_idx, so no runtime cost). On the demo: +21.4% PPL with it, +38.5% without (W4 g64).
+    actorder: Literal["static", "group", "weight"] | None = "static"
+    dampening: float = Field(0.01, gt=0, lt=1)
+    block_size: int = Field(128, ge=1)
+
+
+class AWQConfig(WeightOnly):
+    """AWQ (Lin et al. 2023) activation-aware scaling, then RTN or GPTQ rounding."""
+
+    method: Literal["awq"]
+    rounding: Literal["rtn", "gptq"] = "rtn"
+    duo_scaling: bool = True
+    actorder: Literal["static", "group", "weight"] | None = "static"  # with rounding: gptq
+    dampening: float = Field(0.01, gt=0, lt=1)
+
+
+# auto-round 0.15.1's presets (auto_round/cli/main.py RECIPES; README "auto-round-best/-light"):
+# default 200 iterations, 128 samples, lr auto (1/iters); best 1000 iterations, 512 samples;
+# light 50 iterations, lr 5e-3, 128 samples. All three tune 2048-token sequences in batches of 8;
+# quantkit takes the sequence length from `calibration.seq_len`.
+AUTOROUND_PRESETS: dict[str, dict[str, Any]] = {
+    "default": {"iters": 200, "lr": None, "samples": 128},
+    "best": {"iters": 1000, "lr": None, "samples": 512},
+    "light": {"iters": 50, "lr": 5e-3, "samples": 128},
+}
+
+
+class AutoRoundConfig(WeightOnly):
+    """AutoRound (Cheng et al. 2024: sign-gradient descent on rounding and clipping, block by block)
+    through llm-compressor's AutoRoundModifier. Unset iters and lr come from the preset (filled in
+    when the recipe is read, so quantkit.json records the values used)."""
+
+    method: Literal["autoround"]
+    preset: Literal["default", "best", "light"] = "default"
+    iters: int | None = Field(None, ge=1)  # None only while another key is invalid: _preset fills it
+    lr: float | None = Field(None, gt=0, lt=1)
+    # Calibration windows AutoRound tunes on (the first N of the calibration set); must not exceed
+    # calibration.samples. Unset: the preset's count, or every calibration window if fewer.
+    samples: int | None = Field(None, ge=1)
+    batch_size: int = Field(8, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset", "default") not in AUTOROUND_PRESETS:
+            return data  # the field's own validation reports it
+        preset = AUTOROUND_PRESETS[data.get("preset", "default")]
+        out = dict(data)
+        if out.get("iters") is None:
+            out["iters"] = preset["iters"]
+            if out.get("lr") is None and preset["lr"] is not None:
+                out["lr"] = preset["lr"]
+        iters = out["iters"]
+        if out.get("lr") is None and isinstance(iters, int) and iters > 0:
+            out["lr"] = 1.0 / iters  # auto-round's rule for 4+ bits (SignRoundConfig._lr_for_bits)
+        return out
+
+    def resolved_samples(self, available: int) -> int:
+        return self.samples if self.samples is not None else min(AUTOROUND_PRESETS[self.preset]["samples"], available)
+
+
+class W8A8Config(MethodConfig):
+    """SmoothQuant (Xiao et al. 2022) + GPTQ: int8 weights per channel, dynamic per-token int8 activations."""
+
+    method: Literal["w8a8"]
+    smoothing_strength: float = Field(0.8, gt=0, lt=1)
+    dampening: float = Field(0.01, gt=0, lt=1)
+    ignore: tuple[str, ...] = ("lm_head",)
+    weight_bits: ClassVar[int] = 8
+    scheme: ClassVar[str] = "W8A8"  # type: ignore[assignment]
+
+
+class BnbNF4Config(MethodConfig):
+    """bitsandbytes NF4 (Dettmers et al. 2023): no calibration, blocks of 64."""
+
+    method: Literal["bnb-nf4"]
+    double_quant: bool = True
+    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    ignore: tuple[str, ...] = ("lm_head",)
+    weight_bits: ClassVar[int] = 4
+    storage_group: ClassVar[int] = 64  # bitsandbytes' NF4 block size, one absmax per block
+    scheme: ClassVar[str] = "NF4"  # type: ignore[assignment]
+
+
+class BnbInt8Config(MethodConfig):
+    """bitsandbytes LLM.int8() (Dettmers et al. 2022): no calibration."""
+
+    method: Literal["bnb-int8"]
+    threshold: float = Field(6.0, ge=0)
+    ignore: tuple[str, ...] = ("lm_head",)
+    weight_bits: ClassVar[int] = 8
+    scheme: ClassVar[str] = "LLM.int8"  # type: ignore[assignment]

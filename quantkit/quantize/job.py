@@ -1,0 +1,259 @@
+"""The prepared convert job: everything decided about a conversion before a weight is loaded.
+
+`prepare` makes every check that can fail without loading the model (the variant, the device,
+--out, the source checkpoint, the model's skeleton against the recipe, the method's own checks,
+the calibration text, the torchrun and offloading limits) and returns a `ConvertJob` that says
+what will run: the method and its registry entry, the precisions, whether it offloads, what the
+artifact will weigh. `quantkit convert` runs it (quantize/convert.py); `--plan` costs it
+(plan/plans.py) without running it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from quantkit.artifacts.staging import check_out, disk_needed, estimate_bytes, guard_out, model_inputs, text_input
+from quantkit.errors import QuantkitError, RecipeError
+from quantkit.methods.configs import MethodConfig
+from quantkit.methods.registry import Method, method_of, names, preflight as method_preflight, quantize_step, spoken
+from quantkit.models.checkpoint import load_tokenizer, read_config, resolve_model
+from quantkit.recipe.schema import Recipe, Variant
+
+
+@dataclass
+class ConvertOptions:
+    calib: str | None = None
+    force: bool = False
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    max_memory: int | None = None  # bytes of RAM for weights; None: a share of what is available
+    inputs: tuple = ()  # (path, what) pairs --out must never be or contain (the recipe files, a run's eval text)
+    meta: dict | None = None  # extra keys recorded in quantkit.json (a run's run_key)
+    device: str | None = None  # --device: where calibration runs; None: the recipe's calibration.device
+    group: object | None = None  # distributed.Group under torchrun: every rank converts, rank 0 alone writes
+    # (job) -> a warning line or None, said before loading: the plan's memory check (plan.plans.memory_warning),
+    # handed in by the commands because the plan is built on top of this module
+    memory_check: Callable | None = None
+
+
+@dataclass(frozen=True)
+class ConvertJob:
+    """One variant's conversion, resolved: what `convert` runs and `--plan` costs."""
+
+    recipe: Recipe
+    variant: Variant
+    key: str  # where the variant's steps are in the recipe, for messages (`steps`, `variants[1].steps`)
+    src: Path  # the source checkpoint, resolved
+    cfg: dict  # its config.json
+    out: Path
+    opts: ConvertOptions
+    device: object  # torch.device: where calibration (and the reload check) runs
+    skeleton: object  # the model on the meta device, for the shapes
+    quant: MethodConfig | None  # the quantize step's config
+    offload: object | None  # models.offload.OffloadPlan when the model does not fit in RAM
+    artifact_bytes: int  # the artifact's estimated size
+    disk_bytes: int  # what --out's disk must hold: the artifact, headroom, offloaded weights
+
+    @property
+    def method(self) -> Method | None:
+        return method_of(self.quant) if self.quant is not None else None
+
+    @property
+    def has_gqa(self) -> bool:
+        return any(st.gqa is not None for st in self.variant.steps)
+
+    @property
+    def export_format(self) -> str:
+        return self.method.export_format if self.method is not None else "dense"
+
+    @property
+    def calib_spec(self) -> str | None:
+        return self.opts.calib or self.recipe.calibration.source
+
+    @property
+    def needs_calibration(self) -> bool:
+        return needs_calibration(self.variant)
+
+    @property
+    def quant_dtype(self) -> str:
+        return quant_dtype(self.recipe, self.quant, self.offload)
+
+    @property
+    def compute_dtype(self) -> str:
+        """GQA's merge math and recovery run in float32; quantization-only jobs load in quant_dtype."""
+        return "float32" if self.has_gqa or self.quant is None else self.quant_dtype
+
+    @property
+    def params(self) -> int:
+        return sum(p.numel() for p in self.skeleton.parameters())
+
+
+def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
+    variants = recipe.all_variants()
+    if name is None:
+        if len(variants) != 1:
+            names_ = ", ".join(v.name for v in variants)
+            raise RecipeError(f"{recipe.name}: a suite of {len(variants)} variants ({names_}); pick one with --variant or use `quantkit run`")
+        return variants[0], "steps"
+    for i, v in enumerate(variants):
+        if v.name == name:
+            return v, f"variants[{i}].steps" if recipe.variants else "steps"
+    raise RecipeError(f"{recipe.name}: no variant named {name!r}; variants: {', '.join(v.name for v in variants)}")
+
+
+def needs_calibration(variant: Variant) -> bool:
+    return any((s.gqa is not None and (s.gqa.merge == "calibrated" or s.gqa.recover)) or (s.quantize is not None and method_of(s.quantize).calibrates)
+               for s in variant.steps)
+
+
+def check_inputs(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions) -> None:
+    """--out is none of the inputs, nor contains one: the model as named, the calibration text, the recipe files."""
+    calib = text_input(opts.calib or recipe.calibration.source, "the calibration text")
+    guard_out(out, [*model_inputs(model_ref or recipe.model), *calib, *opts.inputs])  # before the lock file is made
+
+
+def check_skeleton(cfg: dict, variant: Variant, key: str, trust_remote_code: bool, src: Path | None = None):
+    """Checks on the model's skeleton (meta device, no memory); returns the skeleton."""
+    from quantkit.quantize.preflight import check_fused_shards, check_group_sizes, check_overrides_match, check_quantizes_something, meta_model, quantizable_linears
+
+    if not variant.steps:
+        raise RecipeError(f"{key}: variant {variant.name!r} has no steps; there is nothing to convert (it is the baseline)")
+    skeleton = meta_model(cfg, trust_remote_code, src)
+    for i, step in enumerate(variant.steps):
+        if step.gqa is not None:
+            from quantkit.gqa.convert import preflight_gqa
+
+            preflight_gqa(cfg, step.gqa, f"{key}[{i}].gqa")
+            continue
+        if step.quantize is None:
+            continue
+        where = f"{key}[{i}].quantize"
+        check_quantizes_something(skeleton, step.quantize, where)
+        if method_of(step.quantize).checks_layers:
+            linears = quantizable_linears(skeleton, step.quantize.ignore)
+            if getattr(step.quantize, "group_size", None) is not None:
+                check_group_sizes(linears, step.quantize, where)
+            check_overrides_match(linears, step.quantize, where)
+            check_fused_shards(skeleton, step.quantize, where)
+    return skeleton
+
+
+def check_recovery(recipe: Recipe, variant: Variant, key: str, src: Path, opts: ConvertOptions) -> None:
+    """GQA recovery's text length, checked with the tokenizer alone (before the model is loaded)."""
+    for i, step in enumerate(variant.steps):
+        if step.gqa is not None and step.gqa.recover is not None:
+            from quantkit.gqa.convert import preflight_recovery_text
+            from quantkit.quantize.preflight import check_context
+
+            check_context(read_config(src), step.gqa.recover.seq_len, f"{key}[{i}].gqa.recover.seq_len")
+            preflight_recovery_text(load_tokenizer(src, opts.trust_remote_code), opts.calib or recipe.calibration.source, step.gqa.recover,
+                                    recipe.calibration, f"{key}[{i}].gqa")
+
+
+def calibration_device(recipe: Recipe, opts: ConvertOptions):
+    """--device, else the recipe's calibration.device, as a torch.device (device.resolve's errors)."""
+    from quantkit.device import resolve
+
+    return resolve(opts.device or recipe.calibration.device)
+
+
+def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> ConvertJob:
+    """Every check that can fail before loading anything, in the order a user fixes them; nothing
+    is created or written (`convert` then claims --out and checks its disk, `--plan` reports it)."""
+    from quantkit.quantize.preflight import check_context, check_not_inside
+
+    variant, key = pick_variant(recipe, variant_name)
+    dev = calibration_device(recipe, opts)  # an unavailable device: one line, before anything loads
+    ref = model_ref or recipe.model
+    if not ref:
+        raise RecipeError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
+    check_out(out, opts.force)
+    src = resolve_model(ref, allow_pickle=opts.allow_pickle)
+    guard_out(out, model_inputs(src))  # a named model or a hub snapshot, resolved
+    check_not_inside(out, src)
+    cfg = read_config(src)
+    skeleton = check_skeleton(cfg, variant, key, opts.trust_remote_code, src)
+    method_preflight(recipe, variant, key, cfg)  # a rotation's sizes, a method's own checks
+    if needs_calibration(variant):  # the text is read (and an hf: source reached) before any model loads
+        from quantkit.data.calib import check_source
+
+        check_context(cfg, recipe.calibration.seq_len, "calibration.seq_len")
+        check_source(opts.calib or recipe.calibration.source, key)
+    check_recovery(recipe, variant, key, src, opts)
+    quant = quantize_step(variant)
+    params = sum(p.numel() for p in skeleton.parameters())
+    offload = offload_plan(recipe, variant, key, cfg, quant, opts, params)
+    artifact = artifact_bytes(skeleton, cfg, quant)
+    offloaded = offload.model_bytes - offload.cpu_bytes if offload is not None else 0
+    job = ConvertJob(recipe, variant, key, src, cfg, out, opts, dev, skeleton, quant, offload, artifact,
+                     disk_needed(artifact, max(offloaded, 0)))
+    if opts.group is not None:
+        check_torchrun(job)
+    return job
+
+
+def offload_plan(recipe: Recipe, variant: Variant, key: str, cfg: dict, quant: MethodConfig | None, opts: ConvertOptions, params: int):
+    """Offload to disk when a layer-by-layer method's model would not fit in the RAM budget at its calibration precision."""
+    from quantkit.models import offload
+
+    has_gqa = any(st.gqa is not None for st in variant.steps)
+    if quant is None or not method_of(quant).layerwise or has_gqa:
+        if opts.max_memory is not None:
+            raise RecipeError(f"{key}: --max-memory applies to the llm-compressor methods ({', '.join(names('layerwise'))}) without a gqa step")
+        return None
+    src = str(source_dtype(cfg)).replace("torch.", "")
+    return offload.plan(params, quant_dtype(recipe, quant, None), src, opts.max_memory, offload.available_bytes())
+
+
+def artifact_bytes(skeleton, cfg: dict, quant: MethodConfig | None) -> int:
+    """The artifact's size: quantized linears at the widest of their bit widths with a scale per
+    group, everything else at the source precision (artifacts.staging.estimate_bytes)."""
+    from quantkit.quantize.preflight import quantizable_linears
+
+    itemsize = source_dtype(cfg).itemsize
+    n_params = sum(p.numel() for p in skeleton.parameters())
+    linears = quantizable_linears(skeleton, quant.ignore) if quant is not None else {}
+    bits = max([quant.weight_bits, *(o.bits for o in getattr(quant, "overrides", ()))]) if quant is not None else 8 * itemsize
+    group = quant.storage_group if quant is not None else -1
+    return estimate_bytes(n_params, sum(o * i for o, i in linears.values()), sum(o for o, _ in linears.values()), bits, group, itemsize)
+
+
+def quant_dtype(recipe: Recipe, quant: MethodConfig | None, offload) -> str:
+    """Calibration precision: bf16 forwards are ~3x faster on AMX/AVX512-BF16 cores, but bf16
+    rounding of the weights (8 mantissa bits) is comparable to INT8's own error, so 8-bit
+    weights calibrate in float32 (measured on the demo: W8 GPTQ dPPL +0.38% in bf16)."""
+    if offload is not None:
+        return offload.dtype
+    choice = recipe.calibration.compute_dtype
+    if choice != "auto":
+        return choice
+    return "float32" if quant is not None and quant.weight_bits == 8 else "bfloat16"
+
+
+def source_dtype(cfg: dict):
+    import torch
+
+    name = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float16")
+    return getattr(torch, name) if name in ("float16", "bfloat16", "float32") else torch.float16
+
+
+def check_torchrun(job: ConvertJob) -> None:
+    """What a torchrun conversion supports: the methods whose calibration llm-compressor
+    distributes with an artifact equal to one process's. quantkit's own GQA code, bitsandbytes and
+    disk offloading run in one process."""
+    if job.has_gqa:
+        raise QuantkitError(f"{job.key}: a gqa step runs in one process; run this conversion without torchrun")
+    if job.method is None or not job.method.torchrun:
+        method = job.quant.method if job.quant is not None else "none"
+        raise QuantkitError(f"{job.key}: method {method!r} does not run under torchrun; those that do: {', '.join(names('torchrun'))}")
+    if job.offload is not None:
+        raise QuantkitError(f"{job.key}: the model does not fit in RAM (--max-memory); disk offloading runs in one process")
+    local, world = int(os.environ.get("LOCAL_WORLD_SIZE", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if local and local != world:
+        # compressed-tensors 0.19's DistributedCPUCache shares rank 0's weights through a
+        # shared-memory file (`_share_filename_cpu_`) that exists on rank 0's machine only
+        raise QuantkitError(f"{job.key}: llm-compressor's distributed calibration shares the model through one machine's "
+                            f"shared memory; run the conversion on one machine (torchrun --nnodes 1, here {world // local} nodes)")
