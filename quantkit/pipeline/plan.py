@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from quantkit.errors import QuantkitError, RecipeError
 from quantkit.plan.cost import BenchWork, Model, Plan, bench_plan, combine, convert_plan, eval_plan, forward_flops
-from quantkit.plan.plans import COMPILE_S, convert_work, read_model, this_machine
+from quantkit.plan.plans import compile_seconds, convert_work, read_model, this_machine
 
 
 def plan_run(recipe, opts) -> Plan:
@@ -63,7 +63,7 @@ def _bench_plans(recipe, shapes) -> list[Plan]:
     for engine in b.engines or (b.engine,):
         s = BenchSettings(device=b.device, engine=engine, prompt_len=b.prompt_len, gen_len=b.gen_len, repeats=b.repeats)
         work = BenchWork(s.prompt_len, s.gen_len, s.warmups + s.repeats, tuple(float(a) for _, a in shapes) + (float(model.weight_bytes),),
-                         tuple(a for _, a in shapes) + (model.params * 2,), COMPILE_S if s.engine == "compiled" else 0.0,
+                         tuple(a for _, a in shapes) + (model.params * 2,), compile_seconds(s.engine),
                          (forward_flops(model, s.prompt_len, s.prompt_len, with_head=True),) * n, (model.params * 4,) * n)
         plans.append(bench_plan(model, work, this_machine(s.device)))
     return plans

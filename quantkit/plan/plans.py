@@ -178,12 +178,13 @@ def plan_eval(model_path: Path, base_path: Path, texts: list[str], **options) ->
     """`eval --plan`: `eval`'s own checks (evals.runner.prepare_eval: options, device, tokenizers,
     the baseline's identity, every text read and cut into its windows, their overlap with what the
     artifact was fitted on), then the baseline pass and the model's pass over those windows."""
+    from quantkit.errors import DataError
     from quantkit.evals.runner import prepare_eval
+    from quantkit.evals.scorers import SCORERS, scorer_named
 
-    if options.get("engine", "transformers") != "transformers":
-        from quantkit.errors import DataError
-
-        raise DataError("--plan estimates the transformers engine; llama.cpp's cost is the GGUF's size (quantkit bench --plan)")
+    if not scorer_named(options.get("engine", "transformers")).planned:
+        planned = ", ".join(name for name, s in SCORERS.items() if s.planned)
+        raise DataError(f"--plan estimates the {planned} engine; llama.cpp's cost is the GGUF's size (quantkit bench --plan)")
     prep = prepare_eval(model_path, base_path, texts, planning=True, **options)
     seq_len = prep.options.seq_len
     windows = [len(w.tokens) if w is not None else prep.options.max_tokens // seq_len for _, _, w, _ in prep.items]
@@ -211,7 +212,7 @@ def bench_work(sources: list, settings) -> tuple[Model, BenchWork]:
         loaded.append(held)
         refs.append(m.params * 4 if settings.self_check and not isinstance(src, Synthetic) else 0)  # a float32 reference load
     runs = settings.warmups + settings.repeats
-    compile_s = COMPILE_S if settings.engine == "compiled" else 0.0
+    compile_s = compile_seconds(settings.engine)
     prefill = tuple(forward_flops(m, settings.prompt_len, settings.prompt_len, with_head=True) for m in models)
     return max(models, key=lambda m: m.params), BenchWork(settings.prompt_len, settings.gen_len, runs, tuple(per_token), tuple(loaded),
                                                           compile_s, prefill, tuple(refs))
@@ -221,6 +222,13 @@ def bench_work(sources: list, settings) -> tuple[Model, BenchWork]:
 # and the self-check's all-positions graph (25-35 s on inductor's cold cache, 7-27 s warm); a first
 # run's cold figure (benchmarks/scale.py)
 COMPILE_S = 30.0
+
+
+def compile_seconds(engine: str) -> float:
+    """An engine that compiles (or captures graphs) on its first calls pays COMPILE_S per model."""
+    from quantkit.bench.engines import engine_class
+
+    return COMPILE_S if engine_class(engine).compiles else 0.0
 
 
 def _bench_checkpoint(path: Path) -> tuple[Model, float, int]:
