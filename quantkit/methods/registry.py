@@ -33,8 +33,8 @@ class Method:
     # one decoder layer at a time goes to the calibration device.
     layerwise: bool = False
     rotates: bool = False  # composes with a transform step (the rotation runs in the same pass)
-    # The config's group sizes, overrides and ignore list are checked against the model's linears
-    # before loading (group sizes divide the columns, overrides match, vLLM's fused shards agree).
+    # The config's group sizes and overrides are checked against the model's linears before
+    # loading (group sizes divide the columns, overrides match, vLLM's fused shards agree).
     checks_layers: bool = False
     # Under torchrun the artifact equals one process's (tests/test_distributed.py). Measured on
     # the tiny fixture with gloo on CPUs (llm-compressor 0.14): awq fails (AttributeError:

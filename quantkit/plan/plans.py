@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantkit.plan.cost import GB, BenchWork, ConvertWork, Machine, Model, Plan, bench_plan, combine, convert_plan, eval_plan, forward_flops
+from quantkit.plan.cost import GB, BenchWork, ConvertWork, Machine, Model, Plan, bench_plan, convert_plan, eval_plan, forward_flops
 
 
 def read_model(path: Path, trust_remote_code: bool = False, skeleton=None) -> Model:

@@ -18,7 +18,7 @@ from typing import Callable
 from quantkit.artifacts.staging import check_out, disk_needed, estimate_bytes, guard_out, model_inputs, text_input
 from quantkit.errors import QuantkitError, RecipeError
 from quantkit.methods.configs import MethodConfig
-from quantkit.methods.registry import Method, method_of, names, preflight as method_preflight, quantize_step, spoken
+from quantkit.methods.registry import Method, method_of, names, preflight as method_preflight, quantize_step
 from quantkit.models.checkpoint import load_tokenizer, read_config, resolve_model
 from quantkit.recipe.schema import Recipe, Variant
 
