@@ -80,7 +80,7 @@ def test_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
         with pytest.raises(QuantkitError, match=f"in use by another quantkit process \\(pid {os.getpid()}\\)"):
             with atomic.exclusive(target):
                 pass
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from quantkit import atomic\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from quantkit.core import atomic\n"
                                f"with atomic.exclusive({str(target)!r}):\n print('held', flush=True); time.sleep(600)"],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -176,3 +176,11 @@ def test_signals_deferred_while_other_threads_run():
         stop.set()
         worker.join()
     assert seen == ["renames done", "interrupted after"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_json_safe_writes_no_number_json_cannot_hold(value):
+    data = {"a": value, 2: [value, (1.5, value)], "ok": "x"}
+    text = json.dumps(atomic.json_safe(data), allow_nan=False)  # raises on NaN/inf left anywhere
+    assert json.loads(text) == {"a": None, "2": [None, [1.5, None]], "ok": "x"}
+

@@ -6,19 +6,19 @@
 - `claim_out`: an exclusive lock beside --out for the whole command (a second process gets one
   line, exit 2). Under it, what a dead process left beside --out is cleaned up:
   `.NAME.partial-*` (staging), `.NAME.offload-*` (offloaded weights), `.NAME.old-PID` (the old
-  artifact of an interrupted --force swap, restored to --out when --out is missing).
+  artifact of an interrupted --force swap, restored to --out when --out is missing)
+  (core/atomic.py: recover_leftovers).
 - `check_out`: an existing --out needs --force, and --force replaces only a directory that
   quantkit wrote (it holds quantkit.json) or an empty one.
 - `staged_dir`: the artifact is written into `.NAME.partial-*`, given the user's umask, fsynced,
-  then swapped in: old aside, new in (with SIGINT/SIGTERM held between the two renames), old
-  removed. Any failure removes the staging dir and leaves --out as it was.
+  then swapped in (core/atomic.py: swap_in): old aside, new in (with SIGINT/SIGTERM held between
+  the two renames), old removed. Any failure removes the staging dir and leaves --out as it was.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import resource
 import shutil
 import sys
@@ -26,9 +26,9 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from quantkit.core.atomic import DiskFullError, apply_umask, exclusive, fsync_dir, is_disk_full, signals_deferred, write_json
+from quantkit.core.atomic import (DiskFullError, apply_umask, exclusive, fsync_dir, is_disk_full, recover_leftovers, remove,
+                                  swap_in, write_json)
 from quantkit.errors import QuantkitError
-from quantkit.progress import note
 
 META = "quantkit.json"
 
@@ -137,44 +137,6 @@ def claim_out(out: Path):
             raise
 
 
-def _leftover_re(out: Path) -> re.Pattern:
-    # tempfile names: 8 characters of [a-z0-9_]; an exact pattern, so `.a.partial-x.partial-…`
-    # (the staging of a *different* --out, "a.partial-x") is never taken for one of "a"'s.
-    return re.compile(rf"\.{re.escape(out.name)}\.(?:(partial|offload)-[a-z0-9_]{{8}}|old-(\d+))")
-
-
-def leftovers(out: Path) -> list[Path]:
-    out = Path(out)
-    if not out.parent.is_dir():
-        return []
-    pat = _leftover_re(out)
-    return sorted(p for p in out.parent.iterdir() if pat.fullmatch(p.name))
-
-
-def recover_leftovers(out: Path) -> None:
-    """Only call with the lock held: then whoever wrote these is dead."""
-    found = leftovers(out)
-    olds = [p for p in found if ".old-" in p.name]
-    if olds and not os.path.lexists(out):
-        # killed between moving the old artifact aside and moving the new one in: put it back
-        keep = max(olds, key=lambda p: p.lstat().st_ctime)
-        os.rename(keep, out)
-        found.remove(keep)
-        note(f"{out}: restored the artifact that an interrupted --force replacement had moved aside ({keep.name})")
-    for p in found:
-        remove(p)
-        note(f"removed {p}, left by an interrupted quantkit process")
-
-
-def remove(p: Path) -> None:
-    """Remove a file, a symlink (never what it points at) or a directory tree."""
-    p = Path(p)
-    if p.is_symlink() or p.is_file():
-        p.unlink(missing_ok=True)
-    elif p.exists():
-        shutil.rmtree(p, ignore_errors=True)
-
-
 @contextmanager
 def staged_dir(out: Path, prefix: str = "partial"):
     """Yield a fresh temp dir beside `out`; swap it in for `out` when the block succeeds."""
@@ -188,26 +150,6 @@ def staged_dir(out: Path, prefix: str = "partial"):
         remove(tmp)
         raise
     swap_in(tmp, out)
-
-
-def swap_in(new: Path, out: Path) -> None:
-    """Old aside, new in, old removed. A kill between the renames leaves `.NAME.old-PID`, which
-    the next command on `out` restores; the signals this process handles are held meanwhile."""
-    old = None
-    with signals_deferred():
-        if os.path.lexists(out):
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.rename(out, old)
-        try:
-            os.rename(new, out)
-        except BaseException:
-            if old is not None:
-                os.rename(old, out)
-            remove(new)
-            raise
-        fsync_dir(out.parent)
-    if old is not None:
-        remove(old)
 
 
 @contextmanager

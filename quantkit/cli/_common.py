@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import click
+
+from quantkit.core.atomic import json_safe
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 set_option = click.option(
@@ -18,18 +19,8 @@ set_option = click.option(
 )
 
 
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def echo_json(data: Any) -> None:
-    click.echo(json.dumps(_clean(data), indent=2, sort_keys=False))
+    click.echo(json.dumps(json_safe(data), indent=2, sort_keys=False))
 
 
 def console(stderr: bool = True):

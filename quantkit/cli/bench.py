@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from quantkit.bench.engines import ENGINES
-from quantkit.cli._common import _clean, echo_json, int_list
+from quantkit.cli._common import echo_json, int_list
 
 
 def table_rows(result: dict) -> list[dict]:
@@ -163,7 +163,7 @@ def _source(ref: str, engine: str):
 def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds, warmups, sweep, shapes, shape_bits,
               tensor_parallel, threads, self_check, probe, as_json, as_csv, as_md, plot, out_json, update_card, plan_only):
     """Measure batch-1 TTFT and TPOT of MODELS beside the roofline and fit TPOT against bytes/token."""
-    from quantkit.core.atomic import write_json
+    from quantkit.core.atomic import json_safe, write_json
     from quantkit.bench.runner import bench_many
     from quantkit.bench.settings import BenchSettings, check_settings
     from quantkit.bench.synthetic import Synthetic
@@ -205,7 +205,7 @@ def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds,
             ttft_sweep(result["rows"], sp)
             result["ttft_plot"] = str(sp)
     if out_json:
-        write_json(Path(out_json), _clean(result))
+        write_json(Path(out_json), json_safe(result))
     if update_card:
         _update_cards(sources, result["rows"])
     if as_json:

@@ -9,14 +9,14 @@ from pathlib import Path
 import click
 
 from quantkit.load.config import DEFAULT_CONCURRENCY, LoadError
-from quantkit.cli._common import _clean, console, echo_json, json_option
+from quantkit.cli._common import console, echo_json, json_option
 
 
 def _write_json(path: str, data: dict) -> None:
-    from quantkit.core.atomic import write_json
+    from quantkit.core.atomic import json_safe, write_json
 
     try:
-        write_json(Path(path), _clean(data))  # temp file beside it, fsync, rename: never half-written
+        write_json(Path(path), json_safe(data))  # temp file beside it, fsync, rename: never half-written
     except OSError as exc:
         raise LoadError(f"--out: cannot write {path}: {exc.strerror or exc}") from None
 

@@ -6,13 +6,20 @@ the kernel releases them when the holder dies, so a killed process never leaves 
 (only, after `kill -9`, an unlocked `.NAME.lock` file, which the next holder reuses and removes).
 Files and directories get the modes the user's umask asks for (a server running as another
 user must be able to read what quantkit writes when the umask allows it).
+
+A directory is replaced by `swap_in`: the new one is built beside it (`.NAME.partial-*`), then
+old aside (`.NAME.old-PID`), new in, old removed. What a killed process leaves beside NAME is
+recognised by its name and cleaned up by the next holder of NAME's lock (`recover_leftovers`).
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import math
 import os
+import re
+import shutil
 import signal
 import tempfile
 import threading
@@ -20,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
+from quantkit.progress import note
 
 # errno values that mean "the device is full" (ENOSPC) or "the user's quota is" (EDQUOT).
 _FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -68,6 +76,18 @@ def write_text(path: Path, text: str) -> None:
 def write_json(path: Path, data, **kwargs) -> None:
     kwargs.setdefault("indent", 2)
     write_text(path, json.dumps(data, **kwargs) + "\n")
+
+
+def json_safe(obj):
+    """`obj` as strict JSON holds it: NaN and infinities become null (json.dumps would write
+    `NaN`, which other parsers refuse), keys become strings, tuples lists."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def fsync_dir(path: Path) -> None:
@@ -218,3 +238,61 @@ def sigterm_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def swap_in(new: Path, out: Path) -> None:
+    """Old aside, new in, old removed. A kill between the renames leaves `.NAME.old-PID`, which
+    the next command on `out` restores; the signals this process handles are held meanwhile."""
+    old = None
+    with signals_deferred():
+        if os.path.lexists(out):
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, old)
+        try:
+            os.rename(new, out)
+        except BaseException:
+            if old is not None:
+                os.rename(old, out)
+            remove(new)
+            raise
+        fsync_dir(out.parent)
+    if old is not None:
+        remove(old)
+
+
+def _leftover_re(out: Path) -> re.Pattern:
+    # tempfile names: 8 characters of [a-z0-9_]; an exact pattern, so `.a.partial-x.partial-…`
+    # (the staging of a *different* --out, "a.partial-x") is never taken for one of "a"'s.
+    return re.compile(rf"\.{re.escape(out.name)}\.(?:(partial|offload)-[a-z0-9_]{{8}}|old-(\d+))")
+
+
+def leftovers(out: Path) -> list[Path]:
+    out = Path(out)
+    if not out.parent.is_dir():
+        return []
+    pat = _leftover_re(out)
+    return sorted(p for p in out.parent.iterdir() if pat.fullmatch(p.name))
+
+
+def recover_leftovers(out: Path) -> None:
+    """Only call with the lock held: then whoever wrote these is dead."""
+    found = leftovers(out)
+    olds = [p for p in found if ".old-" in p.name]
+    if olds and not os.path.lexists(out):
+        # killed between moving the old artifact aside and moving the new one in: put it back
+        keep = max(olds, key=lambda p: p.lstat().st_ctime)
+        os.rename(keep, out)
+        found.remove(keep)
+        note(f"{out}: restored the artifact that an interrupted --force replacement had moved aside ({keep.name})")
+    for p in found:
+        remove(p)
+        note(f"removed {p}, left by an interrupted quantkit process")
+
+
+def remove(p: Path) -> None:
+    """Remove a file, a symlink (never what it points at) or a directory tree."""
+    p = Path(p)
+    if p.is_symlink() or p.is_file():
+        p.unlink(missing_ok=True)
+    elif p.exists():
+        shutil.rmtree(p, ignore_errors=True)

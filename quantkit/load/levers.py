@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from quantkit.core.atomic import write_json
+from quantkit.core.atomic import json_safe, write_json
 from quantkit.errors import QuantkitError
 from quantkit.load.process import free_port, running
 from quantkit.load.report import build_run
@@ -26,12 +26,6 @@ from quantkit.load.study import Lever, Study, check_trusted, expand, load_config
 KIND = "lever-study"
 SCHEMA_VERSION = 1
 HOST = "127.0.0.1"
-
-
-def _clean(obj):
-    from quantkit.cli._common import _clean as clean
-
-    return clean(obj)
 
 
 def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
@@ -71,7 +65,7 @@ def _changes(lever: Lever, model: str) -> str:
 
 def _write(out: Path, name: str, data: dict) -> None:
     try:
-        write_json(out / name, _clean(data))
+        write_json(out / name, json_safe(data))
     except OSError as exc:
         raise StudyError(f"--out: cannot write {out / name}: {exc.strerror or exc}") from None
 

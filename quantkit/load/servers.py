@@ -54,6 +54,7 @@ class ServerKind:
     context: str | None = None  # the setting that sizes the context, for the check before any server starts
     slots: str | None = None  # the setting that splits that context between parallel slots
     context_default: int | None = None  # the engine's own default for `context`, when it is a fixed number
+    own_command: bool = False  # the study gives the command (no template) and levers add raw `args:`
 
     def context_tokens(self, settings: dict[str, Any]) -> tuple[int, str] | None:
         """(tokens per request, where from) when the settings fix the context; None when unknown."""
@@ -186,6 +187,7 @@ CUSTOM = ServerKind(
     keys={},
     ready="/health",
     load_engine="openai",
+    own_command=True,
 )
 
 SERVERS: dict[str, ServerKind] = {s.name: s for s in (TRANSFORMERS, LLAMA_CPP_PYTHON, LLAMA_SERVER, VLLM, CUSTOM)}

@@ -36,7 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from quantkit.errors import QuantkitError
-from quantkit.recipe.files import NoAliasLoader, format_validation_error
+from quantkit.core.yamlio import NoAliasLoader, format_validation_error
 from quantkit.load.config import build_config
 from quantkit.load.servers import StudyError, server_kind
 
@@ -128,9 +128,9 @@ class Study(_Strict):
     @model_validator(mode="after")
     def _checks(self) -> "Study":
         kind = server_kind(self.server.engine)
-        if kind.name == "custom" and not self.server.command:
+        if kind.own_command and not self.server.command:
             raise ValueError("server.command: a custom engine needs its command (a list with {port})")
-        if kind.name != "custom" and self.server.command is not None:
+        if not kind.own_command and self.server.command is not None:
             raise ValueError(f"server.command: only the custom engine runs a command of its own; {kind.name} "
                              "runs its template with the study's settings (quantkit levers --engines)")
         if self.server.command is not None and not any("{port}" in part for part in self.server.command):
@@ -183,7 +183,7 @@ def _merged_load(base: LoadSpec, lever: Lever, where: str) -> LoadSpec:
 def _check_lever(kind, lever: Lever, where: str, baseline: bool) -> None:
     for name in lever.settings:
         kind.key(name, f"{where}.settings")
-    if lever.args and kind.name != "custom":
+    if lever.args and not kind.own_command:
         raise ValueError(f"{where}.args: raw arguments are for custom engines; {kind.name} levers are settings: "
                          f"{', '.join(sorted(kind.keys))}")
     server_changes = len(lever.settings) + (lever.model is not None) + bool(lever.args)

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from quantkit.core.yamlio import NoAliasLoader, format_loc, format_validation_error
 from quantkit.errors import RecipeError
 from quantkit.recipe.schema import Recipe
 
@@ -71,43 +72,6 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         raise RecipeError(f"--set {path}: {format_loc(keys[:-1])} is not a mapping")
 
 
-def format_loc(loc: tuple | list) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
-def _message(err: dict) -> str:
-    kind, ctx = err["type"], err.get("ctx") or {}
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required key is missing"
-    if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')}"
-    if kind == "string_pattern_mismatch" and err["loc"] and err["loc"][-1] == "name":
-        return ("must be a plain name (letters, digits, '.', '_', '-', starting with a letter or digit, at most 100): "
-                "it names a directory")
-    msg = err["msg"]
-    return msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg[:1].lower() + msg[1:]
-
-
-def format_validation_error(source: str, exc: ValidationError, origin=None) -> str:
-    """`origin(loc)` may name where a key came from (an included file, a --set) as (source, loc)."""
-    errors = exc.errors()
-    first = errors[0]
-    loc = list(first["loc"])
-    source, loc = (origin(loc) if origin else None) or (source, loc)
-    line = f"{source}: {format_loc(loc) + ': ' if loc else ''}{_message(first)}"
-    if len(errors) > 1:
-        line += f" (and {len(errors) - 1} more)"
-    return line
-
-
 def recipe_from_dict(data: Any, source: str = "<recipe>", origin=None) -> Recipe:
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe is a YAML mapping at the top level")
@@ -118,17 +82,6 @@ def recipe_from_dict(data: Any, source: str = "<recipe>", origin=None) -> Recipe
 
 
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; anything larger is not one
-
-
-class NoAliasLoader(yaml.SafeLoader):
-    """safe_load without YAML aliases: `*ref` expands to shared objects, and nested ones make a
-    few hundred bytes validate as billions of nodes (the "billion laughs" document)."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed in recipes", event.start_mark)
-        return super().compose_node(parent, index)
 
 
 def _read_recipe_text(p: Path, label: str) -> str:
