@@ -5,65 +5,23 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
-from dataclasses import dataclass
 from pathlib import Path
 
+from quantkit.data import mix
+from quantkit.data.samples import CalibrationSet, duplicate_fraction, seeded_windows, window_batch
+from quantkit.data.text import TextSpec, parse_spec, read_text, region_windows, tokenize_stream
 from quantkit.errors import DataError
 from quantkit.home import subdir
-from quantkit.data.text import TextSpec, parse_spec, read_text, region_windows, tokenize_stream
-
-
-@dataclass
-class CalibrationSet:
-    samples: list  # list of 1 x seq_len LongTensors
-    manifest: dict
-
-
-def duplicate_fraction(samples) -> float:
-    """Fraction of samples whose token sequence already appeared earlier in the set."""
-    seen: set[bytes] = set()
-    dups = 0
-    for s in samples:
-        key = hashlib.sha1(s.numpy().tobytes()).digest()
-        dups += key in seen
-        seen.add(key)
-    return dups / max(1, len(samples))
-
-
-def _chat_wrap(tokenizer, windows_text: list[str], seq_len: int):
-    import torch
-
-    if not getattr(tokenizer, "chat_template", None):
-        raise DataError("calibration.chat_template: the model's tokenizer has no chat template")
-    out = []
-    for text in windows_text:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "Continue the text."}, {"role": "assistant", "content": text}],
-            tokenize=True,
-            return_dict=False,
-        )
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)[:seq_len]
-        if len(ids) < seq_len:
-            continue
-        out.append(torch.tensor([ids], dtype=torch.long))
-    return out
 
 
 def from_text(tokenizer, spec: TextSpec, *, samples: int, seq_len: int, seed: int, region: str, chat_template: bool) -> CalibrationSet:
-    import torch
-
     text = read_text(spec)
     stream = tokenize_stream(tokenizer, text.text)
     windows = region_windows(len(stream), seq_len, region)
     if not windows:
         raise DataError(f"{spec}: {len(stream)} tokens, too short for one {seq_len}-token window in region {region}")
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(windows), generator=gen).tolist()[:samples]
-    chosen = sorted(windows[i] for i in order)
-    batch = [stream[s:e].unsqueeze(0) for s, e in chosen]
-    if chat_template:
-        decoded = [tokenizer.decode(b[0]) for b in batch]
-        batch = _chat_wrap(tokenizer, decoded, seq_len)
+    chosen = seeded_windows(windows, samples, seed)
+    batch = window_batch(tokenizer, stream, chosen, seq_len, chat_template)
     manifest = {
         **text.provenance,
         "kind": spec.kind,
@@ -87,8 +45,6 @@ def self_text(model, tokenizer, *, samples: int, seq_len: int, seed: int, chat_t
     Sequences start from BOS (or an empty chat turn) and are sampled in one batch; cached on
     disk by (model hash, settings) so repeated conversions do not regenerate them.
     """
-    import torch
-
     key = hashlib.sha256(json.dumps([model_hash, samples, seq_len, seed, chat_template]).encode()).hexdigest()[:24]
     cache = subdir("calib") / f"self-{key}.pt"
     batch = _cached_samples(cache, samples, seq_len)
@@ -148,9 +104,7 @@ def check_source(spec_str: str | None, key: str) -> None:
         raise DataError(f"{key}: this variant needs calibration text: set calibration.source in the recipe or pass --calib file:PATH (or --calib self)")
     spec = parse_spec(spec_str)
     if spec.kind == "mix":
-        from quantkit.data.mix import check
-
-        check(spec.set_name)
+        mix.check(spec.set_name)
     elif spec.kind != "self":
         read_text(spec)
 
@@ -195,8 +149,6 @@ def build(model_path: Path, tokenizer, spec_str: str, *, samples: int, seq_len: 
             raise DataError("the 'self' calibration source needs the source model")
         return self_text(model, tokenizer, samples=samples, seq_len=seq_len, seed=seed, chat_template=chat_template, model_hash=model_hash)
     if spec.kind == "mix":
-        from quantkit.data.mix import build_mix
-
-        return build_mix(tokenizer, spec.set_name, samples=samples, seq_len=seq_len, seed=seed, region=region,
+        return mix.build_mix(tokenizer, spec.set_name, samples=samples, seq_len=seq_len, seed=seed, region=region,
                          chat_template=chat_template, model=model, model_hash=model_hash)
     return from_text(tokenizer, spec, samples=samples, seq_len=seq_len, seed=seed, region=region, chat_template=chat_template)

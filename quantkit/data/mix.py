@@ -1,7 +1,7 @@
 """Calibration mixes (`mix:NAME`): several text domains in one calibration set, provenance per part.
 
-A mix is calib_data/mix/NAME.yaml: parts, each a text SPEC (`set:NAME`, `file:PATH`) or the
-model's own chat replies (`chat:`, quantkit/calib_chat.py), with a weight. Every part becomes one
+A mix is calib_data/mix/NAME.yaml (its schema: data/mixconfig.py): parts, each a text SPEC
+(`set:NAME`, `file:PATH`) or the model's own chat replies (`chat:`, data/chat.py), with a weight. Every part becomes one
 token stream; a part's share of the samples is its weight (largest remainder, no part asked for
 more windows than its region holds, the rest going to the parts with room), and its windows are
 chosen in the recipe's region with the recipe's seed, exactly as a single text's are. A text
@@ -15,61 +15,14 @@ other text (docs/PERFORMANCE.md, "Calibration domains").
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
+from quantkit.data.mixconfig import MixConfig, MixPart, load_mix, mix_file
+from quantkit.data.samples import CalibrationSet, duplicate_fraction, seeded_windows, window_batch
+from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
 from quantkit.errors import DataError
 from quantkit.progress import note
-from quantkit.data.text import calib_data_dir, parse_spec, read_text, region_windows, tokenize_stream
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ChatPart(_Strict):
-    prompts: str = Field(min_length=1)  # a file in calib_data/
-    repeats: int = Field(1, ge=1)
-    temperature: float = Field(0.7, gt=0)
-    top_p: float = Field(0.95, gt=0, le=1)
-    max_new_tokens: int = Field(256, ge=1)
-
-
-class MixPart(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    domain: str = ""
-    license: str = ""
-    weight: float = Field(gt=0)
-    source: str | None = None
-    chat: ChatPart | None = None
-    # None: the recipe's calibration.region (evaluation reads the other half). Generated text is
-    # read by no evaluation, so the chat part may use all of its windows.
-    region: Literal["all", "first-half", "second-half"] | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "MixPart":
-        if (self.source is None) == (self.chat is None):
-            raise ValueError("a part holds exactly one of: source, chat")
-        if self.source is not None and self.source.split(":", 1)[0] not in ("set", "file"):
-            raise ValueError("source must be set:NAME or file:PATH (a mix part is a text, not self or another mix)")
-        return self
-
-
-class MixConfig(_Strict):
-    description: str = ""
-    parts: tuple[MixPart, ...] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _unique(self) -> "MixConfig":
-        names = [p.name for p in self.parts]
-        if len(set(names)) != len(names):
-            raise ValueError("part names must be unique")
-        return self
+from quantkit.resources import calib_data_dir
 
 
 @dataclass
@@ -77,30 +30,6 @@ class Stream:
     part: MixPart
     tokens: object  # 1-D LongTensor
     provenance: dict
-
-
-def mix_file(name: str) -> Path:
-    return calib_data_dir() / "mix" / f"{name}.yaml"
-
-
-def load_mix(name: str) -> MixConfig:
-    import yaml
-
-    from quantkit.recipe.files import format_validation_error
-
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise DataError(f"mix:{name}: a mix is named by a plain name (a file in {calib_data_dir() / 'mix'})")
-    path = mix_file(name)
-    if not path.is_file():
-        known = sorted(p.stem for p in (calib_data_dir() / "mix").glob("*.yaml"))
-        raise DataError(f"mix:{name}: no mix {path.name} in {path.parent} (known: {', '.join(known) or 'none'})")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return MixConfig.model_validate(data)
-    except yaml.YAMLError as exc:
-        raise DataError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    except ValidationError as exc:
-        raise DataError(format_validation_error(str(path), exc)) from None
 
 
 def fingerprint(name: str) -> str:
@@ -180,24 +109,14 @@ def allocate(weights: list[float], total: int, capacity: list[int | None] | None
 
 def _text_windows(tokenizer, s: Stream, n: int, seq_len: int, seed: int, region: str, chat_template: bool):
     """n seeded windows of one part's stream (as calib.from_text chooses them) and their starts."""
-    import torch
-
-    from quantkit.data.calib import _chat_wrap
-
-    spans = region_windows(len(s.tokens), seq_len, region)
-    order = torch.randperm(len(spans), generator=torch.Generator().manual_seed(seed)).tolist()[:n]
-    chosen = sorted(spans[i] for i in order)
-    batch = [s.tokens[a:b].unsqueeze(0) for a, b in chosen]
-    if chat_template and s.part.chat is None:  # the chat part is in the template already
-        batch = _chat_wrap(tokenizer, [tokenizer.decode(b[0]) for b in batch], seq_len)
-    return batch, [a for a, _ in chosen]
+    chosen = seeded_windows(region_windows(len(s.tokens), seq_len, region), n, seed)
+    wrap = chat_template and s.part.chat is None  # the chat part is in the template already
+    return window_batch(tokenizer, s.tokens, chosen, seq_len, wrap), [a for a, _ in chosen]
 
 
 def build_mix(tokenizer, name: str, *, samples: int, seq_len: int, seed: int, region: str, chat_template: bool,
               model=None, model_hash: str = ""):
     """A CalibrationSet from `mix:NAME`; the manifest lists every part with its windows and hashes."""
-    from quantkit.data.calib import CalibrationSet, duplicate_fraction
-
     mix = load_mix(name)
     parts, left_out = streams(mix, tokenizer, model=model, model_hash=model_hash, seed=seed)
     weights = [s.part.weight for s in parts]

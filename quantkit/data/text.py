@@ -14,14 +14,16 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quantkit.data.mixconfig import load_mix
 from quantkit.errors import DataError, OfflineError
+from quantkit.resources import calib_data_dir
 
 REGIONS = ("all", "first-half", "second-half")
 
 
 @dataclass(frozen=True)
 class TextSpec:
-    kind: str  # "file" | "hf" | "self" | "mix" (calib_mix.py: several texts, set_name is the mix)
+    kind: str  # "file" | "hf" | "self" | "mix" (data/mix.py: several texts, set_name is the mix)
     path: str = ""
     dataset: str = ""
     config: str | None = None
@@ -37,12 +39,6 @@ class TextSpec:
         if self.kind == "mix":
             return f"mix:{self.set_name}"
         return "self"
-
-
-def calib_data_dir() -> Path:
-    from quantkit.resources import calib_data_dir as shipped
-
-    return shipped()
 
 
 def _from_manifest(name: str) -> TextSpec:
@@ -102,8 +98,6 @@ def parse_spec(spec: str) -> TextSpec:
     if spec.startswith("set:") and len(spec) > 4:
         return _from_manifest(spec[4:])
     if spec.startswith("mix:"):
-        from quantkit.data.mix import load_mix
-
         load_mix(spec[4:])  # an unknown or invalid mix is one line here, before anything loads
         return TextSpec("mix", set_name=spec[4:])
     if spec == "self":

@@ -14,7 +14,8 @@ from quantkit.progress import bar, note
 from quantkit.gqa.arch import head_counts, layout_for
 from quantkit.gqa.groups import contiguous_groups, kv_bytes_per_token, search_groups
 from quantkit.gqa.layer import Stats, group_loss, merged_heads, read_heads, write_heads
-from quantkit.gqa.recover import Windows, distill
+from quantkit.gqa.recover import distill
+from quantkit.gqa.windows import Windows
 from quantkit.gqa.stats import attention_modules, moments
 
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.data.mix import allocate, load_mix, streams
-from quantkit.errors import DataError
+from quantkit.data.mix import allocate, streams, text_stream
+from quantkit.data.mixconfig import load_mix
 from quantkit.data.text import region_windows
-from quantkit.gqa.recover import Windows
+from quantkit.errors import DataError
+from quantkit.gqa.windows import Windows
 
 REGION = "second-half"
 
@@ -88,20 +89,8 @@ def mix_recovery_windows(tok, name: str, cfg, calib_set, key: str, *, model=None
     return Windows(train, heldout, record)
 
 
-def describe_parts(record: dict, used: int) -> dict:
-    """A mix's window record for quantkit.json: per part, the training windows visited in the first `used` slots."""
-    slots = record.get("slots", [])[:used]
-    parts = []
-    for k, r in enumerate(record["parts"]):
-        starts = [a for i, a in slots if i == k]
-        parts.append({**r, "train_used": len(starts), "train_starts": sorted(set(starts))})
-    return {**{k: v for k, v in record.items() if k != "slots"}, "parts": parts}
-
-
 def preflight_mix_recovery(tok, name: str, cfg, key: str) -> None:
     """The text parts' lengths, before the model loads (the chat part is generated later and checked then)."""
-    from quantkit.data.mix import text_stream
-
     present = [(p, None if p.chat is not None else text_stream(p, tok)) for p in load_mix(name).parts]
     chat = bool(getattr(tok, "chat_template", None))
     present = [(p, s) for p, s in present if (p.chat is not None and chat) or s is not None]  # as streams() leaves them

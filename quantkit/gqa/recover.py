@@ -17,31 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from quantkit.gqa.windows import Windows
 from quantkit.models.checkpoint import cast_model
 from quantkit.progress import bar
 
 QO_LR_SCALE = 0.1
-
-
-@dataclass
-class Windows:
-    train: list  # list of [1, seq_len] LongTensors
-    heldout: list
-    # Where they came from, for quantkit.json (so `eval` can refuse to score on them): source,
-    # sha256 and seq_len of the text, and the token offsets of each window in its stream
-    # (`train_starts` in the order training visits them); empty offsets for `self` text.
-    record: dict = field(default_factory=dict)
-
-    def describe(self, steps: int, batch_size: int) -> dict:
-        """The record with the training windows actually visited in `steps` steps (they cycle)."""
-        starts = self.record.get("train_starts", [])
-        used = min(len(self.train), steps * batch_size)
-        if "parts" in self.record:  # a calibration mix: the windows per part (gqa/mixed.py)
-            from quantkit.gqa.mixed import describe_parts
-
-            return {**describe_parts(self.record, used), "train": len(self.train), "heldout": len(self.heldout), "train_used": used}
-        return {**self.record, "train": len(self.train), "heldout": len(self.heldout), "train_used": used,
-                "train_starts": sorted(starts[:used])}
 
 
 @dataclass
