@@ -104,7 +104,7 @@ def tokenizations_agree(artifact: Path, gguf_path: Path, text: str) -> bool:
 
 
 def measure(artifact: Path, gguf_path: Path, ids: list[int], threads: int = 2) -> dict:
-    from quantkit.gguf import record_path
+    from quantkit.gguf.target import record_path
     from quantkit.models.checkpoint import load_model
 
     record = json.loads(record_path(gguf_path).read_text())

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quantkit.data.mix import allocate, load_mix
+from quantkit.data.mix import allocate
+from quantkit.data.mixconfig import load_mix
 from quantkit.errors import DataError
 from quantkit.gqa.mixed import heldout_counts, interleave
 from quantkit.data.text import parse_spec, read_text

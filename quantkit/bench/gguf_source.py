@@ -107,7 +107,7 @@ def gguf_config(path: Path) -> dict:
 
 
 def _record(gguf: Path) -> dict | None:
-    from quantkit.gguf import record_path
+    from quantkit.gguf.target import record_path
 
     try:
         rec = json.loads(record_path(gguf).read_text())
@@ -164,7 +164,7 @@ def exported_gguf(source: Path) -> tuple[Path, dict]:
     is reused."""
     import time
 
-    from quantkit.gguf import GgufOptions, export_gguf
+    from quantkit.gguf.exporter import GgufOptions, export_gguf
     from quantkit.gguf.plan import NotLosslessError
     from quantkit.home import subdir
     from quantkit.models.checkpoint import checkpoint_hash

@@ -10,7 +10,7 @@ from quantkit.cli._common import echo_json, json_option
 
 
 def _gguf(artifact: Path, out: Path | None, **opts) -> dict:
-    from quantkit.gguf import GgufOptions, export_gguf
+    from quantkit.gguf.exporter import GgufOptions, export_gguf
 
     return export_gguf(artifact, out, GgufOptions(**opts))
 

@@ -18,9 +18,8 @@ def models_group() -> None:
 @json_option
 def pull(name: str, force: bool, as_json: bool) -> None:
     """Build a named model into the cache (idempotent)."""
-    from quantkit.models.demo import pull_named
     from quantkit.errors import ModelError
-    from quantkit.models.checkpoint import NAMED_MODELS, is_complete, named_model_dir
+    from quantkit.models.named import NAMED_MODELS, is_complete, named_model_dir, pull_named
 
     if name not in NAMED_MODELS:
         raise ModelError(f"unknown model {name!r}; known: {', '.join(NAMED_MODELS)}")
@@ -51,7 +50,7 @@ def path(name: str) -> None:
 @json_option
 def list_(as_json: bool) -> None:
     """Show the models in the cache."""
-    from quantkit.models.checkpoint import NAMED_MODELS, list_cached
+    from quantkit.models.named import NAMED_MODELS, list_cached
 
     cached = list_cached()
     if as_json:

@@ -3,9 +3,8 @@
 grids (pure block math) · source (reading an artifact's codes and scales) · arch (architectures
 as data) · vocab (tokenizer keys) · plan (what each tensor becomes) · tensors (bytes + checks) ·
 write (the file, transactionally) · read (opening a GGUF safely) · fidelity (KL through
-transformers) · exporter (the whole export).
+transformers) · target (where the GGUF and its record go) · exporter (the whole export:
+`export_gguf`, `GgufOptions`).
+
+Nothing is imported here: a reader of GGUF files (evals, bench) imports gguf.read alone.
 """
-
-from quantkit.gguf.exporter import GgufOptions, default_out, export_gguf, record_path
-
-__all__ = ["GgufOptions", "default_out", "export_gguf", "record_path"]

@@ -48,16 +48,19 @@ def dense_model(artifact: Path, weights: dict[str, torch.Tensor]):
 
 
 def token_windows(artifact: Path, text_spec: str | None, n: int = 4, length: int = 128) -> tuple[torch.Tensor, str]:
-    """`n` windows of `length` tokens of real text (a text SPEC, first half), else seeded random ids."""
+    """`n` windows of `length` tokens of real text (a text SPEC: the first n of its first half), else seeded random ids."""
+    from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
+    from quantkit.errors import DataError
     from quantkit.models.checkpoint import load_tokenizer, read_config
-    from quantkit.quantize.verify import fixed_tokens
+    from quantkit.models.logits import fixed_tokens
 
     if text_spec:
-        from quantkit.evals.perplexity import text_windows
-        from quantkit.data.text import parse_spec
-
-        w = text_windows(load_tokenizer(artifact), parse_spec(text_spec), seq_len=length, max_tokens=n * length, region="first-half")
-        return torch.stack(w.tokens), f"{text_spec} (first half, {len(w.tokens)} x {length} tokens)"
+        spec = parse_spec(text_spec)
+        stream = tokenize_stream(load_tokenizer(artifact), read_text(spec).text)
+        spans = region_windows(len(stream), length, "first-half")[:n]
+        if not spans:
+            raise DataError(f"{spec}: {len(stream)} tokens, shorter than one {length}-token window in region first-half")
+        return torch.stack([stream[s:e] for s, e in spans]), f"{text_spec} (first half, {len(spans)} x {length} tokens)"
     vocab = read_config(artifact)["vocab_size"]
     return fixed_tokens(vocab, n=n, length=length), f"{n} x {length} seeded random token ids (pass --kl-text for real text)"
 
@@ -95,7 +98,7 @@ def _reference(artifact: Path, plans: list[TensorPlan]):
 
 def logits_kl(artifact: Path, gguf_path: Path, plans: list[TensorPlan], hp: Hparams, text_spec: str | None = None) -> dict:
     """KL(artifact || GGUF weights) per token over the windows, both in transformers at float32."""
-    from quantkit.quantize.verify import compare_logits, logits
+    from quantkit.models.logits import compare_logits, logits
 
     ids, described = token_windows(artifact, text_spec)
     ref_model, reference = _reference(artifact, plans)

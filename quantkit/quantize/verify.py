@@ -5,6 +5,7 @@ fails; the measured KL is kept in quantkit.json (`verification`)."""
 from __future__ import annotations
 
 from quantkit.errors import VerificationError
+from quantkit.models.logits import compare_logits, fixed_tokens, logits
 
 # The reload must reproduce the in-memory model, not approximate it. Measured (docs/PERFORMANCE.md,
 # "Reload check"): every artifact converted here reloads with mean KL exactly 0 (RTN, GPTQ, AWQ,
@@ -13,40 +14,6 @@ from quantkit.errors import VerificationError
 # rounded to bf16 and back, is mean KL 2.1e-4 (an fp16 `inv_freq` was 3e-3..1e-2). 1e-5 sits 20x
 # below that fault; the old 1e-3 (INT8's own error) let it through.
 KL_THRESHOLD = 1e-5
-
-
-def fixed_tokens(vocab_size: int, samples=None, n: int = 2, length: int = 64, seed: int = 1234):
-    """Real calibration tokens when there are some, else seeded random ids."""
-    import torch
-
-    if samples:
-        rows = [s[0, :length] for s in samples[:n] if s.shape[1] >= length]
-        if len(rows) == n:
-            return torch.stack(rows)
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab_size, (n, length), generator=g)
-
-
-def logits(model, ids):
-    import torch
-
-    from quantkit.models.offload import layer_at_a_time
-
-    with torch.inference_mode(), layer_at_a_time(model):  # compressed-tensors offload fault: see offload.py
-        return model(input_ids=ids.to(model.device), use_cache=False).logits.float().cpu()
-
-
-def compare_logits(ref, new) -> dict:
-    import torch
-
-    from quantkit.evals.stats import kl_full
-
-    finite = bool(torch.isfinite(new).all())
-    if not finite:
-        return {"finite": False, "mean_kl": float("inf"), "max_kl": float("inf"), "top1_agreement": 0.0}
-    kl = kl_full(torch.log_softmax(ref, -1), torch.log_softmax(new, -1))
-    agree = (ref.argmax(-1) == new.argmax(-1)).float().mean()
-    return {"finite": True, "mean_kl": float(kl.mean()), "max_kl": float(kl.max()), "top1_agreement": float(agree)}
 
 
 def verify_reload(reference_logits, reload_fn, ids, what: str) -> dict:

@@ -1,0 +1,42 @@
+"""A model's logits on fixed tokens, and how two sets of logits compare (KL, top-1 agreement).
+
+Used where two models must compute the same thing: an artifact reloaded against the model in
+memory (quantize/verify.py), a GGUF's weights against its artifact (gguf/fidelity.py).
+"""
+
+from __future__ import annotations
+
+
+def fixed_tokens(vocab_size: int, samples=None, n: int = 2, length: int = 64, seed: int = 1234):
+    """Real calibration tokens when there are some, else seeded random ids."""
+    import torch
+
+    if samples:
+        rows = [s[0, :length] for s in samples[:n] if s.shape[1] >= length]
+        if len(rows) == n:
+            return torch.stack(rows)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (n, length), generator=g)
+
+
+def logits(model, ids):
+    import torch
+
+    from quantkit.models.offload import layer_at_a_time
+
+    with torch.inference_mode(), layer_at_a_time(model):  # compressed-tensors offload fault: see offload.py
+        return model(input_ids=ids.to(model.device), use_cache=False).logits.float().cpu()
+
+
+def compare_logits(ref, new) -> dict:
+    """Per-position KL(ref || new) over the full vocabulary (mean and max) and top-1 agreement."""
+    import torch
+    import torch.nn.functional as F
+
+    finite = bool(torch.isfinite(new).all())
+    if not finite:
+        return {"finite": False, "mean_kl": float("inf"), "max_kl": float("inf"), "top1_agreement": 0.0}
+    ref_logp, new_logp = torch.log_softmax(ref, -1), torch.log_softmax(new, -1)
+    kl = F.kl_div(new_logp, ref_logp, reduction="none", log_target=True).sum(-1)  # sum p_ref (log p_ref - log p_new)
+    agree = (ref.argmax(-1) == new.argmax(-1)).float().mean()
+    return {"finite": True, "mean_kl": float(kl.mean()), "max_kl": float(kl.max()), "top1_agreement": float(agree)}
