@@ -64,9 +64,9 @@ def render(result: dict) -> str:
 
 
 def plot_tpot(result: dict, path: Path) -> None:
-    from quantkit.pipeline.plots import _plt
+    from quantkit.pipeline.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     labels = [r["label"] for r in result["runs"]]
     variants = [v["variant"] for v in result["variants"]]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend: files only, no display needed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,7 +20,7 @@ def rule_check(rows: list[dict], fit: dict, bandwidth_gbps: float, out: Path, ti
     """TPOT against bytes read per token: the points, the least-squares fit and the roofline.
     With `fits` (engine -> fit), one series per engine (rows carry "engine"): its points, its fit
     and the roofline of its own probe (`bandwidths`, engine -> GB/s)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [r["bytes_per_token"] / 1e6 for r in rows]
     top = max(xs) * 1.1 if xs else 1
@@ -54,7 +55,7 @@ def rule_check(rows: list[dict], fit: dict, bandwidth_gbps: float, out: Path, ti
 
 
 def ttft_sweep(rows: list[dict], out: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in rows:
         sw = r.get("prompt_sweep") or []
@@ -76,7 +77,7 @@ def ttft_sweep(rows: list[dict], out: Path) -> Path:
 
 def pareto(points: list[dict], out: Path, metric: str = "kld_mean") -> Path:
     """Accuracy loss against TPOT; the front is the set no other variant beats on both."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     pts = [p for p in points if p.get(metric) is not None and p.get("tpot_ms") is not None]
     front = [p for p in pts if not any(q["tpot_ms"] <= p["tpot_ms"] and q[metric] <= p[metric] and q is not p

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from quantkit.core.atomic import write_json, write_text
 from quantkit.errors import QuantkitError
-from quantkit.progress import note
+from quantkit.evals.scorers import BASELINE
 from quantkit.models.sizes import checkpoint_sizes
+from quantkit.progress import note
 
 COLUMNS = [
     ("variant", "name", "{}"), ("size MB", "disk_mb", "{:.1f}"), ("bits/weight", "bits_per_weight", "{:.2f}"),
@@ -53,7 +54,8 @@ def accuracy_rows(rec: dict) -> list[dict]:
     """The variant's accuracy on each evaluation text: a row per variant per domain (and per eval engine)."""
     out = []
     evals = [rec.get("eval") or {}, *(rec.get("evals") or {}).values()]
-    for t, engine in ((t, ev.get("engine", "transformers")) for ev in evals for t in ev.get("texts") or []):
+    # a result that names no engine predates eval engines: the baseline's scorer (transformers) made it
+    for t, engine in ((t, ev.get("engine", BASELINE.name)) for ev in evals for t in ev.get("texts") or []):
         out.append({"name": rec["name"], "engine": engine, "domain": t["label"], "text": t["text"], "ppl": t["ppl"], "baseline_ppl": t["baseline_ppl"],
                     "delta_ppl_pct": t["delta_ppl_pct"], "ci95": t.get("ci95"), "kld_mean": t["kld"]["mean"], "kld_p99": t["kld"]["p99"],
                     "top1_pct": t["top1_agreement"] * 100, "tokens": t["tokens"], "windows": t["windows"]["count"],
@@ -93,6 +95,24 @@ def markdown_table(rows: list[dict], domain: str | None = None) -> str:
             cells[first:] = [f"failed: {r['error'][:80]}"] + [""] * (len(columns) - first - 1)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def fastest(rows: list[dict]) -> dict:
+    """variant -> the engine with the lowest TPOT and the one with the lowest TTFT, with each
+    engine's figures, among the engines that benched it."""
+    by_variant: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("tpot_ms") is not None and r.get("engine"):
+            by_variant.setdefault(r["name"], []).append(r)
+    out = {}
+    for name, rs in by_variant.items():
+        if len(rs) < 2:
+            continue
+        tpot, ttft = min(rs, key=lambda r: r["tpot_ms"]), min(rs, key=lambda r: r["ttft_ms"])
+        slowest = max(r["tpot_ms"] for r in rs)
+        out[name] = {"tpot": tpot["engine"], "ttft": ttft["engine"], "tpot_speedup": slowest / tpot["tpot_ms"],
+                     "tpot_ms": {r["engine"]: r["tpot_ms"] for r in rs}, "ttft_ms": {r["engine"]: r["ttft_ms"] for r in rs}}
+    return out
 
 
 def _fit_text(fit: dict, what: str) -> str | None:
@@ -205,9 +225,8 @@ def _plots(runner, benches: dict[str, dict], rows: list[dict]) -> list[str]:
 
 
 def finish_run(runner, benches: dict[str, dict], total_s: float) -> dict:
-    """`benches`: engine -> bench_many's result (run_engines.bench_engines); empty when the bench was skipped."""
+    """`benches`: engine -> bench_many's result (serving.bench_engines); empty when the bench was skipped."""
     from quantkit.artifacts.card import update_card_results
-    from quantkit.pipeline.serving import fastest
 
     engines = [e for e, res in benches.items() if not res.get("error")] or [None]  # an engine that could not run has no rows
     rows = [variant_row(rec, e) for rec in runner.variants.values() for e in engines]

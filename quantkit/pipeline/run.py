@@ -13,20 +13,20 @@ stops.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 from quantkit import __version__
-from quantkit.core.atomic import exclusive, write_json
-from quantkit.errors import QuantkitError
 from quantkit.artifacts.staging import text_input
+from quantkit.core.atomic import exclusive
+from quantkit.errors import QuantkitError
 from quantkit.models.checkpoint import checkpoint_hash, resolve_model
+from quantkit.pipeline import report, serving
+from quantkit.pipeline.cache import StepCache, step_key, text_fingerprint
 from quantkit.progress import note
 from quantkit.recipe.schema import BASELINE_NAME, Recipe, Variant
 
@@ -42,53 +42,6 @@ class RunOptions:
     rerun: bool = False
     debug: bool = False
     inputs: tuple = ()  # (path, what) pairs no artifact --out may be or contain (the recipe files)
-
-
-def _key(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def _file_sha(spec: str | None) -> str | None:
-    if spec and spec.startswith("mix:"):  # the mix file and its parts' hashes (calib_mix.fingerprint)
-        from quantkit.data.mix import fingerprint
-
-        return f"{spec}:{fingerprint(spec[4:])}"
-    if spec and spec.startswith("file:"):
-        p = Path(spec[5:]).expanduser()
-        if p.is_file():
-            return hashlib.sha256(p.read_bytes()).hexdigest()
-    return spec
-
-
-@dataclass
-class StepCache:
-    """Step results stored in RUN_DIR/steps.json, keyed by content hashes of their inputs."""
-
-    path: Path
-    data: dict = field(default_factory=dict)
-
-    @classmethod
-    def open(cls, run_dir: Path) -> "StepCache":
-        p = run_dir / "steps.json"
-        if not p.is_file():
-            return cls(p, {})
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            data = exc
-        if not isinstance(data, dict):
-            note(f"{p} is damaged ({'not valid JSON' if isinstance(data, Exception) else 'not a JSON object'}); "
-                 "its steps will be done again")
-            data = {}
-        return cls(p, data)
-
-    def get(self, key: str):
-        hit = self.data.get(key)
-        return hit if isinstance(hit, dict) else None  # a damaged record: redo the step
-
-    def put(self, key: str, value) -> None:
-        self.data[key] = value
-        write_json(self.path, self.data, indent=1, default=str)
 
 
 def with_baseline(recipe: Recipe) -> tuple[Variant, ...]:
@@ -208,8 +161,8 @@ class Runner:
             return self.src
         from quantkit.quantize.convert import convert
 
-        key = _key("convert", __version__, self.src_hash, [s.model_dump(mode="json") for s in v.steps],
-                   self.recipe.calibration.model_dump(mode="json"), _file_sha(self.calib))
+        key = step_key("convert", __version__, self.src_hash, [s.model_dump(mode="json") for s in v.steps],
+                   self.recipe.calibration.model_dump(mode="json"), text_fingerprint(self.calib))
         single, src, out, opts = self.conversion(v, meta={"run_key": key})
         if not self.opts.rerun and self._reusable(v, out, key):
             note(f"[{v.name}] convert: reusing {out}")
@@ -255,17 +208,18 @@ class Runner:
 
     def _evaluate(self, v: Variant, path: Path, engine: str) -> dict:
         from quantkit.evals.runner import run_eval
+        from quantkit.evals.scorers import scorer_named
 
         ev = self.recipe.eval
-        key = _key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts", "engines"}),
-                   [(t, _file_sha(t)) for t in self.eval_texts], engine)
+        key = step_key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts", "engines"}),
+                   [(t, text_fingerprint(t)) for t in self.eval_texts], engine)
         hit = self.cache.get(key)
         what = "eval" if len(ev.engines) == 1 else f"eval ({engine})"
         if hit is not None and not self.opts.rerun:
             note(f"[{v.name}] {what}: reusing")
             return hit
         note(f"[{v.name}] {what}")
-        tasks = ev.tasks if engine == "transformers" else ()  # lm-eval tasks run on transformers/vLLM (recipe validation)
+        tasks = ev.tasks if scorer_named(engine, "eval.engines").runs_tasks else ()  # lm-eval tasks: only where the scorer runs them (transformers)
         result = run_eval(path, self.src, list(self.eval_texts), seq_len=ev.seq_len, max_tokens=ev.max_tokens, region=ev.region,
                           tasks=tasks, limit=ev.limit, device=ev.device, dtype=ev.dtype, batch_size=ev.batch_size, engine=engine,
                           tasks_backend=ev.tasks_backend, tensor_parallel=ev.tensor_parallel, data_parallel=ev.data_parallel)
@@ -273,22 +227,18 @@ class Runner:
         return result
 
     def export(self, name: str, path: Path, rec: dict) -> None:
-        """`export: {formats: [gguf]}` (run_engines.py); a variant GGUF cannot hold exactly fails that format only."""
-        from quantkit.pipeline.serving import export_gguf
-
+        """`export: {formats: [gguf]}` (pipeline/serving.py); a variant GGUF cannot hold exactly fails that format only."""
         try:
-            rec["gguf"] = self._timed(f"export:{name}", lambda: export_gguf(self, name, path))
+            rec["gguf"] = self._timed(f"export:{name}", lambda: serving.export_gguf(self, name, path))
         except QuantkitError as exc:
             rec["gguf_error"] = str(exc)
             note(f"[{name}] export gguf failed: {exc}")
 
     def bench(self, paths: dict[str, Path]) -> dict[str, dict]:
-        """One bench per engine of bench.engines (run_engines.py): engine -> bench_many's result."""
+        """One bench per engine of bench.engines (pipeline/serving.py): engine -> bench_many's result."""
         if self.opts.skip_bench or not paths:
             return {}
-        from quantkit.pipeline.serving import bench_engines
-
-        return bench_engines(self, paths)
+        return serving.bench_engines(self, paths)
 
     def run(self) -> dict:
         with exclusive(self.dir, what=f"run directory {self.dir}"):
@@ -313,11 +263,7 @@ class Runner:
                 rec["error"] = str(exc) if isinstance(exc, QuantkitError) else f"{type(exc).__name__}: {exc}"
                 rec["traceback"] = traceback.format_exc(limit=8) if not isinstance(exc, QuantkitError) else None
                 note(f"[{v.name}] failed: {rec['error']}")
-        from quantkit.pipeline.serving import record_benches
-
         benches = self._timed("bench", lambda: self.bench(paths))
-        record_benches(self, benches)  # a variant an engine failed on is a failed variant
-        from quantkit.pipeline.report import finish_run
-
+        serving.record_benches(self, benches)  # a variant an engine failed on is a failed variant
         total = time.perf_counter() - t0
-        return self._timed("report", lambda: finish_run(self, benches, total))
+        return self._timed("report", lambda: report.finish_run(self, benches, total))

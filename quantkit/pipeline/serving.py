@@ -14,23 +14,20 @@ from pathlib import Path
 from quantkit import __version__
 from quantkit.errors import QuantkitError
 from quantkit.models.checkpoint import checkpoint_hash
+from quantkit.pipeline.cache import step_key
 from quantkit.progress import note
-
-GGUF_ENGINES = ("llamacpp",)  # engines that read the run's GGUF rather than the artifact
-
 
 def export_gguf(runner, name: str, path: Path) -> dict | None:
     """The variant's exact GGUF in RUN_DIR/gguf/NAME.gguf (its export record beside it, which lets
     the llama.cpp self-check find the artifact); reused while the file matches the stored hash."""
     if "gguf" not in runner.recipe.export.formats:
         return None
-    from quantkit.gguf import GgufOptions
     from quantkit.core.integrity import sha256_file
-    from quantkit.gguf import export_gguf as export
-    from quantkit.pipeline.run import _key
+    from quantkit.gguf.exporter import GgufOptions
+    from quantkit.gguf.exporter import export_gguf as export
 
     out = runner.dir / "gguf" / f"{name}.gguf"
-    key = _key("gguf", __version__, checkpoint_hash(path), GgufOptions().__dict__)
+    key = step_key("gguf", __version__, checkpoint_hash(path), GgufOptions().__dict__)
     hit = runner.cache.get(key)
     if (hit is not None and not runner.opts.rerun and out.is_file() and out.stat().st_size == hit.get("bytes")
             and sha256_file(out) == hit.get("sha256")):
@@ -45,8 +42,11 @@ def export_gguf(runner, name: str, path: Path) -> dict | None:
 
 
 def _sources(runner, engine: str, paths: dict[str, Path]) -> tuple[dict[str, Path], dict[str, str]]:
-    """What `engine` benches for each variant, and the variants it cannot (their GGUF export failed)."""
-    if engine not in GGUF_ENGINES:
+    """What `engine` benches for each variant, and the variants it cannot (their GGUF export failed).
+    An engine that runs GGUF files gets the run's GGUF, when the recipe exports one."""
+    from quantkit.bench.engines import engine_class
+
+    if not engine_class(engine).takes_gguf:
         return dict(paths), {}
     srcs, failed = {}, {}
     for name, path in paths.items():
@@ -79,11 +79,10 @@ def engine_settings(runner, engine: str):
 def bench_engine(runner, settings, sources: dict[str, Path]) -> dict:
     """One engine over every variant, in one bench_many; a finished result is reused on a re-run."""
     from quantkit.bench.runner import bench_many
-    from quantkit.pipeline.run import _key
 
     engine = settings.engine
     shared = runner.recipe.bench.model_dump(mode="json", exclude={"engine", "engines"})  # adding an engine keeps the others' results
-    key = _key("bench", __version__, engine, sorted((n, _source_hash(p)) for n, p in sources.items()), shared)
+    key = step_key("bench", __version__, engine, sorted((n, _source_hash(p)) for n, p in sources.items()), shared)
     hit = runner.cache.get(key)
     if hit is not None and not runner.opts.rerun:
         note(f"bench ({engine}): reusing")
@@ -137,21 +136,3 @@ def record_benches(runner, benches: dict[str, dict]) -> None:
             if len(runner.recipe.bench.engines) == 1:
                 rec.setdefault("error", f"bench: {f['error']}")
             note(f"[{f['name']}] bench ({engine}) failed: {f['error']}")
-
-
-def fastest(rows: list[dict]) -> dict:
-    """variant -> the engine with the lowest TPOT and the one with the lowest TTFT, with each
-    engine's figures, among the engines that benched it."""
-    by_variant: dict[str, list[dict]] = {}
-    for r in rows:
-        if r.get("tpot_ms") is not None and r.get("engine"):
-            by_variant.setdefault(r["name"], []).append(r)
-    out = {}
-    for name, rs in by_variant.items():
-        if len(rs) < 2:
-            continue
-        tpot, ttft = min(rs, key=lambda r: r["tpot_ms"]), min(rs, key=lambda r: r["ttft_ms"])
-        slowest = max(r["tpot_ms"] for r in rs)
-        out[name] = {"tpot": tpot["engine"], "ttft": ttft["engine"], "tpot_speedup": slowest / tpot["tpot_ms"],
-                     "tpot_ms": {r["engine"]: r["tpot_ms"] for r in rs}, "ttft_ms": {r["engine"]: r["ttft_ms"] for r in rs}}
-    return out

@@ -51,12 +51,18 @@ class EngineSettings:
 class Engine:
     """Batch-1 greedy generation behind the few calls the harness makes.
 
-    Class attributes an engine sets:
+    Class attributes (capabilities) an engine sets; callers ask these, never the name:
       name      registry name ("eager", "compiled", "vllm", "llamacpp")
       compiles  True when the first calls compile or capture graphs: the harness then runs at
                 least one warm-up, so compilation is never timed as decode
       full_logprobs  False when logprobs() reports only some tokens per position (NaN elsewhere):
                 the self-check then uses a tail bucket (a lower bound of the KL)
+      takes_gguf  True when it runs GGUF files (a checkpoint directory is exported exactly to GGUF
+                first): `quantkit run` gives it the variant's exported GGUF
+      devices   device types it runs on ("cpu", "cuda"); check() refuses what this machine's
+                build cannot do
+      tensor_parallel  it spreads one model over several GPUs (--tensor-parallel above 1)
+      sizes_own_memory  it sizes its own memory pool: the weights-fit precheck is its to make
     Instance attribute:
       step_note None while every decode() call produced exactly one token; else the reason the
                 per-step times are not per-token times (the runner then reports no per-step
@@ -66,7 +72,26 @@ class Engine:
     name = "?"
     compiles = False
     full_logprobs = True
+    takes_gguf = False
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    tensor_parallel = False
+    sizes_own_memory = False
     step_note: str | None = None
+
+    @classmethod
+    def check(cls, device) -> None:
+        """Before anything loads: raise QuantkitError (one line) when this machine cannot run the
+        engine on `device` (its library missing, a build without that device)."""
+
+    @classmethod
+    def auto_device(cls, device):
+        """The device `--device auto` means for this engine, given the one auto resolved to."""
+        return device
+
+    @classmethod
+    def default_threads(cls) -> int | None:
+        """CPU threads when --threads is not given (None: the library's own default)."""
+        return None
 
     @classmethod
     def load(cls, source, settings: EngineSettings) -> "Engine":

@@ -67,6 +67,22 @@ def check_available(device) -> None:
 class Engine(Base):
     name = "llamacpp"
     compiles = False
+    takes_gguf = True
+    devices = ("cpu", "cuda")  # cuda: a build with GPU offload (check)
+
+    @classmethod
+    def check(cls, device) -> None:
+        check_available(device)
+
+    @classmethod
+    def auto_device(cls, device):
+        from quantkit.device import resolve
+
+        return device if device.type == "cpu" or gpu_offload() else resolve("cpu")  # a CPU-only build: the CPU, even beside a GPU
+
+    @classmethod
+    def default_threads(cls) -> int:
+        return available_cores()  # every core this process may use, so the probe measures what they can reach
 
     def __init__(self, llm, gguf: Path, settings: EngineSettings, threads: int, export: dict | None):
         import numpy as np
