@@ -1,25 +1,30 @@
-"""The dependency direction of the package, read from the source with ast.
+"""The dependency direction of the package, read from its source with ast.
 
 Every import counts, at any depth: module level, inside functions (lazy imports), under
 `if TYPE_CHECKING:`. A lazy import that hides a cycle still is a cycle.
 
 Edges: `import quantkit.a.b` and `from quantkit.a.b import x` depend on quantkit.a.b;
-`from quantkit.a import b` depends on quantkit.a.b when b is a submodule, and on the
-package's __init__ (quantkit.a) for a name defined there. A package's __init__ is a module
-like any other.
+`from quantkit.a import b` depends on the package quantkit.a (its __init__, where Python looks
+`b` up first) and on quantkit.a.b when b is a submodule. A package's __init__ is a module like
+any other, so one that imports its submodules must not be imported from by them.
+
+Private names: `from x import _y` across modules, and `m._y` where m is a quantkit module this
+file imported. A private module (`_torch.py`) may be imported by its own package only.
 """
 from __future__ import annotations
 
 import ast
-import sys
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "quantkit"
 
-# The single source of the layer order: a module may import from its own layer or below.
-# Keys are the first component under quantkit (a root module or a package).
+# The single source of the layer order (docs/ARCHITECTURE.md shows it): a module may import from
+# its own layer or a lower one, never a higher one. Keys are the first name under quantkit (a
+# package or a root module); "__init__" is quantkit/__init__.py.
 LAYERS: dict[str, int] = {
     "__init__": 0, "errors": 0, "home": 0, "progress": 0, "quiet": 0, "device": 0,
     "core": 1, "resources": 1,
@@ -35,229 +40,252 @@ LAYERS: dict[str, int] = {
 
 @dataclass(frozen=True)
 class Edge:
-    src: str  # importing module
-    dst: str  # imported module
-    line: int
-    text: str  # the import statement as written
+    src: str
+    dst: str
+    where: str  # path:line: the import as written
 
     def __str__(self) -> str:
-        return f"{self.src} -> {self.dst}  ({_path(self.src)}:{self.line}: {self.text})"
-
-
-@lru_cache(maxsize=None)
-def modules() -> dict[str, Path]:
-    out = {}
-    for p in sorted(ROOT.rglob("*.py")):
-        parts = p.relative_to(ROOT.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        out[name] = p
-    return out
-
-
-def _path(mod: str) -> str:
-    return str(modules()[mod].relative_to(ROOT.parent))
-
-
-def _is_package(mod: str) -> bool:
-    return modules()[mod].name == "__init__.py"
-
-
-def _resolve(cur: str, node: ast.ImportFrom) -> str:
-    """The absolute module a `from ... import` names."""
-    if not node.level:
-        return node.module or ""
-    pkg = cur if _is_package(cur) else cur.rpartition(".")[0]
-    base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-    return ".".join(base + ([node.module] if node.module else []))
-
-
-@lru_cache(maxsize=None)
-def _tree(mod: str) -> ast.Module:
-    return ast.parse(modules()[mod].read_text(), filename=str(modules()[mod]))
-
-
-@lru_cache(maxsize=None)
-def _source_lines(mod: str) -> list[str]:
-    return modules()[mod].read_text().splitlines()
-
-
-def _statement(mod: str, node: ast.stmt) -> str:
-    lines = _source_lines(mod)[node.lineno - 1: node.end_lineno]
-    return " ".join(s.strip() for s in lines)
-
-
-def _targets(mod: str, node: ast.stmt) -> list[tuple[str, str | None]]:
-    """(imported module, name taken from it or None) for one import statement."""
-    mods = modules()
-    if isinstance(node, ast.Import):
-        return [(a.name, None) for a in node.names if a.name in mods]
-    base = _resolve(mod, node)
-    out = []
-    for a in node.names:
-        sub = f"{base}.{a.name}"
-        if sub in mods:
-            out.append((sub, None))
-        elif base in mods:
-            out.append((base, a.name))
-    return out
-
-
-def _imports(mod: str):
-    for node in ast.walk(_tree(mod)):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-
-
-@lru_cache(maxsize=None)
-def edges() -> tuple[Edge, ...]:
-    out = []
-    for mod in modules():
-        for node in _imports(mod):
-            seen = set()
-            for dst, _ in _targets(mod, node):
-                if dst != mod and dst not in seen:
-                    seen.add(dst)
-                    out.append(Edge(mod, dst, node.lineno, _statement(mod, node)))
-    return tuple(out)
-
-
-def _sccs(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components (Tarjan)."""
-    index, low, stack, on, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            out.append(sorted(comp))
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10_000))
-    try:
-        for v in sorted(graph):
-            if v not in index:
-                visit(v)
-    finally:
-        sys.setrecursionlimit(limit)
-    return out
-
-
-def _layer_key(mod: str) -> str:
-    parts = mod.split(".")
-    return parts[1] if len(parts) > 1 else "__init__"
+        return f"{self.src} -> {self.dst}  ({self.where})"
 
 
 def _is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def _private_module_visible(mod: str, target: str) -> bool:
-    """A private module (`_torch.py`) serves its own package: siblings and their children."""
-    parts = target.split(".")
-    for i, p in enumerate(parts):
-        if _is_private(p):
-            owner = ".".join(parts[:i])
-            if not (mod == owner or mod.startswith(owner + ".")):
-                return False
-    return True
+class Package:
+    """The modules under `root` (a directory named for the package) and their imports of each other."""
 
+    def __init__(self, root: Path):
+        self.root = root
+        self.modules: dict[str, Path] = {}
+        for p in sorted(root.rglob("*.py")):
+            parts = p.relative_to(root.parent).with_suffix("").parts
+            self.modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+        self.trees = {m: ast.parse(p.read_text(), filename=str(p)) for m, p in self.modules.items()}
 
-def _module_bindings(mod: str) -> dict[str, str]:
-    """Local names bound to quantkit modules by this file's imports."""
-    mods, out = modules(), {}
-    for node in _imports(mod):
+    def where(self, mod: str, node: ast.AST) -> str:
+        lines = self.modules[mod].read_text().splitlines()[node.lineno - 1: node.end_lineno]
+        text = " ".join(s.strip() for s in lines)
+        return f"{self.modules[mod].relative_to(self.root.parent)}:{node.lineno}: {text}"
+
+    def imports(self, mod: str):
+        for node in ast.walk(self.trees[mod]):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                yield node
+
+    def _base(self, mod: str, node: ast.ImportFrom) -> str:
+        if not node.level:
+            return node.module or ""
+        pkg = mod if self.modules[mod].name == "__init__.py" else mod.rpartition(".")[0]
+        parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+        return ".".join(parts + ([node.module] if node.module else []))
+
+    def targets(self, mod: str, node: ast.stmt) -> list[tuple[str, str | None]]:
+        """(module depended on, the name taken from it when that is not a submodule)."""
         if isinstance(node, ast.Import):
+            return [(a.name, None) for a in node.names if a.name in self.modules]
+        base, out = self._base(mod, node), []
+        for a in node.names:
+            sub = f"{base}.{a.name}"
+            if base in self.modules:
+                out.append((base, None if sub in self.modules else a.name))
+            if sub in self.modules:
+                out.append((sub, None))
+        return out
+
+    def bindings(self, mod: str) -> dict[str, str]:
+        """Local names this file binds to quantkit modules (`import a.b` binds `a`)."""
+        out = {}
+        for node in self.imports(mod):
             for a in node.names:
-                if a.name in mods:
-                    out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-        else:
-            for dst, name in _targets(mod, node):
-                if name is None:
-                    alias = next(a for a in node.names if dst.endswith("." + a.name))
-                    out[alias.asname or alias.name] = dst
-    return out
-
-
-def _dotted(node: ast.expr) -> list[str] | None:
-    names = []
-    while isinstance(node, ast.Attribute):
-        names.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return [node.id] + names[::-1]
-
-
-def private_uses() -> list[str]:
-    mods, out = modules(), []
-    for mod in mods:
-        for node in _imports(mod):
-            for dst, name in _targets(mod, node):
-                if dst == mod:
+                full = a.name if isinstance(node, ast.Import) else f"{self._base(mod, node)}.{a.name}"
+                if full not in self.modules:
                     continue
-                if name is not None and _is_private(name):
-                    out.append(f"{mod} imports private {name!r} from {dst}  "
-                               f"({_path(mod)}:{node.lineno}: {_statement(mod, node)})")
-                elif not _private_module_visible(mod, dst):
-                    out.append(f"{mod} imports private module {dst}  "
-                               f"({_path(mod)}:{node.lineno}: {_statement(mod, node)})")
-        bound = _module_bindings(mod)
-        for node in ast.walk(_tree(mod)):
-            if not isinstance(node, ast.Attribute):
+                if isinstance(node, ast.Import) and not a.asname:
+                    out[a.name.split(".")[0]] = a.name.split(".")[0]
+                else:
+                    out[a.asname or a.name] = full
+        return out
+
+    @cached_property
+    def edges(self) -> list[Edge]:
+        out = []
+        for mod in self.modules:
+            for node in self.imports(mod):
+                for dst in dict.fromkeys(dst for dst, _ in self.targets(mod, node)):
+                    if dst != mod:
+                        out.append(Edge(mod, dst, self.where(mod, node)))
+        return out
+
+    def cycles(self) -> list[list[str]]:
+        """Strongly connected components of more than one module (Tarjan, iterative)."""
+        graph = {m: sorted({e.dst for e in self.edges if e.src == m}) for m in self.modules}
+        index, low, on, stack, out = {}, {}, set(), [], []
+        for start in graph:
+            if start in index:
                 continue
-            chain = _dotted(node)
-            if not chain or chain[0] not in bound:
+            work = [(start, 0)]
+            while work:
+                v, i = work.pop()
+                if i == 0:
+                    index[v] = low[v] = len(index)
+                    stack.append(v)
+                    on.add(v)
+                elif i <= len(graph[v]):
+                    low[v] = min(low[v], low[graph[v][i - 1]])
+                while i < len(graph[v]) and graph[v][i] in index:
+                    if graph[v][i] in on:
+                        low[v] = min(low[v], index[graph[v][i]])
+                    i += 1
+                if i < len(graph[v]):
+                    work += [(v, i + 1), (graph[v][i], 0)]
+                    continue
+                if low[v] == index[v]:
+                    comp = []
+                    while not comp or comp[-1] != v:
+                        comp.append(stack.pop())
+                        on.discard(comp[-1])
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+        return out
+
+    def _visible(self, mod: str, target: str) -> bool:
+        """A private module serves the package it lies in (and that package's subpackages)."""
+        parts = target.split(".")
+        for i, part in enumerate(parts):
+            owner = ".".join(parts[:i])
+            if _is_private(part) and not (mod == owner or mod.startswith(owner + ".")):
+                return False
+        return True
+
+    def private_uses(self) -> list[str]:
+        out = []
+        for mod in self.modules:
+            for node in self.imports(mod):
+                for dst, name in self.targets(mod, node):
+                    if dst == mod:
+                        continue
+                    if name is not None and _is_private(name):
+                        out.append(f"{mod} imports private {name!r} from {dst}  ({self.where(mod, node)})")
+                    elif not self._visible(mod, dst):
+                        out.append(f"{mod} imports private module {dst}  ({self.where(mod, node)})")
+            out += self._private_attributes(mod, self.bindings(mod))
+        return sorted(set(out))
+
+    def _private_attributes(self, mod: str, bound: dict[str, str]) -> list[str]:
+        """`m._y` (or `quantkit.a.m._y`) where m is a module this file imported."""
+        out = []
+        for node in ast.walk(self.trees[mod]):
+            chain, cur = [], node
+            while isinstance(cur, ast.Attribute):
+                chain.append(cur.attr)
+                cur = cur.value
+            if not chain or not isinstance(cur, ast.Name) or cur.id not in bound:
                 continue
-            target = bound[chain[0]]
-            for attr in chain[1:]:
-                if f"{target}.{attr}" in mods:
+            target = bound[cur.id]
+            for attr in reversed(chain):
+                if f"{target}.{attr}" in self.modules:
                     target = f"{target}.{attr}"
+                    if not self._visible(mod, target):
+                        out.append(f"{mod} uses private module {target}  ({self.where(mod, node)})")
                     continue
                 if _is_private(attr) and target != mod:
-                    out.append(f"{mod} uses private {target}.{attr}  ({_path(mod)}:{node.lineno})")
+                    out.append(f"{mod} uses private {target}.{attr}  ({self.where(mod, node)})")
                 break
-    return sorted(set(out))
+        return out
+
+    def layer_key(self, mod: str) -> str:
+        parts = mod.split(".")
+        return parts[1] if len(parts) > 1 else "__init__"
+
+    def upward(self, layers: dict[str, int]) -> list[str]:
+        out = []
+        for e in self.edges:
+            src, dst = layers.get(self.layer_key(e.src)), layers.get(self.layer_key(e.dst))
+            if src is not None and dst is not None and dst > src:
+                out.append(f"layer {src} imports layer {dst}: {e}")
+        return out
 
 
-def test_every_module_has_a_layer():
-    missing = sorted({_layer_key(m) for m in modules()} - set(LAYERS))
-    assert not missing, f"packages or root modules with no layer in LAYERS: {missing}"
+@pytest.fixture(scope="module")
+def package() -> Package:
+    return Package(ROOT)
 
 
-def test_no_import_cycles():
-    graph: dict[str, set[str]] = {m: set() for m in modules()}
-    for e in edges():
-        graph[e.src].add(e.dst)
-    cycles = [c for c in _sccs(graph) if len(c) > 1]
+def test_every_package_and_root_module_has_a_layer(package):
+    missing = sorted({package.layer_key(m) for m in package.modules} - set(LAYERS))
+    assert not missing, f"no layer in LAYERS (tests/test_architecture.py) for: {', '.join(missing)}"
+
+
+def test_no_import_cycles(package):
     report = []
-    for comp in cycles:
-        inside = [str(e) for e in edges() if e.src in comp and e.dst in comp]
-        report.append(f"cycle among {comp}:\n    " + "\n    ".join(inside))
-    assert not cycles, "import cycles (lazy imports included):\n" + "\n".join(report)
+    for comp in package.cycles():
+        inside = [str(e) for e in package.edges if e.src in comp and e.dst in comp]
+        report.append(f"cycle among {', '.join(comp)}:\n    " + "\n    ".join(inside))
+    assert not report, "import cycles (lazy imports included):\n" + "\n".join(report)
 
 
-def test_no_private_names_across_modules():
-    found = private_uses()
+def test_no_private_names_across_modules(package):
+    found = package.private_uses()
     assert not found, "private names used across modules:\n" + "\n".join(found)
 
 
-def test_no_import_from_a_higher_layer():
-    up = [f"layer {LAYERS[_layer_key(e.src)]} imports layer {LAYERS[_layer_key(e.dst)]}: {e}"
-          for e in edges()
-          if _layer_key(e.src) in LAYERS and _layer_key(e.dst) in LAYERS
-          and LAYERS[_layer_key(e.dst)] > LAYERS[_layer_key(e.src)]]
-    assert not up, "imports against the layer order:\n" + "\n".join(up)
+def test_no_import_from_a_higher_layer(package):
+    found = package.upward(LAYERS)
+    assert not found, "imports against the layer order:\n" + "\n".join(found)
+
+
+# ---------------------------------------------------------------- the checks themselves
+
+
+def _write(root: Path, files: dict[str, str]) -> Package:
+    for name, text in files.items():
+        p = root / "pkg" / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    for d in [root / "pkg", *(p for p in (root / "pkg").rglob("*") if p.is_dir())]:
+        (d / "__init__.py").touch()
+    return Package(root / "pkg")
+
+
+@pytest.mark.parametrize("files, cycle", [
+    ({"a.py": "from pkg.b import x\n", "b.py": "def f():\n    from pkg import a\n"}, ["pkg.a", "pkg.b"]),
+    ({"sub/__init__.py": "from pkg.sub.m import x\n", "sub/m.py": "from pkg.sub import y\n"}, ["pkg.sub", "pkg.sub.m"]),
+    ({"a.py": "import pkg.b\n", "b.py": "from . import c\n", "c.py": "from .a import z\n"}, ["pkg.a", "pkg.b", "pkg.c"]),
+], ids=["lazy", "package-init", "relative"])
+def test_a_cycle_of_any_kind_is_found(tmp_path, files, cycle):
+    assert _write(tmp_path, files).cycles() == [cycle]
+
+
+def test_no_cycle_where_imports_point_one_way(tmp_path):
+    pkg = _write(tmp_path, {"a.py": "from pkg.b import x\nfrom pkg import c\n", "b.py": "import pkg.c\n", "c.py": "import os\n"})
+    assert pkg.cycles() == [] and len(pkg.edges) == 4  # a->b, a->pkg, a->c, b->c
+
+
+@pytest.mark.parametrize("source", [
+    "from pkg.b import _hidden\n",
+    "from pkg import b\nb._hidden()\n",
+    "import pkg.b as m\nm._hidden\n",
+    "import pkg.b\npkg.b._hidden\n",
+    "from pkg.sub import _tools\n",
+    "import pkg.sub._tools\n",
+], ids=["from-import", "module-attribute", "aliased-module", "dotted-path", "private-module", "import-private-module"])
+def test_private_names_of_another_module_are_found(tmp_path, source):
+    pkg = _write(tmp_path, {"a.py": source, "b.py": "def _hidden(): pass\n", "sub/_tools.py": "x = 1\n"})
+    found = pkg.private_uses()
+    assert len(found) == 1 and found[0].startswith("pkg.a ") and "pkg/a.py:" in found[0], found
+
+
+def test_public_names_and_a_package_own_private_module_are_fine(tmp_path):
+    pkg = _write(tmp_path, {"a.py": "from pkg.b import shown, __version__\nfrom pkg import b\nb.shown()\n",
+                            "b.py": "shown = __version__ = 1\n",
+                            "sub/m.py": "from pkg.sub._tools import x\nfrom pkg.sub import _tools\n_tools.y\n",
+                            "sub/_tools.py": "x = y = 1\n"})
+    assert pkg.private_uses() == []
+
+
+def test_an_import_from_a_higher_layer_is_found(tmp_path):
+    pkg = _write(tmp_path, {"low/m.py": "def f():\n    from pkg.high.n import g\n", "high/n.py": "from pkg.low.m import f\n"})
+    found = pkg.upward({"low": 0, "high": 1})
+    assert len(found) == 1 and "pkg.low.m -> pkg.high.n" in found[0] and "pkg/low/m.py:2" in found[0]
+    assert pkg.upward({"low": 1, "high": 1}) == []
