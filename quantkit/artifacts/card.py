@@ -96,7 +96,7 @@ def _body(meta: dict) -> str:
     if calib:
         lines.append(f"- calibration: {calib.get('source')} ({calib.get('samples')} x {calib.get('seq_len')} tokens, seed {calib.get('seed')}, "
                      f"duplicate windows {calib.get('duplicate_fraction', 0) * 100:.1f}%)")
-        if isinstance(calib.get("domains"), dict):  # a calibration mix (calib_mix.py): samples per domain
+        if isinstance(calib.get("domains"), dict):  # a calibration mix (data/mix.py): samples per domain
             left = [p.get("name") for p in calib.get("left_out") or [] if isinstance(p, dict)]
             lines.append("  - samples per domain: " + ", ".join(f"{d} {n}" for d, n in calib["domains"].items())
                          + (f" (left out, absent here: {', '.join(map(str, left))})" if left else ""))
