@@ -173,3 +173,19 @@ def test_transform_step_kind_order_and_dump(tmp_path):
 def test_unknown_method_lists_autoround(tmp_path):
     with pytest.raises(RecipeError, match="valid methods: rtn, gptq, awq, autoround, w8a8"):
         load_recipe(write(tmp_path, "steps:\n  - quantize: {method: hqq}\n"))
+
+
+def test_the_engine_names_a_recipe_takes_are_the_registries():
+    """The recipe names the bench engines and eval scorers it accepts (it is read below their
+    packages); they must be exactly the registered ones, capabilities included."""
+    from quantkit.bench.engines import ENGINES
+    from quantkit.evals.scorers import SCORERS
+    from quantkit.recipe.schema import BENCH_ENGINES, EVAL_ENGINES, TASK_ENGINES
+
+    assert BENCH_ENGINES == tuple(ENGINES)
+    assert EVAL_ENGINES == tuple(SCORERS)
+    assert TASK_ENGINES == tuple(name for name, scorer in SCORERS.items() if scorer.runs_tasks)
+    for name in ENGINES:
+        assert recipe_from_dict({"steps": [{"quantize": {"method": "rtn"}}], "bench": {"engine": name}}).bench.engines == (name,)
+    for name in SCORERS:
+        assert recipe_from_dict({"steps": [{"quantize": {"method": "rtn"}}], "eval": {"engines": [name]}}).eval.engines == (name,)

@@ -153,6 +153,14 @@ class CalibrationConfig(_Strict):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda)(:[0-9]+)?$")
 
 
+# The engine names a recipe may use. The recipe is read below the packages that implement them
+# (bench/engines ENGINES, evals/scorers SCORERS), so it names them here; tests/test_recipe.py
+# checks that these are exactly the registries' names, so a new engine is refused nowhere.
+EVAL_ENGINES = ("transformers", "llamacpp")
+TASK_ENGINES = ("transformers",)  # the eval engines lm-eval tasks run beside (a scorer's runs_tasks)
+BENCH_ENGINES = ("eager", "compiled", "vllm", "llamacpp")
+
+
 class EvalConfig(_Strict):
     # `texts: [...]`: one report row per variant per text (domain); `text: X` is the one-text shorthand.
     # None of them (and no tasks): the default domains (quantkit/evals/domains.py), at least two.
@@ -168,9 +176,9 @@ class EvalConfig(_Strict):
     tasks_backend: Literal["hf", "vllm"] = "hf"
     tensor_parallel: int = Field(1, ge=1)  # lm-eval's vLLM backend
     data_parallel: int = Field(1, ge=1)
-    # What scores each variant (quantkit/evals/runner.py ENGINES): `[transformers, llamacpp]` gives every
-    # variant a row per engine and domain; llamacpp scores the variant's exact GGUF (exported on the fly).
-    engines: tuple[Literal["transformers", "llamacpp"], ...] = ("transformers",)
+    # What scores each variant (EVAL_ENGINES): `[transformers, llamacpp]` gives every variant a row
+    # per engine and domain; llamacpp scores the variant's exact GGUF (exported on the fly).
+    engines: tuple[Literal[EVAL_ENGINES], ...] = ("transformers",)
 
     @model_validator(mode="before")
     @classmethod
@@ -189,8 +197,9 @@ class EvalConfig(_Strict):
     def _engines(self) -> "EvalConfig":
         if not self.engines or len(set(self.engines)) != len(self.engines):
             raise ValueError("engines: give each eval engine once, at least one")
-        if self.tasks and self.engines[0] != "transformers":
-            raise ValueError("tasks: lm-eval tasks run with the first eval engine, which must be transformers (tasks_backend picks hf or vllm)")
+        if self.tasks and self.engines[0] not in TASK_ENGINES:
+            raise ValueError(f"tasks: lm-eval tasks run with the first eval engine, which must be {' or '.join(TASK_ENGINES)} "
+                             "(tasks_backend picks hf or vllm)")
         return self
 
     @property
@@ -202,7 +211,7 @@ class EvalConfig(_Strict):
 class BenchConfig(_Strict):
     # `engines: [compiled, llamacpp]` benches every variant on each engine (a row per engine in the
     # report, a rule-check fit per engine); `engine: X` is the one-engine shorthand, and names the
-    # first engine either way. Names: quantkit/bench/engines ENGINES.
+    # first engine either way.
     engine: str = "compiled"
     engines: tuple[str, ...] = ()
     device: str = Field("auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$")  # --device's values; resolved when the bench starts
@@ -228,11 +237,9 @@ class BenchConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_engines(self) -> "BenchConfig":
-        from quantkit.bench.engines import ENGINES
-
-        unknown = [e for e in self.engines if e not in ENGINES]
+        unknown = [e for e in self.engines if e not in BENCH_ENGINES]
         if unknown:
-            raise ValueError(f"unknown engine {unknown[0]!r}; valid: {', '.join(ENGINES)}")
+            raise ValueError(f"unknown engine {unknown[0]!r}; valid: {', '.join(BENCH_ENGINES)}")
         if len(set(self.engines)) != len(self.engines):
             raise ValueError("engines: each engine at most once")
         return self
