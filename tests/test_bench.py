@@ -145,10 +145,24 @@ def test_no_device_strings_compared_in_the_bench_path():
     with "cpu"/"cuda" (the only branches on a device pick a kernel or a sync, on `.type`)."""
     import re
 
-    files = [*(REPO / "quantkit" / "bench").rglob("*.py"), REPO / "quantkit" / "roofline.py", REPO / "quantkit" / "cli" / "bench.py"]
+    files = [*(REPO / "quantkit" / "bench").rglob("*.py"), REPO / "quantkit" / "core" / "roofline.py", REPO / "quantkit" / "cli" / "bench.py"]
     pattern = re.compile(r"""(==|!=)\s*["'](cpu|cuda)["']|["'](cpu|cuda)["']\s*(==|!=)|in\s*\(\s*["'](cpu|cuda)["']""")
     hits = [f"{f.name}: {line.strip()}" for f in files for line in f.read_text().splitlines()
             if pattern.search(line) and ".type" not in line]
+    assert hits == []
+
+
+def test_no_engine_names_compared_in_the_bench_path():
+    """An engine's capabilities are attributes of its class (`engine_class(name).takes_gguf`): no code
+    around the engines compares an engine's name."""
+    import re
+
+    from quantkit.bench.engines import ENGINES
+
+    files = [*(REPO / "quantkit" / "bench").rglob("*.py"), REPO / "quantkit" / "cli" / "bench.py"]
+    names = "|".join(ENGINES)
+    pattern = re.compile(rf"""(==|!=)\s*["']({names})["']|["']({names})["']\s*(==|!=)|\bin\s*\(\s*["']({names})["']""")
+    hits = [f"{f.name}: {line.strip()}" for f in files for line in f.read_text().splitlines() if pattern.search(line)]
     assert hits == []
 
 

@@ -47,6 +47,49 @@ def test_registry_is_explicit_and_lazy():
         engine_class("llama")
 
 
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_every_engine_carries_its_capabilities(name):
+    cls = engine_class(name)
+    assert cls.name == name and issubclass(cls, Engine)
+    for attr in ("compiles", "full_logprobs", "takes_gguf", "tensor_parallel", "sizes_own_memory"):
+        assert isinstance(getattr(cls, attr), bool), attr
+    assert cls.devices and set(cls.devices) <= {"cpu", "cuda"}
+    assert cls.default_threads() is None or cls.default_threads() >= 1
+
+
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_settings_refuse_by_capability(name, monkeypatch):
+    """--tensor-parallel above 1 and a device outside the engine's list are refused in one line that
+    names the engines able to; the engine's own availability check runs before anything loads."""
+    from quantkit.bench.settings import BenchSettings, check_settings
+
+    cls = engine_class(name)
+    monkeypatch.setattr(cls, "check", classmethod(lambda c, device: None))  # as if its library were installed
+    able = [n for n in ENGINES if engine_class(n).tensor_parallel]
+    if not cls.tensor_parallel:
+        with pytest.raises(QuantkitError, match=f"above 1 only with --engine {' [|] '.join(able)}$"):
+            check_settings(BenchSettings(device="cpu", engine=name, tensor_parallel=2))
+    if "cpu" not in cls.devices:
+        with pytest.raises(QuantkitError, match=f"--engine {name} needs a CUDA GPU .--device cuda., not --device cpu"):
+            check_settings(BenchSettings(device="cpu", engine=name))
+        return
+    check_settings(BenchSettings(device="cpu", engine=name))
+    monkeypatch.setattr(cls, "check", classmethod(lambda c, device: (_ for _ in ()).throw(QuantkitError(f"{c.name}: missing"))))
+    with pytest.raises(QuantkitError, match=f"{name}: missing"):
+        check_settings(BenchSettings(device="cpu", engine=name))
+
+
+def test_a_gguf_file_is_refused_by_engines_that_do_not_read_one(cli, tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    readers = [n for n in ENGINES if engine_class(n).takes_gguf]
+    for name in ENGINES:
+        if name in readers or "cpu" not in engine_class(name).devices:
+            continue
+        code, _, err, _ = cli("bench", str(f), "--engine", name, "--device", "cpu")
+        assert code == 2 and "a file; the" in err and f"GGUF files: --engine {' | '.join(readers)}" in err, err
+
+
 def test_harness_drives_any_engine():
     e = CountingEngine()
     t = harness.measure(e, [1, 2, 3], 4, repeats=2, min_seconds=0, warmups=1)

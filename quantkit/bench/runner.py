@@ -13,6 +13,7 @@ from quantkit.progress import bar, note
 from quantkit.core.roofline import Shape, efficiency, fit_rule, prefill_flops, predict_ttft_s
 from quantkit.bench import selfcheck
 from quantkit.bench.accounting import kv_live, mean_step_bytes
+from quantkit.bench.engines import engine_class
 from quantkit.bench.settings import BenchSettings, check_fits_bytes, check_lengths, check_settings  # noqa: F401  (re-exported)
 
 
@@ -56,7 +57,7 @@ def precheck(source, s: BenchSettings) -> None:
     check_lengths(cfg, s)
     if isinstance(source, Synthetic):
         check_fits_bytes(Shape.from_config(cfg).total_params() * source.bits / 8, cfg, s, source.label)
-    elif s.engine != "vllm":  # vLLM sizes its own memory
+    elif not engine_class(s.engine).sizes_own_memory:
         files = [source] if source.is_file() else source.glob("*.safetensors")  # a GGUF, or a checkpoint's shards
         check_fits_bytes(sum(f.stat().st_size for f in files), cfg, s, str(source))
 
@@ -112,7 +113,6 @@ def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: f
 
 def _measure(source, cfg: dict, s: BenchSettings, figs) -> dict:
     """Reference, load, self-check, timings and sweep on the engine; the pieces of a result row."""
-    from quantkit.bench.engines import engine_class
     from quantkit.bench.engines.base import EngineSettings
     from quantkit.bench.harness import measure
 

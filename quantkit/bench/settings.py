@@ -9,6 +9,8 @@ from typing import Any
 from quantkit.errors import QuantkitError
 from quantkit.core.roofline import Shape, kv_bytes_per_token
 
+DEVICE_WORDS = {"cuda": "a CUDA GPU (--device cuda)", "cpu": "the CPU (--device cpu)"}
+
 
 @dataclass(frozen=True)
 class BenchSettings:
@@ -26,17 +28,16 @@ class BenchSettings:
     self_check: bool = True
 
     def __post_init__(self):
+        from quantkit.bench.engines import engine_class
         from quantkit.device import resolve
 
-        device = self.device
-        if self.engine == "llamacpp":
-            from quantkit.bench.engines.llamacpp import available_cores, gpu_offload
-
-            if device == "auto" and not gpu_offload():  # a CPU-only llama.cpp: auto is the CPU, even beside a GPU
-                device = "cpu"
-            if self.threads is None:  # the engine's threads, so the probe measures what they can reach
-                object.__setattr__(self, "threads", available_cores())
-        object.__setattr__(self, "device", resolve(device))  # an unavailable device fails here, before any work
+        engine = engine_class(self.engine)  # an unknown engine: one line listing the valid ones
+        device = resolve(self.device)  # an unavailable device fails here, before any work
+        if str(self.device) == "auto":
+            device = engine.auto_device(device)
+        if self.threads is None:  # the engine's own threads, so the probe measures what they can reach
+            object.__setattr__(self, "threads", engine.default_threads())
+        object.__setattr__(self, "device", device)
         object.__setattr__(self, "prompt_sweep", tuple(self.prompt_sweep))
 
     @property
@@ -54,30 +55,24 @@ class BenchSettings:
 
 def check_settings(s: BenchSettings) -> None:
     """Settings that no model can be timed with: rejected before any loading or probing."""
-    from quantkit.bench.engines import check_engine
+    from quantkit.bench.engines import ENGINES, engine_class
 
-    check_engine(s.engine)
+    engine = engine_class(s.engine)
     if s.prompt_len <= 0 or s.gen_len <= 1:
         raise QuantkitError("--prompt-len must be > 0 and --gen-len > 1")
     if s.repeats < 1 or s.warmups < 0 or s.min_seconds < 0:
         raise QuantkitError("--repeats must be >= 1, --warmups and --min-seconds >= 0")
     if any(x <= 0 for x in s.prompt_sweep):
         raise QuantkitError("--sweep: prompt lengths must be positive")
-    if s.tensor_parallel < 1 or (s.tensor_parallel > 1 and s.engine != "vllm"):
-        raise QuantkitError("--tensor-parallel must be >= 1, and above 1 only with --engine vllm")
+    if s.tensor_parallel < 1 or (s.tensor_parallel > 1 and not engine.tensor_parallel):
+        able = " | ".join(n for n in ENGINES if engine_class(n).tensor_parallel)
+        raise QuantkitError(f"--tensor-parallel must be >= 1, and above 1 only with --engine {able}")
     if s.threads is not None and s.threads < 1:
         raise QuantkitError("--threads must be >= 1")
-    if s.engine == "llamacpp":
-        from quantkit.bench.engines.llamacpp import check_available
-
-        check_available(s.device)
-    if s.engine == "vllm":
-        import importlib.util
-
-        if s.device.type != "cuda":
-            raise QuantkitError(f"--engine vllm needs a CUDA GPU (--device cuda), not --device {s.device}")
-        if importlib.util.find_spec("vllm") is None:
-            raise QuantkitError("--engine vllm: vLLM is not installed (pip install vllm, on a CUDA machine)")
+    if s.device.type not in engine.devices:
+        raise QuantkitError(f"--engine {s.engine} needs {' or '.join(DEVICE_WORDS.get(d, d) for d in engine.devices)}, "
+                            f"not --device {s.device}")
+    engine.check(s.device)
 
 
 def check_lengths(cfg: dict, s: BenchSettings) -> None:

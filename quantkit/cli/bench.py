@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from quantkit.bench.engines import ENGINES
+from quantkit.bench.engines import ENGINES, engine_class
 from quantkit.cli._common import echo_json, int_list
 
 
@@ -128,8 +128,9 @@ def _source(ref: str, engine: str):
     path = Path(ref).expanduser()
     if not path.is_file():
         return resolve_model(ref)
-    if engine != "llamacpp":
-        raise QuantkitError(f"{ref}: a file; the {engine} engine benches checkpoint directories (GGUF files: --engine llamacpp)")
+    if not engine_class(engine).takes_gguf:
+        readers = " | ".join(n for n in ENGINES if engine_class(n).takes_gguf)
+        raise QuantkitError(f"{ref}: a file; the {engine} engine benches checkpoint directories (GGUF files: --engine {readers})")
     from quantkit.gguf.read import open_reader
 
     open_reader(path)

@@ -8,7 +8,9 @@
   first); CPU, or a GPU when llama.cpp was built with one (when installed).
 
 Modules are imported when their engine is asked for, so an optional engine's library is only
-needed by those who use it.
+needed by those who use it. What an engine can do is a class attribute of its `Engine`
+(base.py: compiles, takes_gguf, devices, tensor_parallel, sizes_own_memory...): callers ask
+`engine_class(name).takes_gguf`, never compare names.
 """
 
 from __future__ import annotations

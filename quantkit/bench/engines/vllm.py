@@ -45,6 +45,16 @@ class Engine(Base):
     name = "vllm"
     compiles = True  # CUDA-graph capture and warm caches: at least one warm-up
     full_logprobs = False  # top-TOP_K log-probabilities per position
+    devices = ("cuda",)
+    tensor_parallel = True
+    sizes_own_memory = True  # gpu_memory_utilization: its pool, not the weights, is what must fit
+
+    @classmethod
+    def check(cls, device) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise QuantkitError("--engine vllm: vLLM is not installed (pip install vllm, on a CUDA machine)")
 
     def __init__(self, llm, path: Path, settings: EngineSettings):
         self.llm, self.path, self.settings = llm, path, settings

@@ -37,19 +37,18 @@ class LlamaCppScorer(Scorer):
     def check(cls, source: Path, device) -> None:
         """llama-cpp-python importable (and GPU-capable if asked); a GGUF file whole (magic, header,
         every tensor inside the file)."""
-        from quantkit.bench.engines.llamacpp import check_available
+        from quantkit.bench.engines.llamacpp import Engine
         from quantkit.gguf.read import open_reader
 
-        check_available(device)
+        Engine.check(device)
         if not source.is_dir():
             open_reader(source)  # ModelError (exit 2): no such file / not a GGUF / truncated
 
     @classmethod
     def auto_device(cls, device):
-        from quantkit.bench.engines.llamacpp import gpu_offload
-        from quantkit.device import resolve
+        from quantkit.bench.engines.llamacpp import Engine
 
-        return device if device.type == "cpu" or gpu_offload() else resolve("cpu")  # a CPU-only build: the CPU
+        return Engine.auto_device(device)  # a CPU-only build: the CPU, even beside a GPU
 
     @classmethod
     def open(cls, source: Path, settings: ScorerSettings) -> "LlamaCppScorer":
