@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from quantkit.cli._common import echo_json, json_option
+from quantkit.evals.lmeval import BACKENDS
 from quantkit.evals.scorers import SCORERS
 from quantkit.evals.splits import SPLITS
 
@@ -99,7 +100,7 @@ def _model_path(model: str, engine: str):
                    "The baseline is scored by transformers either way.")
 @click.option("--tasks", default="", help="Comma-separated lm-eval tasks (local ones from evals/, or standard names online).")
 @click.option("--limit", default=None, type=int, help="Examples per lm-eval task.")
-@click.option("--tasks-backend", default="hf", show_default=True, type=click.Choice(["hf", "vllm"]),
+@click.option("--tasks-backend", default="hf", show_default=True, type=click.Choice(list(BACKENDS)),
               help="lm-eval's backend: hf (in process; data parallel under `accelerate launch`) or vllm.")
 @click.option("--tensor-parallel", default=1, show_default=True, type=int, help="vLLM tensor_parallel_size (--tasks-backend vllm).")
 @click.option("--data-parallel", default=1, show_default=True, type=int, help="vLLM data_parallel_size (--tasks-backend vllm).")

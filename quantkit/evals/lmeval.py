@@ -25,13 +25,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from quantkit.errors import DataError
 from quantkit.home import subdir
 
 METRICS = ("acc", "acc_norm", "exact_match")
-BACKENDS = ("hf", "vllm")
 
 
 @dataclass(frozen=True)
@@ -59,19 +58,18 @@ def is_main_process() -> bool:
 
 
 def check_backend(backend: str, tensor_parallel: int, data_parallel: int) -> None:
-    """Before any model loads: a known backend, its parallel settings, and vLLM importable."""
+    """Before any model loads: a known backend, its parallel settings, and its library importable."""
     import importlib.util
 
     if backend not in BACKENDS:
         raise DataError(f"--tasks-backend {backend}: use one of {', '.join(BACKENDS)}")
+    b = BACKENDS[backend]
     if tensor_parallel < 1 or data_parallel < 1:
         raise DataError("--tensor-parallel and --data-parallel take a count of at least 1")
-    if backend == "hf" and (tensor_parallel, data_parallel) != (1, 1):
-        raise DataError("--tensor-parallel/--data-parallel are vLLM's (--tasks-backend vllm); the hf backend runs data "
-                        "parallel when launched with `accelerate launch --num_processes N -m quantkit eval ...`")
-    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise DataError("--tasks-backend vllm: vLLM is not installed (pip install vllm, on a machine with a CUDA GPU); "
-                        "or use --tasks-backend hf")
+    if b.no_parallel_sizes and (tensor_parallel, data_parallel) != (1, 1):
+        raise DataError(b.no_parallel_sizes)
+    if b.library and importlib.util.find_spec(b.library) is None:
+        raise DataError(f"--tasks-backend {backend}: {b.missing}")
 
 
 def local_tasks_dir() -> Path | None:
@@ -113,13 +111,7 @@ def _files_hash(src: Path | None) -> str:
     return h.hexdigest()[:16]
 
 
-def _lm(run: TaskRun, path: Path, model, tok):
-    """The lm-eval model object of `run.backend` (module docstring)."""
-    if run.backend == "vllm":
-        from lm_eval.models.vllm_causallms import VLLM
-
-        return VLLM(pretrained=str(path), dtype=run.dtype, tensor_parallel_size=run.tensor_parallel,
-                    data_parallel_size=run.data_parallel, trust_remote_code=run.trust_remote_code, seed=0)
+def _hf_lm(run: TaskRun, path: Path, model, tok):
     from lm_eval.models.huggingface import HFLM
 
     batch = 8 if run.device.type == "cpu" else "auto"  # lm-eval's own batch-size probe on a GPU
@@ -128,6 +120,36 @@ def _lm(run: TaskRun, path: Path, model, tok):
     model = model()
     return HFLM(pretrained=model, tokenizer=tok, batch_size=batch,
                 max_length=min(2048, getattr(model.config, "max_position_embeddings", 2048)))
+
+
+def _vllm_lm(run: TaskRun, path: Path, model, tok):
+    from lm_eval.models.vllm_causallms import VLLM
+
+    return VLLM(pretrained=str(path), dtype=run.dtype, tensor_parallel_size=run.tensor_parallel,
+                data_parallel_size=run.data_parallel, trust_remote_code=run.trust_remote_code, seed=0)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An lm-eval backend: how its model object is built, and what check_backend asks of it."""
+
+    lm: Callable  # (run, path, model loader, tokenizer) -> lm-eval's model object
+    library: str | None = None  # a module that must be importable (checked before anything loads)
+    missing: str = ""  # what to do when it is not
+    no_parallel_sizes: str = ""  # the refusal of --tensor-parallel/--data-parallel, for a backend without them
+
+
+BACKENDS: dict[str, Backend] = {
+    "hf": Backend(_hf_lm, no_parallel_sizes="--tensor-parallel/--data-parallel are vLLM's (--tasks-backend vllm); the hf "
+                  "backend runs data parallel when launched with `accelerate launch --num_processes N -m quantkit eval ...`"),
+    "vllm": Backend(_vllm_lm, library="vllm", missing="vLLM is not installed (pip install vllm, on a machine with a CUDA GPU); "
+                    "or use --tasks-backend hf"),
+}
+
+
+def _lm(run: TaskRun, path: Path, model, tok):
+    """The lm-eval model object of `run.backend` (module docstring)."""
+    return BACKENDS[run.backend].lm(run, path, model, tok)
 
 
 def _evaluate(run: TaskRun, path: Path, model, tok) -> dict | None:
