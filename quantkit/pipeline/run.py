@@ -211,7 +211,7 @@ class Runner:
         from quantkit.evals.scorers import scorer_named
 
         ev = self.recipe.eval
-        key = step_key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts", "engines"}),
+        key = step_key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts", "engines"} | ({"split"} if ev.split == "all" else set())),
                    [(t, text_fingerprint(t)) for t in self.eval_texts], engine)
         hit = self.cache.get(key)
         what = "eval" if len(ev.engines) == 1 else f"eval ({engine})"
@@ -221,7 +221,7 @@ class Runner:
         note(f"[{v.name}] {what}")
         tasks = ev.tasks if scorer_named(engine, "eval.engines").runs_tasks else ()  # lm-eval tasks: only where the scorer runs them (transformers)
         result = run_eval(path, self.src, list(self.eval_texts), seq_len=ev.seq_len, max_tokens=ev.max_tokens, region=ev.region,
-                          tasks=tasks, limit=ev.limit, device=ev.device, dtype=ev.dtype, batch_size=ev.batch_size, engine=engine,
+                          split=ev.split, tasks=tasks, limit=ev.limit, device=ev.device, dtype=ev.dtype, batch_size=ev.batch_size, engine=engine,
                           tasks_backend=ev.tasks_backend, tensor_parallel=ev.tensor_parallel, data_parallel=ev.data_parallel)
         self.cache.put(key, result)
         return result

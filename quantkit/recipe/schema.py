@@ -168,6 +168,9 @@ class EvalConfig(_Strict):
     seq_len: int = Field(512, ge=8)
     max_tokens: int = Field(8192, ge=8)
     region: Literal["all", "first-half", "second-half"] = "first-half"
+    # The part of the region scored (evals/splits.py): all, selection (choose recipes and methods
+    # there) or confirmation (report the chosen one's figures there, where no choice was made).
+    split: Literal["all", "selection", "confirmation"] = "all"
     tasks: tuple[str, ...] = ()
     limit: int | None = Field(None, ge=1)
     device: str = Field("auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$")  # --device's values; resolved when the eval starts
@@ -195,6 +198,8 @@ class EvalConfig(_Strict):
 
     @model_validator(mode="after")
     def _engines(self) -> "EvalConfig":
+        if self.split != "all" and any(t.strip() == "self" for t in self.texts):
+            raise ValueError("split: generated text (self) has no token positions to split; use split: all")
         if not self.engines or len(set(self.engines)) != len(self.engines):
             raise ValueError("engines: give each eval engine once, at least one")
         if self.tasks and self.engines[0] not in TASK_ENGINES:
