@@ -61,6 +61,11 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except BrokenPipeError:  # the reader went away (`quantkit recipe list | head -1`): stop quietly, as cat does
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout at exit
+            sys.exit(141)  # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe
         except click.ClickException as exc:
             _usage_error(exc)
         except (click.exceptions.Exit, click.exceptions.Abort):
