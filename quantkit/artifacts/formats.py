@@ -24,7 +24,8 @@ def _describe(fmt: str):
     def describe(cfg) -> dict:
         """quantkit.json's `quantization`: the method's config (methods/configs.py) as stored."""
         d = {"format": fmt, "method": cfg.method, "scheme": cfg.scheme, "weight_bits": cfg.weight_bits}
-        for key in ("group_size", "symmetric", "observer", "actorder", "dampening", "rounding", "smoothing_strength", "double_quant", "threshold"):
+        for key in ("group_size", "symmetric", "observer", "actorder", "dampening", "rounding", "smoothing_strength", "double_quant", "threshold",
+                    "weight_type", "activations"):
             if hasattr(cfg, key):
                 d[key] = getattr(cfg, key)
         d["ignore"] = list(cfg.ignore)

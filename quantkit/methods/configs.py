@@ -148,6 +148,33 @@ class W8A8Config(MethodConfig):
     scheme: ClassVar[str] = "W8A8"  # type: ignore[assignment]
 
 
+class FP8Config(MethodConfig):
+    """FP8 E4M3 weights with a static scale per output channel, no calibration data. The recipe's
+    `scheme: w8a8` also rounds each linear's input to FP8 per token at run time (compressed-tensors'
+    FP8_DYNAMIC preset); `w8a16` leaves activations in 16 bits."""
+
+    # The recipe key is `scheme`; the attribute is `fp8_scheme`, so `scheme` stays what quantkit.json calls it.
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+
+    method: Literal["fp8"]
+    fp8_scheme: Literal["w8a8", "w8a16"] = Field("w8a8", alias="scheme")
+    ignore: tuple[str, ...] = ("lm_head",)
+    weight_bits: ClassVar[int] = 8
+    weight_type: ClassVar[str] = "float8_e4m3fn"
+
+    @property
+    def dynamic_activations(self) -> bool:
+        return self.fp8_scheme == "w8a8"
+
+    @property
+    def activations(self) -> str:
+        return "float8_e4m3fn per token, dynamic" if self.dynamic_activations else "16-bit"
+
+    @property
+    def scheme(self) -> str:
+        return f"FP8-{self.fp8_scheme.upper()}"
+
+
 class BnbNF4Config(MethodConfig):
     """bitsandbytes NF4 (Dettmers et al. 2023): no calibration, blocks of 64."""
 

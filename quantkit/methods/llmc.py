@@ -1,4 +1,4 @@
-"""RTN, GPTQ, AWQ, AutoRound and SmoothQuant W8A8 (after a rotation, when the variant has one) through llm-compressor, saved in the compressed-tensors format."""
+"""RTN, GPTQ, AWQ, AutoRound, SmoothQuant W8A8 (after a rotation, when the variant has one) and FP8 through llm-compressor, saved in the compressed-tensors format."""
 
 from __future__ import annotations
 
@@ -43,6 +43,18 @@ def w8a8_groups() -> dict:
     return {"group_0": QuantizationScheme(targets=["Linear"], weights=weight_args(8, -1, True), input_activations=acts)}
 
 
+def fp8_groups(cfg) -> dict:
+    """compressed-tensors' FP8_DYNAMIC preset (FP8 E4M3 weights with a static scale per output
+    channel, activations FP8 per token with scales computed at run time); weight-only without its
+    activations. Saved in the float-quantized format (FP8 weights and their scales), which the
+    weight-only scheme would otherwise be labelled with its alias naive-quantized: the same tensors."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
+    update = {"format": "float-quantized"} if cfg.dynamic_activations else {"format": "float-quantized", "input_activations": None}
+    return {"group_0": scheme.model_copy(update=update)}
+
+
 # Each method's llm-compressor modifiers, in the order they run: (cfg) -> list of modifiers. The
 # registry (methods/registry.py) hands one of these to `quantize`.
 
@@ -80,6 +92,12 @@ def w8a8(cfg) -> list:
 
     return [SmoothQuantModifier(smoothing_strength=cfg.smoothing_strength),
             GPTQModifier(config_groups=w8a8_groups(), ignore=list(cfg.ignore), dampening_frac=cfg.dampening, actorder=None)]
+
+
+def fp8(cfg) -> list:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    return [QuantizationModifier(config_groups=fp8_groups(cfg), ignore=list(cfg.ignore))]
 
 
 def build_recipe(cfg, modifiers: Callable, transform=None) -> list:

@@ -14,8 +14,8 @@ from functools import partial
 from typing import Callable
 
 from quantkit.methods import autoround, bnb, llmc
-from quantkit.methods.configs import (AWQConfig, AutoRoundConfig, BnbInt8Config, BnbNF4Config, GPTQConfig, MethodConfig, RTNConfig,
-                                      W8A8Config)
+from quantkit.methods.configs import (AWQConfig, AutoRoundConfig, BnbInt8Config, BnbNF4Config, FP8Config, GPTQConfig, MethodConfig,
+                                      RTNConfig, W8A8Config)
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,8 @@ METHODS: dict[str, Method] = {
     "autoround": Method("autoround", AutoRoundConfig, _llmc(autoround.modifiers, tuning=autoround.tuning_samples), calibrates=True,
                         check=autoround.check_samples, runtime=autoround.runtime, **_LLMC),
     "w8a8": Method("w8a8", W8A8Config, _llmc(llmc.w8a8), calibrates=True, passes=3, hessians=True, **_LLMC),
+    # FP8 rounds each weight once from its channel's scale, like rtn; not tried with a rotation or under torchrun
+    "fp8": Method("fp8", FP8Config, _llmc(llmc.fp8), calibrates=False, **{**_LLMC, "rotates": False}),
     "bnb-nf4": Method("bnb-nf4", BnbNF4Config, partial(bnb.quantize, config=bnb.nf4_config), export_format="bitsandbytes",
                       calibrates=False, loads_quantized=True),
     "bnb-int8": Method("bnb-int8", BnbInt8Config, partial(bnb.quantize, config=bnb.int8_config), export_format="bitsandbytes",
