@@ -6,6 +6,8 @@ CPU layouts call:
 - int4, CUDA: aten._weight_int4pack_mm           (tinygemm; bf16 activations)
 - int8, any:  aten._weight_int8pack_mm           (per-channel scales)
 - W8A8:       torch._int_mm after dynamic per-token int8 quantization of the activation
+- FP8 W8A8:   torch._scaled_mm (e4m3 x e4m3, row-wise scales) after dynamic per-token FP8
+              quantization of the activation, where the device has FP8 matmuls (`fp8_kernel_missing`)
 Both int4 kernels compute w = (q_u - 8) * scale + zero with q_u in [0, 15]; compressed-tensors
 stores signed q in [-8, 7] with w = (q - zp) * scale, so q_u = q + 8 and zero = -zp * scale.
 
@@ -131,6 +133,78 @@ class Int8DynamicActivationLinear(nn.Module):
             xq = F.pad(xq, (0, 0, 0, 17 - rows))
         acc = torch._int_mm(xq, self.weight_t)[:rows]
         y = (acc.float() * x_scale * self.scales).to(x.dtype).reshape(*shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448, E4M3's largest finite value: a row's absmax maps onto it
+
+
+def fp8_kernel_missing(device, dynamic: bool, n: int, k: int) -> str | None:
+    """Why an FP8 layer of `n` x `k` cannot run as FP8 on `device` (None: torch._scaled_mm runs it).
+
+    FP8 tensor cores start at CUDA compute capability 8.9 (Ada, Hopper). torch also has a CPU
+    `_scaled_mm`, but it widens the operands inside and ran ~20x slower than the bf16 GEMM of the
+    same layer (2048 x 2048, one row, AVX-512 without AMX-FP8): a conversion, not a kernel to time.
+    FP8 weights with 16-bit activations (w8a16) have no torch kernel on any device."""
+    if not dynamic:
+        return "no FP8 weight-only (W8A16) matmul in torch"
+    if device.type != "cuda":
+        return f"no FP8 matmul kernel on {device.type}"
+    cc = torch.cuda.get_device_capability(device)
+    if cc < (8, 9):
+        return f"no FP8 tensor cores on compute capability {cc[0]}.{cc[1]} (FP8 needs 8.9 or later)"
+    if n % 16 or k % 16:
+        return f"torch._scaled_mm needs both dimensions a multiple of 16, this layer is {n} x {k}"
+    return None
+
+
+def fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token FP8: each row's absmax onto FP8_MAX, as compressed-tensors' FP8_DYNAMIC
+    does (scale = absmax / 448, then a cast to E4M3). Returns the E4M3 rows and their float32 scales."""
+    scale = (x.abs().amax(-1, keepdim=True).float() / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+class Fp8Linear(nn.Module):
+    """FP8 E4M3 weights with a scale per output channel; with `dynamic`, each input row rounded to
+    FP8 per token at run time (FP8_DYNAMIC), else activations left in 16 bits (w8a16).
+
+    Where the device has an FP8 matmul the weights stay FP8 and torch._scaled_mm multiplies. Where
+    it has none (`emulated` says why) the weights are dequantized to bf16 once, at load, and a bf16
+    GEMM runs on the FP8-rounded activations: the arithmetic transformers does on such a device,
+    timed at bf16's two bytes per weight, which is what the bytes per token then count. Only the
+    stored weight and the matmul call differ between the two; `use_kernel` forces the choice (tests)."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias, device, dynamic: bool, dtype=torch.bfloat16,
+                 use_kernel: bool | None = None):
+        super().__init__()
+        device = torch.device(device)
+        self.out_features, self.in_features = q.shape
+        self.dynamic = dynamic
+        self.emulated = fp8_kernel_missing(device, dynamic, *q.shape) if use_kernel is None else (None if use_kernel else "emulation asked for")
+        if self.emulated is None:
+            self.kernel = "torch._scaled_mm (FP8 e4m3, row-wise scales), dynamic per-token FP8 activations"
+            self.register_buffer("weight_t", q.to(FP8).to(device).t())  # column-major, as _scaled_mm takes its second operand
+            self.register_buffer("scales", scale.reshape(1, -1).float().to(device))
+        else:
+            self.kernel = "F.linear on bf16 weights dequantized from FP8" + (" (activations rounded to FP8 per token)" if dynamic else "")
+            self.register_buffer("weight", (q.float() * scale.float().reshape(-1, 1)).to(dtype).to(device))
+        self.register_buffer("bias", None if bias is None else bias.to(dtype).to(device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if self.dynamic:
+            xq, x_scale = fp8_per_token(x2)
+        if self.emulated is not None:
+            y = F.linear((xq.float() * x_scale).to(x.dtype) if self.dynamic else x2, self.weight)
+        else:
+            rows = xq.shape[0]
+            pad = -rows % 16  # _scaled_mm takes row counts in multiples of 16; decode has one
+            y = torch._scaled_mm(F.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(FP8), self.weight_t,
+                                 scale_a=F.pad(x_scale, (0, 0, 0, pad), value=1.0), scale_b=self.scales, out_dtype=x.dtype)[:rows]
+        y = y.reshape(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
 

@@ -1,6 +1,8 @@
 """Load a checkpoint for benchmarking: 16-bit models as they are; compressed-tensors artifacts
 with their integer weights mapped onto low-bit kernels (transformers would decompress them to
-16 bits, which makes a speed comparison meaningless); bitsandbytes through its own layers."""
+16 bits, which makes a speed comparison meaningless); bitsandbytes through its own layers. FP8
+runs as FP8 where the device has FP8 matmuls; elsewhere it is dequantized to bf16 at load, and the
+result says so (BenchModel.emulated) rather than passing that off as FP8's speed."""
 
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ class BenchModel:
     kind: str  # "dense" | "compressed-tensors" | "bitsandbytes" | "synthetic"
     kernels: dict[str, int] = field(default_factory=dict)  # kernel name -> number of layers
     notes: list[str] = field(default_factory=list)
+    # What is timed instead of the stored format, when a layer has no kernel for it on this device
+    # (FP8 without FP8 matmuls): said in the notes, the row's `emulated` and its flags.
+    emulated: str | None = None
 
     @property
     def kernel(self) -> str:
@@ -72,6 +77,8 @@ def _kernel_module(sd: dict, prefix: str, scheme: dict, device):
     w, acts = scheme["weights"], scheme.get("input_activations")
     q, scale, zp = _unpack(sd, prefix, scheme)
     bias = sd.get(prefix + "bias")
+    if w["type"] == "float":
+        return _fp8_module(q, scale, zp, bias, w, acts, device)
     if w["type"] != "int":
         return None
     if acts is not None:
@@ -83,6 +90,26 @@ def _kernel_module(sd: dict, prefix: str, scheme: dict, device):
     if w["num_bits"] == 8 and w["strategy"] == "channel":
         return kernels.Int8WeightOnlyLinear(q, scale, zp, bias, device)
     return None
+
+
+def _fp8_module(q, scale, zp, bias, w: dict, acts: dict | None, device):
+    """FP8 E4M3 per output channel (compressed-tensors' float-quantized format), activations FP8
+    per token at run time or left in 16 bits; other float schemes have no layer here."""
+    if w["num_bits"] != 8 or w["strategy"] != "channel" or zp is not None or q.dtype != kernels.FP8:
+        return None
+    if acts is not None and not (acts.get("type") == "float" and acts.get("dynamic") and acts.get("strategy") == "token"):
+        return None
+    return kernels.Fp8Linear(q, scale, bias, device, dynamic=acts is not None)
+
+
+def _emulation_note(modules: list, device) -> str | None:
+    """The plain statement of what is timed when FP8 layers could not run as FP8."""
+    reasons = sorted({m.emulated for m in modules if getattr(m, "emulated", None)})
+    if not reasons:
+        return None
+    return (f"FP8 is not timed as FP8 on {device} ({'; '.join(reasons)}): the FP8 weights were dequantized to bf16 at load and a bf16 "
+            "GEMM runs (activations rounded to FP8 per token where the scheme has them, as transformers does there), so the "
+            "weights read are bf16's 2 bytes each, not FP8's 1 byte; the bytes per token and the roofline count what is timed")
 
 
 def _set_module(model, name: str, module) -> None:
@@ -120,6 +147,7 @@ def load_compressed(path: Path, device) -> BenchModel:
     model = _skeleton(path, device)
     bm = BenchModel(model, "compressed-tensors")
     prefixes = sorted({k[: -len("weight_scale")] for k in sd if k.endswith("weight_scale")})
+    modules = []
     for prefix in prefixes:
         name = prefix.rstrip(".")
         module = _kernel_module(sd, prefix, _group_of(name, qcfg), device)
@@ -127,6 +155,7 @@ def load_compressed(path: Path, device) -> BenchModel:
             raise QuantkitError(f"{path}: no low-bit kernel for {name}'s scheme on {device}; "
                                 "not reporting a decompressed 16-bit figure as the quantized one")
         _set_module(model, name, module)
+        modules.append(module)
         bm.kernels[module.kernel] = bm.kernels.get(module.kernel, 0) + 1
         for suffix in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight", "bias"):
             sd.pop(prefix + suffix, None)
@@ -136,6 +165,9 @@ def load_compressed(path: Path, device) -> BenchModel:
     leftover = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if leftover or unexpected:
         raise QuantkitError(f"{path}: could not place every tensor (missing {leftover[:3]}, unexpected {unexpected[:3]})")
+    bm.emulated = _emulation_note(modules, device)
+    if bm.emulated:
+        bm.notes.append(bm.emulated)
     wrong = _misplaced(model, device)
     if wrong:  # a library fault, not the user's: say where
         raise RuntimeError(f"bench loader: tensors not on {device}: {', '.join(wrong[:3])}")

@@ -154,7 +154,7 @@ def bench_one(source, s: BenchSettings, figs) -> dict:
                      "calls, and compilation is not decode")
     return {
         "model": str(source) if isinstance(source, Path) else source.label, "name": _name(source), "kind": eng.pop("kind"),
-        "kernel": eng.pop("kernel"), "engine": s.engine, "device": str(s.device), "device_name": eng.get("name"),
+        "kernel": eng.pop("kernel"), "emulated": eng.pop("emulated", None), "engine": s.engine, "device": str(s.device), "device_name": eng.get("name"),
         "dtype": eng.get("dtype"), "threads": eng.get("threads"), "engine_info": eng,
         "prompt_len": s.prompt_len, "gen_len": s.gen_len, "load_s": part["load_s"],
         "compile_and_warmup_s": summary.pop("warmup_s"), "warmups": summary["warmups"], "warmups_requested": s.warmups, **acct, "kv_bytes_per_token": kv,
@@ -180,6 +180,8 @@ def classify(row: dict, llc_bytes: int | None) -> dict:
         flags.append("ttft_above_roofline")
     if row["warmups"] > row["warmups_requested"]:
         flags.append("warmups_raised")
+    if row.get("emulated"):  # not the stored format's speed: another format was timed (row["emulated"] says which)
+        flags.append("emulated")
     bad = {"tpot_above_roofline", "ttft_above_roofline"}
     return {**row, "flags": flags, "fits_in_cache": fits, "accounting_error": bool(bad & set(flags))}
 

@@ -182,7 +182,10 @@ def fit_rule(bytes_per_token: list[float], tpot_s: list[float]) -> dict:
 
 
 def quantized_layout(bits: int, group_size: int = 128, symmetric: bool = True, quantize_lm_head: bool = False) -> Layout:
-    """A what-if layout: layer linears at `bits` with fp16 scales per group (16 = unquantized)."""
+    """A what-if layout: layer linears at `bits` with fp16 scales per group (16 = unquantized).
+    8 bits per channel is INT8 and FP8 E4M3 alike: one byte per weight and a 16-bit scale per
+    output channel (compressed-tensors stores both so; FP8's dynamic activation scales are
+    computed at run time and stored nowhere)."""
     if bits >= 16:
         return Layout()
     fmt = WeightFormat(float(bits), group_size, 2, 0.0 if symmetric else float(bits))

@@ -126,7 +126,7 @@ class TorchEngine(Engine):
         return kv_bytes(self.cfg.num_hidden_layers, self.kv_heads, self.head_dim, elem)
 
     def describe(self) -> dict:
-        return {"engine": self.name, "kind": self.bm.kind, "kernel": self.bm.kernel, "notes": list(self.bm.notes),
+        return {"engine": self.name, "kind": self.bm.kind, "kernel": self.bm.kernel, "notes": list(self.bm.notes), "emulated": self.bm.emulated,
                 "attention": f"sdpa; decode at the KV heads' width ({ATTENTION})",
                 **devices.describe(self.device, self.dtype), "threads": torch.get_num_threads()}
 
