@@ -12,6 +12,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from quantkit.errors import QuantkitError
+from quantkit.methods.schemes import AutoMixed, Scheme
+
 GroupSize = Literal[32, 64, 128, -1]
 Bits = Literal[4, 8]
 
@@ -55,6 +58,19 @@ class WeightOnly(MethodConfig):
     observer: Literal["minmax", "mse"] = "minmax"
     ignore: tuple[str, ...] = ("lm_head",)
     overrides: tuple[LayerOverride, ...] = ()
+    # Mixed precision chosen on the model under a bits budget, instead of overrides written by hand.
+    auto: AutoMixed | None = None
+
+    @model_validator(mode="after")
+    def _auto(self) -> "WeightOnly":
+        if self.auto is not None:
+            if self.overrides:
+                raise ValueError("auto and overrides: give one of them (auto writes the overrides on the model being converted)")
+            try:
+                self.auto.check(Scheme(self.bits, self.group_size, self.symmetric))
+            except QuantkitError as exc:
+                raise ValueError(f"auto: {exc}") from None
+        return self
 
     @property
     def weight_bits(self) -> int:

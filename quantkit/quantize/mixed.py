@@ -16,54 +16,22 @@ ModelOpt's searches do.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 from quantkit.errors import QuantkitError
+from quantkit.methods.schemes import Scheme, parse_choice  # noqa: F401  (the schemes the search chooses among)
 
 RESOLUTION = 20_000  # steps of the spare budget: 120 units x 2 options x 20k = 5M updates, well under a second
-_CHOICE = re.compile(r"int(4|8)(?:-g(32|64|128))?(-asym)?")
-
-
-@dataclass(frozen=True)
-class Scheme:
-    """A weight scheme a unit may take: bits, group (-1: one scale per output channel), symmetry."""
-
-    bits: int
-    group_size: int = -1
-    symmetric: bool = True
-
-    @property
-    def name(self) -> str:
-        group = "" if self.group_size == -1 else f"-g{self.group_size}"
-        return f"int{self.bits}{group}{'' if self.symmetric else '-asym'}"
-
-    def bits_per_weight(self, in_features: int) -> float:
-        """Stored bits per weight of a row of `in_features` weights (roofline's storage accounting)."""
-        from quantkit.core.roofline import quantized_layout
-
-        return quantized_layout(self.bits, self.group_size, self.symmetric).linear.bytes_for(1, in_features) * 8 / in_features
-
-
-def parse_choice(text: str) -> Scheme:
-    """`int8` (per channel), `int4-g32`, `int4-g128-asym`, ... -> Scheme; anything else one line."""
-    m = _CHOICE.fullmatch(text.strip())
-    if m is None:
-        raise QuantkitError(f"choice {text!r}: expected int8, int8-gG, int4-gG or int4-gG-asym (G one of 32, 64, 128)")
-    bits, group = int(m.group(1)), int(m.group(2)) if m.group(2) else -1
-    if bits == 4 and group == -1:
-        raise QuantkitError(f"choice {text!r}: 4-bit needs a group (int4-g32, int4-g64, int4-g128)")
-    return Scheme(bits, group, m.group(3) is None)
 
 
 @dataclass(frozen=True)
 class Unit:
-    """One unit of one layer: its weight count, input width, and the KL of each scheme (the base first)."""
+    """One unit of one layer: its weight count, and its stored bits and KL at each scheme (the base first)."""
 
     layer: int
     unit: str
     weights: int
-    in_features: int
+    bits: tuple[float, ...]  # bits[j]: the unit's stored bits at scheme j (Scheme.stored_bits summed over its linears)
     kl: tuple[float, ...]  # kl[0]: the base scheme; kl[j]: option j
 
 
@@ -74,24 +42,22 @@ class Choice:
     kl_sum: float  # the summed per-unit KL of the choice (the objective)
 
 
-def solve(units: list[Unit], schemes: list[Scheme], budget: float, total_weights: int, other_bits: float = 0.0) -> Choice:
+def solve(units: list[Unit], budget: float, total_weights: int, other_bits: float = 0.0) -> Choice:
     """Minimise the summed KL under `budget` bits per weight over `total_weights` weights.
 
-    `schemes[0]` is the base, `schemes[1:]` the options, each unit's KLs in that order. `other_bits`
-    are the stored bits of quantized weights that are in no candidate unit (they stay at the base).
-    Ties go to the cheaper choice, then to the lower layer. An infeasible budget (below every unit
-    at the base) is one line."""
-    base_bits = sum(schemes[0].bits_per_weight(u.in_features) * u.weights for u in units) + other_bits
+    Each unit's `bits` and `kl` list the base scheme first, then the options. `other_bits` are the
+    stored bits of the weights counted in `total_weights` that are in no candidate unit (they stay
+    as they are). Ties go to the cheaper choice, then to the lower layer. An infeasible budget
+    (below every unit at the base) is one line."""
+    base_bits = sum(u.bits[0] for u in units) + other_bits
     spare = budget * total_weights - base_bits
     floor = base_bits / total_weights
     if spare < -1e-9 * total_weights:
-        raise QuantkitError(f"budget {budget:g} bits/weight is below {floor:.4f}, every unit at the base scheme "
-                            f"({schemes[0].name}); raise it or drop units")
-    extra = [[(s.bits_per_weight(u.in_features) - schemes[0].bits_per_weight(u.in_features)) * u.weights for s in schemes]
-             for u in units]
+        raise QuantkitError(f"budget {budget:g} bits/weight is below {floor:.4f}, every unit at the base scheme; raise it or drop units")
+    extra = [[b - u.bits[0] for b in u.bits] for u in units]
     step = max(spare, 0.0) / RESOLUTION
     cap = RESOLUTION if step > 0 else 0
-    cost = [[0 if e[j] <= 0 else (math.ceil(e[j] / step - 1e-9) if step > 0 else cap + 1) for j in range(len(schemes))] for e in extra]
+    cost = [[0 if e[j] <= 0 else (math.ceil(e[j] / step - 1e-9) if step > 0 else cap + 1) for j in range(len(e))] for e in extra]
     picked = _knapsack(units, cost, cap)
     bits = base_bits + sum(extra[i][j] for i, j in enumerate(picked))
     return Choice(tuple(picked), bits / total_weights, sum(u.kl[j] for u, j in zip(units, picked)))
