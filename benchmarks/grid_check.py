@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from quantkit.quiet import quiet_libraries  # noqa: E402
 
 quiet_libraries()  # as the CLI does: no third-party import chatter
-from quantkit.quantize.sensitivity import fake_int4  # noqa: E402
+from quantkit.methods.schemes import Scheme  # noqa: E402
+from quantkit.quantize.sensitivity import fake_quant  # noqa: E402
 
 # name -> (group, kind); kind: "float-min" (Q4_1: group 32 only), "asym" (integer zero point), "sym"
 GRIDS = {"Q4_1 g32 (float minimum)": (32, "float-min"), "asym g32 (integer zero)": (32, "asym"),
@@ -44,7 +45,7 @@ def rtn_relative_error(w: torch.Tensor, group: int, kind: str) -> float:
         x = w.float().numpy()
         q = torch.from_numpy(dequantize(quantize(x, GGMLQuantizationType.Q4_1), GGMLQuantizationType.Q4_1))
     else:
-        q = fake_int4(w.float(), group, symmetric=kind == "sym")
+        q = fake_quant(w.float(), Scheme(4, group, symmetric=kind == "sym"))
     return ((q - w).norm() / w.norm()).item()
 
 

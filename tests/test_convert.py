@@ -20,8 +20,8 @@ def convert(cli, recipe, model, out, text, *extra):
     ("int4-w4a16-gptq-g64", "compressed-tensors", 4),
     ("int8-w8a16-gptq", "compressed-tensors", 8),
     ("int4-w4a16-awq", "compressed-tensors", 4),
-    ("int4-w4a16-awq-gptq-mixed", "compressed-tensors", 4),  # AWQ, then GPTQ, with an INT8 override (layer 1's q/k/v)
-    ("int4-w4a16-spinquant-gptq-asym-mixed", "compressed-tensors", 4),  # rotations, asymmetric GPTQ, INT8 q/k/v of layer 1
+    ("int4-w4a16-awq-gptq-mixed", "compressed-tensors", 4),  # AWQ, then GPTQ, with INT8 units chosen on the model (auto)
+    ("int4-w4a16-spinquant-gptq-asym-mixed", "compressed-tensors", 4),  # rotations, asymmetric GPTQ, INT8 units chosen on the model
     ("int8-w8a8-smoothquant", "compressed-tensors", 8),
     ("bnb-nf4", "bitsandbytes", 4),
     ("bnb-int8", "bitsandbytes", 8),
@@ -43,15 +43,22 @@ def test_each_method_converts_and_verifies(cli, tiny_llama, tiny_text, tmp_path,
     card = (out / "README.md").read_text()
     assert "base_model_relation: quantized" in card and "library_name: transformers" in card
     assert not list(tmp_path.glob(".art.partial-*"))
-    if recipe == "int4-w4a16-spinquant-gptq-asym-mixed":  # asymmetric INT4 with zero points, INT8 q/k/v kept
+    if recipe.endswith("-mixed"):  # the units auto raised are INT8 per channel, the rest INT4 g64
+        mp = data["mixed_precision"]
+        assert mp["measured_bits_per_weight"] <= 4.5  # on this tiny model an asymmetric budget of 4.5 may raise none
         groups = cfg["quantization_config"]["config_groups"]
-        assert groups["group_0"]["weights"]["symmetric"] is False and groups["group_0"]["weights"]["num_bits"] == 4
-        assert [g["weights"]["num_bits"] for n, g in groups.items() if n != "group_0"] == [8]
+        assert groups["group_0"]["weights"]["num_bits"] == 4
+        assert [g["weights"]["num_bits"] for n, g in groups.items() if n != "group_0"] == [8] * len(mp["overrides"])
+    if recipe == "int4-w4a16-spinquant-gptq-asym-mixed":  # asymmetric INT4 with zero points; none on the INT8 units
+        assert groups["group_0"]["weights"]["symmetric"] is False
         from safetensors import safe_open
 
+        from quantkit.methods.schemes import UNITS
+
         names = [k for f in out.glob("*.safetensors") for k in safe_open(str(f), "pt").keys()]
-        assert any(k.endswith("mlp.down_proj.weight_zero_point") for k in names)
-        assert not any(k.startswith("model.layers.1.self_attn.q_proj.weight_zero_point") for k in names)
+        zeros = {k.removesuffix(".weight_zero_point") for k in names if k.endswith(".weight_zero_point")}
+        raised = {f"model.layers.{p['layer']}.{UNITS[p['unit']][0]}.{m}" for p in mp["picked"] for m in UNITS[p["unit"]][1]}
+        assert zeros and not zeros & raised and len(zeros) == 2 * 7 - len(raised)
 
 
 def test_group_128_with_act_order_by_default(cli, tiny_llama, tiny_text, tmp_path):

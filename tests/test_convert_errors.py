@@ -71,10 +71,10 @@ def test_non_finite_converted_model_refused(cli, tiny_llama, tmp_path, monkeypat
     real = qc.apply_steps
 
     def nan_steps(*a, **k):
-        model, gqa_meta = real(*a, **k)
+        model, done = real(*a, **k)
         with torch.no_grad():
             model.model.norm.weight[0] = float("nan")
-        return model, gqa_meta
+        return model, done
 
     monkeypatch.setattr(qc, "apply_steps", nan_steps)
     out = tmp_path / "x"

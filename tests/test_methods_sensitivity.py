@@ -1,58 +1,162 @@
-"""quantkit/sensitivity.py and `quantkit sensitivity`: the ranking, the budget, the overrides it prints."""
+"""quantize/sensitivity.py, quantize/auto.py's search and `quantkit sensitivity`: the rounding, the
+measurement from a unit's layer on, the budget, the overrides it prints."""
 
 import pytest
 import yaml
 
+from quantkit.methods.schemes import Scheme
 
-def test_greedy_pick_by_kl_per_weight_within_the_budget():
-    from quantkit.quantize.sensitivity import greedy_pick, int4_bits, int8_bits
-
-    assert int4_bits(64) == 4.25 and int8_bits(512) == 8.03125
-    results = [
-        {"layer": 0, "unit": "qkv", "weights": 1000, "in_features": 512, "kl": 0.010},  # 1.0e-5 per weight
-        {"layer": 1, "unit": "down", "weights": 4000, "in_features": 512, "kl": 0.020},  # 0.5e-5
-        {"layer": 2, "unit": "o", "weights": 500, "in_features": 512, "kl": 0.004},  # 0.8e-5
-    ]
-    n = 10_000
-    # INT8 costs (8.03125 - 4.25) = 3.78125 bits more per weight; budget 4.5 leaves 0.25 * 10000 = 2500 bits:
-    # qkv (3781.25) does not fit, o (1890.6) does, down does not.
-    picked, bpw = greedy_pick(results, n, 64, 4.5)
-    assert [(r["layer"], r["unit"]) for r in picked] == [(2, "o")]
-    assert bpw == pytest.approx(4.25 + 3.78125 * 500 / n)
-    picked, bpw = greedy_pick(results, n, 64, 6.0)  # 17500 spare bits: qkv, then o; down (15125) no longer fits
-    assert [(r["layer"], r["unit"]) for r in picked] == [(0, "qkv"), (2, "o")] and bpw <= 6.0
+BASE, ASYM, INT8, G32 = Scheme(4, 64), Scheme(4, 64, False), Scheme(8, -1), Scheme(4, 32)
 
 
-def test_asymmetric_int4_counts_its_zero_points_in_the_budget():
-    """A 4-bit zero point per group: g64 asymmetric is 4.3125 bits/weight, leaving less room for INT8."""
-    from quantkit.quantize.sensitivity import greedy_pick, int4_bits
+def _model(path, dtype="float32"):
+    import torch
 
-    assert int4_bits(64, symmetric=False) == 4.3125 and int4_bits(32, symmetric=False) == 4.625
-    results = [{"layer": 0, "unit": "o", "weights": 600, "in_features": 512, "kl": 0.004}]
-    # (8.03125 - 4.25) * 600 = 2268.75 bits fit in 0.25 * 10000 = 2500; (8.03125 - 4.3125) * 600 = 2231.25
-    # do not fit in (4.5 - 4.3125) * 10000 = 1875
-    assert len(greedy_pick(results, 10_000, 64, 4.5)[0]) == 1
-    picked, bpw = greedy_pick(results, 10_000, 64, 4.5, symmetric=False)
-    assert picked == [] and bpw == 4.3125
+    from quantkit.models.checkpoint import load_model
+
+    return load_model(path, dtype=dtype, device=torch.device("cpu"))
+
+
+def _rows(n=2, seq=32):
+    import torch
+
+    return torch.randint(0, 300, (n, seq), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("scheme", [INT8, G32, ASYM, Scheme(8, 128, False)])
+def test_fake_quant_is_what_llm_compressor_rtn_stores(tiny_llama, scheme):
+    """The sensitivity pass rounds a unit as the RTN step rounds it: the same codes, scales and zero points."""
+    import torch
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    from quantkit.methods.llmc import weight_groups
+    from quantkit.methods.configs import RTNConfig
+    from quantkit.quantize.sensitivity import fake_quant
+
+    model = _model(tiny_llama)
+    w = model.model.layers[1].mlp.down_proj.weight.data.clone()
+    cfg = RTNConfig(method="rtn", bits=scheme.bits, group_size=scheme.group_size, symmetric=scheme.symmetric)
+    with torch.no_grad():
+        oneshot(model=model, recipe=[QuantizationModifier(config_groups=weight_groups(cfg), ignore=["lm_head"])])
+    layer = model.model.layers[1].mlp.down_proj
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+
+    stored = fake_quantize(layer.weight.data.float(), layer.weight_scale.float(), layer.weight_zero_point, layer.quantization_scheme.weights)
+    assert torch.equal(fake_quant(w, scheme), stored.to(w.dtype))
+    assert not torch.equal(fake_quant(w, scheme), w)
+
+
+def test_a_forward_from_the_units_layer_equals_a_full_forward(tiny_dir):
+    """Reference.kl(start=i) skips the layers before i with their reference outputs: the KL of a
+    unit rounded in layer 1 is the full forward's (evals.stats.kl_full), on every architecture's layers."""
+    import torch
+
+    from quantkit.evals.stats import kl_full
+    from quantkit.quantize.sensitivity import Reference, decoder_layers, fake_quant, unit_modules
+
+    for arch in ("llama-gqa", "qwen2"):
+        model, rows = _model(tiny_dir / arch), _rows()
+        layers = decoder_layers(model)
+        ref = Reference(model, rows, layers)
+        with torch.inference_mode():
+            before = torch.log_softmax(model(input_ids=rows).logits.float(), -1)
+        mods = unit_modules(layers[1], "qkv")
+        saved = [m.weight.data for m in mods]
+        for m in mods:
+            m.weight.data = fake_quant(m.weight.data, BASE)
+        with torch.inference_mode():
+            full = float(kl_full(before, torch.log_softmax(model(input_ids=rows).logits.float(), -1)).mean())
+        assert full > 1e-4 and ref.kl(start=1) == pytest.approx(full, rel=1e-4, abs=1e-7)
+        assert ref.kl(start=0) == pytest.approx(full, rel=1e-4, abs=1e-7)
+        for m, w in zip(mods, saved):
+            m.weight.data = w
+        assert abs(ref.kl(start=1)) < 1e-6 and not any("forward" in vars(layer) for layer in layers)  # nothing left swapped
+
+
+def test_kl_terms_match_float64():
+    import torch
+
+    from quantkit.quantize.sensitivity import kl_terms
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(3, 7, 500, generator=g) * 6, torch.randn(3, 7, 500, generator=g) * 6
+    lp, lq = torch.log_softmax(a.double(), -1), torch.log_softmax(b.double(), -1)
+    truth = (lp.exp() * (lp - lq)).sum(-1)
+    shift = torch.logsumexp(a, -1)
+    logp = a - shift.unsqueeze(-1)
+    p = logp.exp()
+    got = (p * logp).sum(-1) + kl_terms(p, p.sum(-1), shift, b)
+    assert torch.allclose(got.double(), truth, atol=1e-5) and float(truth.min()) > 0.1
+
+
+def _search(**kw):
+    from quantkit.quantize.auto import Search
+
+    return Search(**{"base": BASE, "choices": (INT8,), "units": ("qkv", "o", "gate_up", "down"), "budget": 4.5, "source_bits": 16, **kw})
+
+
+def test_accounting_counts_every_decoder_linear_at_its_stored_bits(tiny_llama):
+    """Candidates at each scheme, other linears at the base, ignored ones at the checkpoint's precision."""
+    from quantkit.models.checkpoint import read_config
+    from quantkit.quantize.auto import accounting, candidates, floor_bits
+    from quantkit.quantize.preflight import meta_model
+    from quantkit.quantize.sensitivity import decoder_layers
+
+    layers = decoder_layers(meta_model(read_config(tiny_llama)))
+    per_layer = 128 * 128 * 2 + 64 * 128 * 2 + 256 * 128 * 3  # q, o; k, v; gate, up, down
+    bits, other, total = accounting(layers, _search())
+    assert total == 2 * per_layer and other == 0 and len(bits) == 8
+    assert bits[(0, "qkv")] == (4.25 * 256 * 128, (8 + 16 / 128) * 256 * 128)
+    assert floor_bits(layers, _search()) == 4.25 and floor_bits(layers, _search(base=ASYM)) == 4.3125
+    ignored = _search(units=("qkv",), ignore=("lm_head", "re:.*layers\\.1\\.mlp\\.down_proj$"))
+    bits, other, total = accounting(layers, ignored)
+    assert candidates(layers, ignored) == [(0, "qkv"), (1, "qkv")]
+    assert other == 4.25 * (2 * per_layer - 2 * 256 * 128 - 256 * 128) + 16 * 256 * 128
+
+
+def _results(kls, below=()):
+    return [{"layer": i, "unit": u, "weights": w, "kl": k[0], "kls": {s.name: v for s, v in zip((BASE, INT8), k)},
+             "below_noise": (i, u) in below} for (i, u, w), k in kls.items()]
+
+
+def test_choose_fills_the_budget_by_kl_and_never_raises_a_unit_below_the_noise(tiny_llama):
+    from quantkit.models.checkpoint import read_config
+    from quantkit.quantize.auto import choose
+    from quantkit.quantize.preflight import meta_model
+    from quantkit.quantize.sensitivity import decoder_layers
+
+    layers = decoder_layers(meta_model(read_config(tiny_llama)))
+    # 147,456 weights; INT8 per channel costs 3.875 more bits per weight at 128 columns, 3.8125 at 256 (down):
+    # budget 4.6 leaves 0.35 x 294,912 = 103,219 spare bits: one o (16,384 x 3.875 = 63,488) fits, not two
+    kls = {(0, "o", 16384): (0.02, 0.0), (1, "o", 16384): (0.03, 0.0), (0, "qkv", 32768): (0.05, 0.0)}
+    out = choose(_results(kls), layers, _search(units=("qkv", "o"), budget=4.6))
+    assert out["picked"] == [{"layer": 1, "unit": "o", "scheme": "int8"}]
+    assert out["bits_per_weight"] == pytest.approx(4.25 + 63488 / 294912) and out["bits_per_weight"] <= 4.6
+    out = choose(_results(kls, below={(1, "o")}), layers, _search(units=("qkv", "o"), budget=4.6))
+    assert out["picked"] == [{"layer": 0, "unit": "o", "scheme": "int8"}]
 
 
 def test_overrides_keep_fused_units_whole(tiny_llama):
     """Pasted into a recipe, the printed overrides validate and pass the vLLM fused-shard check."""
     from quantkit.models.checkpoint import read_config
+    from quantkit.quantize.auto import overrides
     from quantkit.quantize.preflight import check_fused_shards, meta_model
     from quantkit.recipe.files import recipe_from_dict
-    from quantkit.quantize.sensitivity import overrides
 
-    ovs = overrides([{"layer": 1, "unit": "qkv"}, {"layer": 0, "unit": "gate_up"}, {"layer": 1, "unit": "down"}])
+    picked = [{"layer": 1, "unit": "qkv", "scheme": "int8"}, {"layer": 0, "unit": "gate_up", "scheme": "int4-g32"},
+              {"layer": 1, "unit": "down", "scheme": "int8"}]
+    ovs = overrides(picked, [INT8, G32])
     block = yaml.safe_load(yaml.safe_dump({"overrides": ovs}))
     q = recipe_from_dict({"steps": [{"quantize": {"method": "gptq", "bits": 4, "group_size": 64, **block}}]}).steps[0].quantize
     skeleton = meta_model(read_config(tiny_llama))
     check_fused_shards(skeleton, q, "steps[0].quantize")
     from quantkit.quantize.preflight import _override_for
 
-    eight = {n for n, _ in skeleton.named_modules() if _override_for(n, q.overrides) is not None}
-    assert eight == {"model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.v_proj",
-                     "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "model.layers.1.mlp.down_proj"}
+    raised = {n: (ov.bits, ov.group_size) for n, _ in skeleton.named_modules() if (ov := _override_for(n, q.overrides)) is not None}
+    assert raised == {"model.layers.1.self_attn.q_proj": (8, -1), "model.layers.1.self_attn.k_proj": (8, -1),
+                      "model.layers.1.self_attn.v_proj": (8, -1), "model.layers.0.mlp.gate_proj": (4, 32),
+                      "model.layers.0.mlp.up_proj": (4, 32), "model.layers.1.mlp.down_proj": (8, -1)}
 
 
 def test_cli_json_ranks_every_unit_and_fills_the_budget(cli, tiny_llama, tiny_text):
@@ -61,7 +165,9 @@ def test_cli_json_ranks_every_unit_and_fills_the_budget(cli, tiny_llama, tiny_te
     assert code == 0, err
     assert len(data["ranking"]) == 2 * 4 and all(r["kl"] > 0 for r in data["ranking"])
     assert [r["kl"] for r in data["ranking"]] == sorted((r["kl"] for r in data["ranking"]), reverse=True)
-    assert data["picked"] and 4.25 < data["bits_per_weight"] <= 4.6
+    assert all(set(r["kls"]) == {"int4-g64", "int8"} and r["kls"]["int8"] < r["kl"] for r in data["ranking"])
+    assert data["picked"] and 4.25 < data["bits_per_weight"] <= 4.6 and data["base"] == "int4-g64" and data["choices"] == ["int8"]
+    assert {(p["layer"], p["unit"]) for p in data["picked"]} == {(r["layer"], r["unit"]) for r in data["ranking"] if r["chosen"] == "int8"}
     assert data["text"]["region"] == "second-half" and data["text"]["samples"] == 2
     code, out, err, _ = cli("sensitivity", str(tiny_llama), "--budget", "4.8", "--text", f"file:{tiny_text}",
                             "--windows", "2", "--seq-len", "64", "--units", "qkv")  # one q/k/v unit fits in 4.8
@@ -70,13 +176,24 @@ def test_cli_json_ranks_every_unit_and_fills_the_budget(cli, tiny_llama, tiny_te
     assert block["overrides"][0]["bits"] == 8 and "(q_proj|k_proj|v_proj)$" in block["overrides"][0]["targets"][0]
 
 
+def test_cli_choices_measure_and_choose_among_several_schemes(cli, tiny_llama, tiny_text):
+    args = ("sensitivity", str(tiny_llama), "--text", f"file:{tiny_text}", "--windows", "2", "--seq-len", "64", "--json")
+    code, _, err, data = cli(*args, "--budget", "4.4", "--choices", "int8,int4-g32")
+    assert code == 0, err
+    assert data["choices"] == ["int8", "int4-g32"] and all(set(r["kls"]) == {"int4-g64", "int8", "int4-g32"} for r in data["ranking"])
+    # 0.15 spare bits per weight buy no INT8 unit (3.875 more on a sixth of the weights at best) but
+    # g32 (0.25 more) on up to 60% of them
+    assert data["picked"] and {p["scheme"] for p in data["picked"]} == {"int4-g32"} and data["bits_per_weight"] <= 4.4
+    assert all(o["bits"] == 4 and o["group_size"] == 32 for o in data["overrides"])
+
+
 def test_cli_asymmetric_rounds_and_budgets_with_zero_points(cli, tiny_llama, tiny_text):
     base = ("sensitivity", str(tiny_llama), "--budget", "4.6", "--text", f"file:{tiny_text}", "--windows", "2", "--seq-len", "64", "--json")
     code, _, err, sym = cli(*base)
     assert code == 0, err
     code, _, err, asym = cli(*base, "--asymmetric")
     assert code == 0, err
-    assert sym["symmetric"] is True and asym["symmetric"] is False
+    assert sym["symmetric"] is True and asym["symmetric"] is False and asym["base"] == "int4-g64-asym"
     assert 4.3125 <= asym["bits_per_weight"] <= 4.6
     # a zero point changes every unit's rounding, so the KLs differ from the symmetric ranking's
     kl = {(r["layer"], r["unit"]): r["kl"] for r in sym["ranking"]}
@@ -84,8 +201,10 @@ def test_cli_asymmetric_rounds_and_budgets_with_zero_points(cli, tiny_llama, tin
 
 
 @pytest.mark.parametrize("args,message", [
-    (("--budget", "4.0"), "--budget 4.0: between 4.25"),
-    (("--budget", "4.3", "--asymmetric"), "--budget 4.3: between 4.3125 (every unit INT4 g64 asymmetric)"),
+    (("--budget", "4.0"), "--budget 4.0: between 4.25 (every unit int4-g64)"),
+    (("--budget", "4.3", "--asymmetric"), "--budget 4.3: between 4.3125 (every unit int4-g64-asym)"),
+    (("--budget", "4.5", "--choices", "int4-g128"), "--choices 'int4-g128': choice 'int4-g128' (4.125 bits/weight) does not raise"),
+    (("--budget", "4.5", "--choices", "int8,fp8"), "--choices 'int8,fp8': choice 'fp8'"),
     (("--budget", "4.5", "--units", "qkv,mlp"), "--units 'qkv,mlp'"),
     (("--budget", "4.5", "--group", "48"), "--group 48"),
     (("--budget", "4.5", "--text", "file:/nonexistent/x.txt"), "no such text file"),
@@ -120,7 +239,7 @@ def test_layers_it_does_not_know_are_one_line():
 
 def _zeroed_unit_checkpoint(tiny_dir, tmp_path):
     """A float32 checkpoint whose layer 0 o_proj is all zeros: INT4 leaves it unchanged, and layer
-    0's q/k/v then feed nothing, so both units' measured KL is rounding alone (exactly 0 here), like
+    0's q/k/v then feed nothing, so both units' measured KL is rounding alone (about 1e-7 here), like
     units whose weights sit on the INT4 grid."""
     import torch
     from safetensors.torch import load_file, save_file
@@ -144,12 +263,12 @@ def test_units_at_noise_level_are_tied_flagged_and_never_picked(cli, tiny_dir, t
     assert floor["kl"] > 0 and floor["method"] and floor["units_checked_alone"] >= 1
     noisy = [r for r in data["ranking"] if r["below_noise"]]
     assert [(r["layer"], r["unit"]) for r in noisy] == [(0, "qkv"), (0, "o")]  # tied: in layer and unit order
-    assert all(r["kl"] == 0.0 and r["kl_measured"] <= r["noise_kl"] for r in noisy)
+    assert all(abs(r["kl_measured"]) < 1e-5 and r["kl_measured"] <= r["noise_kl"] for r in noisy)
     assert data["ranking"][-2:] == noisy  # after every measurable unit
     measurable = [r for r in data["ranking"] if not r["below_noise"]]
     assert measurable and all(r["kl_measured"] > r.get("noise_kl", floor["kl"]) for r in measurable)
     picked = {(p["layer"], p["unit"]) for p in data["picked"]}
-    assert len(picked) == len(measurable) and not picked & {(0, "qkv"), (0, "o")}  # 16 bits takes every measurable unit
+    assert len(picked) == len(measurable) and not picked & {(0, "qkv"), (0, "o")}  # 16 bits raises every measurable unit
     code, out, err, _ = cli(*args)
     assert code == 0, err
     for unit in ("qkv", "o"):
@@ -160,38 +279,25 @@ def test_units_at_noise_level_are_tied_flagged_and_never_picked(cli, tiny_dir, t
 
 def test_negative_kl_is_rounding_and_counts_as_zero(tiny_llama):
     """KL >= 0: a negative measured figure sets the noise floor and is never shown or ranked as a value."""
-    import torch
-
     from quantkit.cli.sensitivity import render
-    from quantkit.models.checkpoint import load_model
-    from quantkit.quantize.sensitivity import _logp, decoder_layers, noise_floor, ranked
+    from quantkit.quantize.sensitivity import Reference, decoder_layers, noise_floor, ranked
 
-    model = load_model(tiny_llama, dtype="float32", device=torch.device("cpu"))
-    rows = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(0))
-    ref = _logp(model, rows)
-    layers = decoder_layers(model)
-    results = [{"layer": i, "unit": u, "weights": 1000, "in_features": 128, "kl_measured": m, "kl": max(m, 0.0)}
-               for i, (u, m) in enumerate([("o", -3e-6), ("down", 0.02)])]
-    floor = noise_floor(model, rows, ref, layers, ["o", "down"], results)
+    model, rows = _model(tiny_llama), _rows()
+    ref = Reference(model, rows, decoder_layers(model))
+    results = [{"layer": i, "unit": u, "weights": 1000, "in_features": 128, "kl_measured": m, "kl": max(m, 0.0),
+                "kls_measured": {"int4-g64": m, "int8": m / 10}, "kls": {"int4-g64": max(m, 0.0), "int8": max(m / 10, 0.0)},
+                "chosen": "int4-g64"} for i, (u, m) in enumerate([("o", -3e-6), ("down", 0.02)])]
+    floor = noise_floor(ref, [(0, "o"), (1, "down")], results)
     assert floor["most_negative_kl"] == -3e-6 and floor["kl"] >= 3e-6
     low, high = results
     assert low["below_noise"] and low["kl"] == 0.0 and low["noise_kl"] >= 3e-6
     assert not high["below_noise"]
     assert [r["unit"] for r in ranked(results)] == ["down", "o"]
-    out = {"text": {"samples": 2, "seq_len": 32, "source": "x"}, "model": "m", "symmetric": True, "group_size": 64, "budget": 4.5,
-           "noise_floor": floor, "ranking": ranked(results), "windows": {"note": None}, "picked": [], "bits_per_weight": 4.25,
-           "overrides": []}
+    out = {"text": {"samples": 2, "seq_len": 32, "source": "x"}, "model": "m", "symmetric": True, "group_size": 64, "budget_bits": 4.5,
+           "base": "int4-g64", "choices": ["int8"], "noise_floor": floor, "ranking": ranked(results), "windows": {"note": None},
+           "picked": [], "bits_per_weight": 4.25, "overrides": []}
     text = render(out, 10)
     assert "-0.0000" not in text and "-3" not in text and "≤" in text
-
-
-def test_greedy_pick_skips_units_below_the_noise():
-    from quantkit.quantize.sensitivity import greedy_pick
-
-    results = [{"layer": 0, "unit": "o", "weights": 100, "in_features": 512, "kl": 1e-9, "below_noise": True},
-               {"layer": 1, "unit": "o", "weights": 100, "in_features": 512, "kl": 1e-3, "below_noise": False}]
-    picked, _ = greedy_pick(results, 10_000, 64, 16.0)
-    assert [(r["layer"], r["unit"]) for r in picked] == [(1, "o")]
 
 
 def test_windows_longer_than_the_context_are_refused(cli, tiny_llama, tiny_text):

@@ -88,6 +88,8 @@ def _body(meta: dict) -> str:
     if meta.get("gqa"):
         g = meta["gqa"]
         lines += [f"KV heads reduced {g.get('kv_heads_before')} -> {g.get('kv_heads_after')} ({g.get('merge')} merge, {g.get('grouping')} grouping).", ""]
+    if meta.get("mixed_precision"):
+        lines += mixed_precision_table(meta["mixed_precision"]) + [""]
     lines += ["## How to load", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
               'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")', 'tok = AutoTokenizer.from_pretrained("PATH_OR_REPO")', "```", ""]
     if q.get("format") == "compressed-tensors":
@@ -103,6 +105,31 @@ def _body(meta: dict) -> str:
     lines += [f"- verification: {meta.get('verification', {}).get('status', 'n/a')}", f"- recipe, tool versions and every file's sha256: `quantkit.json`", ""]
     lines += ["## Results", "", START, results_table(meta.get("results") or {}), END, ""]
     return "\n".join(lines)
+
+
+def _text_label(source) -> str:
+    """A text SPEC as a card shows it: a file by its name alone (a card never shows a local path)."""
+    source = str(source or "?")
+    return f"file:{Path(source[5:]).name}" if source.startswith("file:") else source
+
+
+def mixed_precision_table(mp: dict) -> list[str]:
+    """How many units took each scheme and in which layers (quantkit.json's `mixed_precision`)."""
+    ranking = mp.get("ranking") or []
+    windows, text = mp.get("windows") or {}, (mp.get("windows") or {}).get("text") or {}
+    bits = mp.get("measured_bits_per_weight", mp.get("bits_per_weight"))
+    lines = ["## Mixed precision", "",
+             f"Chosen on this model: {len(mp.get('picked') or [])} of {len(ranking)} units raised above {mp.get('base')} within "
+             f"{mp.get('budget_bits')} bits/weight ({_fmt(bits, '.4f')} stored), by the KL each unit's rounding alone costs on "
+             f"{windows.get('used')} x {windows.get('seq_len')} tokens of {_text_label(text.get('source'))}. "
+             "Per-unit figures: `quantkit.json` (`mixed_precision`).", "",
+             "| scheme | units | layers |", "| --- | --- | --- |"]
+    for scheme in [mp.get("base"), *(mp.get("choices") or [])]:
+        took = [r for r in ranking if r.get("chosen") == scheme]
+        where = "; ".join(f"{unit}: {', '.join(str(r['layer']) for r in sorted(took, key=lambda r: r['layer']) if r['unit'] == unit)}"
+                          for unit in dict.fromkeys(r["unit"] for r in took)) if scheme != mp.get("base") else "the others"
+        lines.append(f"| {scheme}{' (base)' if scheme == mp.get('base') else ''} | {len(took)} | {where or '-'} |")
+    return lines
 
 
 def render_card(meta: dict) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.artifacts.card import write_card
@@ -32,23 +33,37 @@ def _calibration(job: ConvertJob, tok, model, src_hash: str):
     return cs
 
 
+@dataclass
+class StepsDone:
+    """What the steps did, for quantkit.json: the gqa report, the quantize step's config as it ran
+    (an `auto:` step's chosen overrides filled in), and the mixed precision search's record."""
+
+    quant: object | None
+    gqa: dict | None = None
+    mixed_precision: dict | None = None
+
+
 def apply_steps(job: ConvertJob, model, tok, calib_set, src_hash: str):
-    """Run the variant's steps in order (gqa, then quantize); returns the model and the gqa report."""
-    gqa_meta = None
+    """Run the variant's steps in order (gqa, then quantize); returns the model and a StepsDone."""
+    done = StepsDone(job.quant)
     for step in job.variant.steps:
         if step.gqa is not None:
             from quantkit.gqa.convert import apply_gqa
 
             note(f"gqa: {job.cfg.get('num_key_value_heads')} -> {step.gqa.kv_heads} KV heads ({step.gqa.merge})")
-            model, gqa_meta = apply_gqa(model, tok, step.gqa, calib_set, src=job.src, src_hash=src_hash, calib_spec=job.calib_spec,
+            model, done.gqa = apply_gqa(model, tok, step.gqa, calib_set, src=job.src, src_hash=src_hash, calib_spec=job.calib_spec,
                                         calibration=job.recipe.calibration)
         elif step.quantize is not None:  # a transform step's rotation runs inside the quantize step's pass
             if job.offload is None:  # an offloaded model is loaded at this precision already
                 model = cast_model(model, getattr(torch_module(), job.quant_dtype))
+            if job.auto is not None:  # measured on the model as it stands, before the rotation and the rounding
+                from quantkit.quantize.auto import resolve
+
+                done.quant, done.mixed_precision = resolve(job, model, tok, src_hash)
             note(f"quantize: {job.quant.method}")
-            model = job.method.quantize(model, job.quant, calib_set.samples if calib_set else None, src=job.src, device=job.device,
+            model = job.method.quantize(model, done.quant, calib_set.samples if calib_set else None, src=job.src, device=job.device,
                                          transform=transform_step(job.variant))
-    return model, gqa_meta
+    return model, done
 
 
 def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> dict | None:
@@ -77,16 +92,18 @@ def _convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOpti
         model = _load(job, folder)
         check_finite(model, "the source checkpoint")
         calib_set = _calibration(job, tok, model, src_hash) if job.needs_calibration else None
-        model, gqa_meta = apply_steps(job, model, tok, calib_set, src_hash)
+        model, done = apply_steps(job, model, tok, calib_set, src_hash)
         check_finite(model, "the converted model")
         if not (job.method and job.method.loads_quantized) and job.offload is None:  # artifacts keep the source precision (scales included)
             model = cast_model(model, source_dtype(job.cfg))
-        meta = {"name": job.variant.name, "gqa": gqa_meta, "schema_version": 1, "kind": "quantkit-artifact",
+        meta = {"name": job.variant.name, "gqa": done.gqa, "schema_version": 1, "kind": "quantkit-artifact",
                 "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
                 "recipe": resolved_recipe(job), "offload": _offload_meta(job, model), "device": device_meta(job), "runtime": runtime_meta(job.quant),
                 "calibration": calib_set.manifest if calib_set else None, "results": {}, **(opts.meta or {}),
                 "distributed": opts.group.describe() if opts.group is not None else {"world_size": 1}}
-        held = {"model": model}
+        if done.mixed_precision is not None:
+            meta["mixed_precision"] = done.mixed_precision
+        held = {"model": model, "quant": done.quant}
         del model  # export_verified frees it before reloading the artifact
         if opts.group is not None:  # all ranks save together (llm-compressor compresses in parallel); rank 0 writes
             return export_together(job, held, lambda: export_verified(job, held, tok, calib_set, out, meta, t0, folder))
@@ -182,13 +199,17 @@ def export_verified(job: ConvertJob, held: dict, tok, calib_set, out: Path, meta
     from quantkit.quantize.verify import fixed_tokens, logits, verify_reload
 
     fmt = FORMATS[job.export_format]
-    model = held.pop("model")
+    model, quant = held.pop("model"), held.pop("quant", job.quant)
     ids = fixed_tokens(model.config.vocab_size, calib_set.samples if calib_set else None)
     ref_logits = logits(model, ids)
     dtype = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).replace("torch.", "")
     with staged_dir(out) as tmp, ExitStack() as stack:
         fmt.save(model, tmp, job.recipe.export.max_shard_size)
         tok.save_pretrained(str(tmp))
+        if meta.get("mixed_precision") is not None:
+            from quantkit.quantize.auto import check_measured
+
+            check_measured(meta["mixed_precision"], tmp)
         del model
         gc.collect()
         if job.opts.group is not None:  # the other ranks' part ends with the save: rank 0 checks alone
@@ -204,7 +225,7 @@ def export_verified(job: ConvertJob, held: dict, tok, calib_set, out: Path, meta
         else:
             reload, loader = reload_on_device(job, fmt, tmp, dtype), fmt.loader
         meta["verification"] = verify_reload(ref_logits, reload, ids, loader)
-        meta.update({"quantization": fmt.describe(job.quant) if job.quant else None, "tool_versions": tool_versions(),
+        meta.update({"quantization": fmt.describe(quant) if quant else None, "tool_versions": tool_versions(),
                      "wall_seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()})
         write_card(tmp, meta)
         from quantkit.core.integrity import manifest

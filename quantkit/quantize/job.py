@@ -78,6 +78,16 @@ class ConvertJob:
         return needs_calibration(self.variant)
 
     @property
+    def auto(self):
+        """The quantize step's `auto:` (mixed precision chosen on the model), or None."""
+        return getattr(self.quant, "auto", None)
+
+    @property
+    def source_bits(self) -> int:
+        """Bits of the checkpoint's precision: the artifact's scales and unquantized weights."""
+        return 8 * source_dtype(self.cfg).itemsize
+
+    @property
     def quant_dtype(self) -> str:
         return quant_dtype(self.recipe, self.quant, self.offload)
 
@@ -109,6 +119,11 @@ def needs_calibration(variant: Variant) -> bool:
                for s in variant.steps)
 
 
+def needs_text(variant: Variant) -> bool:
+    """Calibration text is read: for the method or the gqa step, or for an `auto:` step's sensitivity windows."""
+    return needs_calibration(variant) or any(getattr(s.quantize, "auto", None) is not None for s in variant.steps)
+
+
 def check_inputs(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions) -> None:
     """--out is none of the inputs, nor contains one: the model as named, the calibration text, the recipe files."""
     calib = text_input(opts.calib or recipe.calibration.source, "the calibration text")
@@ -138,6 +153,10 @@ def check_skeleton(cfg: dict, variant: Variant, key: str, trust_remote_code: boo
                 check_group_sizes(linears, step.quantize, where)
             check_overrides_match(linears, step.quantize, where)
             check_fused_shards(skeleton, step.quantize, where)
+        if getattr(step.quantize, "auto", None) is not None:
+            from quantkit.quantize.auto import Search, check
+
+            check(skeleton, Search.of_step(step.quantize, 8 * source_dtype(cfg).itemsize), f"{where}.auto")
     return skeleton
 
 
@@ -177,10 +196,14 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     cfg = read_config(src)
     skeleton = check_skeleton(cfg, variant, key, opts.trust_remote_code, src)
     method_preflight(recipe, variant, key, cfg)  # a rotation's sizes, a method's own checks
-    if needs_calibration(variant):  # the text is read (and an hf: source reached) before any model loads
+    if needs_text(variant):  # the text is read (and an hf: source reached) before any model loads
         from quantkit.data.calib import check_source
 
-        check_context(cfg, recipe.calibration.seq_len, "calibration.seq_len")
+        if needs_calibration(variant):
+            check_context(cfg, recipe.calibration.seq_len, "calibration.seq_len")
+        auto = getattr(quantize_step(variant), "auto", None)
+        if auto is not None:
+            check_context(cfg, auto.seq_len, f"{key}: auto.seq_len")
         check_source(opts.calib or recipe.calibration.source, key)
     check_recovery(recipe, variant, key, src, opts)
     quant = quantize_step(variant)
@@ -205,7 +228,12 @@ def offload_plan(recipe: Recipe, variant: Variant, key: str, cfg: dict, quant: M
             raise RecipeError(f"{key}: --max-memory applies to the llm-compressor methods ({', '.join(names('layerwise'))}) without a gqa step")
         return None
     src = str(source_dtype(cfg)).replace("torch.", "")
-    return offload.plan(params, quant_dtype(recipe, quant, None), src, opts.max_memory, offload.available_bytes())
+    p = offload.plan(params, quant_dtype(recipe, quant, None), src, opts.max_memory, offload.available_bytes())
+    if p is not None and getattr(quant, "auto", None) is not None:
+        raise RecipeError(f"{key}.auto: mixed precision runs a forward of the whole model per unit and choice, which a model "
+                          "offloaded to disk would read from disk each time; convert where the model fits in RAM (without "
+                          "--max-memory), or run `quantkit sensitivity` there and put the overrides it prints in the recipe")
+    return p
 
 
 def artifact_bytes(skeleton, cfg: dict, quant: MethodConfig | None) -> int:
@@ -216,6 +244,9 @@ def artifact_bytes(skeleton, cfg: dict, quant: MethodConfig | None) -> int:
     itemsize = source_dtype(cfg).itemsize
     n_params = sum(p.numel() for p in skeleton.parameters())
     linears = quantizable_linears(skeleton, quant.ignore) if quant is not None else {}
+    if getattr(quant, "auto", None) is not None:  # the decoder linears within the budget, scales included
+        quantized = sum(o * i for o, i in linears.values())
+        return int((n_params - quantized) * itemsize + quantized * quant.auto.budget_bits / 8)
     bits = max([quant.weight_bits, *(o.bits for o in getattr(quant, "overrides", ()))]) if quant is not None else 8 * itemsize
     group = quant.storage_group if quant is not None else -1
     return estimate_bytes(n_params, sum(o * i for o, i in linears.values()), sum(o for o, _ in linears.values()), bits, group, itemsize)
@@ -251,6 +282,9 @@ def check_torchrun(job: ConvertJob) -> None:
         raise QuantkitError(f"{job.key}: method {method!r} does not run under torchrun; those that do: {', '.join(names('torchrun'))}")
     if job.offload is not None:
         raise QuantkitError(f"{job.key}: the model does not fit in RAM (--max-memory); disk offloading runs in one process")
+    if job.auto is not None:
+        raise QuantkitError(f"{job.key}: auto mixed precision measures the units in one process; run this conversion without "
+                            "torchrun, or put the overrides `quantkit sensitivity` prints in the recipe")
     local, world = int(os.environ.get("LOCAL_WORLD_SIZE", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if local and local != world:
         # compressed-tensors 0.19's DistributedCPUCache shares rank 0's weights through a

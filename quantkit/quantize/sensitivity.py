@@ -1,91 +1,52 @@
-"""Which parts of a model to keep at 8 bits: INT4 sensitivity per vLLM-fusable unit.
+"""How much each unit's rounding costs: the KL of the model with one vLLM-fusable unit of one
+layer rounded to a scheme, against the unquantized model, on token rows.
 
 For every decoder layer and each unit vLLM serves as one kernel (q/k/v fused as qkv_proj,
-gate/up as gate_up_proj, o_proj, down_proj), fake-quantize that unit alone to INT4 (RTN,
-symmetric or asymmetric, group G, compressed-tensors' own quantizer) and measure the mean KL against the FP
-model on calibration windows. A greedy pick by KL per extra bit then fills a bits-per-weight
-budget with 8-bit units and writes the `overrides:` block for a recipe. Units are never split:
-vLLM refuses a fused layer whose shards have different schemes (preflight.check_fused_shards).
+gate/up as gate_up_proj, o_proj, down_proj), round that unit alone (RTN through compressed-tensors'
+own quantizer) to the base scheme and to each option, and measure the mean KL of the next-token
+distribution against the FP model. The layers before the unit's own give what they gave in the
+reference pass, so each measurement runs the model from the unit's layer on (half the layers on
+average) and equals a full forward. quantize/mixed.py then chooses the units to raise within a
+bits budget; units are never split (vLLM refuses a fused layer whose shards differ:
+preflight.check_fused_shards).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from quantkit.errors import QuantkitError
-
-# unit -> (parent module in a decoder layer, its member linears); Llama, Mistral, Qwen2 names.
-UNITS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")),
-    "o": ("self_attn", ("o_proj",)),
-    "gate_up": ("mlp", ("gate_proj", "up_proj")),
-    "down": ("mlp", ("down_proj",)),
-}
-
+from quantkit.methods.schemes import UNITS, Scheme
 
 UNIT_ORDER = {unit: i for i, unit in enumerate(UNITS)}
+# Bytes of one forward's float32 tokens x vocabulary temporaries (logits, their shifted copy,
+# logsumexp's, the product: 16 bytes per token and vocabulary entry): windows go through the model
+# in chunks that keep them under this, beside the reference the pass keeps.
+CHUNK_BYTES = 512 << 20
 
 
-def _bits_per_weight(fmt, in_features: int) -> float:
-    """Stored bits per weight of one row of `in_features` weights (roofline's storage accounting)."""
-    return fmt.bytes_for(1, in_features) * 8 / in_features
+def chunk_windows(seq_len: int, vocab: int) -> int:
+    """Windows per forward: as many as fit CHUNK_BYTES of temporaries, at least one."""
+    return max(1, CHUNK_BYTES // (16 * vocab * seq_len))
 
 
-def int4_bits(group_size: int, symmetric: bool = True) -> float:
-    """INT4 with one 16-bit scale per group, and one 4-bit zero point per group when asymmetric."""
-    from quantkit.core.roofline import quantized_layout
-
-    return _bits_per_weight(quantized_layout(4, group_size, symmetric).linear, group_size)
-
-
-def int8_bits(in_features: int) -> float:
-    """INT8 per output channel: one 16-bit scale per row of `in_features` weights."""
-    from quantkit.core.roofline import quantized_layout
-
-    return _bits_per_weight(quantized_layout(8, -1).linear, in_features)
-
-
-def greedy_pick(results: list[dict], n_weights: int, group_size: int, budget: float,
-                symmetric: bool = True) -> tuple[list[dict], float]:
-    """Units to raise to INT8, highest KL per weight first, while the average stays within `budget`.
-
-    `results`: dicts with "kl", "weights" (the unit's weight count) and "in_features"; one whose
-    "below_noise" is true is never picked (its INT4 cost cannot be told from rounding, so INT8
-    buys nothing measurable). Returns the picked units and the resulting bits per weight over all
-    `n_weights` (ties: lower layer first)."""
-    base = int4_bits(group_size, symmetric)
-    spare = (budget - base) * n_weights
-    picked, used = [], 0.0
-    for r in sorted((r for r in results if not r.get("below_noise")), key=lambda r: (-r["kl"] / r["weights"], r["layer"], r["unit"])):
-        cost = (int8_bits(r["in_features"]) - base) * r["weights"]
-        if used + cost <= spare:
-            picked.append(r)
-            used += cost
-    return picked, base + used / n_weights
-
-
-def overrides(picked: list[dict], layers_path: str = "model.layers") -> list[dict]:
-    """One recipe override per unit type: regexes over whole units (all of q/k/v, both of gate/up)."""
-    prefix = layers_path.replace(".", "\\.")
-    out = []
-    for unit, (parent, members) in UNITS.items():
-        chosen = sorted(r["layer"] for r in picked if r["unit"] == unit)
-        if chosen:
-            layers = "|".join(map(str, chosen))
-            mods = members[0] if len(members) == 1 else f"({'|'.join(members)})"
-            out.append({"targets": [f"{prefix}\\.({layers})\\.{parent}\\.{mods}$"], "bits": 8, "group_size": -1})
-    return out
-
-
-def fake_int4(w, group: int, symmetric: bool = True):
-    """RTN INT4 per group: compressed-tensors' own min-max qparams and fake quantizer."""
+def fake_quant(w, scheme: Scheme):
+    """RTN of a weight to `scheme`: compressed-tensors' own min-max qparams and fake quantizer,
+    per group or (group -1) per output channel, computed in float32."""
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
     from compressed_tensors.quantization.utils import calculate_qparams
 
     from quantkit.methods.llmc import weight_args
 
-    args = weight_args(4, group, symmetric)
-    g = w.float().reshape(w.shape[0], -1, group)
-    scale, zp = calculate_qparams(g.amin(-1), g.amax(-1), args)
-    return fake_quantize(w.float(), scale, zp, args).to(w.dtype)
+    args = weight_args(scheme.bits, scheme.group_size, scheme.symmetric)
+    x = w.float()
+    if scheme.group_size == -1:
+        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    else:
+        g = x.reshape(x.shape[0], -1, scheme.group_size)
+        lo, hi = g.amin(-1), g.amax(-1)
+    scale, zp = calculate_qparams(lo, hi, args)
+    return fake_quantize(x, scale, zp, args).to(w.dtype)
 
 
 def decoder_layers(model):
@@ -107,57 +68,143 @@ def _has(layer, name: str) -> bool:
     return True
 
 
-def check_group(layers, group: int) -> None:
-    widths = {layer.get_submodule(f"{p}.{m}").in_features for layer in layers[:1] for p, ms in UNITS.values() for m in ms}
-    bad = sorted(w for w in widths if w % group)
-    if bad:
-        raise QuantkitError(f"--group {group} does not divide the {bad[0]} input columns of this model's linears")
+def check_groups(layers, schemes: list[Scheme], units: list[str]) -> None:
+    """Every scheme's group divides the input columns of every candidate unit's linears."""
+    for s in schemes:
+        for unit in units:
+            for m in unit_modules(layers[0], unit):
+                if s.group_size > 0 and m.in_features % s.group_size:
+                    raise QuantkitError(f"{s.name}: group {s.group_size} does not divide the {m.in_features} input columns "
+                                        f"of this model's {unit} unit")
 
 
-def _logp(model, rows):
+def _logits(model, rows):
     import torch
 
     with torch.inference_mode():
-        return torch.log_softmax(model(input_ids=rows, use_cache=False).logits.float(), -1)
+        return model(input_ids=rows, use_cache=False).logits
 
 
-def _mean_kl(ref, logp) -> float:
-    from quantkit.evals.stats import kl_full
+def kl_terms(p, psum, shift, logits):
+    """Per-token KL(p || softmax(logits)) less the reference's own Σ p·log p (computed once,
+    `Reference`): Σ p·(log p - log q) = Σ p·log p - Σ p·(logits - c) + Σp·(logsumexp(logits) - c)
+    for any c per token, with Σp as float32 summed it (not quite 1). Each forward costs a
+    logsumexp and a product per token instead of a log-softmax, an exp and a product; c (`shift`,
+    the reference's logsumexp) keeps the summed terms small: on the demo's logits each token's KL
+    is within 4e-6 of float64's (evals.stats.kl_full in float32: 1.2e-5; without c: 1.4e-5; a
+    batched-matmul dot through einsum: 9e-3)."""
+    import torch
 
-    return float(kl_full(ref, logp).mean())
+    x = logits.to(torch.float32, copy=True).sub_(shift.unsqueeze(-1))  # one float32 copy, never the caller's tensor
+    return psum * torch.logsumexp(x, -1) - (p * x).sum(-1)
 
 
-def _unit_modules(layer, unit: str) -> list:
+def unit_modules(layer, unit: str) -> list:
     parent, members = UNITS[unit]
     return [layer.get_submodule(f"{parent}.{m}") for m in members]
 
 
-def unit_kls(model, rows, units: list[str], group: int, progress=None, symmetric: bool = True) -> tuple[list[dict], dict]:
-    """KL of each (layer, unit) quantized alone, against the unquantized model, on token rows; and
-    the noise floor of that measurement (noise_floor). Each result's "kl" is the measured mean KL
-    ("kl_measured") clamped at 0 - KL is never negative; a negative figure is float rounding - and
-    "below_noise" says whether it cannot be told from rounding."""
-    ref = _logp(model, rows)
+class Reference:
+    """The unquantized model's log-probabilities on the rows (in chunks: chunk_windows), and each
+    decoder layer's output on each chunk, so a forward with a unit of layer i changed can start
+    at layer i (`kl(start=i)`): the layers before it return what they returned here."""
+
+    def __init__(self, model, rows, layers):
+        import torch
+
+        self.model, self.layers, self.tokens = model, layers, rows.numel()
+        self.chunks = list(rows.split(chunk_windows(rows.shape[1], model.config.vocab_size)))
+        self.outputs: list[list] = []  # [chunk][layer]: the layer's output as it returned it
+        # per chunk: the reference's probabilities, and per token Σ p, Σ p·log p and its logsumexp
+        self.p, self.psum, self.plogp, self.shift = [], [], [], []
+        hooks = [layer.register_forward_hook(self._keep) for layer in layers]
+        try:
+            for chunk in self.chunks:
+                self.outputs.append([])
+                x = _logits(model, chunk).float()
+                self.shift.append(torch.logsumexp(x, -1))
+                logp = x - self.shift[-1].unsqueeze(-1)
+                del x
+                self.p.append(logp.exp())
+                self.psum.append(self.p[-1].sum(-1))
+                self.plogp.append((self.p[-1] * logp).sum(-1))
+                del logp
+        finally:
+            for h in hooks:
+                h.remove()
+
+    def _keep(self, module, args, output) -> None:
+        self.outputs[-1].append(output)
+
+    def kl(self, start: int = 0) -> float:
+        """Mean KL(reference || model as it is now) over every token, running layers `start` on.
+        The tokens' KLs are summed in float64: a float32 sum over threads would depend on their
+        count, and with it which units a budget raises (tests/test_methods_determinism.py)."""
+        total = 0.0
+        for c, chunk in enumerate(self.chunks):
+            with _starting_at(self.layers, start, self.outputs[c][start - 1] if start else None):
+                per_token = self.plogp[c] + kl_terms(self.p[c], self.psum[c], self.shift[c], _logits(self.model, chunk))
+                total += float(per_token.double().sum())
+        return total / self.tokens
+
+
+@contextmanager
+def _starting_at(layers, start: int, output):
+    """Layers before `start` return `output` (layer start-1's output in the reference pass) without
+    computing: the model's own forward then runs from layer `start`, its masks and rotary
+    embeddings made as always. A forward already set on a layer (an offloading hook) is put back."""
+    saved = [layers[j].__dict__.get("forward") for j in range(start)]
+    for j in range(start):
+        layers[j].forward = lambda *args, _out=output, **kwargs: _out
+    try:
+        yield
+    finally:
+        for j, forward in enumerate(saved):
+            if forward is None:
+                del layers[j].forward
+            else:
+                layers[j].forward = forward
+
+
+def unit_kls(model, rows, pairs: list[tuple[int, str]], schemes: list[Scheme], progress=None) -> tuple[list[dict], dict]:
+    """KL of each (layer, unit) in `pairs` rounded alone to each scheme (the base first), against
+    the unrounded model, on token rows; and the noise floor of that measurement (noise_floor).
+    Each result's "kls" (scheme name -> KL) holds the measured mean KLs ("kls_measured") clamped
+    at 0 - KL is never negative; a negative figure is float rounding - and "kl" / "kl_measured"
+    the base scheme's; "below_noise" says whether the base's cannot be told from rounding."""
     layers = decoder_layers(model)
+    ref = Reference(model, rows, layers)
     results = []
-    for i, layer in enumerate(layers):
-        for unit in units:
-            mods = _unit_modules(layer, unit)
-            saved = [m.weight.data for m in mods]
-            for m in mods:
-                m.weight.data = fake_int4(m.weight.data, group, symmetric)
-            kl = _mean_kl(ref, _logp(model, rows))
+    for i, unit in pairs:
+        mods = unit_modules(layers[i], unit)
+        measured = _unit_kls(ref, i, mods, schemes)
+        base = measured[schemes[0].name]
+        results.append({"layer": i, "unit": unit, "weights": sum(m.weight.numel() for m in mods), "in_features": mods[0].in_features,
+                        "kl_measured": base, "kl": max(base, 0.0), "kls_measured": measured,
+                        "kls": {k: max(v, 0.0) for k, v in measured.items()}})
+        if progress:
+            progress(i, unit, base)
+    return results, noise_floor(ref, pairs, results)
+
+
+def _unit_kls(ref: Reference, layer: int, mods: list, schemes: list[Scheme]) -> dict[str, float]:
+    """The unit's modules rounded to each scheme in turn, each a forward from its layer on; the
+    weights are put back exactly (the original tensors, never a copy)."""
+    saved = [m.weight.data for m in mods]
+    out = {}
+    try:
+        for s in schemes:
             for m, w in zip(mods, saved):
-                m.weight.data = w
-            results.append({"layer": i, "unit": unit, "weights": sum(w.numel() for w in saved), "in_features": mods[0].in_features,
-                            "kl_measured": kl, "kl": max(kl, 0.0)})
-            if progress:
-                progress(i, unit, kl)
-    return results, noise_floor(model, rows, ref, layers, units, results)
+                m.weight.data = fake_quant(w, s)
+            out[s.name] = ref.kl(start=layer)
+    finally:
+        for m, w in zip(mods, saved):
+            m.weight.data = w
+    return out
 
 
-def noise_floor(model, rows, ref, layers, units: list[str], results: list[dict]) -> dict:
-    """Which measured KLs can be told from float rounding, on this model, rows and dtype; sets
+def noise_floor(ref: Reference, pairs: list[tuple[int, str]], results: list[dict]) -> dict:
+    """Which measured base KLs can be told from float rounding, on this model, rows and dtype; sets
     each result's "below_noise" (and, where it was needed, its own "noise_kl").
 
     A measurement's noise is the largest of: the KL of the unmodified model run again
@@ -166,15 +213,17 @@ def noise_floor(model, rows, ref, layers, units: list[str], results: list[dict])
     all - every weight one representable step of its dtype away, in a random direction. That last
     is measured once for every candidate unit at once (a bound on each unit's own); a unit whose KL
     falls under that bound gets its own measured too (one more forward pass each)."""
-    repeat = abs(_mean_kl(ref, _logp(model, rows)))
-    negative = max([-r["kl_measured"] for r in results] + [0.0])
-    every = [m for layer in layers for unit in units for m in _unit_modules(layer, unit)]
-    bound = max(repeat, negative, _rounding_kl(model, rows, ref, every))
+    layers = ref.layers
+    repeat = abs(ref.kl())
+    negative = max([-v for r in results for v in r["kls_measured"].values()] + [0.0])
+    every = [m for i, unit in pairs for m in unit_modules(layers[i], unit)]
+    bound = max(repeat, negative, _rounding_kl(ref, every, 0))
     checked = 0
     for r in results:
         r["below_noise"] = False
         if r["kl_measured"] <= bound:
-            r["noise_kl"] = max(repeat, negative, _rounding_kl(model, rows, ref, _unit_modules(layers[r["layer"]], r["unit"])))
+            own = _rounding_kl(ref, unit_modules(layers[r["layer"]], r["unit"]), r["layer"])
+            r["noise_kl"] = max(repeat, negative, own)
             r["below_noise"] = r["kl_measured"] <= r["noise_kl"]  # an exact 0 with no noise: nothing to tell either
             checked += 1
     return {"kl": bound, "repeat_kl": repeat, "most_negative_kl": -negative if negative else 0.0, "units_checked_alone": checked,
@@ -183,10 +232,10 @@ def noise_floor(model, rows, ref, layers, units: list[str], results: list[dict])
                       "unit's weights moved one representable step (random direction; for `kl`: every unit's at once)"}
 
 
-def _rounding_kl(model, rows, ref, mods: list) -> float:
+def _rounding_kl(ref: Reference, mods: list, start: int) -> float:
     seeds = _one_step(mods)
     try:
-        return abs(_mean_kl(ref, _logp(model, rows)))
+        return abs(ref.kl(start))
     finally:
         _one_step(mods, seeds)  # back: nextafter's step undone exactly, no copy of the weights kept
 
@@ -208,10 +257,14 @@ def _one_step(mods: list, back: list | None = None) -> list:
     return seeds
 
 
+def working_set_bytes(tokens: int, seq_len: int, vocab: int, hidden: int, layers: int, itemsize: int) -> int:
+    """What the pass holds beside the model: the reference's float32 probabilities of every token
+    and each layer's output on every token (Reference), and one chunk's logits with their float32
+    copy and logsumexp temporary (kl_terms); the reference's own pass adds a log-softmax."""
+    chunk = min(tokens, chunk_windows(seq_len, vocab) * seq_len)
+    return 4 * tokens * vocab + itemsize * layers * tokens * hidden + chunk * vocab * (itemsize + 16)
+
+
 def ranked(results: list[dict]) -> list[dict]:
     """Highest KL first; the units below the noise floor after them, tied, in layer order."""
     return sorted(results, key=lambda r: (r["below_noise"], -r["kl"] if not r["below_noise"] else 0.0, r["layer"], UNIT_ORDER[r["unit"]]))
-
-
-def all_unit_weights(layers) -> int:
-    return sum(layer.get_submodule(f"{p}.{m}").weight.numel() for layer in layers for p, ms in UNITS.values() for m in ms)

@@ -1,0 +1,253 @@
+"""Automatic mixed precision: which units of a model to raise above a quantize step's scheme
+within a bits budget, measured and chosen on the model itself, written as the step's overrides.
+
+`search` measures every candidate unit's KL at the base scheme and at each choice
+(sensitivity.unit_kls), counts the bits of every decoder-layer linear exactly as the artifact will
+store them, and solves the budget (mixed.solve). `quantkit sensitivity` and a recipe's `auto:`
+(convert, `resolve`) both run it, so both choose the same units from the same measurements.
+
+The budget is over the decoder layers' linear weights, as models/sizes.py measures an artifact:
+candidate units at their chosen scheme, the step's other quantized linears at its base scheme,
+linears the step ignores at the checkpoint's precision. Measured before a rotation (a transform
+step) when there is one: llm-compressor applies the rotation inside the quantize pass, and
+measuring after it would mean rotating a copy of the model first; the rotation spreads outliers
+within a unit, so it changes how much each unit loses more than which units lose most.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantkit.errors import QuantkitError, RecipeError, VerificationError
+from quantkit.methods.schemes import UNITS, Scheme
+from quantkit.progress import bar, note
+from quantkit.quantize.mixed import Unit, solve
+from quantkit.quantize.preflight import is_ignored
+from quantkit.quantize.sensitivity import check_groups, decoder_layers, ranked, unit_kls
+
+LAYERS_PATH = "model.layers"  # sensitivity.decoder_layers: model.model.layers
+
+
+@dataclass(frozen=True)
+class Search:
+    """What a search chooses among and under which budget."""
+
+    base: Scheme
+    choices: tuple[Scheme, ...]
+    units: tuple[str, ...]
+    budget: float
+    source_bits: int  # the artifact's precision of scales and of the linears left unquantized
+    ignore: tuple[str, ...] = ("lm_head",)
+
+    @property
+    def schemes(self) -> list[Scheme]:
+        return [self.base, *self.choices]
+
+    @classmethod
+    def of_step(cls, quant, source_bits: int) -> "Search":
+        """A weight-only quantize step's `auto:` (validated when the recipe was read)."""
+        base = Scheme(quant.bits, quant.group_size, quant.symmetric)
+        return cls(base, tuple(quant.auto.schemes(base)[1:]), quant.auto.units, quant.auto.budget_bits, source_bits, quant.ignore)
+
+
+def _name(layer: int, sub: str) -> str:
+    return f"{LAYERS_PATH}.{layer}.{sub}"
+
+
+def candidates(layers, search: Search) -> list[tuple[int, str]]:
+    """The (layer, unit) pairs the search may raise: every unit asked for that the step quantizes
+    (ignore takes a fused unit whole or not at all: preflight.check_fused_shards)."""
+    return [(i, u) for i in range(len(layers)) for u in search.units
+            if not any(is_ignored(_name(i, f"{UNITS[u][0]}.{m}"), search.ignore) for m in UNITS[u][1])]
+
+
+def accounting(layers, search: Search) -> tuple[dict, int, int]:
+    """Each candidate's stored bits at each scheme, the stored bits of every other decoder-layer
+    linear, and the weight count of all of them. Works on the meta skeleton (shapes only)."""
+    import torch
+
+    schemes = search.schemes
+    cands = candidates(layers, search)
+    member = {(i, f"{UNITS[u][0]}.{m}"): (i, u) for i, u in cands for m in UNITS[u][1]}
+    unit_bits = {c: [0] * len(schemes) for c in cands}
+    other = total = 0
+    for i, layer in enumerate(layers):
+        for sub, mod in layer.named_modules():
+            if not isinstance(mod, torch.nn.Linear):
+                continue
+            o, n = mod.out_features, mod.in_features
+            total += o * n
+            key = member.get((i, sub))
+            if key is not None:
+                for j, s in enumerate(schemes):
+                    unit_bits[key][j] += s.stored_bits(o, n, search.source_bits)
+            elif is_ignored(_name(i, sub), search.ignore):
+                other += o * n * search.source_bits
+            else:
+                other += search.base.stored_bits(o, n, search.source_bits)
+    return {k: tuple(v) for k, v in unit_bits.items()}, other, total
+
+
+def check(skeleton, search: Search, where: str) -> None:
+    """Before loading, on the model's skeleton: Llama-style layers, every choice's group divides its
+    units' columns, something to raise, and a budget every weight at the base scheme meets."""
+    try:
+        layers = decoder_layers(skeleton)
+        check_groups(layers, search.schemes[1:], list(search.units))
+    except QuantkitError as exc:
+        raise RecipeError(f"{where}: {exc}") from None
+    if not candidates(layers, search):
+        raise RecipeError(f"{where}.units: every {', '.join(search.units)} unit of this model is in ignore; nothing to raise")
+    floor = floor_bits(layers, search)
+    if search.budget < floor - 1e-12:
+        raise RecipeError(f"{where}.budget_bits {search.budget:g}: below {floor:.4f} bits/weight, what this model's decoder "
+                          f"linears take at the base scheme {search.base.name}; raise it (at most 16)")
+
+
+def floor_bits(layers, search: Search) -> float:
+    """Bits per weight of the decoder linears with every unit at the base scheme: the least budget."""
+    unit_bits, other, total = accounting(layers, search)
+    return (sum(b[0] for b in unit_bits.values()) + other) / total
+
+
+def choose(results: list[dict], layers, search: Search) -> dict:
+    """Solve the budget over the measured units; a unit whose base KL is below the noise gains
+    nothing measurable from any choice, so it is never raised. Sets each result's "chosen"."""
+    unit_bits, other, total = accounting(layers, search)
+    measured = {(r["layer"], r["unit"]) for r in results}
+    other += sum(b[0] for key, b in unit_bits.items() if key not in measured)  # a candidate not measured stays at the base
+    names = [s.name for s in search.schemes]
+    units = [Unit(r["layer"], r["unit"], r["weights"], unit_bits[(r["layer"], r["unit"])],
+                  tuple(r["kl"] for _ in names) if r["below_noise"] else tuple(r["kls"][n] for n in names)) for r in results]
+    choice = solve(units, search.budget, total, other)
+    for r, j in zip(results, choice.picked):
+        r["chosen"] = names[j]
+    picked = [{"layer": r["layer"], "unit": r["unit"], "scheme": r["chosen"]} for r, j in zip(results, choice.picked) if j]
+    return {"picked": picked, "bits_per_weight": choice.bits_per_weight, "kl_sum": choice.kl_sum,
+            "overrides": overrides(picked, search.schemes[1:])}
+
+
+def overrides(picked: list[dict], choices: list[Scheme]) -> list[dict]:
+    """One recipe override per (choice, unit type): a regex over whole units (all of q/k/v, both of gate/up)."""
+    prefix = LAYERS_PATH.replace(".", "\\.")
+    out = []
+    for s in choices:
+        for unit, (parent, members) in UNITS.items():
+            chosen = sorted(p["layer"] for p in picked if p["unit"] == unit and p["scheme"] == s.name)
+            if chosen:
+                mods = members[0] if len(members) == 1 else f"({'|'.join(members)})"
+                out.append({"targets": [f"{prefix}\\.({'|'.join(map(str, chosen))})\\.{parent}\\.{mods}$"],
+                            "bits": s.bits, "group_size": s.group_size, "symmetric": s.symmetric})
+    return out
+
+
+def search(model, rows, spec: Search, label: str = "sensitivity") -> dict:
+    """Measure every candidate unit at every scheme on `rows`, then choose within the budget."""
+    layers = decoder_layers(model)
+    pairs = candidates(layers, spec)
+    with bar(label, total=len(layers)) as update:
+        results, floor = unit_kls(model, rows, pairs, spec.schemes,
+                                  progress=lambda i, unit, kl: update(i + 1, f"{label}: layer {i + 1}/{len(layers)} {unit}"))
+    chosen = choose(results, layers, spec)
+    return {"budget_bits": spec.budget, "metric": "kl", "base": spec.base.name, "choices": [s.name for s in spec.choices],
+            "units": list(spec.units), "noise_floor": floor, "ranking": ranked(results), **chosen}
+
+
+# ---------------------------------------------------------------- in a conversion
+
+
+def resolve(job, model, tok, src_hash: str) -> tuple[object, dict]:
+    """Before the quantize step: measure and choose on the loaded model, and return the step's
+    config with the chosen overrides (auto cleared) and the record for quantkit.json."""
+    import torch
+
+    t0 = time.perf_counter()
+    quant = job.quant
+    spec = Search.of_step(quant, job.source_bits)
+    cs, short = windows(job, tok, model, src_hash)
+    device = pass_device(job, model, cs)
+    with placed(model, device):
+        out = search(model, torch.cat(cs.samples).to(device), spec, label="auto mixed precision")
+    record = {**out, "windows": {"requested": quant.auto.windows, "used": len(cs.samples), "seq_len": quant.auto.seq_len,
+                                 "note": short, "text": cs.manifest},
+              "measured_on": measured_on(job), "device": str(device), "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+              "wall_seconds": time.perf_counter() - t0}
+    resolved = type(quant).model_validate({**quant.model_dump(), "auto": None, "overrides": out["overrides"]})
+    note(f"auto mixed precision: {len(out['picked'])} of {len(out['ranking'])} units raised, "
+         f"{out['bits_per_weight']:.4f} bits/weight (budget {spec.budget:g}), {record['wall_seconds']:.0f} s")
+    return resolved, record
+
+
+def windows(job, tok, model, src_hash: str):
+    """The sensitivity windows: the calibration source's own seeded windows in the calibration
+    region, `auto.windows` of `auto.seq_len` tokens (the recipe's calibration.samples are GPTQ's)."""
+    from quantkit.data import calib
+    from quantkit.data.text import shortfall
+
+    auto, c = job.quant.auto, job.recipe.calibration
+    cs = calib.build(job.src, tok, job.calib_spec, samples=auto.windows, seq_len=auto.seq_len, seed=c.seed, region=c.region,
+                     chat_template=c.chat_template, model=model, model_hash=src_hash)
+    short = shortfall(len(cs.samples), auto.windows, auto.seq_len, c.region, cs.manifest.get("stream_tokens"))
+    if short:
+        note(f"note: {job.key}: auto mixed precision: {short}; the choice rests on those")
+    return cs, short
+
+
+def measured_on(job) -> str:
+    from quantkit.methods.registry import transform_step
+
+    if transform_step(job.variant) is not None:
+        return "the model before its rotation (the transform step is fused into the weights inside the quantize pass)"
+    return "the model as the quantize step receives it"
+
+
+def pass_device(job, model, cs):
+    """Where the pass runs: the calibration device when the model and the pass's working set fit
+    there (llm-compressor's methods keep the model in RAM and calibrate a layer at a time on the
+    device), else where the model is."""
+    from quantkit.device import free_bytes
+    from quantkit.quantize.sensitivity import working_set_bytes
+
+    here = next(model.parameters()).device
+    if job.device.type == "cpu" or here == job.device:
+        return here
+    p = next(model.parameters())
+    cfg = model.config
+    need = sum(t.numel() for t in model.parameters()) * p.element_size() + working_set_bytes(
+        len(cs.samples) * job.quant.auto.seq_len, job.quant.auto.seq_len, cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers,
+        p.element_size())
+    if need <= 0.9 * free_bytes(job.device):
+        return job.device
+    note(f"note: auto mixed precision: the model and its {need / 1e9:.1f} GB pass do not fit on {job.device}; measuring where it is ({here})")
+    return here
+
+
+@contextmanager
+def placed(model, device):
+    """The model on `device` for the pass, and back where it was afterwards."""
+    home = next(model.parameters()).device
+    if device != home:
+        model.to(device)
+    try:
+        yield model
+    finally:
+        if device != home:
+            model.to(home)
+
+
+def check_measured(record: dict, artifact: Path) -> None:
+    """The saved artifact's bits per weight (models/sizes.py, from its headers) against the budget
+    and the solver's prediction; over the budget, the artifact is not written."""
+    from quantkit.models.sizes import checkpoint_sizes
+
+    measured = checkpoint_sizes(artifact)["bits_per_weight"]
+    record["measured_bits_per_weight"] = measured
+    if measured > record["budget_bits"] + 1e-9:
+        raise VerificationError(f"auto mixed precision: the artifact takes {measured:.6f} bits/weight, over the budget of "
+                                f"{record['budget_bits']:g}; nothing was written")
+    if abs(measured - record["bits_per_weight"]) > 1e-6:
+        note(f"note: auto mixed precision: the artifact takes {measured:.6f} bits/weight, the search counted "
+             f"{record['bits_per_weight']:.6f}")

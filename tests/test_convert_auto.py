@@ -1,0 +1,171 @@
+"""A recipe's `auto:` in `quantkit convert`: the units chosen on the model, the artifact's bits per
+weight against the budget and the search's prediction, what quantkit.json and the card record,
+the same choice as `quantkit sensitivity`, and what is refused before loading."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "quantkit" / "resources" / "recipes"
+SMALL = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
+AUTO = "steps[0].quantize.auto={budget_bits: %s, windows: 2, seq_len: 64%s}"
+
+
+def convert(cli, recipe, model, out, text, *extra):
+    return cli("convert", str(RECIPES / f"{recipe}.yaml"), "--model", str(model), "--out", str(out), "--calib", f"file:{text}",
+               *SMALL, *extra, "--json")
+
+
+def _float32(tiny_dir, tmp_path, arch):
+    from fixtures import build_checkpoint
+
+    return build_checkpoint(tmp_path / f"{arch}-fp32", arch, tiny_dir / "tokenizer", dtype="float32")
+
+
+@pytest.mark.parametrize("arch,dtype,budget", [("llama-gqa", "float16", "4.6"), ("qwen2", "float16", "5.2"), ("mistral", "float32", "4.9")])
+def test_the_artifact_takes_the_predicted_bits_within_the_budget(cli, tiny_dir, tiny_text, tmp_path, arch, dtype, budget):
+    """On each architecture (Qwen2's q/k/v biases, a float32 checkpoint's 32-bit scales): the
+    bits per weight models/sizes.py reads from the saved headers equal the search's prediction
+    and stay within the budget; the overrides it wrote are the artifact's config groups."""
+    from quantkit.models.sizes import checkpoint_sizes
+
+    src = tiny_dir / arch if dtype == "float16" else _float32(tiny_dir, tmp_path, arch)
+    out = tmp_path / "art"
+    code, _, err, data = convert(cli, "int4-w4a16-rtn", src, out, tiny_text, "--set", AUTO % (budget, ""))
+    assert code == 0, err
+    mp = data["mixed_precision"]
+    measured = checkpoint_sizes(out)["bits_per_weight"]
+    assert mp["measured_bits_per_weight"] == measured and measured == pytest.approx(mp["bits_per_weight"], abs=1e-6)
+    assert measured <= float(budget) and mp["picked"] and data["verification"]["status"] == "passed"
+    assert data["quantization"]["overrides"] == mp["overrides"] and "auto" not in data["quantization"]
+    groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
+    assert sorted(g["weights"]["num_bits"] for g in groups.values()) == [4] + [8] * len(mp["overrides"])
+    assert json.loads((out / "quantkit.json").read_text())["mixed_precision"] == mp
+
+
+def test_quantkit_json_and_the_card_record_the_search(cli, tiny_llama, tiny_text, tmp_path):
+    out = tmp_path / "art"
+    code, _, err, data = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text, "--set", AUTO % ("4.8", ", units: [qkv, down]"))
+    assert code == 0, err
+    mp = data["mixed_precision"]
+    assert (mp["budget_bits"], mp["metric"], mp["base"], mp["choices"], mp["units"]) == (4.8, "kl", "int4-g64", ["int8"], ["qkv", "down"])
+    w = mp["windows"]
+    assert (w["requested"], w["used"], w["seq_len"]) == (2, 2, 64) and w["text"]["source"] == f"file:{tiny_text}"
+    assert w["text"]["region"] == "second-half" and len(w["text"]["window_starts"]) == 2 and w["text"]["seed"] == 0
+    assert len(mp["ranking"]) == 2 * 2 and all(set(r["kls"]) == {"int4-g64", "int8"} and r["chosen"] in r["kls"] for r in mp["ranking"])
+    assert {(p["layer"], p["unit"]) for p in mp["picked"]} == {(r["layer"], r["unit"]) for r in mp["ranking"] if r["chosen"] == "int8"}
+    assert mp["wall_seconds"] > 0 and mp["measured_on"] and mp["noise_floor"]["kl"] >= 0
+    card = (out / "README.md").read_text()
+    raised = sorted(p["layer"] for p in mp["picked"] if p["unit"] == mp["picked"][0]["unit"])
+    assert "## Mixed precision" in card and f"| int8 | {len(mp['picked'])} |" in card
+    assert f"{mp['picked'][0]['unit']}: {', '.join(map(str, raised))}" in card
+    assert str(tiny_text) not in card  # the text's name, never a local path
+
+
+def test_sensitivity_picks_what_auto_picks(cli, tiny_llama, tiny_text, tmp_path):
+    """The same model, text, windows and seed: `quantkit sensitivity` prints the choice `auto:` makes."""
+    code, _, err, data = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "art", tiny_text,
+                                 "--set", AUTO % ("4.6", ", choices: [int8, int4-g32]"), "--set", "calibration.compute_dtype=float32")
+    assert code == 0, err
+    code, _, err, sens = cli("sensitivity", str(tiny_llama), "--budget", "4.6", "--choices", "int8,int4-g32", "--text", f"file:{tiny_text}",
+                             "--windows", "2", "--seq-len", "64", "--device", "cpu", "--json")
+    assert code == 0, err
+    mp = data["mixed_precision"]
+    assert mp["picked"] and sens["picked"] == mp["picked"] and sens["overrides"] == mp["overrides"]
+    assert sens["bits_per_weight"] == mp["bits_per_weight"] and sens["ranking"] == mp["ranking"]
+
+
+def test_int4_g32_choices_mix_group_sizes_and_reload(cli, tiny_llama, tiny_text, tmp_path):
+    """The vLLM-CPU recipe: rotations, asymmetric GPTQ g64 and units raised to symmetric INT4 g32
+    in one checkpoint; transformers reloads it (the convert's reload check) and no weight is INT8."""
+    out = tmp_path / "art"
+    code, _, err, data = convert(cli, "int4-w4a16-spinquant-gptq-asym-auto-vllm", tiny_llama, out, tiny_text,
+                                 "--set", "steps[1].quantize.auto.windows=2", "--set", "steps[1].quantize.auto.seq_len=64",
+                                 "--set", "steps[1].quantize.auto.budget_bits=4.4")
+    assert code == 0, err
+    assert data["verification"]["status"] == "passed" and data["verification"]["mean_kl"] <= 1e-3
+    mp = data["mixed_precision"]
+    assert mp["picked"] and {p["scheme"] for p in mp["picked"]} == {"int4-g32"} and "rotation" in mp["measured_on"]
+    weights = [g["weights"] for g in json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"].values()]
+    assert {(w["num_bits"], w["group_size"], w["symmetric"]) for w in weights} == {(4, 64, False), (4, 32, True)}
+    assert mp["measured_bits_per_weight"] == pytest.approx(mp["bits_per_weight"], abs=1e-6) and mp["measured_bits_per_weight"] <= 4.4
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--set", "steps[0].quantize.ignore=[lm_head, 're:.*self_attn.*']", "--set", AUTO % ("4.6", ", units: [qkv, o]")),
+     "steps[0].quantize.auto.units: every qkv, o unit of this model is in ignore"),
+    (("--set", AUTO % ("4.6", ""), "--max-memory", "100KB"), "auto: mixed precision runs a forward of the whole model"),
+    (("--set", "steps[0].quantize.auto={budget_bits: 4.6, seq_len: 2048}"), "auto.seq_len 2048 is longer than the model's context"),
+])
+def test_refused_before_loading(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, extra, message):
+    import quantkit.quantize.convert as qc
+
+    monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "x", tiny_text, *extra)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_budget_below_this_models_floor_is_refused_before_loading(cli, tiny_dir, tiny_text, tmp_path):
+    """A float32 checkpoint stores 32-bit scales: INT4 g64 takes 4.5 bits per weight there, so a
+    budget the recipe accepts (>= 4.25) can be below what the model needs."""
+    src = _float32(tiny_dir, tmp_path, "llama-gqa")
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", src, tmp_path / "x", tiny_text, "--set", AUTO % ("4.4", ""))
+    assert code == 2 and "auto.budget_bits 4.4: below 4.5000 bits/weight" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_choice_group_that_does_not_divide_is_refused(cli, tiny_dir, tiny_text, tmp_path):
+    import transformers
+
+    from fixtures import build_checkpoint
+
+    src = tmp_path / "odd"
+    build_checkpoint(src, "llama-gqa", tiny_dir / "tokenizer")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(hidden_size=96, head_dim=24, intermediate_size=192)
+    config = transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")})
+    transformers.LlamaForCausalLM(config).save_pretrained(str(src))
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", src, tmp_path / "x", tiny_text, "--set", "steps[0].quantize.group_size=32",
+                              "--set", AUTO % ("5", ", choices: [int8-g64]"))
+    assert code == 2 and "int8-g64: group 64 does not divide the 96 input columns" in err, err
+
+
+def test_torchrun_refuses_auto():
+    from types import SimpleNamespace
+
+    from quantkit.errors import QuantkitError
+    from quantkit.quantize.job import check_torchrun
+
+    job = SimpleNamespace(key="steps", has_gqa=False, method=SimpleNamespace(torchrun=True), offload=None,
+                          auto=object(), quant=None)
+    with pytest.raises(QuantkitError, match="auto mixed precision measures the units in one process"):
+        check_torchrun(job)
+
+
+# ---------------------------------------------------------------- the shipped recipes
+
+
+def test_no_shipped_recipe_names_a_layer():
+    """Layer numbers belong to one model: a recipe that lists them is wrong on every other one."""
+    import re
+
+    index = re.compile(r"layers\\*\.(\(|\[?[0-9])")
+    found = [(p.name, line) for p in sorted(RECIPES.glob("*.yaml")) for line in p.read_text().splitlines() if index.search(line)]
+    assert not found, found
+    assert index.search(r'targets: ["model\\.layers\\.(1|3)\\.self_attn"]') and index.search("model.layers.0.mlp")
+
+
+def test_the_mixed_recipes_choose_on_the_model():
+    from quantkit.methods.registry import quantize_step
+    from quantkit.recipe.files import load_recipe
+
+    mixed = sorted(RECIPES.glob("int4-*-mixed.yaml")) + [RECIPES / "int4-w4a16-spinquant-gptq-asym-auto-vllm.yaml"]
+    assert len(mixed) == 5
+    for p in mixed:
+        q = quantize_step(load_recipe(p).all_variants()[0])
+        assert q.auto is not None and not q.overrides and 4.49 <= q.auto.budget_bits <= 4.5, p.name
+    suite = load_recipe(RECIPES / "suite-gqa.yaml")
+    assert any(getattr(quantize_step(v), "auto", None) is not None for v in suite.all_variants())
