@@ -478,3 +478,45 @@ def test_bench_plan_refuses_what_bench_refuses(cli, tiny_llama, tmp_path, no_wei
     _same_refusal(cli, args, "exceed the model's context (1024)", tmp_path, _files(tmp_path))
     code, line = _refusal(cli, ["bench", str(tiny_llama), "--shape", "llama3.2-1b", *args[2:], "--plan"])
     assert code == 2 and f"{tiny_llama} would fail: prompt + generated tokens (1100) exceed" in line and "goes on with the others" in line
+
+
+# ---------------------------------------------------------------- auto mixed precision's sensitivity pass
+
+
+def test_sensitivity_pass_by_hand():
+    """1 reference + units x layers x schemes forwards (+2 for the noise floor); a unit's forward
+    runs its own layer on, so the layers cost L(L+1)/2 per unit and scheme, the head L."""
+    from quantkit.plan.cost import sensitivity_flops, sensitivity_forwards
+
+    w = work(sensitivity_tokens=10, sensitivity_seq_len=5, sensitivity_units=4, sensitivity_schemes=2)
+    assert sensitivity_forwards(TOY, w) == 1 + 4 * 3 * 2 + 2
+    layer = (2880 + 1200) / 3  # forward_flops(TOY, 10, 5) per layer
+    head = 2 * 10 * 4 * 10
+    assert sensitivity_flops(TOY, w) == pytest.approx(3 * (3 * layer + head) + 4 * 2 * (3 * head + layer * 6))
+    assert sensitivity_forwards(TOY, work()) == 0 and sensitivity_flops(TOY, work()) == 0
+
+
+def test_sensitivity_pass_costs_time_and_memory_in_proportion():
+    # the demo's shape: 30 layers of 576 wide, a 49,152-token vocabulary
+    demo = Model(params=135 * 10**6, weight_bytes=270 * 10**6, itemsize=2, layers=30, hidden=576, vocab=49152, q_dim=576,
+                 layer_linears=((576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)), head=(49152, 576))
+    plain = convert_plan(demo, work(), machine())
+    one = convert_plan(demo, work(sensitivity_tokens=1024, sensitivity_seq_len=256, sensitivity_units=4, sensitivity_schemes=2), machine())
+    two = convert_plan(demo, work(sensitivity_tokens=2048, sensitivity_seq_len=256, sensitivity_units=4, sensitivity_schemes=3), machine())
+    assert "sensitivity" not in plain.time_breakdown and "sensitivity_working_set" not in plain.stages
+    assert two.time_breakdown["sensitivity"] > 2 * one.time_breakdown["sensitivity"] > 0
+    assert two.stages["sensitivity_working_set"] > one.stages["sensitivity_working_set"] > 0
+    assert one.seconds > plain.seconds and one.peak_ram >= plain.peak_ram and "forwards of 1024 tokens" in one.notes[0]
+
+
+def test_convert_plan_counts_the_sensitivity_pass(cli, tiny_llama, tiny_text, tmp_path, no_weights):
+    recipe = str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml")
+    base = ["convert", recipe, "--model", str(tiny_llama), "--out", str(tmp_path / "art"), "--calib", f"file:{tiny_text}", "--plan", "--json"]
+    code, _, err, plain = cli(*base)
+    assert code == 0, err
+    code, _, err, plan = cli(*base, "--set", "steps[0].quantize.auto={budget_bits: 4.5, windows: 4, seq_len: 128, choices: [int8, int4-g32]}")
+    assert code == 0, err
+    assert plan["time_breakdown"]["sensitivity"] > 0 and "sensitivity" not in plain["time_breakdown"]
+    assert plan["stages"]["sensitivity_working_set"] > 0 and plan["seconds"] > plain["seconds"]
+    assert plan["notes"][0].startswith(f"auto mixed precision: {1 + 4 * 2 * 3 + 2} forwards of 512 tokens")
+    assert plan["stages"]["artifact"] < plain["stages"]["artifact"] * 4.5 / 4.25 * 1.01  # within the budget's bits

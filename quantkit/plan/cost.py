@@ -12,6 +12,11 @@ What the model counts (benchmarks/scale.py compares it with measurements):
   linear's Hessian (c input columns, n tokens), and a solve of ~r·c² + c³ FLOPs (r rows) plus a
   Python step per column (llmcompressor/modifiers/gptq/gptq_quantize.py, one column at a time on
   the CPU). RTN: a pass over the weights' bytes.
+- Auto mixed precision (quantize/auto.py): 1 reference forward and 2 for the noise floor, then
+  units x layers x (1 + choices) forwards over windows x seq_len tokens, each starting at its
+  unit's layer (layer i costs the last L - i layers and the LM head), and the log-softmax and KL
+  of every token over the vocabulary per forward; its memory is the reference's log-probabilities
+  and layer outputs beside the model (sensitivity.working_set_bytes).
 - Memory: the libraries' own footprint, the model at its calibration precision, one layer's
   Hessians and solve buffers, the calibration activations (llm-compressor keeps every sample's
   layer input), then the reload check: the artifact loaded back at the source precision beside
@@ -173,6 +178,37 @@ class ConvertWork:
     gqa: bool = False
     recover_tokens: int = 0  # GQA recovery: distillation tokens ...
     recover_max_s: float = 0.0  # ... and its time bound (recover.max_minutes)
+    # auto mixed precision's sensitivity pass: windows x seq_len tokens, units per layer, schemes
+    # per unit (the base and each choice); 0 tokens: no pass
+    sensitivity_tokens: int = 0
+    sensitivity_seq_len: int = 0
+    sensitivity_units: int = 0
+    sensitivity_schemes: int = 0
+
+
+def sensitivity_forwards(m: Model, w: ConvertWork) -> int:
+    """Forward passes of the sensitivity pass: 1 reference + units x layers x schemes (+2 for its noise floor)."""
+    return 1 + w.sensitivity_units * m.layers * w.sensitivity_schemes + 2 if w.sensitivity_tokens else 0
+
+
+def sensitivity_flops(m: Model, w: ConvertWork) -> float:
+    """The reference and the noise floor's two forwards run every layer and the head; a unit's
+    forward at layer i runs the last L - i layers and the head (sensitivity.Reference): summed
+    over the layers, L heads and L(L+1)/2 layers per unit and scheme."""
+    if not w.sensitivity_tokens:
+        return 0.0
+    full = forward_flops(m, w.sensitivity_tokens, w.sensitivity_seq_len, with_head=True)
+    layers = forward_flops(m, w.sensitivity_tokens, w.sensitivity_seq_len)
+    per_layer, head = layers / m.layers, full - layers
+    return 3 * full + w.sensitivity_units * w.sensitivity_schemes * (m.layers * head + per_layer * m.layers * (m.layers + 1) / 2)
+
+
+def sensitivity_bytes(m: Model, w: ConvertWork) -> int:
+    from quantkit.quantize.sensitivity import working_set_bytes
+
+    if not w.sensitivity_tokens:
+        return 0
+    return working_set_bytes(w.sensitivity_tokens, w.sensitivity_seq_len, m.vocab, m.hidden, m.layers, w.calib_itemsize)
 
 
 def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
@@ -185,8 +221,11 @@ def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
     layer = m.layer_linear_params * w.calib_itemsize
     gptq_ws = hessian_bytes(m) + solve_bytes(m) if w.hessians and calibrating else 0
     reload = min(m.params * m.itemsize, w.offload_cpu_bytes or m.params * m.itemsize)
+    sens = sensitivity_bytes(m, w)
     stages = {"source": m.weight_bytes, "calibration_model": calib_model, "calibration_working_set": cache + window + gptq_ws,
               "artifact": w.artifact_bytes, "reload_check": reload}
+    if sens:
+        stages["sensitivity_working_set"] = sens
     base = BASE_RSS["convert"]
     # Where things live: llm-compressor keeps the model in RAM and brings one layer (and its
     # GPTQ buffers) to the device; GQA and bitsandbytes hold the whole model there. On the CPU,
@@ -196,10 +235,18 @@ def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
     in_ram_calib = (in_ram + cache if w.layerwise else 0) + (0 if on_device else working)
     calib_peak = base + in_ram_calib
     reload_peak = base + RELOAD_RETAINED * in_ram + reload + w.artifact_bytes
-    peak_vram = int(working) if on_device else None
+    # the sensitivity pass, before calibration: the whole model and the pass's working set, on the
+    # device when both fit there (quantize/auto.pass_device), else in RAM
+    sens_on_device = on_device and sens and calib_model + sens <= 0.9 * mc.device_free
+    sens_peak = base + in_ram + (0 if sens_on_device else sens)
+    peak_vram = int(max(working, calib_model + sens if sens_on_device else 0)) if on_device else None
     t = convert_time(m, w, mc)
-    plan = Plan("convert", _model_dict(m), asdict(mc), stages, int(max(calib_peak, reload_peak)), peak_vram, w.disk_bytes,
+    plan = Plan("convert", _model_dict(m), asdict(mc), stages, int(max(calib_peak, reload_peak, sens_peak)), peak_vram, w.disk_bytes,
                 w.offload_cpu_bytes is not None, sum(t.values()), t)
+    if w.sensitivity_tokens:
+        plan.notes.append(f"auto mixed precision: {sensitivity_forwards(m, w)} forwards of {w.sensitivity_tokens} tokens before quantizing "
+                          f"(1 reference + {w.sensitivity_units} units x {m.layers} layers x {w.sensitivity_schemes} schemes, each "
+                          f"from its unit's layer on, + 2 for the noise floor), {'on the device' if sens_on_device else 'in RAM'}")
     _check_fit(plan, mc, w)
     return plan
 
@@ -208,6 +255,9 @@ def convert_time(m: Model, w: ConvertWork, mc: Machine) -> dict:
     flops = mc.bf16_flops if w.calib_itemsize == 2 else mc.fp32_flops
     t = {"startup": STARTUP_S["convert"], "hash": m.weight_bytes / HASH_BPS if w.first_hash else 0.0,
          "load": m.weight_bytes / LOAD_BPS}
+    if w.sensitivity_tokens:  # each forward's float32 log-softmax and KL read and write ~6 copies of tokens x vocabulary
+        t["sensitivity"] = (sensitivity_flops(m, w) / (flops * MATMUL_EFF)
+                            + sensitivity_forwards(m, w) * 24 * w.sensitivity_tokens * m.vocab / mc.read_bps)
     if w.gqa:
         t["statistics"] = forward_flops(m, w.calib_tokens, w.seq_len) / (flops * MATMUL_EFF)
         # a distillation step: the teacher's forward, the student's forward and backward (~3x a forward)
