@@ -323,3 +323,14 @@ def test_fewer_windows_than_asked_are_said(cli, tiny_llama, tiny_text):
     assert code == 0 and f"# {w['note']}" in out
     code, _, err, data = cli(*args[:7], "2", *args[8:], "--json")  # windows the text holds: used = requested, no note
     assert code == 0 and data["windows"]["used"] == 2 and data["windows"]["note"] is None
+
+
+def test_cli_defaults_are_autos():
+    """Without options, `quantkit sensitivity` measures what a recipe's bare `auto:` measures."""
+    from quantkit.cli.sensitivity import sensitivity_cmd
+    from quantkit.methods.schemes import AutoMixed
+
+    opts = {p.name: p.default for p in sensitivity_cmd.params}
+    auto = AutoMixed(budget_bits=4.5)
+    assert (opts["windows"], opts["seq_len"], opts["choices"], opts["units_text"], opts["seed"]) == \
+        (auto.windows, auto.seq_len, ",".join(auto.choices), ",".join(auto.units), 0)

@@ -131,8 +131,8 @@ def _kl(x: float) -> str:
 @click.option("--group", default=64, show_default=True, type=int, help="INT4 group size the recipe will use.")
 @click.option("--asymmetric", is_flag=True, help="The recipe's INT4 is asymmetric (symmetric: false): round with a zero point, "
               "and count its 4 bits per group in the budget.")
-@click.option("--windows", default=4, show_default=True, type=click.IntRange(1, 1024), help="Calibration windows.")
-@click.option("--seq-len", default=512, show_default=True, type=click.IntRange(8, 1 << 16))
+@click.option("--windows", default=4, show_default=True, type=click.IntRange(1, 1024), help="Calibration windows (auto:'s default).")
+@click.option("--seq-len", default=256, show_default=True, type=click.IntRange(8, 1 << 16), help="Tokens per window (auto:'s default).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--top", default=20, show_default=True, type=click.IntRange(1), help="Ranking rows printed (--json has all).")
 @click.option("--device", "device_spec", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one).")

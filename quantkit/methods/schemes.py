@@ -104,9 +104,12 @@ class AutoMixed(BaseModel):
     units: tuple[str, ...] = tuple(UNITS)
     choices: tuple[str, ...] = ("int8",)
     metric: str = "kl"
-    # The calibration source's windows the sensitivity pass measures on (its seed and region).
-    windows: int = Field(8, ge=1, le=1024)
-    seq_len: int = Field(512, ge=8)
+    # The calibration source's windows the sensitivity pass measures on (its seed and region). The
+    # pass runs units x layers x (1 + choices) forwards over them, so the tokens set its cost
+    # (`convert --plan` counts it). How stable a ranking is on a model: `quantkit sensitivity` with
+    # two --seed values (disjoint windows of the same text).
+    windows: int = Field(4, ge=1, le=1024)
+    seq_len: int = Field(256, ge=8)
 
     @field_validator("units")
     @classmethod

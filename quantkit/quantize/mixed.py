@@ -9,8 +9,8 @@ the summed KL under a bits budget is a multiple-choice knapsack (Sinha & Zoltner
 here by dynamic programming over the spare bits cut into `RESOLUTION` steps. Every option's cost
 is rounded *up* to a whole step, so a solution never exceeds the budget: the only approximation is
 that a choice needing a fraction of a step more than the spare bits may be passed over. Summing
-per-unit KLs treats the units' errors as independent, as HAWQ-V3 and llm-compressor's and
-ModelOpt's searches do.
+per-unit KLs treats the units' errors as independent, as HAWQ-V3's integer program and ModelOpt's
+auto_quantize (the sum of per-layer scores) do.
 """
 
 from __future__ import annotations
