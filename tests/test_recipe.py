@@ -44,7 +44,7 @@ def test_shipped_gqa_suite_includes_its_recipes():
     kinds = {v.name: [s.kind for s in v.steps] for v in r.variants}
     assert r.variants[0].baseline and not any(v.baseline for v in r.variants[1:])
     assert kinds == {"fp16": [], "int4-awq-gptq-mixed": ["quantize"], "gqa": ["gqa"], "gqa-int4": ["gqa", "quantize"]}
-    assert r.variants[2].steps[0].gqa.recover is not None and r.variants[1].steps[0].quantize.overrides
+    assert r.variants[2].steps[0].gqa.recover is not None and r.variants[1].steps[0].quantize.auto is not None
     assert (r.bench.engine, r.bench.prompt_len, r.bench.gen_len, r.bench.repeats) == ("compiled", 1536, 64, 3)
 
 
