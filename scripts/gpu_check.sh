@@ -81,7 +81,7 @@ if [[ -z "$MODEL" ]]; then
         RANDOM_WEIGHTS=1
     fi
 fi
-# calibration: the shipped mix (its WikiText part is left out where ../shared/data is absent)
+# calibration: the shipped multi-domain mix
 CALIB=(--calib "${QK_CALIB:-mix:default}" --set "calibration.samples=$SAMPLES" --set "calibration.seq_len=$SEQ")
 EVAL_TEXT=()
 if [[ -n "$TEXT" ]]; then EVAL_TEXT=(--text "$TEXT"); fi

@@ -1,4 +1,4 @@
-"""--out safety for `quantkit convert` (issue 15, B1-B3, B7): --out is never an input, an exclusive
+"""--out safety for `quantkit convert`: --out is never an input, an exclusive
 lock, what dead processes left is cleaned, SIGTERM cleans up, the --force swap is recoverable,
 and artifacts carry the user's umask."""
 

@@ -1,5 +1,5 @@
 """quantkit bench on tiny fixtures: the CLI end to end, kernels, accounting, devices, bad input.
-Timings are never asserted; the measurement fixes of issue 15 A are checked through what the
+Timings are never asserted; the measurement fixes are checked through what the
 JSON says about them."""
 
 import json
@@ -127,7 +127,7 @@ def test_summary_stats():
     assert s["median"] == pytest.approx(2.0) and s["n"] == 3 and s["min"] == pytest.approx(1.0)
 
 
-# ---- devices (issue 14 §1) -----------------------------------------------------------------
+# ---- devices -----------------------------------------------------------------
 
 @pytest.mark.parametrize("device", ["cpu:0", torch.device("cpu"), torch.device("cpu", 0)])
 def test_compressed_loader_builds_on_the_device(int4_art, device):

@@ -1,4 +1,4 @@
-"""The self-check before timing (issue 15 A5): KL against transformers' load of the artifact,
+"""The self-check before timing : KL against transformers' load of the artifact,
 recorded in the JSON, and no speed reported for a model that computes something else."""
 
 from pathlib import Path

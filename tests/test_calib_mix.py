@@ -336,7 +336,7 @@ def test_a_base_model_without_chat_template_leaves_the_chat_part_out(tiny_llama,
 
 
 def test_run_on_a_mix_reuses_the_artifact_until_the_mix_changes(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
-    """`quantkit run --calib mix:NAME` (what the quickstart does without ../shared/data): the
+    """`quantkit run --calib mix:NAME` (what the quickstart does): the
     convert step's key covers the mix file, so a changed weight re-converts."""
     root = _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
     suite = tmp_path / "suite.yaml"

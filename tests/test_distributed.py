@@ -1,4 +1,4 @@
-"""quantkit under torchrun (issue 17): convert and eval on 2 gloo processes equal one process;
+"""quantkit under torchrun: convert and eval on 2 gloo processes equal one process;
 a failure or a dead rank stops every rank and leaves nothing at --out.
 
 The 2-process runs start `torchrun --nproc-per-node 2 -m quantkit ...` as a user would (each

@@ -53,7 +53,7 @@ def test_each_kind_of_misbehaviour_is_counted_for_its_request(kind, api, tmp_pat
 
 
 def test_the_issue_cases_exactly(tmp_path):
-    """issue 15 B4: `completion_tokens: "lots"` after warm-up, and 2 of 8 tokens without [DONE]."""
+    """`completion_tokens: "lots"` after warm-up, and 2 of 8 tokens without [DONE]."""
     for kind, error in (("usage-lots", "stream_error"), ("closed-early", "truncated")):
         server = FakeOpenAI(misbehave=kind, bad_every=2, **FAST).start()
         try:

@@ -122,7 +122,7 @@ def test_max_qps_within_slo_and_analysis():
     assert analysis["knee"]["index"] == 1 and analysis["saturated_steps"] == [2, 3]
     assert analysis["peak"]["achieved_qps"] == 21 and not analysis["peak"]["partial"]
     assert analysis["degraded_first"]["first"] == "ttft"
-    # a cut-short last step that ran faster than any full one is the peak (issue 15 B4) ...
+    # a cut-short last step that ran faster than any full one is the peak ...
     cut = analyze(SATURATING[:2] + [{**_step(4, 30, 60, 8), "partial": True}], Slo(ttft_ms=100))
     assert cut["peak"] == {"index": 2, "offered": 4, "achieved_qps": 30, "output_tokens_per_s": 300, "partial": True}
     assert cut["max_qps_within_slo"]["index"] == 2 and cut["max_qps_within_slo"]["partial"]

@@ -1,4 +1,4 @@
-"""quantkit publish: only an intact, verified artifact goes out (issue 15, B6). The Hub is a fake
+"""quantkit publish: only an intact, verified artifact goes out. The Hub is a fake
 HfApi at the call boundary: no network."""
 
 import json

@@ -9,9 +9,9 @@ where that fits. The KL goes into the JSON; above THRESHOLD no speed is reported
 
 THRESHOLD: the correct kernels measured mean KL 2.8e-3 (INT8) and 3.9e-3 (INT4) against this
 reference on the demo, the same as bf16 incremental decoding of the dense model (2.7e-3): that
-is bf16 activation noise (issue 15). 0.05 is more than 10x that noise, and a wrong layout is
-far above it (a flipped group order of the scales measured KL > 1 on the demo,
-docs/PERFORMANCE.md); a threshold any lower would flag bf16 rounding on a longer prompt.
+is bf16 activation noise. 0.05 is more than 10x that noise, and a wrong layout is far above it
+(a flipped group order of the scales measured KL > 1 on the demo); a threshold any lower would
+flag bf16 rounding on a longer prompt.
 """
 
 from __future__ import annotations

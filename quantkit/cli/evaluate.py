@@ -82,8 +82,8 @@ def _model_path(model: str, engine: str):
 @click.argument("model")
 @click.option("--baseline", "baseline", required=True, help="The original model (directory, hub id or 'demo').")
 @click.option("--text", "texts", multiple=True, help="file:PATH | set:NAME | hf:DATASET[:CONFIG]:SPLIT | self; repeatable, one "
-              "row per text. Default (without --tasks): set:wikitext2-valid where ../shared/data has it, and set:legal-licenses "
-              "(set:python-stdlib-code in WikiText's place where it is absent).")
+              "row per text. Default (without --tasks): set:world-factbook (held-out encyclopedic text) and set:shakespeare-plays "
+              "(literature no calibration reads), plus set:wikitext2-valid where QUANTKIT_WIKITEXT2_VALID points at a copy.")
 @click.option("--seq-len", default=512, show_default=True, type=int)
 @click.option("--max-tokens", default=8192, show_default=True, type=int, help="Tokens to score per text (whole windows).")
 @click.option("--region", default="first-half", show_default=True, type=click.Choice(["first-half", "second-half", "all"]))
