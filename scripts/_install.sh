@@ -12,7 +12,13 @@ fi
 
 stamp=.venv/.quantkit-install
 want=$(cat pyproject.toml scripts/_install.sh | sha256sum | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import quantkit" 2>/dev/null; then
+# vLLM's environment is built where the caller asks for it (test.sh: QUANTKIT_WITH_VLLM=1); the
+# quickstart does not need it.
+vllm_ready() {  # not asked for, left out on purpose, or the environment the last run recorded is still there
+  [ "${QUANTKIT_WITH_VLLM:-0}" != 1 ] || [ -f .venv/.quantkit-without-vllm ] \
+    || { [ -f .venv/.quantkit-vllm ] && [ -x "$(cat .venv/.quantkit-vllm)/bin/python" ]; }
+}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import quantkit" 2>/dev/null && vllm_ready; then
   exit 0
 fi
 
@@ -65,6 +71,23 @@ if .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
 else
   [ "${QUANTKIT_SKIP_LLAMACPP:-0}" = 1 ] || { echo "install failed: llama-cpp-python does not import; set QUANTKIT_SKIP_LLAMACPP=1 to install without llama.cpp" >&2; exit 1; }
   touch .venv/.quantkit-without-llamacpp
+fi
+# vLLM, in an environment of its own (its pins clash with quantkit's: vLLM CPU 0.32 pins
+# compressed-tensors 0.17, quantkit uses 0.19): `quantkit engines install vllm` builds it once under
+# QUANTKIT_HOME, outside the repo (2.5 GB, a few minutes; the CUDA build where nvidia-smi answers),
+# and finds it there on every later run. QUANTKIT_SKIP_VLLM=1 skips it (quantkit works without it;
+# `--engine vllm` then says how to install it); QUANTKIT_VLLM_VENV names an environment made by hand.
+# Where it is goes beside the stamp, for the tests (tests/installed.py), as llama.cpp's absence does.
+if [ "${QUANTKIT_SKIP_VLLM:-0}" = 1 ]; then
+  rm -f .venv/.quantkit-vllm
+  touch .venv/.quantkit-without-vllm
+elif [ "${QUANTKIT_WITH_VLLM:-0}" = 1 ]; then
+  if [ -z "${QUANTKIT_VLLM_VENV:-}" ] && ! .venv/bin/quantkit engines install vllm; then
+    echo "install failed: vLLM's environment did not build; set QUANTKIT_SKIP_VLLM=1 to install without vLLM" >&2
+    exit 1
+  fi
+  .venv/bin/python -c "from quantkit.external.vllm_env import location; print(location()[0])" > .venv/.quantkit-vllm
+  rm -f .venv/.quantkit-without-vllm
 fi
 .venv/bin/python -c "import quantkit, torch, transformers, llmcompressor" 2>/dev/null \
   || { echo "install failed: quantkit or one of its libraries does not import" >&2; exit 1; }

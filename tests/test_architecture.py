@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     "core": 1, "resources": 1,
     "models": 2, "data": 2,
     "recipe": 3, "methods": 3, "gqa": 3,
-    "artifacts": 4, "gguf": 4,
+    "artifacts": 4, "gguf": 4, "external": 4,
     "quantize": 5, "evals": 5, "bench": 5,
     "load": 6, "plan": 6,
     "pipeline": 7,

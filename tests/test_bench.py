@@ -384,7 +384,8 @@ def test_bench_model_too_big(cli, tiny_llama, monkeypatch):
     assert code == 2 and "GB available" in err
 
 
-def test_vllm_engine_without_a_gpu_or_vllm_is_clear(cli, tiny_llama, monkeypatch):
+def test_vllm_engine_without_vllm_is_clear(cli, tiny_llama, monkeypatch):
     _no_probe(monkeypatch)
+    monkeypatch.delenv("QUANTKIT_VLLM_VENV", raising=False)
     code, _, err, _ = cli("bench", str(tiny_llama), "--engine", "vllm", "--device", "cpu", *FAST)
-    assert code == 2 and "--engine vllm needs a CUDA GPU" in err
+    assert code == 2 and "vLLM is not installed" in err and "quantkit engines install vllm" in err

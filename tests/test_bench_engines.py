@@ -1,9 +1,6 @@
 """The engine interface: the registry, the shared harness driving any engine, decode attention at
-the KV heads' width, and the vLLM engine against a fake `vllm` module (vLLM is not installed here)."""
+the KV heads' width. The vLLM engine's tests are in test_engines_vllm.py."""
 
-import json
-import math
-import os
 import sys
 import textwrap
 from types import SimpleNamespace
@@ -11,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from quantkit.bench import harness, selfcheck
+from quantkit.bench import harness
 from quantkit.bench.engines import ENGINES, engine_class
 from quantkit.bench.engines.base import Engine, EngineSettings
 from quantkit.errors import QuantkitError
@@ -79,7 +76,10 @@ def test_settings_refuse_by_capability(name, monkeypatch):
         check_settings(BenchSettings(device="cpu", engine=name))
 
 
-def test_a_gguf_file_is_refused_by_engines_that_do_not_read_one(cli, tmp_path):
+def test_a_gguf_file_is_refused_by_engines_that_do_not_read_one(cli, tmp_path, monkeypatch):
+    import vllm_fake
+
+    vllm_fake.use(monkeypatch, tmp_path / "vllm")  # vLLM there, so what is refused is the file
     f = tmp_path / "m.gguf"
     f.write_bytes(b"GGUF")
     readers = [n for n in ENGINES if engine_class(n).takes_gguf]
@@ -151,142 +151,6 @@ def test_torch_engines_use_the_gqa_attention(tiny_llama):
         assert e.describe()["dtype"] == "bfloat16" and e.describe()["device"] == "cpu:0"
     finally:
         e.close()
-
-
-# ---- vLLM, against a fake module ------------------------------------------------------------
-
-FAKE_VLLM = '''
-import json, math, pathlib
-from types import SimpleNamespace
-__version__ = "0-fake"
-CREATED = []
-TOKENS_PER_STEP = 1
-
-class SamplingParams:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-def dist(prev, vocab):
-    """The fake model: the next token is prev + 1 (p = 0.9), prev + 2 (0.05), the rest share 0.05."""
-    return {(prev + 1) % vocab: SimpleNamespace(logprob=math.log(0.9)), (prev + 2) % vocab: SimpleNamespace(logprob=math.log(0.05))}
-
-class _Engine:
-    def __init__(self, vocab):
-        self.vocab, self.reqs, self.log = vocab, {}, []
-    def add_request(self, rid, prompt, params):
-        self.log.append("add")
-        self.reqs[rid] = {"ids": list(prompt["prompt_token_ids"]), "left": params.max_tokens, "started": False}
-    def step(self):
-        self.log.append("step")
-        outs = []
-        for rid, r in list(self.reqs.items()):
-            n = min(TOKENS_PER_STEP if r["started"] else 1, r["left"])
-            r["started"] = True
-            new = []
-            for _ in range(n):
-                r["ids"].append((r["ids"][-1] + 1) % self.vocab)
-                new.append(r["ids"][-1])
-            r["left"] -= n
-            outs.append(SimpleNamespace(request_id=rid, outputs=[SimpleNamespace(token_ids=new)], finished=r["left"] == 0))
-            if r["left"] == 0:
-                del self.reqs[rid]
-        return outs
-    def abort_request(self, rids):
-        self.log.append("abort")
-        for r in rids:
-            self.reqs.pop(r, None)
-    def has_unfinished_requests(self):
-        return bool(self.reqs)
-
-class LLM:
-    def __init__(self, **kw):
-        CREATED.append(kw)
-        self.vocab = json.loads((pathlib.Path(kw["model"]) / "config.json").read_text())["vocab_size"]
-        self.llm_engine = _Engine(self.vocab)
-    def generate(self, prompts, params, use_tqdm=True):
-        ids = prompts[0]["prompt_token_ids"]
-        pl = [None] + [dist(ids[i - 1], self.vocab) for i in range(1, len(ids))]
-        return [SimpleNamespace(prompt_logprobs=pl, outputs=[SimpleNamespace(logprobs=[dist(ids[-1], self.vocab)])])]
-'''
-
-
-@pytest.fixture
-def fake_vllm(tmp_path, monkeypatch):
-    root = tmp_path / "fakevllm"
-    (root / "vllm" / "engine").mkdir(parents=True)
-    (root / "vllm" / "__init__.py").write_text(FAKE_VLLM)
-    (root / "vllm" / "sampling_params.py").write_text("import enum\nclass RequestOutputKind(enum.Enum):\n    CUMULATIVE = 0\n    DELTA = 1\n    FINAL_ONLY = 2\n")
-    (root / "vllm" / "engine" / "__init__.py").write_text("")
-    (root / "vllm" / "engine" / "arg_utils.py").write_text(
-        "import dataclasses\n@dataclasses.dataclass\nclass EngineArgs:\n    model: str = ''\n    async_scheduling: bool | None = None\n")
-    monkeypatch.syspath_prepend(str(root))
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setattr(os, "environ", dict(os.environ))
-    monkeypatch.setattr("quantkit.device.name", lambda device: "fake GPU")
-    import vllm
-
-    return vllm
-
-
-def _vllm_engine(path, tp=1):
-    return engine_class("vllm").load(path, EngineSettings(device=torch.device("cuda", 0), max_tokens=64, tensor_parallel=tp))
-
-
-def test_vllm_steps_one_token_at_a_time(fake_vllm, tiny_llama):
-    e = _vllm_engine(tiny_llama, tp=2)
-    kw = fake_vllm.CREATED[-1]
-    assert kw["tensor_parallel_size"] == 2 and kw["async_scheduling"] is False and kw["enable_prefix_caching"] is False
-    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    t = harness.measure(e, list(range(16)), 5, repeats=2, min_seconds=0, warmups=0)
-    assert t.warmups == 1 and e.step_note is None
-    s = t.summary(e.step_note)
-    assert s["per_step"]["measured"] and all(len(rep) == 4 for rep in s["step_times_ms"])
-    # TTFT is measured from add_request to the first token: prefill added the request and stepped once
-    assert e.engine.log[-6:] == ["add", "step", "step", "step", "step", "step"]
-    e.reset(21)
-    assert e.prefill(e.prepare(list(range(16)))) == 16 and e.decode(16, 16) == 17
-    info = e.describe()
-    assert info["tensor_parallel"] == 2 and info["name"] == "fake GPU" and info["dtype"] == "bfloat16"
-    cfg = json.loads((tiny_llama / "config.json").read_text())
-    kv = 2 * 2 * 2 * 32 * 2
-    assert e.kv_bytes_per_token() == kv and cfg["num_key_value_heads"] == 2
-    assert e.step_bytes(16, 21) == e.weight_bytes()["weight_bytes_per_token"] + kv * 18
-    e.close()
-
-
-def test_vllm_pipelined_steps_give_no_per_step_statistics(fake_vllm, tiny_llama):
-    fake_vllm.TOKENS_PER_STEP = 2
-    e = _vllm_engine(tiny_llama)
-    t = harness.measure(e, list(range(16)), 5, repeats=1, min_seconds=0, warmups=0)
-    s = t.summary(e.step_note)
-    assert s["per_step"]["measured"] is False and "2 tokens from one engine step" in s["per_step"]["reason"]
-    assert s["step_times_ms"] is None and s["tpot_ms"]["n"] == 1
-
-
-def test_vllm_self_check_on_its_top_k(fake_vllm, tiny_llama):
-    e = _vllm_engine(tiny_llama)
-    ids = list(range(20))
-    rows = e.logprobs(ids, 16, 24)
-    assert rows.shape == (5, e.cfg["vocab_size"]) and int(torch.isfinite(rows).sum()) == 10
-    vocab = e.cfg["vocab_size"]
-    ref = torch.full((5, vocab), math.log(0.05 / (vocab - 2)))
-    for i, prev in enumerate(ids[15:]):
-        ref[i, prev + 1], ref[i, prev + 2] = math.log(0.9), math.log(0.05)
-    ok = selfcheck.compare(ref, rows, partial=True)
-    assert ok["passed"] and ok["mean_kl"] == pytest.approx(0.0, abs=1e-6) and not ok["exact"]
-    assert not selfcheck.compare(ref, rows)["passed"]  # NaN from an engine that should report everything
-
-
-def test_vllm_refuses_what_it_cannot_bench(fake_vllm, tiny_llama):
-    from quantkit.bench.synthetic import Synthetic
-
-    with pytest.raises(QuantkitError, match="needs a CUDA GPU"):
-        engine_class("vllm").load(tiny_llama, EngineSettings(device=torch.device("cpu"), max_tokens=64))
-    with pytest.raises(QuantkitError, match="CUDA_VISIBLE_DEVICES"):
-        engine_class("vllm").load(tiny_llama, EngineSettings(device=torch.device("cuda", 1), max_tokens=64))
-    with pytest.raises(QuantkitError, match="checkpoint directories"):
-        _vllm_engine(Synthetic("smollm2-135m"))
 
 
 def test_interface_doc_names_every_method():

@@ -73,7 +73,8 @@ def test_library_fault_is_one_line_exit_1(cli, tmp_path, monkeypatch):
 
 # Every command and subcommand, written out: one added, renamed or dropped shows here.
 COMMANDS = {"models": ["list", "path", "pull"], "recipe": ["list", "show", "validate"], "convert": [], "eval": [], "bench": [],
-            "roofline": [], "run": [], "compare": [], "publish": [], "load": [], "levers": [], "export": [], "sensitivity": []}
+            "roofline": [], "run": [], "compare": [], "publish": [], "load": [], "levers": [], "export": [], "sensitivity": [],
+            "engines": ["install", "status"]}
 
 
 def test_every_command_exists(cli):

@@ -73,9 +73,9 @@ def test_torchrun_check_refuses_what_runs_in_one_process(monkeypatch):
     from quantkit.methods.registry import METHODS
     from quantkit.quantize.job import check_torchrun
 
-    def job(method="gptq", gqa=False, offload=None):
+    def job(method="gptq", gqa=False, offload=None, auto=None):
         return SimpleNamespace(key="steps", has_gqa=gqa, quant=SimpleNamespace(method=method) if method else None,
-                               method=METHODS[method] if method else None, offload=offload)
+                               method=METHODS[method] if method else None, offload=offload, auto=auto)
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
@@ -86,7 +86,8 @@ def test_torchrun_check_refuses_what_runs_in_one_process(monkeypatch):
         else:
             with pytest.raises(QuantkitError, match=f"method '{name}' does not run under torchrun; those that do: rtn, gptq"):
                 check_torchrun(job(name))
-    for bad, match in ((job(None, gqa=True), "gqa step"), (job(offload=object()), "disk offloading")):
+    for bad, match in ((job(None, gqa=True), "gqa step"), (job(offload=object()), "disk offloading"),
+                       (job(auto=object()), "auto mixed precision")):
         with pytest.raises(QuantkitError, match=match):
             check_torchrun(bad)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 2 machines x 2 processes

@@ -144,7 +144,7 @@ def test_recipe_eval_engines():
     assert EvalConfig().engines == ("transformers",)
     assert EvalConfig.model_validate({"engines": ["transformers", "llamacpp"]}).engines == ("transformers", "llamacpp")
     for bad, needle in (({"engines": []}, "at least one"), ({"engines": ["llamacpp", "llamacpp"]}, "once"),
-                        ({"engines": ["llamacpp"], "tasks": ["qk_facts"]}, "must be transformers"), ({"engines": ["vllm"]}, "llamacpp")):
+                        ({"engines": ["llamacpp"], "tasks": ["qk_facts"]}, "must be transformers"), ({"engines": ["sglang"]}, "llamacpp")):
         with pytest.raises(ValueError, match=needle):
             EvalConfig.model_validate(bad)
 

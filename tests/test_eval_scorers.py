@@ -25,7 +25,7 @@ def test_the_baseline_scorer_is_registered_and_makes_baseline_passes():
     assert BASELINE.scores_baseline and SCORERS[BASELINE.name] is BASELINE and BASELINE.takes_checkpoint
 
 
-@pytest.mark.parametrize("name", ["vllm", "", "Transformers", "llama.cpp", "eager"])
+@pytest.mark.parametrize("name", ["sglang", "", "Transformers", "llama.cpp", "eager"])
 def test_an_unknown_engine_is_one_line_listing_the_valid_ones(name, tiny_llama, tiny_text):
     with pytest.raises(DataError) as exc:
         scorer_named(name)

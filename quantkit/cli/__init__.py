@@ -12,7 +12,7 @@ import sys
 import click
 
 from quantkit.errors import QuantkitError
-from quantkit.cli import bench, compare, convert, evaluate, export, levers, load, models, publish, recipe, roofline, run, sensitivity
+from quantkit.cli import bench, compare, convert, engines, evaluate, export, levers, load, models, publish, recipe, roofline, run, sensitivity
 
 
 def _permission_denied(exc: BaseException) -> bool:
@@ -94,7 +94,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     check_command(ctx.invoked_subcommand)  # under torchrun: convert and eval only
 
 
-for _module in (models, recipe, convert, export, evaluate, bench, roofline, run, compare, publish, load, levers, sensitivity):
+for _module in (models, recipe, convert, export, evaluate, bench, roofline, run, compare, publish, load, levers, sensitivity, engines):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

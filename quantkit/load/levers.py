@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as _dt
 import shlex
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +37,8 @@ def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
     settings = {name: expand(value, f"{where}.settings.{name}") if isinstance(value, str) else value
                 for name, value in {**study.server.settings, **lever.settings}.items()}
     args, body = lever_args(kind, settings, where)
-    values = {"python": sys.executable, "model": model, "host": HOST, "port": str(port or "{port}")}
+    python = kind.python(check=port is not None)  # a dry run (no port) shows an engine's own Python, installed or not
+    values = {"python": python, "model": model, "host": HOST, "port": str(port or "{port}")}
     command = fill(study.server.command or kind.command, values) + args + list(lever.args)
     url = f"http://{HOST}:{port}" if port else "http://127.0.0.1:1"
     return {

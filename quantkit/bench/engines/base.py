@@ -63,6 +63,8 @@ class Engine:
                 build cannot do
       tensor_parallel  it spreads one model over several GPUs (--tensor-parallel above 1)
       sizes_own_memory  it sizes its own memory pool: the weights-fit precheck is its to make
+      times_itself  it runs in another process and times its own steps there: the harness calls
+                timed_run() instead of timing prefill()/decode() across the process boundary
     Instance attribute:
       step_note None while every decode() call produced exactly one token; else the reason the
                 per-step times are not per-token times (the runner then reports no per-step
@@ -76,6 +78,7 @@ class Engine:
     devices: tuple[str, ...] = ("cpu", "cuda")
     tensor_parallel = False
     sizes_own_memory = False
+    times_itself = False
     step_note: str | None = None
 
     @classmethod
@@ -116,6 +119,11 @@ class Engine:
 
     def sync(self) -> None:
         """Wait until queued device work is done (the clock reads after it)."""
+
+    def timed_run(self, prompt, capacity: int, gen_len: int) -> tuple[float, list[float]]:
+        """Engines that time themselves (times_itself): one repeat of harness.run_timed, timed where
+        the model runs: (TTFT in s, the gen_len - 1 decode steps' times in s)."""
+        raise NotImplementedError
 
     def weight_bytes(self) -> dict:
         """{"weight_bytes_per_token", "stored_weight_bytes", "tied_lm_head"} of the loaded model."""

@@ -1,28 +1,29 @@
-"""The vLLM engine (GPU, when vLLM is installed): what a vLLM server does at batch 1.
+"""The vLLM engine: what a vLLM server does at batch 1, on the CPU or a GPU, in vLLM's own process.
 
-vLLM runs its own scheduler, kernels (Marlin / Machete for compressed-tensors artifacts, loaded
-unchanged) and CUDA graphs. Its `RequestOutput.metrics` (v1: `RequestStateStats`) holds only
-arrival, queued, scheduled, first-token and last-token timestamps: no per-token times. So this
-engine drives the engine loop itself: the prompt is added as a request, and each `step()` of
-`LLM.llm_engine` runs one scheduler iteration, which at batch 1 yields one token. The harness then
-times prefill (add_request until the first token: TTFT measured, not derived) and every decode
-step like the other engines. The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
-and async scheduling is off where vLLM has the option, so a step() returns its own token; if a
-step still delivers more than one token (a vLLM that pipelines steps), `step_note` says so and
-the report gives no per-step statistics (TPOT stays decode time / tokens).
-Prefix caching is off, so every repeat really prefills; greedy sampling, EOS ignored.
+vLLM lives in its own environment (`quantkit engines install vllm`; quantkit.external): its pins
+clash with quantkit's. So the model loads in a worker process there (external/vllm_worker.py),
+and the timing happens there too: `RequestOutput.metrics` holds only arrival, first-token and
+last-token timestamps, so the worker drives the engine loop itself (the prompt added as a request,
+then `LLMEngine.step()`, one scheduler iteration, which at batch 1 yields one token) and reads the
+clock around each step; the harness gets TTFT (add_request until the first token) and every decode
+step as the worker measured them (`times_itself`), so no pipe is timed. The engine core runs in
+the worker's process (VLLM_ENABLE_V1_MULTIPROCESSING=0) with async scheduling off where vLLM has
+it, so a step returns its own token; if a step still delivers more than one token, `step_note`
+says so and the report gives no per-step statistics (TPOT stays decode time / tokens).
+
+Settings: prefix caching off (every repeat really prefills), greedy, EOS ignored, bfloat16
+activations (vLLM's CPU kernels for INT4 run only in 16-bit; fp16 has no oneDNN path on CPUs
+without AVX512-FP16); per device (eager and `threads` on the CPU, graphs on a GPU) as
+external/vllm_start.py says.
 """
 
 from __future__ import annotations
 
-import gc
-import itertools
-import os
 from pathlib import Path
 
 from quantkit import device as devices
 from quantkit.errors import QuantkitError
-from quantkit.core.roofline import kv_bytes
+from quantkit.external import vllm_start
 from quantkit.bench import accounting
 from quantkit.bench.engines.base import Engine as Base
 from quantkit.bench.engines.base import EngineSettings
@@ -30,124 +31,97 @@ from quantkit.bench.engines.base import EngineSettings
 TOP_K = 20  # vLLM's default max_logprobs: the self-check compares these plus one tail bucket
 
 
-def _engine_fields() -> set[str]:
-    import dataclasses
-
-    try:
-        from vllm.engine.arg_utils import EngineArgs
-
-        return {f.name for f in dataclasses.fields(EngineArgs)}
-    except (ImportError, TypeError):
-        return set()
-
-
 class Engine(Base):
     name = "vllm"
-    compiles = True  # CUDA-graph capture and warm caches: at least one warm-up
+    compiles = True  # first calls allocate and pick kernels (CUDA-graph capture on a GPU): at least one warm-up
     full_logprobs = False  # top-TOP_K log-probabilities per position
-    devices = ("cuda",)
+    devices = ("cpu", "cuda")
     tensor_parallel = True
-    sizes_own_memory = True  # gpu_memory_utilization: its pool, not the weights, is what must fit
+    sizes_own_memory = True  # its KV pool (gpu_memory_utilization / kv_cache_memory_bytes), not the weights, must fit
+    times_itself = True
 
     @classmethod
     def check(cls, device) -> None:
-        import importlib.util
+        from quantkit.external import vllm_env
 
-        if importlib.util.find_spec("vllm") is None:
-            raise QuantkitError("--engine vllm: vLLM is not installed (pip install vllm, on a CUDA machine)")
+        vllm_env.require()
 
-    def __init__(self, llm, path: Path, settings: EngineSettings):
-        self.llm, self.path, self.settings = llm, path, settings
-        self.engine = llm.llm_engine
-        self.cfg = _text_config(path)
+    @classmethod
+    def default_threads(cls) -> int:
+        return vllm_start.default_threads()  # vLLM's server keeps one core for its scheduler process
+
+    def __init__(self, worker, info: dict, path: Path, settings: EngineSettings, threads: int | None):
+        self.worker, self.info, self.path, self.settings, self.threads = worker, info, path, settings, threads
+        self.cfg = vllm_start.text_config(path)
         self.capacity = 0
-        self._rid: str | None = None
-        self._pending: list[int] = []
-        self._ids = itertools.count()
 
     @classmethod
     def load(cls, source, settings: EngineSettings):
         dev = settings.device
-        if dev.type != "cuda":
-            raise QuantkitError("--engine vllm needs a CUDA GPU (--device cuda)")
-        if dev.index not in (None, 0):
-            raise QuantkitError(f"--engine vllm --device {dev}: vLLM takes its GPUs from CUDA_VISIBLE_DEVICES; "
-                                "set CUDA_VISIBLE_DEVICES and use --device cuda")
+        if dev.type not in cls.devices:
+            raise QuantkitError(f"--engine vllm runs on the CPU or a CUDA GPU, not --device {dev}")
         if not isinstance(source, Path) or not (source / "config.json").is_file():
             label = getattr(source, "label", source)
             raise QuantkitError(f"{label}: --engine vllm benches checkpoint directories (not synthetic shapes or GGUF files)")
-        try:
-            import vllm
-        except ImportError:
-            raise QuantkitError("--engine vllm: vLLM is not installed (pip install vllm, on a CUDA machine)") from None
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: step() is one step
-        kwargs = dict(model=str(source), dtype="bfloat16", max_model_len=settings.max_tokens, enable_prefix_caching=False,
-                      gpu_memory_utilization=0.85, seed=settings.seed, tensor_parallel_size=settings.tensor_parallel,
-                      max_logprobs=TOP_K)
-        if "async_scheduling" in _engine_fields():
-            kwargs["async_scheduling"] = False
-        return cls(vllm.LLM(**kwargs), source, settings)
+        cfg = vllm_start.text_config(source)
+        device_args, env = vllm_start.device_setup(dev, cfg, settings.max_tokens, settings.threads, settings.tensor_parallel)
+        args = dict(dtype="bfloat16", max_model_len=settings.max_tokens, enable_prefix_caching=False, seed=settings.seed,
+                    tensor_parallel_size=settings.tensor_parallel, max_logprobs=TOP_K, async_scheduling=False, **device_args)
+        worker, info = vllm_start.start(source, args, env)
+        return cls(worker, info, source, settings, info.get("threads") if dev.type == "cpu" else None)
+
+    # ---------------------------------------------------------------- the timed paths
 
     def prepare(self, ids: list[int]):
         return [int(i) for i in ids]
 
-    def _abort(self) -> None:
-        if self._rid is not None:
-            self.engine.abort_request([self._rid])
-            while self.engine.has_unfinished_requests():  # drain what the abort left scheduled
-                self.engine.step()
-        self._rid, self._pending = None, []
-
     def reset(self, capacity: int) -> None:
-        self._abort()
         self.capacity = capacity
 
-    def prefill(self, prompt):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+    def timed_run(self, prompt, capacity: int, gen_len: int) -> tuple[float, list[float]]:
+        """One repeat, timed in the worker: TTFT and gen_len - 1 per-token step times. A step that
+        delivered several tokens counts as that many equal steps (and sets step_note)."""
+        if capacity < len(prompt) + gen_len:
+            raise QuantkitError(f"vllm: a {len(prompt)}-token prompt and {gen_len} tokens exceed a {capacity}-token sequence")
+        r = self.worker.call("timed", prompt=prompt, gen_len=gen_len)
+        steps = [0.0] * (r["first_tokens"] - 1)  # tokens that came with the first one took no step of their own
+        for t, n in zip(r["steps_s"], r["tokens_per_step"]):
+            steps += [t / n] * n
+        if r["first_tokens"] > 1 or any(n > 1 for n in r["tokens_per_step"]):
+            self._pipelined(max([r["first_tokens"], *r["tokens_per_step"]]))
+        return r["ttft_s"], steps[: gen_len - 1]
 
+    def prefill(self, prompt):
         n = self.capacity - len(prompt)
         if n < 1:
             raise QuantkitError(f"vllm: a {len(prompt)}-token prompt leaves no room in a {self.capacity}-token sequence")
-        params = SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
-        self._rid = f"quantkit-bench-{next(self._ids)}"
-        self.engine.add_request(self._rid, {"prompt_token_ids": prompt}, params)
-        return self._next()
+        return self._token(self.worker.call("begin", prompt=prompt, gen_len=n))
 
     def decode(self, token, pos: int):
-        return self._next()  # vLLM feeds back its own greedy token, which is `token`
+        return self._token(self.worker.call("step"))  # vLLM feeds back its own greedy token, which is `token`
 
-    def _next(self) -> int:
-        if self._pending:
-            return self._pending.pop(0)
-        while True:
-            outs = self.engine.step()
-            new = [t for o in outs if o.request_id == self._rid for c in o.outputs for t in c.token_ids]
-            if new:
-                break
-            if not self.engine.has_unfinished_requests():
-                raise QuantkitError("vllm: the request finished before the tokens the measurement asked for")
-        if len(new) > 1:
-            self.step_note = (f"vLLM delivered {len(new)} tokens from one engine step (pipelined scheduling): "
-                              "per-step times are not per-token times")
-        self._pending = new[1:]
-        return new[0]
+    def _token(self, answer: dict) -> int:
+        if answer["left"]:
+            self._pipelined(answer["left"] + 1)
+        return answer["token"]
+
+    def _pipelined(self, n: int) -> None:
+        self.step_note = (f"vLLM delivered {n} tokens from one engine step (pipelined scheduling): "
+                          "per-step times are not per-token times")
 
     def logprobs(self, ids: list[int], prompt_len: int, capacity: int):
         """vLLM's prompt_logprobs (its prefill path) at the positions, and its first sampled token's;
         top-TOP_K each, the rest NaN."""
         import torch
-        from vllm import SamplingParams
 
-        self.reset(capacity)
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=TOP_K, logprobs=TOP_K)
-        out = self.llm.generate([{"prompt_token_ids": self.prepare(ids)}], params, use_tqdm=False)[0]
-        dicts = list(out.prompt_logprobs[prompt_len:]) + [out.outputs[0].logprobs[0]]
-        rows = torch.full((len(dicts), self.cfg["vocab_size"]), float("nan"))
-        for i, d in enumerate(dicts):
-            for tok, lp in (d or {}).items():
-                rows[i, tok] = float(getattr(lp, "logprob", lp))
-        return rows
+        rows = self.worker.call("logprobs", ids=self.prepare(ids), prompt_len=prompt_len, k=TOP_K)["rows"]
+        out = torch.full((len(rows), self.cfg["vocab_size"]), float("nan"))
+        for i, row in enumerate(rows):
+            for tok, lp in row:
+                out[i, tok] = lp
+        return out
+
+    # ---------------------------------------------------------------- accounting and description
 
     def weight_bytes(self) -> dict:
         from quantkit.models.sizes import stored_read_bytes
@@ -155,35 +129,22 @@ class Engine(Base):
         return {"weight_bytes_per_token": stored_read_bytes(self.path), "stored_weight_bytes": None, "tied_lm_head": None}
 
     def kv_bytes_per_token(self) -> float:
-        c = self.cfg
-        heads = c["num_attention_heads"]
-        return kv_bytes(c["num_hidden_layers"], c.get("num_key_value_heads") or heads, c.get("head_dim") or c["hidden_size"] // heads, 2)
+        return vllm_start.kv_bytes_per_token(self.cfg)
 
     def step_bytes(self, cached: int, capacity: int) -> float:
         # paged attention reads the live context only (accounting.kv_live)
         return self.weight_bytes()["weight_bytes_per_token"] + accounting.kv_live(self.kv_bytes_per_token(), cached)
 
     def describe(self) -> dict:
-        import vllm
-
-        return {"engine": self.name, "kind": "vllm", "kernel": f"vLLM {getattr(vllm, '__version__', '?')} kernels", "notes": [],
-                "tensor_parallel": self.settings.tensor_parallel, **devices.describe(self.settings.device, "bfloat16")}
+        dev = self.settings.device
+        where = "CPU kernels, eager" if dev.type == "cpu" else "CUDA kernels and graphs"
+        out = {"engine": self.name, "kind": "vllm", "kernel": f"vLLM {self.info.get('vllm_version', '?')} ({where}), in its own process",
+               "notes": [], "tensor_parallel": self.settings.tensor_parallel, **devices.describe(dev, "bfloat16")}
+        if self.threads is not None:
+            out["threads"] = self.threads
+        return out
 
     def close(self) -> None:
-        self._abort()
-        self.llm = self.engine = None
-        try:  # free the GPU for the next model in this process
-            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
-
-            destroy_model_parallel()
-            destroy_distributed_environment()
-        except ImportError:
-            pass
-        gc.collect()
-
-
-def _text_config(path: Path) -> dict:
-    import json
-
-    cfg = json.loads((path / "config.json").read_text())
-    return cfg.get("text_config", cfg)
+        if self.worker is not None:
+            self.worker.close()
+        self.worker = None

@@ -5,6 +5,8 @@ base.py).
   baseline pass.
 - llamacpp: llama.cpp through llama-cpp-python, on a GGUF file (a checkpoint is exported exactly
   to GGUF first).
+- vllm: vLLM, in its own environment and process (`quantkit engines install vllm`), on the CPU or
+  a GPU; the whole vocabulary's prompt log-probabilities, reduced to the statistics in its worker.
 
 The modules import their libraries (torch, llama_cpp) only when a model is opened, so listing the
 scorers and reading their capabilities costs nothing.
@@ -16,10 +18,12 @@ from quantkit.errors import DataError
 from quantkit.evals.scorers.base import Scorer
 from quantkit.evals.scorers.llamacpp import LlamaCppScorer
 from quantkit.evals.scorers.transformers import TransformersScorer
+from quantkit.evals.scorers.vllm import VllmScorer
 
 SCORERS: dict[str, type[Scorer]] = {
     "transformers": TransformersScorer,
     "llamacpp": LlamaCppScorer,
+    "vllm": VllmScorer,
 }
 
 # What makes every baseline pass, whichever scorer scores the model under test: one cached pass
