@@ -11,14 +11,18 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 stamp=.venv/.quantkit-install
-want=$(cat pyproject.toml scripts/_install.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml scripts/_install.sh scripts/build_llama_tools.sh | sha256sum | cut -c1-16)
 # vLLM's environment is built where the caller asks for it (test.sh: QUANTKIT_WITH_VLLM=1); the
 # quickstart does not need it.
 vllm_ready() {  # not asked for, left out on purpose, or the environment the last run recorded is still there
   [ "${QUANTKIT_WITH_VLLM:-0}" != 1 ] || [ -f .venv/.quantkit-without-vllm ] \
     || { [ -f .venv/.quantkit-vllm ] && [ -x "$(cat .venv/.quantkit-vllm)/bin/python" ]; }
 }
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import quantkit" 2>/dev/null && vllm_ready; then
+tools_ready() {  # as vllm_ready, for llama.cpp's tools (test.sh: QUANTKIT_WITH_LLAMA_TOOLS=1)
+  [ "${QUANTKIT_WITH_LLAMA_TOOLS:-0}" != 1 ] || [ -f .venv/.quantkit-without-llama-tools ] \
+    || { [ -f .venv/.quantkit-llama-tools ] && [ -f "$(cat .venv/.quantkit-llama-tools)/BUILD.json" ]; }
+}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "import quantkit" 2>/dev/null && vllm_ready && tools_ready; then
   exit 0
 fi
 
@@ -71,6 +75,23 @@ if .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
 else
   [ "${QUANTKIT_SKIP_LLAMACPP:-0}" = 1 ] || { echo "install failed: llama-cpp-python does not import; set QUANTKIT_SKIP_LLAMACPP=1 to install without llama.cpp" >&2; exit 1; }
   touch .venv/.quantkit-without-llamacpp
+fi
+# llama.cpp's own tools (llama-server, llama-bench, llama-quantize, llama-imatrix, llama-perplexity),
+# built where the caller asks for them (test.sh: QUANTKIT_WITH_LLAMA_TOOLS=1) from the llama.cpp the
+# wheel above vendors, once per machine, into the same wheelhouse (scripts/build_llama_tools.sh: CPU
+# code chosen at run time, never -march=native). Where they are goes beside the stamp, for quantkit
+# (quantkit/gguf/tools.py) and the tests; QUANTKIT_SKIP_LLAMA_TOOLS=1 (or QUANTKIT_SKIP_LLAMACPP=1)
+# leaves them out on purpose, as this file records.
+if [ "${QUANTKIT_SKIP_LLAMACPP:-0}" = 1 ] || [ "${QUANTKIT_SKIP_LLAMA_TOOLS:-0}" = 1 ]; then
+  rm -f .venv/.quantkit-llama-tools
+  touch .venv/.quantkit-without-llama-tools
+elif [ "${QUANTKIT_WITH_LLAMA_TOOLS:-0}" = 1 ]; then
+  if ! tools=$(bash scripts/build_llama_tools.sh "$LLAMA_CPP_VERSION" "${QUANTKIT_WHEELHOUSE:-$HOME/.cache/quantkit/wheels}" .venv/bin/python); then
+    echo "install failed: llama.cpp's tools did not build; set QUANTKIT_SKIP_LLAMA_TOOLS=1 to install without them" >&2
+    exit 1
+  fi
+  echo "${tools##*$'\n'}" > .venv/.quantkit-llama-tools
+  rm -f .venv/.quantkit-without-llama-tools
 fi
 # vLLM, in an environment of its own (its pins clash with quantkit's: vLLM CPU 0.32 pins
 # compressed-tensors 0.17, quantkit uses 0.19): `quantkit engines install vllm` builds it once under

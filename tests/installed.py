@@ -21,6 +21,8 @@ STAMP = VENV / ".quantkit-install"
 LLAMACPP_LEFT_OUT = VENV / ".quantkit-without-llamacpp"
 VLLM_RECORD = VENV / ".quantkit-vllm"  # the path of vLLM's environment, as scripts/_install.sh built it
 VLLM_LEFT_OUT = VENV / ".quantkit-without-vllm"
+LLAMA_TOOLS_RECORD = VENV / ".quantkit-llama-tools"  # the directory of llama.cpp's tools scripts/_install.sh built
+LLAMA_TOOLS_LEFT_OUT = VENV / ".quantkit-without-llama-tools"
 SERVING = ("fastapi", "uvicorn", "openai")  # what transformers[serving] adds for `transformers serve`
 
 
@@ -65,6 +67,21 @@ def vllm_venv() -> Path:
     if VLLM_RECORD.is_file():
         return Path(VLLM_RECORD.read_text().strip())
     _missing("vLLM's environment", "./scripts/_install.sh builds it with `quantkit engines install vllm`", left_out=VLLM_LEFT_OUT.is_file())
+
+
+def llama_tool(name: str) -> Path:
+    """llama.cpp's program `name` (quantkit.gguf.tools finds it). Where scripts/_install.sh built the
+    tools (its record beside the stamp), a missing one fails; elsewhere (not asked for: test.sh asks,
+    QUANTKIT_WITH_LLAMA_TOOLS=1; or left out on purpose) the test skips. Whether it runs is the test's."""
+    from quantkit.gguf import tools
+
+    found = tools.find(name)
+    if found is not None:
+        return found
+    if LLAMA_TOOLS_RECORD.is_file():
+        pytest.fail(f"llama.cpp's {name} is missing from {LLAMA_TOOLS_RECORD.read_text().strip()}, which scripts/_install.sh "
+                    f"recorded as built: the install is broken; rerun it", pytrace=False)
+    pytest.skip(f"llama.cpp's {name} is not installed ({tools.INSTALL})")
 
 
 # A test that runs llama.cpp takes this mark; the fixture (conftest.py) fails or skips it as above.

@@ -7,12 +7,22 @@ from pathlib import Path
 import click
 
 from quantkit.cli._common import echo_json, json_option
+from quantkit.errors import QuantkitError
 
 
-def _gguf(artifact: Path, out: Path | None, **opts) -> dict:
+def _gguf(artifact: Path, out: Path | None, qtype: str | None = None, calib: dict | None = None, **opts) -> dict:
     from quantkit.gguf.exporter import GgufOptions, export_gguf
 
-    return export_gguf(artifact, out, GgufOptions(**opts))
+    if qtype is None:
+        return export_gguf(artifact, out, GgufOptions(**opts))
+    from quantkit.gguf.kquant import KquantOptions, check_type, export_kquant
+
+    check_type(qtype)  # an unknown type is named before the other options are looked at
+    lossy = [f for f, v in (("--embeddings q8_0", opts["embeddings"] != "keep"), ("--allow-lossy", opts["allow_lossy"]),
+                            ("--kl-text", opts["kl_text"])) if v]
+    if lossy:
+        raise QuantkitError(f"{lossy[0]} applies to the exact export; with --type, llama-quantize chooses every tensor's type")
+    return export_kquant(artifact, out, KquantOptions(qtype=qtype, force=opts["force"], **(calib or {})))
 
 
 # Export formats by name (one entry per format; `quantkit run`'s `export: {formats: [...]}` uses the same names).
@@ -32,15 +42,29 @@ FORMATS = {"gguf": _gguf}
                    "scales that are not fp16 values) with ggml's rounding, and report the KL instead of refusing.")
 @click.option("--kl-text", default=None, metavar="SPEC",
               help="Text for a lossy export's KL (file:PATH, set:NAME, hf:...; default: seeded random token ids).")
+@click.option("--type", "qtype", default=None, metavar="TYPE",
+              help="llama.cpp's own quantization of a 16-bit checkpoint (Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, Q4_0, ...): the "
+                   "exact F16 GGUF, an importance matrix from --calib's windows (llama-imatrix), then llama-quantize. "
+                   "Needs llama.cpp's tools (QUANTKIT_WITH_LLAMA_TOOLS=1 ./scripts/_install.sh).")
+@click.option("--calib", default="mix:default", show_default=True, metavar="SPEC",
+              help="With --type: the calibration text whose windows make the importance matrix (as convert's --calib).")
+@click.option("--calib-samples", type=click.IntRange(min=1), default=128, show_default=True, help="With --type: windows.")
+@click.option("--calib-seq-len", type=click.IntRange(min=8), default=512, show_default=True, help="With --type: tokens per window.")
 @click.option("--force", is_flag=True, help="Replace an existing --out and its record, only when quantkit export wrote them.")
 @json_option
-def export_cmd(artifact, fmt, out, embeddings, allow_lossy, kl_text, force, as_json):
-    """Export a quantkit ARTIFACT (compressed-tensors INT4/INT8 or 16-bit) for llama.cpp, exactly where grids match.
+def export_cmd(artifact, fmt, out, embeddings, allow_lossy, kl_text, qtype, calib, calib_samples, calib_seq_len, force, as_json):
+    """Export a quantkit ARTIFACT (compressed-tensors INT4/INT8 or 16-bit) for llama.cpp, exactly where grids match;
+    with --type, quantize a 16-bit checkpoint with llama.cpp's own types.
 
     An artifact quantkit converted must still match its sha256 manifest, as for publish."""
-    record = FORMATS[fmt](artifact, out, embeddings=embeddings, allow_lossy=allow_lossy, force=force, kl_text=kl_text)
+    calib_opts = {"calib": calib, "samples": calib_samples, "seq_len": calib_seq_len}
+    record = FORMATS[fmt](artifact, out, qtype=qtype, calib=calib_opts, embeddings=embeddings, allow_lossy=allow_lossy,
+                          force=force, kl_text=kl_text)
     if as_json:
         echo_json(record)
+        return
+    if record.get("gguf_type"):
+        _echo_kquant(record)
         return
     click.echo(f"wrote {record['gguf']} ({record['bytes'] / 1e6:.1f} MB, {record['architecture']})")
     for m in record["mapping"]:
@@ -53,6 +77,17 @@ def export_cmd(artifact, fmt, out, embeddings, allow_lossy, kl_text, force, as_j
         kl = record["kl_vs_artifact"]
         click.echo(f"  LOSSY: {len(record['lossy_tensors'])} tensors; KL vs the artifact {kl['mean_kl']:.3g} mean, "
                    f"{kl['max_kl']:.3g} max, top-1 {kl['top1_agreement'] * 100:.2f}% ({kl['text']})")
+    for note in record["notes"]:
+        click.echo(f"  note: {note}")
+
+
+def _echo_kquant(record: dict) -> None:
+    im = record["imatrix"]
+    click.echo(f"wrote {record['gguf']} ({record['bytes'] / 1e6:.1f} MB, {record['gguf_type']}, "
+               f"{record['bits_per_weight']:.2f} bits/weight)")
+    click.echo("  tensor types: " + ", ".join(f"{n} x {t}" for t, n in record["tensor_types"].items()))
+    click.echo(f"  importance matrix: llama-imatrix over {im['calibration'].get('samples')} windows of "
+               f"{im['chunk_tokens']} tokens from {im['calibration'].get('source')} (sha256 {im['sha256'][:12]})")
     for note in record["notes"]:
         click.echo(f"  note: {note}")
 

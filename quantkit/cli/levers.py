@@ -17,10 +17,23 @@ def _engines_text() -> str:
     lines = []
     for kind in SERVERS.values():
         lines.append(f"{kind.name}: {shlex.join(kind.command) or '(your command: server.command, run with --trust-study)'}")
+        if kind.program:
+            lines.append(f"  {_installed(kind.name)}")
         for name, key in kind.keys.items():
             how = f"body {key.body}" if key.body else f"{key.flag} ({key.style})"
             lines.append(f"  {name:28s} {how:42s} {key.help}{'' if key.here else '  [not run on this machine]'}")
     return "\n".join(lines)
+
+
+def _installed(name: str) -> str:
+    """Where a built engine binary is and which build, or how to build it (quantkit.gguf.tools)."""
+    from quantkit.gguf import tools
+
+    try:
+        path = tools.locate(name)
+        return f"installed: {path} (version {tools.version(name)})"
+    except tools.ToolError as exc:
+        return f"not installed: {str(exc).split('; ', 1)[-1]}" if tools.find(name) is None else f"does not run: {exc}"
 
 
 def _plan(study) -> list[dict]:

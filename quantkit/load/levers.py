@@ -40,6 +40,8 @@ def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
     python = kind.python(check=port is not None)  # a dry run (no port) shows an engine's own Python, installed or not
     values = {"python": python, "model": model, "host": HOST, "port": str(port or "{port}")}
     command = fill(study.server.command or kind.command, values) + args + list(lever.args)
+    if kind.program and not study.server.command:  # the built binary, not whatever PATH holds
+        command[0] = kind.program(port is not None)
     url = f"http://{HOST}:{port}" if port else "http://127.0.0.1:1"
     return {
         "lever": lever.name,

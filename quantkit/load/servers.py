@@ -58,6 +58,7 @@ class ServerKind:
     context_default: int | None = None  # the engine's own default for `context`, when it is a fixed number
     own_command: bool = False  # the study gives the command (no template) and levers add raw `args:`
     interpreter: Callable[[bool], str] | None = None  # the Python `{python}` names, when not this one
+    program: Callable[[bool], str] | None = None  # the path the command's first word stands for (a built binary)
 
     def python(self, check: bool) -> str:
         """What `{python}` means: this Python, or the engine's own environment's (`check`: refuse,
@@ -137,10 +138,22 @@ LLAMA_CPP_PYTHON = ServerKind(
     docs="https://llama-cpp-python.readthedocs.io/en/latest/server/",
 )
 
+def _llama_server(check: bool) -> str:
+    """llama.cpp's llama-server as quantkit.gguf.tools finds it (the install's build, then PATH); with
+    `check`, one line saying how to build it when it is nowhere (a dry run shows the bare name)."""
+    from quantkit.gguf import tools
+
+    if check:
+        return str(tools.locate("llama-server", "server.engine llama-server"))
+    found = tools.find("llama-server")
+    return str(found) if found else "llama-server"
+
+
 LLAMA_SERVER = ServerKind(
     name="llama-server",
-    # llama.cpp's own server binary (not part of the llama-cpp-python wheel): parallel slots and
-    # continuous batching. Flags: tools/server/README.md of ggml-org/llama.cpp.
+    # llama.cpp's own server binary (not part of the llama-cpp-python wheel; scripts/_install.sh builds
+    # it with QUANTKIT_WITH_LLAMA_TOOLS=1): parallel slots and continuous batching. Flags:
+    # tools/server/README.md of ggml-org/llama.cpp.
     command=("llama-server", "-m", "{model}", "--host", "{host}", "--port", "{port}"),
     keys={
         "parallel": Key("parallel slots (-np): how many requests decode together", "--parallel"),
@@ -163,6 +176,7 @@ LLAMA_SERVER = ServerKind(
     context="ctx_size",
     slots="parallel",  # llama-server splits --ctx-size between its slots
     docs="https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md",
+    program=_llama_server,
 )
 
 def _vllm_python(check: bool) -> str:

@@ -1,0 +1,285 @@
+"""`quantkit export CHECKPOINT --format gguf --type T`: llama.cpp's own quantization (K-quants,
+i-quants, the legacy types) with an importance matrix from quantkit's calibration windows.
+
+The way a llama.cpp user makes a GGUF, with quantkit's data: the exact F16 GGUF first (exporter.py),
+then llama-imatrix over the text of the calibration windows a convert reads (`--calib`, default
+mix:default: the same source, seed, region and window length), then llama-quantize --imatrix. What
+each tensor got is read back from the file (a K-quant needs rows that are a multiple of 256 values;
+llama-quantize falls back to a 32-block type per tensor where they are not). Everything is made in
+a folder beside --out and renamed into place with its record at the end; a failure leaves --out as
+it was. A compressed-tensors artifact keeps its exact path (`--type` equal to its grid's GGUF type);
+re-quantizing its integer grid with llama.cpp's rounding is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantkit.errors import QuantkitError
+from quantkit.gguf import tools
+
+# llama-quantize's target types (tools/quantize/quantize.cpp QUANT_OPTIONS) quantkit offers: every
+# quantizing type but the ternary and MoE-only ones, and the 1/2-bit ones llama.cpp marks experimental.
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+               "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",
+               "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_NL", "IQ4_XS")
+QK_K = 256  # ggml's super-block: K-quants and most i-quants take rows that are a multiple of it (ggml-common.h)
+DEFAULT_CALIB = "mix:default"
+
+
+@dataclass(frozen=True)
+class KquantOptions:
+    qtype: str
+    calib: str = DEFAULT_CALIB
+    samples: int = 128  # the recipe defaults (recipe/schema.py CalibrationConfig)
+    seq_len: int = 512
+    seed: int = 0
+    region: str = "second-half"
+    force: bool = False
+    threads: int | None = None
+
+
+def check_type(qtype: str) -> str:
+    """The llama-quantize type name, or one line listing the valid ones."""
+    name = qtype.upper()
+    if name not in QUANT_TYPES:
+        raise QuantkitError(f"--type {qtype}: not a type quantkit makes with llama-quantize; valid: {', '.join(QUANT_TYPES)}")
+    return name
+
+
+# ---------------------------------------------------------------- what the tensors got (pure)
+
+
+# A llama-quantize type (a mix, "mostly X") -> its main ggml tensor type: K-quant mixes drop their
+# size letter; IQ2_M and IQ3_M/IQ3_XS mixes are built on IQ2_S and IQ3_S (llama-quant.cpp).
+MAIN_TYPE = {"IQ2_M": "IQ2_S", "IQ3_M": "IQ3_S", "IQ3_XS": "IQ3_S"}
+
+
+def main_type(qtype: str) -> str:
+    return MAIN_TYPE.get(qtype) or re.sub(r"^(Q\d_K)_[SML]$", r"\1", qtype)
+
+
+def ggml_block(qtype: str) -> int:
+    """Values per block of `qtype`'s main tensor type (ggml-common.h, as the gguf library lists it)."""
+    import gguf
+
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[main_type(qtype)]][0]
+
+
+def type_report(tensors: list[tuple[str, tuple[int, ...], str, int]], requested: str) -> dict:
+    """From (name, shape in ggml order (row length first), type, bytes) of every tensor: the count
+    per type, bits per weight (all tensors; and the 2-D weights alone), and the 2-D weights whose
+    row length is no multiple of the requested type's block (llama-quantize gave them another type)."""
+    counts = Counter(t for _, _, t, _ in tensors)
+    weights = [(n, s, t, b) for n, s, t, b in tensors if len(s) == 2]
+    block = ggml_block(requested)
+    fallbacks = [{"tensor": n, "row": s[0], "type": t} for n, s, t, _ in weights if s[0] % block]
+
+    def bpw(rows) -> float:
+        elems = sum(_numel(s) for _, s, _, _ in rows)
+        return 8 * sum(b for *_, b in rows) / elems if elems else 0.0
+
+    return {"requested": requested, "block": block, "tensor_types": dict(sorted(counts.items())),
+            "weight_types": dict(sorted(Counter(t for _, _, t, _ in weights).items())),
+            "bits_per_weight": bpw(tensors), "bits_per_weight_2d": bpw(weights),
+            "fallbacks": fallbacks, "fallback_types": dict(sorted(Counter(f["type"] for f in fallbacks).items()))}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def read_types(path: Path, requested: str) -> dict:
+    """type_report of a GGUF file, read with the gguf library (through gguf.read's safe opener)."""
+    from quantkit.gguf.read import open_reader
+
+    reader = open_reader(path)
+    rows = [(t.name, tuple(int(x) for x in t.shape), t.tensor_type.name, int(t.n_bytes)) for t in reader.tensors]
+    return type_report(rows, requested) | {"tensors": [{"name": n, "type": t} for n, _, t, _ in rows]}
+
+
+# ---------------------------------------------------------------- calibration text
+
+
+def calibration_text(src: Path, o: KquantOptions) -> tuple[str, dict]:
+    """The decoded text of the calibration windows a convert with these settings reads, one window
+    per paragraph, and their manifest (source, seed, region, the windows)."""
+    from quantkit.data import calib
+    from quantkit.models.checkpoint import checkpoint_hash, load_tokenizer
+
+    tok = load_tokenizer(src)
+    model = _model_if_needed(src, o.calib, tok)
+    cs = calib.build(src, tok, o.calib, samples=o.samples, seq_len=o.seq_len, seed=o.seed, region=o.region,
+                     chat_template=False, model=model, model_hash=checkpoint_hash(src) if model is not None else "")
+    text = "\n\n".join(tok.decode(s[0].tolist(), skip_special_tokens=True) for s in cs.samples)
+    return text, cs.manifest
+
+
+def _model_if_needed(src: Path, spec: str, tok):
+    """The 16-bit model, only for text it writes itself (`self`, a mix's chat part)."""
+    from quantkit.data.text import parse_spec
+
+    kind = parse_spec(spec).kind
+    if kind == "self" or (kind == "mix" and getattr(tok, "chat_template", None)):
+        from quantkit.models.checkpoint import load_model
+
+        return load_model(src, dtype="float32", device="cpu")
+    return None
+
+
+# ---------------------------------------------------------------- the export
+
+
+def export_kquant(artifact: Path, out: Path | None, o: KquantOptions) -> dict:
+    """Write `out` (default: ARTIFACT.TYPE.gguf beside the checkpoint) as llama-quantize's `o.qtype`
+    with an importance matrix; returns the record written beside it."""
+    from quantkit.core.atomic import exclusive, sigterm_as_interrupt
+    qtype = check_type(o.qtype)
+    for name in ("llama-quantize", "llama-imatrix"):  # before anything is read or written
+        tools.locate(name, f"--type {qtype}")
+    artifact = Path(artifact)
+    out = Path(out) if out is not None else artifact.resolve().parent / f"{artifact.resolve().name}.{qtype}.gguf"
+    exact = _exact_route(artifact, qtype)
+    if exact is not None:
+        return exact(out, o.force)
+    with sigterm_as_interrupt():
+        _check_target(artifact, out, o.force)
+        with exclusive(out, what=str(out)):
+            _check_target(artifact, out, o.force)  # again under the lock: another export may have written it
+            return _make(artifact, out, o, qtype)
+
+
+def _check_target(artifact: Path, out: Path, force: bool) -> None:
+    """export's own checks of --out and of the artifact's manifest (target.py), before anything is written."""
+    from quantkit.artifacts.staging import read_meta
+    from quantkit.core import integrity
+    from quantkit.gguf import target
+
+    if not artifact.is_dir():
+        raise QuantkitError(f"{artifact}: not a checkpoint directory; --type quantizes a 16-bit checkpoint (or exports a "
+                            "compressed-tensors artifact exactly)")
+    meta = read_meta(artifact) if artifact.is_dir() else {}
+    target.check(out, artifact, meta, force, None)
+    if meta:
+        integrity.check(artifact, meta, deep=True)
+    target.make_parent(out)
+
+
+def _exact_route(artifact: Path, qtype: str):
+    """For a compressed-tensors artifact: the exact export when `qtype` is its grid's GGUF type;
+    otherwise one line (llama-quantize would round an already-rounded grid again). None for a
+    16-bit checkpoint."""
+    from quantkit.gguf import arch, plan
+    from quantkit.gguf.exporter import GgufOptions, export_gguf
+    from quantkit.gguf.source import Artifact
+
+    if not artifact.is_dir():
+        return None
+    with Artifact(artifact) as art:
+        if not art.quantized_modules():
+            return None
+        grid = sorted({p.qtype for p in plan.make_plan(art, arch.hparams(art.path, art.config))
+                       if p.source.removesuffix(".weight") in set(art.quantized_modules())})
+    if grid != [qtype]:
+        raise QuantkitError(f"--type {qtype}: {artifact} is already quantized ({' + '.join(grid)} exactly); export it without "
+                            f"--type (or --type {grid[0]}), or give --type the 16-bit checkpoint it was converted from")
+    return lambda out, force: export_gguf(artifact, out, GgufOptions(force=force))
+
+
+def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str) -> dict:
+    from quantkit.gguf.exporter import GgufOptions, export_gguf
+    from quantkit.gguf.target import record_path
+    from quantkit.gguf.write import staged_file
+
+    t0 = time.perf_counter()
+    work = out.parent / f".{out.name}.kquant-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        f16 = export_gguf(artifact, work / "f16.gguf", GgufOptions())
+        text, manifest = calibration_text(artifact, o)
+        (work / "calib.txt").write_text(text)
+        imat = _imatrix(work, o, manifest)
+        _quantize(work, qtype, imat, f16, o)
+        with staged_file(out, record_path(out)) as stage:
+            os.replace(work / "out.gguf", stage.path)
+            stage.record = _record(stage.path, out, qtype, f16, imat, manifest, o, time.perf_counter() - t0)
+        return stage.record
+    except OSError as exc:
+        raise QuantkitError(f"{out}: cannot write the GGUF ({exc.strerror or type(exc).__name__}); nothing was written") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _threads(o: KquantOptions) -> int:
+    from quantkit.bench.engines.llamacpp import available_cores
+
+    return o.threads or available_cores()
+
+
+def _imatrix(work: Path, o: KquantOptions, manifest: dict) -> dict:
+    """llama-imatrix over the calibration text, o.seq_len-token chunks, at most o.samples of them."""
+    t0 = time.perf_counter()
+    text_sha = hashlib.sha256((work / "calib.txt").read_bytes()).hexdigest()
+    proc = tools.run("llama-imatrix", ["-m", work / "f16.gguf", "-f", work / "calib.txt", "-o", work / "imatrix.gguf",
+                                       "-c", o.seq_len, "--chunks", o.samples, "-t", _threads(o), "--no-ppl"],
+                     purpose="computing the importance matrix")
+    path = work / "imatrix.gguf"
+    if not path.is_file():
+        raise tools.ToolError(f"llama-imatrix wrote no importance matrix ({tools._last_error(proc.stderr)})")
+    return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "text_sha256": text_sha, "chunk_tokens": o.seq_len,
+            "chunks_max": o.samples, "seconds": time.perf_counter() - t0, "tool": "llama-imatrix",
+            "calibration": manifest}
+
+
+def _quantize(work: Path, qtype: str, imat: dict, f16: dict, o: KquantOptions) -> None:
+    """llama-quantize --imatrix; quantkit's header keys that the F16 file held and that no longer
+    hold are overridden (llama-quantize copies every key of its input)."""
+    mapping = json.dumps([{"mapping": f"F16 -> {qtype} (llama-quantize, imatrix)", "exact": False}])
+    kv = ["quantkit.lossless=bool:false", f"quantkit.mapping=str:{mapping}", f"quantkit.gguf.type=str:{qtype}",
+          f"quantkit.imatrix.sha256=str:{imat['sha256']}"]
+    args = ["--imatrix", work / "imatrix.gguf"]
+    for item in kv:
+        args += ["--override-kv", item]
+    tools.run("llama-quantize", [*args, work / "f16.gguf", work / "out.gguf", qtype, _threads(o)], purpose=f"--type {qtype}")
+
+
+def _record(path: Path, out: Path, qtype: str, f16: dict, imat: dict, manifest: dict, o: KquantOptions, seconds: float) -> dict:
+    from quantkit.core.integrity import sha256_file
+    from quantkit.gguf.target import RECORD_KIND
+
+    types = read_types(path, qtype)
+    return {
+        "kind": RECORD_KIND, "schema_version": f16["schema_version"], "gguf": str(out.resolve()), "sha256": sha256_file(path),
+        "bytes": path.stat().st_size, "source": f16["source"], "origin": f16["origin"], "architecture": f16["architecture"],
+        "model_type": f16["model_type"], "lossless": False, "gguf_type": qtype,
+        "mapping": [{"mapping": f"F16 -> {qtype} (llama-quantize, imatrix)", "tensors": len(types["tensors"]), "exact": False}],
+        "tensor_types": types["tensor_types"], "weight_types": types["weight_types"],
+        "bits_per_weight": types["bits_per_weight"], "bits_per_weight_2d": types["bits_per_weight_2d"],
+        "fallbacks": types["fallbacks"], "fallback_types": types["fallback_types"], "block": types["block"],
+        "tensors": types["tensors"], "imatrix": imat, "f16": {"bytes": f16["bytes"], "sha256": f16["sha256"]},
+        "vocab": f16["vocab"], "notes": f16["notes"] + _notes(types, qtype),
+        "tool_versions": {**f16["tool_versions"], "llama-quantize": tools.version("llama-quantize"),
+                          "llama.cpp build": (tools.build_info() or {}).get("llama_cpp_commit")},
+        "wall_seconds": seconds,
+    }
+
+
+def _notes(types: dict, qtype: str) -> list[str]:
+    if not types["fallbacks"]:
+        return []
+    rows = sorted({f["row"] for f in types["fallbacks"]})
+    got = ", ".join(f"{n} x {t}" for t, n in types["fallback_types"].items())
+    return [f"{len(types['fallbacks'])} weights have rows of {', '.join(map(str, rows))} values, no multiple of {qtype}'s "
+            f"{types['block']}-value block: llama-quantize gave them {got}"]

@@ -1,0 +1,120 @@
+"""llama.cpp's own programs (llama-quantize, llama-imatrix, llama-bench, llama-server,
+llama-perplexity): where they are, which build they are, and running one with a one-line error.
+
+scripts/_install.sh builds them once from the llama.cpp that llama-cpp-python vendors
+(scripts/build_llama_tools.sh, ggml's run-time CPU dispatch) and records their directory beside
+its stamp in the virtual environment. Looked up in order: $QUANTKIT_LLAMA_TOOLS (a directory),
+that record, then PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from quantkit.errors import QuantkitError
+
+TOOLS = ("llama-server", "llama-bench", "llama-quantize", "llama-imatrix", "llama-perplexity")
+ENV = "QUANTKIT_LLAMA_TOOLS"
+RECORD = ".quantkit-llama-tools"  # in the virtual environment, written by scripts/_install.sh
+INSTALL = "QUANTKIT_WITH_LLAMA_TOOLS=1 ./scripts/_install.sh builds them (or set QUANTKIT_LLAMA_TOOLS to a directory holding them)"
+
+
+class ToolError(QuantkitError):
+    """A llama.cpp program that is missing, or that failed."""
+
+
+def record_file() -> Path:
+    return Path(sys.prefix) / RECORD
+
+
+def tools_dir() -> Path | None:
+    """The directory of the built tools: $QUANTKIT_LLAMA_TOOLS, else the install's record; None if neither."""
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV])
+    try:
+        text = record_file().read_text().strip()
+    except OSError:
+        return None
+    return Path(text) if text else None
+
+
+def find(name: str) -> Path | None:
+    """The program `name` (one of TOOLS), or None when it is nowhere."""
+    if name not in TOOLS:
+        raise ValueError(f"not a llama.cpp tool quantkit runs: {name}")
+    where = tools_dir()
+    if where is not None:
+        path = where / name
+        return path if path.is_file() and os.access(path, os.X_OK) else None
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+def locate(name: str, purpose: str = "") -> Path:
+    """The program `name`, or one line saying it is missing and how to build it."""
+    path = find(name)
+    if path is None:
+        where = f" (not in {tools_dir()})" if tools_dir() is not None else ""
+        raise ToolError(f"{purpose + ': ' if purpose else ''}llama.cpp's {name} is not installed{where}; {INSTALL}")
+    return path
+
+
+def build_info() -> dict | None:
+    """What scripts/build_llama_tools.sh recorded (version, CPU variants, flags, build time), if it built them."""
+    where = tools_dir()
+    try:
+        return json.loads((where / "BUILD.json").read_text()) if where else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def version(name: str) -> str:
+    """`NAME --version`'s "version: N (commit)" as "N (commit)"; the whole first line if it differs."""
+    proc = run(name, ["--version"], timeout=60)
+    text = (proc.stdout + proc.stderr).strip()
+    match = re.search(r"version: (\S+ \(\w+\))", text)
+    return match.group(1) if match else (text.splitlines() or ["?"])[0]
+
+
+def _last_error(text: str) -> str:
+    """The line that says what went wrong: the last one naming an error, else the last line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if re.search(r"error|failed|invalid|unknown|cannot|can't|unable", line, re.I):
+            return line[:240]
+    return lines[-1][:240] if lines else "no output"
+
+
+def run(name: str, args: list[str], timeout: float | None = None, purpose: str = "") -> subprocess.CompletedProcess:
+    """Run a tool to completion (text output captured); ToolError with its telling line when it fails."""
+    path = locate(name, purpose)
+    try:
+        proc = subprocess.run([str(path), *map(str, args)], capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"{name} did not finish within {timeout:.0f} s") from None
+    except OSError as exc:  # a binary of another platform, a library it cannot load
+        raise ToolError(f"{path} does not start ({exc.strerror or exc}); rebuild it: {INSTALL}") from None
+    if proc.returncode != 0:
+        raise ToolError(f"{name} failed (exit {proc.returncode}): {_last_error(proc.stderr + proc.stdout)}")
+    return proc
+
+
+def status() -> dict:
+    """Each tool: its path and version, or why it is not there; and the build record."""
+    out = {"dir": str(tools_dir()) if tools_dir() else None, "build": build_info(), "tools": {}}
+    for name in TOOLS:
+        path = find(name)
+        entry: dict = {"path": str(path) if path else None}
+        if path is not None:
+            try:
+                entry["version"] = version(name)
+            except ToolError as exc:
+                entry["error"] = str(exc)
+        out["tools"][name] = entry
+    return out

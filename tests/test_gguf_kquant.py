@@ -1,0 +1,113 @@
+"""quantkit export --format gguf --type T: llama.cpp's own types with an importance matrix from
+quantkit's calibration windows. The plumbing (what each tensor got, bad input) on any machine; the
+whole export with llama.cpp's tools where the install built them (installed.llama_tool)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from installed import llama_tool
+from quantkit.errors import QuantkitError
+from quantkit.gguf import kquant
+
+
+def _t(name, row, rows, qtype):
+    """A tensor as read_types sees it: ggml shape (row length first) and its bytes."""
+    block, size = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q5_0": (32, 22), "Q8_0": (32, 34), "F32": (1, 4)}[qtype]
+    n = row * rows
+    return (name, (row, rows) if rows > 1 else (row,), qtype, n // block * size)
+
+
+def test_type_report_counts_types_bits_and_the_rows_no_block_divides():
+    tensors = [_t("blk.0.ffn_down.weight", 256, 128, "Q4_K"), _t("blk.0.attn_q.weight", 576, 576, "Q5_0"),
+               _t("blk.0.attn_v.weight", 576, 192, "Q8_0"), _t("output.weight", 512, 8, "Q6_K"), _t("blk.0.attn_norm.weight", 576, 1, "F32")]
+    r = kquant.type_report(tensors, "Q4_K_M")
+    assert r["block"] == 256 and r["tensor_types"] == {"F32": 1, "Q4_K": 1, "Q5_0": 1, "Q6_K": 1, "Q8_0": 1}
+    assert [f["tensor"] for f in r["fallbacks"]] == ["blk.0.attn_q.weight", "blk.0.attn_v.weight"]
+    assert r["fallback_types"] == {"Q5_0": 1, "Q8_0": 1} and {f["row"] for f in r["fallbacks"]} == {576}
+    weights = tensors[:4]
+    elems = sum(t[1][0] * t[1][1] for t in weights)
+    assert r["bits_per_weight_2d"] == pytest.approx(8 * sum(t[3] for t in weights) / elems)
+    assert r["bits_per_weight"] == pytest.approx(8 * sum(t[3] for t in tensors) / (elems + 576))
+    # Q4_K: 144 bytes per 256 weights = 4.5 bits; Q8_0: 34 per 32 = 8.5 bits
+    assert kquant.type_report([_t("a", 256, 4, "Q4_K")], "Q4_K_M")["bits_per_weight"] == pytest.approx(4.5)
+    assert kquant.type_report([_t("a", 64, 4, "Q8_0")], "Q4_0")["fallbacks"] == []  # Q4_0's block is 32: 64 fits
+
+
+@pytest.mark.parametrize("qtype, block", [("Q4_K_M", 256), ("Q6_K", 256), ("IQ4_XS", 256), ("Q4_0", 32), ("IQ4_NL", 32)])
+def test_each_type_is_checked_against_its_own_block(qtype, block):
+    assert kquant.type_report([_t("w", block, 2, "F32")], qtype)["fallbacks"] == []
+    assert len(kquant.type_report([_t("w", block + 32 if block == 256 else 48, 2, "F32")], qtype)["fallbacks"]) == 1
+
+
+@pytest.mark.parametrize("bad", ["Q9_Z", "q4", "F16", "COPY", "Q4_K_M ", ""])
+def test_unknown_types_are_one_line_listing_the_valid_ones(cli, tiny_llama, tmp_path, bad):
+    out = tmp_path / "x.gguf"
+    code, stdout, stderr, _ = cli("export", str(tiny_llama), "--format", "gguf", "--type", bad, "--out", str(out), "--json")
+    assert code == 2 and stderr.count("\n") == 1 and "valid: Q4_0" in stderr and "Q4_K_M" in stderr, stderr
+    assert stdout == "" and not out.exists()
+
+
+def test_type_names_are_case_insensitive():
+    assert kquant.check_type("q4_k_m") == "Q4_K_M"
+    with pytest.raises(QuantkitError):
+        kquant.check_type("Q4_K_MM")
+
+
+@pytest.mark.parametrize("flag", [["--embeddings", "q8_0"], ["--allow-lossy"], ["--kl-text", "set:shakespeare-plays"]])
+def test_exact_export_options_with_type_are_refused(cli, tiny_llama, tmp_path, flag):
+    out = tmp_path / "x.gguf"
+    code, _, stderr, _ = cli("export", str(tiny_llama), "--format", "gguf", "--type", "Q4_K_M", *flag, "--out", str(out))
+    assert code == 2 and stderr.count("\n") == 1 and flag[0] in stderr and not out.exists(), stderr
+
+
+def test_type_without_the_tools_is_one_line_and_writes_nothing(cli, tiny_llama, tmp_path, monkeypatch):
+    empty = tmp_path / "no-tools"
+    empty.mkdir()
+    monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(empty))
+    out = tmp_path / "x.gguf"
+    code, stdout, stderr, _ = cli("export", str(tiny_llama), "--format", "gguf", "--type", "Q4_K_M", "--out", str(out), "--json")
+    assert code == 2 and stderr.count("\n") == 1 and "llama-quantize is not installed" in stderr, stderr
+    assert "QUANTKIT_WITH_LLAMA_TOOLS=1" in stderr and stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-tools"]
+
+
+def _export(cli, src: Path, out: Path, qtype: str, tiny_text: Path, *extra: str):
+    return cli("export", str(src), "--format", "gguf", "--type", qtype, "--out", str(out), "--calib", f"file:{tiny_text}",
+               "--calib-samples", "4", "--calib-seq-len", "64", *extra, "--json")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K_M", "Q6_K", "Q4_0"])
+def test_kquant_export_reports_what_each_tensor_got(cli, tiny_llama, tiny_text, tmp_path, qtype):
+    import gguf
+
+    llama_tool("llama-quantize"), llama_tool("llama-imatrix")
+    out = tmp_path / f"tiny-{qtype}.gguf"
+    code, _, stderr, rec = _export(cli, tiny_llama, out, qtype, tiny_text)
+    assert code == 0, stderr
+    reader = gguf.GGUFReader(str(out))
+    got = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert {t["name"]: t["type"] for t in rec["tensors"]} == got  # the record is what the file holds
+    assert rec["gguf_type"] == qtype and rec["lossless"] is False
+    block = kquant.ggml_block(qtype)
+    for t in reader.tensors:  # every 2-D weight whose rows the block does not divide is reported as a fallback
+        if len(t.shape) == 2 and int(t.shape[0]) % block:
+            assert t.name in {f["tensor"] for f in rec["fallbacks"]}
+    assert rec["imatrix"]["calibration"]["samples"] == 4 and len(rec["imatrix"]["sha256"]) == 64
+    keys = {f.name for f in reader.fields.values()}
+    assert "quantize.imatrix.file" in keys and "quantkit.imatrix.sha256" in keys
+    assert bytes(reader.fields["quantkit.lossless"].parts[-1]) == b"\x00"  # false: llama-quantize copied the F16 file's true
+    assert json.loads(Path(str(out).removesuffix(".gguf") + ".quantkit.json").read_text())["sha256"] == rec["sha256"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, out.stem + ".quantkit.json"])  # nothing left behind
+
+
+def test_kquant_export_refuses_to_overwrite_without_force(cli, tiny_llama, tiny_text, tmp_path):
+    llama_tool("llama-quantize")
+    out = tmp_path / "x.gguf"
+    assert _export(cli, tiny_llama, out, "Q4_K_M", tiny_text)[0] == 0
+    before = out.read_bytes()
+    code, _, stderr, _ = _export(cli, tiny_llama, out, "Q6_K", tiny_text)
+    assert code == 2 and "--force" in stderr and out.read_bytes() == before
+    code, _, stderr, rec = _export(cli, tiny_llama, out, "Q6_K", tiny_text, "--force")
+    assert code == 0 and rec["gguf_type"] == "Q6_K", stderr
