@@ -149,6 +149,7 @@ def bench_one(source, s: BenchSettings, figs) -> dict:
     pred_ttft = predict_ttft_s(flops_s, 1.0, weights + kv * s.prompt_len, bandwidth)
     tpot, ttft = summary["tpot_ms"]["median"] / 1e3, summary["ttft_ms"]["median"] / 1e3
     notes = list(eng.pop("notes", []))
+    anchor = _anchor(s, eng, ttft * 1e3, tpot * 1e3, notes)
     if summary["warmups"] > s.warmups:
         notes.append(f"--warmups {s.warmups} raised to {summary['warmups']}: the {s.engine} engine compiles on its first "
                      "calls, and compilation is not decode")
@@ -164,8 +165,25 @@ def bench_one(source, s: BenchSettings, figs) -> dict:
         "tpot_efficiency": efficiency(pred_tpot, tpot)[0], "ttft_efficiency": efficiency(pred_ttft, ttft)[0],
         "ttft_bound": "compute" if flops_s >= pred_ttft else "memory",
         "self_check": part["self_check"], "stats": summary, "prompt_sweep": part["sweep"], "notes": notes,
-        "bench_wall_s": time.perf_counter() - t0,
+        "anchor": anchor, "bench_wall_s": time.perf_counter() - t0,
     }
+
+
+def _anchor(s: BenchSettings, eng: dict, ttft_ms: float, tpot_ms: float, notes: list[str]) -> dict | None:
+    """The engine's own benchmark beside quantkit's figures (llama.cpp: llama-bench), a note when they disagree."""
+    from quantkit.bench.llama_bench import compare
+
+    found = engine_class(s.engine).anchor(eng, s.prompt_len, s.gen_len, s.repeats)
+    if found is None:
+        return None
+    if "error" in found:
+        notes.append(f"no anchor: {found['error']}")
+        return found
+    result = compare(ttft_ms, tpot_ms, found)
+    for what in result["disagree"]:
+        notes.append(f"{what.upper()} {result['ratio_' + what]:.2f}x llama-bench's ({result[what + '_ms']:.2f} ms): beyond "
+                     f"{result['tolerance']:.0%}; llama-bench runs llama.cpp's own build ({result.get('backends')})")
+    return result
 
 
 def classify(row: dict, llc_bytes: int | None) -> dict:

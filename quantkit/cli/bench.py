@@ -81,6 +81,11 @@ def render(result: dict, fmt: str) -> str:
         if r.get("fits_in_cache") and r["tpot_efficiency"] > 1:
             lines.append(f"note: {r['name']}: a decode step's {r['bytes_per_token'] / 1e6:.1f} MB fit in the last-level cache "
                          f"({result['device']['llc_bytes'] / 1e6:.1f} MB): it may beat the streaming-read roofline (fits in cache)")
+        a = r.get("anchor") or {}
+        if "ttft_ms" in a:
+            lines.append(f"anchor: {r['name']}: llama-bench TTFT {a['ttft_ms']:.1f} ms ({a['pp_tokens_per_s']:.0f} tok/s), "
+                         f"TPOT {a['tpot_ms']:.2f} ms ({a['tg_tokens_per_s']:.1f} tok/s); quantkit/llama-bench "
+                         f"{a['ratio_ttft']:.2f} / {a['ratio_tpot']:.2f}" + ("  (!)" if a["disagree"] else ""))
         per_step = (r.get("stats") or {}).get("per_step") or {}
         if per_step.get("measured") is False:
             lines.append(f"note: {r['name']}: no per-step statistics: {per_step['reason']}")

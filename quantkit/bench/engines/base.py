@@ -101,6 +101,12 @@ class Engine:
         """Load `source` onto `settings.device`, ready to generate."""
         raise NotImplementedError
 
+    @classmethod
+    def anchor(cls, info: dict, prompt_len: int, gen_len: int, repeats: int) -> dict | None:
+        """The engine's own benchmark on what was timed (`info`: describe()'s dict), as
+        {"ttft_ms", "tpot_ms", ...} or {"error": line}; None where the engine has none."""
+        return None
+
     def prepare(self, ids: list[int]) -> Any:
         """The prompt's token ids in the form prefill() takes (a tensor on the device, a list...); untimed."""
         raise NotImplementedError

@@ -115,6 +115,13 @@ class Engine(Base):
         threads = settings.threads or available_cores()
         return cls(_open(gguf, settings, threads), gguf, settings, threads, export)
 
+    @classmethod
+    def anchor(cls, info: dict, prompt_len: int, gen_len: int, repeats: int) -> dict:
+        """llama-bench on the same GGUF, threads and lengths (bench/llama_bench.py)."""
+        from quantkit.bench import llama_bench
+
+        return llama_bench.measure(Path(info["gguf"]), prompt_len, gen_len, info["threads"], repeats)
+
     # ---------------------------------------------------------------- the timed paths
 
     def prepare(self, ids: list[int]) -> list[int]:
