@@ -84,10 +84,11 @@ def export_cmd(artifact, fmt, out, embeddings, allow_lossy, kl_text, qtype, cali
 def _echo_kquant(record: dict) -> None:
     im = record["imatrix"]
     click.echo(f"wrote {record['gguf']} ({record['bytes'] / 1e6:.1f} MB, {record['gguf_type']}, "
-               f"{record['bits_per_weight']:.2f} bits/weight)")
+               f"{record['bits_per_weight_layers']:.2f} bits/weight in the decoder layers, {record['bits_per_weight']:.2f} overall)")
     click.echo("  tensor types: " + ", ".join(f"{n} x {t}" for t, n in record["tensor_types"].items()))
-    click.echo(f"  importance matrix: llama-imatrix over {im['calibration'].get('samples')} windows of "
-               f"{im['chunk_tokens']} tokens from {im['calibration'].get('source')} (sha256 {im['sha256'][:12]})")
+    if im:
+        click.echo(f"  importance matrix: llama-imatrix over {im['calibration'].get('samples')} windows of "
+                   f"{im['chunk_tokens']} tokens from {im['calibration'].get('source')} (sha256 {im['sha256'][:12]})")
     for note in record["notes"]:
         click.echo(f"  note: {note}")
 

@@ -25,13 +25,8 @@ from pathlib import Path
 
 from quantkit.errors import QuantkitError
 from quantkit.gguf import tools
+from quantkit.recipe.schema import GGUF_TYPES as QUANT_TYPES  # one list: recipes are checked against it
 
-# llama-quantize's target types (tools/quantize/quantize.cpp QUANT_OPTIONS) quantkit offers: every
-# quantizing type but the ternary and MoE-only ones, and the 1/2-bit ones llama.cpp marks experimental.
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-               "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",
-               "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_NL", "IQ4_XS")
-QK_K = 256  # ggml's super-block: K-quants and most i-quants take rows that are a multiple of it (ggml-common.h)
 DEFAULT_CALIB = "mix:default"
 
 
@@ -45,6 +40,7 @@ class KquantOptions:
     region: str = "second-half"
     force: bool = False
     threads: int | None = None
+    imatrix: bool = True  # False: llama-quantize alone (the i-quants below 4 bits refuse to run without one)
 
 
 def check_type(qtype: str) -> str:
@@ -74,9 +70,13 @@ def ggml_block(qtype: str) -> int:
     return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[main_type(qtype)]][0]
 
 
+# The decoder layers' linear weights: what quantkit's bits/weight counts (models/sizes.py), by GGUF name.
+LAYER_LINEAR = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
+
+
 def type_report(tensors: list[tuple[str, tuple[int, ...], str, int]], requested: str) -> dict:
     """From (name, shape in ggml order (row length first), type, bytes) of every tensor: the count
-    per type, bits per weight (all tensors; and the 2-D weights alone), and the 2-D weights whose
+    per type, bits per weight (all tensors; the 2-D weights; the decoder layers' linears), and the 2-D weights whose
     row length is no multiple of the requested type's block (llama-quantize gave them another type)."""
     counts = Counter(t for _, _, t, _ in tensors)
     weights = [(n, s, t, b) for n, s, t, b in tensors if len(s) == 2]
@@ -87,9 +87,10 @@ def type_report(tensors: list[tuple[str, tuple[int, ...], str, int]], requested:
         elems = sum(_numel(s) for _, s, _, _ in rows)
         return 8 * sum(b for *_, b in rows) / elems if elems else 0.0
 
+    layers = [w for w in weights if LAYER_LINEAR.fullmatch(w[0])]
     return {"requested": requested, "block": block, "tensor_types": dict(sorted(counts.items())),
             "weight_types": dict(sorted(Counter(t for _, _, t, _ in weights).items())),
-            "bits_per_weight": bpw(tensors), "bits_per_weight_2d": bpw(weights),
+            "bits_per_weight": bpw(tensors), "bits_per_weight_2d": bpw(weights), "bits_per_weight_layers": bpw(layers),
             "fallbacks": fallbacks, "fallback_types": dict(sorted(Counter(f["type"] for f in fallbacks).items()))}
 
 
@@ -208,13 +209,15 @@ def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str) -> dict:
     work.mkdir()
     try:
         f16 = export_gguf(artifact, work / "f16.gguf", GgufOptions())
-        text, manifest = calibration_text(artifact, o)
-        (work / "calib.txt").write_text(text)
-        imat = _imatrix(work, o, manifest)
-        _quantize(work, qtype, imat, f16, o)
+        imat = None
+        if o.imatrix:
+            text, manifest = calibration_text(artifact, o)
+            (work / "calib.txt").write_text(text)
+            imat = _imatrix(work, o, manifest)
+        _quantize(work, qtype, imat, o)
         with staged_file(out, record_path(out)) as stage:
             os.replace(work / "out.gguf", stage.path)
-            stage.record = _record(stage.path, out, qtype, f16, imat, manifest, o, time.perf_counter() - t0)
+            stage.record = _record(stage.path, out, qtype, f16, imat, time.perf_counter() - t0)
         return stage.record
     except OSError as exc:
         raise QuantkitError(f"{out}: cannot write the GGUF ({exc.strerror or type(exc).__name__}); nothing was written") from None
@@ -223,9 +226,7 @@ def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str) -> dict:
 
 
 def _threads(o: KquantOptions) -> int:
-    from quantkit.bench.engines.llamacpp import available_cores
-
-    return o.threads or available_cores()
+    return o.threads or tools.available_cores()
 
 
 def _imatrix(work: Path, o: KquantOptions, manifest: dict) -> dict:
@@ -237,25 +238,31 @@ def _imatrix(work: Path, o: KquantOptions, manifest: dict) -> dict:
                      purpose="computing the importance matrix")
     path = work / "imatrix.gguf"
     if not path.is_file():
-        raise tools.ToolError(f"llama-imatrix wrote no importance matrix ({tools._last_error(proc.stderr)})")
+        raise tools.ToolError(f"llama-imatrix wrote no importance matrix ({tools.telling_line(proc.stderr)})")
     return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "text_sha256": text_sha, "chunk_tokens": o.seq_len,
             "chunks_max": o.samples, "seconds": time.perf_counter() - t0, "tool": "llama-imatrix",
             "calibration": manifest}
 
 
-def _quantize(work: Path, qtype: str, imat: dict, f16: dict, o: KquantOptions) -> None:
-    """llama-quantize --imatrix; quantkit's header keys that the F16 file held and that no longer
-    hold are overridden (llama-quantize copies every key of its input)."""
-    mapping = json.dumps([{"mapping": f"F16 -> {qtype} (llama-quantize, imatrix)", "exact": False}])
-    kv = ["quantkit.lossless=bool:false", f"quantkit.mapping=str:{mapping}", f"quantkit.gguf.type=str:{qtype}",
-          f"quantkit.imatrix.sha256=str:{imat['sha256']}"]
-    args = ["--imatrix", work / "imatrix.gguf"]
+def _mapping(qtype: str, imat: dict | None) -> str:
+    return f"F16 -> {qtype} (llama-quantize{', imatrix' if imat else ''})"
+
+
+def _quantize(work: Path, qtype: str, imat: dict | None, o: KquantOptions) -> None:
+    """llama-quantize (--imatrix when there is one); quantkit's header keys that the F16 file held
+    and that no longer hold are overridden (llama-quantize copies every key of its input)."""
+    mapping = json.dumps([{"mapping": _mapping(qtype, imat), "exact": False}])
+    kv = ["quantkit.lossless=bool:false", f"quantkit.mapping=str:{mapping}", f"quantkit.gguf.type=str:{qtype}"]
+    args = []
+    if imat:
+        kv.append(f"quantkit.imatrix.sha256=str:{imat['sha256']}")
+        args += ["--imatrix", work / "imatrix.gguf"]
     for item in kv:
         args += ["--override-kv", item]
     tools.run("llama-quantize", [*args, work / "f16.gguf", work / "out.gguf", qtype, _threads(o)], purpose=f"--type {qtype}")
 
 
-def _record(path: Path, out: Path, qtype: str, f16: dict, imat: dict, manifest: dict, o: KquantOptions, seconds: float) -> dict:
+def _record(path: Path, out: Path, qtype: str, f16: dict, imat: dict | None, seconds: float) -> dict:
     from quantkit.core.integrity import sha256_file
     from quantkit.gguf.target import RECORD_KIND
 
@@ -264,9 +271,10 @@ def _record(path: Path, out: Path, qtype: str, f16: dict, imat: dict, manifest: 
         "kind": RECORD_KIND, "schema_version": f16["schema_version"], "gguf": str(out.resolve()), "sha256": sha256_file(path),
         "bytes": path.stat().st_size, "source": f16["source"], "origin": f16["origin"], "architecture": f16["architecture"],
         "model_type": f16["model_type"], "lossless": False, "gguf_type": qtype,
-        "mapping": [{"mapping": f"F16 -> {qtype} (llama-quantize, imatrix)", "tensors": len(types["tensors"]), "exact": False}],
+        "mapping": [{"mapping": _mapping(qtype, imat), "tensors": len(types["tensors"]), "exact": False}],
         "tensor_types": types["tensor_types"], "weight_types": types["weight_types"],
         "bits_per_weight": types["bits_per_weight"], "bits_per_weight_2d": types["bits_per_weight_2d"],
+        "bits_per_weight_layers": types["bits_per_weight_layers"],
         "fallbacks": types["fallbacks"], "fallback_types": types["fallback_types"], "block": types["block"],
         "tensors": types["tensors"], "imatrix": imat, "f16": {"bytes": f16["bytes"], "sha256": f16["sha256"]},
         "vocab": f16["vocab"], "notes": f16["notes"] + _notes(types, qtype),

@@ -44,6 +44,14 @@ def tools_dir() -> Path | None:
     return Path(text) if text else None
 
 
+def available_cores() -> int:
+    """CPUs this process may run on (its affinity mask: a container's or taskset's limit)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def find(name: str) -> Path | None:
     """The program `name` (one of TOOLS), or None when it is nowhere."""
     if name not in TOOLS:
@@ -82,7 +90,7 @@ def version(name: str) -> str:
     return match.group(1) if match else (text.splitlines() or ["?"])[0]
 
 
-def _last_error(text: str) -> str:
+def telling_line(text: str) -> str:
     """The line that says what went wrong: the last one naming an error, else the last line."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for line in reversed(lines):
@@ -101,7 +109,7 @@ def run(name: str, args: list[str], timeout: float | None = None, purpose: str =
     except OSError as exc:  # a binary of another platform, a library it cannot load
         raise ToolError(f"{path} does not start ({exc.strerror or exc}); rebuild it: {INSTALL}") from None
     if proc.returncode != 0:
-        raise ToolError(f"{name} failed (exit {proc.returncode}): {_last_error(proc.stderr + proc.stdout)}")
+        raise ToolError(f"{name} failed (exit {proc.returncode}): {telling_line(proc.stderr + proc.stdout)}")
     return proc
 
 

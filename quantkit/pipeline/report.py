@@ -30,6 +30,9 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
     if rec.get("artifact"):
         sizes = checkpoint_sizes(Path(rec["artifact"]))
         row.update(disk_mb=sizes["disk_bytes"] / 1e6, bits_per_weight=sizes["bits_per_weight"], kv_bytes_per_token=sizes["kv_bytes_per_token"])
+    elif rec.get("gguf_variant"):  # llama-quantize's GGUF: its file, its decoder layers' bits (as sizes.py counts a checkpoint's)
+        made = rec["gguf_variant"]
+        row.update(disk_mb=made["bytes"] / 1e6, bits_per_weight=made["bits_per_weight_layers"], gguf_type=made["gguf_type"])
     ev = rec.get("eval") or {}
     if "ppl" in ev:
         row.update(ppl=ev["ppl"], baseline_ppl=ev["baseline_ppl"], delta_ppl_pct=ev["delta_ppl_pct"], kld_mean=ev["kld"]["mean"],

@@ -48,7 +48,7 @@ def with_baseline(recipe: Recipe) -> tuple[Variant, ...]:
     """The recipe's variants, after the unmodified checkpoint unless one of them is it (recipe
     validation keeps its name, BASELINE_NAME, free for it)."""
     variants = recipe.all_variants()
-    if any(not v.steps for v in variants):
+    if any(v.baseline for v in variants):
         return variants
     return (Variant(name=BASELINE_NAME, description="the unmodified source checkpoint", baseline=True), *variants)
 
@@ -56,6 +56,13 @@ def with_baseline(recipe: Recipe) -> tuple[Variant, ...]:
 def _real(p: Path) -> Path:
     """An absolute path with its symlinks resolved (one that does not exist yet: as far as it does)."""
     return Path(os.path.abspath(Path(p).expanduser())).resolve()
+
+
+def content_hash(path: Path) -> str:
+    """A checkpoint directory's hash (models/checkpoint.py), or a file's sha256 (a GGUF variant)."""
+    from quantkit.core.integrity import sha256_file
+
+    return sha256_file(path) if path.is_file() else checkpoint_hash(path)
 
 
 def check_run_dir(run_dir: Path, src: Path, inputs) -> None:
@@ -120,7 +127,7 @@ class Runner:
         cfg = read_config(self.src)
         if self.eval_texts:
             check_context(cfg, self.recipe.eval.seq_len, "eval.seq_len")
-        if any(needs_calibration(v) for v in self.recipe.all_variants()):
+        if any(needs_calibration(v) or (v.gguf is not None and v.gguf.imatrix) for v in self.recipe.all_variants()):
             check_context(cfg, self.recipe.calibration.seq_len, "calibration.seq_len")
             if self.calib:
                 check_source(self.calib, "--calib" if self.opts.calib else "calibration.source")
@@ -211,7 +218,7 @@ class Runner:
         from quantkit.evals.scorers import scorer_named
 
         ev = self.recipe.eval
-        key = step_key("eval", __version__, checkpoint_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts", "engines"} | ({"split"} if ev.split == "all" else set())),
+        key = step_key("eval", __version__, content_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts", "engines"} | ({"split"} if ev.split == "all" else set())),
                    [(t, text_fingerprint(t)) for t in self.eval_texts], engine)
         hit = self.cache.get(key)
         what = "eval" if len(ev.engines) == 1 else f"eval ({engine})"
@@ -225,6 +232,17 @@ class Runner:
                           tasks_backend=ev.tasks_backend, tensor_parallel=ev.tensor_parallel, data_parallel=ev.data_parallel)
         self.cache.put(key, result)
         return result
+
+    def gguf_variant(self, v: Variant, rec: dict) -> Path:
+        """A `gguf:` variant: llama-quantize's type made from the source checkpoint (pipeline/serving.py),
+        scored by the llama.cpp scorer whatever eval.engines says (a GGUF is what it reads)."""
+        made = self._timed(f"convert:{v.name}", lambda: serving.quantize_gguf(self, v))
+        rec["gguf"] = rec["gguf_variant"] = made
+        path = Path(made["gguf"])
+        ev = self.recipe.eval
+        if not self.opts.skip_eval and (self.eval_texts or ev.tasks):
+            rec["eval"] = self._timed(f"eval:{v.name}", lambda: self._evaluate(v, path, "llamacpp"))
+        return path
 
     def export(self, name: str, path: Path, rec: dict) -> None:
         """`export: {formats: [gguf]}` (pipeline/serving.py); a variant GGUF cannot hold exactly fails that format only."""
@@ -252,6 +270,9 @@ class Runner:
         for v in with_baseline(self.recipe):
             rec = self.variants.setdefault(v.name, {"name": v.name, "description": v.description, "steps": [s.model_dump(mode="json", exclude_none=True) for s in v.steps]})
             try:
+                if v.gguf is not None:
+                    paths[v.name] = self.gguf_variant(v, rec)
+                    continue
                 path = self._timed(f"convert:{v.name}", lambda: self.convert(v))
                 rec["artifact"] = str(path)
                 rec["eval"] = self._timed(f"eval:{v.name}", lambda: self.evaluate(v, path, rec))

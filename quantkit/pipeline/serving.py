@@ -41,13 +41,45 @@ def export_gguf(runner, name: str, path: Path) -> dict | None:
     return kept
 
 
+def quantize_gguf(runner, v) -> dict:
+    """A `gguf: {type, imatrix}` variant: RUN_DIR/gguf/NAME.gguf made by llama-quantize from the source
+    checkpoint (gguf/kquant.py), the importance matrix over the run's calibration windows (its
+    source, samples, seq_len, seed and region); reused while the file matches the stored hash."""
+    from quantkit.core.integrity import sha256_file
+    from quantkit.gguf.kquant import DEFAULT_CALIB, KquantOptions, export_kquant
+    from quantkit.pipeline.cache import text_fingerprint
+
+    c = runner.recipe.calibration
+    calib = runner.calib or DEFAULT_CALIB
+    opts = KquantOptions(qtype=v.gguf.type, imatrix=v.gguf.imatrix, calib=calib, samples=c.samples, seq_len=c.seq_len,
+                         seed=c.seed, region=c.region, force=True)
+    out = runner.dir / "gguf" / f"{v.name}.gguf"
+    key = step_key("gguf-quantize", __version__, runner.src_hash, v.gguf.model_dump(mode="json"),
+                   c.model_dump(mode="json") if v.gguf.imatrix else None, text_fingerprint(calib) if v.gguf.imatrix else None)
+    hit = runner.cache.get(key)
+    if (hit is not None and not runner.opts.rerun and out.is_file() and out.stat().st_size == hit.get("bytes")
+            and sha256_file(out) == hit.get("sha256")):
+        note(f"[{v.name}] llama-quantize {v.gguf.type}: reusing {out}")
+        return hit
+    note(f"[{v.name}] llama-quantize {v.gguf.type}{' with an importance matrix' if v.gguf.imatrix else ''}")
+    out.parent.mkdir(exist_ok=True)
+    rec = export_kquant(runner.src, out, opts)
+    kept = {k: rec.get(k) for k in ("gguf", "sha256", "bytes", "lossless", "tensor_types", "mapping", "gguf_type",
+                                    "bits_per_weight", "bits_per_weight_layers", "fallback_types")}
+    kept["imatrix_sha256"] = (rec.get("imatrix") or {}).get("sha256")
+    runner.cache.put(key, kept)
+    return kept
+
+
 def _sources(runner, engine: str, paths: dict[str, Path]) -> tuple[dict[str, Path], dict[str, str]]:
     """What `engine` benches for each variant, and the variants it cannot (their GGUF export failed).
     An engine that runs GGUF files gets the run's GGUF, when the recipe exports one."""
     from quantkit.bench.engines import engine_class
 
-    if not engine_class(engine).takes_gguf:
-        return dict(paths), {}
+    if not engine_class(engine).takes_gguf:  # a `gguf:` variant exists only as a GGUF
+        made = {n for n in paths if runner.variants[n].get("gguf_variant")}
+        return ({n: p for n, p in paths.items() if n not in made},
+                {n: f"a llama-quantize GGUF runs on GGUF engines only, not {engine}" for n in made})
     srcs, failed = {}, {}
     for name, path in paths.items():
         rec = runner.variants[name]

@@ -277,6 +277,30 @@ def reserved(name: str) -> str | None:
     return RESERVED_NAMES.get(name.lower())
 
 
+# llama-quantize's target types quantkit makes (tools/quantize/quantize.cpp QUANT_OPTIONS of the
+# llama.cpp llama-cpp-python vendors): every quantizing type but the ternary and MoE-only ones and
+# the 1-bit ones. quantkit/gguf/kquant.py makes them; named here so a recipe is checked when read.
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+              "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",
+              "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_NL", "IQ4_XS")
+
+
+class GgufVariantConfig(_Strict):
+    """A variant that llama.cpp's own tools make from the source checkpoint, as a llama.cpp user would:
+    its exact F16 GGUF, then llama-quantize `type`, with an importance matrix (llama-imatrix) over the
+    text of the run's calibration windows when `imatrix` is true."""
+
+    type: str
+    imatrix: bool = True
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v.upper() not in GGUF_TYPES:
+            raise ValueError(f"{v!r} is not a type quantkit makes with llama-quantize; valid: {', '.join(GGUF_TYPES)}")
+        return v.upper()
+
+
 class Variant(_Strict):
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
@@ -284,11 +308,15 @@ class Variant(_Strict):
     # named like a quantized one (an include whose steps were lost) would be reported as one.
     baseline: bool = False
     steps: tuple[Step, ...] = ()
+    gguf: GgufVariantConfig | None = None  # made by llama.cpp's llama-quantize instead of steps
 
     @model_validator(mode="after")
     def _not_reserved(self) -> "Variant":
         if reserved(self.name) and not self.baseline:  # `baseline: true` *is* that checkpoint: it may keep the name
             raise ValueError(_reserved_message(self.name, "variant"))
+        if self.gguf is not None and (self.steps or self.baseline):
+            raise ValueError("gguf: llama-quantize makes this variant from the source checkpoint; it takes no steps "
+                             "and is not the baseline")
         return self
 
 
@@ -327,8 +355,8 @@ def _check_effective_steps(recipe: "Recipe") -> None:
     for i, v in enumerate(recipe.variants):
         if v.baseline and v.steps:
             raise ValueError(f"variants[{i}] ({v.name}): baseline: true is the unmodified checkpoint, it takes no steps")
-        if not v.baseline and not v.steps:
-            raise ValueError(f"variants[{i}] ({v.name}): no steps; give it steps (or recipe: FILE), "
+        if not v.baseline and not v.steps and v.gguf is None:
+            raise ValueError(f"variants[{i}] ({v.name}): no steps; give it steps (or recipe: FILE) or gguf: {{type: T}}, "
                              "or mark the unmodified checkpoint with baseline: true")
 
 

@@ -18,23 +18,17 @@ attends over the used cells padded to 256, not the live tokens.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
 from quantkit.bench import accounting
 from quantkit.bench.engines.base import Engine as Base
 from quantkit.bench.engines.base import EngineSettings
+from quantkit.gguf.tools import available_cores  # noqa: F401  (callers import it from here: the engine's default threads)
 
 INSTALL = "./scripts/_install.sh builds it (or: pip install llama-cpp-python)"
 
 
-def available_cores() -> int:
-    """CPUs this process may run on (its affinity mask: a container's or taskset's limit)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def import_llama_cpp():
