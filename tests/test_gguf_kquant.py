@@ -111,3 +111,29 @@ def test_kquant_export_refuses_to_overwrite_without_force(cli, tiny_llama, tiny_
     assert code == 2 and "--force" in stderr and out.read_bytes() == before
     code, _, stderr, rec = _export(cli, tiny_llama, out, "Q6_K", tiny_text, "--force")
     assert code == 0 and rec["gguf_type"] == "Q6_K", stderr
+
+
+@pytest.fixture
+def rtn_artifact(tmp_path, tiny_llama):
+    """INT4 symmetric group 32 (RTN): its exact GGUF type is Q4_0."""
+    from click.testing import CliRunner
+
+    from quantkit.cli import cli as group
+
+    out = tmp_path / "rtn" / "int4"
+    result = CliRunner().invoke(group, ["convert", "int4-w4a16-rtn", "--model", str(tiny_llama), "--out", str(out),
+                                        "--set", "steps[0].quantize.group_size=32"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_a_quantized_artifact_keeps_its_exact_type(cli, rtn_artifact, tmp_path, monkeypatch):
+    (tmp_path / "no-tools").mkdir()
+    monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(tmp_path / "no-tools"))  # the exact path needs no tool
+    out = tmp_path / "x.gguf"
+    code, _, stderr, rec = cli("export", str(rtn_artifact), "--format", "gguf", "--type", "q4_0", "--out", str(out), "--json")
+    assert code == 0 and rec["lossless"] is True and rec["tensor_types"]["Q4_0"] > 0, stderr
+    for other in ("Q4_K_M", "Q8_0", "IQ4_XS"):  # llama-quantize would round the rounded grid again
+        code, _, stderr, _ = cli("export", str(rtn_artifact), "--format", "gguf", "--type", other, "--out", str(tmp_path / "y.gguf"))
+        assert code == 2 and stderr.count("\n") == 1 and "already quantized (Q4_0 exactly)" in stderr, stderr
+    assert not (tmp_path / "y.gguf").exists()

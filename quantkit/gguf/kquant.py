@@ -147,13 +147,13 @@ def export_kquant(artifact: Path, out: Path | None, o: KquantOptions) -> dict:
     with an importance matrix; returns the record written beside it."""
     from quantkit.core.atomic import exclusive, sigterm_as_interrupt
     qtype = check_type(o.qtype)
-    for name in ("llama-quantize", "llama-imatrix"):  # before anything is read or written
-        tools.locate(name, f"--type {qtype}")
     artifact = Path(artifact)
     out = Path(out) if out is not None else artifact.resolve().parent / f"{artifact.resolve().name}.{qtype}.gguf"
     exact = _exact_route(artifact, qtype)
     if exact is not None:
         return exact(out, o.force)
+    for name in ("llama-quantize", "llama-imatrix"):  # before anything is written
+        tools.locate(name, f"--type {qtype}")
     with sigterm_as_interrupt():
         _check_target(artifact, out, o.force)
         with exclusive(out, what=str(out)):

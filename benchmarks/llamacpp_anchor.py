@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""llama.cpp's own tools beside quantkit on the demo model, in two tables.
+
+main: `quantkit bench --engine llamacpp` on the demo's GGUFs (F16: the exact export; Q8_0 and Q4_0:
+`quantkit export --type`), with llama-bench's pp/tg on the same file, threads and lengths beside
+quantkit's TTFT/TPOT, and their ratio (flagged beyond 10%).
+
+kquant: `quantkit export demo --format gguf --type T` for llama-quantize's types, the importance
+matrix from the calibration windows a convert reads (--calib, default mix:default), scored like
+any GGUF: `quantkit eval --engine llamacpp X.gguf --baseline demo` on each --text (confirmation
+split), with the file size, decoder-layer bits/weight and the tensors that fell back to another type.
+
+  python benchmarks/llamacpp_anchor.py --out /tmp/anchor --types Q4_K_M,Q5_K_M,Q6_K,IQ4_XS,Q4_0 \\
+      --text set:world-factbook --text set:python-stdlib-code --text set:shakespeare-plays
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from common import QUANTKIT, quantkit_json, write_result
+
+
+def demo() -> str:
+    return subprocess.run([*QUANTKIT, "models", "path", "demo"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def export(src: str, out: Path, qtype: str | None, calib: list[str]) -> dict:
+    args = ["export", src, "--format", "gguf", "--out", str(out), "--force"]
+    return quantkit_json(args + (["--type", qtype, *calib] if qtype else []))
+
+
+def bench_row(name: str, gguf: Path, a: argparse.Namespace) -> dict:
+    res = quantkit_json(["bench", str(gguf), "--engine", "llamacpp", "--prompt-len", str(a.prompt_len), "--gen-len", str(a.gen_len),
+                         "--repeats", str(a.repeats), *(["--threads", str(a.threads)] if a.threads else [])])
+    r = res["rows"][0]
+    an = r.get("anchor") or {}
+    return {"gguf": name, "threads": r["threads"], "ttft_ms": r["ttft_ms"], "tpot_ms": r["tpot_ms"],
+            "lb_ttft_ms": an.get("ttft_ms"), "lb_tpot_ms": an.get("tpot_ms"), "lb_pp_tps": an.get("pp_tokens_per_s"),
+            "lb_tg_tps": an.get("tg_tokens_per_s"), "ratio_ttft": an.get("ratio_ttft"), "ratio_tpot": an.get("ratio_tpot"),
+            "flag": ", ".join(an.get("disagree") or []) or ("-" if "ttft_ms" in an else an.get("error", "?")),
+            "wheel_kernel": r["kernel"], "anchor_backends": an.get("backends"), "load_average": res.get("load_average")}
+
+
+def eval_rows(name: str, gguf: Path, rec: dict, src: str, texts: list[str], a: argparse.Namespace) -> list[dict]:
+    rows = []
+    for text in texts:
+        ev = quantkit_json(["eval", str(gguf), "--engine", "llamacpp", "--baseline", src, "--text", text, "--split", a.split,
+                            "--seq-len", str(a.seq_len), "--max-tokens", str(a.max_tokens)])
+        rows.append({"type": name, "text": text, "mb": rec["bytes"] / 1e6, "bpw": rec.get("bits_per_weight_layers"),
+                     "kl": ev["kld"]["mean"], "kl_lo": (ev.get("ci95") or {}).get("kld_mean", [None])[0],
+                     "kl_hi": (ev.get("ci95") or {}).get("kld_mean", [None, None])[1], "dppl": ev["delta_ppl_pct"],
+                     "top1": ev["top1_agreement"] * 100, "fallbacks": len(rec.get("fallbacks") or []),
+                     "fallback_types": ", ".join(f"{n} {t}" for t, n in (rec.get("fallback_types") or {}).items()) or "-"})
+    return rows
+
+
+MAIN = [{"key": "gguf", "header": "GGUF"}, {"key": "threads", "header": "threads"},
+        {"key": "ttft_ms", "header": "quantkit TTFT ms", "fmt": "{:.1f}"}, {"key": "lb_ttft_ms", "header": "llama-bench pp ms", "fmt": "{:.1f}"},
+        {"key": "ratio_ttft", "header": "ratio", "fmt": "{:.2f}"}, {"key": "tpot_ms", "header": "quantkit TPOT ms", "fmt": "{:.2f}"},
+        {"key": "lb_tpot_ms", "header": "llama-bench tg ms/token", "fmt": "{:.2f}"}, {"key": "ratio_tpot", "header": "ratio", "fmt": "{:.2f}"},
+        {"key": "flag", "header": ">10%"}]
+KQUANT = [{"key": "type", "header": "type"}, {"key": "text", "header": "text"}, {"key": "mb", "header": "MB", "fmt": "{:.1f}"},
+          {"key": "bpw", "header": "bits/weight (layers)", "fmt": "{:.2f}"}, {"key": "kl", "header": "KL", "fmt": "{:.4f}"},
+          {"key": "dppl", "header": "ΔPPL %", "fmt": "{:+.2f}"}, {"key": "top1", "header": "top-1 %", "fmt": "{:.1f}"},
+          {"key": "fallback_types", "header": "fell back"}]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="where the GGUFs are written")
+    ap.add_argument("--types", default="Q4_K_M,Q5_K_M,Q6_K,IQ4_XS,Q4_0")
+    ap.add_argument("--bench-types", default="F16,Q8_0,Q4_0", help="the GGUFs the anchor table benches (F16: the exact export)")
+    ap.add_argument("--calib", default="mix:default")
+    ap.add_argument("--calib-samples", type=int, default=128)
+    ap.add_argument("--text", action="append", default=[])
+    ap.add_argument("--split", default="confirmation")
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=8192)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--skip-eval", action="store_true")
+    a = ap.parse_args()
+    src, calib = demo(), ["--calib", a.calib, "--calib-samples", str(a.calib_samples)]
+    a.out.mkdir(parents=True, exist_ok=True)
+    made: dict[str, tuple[Path, dict]] = {}
+    for t in dict.fromkeys([*a.bench_types.split(","), *a.types.split(",")]):
+        path = a.out / f"demo-{t}.gguf"
+        made[t] = (path, export(src, path, None if t == "F16" else t, calib))
+        print(f"{t}: {made[t][1]['bytes'] / 1e6:.1f} MB", file=sys.stderr)
+    tables, body = {}, {"calibration": {"calib": a.calib, "samples": a.calib_samples}, "exports": {t: {k: r.get(k) for k in (
+        "bytes", "tensor_types", "fallback_types", "bits_per_weight", "bits_per_weight_layers", "imatrix")} for t, (_, r) in made.items()}}
+    if not a.skip_bench:
+        rows = [bench_row(t, made[t][0], a) for t in a.bench_types.split(",")]
+        tables["main"] = {"columns": MAIN, "rows": rows, "note": f"batch 1, prompt {a.prompt_len}, {a.gen_len} generated tokens, "
+                          f"{a.repeats} repeats; quantkit times llama-cpp-python's wheel, llama-bench is llama.cpp's own build "
+                          f"(CPU variant chosen at run time); load average {os.getloadavg()[0]:.1f} at the end"}
+    if not a.skip_eval and a.text:
+        rows = [r for t in a.types.split(",") for r in eval_rows(t, made[t][0], made[t][1], src, a.text, a)]
+        tables["kquant"] = {"columns": KQUANT, "rows": rows, "note": f"KL vs the FP16 checkpoint through llama.cpp (quantkit eval "
+                            f"--engine llamacpp), split {a.split}, windows of {a.seq_len} tokens, up to {a.max_tokens} tokens per text; "
+                            f"importance matrix: llama-imatrix over {a.calib_samples} windows of {a.calib}"}
+    print(write_result("llamacpp_anchor", {**body, "tables": tables}))
+
+
+if __name__ == "__main__":
+    main()
