@@ -65,6 +65,9 @@ def table(rows: list[dict]) -> dict:
     flat = []
     for r in rows:
         row = {k: r[k] for k in ("recipe", "bits_per_weight", "convert_s", "threads")}
+        mp = r.get("mixed_precision") or {}
+        if mp.get("wall_seconds") is not None and r.get("convert_s"):
+            row["auto_pass"] = f"{mp['wall_seconds']:.0f} s ({100 * mp['wall_seconds'] / r['convert_s']:.0f}%)"
         for d in r["domains"]:
             lo, hi = d["ci95_delta_ppl_pct"]
             klo, khi = d["ci95_kld"]
@@ -72,6 +75,8 @@ def table(rows: list[dict]) -> dict:
         flat.append(row)
     cols += [{"key": label, "header": f"{label}: ΔPPL (95% CI) / KL (CI) / top-1", "fmt": "{}"} for label in labels]
     cols += [{"key": "convert_s", "header": "convert s", "fmt": "{:.0f}"}, {"key": "threads", "header": "threads", "fmt": "{}"}]
+    if any("auto_pass" in row for row in flat):
+        cols.append({"key": "auto_pass", "header": "auto's sensitivity pass (share of convert)", "fmt": "{}"})
     return {"columns": cols, "rows": flat}
 
 

@@ -58,7 +58,7 @@ def main() -> None:
     for stage in args.stages.split(","):
         recipe, sets = STAGES[stage]
         art = out / stage.replace("+", "-")
-        cmd = [*QUANTKIT, "convert", f"recipes/{recipe}.yaml", "--model", args.model, "--out", str(art), "--calib", text, *sets,
+        cmd = [*QUANTKIT, "convert", recipe, "--model", args.model, "--out", str(art), "--calib", text, *sets,
                *[a for s in args.extra for a in ("--set", s)], "--json"] + (["--force"] if args.force else [])
         conv, conv_s, conv_cmd = run(cmd, env)
         ev, _, eval_cmd = run([*QUANTKIT, "eval", str(art), "--baseline", args.model, "--text", text, "--seq-len", "512",

@@ -355,3 +355,41 @@ def test_run_on_a_mix_reuses_the_artifact_until_the_mix_changes(cli, tiny_llama,
     (root / "mix" / "test.yaml").write_text(yaml.safe_dump(data))
     code, _, err, _ = cli(*args)
     assert code == 0 and "[int4] convert\n" in err and "[int4] convert: reusing" not in err
+
+
+def test_the_chat_part_generates_only_what_its_windows_need_and_the_same_everywhere(tiny_llama, tmp_path, monkeypatch):
+    """Generation runs in fixed seeded batches, only as many as the request's tokens need; a later,
+    larger request extends the cache; a small request afterwards gets exactly what a fresh machine
+    would (the first batches), not a window choice over everything generated so far."""
+    import torch
+
+    import quantkit.data.chat as cc
+    from quantkit.data.mixconfig import ChatPart
+    from quantkit.models.checkpoint import load_tokenizer
+
+    tok, model = load_tokenizer(tiny_llama), torch.nn.Linear(1, 1)  # the model: only its dtype and device are read
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(f"Question number {i}?" for i in range(5)))  # x 8 repeats: 40 asked, 3 batches of 16
+    cfg = ChatPart(prompts="prompts.txt", repeats=8, max_new_tokens=8)
+    calls = []
+
+    def replies(model, tok, asked, cfg, seed):
+        calls.append(seed)
+        return [f"answer {seed} {i} " * 3 for i in range(len(asked))]
+
+    monkeypatch.setattr(cc, "_replies", replies)
+
+    def stream(home, need):
+        monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / home))
+        return cc.chat_stream(model, tok, cfg, prompts, seed=3, model_hash="h", tokens_needed=need)
+
+    small, prov = stream("one", 10)
+    assert len(calls) == 1 and prov["conversations"] == 16 and prov["of_prompts"] == 40
+    full, prov_full = stream("one", None)
+    assert len(calls) == 3 and prov_full["conversations"] == 40  # two more batches, the first from the cache
+    assert torch.equal(full[: len(small)], small)
+    again, prov_again = stream("one", 10)
+    fresh, prov_fresh = stream("two", 10)
+    assert len(calls) == 4 and torch.equal(again, small) and prov_again["sha256"] == prov_fresh["sha256"] == prov["sha256"]
+    _, prov_two = stream("one", len(small) + 1)  # one token past the first batch: the second, no more
+    assert len(calls) == 4 and prov_two["conversations"] == 32

@@ -450,7 +450,7 @@ def test_recipe_export_formats_key():
 def agreement():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gguf_logits_agreement", REPO / "scripts" / "gguf_logits_agreement.py")
+    spec = importlib.util.spec_from_file_location("gguf_logits_agreement", REPO / "benchmarks" / "gguf_logits_agreement.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -4,8 +4,13 @@ A served instruct model mostly sees its chat template (role markers, system prom
 conversational text; those tokens' activations are part of what a quantizer or a GQA merge
 must fit. Each prompt is answered `repeats` times (seeded sampling; a reply ends at the model's
 end-of-turn token or at `max_new_tokens`) and every whole conversation is rendered with the
-tokenizer's template; the conversations, concatenated, form one token stream. Cached on disk by
-(model hash, prompts, settings, seed), so a second conversion does not generate again.
+tokenizer's template; the conversations, concatenated, form one token stream.
+
+Generation is the costly part (a few minutes on a CPU), so it runs in fixed batches of BATCH
+prompts, each seeded with (seed, its index), and only as many batches as the caller's windows
+need: the stream is always the first k batches, whatever was generated before, so the same
+request gives the same calibration on every machine. Batches are cached on disk by (model hash,
+prompts, settings, seed) and a later request that needs more extends the cache.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 from quantkit.errors import DataError
 from quantkit.home import subdir
 
-BATCH = 64
+BATCH = 16  # prompts per generate call and per cached batch (part of the cache key)
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -42,7 +47,7 @@ def _end_ids(model, tok) -> set[int]:
 
 
 def _replies(model, tok, prompts: list[str], cfg, seed: int) -> list[str]:
-    """Sampled replies, one per prompt, in batches (left-padded prompts)."""
+    """Sampled replies to one batch of prompts (left-padded), seeded with `seed`."""
     import torch
 
     device = next(model.parameters()).device
@@ -50,32 +55,45 @@ def _replies(model, tok, prompts: list[str], cfg, seed: int) -> list[str]:
     ends, replies = _end_ids(model, tok), []
     torch.manual_seed(seed)
     with torch.inference_mode():
-        for start in range(0, len(prompts), BATCH):
-            rows = [_ids(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=False))
-                    for p in prompts[start : start + BATCH]]
-            width = max(map(len, rows))
-            ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
-            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
-            gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
-                                 top_k=0, max_new_tokens=cfg.max_new_tokens, pad_token_id=pad)
-            for row in gen[:, width:].tolist():
-                cut = next((i for i, t in enumerate(row) if t in ends), len(row))
-                replies.append(tok.decode(row[:cut], skip_special_tokens=True).strip())
+        rows = [_ids(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=False))
+                for p in prompts]
+        width = max(map(len, rows))
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
+        gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
+                             top_k=0, max_new_tokens=cfg.max_new_tokens, pad_token_id=pad)
+        for row in gen[:, width:].tolist():
+            cut = next((i for i, t in enumerate(row) if t in ends), len(row))
+            replies.append(tok.decode(row[:cut], skip_special_tokens=True).strip())
     return replies
 
 
-def _cached(path: Path) -> list | None:
-    """The cached conversations' token ids, or None when absent or unreadable (then they are generated again)."""
+def _cached(path: Path) -> list[dict]:
+    """The cached batches ({"ids": conversations' token ids, "replies"}), in order; an unreadable
+    cache counts as empty (its batches are generated again)."""
     try:
-        ids = json.loads(path.read_text())["ids"]
+        batches = json.loads(path.read_text())["batches"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    ok = isinstance(ids, list) and ids and all(isinstance(c, list) and all(isinstance(t, int) for t in c) for c in ids)
-    return ids if ok else None
+        return []
+    ok = isinstance(batches, list) and all(
+        isinstance(b, dict) and isinstance(b.get("ids"), list) and b["ids"]
+        and all(isinstance(c, list) and all(isinstance(t, int) for t in c) for c in b["ids"]) for b in batches)
+    return batches if ok else []
 
 
-def chat_stream(model, tok, cfg, prompts_path: Path, *, seed: int, model_hash: str):
-    """(1-D token tensor of the rendered conversations, provenance) for a mix's chat part."""
+def _generate(model, tok, cfg, prompts: list[str], seed: int, index: int) -> dict:
+    """Batch `index` of the asked prompts: its replies and the rendered conversations' token ids."""
+    if model is None:
+        raise DataError("the chat calibration part is generated by the source model, which is not loaded here")
+    replies = _replies(model, tok, prompts, cfg, seed * 1_000_003 + index)
+    ids = [_ids(tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": r}],
+                                        tokenize=True, return_dict=False)) for p, r in zip(prompts, replies)]
+    return {"ids": ids, "replies": replies}
+
+
+def chat_stream(model, tok, cfg, prompts_path: Path, *, seed: int, model_hash: str, tokens_needed: int | None = None):
+    """(1-D token tensor of the rendered conversations, provenance) for a mix's chat part: the
+    first batches whose tokens reach `tokens_needed` (every batch when None)."""
     import torch
 
     from quantkit.core.atomic import write_json
@@ -85,19 +103,21 @@ def chat_stream(model, tok, cfg, prompts_path: Path, *, seed: int, model_hash: s
     settings = {"repeats": cfg.repeats, "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens}
     # Sampling differs with the precision and the device the model runs in: both are part of the key.
     ran = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "device": next(model.parameters()).device.type} if model is not None else {}
-    key = hashlib.sha256(json.dumps([model_hash, prompts_sha, settings, seed, ran]).encode()).hexdigest()[:24]
+    key = hashlib.sha256(json.dumps([model_hash, prompts_sha, settings, seed, ran, BATCH]).encode()).hexdigest()[:24]
     cache = subdir("calib") / f"chat-{key}.json"
-    ids = _cached(cache)
-    if ids is None:
-        if model is None:
-            raise DataError("the chat calibration part is generated by the source model, which is not loaded here")
-        asked = [p for _ in range(cfg.repeats) for p in prompts]
-        replies = _replies(model, tok, asked, cfg, seed)
-        ids = [_ids(tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": r}],
-                                            tokenize=True, return_dict=False)) for p, r in zip(asked, replies)]
-        write_json(cache, {"ids": ids, "replies": replies, "prompts": asked})
+    asked = [p for _ in range(cfg.repeats) for p in prompts]
+    batches, used, tokens = _cached(cache), [], 0
+    for index, start in enumerate(range(0, len(asked), BATCH)):
+        if tokens_needed is not None and tokens >= tokens_needed:
+            break
+        if index == len(batches):  # not generated yet: generate, and keep it for the next request
+            batches.append(_generate(model, tok, cfg, asked[start : start + BATCH], seed, index))
+            write_json(cache, {"batches": batches, "prompts": asked, "batch": BATCH})
+        used.append(batches[index])
+        tokens += sum(len(c) for c in batches[index]["ids"])
+    ids = [c for b in used for c in b["ids"]]
     stream = torch.tensor([t for conv in ids for t in conv], dtype=torch.long)
     prov = {"source": "generated", "model_hash": model_hash, "prompts": prompts_path.name, "prompts_sha256": prompts_sha,
-            "conversations": len(ids), "seed": seed, "sampling": settings, "generated_in": ran,
+            "conversations": len(ids), "of_prompts": len(asked), "seed": seed, "sampling": settings, "generated_in": ran,
             "sha256": hashlib.sha256(stream.numpy().astype("<i4").tobytes()).hexdigest()}
     return stream, prov

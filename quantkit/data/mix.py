@@ -9,7 +9,7 @@ part that is missing or changed is an error, never a silent re-weighting: a mix 
 same on every machine. The one part that may be left out is the chat part of a model with no
 chat template (a note, and the manifest's `left_out` says why). Calibrating on one domain fits the
 quantizer to it: GPTQ calibrated on encyclopedic text alone lost its whole advantage over RTN on
-other text (docs/PERFORMANCE.md, "Calibration domains").
+other text.
 """
 
 from __future__ import annotations
@@ -58,16 +58,23 @@ def text_stream(part: MixPart, tok) -> Stream:
     return Stream(part, tokenize_stream(tok, text.text), dict(text.provenance))
 
 
-def streams(mix: MixConfig, tok, *, model=None, model_hash: str = "", seed: int = 0) -> tuple[list[Stream], list[dict]]:
-    """One token stream per available part, and the parts left out (with why)."""
+def _has_chat(tok) -> bool:
+    return bool(getattr(tok, "chat_template", None))
+
+
+def streams(mix: MixConfig, tok, *, model=None, model_hash: str = "", seed: int = 0,
+            chat_tokens: dict[str, int] | None = None) -> tuple[list[Stream], list[dict]]:
+    """One token stream per available part, and the parts left out (with why). `chat_tokens`: how
+    many tokens each generated part must hold at least (by part name; absent: all its prompts)."""
     from quantkit.data.chat import chat_stream
 
     out, left_out = [], []
     for part in mix.parts:
         if part.chat is not None:  # a base model has no chat template, and no chat to imitate
-            reason = None if getattr(tok, "chat_template", None) else "the tokenizer has no chat template"
+            reason = None if _has_chat(tok) else "the tokenizer has no chat template"
             s = None if reason else Stream(part, *chat_stream(model, tok, part.chat, calib_data_dir() / part.chat.prompts,
-                                                               seed=seed, model_hash=model_hash))
+                                                               seed=seed, model_hash=model_hash,
+                                                               tokens_needed=(chat_tokens or {}).get(part.name)))
         else:
             s, reason = text_stream(part, tok), None
         if s is None:
@@ -118,7 +125,12 @@ def build_mix(tokenizer, name: str, *, samples: int, seq_len: int, seed: int, re
               model=None, model_hash: str = ""):
     """A CalibrationSet from `mix:NAME`; the manifest lists every part with its windows and hashes."""
     mix = load_mix(name)
-    parts, left_out = streams(mix, tokenizer, model=model, model_hash=model_hash, seed=seed)
+    # A generated part is generated only as far as its windows need: its share of the samples,
+    # as allocated below among the parts that will be present, in whole windows.
+    present = [p for p in mix.parts if p.chat is None or _has_chat(tokenizer)]
+    shares = dict(zip([p.name for p in present], allocate([p.weight for p in present], samples)))
+    chat_tokens = {p.name: shares[p.name] * seq_len for p in present if p.chat is not None}
+    parts, left_out = streams(mix, tokenizer, model=model, model_hash=model_hash, seed=seed, chat_tokens=chat_tokens)
     weights = [s.part.weight for s in parts]
     capacity = [len(region_windows(len(s.tokens), seq_len, s.part.region or region)) for s in parts]
     asked, counts = allocate(weights, samples), allocate(weights, samples, capacity)

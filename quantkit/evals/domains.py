@@ -1,7 +1,7 @@
 """Which texts an evaluation reads, and the label each gets (one report row per domain).
 
 An accuracy figure on one domain is not the model's: GPTQ calibrated on WikiText lost its whole
-lead over RTN on legal text (docs/PERFORMANCE.md, "calibration domains"). So `quantkit eval` and
+lead over RTN on legal text. So `quantkit eval` and
 `quantkit run` take several texts and, given none, evaluate on at least two domains.
 """
 

@@ -73,7 +73,7 @@ def awq_loss_float64(self, fp16_outputs, int_w_outputs) -> float:
     0.4%) and its rounding depends on how the reduction is split across threads. Grid points
     whose losses differ by less than that tie or swap at random, and since each layer
     calibrates on the output of the layers before it, the choice compounds: the same recipe gave
-    +10.6% PPL with two threads and +16.9% with one on the demo (docs/PERFORMANCE.md). An
+    +10.6% PPL with two threads and +16.9% with one on the demo. An
     upcast was proposed upstream (vllm-project/llm-compressor PR #1557, closed unmerged); no
     report of the thread dependence was found. The bf16 forward outputs themselves do not depend
     on the thread count (checked on this CPU), so summing them in float64 makes the losses and

@@ -15,7 +15,7 @@ weights with fp16 activations, and keeps its KV cache in fp16. Measured per toke
              order) flip one Q8_0 code, the two runs differ by a rounding step, so the residual is of
              the order of the rounding itself; an export error would show at position 0.
 
-Usage: scripts/gguf_logits_agreement.py ARTIFACT FILE.gguf --text file:PATH [--tokens 512] [--json]
+Usage: benchmarks/gguf_logits_agreement.py ARTIFACT FILE.gguf --text file:PATH [--tokens 512] [--json]
 """
 
 from __future__ import annotations
