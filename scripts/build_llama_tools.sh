@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own tools (llama-server, llama-bench, llama-quantize, llama-imatrix,
 # llama-perplexity) from the llama.cpp that llama-cpp-python VERSION vendors (its sdist's
-# vendor/llama.cpp), once, into DIR/llama.cpp-tools-VERSION-KEY; KEY hashes this script, so other
-# flags or another variant list build anew. Prints the tools' directory on its last line.
+# vendor/llama.cpp), once, into DIR/llama.cpp-tools-VERSION-KEY; KEY hashes the tools, the variants
+# and the flags, so another list or other flags build anew. Prints the tools' directory on its last line.
 #
 #   scripts/build_llama_tools.sh VERSION DIR [PYTHON]
 #
@@ -25,7 +25,7 @@ CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "-DCMAKE_INSTALL_RPATH=\$ORIGIN")
 
-key=$(sha256sum < "$0" | cut -c1-12)
+key=$(printf '%s\n' "${TOOLS[*]}" "$KEEP_VARIANTS" "${CMAKE_FLAGS[*]}" | sha256sum | cut -c1-12)
 dest="$DIR/llama.cpp-tools-$VERSION-$key"
 if [ -f "$dest/BUILD.json" ]; then
   echo "$dest"
@@ -50,7 +50,7 @@ fi
 
 echo "==> building llama.cpp's tools from llama-cpp-python $VERSION's sources (once; kept in $dest)" >&2
 start=$(date +%s)
-"$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$work" >&2
+"$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$work" 2>&1 | { grep -v "^WARNING: Location" || true; } >&2
 tar -xzf "$work/llama_cpp_python-$VERSION.tar.gz" -C "$work" "llama_cpp_python-$VERSION/vendor/llama.cpp"
 src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
 # Keep only KEEP_VARIANTS' x86 lines (a variant line of another architecture stays: not built here).
@@ -72,10 +72,12 @@ mkdir -p "$stage"
 for t in "${TOOLS[@]}"; do cp "$work/build/bin/$t" "$stage/"; done
 cp -P "$work/build/bin/"lib*.so* "$stage/"
 seconds=$(( $(date +%s) - start ))
-commit=$(cd "$src" && git rev-parse HEAD 2>/dev/null || echo unknown)
-printf '{"llama_cpp_python": "%s", "llama_cpp_commit": "%s", "tools": "%s", "cpu_variants": "%s", "cmake_flags": "%s", "build_seconds": %d, "cores": %d, "built": "%s"}\n' \
-  "$VERSION" "$commit" "${TOOLS[*]}" "${built_variants% }" "${CMAKE_FLAGS[*]}" "$seconds" "$(nproc)" "$(date -u +%FT%TZ)" > "$stage/BUILD.json"
+# CPU seconds of the compilers (bash's `times`, children's line): the build's cost on a machine of its own
+cpu=$(times | tail -1 | awk '{split($1, u, "m"); split($2, s, "m"); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2]}')
+commit=$(sed -n 's/^-- ggml commit: *//p' "$log" | head -1)  # what ggml's CMake read from the sources
+printf '{"llama_cpp_python": "%s", "llama_cpp_commit": "%s", "tools": "%s", "cpu_variants": "%s", "cmake_flags": "%s", "build_seconds": %d, "cpu_seconds": %d, "cores": %d, "built": "%s"}\n' \
+  "$VERSION" "${commit:-unknown}" "${TOOLS[*]}" "${built_variants% }" "${CMAKE_FLAGS[*]}" "$seconds" "$cpu" "$(nproc)" "$(date -u +%FT%TZ)" > "$stage/BUILD.json"
 rm -rf "$dest"
 mv "$stage" "$dest"
-echo "==> llama.cpp's tools built in ${seconds} s (CPU variants: ${built_variants% })" >&2
+echo "==> llama.cpp's tools built in ${seconds} s, ${cpu} CPU seconds (CPU variants: ${built_variants% })" >&2
 echo "$dest"

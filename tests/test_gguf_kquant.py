@@ -66,11 +66,10 @@ def test_type_without_the_tools_is_one_line_and_writes_nothing(cli, tiny_llama, 
     empty = tmp_path / "no-tools"
     empty.mkdir()
     monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(empty))
-    out = tmp_path / "x.gguf"
+    out = tmp_path / "out" / "x.gguf"
     code, stdout, stderr, _ = cli("export", str(tiny_llama), "--format", "gguf", "--type", "Q4_K_M", "--out", str(out), "--json")
     assert code == 2 and stderr.count("\n") == 1 and "llama-quantize is not installed" in stderr, stderr
-    assert "QUANTKIT_WITH_LLAMA_TOOLS=1" in stderr and stdout == ""
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-tools"]
+    assert "QUANTKIT_WITH_LLAMA_TOOLS=1" in stderr and stdout == "" and not out.parent.exists()
 
 
 def _export(cli, src: Path, out: Path, qtype: str, tiny_text: Path, *extra: str):
@@ -83,7 +82,7 @@ def test_kquant_export_reports_what_each_tensor_got(cli, tiny_llama, tiny_text, 
     import gguf
 
     llama_tool("llama-quantize"), llama_tool("llama-imatrix")
-    out = tmp_path / f"tiny-{qtype}.gguf"
+    out = tmp_path / "out" / f"tiny-{qtype}.gguf"
     code, _, stderr, rec = _export(cli, tiny_llama, out, qtype, tiny_text)
     assert code == 0, stderr
     reader = gguf.GGUFReader(str(out))
@@ -99,7 +98,7 @@ def test_kquant_export_reports_what_each_tensor_got(cli, tiny_llama, tiny_text, 
     assert "quantize.imatrix.file" in keys and "quantkit.imatrix.sha256" in keys
     assert bytes(reader.fields["quantkit.lossless"].parts[-1]) == b"\x00"  # false: llama-quantize copied the F16 file's true
     assert json.loads(Path(str(out).removesuffix(".gguf") + ".quantkit.json").read_text())["sha256"] == rec["sha256"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, out.stem + ".quantkit.json"])  # nothing left behind
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted([out.name, out.stem + ".quantkit.json"])  # nothing left behind
 
 
 def test_kquant_export_refuses_to_overwrite_without_force(cli, tiny_llama, tiny_text, tmp_path):

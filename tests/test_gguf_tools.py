@@ -2,6 +2,7 @@
 missing or failing one is one line, and the tools the install built run on this CPU."""
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -54,6 +55,13 @@ def test_without_a_record_path_is_searched(monkeypatch, tmp_path, no_record):
     assert tools.find("llama-server") == tmp_path / "bin" / "llama-server"
 
 
+def test_a_tool_that_crashes_on_version_is_an_error(monkeypatch, tmp_path):
+    _program(tmp_path / "t", "llama-server", "echo 'error while loading shared libraries: libllama.so.0' >&2; exit 127")
+    monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(tmp_path / "t"))
+    with pytest.raises(tools.ToolError, match="exit 127.*libllama"):
+        tools.version("llama-server")
+
+
 @pytest.mark.parametrize("body, expect", [
     ("echo 'loading'; echo 'error: failed to read the model' >&2; exit 1", "failed (exit 1): error: failed to read the model"),
     ("echo 'main: invalid ftype' >&2; echo 'usage: ...'; exit 3", "failed (exit 3): main: invalid ftype"),
@@ -68,9 +76,9 @@ def test_a_failing_tool_is_one_line_with_its_telling_line(monkeypatch, tmp_path,
 
 
 def test_version_reads_llama_cpps_version_line(monkeypatch, tmp_path):
-    _program(tmp_path / "t", "llama-bench", "echo 'version: 7001 (0c1e570)' >&2; echo 'built with cc' >&2")
+    _program(tmp_path / "t", "llama-bench", "echo 'load_backend: loaded CPU' >&2; echo 'version: 0.5.0-dev (build 0, commit 0c1e570)' >&2")
     monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(tmp_path / "t"))
-    assert tools.version("llama-bench") == "7001 (0c1e570)"
+    assert tools.version("llama-bench") == "0.5.0-dev (build 0, commit 0c1e570)"
 
 
 def test_installed_fails_where_the_install_recorded_tools_that_are_gone(monkeypatch, tmp_path):
@@ -102,7 +110,8 @@ def test_the_install_script_writes_the_record_quantkit_reads():
 @pytest.mark.parametrize("name", tools.TOOLS)
 def test_every_built_tool_runs_here(name):
     llama_tool(name)
-    assert tools.version(name)[0].isdigit()  # "N (commit)": the binary started and its libraries loaded
+    version = tools.version(name)  # the binary started and its libraries loaded (else ToolError)
+    assert version[0].isdigit() or version.startswith("build "), version
 
 
 def test_the_build_picks_its_cpu_code_at_run_time():
@@ -114,8 +123,9 @@ def test_the_build_picks_its_cpu_code_at_run_time():
     assert {"x64", "haswell"} <= set(variants) and "-DGGML_BACKEND_DL=ON" in info["cmake_flags"]
     libs = {p.name for p in tools.tools_dir().glob("libggml-cpu-*.so")}
     assert libs == {f"libggml-cpu-{v}.so" for v in variants}
-    proc = tools.run("llama-bench", ["--list-devices"])
-    assert "CPU" in proc.stdout + proc.stderr
+    proc = tools.run("llama-bench", ["--list-devices"])  # ggml logs which CPU library it loaded
+    loaded = re.search(r"loaded CPU backend from (\S+)", proc.stdout + proc.stderr)
+    assert loaded and Path(loaded.group(1)).name in libs, proc.stderr
 
 
 def test_levers_engines_shows_llama_server_installed(cli):

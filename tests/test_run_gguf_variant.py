@@ -57,7 +57,7 @@ def test_run_reports_the_llama_quantize_variant_beside_quantkits(cli, tiny_llama
     llama_tool("llama-quantize"), llama_tool("llama-imatrix")
     suite = tmp_path / "suite.yaml"
     suite.write_text(yaml.safe_dump({"name": "s", "variants": [
-        {"name": "rtn", "steps": [{"quantize": {"method": "rtn", "scheme": "w4a16", "group_size": 32}}]},
+        {"name": "rtn", "steps": [{"quantize": {"method": "rtn", "bits": 4, "group_size": 32, "symmetric": True}}]},
         {"name": "q4km", "gguf": {"type": "Q4_K_M"}}],
         "eval": {"engines": ["llamacpp"]}, "bench": {"engines": ["llamacpp"]}, "export": {"formats": ["gguf"]}}))
     out = tmp_path / "run"

@@ -83,11 +83,21 @@ def build_info() -> dict | None:
 
 
 def version(name: str) -> str:
-    """`NAME --version`'s "version: N (commit)" as "N (commit)"; the whole first line if it differs."""
-    proc = run(name, ["--version"], timeout=60)
+    """What `NAME --version` prints after "version: " ("0.5.0-dev (build 0, commit ...)"). A tool
+    that has no --version (llama-quantize prints its usage and exits 1) started all the same: the
+    build's recorded commit stands for it. ToolError when the program does not start."""
+    path = locate(name)
+    try:
+        proc = subprocess.run([str(path), "--version"], capture_output=True, text=True, errors="replace", timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ToolError(f"{path} does not start ({getattr(exc, 'strerror', None) or exc}); rebuild it: {INSTALL}") from None
     text = (proc.stdout + proc.stderr).strip()
-    match = re.search(r"version: (\S+ \(\w+\))", text)
-    return match.group(1) if match else (text.splitlines() or ["?"])[0]
+    match = re.search(r"^version: (.+)$", text, re.M)
+    if match:
+        return match.group(1).strip()
+    if re.match(r"usage: ", text):
+        return f"build {(build_info() or {}).get('llama_cpp_commit', 'of unknown commit')} (no --version)"
+    raise ToolError(f"{name} --version failed (exit {proc.returncode}): {telling_line(text)}")
 
 
 def telling_line(text: str) -> str:
