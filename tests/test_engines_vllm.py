@@ -352,3 +352,14 @@ def test_the_install_script_records_where_vllm_is():
     script = (Path(__file__).resolve().parents[1] / "scripts" / "_install.sh").read_text()
     assert ".venv/.quantkit-vllm" in script and ".venv/.quantkit-without-vllm" in script and "engines install vllm" in script
     assert "QUANTKIT_SKIP_VLLM" in script
+
+
+def test_a_relative_model_path_loads_although_the_worker_runs_elsewhere(tiny_llama, tmp_path, monkeypatch):
+    """The worker runs in a directory of its own: the model reaches vLLM as an absolute path."""
+    vllm_fake.use(monkeypatch, tmp_path / "env")
+    monkeypatch.chdir(tiny_llama.parent)
+    e = _engine(Path(tiny_llama.name))
+    try:
+        assert e.info["vocab_size"] == json.loads((tiny_llama / "config.json").read_text())["vocab_size"]
+    finally:
+        e.close()

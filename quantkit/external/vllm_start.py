@@ -71,7 +71,8 @@ def start(source: Path, engine_args: dict, env: dict, what: str = "--engine vllm
     python = vllm_env.require(what)
     worker = Worker.start(python, Path(vllm_worker.__file__), env={**vllm_env.worker_env(), **env}, what="vllm")
     try:
-        info = worker.call("load", engine_args={"model": str(source), "skip_tokenizer_init": True, **engine_args},
+        # absolute: the worker runs in a directory of its own, where a relative path names nothing
+        info = worker.call("load", engine_args={"model": str(Path(source).resolve()), "skip_tokenizer_init": True, **engine_args},
                            optional=["async_scheduling"], threads=int(env["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in env else None)
     except BaseException:
         worker.close()
