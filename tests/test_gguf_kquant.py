@@ -136,3 +136,13 @@ def test_a_quantized_artifact_keeps_its_exact_type(cli, rtn_artifact, tmp_path, 
         code, _, stderr, _ = cli("export", str(rtn_artifact), "--format", "gguf", "--type", other, "--out", str(tmp_path / "y.gguf"))
         assert code == 2 and stderr.count("\n") == 1 and "already quantized (Q4_0 exactly)" in stderr, stderr
     assert not (tmp_path / "y.gguf").exists()
+
+
+def test_a_second_type_reuses_the_importance_matrix(cli, tiny_llama, tiny_text, tmp_path):
+    llama_tool("llama-imatrix")
+    first = _export(cli, tiny_llama, tmp_path / "a.gguf", "Q4_K_M", tiny_text)[3]
+    second = _export(cli, tiny_llama, tmp_path / "b.gguf", "Q6_K", tiny_text)[3]
+    assert first["imatrix"]["reused"] is False and second["imatrix"]["reused"] is True
+    assert second["imatrix"]["sha256"] == first["imatrix"]["sha256"]
+    other = _export(cli, tiny_llama, tmp_path / "c.gguf", "Q6_K", tiny_text, "--calib-samples", "3")[3]  # other windows: computed again
+    assert other["imatrix"]["reused"] is False and other["imatrix"]["calibration"]["samples"] == 3

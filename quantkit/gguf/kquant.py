@@ -25,6 +25,7 @@ from pathlib import Path
 
 from quantkit.errors import QuantkitError
 from quantkit.gguf import tools
+from quantkit.progress import note
 from quantkit.recipe.schema import GGUF_TYPES as QUANT_TYPES  # one list: recipes are checked against it
 
 DEFAULT_CALIB = "mix:default"
@@ -208,12 +209,16 @@ def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     try:
+        note(f"export --type {qtype}: the exact F16 GGUF")
         f16 = export_gguf(artifact, work / "f16.gguf", GgufOptions())
         imat = None
         if o.imatrix:
+            note(f"export --type {qtype}: {o.samples} calibration windows of {o.seq_len} tokens from {o.calib}")
             text, manifest = calibration_text(artifact, o)
             (work / "calib.txt").write_text(text)
-            imat = _imatrix(work, o, manifest)
+            note(f"export --type {qtype}: llama-imatrix over {manifest.get('samples')} windows")
+            imat = _imatrix(work, o, manifest, f16["sha256"])
+        note(f"export --type {qtype}: llama-quantize")
         _quantize(work, qtype, imat, o)
         with staged_file(out, record_path(out)) as stage:
             os.replace(work / "out.gguf", stage.path)
@@ -229,19 +234,32 @@ def _threads(o: KquantOptions) -> int:
     return o.threads or tools.available_cores()
 
 
-def _imatrix(work: Path, o: KquantOptions, manifest: dict) -> dict:
-    """llama-imatrix over the calibration text, o.seq_len-token chunks, at most o.samples of them."""
+def _imatrix(work: Path, o: KquantOptions, manifest: dict, f16_sha256: str) -> dict:
+    """llama-imatrix over the calibration text, o.seq_len-token chunks, at most o.samples of them;
+    kept in QUANTKIT_HOME/imatrix by what it depends on (the F16 file, the text, the chunks, the
+    tools' build), so exporting a second type of the same checkpoint reuses it."""
+    from quantkit.home import subdir
+
     t0 = time.perf_counter()
     text_sha = hashlib.sha256((work / "calib.txt").read_bytes()).hexdigest()
-    proc = tools.run("llama-imatrix", ["-m", work / "f16.gguf", "-f", work / "calib.txt", "-o", work / "imatrix.gguf",
-                                       "-c", o.seq_len, "--chunks", o.samples, "-t", _threads(o), "--no-ppl"],
-                     purpose="computing the importance matrix")
-    path = work / "imatrix.gguf"
-    if not path.is_file():
-        raise tools.ToolError(f"llama-imatrix wrote no importance matrix ({tools.telling_line(proc.stderr)})")
+    build = (tools.build_info() or {}).get("llama_cpp_commit") or str(tools.locate("llama-imatrix"))
+    key = hashlib.sha256(json.dumps([f16_sha256, text_sha, o.seq_len, o.samples, build]).encode()).hexdigest()[:32]
+    cached, path = subdir("imatrix") / f"{key}.gguf", work / "imatrix.gguf"
+    reused = cached.is_file()
+    if reused:
+        shutil.copyfile(cached, path)
+    else:
+        proc = tools.run("llama-imatrix", ["-m", work / "f16.gguf", "-f", work / "calib.txt", "-o", path, "-c", o.seq_len,
+                                           "--chunks", o.samples, "-t", _threads(o), "--no-ppl"],
+                         purpose="computing the importance matrix")
+        if not path.is_file():
+            raise tools.ToolError(f"llama-imatrix wrote no importance matrix ({tools.telling_line(proc.stderr)})")
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, cached)
     return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "text_sha256": text_sha, "chunk_tokens": o.seq_len,
-            "chunks_max": o.samples, "seconds": time.perf_counter() - t0, "tool": "llama-imatrix",
-            "calibration": manifest}
+            "chunks_max": o.samples, "seconds": time.perf_counter() - t0, "reused": reused,
+            "tool": "llama-imatrix", "calibration": manifest}
 
 
 def _mapping(qtype: str, imat: dict | None) -> str:
