@@ -169,3 +169,70 @@ def test_the_mixed_recipes_choose_on_the_model():
         assert q.auto is not None and not q.overrides and 4.49 <= q.auto.budget_bits <= 4.5, p.name
     suite = load_recipe(RECIPES / "suite-gqa.yaml")
     assert any(getattr(quantize_step(v), "auto", None) is not None for v in suite.all_variants())
+
+
+# ---------------------------------------------------------------- a TPOT target as the budget
+
+
+SHAPES = [  # (vocab, hidden, intermediate, layers, heads, kv_heads, head_dim, tied)
+    (384, 64, 160, 2, 4, 2, 16, True), (32000, 4096, 14336, 32, 32, 8, 128, False), (151936, 896, 4864, 24, 14, 2, 64, True)]
+
+
+@pytest.mark.parametrize("dims", SHAPES)
+@pytest.mark.parametrize("bits,context", [(4.25, 0), (4.5, 2048), (8.0, 131)])
+def test_the_tpot_budget_is_the_roofline_inverted(dims, bits, context):
+    """A model whose decoder linears take `bits` per weight reads decode_bytes per step: the TPOT
+    that takes on a device gives back exactly those bits."""
+    from quantkit.core.roofline import Layout, Shape, WeightFormat, decode_bytes, linear_bits_for_tpot
+
+    shape = Shape(*dims)
+    bw = 3.35e12
+    tpot = decode_bytes(shape, Layout(linear=WeightFormat(bits, 0)), context) / bw
+    assert linear_bits_for_tpot(shape, tpot, bw, context) == pytest.approx(bits, rel=1e-9)
+    assert linear_bits_for_tpot(shape, tpot * 0.9, bw, context + 1000) < bits  # less time, a longer context: fewer bits
+
+
+@pytest.mark.parametrize("auto,message", [
+    ({"budget_bits": 4.5, "budget_tpot_ms": 5, "device": "h100"}, "give one budget"),
+    ({}, "give one budget"),
+    ({"budget_tpot_ms": 5}, "needs device"),
+    ({"budget_tpot_ms": 5, "device": "tpu9000"}, "unknown device"),
+    ({"budget_bits": 4.5, "device": "h100"}, "belong to budget_tpot_ms"),
+    ({"budget_tpot_ms": -1, "device": "h100"}, "greater than 0"),
+])
+def test_a_tpot_budget_is_validated_when_the_recipe_is_read(auto, message):
+    from quantkit.methods.schemes import AutoMixed
+
+    with pytest.raises(ValueError, match=message):
+        AutoMixed.model_validate(auto)
+
+
+def _tpot_ms_for(model: Path, bits: float, device: str, context: int) -> float:
+    from quantkit.core.hardware import get_device
+    from quantkit.core.roofline import Layout, Shape, WeightFormat, decode_bytes
+
+    shape = Shape.from_config(json.loads((model / "config.json").read_text()))
+    return 1e3 * decode_bytes(shape, Layout(linear=WeightFormat(bits, 0)), context) / get_device(device).bandwidth
+
+
+def test_convert_meets_a_tpot_target_through_the_roofline(cli, tiny_llama, tiny_text, tmp_path):
+    """The recipe names a TPOT on a device; the artifact's bits stay within the bits that TPOT
+    allows this model, and quantkit.json says how the budget was derived."""
+    tpot = _tpot_ms_for(tiny_llama, 4.7, "l4", 256)
+    auto = "steps[0].quantize.auto={budget_tpot_ms: %r, device: l4, context: 256, windows: 2, seq_len: 64}" % tpot
+    code, _, err, data = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "art", tiny_text, "--set", auto)
+    assert code == 0, err
+    mp = data["mixed_precision"]
+    assert mp["budget_from"]["device"] == "l4" and mp["budget_from"]["context"] == 256 and mp["budget_from"]["budget_tpot_ms"] == tpot
+    assert mp["budget_bits"] == pytest.approx(4.7, rel=1e-9) and mp["measured_bits_per_weight"] <= mp["budget_bits"] and mp["picked"]
+
+
+def test_a_tpot_target_this_model_cannot_meet_is_refused_before_loading(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
+    import quantkit.quantize.convert as qc
+
+    monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
+    tpot = _tpot_ms_for(tiny_llama, 3.0, "h200", 0)  # below INT4 g64's floor
+    auto = "steps[0].quantize.auto={budget_tpot_ms: %r, device: h200}" % tpot
+    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "art", tiny_text, "--set", auto)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "budget_tpot_ms" in err and "on h200" in err and "below" in err
+    assert not (tmp_path / "art").exists()

@@ -181,6 +181,16 @@ def fit_rule(bytes_per_token: list[float], tpot_s: list[float]) -> dict:
     }
 
 
+def linear_bits_for_tpot(shape: Shape, tpot_s: float, bandwidth: float, context: int, layout: Layout = Layout()) -> float:
+    """The stored bits per decoder-linear weight (scales and zero points included) at which one
+    decode step at `context` cached tokens reads tpot_s x bandwidth bytes: what the step may read
+    once the lm_head, the embedding row, the norms and the KV cache (at the layout's precisions)
+    have taken theirs. Negative when those alone exceed it."""
+    fixed = weight_bytes_per_token(shape, replace(layout, linear=WeightFormat(0.0, 0), overrides={}))
+    fixed += kv_bytes_per_token(shape, layout) * (context + 1)
+    return (tpot_s * bandwidth - fixed) * 8 / (shape.layers * shape.layer_linear_params())
+
+
 def quantized_layout(bits: int, group_size: int = 128, symmetric: bool = True, quantize_lm_head: bool = False) -> Layout:
     """A what-if layout: layer linears at `bits` with fp16 scales per group (16 = unquantized).
     8 bits per channel is INT8 and FP8 E4M3 alike: one byte per weight and a 16-bit scale per

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quantkit.errors import QuantkitError
 
@@ -98,9 +98,16 @@ class AutoMixed(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # Average stored bits per weight over the decoder layers' linear weights (scales and zero
-    # points included; models/sizes.py measures the artifact the same way).
-    budget_bits: float = Field(le=16)
+    # The budget, one of two ways. budget_bits: average stored bits per weight over the decoder
+    # layers' linear weights (scales and zero points included; models/sizes.py measures the
+    # artifact the same way). budget_tpot_ms: a batch-1 decode step's time on `device` (a
+    # datasheet device, `quantkit roofline --help`) at `context` cached tokens, turned into that
+    # bits budget through the roofline (TPOT = bytes read per token / bandwidth) on the model's
+    # own shape (core/roofline.py linear_bits_for_tpot).
+    budget_bits: float | None = Field(None, gt=0, le=16)
+    budget_tpot_ms: float | None = Field(None, gt=0)
+    device: str | None = None
+    context: int = Field(0, ge=0)
     units: tuple[str, ...] = tuple(UNITS)
     choices: tuple[str, ...] = ("int8",)
     metric: str = "kl"
@@ -110,6 +117,35 @@ class AutoMixed(BaseModel):
     # two --seed values (disjoint windows of the same text).
     windows: int = Field(4, ge=1, le=1024)
     seq_len: int = Field(256, ge=8)
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "AutoMixed":
+        if (self.budget_bits is None) == (self.budget_tpot_ms is None):
+            raise ValueError("give one budget: budget_bits, or budget_tpot_ms with device")
+        if self.budget_tpot_ms is not None and self.device is None:
+            raise ValueError("budget_tpot_ms needs device: the device the TPOT is a target on (quantkit roofline --help lists them)")
+        if self.budget_tpot_ms is None and (self.device is not None or self.context):
+            raise ValueError("device and context belong to budget_tpot_ms")
+        if self.device is not None:
+            from quantkit.core.hardware import get_device
+
+            try:
+                get_device(self.device)
+            except QuantkitError as exc:
+                raise ValueError(str(exc)) from None
+        return self
+
+    def bits_for(self, cfg: dict) -> tuple[float, dict | None]:
+        """The bits budget on a model (its config.json), and, for a TPOT budget, how it was derived."""
+        if self.budget_bits is not None:
+            return self.budget_bits, None
+        from quantkit.core.hardware import get_device
+        from quantkit.core.roofline import Shape, linear_bits_for_tpot
+
+        dev = get_device(self.device)
+        bits = linear_bits_for_tpot(Shape.from_config(cfg), self.budget_tpot_ms / 1e3, dev.bandwidth, self.context)
+        return bits, {"budget_tpot_ms": self.budget_tpot_ms, "device": self.device, "bandwidth_bytes_per_s": dev.bandwidth,
+                      "bandwidth_source": dev.source, "context": self.context, "budget_bits": bits}
 
     @field_validator("units")
     @classmethod
@@ -148,6 +184,6 @@ class AutoMixed(BaseModel):
         at least what every unit at the base takes (the model's exact floor is checked on its
         skeleton before loading)."""
         self.schemes(base)
-        if self.budget_bits < base.nominal_bits:
+        if self.budget_bits is not None and self.budget_bits < base.nominal_bits:  # a TPOT budget is checked on the model
             raise QuantkitError(f"budget_bits {self.budget_bits:g}: between {base.nominal_bits:g} (every weight at the base "
                                 f"scheme {base.name}) and 16")

@@ -41,16 +41,25 @@ class Search:
     budget: float
     source_bits: int  # the artifact's precision of scales and of the linears left unquantized
     ignore: tuple[str, ...] = ("lm_head",)
+    derived: dict | None = None  # a TPOT budget: how `budget` came from it (AutoMixed.bits_for)
 
     @property
     def schemes(self) -> list[Scheme]:
         return [self.base, *self.choices]
 
     @classmethod
-    def of_step(cls, quant, source_bits: int) -> "Search":
-        """A weight-only quantize step's `auto:` (validated when the recipe was read)."""
+    def of_step(cls, quant, source_bits: int, cfg: dict) -> "Search":
+        """A weight-only quantize step's `auto:` (validated when the recipe was read) on a model (its config)."""
         base = Scheme(quant.bits, quant.group_size, quant.symmetric)
-        return cls(base, tuple(quant.auto.schemes(base)[1:]), quant.auto.units, quant.auto.budget_bits, source_bits, quant.ignore)
+        budget, derived = quant.auto.bits_for(cfg)
+        return cls(base, tuple(quant.auto.schemes(base)[1:]), quant.auto.units, budget, source_bits, quant.ignore, derived)
+
+    def budget_words(self) -> str:
+        """The budget as the recipe gave it, for messages."""
+        if self.derived is None:
+            return f"budget_bits {self.budget:g}"
+        d = self.derived
+        return f"budget_tpot_ms {d['budget_tpot_ms']:g} on {d['device']} at {d['context']} cached tokens ({self.budget:.4f} bits/weight)"
 
 
 def _name(layer: int, sub: str) -> str:
@@ -103,8 +112,8 @@ def check(skeleton, search: Search, where: str) -> None:
         raise RecipeError(f"{where}.units: every {', '.join(search.units)} unit of this model is in ignore; nothing to raise")
     floor = floor_bits(layers, search)
     if search.budget < floor - 1e-12:
-        raise RecipeError(f"{where}.budget_bits {search.budget:g}: below {floor:.4f} bits/weight, what this model's decoder "
-                          f"linears take at the base scheme {search.base.name}; raise it (at most 16)")
+        raise RecipeError(f"{where}.{search.budget_words()}: below {floor:.4f} bits/weight, what this model's decoder "
+                          f"linears take at the base scheme {search.base.name}; raise it")
 
 
 def floor_bits(layers, search: Search) -> float:
@@ -152,7 +161,7 @@ def search(model, rows, spec: Search, label: str = "sensitivity") -> dict:
         results, floor = unit_kls(model, rows, pairs, spec.schemes,
                                   progress=lambda i, unit, kl: update(i + 1, f"{label}: layer {i + 1}/{len(layers)} {unit}"))
     chosen = choose(results, layers, spec)
-    return {"budget_bits": spec.budget, "metric": "kl", "base": spec.base.name, "choices": [s.name for s in spec.choices],
+    return {"budget_bits": spec.budget, **({"budget_from": spec.derived} if spec.derived else {}), "metric": "kl", "base": spec.base.name, "choices": [s.name for s in spec.choices],
             "units": list(spec.units), "noise_floor": floor, "ranking": ranked(results), **chosen}
 
 
@@ -166,7 +175,7 @@ def resolve(job, model, tok, src_hash: str) -> tuple[object, dict]:
 
     t0 = time.perf_counter()
     quant = job.quant
-    spec = Search.of_step(quant, job.source_bits)
+    spec = Search.of_step(quant, job.source_bits, model.config.to_dict())
     cs, short = windows(job, tok, model, src_hash)
     device = pass_device(job, model, cs)
     with placed(model, device):

@@ -156,7 +156,7 @@ def check_skeleton(cfg: dict, variant: Variant, key: str, trust_remote_code: boo
         if getattr(step.quantize, "auto", None) is not None:
             from quantkit.quantize.auto import Search, check
 
-            check(skeleton, Search.of_step(step.quantize, 8 * source_dtype(cfg).itemsize), f"{where}.auto")
+            check(skeleton, Search.of_step(step.quantize, 8 * source_dtype(cfg).itemsize, cfg), f"{where}.auto")
     return skeleton
 
 
@@ -246,7 +246,7 @@ def artifact_bytes(skeleton, cfg: dict, quant: MethodConfig | None) -> int:
     linears = quantizable_linears(skeleton, quant.ignore) if quant is not None else {}
     if getattr(quant, "auto", None) is not None:  # the decoder linears within the budget, scales included
         quantized = sum(o * i for o, i in linears.values())
-        return int((n_params - quantized) * itemsize + quantized * quant.auto.budget_bits / 8)
+        return int((n_params - quantized) * itemsize + quantized * quant.auto.bits_for(cfg)[0] / 8)
     bits = max([quant.weight_bits, *(o.bits for o in getattr(quant, "overrides", ()))]) if quant is not None else 8 * itemsize
     group = quant.storage_group if quant is not None else -1
     return estimate_bytes(n_params, sum(o * i for o, i in linears.values()), sum(o for o, _ in linears.values()), bits, group, itemsize)
