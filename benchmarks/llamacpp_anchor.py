@@ -17,12 +17,13 @@ split), with the file size, decoder-layer bits/weight and the tensors that fell 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from common import QUANTKIT, quantkit_json, write_result
+from common import QUANTKIT, RESULTS, quantkit_json, write_result
 
 
 def demo() -> str:
@@ -107,6 +108,11 @@ def main() -> None:
         tables["kquant"] = {"columns": KQUANT, "rows": rows, "note": f"KL vs the FP16 checkpoint through llama.cpp (quantkit eval "
                             f"--engine llamacpp), split {a.split}, windows of {a.seq_len} tokens, up to {a.max_tokens} tokens per text; "
                             f"importance matrix: llama-imatrix over {a.calib_samples} windows of {a.calib}"}
+    previous = RESULTS / "llamacpp_anchor.json"  # a --skip-bench or --skip-eval run keeps the other table
+    if previous.is_file():
+        old = json.loads(previous.read_text())
+        tables = {**old.get("tables", {}), **tables}
+        body["earlier_runs"] = [{k: old.get(k) for k in ("command", "date", "calibration")}]
     print(write_result("llamacpp_anchor", {**body, "tables": tables}))
 
 
