@@ -81,3 +81,15 @@ def test_bench_llamacpp_reports_llama_bench_beside_its_figures(cli, tiny_llama):
     assert a["pp_tokens"] == 32 and a["tg_tokens"] == 8 and a["tg_depth"] == 32 and a["threads"] == 1
     assert a["ratio_ttft"] == pytest.approx(row["ttft_ms"] / a["ttft_ms"]) and a["ratio_tpot"] == pytest.approx(row["tpot_ms"] / a["tpot_ms"])
     assert all(any(w.upper() in n for n in row["notes"]) for w in a["disagree"])  # each disagreement is a note
+
+
+def test_a_lossy_gguf_has_no_self_check_reference(tmp_path):
+    """llama-quantize's output is lossy by design: comparing it with the checkpoint would fail every bench."""
+    from quantkit.bench.gguf_source import reference_source
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    for rec, kind in (({"lossless": False, "gguf_type": "Q4_K_M"}, "Q4_K_M"), ({"lossless": False}, "--allow-lossy")):
+        (tmp_path / "m.quantkit.json").write_text(json.dumps({"kind": "quantkit-gguf-export", **rec}))
+        ref, why = reference_source(gguf)
+        assert ref is None and why.startswith("skipped: a lossy GGUF") and kind in why

@@ -134,6 +134,9 @@ def reference_source(source) -> tuple[Path | None, str | None]:
     if rec is None:
         return None, ("not possible: a GGUF without quantkit's export record beside it (not exported by quantkit export), "
                       "so there is no checkpoint to compare llama.cpp's logits with")
+    if rec.get("lossless") is False:  # llama-quantize's types, --allow-lossy: not the checkpoint's numbers by design
+        return None, ("skipped: a lossy GGUF (" + str(rec.get("gguf_type") or "--allow-lossy") + ") does not compute its "
+                      "checkpoint's logits by design; quantkit eval measures how far it is")
     art = Path(str((rec.get("source") or {}).get("artifact") or ""))
     if not (art / "config.json").is_file():
         return None, f"not possible: the checkpoint it was exported from ({art}) is no longer there"
