@@ -70,6 +70,8 @@ def main() -> None:
         subprocess.run(QUANTKIT + ["levers", str(STUDY), "--out", str(out), "--force"], env=env, check=True)
     study = json.loads((out / "study.json").read_text())
     summary = {k: v for k, v in study.items() if k != "runs"}  # each run stays in --out (NN-LEVER.json)
+    if str(summary.get("source", "")).startswith(str(HERE.parent)):  # the study as the repository names it
+        summary["source"] = str(Path(summary["source"]).relative_to(HERE.parent))
     note = ("vLLM's CPU build on 2 cores shared with other work; each lever a staircase of concurrency 1, 2, 4 (15 s or 8 requests "
             "per step), 256 shared + 32 unique prompt tokens, 16 output tokens; the baseline `fp16` has prefix caching off.")
     # a re-tabulation keeps the command and date of the run that measured

@@ -33,3 +33,32 @@ def test_eval_on_vllm_agrees_with_transformers_on_the_same_checkpoint(cli, demo_
     row, = out["texts"]
     assert out["scorer"]["engine"] == "vllm" and out["scorer"]["dtype"] == "float32" and row["tokens"] == 254
     assert row["kld"]["mean"] < 1e-3 and row["top1_agreement"] > 0.98 and abs(row["delta_ppl_pct"]) < 0.5, row
+
+
+INT8_WEIGHT_ONLY = ["--set", "steps[0].quantize.bits=8", "--set", "steps[0].quantize.group_size=-1"]
+
+
+@pytest.mark.parametrize("sets", [[], ["--set", "steps[0].quantize.symmetric=false"], INT8_WEIGHT_ONLY],
+                         ids=["int4-sym", "int4-asym", "int8-w8a16"])
+def test_the_compatibility_table_holds_on_a_tiny_model(cli, tiny_llama, tiny_text, tmp_path, real_vllm, sets):
+    """What vllm_support.SUPPORT says of the artifact's schemes on the CPU is what vLLM does with it: it
+    serves INT4 (and its next-token distribution is transformers' on the same artifact), it refuses
+    INT8 weight-only with its own kernel error, as one line."""
+    import json
+
+    from quantkit.external import vllm_support
+
+    art = tmp_path / "art"
+    code, _, err, _ = cli("convert", "int4-w4a16-rtn", "--model", str(tiny_llama), "--out", str(art), *sets, "--json")
+    assert code == 0, err
+    served = vllm_support.verdict(vllm_support.schemes(json.loads((art / "quantkit.json").read_text())))["cpu"]
+    code, _, err, out = cli("eval", str(art), "--baseline", str(art), "--baseline-mismatch-ok", "--engine", "vllm", "--device", "cpu",
+                            "--text", f"file:{tiny_text}", "--seq-len", "64", "--max-tokens", "128", "--json")
+    if served:
+        assert code == 0, err
+        row, = out["texts"]
+        assert out["scorer"]["dtype"] == "bfloat16" and row["kld"]["mean"] < 0.01 and row["top1_agreement"] > 0.9, row
+    else:
+        assert code == 2 and "Traceback" not in err, err
+        line, = [x for x in err.splitlines() if x.startswith("error:")]
+        assert "uint8b128" in line, line  # vLLM's reason: CPUWNA16 takes uint4 and uint4b8 only

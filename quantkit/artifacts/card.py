@@ -10,6 +10,7 @@ import yaml
 
 from quantkit.core.atomic import exclusive, write_json, write_text
 from quantkit.errors import QuantkitError
+from quantkit.external import vllm_support
 
 START, END = "<!-- quantkit:results:start -->", "<!-- quantkit:results:end -->"
 # A Hub model id, ORG/NAME (huggingface_hub's validate_repo_id rules, with the namespace required).
@@ -92,8 +93,7 @@ def _body(meta: dict) -> str:
         lines += mixed_precision_table(meta["mixed_precision"]) + [""]
     lines += ["## How to load", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
               'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")', 'tok = AutoTokenizer.from_pretrained("PATH_OR_REPO")', "```", ""]
-    if q.get("format") == "compressed-tensors":
-        lines += ["vLLM serves it unchanged: `vllm serve PATH_OR_REPO`.", ""]
+    lines += vllm_support.card_lines(meta) + [""]  # per device: measured on the CPU, read from vLLM's kernels for GPUs
     lines += ["## Provenance", "", f"- source checkpoint sha256: `{meta.get('source', {}).get('sha256', 'n/a')}`"]
     if calib:
         lines.append(f"- calibration: {calib.get('source')} ({calib.get('samples')} x {calib.get('seq_len')} tokens, seed {calib.get('seed')}, "
