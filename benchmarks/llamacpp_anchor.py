@@ -30,7 +30,10 @@ def demo() -> str:
     return subprocess.run([*QUANTKIT, "models", "path", "demo"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def export(src: str, out: Path, qtype: str | None, calib: list[str]) -> dict:
+def export(src: str, out: Path, qtype: str | None, calib: list[str], reuse: bool) -> dict:
+    record = out.with_name(out.stem + ".quantkit.json")
+    if reuse and out.is_file() and record.is_file():  # an earlier run's file, as its record describes it
+        return json.loads(record.read_text())
     args = ["export", src, "--format", "gguf", "--out", str(out), "--force"]
     return quantkit_json(args + (["--type", qtype, *calib] if qtype else []))
 
@@ -88,13 +91,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--skip-eval", action="store_true")
+    ap.add_argument("--reuse", action="store_true", help="take the GGUFs an earlier run left in --out (with their records)")
     a = ap.parse_args()
     src, calib = demo(), ["--calib", a.calib, "--calib-samples", str(a.calib_samples)]
     a.out.mkdir(parents=True, exist_ok=True)
     made: dict[str, tuple[Path, dict]] = {}
     for t in dict.fromkeys([*a.bench_types.split(","), *a.types.split(",")]):
         path = a.out / f"demo-{t}.gguf"
-        made[t] = (path, export(src, path, None if t == "F16" else t, calib))
+        made[t] = (path, export(src, path, None if t == "F16" else t, calib, a.reuse))
         print(f"{t}: {made[t][1]['bytes'] / 1e6:.1f} MB", file=sys.stderr)
     tables, body = {}, {"calibration": {"calib": a.calib, "samples": a.calib_samples}, "exports": {t: {k: r.get(k) for k in (
         "bytes", "tensor_types", "fallback_types", "bits_per_weight", "bits_per_weight_layers", "imatrix")} for t, (_, r) in made.items()}}
