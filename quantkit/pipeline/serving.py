@@ -22,15 +22,13 @@ def export_gguf(runner, name: str, path: Path) -> dict | None:
     the llama.cpp self-check find the artifact); reused while the file matches the stored hash."""
     if "gguf" not in runner.recipe.export.formats:
         return None
-    from quantkit.core.integrity import sha256_file
     from quantkit.gguf.exporter import GgufOptions
     from quantkit.gguf.exporter import export_gguf as export
 
     out = runner.dir / "gguf" / f"{name}.gguf"
     key = step_key("gguf", __version__, checkpoint_hash(path), GgufOptions().__dict__)
-    hit = runner.cache.get(key)
-    if (hit is not None and not runner.opts.rerun and out.is_file() and out.stat().st_size == hit.get("bytes")
-            and sha256_file(out) == hit.get("sha256")):
+    hit = _reusable(runner, key, out)
+    if hit is not None:
         note(f"[{name}] export gguf: reusing {out}")
         return hit
     note(f"[{name}] export gguf")
@@ -45,7 +43,6 @@ def quantize_gguf(runner, v) -> dict:
     """A `gguf: {type, imatrix}` variant: RUN_DIR/gguf/NAME.gguf made by llama-quantize from the source
     checkpoint (gguf/kquant.py), the importance matrix over the run's calibration windows (its
     source, samples, seq_len, seed and region); reused while the file matches the stored hash."""
-    from quantkit.core.integrity import sha256_file
     from quantkit.gguf.kquant import DEFAULT_CALIB, KquantOptions, export_kquant
     from quantkit.pipeline.cache import text_fingerprint
 
@@ -56,9 +53,8 @@ def quantize_gguf(runner, v) -> dict:
     out = runner.dir / "gguf" / f"{v.name}.gguf"
     key = step_key("gguf-quantize", __version__, runner.src_hash, v.gguf.model_dump(mode="json"),
                    c.model_dump(mode="json") if v.gguf.imatrix else None, text_fingerprint(calib) if v.gguf.imatrix else None)
-    hit = runner.cache.get(key)
-    if (hit is not None and not runner.opts.rerun and out.is_file() and out.stat().st_size == hit.get("bytes")
-            and sha256_file(out) == hit.get("sha256")):
+    hit = _reusable(runner, key, out)
+    if hit is not None:
         note(f"[{v.name}] llama-quantize {v.gguf.type}: reusing {out}")
         return hit
     note(f"[{v.name}] llama-quantize {v.gguf.type}{' with an importance matrix' if v.gguf.imatrix else ''}")
@@ -168,3 +164,14 @@ def record_benches(runner, benches: dict[str, dict]) -> None:
             if len(runner.recipe.bench.engines) == 1:
                 rec.setdefault("error", f"bench: {f['error']}")
             note(f"[{f['name']}] bench ({engine}) failed: {f['error']}")
+
+
+def _reusable(runner, key: str, out) -> dict | None:
+    """The cached record of a GGUF step whose file is still the one it recorded (size and sha256)."""
+    from quantkit.core.integrity import sha256_file
+
+    hit = runner.cache.get(key)
+    if (hit is not None and not runner.opts.rerun and out.is_file() and out.stat().st_size == hit.get("bytes")
+            and sha256_file(out) == hit.get("sha256")):
+        return hit
+    return None
