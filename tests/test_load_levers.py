@@ -161,13 +161,17 @@ def test_dry_run_shows_the_exact_commands(tmp_path):
     no_cb, cb = json.loads(result.stdout)["levers"]
     assert no_cb["command"][-2:] == ["--dtype", "float32"] and cb["command"][-1] == "--continuous-batching"
     assert cb["load"]["engine"] == "transformers" and "{port}" in " ".join(cb["command"])
+    draft = tmp_path / "d.gguf"
+    draft.write_bytes(b"GGUF")
     llama = {"name": "s", "server": {"engine": "llama-server", "model": "/tmp"},
              "levers": [{"name": "on"}, {"name": "off", "settings": {"cache_prompt": False}},
-                        {"name": "np4", "settings": {"parallel": 4}}, {"name": "spec", "settings": {"model_draft": "/d.gguf"}}]}
+                        {"name": "np4", "settings": {"parallel": 4}}, {"name": "spec", "settings": {"model_draft": str(draft)}}]}
     path.write_text(yaml.safe_dump(llama))
     plans = json.loads(CliRunner().invoke(cli, ["levers", str(path), "--dry-run", "--json"]).stdout)["levers"]
     assert plans[1]["body_fields"] == {"cache_prompt": False} and plans[1]["load"]["extra_body"] == {"cache_prompt": False}
-    assert plans[2]["command"][-2:] == ["--parallel", "4"] and plans[3]["not_run_here"] == ["model_draft"]
+    assert plans[2]["command"][-2:] == ["--parallel", "4"] and plans[3]["not_run_here"] == []
+    # a draft model alone is loaded but not used: the speculator type comes with it
+    assert plans[3]["command"][-4:] == ["--model-draft", str(draft), "--spec-type", "draft-simple"]
     listing = CliRunner().invoke(cli, ["levers", "--engines"])
     assert listing.exit_code == 0, listing.output
     engines = {line.split(":")[0]: line for line in listing.stdout.splitlines() if line and not line.startswith(" ")}

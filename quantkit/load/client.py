@@ -56,7 +56,7 @@ def build_body(cfg: LoadConfig, messages: Messages, max_tokens: int | None = Non
         "stream_options": {"include_usage": True},
     }
     body.update(API_BODIES[cfg.api](messages))
-    body.update(ENGINES[cfg.engine](gen_len))
+    body.update(ENGINES[cfg.engine].fields(gen_len))
     body.update(cfg.extra_body)
     return body
 
@@ -67,7 +67,8 @@ def make_http(cfg: LoadConfig) -> aiohttp.ClientSession:
     benchmark clients use it for the same reason). Call inside the event loop."""
     # No pool limit: a client-side queue would show up as server TTFT. No proxies from the
     # environment (trust_env=False): a proxy between client and server would be measured as the server.
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    # An engine whose server drops connections after a streamed answer gets one per request.
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=not ENGINES[cfg.engine].keeps_alive)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s)
     return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False, headers=cfg.headers)
 

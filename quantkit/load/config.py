@@ -24,22 +24,34 @@ class ServerUnreachable(LoadError):
     """The server did not accept a connection (wrong URL, not started, firewalled)."""
 
 
-# Extra body fields that make the server generate exactly max_tokens (ignore EOS), per engine.
+@dataclass(frozen=True)
+class Engine:
+    """What `--engine` changes in the client: the body fields that make the server generate exactly
+    max_tokens (ignore EOS), and whether a connection may carry another request after a streamed answer."""
+
+    fields: Callable[[int], dict]
+    keeps_alive: bool = True
+
+
 # An engine that rejects unknown fields (transformers serve answers 422) must not get them.
-ENGINES: dict[str, Callable[[int], dict]] = {
+ENGINES: dict[str, Engine] = {
     # Any OpenAI-compatible server: standard fields only; the output may stop early at EOS.
-    "openai": lambda gen_len: {},
+    "openai": Engine(lambda gen_len: {}),
     # vLLM and SGLang sampling params: https://docs.vllm.ai/en/latest/api/ (SamplingParams.ignore_eos)
-    "vllm": lambda gen_len: {"ignore_eos": True},
-    "sglang": lambda gen_len: {"ignore_eos": True},
-    # llama.cpp server: `ignore_eos` is a documented /completion option and accepted on /v1/*.
-    "llamacpp": lambda gen_len: {"ignore_eos": True},
+    "vllm": Engine(lambda gen_len: {"ignore_eos": True}),
+    "sglang": Engine(lambda gen_len: {"ignore_eos": True}),
+    # llama.cpp server: `ignore_eos` is a documented /completion option and accepted on /v1/*. It
+    # closes the connection after every streamed answer while announcing keep-alive (its content
+    # provider's last call returns false, which cpp-httplib takes as a cancel): a request sent on
+    # that connection before the close arrives fails as "Server disconnected", so each request
+    # gets a connection of its own (Connection: close).
+    "llamacpp": Engine(lambda gen_len: {"ignore_eos": True}, keeps_alive=False),
     # llama-cpp-python's server: no ignore_eos; `min_tokens` holds EOS back (its MinTokensLogitsProcessor).
-    "llama-cpp-python": lambda gen_len: {"min_tokens": gen_len},
+    "llama-cpp-python": Engine(lambda gen_len: {"min_tokens": gen_len}),
     # transformers serve accepts a GenerationConfig as a JSON string; min_new_tokens holds EOS back.
-    "transformers": lambda gen_len: {
+    "transformers": Engine(lambda gen_len: {
         "generation_config": json.dumps({"max_new_tokens": gen_len, "min_new_tokens": gen_len})
-    },
+    }),
 }
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32"

@@ -36,6 +36,10 @@ def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
     model = resolve_model(lever.model or study.server.model, f"{where}: model" if lever.model else "server.model")
     settings = {name: expand(value, f"{where}.settings.{name}") if isinstance(value, str) else value
                 for name, value in {**study.server.settings, **lever.settings}.items()}
+    for name, value in settings.items():
+        # a missing file (a draft model) is refused here, before a server starts, not in its log
+        if kind.key(name, where).file and not Path(str(value)).is_file():
+            raise StudyError(f"{where}.settings.{name}: {value} is not a file")
     args, body = lever_args(kind, settings, where)
     python = kind.python(check=port is not None)  # a dry run (no port) shows an engine's own Python, installed or not
     values = {"python": python, "model": model, "host": HOST, "port": str(port or "{port}")}

@@ -39,6 +39,7 @@ def lever_row(run: dict) -> dict:
         "first_ttft_p50_ms": _p(first, "ttft_ms"),
         "first_tpot_p50_ms": _p(first, "tpot_ms"),
         "first_cache_hit": first.get("cache_hit_fraction"),
+        "first_draft_acceptance": first.get("draft_acceptance"),  # speculative decoding: the share of drafts kept
         "errors": sum(s["error_count"] for s in run["steps"]),
         "stopped": run["stopped"],
     }
@@ -104,6 +105,10 @@ def _f(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
 def _x(value) -> str:
     return "-" if value is None else f"x{value:.2f}"
 
@@ -112,18 +117,18 @@ def render_table(result: dict) -> str:
     """Markdown: the lever table, then the prefix-cache reference when the study asked for it."""
     lines = [
         "| lever | changes | knee at | knee req/s | TTFT-P99 @knee ms | TPOT-P99 @knee ms | goodput req/s "
-        "| peak req/s | degraded first | TTFT-P50 step 0 ms | TPOT-P50 step 0 ms | cached | knee vs base "
+        "| peak req/s | degraded first | TTFT-P50 step 0 ms | TPOT-P50 step 0 ms | cached | drafts kept | knee vs base "
         "| peak vs base | TPOT-P99 @knee vs base | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result.get("table", []):
         knee_at = "-" if r["knee_offered"] is None else f"{r['mode']}={r['knee_offered']:g}"
-        cached = "-" if r["first_cache_hit"] is None else f"{100 * r['first_cache_hit']:.0f}%"
+        cached, kept = _pct(r["first_cache_hit"]), _pct(r.get("first_draft_acceptance"))
         lines.append(
             f"| {r['lever']} | {r['changes'] or '-'} | {knee_at} | {_f(r['knee_qps'])} | {_f(r['knee_ttft_p99_ms'], 0)} "
             f"| {_f(r['knee_tpot_p99_ms'], 1)} | {_f(r['goodput_qps'])} | {_f(r['peak_qps'])} "
             f"| {r['degraded_first'] or '-'} | {_f(r['first_ttft_p50_ms'], 0)} | {_f(r['first_tpot_p50_ms'], 1)} "
-            f"| {cached} | {_x(r['knee_qps_ratio'])} | {_x(r['peak_qps_ratio'])} | {_x(r.get('knee_tpot_p99_ms_ratio'))} "
+            f"| {cached} | {kept} | {_x(r['knee_qps_ratio'])} | {_x(r['peak_qps_ratio'])} | {_x(r.get('knee_tpot_p99_ms_ratio'))} "
             f"| {r['errors']} |")
     ref = result.get("prefix_reference")
     if ref and ref["levers"]:

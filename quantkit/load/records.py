@@ -23,6 +23,10 @@ class RequestRecord:
     output_tokens: int | None = None  # usage.completion_tokens, else the number of text chunks
     prompt_tokens: int | None = None  # usage.prompt_tokens (or llama.cpp's timings) where reported
     cached_tokens: int | None = None  # prompt tokens the server served from its prefix cache
+    # speculative decoding: tokens the draft model proposed, and how many of them the model kept
+    # (llama.cpp's timings.draft_n / draft_n_accepted)
+    draft_tokens: int | None = None
+    draft_accepted: int | None = None
     tokens_from_usage: bool = False
     finish_reason: str | None = None  # the last choice's finish_reason, as the server sent it
     done: bool = False  # the stream ended with `data: [DONE]`

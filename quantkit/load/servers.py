@@ -4,8 +4,8 @@ One registry entry per engine: its command template (`{python}`, `{model}`, `{ho
 are filled in), the lever keys it understands and how each becomes a command-line flag or a
 request-body field, where it answers when ready, and which `quantkit load --engine` body fields
 make its answers a fixed length. A key whose `here` is False is a documented pass-through to the
-engine's own flag that this CPU machine does not run (speculative decoding with a draft model,
-vLLM's GPU memory settings).
+engine's own flag that this CPU machine does not run (vLLM's GPU memory settings, its speculative
+decoding).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ class Key:
     style: str = "value"  # value: FLAG V | pair: FLAG / --no-FLAG | word: FLAG true/false
     body: str | None = None  # a request-body field instead of a flag (llama.cpp's cache_prompt)
     here: bool = True  # False: written for the engine's own flag, not run on this machine
+    also: tuple[str, ...] = ()  # flags the engine needs beside this one for it to take effect
+    file: bool = False  # the value names a file, which must exist before the server starts
 
     def args(self, value: Any) -> list[str]:
         if self.flag is None:
@@ -41,7 +43,7 @@ class Key:
         if self.style == "word":
             return [self.flag, "true" if value else "false"]
         text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
-        return [self.flag, text]
+        return [self.flag, text, *self.also]
 
 
 @dataclass(frozen=True)
@@ -167,9 +169,11 @@ LLAMA_SERVER = ServerKind(
         "flash_attn": Key("flash attention: on, off, auto", "--flash-attn"),
         "cache_type_k": Key("K cache type (f16, q8_0, ...)", "--cache-type-k"),
         "cache_type_v": Key("V cache type", "--cache-type-v"),
-        "model_draft": Key("speculative decoding: the draft model GGUF", "--model-draft", here=False),
-        "draft_max": Key("speculative decoding: most draft tokens", "--draft-max", here=False),
-        "draft_min": Key("speculative decoding: fewest draft tokens", "--draft-min", here=False),
+        # A draft model alone is loaded but not used: the build's --spec-type defaults to none.
+        "model_draft": Key("speculative decoding: the draft model GGUF (a draft-simple speculator)", "--model-draft",
+                           also=("--spec-type", "draft-simple"), file=True),
+        "draft_max": Key("speculative decoding: most draft tokens per step", "--spec-draft-n-max"),
+        "draft_min": Key("speculative decoding: fewest draft tokens per step", "--spec-draft-n-min"),
     },
     ready="/health",
     load_engine="llamacpp",

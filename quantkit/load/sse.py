@@ -8,7 +8,8 @@ The stream's shape follows the OpenAI API reference (chat/completions streaming,
 include_usage`): `data: {json}` lines, the last chunk carrying `usage`, then `data: [DONE]`.
 An answer is complete when a choice carried a `finish_reason` and the stream then ended cleanly,
 with or without [DONE] (transformers serve sends none). llama.cpp's server adds `timings`
-({cache_n, prompt_n, ...}) to its last chunk.
+({cache_n, prompt_n, ...}, and draft_n, draft_n_accepted when it decodes speculatively) to its
+last chunk.
 """
 
 from __future__ import annotations
@@ -174,6 +175,9 @@ def _fold_usage(payload: dict, rec: RequestRecord) -> None:
         cached = cache_n if cached is None else cached
         if prompt is None and cache_n is not None and prompt_n is not None:
             prompt = cache_n + prompt_n
+        drafted, accepted = _count(timings, "draft_n", "timings"), _count(timings, "draft_n_accepted", "timings")
+        if drafted is not None:
+            rec.draft_tokens, rec.draft_accepted = drafted, accepted
     if prompt is not None:
         rec.prompt_tokens = prompt
     if cached is not None:
@@ -216,4 +220,7 @@ def finish_record(rec: RequestRecord, now: float) -> RequestRecord:
     elif rec.cached_tokens is not None and rec.prompt_tokens is not None and rec.cached_tokens > rec.prompt_tokens:
         rec.error = "stream_error"
         rec.detail = f"cached prompt tokens ({rec.cached_tokens}) exceed the prompt ({rec.prompt_tokens})"
+    elif rec.draft_accepted is not None and rec.draft_accepted > (rec.draft_tokens or 0):
+        rec.error = "stream_error"
+        rec.detail = f"accepted draft tokens ({rec.draft_accepted}) exceed the drafted ({rec.draft_tokens})"
     return rec

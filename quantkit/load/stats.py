@@ -106,6 +106,17 @@ def prompt_cache(ok: Sequence[RequestRecord]) -> dict:
     }
 
 
+def speculation(ok: Sequence[RequestRecord]) -> dict:
+    """Where the server decodes speculatively and says so: draft tokens per request and the share it kept."""
+    both = [(r.draft_tokens, r.draft_accepted) for r in ok if r.draft_tokens is not None and r.draft_accepted is not None]
+    drafted = sum(d for d, _ in both)
+    return {
+        "draft_tokens_mean": (drafted / len(both)) if both else None,
+        # accepted / drafted tokens, summed over the requests that report both
+        "draft_acceptance": (sum(a for _, a in both) / drafted) if drafted else None,
+    }
+
+
 def _client_overhead(records: Sequence[RequestRecord], cpu_s: float | None, duration: float) -> dict:
     lags = [r.t_send - r.t_scheduled for r in records if r.t_scheduled is not None]
     return {
@@ -156,6 +167,7 @@ def summarize_step(
         "output_tokens_per_s": per_s(out_tokens),
         "output_tokens_mean": (out_tokens / len(ok)) if ok else None,
         **prompt_cache(ok),
+        **speculation(ok),
         "tokens_from_usage": bool(ok) and all(r.tokens_from_usage for r in ok),
         "ttft_ms": percentiles(ttft_s(r) for r in ok),
         "tpot_ms": percentiles(t for t in (tpot_s(r) for r in ok) if t is not None),
