@@ -202,3 +202,67 @@ def test_a_lever_study_against_llama_server(tiny_gguf, tmp_path):
     assert runs["two-slots"]["server_context"] == {"tokens": 256, "source": "/props n_ctx"}  # the slots split ctx_size
     assert rows["speculative"]["first_draft_acceptance"] is not None and rows["one-slot"]["first_draft_acceptance"] is None
     assert all(s["draft_tokens_mean"] > 0 for s in runs["speculative"]["steps"])
+
+
+# ---------------------------------------------------------------- the prefix reference against a cache-off lever
+
+
+def _run(label: str, prefix: int, ttft_ms: float) -> dict:
+    return {"label": label, "config": {"workload": {"shared_prefix": prefix, "prompt_len": {"low": 32}}},
+            "steps": [{"ttft_ms": {"p50": ttft_ms}}]}
+
+
+def test_the_prefix_is_set_against_the_lever_that_turns_the_cache_off(monkeypatch):
+    """llama-server caches prompts by default: the baseline of the prefix reference is the cache-off
+    lever, wherever it stands, not the first."""
+    import quantkit.bench.probe as probe
+    from quantkit.core.hardware import Device
+    from quantkit.load.levers_report import prefix_reference
+
+    monkeypatch.setattr(probe, "cached_probe", lambda device: Device("test", 1e10, 1e11, "test"))
+    runs = [_run("one-slot", 256, 50.0), _run("four-slots", 256, 60.0), _run("no-prompt-cache", 256, 200.0)]
+    ref = prefix_reference("smollm2-135m", runs, base=2)
+    rows = {row["lever"]: row for row in ref["levers"]}
+    assert ref["baseline"] == "no-prompt-cache" and rows["no-prompt-cache"]["ttft_ratio"] == 1.0
+    assert rows["one-slot"]["ttft_ratio"] == pytest.approx(0.25) and rows["one-slot"]["saved_ms"] == pytest.approx(150.0)
+    assert 0 < rows["one-slot"]["roofline_ttft_ratio"] < 1
+
+
+def _study(tmp_path: Path, baseline: str) -> Path:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    shape = tmp_path / "shape"
+    shape.mkdir(exist_ok=True)
+    (shape / "config.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "vocab_size": 100}))
+    study = {"name": "s", "server": {"engine": "llama-server", "model": str(model)},
+             "levers": [{"name": "one-slot"}, {"name": "no-prompt-cache", "settings": {"cache_prompt": False}}],
+             "reference": {"shape": str(shape), "baseline": baseline}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def test_a_reference_baseline_names_a_lever(tmp_path):
+    ok = CliRunner().invoke(cli, ["levers", str(_study(tmp_path, "no-prompt-cache")), "--dry-run"])
+    assert ok.exit_code == 0, ok.output
+    bad = CliRunner().invoke(cli, ["levers", str(_study(tmp_path, "no-cache")), "--dry-run"])
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1
+    assert "reference.baseline: no lever is named 'no-cache'; levers: one-slot, no-prompt-cache" in bad.stderr
+
+
+def test_no_prefix_reference_before_its_baseline_has_run(tmp_path, monkeypatch):
+    """study.json is rewritten after every lever: until the cache-off lever has run there is nothing to set against."""
+    import quantkit.bench.probe as probe
+    from quantkit.core.hardware import Device
+    from quantkit.load.levers_report import summarize
+    from quantkit.load.study import read_study
+
+    monkeypatch.setattr(probe, "cached_probe", lambda device: Device("test", 1e10, 1e11, "test"))
+    study = read_study(_study(tmp_path, "no-prompt-cache"))
+    runs = [json.loads((Path(__file__).parent / "load_fixtures" / "attribution_nocb.json").read_text())]
+    runs[0]["label"] = "one-slot"
+    runs[0]["config"]["workload"] = {"shared_prefix": 256, "prompt_len": {"low": 32}}
+    assert "prefix_reference" not in summarize(study, runs)
+    runs.append({**runs[0], "label": "no-prompt-cache"})
+    assert summarize(study, runs)["prefix_reference"]["baseline"] == "no-prompt-cache"

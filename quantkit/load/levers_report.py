@@ -55,9 +55,10 @@ def lever_table(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def prefix_reference(shape_path: str, runs: list[dict]) -> dict:
+def prefix_reference(shape_path: str, runs: list[dict], base: int = 0) -> dict:
     """The roofline's prefill time for each run's shared prefix, next to the TTFT-P50 it saved
-    against the baseline at the lightest step: prefill(P+S) - prefill(S), at the probed compute."""
+    against the baseline run (`base`: the prefix prefilled every time) at the lightest step:
+    prefill(P+S) - prefill(S), at the probed compute."""
     import torch
 
     from quantkit.bench.probe import cached_probe
@@ -65,7 +66,7 @@ def prefix_reference(shape_path: str, runs: list[dict]) -> dict:
     from quantkit.core.roofline import Shape, prefill_flops
 
     shape, device = Shape.from_config(shape_config(shape_path)), cached_probe(torch.device("cpu"))
-    base_ttft = _p(runs[0]["steps"][0] if runs[0]["steps"] else {}, "ttft_ms")
+    base_ttft = _p(runs[base]["steps"][0] if runs[base]["steps"] else {}, "ttft_ms")
     rows = []
     for run in runs:
         workload = run["config"]["workload"]
@@ -86,18 +87,20 @@ def prefix_reference(shape_path: str, runs: list[dict]) -> dict:
             # what the ratio would be if TTFT were prefill alone and the prefix's prefill were skipped
             "roofline_ttft_ratio": 1.0 - estimate / total,
         })
-    return {"shape": shape_path, "device": device.name, "compute_tflops": device.compute / 1e12,
-            "device_source": device.source, "levers": rows}
+    return {"shape": shape_path, "baseline": runs[base]["label"], "device": device.name,
+            "compute_tflops": device.compute / 1e12, "device_source": device.source, "levers": rows}
 
 
 def summarize(study, runs: list[dict]) -> dict:
     out = {"table": lever_table(runs)}
     if len(runs) > 1:
         out["comparison"] = compare_load_runs(runs)
-    if study.reference and runs:
+    labels = [run["label"] for run in runs]
+    base = study.reference.baseline if study.reference else None
+    if study.reference and runs and (base is None or base in labels):  # not before the baseline has run
         from quantkit.load.study import reference_shape
 
-        out["prefix_reference"] = prefix_reference(reference_shape(study), runs)
+        out["prefix_reference"] = prefix_reference(reference_shape(study), runs, labels.index(base) if base else 0)
     return out
 
 
@@ -133,7 +136,7 @@ def render_table(result: dict) -> str:
     ref = result.get("prefix_reference")
     if ref and ref["levers"]:
         lines += ["", f"Prefix prefill against the roofline ({ref['shape']}, {ref['compute_tflops']:.2f} TFLOPS "
-                  f"probed on {ref['device']}):", "",
+                  f"probed on {ref['device']}; saved against {ref.get('baseline') or 'the first lever'}):", "",
                   "| lever | prefix + suffix tokens | roofline prefill of the prefix ms (share) | TTFT-P50 baseline -> "
                   "lever ms | TTFT ratio measured | TTFT ratio roofline | saved ms | saved / roofline |",
                   "|---|---|---|---|---|---|---|---|"]

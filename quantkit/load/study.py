@@ -115,6 +115,9 @@ class Lever(_Strict):
 
 class Reference(_Strict):
     shape: str  # a model directory or config.json: the roofline's prefill estimate of the shared prefix
+    # the lever whose prefix is prefilled every time (cache off), that the others' TTFT is set
+    # against; default the first. llama-server caches by default, so its study names the lever that turns it off.
+    baseline: str | None = None
 
 
 class Study(_Strict):
@@ -143,6 +146,8 @@ class Study(_Strict):
         for i, lever in enumerate(self.levers):
             _check_lever(kind, lever, f"levers[{i}]", baseline=i == 0)
             _merged_load(self.load, lever, f"levers[{i}].load")
+        if self.reference and self.reference.baseline is not None and self.reference.baseline not in names:
+            raise ValueError(f"reference.baseline: no lever is named {self.reference.baseline!r}; levers: {', '.join(names)}")
         return self
 
     def load_options(self, lever: Lever) -> dict:
