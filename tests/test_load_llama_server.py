@@ -200,6 +200,7 @@ def test_a_lever_study_against_llama_server(tiny_gguf, tmp_path):
     rows = {row["lever"]: row for row in data["table"]}
     assert rows["one-slot"]["first_cache_hit"] > 0.3 and rows["no-prompt-cache"]["first_cache_hit"] == 0
     assert runs["two-slots"]["server_context"] == {"tokens": 256, "source": "/props n_ctx"}  # the slots split ctx_size
+    assert rows["speculative"]["changes"] == f"model_draft={tiny_gguf.name}"  # a file by its name
     assert rows["speculative"]["first_draft_acceptance"] is not None and rows["one-slot"]["first_draft_acceptance"] is None
     assert all(s["draft_tokens_mean"] > 0 for s in runs["speculative"]["steps"])
 

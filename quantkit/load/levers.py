@@ -52,7 +52,7 @@ def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
         "engine": kind.name,
         "model": model,
         "settings": settings,
-        "changes": _changes(lever, model),
+        "changes": _changes(lever, model, {name: settings[name] for name in lever.settings}, kind),
         "command": command,
         "env": dict(study.server.env),
         "body_fields": body,
@@ -61,8 +61,9 @@ def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
     }
 
 
-def _changes(lever: Lever, model: str) -> str:
-    parts = [f"{k}={v}" for k, v in lever.settings.items()]
+def _changes(lever: Lever, model: str, settings: dict, kind) -> str:
+    """The lever in one line: its settings (a file by its name, its variables expanded), model, args, load."""
+    parts = [f"{k}={Path(v).name if kind.keys[k].file else v}" for k, v in settings.items()]
     parts += [f"model={Path(model).name}"] if lever.model else []  # the file, its variables expanded
     parts += [shlex.join(lever.args)] if lever.args else []
     parts += [f"load.{k}={v}" for k, v in lever.load.items()]
