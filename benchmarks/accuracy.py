@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import quantkit_json, write_result
+from common import RESULTS, quantkit_json, write_result
 
 
 def cpu_seconds() -> float:
@@ -59,8 +59,11 @@ def run_one(recipe: str, args, env: dict) -> dict:
             "domains": domains, "mixed_precision": meta.get("mixed_precision")}
 
 
-def table(rows: list[dict]) -> dict:
+def table(rows: list[dict], reference: str | None = None) -> dict:
+    """One row per recipe; with `reference` (a recipe among the rows), each domain's KL as a multiple of that recipe's."""
     labels = [d["label"] for d in rows[0]["domains"]] if rows else []
+    ref = next((r for r in rows if r["recipe"] == reference), None)
+    ref_kl = {d["label"]: d["kld"] for d in ref["domains"]} if ref else {}
     cols = [{"key": "recipe", "header": "recipe", "fmt": "`{}`"}, {"key": "bits_per_weight", "header": "bits/weight", "fmt": "{:.2f}"}]
     flat = []
     for r in rows:
@@ -72,8 +75,13 @@ def table(rows: list[dict]) -> dict:
             lo, hi = d["ci95_delta_ppl_pct"]
             klo, khi = d["ci95_kld"]
             row[f"{d['label']}"] = f"{d['delta_ppl_pct']:+.1f}% ({lo:+.1f}…{hi:+.1f}) / {d['kld']:.3f} ({klo:.3f}–{khi:.3f}) / {d['top1'] * 100:.1f}%"
+            if ref_kl.get(d["label"]):
+                row[f"{d['label']}:ref"] = d["kld"] / ref_kl[d["label"]]
         flat.append(row)
-    cols += [{"key": label, "header": f"{label}: ΔPPL (95% CI) / KL (CI) / top-1", "fmt": "{}"} for label in labels]
+    for label in labels:
+        cols.append({"key": label, "header": f"{label}: ΔPPL (95% CI) / KL (CI) / top-1", "fmt": "{}"})
+        if ref_kl.get(label):
+            cols.append({"key": f"{label}:ref", "header": f"{label}: KL ÷ {reference}'s", "fmt": "×{:.2f}"})
     cols += [{"key": "convert_s", "header": "convert s", "fmt": "{:.0f}"}, {"key": "threads", "header": "threads", "fmt": "{}"}]
     if any("auto_pass" in row for row in flat):
         cols.append({"key": "auto_pass", "header": "auto's sensitivity pass (share of convert)", "fmt": "{}"})
@@ -94,7 +102,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--eval-only", action="store_true", help="score the artifacts already in --out-dir")
     ap.add_argument("--out-dir", default="runs/benchmarks/accuracy")
+    ap.add_argument("--reference", help="a recipe among --recipes: every domain's KL also as a multiple of its KL")
+    ap.add_argument("--tabulate", action="store_true", help="only rebuild the table of results/NAME.json (e.g. with --reference)")
     args = ap.parse_args()
+    if args.tabulate:
+        return tabulate(args)
     if not args.text:
         from quantkit.evals.domains import default_texts
 
@@ -114,8 +126,20 @@ def main() -> None:
                                                                          for d in r["domains"]), file=sys.stderr)
     path = write_result(args.name, {"model": args.model, "calibration": args.calib, "texts": args.text, "split": args.split,
                                     "threads": args.threads or os.cpu_count(), "wall_s": round(time.time() - t0), "rows": rows,
-                                    "failed": failed, "tables": {"main": table(rows)}})
+                                    "failed": failed, "reference": args.reference,
+                                    "tables": {"main": table(rows, args.reference)}})
     print(path)
+
+
+def tabulate(args) -> None:
+    """Rebuild the table of a finished run, keeping the command and date of the run that measured."""
+    path = RESULTS / f"{args.name}.json"
+    old = json.loads(path.read_text())
+    reference = args.reference or old.get("reference")
+    body = {k: v for k, v in old.items() if k != "benchmark"}  # command, machine, date: the measuring run's
+    body["reference"] = reference
+    body["tables"] = {"main": table(old["rows"], reference)}
+    print(write_result(args.name, body))
 
 
 if __name__ == "__main__":
