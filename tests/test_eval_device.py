@@ -102,8 +102,8 @@ def test_lm_eval_tasks_run_on_the_eval_device(cli, tiny_dir, monkeypatch):
     import quantkit.evals.lmeval as lmeval
 
     seen = []
-    real = lmeval._lm
-    monkeypatch.setattr(lmeval, "_lm", lambda run, path, model, tok: seen.append(run.device) or real(run, path, model, tok))
+    real = lmeval._hf_lm
+    monkeypatch.setattr(lmeval, "_hf_lm", lambda run, path, model, tok: seen.append(run.device) or real(run, path, model, tok))
     code, _, err, data = cli("eval", str(tiny_dir / "llama-mha"), "--baseline", str(tiny_dir / "llama-mha"), "--tasks", "qk_facts",
                              "--limit", "4", "--device", "cpu:0", "--json")
     assert code == 0, err
