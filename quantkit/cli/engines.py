@@ -27,7 +27,9 @@ def install(name: str, flavor: str, force: bool, as_json: bool) -> None:
     if as_json:
         echo_json(result)
         return
-    how = f"built in {result['build_s']:.0f} s" if result["built"] else "already installed"
+    added = result.get("added") or []  # packages added to an environment built before (no rebuild)
+    how = (f"built in {result['build_s']:.0f} s" if result["built"] else
+           f"added {', '.join(added)}" if added else "already installed")
     stamp = result.get("stamp") or {}
     click.echo(f"{name} {stamp.get('vllm_version', '?')} ({stamp.get('flavor', '?')}): {result['path']} ({how})")
 

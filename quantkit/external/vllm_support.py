@@ -30,8 +30,8 @@ SUPPORT: dict[str, Support] = {
                           "Machete (sm90), Marlin (sm75+), Exllama: uint4b8, and uint4 with zero points on Marlin"),
     "int8-w8a16": Support(False, True, "refused, no CPU kernel for uint8b128 (CPUWNA16 takes uint4 and uint4b8 only)",
                           "Marlin (sm75+), Exllama: uint8b128"),
-    # not claimed on the CPU until measured: vLLM 0.32 has a CPU kernel for it (CPUInt8ScaledMMLinearKernel)
-    "int8-w8a8": Support(False, True, "not measured with vLLM's CPU build", "CutlassInt8ScaledMMLinearKernel (sm75+), Triton"),
+    "int8-w8a8": Support(True, True, "CPUInt8ScaledMMLinearKernel (int8 GEMM, dynamic per-token activations)",
+                         "CutlassInt8ScaledMMLinearKernel (sm75+), Triton"),
     "fp8-w8a8": Support(True, True, "ChannelWiseTorchFP8ScaledMMLinearKernel (torch fallback: slow decode)",
                         "CUTLASS / FlashInfer FP8 (sm89+), Marlin FP8 on older GPUs"),
     "fp8-w8a16": Support(False, True, "refused, no CPU kernel for FP8 weight-only (its CPU list is empty)", "Marlin FP8, Humming (weight-only)"),
