@@ -41,7 +41,7 @@ def run_one(recipe: str, args, env: dict) -> dict:
     art = Path(args.out_dir) / Path(recipe).stem
     sets = [x for s in args.sets for x in ("--set", s)]
     cpu = cpu_seconds()
-    if args.eval_only:
+    if args.eval_only or (args.reuse and (art / "quantkit.json").is_file()):  # a finished artifact (a convert writes it last)
         meta = json.loads((art / "quantkit.json").read_text())
     else:
         meta = quantkit_json(["convert", recipe, "--model", args.model, "--out", str(art), "--calib", args.calib, "--force", *sets], env)
@@ -53,7 +53,7 @@ def run_one(recipe: str, args, env: dict) -> dict:
     from quantkit.models.sizes import checkpoint_sizes
 
     return {"recipe": Path(recipe).stem, "bits_per_weight": checkpoint_sizes(art)["bits_per_weight"],
-            "convert_s": meta.get("wall_seconds"), "convert_cpu_s": None if args.eval_only else round(convert_cpu, 1),
+            "convert_s": meta.get("wall_seconds"), "convert_cpu_s": round(convert_cpu, 1) if convert_cpu > 1 else None,
             "peak_rss_gb": (meta.get("peak_rss_mb") or 0) / 1024, "threads": (meta.get("runtime") or {}).get("torch_num_threads"),
             "calibration": (meta.get("calibration") or {}).get("source"), "calibration_tokens": (meta.get("calibration") or {}).get("tokens"),
             "domains": domains, "mixed_precision": meta.get("mixed_precision")}
@@ -101,6 +101,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--eval-only", action="store_true", help="score the artifacts already in --out-dir")
+    ap.add_argument("--reuse", action="store_true", help="convert only the recipes without a finished artifact in --out-dir "
+                    "(the others' convert times come from their quantkit.json)")
     ap.add_argument("--out-dir", default="runs/benchmarks/accuracy")
     ap.add_argument("--reference", help="a recipe among --recipes: every domain's KL also as a multiple of its KL")
     ap.add_argument("--tabulate", action="store_true", help="only rebuild the table of results/NAME.json (e.g. with --reference)")
