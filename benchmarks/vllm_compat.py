@@ -61,8 +61,10 @@ KINDS: list[Kind] = [
     Kind("int4-rtn-g64-asym", "int4-w4a16-rtn", "INT4 W4A16 RTN g64 asymmetric", ("steps[0].quantize.symmetric=false",), calibrated=False),
     Kind("int4-rtn-g32", "int4-w4a16-rtn", "INT4 W4A16 RTN g32 symmetric", ("steps[0].quantize.group_size=32",), calibrated=False),
     Kind("int4-rtn-g128", "int4-w4a16-rtn", "INT4 W4A16 RTN g128", ("steps[0].quantize.group_size=128",), calibrated=False),
-    Kind("int4-gptq-g64", "int4-w4a16-gptq-g64", "INT4 W4A16 GPTQ g64 symmetric"),
-    Kind("int4-gptq-g64-actorder", "int4-w4a16-gptq-g64", "INT4 W4A16 GPTQ g64, act-order (static)", ("steps[0].quantize.actorder=static",)),
+    Kind("int4-gptq-g64", "int4-w4a16-gptq-g64", "INT4 W4A16 GPTQ g64 symmetric, static act-order (quantkit's default)"),
+    # act-order `group`: groups follow the activation order, so the checkpoint carries a g_idx per column
+    Kind("int4-gptq-g64-actorder-group", "int4-w4a16-gptq-g64", "INT4 W4A16 GPTQ g64, act-order `group` (a g_idx per column)",
+         ("steps[0].quantize.actorder=group",)),
     # AutoRound's tuning iterations cut to 5 (the light preset's 50 take ~30 min on 2 cores): the format is the same
     Kind("int4-autoround-g64", "int4-w4a16-autoround", "INT4 W4A16 AutoRound g64 (5 iterations)", ("steps[0].quantize.iters=5",)),
     Kind("int4-spinquant-gptq-g64", "int4-w4a16-spinquant-gptq-g64", "SpinQuant R1+R2 fused, GPTQ g64 act-order"),
