@@ -8,11 +8,15 @@ import click
 
 from quantkit.cli._common import echo_json, json_option
 from quantkit.errors import QuantkitError
+from quantkit.quantize.ggufmix import DEFAULT_TYPES as DEFAULT_MIXED  # no torch at import: --help stays fast
 
 
-def _gguf(artifact: Path, out: Path | None, qtype: str | None = None, calib: dict | None = None, **opts) -> dict:
+def _gguf(artifact: Path, out: Path | None, qtype: str | None = None, calib: dict | None = None, mixed: str | None = None,
+          **opts) -> dict:
     from quantkit.gguf.exporter import GgufOptions, export_gguf
 
+    if mixed is not None and qtype is None:
+        raise QuantkitError("--mixed chooses among llama.cpp's types within --type's size; give --type (e.g. --type Q4_K_M)")
     if qtype is None:
         return export_gguf(artifact, out, GgufOptions(**opts))
     from quantkit.gguf.kquant import KquantOptions, check_type, export_kquant
@@ -22,7 +26,12 @@ def _gguf(artifact: Path, out: Path | None, qtype: str | None = None, calib: dic
                             ("--kl-text", opts["kl_text"])) if v]
     if lossy:
         raise QuantkitError(f"{lossy[0]} applies to the exact export; with --type, llama-quantize chooses every tensor's type")
-    return export_kquant(artifact, out, KquantOptions(qtype=qtype, force=opts["force"], **(calib or {})))
+    chooser = None
+    if mixed is not None:
+        from quantkit.quantize.ggufmix import chooser as mixed_chooser, parse_types
+
+        chooser = mixed_chooser(parse_types(mixed))
+    return export_kquant(artifact, out, KquantOptions(qtype=qtype, force=opts["force"], **(calib or {})), chooser)
 
 
 # Export formats by name (one entry per format; `quantkit run`'s `export: {formats: [...]}` uses the same names).
@@ -50,16 +59,25 @@ FORMATS = {"gguf": _gguf}
               help="With --type: the calibration text whose windows make the importance matrix (as convert's --calib).")
 @click.option("--calib-samples", type=click.IntRange(min=1), default=128, show_default=True, help="With --type: windows.")
 @click.option("--calib-seq-len", type=click.IntRange(min=8), default=512, show_default=True, help="With --type: tokens per window.")
+@click.option("--mixed", is_flag=True,
+              help="With --type: each decoder-layer weight gets the type, among --mixed-types, that its estimated KL "
+                   "(K-FAC over 4 calibration windows of 256 tokens) and --type's own file size allow; the file is no "
+                   "larger than --type alone makes.")
+@click.option("--mixed-types", default=None, metavar="TYPES",
+              help="With --mixed: the types a weight may take, comma-separated (default: " + ",".join(DEFAULT_MIXED) + ").")
 @click.option("--force", is_flag=True, help="Replace an existing --out and its record, only when quantkit export wrote them.")
 @json_option
-def export_cmd(artifact, fmt, out, embeddings, allow_lossy, kl_text, qtype, calib, calib_samples, calib_seq_len, force, as_json):
+def export_cmd(artifact, fmt, out, embeddings, allow_lossy, kl_text, qtype, calib, calib_samples, calib_seq_len, mixed,
+               mixed_types, force, as_json):
     """Export a quantkit ARTIFACT (compressed-tensors INT4/INT8 or 16-bit) for llama.cpp, exactly where grids match;
     with --type, quantize a 16-bit checkpoint with llama.cpp's own types.
 
     An artifact quantkit converted must still match its sha256 manifest, as for publish."""
     calib_opts = {"calib": calib, "samples": calib_samples, "seq_len": calib_seq_len}
-    record = FORMATS[fmt](artifact, out, qtype=qtype, calib=calib_opts, embeddings=embeddings, allow_lossy=allow_lossy,
-                          force=force, kl_text=kl_text)
+    if mixed_types is not None and not mixed:
+        raise QuantkitError("--mixed-types applies with --mixed")
+    record = FORMATS[fmt](artifact, out, qtype=qtype, calib=calib_opts, mixed=(mixed_types or ",".join(DEFAULT_MIXED)) if mixed else None,
+                          embeddings=embeddings, allow_lossy=allow_lossy, force=force, kl_text=kl_text)
     if as_json:
         echo_json(record)
         return
@@ -89,6 +107,10 @@ def _echo_kquant(record: dict) -> None:
     if im:
         click.echo(f"  importance matrix: llama-imatrix over {im['calibration'].get('samples')} windows of "
                    f"{im['chunk_tokens']} tokens from {im['calibration'].get('source')} (sha256 {im['sha256'][:12]})")
+    if record.get("mixed"):
+        from quantkit.quantize.ggufmix import describe
+
+        click.echo(f"  {describe(record)}")
     for note in record["notes"]:
         click.echo(f"  note: {note}")
 

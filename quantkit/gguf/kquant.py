@@ -9,6 +9,11 @@ llama-quantize falls back to a 32-block type per tensor where they are not). Eve
 a folder beside --out and renamed into place with its record at the end; a failure leaves --out as
 it was. A compressed-tensors artifact keeps its exact path (`--type` equal to its grid's GGUF type);
 re-quantizing its integer grid with llama.cpp's rounding is refused.
+
+A chooser (quantize/ggufmix.py, `--mixed`) may name every decoder-layer weight's type instead of
+llama-quantize's mix: it gets the export's folder (`Made`: the F16 file, the importance matrix, and
+llama-quantize to run there) and returns the types; the file is then checked to hold exactly those
+types and to be no larger than the file `--type` alone makes.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from quantkit.errors import QuantkitError
 from quantkit.gguf import tools
@@ -143,15 +149,43 @@ def _model_if_needed(src: Path, spec: str, tok):
 # ---------------------------------------------------------------- the export
 
 
-def export_kquant(artifact: Path, out: Path | None, o: KquantOptions) -> dict:
+@dataclass(frozen=True)
+class Made:
+    """What a chooser of per-tensor types works with: the export's folder, the checkpoint, the F16
+    GGUF's record (each tensor's source name and RoPE row permutation), the importance matrix's
+    record (None without one) and the options."""
+
+    work: Path
+    artifact: Path
+    f16: dict
+    imatrix: dict | None
+    options: KquantOptions
+    qtype: str
+
+    def quantize(self, name: str, qtype: str, *, pure: bool = False, types: dict[str, str] | None = None) -> Path:
+        """llama-quantize of the F16 file to `qtype` in the folder (WORK/NAME.gguf), with the importance
+        matrix; `pure`: every tensor `qtype` where its rows allow; `types`: these tensors these types."""
+        dst = self.work / f"{name}.gguf"
+        _quantize(self.work, qtype, self.imatrix, self.options, dst=dst, pure=pure, types=types)
+        return dst
+
+
+Chooser = Callable[[Made], dict]  # returns {"types": {tensor: ggml type}, ...its record}
+
+
+def export_kquant(artifact: Path, out: Path | None, o: KquantOptions, chooser: Chooser | None = None) -> dict:
     """Write `out` (default: ARTIFACT.TYPE.gguf beside the checkpoint) as llama-quantize's `o.qtype`
-    with an importance matrix; returns the record written beside it."""
+    with an importance matrix (with `chooser`: the types it names per tensor); returns the record
+    written beside it."""
     from quantkit.core.atomic import exclusive, sigterm_as_interrupt
     qtype = check_type(o.qtype)
     artifact = Path(artifact)
     out = Path(out) if out is not None else artifact.resolve().parent / f"{artifact.resolve().name}.{qtype}.gguf"
     exact = _exact_route(artifact, qtype)
     if exact is not None:
+        if chooser is not None:
+            raise QuantkitError(f"--mixed: {artifact} is already quantized; give --type --mixed the 16-bit checkpoint it was "
+                                "converted from")
         return exact(out, o.force)
     for name in ("llama-quantize", "llama-imatrix"):  # before anything is written
         tools.locate(name, f"--type {qtype}")
@@ -159,7 +193,7 @@ def export_kquant(artifact: Path, out: Path | None, o: KquantOptions) -> dict:
         _check_target(artifact, out, o.force)
         with exclusive(out, what=str(out)):
             _check_target(artifact, out, o.force)  # again under the lock: another export may have written it
-            return _make(artifact, out, o, qtype)
+            return _make(artifact, out, o, qtype, chooser)
 
 
 def _check_target(artifact: Path, out: Path, force: bool) -> None:
@@ -199,7 +233,7 @@ def _exact_route(artifact: Path, qtype: str):
     return lambda out, force: export_gguf(artifact, out, GgufOptions(force=force))
 
 
-def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str) -> dict:
+def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str, chooser: Chooser | None) -> dict:
     from quantkit.gguf.exporter import GgufOptions, export_gguf
     from quantkit.gguf.target import record_path
     from quantkit.gguf.write import staged_file
@@ -218,11 +252,12 @@ def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str) -> dict:
             (work / "calib.txt").write_text(text)
             note(f"export --type {qtype}: llama-imatrix over {manifest.get('samples')} windows")
             imat = _imatrix(work, o, manifest, f16["sha256"])
+        mixed = chooser(Made(work, artifact, f16, imat, o, qtype)) if chooser else None
         note(f"export --type {qtype}: llama-quantize")
-        _quantize(work, qtype, imat, o)
+        _quantize(work, qtype, imat, o, types=mixed and mixed["types"])
         with staged_file(out, record_path(out)) as stage:
             os.replace(work / "out.gguf", stage.path)
-            stage.record = _record(stage.path, out, qtype, f16, imat, time.perf_counter() - t0)
+            stage.record = _record(stage.path, out, qtype, f16, imat, time.perf_counter() - t0, mixed)
         return stage.record
     except OSError as exc:
         raise QuantkitError(f"{out}: cannot write the GGUF ({exc.strerror or type(exc).__name__}); nothing was written") from None
@@ -262,34 +297,55 @@ def _imatrix(work: Path, o: KquantOptions, manifest: dict, f16_sha256: str) -> d
             "tool": "llama-imatrix", "calibration": manifest}
 
 
-def _mapping(qtype: str, imat: dict | None) -> str:
-    return f"F16 -> {qtype} (llama-quantize{', imatrix' if imat else ''})"
+def _mapping(qtype: str, imat: dict | None, mixed: bool = False) -> str:
+    return f"F16 -> {qtype}{' types chosen per tensor' if mixed else ''} (llama-quantize{', imatrix' if imat else ''})"
 
 
-def _quantize(work: Path, qtype: str, imat: dict | None, o: KquantOptions) -> None:
-    """llama-quantize (--imatrix when there is one); quantkit's header keys that the F16 file held
-    and that no longer hold are overridden (llama-quantize copies every key of its input)."""
-    mapping = json.dumps([{"mapping": _mapping(qtype, imat), "exact": False}])
+# llama-quantize's name for a file type whose tensors are all of one ggml type (--pure): the K-quant
+# types are named by a mix of theirs (llama-quantize's usage lists Q4_K_S; --pure drops the mix).
+PURE_NAME = {"Q3_K": "Q3_K_S", "Q4_K": "Q4_K_S", "Q5_K": "Q5_K_S"}
+
+
+def type_lines(types: dict[str, str]) -> str:
+    """llama-quantize's --tensor-type-file for `types`: one `pattern=type` per tensor, each pattern
+    a regex (llama-quant.cpp matches with std::regex_search) that matches that whole name only."""
+    return "".join(f"^{re.escape(name)}$={qtype.lower()}\n" for name, qtype in sorted(types.items()))
+
+
+def _quantize(work: Path, qtype: str, imat: dict | None, o: KquantOptions, *, dst: Path | None = None, pure: bool = False,
+              types: dict[str, str] | None = None) -> None:
+    """llama-quantize (--imatrix when there is one) into `dst` (default WORK/out.gguf); quantkit's header
+    keys that the F16 file held and that no longer hold are overridden (llama-quantize copies every key
+    of its input). `types` pins those tensors' types (--tensor-type-file); `pure` quantizes every
+    tensor to `qtype` where its rows allow (--pure)."""
+    mapping = json.dumps([{"mapping": _mapping(qtype, imat, bool(types)), "exact": False}])
     kv = ["quantkit.lossless=bool:false", f"quantkit.mapping=str:{mapping}", f"quantkit.gguf.type=str:{qtype}"]
-    args = []
+    args: list = ["--pure"] if pure else []
     if imat:
         kv.append(f"quantkit.imatrix.sha256=str:{imat['sha256']}")
         args += ["--imatrix", work / "imatrix.gguf"]
+    if types:
+        (work / "tensor-types.txt").write_text(type_lines(types))
+        args += ["--tensor-type-file", work / "tensor-types.txt"]
     for item in kv:
         args += ["--override-kv", item]
-    tools.run("llama-quantize", [*args, work / "f16.gguf", work / "out.gguf", qtype, _threads(o)], purpose=f"--type {qtype}")
+    name = PURE_NAME.get(qtype, qtype) if pure else qtype
+    tools.run("llama-quantize", [*args, work / "f16.gguf", dst or work / "out.gguf", name, _threads(o)], purpose=f"--type {qtype}")
 
 
-def _record(path: Path, out: Path, qtype: str, f16: dict, imat: dict | None, seconds: float) -> dict:
+def _record(path: Path, out: Path, qtype: str, f16: dict, imat: dict | None, seconds: float, mixed: dict | None = None) -> dict:
     from quantkit.core.integrity import sha256_file
     from quantkit.gguf.target import RECORD_KIND
 
     types = read_types(path, qtype)
+    if mixed is not None:  # the chooser named every weight's type: none is llama-quantize's fallback
+        check_mixed(types, mixed, path.stat().st_size)
+        types.update(fallbacks=[], fallback_types={})
     return {
         "kind": RECORD_KIND, "schema_version": f16["schema_version"], "gguf": str(out.resolve()), "sha256": sha256_file(path),
         "bytes": path.stat().st_size, "source": f16["source"], "origin": f16["origin"], "architecture": f16["architecture"],
         "model_type": f16["model_type"], "lossless": False, "gguf_type": qtype,
-        "mapping": [{"mapping": _mapping(qtype, imat), "tensors": len(types["tensors"]), "exact": False}],
+        "mapping": [{"mapping": _mapping(qtype, imat, mixed is not None), "tensors": len(types["tensors"]), "exact": False}],
         "tensor_types": types["tensor_types"], "weight_types": types["weight_types"],
         "bits_per_weight": types["bits_per_weight"], "bits_per_weight_2d": types["bits_per_weight_2d"],
         "bits_per_weight_layers": types["bits_per_weight_layers"],
@@ -299,7 +355,20 @@ def _record(path: Path, out: Path, qtype: str, f16: dict, imat: dict | None, sec
         "tool_versions": {**f16["tool_versions"], "llama-quantize": tools.version("llama-quantize"),
                           "llama.cpp build": (tools.build_info() or {}).get("llama_cpp_commit")},
         "wall_seconds": seconds,
+        **({"mixed": {k: v for k, v in mixed.items() if k != "types"}} if mixed is not None else {}),
     }
+
+
+def check_mixed(types: dict, mixed: dict, size: int) -> None:
+    """The file holds every type the chooser named, and is no larger than --type's own file; else one
+    line (raised before the file is renamed into place, so nothing is written)."""
+    got = {t["name"]: t["type"] for t in types["tensors"]}
+    wrong = [f"{n} is {got.get(n)}, not {t}" for n, t in sorted(mixed["types"].items()) if got.get(n) != t]
+    if wrong:
+        raise tools.ToolError(f"llama-quantize did not give the chosen types ({wrong[0]}; {len(wrong)} tensors); nothing was written")
+    if size > mixed["reference_bytes"]:
+        raise tools.ToolError(f"the file takes {size} bytes, more than the {mixed['reference_bytes']} of --type's own file; "
+                              "nothing was written")
 
 
 def _notes(types: dict, qtype: str) -> list[str]:
