@@ -99,3 +99,23 @@ def demo_model(demo_home) -> Path:
                                 env={"QUANTKIT_HOME": str(demo_home), "HF_HUB_OFFLINE": "1"})
     assert result.exit_code == 0, result.stderr
     return Path(json.loads(result.stdout)["path"])
+
+
+@pytest.fixture
+def pip_log(monkeypatch):
+    """install() with every pip/venv command recorded instead of run; bin/python appears when the venv is created."""
+    calls = []
+
+    def run(cmd, log, what):
+        calls.append(cmd)
+        if cmd[1:3] == ["-m", "venv"]:
+            (Path(cmd[3]) / "bin").mkdir(parents=True)
+            (Path(cmd[3]) / "bin" / "python").write_text("")
+
+    from quantkit.external import vllm_env
+
+    monkeypatch.delenv("QUANTKIT_VLLM_VENV", raising=False)
+    monkeypatch.setattr(vllm_env, "_run", run)
+    monkeypatch.setattr(vllm_env, "_install_torch", lambda py, spec, log: calls.append(["torch", spec]) or [])
+    monkeypatch.setattr(vllm_env, "import_check", lambda py: ("0.32.0", None))
+    return calls

@@ -50,22 +50,6 @@ def test_without_vllm_each_command_says_how_to_install_it(cli, tiny_llama, tiny_
     assert code == 0 and st["installed"] is False and st["source"] == "QUANTKIT_HOME" and "imports" not in st
 
 
-@pytest.fixture
-def pip_log(monkeypatch):
-    """install() with every pip/venv command recorded instead of run; bin/python appears when the venv is created."""
-    calls = []
-
-    def run(cmd, log, what):
-        calls.append(cmd)
-        if cmd[1:3] == ["-m", "venv"]:
-            (Path(cmd[3]) / "bin").mkdir(parents=True)
-            (Path(cmd[3]) / "bin" / "python").write_text("")
-
-    monkeypatch.delenv("QUANTKIT_VLLM_VENV", raising=False)
-    monkeypatch.setattr(vllm_env, "_run", run)
-    monkeypatch.setattr(vllm_env, "_install_torch", lambda py, spec, log: calls.append(["torch", spec]) or [])
-    monkeypatch.setattr(vllm_env, "import_check", lambda py: ("0.32.0", None))
-    return calls
 
 
 def test_install_builds_once_with_the_workarounds_and_a_stamp(cli, pip_log):

@@ -227,22 +227,6 @@ def test_the_worker_keeps_of_each_sample_its_id_and_scores(tmp_path):
 # ---- lm-eval in vLLM's environment (vllm_env.addons) ------------------------------------------
 
 
-@pytest.fixture
-def pip_log(monkeypatch):
-    """install() with every pip/venv command recorded instead of run; bin/python appears when the venv is created."""
-    calls = []
-
-    def run(cmd, log, what):
-        calls.append(cmd)
-        if cmd[1:3] == ["-m", "venv"]:
-            (Path(cmd[3]) / "bin").mkdir(parents=True)
-            (Path(cmd[3]) / "bin" / "python").write_text("")
-
-    monkeypatch.delenv("QUANTKIT_VLLM_VENV", raising=False)
-    monkeypatch.setattr(vllm_env, "_run", run)
-    monkeypatch.setattr(vllm_env, "_install_torch", lambda py, spec, log: calls.append(["torch", spec]) or [])
-    monkeypatch.setattr(vllm_env, "import_check", lambda py: ("0.32.0", None))
-    return calls
 
 
 def _pip(calls: list) -> list[str]:
