@@ -114,3 +114,27 @@ def test_which_orders_compressed_tensors_can_build():
     assert _constructible("hadamard", 64) and not _constructible("hadamard", 576)  # Sylvester: powers of two
     assert _constructible("random-hadamard", 576)  # 36 x 16: a known order-36 Hadamard matrix (the demo's width)
     assert not _constructible("random-hadamard", 18) and _constructible("random-matrix", 18)  # no Hadamard of order 18 or 9
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa", "mistral", "qwen2"])
+def test_fused_rotations_keep_the_models_function(tiny_dir, arch):
+    """R1/R2 are orthogonal and fused around RMSNorm: the rotated, unquantized model computes what the
+    source did. Embeddings with a non-zero row mean catch llm-compressor's embedding centering
+    (exact under LayerNorm only; methods/patches.py llmcompressor_spinquant_keep_embeddings)."""
+    import torch
+    from llmcompressor import oneshot
+
+    from quantkit.methods import rotation
+    from quantkit.models.checkpoint import load_model
+    from quantkit.recipe.schema import TransformStepConfig
+
+    model = load_model(tiny_dir / arch, dtype="float32", device="cpu").eval()
+    with torch.no_grad():
+        model.get_input_embeddings().weight += 0.5  # every row's mean moves by 0.5
+        ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+        before = torch.log_softmax(model(input_ids=ids).logits.double(), -1)
+        step = TransformStepConfig(method="spinquant", rotations=("R1", "R2"), transform_type="random-hadamard")
+        oneshot(model=model, recipe=rotation.modifiers(step))
+        after = torch.log_softmax(model(input_ids=ids).logits.double(), -1)
+    kl = float((before.exp() * (before - after)).sum(-1).mean())
+    assert kl < 1e-8, kl

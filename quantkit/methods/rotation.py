@@ -19,6 +19,9 @@ def modifiers(transform) -> list:
         return []
     from llmcompressor.modifiers.transform import SpinQuantModifier
 
+    from quantkit.methods.patches import llmcompressor_spinquant_keep_embeddings
+
+    llmcompressor_spinquant_keep_embeddings()
     return [SpinQuantModifier(rotations=list(transform.rotations), transform_type=transform.transform_type,
                               transform_block_size=transform.block_size)]
 
