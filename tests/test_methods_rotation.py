@@ -30,7 +30,6 @@ def test_spinquant_r1_r2_then_gptq_verifies_on_each_supported_architecture(cli, 
     groups = cfg["quantization_config"]["transform_config"]["config_groups"]
     assert set(groups) == {"R1", "R2"}
     assert all(a["location"].startswith("weight_") for g in groups.values() for a in g["apply"])  # fused: nothing at run time
-    assert cfg["tie_word_embeddings"] is False  # R1 rotates the embeddings and lm_head differently
     assert json.loads((out / "quantkit.json").read_text())["recipe"]["steps"][0]["transform"]["rotations"] == ["R1", "R2"]
 
 
