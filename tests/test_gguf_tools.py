@@ -134,3 +134,43 @@ def test_levers_engines_shows_llama_server_installed(cli):
     assert code == 0, stderr
     block = stdout.split("llama-server: ", 1)[1].splitlines()
     assert block[1].strip().startswith(f"installed: {path} (version ")
+
+
+def _built(folder: Path, version: str, flags: str = "-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON") -> Path:
+    folder.mkdir()
+    for lib in ("libllama.so", "libggml.so", "libggml-cpu-haswell.so"):
+        (folder / lib).write_bytes(b"")
+    (folder / "BUILD.json").write_text(f'{{"llama_cpp_python": "{version}", "cmake_flags": "{flags}"}}')
+    return folder
+
+
+@pytest.mark.parametrize("case", ["same version", "another version", "one CPU variant", "no libllama"])
+def test_the_dispatch_library_stands_in_only_for_the_same_llama_cpp(monkeypatch, tmp_path, case):
+    from importlib import metadata
+
+    monkeypatch.setattr(metadata, "version", lambda name: "0.3.36")
+    folder = _built(tmp_path / "t", "0.3.1" if case == "another version" else "0.3.36",
+                    "-DGGML_NATIVE=OFF" if case == "one CPU variant" else "-DGGML_BACKEND_DL=ON")
+    if case == "no libllama":
+        (folder / "libllama.so").unlink()
+    monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(folder))
+    assert tools.dispatch_library() == (folder if case == "same version" else None)
+
+
+def test_the_llamacpp_engine_runs_the_tools_cpu_variant(tmp_path):
+    """Where the install built the tools, llama-cpp-python in a fresh process loads their libllama and
+    the CPU variant ggml picks for this CPU, as llama-bench does (test_the_build_picks_its_cpu_code_at_run_time)."""
+    import subprocess
+    import sys
+
+    llama_tool("llama-bench")
+    if tools.dispatch_library() is None:
+        pytest.skip("the tools are not a run-time dispatch build of the installed llama-cpp-python's llama.cpp")
+    code = ("from quantkit.bench.engines import llamacpp as e; m = e.import_llama_cpp(); print(e.library()); "
+            "print(m.llama_print_system_info().decode())")
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{tools.dispatch_library()} (ggml's run-time CPU dispatch)"), proc.stdout
+    loaded = re.search(r"loaded CPU backend from (\S+)", proc.stdout + proc.stderr)
+    assert loaded and Path(loaded.group(1)).parent == tools.dispatch_library(), proc.stderr

@@ -82,6 +82,25 @@ def build_info() -> dict | None:
         return None
 
 
+def dispatch_library() -> Path | None:
+    """The tools' directory when its libllama can stand in for llama-cpp-python's own: built with
+    ggml's run-time CPU dispatch (the best CPU variant chosen when it loads, as llama-bench does)
+    from the llama.cpp that the installed llama-cpp-python vendors (the same version, so the same C
+    API). None otherwise (no tools, another build, another version)."""
+    from importlib import metadata
+
+    info, where = build_info(), tools_dir()
+    if not info or where is None or "GGML_BACKEND_DL=ON" not in info.get("cmake_flags", ""):
+        return None
+    if not (where / "libllama.so").is_file() or not list(where.glob("libggml-cpu-*.so")):
+        return None
+    try:
+        installed = metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        return None
+    return where if info.get("llama_cpp_python") == installed else None
+
+
 def version(name: str) -> str:
     """What `NAME --version` prints after "version: " ("0.5.0-dev (build 0, commit ...)"). A tool
     that has no --version (llama-quantize prints its usage and exits 1) started all the same: the

@@ -18,6 +18,8 @@ attends over the used cells padded to 256, not the live tokens.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
@@ -31,15 +33,55 @@ INSTALL = "./scripts/_install.sh builds it (or: pip install llama-cpp-python)"
 
 
 
+LIB_ENV = "LLAMA_CPP_LIB_PATH"  # llama-cpp-python loads libllama from this directory instead of its own
+
+
 def import_llama_cpp():
-    """llama_cpp, or one line saying how to install it."""
+    """llama_cpp, or one line saying how to install it.
+
+    Where the install built llama.cpp's tools with ggml's run-time CPU dispatch from the same
+    llama.cpp (tools.dispatch_library), llama-cpp-python loads their libllama: every CPU then runs
+    the variant of its instruction set (the wheel is built for one level, AVX2), the one llama-bench
+    and llama-server run. An LLAMA_CPP_LIB_PATH the user set is kept."""
+    from quantkit.gguf import tools
+
+    if "llama_cpp" not in sys.modules and not os.environ.get(LIB_ENV):
+        lib = tools.dispatch_library()
+        if lib is not None:  # read once, when llama_cpp is first imported: the process's only libllama
+            os.environ[LIB_ENV] = str(lib)
     try:
         import llama_cpp
     except ImportError:
         raise QuantkitError(f"--engine llamacpp: llama-cpp-python is not installed; {INSTALL}") from None
     except OSError as exc:  # the package is there but its shared library does not load
         raise QuantkitError(f"--engine llamacpp: llama-cpp-python's library does not load ({exc}); rebuild it: {INSTALL}") from None
+    _load_cpu_backends()
     return llama_cpp
+
+
+def library() -> str:
+    """Which libllama llama-cpp-python runs: the tools' run-time dispatch build, or its wheel's."""
+    lib = os.environ.get(LIB_ENV)
+    return f"{lib} (ggml's run-time CPU dispatch)" if lib and _dispatch_dir(Path(lib)) else (lib or "llama-cpp-python's wheel")
+
+
+def _dispatch_dir(lib: Path) -> bool:
+    return (lib / "libggml.so").is_file() and bool(list(lib.glob("libggml-cpu-*.so")))
+
+
+def _load_cpu_backends() -> None:
+    """A libggml built with GGML_BACKEND_DL has no backend until one is loaded; its tools load theirs
+    from their own directory, which is not the Python executable's: load them from the library's."""
+    lib = os.environ.get(LIB_ENV)
+    if not lib or not _dispatch_dir(Path(lib)):
+        return
+    import ctypes
+
+    ggml = ctypes.CDLL(str(Path(lib) / "libggml.so"))  # the copy libllama already loaded
+    if ggml.ggml_backend_reg_count() == 0:
+        ggml.ggml_backend_load_all_from_path(str(lib).encode())
+    if ggml.ggml_backend_reg_count() == 0:
+        raise QuantkitError(f"--engine llamacpp: no ggml CPU backend in {lib} loads on this CPU; rebuild the tools: {INSTALL}")
 
 
 def gpu_offload() -> bool:
@@ -216,7 +258,7 @@ class Engine(Base):
             notes.append(f"benched as the exact GGUF of the checkpoint ({how}: {self.export['gguf']})")
         return {"engine": self.name, "kind": "gguf", "notes": notes, **devices.describe(self.settings.device),
                 "kernel": f"llama.cpp (ggml {'CPU' if self.settings.device.type == 'cpu' else 'GPU offload'}) "
-                          f"via llama-cpp-python {llama_cpp.__version__}",
+                          f"via llama-cpp-python {llama_cpp.__version__}", "llama_library": library(),
                 "dtype": dtype, "threads": self.threads, "threads_available": available_cores(),
                 "gguf": str(self.gguf), "gguf_export": self.export, "kv_cache_type": self._kv_elem_bytes()[0],
                 "n_ctx": self.kv_size, "n_batch": self.llm.n_batch, "flash_attn": False,
