@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""quantkit's GGUF at llama.cpp's size against llama.cpp's own best practice, on the demo model.
+"""quantkit's GGUF at llama.cpp's size against llama.cpp's own best practice, on one model.
 
 The anchor: `quantkit export demo --format gguf --type T` (llama-imatrix over quantkit's calibration
 windows, then llama-quantize T). The candidate: the same with `--mixed` (each decoder-layer weight's
@@ -11,10 +11,13 @@ target (--target-pct lower on every text).
 
 The demo's weights lie on Q4_1's grid (asymmetric blocks of 32), so asymmetric types with blocks of
 32 (Q4_1, Q5_1, and the K-quants Q4_K and Q5_K with their 32-value sub-blocks) would round them
-almost exactly; the default --mixed-types leaves them out, so the choice cannot profit from the grid.
+almost exactly; the default --mixed-types leaves them out, so the choice cannot profit from the grid
+(the anchor's own Q4_K_M still gives half its ffn_down weights Q4_K, and profits). A checkpoint on no
+grid (benchmarks/offgrid_model.py: the demo with rotations fused) takes every type on both sides.
 
   python benchmarks/gguf_best.py --out /tmp/gguf-best --calib-samples 32 \\
       --text set:world-factbook --text set:python-stdlib-code --text set:shakespeare-plays --max-tokens 4096
+  python benchmarks/gguf_best.py --model runs/offgrid-demo --name gguf_best_offgrid --mixed-types all ...
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from common import QUANTKIT, quantkit_json, write_result
 SYMMETRIC = "IQ4_NL,IQ4_XS,Q5_0,Q6_K,Q8_0"  # no asymmetric 32-value blocks: see the docstring
 
 
-def demo() -> str:
-    return subprocess.run([*QUANTKIT, "models", "path", "demo"], capture_output=True, text=True, check=True).stdout.strip()
+def model_path(ref: str) -> str:
+    if Path(ref).is_dir():
+        return ref
+    return subprocess.run([*QUANTKIT, "models", "path", ref], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def export(src: str, out: Path, a: argparse.Namespace, mixed: bool) -> dict:
@@ -68,8 +73,10 @@ COLUMNS = [{"key": "gguf", "header": "GGUF"}, {"key": "split", "header": "split"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="where the GGUFs are written")
+    ap.add_argument("--model", default="demo", help="a checkpoint directory or a name quantkit knows")
+    ap.add_argument("--name", default="gguf_best", help="the result file: benchmarks/results/NAME.json")
     ap.add_argument("--type", default="Q4_K_M", help="llama-quantize's type: the anchor, and the size the candidate keeps to")
-    ap.add_argument("--mixed-types", default=SYMMETRIC)
+    ap.add_argument("--mixed-types", default=SYMMETRIC, help="--mixed's types, or `all` for export's default list")
     ap.add_argument("--calib", default="mix:default")
     ap.add_argument("--calib-samples", type=int, default=128)
     ap.add_argument("--text", action="append", default=[])
@@ -78,11 +85,16 @@ def main() -> None:
     ap.add_argument("--target-pct", type=float, default=25.0, help="the KL reduction against the anchor asked on every text")
     ap.add_argument("--reuse", action="store_true", help="take the GGUFs an earlier run left in --out (with their records)")
     a = ap.parse_args()
+    if a.mixed_types == "all":
+        from quantkit.quantize.ggufmix import DEFAULT_TYPES
+
+        a.mixed_types = ",".join(DEFAULT_TYPES)
     if not a.text:
         ap.error("give at least one --text")
-    src = demo()
+    src = model_path(a.model)
     a.out.mkdir(parents=True, exist_ok=True)
-    made = {f"{a.type}": (a.out / f"demo-{a.type}.gguf", False), f"{a.type} --mixed": (a.out / f"demo-{a.type}-mixed.gguf", True)}
+    stem = Path(a.model).name
+    made = {f"{a.type}": (a.out / f"{stem}-{a.type}.gguf", False), f"{a.type} --mixed": (a.out / f"{stem}-{a.type}-mixed.gguf", True)}
     records = {}
     for name, (path, mixed) in made.items():
         records[name] = export(src, path, a, mixed)
@@ -93,7 +105,7 @@ def main() -> None:
         anchor = evs[a.type]
         for name in made:
             rows += [row(name, records[name], split, t, evs[name][t], None if name == a.type else anchor[t], a.target_pct) for t in a.text]
-    body = {"calibration": {"calib": a.calib, "samples": a.calib_samples}, "type": a.type, "mixed_types": a.mixed_types,
+    body = {"model": a.model, "calibration": {"calib": a.calib, "samples": a.calib_samples}, "type": a.type, "mixed_types": a.mixed_types,
             "target_pct": a.target_pct,
             "target_met": all(r["target_met"] for r in rows if r["target_met"] is not None and r["split"] == "confirmation"),
             "exports": {name: {k: rec.get(k) for k in ("bytes", "tensor_types", "bits_per_weight_layers")}
@@ -105,7 +117,10 @@ def main() -> None:
                 f"{a.max_tokens} tokens per text; importance matrix: llama-imatrix over {a.calib_samples} windows of {a.calib}; "
                 f"--mixed among {a.mixed_types} within {a.type}'s own bytes; target: KL {a.target_pct:g}% below {a.type} on "
                 "every text")}}}
-    print(write_result("gguf_best", body))
+    provenance = Path(src) / "offgrid.json"  # how offgrid_model.py made the checkpoint
+    if provenance.is_file():
+        body["offgrid"] = json.loads(provenance.read_text())
+    print(write_result(a.name, body))
 
 
 if __name__ == "__main__":

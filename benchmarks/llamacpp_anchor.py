@@ -47,7 +47,7 @@ def bench_row(name: str, gguf: Path, a: argparse.Namespace) -> dict:
             "lb_ttft_ms": an.get("ttft_ms"), "lb_tpot_ms": an.get("tpot_ms"), "lb_pp_tps": an.get("pp_tokens_per_s"),
             "lb_tg_tps": an.get("tg_tokens_per_s"), "ratio_ttft": an.get("ratio_ttft"), "ratio_tpot": an.get("ratio_tpot"),
             "flag": ", ".join(an.get("disagree") or []) or ("-" if "ttft_ms" in an else an.get("error", "?")),
-            "wheel_kernel": r["kernel"], "anchor_backends": an.get("backends"), "load_average": res.get("load_average")}
+            "kernel": r["kernel"], "llama_library": r.get("llama_library"), "anchor_backends": an.get("backends"), "load_average": res.get("load_average")}
 
 
 def eval_rows(name: str, gguf: Path, rec: dict, src: str, texts: list[str], a: argparse.Namespace) -> list[dict]:
@@ -104,9 +104,11 @@ def main() -> None:
         "bytes", "tensor_types", "fallback_types", "bits_per_weight", "bits_per_weight_layers", "imatrix")} for t, (_, r) in made.items()}}
     if not a.skip_bench:
         rows = [bench_row(t, made[t][0], a) for t in a.bench_types.split(",")]
+        lib = ("the tools' libllama (ggml's run-time CPU dispatch, as llama-bench)" if "dispatch" in str(rows[0]["llama_library"])
+               else "its wheel's libllama")
         tables["main"] = {"columns": MAIN, "rows": rows, "note": f"batch 1, prompt {a.prompt_len}, {a.gen_len} generated tokens, "
-                          f"{a.repeats} repeats; quantkit times llama-cpp-python's wheel, llama-bench is llama.cpp's own build "
-                          f"(CPU variant chosen at run time); load average {os.getloadavg()[0]:.1f} at the end"}
+                          f"{a.repeats} repeats; quantkit times llama-cpp-python on {lib}; "
+                          f"load average {os.getloadavg()[0]:.1f} at the end"}
     if not a.skip_eval and a.text:
         rows = [r for t in a.types.split(",") for r in eval_rows(t, made[t][0], made[t][1], src, a.text, a)]
         tables["kquant"] = {"columns": KQUANT, "rows": rows, "note": f"KL vs the FP16 checkpoint through llama.cpp (quantkit eval "
