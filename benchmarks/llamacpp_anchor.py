@@ -47,7 +47,7 @@ def bench_row(name: str, gguf: Path, a: argparse.Namespace) -> dict:
             "lb_ttft_ms": an.get("ttft_ms"), "lb_tpot_ms": an.get("tpot_ms"), "lb_pp_tps": an.get("pp_tokens_per_s"),
             "lb_tg_tps": an.get("tg_tokens_per_s"), "ratio_ttft": an.get("ratio_ttft"), "ratio_tpot": an.get("ratio_tpot"),
             "flag": ", ".join(an.get("disagree") or []) or ("-" if "ttft_ms" in an else an.get("error", "?")),
-            "kernel": r["kernel"], "llama_library": r.get("llama_library"), "anchor_backends": an.get("backends"), "load_average": res.get("load_average")}
+            "kernel": r["kernel"], "llama_library": (r.get("engine_info") or {}).get("llama_library"), "anchor_backends": an.get("backends"), "load_average": res.get("load_average")}
 
 
 def eval_rows(name: str, gguf: Path, rec: dict, src: str, texts: list[str], a: argparse.Namespace) -> list[dict]:
