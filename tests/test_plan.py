@@ -484,15 +484,16 @@ def test_bench_plan_refuses_what_bench_refuses(cli, tiny_llama, tmp_path, no_wei
 
 
 def test_sensitivity_pass_by_hand():
-    """1 reference + units x layers x schemes forwards (+2 for the noise floor); a unit's forward
-    runs its own layer on, so the layers cost L(L+1)/2 per unit and scheme, the head L."""
+    """1 reference + units x layers x schemes forwards, +2 for the noise floor and at most one per
+    unit under it; a unit's forward runs its own layer on, so the layers cost L(L+1)/2 per unit and
+    scheme (and per unit once more), the head L."""
     from quantkit.plan.cost import sensitivity_flops, sensitivity_forwards
 
     w = work(sensitivity_tokens=10, sensitivity_seq_len=5, sensitivity_units=4, sensitivity_schemes=2)
-    assert sensitivity_forwards(TOY, w) == 1 + 4 * 3 * 2 + 2
+    assert sensitivity_forwards(TOY, w) == 1 + 4 * 3 * (2 + 1) + 2
     layer = (2880 + 1200) / 3  # forward_flops(TOY, 10, 5) per layer
     head = 2 * 10 * 4 * 10
-    assert sensitivity_flops(TOY, w) == pytest.approx(3 * (3 * layer + head) + 4 * 2 * (3 * head + layer * 6))
+    assert sensitivity_flops(TOY, w) == pytest.approx(3 * (3 * layer + head) + 4 * (2 + 1) * (3 * head + layer * 6))
     assert sensitivity_forwards(TOY, work()) == 0 and sensitivity_flops(TOY, work()) == 0
 
 
@@ -506,7 +507,7 @@ def test_sensitivity_pass_costs_time_and_memory_in_proportion():
     assert "sensitivity" not in plain.time_breakdown and "sensitivity_working_set" not in plain.stages
     assert two.time_breakdown["sensitivity"] > 2 * one.time_breakdown["sensitivity"] > 0
     assert two.stages["sensitivity_working_set"] > one.stages["sensitivity_working_set"] > 0
-    assert one.seconds > plain.seconds and one.peak_ram >= plain.peak_ram and "forwards of 1024 tokens" in one.notes[0]
+    assert one.seconds > plain.seconds and one.peak_ram >= plain.peak_ram and f"up to {1 + 4 * 30 * 3 + 2} forwards of 1024 tokens" in one.notes[0]
 
 
 def test_convert_plan_counts_the_sensitivity_pass(cli, tiny_llama, tiny_text, tmp_path, no_weights):
@@ -518,5 +519,5 @@ def test_convert_plan_counts_the_sensitivity_pass(cli, tiny_llama, tiny_text, tm
     assert code == 0, err
     assert plan["time_breakdown"]["sensitivity"] > 0 and "sensitivity" not in plain["time_breakdown"]
     assert plan["stages"]["sensitivity_working_set"] > 0 and plan["seconds"] > plain["seconds"]
-    assert plan["notes"][0].startswith(f"auto mixed precision: {1 + 4 * 2 * 3 + 2} forwards of 512 tokens")
+    assert plan["notes"][0].startswith(f"auto mixed precision: up to {1 + 4 * 2 * (3 + 1) + 2} forwards of 512 tokens")
     assert plan["stages"]["artifact"] < plain["stages"]["artifact"] * 4.5 / 4.25 * 1.01  # within the budget's bits

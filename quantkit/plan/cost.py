@@ -13,7 +13,9 @@ What the model counts (benchmarks/scale.py compares it with measurements):
   Python step per column (llmcompressor/modifiers/gptq/gptq_quantize.py, one column at a time on
   the CPU). RTN: a pass over the weights' bytes.
 - Auto mixed precision (quantize/auto.py): 1 reference forward and 2 for the noise floor, then
-  units x layers x (1 + choices) forwards over windows x seq_len tokens, each starting at its
+  units x layers x (1 + choices) forwards over windows x seq_len tokens, and at most one more per
+  unit for the units whose KL falls under the noise bound (sensitivity.noise_floor: how many is
+  known only once measured; counted as all, so this part is an upper bound), each starting at its
   unit's layer (layer i costs the last L - i layers and the LM head), and the log-softmax and KL
   of every token over the vocabulary per forward; its memory is the reference's log-probabilities
   and layer outputs beside the model (sensitivity.working_set_bytes).
@@ -187,20 +189,22 @@ class ConvertWork:
 
 
 def sensitivity_forwards(m: Model, w: ConvertWork) -> int:
-    """Forward passes of the sensitivity pass: 1 reference + units x layers x schemes (+2 for its noise floor)."""
-    return 1 + w.sensitivity_units * m.layers * w.sensitivity_schemes + 2 if w.sensitivity_tokens else 0
+    """Forward passes of the sensitivity pass, at most: 1 reference + units x layers x schemes, +2
+    for its noise floor and 1 per unit whose KL falls under it (units x layers at most)."""
+    return 1 + w.sensitivity_units * m.layers * (w.sensitivity_schemes + 1) + 2 if w.sensitivity_tokens else 0
 
 
 def sensitivity_flops(m: Model, w: ConvertWork) -> float:
     """The reference and the noise floor's two forwards run every layer and the head; a unit's
     forward at layer i runs the last L - i layers and the head (sensitivity.Reference): summed
-    over the layers, L heads and L(L+1)/2 layers per unit and scheme."""
+    over the layers, L heads and L(L+1)/2 layers per unit and scheme, and per unit once more for
+    its own noise check (an upper bound: only the units under the noise bound have one)."""
     if not w.sensitivity_tokens:
         return 0.0
     full = forward_flops(m, w.sensitivity_tokens, w.sensitivity_seq_len, with_head=True)
     layers = forward_flops(m, w.sensitivity_tokens, w.sensitivity_seq_len)
     per_layer, head = layers / m.layers, full - layers
-    return 3 * full + w.sensitivity_units * w.sensitivity_schemes * (m.layers * head + per_layer * m.layers * (m.layers + 1) / 2)
+    return 3 * full + w.sensitivity_units * (w.sensitivity_schemes + 1) * (m.layers * head + per_layer * m.layers * (m.layers + 1) / 2)
 
 
 def sensitivity_bytes(m: Model, w: ConvertWork) -> int:
@@ -244,9 +248,10 @@ def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
     plan = Plan("convert", _model_dict(m), asdict(mc), stages, int(max(calib_peak, reload_peak, sens_peak)), peak_vram, w.disk_bytes,
                 w.offload_cpu_bytes is not None, sum(t.values()), t)
     if w.sensitivity_tokens:
-        plan.notes.append(f"auto mixed precision: {sensitivity_forwards(m, w)} forwards of {w.sensitivity_tokens} tokens before quantizing "
-                          f"(1 reference + {w.sensitivity_units} units x {m.layers} layers x {w.sensitivity_schemes} schemes, each "
-                          f"from its unit's layer on, + 2 for the noise floor), {'on the device' if sens_on_device else 'in RAM'}")
+        plan.notes.append(f"auto mixed precision: up to {sensitivity_forwards(m, w)} forwards of {w.sensitivity_tokens} tokens before "
+                          f"quantizing (1 reference + {w.sensitivity_units} units x {m.layers} layers x {w.sensitivity_schemes} schemes, "
+                          f"each from its unit's layer on, + 2 for the noise floor and 1 per unit under it), "
+                          f"{'on the device' if sens_on_device else 'in RAM'}")
     _check_fit(plan, mc, w)
     return plan
 
