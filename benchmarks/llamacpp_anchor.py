@@ -3,7 +3,10 @@
 
 main: `quantkit bench --engine llamacpp` on the demo's GGUFs (F16: the exact export; Q8_0 and Q4_0:
 `quantkit export --type`), with llama-bench's pp/tg on the same file, threads and lengths beside
-quantkit's TTFT/TPOT, and their ratio (flagged beyond 10%).
+quantkit's TTFT/TPOT, and their ratio (flagged beyond 10%). With --rounds N the GGUFs are benched
+in turn N times (F16, Q8_0, Q4_0, F16, ...), each bench timing quantkit and then llama-bench
+back to back, and a row gives the median of its rounds' ratios and their range: on a shared
+machine one pair of runs can differ by more than the engines do.
 
 kquant: `quantkit export demo --format gguf --type T` for llama-quantize's types, the importance
 matrix from the calibration windows a convert reads (--calib, default mix:default), scored like
@@ -38,16 +41,29 @@ def export(src: str, out: Path, qtype: str | None, calib: list[str], reuse: bool
     return quantkit_json(args + (["--type", qtype, *calib] if qtype else []))
 
 
-def bench_row(name: str, gguf: Path, a: argparse.Namespace) -> dict:
+def bench_once(gguf: Path, a: argparse.Namespace) -> dict:
     res = quantkit_json(["bench", str(gguf), "--engine", "llamacpp", "--prompt-len", str(a.prompt_len), "--gen-len", str(a.gen_len),
                          "--repeats", str(a.repeats), *(["--threads", str(a.threads)] if a.threads else [])])
-    r = res["rows"][0]
+    return {**res["rows"][0], "load_average": res.get("load_average")}
+
+
+def bench_row(name: str, runs: list[dict]) -> dict:
+    """One GGUF's rounds: the median round (by its TPOT ratio) gives the figures, with every round's ratios."""
+    from statistics import median
+
+    ok = [r for r in runs if "ttft_ms" in (r.get("anchor") or {})]
+    r = sorted(ok, key=lambda x: x["anchor"]["ratio_tpot"])[len(ok) // 2] if ok else runs[0]
     an = r.get("anchor") or {}
+    tpot, ttft = [x["anchor"]["ratio_tpot"] for x in ok], [x["anchor"]["ratio_ttft"] for x in ok]
     return {"gguf": name, "threads": r["threads"], "ttft_ms": r["ttft_ms"], "tpot_ms": r["tpot_ms"],
             "lb_ttft_ms": an.get("ttft_ms"), "lb_tpot_ms": an.get("tpot_ms"), "lb_pp_tps": an.get("pp_tokens_per_s"),
-            "lb_tg_tps": an.get("tg_tokens_per_s"), "ratio_ttft": an.get("ratio_ttft"), "ratio_tpot": an.get("ratio_tpot"),
+            "lb_tg_tps": an.get("tg_tokens_per_s"), "ratio_ttft": median(ttft) if ttft else None, "ratio_tpot": median(tpot) if tpot else None,
+            "rounds": len(runs), "ratio_tpot_range": f"{min(tpot):.2f}–{max(tpot):.2f}" if tpot else "-",
+            "ratio_ttft_range": f"{min(ttft):.2f}–{max(ttft):.2f}" if ttft else "-",
+            "round_ratios_tpot": tpot, "round_ratios_ttft": ttft,
             "flag": ", ".join(an.get("disagree") or []) or ("-" if "ttft_ms" in an else an.get("error", "?")),
-            "kernel": r["kernel"], "llama_library": (r.get("engine_info") or {}).get("llama_library"), "anchor_backends": an.get("backends"), "load_average": res.get("load_average")}
+            "kernel": r["kernel"], "llama_library": (r.get("engine_info") or {}).get("llama_library"), "anchor_backends": an.get("backends"),
+            "load_average": [x.get("load_average") for x in runs]}
 
 
 def eval_rows(name: str, gguf: Path, rec: dict, src: str, texts: list[str], a: argparse.Namespace) -> list[dict]:
@@ -67,7 +83,7 @@ MAIN = [{"key": "gguf", "header": "GGUF"}, {"key": "threads", "header": "threads
         {"key": "ttft_ms", "header": "quantkit TTFT ms", "fmt": "{:.1f}"}, {"key": "lb_ttft_ms", "header": "llama-bench pp ms", "fmt": "{:.1f}"},
         {"key": "ratio_ttft", "header": "ratio", "fmt": "{:.2f}"}, {"key": "tpot_ms", "header": "quantkit TPOT ms", "fmt": "{:.2f}"},
         {"key": "lb_tpot_ms", "header": "llama-bench tg ms/token", "fmt": "{:.2f}"}, {"key": "ratio_tpot", "header": "ratio", "fmt": "{:.2f}"},
-        {"key": "flag", "header": ">10%"}]
+        {"key": "ratio_tpot_range", "header": "TPOT ratio, every round"}, {"key": "flag", "header": ">10%"}]
 KQUANT = [{"key": "type", "header": "type"}, {"key": "text", "header": "text"}, {"key": "mb", "header": "MB", "fmt": "{:.1f}"},
           {"key": "bpw", "header": "bits/weight (layers)", "fmt": "{:.2f}"}, {"key": "kl", "header": "KL", "fmt": "{:.4f}"},
           {"key": "dppl", "header": "ΔPPL %", "fmt": "{:+.2f}"}, {"key": "top1", "header": "top-1 %", "fmt": "{:.1f}"},
@@ -88,6 +104,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1, help="bench every GGUF this many times, in turn (median ratio)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--skip-eval", action="store_true")
@@ -103,11 +120,16 @@ def main() -> None:
     tables, body = {}, {"calibration": {"calib": a.calib, "samples": a.calib_samples}, "exports": {t: {k: r.get(k) for k in (
         "bytes", "tensor_types", "fallback_types", "bits_per_weight", "bits_per_weight_layers", "imatrix")} for t, (_, r) in made.items()}}
     if not a.skip_bench:
-        rows = [bench_row(t, made[t][0], a) for t in a.bench_types.split(",")]
+        names = a.bench_types.split(",")
+        runs: dict[str, list[dict]] = {t: [] for t in names}
+        for _ in range(a.rounds):
+            for t in names:
+                runs[t].append(bench_once(made[t][0], a))
+        rows = [bench_row(t, runs[t]) for t in names]
         lib = ("the tools' libllama (ggml's run-time CPU dispatch, as llama-bench)" if "dispatch" in str(rows[0]["llama_library"])
                else "its wheel's libllama")
         tables["main"] = {"columns": MAIN, "rows": rows, "note": f"batch 1, prompt {a.prompt_len}, {a.gen_len} generated tokens, "
-                          f"{a.repeats} repeats; quantkit times llama-cpp-python on {lib}; "
+                          f"{a.repeats} repeats, {a.rounds} round(s) in turn (ratio: the median over the rounds; range: every round's); quantkit times llama-cpp-python on {lib}; "
                           f"load average {os.getloadavg()[0]:.1f} at the end"}
     if not a.skip_eval and a.text:
         rows = [r for t in a.types.split(",") for r in eval_rows(t, made[t][0], made[t][1], src, a.text, a)]
