@@ -81,8 +81,8 @@ def eval_rows(name: str, gguf: Path, rec: dict, src: str, texts: list[str], a: a
 
 MAIN = [{"key": "gguf", "header": "GGUF"}, {"key": "threads", "header": "threads"},
         {"key": "ttft_ms", "header": "quantkit TTFT ms", "fmt": "{:.1f}"}, {"key": "lb_ttft_ms", "header": "llama-bench pp ms", "fmt": "{:.1f}"},
-        {"key": "ratio_ttft", "header": "ratio", "fmt": "{:.2f}"}, {"key": "tpot_ms", "header": "quantkit TPOT ms", "fmt": "{:.2f}"},
-        {"key": "lb_tpot_ms", "header": "llama-bench tg ms/token", "fmt": "{:.2f}"}, {"key": "ratio_tpot", "header": "ratio", "fmt": "{:.2f}"},
+        {"key": "ratio_ttft", "header": "median ratio", "fmt": "{:.2f}"}, {"key": "tpot_ms", "header": "quantkit TPOT ms", "fmt": "{:.2f}"},
+        {"key": "lb_tpot_ms", "header": "llama-bench tg ms/token", "fmt": "{:.2f}"}, {"key": "ratio_tpot", "header": "median ratio", "fmt": "{:.2f}"},
         {"key": "ratio_tpot_range", "header": "TPOT ratio, every round"}, {"key": "flag", "header": ">10%"}]
 KQUANT = [{"key": "type", "header": "type"}, {"key": "text", "header": "text"}, {"key": "mb", "header": "MB", "fmt": "{:.1f}"},
           {"key": "bpw", "header": "bits/weight (layers)", "fmt": "{:.2f}"}, {"key": "kl", "header": "KL", "fmt": "{:.4f}"},
@@ -129,7 +129,7 @@ def main() -> None:
         lib = ("the tools' libllama (ggml's run-time CPU dispatch, as llama-bench)" if "dispatch" in str(rows[0]["llama_library"])
                else "its wheel's libllama")
         tables["main"] = {"columns": MAIN, "rows": rows, "note": f"batch 1, prompt {a.prompt_len}, {a.gen_len} generated tokens, "
-                          f"{a.repeats} repeats, {a.rounds} round(s) in turn (ratio: the median over the rounds; range: every round's); quantkit times llama-cpp-python on {lib}; "
+                          f"{a.repeats} repeats, {a.rounds} round(s) in turn (times: the round with the median TPOT ratio; median ratio: over every round's quantkit/llama-bench ratio; range: every round's); quantkit times llama-cpp-python on {lib}; "
                           f"load average {os.getloadavg()[0]:.1f} at the end"}
     if not a.skip_eval and a.text:
         rows = [r for t in a.types.split(",") for r in eval_rows(t, made[t][0], made[t][1], src, a.text, a)]
