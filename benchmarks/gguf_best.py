@@ -24,19 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-from common import QUANTKIT, quantkit_json, write_result
+from common import quantkit_json, write_result
 
 SYMMETRIC = "IQ4_NL,IQ4_XS,Q5_0,Q6_K,Q8_0"  # no asymmetric 32-value blocks: see the docstring
-
-
-def model_path(ref: str) -> str:
-    if Path(ref).is_dir():
-        return ref
-    return subprocess.run([*QUANTKIT, "models", "path", ref], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def export(src: str, out: Path, a: argparse.Namespace, mixed: bool) -> dict:
@@ -91,7 +84,9 @@ def main() -> None:
         a.mixed_types = ",".join(DEFAULT_TYPES)
     if not a.text:
         ap.error("give at least one --text")
-    src = model_path(a.model)
+    from quantkit.models.checkpoint import resolve_model
+
+    src = str(resolve_model(a.model, pull=False))
     a.out.mkdir(parents=True, exist_ok=True)
     stem = Path(a.model).name
     made = {f"{a.type}": (a.out / f"{stem}-{a.type}.gguf", False), f"{a.type} --mixed": (a.out / f"{stem}-{a.type}-mixed.gguf", True)}

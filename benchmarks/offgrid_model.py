@@ -16,11 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from common import QUANTKIT
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "tokenizer.model")
@@ -46,9 +44,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    src = Path(a.model)
-    if not src.is_dir():
-        src = Path(subprocess.run([*QUANTKIT, "models", "path", a.model], capture_output=True, text=True, check=True).stdout.strip())
     if a.out.exists():
         sys.exit(f"{a.out} exists")
     import torch
@@ -56,10 +51,11 @@ def main() -> None:
     from llmcompressor.modifiers.transform import SpinQuantModifier
 
     from quantkit.methods.patches import llmcompressor_spinquant_keep_embeddings
-    from quantkit.models.checkpoint import load_model
+    from quantkit.models.checkpoint import load_model, resolve_model
 
     llmcompressor_spinquant_keep_embeddings()  # as quantkit's spinquant step: the same function, to float rounding
 
+    src = resolve_model(a.model, pull=False)
     torch.manual_seed(a.seed)
     model = load_model(src, dtype="float32", device="cpu").eval()
     ids = torch.randint(0, model.config.vocab_size, (1, 128), generator=torch.Generator().manual_seed(a.seed))
