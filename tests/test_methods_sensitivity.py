@@ -334,3 +334,50 @@ def test_cli_defaults_are_autos():
     auto = AutoMixed(budget_bits=4.5)
     assert (opts["windows"], opts["seq_len"], opts["choices"], opts["units_text"], opts["seed"]) == \
         (auto.windows, auto.seq_len, ",".join(auto.choices), ",".join(auto.units), 0)
+
+
+# ---------------------------------------------------------------- the lazy search convert runs
+
+
+def _both(model, rows, spec):
+    from quantkit.quantize.auto import search
+
+    return search(model, rows, spec), search(model, rows, spec, lazy=True)
+
+
+def _same_choice(full, lazy):
+    assert lazy["picked"] == full["picked"] and lazy["overrides"] == full["overrides"]
+    assert lazy["bits_per_weight"] == full["bits_per_weight"] and lazy["kl_sum"] == pytest.approx(full["kl_sum"], abs=1e-12)
+    assert {(r["layer"], r["unit"]): r["kl"] for r in lazy["ranking"]} == {(r["layer"], r["unit"]): r["kl"] for r in full["ranking"]}
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa", "qwen2"])
+@pytest.mark.parametrize("choices", [(INT8,), (INT8, G32)])
+def test_the_lazy_search_chooses_what_measuring_everything_chooses(tiny_dir, arch, choices):
+    """Across budgets from the floor to every unit raised: the same units, bits and summed KL; a
+    unit whose choices were not measured is one no solution raised; tight budgets of dear choices measure less."""
+    model, rows = _model(tiny_dir / arch), _rows()
+    for budget in (4.25, 4.4, 4.6, 5.5, 16):
+        full, lazy = _both(model, rows, _search(choices=choices, budget=budget))
+        _same_choice(full, lazy)
+        assert full["measured"]["units_at_every_scheme"] == len(full["ranking"])
+        picked = {(p["layer"], p["unit"]) for p in lazy["picked"]}
+        assert all(len(r["kls_measured"]) == 1 + len(choices) for r in lazy["ranking"] if (r["layer"], r["unit"]) in picked)
+        if budget == 4.25 or (budget <= 4.4 and choices == (INT8,)):  # a cheap choice (g32) is wanted by many solutions
+            assert lazy["measured"]["unit_forwards"] < full["measured"]["unit_forwards"]
+        assert lazy["measured"]["solves"] >= 1 and lazy["search"] == "lazy"
+
+
+def test_the_lazy_search_checks_the_noise_of_what_it_raises(tiny_dir, tmp_path):
+    """Units whose KL is rounding alone: never raised by either search; the lazy one checks alone
+    only the units under the bound that a solution wanted to raise."""
+    model, rows = _model(_zeroed_unit_checkpoint(tiny_dir, tmp_path)), _rows()
+    full, lazy = _both(model, rows, _search(budget=16))
+    _same_choice(full, lazy)
+    assert not {(p["layer"], p["unit"]) for p in lazy["picked"]} & {(0, "qkv"), (0, "o")}
+    noisy = {(r["layer"], r["unit"]) for r in lazy["ranking"] if r["below_noise"]}
+    assert noisy == {(0, "qkv"), (0, "o")}  # a budget of 16 wants every unit: both checked, both found noise
+    assert lazy["noise_floor"]["units_checked_alone"] == full["noise_floor"]["units_checked_alone"]
+    tight = _search(budget=4.3)
+    _, lazy = _both(model, rows, tight)
+    assert lazy["noise_floor"]["units_checked_alone"] <= full["noise_floor"]["units_checked_alone"]

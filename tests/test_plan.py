@@ -484,17 +484,35 @@ def test_bench_plan_refuses_what_bench_refuses(cli, tiny_llama, tmp_path, no_wei
 
 
 def test_sensitivity_pass_by_hand():
-    """1 reference + units x layers x schemes forwards, +2 for the noise floor and at most one per
-    unit under it; a unit's forward runs its own layer on, so the layers cost L(L+1)/2 per unit and
-    scheme (and per unit once more), the head L."""
+    """1 reference + 2 for the noise floor + units x layers at the base, and for each unit the
+    budget can raise its choices and its noise check; a unit's forward runs its own layer on, so
+    the base forwards cost L(L+1)/2 layers per unit and L heads, a raised unit's the average layer's."""
     from quantkit.plan.cost import sensitivity_flops, sensitivity_forwards
 
-    w = work(sensitivity_tokens=10, sensitivity_seq_len=5, sensitivity_units=4, sensitivity_schemes=2)
-    assert sensitivity_forwards(TOY, w) == 1 + 4 * 3 * (2 + 1) + 2
+    w = work(sensitivity_tokens=10, sensitivity_seq_len=5, sensitivity_units=4, sensitivity_schemes=2, sensitivity_raised=5)
+    assert sensitivity_forwards(TOY, w) == 3 + 4 * 3 + 5 * 2
     layer = (2880 + 1200) / 3  # forward_flops(TOY, 10, 5) per layer
     head = 2 * 10 * 4 * 10
-    assert sensitivity_flops(TOY, w) == pytest.approx(3 * (3 * layer + head) + 4 * (2 + 1) * (3 * head + layer * 6))
+    assert sensitivity_flops(TOY, w) == pytest.approx(3 * (3 * layer + head) + 4 * (3 * head + layer * 6) + 5 * 2 * (head + layer * 2))
     assert sensitivity_forwards(TOY, work()) == 0 and sensitivity_flops(TOY, work()) == 0
+
+
+def test_the_units_a_budget_can_raise(tiny_llama):
+    """auto.raisable: the cheapest raises first until the spare bits are spent (the plan's count)."""
+    from quantkit.models.checkpoint import read_config
+    from quantkit.methods.schemes import Scheme
+    from quantkit.quantize.auto import Search, raisable
+    from quantkit.quantize.preflight import meta_model
+    from quantkit.quantize.sensitivity import decoder_layers
+
+    layers = decoder_layers(meta_model(read_config(tiny_llama)))
+    # 294,912 weights at 4.25; INT8 per channel adds 3.875 bits per weight of an o (16,384: 63,488 bits), a qkv
+    # (32,768: 126,976), a gate_up (65,536: 253,952); 3.8125 of a down (32,768: 124,928)
+    spec = lambda b: Search(Scheme(4, 64), (Scheme(8, -1),), ("qkv", "o", "gate_up", "down"), b, 16)  # noqa: E731
+    assert raisable(layers, spec(4.25)) == 0
+    assert raisable(layers, spec(4.25 + 63488 / 294912)) == 1
+    assert raisable(layers, spec(4.25 + (2 * 63488 + 124928) / 294912)) == 3
+    assert raisable(layers, spec(16)) == 8
 
 
 def test_sensitivity_pass_costs_time_and_memory_in_proportion():
@@ -502,12 +520,12 @@ def test_sensitivity_pass_costs_time_and_memory_in_proportion():
     demo = Model(params=135 * 10**6, weight_bytes=270 * 10**6, itemsize=2, layers=30, hidden=576, vocab=49152, q_dim=576,
                  layer_linears=((576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)), head=(49152, 576))
     plain = convert_plan(demo, work(), machine())
-    one = convert_plan(demo, work(sensitivity_tokens=1024, sensitivity_seq_len=256, sensitivity_units=4, sensitivity_schemes=2), machine())
-    two = convert_plan(demo, work(sensitivity_tokens=2048, sensitivity_seq_len=256, sensitivity_units=4, sensitivity_schemes=3), machine())
+    one = convert_plan(demo, work(sensitivity_tokens=1024, sensitivity_seq_len=256, sensitivity_units=4, sensitivity_schemes=2, sensitivity_raised=5), machine())
+    two = convert_plan(demo, work(sensitivity_tokens=2048, sensitivity_seq_len=256, sensitivity_units=4, sensitivity_schemes=3, sensitivity_raised=10), machine())
     assert "sensitivity" not in plain.time_breakdown and "sensitivity_working_set" not in plain.stages
     assert two.time_breakdown["sensitivity"] > 2 * one.time_breakdown["sensitivity"] > 0
     assert two.stages["sensitivity_working_set"] > one.stages["sensitivity_working_set"] > 0
-    assert one.seconds > plain.seconds and one.peak_ram >= plain.peak_ram and f"up to {1 + 4 * 30 * 3 + 2} forwards of 1024 tokens" in one.notes[0]
+    assert one.seconds > plain.seconds and one.peak_ram >= plain.peak_ram and f"about {3 + 4 * 30 + 5 * 2} forwards of 1024 tokens" in one.notes[0]
 
 
 def test_convert_plan_counts_the_sensitivity_pass(cli, tiny_llama, tiny_text, tmp_path, no_weights):
@@ -519,5 +537,6 @@ def test_convert_plan_counts_the_sensitivity_pass(cli, tiny_llama, tiny_text, tm
     assert code == 0, err
     assert plan["time_breakdown"]["sensitivity"] > 0 and "sensitivity" not in plain["time_breakdown"]
     assert plan["stages"]["sensitivity_working_set"] > 0 and plan["seconds"] > plain["seconds"]
-    assert plan["notes"][0].startswith(f"auto mixed precision: up to {1 + 4 * 2 * (3 + 1) + 2} forwards of 512 tokens")
+    raised = int(plan["notes"][0].split(" units the budget can raise")[0].rsplit(" ", 1)[1])
+    assert 0 < raised <= 8 and plan["notes"][0].startswith(f"auto mixed precision: about {3 + 4 * 2 + raised * 3} forwards of 512 tokens")
     assert plan["stages"]["artifact"] < plain["stages"]["artifact"] * 4.5 / 4.25 * 1.01  # within the budget's bits

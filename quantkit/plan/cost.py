@@ -12,13 +12,13 @@ What the model counts (benchmarks/scale.py compares it with measurements):
   linear's Hessian (c input columns, n tokens), and a solve of ~r·c² + c³ FLOPs (r rows) plus a
   Python step per column (llmcompressor/modifiers/gptq/gptq_quantize.py, one column at a time on
   the CPU). RTN: a pass over the weights' bytes.
-- Auto mixed precision (quantize/auto.py): 1 reference forward and 2 for the noise floor, then
-  units x layers x (1 + choices) forwards over windows x seq_len tokens, and at most one more per
-  unit for the units whose KL falls under the noise bound (sensitivity.noise_floor: how many is
-  known only once measured; counted as all, so this part is an upper bound), each starting at its
-  unit's layer (layer i costs the last L - i layers and the LM head), and the log-softmax and KL
-  of every token over the vocabulary per forward; its memory is the reference's log-probabilities
-  and layer outputs beside the model (sensitivity.working_set_bytes).
+- Auto mixed precision (quantize/auto.py, its lazy search): 1 reference forward and 2 for the
+  noise floor, units x layers forwards at the base scheme, then each choice and a noise check for
+  as many units as the budget can raise at most (auto.raisable; the search measures the units its
+  solutions raise, re-solving until they are all measured), over windows x seq_len tokens; a unit's
+  forward at layer i costs the last L - i layers and the LM head, and the log-softmax and KL of
+  every token over the vocabulary; its memory is the reference's log-probabilities and layer
+  outputs beside the model (sensitivity.working_set_bytes).
 - Memory: the libraries' own footprint, the model at its calibration precision, one layer's
   Hessians and solve buffers, the calibration activations (llm-compressor keeps every sample's
   layer input), then the reload check: the artifact loaded back at the source precision beside
@@ -181,30 +181,34 @@ class ConvertWork:
     recover_tokens: int = 0  # GQA recovery: distillation tokens ...
     recover_max_s: float = 0.0  # ... and its time bound (recover.max_minutes)
     # auto mixed precision's sensitivity pass: windows x seq_len tokens, units per layer, schemes
-    # per unit (the base and each choice); 0 tokens: no pass
+    # per unit (the base and each choice), units whose choices are measured; 0 tokens: no pass
     sensitivity_tokens: int = 0
     sensitivity_seq_len: int = 0
     sensitivity_units: int = 0
     sensitivity_schemes: int = 0
+    sensitivity_raised: int = 0
 
 
 def sensitivity_forwards(m: Model, w: ConvertWork) -> int:
-    """Forward passes of the sensitivity pass, at most: 1 reference + units x layers x schemes, +2
-    for its noise floor and 1 per unit whose KL falls under it (units x layers at most)."""
-    return 1 + w.sensitivity_units * m.layers * (w.sensitivity_schemes + 1) + 2 if w.sensitivity_tokens else 0
+    """Forward passes of the sensitivity pass: 1 reference and 2 for its noise floor, every unit
+    at the base scheme, and the raised units at each choice and once for their own noise check."""
+    if not w.sensitivity_tokens:
+        return 0
+    return 3 + w.sensitivity_units * m.layers + w.sensitivity_raised * w.sensitivity_schemes
 
 
 def sensitivity_flops(m: Model, w: ConvertWork) -> float:
     """The reference and the noise floor's two forwards run every layer and the head; a unit's
     forward at layer i runs the last L - i layers and the head (sensitivity.Reference): summed
-    over the layers, L heads and L(L+1)/2 layers per unit and scheme, and per unit once more for
-    its own noise check (an upper bound: only the units under the noise bound have one)."""
+    over the layers, L heads and L(L+1)/2 layers per unit at the base; a raised unit's forwards
+    are counted at the average layer's cost (which layers a budget raises is known once measured)."""
     if not w.sensitivity_tokens:
         return 0.0
     full = forward_flops(m, w.sensitivity_tokens, w.sensitivity_seq_len, with_head=True)
     layers = forward_flops(m, w.sensitivity_tokens, w.sensitivity_seq_len)
     per_layer, head = layers / m.layers, full - layers
-    return 3 * full + w.sensitivity_units * (w.sensitivity_schemes + 1) * (m.layers * head + per_layer * m.layers * (m.layers + 1) / 2)
+    base = w.sensitivity_units * (m.layers * head + per_layer * m.layers * (m.layers + 1) / 2)
+    return 3 * full + base + w.sensitivity_raised * w.sensitivity_schemes * (head + per_layer * (m.layers + 1) / 2)
 
 
 def sensitivity_bytes(m: Model, w: ConvertWork) -> int:
@@ -248,10 +252,10 @@ def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
     plan = Plan("convert", _model_dict(m), asdict(mc), stages, int(max(calib_peak, reload_peak, sens_peak)), peak_vram, w.disk_bytes,
                 w.offload_cpu_bytes is not None, sum(t.values()), t)
     if w.sensitivity_tokens:
-        plan.notes.append(f"auto mixed precision: up to {sensitivity_forwards(m, w)} forwards of {w.sensitivity_tokens} tokens before "
-                          f"quantizing (1 reference + {w.sensitivity_units} units x {m.layers} layers x {w.sensitivity_schemes} schemes, "
-                          f"each from its unit's layer on, + 2 for the noise floor and 1 per unit under it), "
-                          f"{'on the device' if sens_on_device else 'in RAM'}")
+        plan.notes.append(f"auto mixed precision: about {sensitivity_forwards(m, w)} forwards of {w.sensitivity_tokens} tokens before "
+                          f"quantizing (1 reference + 2 for the noise floor + {w.sensitivity_units} units x {m.layers} layers at the "
+                          f"base, + {w.sensitivity_schemes - 1} choices and a noise check for each of the {w.sensitivity_raised} units "
+                          f"the budget can raise at most; each from its unit's layer on), {'on the device' if sens_on_device else 'in RAM'}")
     _check_fit(plan, mc, w)
     return plan
 

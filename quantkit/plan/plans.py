@@ -169,8 +169,13 @@ def convert_work(job) -> ConvertWork:
     rec = next((st.gqa.recover for st in job.variant.steps if st.gqa is not None and st.gqa.recover), None)
     auto = job.auto
     if auto is not None:  # auto mixed precision's sensitivity pass (quantize/auto.py)
+        from quantkit.quantize.auto import Search, raisable
+        from quantkit.quantize.sensitivity import decoder_layers
+
+        layers = decoder_layers(job.skeleton)
         costs.update(sensitivity_tokens=auto.windows * auto.seq_len, sensitivity_seq_len=auto.seq_len,
-                     sensitivity_units=len(auto.units), sensitivity_schemes=1 + len(auto.choices))
+                     sensitivity_units=len(auto.units), sensitivity_schemes=1 + len(auto.choices),
+                     sensitivity_raised=raisable(layers, Search.of_step(job.quant, job.source_bits, job.cfg)))
     return ConvertWork(seq_len=c.seq_len, calib_tokens=c.samples * c.seq_len if job.needs_calibration else 0,
                        calib_itemsize=4 if dtype == "float32" else 2, artifact_bytes=job.artifact_bytes, disk_bytes=job.disk_bytes,
                        offload_cpu_bytes=job.offload.cpu_bytes if job.offload else None,

@@ -1,10 +1,12 @@
 """Automatic mixed precision: which units of a model to raise above a quantize step's scheme
 within a bits budget, measured and chosen on the model itself, written as the step's overrides.
 
-`search` measures every candidate unit's KL at the base scheme and at each choice
-(sensitivity.unit_kls), counts the bits of every decoder-layer linear exactly as the artifact will
-store them, and solves the budget (mixed.solve). `quantkit sensitivity` and a recipe's `auto:`
-(convert, `resolve`) both run it, so both choose the same units from the same measurements.
+`search` measures every candidate unit's KL at the base scheme (sensitivity.measure), and at each
+choice either every unit (`quantkit sensitivity`'s table) or only the units a solution raises (a
+recipe's `auto:` in convert, lazy_choice: the same choice, proved optimal, on fewer forwards);
+it counts the bits of every decoder-layer linear exactly as the artifact will store them and
+solves the budget (mixed.solve). Both commands run it on the same windows, so both choose the
+same units from the same measurements.
 
 The budget is over the decoder layers' linear weights, as models/sizes.py measures an artifact:
 candidate units at their chosen scheme, the step's other quantized linears at its base scheme,
@@ -26,7 +28,7 @@ from quantkit.methods.schemes import UNITS, Scheme
 from quantkit.progress import bar, note
 from quantkit.quantize.mixed import Unit, solve
 from quantkit.quantize.preflight import is_ignored
-from quantkit.quantize.sensitivity import check_groups, decoder_layers, ranked, unit_kls
+from quantkit.quantize.sensitivity import NoiseFloor, Reference, check_groups, decoder_layers, measure, ranked, unit_kls
 
 LAYERS_PATH = "model.layers"  # sensitivity.decoder_layers: model.model.layers
 
@@ -122,6 +124,20 @@ def floor_bits(layers, search: Search) -> float:
     return (sum(b[0] for b in unit_bits.values()) + other) / total
 
 
+def raisable(layers, search: Search) -> int:
+    """The most units one solution can raise: the cheapest raises first until the spare bits are
+    spent. The lazy search measures the choices of about this many units (`--plan` counts them)."""
+    unit_bits, other, total = accounting(layers, search)
+    spare = search.budget * total - sum(b[0] for b in unit_bits.values()) - other
+    n = 0
+    for extra in sorted(min(b[j] - b[0] for j in range(1, len(b))) for b in unit_bits.values()):
+        if extra > spare:
+            break
+        spare -= extra
+        n += 1
+    return n
+
+
 def choose(results: list[dict], layers, search: Search) -> dict:
     """Solve the budget over the measured units; a unit whose base KL is below the noise gains
     nothing measurable from any choice, so it is never raised. Sets each result's "chosen"."""
@@ -129,8 +145,10 @@ def choose(results: list[dict], layers, search: Search) -> dict:
     measured = {(r["layer"], r["unit"]) for r in results}
     other += sum(b[0] for key, b in unit_bits.items() if key not in measured)  # a candidate not measured stays at the base
     names = [s.name for s in search.schemes]
+    # a choice not measured (a lazy search) counts as costing nothing: what it can save is at most
+    # the base's KL, so a solution that raises no unit at an unmeasured choice is the true optimum
     units = [Unit(r["layer"], r["unit"], r["weights"], unit_bits[(r["layer"], r["unit"])],
-                  tuple(r["kl"] for _ in names) if r["below_noise"] else tuple(r["kls"][n] for n in names)) for r in results]
+                  tuple(r["kl"] for _ in names) if r["below_noise"] else tuple(r["kls"].get(n, 0.0) for n in names)) for r in results]
     choice = solve(units, search.budget, total, other)
     for r, j in zip(results, choice.picked):
         r["chosen"] = names[j]
@@ -153,16 +171,55 @@ def overrides(picked: list[dict], choices: list[Scheme]) -> list[dict]:
     return out
 
 
-def search(model, rows, spec: Search, label: str = "sensitivity") -> dict:
-    """Measure every candidate unit at every scheme on `rows`, then choose within the budget."""
+def search(model, rows, spec: Search, label: str = "sensitivity", lazy: bool = False) -> dict:
+    """Measure the candidate units on `rows` and choose within the budget. Every unit at every
+    scheme (the explorer's table), or with `lazy` only what the choice needs (lazy_choice)."""
     layers = decoder_layers(model)
     pairs = candidates(layers, spec)
     with bar(label, total=len(layers)) as update:
-        results, floor = unit_kls(model, rows, pairs, spec.schemes,
-                                  progress=lambda i, unit, kl: update(i + 1, f"{label}: layer {i + 1}/{len(layers)} {unit}"))
-    chosen = choose(results, layers, spec)
+        step = lambda i, unit, kl: update(i + 1, f"{label}: layer {i + 1}/{len(layers)} {unit}")  # noqa: E731
+        if lazy:
+            results, floor, chosen, rounds = lazy_choice(model, rows, layers, pairs, spec, step)
+        else:
+            results, floor = unit_kls(model, rows, pairs, spec.schemes, progress=step)
+            chosen, rounds = choose(results, layers, spec), None
+    measured = {"unit_forwards": sum(len(r["kls_measured"]) for r in results) + floor["units_checked_alone"],
+                "units_at_every_scheme": sum(len(r["kls_measured"]) == len(spec.schemes) for r in results),
+                **({"solves": rounds} if lazy else {})}
     return {"budget_bits": spec.budget, **({"budget_from": spec.derived} if spec.derived else {}), "metric": "kl", "base": spec.base.name, "choices": [s.name for s in spec.choices],
-            "units": list(spec.units), "noise_floor": floor, "ranking": ranked(results), **chosen}
+            "units": list(spec.units), "search": "lazy" if lazy else "every unit at every scheme", "measured": measured,
+            "noise_floor": floor, "ranking": ranked(results), **chosen}
+
+
+def lazy_choice(model, rows, layers, pairs, spec: Search, progress=None):
+    """The choice `search` makes with every unit measured at every scheme, measuring less: every
+    unit at the base scheme, then solve with each unmeasured choice counted at KL 0 (it can save at
+    most the base's KL) and each unit under the noise bound not yet checked counted as measurable;
+    measure what that solution raises (its choices, its noise check) and solve again, until a
+    solution raises only units whose figures are all measured. Each solve is of a relaxation (no
+    unit's saving is smaller than its true one), so that last solution's summed KL is the least
+    any choice reaches, as measured. Returns results, noise floor, choice, and the solves taken."""
+    ref = Reference(model, rows, layers)
+    results = []
+    for i, unit in pairs:
+        results.append(measure(ref, i, unit, [spec.base]))
+        if progress:
+            progress(i, unit, results[-1]["kl"])
+    noise = NoiseFloor(ref, pairs)
+    rounds = 0
+    while True:
+        floor = noise.settle(results, check=set())
+        chosen = choose(results, layers, spec)
+        rounds += 1
+        base = spec.base.name
+        need = [r for r in results if r["chosen"] != base and (r["below_noise"] is None or len(r["kls_measured"]) < len(spec.schemes))]
+        if not need:
+            return results, floor, chosen, rounds
+        for r in need:
+            missing = [s for s in spec.schemes if s.name not in r["kls_measured"]]
+            if missing:
+                measure(ref, r["layer"], r["unit"], missing, result=r)
+        noise.settle(results, check={(r["layer"], r["unit"]) for r in need})
 
 
 # ---------------------------------------------------------------- in a conversion
@@ -179,7 +236,7 @@ def resolve(job, model, tok, src_hash: str) -> tuple[object, dict]:
     cs, short = windows(job, tok, model, src_hash)
     device = pass_device(job, model, cs)
     with placed(model, device):
-        out = search(model, torch.cat(cs.samples).to(device), spec, label="auto mixed precision")
+        out = search(model, torch.cat(cs.samples).to(device), spec, label="auto mixed precision", lazy=True)
     record = {**out, "windows": {"requested": quant.auto.windows, "used": len(cs.samples), "seq_len": quant.auto.seq_len,
                                  "note": short, "text": cs.manifest},
               "measured_on": measured_on(job), "device": str(device), "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),

@@ -176,15 +176,24 @@ def unit_kls(model, rows, pairs: list[tuple[int, str]], schemes: list[Scheme], p
     ref = Reference(model, rows, layers)
     results = []
     for i, unit in pairs:
-        mods = unit_modules(layers[i], unit)
-        measured = _unit_kls(ref, i, mods, schemes)
-        base = measured[schemes[0].name]
-        results.append({"layer": i, "unit": unit, "weights": sum(m.weight.numel() for m in mods), "in_features": mods[0].in_features,
-                        "kl_measured": base, "kl": max(base, 0.0), "kls_measured": measured,
-                        "kls": {k: max(v, 0.0) for k, v in measured.items()}})
+        results.append(measure(ref, i, unit, schemes))
         if progress:
-            progress(i, unit, base)
+            progress(i, unit, results[-1]["kl"])
     return results, noise_floor(ref, pairs, results)
+
+
+def measure(ref: "Reference", layer: int, unit: str, schemes: list[Scheme], result: dict | None = None) -> dict:
+    """The unit rounded alone to each of `schemes` (the base first when `result` is None; with
+    `result`, a unit measured before, the schemes it lacks are added to it)."""
+    mods = unit_modules(ref.layers[layer], unit)
+    measured = _unit_kls(ref, layer, mods, schemes)
+    if result is None:
+        base = measured[schemes[0].name]
+        result = {"layer": layer, "unit": unit, "weights": sum(m.weight.numel() for m in mods), "in_features": mods[0].in_features,
+                  "kl_measured": base, "kl": max(base, 0.0), "kls_measured": {}, "kls": {}}
+    result["kls_measured"].update(measured)
+    result["kls"].update({k: max(v, 0.0) for k, v in measured.items()})
+    return result
 
 
 def _unit_kls(ref: Reference, layer: int, mods: list, schemes: list[Scheme]) -> dict[str, float]:
@@ -203,33 +212,56 @@ def _unit_kls(ref: Reference, layer: int, mods: list, schemes: list[Scheme]) -> 
     return out
 
 
+NOISE_METHOD = ("a KL above `kl` is measurable; below it, a unit is below the noise when its KL is at most its own "
+                "noise_kl: the largest of the model run twice, the most negative KL measured, and the KL of that "
+                "unit's weights moved one representable step (random direction; for `kl`: every unit's at once)")
+
+
 def noise_floor(ref: Reference, pairs: list[tuple[int, str]], results: list[dict]) -> dict:
-    """Which measured base KLs can be told from float rounding, on this model, rows and dtype; sets
-    each result's "below_noise" (and, where it was needed, its own "noise_kl").
+    """Which measured base KLs can be told from float rounding (NoiseFloor), every unit under the bound checked."""
+    return NoiseFloor(ref, pairs).settle(results)
+
+
+class NoiseFloor:
+    """Which measured base KLs can be told from float rounding, on this model, rows and dtype.
 
     A measurement's noise is the largest of: the KL of the unmodified model run again
     (nondeterministic kernels), the size of the most negative KL measured (KL >= 0, so a negative
     figure is rounding alone), and what recasting the unit's weights costs with no quantization at
     all - every weight one representable step of its dtype away, in a random direction. That last
     is measured once for every candidate unit at once (a bound on each unit's own); a unit whose KL
-    falls under that bound gets its own measured too (one more forward pass each)."""
-    layers = ref.layers
-    repeat = abs(ref.kl())
-    negative = max([-v for r in results for v in r["kls_measured"].values()] + [0.0])
-    every = [m for i, unit in pairs for m in unit_modules(layers[i], unit)]
-    bound = max(repeat, negative, _rounding_kl(ref, every, 0))
-    checked = 0
-    for r in results:
-        r["below_noise"] = False
-        if r["kl_measured"] <= bound:
-            own = _rounding_kl(ref, unit_modules(layers[r["layer"]], r["unit"]), r["layer"])
-            r["noise_kl"] = max(repeat, negative, own)
-            r["below_noise"] = r["kl_measured"] <= r["noise_kl"]  # an exact 0 with no noise: nothing to tell either
-            checked += 1
-    return {"kl": bound, "repeat_kl": repeat, "most_negative_kl": -negative if negative else 0.0, "units_checked_alone": checked,
-            "method": "a KL above `kl` is measurable; below it, a unit is below the noise when its KL is at most its own "
-                      "noise_kl: the largest of the model run twice, the most negative KL measured, and the KL of that "
-                      "unit's weights moved one representable step (random direction; for `kl`: every unit's at once)"}
+    falls under that bound gets its own measured too (one more forward pass each), when `settle`
+    is asked to check it."""
+
+    def __init__(self, ref: Reference, pairs: list[tuple[int, str]]):
+        self.ref = ref
+        self.repeat = abs(ref.kl())
+        every = [m for i, unit in pairs for m in unit_modules(ref.layers[i], unit)]
+        self.every = _rounding_kl(ref, every, 0)
+        self.own: dict[tuple[int, str], float] = {}  # (layer, unit) -> its own weights' one-step KL
+
+    def settle(self, results: list[dict], check=None) -> dict:
+        """Set each result's "below_noise" (and "noise_kl" where its own was measured). A unit under
+        the bound is checked alone when `check` is None or holds its (layer, unit); one not
+        checked gets below_noise None (not known; a search treats it as measurable)."""
+        negative = max([-v for r in results for v in r["kls_measured"].values()] + [0.0])
+        bound = max(self.repeat, negative, self.every)
+        for r in results:
+            key = (r["layer"], r["unit"])
+            r.pop("noise_kl", None)
+            if r["kl_measured"] > bound:
+                r["below_noise"] = False
+                continue
+            if key not in self.own and (check is None or key in check):
+                self.own[key] = _rounding_kl(self.ref, unit_modules(self.ref.layers[r["layer"]], r["unit"]), r["layer"])
+            if key in self.own:
+                r["noise_kl"] = max(self.repeat, negative, self.own[key])
+                r["below_noise"] = r["kl_measured"] <= r["noise_kl"]  # an exact 0 with no noise: nothing to tell either
+            else:
+                r["below_noise"] = None
+        return {"kl": bound, "repeat_kl": self.repeat, "most_negative_kl": -negative if negative else 0.0,
+                "units_checked_alone": len(self.own), "units_under_bound_unchecked": sum(r["below_noise"] is None for r in results),
+                "method": NOISE_METHOD}
 
 
 def _rounding_kl(ref: Reference, mods: list, start: int) -> float:
@@ -267,4 +299,4 @@ def working_set_bytes(tokens: int, seq_len: int, vocab: int, hidden: int, layers
 
 def ranked(results: list[dict]) -> list[dict]:
     """Highest KL first; the units below the noise floor after them, tied, in layer order."""
-    return sorted(results, key=lambda r: (r["below_noise"], -r["kl"] if not r["below_noise"] else 0.0, r["layer"], UNIT_ORDER[r["unit"]]))
+    return sorted(results, key=lambda r: (r["below_noise"] is True, 0.0 if r["below_noise"] else -r["kl"], r["layer"], UNIT_ORDER[r["unit"]]))
