@@ -3,10 +3,12 @@
 
 main: `quantkit bench --engine llamacpp` on the demo's GGUFs (F16: the exact export; Q8_0 and Q4_0:
 `quantkit export --type`), with llama-bench's pp/tg on the same file, threads and lengths beside
-quantkit's TTFT/TPOT, and their ratio (flagged beyond 10%). With --rounds N the GGUFs are benched
-in turn N times (F16, Q8_0, Q4_0, F16, ...), each bench timing quantkit and then llama-bench
-back to back, and a row gives the median of its rounds' ratios and their range: on a shared
-machine one pair of runs can differ by more than the engines do.
+quantkit's TTFT/TPOT, and their ratio (flagged beyond 10%). Each bench times llama-bench, then
+quantkit, then llama-bench again, back to back, and compares quantkit with the mean of the two
+llama-bench runs around it (a drift of the machine's speed over the three moves both sides
+alike). With --rounds N the GGUFs are benched in turn N times (F16, Q8_0, Q4_0, F16, ...), and a
+row gives the median of its rounds' ratios and their range: on a shared machine one pair of runs
+can differ by more than the engines do.
 
 kquant: `quantkit export demo --format gguf --type T` for llama-quantize's types, the importance
 matrix from the calibration windows a convert reads (--calib, default mix:default), scored like
@@ -42,9 +44,23 @@ def export(src: str, out: Path, qtype: str | None, calib: list[str], reuse: bool
 
 
 def bench_once(gguf: Path, a: argparse.Namespace) -> dict:
+    """quantkit's bench between two llama-bench runs (one before it, and the one `bench` runs after
+    it): its ratios are to their mean, so a machine whose speed drifts linearly over the three
+    runs moves both sides alike."""
+    from quantkit.bench.llama_bench import compare, measure
+    from quantkit.gguf.tools import available_cores
+
+    threads = a.threads or available_cores()
+    before = measure(gguf, a.prompt_len, a.gen_len, threads, a.repeats)
     res = quantkit_json(["bench", str(gguf), "--engine", "llamacpp", "--prompt-len", str(a.prompt_len), "--gen-len", str(a.gen_len),
-                         "--repeats", str(a.repeats), *(["--threads", str(a.threads)] if a.threads else [])])
-    return {**res["rows"][0], "load_average": res.get("load_average")}
+                         "--repeats", str(a.repeats), "--threads", str(threads)])
+    row = res["rows"][0]
+    after = row.get("anchor") or {}
+    if "ttft_ms" in before and "ttft_ms" in after:
+        mean = {k: (before[k] + after[k]) / 2 for k in ("ttft_ms", "tpot_ms")}
+        row["anchor"] = {**compare(row["ttft_ms"], row["tpot_ms"], {**after, **mean}),
+                         "before": {k: before[k] for k in mean}, "after": {k: after[k] for k in mean}}
+    return {**row, "load_average": res.get("load_average")}
 
 
 def bench_row(name: str, runs: list[dict]) -> dict:
@@ -129,7 +145,7 @@ def main() -> None:
         lib = ("the tools' libllama (ggml's run-time CPU dispatch, as llama-bench)" if "dispatch" in str(rows[0]["llama_library"])
                else "its wheel's libllama")
         tables["main"] = {"columns": MAIN, "rows": rows, "note": f"batch 1, prompt {a.prompt_len}, {a.gen_len} generated tokens, "
-                          f"{a.repeats} repeats, {a.rounds} round(s) in turn (times: the round with the median TPOT ratio; median ratio: over every round's quantkit/llama-bench ratio; range: every round's); quantkit times llama-cpp-python on {lib}; "
+                          f"{a.repeats} repeats, {a.rounds} round(s) in turn, each quantkit bench between two llama-bench runs (llama-bench figures: their mean; times: the round with the median TPOT ratio; median ratio: over every round's quantkit/llama-bench ratio; range: every round's); quantkit times llama-cpp-python on {lib}; "
                           f"load average {os.getloadavg()[0]:.1f} at the end"}
     if not a.skip_eval and a.text:
         rows = [r for t in a.types.split(",") for r in eval_rows(t, made[t][0], made[t][1], src, a.text, a)]
