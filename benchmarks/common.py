@@ -69,6 +69,12 @@ def command() -> str:
     return shlex.join(["python", str(script), *sys.argv[1:]])
 
 
+def portable(text: str) -> str:
+    """A result as any machine would write it: paths in the repository relative to its root, in
+    the home directory under ~ (the records quantkit writes name the files they read)."""
+    return text.replace(f"{REPO}/", "").replace(str(REPO), ".").replace(f"{Path.home()}/", "~/")
+
+
 def write_result(name: str, body: dict, results: Path = RESULTS) -> Path:
     """Write results/NAME.json atomically, with the command, the machine and the date."""
     record = {"benchmark": name, "command": command(), "machine": machine(),
@@ -76,7 +82,7 @@ def write_result(name: str, body: dict, results: Path = RESULTS) -> Path:
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"{name}.json"
     tmp = path.with_suffix(f".json.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    tmp.write_text(portable(json.dumps(record, indent=1, default=str)) + "\n")
     os.replace(tmp, path)
     return path
 
