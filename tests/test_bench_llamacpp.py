@@ -255,6 +255,53 @@ def test_window_logprobs_equal_the_step_by_step_ones(ggufs):
         engine.close()
 
 
+@needs_llama_cpp
+def test_the_engine_decodes_on_one_persistent_threadpool_as_llama_cpps_tools(ggufs):
+    """bench/ggml_threadpool.py: a pool of n threads is made once and attached; the logits are those
+    of llama-cpp-python's per-graph pool; close detaches and frees it, once."""
+    from quantkit.bench.engines.base import EngineSettings
+    from quantkit.bench.engines.llamacpp import Engine, _open
+
+    gguf = ggufs["llama-gqa-int4"][1]
+    settings = EngineSettings(device=torch.device("cpu"), max_tokens=64, threads=2)
+    ids = [int(i) for i in torch.randint(0, 300, (24,), generator=torch.Generator().manual_seed(0))]
+    plain = _open(gguf, settings, 2)  # no pool attached: ggml makes one per graph
+    try:
+        plain.eval(ids[:8])
+        for t in ids[8:]:
+            plain.eval([t])
+        import llama_cpp
+        import numpy as np
+
+        want = np.ctypeslib.as_array(llama_cpp.llama_get_logits(plain.ctx), shape=(plain.n_vocab(),)).copy()
+    finally:
+        plain.close()
+    engine = Engine.load(gguf, settings)
+    try:
+        assert engine.pool is not None and engine.pool.threads == 2
+        assert engine.describe()["threadpool"].startswith("persistent, 2 threads, poll 50")
+        engine.reset(64)
+        engine.prefill(ids[:8])
+        for pos, t in enumerate(ids[8:], 8):
+            engine.decode(t, pos)
+        got = engine._last_logits().copy()
+        assert abs(got - want).max() < 1e-4 * max(1.0, abs(want).max())
+    finally:
+        engine.close()
+    assert engine.pool is None
+    engine.close()  # twice: nothing left to free
+
+
+def test_a_llama_cpp_without_the_threadpool_calls_keeps_its_own():
+    """Another libllama lacking a symbol: no pool, no error (the description says which ran)."""
+    from types import SimpleNamespace
+
+    from quantkit.bench import ggml_threadpool
+
+    fake = SimpleNamespace(llama_cpp=SimpleNamespace(_lib=SimpleNamespace()))
+    assert ggml_threadpool.attach(fake, None, 2) is None
+
+
 # ---------------------------------------------------------------- bad input
 
 

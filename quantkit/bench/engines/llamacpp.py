@@ -9,7 +9,8 @@ The timed calls are llama-cpp-python's own: `Llama.eval(ids)` for the prefill an
 figures are those of a bare loop (scripts/bench_llamacpp_overhead.py measures that they agree).
 Settings are llama-cpp-python's defaults (f16 KV cache, flash attention off, n_batch 512)
 except the threads: every core this process may run on (os.sched_getaffinity), for the prompt
-and for decoding, unless --threads says otherwise. eval() returns when ggml is done: no sync.
+and for decoding, unless --threads says otherwise, on one persistent threadpool as llama.cpp's
+own programs attach (bench/ggml_threadpool.py). eval() returns when ggml is done: no sync.
 
 The KV cache is sized once (n_ctx = the longest sequence of the run; llama.cpp rounds it up to a
 multiple of 256) and cleared by reset(); what a step reads is accounting.kv_llamacpp: llama.cpp
@@ -126,7 +127,11 @@ class Engine(Base):
         from quantkit.gguf.read import open_reader
         from quantkit.bench.gguf_source import gguf_config, tensor_infos, weight_read_bytes
 
+        from quantkit.bench import ggml_threadpool
+
         self.llm, self.gguf, self.settings, self.threads, self.export = llm, gguf, settings, threads, export
+        # llama.cpp's own tools decode on one persistent threadpool; llama-cpp-python would make one per token
+        self.pool = ggml_threadpool.attach(import_llama_cpp(), llm.ctx, threads)
         self.cfg = gguf_config(gguf)
         self._weights = weight_read_bytes(tensor_infos(open_reader(gguf)))
         self.n_vocab = llm.n_vocab()
@@ -262,12 +267,19 @@ class Engine(Base):
                 "dtype": dtype, "threads": self.threads, "threads_available": available_cores(),
                 "gguf": str(self.gguf), "gguf_export": self.export, "kv_cache_type": self._kv_elem_bytes()[0],
                 "n_ctx": self.kv_size, "n_batch": self.llm.n_batch, "flash_attn": False,
+                "threadpool": (f"persistent, {self.pool.threads} threads, poll {self.pool.poll} (as llama.cpp's tools)" if self.pool
+                               else "ggml's own, made per graph (this llama.cpp lacks the threadpool calls)"),
                 "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.pool.detach()
         if self.llm is not None:
             self.llm.close()
         self.llm = None
+        if self.pool is not None:
+            self.pool.free()
+        self.pool = None
 
 
 def _open(gguf: Path, settings: EngineSettings, threads: int):
