@@ -7,7 +7,7 @@ seeded windows, `--windows` x `--seq-len`), each budget is searched both ways in
 (quantize/auto.py `search`, lazy and not), the lazy one first, so both see the same machine state
 as nearly as one run allows.
 
-  python benchmarks/auto_search.py --budgets 4.5 4.75 --choices int8 --asymmetric
+  OMP_NUM_THREADS=1 python benchmarks/auto_search.py --budgets 4.5 4.75 --choices int8 --asymmetric
 """
 
 from __future__ import annotations
@@ -67,9 +67,10 @@ def main() -> None:
                ("lazy_units_at_every_scheme", "units measured at every scheme, lazy", "{}"), ("solves", "solves", "{}"),
                ("full_s", "every unit s", "{:.0f}"), ("lazy_s", "lazy s", "{:.0f}"), ("time_ratio", "lazy / every", "{:.2f}")]
     write_result(args.name, {"model": args.model, "windows": args.windows, "seq_len": args.seq_len, "calib": args.calib,
-                             "dtype": args.dtype, "rows": out,
+                             "dtype": args.dtype, "threads": torch.get_num_threads(), "rows": out,
                              "tables": {"main": {"columns": [{"key": k, "header": h, "fmt": f} for k, h, f in columns], "rows": out,
-                                                 "note": "Both searches on the same windows in one process, the lazy one first; "
+                                                 "note": f"Both searches on the same windows in one process on {torch.get_num_threads()} "
+                                                         "thread(s), the lazy one first; "
                                                          "forwards: the unit forwards (each from the unit's layer on) and the noise "
                                                          "checks, beside the reference and the noise floor's 3 common to both."}}})
 
