@@ -77,6 +77,9 @@ def bench_row(name: str, runs: list[dict]) -> dict:
             "rounds": len(runs), "ratio_tpot_range": f"{min(tpot):.2f}–{max(tpot):.2f}" if tpot else "-",
             "ratio_ttft_range": f"{min(ttft):.2f}–{max(ttft):.2f}" if ttft else "-",
             "round_ratios_tpot": tpot, "round_ratios_ttft": ttft,
+            # llama-bench against itself within each round: its run before quantkit's over its run after
+            "round_anchor_tpot_before_after": [x["anchor"]["before"]["tpot_ms"] / x["anchor"]["after"]["tpot_ms"]
+                                              for x in ok if "before" in x["anchor"]],
             "flag": ", ".join(an.get("disagree") or []) or ("-" if "ttft_ms" in an else an.get("error", "?")),
             "kernel": r["kernel"], "llama_library": (r.get("engine_info") or {}).get("llama_library"), "anchor_backends": an.get("backends"),
             "load_average": [x.get("load_average") for x in runs]}
