@@ -10,17 +10,16 @@ both. The bare loop is what a user would write: reset, eval(prompt), argmax, the
 argmax per token, timed with perf_counter. llama.cpp's own counters (llama_perf_context:
 t_p_eval / t_eval per token, no Python at all) are reported beside it.
 
-Reported per GGUF: median TTFT and TPOT of each side, and the median of the per-round paired
-ratios quantkit / bare (the figure that must be within 5% of 1).
+Reported per GGUF: quantkit's TPOT against llama.cpp's own timing of the same decode calls
+(the same steps, the same moment: no drift of the machine between the two), with every round's
+ratio, and the median paired ratio quantkit / bare loop. Writes benchmarks/results/NAME.json.
 
-  python benchmarks/llamacpp_overhead.py A.gguf B.gguf --prompt-len 256 --gen-len 64 --rounds 10 \\
-      --json overhead.json
+  python benchmarks/llamacpp_overhead.py A.gguf B.gguf --prompt-len 256 --gen-len 64 --rounds 10
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import write_result  # noqa: E402
 
 
 def bare_repeat(llm, ids: list[int], gen_len: int) -> tuple[float, list[float], dict]:
@@ -52,16 +53,28 @@ def bare_repeat(llm, ids: list[int], gen_len: int) -> tuple[float, list[float], 
         now = time.perf_counter()
         steps.append(now - last)
         last = now
-    perf = llama_cpp.llama_perf_context(llm.ctx)
-    internal = {"ttft_ms": perf.t_p_eval_ms, "tpot_ms": perf.t_eval_ms / max(1, perf.n_eval), "n_eval": perf.n_eval, "n_p_eval": perf.n_p_eval}
-    return t1 - t0, steps, internal
+    return t1 - t0, steps, _internal(llm)
 
 
-def quantkit_repeat(engine, ids: list[int], gen_len: int) -> tuple[float, list[float]]:
+def quantkit_repeat(engine, ids: list[int], gen_len: int) -> tuple[float, list[float], dict]:
+    """One repeat through the shared harness, with llama.cpp's own counters of the same calls."""
+    import llama_cpp
+
     from quantkit.bench.harness import measure
 
+    llama_cpp.llama_perf_context_reset(engine.llm.ctx)
     t = measure(engine, ids, gen_len, repeats=1, min_seconds=0, warmups=0)
-    return t.ttft_s[0], t.step_s[0]
+    return t.ttft_s[0], t.step_s[0], _internal(engine.llm)
+
+
+def _internal(llm) -> dict:
+    """llama.cpp's own timing of the calls since the last reset (llama_perf_context): the prompt's
+    decode, and each one-token decode from its start to the synchronisation that hands the logits
+    over - what llama-bench's tg times per token, without a line of Python."""
+    import llama_cpp
+
+    perf = llama_cpp.llama_perf_context(llm.ctx)
+    return {"ttft_ms": perf.t_p_eval_ms, "tpot_ms": perf.t_eval_ms / max(1, perf.n_eval), "n_eval": perf.n_eval, "n_p_eval": perf.n_p_eval}
 
 
 def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int, threads: int) -> dict:
@@ -79,13 +92,14 @@ def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int
         for _ in range(warmups):
             quantkit_repeat(engine, ids, gen_len)
             bare_repeat(bare, ids, gen_len)
-        q, b, internal = [], [], []
+        q, b, internal, q_internal = [], [], [], []
         for r in range(rounds):
             order = ("q", "b") if r % 2 == 0 else ("b", "q")
             for side in order:
                 if side == "q":
-                    ttft, steps = quantkit_repeat(engine, ids, gen_len)
+                    ttft, steps, perf = quantkit_repeat(engine, ids, gen_len)
                     q.append((ttft, float(np.mean(steps))))
+                    q_internal.append(perf)
                 else:
                     ttft, steps, perf = bare_repeat(bare, ids, gen_len)
                     b.append((ttft, float(np.mean(steps))))
@@ -95,8 +109,14 @@ def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int
         bare.close()
     q_a, b_a = np.asarray(q) * 1e3, np.asarray(b) * 1e3
     ratio = q_a / b_a
+    own = q_a[:, 1] / np.asarray([p["tpot_ms"] for p in q_internal])  # the same steps, timed by quantkit and by llama.cpp
     return {
-        "gguf": str(path), "threads": threads, "prompt_len": prompt_len, "gen_len": gen_len, "rounds": rounds,
+        "gguf": path.name, "threads": threads, "prompt_len": prompt_len, "gen_len": gen_len, "rounds": rounds,
+        "quantkit_tpot_ms": float(np.median(q_a[:, 1])), "own_tpot_ms": float(np.median([p["tpot_ms"] for p in q_internal])),
+        "ratio_own": float(np.median(own)), "ratio_own_range": f"{own.min():.3f}–{own.max():.3f}",
+        "ratio_bare": float(np.median(ratio[:, 1])), "ratio_bare_p10_p90": f"{np.percentile(ratio[:, 1], 10):.2f}–{np.percentile(ratio[:, 1], 90):.2f}",
+        "quantkit_internal": {"ttft_ms": float(np.median([p["ttft_ms"] for p in q_internal])),
+                              "tpot_ms": float(np.median([p["tpot_ms"] for p in q_internal])), "per_round_ratio": own.round(4).tolist()},
         "quantkit": {"ttft_ms": float(np.median(q_a[:, 0])), "tpot_ms": float(np.median(q_a[:, 1]))},
         "bare": {"ttft_ms": float(np.median(b_a[:, 0])), "tpot_ms": float(np.median(b_a[:, 1]))},
         "llama_cpp_internal": {"ttft_ms": float(np.median([p["ttft_ms"] for p in internal])),
@@ -117,21 +137,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warmups", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None, help="default: every core this process may use (as quantkit bench)")
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--name", default="llamacpp-overhead", help="the result file: benchmarks/results/NAME.json")
     a = ap.parse_args()
     threads = a.threads or available_cores()
     load = os.getloadavg()[0]
     results = [compare(p, a.prompt_len, a.gen_len, a.rounds, a.warmups, threads) for p in a.ggufs]
-    out = {"results": results, "load_average": {"before": load, "after": os.getloadavg()[0], "cpus": os.cpu_count()},
-           "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    print(f"{'gguf':34} {'TTFT q/bare ms':>18} {'TPOT q/bare ms':>18} {'ratio TTFT':>10} {'ratio TPOT':>10} {'llama.cpp TPOT':>14}")
     for r in results:
-        q, b, x = r["quantkit"], r["bare"], r["ratio_quantkit_over_bare"]
-        print(f"{Path(r['gguf']).name:34} {q['ttft_ms']:8.1f} /{b['ttft_ms']:8.1f} {q['tpot_ms']:8.2f} /{b['tpot_ms']:8.2f} "
-              f"{x['ttft']:10.3f} {x['tpot']:10.3f} {r['llama_cpp_internal']['tpot_ms']:14.2f}")
-    print(f"threads {threads}; load average {load:.2f} before, {out['load_average']['after']:.2f} after, on {os.cpu_count()} CPUs")
-    if a.json:
-        a.json.write_text(json.dumps(out, indent=1))
+        print(f"{r['gguf']}: quantkit TPOT {r['quantkit_tpot_ms']:.2f} ms, llama.cpp's own {r['own_tpot_ms']:.2f} ms "
+              f"(ratio {r['ratio_own']:.3f}, {r['ratio_own_range']}); over the bare loop {r['ratio_bare']:.3f}", file=sys.stderr)
+    columns = [("gguf", "GGUF", "{}"), ("threads", "threads", "{}"), ("quantkit_tpot_ms", "quantkit TPOT ms", "{:.2f}"),
+               ("own_tpot_ms", "llama.cpp's own ms per decode", "{:.2f}"), ("ratio_own", "median ratio", "{:.3f}"),
+               ("ratio_own_range", "ratio, every round", "{}"), ("ratio_bare", "quantkit / bare loop", "{:.3f}")]
+    note = (f"batch 1, prompt {a.prompt_len}, {a.gen_len} generated tokens, {a.rounds} rounds of one repeat each beside a bare "
+            f"llama-cpp-python loop (ABBA order), after {a.warmups} warm-ups; llama.cpp's own: llama_perf_context's t_eval per "
+            "one-token decode of quantkit's own steps (decode to synchronisation, as llama-bench's tg times a token); load "
+            f"average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print(write_result(a.name, {"results": results, "tables": {"main": {"columns": [{"key": k, "header": h, "fmt": f} for k, h, f in columns],
+                                                                         "rows": results, "note": note}}}))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ Sources: a GGUF file, or a quantkit artifact / 16-bit checkpoint, exported exact
 The timed calls are llama-cpp-python's own: `Llama.eval(ids)` for the prefill and
 `Llama.eval([token])` per decode step, each followed by the argmax of the last logits
 (`llama_get_logits`), which is all a greedy loop over llama-cpp-python does; so quantkit's
-figures are those of a bare loop (scripts/bench_llamacpp_overhead.py measures that they agree).
+figures are those of a bare loop (benchmarks/llamacpp_overhead.py measures that they agree).
 Settings are llama-cpp-python's defaults (f16 KV cache, flash attention off, n_batch 512)
 except the threads: every core this process may run on (os.sched_getaffinity), for the prompt
 and for decoding, unless --threads says otherwise, on one persistent threadpool as llama.cpp's
