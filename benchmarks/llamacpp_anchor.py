@@ -158,7 +158,9 @@ def main() -> None:
     previous = RESULTS / "llamacpp_anchor.json"  # a --skip-bench or --skip-eval run keeps the other table
     if previous.is_file():
         old = json.loads(previous.read_text())
-        tables = {**old.get("tables", {}), **tables}
+        made_then = {k: old.get(k) for k in ("command", "machine", "date")}
+        kept = {name: {**t, "source": t.get("source") or made_then} for name, t in old.get("tables", {}).items() if name not in tables}
+        tables = {**kept, **tables}
         body["earlier_runs"] = [{k: old.get(k) for k in ("command", "date", "calibration")}]
     print(write_result("llamacpp_anchor", {**body, "tables": tables}))
 

@@ -9,7 +9,8 @@ A docs page marks a table with two comments; everything between them is rewritte
 
 `accuracy-demo` is benchmarks/results/accuracy-demo.json and `main` one of its `tables`: a list of
 `columns` ({"key", "header", "fmt"}: a str.format spec applied to the row's value; a missing value
-prints "—") and `rows` (dicts). Below each table: the command, the machine and the date from the file.
+prints "—") and `rows` (dicts). Below each table: the command, the machine and the date from the file
+(or from the table's own `source`, when a later run of the script kept a table an earlier one made).
 
   python benchmarks/render.py            # rewrite every marked table under docs/ and README.md
   python benchmarks/render.py --check    # exit 1 and name the page when a table differs from its file
@@ -53,7 +54,8 @@ def table(result: dict, name: str) -> str:
         lines.append("| " + " | ".join(cell(row.get(c["key"]), c.get("fmt", "{}")) for c in cols) + " |")
     if spec.get("note"):
         lines += ["", spec["note"]]
-    lines += ["", f"<sub>`{result['command']}` · {machine_line(result.get('machine', {}))} · {result.get('date', '?')[:10]}</sub>"]
+    src = spec.get("source") or result  # a table an earlier run made, kept in the file beside newer ones: its own run
+    lines += ["", f"<sub>`{src['command']}` · {machine_line(src.get('machine', {}))} · {src.get('date', '?')[:10]}</sub>"]
     return "\n".join(lines) + "\n"
 
 

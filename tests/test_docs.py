@@ -32,6 +32,20 @@ def test_a_table_that_drifts_from_its_file_is_caught(tmp_path, monkeypatch):
     assert render.render_text(rendered.replace("1.00", "1.50"), "p.md") == rendered  # a hand edit is overwritten
 
 
+def test_a_table_an_earlier_run_made_names_that_run(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    table = {"columns": [{"key": "v", "header": "value", "fmt": "{}"}], "rows": [{"v": 1}]}
+    earlier = {**table, "source": {"command": "python x.py --eval", "machine": {"cpu": "e", "cores": 4}, "date": "2025-12-31"}}
+    (results / "r.json").write_text(json.dumps({"command": "python x.py --bench", "machine": {"cpu": "c", "cores": 2}, "date": "2026-01-01",
+                                                "tables": {"main": table, "kept": earlier}}))
+    monkeypatch.setattr(render, "RESULTS", results)
+    rendered = render.render_text("<!-- results: r#main -->\n<!-- /results -->\n<!-- results: r#kept -->\n<!-- /results -->\n", "p.md")
+    main, kept = rendered.split("<!-- results: r#kept -->")
+    assert "python x.py --bench" in main and "2026-01-01" in main
+    assert "python x.py --eval" in kept and "2025-12-31" in kept and "e, 4 cores" in kept and "--bench" not in kept
+
+
 def test_result_files_record_command_machine_and_date():
     for path in sorted((REPO / "benchmarks" / "results").glob("*.json")):
         result = json.loads(path.read_text())
