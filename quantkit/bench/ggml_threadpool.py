@@ -28,7 +28,7 @@ class _Params(ctypes.Structure):
 
 
 class Threadpool:
-    """One attached threadpool; `release` detaches it (before the context is freed) and frees it."""
+    """One attached threadpool: `detach` it before the context is freed, `free` it after."""
 
     def __init__(self, lib, ctx, pool: int, free, threads: int, poll: int):
         self._lib, self._ctx, self._pool, self._free = lib, ctx, pool, free
@@ -41,8 +41,7 @@ class Threadpool:
             self._ctx = None
 
     def free(self) -> None:
-        """After the context is freed: the pool's threads stop."""
-        self.detach()
+        """After `detach` and after the context is freed (never touching it): the pool's threads stop."""
         if self._pool:
             self._free(self._pool)
             self._pool = None
