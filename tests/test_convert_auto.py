@@ -241,3 +241,60 @@ def test_a_tpot_target_this_model_cannot_meet_is_refused_before_loading(cli, tin
     code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "art", tiny_text, "--set", auto)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "budget_tpot_ms" in err and "on h200" in err and "below" in err
     assert not (tmp_path / "art").exists()
+
+
+ROTATED = """description: rotations, then RTN g64 with auto
+steps:
+  - transform: {method: spinquant, rotations: [R1, R2], transform_type: random-hadamard}
+  - quantize: {method: rtn, bits: 4, group_size: 64, symmetric: false%s}
+calibration: {samples: 8, seq_len: 64, compute_dtype: float32}
+"""
+
+
+def _rotated(tmp_path, auto: str = "") -> Path:
+    path = tmp_path / f"rotated{len(auto)}.yaml"
+    path.write_text(ROTATED % auto)
+    return path
+
+
+def test_a_rotated_recipe_measures_after_the_rotation_as_sensitivity_spinquant_does(cli, tiny_llama, tiny_text, tmp_path):
+    """With a transform step, auto: measures the weights the rounding will see (the rotation fused
+    first); `quantkit sensitivity --spinquant` measures the same and prints the same choice."""
+    out = tmp_path / "art"
+    code, _, err, data = cli("convert", str(_rotated(tmp_path, ", auto: {budget_bits: 4.6, windows: 2, seq_len: 64}")), "--model",
+                             str(tiny_llama), "--out", str(out), "--calib", f"file:{tiny_text}", "--json")
+    assert code == 0, err
+    mp = data["mixed_precision"]
+    assert "after its rotation" in mp["measured_on"] and data["verification"]["status"] == "passed"
+    assert "transform_config" in json.loads((out / "config.json").read_text())["quantization_config"]
+    code, _, err, sens = cli("sensitivity", str(tiny_llama), "--budget", "4.6", "--asymmetric", "--spinquant", "R1,R2",
+                             "--text", f"file:{tiny_text}", "--windows", "2", "--seq-len", "64", "--device", "cpu", "--json")
+    assert code == 0, err
+    assert sens["rotations"] == ["R1", "R2"] and mp["picked"] and sens["picked"] == mp["picked"]
+    assert {(r["layer"], r["unit"]): r["kl"] for r in sens["ranking"]} == {(r["layer"], r["unit"]): r["kl"] for r in mp["ranking"]}
+    code, _, err, plain = cli("sensitivity", str(tiny_llama), "--budget", "4.6", "--asymmetric", "--text", f"file:{tiny_text}",
+                              "--windows", "2", "--seq-len", "64", "--device", "cpu", "--json")
+    assert code == 0 and plain["rotations"] == [] and plain["ranking"] != sens["ranking"]
+
+
+def test_fusing_the_rotation_first_changes_nothing_else(cli, tiny_llama, tiny_text, tmp_path):
+    """A budget at the floor raises nothing: the artifact whose rotation ran before auto: equals,
+    weight for weight, the one whose rotation ran inside the quantize pass (no auto:)."""
+    from safetensors.torch import load_file
+
+    arts = []
+    for auto in (", auto: {budget_bits: 4.3125, windows: 2, seq_len: 64}", ""):
+        out = tmp_path / f"art{len(auto)}"
+        code, _, err, data = cli("convert", str(_rotated(tmp_path, auto)), "--model", str(tiny_llama), "--out", str(out),
+                                 "--calib", f"file:{tiny_text}", "--json")
+        assert code == 0, err
+        arts.append(load_file(out / "model.safetensors"))
+    assert data.get("mixed_precision") is None and arts[0].keys() == arts[1].keys()
+    assert all(arts[0][k].equal(arts[1][k]) for k in arts[0])
+
+
+@pytest.mark.parametrize("rotations,message", [("R3", "online"), ("R1,R9", "no rotation 'R9'"), ("R1,R1", "at most once")])
+def test_sensitivity_refuses_a_rotation_it_cannot_fuse(cli, tiny_llama, tiny_text, rotations, message):
+    code, _, err, _ = cli("sensitivity", str(tiny_llama), "--budget", "4.6", "--spinquant", rotations, "--text", f"file:{tiny_text}",
+                          "--device", "cpu", "--json")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

@@ -55,9 +55,29 @@ def _check_model(src, spec, trust_remote_code: bool, seq_len: int | None = None)
         raise QuantkitError(f"--budget {spec.budget}: between {floor:.6g} (every unit {spec.base.name}) and 16 bits per weight")
 
 
+def _spinquant(text: str | None, cfg: dict):
+    """--spinquant R1,R2: the transform step a recipe would have (random Hadamard, as the shipped
+    recipes), checked on the model's config like a recipe's; None without the option."""
+    if not text:
+        return None
+    from pydantic import ValidationError
+
+    from quantkit.errors import QuantkitError
+    from quantkit.methods import rotation
+    from quantkit.recipe.schema import TransformStepConfig
+
+    try:
+        step = TransformStepConfig(method="spinquant", rotations=tuple(r.strip() for r in text.split(",") if r.strip()),
+                                   transform_type="random-hadamard")
+    except ValidationError as exc:
+        raise QuantkitError(f"--spinquant {text}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    rotation.check(cfg, step, "--spinquant")
+    return step
+
+
 def analyse(model_ref: str, text: str, budget: float, units: list[str], group: int, windows: int, seq_len: int,
             seed: int, trust_remote_code: bool, device_spec: str = "auto", dtype: str = "float32", symmetric: bool = True,
-            choices: str = "int8") -> dict:
+            choices: str = "int8", spinquant: str | None = None) -> dict:
     import torch
 
     from quantkit.data import calib
@@ -71,9 +91,14 @@ def analyse(model_ref: str, text: str, budget: float, units: list[str], group: i
     src = resolve_model(model_ref)
     spec = _search(read_config(src), group, symmetric, choices, units, budget)
     _check_model(src, spec, trust_remote_code, seq_len)
+    transform = _spinquant(spinquant, read_config(src))
     calib.check_source(text, "--text")
     tok = load_tokenizer(src)
     model = load_model(src, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    if transform is not None:  # as convert does before auto: the pass measures the rotated weights
+        from quantkit.methods.rotation import rotate
+
+        model = rotate(model, transform, device)
     digest = checkpoint_hash(src) if text.strip() == "self" else ""
     cs = calib.build(src, tok, text, samples=windows, seq_len=seq_len, seed=seed, region="second-half",
                      chat_template=False, model=model, model_hash=digest)
@@ -82,6 +107,7 @@ def analyse(model_ref: str, text: str, budget: float, units: list[str], group: i
         note(f"note: --text {text}: {short}; the ranking rests on those")
     out = search(model, torch.cat(cs.samples).to(device), spec)
     return {"model": str(src), "text": cs.manifest, "device": str(device), "dtype": dtype, "group_size": group, "symmetric": symmetric,
+            "rotations": list(transform.rotations) if transform is not None else [],
             "windows": {"requested": windows, "used": len(cs.samples), "seq_len": seq_len, "note": short}, **out}
 
 
@@ -133,6 +159,9 @@ def _kl(x: float) -> str:
               "and count its 4 bits per group in the budget.")
 @click.option("--windows", default=4, show_default=True, type=click.IntRange(1, 1024), help="Calibration windows (auto:'s default).")
 @click.option("--seq-len", default=256, show_default=True, type=click.IntRange(8, 1 << 16), help="Tokens per window (auto:'s default).")
+@click.option("--spinquant", metavar="R1,R2", default=None,
+              help="Fuse SpinQuant's offline rotations (random Hadamard) into the weights first, as a recipe's transform step "
+                   "does before auto: measures.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--top", default=20, show_default=True, type=click.IntRange(1), help="Ranking rows printed (--json has all).")
 @click.option("--device", "device_spec", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one).")
@@ -140,8 +169,8 @@ def _kl(x: float) -> str:
               help="Precision of the model and of its reference logits (bfloat16 halves the memory of a large model).")
 @click.option("--trust-remote-code", is_flag=True)
 @json_option
-def sensitivity_cmd(model, budget, choices, text, units_text, group, asymmetric, windows, seq_len, seed, top, device_spec, dtype,
-                    trust_remote_code, as_json):
+def sensitivity_cmd(model, budget, choices, text, units_text, group, asymmetric, windows, seq_len, spinquant, seed, top, device_spec,
+                    dtype, trust_remote_code, as_json):
     """Rank each layer's q/k/v, o, gate/up and down by the KL their INT4 rounding costs, measure
     each choice's too, and print the units a recipe's `auto:` would raise within --budget bits per
     weight (and the `overrides:` that pin that choice for this model)."""
@@ -150,7 +179,7 @@ def sensitivity_cmd(model, budget, choices, text, units_text, group, asymmetric,
     if group not in (32, 64, 128):
         raise QuantkitError(f"--group {group}: one of 32, 64, 128")
     out = analyse(model, text, budget, _units(units_text), group, windows, seq_len, seed, trust_remote_code, device_spec, dtype,
-                  symmetric=not asymmetric, choices=choices)
+                  symmetric=not asymmetric, choices=choices, spinquant=spinquant)
     if as_json:
         echo_json(out)
     else:

@@ -266,7 +266,7 @@ def measured_on(job) -> str:
     from quantkit.methods.registry import transform_step
 
     if transform_step(job.variant) is not None:
-        return "the model before its rotation (the transform step is fused into the weights inside the quantize pass)"
+        return "the model after its rotation (the transform step fused into the weights first), before the rounding"
     return "the model as the quantize step receives it"
 
 

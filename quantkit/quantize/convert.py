@@ -46,6 +46,7 @@ class StepsDone:
 def apply_steps(job: ConvertJob, model, tok, calib_set, src_hash: str):
     """Run the variant's steps in order (gqa, then quantize); returns the model and a StepsDone."""
     done = StepsDone(job.quant)
+    transform = transform_step(job.variant)
     for step in job.variant.steps:
         if step.gqa is not None:
             from quantkit.gqa.convert import apply_gqa
@@ -56,13 +57,18 @@ def apply_steps(job: ConvertJob, model, tok, calib_set, src_hash: str):
         elif step.quantize is not None:  # a transform step's rotation runs inside the quantize step's pass
             if job.offload is None:  # an offloaded model is loaded at this precision already
                 model = cast_model(model, getattr(torch_module(), job.quant_dtype))
-            if job.auto is not None:  # measured on the model as it stands, before the rotation and the rounding
+            if job.auto is not None:  # measured on the weights the rounding will see: after the rotation, before the rounding
                 from quantkit.quantize.auto import resolve
 
+                if transform is not None:
+                    from quantkit.methods.rotation import rotate
+
+                    note(f"transform: {transform.method} {', '.join(transform.rotations)} fused into the weights")
+                    model, transform = rotate(model, transform, job.device), None
                 done.quant, done.mixed_precision = resolve(job, model, tok, src_hash)
             note(f"quantize: {job.quant.method}")
             model = job.method.quantize(model, done.quant, calib_set.samples if calib_set else None, src=job.src, device=job.device,
-                                         transform=transform_step(job.variant))
+                                         transform=transform)
     return model, done
 
 
