@@ -1,4 +1,3 @@
-import re
 from pathlib import Path
 
 import pytest
@@ -23,20 +22,6 @@ def test_every_builtin_recipe_validates_by_path_and_by_name(cli):
     assert len(data["valid"]) == len(paths) and data["invalid"] == []
     code, _, err, data = cli("recipe", "validate", *(p.stem for p in paths), "--json")  # built-in names
     assert code == 0 and len(data["valid"]) == len(paths), err
-
-
-LAYER_INDEX = re.compile(r"layers(?:\\\\|\\)*\.(?:\(|\[)?\d")  # `layers.3`, `layers\\.(1|12)`, `layers\\.[0-9]` as a YAML string writes them
-
-
-def test_no_shipped_recipe_or_study_names_a_layer_index():
-    """What a recipe keeps at higher precision is chosen on the model (`auto:`), never by index: an index
-    is one model's and silently picks arbitrary layers on another."""
-    shipped = sorted((REPO / "quantkit" / "resources").rglob("*.yaml"))
-    assert len(shipped) >= 10
-    assert [p.name for p in shipped if LAYER_INDEX.search(p.read_text())] == []
-    # the pattern catches the hand-picked comparison the best-INT4 benchmark keeps outside the package
-    assert LAYER_INDEX.search((REPO / "benchmarks" / "recipes" / "spinquant-asym-handpicked-demo.yaml").read_text())
-    assert LAYER_INDEX.search('targets: ["model.layers.0.mlp.down_proj"]') and not LAYER_INDEX.search('units: [qkv]')
 
 
 def test_a_recipe_name_that_is_neither_a_file_nor_builtin_is_one_line(cli, tmp_path):

@@ -96,7 +96,7 @@ def analyse(model_ref: str, text: str, budget: float, units: list[str], group: i
     tok = load_tokenizer(src)
     model = load_model(src, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     if transform is not None:  # as convert does before auto: the pass measures the rotated weights
-        from quantkit.methods.rotation import rotate
+        from quantkit.methods.llmc import rotate
 
         model = rotate(model, transform, device)
     digest = checkpoint_hash(src) if text.strip() == "self" else ""

@@ -107,6 +107,26 @@ def build_recipe(cfg, modifiers: Callable, transform=None) -> list:
     return [*rotation_modifiers(transform), *modifiers(cfg)]
 
 
+def rotate(model, transform, device=None):
+    """Fuse a transform step's rotations into `model`'s weights now, on their own (no calibration
+    data), so that what runs next sees the weights the rounding will round: `auto:`'s sensitivity
+    pass, then the quantize step (given no transform). The same modifiers, seed and device as when
+    the rotation runs inside the quantize step's pass (`quantize`); returns the same model."""
+    import torch
+    from llmcompressor import oneshot
+
+    from quantkit.methods.patches import llmcompressor_cpu_pin_memory, quiet_llmcompressor
+    from quantkit.methods.rotation import modifiers as rotation_modifiers
+    from quantkit.models.offload import calibration_device
+
+    quiet_llmcompressor()
+    llmcompressor_cpu_pin_memory()
+    torch.manual_seed(SEED)
+    with torch.no_grad(), calibration_device(device or torch.device("cpu")):
+        oneshot(model=model, recipe=rotation_modifiers(transform), trust_remote_code_model=type(model).__module__.startswith("transformers_modules"))
+    return model  # _name_or_path kept: the quantize step's oneshot re-reads the config from it
+
+
 def _dataset(samples):
     from datasets import Dataset
 

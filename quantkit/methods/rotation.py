@@ -26,26 +26,6 @@ def modifiers(transform) -> list:
                               transform_block_size=transform.block_size)]
 
 
-def rotate(model, transform, device=None):
-    """Fuse a transform step's rotations into `model`'s weights now, on their own (no calibration
-    data), so that what runs next sees the weights the rounding will round: `auto:`'s sensitivity
-    pass, then the quantize step (given no transform). The same modifiers, seed and device as when
-    the rotation runs inside the quantize step's pass (llmc.quantize); returns the same model."""
-    import torch
-    from llmcompressor import oneshot
-
-    from quantkit.methods.llmc import SEED
-    from quantkit.methods.patches import llmcompressor_cpu_pin_memory, quiet_llmcompressor
-    from quantkit.models.offload import calibration_device
-
-    quiet_llmcompressor()
-    llmcompressor_cpu_pin_memory()
-    torch.manual_seed(SEED)
-    with torch.no_grad(), calibration_device(device or torch.device("cpu")):
-        oneshot(model=model, recipe=modifiers(transform), trust_remote_code_model=type(model).__module__.startswith("transformers_modules"))
-    return model  # _name_or_path kept: the quantize step's oneshot re-reads the config from it
-
-
 def _sizes(cfg: dict, rotations) -> dict[str, int]:
     """The dimension each rotation acts on: R1 the hidden size, R2 the head dimension."""
     hidden = cfg["hidden_size"]

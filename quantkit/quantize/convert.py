@@ -61,7 +61,7 @@ def apply_steps(job: ConvertJob, model, tok, calib_set, src_hash: str):
                 from quantkit.quantize.auto import resolve
 
                 if transform is not None:
-                    from quantkit.methods.rotation import rotate
+                    from quantkit.methods.llmc import rotate
 
                     note(f"transform: {transform.method} {', '.join(transform.rotations)} fused into the weights")
                     model, transform = rotate(model, transform, job.device), None
