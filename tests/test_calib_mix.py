@@ -206,6 +206,26 @@ def test_the_chat_part_is_generated_once(cli, tiny_llama, tiny_text, tmp_path, m
     assert first["calibration"]["parts"] == second["calibration"]["parts"]
 
 
+def test_sensitivity_caches_generated_text_under_the_models_own_hash(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
+    """The chat part is the model's own replies: cached under its checkpoint's hash, so another
+    model never reads them, and built before a rotation touches the weights."""
+    from quantkit.models.checkpoint import checkpoint_hash
+
+    _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
+    for extra in ([], ["--spinquant", "R1"]):
+        code, _, err, sens = cli("sensitivity", str(tiny_llama), "--budget", "4.6", "--text", "mix:test", "--windows", "4", "--seq-len", "32",
+                                 "--device", "cpu", *extra, "--json")
+        assert code == 0, err
+        chat = next(p for p in sens["text"]["parts"] if p["name"] == "chat")
+        assert chat["source"] == "generated" and chat["model_hash"] == checkpoint_hash(tiny_llama)
+        if not extra:
+            import quantkit.data.chat as cc
+
+            first = sens["text"]["parts"]
+            monkeypatch.setattr(cc, "_replies", lambda *a, **k: pytest.fail("generated again"))  # the rotated run reuses them
+    assert sens["rotations"] == ["R1"] and sens["text"]["parts"] == first
+
+
 def test_a_missing_part_stops_before_the_model_loads(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
     parts = _parts(tmp_path, tiny_text)
     parts[1]["source"] = f"file:{tmp_path / 'gone.txt'}"

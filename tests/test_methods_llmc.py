@@ -30,15 +30,18 @@ def _rounding_error(art: Path, src: Path) -> float:
 
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_the_mse_observer_reaches_the_artifact_and_rounds_closer(cli, tiny_llama, tmp_path, symmetric):
-    """observer: mse is written into every config group and shrinks ranges where that rounds the
-    weights closer: the whole model's rounding error falls below min/max ranges' (same RTN)."""
+    """observer: mse is written into every config group (the base scheme's and a mixed-precision
+    override's) and shrinks ranges where that rounds the weights closer: the whole model's rounding
+    error falls below min/max ranges' (same RTN)."""
     errors = {}
     for observer in ("minmax", "mse"):
         out = tmp_path / observer
         code, _, err, data = cli("convert", RTN, "--model", str(tiny_llama), "--out", str(out), "--set", f"steps[0].quantize.observer={observer}",
-                                 "--set", f"steps[0].quantize.symmetric={str(symmetric).lower()}", "--json")
+                                 "--set", f"steps[0].quantize.symmetric={str(symmetric).lower()}",
+                                 "--set", 'steps[0].quantize.overrides=[{targets: [".*(q_proj|k_proj|v_proj)$"], bits: 8, group_size: -1}]', "--json")
         assert code == 0 and data["verification"]["status"] == "passed", err
         groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
+        assert len(groups) == 2 and {g["weights"]["num_bits"] for g in groups.values()} == {4, 8}
         assert {g["weights"]["observer"] for g in groups.values()} == {"mse" if observer == "mse" else "memoryless_minmax"}
         errors[observer] = _rounding_error(out, tiny_llama)
     assert errors["mse"] < 0.98 * errors["minmax"], errors

@@ -95,13 +95,13 @@ def analyse(model_ref: str, text: str, budget: float, units: list[str], group: i
     calib.check_source(text, "--text")
     tok = load_tokenizer(src)
     model = load_model(src, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    # generated text (`self`, a mix's chat part) is cached under the checkpoint's hash: built before any rotation
+    cs = calib.build(src, tok, text, samples=windows, seq_len=seq_len, seed=seed, region="second-half",
+                     chat_template=False, model=model, model_hash=checkpoint_hash(src))
     if transform is not None:  # as convert does before auto: the pass measures the rotated weights
         from quantkit.methods.llmc import rotate
 
         model = rotate(model, transform, device)
-    digest = checkpoint_hash(src) if text.strip() == "self" else ""
-    cs = calib.build(src, tok, text, samples=windows, seq_len=seq_len, seed=seed, region="second-half",
-                     chat_template=False, model=model, model_hash=digest)
     short = shortfall(len(cs.samples), windows, seq_len, "second-half", cs.manifest.get("stream_tokens"))
     if short:
         note(f"note: --text {text}: {short}; the ranking rests on those")

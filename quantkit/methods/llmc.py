@@ -123,7 +123,8 @@ def rotate(model, transform, device=None):
     llmcompressor_cpu_pin_memory()
     torch.manual_seed(SEED)
     with torch.no_grad(), calibration_device(device or torch.device("cpu")):
-        oneshot(model=model, recipe=rotation_modifiers(transform), trust_remote_code_model=type(model).__module__.startswith("transformers_modules"))
+        oneshot(model=model, recipe=rotation_modifiers(transform), processor=_NoProcessor(),
+                trust_remote_code_model=type(model).__module__.startswith("transformers_modules"))
     return model  # _name_or_path kept: the quantize step's oneshot re-reads the config from it
 
 
@@ -137,7 +138,8 @@ def _dataset(samples):
 
 
 class _NoProcessor:
-    """oneshot insists on a processor whenever a dataset is given; ours is already tokenized."""
+    """oneshot insists on a processor whenever a dataset is given (ours is already tokenized), and
+    loads one from the model's path when given none (a rotation alone needs none)."""
 
     def save_pretrained(self, *args, **kwargs) -> None:
         return None

@@ -225,22 +225,23 @@ def lazy_choice(model, rows, layers, pairs, spec: Search, progress=None):
 # ---------------------------------------------------------------- in a conversion
 
 
-def resolve(job, model, tok, src_hash: str) -> tuple[object, dict]:
-    """Before the quantize step: measure and choose on the loaded model, and return the step's
-    config with the chosen overrides (auto cleared) and the record for quantkit.json."""
+def resolve(job, model, sens) -> tuple[object, dict]:
+    """Before the quantize step: measure and choose on the loaded model, on the windows `windows`
+    built (`sens`), and return the step's config with the chosen overrides (auto cleared) and the
+    record for quantkit.json."""
     import torch
 
     t0 = time.perf_counter()
     quant = job.quant
     spec = Search.of_step(quant, job.source_bits, model.config.to_dict())
-    cs, short = windows(job, tok, model, src_hash)
+    cs, short, built_s = sens
     device = pass_device(job, model, cs)
     with placed(model, device):
         out = search(model, torch.cat(cs.samples).to(device), spec, label="auto mixed precision", lazy=True)
     record = {**out, "windows": {"requested": quant.auto.windows, "used": len(cs.samples), "seq_len": quant.auto.seq_len,
                                  "note": short, "text": cs.manifest},
               "measured_on": measured_on(job), "device": str(device), "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-              "wall_seconds": time.perf_counter() - t0}
+              "wall_seconds": built_s + time.perf_counter() - t0}
     resolved = type(quant).model_validate({**quant.model_dump(), "auto": None, "overrides": out["overrides"]})
     note(f"auto mixed precision: {len(out['picked'])} of {len(out['ranking'])} units raised, "
          f"{out['bits_per_weight']:.4f} bits/weight (budget {spec.budget:g}), {record['wall_seconds']:.0f} s")
@@ -249,17 +250,20 @@ def resolve(job, model, tok, src_hash: str) -> tuple[object, dict]:
 
 def windows(job, tok, model, src_hash: str):
     """The sensitivity windows: the calibration source's own seeded windows in the calibration
-    region, `auto.windows` of `auto.seq_len` tokens (the recipe's calibration.samples are GPTQ's)."""
+    region, `auto.windows` of `auto.seq_len` tokens (the recipe's calibration.samples are GPTQ's).
+    Built from the model as loaded, before any rotation: text it generates (a mix's chat part) is
+    cached under its checkpoint's hash. Returns the set, the shortfall note, and the seconds taken."""
     from quantkit.data import calib
     from quantkit.data.text import shortfall
 
+    t0 = time.perf_counter()
     auto, c = job.quant.auto, job.recipe.calibration
     cs = calib.build(job.src, tok, job.calib_spec, samples=auto.windows, seq_len=auto.seq_len, seed=c.seed, region=c.region,
                      chat_template=c.chat_template, model=model, model_hash=src_hash)
     short = shortfall(len(cs.samples), auto.windows, auto.seq_len, c.region, cs.manifest.get("stream_tokens"))
     if short:
         note(f"note: {job.key}: auto mixed precision: {short}; the choice rests on those")
-    return cs, short
+    return cs, short, time.perf_counter() - t0
 
 
 def measured_on(job) -> str:

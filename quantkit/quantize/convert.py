@@ -54,18 +54,19 @@ def apply_steps(job: ConvertJob, model, tok, calib_set, src_hash: str):
             note(f"gqa: {job.cfg.get('num_key_value_heads')} -> {step.gqa.kv_heads} KV heads ({step.gqa.merge})")
             model, done.gqa = apply_gqa(model, tok, step.gqa, calib_set, src=job.src, src_hash=src_hash, calib_spec=job.calib_spec,
                                         calibration=job.recipe.calibration)
-        elif step.quantize is not None:  # a transform step's rotation runs inside the quantize step's pass
+        elif step.quantize is not None:  # a transform step's rotation runs inside the quantize step's pass, or before auto's
             if job.offload is None:  # an offloaded model is loaded at this precision already
                 model = cast_model(model, getattr(torch_module(), job.quant_dtype))
             if job.auto is not None:  # measured on the weights the rounding will see: after the rotation, before the rounding
-                from quantkit.quantize.auto import resolve
+                from quantkit.quantize.auto import resolve, windows
 
+                sens = windows(job, tok, model, src_hash)  # from the model as loaded, as the calibration set was
                 if transform is not None:
                     from quantkit.methods.llmc import rotate
 
                     note(f"transform: {transform.method} {', '.join(transform.rotations)} fused into the weights")
                     model, transform = rotate(model, transform, job.device), None
-                done.quant, done.mixed_precision = resolve(job, model, tok, src_hash)
+                done.quant, done.mixed_precision = resolve(job, model, sens)
             note(f"quantize: {job.quant.method}")
             model = job.method.quantize(model, done.quant, calib_set.samples if calib_set else None, src=job.src, device=job.device,
                                          transform=transform)
