@@ -265,14 +265,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _two_nodes(args, home: Path, timeout=600) -> list[subprocess.CompletedProcess]:
     """`torchrun --nnodes 2 --nproc-per-node 1` twice on this host, joined by c10d rendezvous on
     loopback: two "machines" of one process each, as on a cluster (GROUP_WORLD_SIZE 2,
     LOCAL_WORLD_SIZE 1), with the same command on each."""
+    port = _free_port()
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", f"qk-{os.getpid()}"]
-    procs = [subprocess.Popen([*launcher, "-m", "quantkit", *args], cwd=REPO, env=_env(home), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True) for _ in range(2)]
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"qk-{os.getpid()}-{port}"]
+
+    def node():
+        return subprocess.Popen([*launcher, "-m", "quantkit", *args], cwd=REPO, env=_env(home), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    # The second node starts once the first hosts the rendezvous store: agents on the endpoint's own
+    # host each try to host it first, then connect as clients (torch's c10d rendezvous backend), and
+    # two started together on a loaded machine have ended in RendezvousConnectionError; on a cluster
+    # only one node is the endpoint's host.
+    procs = [node()]
+    deadline = time.monotonic() + 120
+    while procs[0].poll() is None and time.monotonic() < deadline and not _listening(port):
+        time.sleep(0.2)
+    procs.append(node())
     done = []
     try:
         for proc in procs:
