@@ -38,10 +38,11 @@ def domain(ev: dict) -> dict:
 
 
 def run_one(recipe: str, args, env: dict) -> dict:
-    art = Path(args.out_dir) / Path(recipe).stem
+    given = (Path(recipe) / "quantkit.json").is_file()  # an artifact converted outside this run: scored as it is
+    art = Path(recipe) if given else Path(args.out_dir) / Path(recipe).stem
     sets = [x for s in args.sets for x in ("--set", s)]
     cpu = cpu_seconds()
-    if args.eval_only or (args.reuse and (art / "quantkit.json").is_file()):  # a finished artifact (a convert writes it last)
+    if given or args.eval_only or (args.reuse and (art / "quantkit.json").is_file()):  # a finished artifact (a convert writes it last)
         meta = json.loads((art / "quantkit.json").read_text())
     else:
         meta = quantkit_json(["convert", recipe, "--model", args.model, "--out", str(art), "--calib", args.calib, "--force", *sets], env)
@@ -92,7 +93,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--name", required=True, help="the result file: benchmarks/results/NAME.json")
     ap.add_argument("--model", default="demo")
-    ap.add_argument("--recipes", nargs="+", required=True, help="built-in recipe names or paths")
+    ap.add_argument("--recipes", nargs="+", required=True, help="built-in recipe names or paths, or finished artifact directories (scored as they are)")
     ap.add_argument("--calib", default="mix:default", help="calibration SPEC for every convert")
     ap.add_argument("--text", action="append", default=[], help="eval text SPEC (repeatable; default: the default domains)")
     ap.add_argument("--split", default="confirmation", choices=["all", "selection", "confirmation"])
