@@ -32,9 +32,19 @@ def cpu_seconds() -> float:
 
 
 def domain(ev: dict) -> dict:
-    return {"label": ev.get("label"), "ppl": ev["ppl"], "baseline_ppl": ev["baseline_ppl"], "delta_ppl_pct": ev["delta_ppl_pct"],
-            "ci95_delta_ppl_pct": ev["ci95"]["delta_ppl_pct"], "kld": ev["kld"]["mean"], "ci95_kld": ev["ci95"]["kld_mean"],
-            "kld_p99": ev["kld"]["p99"], "top1": ev["top1_agreement"], "windows": ev["windows"]["count"], "split": ev.get("split")}
+    return {
+        "label": ev.get("label"),
+        "ppl": ev["ppl"],
+        "baseline_ppl": ev["baseline_ppl"],
+        "delta_ppl_pct": ev["delta_ppl_pct"],
+        "ci95_delta_ppl_pct": ev["ci95"]["delta_ppl_pct"],
+        "kld": ev["kld"]["mean"],
+        "ci95_kld": ev["ci95"]["kld_mean"],
+        "kld_p99": ev["kld"]["p99"],
+        "top1": ev["top1_agreement"],
+        "windows": ev["windows"]["count"],
+        "split": ev.get("split"),
+    }
 
 
 def run_one(recipe: str, args, env: dict) -> dict:
@@ -42,22 +52,47 @@ def run_one(recipe: str, args, env: dict) -> dict:
     art = Path(recipe) if given else Path(args.out_dir) / Path(recipe).stem
     sets = [x for s in args.sets for x in ("--set", s)]
     cpu = cpu_seconds()
-    if given or args.eval_only or (args.reuse and (art / "quantkit.json").is_file()):  # a finished artifact (a convert writes it last)
+    if (
+        given or args.eval_only or (args.reuse and (art / "quantkit.json").is_file())
+    ):  # a finished artifact (a convert writes it last)
         meta = json.loads((art / "quantkit.json").read_text())
     else:
-        meta = quantkit_json(["convert", recipe, "--model", args.model, "--out", str(art), "--calib", args.calib, "--force", *sets], env)
+        meta = quantkit_json(
+            ["convert", recipe, "--model", args.model, "--out", str(art), "--calib", args.calib, "--force", *sets], env
+        )
     convert_cpu = cpu_seconds() - cpu
     texts = [x for t in args.text for x in ("--text", t)]
-    ev = quantkit_json(["eval", str(art), "--baseline", args.model, *texts, "--split", args.split, "--seq-len", str(args.seq_len),
-                        "--max-tokens", str(args.max_tokens)], env)
+    ev = quantkit_json(
+        [
+            "eval",
+            str(art),
+            "--baseline",
+            args.model,
+            *texts,
+            "--split",
+            args.split,
+            "--seq-len",
+            str(args.seq_len),
+            "--max-tokens",
+            str(args.max_tokens),
+        ],
+        env,
+    )
     domains = [domain(t) for t in ev.get("texts", [ev])]
     from quantkit.models.sizes import checkpoint_sizes
 
-    return {"recipe": Path(recipe).stem, "bits_per_weight": checkpoint_sizes(art)["bits_per_weight"],
-            "convert_s": meta.get("wall_seconds"), "convert_cpu_s": round(convert_cpu, 1) if convert_cpu > 1 else None,
-            "peak_rss_gb": (meta.get("peak_rss_mb") or 0) / 1024, "threads": (meta.get("runtime") or {}).get("torch_num_threads"),
-            "calibration": (meta.get("calibration") or {}).get("source"), "calibration_tokens": (meta.get("calibration") or {}).get("tokens"),
-            "domains": domains, "mixed_precision": meta.get("mixed_precision")}
+    return {
+        "recipe": Path(recipe).stem,
+        "bits_per_weight": checkpoint_sizes(art)["bits_per_weight"],
+        "convert_s": meta.get("wall_seconds"),
+        "convert_cpu_s": round(convert_cpu, 1) if convert_cpu > 1 else None,
+        "peak_rss_gb": (meta.get("peak_rss_mb") or 0) / 1024,
+        "threads": (meta.get("runtime") or {}).get("torch_num_threads"),
+        "calibration": (meta.get("calibration") or {}).get("source"),
+        "calibration_tokens": (meta.get("calibration") or {}).get("tokens"),
+        "domains": domains,
+        "mixed_precision": meta.get("mixed_precision"),
+    }
 
 
 def table(rows: list[dict], reference: str | None = None) -> dict:
@@ -65,7 +100,10 @@ def table(rows: list[dict], reference: str | None = None) -> dict:
     labels = [d["label"] for d in rows[0]["domains"]] if rows else []
     ref = next((r for r in rows if r["recipe"] == reference), None)
     ref_kl = {d["label"]: d["kld"] for d in ref["domains"]} if ref else {}
-    cols = [{"key": "recipe", "header": "recipe", "fmt": "`{}`"}, {"key": "bits_per_weight", "header": "bits/weight", "fmt": "{:.2f}"}]
+    cols = [
+        {"key": "recipe", "header": "recipe", "fmt": "`{}`"},
+        {"key": "bits_per_weight", "header": "bits/weight", "fmt": "{:.2f}"},
+    ]
     flat = []
     for r in rows:
         row = {k: r[k] for k in ("recipe", "bits_per_weight", "convert_s", "threads")}
@@ -75,7 +113,9 @@ def table(rows: list[dict], reference: str | None = None) -> dict:
         for d in r["domains"]:
             lo, hi = d["ci95_delta_ppl_pct"]
             klo, khi = d["ci95_kld"]
-            row[f"{d['label']}"] = f"{d['delta_ppl_pct']:+.1f}% ({lo:+.1f}…{hi:+.1f}) / {d['kld']:.3f} ({klo:.3f}–{khi:.3f}) / {d['top1'] * 100:.1f}%"
+            row[f"{d['label']}"] = (
+                f"{d['delta_ppl_pct']:+.1f}% ({lo:+.1f}…{hi:+.1f}) / {d['kld']:.3f} ({klo:.3f}–{khi:.3f}) / {d['top1'] * 100:.1f}%"
+            )
             if ref_kl.get(d["label"]):
                 row[f"{d['label']}:ref"] = d["kld"] / ref_kl[d["label"]]
         flat.append(row)
@@ -83,7 +123,10 @@ def table(rows: list[dict], reference: str | None = None) -> dict:
         cols.append({"key": label, "header": f"{label}: ΔPPL (95% CI) / KL (CI) / top-1", "fmt": "{}"})
         if ref_kl.get(label):
             cols.append({"key": f"{label}:ref", "header": f"{label}: KL ÷ {reference}'s", "fmt": "×{:.2f}"})
-    cols += [{"key": "convert_s", "header": "convert s", "fmt": "{:.0f}"}, {"key": "threads", "header": "threads", "fmt": "{}"}]
+    cols += [
+        {"key": "convert_s", "header": "convert s", "fmt": "{:.0f}"},
+        {"key": "threads", "header": "threads", "fmt": "{}"},
+    ]
     if any("auto_pass" in row for row in flat):
         cols.append({"key": "auto_pass", "header": "auto's sensitivity pass (share of convert)", "fmt": "{}"})
     return {"columns": cols, "rows": flat}
@@ -93,20 +136,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--name", required=True, help="the result file: benchmarks/results/NAME.json")
     ap.add_argument("--model", default="demo")
-    ap.add_argument("--recipes", nargs="+", required=True, help="built-in recipe names or paths, or finished artifact directories (scored as they are)")
+    ap.add_argument(
+        "--recipes",
+        nargs="+",
+        required=True,
+        help="built-in recipe names or paths, or finished artifact directories (scored as they are)",
+    )
     ap.add_argument("--calib", default="mix:default", help="calibration SPEC for every convert")
-    ap.add_argument("--text", action="append", default=[], help="eval text SPEC (repeatable; default: the default domains)")
+    ap.add_argument(
+        "--text", action="append", default=[], help="eval text SPEC (repeatable; default: the default domains)"
+    )
     ap.add_argument("--split", default="confirmation", choices=["all", "selection", "confirmation"])
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra --set for every convert")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every process (default: torch's)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--eval-only", action="store_true", help="score the artifacts already in --out-dir")
-    ap.add_argument("--reuse", action="store_true", help="convert only the recipes without a finished artifact in --out-dir "
-                    "(the others' convert times come from their quantkit.json)")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="convert only the recipes without a finished artifact in --out-dir "
+        "(the others' convert times come from their quantkit.json)",
+    )
     ap.add_argument("--out-dir", default="runs/benchmarks/accuracy")
     ap.add_argument("--reference", help="a recipe among --recipes: every domain's KL also as a multiple of its KL")
-    ap.add_argument("--tabulate", action="store_true", help="only rebuild the table of results/NAME.json (e.g. with --reference)")
+    ap.add_argument(
+        "--tabulate", action="store_true", help="only rebuild the table of results/NAME.json (e.g. with --reference)"
+    )
     args = ap.parse_args()
     if args.tabulate:
         return tabulate(args)
@@ -125,12 +181,26 @@ def main() -> None:
             print(f"{recipe}: FAILED {exc}", file=sys.stderr)
             continue
         r = rows[-1]
-        print(f"{r['recipe']}: {r['bits_per_weight']:.3f} b/w, " + ", ".join(f"{d['label']} {d['delta_ppl_pct']:+.2f}% KL {d['kld']:.4f}"
-                                                                         for d in r["domains"]), file=sys.stderr)
-    path = write_result(args.name, {"model": args.model, "calibration": args.calib, "texts": args.text, "split": args.split,
-                                    "threads": args.threads or os.cpu_count(), "wall_s": round(time.time() - t0), "rows": rows,
-                                    "failed": failed, "reference": args.reference,
-                                    "tables": {"main": table(rows, args.reference)}})
+        print(
+            f"{r['recipe']}: {r['bits_per_weight']:.3f} b/w, "
+            + ", ".join(f"{d['label']} {d['delta_ppl_pct']:+.2f}% KL {d['kld']:.4f}" for d in r["domains"]),
+            file=sys.stderr,
+        )
+    path = write_result(
+        args.name,
+        {
+            "model": args.model,
+            "calibration": args.calib,
+            "texts": args.text,
+            "split": args.split,
+            "threads": args.threads or os.cpu_count(),
+            "wall_s": round(time.time() - t0),
+            "rows": rows,
+            "failed": failed,
+            "reference": args.reference,
+            "tables": {"main": table(rows, args.reference)},
+        },
+    )
     print(path)
 
 

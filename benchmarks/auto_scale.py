@@ -29,7 +29,9 @@ RECIPE = "benchmarks/recipes/rtn-g64-auto.yaml"
 def one(shape: str, work: Path, calib: str) -> dict:
     model, art = work / shape, work / f"{shape}-auto"
     if not (model / "config.json").is_file():
-        subprocess.run([sys.executable, str(REPO / "benchmarks" / "shaped_checkpoint.py"), shape, "--out", str(model)], check=True)
+        subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "shaped_checkpoint.py"), shape, "--out", str(model)], check=True
+        )
     shutil.rmtree(art, ignore_errors=True)
     args = ["convert", RECIPE, "--model", str(model), "--out", str(art), "--calib", calib]
     plan = quantkit_json([*args, "--plan"])
@@ -39,14 +41,22 @@ def one(shape: str, work: Path, calib: str) -> dict:
     mp = meta.get("mixed_precision") or {}
     predicted = plan["seconds"]
     measured = mp.get("measured_bits_per_weight")  # the saved artifact's, from its headers (quantize/auto.py)
-    return {"shape": shape, "budget_bits": mp.get("budget_bits"), "bits_per_weight": measured,
-            "searched_bits_per_weight": mp.get("bits_per_weight"),
-            "under_budget_by": None if measured is None else mp["budget_bits"] - measured,
-            "raised_units": len(mp.get("picked") or []), "units": len(mp.get("ranking") or []),
-            "pass_s": mp.get("wall_seconds"), "convert_s": round(wall, 1), "predicted_s": round(predicted, 1),
-            "predicted_pass_s": plan["time_breakdown"].get("sensitivity"), "ratio": round(wall / predicted, 2),
-            "plan_machine": {k: plan["machine"].get(k) for k in ("read_bps", "bf16_flops", "fp32_flops")},
-            "mixed_precision": mp}
+    return {
+        "shape": shape,
+        "budget_bits": mp.get("budget_bits"),
+        "bits_per_weight": measured,
+        "searched_bits_per_weight": mp.get("bits_per_weight"),
+        "under_budget_by": None if measured is None else mp["budget_bits"] - measured,
+        "raised_units": len(mp.get("picked") or []),
+        "units": len(mp.get("ranking") or []),
+        "pass_s": mp.get("wall_seconds"),
+        "convert_s": round(wall, 1),
+        "predicted_s": round(predicted, 1),
+        "predicted_pass_s": plan["time_breakdown"].get("sensitivity"),
+        "ratio": round(wall / predicted, 2),
+        "plan_machine": {k: plan["machine"].get(k) for k in ("read_bps", "bf16_flops", "fp32_flops")},
+        "mixed_precision": mp,
+    }
 
 
 def main() -> None:
@@ -61,21 +71,31 @@ def main() -> None:
     for shape in args.shapes:
         rows.append(one(shape, args.work, args.calib))
         r = rows[-1]
-        print(f"{shape}: {r['bits_per_weight']} b/w (budget {r['budget_bits']}), convert {r['convert_s']} s, "
-              f"predicted {r['predicted_s']} s, pass {r['pass_s']} s", file=sys.stderr)
-    cols = [{"key": "shape", "header": "shape (random weights)", "fmt": "{}"},
-            {"key": "budget_bits", "header": "budget bits/weight", "fmt": "{:.2f}"},
-            {"key": "bits_per_weight", "header": "artifact bits/weight", "fmt": "{:.4f}"},
-            {"key": "raised_units", "header": "units raised to INT8", "fmt": "{}"},
-            {"key": "pass_s", "header": "sensitivity pass s", "fmt": "{:.0f}"},
-            {"key": "predicted_pass_s", "header": "pass predicted s", "fmt": "{:.0f}"},
-            {"key": "convert_s", "header": "convert s", "fmt": "{:.0f}"},
-            {"key": "predicted_s", "header": "--plan predicted s", "fmt": "{:.0f}"},
-            {"key": "ratio", "header": "measured / predicted", "fmt": "{:.2f}"}]
-    table = {"columns": cols, "rows": rows,
-             "note": "Random-weight checkpoints in the shapes of the named models: the budget and the times carry over, "
-                     "no accuracy does. Recipe: INT4 RTN g64 with auto at 4.5 bits/weight, choices int8, calibration mix:default."}
-    print(write_result(args.name, {"recipe": RECIPE, "calibration": args.calib, "rows": rows, "tables": {"main": table}}))
+        print(
+            f"{shape}: {r['bits_per_weight']} b/w (budget {r['budget_bits']}), convert {r['convert_s']} s, "
+            f"predicted {r['predicted_s']} s, pass {r['pass_s']} s",
+            file=sys.stderr,
+        )
+    cols = [
+        {"key": "shape", "header": "shape (random weights)", "fmt": "{}"},
+        {"key": "budget_bits", "header": "budget bits/weight", "fmt": "{:.2f}"},
+        {"key": "bits_per_weight", "header": "artifact bits/weight", "fmt": "{:.4f}"},
+        {"key": "raised_units", "header": "units raised to INT8", "fmt": "{}"},
+        {"key": "pass_s", "header": "sensitivity pass s", "fmt": "{:.0f}"},
+        {"key": "predicted_pass_s", "header": "pass predicted s", "fmt": "{:.0f}"},
+        {"key": "convert_s", "header": "convert s", "fmt": "{:.0f}"},
+        {"key": "predicted_s", "header": "--plan predicted s", "fmt": "{:.0f}"},
+        {"key": "ratio", "header": "measured / predicted", "fmt": "{:.2f}"},
+    ]
+    table = {
+        "columns": cols,
+        "rows": rows,
+        "note": "Random-weight checkpoints in the shapes of the named models: the budget and the times carry over, "
+        "no accuracy does. Recipe: INT4 RTN g64 with auto at 4.5 bits/weight, choices int8, calibration mix:default.",
+    }
+    print(
+        write_result(args.name, {"recipe": RECIPE, "calibration": args.calib, "rows": rows, "tables": {"main": table}})
+    )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ def _cpu_model() -> str:
 def _cpu_flags() -> list[str]:
     """The SIMD levels that decide which kernels run (AVX2, AVX-512 and its BF16/VNNI, AMX)."""
     try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+        flags = next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+        ).split()
     except (OSError, StopIteration):
         return []
     want = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16")
@@ -46,14 +48,24 @@ def machine() -> dict:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
-    return {"cpu": _cpu_model(), "cpu_flags": _cpu_flags(), "cores": os.cpu_count(), "ram_gb": round(mem / 2**30, 1),
-            "gpu": gpu, "os": platform.platform(terse=True), "python": platform.python_version(), "torch": torch.__version__,
-            "commit": _commit()}
+    return {
+        "cpu": _cpu_model(),
+        "cpu_flags": _cpu_flags(),
+        "cores": os.cpu_count(),
+        "ram_gb": round(mem / 2**30, 1),
+        "gpu": gpu,
+        "os": platform.platform(terse=True),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "commit": _commit(),
+    }
 
 
 def _commit() -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -77,8 +89,13 @@ def portable(text: str) -> str:
 
 def write_result(name: str, body: dict, results: Path = RESULTS) -> Path:
     """Write results/NAME.json atomically, with the command, the machine and the date."""
-    record = {"benchmark": name, "command": command(), "machine": machine(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **body}
+    record = {
+        "benchmark": name,
+        "command": command(),
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **body,
+    }
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"{name}.json"
     tmp = path.with_suffix(f".json.tmp-{os.getpid()}")
@@ -89,7 +106,9 @@ def write_result(name: str, body: dict, results: Path = RESULTS) -> Path:
 
 def quantkit_json(args: list[str], env: dict | None = None) -> dict:
     """Run `quantkit ARGS --json` in its own process; its parsed output, or RuntimeError with the error line."""
-    proc = subprocess.run(QUANTKIT + args + ["--json"], capture_output=True, text=True, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        QUANTKIT + args + ["--json"], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
     if proc.returncode != 0:
         raise RuntimeError((proc.stderr.strip().splitlines() or ["?"])[-1])
     return json.loads(proc.stdout)

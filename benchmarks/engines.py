@@ -25,16 +25,47 @@ ENGINES = ("compiled", "llamacpp", "vllm")
 def cell(path: str, engine: str, args) -> dict:
     t0 = time.monotonic()
     try:
-        out = quantkit_json(["bench", path, "--engine", engine, "--threads", str(args.threads), "--prompt-len", str(args.prompt_len),
-                             "--gen-len", str(args.gen_len), "--repeats", str(args.repeats), "--no-self-check"])
+        out = quantkit_json(
+            [
+                "bench",
+                path,
+                "--engine",
+                engine,
+                "--threads",
+                str(args.threads),
+                "--prompt-len",
+                str(args.prompt_len),
+                "--gen-len",
+                str(args.gen_len),
+                "--repeats",
+                str(args.repeats),
+                "--no-self-check",
+            ]
+        )
     except RuntimeError as exc:
         return {"error": str(exc)}
     row = out["rows"][0]
     anchor = row.get("anchor") or {}
-    return {k: row.get(k) for k in ("kernel", "kind", "dtype", "threads", "ttft_ms", "tpot_ms", "predicted_tpot_ms", "tpot_efficiency",
-                                     "bytes_per_token", "notes")} | {
-        "llama_bench_tpot_ms": anchor.get("tpot_ms"), "llama_bench_tpot_ratio": anchor.get("ratio_tpot"),
-        "llama_bench_ttft_ratio": anchor.get("ratio_ttft"), "wall_s": round(time.monotonic() - t0, 1)}
+    return {
+        k: row.get(k)
+        for k in (
+            "kernel",
+            "kind",
+            "dtype",
+            "threads",
+            "ttft_ms",
+            "tpot_ms",
+            "predicted_tpot_ms",
+            "tpot_efficiency",
+            "bytes_per_token",
+            "notes",
+        )
+    } | {
+        "llama_bench_tpot_ms": anchor.get("tpot_ms"),
+        "llama_bench_tpot_ratio": anchor.get("ratio_tpot"),
+        "llama_bench_ttft_ratio": anchor.get("ratio_ttft"),
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
 
 
 def main() -> None:
@@ -48,22 +79,46 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    inputs = {"fp16": {"compiled": args.fp16, "vllm": args.fp16, "llamacpp": args.fp16_gguf},
-              "int4-g32": {"compiled": args.int4, "vllm": args.int4, "llamacpp": args.int4_gguf}}
+    inputs = {
+        "fp16": {"compiled": args.fp16, "vllm": args.fp16, "llamacpp": args.fp16_gguf},
+        "int4-g32": {"compiled": args.int4, "vllm": args.int4, "llamacpp": args.int4_gguf},
+    }
     rows = []
     for variant, paths in inputs.items():
         for engine in ENGINES:
             r = {"variant": variant, "engine": engine, **cell(paths[engine], engine, args)}
             print(r, file=sys.stderr, flush=True)
             rows.append(r)
-    cols = [("variant", "weights", "{}"), ("engine", "engine", "`{}`"), ("kernel", "kernel", "{}"), ("ttft_ms", "TTFT ms", "{:.0f}"),
-            ("tpot_ms", "TPOT ms", "{:.1f}"), ("tpot_efficiency", "TPOT vs roofline", "{:.0%}"),
-            ("llama_bench_tpot_ms", "llama-bench TPOT ms", "{:.1f}"), ("llama_bench_tpot_ratio", "quantkit / llama-bench", "{:.2f}"),
-            ("error", "error", "{}")]
-    note = (f"Batch 1, {args.prompt_len}-token prompt, {args.gen_len} tokens, {args.threads} thread(s) per engine, medians of "
-            f"{args.repeats} repeats, one engine at a time. INT4: RTN g32 symmetric, the same integers in every engine.")
-    print(write_result("engines", {"rows": rows, "tables": {"main": {"columns": [{"key": k, "header": h, "fmt": f} for k, h, f in cols],
-                                                                      "rows": rows, "note": note}}}))
+    cols = [
+        ("variant", "weights", "{}"),
+        ("engine", "engine", "`{}`"),
+        ("kernel", "kernel", "{}"),
+        ("ttft_ms", "TTFT ms", "{:.0f}"),
+        ("tpot_ms", "TPOT ms", "{:.1f}"),
+        ("tpot_efficiency", "TPOT vs roofline", "{:.0%}"),
+        ("llama_bench_tpot_ms", "llama-bench TPOT ms", "{:.1f}"),
+        ("llama_bench_tpot_ratio", "quantkit / llama-bench", "{:.2f}"),
+        ("error", "error", "{}"),
+    ]
+    note = (
+        f"Batch 1, {args.prompt_len}-token prompt, {args.gen_len} tokens, {args.threads} thread(s) per engine, medians of "
+        f"{args.repeats} repeats, one engine at a time. INT4: RTN g32 symmetric, the same integers in every engine."
+    )
+    print(
+        write_result(
+            "engines",
+            {
+                "rows": rows,
+                "tables": {
+                    "main": {
+                        "columns": [{"key": k, "header": h, "fmt": f} for k, h, f in cols],
+                        "rows": rows,
+                        "note": note,
+                    }
+                },
+            },
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ import time
 
 import torch
 
+from quantkit.data.text import parse_spec
 from quantkit.evals.perplexity import cached_baseline, score, text_windows, vocab_fingerprint
 from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer, resolve_model
-from quantkit.data.text import parse_spec
 
 
 def main() -> None:
@@ -29,9 +29,17 @@ def main() -> None:
     args = ap.parse_args()
     mp, bp = resolve_model(args.model), resolve_model(args.baseline)
     tok = load_tokenizer(bp)
-    w = text_windows(tok, parse_spec(f"file:{args.text}"), seq_len=args.seq_len, max_tokens=args.windows * args.seq_len, region="first-half")
+    w = text_windows(
+        tok,
+        parse_spec(f"file:{args.text}"),
+        seq_len=args.seq_len,
+        max_tokens=args.windows * args.seq_len,
+        region="first-half",
+    )
     t = time.perf_counter()
-    base, hit = cached_baseline(lambda: load_model(bp, dtype=args.dtype), checkpoint_hash(bp), w, vocab_fingerprint(tok), args.dtype)
+    base, hit = cached_baseline(
+        lambda: load_model(bp, dtype=args.dtype), checkpoint_hash(bp), w, vocab_fingerprint(tok), args.dtype
+    )
     base_s = time.perf_counter() - t
     model = load_model(mp, dtype=args.dtype)
     with torch.inference_mode():
@@ -45,7 +53,9 @@ def main() -> None:
     scored = time.perf_counter() - t
     print(f"{len(w.tokens)} x {args.seq_len} tokens, {args.dtype}, {torch.get_num_threads()} threads")
     print(f"baseline pass: {base_s:.1f} s ({'cached' if hit else 'computed and cached'})")
-    print(f"bare forward: {bare:.1f} s; scoring against the cached baseline: {scored:.1f} s; ratio {scored / bare:.3f} (target <= 1.3)")
+    print(
+        f"bare forward: {bare:.1f} s; scoring against the cached baseline: {scored:.1f} s; ratio {scored / bare:.3f} (target <= 1.3)"
+    )
     print(f"PPL {result['ppl']:.3f} (baseline {result['baseline_ppl']:.3f}), KL {result['kld']['mean']:.4f}")
 
 

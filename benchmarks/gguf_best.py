@@ -36,31 +36,75 @@ def export(src: str, out: Path, a: argparse.Namespace, mixed: bool) -> dict:
     record = out.with_name(out.stem + ".quantkit.json")
     if a.reuse and out.is_file() and record.is_file():  # an earlier run's file, as its record describes it
         return json.loads(record.read_text())
-    args = ["export", src, "--format", "gguf", "--type", a.type, "--out", str(out), "--force", "--calib", a.calib,
-            "--calib-samples", str(a.calib_samples)]
+    args = [
+        "export",
+        src,
+        "--format",
+        "gguf",
+        "--type",
+        a.type,
+        "--out",
+        str(out),
+        "--force",
+        "--calib",
+        a.calib,
+        "--calib-samples",
+        str(a.calib_samples),
+    ]
     return quantkit_json(args + (["--mixed", "--mixed-types", a.mixed_types] if mixed else []))
 
 
 def scores(gguf: Path, src: str, split: str, a: argparse.Namespace) -> dict[str, dict]:
     texts = [x for t in a.text for x in ("--text", t)]
-    ev = quantkit_json(["eval", str(gguf), "--engine", "llamacpp", "--baseline", src, *texts, "--split", split,
-                        "--max-tokens", str(a.max_tokens)])
+    ev = quantkit_json(
+        [
+            "eval",
+            str(gguf),
+            "--engine",
+            "llamacpp",
+            "--baseline",
+            src,
+            *texts,
+            "--split",
+            split,
+            "--max-tokens",
+            str(a.max_tokens),
+        ]
+    )
     return {t["text"]: t for t in ev["texts"]}
 
 
 def row(name: str, rec: dict, split: str, text: str, ev: dict, anchor: dict | None, target: float) -> dict:
     kl = ev["kld"]["mean"]
     change = None if anchor is None else 100 * (kl / anchor["kld"]["mean"] - 1)
-    return {"gguf": name, "split": split, "text": text, "mb": rec["bytes"] / 1e6, "bpw": rec.get("bits_per_weight_layers"),
-            "kl": kl, "kl_ci": (ev.get("ci95") or {}).get("kld_mean"), "dppl": ev["delta_ppl_pct"], "top1": ev["top1_agreement"] * 100,
-            "tokens": ev["tokens"], "change_pct": change, "target_met": None if change is None else change <= -target}
+    return {
+        "gguf": name,
+        "split": split,
+        "text": text,
+        "mb": rec["bytes"] / 1e6,
+        "bpw": rec.get("bits_per_weight_layers"),
+        "kl": kl,
+        "kl_ci": (ev.get("ci95") or {}).get("kld_mean"),
+        "dppl": ev["delta_ppl_pct"],
+        "top1": ev["top1_agreement"] * 100,
+        "tokens": ev["tokens"],
+        "change_pct": change,
+        "target_met": None if change is None else change <= -target,
+    }
 
 
-COLUMNS = [{"key": "gguf", "header": "GGUF"}, {"key": "split", "header": "split"}, {"key": "text", "header": "text"},
-           {"key": "mb", "header": "MB", "fmt": "{:.2f}"}, {"key": "bpw", "header": "bits/weight (layers)", "fmt": "{:.2f}"},
-           {"key": "kl", "header": "KL", "fmt": "{:.4f}"}, {"key": "change_pct", "header": "KL vs anchor %", "fmt": "{:+.1f}"},
-           {"key": "dppl", "header": "ΔPPL %", "fmt": "{:+.2f}"}, {"key": "top1", "header": "top-1 %", "fmt": "{:.1f}"},
-           {"key": "target_met", "header": "target met"}]
+COLUMNS = [
+    {"key": "gguf", "header": "GGUF"},
+    {"key": "split", "header": "split"},
+    {"key": "text", "header": "text"},
+    {"key": "mb", "header": "MB", "fmt": "{:.2f}"},
+    {"key": "bpw", "header": "bits/weight (layers)", "fmt": "{:.2f}"},
+    {"key": "kl", "header": "KL", "fmt": "{:.4f}"},
+    {"key": "change_pct", "header": "KL vs anchor %", "fmt": "{:+.1f}"},
+    {"key": "dppl", "header": "ΔPPL %", "fmt": "{:+.2f}"},
+    {"key": "top1", "header": "top-1 %", "fmt": "{:.1f}"},
+    {"key": "target_met", "header": "target met"},
+]
 
 
 def main() -> None:
@@ -68,15 +112,21 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="where the GGUFs are written")
     ap.add_argument("--model", default="demo", help="a checkpoint directory or a name quantkit knows")
     ap.add_argument("--name", default="gguf_best", help="the result file: benchmarks/results/NAME.json")
-    ap.add_argument("--type", default="Q4_K_M", help="llama-quantize's type: the anchor, and the size the candidate keeps to")
+    ap.add_argument(
+        "--type", default="Q4_K_M", help="llama-quantize's type: the anchor, and the size the candidate keeps to"
+    )
     ap.add_argument("--mixed-types", default=SYMMETRIC, help="--mixed's types, or `all` for export's default list")
     ap.add_argument("--calib", default="mix:default")
     ap.add_argument("--calib-samples", type=int, default=128)
     ap.add_argument("--text", action="append", default=[])
     ap.add_argument("--splits", default="selection,confirmation")
     ap.add_argument("--max-tokens", type=int, default=4096)
-    ap.add_argument("--target-pct", type=float, default=25.0, help="the KL reduction against the anchor asked on every text")
-    ap.add_argument("--reuse", action="store_true", help="take the GGUFs an earlier run left in --out (with their records)")
+    ap.add_argument(
+        "--target-pct", type=float, default=25.0, help="the KL reduction against the anchor asked on every text"
+    )
+    ap.add_argument(
+        "--reuse", action="store_true", help="take the GGUFs an earlier run left in --out (with their records)"
+    )
     a = ap.parse_args()
     if a.mixed_types == "all":
         from quantkit.quantize.ggufmix import DEFAULT_TYPES
@@ -89,7 +139,10 @@ def main() -> None:
     src = str(resolve_model(a.model, pull=False))
     a.out.mkdir(parents=True, exist_ok=True)
     stem = Path(a.model).name
-    made = {f"{a.type}": (a.out / f"{stem}-{a.type}.gguf", False), f"{a.type} --mixed": (a.out / f"{stem}-{a.type}-mixed.gguf", True)}
+    made = {
+        f"{a.type}": (a.out / f"{stem}-{a.type}.gguf", False),
+        f"{a.type} --mixed": (a.out / f"{stem}-{a.type}-mixed.gguf", True),
+    }
     records = {}
     for name, (path, mixed) in made.items():
         records[name] = export(src, path, a, mixed)
@@ -99,19 +152,54 @@ def main() -> None:
         evs = {name: scores(path, src, split, a) for name, (path, _) in made.items()}
         anchor = evs[a.type]
         for name in made:
-            rows += [row(name, records[name], split, t, evs[name][t], None if name == a.type else anchor[t], a.target_pct) for t in a.text]
-    body = {"model": a.model, "calibration": {"calib": a.calib, "samples": a.calib_samples}, "type": a.type, "mixed_types": a.mixed_types,
-            "target_pct": a.target_pct,
-            "target_met": all(r["target_met"] for r in rows if r["target_met"] is not None and r["split"] == "confirmation"),
-            "exports": {name: {k: rec.get(k) for k in ("bytes", "tensor_types", "bits_per_weight_layers")}
-                        | ({"mixed": {k: rec["mixed"][k] for k in ("budget_bytes", "reference_bytes", "candidates", "windows",
-                                                                   "cost_reference", "cost_chosen", "seconds")}}
-                           if rec.get("mixed") else {}) for name, rec in records.items()},
-            "tables": {"main": {"columns": COLUMNS, "rows": rows, "note": (
-                f"KL vs the FP16 checkpoint through llama.cpp (quantkit eval --engine llamacpp), windows of 512 tokens, up to "
-                f"{a.max_tokens} tokens per text; importance matrix: llama-imatrix over {a.calib_samples} windows of {a.calib}; "
-                f"--mixed among {a.mixed_types} within {a.type}'s own bytes; target: KL {a.target_pct:g}% below {a.type} on "
-                "every text")}}}
+            rows += [
+                row(name, records[name], split, t, evs[name][t], None if name == a.type else anchor[t], a.target_pct)
+                for t in a.text
+            ]
+    body = {
+        "model": a.model,
+        "calibration": {"calib": a.calib, "samples": a.calib_samples},
+        "type": a.type,
+        "mixed_types": a.mixed_types,
+        "target_pct": a.target_pct,
+        "target_met": all(
+            r["target_met"] for r in rows if r["target_met"] is not None and r["split"] == "confirmation"
+        ),
+        "exports": {
+            name: {k: rec.get(k) for k in ("bytes", "tensor_types", "bits_per_weight_layers")}
+            | (
+                {
+                    "mixed": {
+                        k: rec["mixed"][k]
+                        for k in (
+                            "budget_bytes",
+                            "reference_bytes",
+                            "candidates",
+                            "windows",
+                            "cost_reference",
+                            "cost_chosen",
+                            "seconds",
+                        )
+                    }
+                }
+                if rec.get("mixed")
+                else {}
+            )
+            for name, rec in records.items()
+        },
+        "tables": {
+            "main": {
+                "columns": COLUMNS,
+                "rows": rows,
+                "note": (
+                    f"KL vs the FP16 checkpoint through llama.cpp (quantkit eval --engine llamacpp), windows of 512 tokens, up to "
+                    f"{a.max_tokens} tokens per text; importance matrix: llama-imatrix over {a.calib_samples} windows of {a.calib}; "
+                    f"--mixed among {a.mixed_types} within {a.type}'s own bytes; target: KL {a.target_pct:g}% below {a.type} on "
+                    "every text"
+                ),
+            }
+        },
+    }
     provenance = Path(src) / "offgrid.json"  # how offgrid_model.py made the checkpoint
     if provenance.is_file():
         body["offgrid"] = json.loads(provenance.read_text())

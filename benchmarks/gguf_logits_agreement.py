@@ -72,8 +72,15 @@ def kl_rows(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
 def llama_cpp_logits(gguf_path: Path, ids: list[int], threads: int, **settings) -> torch.Tensor:
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(gguf_path), n_ctx=max(512, len(ids) + 8), n_batch=512, logits_all=True,
-                          verbose=False, n_threads=threads, **settings)
+    llm = llama_cpp.Llama(
+        model_path=str(gguf_path),
+        n_ctx=max(512, len(ids) + 8),
+        n_batch=512,
+        logits_all=True,
+        verbose=False,
+        n_threads=threads,
+        **settings,
+    )
     try:
         llm.reset()
         llm.eval(ids)
@@ -83,8 +90,8 @@ def llama_cpp_logits(gguf_path: Path, ids: list[int], threads: int, **settings) 
 
 
 def tokens(artifact: Path, text_spec: str, n: int) -> list[int]:
-    from quantkit.models.checkpoint import load_tokenizer
     from quantkit.data.text import parse_spec, read_text
+    from quantkit.models.checkpoint import load_tokenizer
 
     text = read_text(parse_spec(text_spec)).text
     return load_tokenizer(artifact)(text[: n * 20], add_special_tokens=False)["input_ids"][:n]
@@ -98,7 +105,9 @@ def tokenizations_agree(artifact: Path, gguf_path: Path, text: str) -> bool:
     hf = load_tokenizer(artifact)(text, add_special_tokens=False)["input_ids"]
     llm = llama_cpp.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
     try:
-        return llm.tokenize(text.encode("utf-8"), add_bos=False, special=True) == hf  # transformers always parses special tokens
+        return (
+            llm.tokenize(text.encode("utf-8"), add_bos=False, special=True) == hf
+        )  # transformers always parses special tokens
     finally:
         llm.close()
 
@@ -123,9 +132,15 @@ def measure(artifact: Path, gguf_path: Path, ids: list[int], threads: int = 2) -
     noisy = residual > FP32_NOISE_KL
     prefix = int(torch.nonzero(noisy)[0]) if bool(noisy.any()) else len(ids)
     summary = lambda k: {"mean": float(k.mean()), "p99": float(k.quantile(0.99)), "max": float(k.max())}  # noqa: E731
-    return {"tokens": len(ids), "engines": summary(engines), "simulated": summary(simulated), "same_prefix": prefix,
-            "same_fraction": float((~noisy).float().mean()),
-            "residual": summary(residual), "top1_engines": float((ref.argmax(-1) == lcpp.argmax(-1)).float().mean())}
+    return {
+        "tokens": len(ids),
+        "engines": summary(engines),
+        "simulated": summary(simulated),
+        "same_prefix": prefix,
+        "same_fraction": float((~noisy).float().mean()),
+        "residual": summary(residual),
+        "top1_engines": float((ref.argmax(-1) == lcpp.argmax(-1)).float().mean()),
+    }
 
 
 def main() -> None:
@@ -145,8 +160,10 @@ def main() -> None:
         return
     for k in ("engines", "simulated", "residual"):
         print(f"{k:10s} mean KL {r[k]['mean']:.3e}  p99 {r[k]['p99']:.3e}  max {r[k]['max']:.3e}")
-    print(f"the first {r['same_prefix']} positions ({r['same_fraction'] * 100:.1f}% of all) agree with the simulation "
-          f"to float32 noise (KL < {FP32_NOISE_KL:g})")
+    print(
+        f"the first {r['same_prefix']} positions ({r['same_fraction'] * 100:.1f}% of all) agree with the simulation "
+        f"to float32 noise (KL < {FP32_NOISE_KL:g})"
+    )
     print(f"top-1 agreement transformers vs llama.cpp: {r['top1_engines'] * 100:.2f}% over {r['tokens']} tokens")
 
 

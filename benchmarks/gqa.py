@@ -33,7 +33,7 @@ STAGES = {
 
 
 def run(cmd: list[str], env: dict) -> tuple[dict, float, str]:
-    shown = " ".join(shlex.quote(c) for c in ["quantkit", *cmd[len(QUANTKIT):]])
+    shown = " ".join(shlex.quote(c) for c in ["quantkit", *cmd[len(QUANTKIT) :]])
     print(f"$ {shown}", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
@@ -44,7 +44,11 @@ def run(cmd: list[str], env: dict) -> tuple[dict, float, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--text", required=True, help="a plain-text file: calibration and recovery read its second half, evaluation its first")
+    ap.add_argument(
+        "--text",
+        required=True,
+        help="a plain-text file: calibration and recovery read its second half, evaluation its first",
+    )
     ap.add_argument("--model", default="demo")
     ap.add_argument("--out", default="runs/gqa", help="where artifacts and ladder.json go")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {', '.join(STAGES)}")
@@ -58,31 +62,72 @@ def main() -> None:
     for stage in args.stages.split(","):
         recipe, sets = STAGES[stage]
         art = out / stage.replace("+", "-")
-        cmd = [*QUANTKIT, "convert", recipe, "--model", args.model, "--out", str(art), "--calib", text, *sets,
-               *[a for s in args.extra for a in ("--set", s)], "--json"] + (["--force"] if args.force else [])
+        cmd = [
+            *QUANTKIT,
+            "convert",
+            recipe,
+            "--model",
+            args.model,
+            "--out",
+            str(art),
+            "--calib",
+            text,
+            *sets,
+            *[a for s in args.extra for a in ("--set", s)],
+            "--json",
+        ] + (["--force"] if args.force else [])
         conv, conv_s, conv_cmd = run(cmd, env)
-        ev, _, eval_cmd = run([*QUANTKIT, "eval", str(art), "--baseline", args.model, "--text", text, "--seq-len", "512",
-                               "--max-tokens", "8192", "--region", "first-half", "--json"], env)
+        ev, _, eval_cmd = run(
+            [
+                *QUANTKIT,
+                "eval",
+                str(art),
+                "--baseline",
+                args.model,
+                "--text",
+                text,
+                "--seq-len",
+                "512",
+                "--max-tokens",
+                "8192",
+                "--region",
+                "first-half",
+                "--json",
+            ],
+            env,
+        )
         g, rec = conv["gqa"], conv["gqa"].get("recover") or {}
-        rows.append({
-            "stage": stage, "kl": ev["kld"]["mean"], "ppl": ev["ppl"], "baseline_ppl": ev["baseline_ppl"],
-            "delta_ppl_pct": ev["delta_ppl_pct"], "top1": ev["top1_agreement"],
-            "kv_bytes_per_token": [g["kv_bytes_per_token_before"], g["kv_bytes_per_token_after"]],
-            "convert_minutes": round(conv_s / 60, 1), "recover": rec, "commands": [conv_cmd, eval_cmd],
-        })
+        rows.append(
+            {
+                "stage": stage,
+                "kl": ev["kld"]["mean"],
+                "ppl": ev["ppl"],
+                "baseline_ppl": ev["baseline_ppl"],
+                "delta_ppl_pct": ev["delta_ppl_pct"],
+                "top1": ev["top1_agreement"],
+                "kv_bytes_per_token": [g["kv_bytes_per_token_before"], g["kv_bytes_per_token_after"]],
+                "convert_minutes": round(conv_s / 60, 1),
+                "recover": rec,
+                "commands": [conv_cmd, eval_cmd],
+            }
+        )
         print(table(rows), flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ladder.json").write_text(json.dumps(rows, indent=2))
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| stage | KL | PPL | dPPL % | top-1 % | KV bytes/token | recover (steps, tokens, min) | convert min |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| stage | KL | PPL | dPPL % | top-1 % | KV bytes/token | recover (steps, tokens, min) | convert min |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         rec = r["recover"]
         rec_s = f"{rec['steps']}, {rec['tokens']}, {rec['minutes']}" if rec else "-"
-        lines.append(f"| {r['stage']} | {r['kl']:.3f} | {r['ppl']:.2f} | {r['delta_ppl_pct']:+.1f} | {100 * r['top1']:.1f} | "
-                     f"{r['kv_bytes_per_token'][0]} -> {r['kv_bytes_per_token'][1]} | {rec_s} | {r['convert_minutes']} |")
+        lines.append(
+            f"| {r['stage']} | {r['kl']:.3f} | {r['ppl']:.2f} | {r['delta_ppl_pct']:+.1f} | {100 * r['top1']:.1f} | "
+            f"{r['kv_bytes_per_token'][0]} -> {r['kv_bytes_per_token'][1]} | {rec_s} | {r['convert_minutes']} |"
+        )
     return "\n".join(lines)
 
 

@@ -31,8 +31,12 @@ from quantkit.methods.schemes import Scheme  # noqa: E402
 from quantkit.quantize.sensitivity import fake_quant  # noqa: E402
 
 # name -> (group, kind); kind: "float-min" (Q4_1: group 32 only), "asym" (integer zero point), "sym"
-GRIDS = {"Q4_1 g32 (float minimum)": (32, "float-min"), "asym g32 (integer zero)": (32, "asym"),
-         "asym g64": (64, "asym"), "sym g64": (64, "sym")}
+GRIDS = {
+    "Q4_1 g32 (float minimum)": (32, "float-min"),
+    "asym g32 (integer zero)": (32, "asym"),
+    "asym g64": (64, "asym"),
+    "sym g64": (64, "sym"),
+}
 
 
 def rtn_relative_error(w: torch.Tensor, group: int, kind: str) -> float:
@@ -71,8 +75,11 @@ def main() -> None:
         cols = w.shape[1]
         if cols not in rotations:
             rotations[cols] = torch.linalg.qr(torch.randn(cols, cols, dtype=torch.float64, generator=gen))[0].float()
-        variants = {"as is": w, "rotated": w @ rotations[cols],
-                    "Gaussian": torch.randn(w.shape, generator=gen) * w.std(dim=1, keepdim=True)}
+        variants = {
+            "as is": w,
+            "rotated": w @ rotations[cols],
+            "Gaussian": torch.randn(w.shape, generator=gen) * w.std(dim=1, keepdim=True),
+        }
         for label, m in variants.items():
             for grid, (group, kind) in GRIDS.items():
                 if cols % group == 0:

@@ -51,24 +51,55 @@ def main() -> None:
     dense = [torch.randn(o, i, generator=g).to(torch.bfloat16) for o, i in shapes]
     xs = {i: torch.randn(1, i, generator=g).to(torch.bfloat16) for _, i in shapes}
     nbytes = sum(w.numel() * 2 for w in dense)
-    rows.append(("bf16 dense (F.linear, oneDNN)", nbytes, timed(lambda: [torch.nn.functional.linear(xs[w.shape[1]], w) for w in dense], args.repeats)))
+    rows.append(
+        (
+            "bf16 dense (F.linear, oneDNN)",
+            nbytes,
+            timed(lambda: [torch.nn.functional.linear(xs[w.shape[1]], w) for w in dense], args.repeats),
+        )
+    )
     flat = torch.cat([w.reshape(-1) for w in dense])
     rows.append(("memory read (sum of the same bytes)", nbytes, timed(lambda: flat.sum(), args.repeats)))
     del dense, flat
 
-    int8 = [kernels.Int8WeightOnlyLinear(torch.randint(-128, 128, (o, i), dtype=torch.int8, generator=g), torch.rand(o, 1) * 0.01, None, None, "cpu")
-            for o, i in shapes]
-    rows.append(("int8 weight-only (aten._weight_int8pack_mm)", sum(m.weight.numel() + m.scales.numel() * 2 for m in int8),
-                 timed(lambda: [m(xs[m.in_features]) for m in int8], args.repeats)))
+    int8 = [
+        kernels.Int8WeightOnlyLinear(
+            torch.randint(-128, 128, (o, i), dtype=torch.int8, generator=g), torch.rand(o, 1) * 0.01, None, None, "cpu"
+        )
+        for o, i in shapes
+    ]
+    rows.append(
+        (
+            "int8 weight-only (aten._weight_int8pack_mm)",
+            sum(m.weight.numel() + m.scales.numel() * 2 for m in int8),
+            timed(lambda: [m(xs[m.in_features]) for m in int8], args.repeats),
+        )
+    )
     del int8
 
     gs = args.group_size
-    int4 = [kernels.Int4WeightOnlyLinear(torch.randint(-8, 8, (o, i), dtype=torch.int8, generator=g), torch.rand(o, i // gs) * 0.05, None, gs, None, "cpu")
-            for o, i in shapes]
-    rows.append((f"int4 weight-only g{gs} (aten._weight_int4pack_mm_for_cpu)", sum(m.weight.numel() + m.scales_and_zeros.numel() * 2 for m in int4),
-                 timed(lambda: [m(xs[m.in_features]) for m in int4], args.repeats)))
+    int4 = [
+        kernels.Int4WeightOnlyLinear(
+            torch.randint(-8, 8, (o, i), dtype=torch.int8, generator=g),
+            torch.rand(o, i // gs) * 0.05,
+            None,
+            gs,
+            None,
+            "cpu",
+        )
+        for o, i in shapes
+    ]
+    rows.append(
+        (
+            f"int4 weight-only g{gs} (aten._weight_int4pack_mm_for_cpu)",
+            sum(m.weight.numel() + m.scales_and_zeros.numel() * 2 for m in int4),
+            timed(lambda: [m(xs[m.in_features]) for m in int4], args.repeats),
+        )
+    )
 
-    print(f"{args.shape}: {len(shapes)} linears per decode step (lm_head not included), {torch.get_num_threads()} threads")
+    print(
+        f"{args.shape}: {len(shapes)} linears per decode step (lm_head not included), {torch.get_num_threads()} threads"
+    )
     print("| kernel | MB per step | ms per step (best of %d) | GB/s |" % args.repeats)
     print("|---|---|---|---|")
     for name, b, s in rows:

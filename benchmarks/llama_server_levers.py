@@ -29,7 +29,6 @@ import sys
 from pathlib import Path
 
 import yaml
-
 from common import QUANTKIT, RESULTS, write_result
 
 HERE = Path(__file__).resolve().parent
@@ -44,11 +43,13 @@ def note(study: dict) -> str:
     """What the staircase was, from the study that ran (a --quick run says it is no measurement)."""
     load, threads = study["study"]["load"], study["study"]["server"]["settings"]["threads"]
     quick = "A --quick smoke run: not a measurement. " if Path(study["source"]).name == QUICK_STUDY else ""
-    return (f"{quick}llama-server (llama.cpp's build) with {threads} threads; each lever a staircase of concurrency "
-            f"{load['concurrency'].replace(',', ', ')} ({load['step_seconds']:g} s or {load['max_requests']} requests per step), "
-            f"{load['shared_prefix']} shared + {load['prompt_len']} unique prompt tokens, {load['gen_len']} output tokens, "
-            "the server's default sampling; the baseline `one-slot` caches each prompt (llama-server's default); "
-            "`speculative` drafts with the Q4_0 GGUF of the same model (draft-simple). Ratios are against `one-slot`.")
+    return (
+        f"{quick}llama-server (llama.cpp's build) with {threads} threads; each lever a staircase of concurrency "
+        f"{load['concurrency'].replace(',', ', ')} ({load['step_seconds']:g} s or {load['max_requests']} requests per step), "
+        f"{load['shared_prefix']} shared + {load['prompt_len']} unique prompt tokens, {load['gen_len']} output tokens, "
+        "the server's default sampling; the baseline `one-slot` caches each prompt (llama-server's default); "
+        "`speculative` drafts with the Q4_0 GGUF of the same model (draft-simple). Ratios are against `one-slot`."
+    )
 
 
 def _columns(cols) -> list[dict]:
@@ -56,13 +57,24 @@ def _columns(cols) -> list[dict]:
 
 
 def lever_table(study: dict) -> dict:
-    cols = [("lever", "lever", "`{}`"), ("knee_offered", "knee (concurrency)", "{}"), ("knee_qps", "knee req/s", "{:.2f}"),
-            ("knee_qps_ratio", "knee req/s vs one-slot", "×{:.2f}"), ("knee_ttft_p99_ms", "TTFT-P99 at knee ms", "{:.0f}"),
-            ("knee_tpot_p99_ms", "TPOT-P99 at knee ms", "{:.0f}"), ("peak_qps", "peak req/s", "{:.2f}"),
-            ("peak_qps_ratio", "peak vs one-slot", "×{:.2f}"), ("goodput_qps", "goodput req/s", "{:.2f}"),
-            ("degraded_first", "degraded first", "{}"), ("first_ttft_p50_ms", "TTFT-P50 at 1 ms", "{:.0f}"),
-            ("first_tpot_p50_ms", "TPOT-P50 at 1 ms", "{:.0f}"), ("first_cache_hit", "prompt cached at 1", "{:.0%}"),
-            ("first_draft_acceptance", "drafts kept at 1", "{:.0%}"), ("errors", "errors", "{}"), ("stopped", "stopped", "{}")]
+    cols = [
+        ("lever", "lever", "`{}`"),
+        ("knee_offered", "knee (concurrency)", "{}"),
+        ("knee_qps", "knee req/s", "{:.2f}"),
+        ("knee_qps_ratio", "knee req/s vs one-slot", "×{:.2f}"),
+        ("knee_ttft_p99_ms", "TTFT-P99 at knee ms", "{:.0f}"),
+        ("knee_tpot_p99_ms", "TPOT-P99 at knee ms", "{:.0f}"),
+        ("peak_qps", "peak req/s", "{:.2f}"),
+        ("peak_qps_ratio", "peak vs one-slot", "×{:.2f}"),
+        ("goodput_qps", "goodput req/s", "{:.2f}"),
+        ("degraded_first", "degraded first", "{}"),
+        ("first_ttft_p50_ms", "TTFT-P50 at 1 ms", "{:.0f}"),
+        ("first_tpot_p50_ms", "TPOT-P50 at 1 ms", "{:.0f}"),
+        ("first_cache_hit", "prompt cached at 1", "{:.0%}"),
+        ("first_draft_acceptance", "drafts kept at 1", "{:.0%}"),
+        ("errors", "errors", "{}"),
+        ("stopped", "stopped", "{}"),
+    ]
     rows = [{k: r.get(k) for k, _, _ in cols} for r in study["table"]]
     return {"columns": _columns(cols), "rows": rows}
 
@@ -70,13 +82,26 @@ def lever_table(study: dict) -> dict:
 def prefix_table(study: dict) -> dict:
     ref = study.get("prefix_reference") or {}
     rows = [r for r in ref.get("levers") or [] if r["lever"] == "one-slot"]  # one slot, the cache the only change
-    cols = [("lever", "lever", "`{}`"), ("prefix_tokens", "shared prefix tokens", "{}"), ("suffix_tokens", "unique tokens", "{}"),
-            ("baseline_ttft_p50_ms", "TTFT-P50 cache off ms", "{:.0f}"), ("ttft_p50_ms", "TTFT-P50 cache on ms", "{:.0f}"),
-            ("ttft_ratio", "TTFT ratio measured", "×{:.2f}"), ("roofline_ttft_ratio", "TTFT ratio roofline", "×{:.2f}"),
-            ("roofline_prefix_prefill_ms", "roofline prefill of the prefix ms", "{:.1f}"), ("saved_ms", "saved ms", "{:.0f}"),
-            ("saved_vs_roofline", "saved / roofline", "×{:.2f}")]
-    note = (f"Cache off: `{ref.get('baseline')}`; roofline: this machine's probed bf16 matmul rate, "
-            f"{ref.get('compute_tflops', 0):.2f} TFLOPS, on the demo's shape; TTFT-P50 at concurrency 1.") if ref else ""
+    cols = [
+        ("lever", "lever", "`{}`"),
+        ("prefix_tokens", "shared prefix tokens", "{}"),
+        ("suffix_tokens", "unique tokens", "{}"),
+        ("baseline_ttft_p50_ms", "TTFT-P50 cache off ms", "{:.0f}"),
+        ("ttft_p50_ms", "TTFT-P50 cache on ms", "{:.0f}"),
+        ("ttft_ratio", "TTFT ratio measured", "×{:.2f}"),
+        ("roofline_ttft_ratio", "TTFT ratio roofline", "×{:.2f}"),
+        ("roofline_prefix_prefill_ms", "roofline prefill of the prefix ms", "{:.1f}"),
+        ("saved_ms", "saved ms", "{:.0f}"),
+        ("saved_vs_roofline", "saved / roofline", "×{:.2f}"),
+    ]
+    note = (
+        (
+            f"Cache off: `{ref.get('baseline')}`; roofline: this machine's probed bf16 matmul rate, "
+            f"{ref.get('compute_tflops', 0):.2f} TFLOPS, on the demo's shape; TTFT-P50 at concurrency 1."
+        )
+        if ref
+        else ""
+    )
     return {"columns": _columns(cols), "rows": rows, "note": note}
 
 
@@ -94,7 +119,18 @@ def prepare(work: Path, demo: str) -> tuple[Path, Path]:
         _run(["export", demo, "--format", "gguf", "--out", str(f16)])
     if not q4_0.is_file():
         if not int4.is_dir():
-            _run(["convert", "int4-w4a16-rtn", "--model", "demo", "--set", "steps[0].quantize.group_size=32", "--out", str(int4)])
+            _run(
+                [
+                    "convert",
+                    "int4-w4a16-rtn",
+                    "--model",
+                    "demo",
+                    "--set",
+                    "steps[0].quantize.group_size=32",
+                    "--out",
+                    str(int4),
+                ]
+            )
         _run(["export", str(int4), "--format", "gguf", "--out", str(q4_0)])
     return f16, q4_0
 
@@ -109,7 +145,9 @@ def quick_study(work: Path) -> Path:
 
 
 def measure(work: Path, quick: bool) -> None:
-    demo = subprocess.run(QUANTKIT + ["models", "path", "demo"], capture_output=True, text=True, check=True).stdout.strip()
+    demo = subprocess.run(
+        QUANTKIT + ["models", "path", "demo"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     f16, q4_0 = prepare(work, demo)
     env = {**os.environ, "QK_DEMO_MODEL": demo, "QK_DEMO_F16": str(f16.resolve()), "QK_DEMO_Q4_0": str(q4_0.resolve())}
     study = quick_study(work) if quick else STUDY
@@ -120,7 +158,10 @@ def llama_build() -> dict:
     """Which llama-server ran: its version line and the llama.cpp commit the install built."""
     from quantkit.gguf import tools
 
-    return {"llama_server": tools.version("llama-server"), "llama_cpp_commit": (tools.build_info() or {}).get("llama_cpp_commit")}
+    return {
+        "llama_server": tools.version("llama-server"),
+        "llama_cpp_commit": (tools.build_info() or {}).get("llama_cpp_commit"),
+    }
 
 
 def summary(study: dict) -> dict:
@@ -140,7 +181,9 @@ def _previous() -> dict | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--work", default="runs/llama-server-levers", help="the GGUFs, and the study's output in WORK/levers")
+    ap.add_argument(
+        "--work", default="runs/llama-server-levers", help="the GGUFs, and the study's output in WORK/levers"
+    )
     ap.add_argument("--tabulate", action="store_true", help="only tabulate the finished study in WORK/levers")
     ap.add_argument("--quick", action="store_true", help="a smoke run: concurrency 1, 2 and 3 requests per step")
     args = ap.parse_args()
@@ -150,8 +193,15 @@ def main() -> None:
     study = summary(json.loads((work / "levers" / "study.json").read_text()))
     # a re-tabulation keeps the command and date of the run that measured
     kept = {k: previous[k] for k in ("command", "date")} if args.tabulate and (previous := _previous()) else {}
-    path = write_result(NAME, {**kept, "build": llama_build(), "study": study,
-                               "tables": {"main": {**lever_table(study), "note": note(study)}, "prefix": prefix_table(study)}})
+    path = write_result(
+        NAME,
+        {
+            **kept,
+            "build": llama_build(),
+            "study": study,
+            "tables": {"main": {**lever_table(study), "note": note(study)}, "prefix": prefix_table(study)},
+        },
+    )
     print(path, file=sys.stderr)
 
 

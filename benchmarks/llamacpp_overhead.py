@@ -74,7 +74,12 @@ def _internal(llm) -> dict:
     import llama_cpp
 
     perf = llama_cpp.llama_perf_context(llm.ctx)
-    return {"ttft_ms": perf.t_p_eval_ms, "tpot_ms": perf.t_eval_ms / max(1, perf.n_eval), "n_eval": perf.n_eval, "n_p_eval": perf.n_p_eval}
+    return {
+        "ttft_ms": perf.t_p_eval_ms,
+        "tpot_ms": perf.t_eval_ms / max(1, perf.n_eval),
+        "n_eval": perf.n_eval,
+        "n_p_eval": perf.n_p_eval,
+    }
 
 
 def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int, threads: int) -> dict:
@@ -109,18 +114,31 @@ def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int
         bare.close()
     q_a, b_a = np.asarray(q) * 1e3, np.asarray(b) * 1e3
     ratio = q_a / b_a
-    own = q_a[:, 1] / np.asarray([p["tpot_ms"] for p in q_internal])  # the same steps, timed by quantkit and by llama.cpp
+    own = q_a[:, 1] / np.asarray(
+        [p["tpot_ms"] for p in q_internal]
+    )  # the same steps, timed by quantkit and by llama.cpp
     return {
-        "gguf": path.name, "threads": threads, "prompt_len": prompt_len, "gen_len": gen_len, "rounds": rounds,
-        "quantkit_tpot_ms": float(np.median(q_a[:, 1])), "own_tpot_ms": float(np.median([p["tpot_ms"] for p in q_internal])),
-        "ratio_own": float(np.median(own)), "ratio_own_range": f"{own.min():.3f}–{own.max():.3f}",
-        "ratio_bare": float(np.median(ratio[:, 1])), "per_round_ratio_own": own.round(4).tolist(),
+        "gguf": path.name,
+        "threads": threads,
+        "prompt_len": prompt_len,
+        "gen_len": gen_len,
+        "rounds": rounds,
+        "quantkit_tpot_ms": float(np.median(q_a[:, 1])),
+        "own_tpot_ms": float(np.median([p["tpot_ms"] for p in q_internal])),
+        "ratio_own": float(np.median(own)),
+        "ratio_own_range": f"{own.min():.3f}–{own.max():.3f}",
+        "ratio_bare": float(np.median(ratio[:, 1])),
+        "per_round_ratio_own": own.round(4).tolist(),
         "quantkit": {"ttft_ms": float(np.median(q_a[:, 0]))},  # its TPOT: quantkit_tpot_ms
         "bare": {"ttft_ms": float(np.median(b_a[:, 0])), "tpot_ms": float(np.median(b_a[:, 1]))},
-        "llama_cpp_internal": {"ttft_ms": float(np.median([p["ttft_ms"] for p in internal])),
-                               "tpot_ms": float(np.median([p["tpot_ms"] for p in internal]))},
-        "ratio_quantkit_over_bare": {"ttft": float(np.median(ratio[:, 0])),  # TPOT's median: ratio_bare
-                                     "tpot_p10_p90": [float(np.percentile(ratio[:, 1], 10)), float(np.percentile(ratio[:, 1], 90))]},
+        "llama_cpp_internal": {
+            "ttft_ms": float(np.median([p["ttft_ms"] for p in internal])),
+            "tpot_ms": float(np.median([p["tpot_ms"] for p in internal])),
+        },
+        "ratio_quantkit_over_bare": {
+            "ttft": float(np.median(ratio[:, 0])),  # TPOT's median: ratio_bare
+            "tpot_p10_p90": [float(np.percentile(ratio[:, 1], 10)), float(np.percentile(ratio[:, 1], 90))],
+        },
         "per_round_ms": {"quantkit": q_a.round(3).tolist(), "bare": b_a.round(3).tolist()},
     }
 
@@ -134,24 +152,50 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warmups", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=None, help="default: every core this process may use (as quantkit bench)")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="default: every core this process may use (as quantkit bench)"
+    )
     ap.add_argument("--name", default="llamacpp-overhead", help="the result file: benchmarks/results/NAME.json")
     a = ap.parse_args()
     threads = a.threads or available_cores()
     load = os.getloadavg()[0]
     results = [compare(p, a.prompt_len, a.gen_len, a.rounds, a.warmups, threads) for p in a.ggufs]
     for r in results:
-        print(f"{r['gguf']}: quantkit TPOT {r['quantkit_tpot_ms']:.2f} ms, llama.cpp's own {r['own_tpot_ms']:.2f} ms "
-              f"(ratio {r['ratio_own']:.3f}, {r['ratio_own_range']}); over the bare loop {r['ratio_bare']:.3f}", file=sys.stderr)
-    columns = [("gguf", "GGUF", "{}"), ("threads", "threads", "{}"), ("quantkit_tpot_ms", "quantkit TPOT ms", "{:.2f}"),
-               ("own_tpot_ms", "llama.cpp's own ms per decode", "{:.2f}"), ("ratio_own", "median ratio", "{:.3f}"),
-               ("ratio_own_range", "ratio, every round", "{}"), ("ratio_bare", "quantkit / bare loop", "{:.3f}")]
-    note = (f"batch 1, prompt {a.prompt_len}, {a.gen_len} generated tokens, {a.rounds} rounds of one repeat each beside a bare "
-            f"llama-cpp-python loop (ABBA order), after {a.warmups} warm-ups; llama.cpp's own: llama_perf_context's t_eval per "
-            "one-token decode of quantkit's own steps (decode to synchronisation, as llama-bench's tg times a token); load "
-            f"average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
-    print(write_result(a.name, {"results": results, "tables": {"main": {"columns": [{"key": k, "header": h, "fmt": f} for k, h, f in columns],
-                                                                         "rows": results, "note": note}}}))
+        print(
+            f"{r['gguf']}: quantkit TPOT {r['quantkit_tpot_ms']:.2f} ms, llama.cpp's own {r['own_tpot_ms']:.2f} ms "
+            f"(ratio {r['ratio_own']:.3f}, {r['ratio_own_range']}); over the bare loop {r['ratio_bare']:.3f}",
+            file=sys.stderr,
+        )
+    columns = [
+        ("gguf", "GGUF", "{}"),
+        ("threads", "threads", "{}"),
+        ("quantkit_tpot_ms", "quantkit TPOT ms", "{:.2f}"),
+        ("own_tpot_ms", "llama.cpp's own ms per decode", "{:.2f}"),
+        ("ratio_own", "median ratio", "{:.3f}"),
+        ("ratio_own_range", "ratio, every round", "{}"),
+        ("ratio_bare", "quantkit / bare loop", "{:.3f}"),
+    ]
+    note = (
+        f"batch 1, prompt {a.prompt_len}, {a.gen_len} generated tokens, {a.rounds} rounds of one repeat each beside a bare "
+        f"llama-cpp-python loop (ABBA order), after {a.warmups} warm-ups; llama.cpp's own: llama_perf_context's t_eval per "
+        "one-token decode of quantkit's own steps (decode to synchronisation, as llama-bench's tg times a token); load "
+        f"average {load:.1f} before, {os.getloadavg()[0]:.1f} after"
+    )
+    print(
+        write_result(
+            a.name,
+            {
+                "results": results,
+                "tables": {
+                    "main": {
+                        "columns": [{"key": k, "header": h, "fmt": f} for k, h, f in columns],
+                        "rows": results,
+                        "note": note,
+                    }
+                },
+            },
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------- the instant stub (separate process)
 
+
 def _chunk(payload: dict) -> bytes:
     data = b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
     return b"%x\r\n%s\r\n" % (len(data), data)  # one HTTP/1.1 chunk per SSE event
@@ -37,8 +38,12 @@ def _chunk(payload: dict) -> bytes:
 
 def _stream_body(n_tokens: int, chat: bool) -> list[bytes]:
     """Every write of one answer, precomputed: the stub spends its time on I/O, not on JSON."""
-    head = {"id": "cmpl-8d2f3c9a41b7", "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": 1717000000, "model": "meta-llama/Llama-3.1-8B-Instruct"}
+    head = {
+        "id": "cmpl-8d2f3c9a41b7",
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": 1717000000,
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+    }
     writes = []
     for i in range(n_tokens):
         choice = {"index": 0, "logprobs": None, "finish_reason": None, "stop_reason": None}
@@ -61,8 +66,10 @@ async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             body = json.loads(await reader.readexactly(length)) if length else {}
             if method == "GET":
                 data = b'{"status":"ok"}'
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                             % (len(data), data))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(data), data)
+                )
                 continue
             key = (int(body.get("max_tokens") or 16), path.endswith("chat/completions"))
             if key not in cache:
@@ -89,6 +96,7 @@ async def _serve(port_file: str, gap_s: float) -> None:
 
 # ---------------------------------------------------------------- the driver
 
+
 def _start_stub(token_ms: float) -> tuple[subprocess.Popen, str]:
     port_file = Path(f"/tmp/qk-bench-stub-{os.getpid()}.port")
     port_file.unlink(missing_ok=True)
@@ -102,9 +110,28 @@ def _start_stub(token_ms: float) -> tuple[subprocess.Popen, str]:
 
 
 def _one_level(url: str, mode: str, level: float, args, stub) -> dict:
-    cmd = [sys.executable, "-m", "quantkit", "load", url, "--model", "stub", f"--{mode}", f"{level:g}",
-           "--gen-len", str(args.gen_len), "--prompt-len", str(args.prompt_len), "--step-seconds",
-           str(args.step_seconds), "--timeout", "120", "--api", args.api, "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "quantkit",
+        "load",
+        url,
+        "--model",
+        "stub",
+        f"--{mode}",
+        f"{level:g}",
+        "--gen-len",
+        str(args.gen_len),
+        "--prompt-len",
+        str(args.prompt_len),
+        "--step-seconds",
+        str(args.step_seconds),
+        "--timeout",
+        "120",
+        "--api",
+        args.api,
+        "--json",
+    ]
     stub_cpu = sum(stub.cpu_times()[:2])
     source = str(args.quantkit or REPO)  # `python -m` puts the working directory first on sys.path
     out = subprocess.run(cmd, cwd=source, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": source})
@@ -127,22 +154,28 @@ def _one_level(url: str, mode: str, level: float, args, stub) -> dict:
         "client_cpu_us_per_token": 1e6 * cpu_s / tokens,
         # the stub is idle while the client process starts; its CPU is charged to the step's wall time
         "stub_cpu_share": stub_cpu / step["duration_s"],
-        "ttft_ms_p50": step["ttft_ms"]["p50"], "ttft_ms_p99": step["ttft_ms"]["p99"],
-        "tpot_ms_p50": step["tpot_ms"]["p50"], "parse_ms_p50": step["client"]["parse_ms"]["p50"],
+        "ttft_ms_p50": step["ttft_ms"]["p50"],
+        "ttft_ms_p99": step["ttft_ms"]["p99"],
+        "tpot_ms_p50": step["tpot_ms"]["p50"],
+        "parse_ms_p50": step["client"]["parse_ms"]["p50"],
         # open loop: how late the client sent against the Poisson schedule
         "send_lag_ms_p99": lag["p99"] if lag else None,
     }
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["| load | req/s | tokens/s | client CPU (cores) | client CPU ms/request | client CPU µs/token "
-             "| stub CPU (cores) | TTFT P50 / P99 ms | send lag P99 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| load | req/s | tokens/s | client CPU (cores) | client CPU ms/request | client CPU µs/token "
+        "| stub CPU (cores) | TTFT P50 / P99 ms | send lag P99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lag = "-" if r["send_lag_ms_p99"] is None else f"{r['send_lag_ms_p99']:.1f}"
         lines.append(
             f"| {r['mode']}={r['level']:g} | {r['req_per_s']:.0f} | {r['tokens_per_s']:.0f} | {r['client_cpu_share']:.2f} "
             f"| {r['client_cpu_ms_per_request']:.2f} | {r['client_cpu_us_per_token']:.1f} | {r['stub_cpu_share']:.2f} "
-            f"| {r['ttft_ms_p50']:.1f} / {r['ttft_ms_p99']:.1f} | {lag} |")
+            f"| {r['ttft_ms_p50']:.1f} / {r['ttft_ms_p99']:.1f} | {lag} |"
+        )
     return "\n".join(lines)
 
 
@@ -150,18 +183,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", default="1,4,16,64,256", help="closed-loop levels (empty: none)")
-    parser.add_argument("--rate", default="", help="open-loop levels in req/s: the latency the client adds at a given rate")
+    parser.add_argument(
+        "--rate", default="", help="open-loop levels in req/s: the latency the client adds at a given rate"
+    )
     parser.add_argument("--gen-len", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--step-seconds", type=float, default=10.0)
     parser.add_argument("--api", default="completions", choices=["completions", "chat"])
-    parser.add_argument("--token-ms", type=float, default=0.0,
-                        help="the stub's gap between tokens (0: all at once; > 0: each token arrives on its own, "
-                             "as from a real server, and TTFT is still instant)")
+    parser.add_argument(
+        "--token-ms",
+        type=float,
+        default=0.0,
+        help="the stub's gap between tokens (0: all at once; > 0: each token arrives on its own, "
+        "as from a real server, and TTFT is still instant)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the figures here")
-    parser.add_argument("--quantkit", metavar="DIR",
-                        help="import quantkit from this source tree (e.g. `git archive REV quantkit | tar -x -C DIR`): "
-                             "another version's client, measured in the same run [default: this repository]")
+    parser.add_argument(
+        "--quantkit",
+        metavar="DIR",
+        help="import quantkit from this source tree (e.g. `git archive REV quantkit | tar -x -C DIR`): "
+        "another version's client, measured in the same run [default: this repository]",
+    )
     args = parser.parse_args()
     if args.serve:
         asyncio.run(_serve(args.serve, args.token_ms / 1e3))
@@ -188,7 +230,8 @@ def main() -> None:
         "settings": vars(args) | {"serve": None},
         "levels": rows,
         "ceiling": {
-            "measured_req_per_s": best["req_per_s"], "measured_tokens_per_s": best["tokens_per_s"],
+            "measured_req_per_s": best["req_per_s"],
+            "measured_tokens_per_s": best["tokens_per_s"],
             "at": f"{best['mode']}={best['level']:g}",
             # one core fully busy with the client: 1 / (CPU per request) at the busiest level
             "one_core_req_per_s": 1e3 / best["client_cpu_ms_per_request"],
@@ -197,9 +240,11 @@ def main() -> None:
     }
     print(_table(rows))
     c = summary["ceiling"]
-    print(f"\nceiling: {c['measured_req_per_s']:.0f} req/s, {c['measured_tokens_per_s']:.0f} tokens/s measured "
-          f"({c['at']}); one client core: {c['one_core_req_per_s']:.0f} req/s, "
-          f"{c['one_core_tokens_per_s']:.0f} tokens/s at {args.gen_len} tokens per answer")
+    print(
+        f"\nceiling: {c['measured_req_per_s']:.0f} req/s, {c['measured_tokens_per_s']:.0f} tokens/s measured "
+        f"({c['at']}); one client core: {c['one_core_req_per_s']:.0f} req/s, "
+        f"{c['one_core_tokens_per_s']:.0f} tokens/s at {args.gen_len} tokens per answer"
+    )
     print(f"load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} CPUs")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")

@@ -19,22 +19,29 @@ import shutil
 import sys
 from pathlib import Path
 
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                   "chat_template.jinja", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+)
 
 
 def q4_1_residue(model_dir: Path) -> float:
     """Mean relative error of rounding the decoder layers' linear weights to Q4_1 (grid_check.py):
     about 0 on the demo, whose weights are on that grid; that of Gaussian weights off it."""
     import torch
+    from grid_check import rtn_relative_error
     from safetensors.torch import load_file
 
-    from grid_check import rtn_relative_error
-
     weights = load_file(model_dir / "model.safetensors")
-    errs = [rtn_relative_error(w.float(), 32, "float-min") for k, w in weights.items()
-            if ".layers." in k and k.endswith("proj.weight") and w.dim() == 2]
+    errs = [
+        rtn_relative_error(w.float(), 32, "float-min")
+        for k, w in weights.items()
+        if ".layers." in k and k.endswith("proj.weight") and w.dim() == 2
+    ]
     return float(torch.tensor(errs).mean())
 
 
@@ -81,11 +88,25 @@ def main() -> None:
         if (src / name).is_file():
             shutil.copy(src / name, tmp / name)
     with torch.no_grad():  # as saved, in 16 bits: what every tool reads
-        saved = torch.log_softmax(load_model(tmp, dtype="float32", device="cpu").eval()(input_ids=ids).logits.double(), -1)
+        saved = torch.log_softmax(
+            load_model(tmp, dtype="float32", device="cpu").eval()(input_ids=ids).logits.double(), -1
+        )
     kl16 = float((logp.exp() * (logp - saved)).sum(-1).mean())
-    (tmp / "offgrid.json").write_text(json.dumps({"source": a.model, "rotations": ["R1", "R2"], "transform_type": "random-hadamard",
-                                                  "seed": a.seed, "kl_to_source_fp32": kl, "top1_agreement_fp32": top1,
-                                                  "kl_to_source_saved_16bit": kl16}, indent=1) + "\n")
+    (tmp / "offgrid.json").write_text(
+        json.dumps(
+            {
+                "source": a.model,
+                "rotations": ["R1", "R2"],
+                "transform_type": "random-hadamard",
+                "seed": a.seed,
+                "kl_to_source_fp32": kl,
+                "top1_agreement_fp32": top1,
+                "kl_to_source_saved_16bit": kl16,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     info = json.loads((tmp / "offgrid.json").read_text())
     info["q4_1_rounding_error"] = {"source": q4_1_residue(src), "rotated": q4_1_residue(tmp)}
     (tmp / "offgrid.json").write_text(json.dumps(info, indent=1) + "\n")

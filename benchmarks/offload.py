@@ -29,8 +29,16 @@ def build(out: Path, layers: int, hidden: int) -> int:
 
     from quantkit.models.checkpoint import resolve_model
 
-    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers, num_attention_heads=hidden // 64,
-                      num_key_value_heads=hidden // 256, vocab_size=49152, tie_word_embeddings=True, dtype="float16")
+    cfg = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 256,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        dtype="float16",
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(torch.float16)
     model.save_pretrained(str(out))
@@ -52,8 +60,21 @@ def main() -> None:
         for label, extra in [("in RAM", []), (f"--max-memory {args.max_memory}", ["--max-memory", args.max_memory])]:
             out = work / "out"
             shutil.rmtree(out, ignore_errors=True)
-            proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "rss.py"), str(REPO / "recipes" / "int4-w4a16-rtn.yaml"),
-                                   "--model", str(work / "src"), "--out", str(out), *extra, "--json"], capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    str(REPO / "benchmarks" / "rss.py"),
+                    str(REPO / "recipes" / "int4-w4a16-rtn.yaml"),
+                    "--model",
+                    str(work / "src"),
+                    "--out",
+                    str(out),
+                    *extra,
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode:
                 raise SystemExit(f"{label}: {proc.stderr.strip().splitlines()[-1]}")
             m = json.loads(proc.stdout)
@@ -64,7 +85,9 @@ def main() -> None:
         print("|---|---|---|---|---|---|")
         for label, wall, ph, after_load, off, kl in rows:
             where = f"{off['disk_tensors']} tensors on disk, {off['cpu_bytes'] / 1e6:.0f} MB in RAM" if off else "—"
-            print(f"| {label} | {wall:.1f} | {ph['peak_mb']:.0f} ({ph['peak_phase']}) | {after_load:.0f} | {where} | {kl:.2g} |")
+            print(
+                f"| {label} | {wall:.1f} | {ph['peak_mb']:.0f} ({ph['peak_phase']}) | {after_load:.0f} | {where} | {kl:.2g} |"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

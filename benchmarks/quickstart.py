@@ -33,11 +33,17 @@ def cold_run(keep: bool, cold_wheel: bool) -> tuple[Path, dict]:
     work = Path(tempfile.mkdtemp(prefix="qk-quickstart-"))
     clone = work / "quantkit"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
-    wheelhouse = work / "wheels" if cold_wheel else Path(os.environ.get("QUANTKIT_WHEELHOUSE", Path.home() / ".cache" / "quantkit" / "wheels"))
+    wheelhouse = (
+        work / "wheels"
+        if cold_wheel
+        else Path(os.environ.get("QUANTKIT_WHEELHOUSE", Path.home() / ".cache" / "quantkit" / "wheels"))
+    )
     env = dict(os.environ, QUANTKIT_HOME=str(work / "home"), QUANTKIT_WHEELHOUSE=str(wheelhouse))
     env.pop("VIRTUAL_ENV", None)
     marks, t0 = {}, time.time()
-    proc = subprocess.Popen(["./scripts/quickstart.sh"], cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        ["./scripts/quickstart.sh"], cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     log = []
     for line in proc.stdout:
         log.append(line)
@@ -51,13 +57,35 @@ def cold_run(keep: bool, cold_wheel: bool) -> tuple[Path, dict]:
     if proc.wait() != 0:
         raise SystemExit("the quickstart failed:\n" + "".join(log[-20:]))
     total = time.time() - t0
-    plan = subprocess.run([str(clone / ".venv" / "bin" / "quantkit"), "run", "demo", "--model", "demo", "--calib", "mix:default",
-                           "--out", str(work / "plan-only"), "--plan", "--json"], env=env, capture_output=True, text=True)
+    plan = subprocess.run(
+        [
+            str(clone / ".venv" / "bin" / "quantkit"),
+            "run",
+            "demo",
+            "--model",
+            "demo",
+            "--calib",
+            "mix:default",
+            "--out",
+            str(work / "plan-only"),
+            "--plan",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     predicted = json.loads(plan.stdout).get("time_s") if plan.returncode == 0 else None
     run_dir = work / "run"
     shutil.copytree(clone / "runs" / "demo", run_dir)
-    timing = {"total_s": round(total), "marks_s": {k: round(v) for k, v in marks.items()}, "plan_predicted_run_s": predicted,
-              "llamacpp_wheel": "compiled in the run" if cold_wheel else "this machine's wheelhouse (compiled once per machine)"}
+    timing = {
+        "total_s": round(total),
+        "marks_s": {k: round(v) for k, v in marks.items()},
+        "plan_predicted_run_s": predicted,
+        "llamacpp_wheel": "compiled in the run"
+        if cold_wheel
+        else "this machine's wheelhouse (compiled once per machine)",
+    }
     if not keep:
         shutil.rmtree(clone, ignore_errors=True)
     return run_dir, timing
@@ -66,23 +94,41 @@ def cold_run(keep: bool, cold_wheel: bool) -> tuple[Path, dict]:
 def main_table(report: dict) -> dict:
     domains = list(dict.fromkeys(a["domain"] for a in report.get("accuracy") or []))
     acc = {(a["name"], a["domain"]): a for a in report.get("accuracy") or []}
-    baselines = {name for name, v in (report.get("variants") or {}).items() if not v.get("steps")}  # the unmodified checkpoint
+    baselines = {
+        name for name, v in (report.get("variants") or {}).items() if not v.get("steps")
+    }  # the unmodified checkpoint
     fp16 = next((r["tpot_ms"] for r in report["rows"] if r["name"] in baselines and r.get("tpot_ms")), None)
     rows = []
     for r in report["rows"]:
-        row = {"variant": r["name"], "bits": r.get("bits_per_weight"), "mb": (r.get("bytes_per_token") or 0) / 1e6 or None,
-               "tpot": r.get("tpot_ms"), "speedup": fp16 / r["tpot_ms"] if fp16 and r.get("tpot_ms") else None,
-               "ttft": r.get("ttft_ms"), "eff": r.get("tpot_efficiency_pct")}
+        row = {
+            "variant": r["name"],
+            "bits": r.get("bits_per_weight"),
+            "mb": (r.get("bytes_per_token") or 0) / 1e6 or None,
+            "tpot": r.get("tpot_ms"),
+            "speedup": fp16 / r["tpot_ms"] if fp16 and r.get("tpot_ms") else None,
+            "ttft": r.get("ttft_ms"),
+            "eff": r.get("tpot_efficiency_pct"),
+        }
         for d in domains:
             a = acc.get((r["name"], d))
-            row[d] = None if a is None or a.get("delta_ppl_pct") is None else \
-                f"{a['delta_ppl_pct']:+.1f}% / {a['kld_mean']:.3f} / {a['top1_pct']:.1f}%"
+            row[d] = (
+                None
+                if a is None or a.get("delta_ppl_pct") is None
+                else f"{a['delta_ppl_pct']:+.1f}% / {a['kld_mean']:.3f} / {a['top1_pct']:.1f}%"
+            )
         rows.append(row)
-    cols = [{"key": "variant", "header": "variant", "fmt": "{}"}, {"key": "bits", "header": "bits/weight", "fmt": "{:.2f}"}]
+    cols = [
+        {"key": "variant", "header": "variant", "fmt": "{}"},
+        {"key": "bits", "header": "bits/weight", "fmt": "{:.2f}"},
+    ]
     cols += [{"key": d, "header": f"{d}: ΔPPL / KL / top-1", "fmt": "{}"} for d in domains]
-    cols += [{"key": "mb", "header": "MB/token", "fmt": "{:.1f}"}, {"key": "tpot", "header": "TPOT ms", "fmt": "{:.1f}"},
-             {"key": "speedup", "header": "vs FP16", "fmt": "{:.2f}×"}, {"key": "ttft", "header": "TTFT ms", "fmt": "{:.0f}"},
-             {"key": "eff", "header": "roofline eff.", "fmt": "{:.0f}%"}]
+    cols += [
+        {"key": "mb", "header": "MB/token", "fmt": "{:.1f}"},
+        {"key": "tpot", "header": "TPOT ms", "fmt": "{:.1f}"},
+        {"key": "speedup", "header": "vs FP16", "fmt": "{:.2f}×"},
+        {"key": "ttft", "header": "TTFT ms", "fmt": "{:.0f}"},
+        {"key": "eff", "header": "roofline eff.", "fmt": "{:.0f}%"},
+    ]
     return {"columns": cols, "rows": rows}
 
 
@@ -107,15 +153,30 @@ def main() -> None:
     notes = []
     if timing.get("total_s"):
         build = "llama.cpp's build included" if args.cold_wheel else "llama.cpp's wheel from the machine's wheelhouse"
-        notes.append(f"Fresh clone to table: {timing['total_s'] / 60:.1f} min on this machine (install included; {build})"
-                     + (f" (`quantkit run --plan` predicted {timing['plan_predicted_run_s'] / 60:.1f} min for the run itself)"
-                        if timing.get("plan_predicted_run_s") else "") + ".")
-    notes.append(f"`quantkit run demo` itself: {timing['run_s'] / 60:.1f} min. Accuracy: ΔPPL / KL / top-1 against FP16 on "
-                 f"{', '.join(dict.fromkeys(a['domain'] for a in report.get('accuracy') or []))} (confirmation windows); speed: "
-                 "llama.cpp at batch 1, each variant's exact GGUF.")
+        notes.append(
+            f"Fresh clone to table: {timing['total_s'] / 60:.1f} min on this machine (install included; {build})"
+            + (
+                f" (`quantkit run --plan` predicted {timing['plan_predicted_run_s'] / 60:.1f} min for the run itself)"
+                if timing.get("plan_predicted_run_s")
+                else ""
+            )
+            + "."
+        )
+    notes.append(
+        f"`quantkit run demo` itself: {timing['run_s'] / 60:.1f} min. Accuracy: ΔPPL / KL / top-1 against FP16 on "
+        f"{', '.join(dict.fromkeys(a['domain'] for a in report.get('accuracy') or []))} (confirmation windows); speed: "
+        "llama.cpp at batch 1, each variant's exact GGUF."
+    )
     table["note"] = " ".join(notes)
-    path = write_result("quickstart", {"timing": timing, "rule_check": fit, "report": {k: report.get(k) for k in ("rows", "accuracy", "engines")},
-                                       "tables": {"main": table}})
+    path = write_result(
+        "quickstart",
+        {
+            "timing": timing,
+            "rule_check": fit,
+            "report": {k: report.get(k) for k in ("rows", "accuracy", "engines")},
+            "tables": {"main": table},
+        },
+    )
     print(path)
 
 

@@ -55,7 +55,10 @@ def table(result: dict, name: str) -> str:
     if spec.get("note"):
         lines += ["", spec["note"]]
     src = spec.get("source") or result  # a table an earlier run made, kept in the file beside newer ones: its own run
-    lines += ["", f"<sub>`{src['command']}` · {machine_line(src.get('machine', {}))} · {src.get('date', '?')[:10]}</sub>"]
+    lines += [
+        "",
+        f"<sub>`{src['command']}` · {machine_line(src.get('machine', {}))} · {src.get('date', '?')[:10]}</sub>",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -66,7 +69,9 @@ def render_text(text: str, page: str) -> str:
             raise SystemExit(f"{page}: no result file {path.relative_to(REPO)}")
         result = json.loads(path.read_text())
         if m.group(3) not in result.get("tables", {}):
-            raise SystemExit(f"{page}: {path.name} has no table {m.group(3)!r} (has: {', '.join(result.get('tables', {}))})")
+            raise SystemExit(
+                f"{page}: {path.name} has no table {m.group(3)!r} (has: {', '.join(result.get('tables', {}))})"
+            )
         return m.group(1) + table(result, m.group(3)) + m.group(5)
 
     return MARK.sub(sub, text)
@@ -89,7 +94,11 @@ def main(argv=None) -> int:
             if not args.check:
                 page.write_text(new)
     if args.check and stale:
-        print("tables differ from their result files: " + ", ".join(map(str, stale)) + " (run python benchmarks/render.py)")
+        print(
+            "tables differ from their result files: "
+            + ", ".join(map(str, stale))
+            + " (run python benchmarks/render.py)"
+        )
         return 1
     return 0
 

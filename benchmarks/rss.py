@@ -35,8 +35,14 @@ def _sample() -> None:
 
 def _mark(phase: str) -> None:
     now = time.perf_counter() - state["t0"]
-    state["notes"].append({"phase": state["phase"], "rss_mb_at_end": psutil.Process().memory_info().rss / 1e6,
-                           "peak_mb": state["phase_peak"] / 1e6, "end_s": round(now, 2)})
+    state["notes"].append(
+        {
+            "phase": state["phase"],
+            "rss_mb_at_end": psutil.Process().memory_info().rss / 1e6,
+            "peak_mb": state["phase_peak"] / 1e6,
+            "end_s": round(now, 2),
+        }
+    )
     state["phase"], state["phase_peak"] = phase, 0
 
 
@@ -44,7 +50,14 @@ _note, _export, _reload = convert.note, convert.export_verified, verify.verify_r
 convert.note = lambda msg: (_mark(msg.split(":")[0][:40]), _note(msg))[1]
 verify.verify_reload = lambda *a, **k: (_mark("reload check"), _reload(*a, **k))[1]
 convert.export_verified = lambda *a, **k: (_mark("export"), _export(*a, **k))[1]
-atexit.register(lambda: (_mark("exit"), print(json.dumps({"peak_mb": state["peak"] / 1e6, "peak_phase": state["peak_phase"],
-                                                           "phases": state["notes"]}), file=sys.stderr)))
+atexit.register(
+    lambda: (
+        _mark("exit"),
+        print(
+            json.dumps({"peak_mb": state["peak"] / 1e6, "peak_phase": state["peak_phase"], "phases": state["notes"]}),
+            file=sys.stderr,
+        ),
+    )
+)
 threading.Thread(target=_sample, daemon=True).start()
 cli(["convert", *sys.argv[1:]], prog_name="quantkit")

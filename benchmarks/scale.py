@@ -72,9 +72,17 @@ def measure(cmd: list[str], env: dict, plan_cmd: list[str] | None = None) -> dic
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    row = {"cmd": " ".join(cmd), "rc": proc.returncode, "wall_s": round(wall, 1), "peak_rss_mb": round(peak / 1e6),
-           "cpu_s": round(cpu_s, 1), "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2), "started": started,
-           "plan": predicted}
+    row = {
+        "cmd": " ".join(cmd),
+        "rc": proc.returncode,
+        "wall_s": round(wall, 1),
+        "peak_rss_mb": round(peak / 1e6),
+        "cpu_s": round(cpu_s, 1),
+        "load_before": round(load, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+        "started": started,
+        "plan": predicted,
+    }
     try:
         row["result"] = json.loads(stdout) if stdout.strip() else None
     except json.JSONDecodeError:
@@ -104,27 +112,78 @@ def model_path(name: str, kind: str, work: Path) -> Path:
         return resolve_model("demo")
     path = work / "models" / name
     if not (path / "config.json").is_file():
-        subprocess.run([PY, str(REPO / "benchmarks" / "shaped_checkpoint.py"), name, "--out", str(path), "--force"], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [PY, str(REPO / "benchmarks" / "shaped_checkpoint.py"), name, "--out", str(path), "--force"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return path
 
 
 def commands(name: str, src: Path, group: int, text: str, art: Path, args) -> dict[str, list[str]]:
-    calib = ["--calib", f"file:{text}", "--set", f"calibration.samples={args.samples}", "--set", f"calibration.seq_len={args.seq_len}"]
+    calib = [
+        "--calib",
+        f"file:{text}",
+        "--set",
+        f"calibration.samples={args.samples}",
+        "--set",
+        f"calibration.seq_len={args.seq_len}",
+    ]
     gs = ["--set", f"steps[0].quantize.group_size={group}"]
     conv = [PY, str(REPO / "benchmarks" / "rss.py")]
     gptq = [*conv, str(REPO / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(src)]
-    calib2 = ["--calib", f"file:{text}", "--set", f"calibration.samples={2 * args.samples}", "--set", f"calibration.seq_len={args.seq_len}"]
+    calib2 = [
+        "--calib",
+        f"file:{text}",
+        "--set",
+        f"calibration.samples={2 * args.samples}",
+        "--set",
+        f"calibration.seq_len={args.seq_len}",
+    ]
     return {
         "convert-gptq": [*gptq, "--out", str(art / "gptq"), *calib, *gs, "--force", "--json"],
         # twice the calibration tokens: convert time against tokens at a fixed size (run on the demo by default)
         "convert-gptq-2x": [*gptq, "--out", str(art / "gptq-2x"), *calib2, *gs, "--force", "--json"],
-        "convert-rtn": [*conv, str(REPO / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out", str(art / "rtn"), *gs,
-                        "--force", "--json"],
-        "eval": [*Q, "eval", str(art / "gptq"), "--baseline", str(src), "--text", f"file:{text}", "--max-tokens", str(args.eval_tokens),
-                 "--json"],
-        "bench": [*Q, "bench", str(src), str(art / "gptq"), "--engine", args.engine, "--prompt-len", str(args.prompt_len),
-                  "--gen-len", str(args.gen_len), "--repeats", str(args.repeats), "--min-seconds", "0", "--json"],
+        "convert-rtn": [
+            *conv,
+            str(REPO / "recipes" / "int4-w4a16-rtn.yaml"),
+            "--model",
+            str(src),
+            "--out",
+            str(art / "rtn"),
+            *gs,
+            "--force",
+            "--json",
+        ],
+        "eval": [
+            *Q,
+            "eval",
+            str(art / "gptq"),
+            "--baseline",
+            str(src),
+            "--text",
+            f"file:{text}",
+            "--max-tokens",
+            str(args.eval_tokens),
+            "--json",
+        ],
+        "bench": [
+            *Q,
+            "bench",
+            str(src),
+            str(art / "gptq"),
+            "--engine",
+            args.engine,
+            "--prompt-len",
+            str(args.prompt_len),
+            "--gen-len",
+            str(args.gen_len),
+            "--repeats",
+            str(args.repeats),
+            "--min-seconds",
+            "0",
+            "--json",
+        ],
     }
 
 
@@ -136,8 +195,12 @@ def plan_command(cmd: list[str]) -> list[str]:
 
 
 def git_version() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "quantkit"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "quantkit"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
     return head + ("+uncommitted" if dirty else "")
 
 
@@ -155,7 +218,11 @@ def _run_model(name: str, args, work: Path, results: dict) -> None:
     kind, group = MODELS[name]
     src = model_path(name, kind, work)  # the demo from the usual cache; every command then gets a fresh QUANTKIT_HOME
     # inductor's cache too: a cold torch.compile adds 1.4-2.4 GB to bench's peak (docs "Scale")
-    env = {**os.environ, "QUANTKIT_HOME": str(work / "home" / name), "TORCHINDUCTOR_CACHE_DIR": str(work / "home" / name / "inductor")}
+    env = {
+        **os.environ,
+        "QUANTKIT_HOME": str(work / "home" / name),
+        "TORCHINDUCTOR_CACHE_DIR": str(work / "home" / name / "inductor"),
+    }
     shutil.rmtree(env["QUANTKIT_HOME"], ignore_errors=True)
     art = work / "artifacts" / name
     art.mkdir(parents=True, exist_ok=True)
@@ -168,13 +235,36 @@ def _run_model(name: str, args, work: Path, results: dict) -> None:
         print(f"[{name}] {step} ...", file=sys.stderr, flush=True)
         row = measure(cmd, env, plan_command(cmd))
         row["timed"] = not args.memory_only
-        row["calib_tokens"] = (2 if step == "convert-gptq-2x" else 1) * args.samples * args.seq_len if "gptq" in step else 0
+        row["calib_tokens"] = (
+            (2 if step == "convert-gptq-2x" else 1) * args.samples * args.seq_len if "gptq" in step else 0
+        )
         entry["steps"][step] = row
-        print(f"[{name}] {step}: rc {row['rc']}, {row['wall_s']} s, peak {row['peak_rss_mb']} MB", file=sys.stderr, flush=True)
+        print(
+            f"[{name}] {step}: rc {row['rc']}, {row['wall_s']} s, peak {row['peak_rss_mb']} MB",
+            file=sys.stderr,
+            flush=True,
+        )
         save(results, args.out)
     if kind == "shape" and (not args.steps or "rule-check" in args.steps):
-        cmd = [*Q, "bench", "--shape", name, "--shape-bits", "16,8,4", "--engine", args.engine, "--prompt-len", str(args.prompt_len),
-               "--gen-len", str(args.gen_len), "--repeats", str(args.repeats), "--min-seconds", "0", "--json"]
+        cmd = [
+            *Q,
+            "bench",
+            "--shape",
+            name,
+            "--shape-bits",
+            "16,8,4",
+            "--engine",
+            args.engine,
+            "--prompt-len",
+            str(args.prompt_len),
+            "--gen-len",
+            str(args.gen_len),
+            "--repeats",
+            str(args.repeats),
+            "--min-seconds",
+            "0",
+            "--json",
+        ]
         row = measure(cmd, env)
         entry["steps"]["rule-check"] = row
         save(results, args.out)
@@ -191,7 +281,12 @@ def main() -> None:
     ap.add_argument("--text", default=str(REPO.parent / "shared" / "data" / "wikitext2-valid.txt"))
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "scale.json")
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--steps", nargs="*", default=None, help="convert-gptq convert-gptq-2x convert-rtn eval bench rule-check (default: all; -2x on the demo only)")
+    ap.add_argument(
+        "--steps",
+        nargs="*",
+        default=None,
+        help="convert-gptq convert-gptq-2x convert-rtn eval bench rule-check (default: all; -2x on the demo only)",
+    )
     ap.add_argument("--samples", type=int, default=16, help="calibration windows (of --seq-len tokens each)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--eval-tokens", type=int, default=2048)
@@ -199,18 +294,33 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/qk-scale"), help="models, artifacts and caches (kept for re-runs)")
+    ap.add_argument(
+        "--work", type=Path, default=Path("/tmp/qk-scale"), help="models, artifacts and caches (kept for re-runs)"
+    )
     ap.add_argument("--plot-only", action="store_true", help="only redraw the plot from --out")
     ap.add_argument("--replan", action="store_true", help="re-run --plan for the recorded steps (no measurements)")
-    ap.add_argument("--memory-only", action="store_true", help="run without the CPU lock at nice 19: peak memory only, times not reported")
+    ap.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="run without the CPU lock at nice 19: peak memory only, times not reported",
+    )
     ap.add_argument("--markdown", action="store_true", help="print the docs tables (with --plot-only: no measurements)")
     args = ap.parse_args()
     results = json.loads(args.out.read_text()) if args.out.is_file() else {}
     if not args.plot_only and not args.replan:
         args.text = str(Path(args.text).resolve())
-        results.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "quantkit": git_version(),
-                                               "models": args.models, "steps": args.steps, "cpus": os.cpu_count()})
-        results["settings"] = {k: v for k, v in vars(args).items() if k not in ("out", "work", "plot_only", "models", "steps")}
+        results.setdefault("runs", []).append(
+            {
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "quantkit": git_version(),
+                "models": args.models,
+                "steps": args.steps,
+                "cpus": os.cpu_count(),
+            }
+        )
+        results["settings"] = {
+            k: v for k, v in vars(args).items() if k not in ("out", "work", "plot_only", "models", "steps")
+        }
         args.work.mkdir(parents=True, exist_ok=True)
         for name in args.models:
             run_model(name, args, args.work, results)
@@ -230,7 +340,11 @@ def replan(results: dict, args) -> None:
             if step == "rule-check" or "machine" not in first:
                 continue
             figures = {k: first["machine"][k] for k in ("read_bps", "bf16_flops", "fp32_flops")}
-            env = {**os.environ, "QUANTKIT_HOME": str(args.work / "home" / name), "QUANTKIT_PLAN_PROBE": json.dumps(figures)}
+            env = {
+                **os.environ,
+                "QUANTKIT_HOME": str(args.work / "home" / name),
+                "QUANTKIT_PLAN_PROBE": json.dumps(figures),
+            }
             row.setdefault("first_plan", first)
             row["plan"] = plan(plan_command(row["cmd"].split(" ")), env)
 
@@ -244,33 +358,54 @@ def rows(results: dict) -> list[dict]:
                 continue
             plan = r.get("plan") or {}
             params = (plan.get("model") or {}).get("params") or entry.get("params")
-            out.append({"model": name, "step": step, "params": params, "wall_s": r["wall_s"], "peak_mb": r["peak_rss_mb"],
-                        "pred_s": plan.get("seconds"), "pred_mb": plan["peak_ram"] / 1e6 if plan.get("peak_ram") else None,
-                        "load": r.get("load_before"), "cpu_s": r.get("cpu_s"), "tokens": r.get("calib_tokens") or 0,
-                        "timed": r.get("timed", True)})
+            out.append(
+                {
+                    "model": name,
+                    "step": step,
+                    "params": params,
+                    "wall_s": r["wall_s"],
+                    "peak_mb": r["peak_rss_mb"],
+                    "pred_s": plan.get("seconds"),
+                    "pred_mb": plan["peak_ram"] / 1e6 if plan.get("peak_ram") else None,
+                    "load": r.get("load_before"),
+                    "cpu_s": r.get("cpu_s"),
+                    "tokens": r.get("calib_tokens") or 0,
+                    "timed": r.get("timed", True),
+                }
+            )
     return out
 
 
 def table(results: dict) -> str:
-    lines = ["| model | params | step | calib tokens | wall s | CPU s | load | predicted s | pred/wall | peak RSS MB | predicted MB | pred/meas |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | params | step | calib tokens | wall s | CPU s | load | predicted s | pred/wall | peak RSS MB | predicted MB | pred/meas |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows(results):
         if not r["timed"]:  # a --memory-only run: its time is not a measurement
-            lines.append(f"| {r['model']} | {r['params'] / 1e9:.3f} B | {r['step']} | {r['tokens'] or '—'} | (not timed) | | | "
-                         f"{r['pred_s'] or 0:.0f} | | {r['peak_mb']:.0f} | {r['pred_mb'] or 0:.0f} | {r['pred_mb'] / r['peak_mb']:.2f} |")
+            lines.append(
+                f"| {r['model']} | {r['params'] / 1e9:.3f} B | {r['step']} | {r['tokens'] or '—'} | (not timed) | | | "
+                f"{r['pred_s'] or 0:.0f} | | {r['peak_mb']:.0f} | {r['pred_mb'] or 0:.0f} | {r['pred_mb'] / r['peak_mb']:.2f} |"
+            )
             continue
         ts = f"{r['pred_s'] / r['wall_s']:.2f}" if r["pred_s"] else "—"
         ms = f"{r['pred_mb'] / r['peak_mb']:.2f}" if r["pred_mb"] else "—"
         cpu = f"{r['cpu_s']:.0f}" if r.get("cpu_s") else "—"
-        lines.append(f"| {r['model']} | {r['params'] / 1e9:.3f} B | {r['step']} | {r['tokens'] or '—'} | {r['wall_s']:.0f} | {cpu} | "
-                     f"{r['load'] or 0:.1f} | {r['pred_s'] or 0:.0f} | {ts} | {r['peak_mb']:.0f} | {r['pred_mb'] or 0:.0f} | {ms} |")
+        lines.append(
+            f"| {r['model']} | {r['params'] / 1e9:.3f} B | {r['step']} | {r['tokens'] or '—'} | {r['wall_s']:.0f} | {cpu} | "
+            f"{r['load'] or 0:.1f} | {r['pred_s'] or 0:.0f} | {ts} | {r['peak_mb']:.0f} | {r['pred_mb'] or 0:.0f} | {ms} |"
+        )
     return "\n".join(lines)
 
 
 # rss.py's phases -> the plan's time_breakdown keys they cover
-PHASE_KEYS = {"start": ("startup", "hash"), "loading": ("load",),
-              "quantize": ("calibration_forward", "hessians", "gptq_solve", "quantize"), "export": ("save",),
-              "reload check": ("reload_check",)}
+PHASE_KEYS = {
+    "start": ("startup", "hash"),
+    "loading": ("load",),
+    "quantize": ("calibration_forward", "hessians", "gptq_solve", "quantize"),
+    "export": ("save",),
+    "reload check": ("reload_check",),
+}
 
 
 def phase_rows(results: dict) -> list[dict]:
@@ -286,8 +421,17 @@ def phase_rows(results: dict) -> list[dict]:
                 if key is None:
                     continue
                 pred = sum(breakdown.get(k, 0.0) for k in PHASE_KEYS[key])
-                out.append({"model": name, "step": step, "phase": key, "s": ph["end_s"] - prev, "pred_s": pred, "peak_mb": ph["peak_mb"],
-                            "timed": r.get("timed", True)})
+                out.append(
+                    {
+                        "model": name,
+                        "step": step,
+                        "phase": key,
+                        "s": ph["end_s"] - prev,
+                        "pred_s": pred,
+                        "peak_mb": ph["peak_mb"],
+                        "timed": r.get("timed", True),
+                    }
+                )
                 prev = ph["end_s"]
     return out
 
@@ -301,11 +445,22 @@ def linearity(results: dict) -> list[dict]:
             if not step.startswith("convert-gptq") or r.get("rc") or not r.get("phases"):
                 continue
             model = (r.get("plan") or {}).get("model") or {}
-            quant = next((p for p in phase_rows({"models": {name: {"steps": {step: r}}}}) if p["phase"] == "quantize"), None)
+            quant = next(
+                (p for p in phase_rows({"models": {name: {"steps": {step: r}}}}) if p["phase"] == "quantize"), None
+            )
             if quant and model.get("linear_params") and r.get("calib_tokens"):
                 work = model["linear_params"] * r["calib_tokens"]
-                out.append({"model": name, "step": step, "linear_params": model["linear_params"], "tokens": r["calib_tokens"],
-                            "quantize_s": quant["s"], "wall_s": r["wall_s"], "ps_per_param_token": quant["s"] / work * 1e12})
+                out.append(
+                    {
+                        "model": name,
+                        "step": step,
+                        "linear_params": model["linear_params"],
+                        "tokens": r["calib_tokens"],
+                        "quantize_s": quant["s"],
+                        "wall_s": r["wall_s"],
+                        "ps_per_param_token": quant["s"] / work * 1e12,
+                    }
+                )
     return out
 
 
@@ -316,35 +471,76 @@ def rule_rows(results: dict) -> list[dict]:
         if not r or r.get("rc") or not r.get("result"):
             continue
         res = r["result"]
-        out.append({"model": name, "fit": res.get("fit") or {}, "wall_s": r["wall_s"], "peak_mb": r["peak_rss_mb"],
-                    "rows": [{"name": x["name"], "gb": x["bytes_per_token"] / 1e9, "tpot": x["tpot_ms"], "pred": x["predicted_tpot_ms"],
-                              "eff": x["tpot_efficiency"], "ttft": x["ttft_ms"], "kernel": x.get("kernel", "")} for x in res["rows"]]})
+        out.append(
+            {
+                "model": name,
+                "fit": res.get("fit") or {},
+                "wall_s": r["wall_s"],
+                "peak_mb": r["peak_rss_mb"],
+                "rows": [
+                    {
+                        "name": x["name"],
+                        "gb": x["bytes_per_token"] / 1e9,
+                        "tpot": x["tpot_ms"],
+                        "pred": x["predicted_tpot_ms"],
+                        "eff": x["tpot_efficiency"],
+                        "ttft": x["ttft_ms"],
+                        "kernel": x.get("kernel", ""),
+                    }
+                    for x in res["rows"]
+                ],
+            }
+        )
     return out
 
 
 def markdown(results: dict) -> str:
     """The markdown tables of a scale run, from the JSON."""
-    parts = [table(results), "", "Per phase of each conversion (rss.py's progress marks; the plan's figure for the same phase):", "",
-             "| model | step | phase | measured s | predicted s | phase peak RSS MB |", "|---|---|---|---|---|---|"]
+    parts = [
+        table(results),
+        "",
+        "Per phase of each conversion (rss.py's progress marks; the plan's figure for the same phase):",
+        "",
+        "| model | step | phase | measured s | predicted s | phase peak RSS MB |",
+        "|---|---|---|---|---|---|",
+    ]
     for p in phase_rows(results):
         measured = f"{p['s']:.1f}" if p["timed"] else "(not timed)"
-        parts.append(f"| {p['model']} | {p['step']} | {p['phase']} | {measured} | {p['pred_s']:.1f} | {p['peak_mb']:.0f} |")
-    parts += ["", "GPTQ's calibrate-and-solve phase per unit of work (decoder-linear parameters x calibration tokens):", "",
-              "| model | step | linear params | tokens | quantize phase s | ps per (param x token) |", "|---|---|---|---|---|---|"]
+        parts.append(
+            f"| {p['model']} | {p['step']} | {p['phase']} | {measured} | {p['pred_s']:.1f} | {p['peak_mb']:.0f} |"
+        )
+    parts += [
+        "",
+        "GPTQ's calibrate-and-solve phase per unit of work (decoder-linear parameters x calibration tokens):",
+        "",
+        "| model | step | linear params | tokens | quantize phase s | ps per (param x token) |",
+        "|---|---|---|---|---|---|",
+    ]
     for x in linearity(results):
-        parts.append(f"| {x['model']} | {x['step']} | {x['linear_params'] / 1e6:.0f} M | {x['tokens']} | {x['quantize_s']:.0f} | "
-                     f"{x['ps_per_param_token']:.1f} |")
+        parts.append(
+            f"| {x['model']} | {x['step']} | {x['linear_params'] / 1e6:.0f} M | {x['tokens']} | {x['quantize_s']:.0f} | "
+            f"{x['ps_per_param_token']:.1f} |"
+        )
     fits = []
     if rule_rows(results):
-        parts += ["", "Rule check (`bench --shape NAME --shape-bits 16,8,4`, synthetic weights, compiled engine):", "",
-                  "| shape | variant | GB/token | TTFT ms | TPOT ms | predicted ms | efficiency | kernel |", "|---|---|---|---|---|---|---|---|"]
+        parts += [
+            "",
+            "Rule check (`bench --shape NAME --shape-bits 16,8,4`, synthetic weights, compiled engine):",
+            "",
+            "| shape | variant | GB/token | TTFT ms | TPOT ms | predicted ms | efficiency | kernel |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
     for rc in rule_rows(results):
         for x in rc["rows"]:
-            parts.append(f"| {rc['model']} | {x['name']} | {x['gb']:.3f} | {x['ttft']:.0f} | {x['tpot']:.1f} | {x['pred']:.1f} | "
-                         f"{x['eff'] * 100:.0f}% | {x['kernel']} |")
+            parts.append(
+                f"| {rc['model']} | {x['name']} | {x['gb']:.3f} | {x['ttft']:.0f} | {x['tpot']:.1f} | {x['pred']:.1f} | "
+                f"{x['eff'] * 100:.0f}% | {x['kernel']} |"
+            )
         f = rc["fit"]
-        fits.append(f"- {rc['model']}: TPOT = {f.get('overhead_ms') or 0:.1f} ms + bytes / {f.get('effective_gbps') or 0:.1f} GB/s, "
-                    f"R² {f.get('r2') if f.get('r2') is not None else float('nan'):.3f} ({f.get('points')} points)")
+        fits.append(
+            f"- {rc['model']}: TPOT = {f.get('overhead_ms') or 0:.1f} ms + bytes / {f.get('effective_gbps') or 0:.1f} GB/s, "
+            f"R² {f.get('r2') if f.get('r2') is not None else float('nan'):.3f} ({f.get('points')} points)"
+        )
     return "\n".join(parts + [""] + fits)
 
 
@@ -366,8 +562,14 @@ def plot(results: dict, path: Path) -> None:
             shown = [r for r in pts if r["timed"] or key != "wall_s"]
             if not shown:
                 continue
-            line, = ax.plot([r["params"] / 1e9 for r in shown], [r[key] for r in shown], "o-", label=step)
-            ax.plot([r["params"] / 1e9 for r in shown], [r[pred] or float("nan") for r in shown], "x--", color=line.get_color(), alpha=0.7)
+            (line,) = ax.plot([r["params"] / 1e9 for r in shown], [r[key] for r in shown], "o-", label=step)
+            ax.plot(
+                [r["params"] / 1e9 for r in shown],
+                [r[pred] or float("nan") for r in shown],
+                "x--",
+                color=line.get_color(),
+                alpha=0.7,
+            )
     for ax, title in ((axes[0], "time (s)"), (axes[1], "peak RSS (MB)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -375,7 +577,9 @@ def plot(results: dict, path: Path) -> None:
         ax.set_title(title + ": measured (o), --plan before it (x)", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("quantkit cost against model size (2 shared CPU cores; 0.5B/1.2B: random weights, real shapes)", fontsize=10)
+    fig.suptitle(
+        "quantkit cost against model size (2 shared CPU cores; 0.5B/1.2B: random weights, real shapes)", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

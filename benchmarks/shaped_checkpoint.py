@@ -32,13 +32,31 @@ from quantkit.core.hardware import SHAPE_ARCH, SHAPES  # noqa: E402
 
 # What the shape table leaves out, from each model's public config.json.
 ARCH_EXTRAS: dict[str, dict] = {
-    "llama3.2-1b": dict(hub_id="meta-llama/Llama-3.2-1B", rms_norm_eps=1e-5, max_position_embeddings=131072,
-                        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
-                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
-    "qwen2.5-0.5b": dict(hub_id="Qwen/Qwen2.5-0.5B", rms_norm_eps=1e-6, max_position_embeddings=32768,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
-    "smollm2-135m": dict(hub_id="HuggingFaceTB/SmolLM2-135M", rms_norm_eps=1e-5, max_position_embeddings=8192,
-                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
+    "llama3.2-1b": dict(
+        hub_id="meta-llama/Llama-3.2-1B",
+        rms_norm_eps=1e-5,
+        max_position_embeddings=131072,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    "qwen2.5-0.5b": dict(
+        hub_id="Qwen/Qwen2.5-0.5B",
+        rms_norm_eps=1e-6,
+        max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    ),
+    "smollm2-135m": dict(
+        hub_id="HuggingFaceTB/SmolLM2-135M",
+        rms_norm_eps=1e-5,
+        max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+    ),
 }
 SHARD_BYTES = 2 * 10**9  # the hub's usual shard size for models of this class
 NOTE = "RANDOM WEIGHTS in a real model's shape, for cost/speed measurements only: accuracy figures on it mean nothing."
@@ -50,8 +68,14 @@ def build_config(shape: str, tokenizer):
     extras = {k: v for k, v in ARCH_EXTRAS.get(shape, {}).items() if k != "hub_id"}
     dims = dict(SHAPES[shape])
     return AutoConfig.for_model(
-        SHAPE_ARCH.get(shape, "llama"), **dims, **extras, dtype="bfloat16", initializer_range=0.02,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        SHAPE_ARCH.get(shape, "llama"),
+        **dims,
+        **extras,
+        dtype="bfloat16",
+        initializer_range=0.02,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
 
 
@@ -131,9 +155,17 @@ def build(shape: str, out: Path, seed: int, force: bool) -> dict:
         config.save_pretrained(str(tmp))
         GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id).save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
-        info = {"name": f"random-{shape}", "base_model": f"random weights in the shape of {ARCH_EXTRAS.get(shape, {}).get('hub_id', shape)}",
-                "random_weights": True, "shape": shape, "seed": seed, "parameters": params, "weight_bytes": nbytes,
-                "tokenizer": "the demo's (SmolLM2, 49,152 tokens); ids >= 49,152 never occur", "note": NOTE}
+        info = {
+            "name": f"random-{shape}",
+            "base_model": f"random weights in the shape of {ARCH_EXTRAS.get(shape, {}).get('hub_id', shape)}",
+            "random_weights": True,
+            "shape": shape,
+            "seed": seed,
+            "parameters": params,
+            "weight_bytes": nbytes,
+            "tokenizer": "the demo's (SmolLM2, 49,152 tokens); ids >= 49,152 never occur",
+            "note": NOTE,
+        }
         (tmp / "quantkit-source.json").write_text(json.dumps(info, indent=2))
         if out.exists():
             shutil.rmtree(out)

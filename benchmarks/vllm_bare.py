@@ -41,8 +41,10 @@ def main():
         res = llm.generate(prompt, whole, use_tqdm=False)[0]
         t2 = time.perf_counter()
         got = len(res.outputs[0].token_ids)
-        out.write(json.dumps({"ttft_s": t1 - t0, "e2e_s": t2 - t1, "tpot_s": (t2 - t1 - (t1 - t0)) / (n - 1),
-                              "tokens": got}) + "\n")
+        out.write(
+            json.dumps({"ttft_s": t1 - t0, "e2e_s": t2 - t1, "tpot_s": (t2 - t1 - (t1 - t0)) / (n - 1), "tokens": got})
+            + "\n"
+        )
 
 
 if __name__ == "__main__":  # vLLM may start processes that re-import the main module

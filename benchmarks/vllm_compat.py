@@ -55,36 +55,96 @@ class Kind:
 def small_auto(step: int) -> tuple[str, ...]:
     return f"steps[{step}].quantize.auto.windows=2", f"steps[{step}].quantize.auto.seq_len=128"
 
+
 KINDS: list[Kind] = [
     Kind("fp16", None, "the model itself, 16-bit"),
     Kind("int4-rtn-g64", "int4-w4a16-rtn", "INT4 W4A16 RTN g64 symmetric", calibrated=False),
-    Kind("int4-rtn-g64-asym", "int4-w4a16-rtn", "INT4 W4A16 RTN g64 asymmetric", ("steps[0].quantize.symmetric=false",), calibrated=False),
-    Kind("int4-rtn-g32", "int4-w4a16-rtn", "INT4 W4A16 RTN g32 symmetric", ("steps[0].quantize.group_size=32",), calibrated=False),
-    Kind("int4-rtn-g128", "int4-w4a16-rtn", "INT4 W4A16 RTN g128", ("steps[0].quantize.group_size=128",), calibrated=False),
-    Kind("int4-gptq-g64", "int4-w4a16-gptq-g64", "INT4 W4A16 GPTQ g64 symmetric, static act-order (quantkit's default)"),
+    Kind(
+        "int4-rtn-g64-asym",
+        "int4-w4a16-rtn",
+        "INT4 W4A16 RTN g64 asymmetric",
+        ("steps[0].quantize.symmetric=false",),
+        calibrated=False,
+    ),
+    Kind(
+        "int4-rtn-g32",
+        "int4-w4a16-rtn",
+        "INT4 W4A16 RTN g32 symmetric",
+        ("steps[0].quantize.group_size=32",),
+        calibrated=False,
+    ),
+    Kind(
+        "int4-rtn-g128",
+        "int4-w4a16-rtn",
+        "INT4 W4A16 RTN g128",
+        ("steps[0].quantize.group_size=128",),
+        calibrated=False,
+    ),
+    Kind(
+        "int4-gptq-g64", "int4-w4a16-gptq-g64", "INT4 W4A16 GPTQ g64 symmetric, static act-order (quantkit's default)"
+    ),
     # act-order `group`: groups follow the activation order, so the checkpoint carries a g_idx per column
-    Kind("int4-gptq-g64-actorder-group", "int4-w4a16-gptq-g64", "INT4 W4A16 GPTQ g64, act-order `group` (a g_idx per column)",
-         ("steps[0].quantize.actorder=group",)),
+    Kind(
+        "int4-gptq-g64-actorder-group",
+        "int4-w4a16-gptq-g64",
+        "INT4 W4A16 GPTQ g64, act-order `group` (a g_idx per column)",
+        ("steps[0].quantize.actorder=group",),
+    ),
     # AutoRound's tuning iterations cut to 5 (the light preset's 50 take ~30 min on 2 cores): the format is the same
-    Kind("int4-autoround-g64", "int4-w4a16-autoround", "INT4 W4A16 AutoRound g64 (5 iterations)", ("steps[0].quantize.iters=5",)),
+    Kind(
+        "int4-autoround-g64",
+        "int4-w4a16-autoround",
+        "INT4 W4A16 AutoRound g64 (5 iterations)",
+        ("steps[0].quantize.iters=5",),
+    ),
     Kind("int4-spinquant-gptq-g64", "int4-w4a16-spinquant-gptq-g64", "SpinQuant R1+R2 fused, GPTQ g64 act-order"),
-    Kind("int4-int8-mixed", "int4-w4a16-gptq-g64-mixed", "INT4 GPTQ g64 + INT8 per-channel units (auto, 4.5 bits/weight)",
-         small_auto(0)),
-    Kind("int4-spinquant-asym-mixed", "int4-w4a16-spinquant-gptq-asym-mixed",
-         "SpinQuant + GPTQ g64 asym + INT8 units (auto, 4.5 bits/weight)", small_auto(1), extra_texts=("set:shakespeare-plays",)),
-    Kind("int4-spinquant-asym-auto-vllm", "int4-w4a16-spinquant-gptq-asym-auto-vllm",
-         "SpinQuant + GPTQ g64 asym + INT4 g32 units (auto, 4.5 bits/weight)", small_auto(1), extra_texts=("set:shakespeare-plays",)),
+    Kind(
+        "int4-int8-mixed",
+        "int4-w4a16-gptq-g64-mixed",
+        "INT4 GPTQ g64 + INT8 per-channel units (auto, 4.5 bits/weight)",
+        small_auto(0),
+    ),
+    Kind(
+        "int4-spinquant-asym-mixed",
+        "int4-w4a16-spinquant-gptq-asym-mixed",
+        "SpinQuant + GPTQ g64 asym + INT8 units (auto, 4.5 bits/weight)",
+        small_auto(1),
+        extra_texts=("set:shakespeare-plays",),
+    ),
+    Kind(
+        "int4-spinquant-asym-auto-vllm",
+        "int4-w4a16-spinquant-gptq-asym-auto-vllm",
+        "SpinQuant + GPTQ g64 asym + INT4 g32 units (auto, 4.5 bits/weight)",
+        small_auto(1),
+        extra_texts=("set:shakespeare-plays",),
+    ),
     Kind("int8-w8a16-gptq", "int8-w8a16-gptq", "INT8 W8A16 GPTQ per channel"),
-    Kind("int8-w8a16-rtn", "int4-w4a16-rtn", "INT8 W8A16 RTN per channel (the GPTQ one's format)",
-         ("steps[0].quantize.bits=8", "steps[0].quantize.group_size=-1"), calibrated=False),
-    Kind("int8-w8a8-smoothquant", "int8-w8a8-smoothquant", "INT8 W8A8 SmoothQuant + GPTQ, dynamic per-token activations"),
-    Kind("fp8-w8a8", "fp8-w8a8-dynamic", "FP8 W8A8 dynamic (per-channel weights, per-token activations)", calibrated=False),
+    Kind(
+        "int8-w8a16-rtn",
+        "int4-w4a16-rtn",
+        "INT8 W8A16 RTN per channel (the GPTQ one's format)",
+        ("steps[0].quantize.bits=8", "steps[0].quantize.group_size=-1"),
+        calibrated=False,
+    ),
+    Kind(
+        "int8-w8a8-smoothquant", "int8-w8a8-smoothquant", "INT8 W8A8 SmoothQuant + GPTQ, dynamic per-token activations"
+    ),
+    Kind(
+        "fp8-w8a8",
+        "fp8-w8a8-dynamic",
+        "FP8 W8A8 dynamic (per-channel weights, per-token activations)",
+        calibrated=False,
+    ),
     Kind("fp8-w8a16", "fp8-w8a16", "FP8 weight-only", calibrated=False),
     Kind("bnb-nf4", "bnb-nf4", "bitsandbytes NF4", calibrated=False),
     Kind("bnb-int8", "bnb-int8", "bitsandbytes LLM.int8()", calibrated=False),
     Kind("int4-awq-g64", "int4-w4a16-awq", "INT4 W4A16 AWQ scales + RTN g64"),
-    Kind("gqa-fp16", "gqa", "GQA 3 -> 1 KV heads (calibrated merge, short recovery), 16-bit",
-         ("steps[0].gqa.recover.tokens=16384", "steps[0].gqa.recover.max_minutes=2")),
+    Kind(
+        "gqa-fp16",
+        "gqa",
+        "GQA 3 -> 1 KV heads (calibrated merge, short recovery), 16-bit",
+        ("steps[0].gqa.recover.tokens=16384", "steps[0].gqa.recover.max_minutes=2"),
+    ),
 ]
 
 
@@ -119,8 +179,18 @@ def convert(kind: Kind, args) -> tuple[Path | None, dict]:
         calib = ["--calib", args.calib]
     t0 = time.monotonic()
     try:
-        quantkit_json(["convert", kind.recipe, "--model", args.model, "--out", str(art), *calib,
-                       *[x for s in sets for x in ("--set", s)]])
+        quantkit_json(
+            [
+                "convert",
+                kind.recipe,
+                "--model",
+                args.model,
+                "--out",
+                str(art),
+                *calib,
+                *[x for s in sets for x in ("--set", s)],
+            ]
+        )
     except RuntimeError as exc:
         return None, {"convert_error": error_line(exc)}
     return art, {"convert_s": round(time.monotonic() - t0, 1)}
@@ -128,8 +198,19 @@ def convert(kind: Kind, args) -> tuple[Path | None, dict]:
 
 def evaluate(model: Path, baseline: str, engine: str, texts: list[str], args, mismatch_ok: bool = False) -> dict:
     """Per text: KL mean / p99, PPL, baseline PPL, top-1; or {"error": line}."""
-    cmd = ["eval", str(model), "--baseline", baseline, "--engine", engine, "--split", args.split,
-           "--max-tokens", str(args.max_tokens), *[x for t in texts for x in ("--text", t)]]
+    cmd = [
+        "eval",
+        str(model),
+        "--baseline",
+        baseline,
+        "--engine",
+        engine,
+        "--split",
+        args.split,
+        "--max-tokens",
+        str(args.max_tokens),
+        *[x for t in texts for x in ("--text", t)],
+    ]
     if mismatch_ok:
         cmd.append("--baseline-mismatch-ok")
     t0 = time.monotonic()
@@ -137,8 +218,17 @@ def evaluate(model: Path, baseline: str, engine: str, texts: list[str], args, mi
         out = quantkit_json(cmd)
     except RuntimeError as exc:
         return {"error": error_line(exc)}
-    rows = {t["label"]: {"kl": t["kld"]["mean"], "kl_p99": t["kld"]["p99"], "ppl": t["ppl"], "baseline_ppl": t["baseline_ppl"],
-                         "top1": t["top1_agreement"], "tokens": t.get("tokens")} for t in out["texts"]}
+    rows = {
+        t["label"]: {
+            "kl": t["kld"]["mean"],
+            "kl_p99": t["kld"]["p99"],
+            "ppl": t["ppl"],
+            "baseline_ppl": t["baseline_ppl"],
+            "top1": t["top1_agreement"],
+            "tokens": t.get("tokens"),
+        }
+        for t in out["texts"]
+    }
     return {"texts": rows, "scorer": out.get("scorer"), "wall_s": round(time.monotonic() - t0, 1)}
 
 
@@ -174,20 +264,43 @@ def main_table(kinds: dict, label: str) -> dict:
         rec = kinds.get(k.name)
         if rec is None:
             continue
-        tf, vl, both = _text(rec, "transformers", label), _text(rec, "vllm", label), _text(rec, "vllm_vs_transformers", label)
+        tf, vl, both = (
+            _text(rec, "transformers", label),
+            _text(rec, "vllm", label),
+            _text(rec, "vllm_vs_transformers", label),
+        )
         if k.recipe is None:
             tf = {"kl": 0.0, "ppl": vl.get("baseline_ppl")}
         served = rec.get("served")
         error = rec.get("convert_error") and f"quantkit: {rec['convert_error']}" or (rec.get("vllm") or {}).get("error")
-        rows.append({"kind": k.name, "what": k.what, "schemes": ", ".join(rec.get("schemes") or []) or None,
-                     "cpu": "serves" if served else ("not built" if rec.get("convert_error") else "refused"),
-                     "kl_engines": both.get("kl"), "kl_tf": tf.get("kl"), "kl_vllm": vl.get("kl"),
-                     "dkl": abs(vl["kl"] - tf["kl"]) if vl.get("kl") is not None and tf.get("kl") is not None else None,
-                     "ppl_tf": tf.get("ppl"), "ppl_vllm": vl.get("ppl"), "error": error})
-    cols = [("kind", "kind", "`{}`"), ("what", "artifact", "{}"), ("schemes", "schemes", "{}"), ("cpu", "vLLM CPU", "{}"),
-            ("kl_engines", "KL vLLM ‖ transformers, same artifact", "{:.5f}"), ("kl_tf", "KL to FP16: transformers", "{:.4f}"),
-            ("kl_vllm", "KL to FP16: vLLM", "{:.4f}"), ("dkl", "|ΔKL|", "{:.5f}"), ("ppl_tf", "PPL transformers", "{:.3f}"),
-            ("ppl_vllm", "PPL vLLM", "{:.3f}"), ("error", "error (vLLM's own, or quantkit's)", "{}")]
+        rows.append(
+            {
+                "kind": k.name,
+                "what": k.what,
+                "schemes": ", ".join(rec.get("schemes") or []) or None,
+                "cpu": "serves" if served else ("not built" if rec.get("convert_error") else "refused"),
+                "kl_engines": both.get("kl"),
+                "kl_tf": tf.get("kl"),
+                "kl_vllm": vl.get("kl"),
+                "dkl": abs(vl["kl"] - tf["kl"]) if vl.get("kl") is not None and tf.get("kl") is not None else None,
+                "ppl_tf": tf.get("ppl"),
+                "ppl_vllm": vl.get("ppl"),
+                "error": error,
+            }
+        )
+    cols = [
+        ("kind", "kind", "`{}`"),
+        ("what", "artifact", "{}"),
+        ("schemes", "schemes", "{}"),
+        ("cpu", "vLLM CPU", "{}"),
+        ("kl_engines", "KL vLLM ‖ transformers, same artifact", "{:.5f}"),
+        ("kl_tf", "KL to FP16: transformers", "{:.4f}"),
+        ("kl_vllm", "KL to FP16: vLLM", "{:.4f}"),
+        ("dkl", "|ΔKL|", "{:.5f}"),
+        ("ppl_tf", "PPL transformers", "{:.3f}"),
+        ("ppl_vllm", "PPL vLLM", "{:.3f}"),
+        ("error", "error (vLLM's own, or quantkit's)", "{}"),
+    ]
     return {"columns": [{"key": k, "header": h, "fmt": f} for k, h, f in cols], "rows": rows}
 
 
@@ -195,11 +308,24 @@ def support_table() -> dict:
     """What model cards claim per device (quantkit/external/vllm_support.py), beside the measurements it is held to."""
     from quantkit.external import vllm_support
 
-    rows = [{"scheme": name, "cpu": ("serves: " if s.cpu else "no: ") + s.cpu_why, "gpu": ("serves: " if s.gpu else "no: ") + s.gpu_why}
-            for name, s in vllm_support.SUPPORT.items()]
-    cols = [("scheme", "schemes", "`{}`"), ("cpu", "CPU (served or refused: measured; the kernel: from vLLM's source)", "{}"), ("gpu", "NVIDIA GPU (read from vLLM's kernel lists, not run)", "{}")]
-    return {"columns": [{"key": k, "header": h, "fmt": f} for k, h, f in cols], "rows": rows,
-            "note": f"vLLM {vllm_support.VLLM_VERSION}. An artifact is served on a device when every scheme in it is."}
+    rows = [
+        {
+            "scheme": name,
+            "cpu": ("serves: " if s.cpu else "no: ") + s.cpu_why,
+            "gpu": ("serves: " if s.gpu else "no: ") + s.gpu_why,
+        }
+        for name, s in vllm_support.SUPPORT.items()
+    ]
+    cols = [
+        ("scheme", "schemes", "`{}`"),
+        ("cpu", "CPU (served or refused: measured; the kernel: from vLLM's source)", "{}"),
+        ("gpu", "NVIDIA GPU (read from vLLM's kernel lists, not run)", "{}"),
+    ]
+    return {
+        "columns": [{"key": k, "header": h, "fmt": f} for k, h, f in cols],
+        "rows": rows,
+        "note": f"vLLM {vllm_support.VLLM_VERSION}. An artifact is served on a device when every scheme in it is.",
+    }
 
 
 def best_table(kinds: dict) -> dict:
@@ -210,16 +336,36 @@ def best_table(kinds: dict) -> dict:
         if not rec or "transformers" not in rec:
             continue
         for label, t in ((rec["transformers"] or {}).get("texts") or {}).items():
-            rows.append({"kind": name, "cpu": "serves" if rec.get("served") else "refused", "text": label, "kl": t["kl"], "kl_p99": t["kl_p99"],
-                         "ppl": t["ppl"], "dppl": (t["ppl"] / t["baseline_ppl"] - 1) * 100, "top1": t["top1"] * 100})
-    cols = [("kind", "kind", "`{}`"), ("cpu", "vLLM CPU", "{}"), ("text", "text", "{}"), ("kl", "KL to FP16", "{:.4f}"),
-            ("kl_p99", "KL p99", "{:.3f}"), ("ppl", "PPL", "{:.3f}"), ("dppl", "ΔPPL", "{:+.2f}%"), ("top1", "top-1", "{:.1f}%")]
+            rows.append(
+                {
+                    "kind": name,
+                    "cpu": "serves" if rec.get("served") else "refused",
+                    "text": label,
+                    "kl": t["kl"],
+                    "kl_p99": t["kl_p99"],
+                    "ppl": t["ppl"],
+                    "dppl": (t["ppl"] / t["baseline_ppl"] - 1) * 100,
+                    "top1": t["top1"] * 100,
+                }
+            )
+    cols = [
+        ("kind", "kind", "`{}`"),
+        ("cpu", "vLLM CPU", "{}"),
+        ("text", "text", "{}"),
+        ("kl", "KL to FP16", "{:.4f}"),
+        ("kl_p99", "KL p99", "{:.3f}"),
+        ("ppl", "PPL", "{:.3f}"),
+        ("dppl", "ΔPPL", "{:+.2f}%"),
+        ("top1", "top-1", "{:.1f}%"),
+    ]
     return {"columns": [{"key": k, "header": h, "fmt": f} for k, h, f in cols], "rows": rows}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--work", default="runs/vllm-compat", help="directory for the artifacts (kept; a finished one is reused)")
+    ap.add_argument(
+        "--work", default="runs/vllm-compat", help="directory for the artifacts (kept; a finished one is reused)"
+    )
     ap.add_argument("--tabulate", action="store_true", help="only rewrite the tables from the kinds in the result file")
     ap.add_argument("--model", default="demo")
     ap.add_argument("--only", nargs="*", help=f"kinds to measure (default: all): {' '.join(k.name for k in KINDS)}")
@@ -229,8 +375,12 @@ def main() -> None:
     ap.add_argument("--calib", default="mix:default")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--calib-len", type=int, default=256)
-    ap.add_argument("--direct", nargs="*", help="kinds to score vLLM against transformers on the same artifact (default: every "
-                    "kind vLLM serves; the others show |ΔKL| only)")
+    ap.add_argument(
+        "--direct",
+        nargs="*",
+        help="kinds to score vLLM against transformers on the same artifact (default: every "
+        "kind vLLM serves; the others show |ΔKL| only)",
+    )
     args = ap.parse_args()
     unknown = (set(args.only or ()) | set(args.direct or ())) - {k.name for k in KINDS}
     if unknown:
@@ -253,17 +403,32 @@ def main() -> None:
 
 
 def write(kinds: dict, label: str, args) -> None:
-    note = (f"{args.max_tokens} tokens of {args.text} ({args.split} split), windows of 512; artifacts converted from the demo "
-            f"model with {args.samples} x {args.calib_len} calibration tokens of {args.calib} where the recipe calibrates. "
-            "vLLM: its CPU build, bfloat16 activations for quantized checkpoints, float32 for 16-bit ones (as transformers). "
-            "The rows come from runs of this script over subsets of the kinds (`--only`), merged; a kind whose same-artifact "
-            "KL is blank was not given `--direct` (its |ΔKL| stands for the agreement).")
+    note = (
+        f"{args.max_tokens} tokens of {args.text} ({args.split} split), windows of 512; artifacts converted from the demo "
+        f"model with {args.samples} x {args.calib_len} calibration tokens of {args.calib} where the recipe calibrates. "
+        "vLLM: its CPU build, bfloat16 activations for quantized checkpoints, float32 for 16-bit ones (as transformers). "
+        "The rows come from runs of this script over subsets of the kinds (`--only`), merged; a kind whose same-artifact "
+        "KL is blank was not given `--direct` (its |ΔKL| stands for the agreement)."
+    )
     kept = {}
-    if args.tabulate and (RESULTS / f"{NAME}.json").is_file():  # a re-tabulation keeps the measuring run's command and date
+    if (
+        args.tabulate and (RESULTS / f"{NAME}.json").is_file()
+    ):  # a re-tabulation keeps the measuring run's command and date
         old = json.loads((RESULTS / f"{NAME}.json").read_text())
         kept = {k: old[k] for k in ("command", "date") if k in old}
-    write_result(NAME, {**kept, "kinds": kinds, "tables": {"main": {**main_table(kinds, label), "note": note}, "best": best_table(kinds),
-                                                   "support": support_table()}})
+    write_result(
+        NAME,
+        {
+            **kept,
+            "kinds": kinds,
+            "tables": {
+                "main": {**main_table(kinds, label), "note": note},
+                "best": best_table(kinds),
+                "support": support_table(),
+            },
+        },
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -40,15 +40,23 @@ class Bare:
         import os
 
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-bare-", suffix=".log", delete=False)  # vLLM's logs
-        self.proc = subprocess.Popen([str(python), str(HERE / "vllm_bare.py"), json.dumps(cfg)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env={**os.environ, **env})
+        self.proc = subprocess.Popen(
+            [str(python), str(HERE / "vllm_bare.py"), json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env={**os.environ, **env},
+        )
         self.info = self._read()
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
             tail = Path(self.log.name).read_text(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(f"the bare vLLM loop exited (code {self.proc.wait()}; log {self.log.name}): " + " | ".join(tail))
+            raise RuntimeError(
+                f"the bare vLLM loop exited (code {self.proc.wait()}; log {self.log.name}): " + " | ".join(tail)
+            )
         return json.loads(line)
 
     def repeat(self) -> dict:
@@ -79,13 +87,28 @@ def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int
     cpu = torch.device("cpu")
     n_ctx = prompt_len + gen_len
     engine = Engine.load(path, EngineSettings(device=cpu, max_tokens=n_ctx))
-    ids = [int(i) for i in torch.randint(0, engine.cfg["vocab_size"], (prompt_len,), generator=torch.Generator().manual_seed(0))]
+    ids = [
+        int(i)
+        for i in torch.randint(0, engine.cfg["vocab_size"], (prompt_len,), generator=torch.Generator().manual_seed(0))
+    ]
     # the bare loop gets the engine arguments and environment quantkit's engine ran with
     device_args, env = vllm_start.device_setup(cpu, engine.cfg, n_ctx, None)
-    args = dict(model=str(path.resolve()), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=n_ctx, enable_prefix_caching=False, seed=0,
-                max_logprobs=TOP_K, async_scheduling=False, **device_args)
-    bare = Bare(vllm_env.require(), {"engine_args": args, "threads": engine.threads, "prompt": ids, "gen_len": gen_len},
-                {**vllm_env.worker_env(), **env})
+    args = dict(
+        model=str(path.resolve()),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        max_model_len=n_ctx,
+        enable_prefix_caching=False,
+        seed=0,
+        max_logprobs=TOP_K,
+        async_scheduling=False,
+        **device_args,
+    )
+    bare = Bare(
+        vllm_env.require(),
+        {"engine_args": args, "threads": engine.threads, "prompt": ids, "gen_len": gen_len},
+        {**vllm_env.worker_env(), **env},
+    )
     q, b = [], []
     try:
         for _ in range(warmups):
@@ -104,11 +127,21 @@ def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int
     med = statistics.median
     ratio_tpot = med(qq[1] / bb["tpot_s"] for qq, bb in zip(q, b))
     ratio_ttft = med(qq[0] / bb["ttft_s"] for qq, bb in zip(q, b))
-    return {"model": path.name, "prompt_len": prompt_len, "gen_len": gen_len, "rounds": rounds, "threads": engine.threads,
-            "quantkit_ttft_ms": med(x[0] for x in q) * 1e3, "bare_ttft_ms": med(x["ttft_s"] for x in b) * 1e3,
-            "quantkit_tpot_ms": med(x[1] for x in q) * 1e3, "bare_tpot_ms": med(x["tpot_s"] for x in b) * 1e3,
-            "tpot_ratio": ratio_tpot, "ttft_ratio": ratio_ttft, "within_10pct": abs(ratio_tpot - 1) <= 0.10,
-            "raw": {"quantkit": q, "bare": b}}
+    return {
+        "model": path.name,
+        "prompt_len": prompt_len,
+        "gen_len": gen_len,
+        "rounds": rounds,
+        "threads": engine.threads,
+        "quantkit_ttft_ms": med(x[0] for x in q) * 1e3,
+        "bare_ttft_ms": med(x["ttft_s"] for x in b) * 1e3,
+        "quantkit_tpot_ms": med(x[1] for x in q) * 1e3,
+        "bare_tpot_ms": med(x["tpot_s"] for x in b) * 1e3,
+        "tpot_ratio": ratio_tpot,
+        "ttft_ratio": ratio_ttft,
+        "within_10pct": abs(ratio_tpot - 1) <= 0.10,
+        "raw": {"quantkit": q, "bare": b},
+    }
 
 
 def main() -> None:
@@ -121,17 +154,39 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for m in args.models:
-        path = Path(subprocess.run(QUANTKIT + ["models", "path", m], capture_output=True, text=True, check=True).stdout.strip()) \
-            if not Path(m).exists() else Path(m)
+        path = (
+            Path(
+                subprocess.run(
+                    QUANTKIT + ["models", "path", m], capture_output=True, text=True, check=True
+                ).stdout.strip()
+            )
+            if not Path(m).exists()
+            else Path(m)
+        )
         rows.append(compare(path, args.prompt_len, args.gen_len, args.rounds, args.warmups))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "raw"}), file=sys.stderr)
-    cols = [("model", "checkpoint", "{}"), ("quantkit_tpot_ms", "quantkit TPOT ms", "{:.1f}"), ("bare_tpot_ms", "bare loop TPOT ms", "{:.1f}"),
-("tpot_ratio", "TPOT quantkit / bare", "{:.3f}"),
-            ("quantkit_ttft_ms", "quantkit TTFT ms", "{:.0f}"), ("bare_ttft_ms", "bare TTFT ms", "{:.0f}"), ("ttft_ratio", "TTFT ratio", "{:.3f}")]
-    note = (f"{args.prompt_len}-token prompt, {args.gen_len} tokens, {args.rounds} rounds in ABBA order after {args.warmups} warm-up(s); "
-            "medians; the ratio is the median of per-round paired ratios. Both sides: vLLM's CPU build, the same engine arguments and threads.")
-    path = write_result("vllm_overhead", {"rows": rows, "tables": {"main": {"columns": [{"key": k, "header": h, "fmt": f} for k, h, f in cols],
-                                                                             "rows": rows, "note": note}}})
+    cols = [
+        ("model", "checkpoint", "{}"),
+        ("quantkit_tpot_ms", "quantkit TPOT ms", "{:.1f}"),
+        ("bare_tpot_ms", "bare loop TPOT ms", "{:.1f}"),
+        ("tpot_ratio", "TPOT quantkit / bare", "{:.3f}"),
+        ("quantkit_ttft_ms", "quantkit TTFT ms", "{:.0f}"),
+        ("bare_ttft_ms", "bare TTFT ms", "{:.0f}"),
+        ("ttft_ratio", "TTFT ratio", "{:.3f}"),
+    ]
+    note = (
+        f"{args.prompt_len}-token prompt, {args.gen_len} tokens, {args.rounds} rounds in ABBA order after {args.warmups} warm-up(s); "
+        "medians; the ratio is the median of per-round paired ratios. Both sides: vLLM's CPU build, the same engine arguments and threads."
+    )
+    path = write_result(
+        "vllm_overhead",
+        {
+            "rows": rows,
+            "tables": {
+                "main": {"columns": [{"key": k, "header": h, "fmt": f} for k, h, f in cols], "rows": rows, "note": note}
+            },
+        },
+    )
     print(path)
 
 

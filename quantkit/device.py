@@ -6,13 +6,17 @@ GPU run takes; the only branches on the device's type pick a kernel or a synchro
 
 from __future__ import annotations
 
+import platform
+
+import psutil
+import torch
+
 from quantkit.errors import QuantkitError
 
 
 def resolve(spec=None):
     """`auto` (or None): the first CUDA GPU if there is one, else the CPU. An unavailable device is
     a one-line user error, raised before any weights load."""
-    import torch
 
     if isinstance(spec, torch.device):
         dev = spec
@@ -32,14 +36,15 @@ def resolve(spec=None):
         index = 0 if dev.index is None else dev.index
         count = torch.cuda.device_count()
         if index >= count:
-            raise QuantkitError(f"--device {spec}: this machine has {count} CUDA GPU{'s' if count != 1 else ''} (cuda:0..cuda:{count - 1})")
+            raise QuantkitError(
+                f"--device {spec}: this machine has {count} CUDA GPU{'s' if count != 1 else ''} (cuda:0..cuda:{count - 1})"
+            )
         return torch.device("cuda", index)
     raise QuantkitError(f"--device {spec}: device type {dev.type!r} is not supported; use auto, cpu, cuda or cuda:N")
 
 
 def synchronize(device) -> None:
     """Wait for queued work on `device` (a no-op on the CPU, whose ops are synchronous)."""
-    import torch
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -47,9 +52,6 @@ def synchronize(device) -> None:
 
 def name(device) -> str:
     """Human name of the device: the GPU's model, or the CPU's from /proc/cpuinfo."""
-    import platform
-
-    import torch
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -65,7 +67,6 @@ def name(device) -> str:
 
 def describe(device, dtype=None) -> dict:
     """What every report states about where it ran."""
-    import torch
 
     out = {"device": str(device), "type": device.type, "name": name(device)}
     if device.type == "cpu":
@@ -77,8 +78,6 @@ def describe(device, dtype=None) -> dict:
 
 def free_bytes(device) -> int:
     """Memory available for new allocations on `device` (RAM for the CPU)."""
-    import psutil
-    import torch
 
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])

@@ -6,6 +6,9 @@ import os
 import sys
 from contextlib import contextmanager
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
 
 def _enabled() -> bool:
     return sys.stderr.isatty() and not os.environ.get("QUANTKIT_NO_PROGRESS")
@@ -17,10 +20,14 @@ def bar(description: str, total: int | None = None):
     if not _enabled():
         yield lambda completed=None, description=None: None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    columns = [
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    ]
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task(description, total=total)
 

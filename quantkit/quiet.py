@@ -6,6 +6,8 @@ import logging
 import os
 import warnings
 
+import tqdm.std
+
 
 def quiet_libraries(debug: bool = False) -> None:
     if debug:
@@ -23,7 +25,16 @@ def quiet_libraries(debug: bool = False) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     logging.getLogger("compressed_tensors.utils.match").addFilter(_spurious_unmatched_target)
-    for name in ("torch.utils._pytree", "torch.fx._symbolic_trace", "torch._dynamo", "torch._inductor", "torchao", "datasets", "lm_eval", "httpx"):
+    for name in (
+        "torch.utils._pytree",
+        "torch.fx._symbolic_trace",
+        "torch._dynamo",
+        "torch._inductor",
+        "torchao",
+        "datasets",
+        "lm_eval",
+        "httpx",
+    ):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
@@ -40,10 +51,6 @@ def _spurious_unmatched_target(record: logging.LogRecord) -> bool:
 def _silence_tqdm() -> None:
     """compressed-tensors passes disable=False to some bars explicitly, overriding TQDM_DISABLE;
     the CLI shows its own progress, so library bars are turned off at the source."""
-    try:
-        import tqdm.std
-    except ImportError:
-        return
     init = tqdm.std.tqdm.__init__
     if getattr(init, "_quantkit_quiet", False):
         return

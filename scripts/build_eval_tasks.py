@@ -59,17 +59,40 @@ def _finalise(task: str, items: list[dict], rng: random.Random) -> list[dict]:
 # --------------------------------------------------------------------------- qk_facts
 
 CAPITALS = [
-    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"),
-    ("Japan", "Tokyo"), ("China", "Beijing"), ("Russia", "Moscow"),
-    ("the United Kingdom", "London"), ("England", "London"), ("Egypt", "Cairo"),
-    ("Greece", "Athens"), ("Portugal", "Lisbon"), ("Ireland", "Dublin"),
-    ("Austria", "Vienna"), ("Norway", "Oslo"), ("Sweden", "Stockholm"),
-    ("Denmark", "Copenhagen"), ("Finland", "Helsinki"), ("Poland", "Warsaw"),
-    ("Hungary", "Budapest"), ("the Netherlands", "Amsterdam"), ("Belgium", "Brussels"),
-    ("Thailand", "Bangkok"), ("South Korea", "Seoul"), ("India", "New Delhi"),
-    ("Mexico", "Mexico City"), ("Argentina", "Buenos Aires"), ("Peru", "Lima"),
-    ("Kenya", "Nairobi"), ("Cuba", "Havana"), ("Iran", "Tehran"), ("Iraq", "Baghdad"),
-    ("the Czech Republic", "Prague"), ("Scotland", "Edinburgh"),
+    ("France", "Paris"),
+    ("Germany", "Berlin"),
+    ("Italy", "Rome"),
+    ("Spain", "Madrid"),
+    ("Japan", "Tokyo"),
+    ("China", "Beijing"),
+    ("Russia", "Moscow"),
+    ("the United Kingdom", "London"),
+    ("England", "London"),
+    ("Egypt", "Cairo"),
+    ("Greece", "Athens"),
+    ("Portugal", "Lisbon"),
+    ("Ireland", "Dublin"),
+    ("Austria", "Vienna"),
+    ("Norway", "Oslo"),
+    ("Sweden", "Stockholm"),
+    ("Denmark", "Copenhagen"),
+    ("Finland", "Helsinki"),
+    ("Poland", "Warsaw"),
+    ("Hungary", "Budapest"),
+    ("the Netherlands", "Amsterdam"),
+    ("Belgium", "Brussels"),
+    ("Thailand", "Bangkok"),
+    ("South Korea", "Seoul"),
+    ("India", "New Delhi"),
+    ("Mexico", "Mexico City"),
+    ("Argentina", "Buenos Aires"),
+    ("Peru", "Lima"),
+    ("Kenya", "Nairobi"),
+    ("Cuba", "Havana"),
+    ("Iran", "Tehran"),
+    ("Iraq", "Baghdad"),
+    ("the Czech Republic", "Prague"),
+    ("Scotland", "Edinburgh"),
 ]
 
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "orange", "brown", "purple", "pink"]
@@ -103,45 +126,114 @@ COLOUR_QS = [
 ]
 
 ANIMAL_SOUNDS = [
-    ("a dog", "bark"), ("a cat", "meow"), ("a cow", "moo"), ("a duck", "quack"),
-    ("a sheep", "baa"), ("a lion", "roar"), ("a pig", "oink"), ("a horse", "neigh"),
-    ("an owl", "hoot"), ("a snake", "hiss"), ("a bee", "buzz"), ("a frog", "croak"),
-    ("a mouse", "squeak"), ("a wolf", "howl"), ("a hen", "cluck"),
+    ("a dog", "bark"),
+    ("a cat", "meow"),
+    ("a cow", "moo"),
+    ("a duck", "quack"),
+    ("a sheep", "baa"),
+    ("a lion", "roar"),
+    ("a pig", "oink"),
+    ("a horse", "neigh"),
+    ("an owl", "hoot"),
+    ("a snake", "hiss"),
+    ("a bee", "buzz"),
+    ("a frog", "croak"),
+    ("a mouse", "squeak"),
+    ("a wolf", "howl"),
+    ("a hen", "cluck"),
 ]
 
 # (word, opposite)
 OPPOSITES = [
-    ("hot", "cold"), ("big", "small"), ("up", "down"), ("day", "night"), ("fast", "slow"),
-    ("happy", "sad"), ("open", "closed"), ("light", "dark"), ("wet", "dry"),
-    ("old", "young"), ("tall", "short"), ("full", "empty"), ("hard", "soft"),
-    ("early", "late"), ("left", "right"), ("in", "out"), ("win", "lose"), ("rich", "poor"),
-    ("strong", "weak"), ("clean", "dirty"), ("push", "pull"), ("loud", "quiet"),
-    ("black", "white"), ("yes", "no"), ("first", "last"), ("good", "bad"),
-    ("true", "false"), ("thick", "thin"), ("high", "low"), ("near", "far"),
-    ("inside", "outside"), ("above", "below"), ("buy", "sell"), ("give", "take"),
-    ("laugh", "cry"), ("love", "hate"), ("north", "south"), ("east", "west"),
-    ("summer", "winter"), ("sweet", "sour"), ("front", "back"), ("alive", "dead"),
-    ("boy", "girl"), ("king", "queen"), ("start", "finish"), ("always", "never"),
-    ("heavy", "light"), ("wide", "narrow"), ("asleep", "awake"), ("friend", "enemy"),
+    ("hot", "cold"),
+    ("big", "small"),
+    ("up", "down"),
+    ("day", "night"),
+    ("fast", "slow"),
+    ("happy", "sad"),
+    ("open", "closed"),
+    ("light", "dark"),
+    ("wet", "dry"),
+    ("old", "young"),
+    ("tall", "short"),
+    ("full", "empty"),
+    ("hard", "soft"),
+    ("early", "late"),
+    ("left", "right"),
+    ("in", "out"),
+    ("win", "lose"),
+    ("rich", "poor"),
+    ("strong", "weak"),
+    ("clean", "dirty"),
+    ("push", "pull"),
+    ("loud", "quiet"),
+    ("black", "white"),
+    ("yes", "no"),
+    ("first", "last"),
+    ("good", "bad"),
+    ("true", "false"),
+    ("thick", "thin"),
+    ("high", "low"),
+    ("near", "far"),
+    ("inside", "outside"),
+    ("above", "below"),
+    ("buy", "sell"),
+    ("give", "take"),
+    ("laugh", "cry"),
+    ("love", "hate"),
+    ("north", "south"),
+    ("east", "west"),
+    ("summer", "winter"),
+    ("sweet", "sour"),
+    ("front", "back"),
+    ("alive", "dead"),
+    ("boy", "girl"),
+    ("king", "queen"),
+    ("start", "finish"),
+    ("always", "never"),
+    ("heavy", "light"),
+    ("wide", "narrow"),
+    ("asleep", "awake"),
+    ("friend", "enemy"),
 ]
 # words that are near-synonyms of each other; an item never gets one of its answer's siblings
 SYNONYMS = [
     {"short", "low", "small", "narrow", "thin", "weak", "little"},
-    {"quiet", "soft"}, {"dark", "black", "night"}, {"light", "white", "day"},
-    {"last", "finish", "end", "late"}, {"sad", "bad", "cry"}, {"dead", "asleep"},
-    {"no", "never", "false"}, {"take", "pull"}, {"poor", "weak"}, {"cold", "winter"},
+    {"quiet", "soft"},
+    {"dark", "black", "night"},
+    {"light", "white", "day"},
+    {"last", "finish", "end", "late"},
+    {"sad", "bad", "cry"},
+    {"dead", "asleep"},
+    {"no", "never", "false"},
+    {"take", "pull"},
+    {"poor", "weak"},
+    {"cold", "winter"},
 ]
 
 COUNTS = ["two", "three", "four", "five", "six", "seven", "eight", "ten", "twelve"]
 # (counted noun, subject, number word)
 COUNT_QS = [
-    ("legs", "a dog", "four"), ("legs", "a spider", "eight"), ("legs", "a chicken", "two"),
-    ("legs", "an insect", "six"), ("days", "a week", "seven"), ("months", "a year", "twelve"),
-    ("wheels", "a bicycle", "two"), ("wheels", "a tricycle", "three"), ("wheels", "a car", "four"),
-    ("sides", "a triangle", "three"), ("sides", "a square", "four"), ("fingers", "one hand", "five"),
-    ("eyes", "a person", "two"), ("arms", "an octopus", "eight"), ("legs", "a cat", "four"),
-    ("legs", "a person", "two"), ("corners", "a square", "four"), ("ears", "a rabbit", "two"),
-    ("wings", "a bird", "two"), ("legs", "a horse", "four"),
+    ("legs", "a dog", "four"),
+    ("legs", "a spider", "eight"),
+    ("legs", "a chicken", "two"),
+    ("legs", "an insect", "six"),
+    ("days", "a week", "seven"),
+    ("months", "a year", "twelve"),
+    ("wheels", "a bicycle", "two"),
+    ("wheels", "a tricycle", "three"),
+    ("wheels", "a car", "four"),
+    ("sides", "a triangle", "three"),
+    ("sides", "a square", "four"),
+    ("fingers", "one hand", "five"),
+    ("eyes", "a person", "two"),
+    ("arms", "an octopus", "eight"),
+    ("legs", "a cat", "four"),
+    ("legs", "a person", "two"),
+    ("corners", "a square", "four"),
+    ("ears", "a rabbit", "two"),
+    ("wings", "a bird", "two"),
+    ("legs", "a horse", "four"),
 ]
 
 # members of a kind, and the word that names the kind ("An apple is a kind of fruit")
@@ -152,7 +244,10 @@ KINDS = [
     (["shirt", "hat", "coat", "sock", "dress", "jacket", "scarf", "glove", "skirt", "sweater"], "clothing"),
     (["chair", "table", "bed", "sofa", "desk", "shelf", "cupboard", "bench", "wardrobe", "stool"], "furniture"),
     (["hand", "foot", "nose", "ear", "arm", "leg", "knee", "finger", "elbow", "shoulder"], "body part"),
-    (["piano", "guitar", "violin", "drum", "flute", "trumpet", "harp", "cello", "banjo", "trombone"], "musical instrument"),
+    (
+        ["piano", "guitar", "violin", "drum", "flute", "trumpet", "harp", "cello", "banjo", "trombone"],
+        "musical instrument",
+    ),
     (["hammer", "saw", "drill", "wrench", "screwdriver", "shovel", "axe", "chisel", "pliers", "rake"], "tool"),
 ]
 # distractor labels: every kind above plus two that no asked member belongs to
@@ -210,23 +305,35 @@ def build_facts(rng: random.Random) -> list[dict]:
 
     all_caps = sorted({c for _, c in CAPITALS})
     for country, cap in CAPITALS:
-        add("capital", _qa(f"What is the capital of {country}?", f"The capital of {country} is"),
-            cap, _pick(rng, all_caps, 3, {cap}))
+        add(
+            "capital",
+            _qa(f"What is the capital of {country}?", f"The capital of {country} is"),
+            cap,
+            _pick(rng, all_caps, 3, {cap}),
+        )
     for subject, stem, ans, also in COLOUR_QS:
         verb = "are" if stem.endswith(" are") else "is"
         add("colour", _qa(f"What colour {verb} {subject}?", stem), ans, _pick(rng, COLOURS, 3, {ans, *also}))
     sounds = [s for _, s in ANIMAL_SOUNDS]
     for animal, sound in ANIMAL_SOUNDS:
-        add("animal_sound", _qa(f"What sound does {animal} make?", f"{_cap(animal)} makes a"),
-            sound, _pick(rng, sounds, 3, {sound}))
+        add(
+            "animal_sound",
+            _qa(f"What sound does {animal} make?", f"{_cap(animal)} makes a"),
+            sound,
+            _pick(rng, sounds, 3, {sound}),
+        )
     answers = [b for _, b in OPPOSITES]
     for word, opp in OPPOSITES:
         banned = {opp, word}
         for group in SYNONYMS:
             if opp in group or word in group:
                 banned |= group
-        add("opposite", _qa(f"What is the opposite of {word}?", f"The opposite of {word} is"),
-            opp, _pick(rng, answers, 3, banned))
+        add(
+            "opposite",
+            _qa(f"What is the opposite of {word}?", f"The opposite of {word} is"),
+            opp,
+            _pick(rng, answers, 3, banned),
+        )
     for noun, subject, num in COUNT_QS:
         if subject.startswith("one "):
             q = f"How many {noun} are there on {subject}?"
@@ -237,8 +344,12 @@ def build_facts(rng: random.Random) -> list[dict]:
     for members, label in KINDS:
         for member in _pick(rng, members, 6):
             art = "an" if member[0] in "aeiou" else "a"
-            add("category", _qa(f"What is {art} {member}?", f"{_cap(art)} {member} is a kind of"),
-                label, _pick(rng, KIND_LABELS, 3, {label}))
+            add(
+                "category",
+                _qa(f"What is {art} {member}?", f"{_cap(art)} {member} is a kind of"),
+                label,
+                _pick(rng, KIND_LABELS, 3, {label}),
+            )
     for q, ans, ds in EVERYDAY:
         add("everyday", _qa(q), ans, ds)
     return items
@@ -420,11 +531,42 @@ def build_cloze() -> list[dict]:
 # --------------------------------------------------------------------------- qk_sequence
 
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
-          "September", "October", "November", "December"]
-NUMBER_WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-                "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
-                "eighteen", "nineteen", "twenty"]
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
+NUMBER_WORDS = [
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
+]
 ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"]
 LETTERS = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
 
@@ -449,15 +591,27 @@ def build_sequence(rng: random.Random) -> list[dict]:
     # question form for months (the demo model is at chance on the same form for days, so none)
     for i, m in enumerate(MONTHS):
         ans = MONTHS[(i + 1) % 12]
-        items.append({"category": "months_question",
-                      "context": f"Question: What month comes after {m}?\nAnswer: The month after {m} is",
-                      "answer": ans, "distractors": _pick(rng, MONTHS, 3, {m, ans})})
+        items.append(
+            {
+                "category": "months_question",
+                "context": f"Question: What month comes after {m}?\nAnswer: The month after {m} is",
+                "answer": ans,
+                "distractors": _pick(rng, MONTHS, 3, {m, ans}),
+            }
+        )
     items += _cyclic(rng, "number_words", NUMBER_WORDS, 3, wrap=False)
     items += _cyclic(rng, "ordinals", ORDINALS, 3, wrap=False)
     items += _cyclic(rng, "letters", LETTERS, 3, wrap=False)[::2]  # A,B,C->D; C,D,E->F; ...
     # arithmetic progressions written with digits: (step, count, start range)
-    specs = [(1, 20, (1, 90)), (2, 12, (2, 60)), (5, 10, (5, 60)), (10, 10, (10, 200)), (-1, 10, (15, 99)),
-             (3, 8, (1, 40)), (100, 8, (100, 1500))]
+    specs = [
+        (1, 20, (1, 90)),
+        (2, 12, (2, 60)),
+        (5, 10, (5, 60)),
+        (10, 10, (10, 200)),
+        (-1, 10, (15, 99)),
+        (3, 8, (1, 40)),
+        (100, 8, (100, 1500)),
+    ]
     for step, count, (lo, hi) in specs:
         starts = sorted(rng.sample(range(lo, hi), count))
         if step in (5, 10, 100):
@@ -472,8 +626,14 @@ def build_sequence(rng: random.Random) -> list[dict]:
             ans = s + step * 4
             wrong = [ans + step, ans - step * 2, ans + 2 * step, ans + 10, ans - 10, ans + 1]
             ds = _pick(rng, [str(w) for w in wrong if w >= 0], 3, {str(ans), *map(str, ctx)})
-            items.append({"category": f"step{step:+d}", "context": ", ".join(map(str, ctx)) + ",",
-                          "answer": str(ans), "distractors": ds})
+            items.append(
+                {
+                    "category": f"step{step:+d}",
+                    "context": ", ".join(map(str, ctx)) + ",",
+                    "answer": str(ans),
+                    "distractors": ds,
+                }
+            )
     return items
 
 
@@ -486,8 +646,9 @@ def build_all() -> dict[str, list[dict]]:
         "qk_cloze": build_cloze(),
         "qk_sequence": build_sequence(random.Random(SEED + 3)),
     }
-    return {name: _finalise(name, items, random.Random(SEED + 100 + i))
-            for i, (name, items) in enumerate(tasks.items())}
+    return {
+        name: _finalise(name, items, random.Random(SEED + 100 + i)) for i, (name, items) in enumerate(tasks.items())
+    }
 
 
 def render(rows: list[dict]) -> str:

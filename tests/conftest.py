@@ -5,16 +5,19 @@ import os
 from pathlib import Path
 
 import pytest
-
 from fixtures import ARCHS, build_checkpoint, build_tokenizer, synthetic_text
 
 REPO = Path(__file__).resolve().parents[1]
 # WikiText-2's validation split is share-alike (CC BY-SA 3.0), so it is not shipped: the copy that
 # QUANTKIT_WIKITEXT2_VALID names, else the one in the data folder beside the checkout.
-SHARED_TEXT = Path(os.environ.get("QUANTKIT_WIKITEXT2_VALID") or REPO.parent / "shared" / "data" / "wikitext2-valid.txt")
+SHARED_TEXT = Path(
+    os.environ.get("QUANTKIT_WIKITEXT2_VALID") or REPO.parent / "shared" / "data" / "wikitext2-valid.txt"
+)
 # The one skip for data: thresholds measured on WikiText-2 need that text, which a machine may lack.
-needs_wikitext2 = pytest.mark.skipif(not SHARED_TEXT.is_file(),
-                                     reason="no copy of WikiText-2 (CC BY-SA, not shipped); set QUANTKIT_WIKITEXT2_VALID to one")
+needs_wikitext2 = pytest.mark.skipif(
+    not SHARED_TEXT.is_file(),
+    reason="no copy of WikiText-2 (CC BY-SA, not shipped); set QUANTKIT_WIKITEXT2_VALID to one",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -95,8 +98,12 @@ def demo_model(demo_home) -> Path:
 
     from quantkit.cli import cli as group
 
-    result = CliRunner().invoke(group, ["models", "pull", "demo", "--json"], catch_exceptions=False,
-                                env={"QUANTKIT_HOME": str(demo_home), "HF_HUB_OFFLINE": "1"})
+    result = CliRunner().invoke(
+        group,
+        ["models", "pull", "demo", "--json"],
+        catch_exceptions=False,
+        env={"QUANTKIT_HOME": str(demo_home), "HF_HUB_OFFLINE": "1"},
+    )
     assert result.exit_code == 0, result.stderr
     return Path(json.loads(result.stdout)["path"])
 

@@ -33,7 +33,9 @@ def build_tokenizer(out: Path, vocab_size: int = 384):
 
     bpe = ByteLevelBPETokenizer()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
-    bpe.train_from_iterator([synthetic_text(400, seed=1)], vocab_size=vocab_size, special_tokens=specials, show_progress=False)
+    bpe.train_from_iterator(
+        [synthetic_text(400, seed=1)], vocab_size=vocab_size, special_tokens=specials, show_progress=False
+    )
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe._tokenizer,
         bos_token="<|im_start|>",

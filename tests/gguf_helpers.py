@@ -107,11 +107,22 @@ def craft_artifact(src: Path, out: Path, case: str) -> Path:
     save_file(new, str(out / "model.safetensors"))
     torch.save(ref, out / "reference.pt")
     cfg = json.loads((out / "config.json").read_text())
-    weights = {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": "channel" if group == -1 else "group",
-               "group_size": None if group == -1 else group, "actorder": "group" if gidx else None, "dynamic": False}
-    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-                                  "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "format": "pack-quantized"}},
-                                  "ignore": ["lm_head"]}
+    weights = {
+        "num_bits": bits,
+        "type": "int",
+        "symmetric": sym,
+        "strategy": "channel" if group == -1 else "group",
+        "group_size": None if group == -1 else group,
+        "actorder": "group" if gidx else None,
+        "dynamic": False,
+    }
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "format": "pack-quantized"}},
+        "ignore": ["lm_head"],
+    }
     (out / "config.json").write_text(json.dumps(cfg))
     return out
 
@@ -133,7 +144,7 @@ def flip_tensor_bytes(shard: Path, suffix: str, n: int = 4096) -> str:
     place (the file keeps its size); returns the tensor's name."""
     blob = bytearray(Path(shard).read_bytes())
     hlen = int.from_bytes(blob[:8], "little")
-    header = json.loads(blob[8: 8 + hlen])
+    header = json.loads(blob[8 : 8 + hlen])
     name = next(k for k in sorted(header) if k.endswith(suffix))
     start, end = header[name]["data_offsets"]
     lo = 8 + hlen + start

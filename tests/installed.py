@@ -29,8 +29,11 @@ SERVING = ("fastapi", "uvicorn", "openai")  # what transformers[serving] adds fo
 def _missing(what: str, hint: str, left_out: bool = False) -> None:
     """Fail where the install script put `what` in this environment; skip where it never meant to."""
     if STAMP.is_file() and not left_out:
-        pytest.fail(f"{what} is missing, but scripts/_install.sh installed this environment ({STAMP}): "
-                    f"the install is broken; rerun it ({hint})", pytrace=False)
+        pytest.fail(
+            f"{what} is missing, but scripts/_install.sh installed this environment ({STAMP}): "
+            f"the install is broken; rerun it ({hint})",
+            pytrace=False,
+        )
     pytest.skip(f"{what} is not installed ({hint})")
 
 
@@ -38,6 +41,7 @@ def require_llama_cpp() -> None:
     """llama-cpp-python must import; an import that fails for another reason than absence is an error."""
     try:
         import llama_cpp  # noqa: F401
+
         return
     except ImportError:
         pass
@@ -66,7 +70,11 @@ def vllm_venv() -> Path:
         return Path(os.environ["QUANTKIT_VLLM_VENV"])
     if VLLM_RECORD.is_file():
         return Path(VLLM_RECORD.read_text().strip())
-    _missing("vLLM's environment", "./scripts/_install.sh builds it with `quantkit engines install vllm`", left_out=VLLM_LEFT_OUT.is_file())
+    _missing(
+        "vLLM's environment",
+        "./scripts/_install.sh builds it with `quantkit engines install vllm`",
+        left_out=VLLM_LEFT_OUT.is_file(),
+    )
 
 
 def llama_tool(name: str) -> Path:
@@ -79,8 +87,11 @@ def llama_tool(name: str) -> Path:
     if found is not None:
         return found
     if LLAMA_TOOLS_RECORD.is_file():
-        pytest.fail(f"llama.cpp's {name} is missing from {LLAMA_TOOLS_RECORD.read_text().strip()}, which scripts/_install.sh "
-                    f"recorded as built: the install is broken; rerun it", pytrace=False)
+        pytest.fail(
+            f"llama.cpp's {name} is missing from {LLAMA_TOOLS_RECORD.read_text().strip()}, which scripts/_install.sh "
+            f"recorded as built: the install is broken; rerun it",
+            pytrace=False,
+        )
     pytest.skip(f"llama.cpp's {name} is not installed ({tools.INSTALL})")
 
 

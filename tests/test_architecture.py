@@ -11,6 +11,7 @@ any other, so one that imports its submodules must not be imported from by them.
 Private names: `from x import _y` across modules, and `m._y` where m is a quantkit module this
 file imported. A private module (`_torch.py`) may be imported by its own package only.
 """
+
 from __future__ import annotations
 
 import ast
@@ -26,15 +27,30 @@ ROOT = Path(__file__).resolve().parents[1] / "quantkit"
 # its own layer or a lower one, never a higher one. Keys are the first name under quantkit (a
 # package or a root module); "__init__" is quantkit/__init__.py.
 LAYERS: dict[str, int] = {
-    "__init__": 0, "errors": 0, "home": 0, "progress": 0, "quiet": 0, "device": 0,
-    "core": 1, "resources": 1,
-    "models": 2, "data": 2,
-    "recipe": 3, "methods": 3, "gqa": 3,
-    "artifacts": 4, "gguf": 4, "external": 4,
-    "quantize": 5, "evals": 5, "bench": 5,
-    "load": 6, "plan": 6,
+    "__init__": 0,
+    "errors": 0,
+    "home": 0,
+    "progress": 0,
+    "quiet": 0,
+    "device": 0,
+    "core": 1,
+    "resources": 1,
+    "models": 2,
+    "data": 2,
+    "recipe": 3,
+    "methods": 3,
+    "gqa": 3,
+    "artifacts": 4,
+    "gguf": 4,
+    "external": 4,
+    "quantize": 5,
+    "evals": 5,
+    "bench": 5,
+    "load": 6,
+    "plan": 6,
     "pipeline": 7,
-    "cli": 8, "__main__": 8,
+    "cli": 8,
+    "__main__": 8,
 }
 
 
@@ -64,7 +80,7 @@ class Package:
         self.trees = {m: ast.parse(p.read_text(), filename=str(p)) for m, p in self.modules.items()}
 
     def where(self, mod: str, node: ast.AST) -> str:
-        lines = self.modules[mod].read_text().splitlines()[node.lineno - 1: node.end_lineno]
+        lines = self.modules[mod].read_text().splitlines()[node.lineno - 1 : node.end_lineno]
         text = " ".join(s.strip() for s in lines)
         return f"{self.modules[mod].relative_to(self.root.parent)}:{node.lineno}: {text}"
 
@@ -248,28 +264,44 @@ def _write(root: Path, files: dict[str, str]) -> Package:
     return Package(root / "pkg")
 
 
-@pytest.mark.parametrize("files, cycle", [
-    ({"a.py": "from pkg.b import x\n", "b.py": "def f():\n    from pkg import a\n"}, ["pkg.a", "pkg.b"]),
-    ({"sub/__init__.py": "from pkg.sub.m import x\n", "sub/m.py": "from pkg.sub import y\n"}, ["pkg.sub", "pkg.sub.m"]),
-    ({"a.py": "import pkg.b\n", "b.py": "from . import c\n", "c.py": "from .a import z\n"}, ["pkg.a", "pkg.b", "pkg.c"]),
-], ids=["lazy", "package-init", "relative"])
+@pytest.mark.parametrize(
+    "files, cycle",
+    [
+        ({"a.py": "from pkg.b import x\n", "b.py": "def f():\n    from pkg import a\n"}, ["pkg.a", "pkg.b"]),
+        (
+            {"sub/__init__.py": "from pkg.sub.m import x\n", "sub/m.py": "from pkg.sub import y\n"},
+            ["pkg.sub", "pkg.sub.m"],
+        ),
+        (
+            {"a.py": "import pkg.b\n", "b.py": "from . import c\n", "c.py": "from .a import z\n"},
+            ["pkg.a", "pkg.b", "pkg.c"],
+        ),
+    ],
+    ids=["lazy", "package-init", "relative"],
+)
 def test_a_cycle_of_any_kind_is_found(tmp_path, files, cycle):
     assert _write(tmp_path, files).cycles() == [cycle]
 
 
 def test_no_cycle_where_imports_point_one_way(tmp_path):
-    pkg = _write(tmp_path, {"a.py": "from pkg.b import x\nfrom pkg import c\n", "b.py": "import pkg.c\n", "c.py": "import os\n"})
+    pkg = _write(
+        tmp_path, {"a.py": "from pkg.b import x\nfrom pkg import c\n", "b.py": "import pkg.c\n", "c.py": "import os\n"}
+    )
     assert pkg.cycles() == [] and len(pkg.edges) == 4  # a->b, a->pkg, a->c, b->c
 
 
-@pytest.mark.parametrize("source", [
-    "from pkg.b import _hidden\n",
-    "from pkg import b\nb._hidden()\n",
-    "import pkg.b as m\nm._hidden\n",
-    "import pkg.b\npkg.b._hidden\n",
-    "from pkg.sub import _tools\n",
-    "import pkg.sub._tools\n",
-], ids=["from-import", "module-attribute", "aliased-module", "dotted-path", "private-module", "import-private-module"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from pkg.b import _hidden\n",
+        "from pkg import b\nb._hidden()\n",
+        "import pkg.b as m\nm._hidden\n",
+        "import pkg.b\npkg.b._hidden\n",
+        "from pkg.sub import _tools\n",
+        "import pkg.sub._tools\n",
+    ],
+    ids=["from-import", "module-attribute", "aliased-module", "dotted-path", "private-module", "import-private-module"],
+)
 def test_private_names_of_another_module_are_found(tmp_path, source):
     pkg = _write(tmp_path, {"a.py": source, "b.py": "def _hidden(): pass\n", "sub/_tools.py": "x = 1\n"})
     found = pkg.private_uses()
@@ -277,15 +309,22 @@ def test_private_names_of_another_module_are_found(tmp_path, source):
 
 
 def test_public_names_and_a_package_own_private_module_are_fine(tmp_path):
-    pkg = _write(tmp_path, {"a.py": "from pkg.b import shown, __version__\nfrom pkg import b\nb.shown()\n",
-                            "b.py": "shown = __version__ = 1\n",
-                            "sub/m.py": "from pkg.sub._tools import x\nfrom pkg.sub import _tools\n_tools.y\n",
-                            "sub/_tools.py": "x = y = 1\n"})
+    pkg = _write(
+        tmp_path,
+        {
+            "a.py": "from pkg.b import shown, __version__\nfrom pkg import b\nb.shown()\n",
+            "b.py": "shown = __version__ = 1\n",
+            "sub/m.py": "from pkg.sub._tools import x\nfrom pkg.sub import _tools\n_tools.y\n",
+            "sub/_tools.py": "x = y = 1\n",
+        },
+    )
     assert pkg.private_uses() == []
 
 
 def test_an_import_from_a_higher_layer_is_found(tmp_path):
-    pkg = _write(tmp_path, {"low/m.py": "def f():\n    from pkg.high.n import g\n", "high/n.py": "from pkg.low.m import f\n"})
+    pkg = _write(
+        tmp_path, {"low/m.py": "def f():\n    from pkg.high.n import g\n", "high/n.py": "from pkg.low.m import f\n"}
+    )
     found = pkg.upward({"low": 0, "high": 1})
     assert len(found) == 1 and "pkg.low.m -> pkg.high.n" in found[0] and "pkg/low/m.py:2" in found[0]
     assert pkg.upward({"low": 1, "high": 1}) == []

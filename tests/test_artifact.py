@@ -67,7 +67,9 @@ def one_line(err: str) -> bool:
 
 
 def leftovers(out: Path) -> list[str]:
-    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.") and not p.name.endswith(".lock"))
+    return sorted(
+        p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.") and not p.name.endswith(".lock")
+    )
 
 
 @pytest.fixture
@@ -155,7 +157,9 @@ def test_force_replaces_only_an_artifact(cli, src, tmp_path, monkeypatch):
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     code, _, err, _ = convert(cli, src, out, "--force")
-    assert code == 2 and one_line(err) and "not a quantkit artifact" in err and (out / "notes.txt").read_text() == "mine"
+    assert (
+        code == 2 and one_line(err) and "not a quantkit artifact" in err and (out / "notes.txt").read_text() == "mine"
+    )
     f = tmp_path / "file"
     f.write_text("mine")
     code, _, err, _ = convert(cli, src, f, "--force")
@@ -202,14 +206,20 @@ def test_dead_process_leftovers_are_cleaned(cli, src, tmp_path):
     for d in dead:
         d.mkdir()
         (d / "blob").write_bytes(b"0" * 4096)
-    others = [tmp_path / ".art.partial-x.partial-abcd1234", tmp_path / ".artx.partial-abcd1234", tmp_path / "art.partial-abcd1234"]
+    others = [
+        tmp_path / ".art.partial-x.partial-abcd1234",
+        tmp_path / ".artx.partial-abcd1234",
+        tmp_path / "art.partial-abcd1234",
+    ]
     for d in others:  # another --out's staging, or not quantkit's at all
         d.mkdir()
     code, _, err, _ = convert(cli, src, out, "--force")
     assert code == 0, err
     assert not any(d.exists() for d in dead) and all(d.is_dir() for d in others)
     assert "left by an interrupted quantkit process" in err
-    assert json.loads((out / "quantkit.json").read_text())["kind"] == "quantkit-artifact" and "files" in json.loads((out / "quantkit.json").read_text())
+    assert json.loads((out / "quantkit.json").read_text())["kind"] == "quantkit-artifact" and "files" in json.loads(
+        (out / "quantkit.json").read_text()
+    )
 
 
 def test_interrupted_force_swap_is_restored(cli, src, tmp_path):
@@ -276,7 +286,9 @@ def test_manifest_matches_the_files(cli, src, tmp_path):
 def _start_paused(args, tmp_path, tag):
     mark, go = tmp_path / f"{tag}.mark", tmp_path / f"{tag}.go"
     env = {**os.environ, "QK_TEST_MARK": str(mark), "QK_TEST_GO": str(go), "QUANTKIT_NO_PROGRESS": "1"}
-    proc = subprocess.Popen([PY, "-c", PAUSED, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PY, "-c", PAUSED, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 180
     while not mark.exists():
         if proc.poll() is not None or time.time() > deadline:
@@ -294,7 +306,9 @@ def test_two_converts_racing_for_one_out(src, tmp_path):
         second = subprocess.run([PY, "-m", "quantkit", *args, "--force"], capture_output=True, text=True, timeout=300)
         assert second.returncode == 2, second.stderr[-2000:]
         errors = [ln for ln in second.stderr.splitlines() if ln.startswith("error:")]
-        assert len(errors) == 1 and "in use by another quantkit process" in errors[0] and f"pid {first.pid}" in errors[0]
+        assert (
+            len(errors) == 1 and "in use by another quantkit process" in errors[0] and f"pid {first.pid}" in errors[0]
+        )
         assert "Traceback" not in second.stderr and staging.is_dir() and not out.exists()
     finally:
         go.touch()
@@ -309,7 +323,9 @@ def test_sigterm_mid_convert_cleans_up(cli, src, tmp_path):
     code, _, err, _ = convert(cli, src, out)
     assert code == 0, err
     before = digest(out)
-    proc, staging, _ = _start_paused(["convert", str(RECIPE), "--model", str(src), "--out", str(out), "--force"], tmp_path, "t")
+    proc, staging, _ = _start_paused(
+        ["convert", str(RECIPE), "--model", str(src), "--out", str(out), "--force"], tmp_path, "t"
+    )
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "interrupted" in err and "Traceback" not in err

@@ -3,11 +3,11 @@
 import errno
 import json
 import os
-import time
 import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,13 +43,19 @@ def test_disk_full_is_one_clear_error(tmp_path, monkeypatch):
     assert json.loads(f.read_text()) == {"old": True} and [p.name for p in tmp_path.iterdir()] == ["report.json"]
 
 
-@pytest.mark.parametrize("exc,full", [
-    (OSError(errno.ENOSPC, "No space left on device"), True),
-    (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
-    (Exception("Error while serializing: I/O error: No space left on device (os error 28)"), True),  # safetensors' Rust writer
-    (RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos"), False),
-    (OSError(errno.EACCES, "Permission denied"), False),
-])
+@pytest.mark.parametrize(
+    "exc,full",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), True),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
+        (
+            Exception("Error while serializing: I/O error: No space left on device (os error 28)"),
+            True,
+        ),  # safetensors' Rust writer
+        (RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos"), False),
+        (OSError(errno.EACCES, "Permission denied"), False),
+    ],
+)
 def test_is_disk_full(exc, full):
     assert atomic.is_disk_full(exc) is full
     wrapped = RuntimeError("save failed")
@@ -80,9 +86,16 @@ def test_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
         with pytest.raises(QuantkitError, match=f"in use by another quantkit process \\(pid {os.getpid()}\\)"):
             with atomic.exclusive(target):
                 pass
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from quantkit.core import atomic\n"
-                               f"with atomic.exclusive({str(target)!r}):\n print('held', flush=True); time.sleep(600)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from quantkit.core import atomic\n"
+            f"with atomic.exclusive({str(target)!r}):\n print('held', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(QuantkitError, match=f"pid {holder.pid}"):
@@ -183,4 +196,3 @@ def test_json_safe_writes_no_number_json_cannot_hold(value):
     data = {"a": value, 2: [value, (1.5, value)], "ok": "x"}
     text = json.dumps(atomic.json_safe(data), allow_nan=False)  # raises on NaN/inf left anywhere
     assert json.loads(text) == {"a": None, "2": [None, [1.5, None]], "ok": "x"}
-

@@ -23,9 +23,20 @@ def fake_probe(read_gbps=(20.0,), tflops=(1.0,), llc=None):
     def probe(device, threads=None):
         i = min(len(calls), len(read_gbps) - 1)
         calls.append(device)
-        return {"device": str(device), "name": "fake cpu", "threads": 2, "read_gbps": read_gbps[i], "copy_gbps": read_gbps[i] / 2,
-                "bf16_matmul_tflops": tflops[min(i, len(tflops) - 1)], "llc_bytes": llc, "measured_at": "now", "method": "injected",
-                "spread": {"read_gbps": {"best": read_gbps[i], "median": read_gbps[i], "worst": read_gbps[i], "spread_pct": 0.0}}}
+        return {
+            "device": str(device),
+            "name": "fake cpu",
+            "threads": 2,
+            "read_gbps": read_gbps[i],
+            "copy_gbps": read_gbps[i] / 2,
+            "bf16_matmul_tflops": tflops[min(i, len(tflops) - 1)],
+            "llc_bytes": llc,
+            "measured_at": "now",
+            "method": "injected",
+            "spread": {
+                "read_gbps": {"best": read_gbps[i], "median": read_gbps[i], "worst": read_gbps[i], "spread_pct": 0.0}
+            },
+        }
 
     probe.calls = calls
     return probe
@@ -41,13 +52,27 @@ def int4_art(tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("art") / "int4"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QUANTKIT_HOME", str(out.parent / "home"))
-        res = CliRunner().invoke(group, ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama),
-                                         "--set", "steps[0].quantize.group_size=32", "--out", str(out), "--json"], catch_exceptions=False)
+        res = CliRunner().invoke(
+            group,
+            [
+                "convert",
+                str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+                "--model",
+                str(tiny_llama),
+                "--set",
+                "steps[0].quantize.group_size=32",
+                "--out",
+                str(out),
+                "--json",
+            ],
+            catch_exceptions=False,
+        )
     assert res.exit_code == 0, res.stderr
     return out
 
 
 # ---- kernels and accounting ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("group,asym", [(32, False), (64, True), (128, False)])
 def test_int4_kernel_matches_dense_reference(group, asym):
@@ -73,7 +98,9 @@ def test_int8_kernel_matches_dense_reference(asym):
     out = kernels.Int8WeightOnlyLinear(q, s, zp, None, "cpu:0")(x).float()
     assert torch.allclose(out, ref, atol=0.02 * ref.abs().max().item(), rtol=0)
     w8a8 = kernels.Int8DynamicActivationLinear(q, s, None, "cpu")(x).float()
-    assert torch.allclose(w8a8, x.float() @ kernels.dense_from_int(q, s, None, -1).t(), atol=0.05 * ref.abs().max().item(), rtol=0)
+    assert torch.allclose(
+        w8a8, x.float() @ kernels.dense_from_int(q, s, None, -1).t(), atol=0.05 * ref.abs().max().item(), rtol=0
+    )
 
 
 def test_int4_cpu_unpack_inverts_aten_packing():
@@ -92,9 +119,12 @@ def test_prefill_rows_take_the_dequantized_path_and_agree_with_decode(asym):
     s = torch.rand(n, k // group) * 0.05
     zp = torch.randint(-3, 3, (n, k // group), dtype=torch.int8) if asym else None
     x = torch.randn(kernels.PREFILL_ROWS, k, dtype=torch.bfloat16)
-    for layer in (kernels.Int4WeightOnlyLinear(q, s, zp, group, None, "cpu"),
-                  kernels.Int8WeightOnlyLinear(torch.randint(-128, 128, (n, k), dtype=torch.int8), s[:, :1] * 0.2,
-                                               zp[:, :1] if asym else None, None, "cpu")):
+    for layer in (
+        kernels.Int4WeightOnlyLinear(q, s, zp, group, None, "cpu"),
+        kernels.Int8WeightOnlyLinear(
+            torch.randint(-128, 128, (n, k), dtype=torch.int8), s[:, :1] * 0.2, zp[:, :1] if asym else None, None, "cpu"
+        ),
+    ):
         many = layer(x).float()
         one = torch.cat([layer(x[i : i + 1]) for i in range(x.shape[0])]).float()
         assert torch.allclose(many, one, atol=0.02 * one.abs().max().item(), rtol=0)
@@ -104,8 +134,15 @@ def test_prefill_rows_take_the_dequantized_path_and_agree_with_decode(asym):
 def test_accounting_tied_lm_head_counts_table_once_plus_row():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     m = LlamaForCausalLM(cfg).to(torch.bfloat16)
     acct = weight_read_bytes(m)
     linears = (32 * 32 * 2 + 16 * 32 * 2 + 64 * 32 * 3) * 2
@@ -129,6 +166,7 @@ def test_summary_stats():
 
 # ---- devices -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("device", ["cpu:0", torch.device("cpu"), torch.device("cpu", 0)])
 def test_compressed_loader_builds_on_the_device(int4_art, device):
     """The skeleton was built on meta and then `.to(device)` for any device spelled other than
@@ -145,10 +183,18 @@ def test_no_device_strings_compared_in_the_bench_path():
     with "cpu"/"cuda" (the only branches on a device pick a kernel or a sync, on `.type`)."""
     import re
 
-    files = [*(REPO / "quantkit" / "bench").rglob("*.py"), REPO / "quantkit" / "core" / "roofline.py", REPO / "quantkit" / "cli" / "bench.py"]
+    files = [
+        *(REPO / "quantkit" / "bench").rglob("*.py"),
+        REPO / "quantkit" / "core" / "roofline.py",
+        REPO / "quantkit" / "cli" / "bench.py",
+    ]
     pattern = re.compile(r"""(==|!=)\s*["'](cpu|cuda)["']|["'](cpu|cuda)["']\s*(==|!=)|in\s*\(\s*["'](cpu|cuda)["']""")
-    hits = [f"{f.name}: {line.strip()}" for f in files for line in f.read_text().splitlines()
-            if pattern.search(line) and ".type" not in line]
+    hits = [
+        f"{f.name}: {line.strip()}"
+        for f in files
+        for line in f.read_text().splitlines()
+        if pattern.search(line) and ".type" not in line
+    ]
     assert hits == []
 
 
@@ -181,10 +227,24 @@ def test_bench_runs_with_device_values(tiny_llama, int4_art):
 
 # ---- the CLI end to end --------------------------------------------------------------------
 
+
 def test_bench_cli_dense_and_int4_artifact(cli, tiny_llama, int4_art, tmp_path):
     plot = tmp_path / "rule.png"
-    code, _, err, data = cli("bench", str(tiny_llama), str(int4_art), *FAST, "--engine", "eager", "--device", "cpu:0",
-                             "--plot", str(plot), "--sweep", "8,16", "--json")
+    code, _, err, data = cli(
+        "bench",
+        str(tiny_llama),
+        str(int4_art),
+        *FAST,
+        "--engine",
+        "eager",
+        "--device",
+        "cpu:0",
+        "--plot",
+        str(plot),
+        "--sweep",
+        "8,16",
+        "--json",
+    )
     assert code == 0, err
     dense, q4 = data["rows"]
     assert dense["kernel"] == "dense" and "int4pack" in q4["kernel"]
@@ -209,7 +269,9 @@ def test_prefill_floor_counts_lm_head_once(tiny_llama, monkeypatch):
     linear = 2 * L * (h * h + 2 * 64 * h + h * h + 3 * i * h) * P  # q, k and v (2 KV heads of 32), o, gate/up/down
     flops = linear + 2 * V * h * 1 + 2 * L * 4 * 32 * P * (P + 1)
     compute = 1e-6  # TFLOP/s: compute-bound at any byte count
-    s = BenchSettings(device="cpu", engine="eager", prompt_len=P, gen_len=3, repeats=1, min_seconds=0, warmups=0, self_check=False)
+    s = BenchSettings(
+        device="cpu", engine="eager", prompt_len=P, gen_len=3, repeats=1, min_seconds=0, warmups=0, self_check=False
+    )
     row = bench_many([tiny_llama], s, probe=fake_probe(tflops=(compute,)))["rows"][0]
     assert row["predicted_ttft_ms"] == pytest.approx(flops / (compute * 1e12) * 1e3, rel=1e-9)
 
@@ -218,16 +280,36 @@ def test_compiled_cache_sized_per_measurement_and_gqa_shows(cli, tiny_dir):
     """A2: the compiled engine's static cache holds prompt + generated tokens whatever the sweep,
     and every step is accounted as reading all of it, at the KV heads' width: an MHA and a GQA
     model differing only in KV heads differ by exactly that many bytes per step."""
-    args = ["--engine", "compiled", "--prompt-len", "16", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0",
-            "--warmups", "1", "--sweep", "8,48", "--no-self-check", "--json"]
+    args = [
+        "--engine",
+        "compiled",
+        "--prompt-len",
+        "16",
+        "--gen-len",
+        "4",
+        "--repeats",
+        "1",
+        "--min-seconds",
+        "0",
+        "--warmups",
+        "1",
+        "--sweep",
+        "8,48",
+        "--no-self-check",
+        "--json",
+    ]
     code, _, err, data = cli("bench", str(tiny_dir / "llama-mha"), str(tiny_dir / "llama-gqa"), *args)
     assert code == 0, err
     mha, gqa = data["rows"]
     for r in (mha, gqa):
         assert r["kv_cache_tokens"] == 20  # not 48 + 4 (the sweep)
         assert r["bytes_per_token"] == r["weight_bytes_per_token"] + r["kv_bytes_per_token"] * (20 + 1)
-    assert mha["kv_bytes_per_token"] == 2 * gqa["kv_bytes_per_token"] == 2 * 2 * 4 * 32 * 2  # K+V, 2 layers, 4 heads of 32, bf16
-    saved = (mha["bytes_per_token"] - mha["weight_bytes_per_token"]) - (gqa["bytes_per_token"] - gqa["weight_bytes_per_token"])
+    assert (
+        mha["kv_bytes_per_token"] == 2 * gqa["kv_bytes_per_token"] == 2 * 2 * 4 * 32 * 2
+    )  # K+V, 2 layers, 4 heads of 32, bf16
+    saved = (mha["bytes_per_token"] - mha["weight_bytes_per_token"]) - (
+        gqa["bytes_per_token"] - gqa["weight_bytes_per_token"]
+    )
     assert saved == (mha["kv_bytes_per_token"] - gqa["kv_bytes_per_token"]) * 21
 
 
@@ -248,7 +330,9 @@ def test_sweep_takes_enough_samples(cli, tiny_llama):
     """A3: each sweep length is warmed up and its median taken over at least SWEEP_SAMPLES samples."""
     from quantkit.bench.harness import SWEEP_SAMPLES
 
-    code, _, err, data = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--sweep", "8,12", "--no-self-check", "--json")
+    code, _, err, data = cli(
+        "bench", str(tiny_llama), *FAST, "--engine", "eager", "--sweep", "8,12", "--no-self-check", "--json"
+    )
     assert code == 0, err
     assert all(p["ttft_ms"]["n"] >= SWEEP_SAMPLES for p in data["rows"][0]["prompt_sweep"])
 
@@ -281,7 +365,12 @@ def test_model_in_cache_is_not_an_accounting_error(cli, tiny_llama, monkeypatch)
     monkeypatch.setattr(probing, "run_probe", fake_probe(read_gbps=(slow,), llc=1 << 30))
     code, out, err, data = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--no-self-check", "--json")
     row = data["rows"][0]
-    assert row["tpot_efficiency"] > 1 and row["fits_in_cache"] and not row["accounting_error"] and "fits_in_cache" in row["flags"]
+    assert (
+        row["tpot_efficiency"] > 1
+        and row["fits_in_cache"]
+        and not row["accounting_error"]
+        and "fits_in_cache" in row["flags"]
+    )
     monkeypatch.setattr(probing, "run_probe", fake_probe(read_gbps=(slow,), llc=1 << 30))
     code, out, err, _ = cli("bench", str(tiny_llama), *FAST, "--engine", "eager", "--no-self-check")
     assert "(fits in cache)" in out and "fit in the last-level cache" in out and "(!)" not in out
@@ -291,11 +380,23 @@ def test_model_in_cache_is_not_an_accounting_error(cli, tiny_llama, monkeypatch)
 
 
 def test_bench_synthetic_shape(cli, tmp_path):
-    cfg = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 256, "max_position_embeddings": 256, "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 256,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    }
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
-    code, _, err, data = cli("bench", "--shape", str(p), "--shape-bits", "16,4", *FAST, "--engine", "eager", "--device", "cpu:0", "--json")
+    code, _, err, data = cli(
+        "bench", "--shape", str(p), "--shape-bits", "16,4", *FAST, "--engine", "eager", "--device", "cpu:0", "--json"
+    )
     assert code == 0, err
     b16, b4 = data["rows"]
     assert b4["weight_bytes_per_token"] < b16["weight_bytes_per_token"] / 2
@@ -303,6 +404,7 @@ def test_bench_synthetic_shape(cli, tmp_path):
 
 
 # ---- bad input ------------------------------------------------------------------------------
+
 
 def test_bench_bad_input(cli, tiny_llama):
     code, _, err, _ = cli("bench", str(tiny_llama), "--prompt-len", "0")
@@ -329,7 +431,9 @@ def _no_probe(monkeypatch):
     monkeypatch.setattr(probing, "run_probe", lambda *a, **k: pytest.fail("probed the device"))
 
 
-@pytest.mark.parametrize("flag,value", [("--repeats", "0"), ("--warmups", "-1"), ("--min-seconds", "-1"), ("--threads", "0")])
+@pytest.mark.parametrize(
+    "flag,value", [("--repeats", "0"), ("--warmups", "-1"), ("--min-seconds", "-1"), ("--threads", "0")]
+)
 def test_bench_bad_timing_settings_before_any_work(cli, tiny_llama, monkeypatch, flag, value):
     _no_probe(monkeypatch)
     monkeypatch.setattr("quantkit.models.checkpoint.resolve_model", lambda *a: pytest.fail("resolved a model"))
@@ -362,7 +466,9 @@ def test_bench_update_card(cli, tiny_llama, int4_art, tmp_path):
 
     art = tmp_path / "int4"
     shutil.copytree(int4_art, art)
-    code, _, err, data = cli("bench", str(art), str(tiny_llama), *FAST, "--engine", "eager", "--device", "cpu", "--update-card", "--json")
+    code, _, err, data = cli(
+        "bench", str(art), str(tiny_llama), *FAST, "--engine", "eager", "--device", "cpu", "--update-card", "--json"
+    )
     assert code == 0, err
     assert f"skipped {tiny_llama}: not a quantkit artifact" in err
     bench = json.loads((art / "quantkit.json").read_text())["results"]["bench"]

@@ -71,7 +71,9 @@ def test_settings_refuse_by_capability(name, monkeypatch):
             check_settings(BenchSettings(device="cpu", engine=name))
         return
     check_settings(BenchSettings(device="cpu", engine=name))
-    monkeypatch.setattr(cls, "check", classmethod(lambda c, device: (_ for _ in ()).throw(QuantkitError(f"{c.name}: missing"))))
+    monkeypatch.setattr(
+        cls, "check", classmethod(lambda c, device: (_ for _ in ()).throw(QuantkitError(f"{c.name}: missing")))
+    )
     with pytest.raises(QuantkitError, match=f"{name}: missing"):
         check_settings(BenchSettings(device="cpu", engine=name))
 
@@ -156,5 +158,17 @@ def test_torch_engines_use_the_gqa_attention(tiny_llama):
 def test_interface_doc_names_every_method():
     """The llama.cpp engine will be written against base.py: its doc lists what the harness calls."""
     doc = textwrap.dedent(sys.modules["quantkit.bench.engines.base"].__doc__)
-    for method in ("load", "logprobs", "prepare", "reset", "prefill", "decode", "sync", "weight_bytes", "step_bytes", "describe", "close"):
+    for method in (
+        "load",
+        "logprobs",
+        "prepare",
+        "reset",
+        "prefill",
+        "decode",
+        "sync",
+        "weight_bytes",
+        "step_bytes",
+        "describe",
+        "close",
+    ):
         assert f"{method}(" in doc and callable(getattr(Engine, method))

@@ -6,16 +6,26 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from installed import llama_tool, needs_llama_cpp
+
 from quantkit.bench import llama_bench
 
 
 def _record(n_prompt, n_gen, avg_ns, depth=0):
     tokens = n_prompt or n_gen
-    return {"n_prompt": n_prompt, "n_gen": n_gen, "n_depth": depth, "avg_ns": avg_ns, "avg_ts": tokens / (avg_ns / 1e9),
-            "samples_ns": [avg_ns] * 3, "build_commit": "0c1e570", "build_number": 1, "cpu_info": "AMD EPYC",
-            "backends": "CPU", "n_threads": 2}
+    return {
+        "n_prompt": n_prompt,
+        "n_gen": n_gen,
+        "n_depth": depth,
+        "avg_ns": avg_ns,
+        "avg_ts": tokens / (avg_ns / 1e9),
+        "samples_ns": [avg_ns] * 3,
+        "build_commit": "0c1e570",
+        "build_number": 1,
+        "cpu_info": "AMD EPYC",
+        "backends": "CPU",
+        "n_threads": 2,
+    }
 
 
 def test_parse_turns_pp_and_tg_into_ttft_and_tpot():
@@ -25,12 +35,18 @@ def test_parse_turns_pp_and_tg_into_ttft_and_tpot():
     assert a["tg_depth"] == 256 and a["repeats"] == 3
 
 
-@pytest.mark.parametrize("ttft, tpot, disagree", [(50.0, 10.0, []), (54.9, 9.1, []), (55.1, 10.0, ["ttft"]),
-                                                  (50.0, 8.9, ["tpot"]), (70.0, 20.0, ["ttft", "tpot"])])
+@pytest.mark.parametrize(
+    "ttft, tpot, disagree",
+    [(50.0, 10.0, []), (54.9, 9.1, []), (55.1, 10.0, ["ttft"]), (50.0, 8.9, ["tpot"]), (70.0, 20.0, ["ttft", "tpot"])],
+)
 def test_compare_flags_what_is_beyond_ten_percent(ttft, tpot, disagree):
     anchor = {"ttft_ms": 50.0, "tpot_ms": 10.0}
     c = llama_bench.compare(ttft, tpot, anchor)
-    assert c["disagree"] == disagree and c["ratio_ttft"] == pytest.approx(ttft / 50) and c["ratio_tpot"] == pytest.approx(tpot / 10)
+    assert (
+        c["disagree"] == disagree
+        and c["ratio_ttft"] == pytest.approx(ttft / 50)
+        and c["ratio_tpot"] == pytest.approx(tpot / 10)
+    )
 
 
 def _fake_bench(folder: Path, log: Path) -> None:
@@ -57,7 +73,11 @@ def test_measure_runs_pp_from_empty_and_tg_after_the_prompt(monkeypatch, tmp_pat
     assert pp[pp.index("-p") + 1] == "128" and pp[pp.index("-n") + 1] == "0" and "-d" not in pp
     assert tg[tg.index("-n") + 1] == "16" and tg[tg.index("-d") + 1] == "128" and tg[tg.index("-p") + 1] == "0"
     for args in (pp, tg):
-        assert args[args.index("-t") + 1] == "3" and args[args.index("-r") + 1] == "4" and args[args.index("-fa") + 1] == "0"
+        assert (
+            args[args.index("-t") + 1] == "3"
+            and args[args.index("-r") + 1] == "4"
+            and args[args.index("-fa") + 1] == "0"
+        )
         assert args[args.index("-b") + 1] == "512" and args[args.index("-o") + 1] == "json"
     assert a["ttft_ms"] == pytest.approx(128.0) and a["tpot_ms"] == pytest.approx(1.0)
 
@@ -72,14 +92,31 @@ def test_measure_without_llama_bench_is_an_error_entry(monkeypatch, tmp_path):
 @needs_llama_cpp
 def test_bench_llamacpp_reports_llama_bench_beside_its_figures(cli, tiny_llama):
     llama_tool("llama-bench")
-    code, _, stderr, result = cli("bench", str(tiny_llama), "--engine", "llamacpp", "--prompt-len", "32", "--gen-len", "8",
-                                  "--repeats", "2", "--min-seconds", "0", "--threads", "1", "--json")
+    code, _, stderr, result = cli(
+        "bench",
+        str(tiny_llama),
+        "--engine",
+        "llamacpp",
+        "--prompt-len",
+        "32",
+        "--gen-len",
+        "8",
+        "--repeats",
+        "2",
+        "--min-seconds",
+        "0",
+        "--threads",
+        "1",
+        "--json",
+    )
     assert code == 0, stderr
     row = result["rows"][0]
     a = row["anchor"]
     assert "error" not in a, a
     assert a["pp_tokens"] == 32 and a["tg_tokens"] == 8 and a["tg_depth"] == 32 and a["threads"] == 1
-    assert a["ratio_ttft"] == pytest.approx(row["ttft_ms"] / a["ttft_ms"]) and a["ratio_tpot"] == pytest.approx(row["tpot_ms"] / a["tpot_ms"])
+    assert a["ratio_ttft"] == pytest.approx(row["ttft_ms"] / a["ttft_ms"]) and a["ratio_tpot"] == pytest.approx(
+        row["tpot_ms"] / a["tpot_ms"]
+    )
     assert all(any(w.upper() in n for n in row["notes"]) for w in a["disagree"])  # each disagreement is a note
 
 

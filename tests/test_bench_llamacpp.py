@@ -21,15 +21,26 @@ from quantkit.errors import QuantkitError
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["--prompt-len", "12", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0", "--warmups", "0"]
 
-needs_llama_cpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                     reason="llama-cpp-python is not installed (./scripts/_install.sh builds it)")
+needs_llama_cpp = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="llama-cpp-python is not installed (./scripts/_install.sh builds it)",
+)
 
 
 # ---------------------------------------------------------------- pure accounting
 
 
-@pytest.mark.parametrize("qtype,n,expected", [("Q4_0", 64, 2 * 18), ("Q4_1", 64, 2 * 20), ("Q8_0", 96, 3 * 34),
-                                              ("F16", 10, 20), ("BF16", 10, 20), ("F32", 10, 40)])
+@pytest.mark.parametrize(
+    "qtype,n,expected",
+    [
+        ("Q4_0", 64, 2 * 18),
+        ("Q4_1", 64, 2 * 20),
+        ("Q8_0", 96, 3 * 34),
+        ("F16", 10, 20),
+        ("BF16", 10, 20),
+        ("F32", 10, 40),
+    ],
+)
 def test_type_bytes_are_ggmls_block_sizes(qtype, n, expected):
     assert type_bytes(qtype, n) == expected
 
@@ -40,8 +51,12 @@ def test_partial_block_is_refused():
 
 
 def _tensors(tied: bool, linear: str) -> list[TensorInfo]:
-    ts = [TensorInfo("token_embd.weight", "F16", (100, 64)), TensorInfo("output_norm.weight", "F32", (64,)),
-          TensorInfo("blk.0.attn_q.weight", linear, (64, 64)), TensorInfo("blk.0.ffn_down.weight", linear, (64, 128))]
+    ts = [
+        TensorInfo("token_embd.weight", "F16", (100, 64)),
+        TensorInfo("output_norm.weight", "F32", (64,)),
+        TensorInfo("blk.0.attn_q.weight", linear, (64, 64)),
+        TensorInfo("blk.0.ffn_down.weight", linear, (64, 128)),
+    ]
     return ts if tied else [*ts, TensorInfo("output.weight", "Q8_0", (100, 64))]
 
 
@@ -60,9 +75,20 @@ def test_weight_bytes_untied_reads_one_embedding_row_and_the_output_in_full():
     assert not w["tied_lm_head"] and w["weight_bytes_per_token"] == 64 * 2 + norm + lin + out
 
 
-@pytest.mark.parametrize("cached,kv_size,cells", [(0, 512, 256), (254, 512, 256), (255, 512, 256), (256, 512, 512),
-                                                  (300, 512, 512), (511, 768, 512), (512, 768, 768), (10, 256, 256),
-                                                  (700, 768, 768)])
+@pytest.mark.parametrize(
+    "cached,kv_size,cells",
+    [
+        (0, 512, 256),
+        (254, 512, 256),
+        (255, 512, 256),
+        (256, 512, 512),
+        (300, 512, 512),
+        (511, 768, 512),
+        (512, 768, 768),
+        (10, 256, 256),
+        (700, 768, 768),
+    ],
+)
 def test_llamacpp_reads_used_cells_padded_to_256(cached, kv_size, cells):
     assert accounting.llamacpp_cells(cached, kv_size) == cells
     assert accounting.kv_llamacpp(10.0, cached, kv_size) == 10.0 * (cells + 1)
@@ -83,9 +109,12 @@ def test_bench_engines_in_recipes():
     r = recipe_from_dict({"steps": steps, "bench": {"engines": ["compiled", "llamacpp"]}})
     assert (r.bench.engine, r.bench.engines) == ("compiled", ("compiled", "llamacpp"))
     assert Recipe.model_validate(r.to_dict()).bench == r.bench  # a dumped recipe (both keys) loads again
-    for bench, needle in [({"engines": ["compiled", "llama"]}, "unknown engine 'llama'; valid: eager, compiled, vllm, llamacpp"),
-                          ({"engines": ["eager", "eager"]}, "each engine at most once"), ({"engines": []}, "at least one"),
-                          ({"engine": "eager", "engines": ["compiled"]}, "not the first of engines")]:
+    for bench, needle in [
+        ({"engines": ["compiled", "llama"]}, "unknown engine 'llama'; valid: eager, compiled, vllm, llamacpp"),
+        ({"engines": ["eager", "eager"]}, "each engine at most once"),
+        ({"engines": []}, "at least one"),
+        ({"engine": "eager", "engines": ["compiled"]}, "not the first of engines"),
+    ]:
         with pytest.raises(RecipeError, match=needle):
             recipe_from_dict({"steps": steps, "bench": bench})
     from quantkit.recipe.files import load_recipe
@@ -116,8 +145,16 @@ def ggufs(tiny_dir, tmp_path_factory):
     out = {}
     for arch in ("llama-gqa", "qwen2", "mistral"):
         art = root / f"{arch}-int4"
-        run("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_dir / arch), "--out", str(art),
-            "--set", "steps[0].quantize.group_size=32")
+        run(
+            "convert",
+            str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+            "--model",
+            str(tiny_dir / arch),
+            "--out",
+            str(art),
+            "--set",
+            "steps[0].quantize.group_size=32",
+        )
         run("export", str(art), "--format", "gguf", "--out", str(root / f"{arch}-int4.gguf"))
         out[f"{arch}-int4"] = (art, root / f"{arch}-int4.gguf")
     run("export", str(tiny_dir / "llama-gqa"), "--format", "gguf", "--out", str(root / "llama-gqa-f16.gguf"))
@@ -133,7 +170,12 @@ def test_bytes_per_token_of_an_exported_gguf(ggufs):
     art, path = ggufs["llama-gqa-int4"]
     cfg = gguf_config(path)
     h, inter, layers, q, kv, vocab = 128, 256, 2, 4 * 32, 2 * 32, cfg["vocab_size"]
-    assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["tie_word_embeddings"]) == (h, 2, 32, True)
+    assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["tie_word_embeddings"]) == (
+        h,
+        2,
+        32,
+        True,
+    )
     assert vocab == json.loads((art / "config.json").read_text())["vocab_size"]
     linear = layers * (q * h + 2 * kv * h + h * q + 3 * inter * h) // 32 * 18
     emb, norms = vocab * h * 2, (2 * layers + 1) * h * 4
@@ -177,7 +219,10 @@ def test_an_artifact_is_exported_once_into_the_cache(cli, ggufs, quantkit_home):
     export = row["engine_info"]["gguf_export"]
     assert not export["cached"] and export["lossless"] and Path(export["gguf"]).parent == quantkit_home / "gguf"
     assert Path(export["gguf"]).read_bytes() == path.read_bytes()  # the same exact export as `quantkit export`
-    assert row["self_check"]["status"] == "passed" and row["name"] == json.loads((art / "quantkit.json").read_text())["name"]
+    assert (
+        row["self_check"]["status"] == "passed"
+        and row["name"] == json.loads((art / "quantkit.json").read_text())["name"]
+    )
     code, _, err, res = _bench(cli, str(art))
     assert code == 0 and res["rows"][0]["engine_info"]["gguf_export"]["cached"]
     Path(export["gguf"]).write_bytes(path.read_bytes()[:-1] + b"\0")  # a damaged cached file is exported again
@@ -192,7 +237,9 @@ def test_bare_gguf_says_why_there_is_no_self_check(cli, ggufs, tmp_path):
     code, _, err, res = _bench(cli, str(bare))
     assert code == 0, err
     check = res["rows"][0]["self_check"]
-    assert check["status"] == "skipped" and check["reason"].startswith("not possible: a GGUF without quantkit's export record")
+    assert check["status"] == "skipped" and check["reason"].startswith(
+        "not possible: a GGUF without quantkit's export record"
+    )
 
 
 @needs_llama_cpp
@@ -212,7 +259,9 @@ def test_kv_cells_read_match_llama_cpps_graph(ggufs):
             seen.append(tuple((ctypes.c_int64 * 4).from_address(t + 16)))
         return True
 
-    model = llama_cpp.llama_model_load_from_file(str(ggufs["llama-gqa-f16"][1]).encode(), llama_cpp.llama_model_default_params())
+    model = llama_cpp.llama_model_load_from_file(
+        str(ggufs["llama-gqa-f16"][1]).encode(), llama_cpp.llama_model_default_params()
+    )
     params = llama_cpp.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_threads, params.cb_eval = 300, 300, 1, observe
     params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # llama-cpp-python's default, as the engine runs
@@ -324,7 +373,11 @@ def test_missing_llama_cpp_is_one_line_exit_2(cli, tiny_llama, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
     code, out, err, _ = cli("bench", "--engine", "llamacpp", str(tiny_llama), *FAST)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "llama-cpp-python is not installed" in err and "./scripts/_install.sh" in err and "pip install llama-cpp-python" in err
+    assert (
+        "llama-cpp-python is not installed" in err
+        and "./scripts/_install.sh" in err
+        and "pip install llama-cpp-python" in err
+    )
 
 
 def test_a_gpu_needs_a_llama_cpp_built_for_one(monkeypatch):
@@ -353,20 +406,35 @@ def test_a_synthetic_shape_is_refused_with_the_way_to_bench_one(cli, monkeypatch
 
 def _suite(tmp_path: Path, engines: str, export: bool = True) -> Path:
     p = tmp_path / "two-engines.yaml"
-    p.write_text("variants:\n  - name: int4\n    steps:\n      - quantize: {method: rtn, group_size: 32}\n"
-                 f"bench: {{engines: {engines}, prompt_len: 12, gen_len: 4, repeats: 1, min_seconds: 0}}\n"
-                 + ("export: {formats: [gguf]}\n" if export else ""))
+    p.write_text(
+        "variants:\n  - name: int4\n    steps:\n      - quantize: {method: rtn, group_size: 32}\n"
+        f"bench: {{engines: {engines}, prompt_len: 12, gen_len: 4, repeats: 1, min_seconds: 0}}\n"
+        + ("export: {formats: [gguf]}\n" if export else "")
+    )
     return p
 
 
 @needs_llama_cpp
 def test_run_with_two_engines_has_a_row_and_a_fit_per_engine(cli, tiny_llama, tmp_path):
     out = tmp_path / "run"
-    args = ["run", str(_suite(tmp_path, "[eager, llamacpp]")), "--model", str(tiny_llama), "--out", str(out), "--skip-eval", "--json"]
+    args = [
+        "run",
+        str(_suite(tmp_path, "[eager, llamacpp]")),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(out),
+        "--skip-eval",
+        "--json",
+    ]
     code, _, err, rep = cli(*args)
     assert code == 0, err
-    assert [(r["name"], r["engine"]) for r in rep["rows"]] == [("baseline", "eager"), ("baseline", "llamacpp"),
-                                                               ("int4", "eager"), ("int4", "llamacpp")]
+    assert [(r["name"], r["engine"]) for r in rep["rows"]] == [
+        ("baseline", "eager"),
+        ("baseline", "llamacpp"),
+        ("int4", "eager"),
+        ("int4", "llamacpp"),
+    ]
     assert all(r["status"] == "ok" and r["tpot_ms"] > 0 for r in rep["rows"])
     assert set(rep["engines"]) == {"eager", "llamacpp"}
     assert all(e["fit"]["points"] == 2 and e["device"]["bandwidth_gbps"] > 0 for e in rep["engines"].values())
@@ -376,23 +444,48 @@ def test_run_with_two_engines_has_a_row_and_a_fit_per_engine(cli, tiny_llama, tm
         assert rep["fastest"][name]["tpot"] in ("eager", "llamacpp")
     assert rep["variants"]["int4"]["gguf"]["lossless"] and (out / "gguf" / "int4.quantkit.json").is_file()
     md = (out / "report.md").read_text()
-    assert "| variant | engine | size MB |" in md and "Rule check per engine" in md and "Fastest engine per variant" in md
+    assert (
+        "| variant | engine | size MB |" in md and "Rule check per engine" in md and "Fastest engine per variant" in md
+    )
     assert "- **llamacpp** (" in md and "- **eager** (" in md and (out / "plots" / "rule_check.png").is_file()
     code, _, err, rep2 = cli(*args)  # a second run reuses the GGUFs and both benches
-    assert code == 0 and "export gguf: reusing" in err and "bench (llamacpp): reusing" in err and "bench (eager): reusing" in err
+    assert (
+        code == 0
+        and "export gguf: reusing" in err
+        and "bench (llamacpp): reusing" in err
+        and "bench (eager): reusing" in err
+    )
     assert rep2["rows"][1]["tpot_ms"] == rep["rows"][1]["tpot_ms"]
 
 
 def test_run_without_llama_cpp_reports_it_and_keeps_the_other_engine(cli, tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     out = tmp_path / "run"
-    code, _, err, rep = cli("run", str(_suite(tmp_path, "[eager, llamacpp]", export=False)), "--model", str(tiny_llama),
-                            "--out", str(out), "--skip-eval", "--json")
+    code, _, err, rep = cli(
+        "run",
+        str(_suite(tmp_path, "[eager, llamacpp]", export=False)),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(out),
+        "--skip-eval",
+        "--json",
+    )
     assert code == 0, err
     assert [(r["name"], r["engine"]) for r in rep["rows"]] == [("baseline", "eager"), ("int4", "eager")]
     assert "llama-cpp-python is not installed" in rep["engines"]["llamacpp"]["error"]
-    assert "- **llamacpp**: not benchmarked: --engine llamacpp: llama-cpp-python is not installed" in (out / "report.md").read_text()
+    assert (
+        "- **llamacpp**: not benchmarked: --engine llamacpp: llama-cpp-python is not installed"
+        in (out / "report.md").read_text()
+    )
     # a run whose only engine cannot run fails its variants, as before
-    code, _, err, _ = cli("run", str(_suite(tmp_path, "[llamacpp]", export=False)), "--model", str(tiny_llama),
-                          "--out", str(tmp_path / "run2"), "--skip-eval")
+    code, _, err, _ = cli(
+        "run",
+        str(_suite(tmp_path, "[llamacpp]", export=False)),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "run2"),
+        "--skip-eval",
+    )
     assert code == 1 and "llama-cpp-python is not installed" in err

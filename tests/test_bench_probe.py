@@ -34,10 +34,21 @@ def test_probe_runs_and_reports_spread(monkeypatch):
 
 
 def test_cli_probe_prints_spread(cli, monkeypatch):
-    fake = {"device": "cpu", "name": "fake", "threads": 2, "read_gbps": 20.0, "copy_gbps": 10.0, "bf16_matmul_tflops": 1.0,
-            "llc_bytes": 32 << 20, "measured_at": "t", "method": "m",
-            "spread": {k: {"best": v, "median": v * 0.9, "worst": v * 0.8, "spread_pct": 20.0}
-                       for k, v in (("read_gbps", 20.0), ("copy_gbps", 10.0), ("bf16_matmul_tflops", 1.0))}}
+    fake = {
+        "device": "cpu",
+        "name": "fake",
+        "threads": 2,
+        "read_gbps": 20.0,
+        "copy_gbps": 10.0,
+        "bf16_matmul_tflops": 1.0,
+        "llc_bytes": 32 << 20,
+        "measured_at": "t",
+        "method": "m",
+        "spread": {
+            k: {"best": v, "median": v * 0.9, "worst": v * 0.8, "spread_pct": 20.0}
+            for k, v in (("read_gbps", 20.0), ("copy_gbps", 10.0), ("bf16_matmul_tflops", 1.0))
+        },
+    }
     monkeypatch.setattr(probe, "run_probe", lambda device, threads=None: fake)
     code, out, err, _ = cli("bench", "--probe", "--device", "cpu")
     assert code == 0, err

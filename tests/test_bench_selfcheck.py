@@ -22,8 +22,21 @@ def int4_art(tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("art") / "int4"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QUANTKIT_HOME", str(out.parent / "home"))
-        res = CliRunner().invoke(group, ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama),
-                                         "--set", "steps[0].quantize.group_size=32", "--out", str(out), "--json"], catch_exceptions=False)
+        res = CliRunner().invoke(
+            group,
+            [
+                "convert",
+                str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+                "--model",
+                str(tiny_llama),
+                "--set",
+                "steps[0].quantize.group_size=32",
+                "--out",
+                str(out),
+                "--json",
+            ],
+            catch_exceptions=False,
+        )
     assert res.exit_code == 0, res.stderr
     return out
 
@@ -38,7 +51,11 @@ def test_bucket_kl_is_exact_on_full_rows_and_a_lower_bound_on_partial_ones():
     partial = torch.full_like(b, float("nan")).scatter(-1, top, b.gather(-1, top))
     lower = selfcheck.kl_rows(a, partial)
     assert (lower <= exact + 1e-6).all() and (lower > 0).all()
-    assert torch.allclose(selfcheck.kl_rows(a, torch.full_like(a, float("nan")).scatter(-1, top, a.gather(-1, top))), torch.zeros(4), atol=1e-6)
+    assert torch.allclose(
+        selfcheck.kl_rows(a, torch.full_like(a, float("nan")).scatter(-1, top, a.gather(-1, top))),
+        torch.zeros(4),
+        atol=1e-6,
+    )
 
 
 def test_compare_threshold_and_non_finite():
@@ -78,7 +95,9 @@ def test_self_check_refuses_a_wrong_scale_layout(cli, int4_art, tiny_llama, monk
 
     monkeypatch.setattr(loader, "_unpack", wrong)
     out_json = int4_art.parent / f"res-{corruption}.json"
-    code, out, err, _ = cli("bench", str(int4_art), str(tiny_llama), *FAST[:-1], "--engine", "eager", "--out", str(out_json))
+    code, out, err, _ = cli(
+        "bench", str(int4_art), str(tiny_llama), *FAST[:-1], "--engine", "eager", "--out", str(out_json)
+    )
     assert code == 1
     assert "not benchmarked: int4-w4a16-rtn: self-check failed: next-token mean KL" in out
     import json

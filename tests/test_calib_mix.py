@@ -12,9 +12,9 @@ import yaml
 
 from quantkit.data.mix import allocate
 from quantkit.data.mixconfig import load_mix
+from quantkit.data.text import parse_spec, read_text
 from quantkit.errors import DataError
 from quantkit.gqa.mixed import heldout_counts, interleave
-from quantkit.data.text import parse_spec, read_text
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "calibration.samples=12", "--set", "calibration.seq_len=32"]
@@ -77,16 +77,22 @@ def _mix_dir(tmp_path, monkeypatch, parts: list[dict], name="test") -> Path:
     return root
 
 
-@pytest.mark.parametrize("parts,message", [
-    ([{"name": "a", "weight": 1}], "exactly one of: source, chat"),
-    ([{"name": "a", "weight": 0, "source": "file:x.txt"}], "parts[0].weight"),
-    ([{"name": "a", "weight": 1, "source": "self"}], "source must be set:NAME or file:PATH"),
-    ([{"name": "a", "weight": 1, "source": "mix:other"}], "source must be set:NAME or file:PATH"),
-    ([{"name": "a", "weight": 1, "source": "file:x", "colour": "red"}], "parts[0].colour"),
-    ([{"name": "a", "weight": 1, "source": "file:x"}, {"name": "a", "weight": 1, "source": "file:y"}], "names must be unique"),
-    ([{"name": "a", "weight": 1, "chat": {"prompts": "p.txt", "top_p": 2}}], "parts[0].chat.top_p"),
-    ([], "parts"),
-])
+@pytest.mark.parametrize(
+    "parts,message",
+    [
+        ([{"name": "a", "weight": 1}], "exactly one of: source, chat"),
+        ([{"name": "a", "weight": 0, "source": "file:x.txt"}], "parts[0].weight"),
+        ([{"name": "a", "weight": 1, "source": "self"}], "source must be set:NAME or file:PATH"),
+        ([{"name": "a", "weight": 1, "source": "mix:other"}], "source must be set:NAME or file:PATH"),
+        ([{"name": "a", "weight": 1, "source": "file:x", "colour": "red"}], "parts[0].colour"),
+        (
+            [{"name": "a", "weight": 1, "source": "file:x"}, {"name": "a", "weight": 1, "source": "file:y"}],
+            "names must be unique",
+        ),
+        ([{"name": "a", "weight": 1, "chat": {"prompts": "p.txt", "top_p": 2}}], "parts[0].chat.top_p"),
+        ([], "parts"),
+    ],
+)
 def test_bad_mix_files_are_one_line(tmp_path, monkeypatch, parts, message):
     _mix_dir(tmp_path, monkeypatch, parts)
     with pytest.raises(DataError, match="test.yaml") as err:
@@ -122,7 +128,9 @@ def test_shipped_texts_match_their_manifests_and_name_a_license():
         assert hashlib.sha256(data).hexdigest() == manifest["sha256"] and len(data) == manifest["bytes"]
         assert manifest["license"] and manifest["domain"]
         assert "bad_characters" not in read_text(parse_spec(f"set:{name}")).provenance
-    assert (REPO / "quantkit" / "resources" / "calib_data" / "text" / "LICENSE-PSF.txt").read_text().count("PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2") == 1
+    assert (REPO / "quantkit" / "resources" / "calib_data" / "text" / "LICENSE-PSF.txt").read_text().count(
+        "PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2"
+    ) == 1
     total = sum(p.stat().st_size for p in (REPO / "quantkit" / "resources" / "calib_data").rglob("*") if p.is_file())
     assert total < 2_500_000  # the repository stays small
 
@@ -140,8 +148,10 @@ def test_the_default_mix_spans_domains_and_never_reads_the_evaluation_only_text(
             assert spec.kind == "file" and Path(spec.path).is_relative_to(REPO) and spec.expect_sha256
 
 
-@pytest.mark.skipif(sys.version.split()[0] != "3.11.7" or not Path("/usr/share/common-licenses/GPL-3").is_file(),
-                    reason="the shipped texts were cut from CPython 3.11.7 and Debian's common-licenses")
+@pytest.mark.skipif(
+    sys.version.split()[0] != "3.11.7" or not Path("/usr/share/common-licenses/GPL-3").is_file(),
+    reason="the shipped texts were cut from CPython 3.11.7 and Debian's common-licenses",
+)
 def test_build_script_reproduces_the_shipped_texts():
     sys.path.insert(0, str(REPO / "scripts"))
     import build_calib_mix
@@ -161,14 +171,31 @@ def _parts(tmp_path, tiny_text) -> list[dict]:
     parts = [
         {"name": "prose", "domain": "prose", "weight": 0.5, "source": f"file:{tmp_path / 'a.txt'}", "license": "test"},
         {"name": "code", "domain": "code", "weight": 0.25, "source": f"file:{tmp_path / 'b.txt'}", "license": "test"},
-        {"name": "chat", "domain": "chat", "weight": 0.25, "license": "generated", "region": "all",
-         "chat": {"prompts": "prompts.txt", "repeats": 8, "max_new_tokens": 48}},
+        {
+            "name": "chat",
+            "domain": "chat",
+            "weight": 0.25,
+            "license": "generated",
+            "region": "all",
+            "chat": {"prompts": "prompts.txt", "repeats": 8, "max_new_tokens": 48},
+        },
     ]
     return parts
 
 
 def _convert(cli, recipe, model, out, spec, *extra):
-    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / recipe), "--model", str(model), "--out", str(out), "--calib", spec, *extra, "--json")
+    return cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / recipe),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--calib",
+        spec,
+        *extra,
+        "--json",
+    )
 
 
 def test_convert_records_every_part(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
@@ -213,8 +240,22 @@ def test_sensitivity_caches_generated_text_under_the_models_own_hash(cli, tiny_l
 
     _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
     for extra in ([], ["--spinquant", "R1"]):
-        code, _, err, sens = cli("sensitivity", str(tiny_llama), "--budget", "4.6", "--text", "mix:test", "--windows", "4", "--seq-len", "32",
-                                 "--device", "cpu", *extra, "--json")
+        code, _, err, sens = cli(
+            "sensitivity",
+            str(tiny_llama),
+            "--budget",
+            "4.6",
+            "--text",
+            "mix:test",
+            "--windows",
+            "4",
+            "--seq-len",
+            "32",
+            "--device",
+            "cpu",
+            *extra,
+            "--json",
+        )
         assert code == 0, err
         chat = next(p for p in sens["text"]["parts"] if p["name"] == "chat")
         assert chat["source"] == "generated" and chat["model_hash"] == checkpoint_hash(tiny_llama)
@@ -222,7 +263,9 @@ def test_sensitivity_caches_generated_text_under_the_models_own_hash(cli, tiny_l
             import quantkit.data.chat as cc
 
             first = sens["text"]["parts"]
-            monkeypatch.setattr(cc, "_replies", lambda *a, **k: pytest.fail("generated again"))  # the rotated run reuses them
+            monkeypatch.setattr(
+                cc, "_replies", lambda *a, **k: pytest.fail("generated again")
+            )  # the rotated run reuses them
     assert sens["rotations"] == ["R1"] and sens["text"]["parts"] == first
 
 
@@ -262,7 +305,9 @@ def test_gqa_recovery_draws_from_every_part(cli, tiny_llama, tiny_text, tmp_path
     _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
     rec = "{tokens: 2048, max_minutes: 5, seq_len: 32, batch_size: 4, eval_every: 4, heldout_windows: 4}"
     out = tmp_path / "g"
-    code, _, err, data = _convert(cli, "gqa.yaml", tiny_llama, out, "mix:test", *SMALL, "--set", f"steps[0].gqa.recover={rec}")
+    code, _, err, data = _convert(
+        cli, "gqa.yaml", tiny_llama, out, "mix:test", *SMALL, "--set", f"steps[0].gqa.recover={rec}"
+    )
     assert code == 0, err
     w = data["gqa"]["recover"]["windows"]
     assert w["source"] == "mix:test" and w["train"] == 2048 // 32 and w["heldout"] == 4 and "slots" not in w
@@ -278,7 +323,9 @@ def test_gqa_recovery_draws_from_every_part(cli, tiny_llama, tiny_text, tmp_path
         assert all(s >= half for s in p["train_starts"] + p["heldout_starts"])
         assert not set(p["train_starts"]) & set(p["heldout_starts"])
         cal = [(s, s + calib[name]["seq_len"]) for s in calib[name]["window_starts"]]
-        assert not any(a < e and s < a + 32 for a in p["heldout_starts"] for s, e in cal)  # held out from the merge's windows too
+        assert not any(
+            a < e and s < a + 32 for a in p["heldout_starts"] for s, e in cal
+        )  # held out from the merge's windows too
         assert p["sha256"] == calib[name]["sha256"]
 
 
@@ -287,7 +334,18 @@ def test_eval_refuses_windows_a_mix_part_was_fitted_on(cli, tiny_llama, tiny_tex
     out = tmp_path / "q"
     code, _, err, _ = _convert(cli, "int4-w4a16-gptq-g64.yaml", tiny_llama, out, "mix:test", *SMALL)
     assert code == 0, err
-    args = ["eval", str(out), "--baseline", str(tiny_llama), "--text", f"file:{tmp_path / 'b.txt'}", "--seq-len", "32", "--max-tokens", "100000"]
+    args = [
+        "eval",
+        str(out),
+        "--baseline",
+        str(tiny_llama),
+        "--text",
+        f"file:{tmp_path / 'b.txt'}",
+        "--seq-len",
+        "32",
+        "--max-tokens",
+        "100000",
+    ]
     code, _, err, _ = cli(*args, "--region", "second-half")
     assert code == 2 and "overlap the calibration" in err
     code, _, err, ev = cli(*args, "--region", "first-half", "--json")
@@ -349,7 +407,9 @@ def test_a_base_model_without_chat_template_leaves_the_chat_part_out(tiny_llama,
     _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
     tok = load_tokenizer(tiny_llama)
     tok.chat_template = None
-    cs = build_mix(tok, "test", samples=9, seq_len=32, seed=0, region="second-half", chat_template=False)  # no model needed
+    cs = build_mix(
+        tok, "test", samples=9, seq_len=32, seed=0, region="second-half", chat_template=False
+    )  # no model needed
     assert [p["name"] for p in cs.manifest["parts"]] == ["prose", "code"] and cs.manifest["samples"] == 9
     assert cs.manifest["left_out"][0]["name"] == "chat" and "no chat template" in cs.manifest["left_out"][0]["reason"]
     assert cs.manifest["domains"] == {"prose": 6, "code": 3}  # 0.5 : 0.25, renormalised
@@ -360,14 +420,37 @@ def test_run_on_a_mix_reuses_the_artifact_until_the_mix_changes(cli, tiny_llama,
     convert step's key covers the mix file, so a changed weight re-converts."""
     root = _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
     suite = tmp_path / "suite.yaml"
-    (tmp_path / "gptq.yaml").write_text((REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml").read_text())
+    (tmp_path / "gptq.yaml").write_text(
+        (REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml").read_text()
+    )
     suite.write_text("variants:\n  - name: int4\n    recipe: gptq.yaml\n")
-    args = ["run", str(suite), "--model", str(tiny_llama), "--out", str(tmp_path / "run"), "--calib", "mix:test",
-            "--eval-text", f"file:{tmp_path / 'b.txt'}", *SMALL, "--set", "eval.seq_len=32", "--set", "eval.max_tokens=64", "--skip-bench", "--json"]
+    args = [
+        "run",
+        str(suite),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "run"),
+        "--calib",
+        "mix:test",
+        "--eval-text",
+        f"file:{tmp_path / 'b.txt'}",
+        *SMALL,
+        "--set",
+        "eval.seq_len=32",
+        "--set",
+        "eval.max_tokens=64",
+        "--skip-bench",
+        "--json",
+    ]
     code, _, err, rep = cli(*args)
     assert code == 0, err
     meta = json.loads((tmp_path / "run" / "artifacts" / "int4" / "quantkit.json").read_text())
-    assert meta["calibration"]["source"] == "mix:test" and {p["name"] for p in meta["calibration"]["parts"]} == {"prose", "code", "chat"}
+    assert meta["calibration"]["source"] == "mix:test" and {p["name"] for p in meta["calibration"]["parts"]} == {
+        "prose",
+        "code",
+        "chat",
+    }
     code, _, err, _ = cli(*args)
     assert code == 0 and "[int4] convert: reusing" in err
     data = yaml.safe_load((root / "mix" / "test.yaml").read_text())
@@ -410,6 +493,8 @@ def test_the_chat_part_generates_only_what_its_windows_need_and_the_same_everywh
     assert torch.equal(full[: len(small)], small)
     again, prov_again = stream("one", 10)
     fresh, prov_fresh = stream("two", 10)
-    assert len(calls) == 4 and torch.equal(again, small) and prov_again["sha256"] == prov_fresh["sha256"] == prov["sha256"]
+    assert (
+        len(calls) == 4 and torch.equal(again, small) and prov_again["sha256"] == prov_fresh["sha256"] == prov["sha256"]
+    )
     _, prov_two = stream("one", len(small) + 1)  # one token past the first batch: the second, no more
     assert len(calls) == 4 and prov_two["conversations"] == 32

@@ -6,7 +6,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_recipe_validate_json(cli):
-    code, out, err, data = cli("recipe", "validate", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--json")
+    code, out, err, data = cli(
+        "recipe", "validate", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--json"
+    )
     assert code == 0
     assert data["valid"][0]["name"] == "int4-w4a16-rtn"
 
@@ -72,9 +74,22 @@ def test_library_fault_is_one_line_exit_1(cli, tmp_path, monkeypatch):
 
 
 # Every command and subcommand, written out: one added, renamed or dropped shows here.
-COMMANDS = {"models": ["list", "path", "pull"], "recipe": ["list", "show", "validate"], "convert": [], "eval": [], "bench": [],
-            "roofline": [], "run": [], "compare": [], "publish": [], "load": [], "levers": [], "export": [], "sensitivity": [],
-            "engines": ["install", "status"]}
+COMMANDS = {
+    "models": ["list", "path", "pull"],
+    "recipe": ["list", "show", "validate"],
+    "convert": [],
+    "eval": [],
+    "bench": [],
+    "roofline": [],
+    "run": [],
+    "compare": [],
+    "publish": [],
+    "load": [],
+    "levers": [],
+    "export": [],
+    "sensitivity": [],
+    "engines": ["install", "status"],
+}
 
 
 def test_every_command_exists(cli):
@@ -99,6 +114,8 @@ def test_a_closed_pipe_is_not_an_error():
 
     r, w = os.pipe()
     os.close(r)  # the reader is gone before quantkit writes a byte
-    proc = subprocess.run([sys.executable, "-m", "quantkit", "recipe", "list"], stdout=w, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "quantkit", "recipe", "list"], stdout=w, stderr=subprocess.PIPE, text=True
+    )
     os.close(w)
     assert proc.returncode == 141 and proc.stderr == ""

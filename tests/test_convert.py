@@ -11,21 +11,43 @@ SMALL_CALIB = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=6
 
 
 def convert(cli, recipe, model, out, text, *extra):
-    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
-               "--calib", f"file:{text}", *SMALL_CALIB, *extra, "--json")
+    return cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{text}",
+        *SMALL_CALIB,
+        *extra,
+        "--json",
+    )
 
 
-@pytest.mark.parametrize("recipe,fmt,bits", [
-    ("int4-w4a16-rtn", "compressed-tensors", 4),
-    ("int4-w4a16-gptq-g64", "compressed-tensors", 4),
-    ("int8-w8a16-gptq", "compressed-tensors", 8),
-    ("int4-w4a16-awq", "compressed-tensors", 4),
-    ("int4-w4a16-awq-gptq-mixed", "compressed-tensors", 4),  # AWQ, then GPTQ, with INT8 units chosen on the model (auto)
-    ("int4-w4a16-spinquant-gptq-asym-mixed", "compressed-tensors", 4),  # rotations, asymmetric GPTQ, INT8 units chosen on the model
-    ("int8-w8a8-smoothquant", "compressed-tensors", 8),
-    ("bnb-nf4", "bitsandbytes", 4),
-    ("bnb-int8", "bitsandbytes", 8),
-])
+@pytest.mark.parametrize(
+    "recipe,fmt,bits",
+    [
+        ("int4-w4a16-rtn", "compressed-tensors", 4),
+        ("int4-w4a16-gptq-g64", "compressed-tensors", 4),
+        ("int8-w8a16-gptq", "compressed-tensors", 8),
+        ("int4-w4a16-awq", "compressed-tensors", 4),
+        (
+            "int4-w4a16-awq-gptq-mixed",
+            "compressed-tensors",
+            4,
+        ),  # AWQ, then GPTQ, with INT8 units chosen on the model (auto)
+        (
+            "int4-w4a16-spinquant-gptq-asym-mixed",
+            "compressed-tensors",
+            4,
+        ),  # rotations, asymmetric GPTQ, INT8 units chosen on the model
+        ("int8-w8a8-smoothquant", "compressed-tensors", 8),
+        ("bnb-nf4", "bitsandbytes", 4),
+        ("bnb-int8", "bitsandbytes", 8),
+    ],
+)
 def test_each_method_converts_and_verifies(cli, tiny_llama, tiny_text, tmp_path, recipe, fmt, bits):
     out = tmp_path / "art"
     code, _, err, data = convert(cli, recipe, tiny_llama, out, tiny_text)
@@ -57,7 +79,9 @@ def test_each_method_converts_and_verifies(cli, tiny_llama, tiny_text, tmp_path,
 
         names = [k for f in out.glob("*.safetensors") for k in safe_open(str(f), "pt").keys()]
         zeros = {k.removesuffix(".weight_zero_point") for k in names if k.endswith(".weight_zero_point")}
-        raised = {f"model.layers.{p['layer']}.{UNITS[p['unit']][0]}.{m}" for p in mp["picked"] for m in UNITS[p["unit"]][1]}
+        raised = {
+            f"model.layers.{p['layer']}.{UNITS[p['unit']][0]}.{m}" for p in mp["picked"] for m in UNITS[p["unit"]][1]
+        }
         assert zeros and not zeros & raised and len(zeros) == 2 * 7 - len(raised)
 
 
@@ -65,41 +89,96 @@ def test_group_128_with_act_order_by_default(cli, tiny_llama, tiny_text, tmp_pat
     """Group 128 (no shipped recipe: it does not divide the demo's 576 columns) through --set;
     GPTQ orders columns by activation (static act-order, llm-compressor's default) unless told not to."""
     out = tmp_path / "g128"
-    code, _, err, data = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, out, tiny_text, "--set", "steps[0].quantize.group_size=128")
+    code, _, err, data = convert(
+        cli, "int4-w4a16-gptq-g64", tiny_llama, out, tiny_text, "--set", "steps[0].quantize.group_size=128"
+    )
     assert code == 0, err
     assert data["verification"]["status"] == "passed" and data["quantization"]["group_size"] == 128
-    weights = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]
+    weights = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"][
+        "weights"
+    ]
     assert (weights["group_size"], weights["actorder"], weights["num_bits"]) == (128, "static", 4)
-    code, _, err, data = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, tmp_path / "plain", tiny_text, "--set", "steps[0].quantize.actorder=null")
+    code, _, err, data = convert(
+        cli,
+        "int4-w4a16-gptq-g64",
+        tiny_llama,
+        tmp_path / "plain",
+        tiny_text,
+        "--set",
+        "steps[0].quantize.actorder=null",
+    )
     assert code == 0, err
-    weights = json.loads((tmp_path / "plain" / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]
+    weights = json.loads((tmp_path / "plain" / "config.json").read_text())["quantization_config"]["config_groups"][
+        "group_0"
+    ]["weights"]
     assert weights["actorder"] is None and data["quantization"]["actorder"] is None
 
 
 def test_fused_shards_need_one_scheme(cli, tiny_llama, tiny_text, tmp_path):
     """vLLM fuses q/k/v and gate/up: an override or ignore entry must take all of them or none."""
-    for value, shards in [("[{targets: ['.*self_attn\\.(k_proj|v_proj)$'], bits: 8}]", "q_proj/k_proj/v_proj"),
-                          ("[{targets: ['.*mlp\\.up_proj$'], bits: 8}]", "gate_proj/up_proj")]:
-        code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "x", tiny_text, "--set", f"steps[0].quantize.overrides={value}")
+    for value, shards in [
+        ("[{targets: ['.*self_attn\\.(k_proj|v_proj)$'], bits: 8}]", "q_proj/k_proj/v_proj"),
+        ("[{targets: ['.*mlp\\.up_proj$'], bits: 8}]", "gate_proj/up_proj"),
+    ]:
+        code, _, err, _ = convert(
+            cli,
+            "int4-w4a16-rtn",
+            tiny_llama,
+            tmp_path / "x",
+            tiny_text,
+            "--set",
+            f"steps[0].quantize.overrides={value}",
+        )
         assert code == 2 and f"vLLM serves {shards} of model.layers.0" in err and "needs one scheme" in err, err
         assert not (tmp_path / "x").exists()
-    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "x", tiny_text, "--set", "steps[0].quantize.ignore=[lm_head, 're:.*v_proj$']")
+    code, _, err, _ = convert(
+        cli,
+        "int4-w4a16-rtn",
+        tiny_llama,
+        tmp_path / "x",
+        tiny_text,
+        "--set",
+        "steps[0].quantize.ignore=[lm_head, 're:.*v_proj$']",
+    )
     assert code == 2 and "v_proj: not quantized" in err
-    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "y", tiny_text,
-                              "--set", "steps[0].quantize.overrides=[{targets: ['model\\.layers\\.0\\.self_attn\\.[qkv]_proj$'], bits: 8}]")
+    code, _, err, _ = convert(
+        cli,
+        "int4-w4a16-rtn",
+        tiny_llama,
+        tmp_path / "y",
+        tiny_text,
+        "--set",
+        "steps[0].quantize.overrides=[{targets: ['model\\.layers\\.0\\.self_attn\\.[qkv]_proj$'], bits: 8}]",
+    )
     assert code == 0, err
 
 
 def test_override_matching_no_layer_is_refused(cli, tiny_llama, tiny_text, tmp_path):
     """A layer list written for a deeper model, or a typo: one line, exit 2, before loading, nothing at --out."""
     for target in ("model\\.layers\\.(7|9)\\.self_attn\\.(q_proj|k_proj|v_proj)$", ".*mlp\\.dwn_proj$"):
-        code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "x", tiny_text,
-                                  "--set", f"steps[0].quantize.overrides=[{{targets: ['{target}'], bits: 8, group_size: -1}}]")
-        assert code == 2 and "steps[0].quantize.overrides[0]: target" in err and "matches no quantized linear layer" in err, err
+        code, _, err, _ = convert(
+            cli,
+            "int4-w4a16-rtn",
+            tiny_llama,
+            tmp_path / "x",
+            tiny_text,
+            "--set",
+            f"steps[0].quantize.overrides=[{{targets: ['{target}'], bits: 8, group_size: -1}}]",
+        )
+        assert (
+            code == 2 and "steps[0].quantize.overrides[0]: target" in err and "matches no quantized linear layer" in err
+        ), err
         assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
     # a target that matches some layers passes, even when others in its list do not exist here
-    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "y", tiny_text, "--set",
-                              "steps[0].quantize.overrides=[{targets: ['model\\.layers\\.(1|29)\\.self_attn\\.(q_proj|k_proj|v_proj)$'], bits: 8}]")
+    code, _, err, _ = convert(
+        cli,
+        "int4-w4a16-rtn",
+        tiny_llama,
+        tmp_path / "y",
+        tiny_text,
+        "--set",
+        "steps[0].quantize.overrides=[{targets: ['model\\.layers\\.(1|29)\\.self_attn\\.(q_proj|k_proj|v_proj)$'], bits: 8}]",
+    )
     assert code == 0, err
 
 
@@ -120,8 +199,15 @@ def test_calibration_manifest(cli, tiny_llama, tiny_text, tmp_path):
 
 def test_mixed_precision_override(cli, tiny_llama, tiny_text, tmp_path):
     out = tmp_path / "mixed"
-    code, _, err, data = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, out, tiny_text,
-                                 "--set", "steps[0].quantize.overrides=[{targets: ['.*mlp\\.down_proj$'], bits: 8, group_size: -1}]")
+    code, _, err, data = convert(
+        cli,
+        "int4-w4a16-gptq-g64",
+        tiny_llama,
+        out,
+        tiny_text,
+        "--set",
+        "steps[0].quantize.overrides=[{targets: ['.*mlp\\.down_proj$'], bits: 8, group_size: -1}]",
+    )
     assert code == 0, err
     groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
     bits = sorted(g["weights"]["num_bits"] for g in groups.values())
@@ -135,7 +221,9 @@ def test_existing_out_refused_then_force(cli, tiny_llama, tiny_text, tmp_path):
     code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text)
     assert code == 2 and "already exists" in err and (out / "keep.txt").exists()
     code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text, "--force")
-    assert code == 2 and "not a quantkit artifact" in err and (out / "keep.txt").exists()  # --force replaces only an artifact
+    assert (
+        code == 2 and "not a quantkit artifact" in err and (out / "keep.txt").exists()
+    )  # --force replaces only an artifact
     (out / "quantkit.json").write_text("{}")  # as if quantkit had written it
     code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text, "--force")
     assert code == 0, err
@@ -143,16 +231,17 @@ def test_existing_out_refused_then_force(cli, tiny_llama, tiny_text, tmp_path):
 
 
 def test_group_size_not_dividing_is_an_error_before_work(cli, tiny_dir, tiny_text, tmp_path):
-    from fixtures import build_checkpoint
-
     # intermediate 256 and hidden 128 are divisible by 64; make a 96-wide model
     import transformers
+    from fixtures import build_checkpoint
 
     src = tmp_path / "odd"
     build_checkpoint(src, "llama-gqa", tiny_dir / "tokenizer")
     cfg = json.loads((src / "config.json").read_text())
     cfg.update(hidden_size=96, head_dim=24)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}))
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")})
+    )
     model.save_pretrained(str(src))
     code, _, err, _ = convert(cli, "int4-w4a16-gptq-g64", src, tmp_path / "x", tiny_text)
     assert code == 2
@@ -162,18 +251,32 @@ def test_group_size_not_dividing_is_an_error_before_work(cli, tiny_dir, tiny_tex
 
 
 def test_missing_calibration_source(cli, tiny_llama, tmp_path):
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "x"),
-                          "--set", "calibration.source=null")  # the recipe's own source is mix:default
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "x"),
+        "--set",
+        "calibration.source=null",
+    )  # the recipe's own source is mix:default
     assert code == 2 and "needs calibration text" in err
 
 
 def test_suite_recipe_needs_variant(cli, tiny_llama, tmp_path):
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "demo.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "x"))
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "demo.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "x"),
+    )
     assert code == 2 and "--variant" in err
 
 
 def test_non_finite_source_refused(cli, tiny_llama, tiny_text, tmp_path):
-    import torch
     from safetensors.torch import load_file, save_file
 
     src = tmp_path / "nan"
@@ -215,11 +318,15 @@ def test_failed_verification_keeps_nothing(cli, tiny_llama, tiny_text, tmp_path,
         import torch
 
         with torch.no_grad():
-            model.model.layers[0].mlp.down_proj.weight.mul_(3.0) if hasattr(model.model.layers[0].mlp.down_proj, "weight") else None
+            model.model.layers[0].mlp.down_proj.weight.mul_(3.0) if hasattr(
+                model.model.layers[0].mlp.down_proj, "weight"
+            ) else None
             model.lm_head.weight.mul_(-1.0)
         return model
 
-    monkeypatch.setitem(export.FORMATS, "compressed-tensors", export.ExportFormat(real.save, corrupt_load, real.loader, real.describe))
+    monkeypatch.setitem(
+        export.FORMATS, "compressed-tensors", export.ExportFormat(real.save, corrupt_load, real.loader, real.describe)
+    )
     out = tmp_path / "bad"
     code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text)
     assert code == 2 and "verification failed" in err
@@ -230,20 +337,32 @@ def test_bnb_nf4_cpu_repack_fault_is_caught_without_the_fix(cli, tiny_llama, tin
     """bitsandbytes 0.50 repacks 4-bit layers in place on AVX512-BF16 CPUs; saving then corrupts absmax.
 
     Without quantkit's restore (methods/bnb_cpu_fix.py) verification must catch it."""
-    import torch
 
     from quantkit.methods import bnb_cpu_fix
 
     monkeypatch.setattr(bnb_cpu_fix, "restore_canonical_state", lambda model: 0)
-    code, _, err, _ = convert(cli, "bnb-nf4", tiny_llama, tmp_path / "nf4", tiny_text, "--set", "steps[0].quantize.double_quant=false")
+    code, _, err, _ = convert(
+        cli, "bnb-nf4", tiny_llama, tmp_path / "nf4", tiny_text, "--set", "steps[0].quantize.double_quant=false"
+    )
     if code == 0:
         pytest.skip("this CPU does not take bitsandbytes' AVX512-BF16 repack path; the fault cannot occur here")
     assert code == 2 and "verification failed" in err and not (tmp_path / "nf4").exists()
 
 
 def test_self_calibration_is_seeded_and_cached(cli, tiny_llama, tmp_path, quantkit_home):
-    args = ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--calib", "self",
-            "--set", "calibration.samples=4", "--set", "calibration.seq_len=32", "--json"]
+    args = [
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--calib",
+        "self",
+        "--set",
+        "calibration.samples=4",
+        "--set",
+        "calibration.seq_len=32",
+        "--json",
+    ]
     code, _, err, a = cli(*args, "--out", str(tmp_path / "a"))
     assert code == 0, err
     c = a["calibration"]
@@ -256,13 +375,23 @@ def test_self_calibration_is_seeded_and_cached(cli, tiny_llama, tmp_path, quantk
 
 
 def test_chat_template_calibration(cli, tiny_llama, tiny_text, tmp_path):
-    code, _, err, meta = convert(cli, "int4-w4a16-gptq-g64", tiny_llama, tmp_path / "c", tiny_text, "--set", "calibration.chat_template=true")
+    code, _, err, meta = convert(
+        cli, "int4-w4a16-gptq-g64", tiny_llama, tmp_path / "c", tiny_text, "--set", "calibration.chat_template=true"
+    )
     assert code == 0, err
     assert meta["calibration"]["chat_template"] is True and meta["calibration"]["samples"] >= 1
 
 
 def test_hf_source_offline_is_clear(cli, tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
-                          "--out", str(tmp_path / "h"), "--calib", "hf:wikitext:wikitext-2-raw-v1:train")
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "h"),
+        "--calib",
+        "hf:wikitext:wikitext-2-raw-v1:train",
+    )
     assert code == 2 and "hf:wikitext" in err and "Traceback" not in err and not (tmp_path / "h").exists()

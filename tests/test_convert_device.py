@@ -13,8 +13,19 @@ SMALL = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
 
 
 def convert(cli, recipe, model, out, text, *extra):
-    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
-               "--calib", f"file:{text}", *SMALL, *extra, "--json")
+    return cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{text}",
+        *SMALL,
+        *extra,
+        "--json",
+    )
 
 
 @pytest.fixture
@@ -45,7 +56,9 @@ def onloads(monkeypatch):
 
 @pytest.mark.parametrize("spec,expected", [("cpu", "cpu"), ("cpu:0", "cpu:0"), ("auto", "cpu")])
 @pytest.mark.parametrize("recipe", ["int4-w4a16-rtn", "int4-w4a16-gptq-g64"])
-def test_llmcompressor_calibrates_on_the_given_device(cli, tiny_llama, tiny_text, tmp_path, onloads, spec, expected, recipe):
+def test_llmcompressor_calibrates_on_the_given_device(
+    cli, tiny_llama, tiny_text, tmp_path, onloads, spec, expected, recipe
+):
     out = tmp_path / "art"
     code, _, err, data = convert(cli, recipe, tiny_llama, out, tiny_text, "--device", spec)
     assert code == 0, err
@@ -64,7 +77,9 @@ def test_indexed_cpu_is_plain_for_compressed_tensors():
     from quantkit.models.offload import plain_cpu
 
     assert plain_cpu(torch.device("cpu", 0)) == torch.device("cpu")
-    assert plain_cpu(torch.device("cuda", 1)) == torch.device("cuda", 1)  # a GPU keeps its index (no CUDA needed to build it)
+    assert plain_cpu(torch.device("cuda", 1)) == torch.device(
+        "cuda", 1
+    )  # a GPU keeps its index (no CUDA needed to build it)
 
 
 def test_patch_is_undone_even_on_failure():
@@ -86,16 +101,37 @@ def test_recipe_key_and_cli_override(cli, tiny_llama, tiny_text, tmp_path, onloa
     code, _, err, data = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text, "--set", "calibration.device=cpu:0")
     assert code == 0, err
     assert data["device"]["device"] == "cpu:0" and set(onloads) == {torch.device("cpu")}
-    code, _, err, data = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text, "--set", "calibration.device=cuda:3",
-                                 "--device", "cpu", "--force")
+    code, _, err, data = convert(
+        cli,
+        "int4-w4a16-rtn",
+        tiny_llama,
+        out,
+        tiny_text,
+        "--set",
+        "calibration.device=cuda:3",
+        "--device",
+        "cpu",
+        "--force",
+    )
     assert code == 0, err  # --device wins over the recipe
     assert data["device"]["device"] == "cpu" and data["recipe"]["calibration"]["device"] == "cpu"
 
 
 def test_gqa_statistics_and_recovery_on_the_device(cli, tiny_llama, tiny_text, tmp_path):
     rec = "{tokens: 1024, max_minutes: 5, seq_len: 32, batch_size: 4, eval_every: 4, heldout_windows: 2}"
-    code, _, err, data = convert(cli, "gqa", tiny_llama, tmp_path / "a", tiny_text, "--device", "cpu:0",
-                                 "--set", "steps[0].gqa.kv_heads=1", "--set", f"steps[0].gqa.recover={rec}")
+    code, _, err, data = convert(
+        cli,
+        "gqa",
+        tiny_llama,
+        tmp_path / "a",
+        tiny_text,
+        "--device",
+        "cpu:0",
+        "--set",
+        "steps[0].gqa.kv_heads=1",
+        "--set",
+        f"steps[0].gqa.recover={rec}",
+    )
     assert code == 0, err
     assert data["device"]["device"] == "cpu:0" and data["device"]["dtype"] == "float32"
     assert data["gqa"]["kv_heads_after"] == 1 and data["gqa"]["recover"]["steps"] == 8
@@ -120,14 +156,19 @@ def test_bitsandbytes_quantizes_onto_the_device(cli, tiny_llama, tiny_text, tmp_
     assert [torch.device(d) for d in seen if d is not None].count(torch.device("cpu", 0)) >= 2, seen
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("cuda", "no CUDA GPU is available"),
-    ("cuda:7", "no CUDA GPU is available"),
-    ("mps", "not supported"),  # a torch device type quantkit does not run on
-    ("tpu", "not a device"),  # not a torch device type at all
-    ("gpu0", "not a device"),
-])
-def test_unavailable_device_is_one_line_before_loading(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, spec, message):
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("cuda", "no CUDA GPU is available"),
+        ("cuda:7", "no CUDA GPU is available"),
+        ("mps", "not supported"),  # a torch device type quantkit does not run on
+        ("tpu", "not a device"),  # not a torch device type at all
+        ("gpu0", "not a device"),
+    ],
+)
+def test_unavailable_device_is_one_line_before_loading(
+    cli, tiny_llama, tiny_text, tmp_path, monkeypatch, spec, message
+):
     import quantkit.models.checkpoint as models
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -147,5 +188,7 @@ def test_missing_gpu_index_names_the_count(cli, tiny_llama, tiny_text, tmp_path,
 
 
 def test_bad_recipe_device_names_the_key(cli, tiny_llama, tiny_text, tmp_path):
-    code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "art", tiny_text, "--set", "calibration.device=gpu")
+    code, _, err, _ = convert(
+        cli, "int4-w4a16-rtn", tiny_llama, tmp_path / "art", tiny_text, "--set", "calibration.device=gpu"
+    )
     assert code == 2 and "calibration.device" in err

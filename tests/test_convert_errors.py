@@ -10,7 +10,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def convert(cli, model, out, *extra):
-    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(model), "--out", str(out), *extra)
+    return cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        *extra,
+    )
 
 
 def no_load(monkeypatch):
@@ -36,7 +44,10 @@ def test_shard_named_in_index_but_missing(cli, tiny_llama, tmp_path, monkeypatch
     no_load(monkeypatch)
     out = tmp_path / "x"
     code, _, err, _ = convert(cli, src, out)
-    assert code == 2 and "missing weight shard model-00002-of-00002.safetensors named in model.safetensors.index.json" in err
+    assert (
+        code == 2
+        and "missing weight shard model-00002-of-00002.safetensors named in model.safetensors.index.json" in err
+    )
     assert len(err.strip().splitlines()) == 1 and nothing_at(out)
 
 
@@ -131,18 +142,36 @@ def test_free_space_estimate_is_close_to_the_artifact(cli, tiny_llama, tiny_text
     real = qc.check_free_space
     monkeypatch.setattr(qc, "check_free_space", lambda out, need: (needed.append(need), real(out, need)))
     out = tmp_path / "x"
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_llama), "--out", str(out),
-                          "--calib", f"file:{tiny_text}", "--set", "calibration.samples=4", "--set", "calibration.seq_len=64")
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{tiny_text}",
+        "--set",
+        "calibration.samples=4",
+        "--set",
+        "calibration.seq_len=64",
+    )
     assert code == 0, err
     weights = sum(p.stat().st_size for p in out.glob("*.safetensors"))
     estimate = (needed[0] - (32 << 20)) / 1.05
     assert 0.8 * weights <= estimate <= 1.6 * weights, (estimate, weights)
 
 
-@pytest.mark.parametrize("error", [
-    lambda: OSError(28, "No space left on device"),
-    lambda: __import__("safetensors").SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
-], ids=["ENOSPC", "safetensors"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        lambda: OSError(28, "No space left on device"),
+        lambda: __import__("safetensors").SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        ),
+    ],
+    ids=["ENOSPC", "safetensors"],
+)
 def test_disk_full_while_writing_is_one_line(cli, tiny_llama, tmp_path, monkeypatch, error):
     from quantkit.artifacts import formats as export
 
@@ -152,19 +181,25 @@ def test_disk_full_while_writing_is_one_line(cli, tiny_llama, tmp_path, monkeypa
         real.save(model, out, shard)
         raise error()
 
-    monkeypatch.setitem(export.FORMATS, "compressed-tensors", export.ExportFormat(save, real.load, real.loader, real.describe))
+    monkeypatch.setitem(
+        export.FORMATS, "compressed-tensors", export.ExportFormat(save, real.load, real.loader, real.describe)
+    )
     out = tmp_path / "x"
     code, _, err, _ = convert(cli, tiny_llama, out)
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "no space left on the device" in errors[0] and str(out) in errors[0], err
-    assert nothing_at(out) and not [p for p in tmp_path.iterdir() if p.name.startswith(".x.") and not p.name.endswith(".lock")]
+    assert nothing_at(out) and not [
+        p for p in tmp_path.iterdir() if p.name.startswith(".x.") and not p.name.endswith(".lock")
+    ]
 
 
 def _can_mount_tmpfs(path) -> bool:
     import subprocess
 
     try:
-        r = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {path}"], capture_output=True, timeout=20)
+        r = subprocess.run(
+            ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {path}"], capture_output=True, timeout=20
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0
@@ -182,13 +217,22 @@ def test_real_full_disk(tiny_llama, tmp_path):
     if not _can_mount_tmpfs(small):
         pytest.skip("cannot mount a tmpfs in a user namespace here (unshare -rm)")
     py = REPO / ".venv" / "bin" / "python"
-    driver = ("import sys, quantkit.quantize.convert as qc; qc.check_free_space = lambda out, need: None\n"
-              "from quantkit.cli import main; sys.argv = ['quantkit', *sys.argv[1:]]; main()")
+    driver = (
+        "import sys, quantkit.quantize.convert as qc; qc.check_free_space = lambda out, need: None\n"
+        "from quantkit.cli import main; sys.argv = ['quantkit', *sys.argv[1:]]; main()"
+    )
     out = small / "art"
-    script = (f"mount -t tmpfs -o size=200k tmpfs {small} && \"$0\" -c \"$1\" convert {REPO / 'quantkit' / 'resources' / 'recipes' / 'int4-w4a16-rtn.yaml'} "
-              f"--model {tiny_llama} --out {out}; rc=$?; ls -A {small}; exit $rc")
-    r = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(py if py.exists() else sys.executable), driver],
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "QUANTKIT_NO_PROGRESS": "1"})
+    script = (
+        f'mount -t tmpfs -o size=200k tmpfs {small} && "$0" -c "$1" convert {REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"} '
+        f"--model {tiny_llama} --out {out}; rc=$?; ls -A {small}; exit $rc"
+    )
+    r = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script, str(py if py.exists() else sys.executable), driver],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "QUANTKIT_NO_PROGRESS": "1"},
+    )
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.returncode == 2 and len(errors) == 1 and "no space left on the device" in errors[0], r.stderr[-2000:]
     assert "Traceback" not in r.stderr and r.stdout.split() == []  # nothing at --out, no staging, no lock file left
@@ -200,9 +244,22 @@ def test_fewer_calibration_windows_than_asked_are_said(cli, tiny_llama, tmp_path
     text = tmp_path / "t.txt"
     text.write_text(" ".join(f"word{i % 97} river {i}" for i in range(600)))
     out = tmp_path / "a"
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama), "--out", str(out),
-                          "--calib", f"file:{text}", "--set", "calibration.samples=500", "--set", "calibration.seq_len=64",
-                          "--set", "steps[0].quantize.group_size=32")
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{text}",
+        "--set",
+        "calibration.samples=500",
+        "--set",
+        "calibration.seq_len=64",
+        "--set",
+        "steps[0].quantize.group_size=32",
+    )
     assert code == 0, err
     cal = json.loads((out / "quantkit.json").read_text())["calibration"]
     assert cal["requested_samples"] == 500 and 0 < cal["samples"] < 500

@@ -20,12 +20,20 @@ import pytest
 from quantkit.evals.parallel import everywhere, gather, share, share_bounds
 
 REPO = Path(__file__).resolve().parents[1]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]  # a free port each run
+TORCHRUN = [
+    sys.executable,
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc-per-node",
+    "2",
+]  # a free port each run
 CALIB = ("--set", "calibration.samples=8", "--set", "calibration.seq_len=64")
 BOUND_S = 90  # a dead rank: the others are gone within this (torchrun's stop + the collective timeout below)
 
 
 # --- pure parts (no process group) ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 16, 33])
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
@@ -74,8 +82,14 @@ def test_torchrun_check_refuses_what_runs_in_one_process(monkeypatch):
     from quantkit.quantize.job import check_torchrun
 
     def job(method="gptq", gqa=False, offload=None, auto=None):
-        return SimpleNamespace(key="steps", has_gqa=gqa, quant=SimpleNamespace(method=method) if method else None,
-                               method=METHODS[method] if method else None, offload=offload, auto=auto)
+        return SimpleNamespace(
+            key="steps",
+            has_gqa=gqa,
+            quant=SimpleNamespace(method=method) if method else None,
+            method=METHODS[method] if method else None,
+            offload=offload,
+            auto=auto,
+        )
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
@@ -84,10 +98,15 @@ def test_torchrun_check_refuses_what_runs_in_one_process(monkeypatch):
         if method.torchrun:
             check_torchrun(job(name))
         else:
-            with pytest.raises(QuantkitError, match=f"method '{name}' does not run under torchrun; those that do: rtn, gptq"):
+            with pytest.raises(
+                QuantkitError, match=f"method '{name}' does not run under torchrun; those that do: rtn, gptq"
+            ):
                 check_torchrun(job(name))
-    for bad, match in ((job(None, gqa=True), "gqa step"), (job(offload=object()), "disk offloading"),
-                       (job(auto=object()), "auto mixed precision")):
+    for bad, match in (
+        (job(None, gqa=True), "gqa step"),
+        (job(offload=object()), "disk offloading"),
+        (job(auto=object()), "auto mixed precision"),
+    ):
         with pytest.raises(QuantkitError, match=match):
             check_torchrun(bad)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 2 machines x 2 processes
@@ -120,10 +139,12 @@ def worker(monkeypatch):
 def test_a_refusal_before_the_job_is_printed_by_rank_0_alone(cli, worker, tiny_llama, tmp_path, kind):
     """Every process checks the same arguments on the same machine: rank 0 prints the one line,
     the others exit with the same code and print nothing."""
-    args = {"a bad argument": ["eval", str(tiny_llama), "--baseline", str(tiny_llama), "--bogus"],
-            "a missing model": ["eval", str(tmp_path / "nothing"), "--baseline", str(tiny_llama), "--text", "self"],
-            "a missing recipe": ["convert", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o")],
-            "another command": ["models", "list"]}[kind]
+    args = {
+        "a bad argument": ["eval", str(tiny_llama), "--baseline", str(tiny_llama), "--bogus"],
+        "a missing model": ["eval", str(tmp_path / "nothing"), "--baseline", str(tiny_llama), "--text", "self"],
+        "a missing recipe": ["convert", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o")],
+        "another command": ["models", "list"],
+    }[kind]
     outcomes = []
     for rank in (0, 1):
         worker(rank)
@@ -143,8 +164,14 @@ def test_who_prints_an_error_inside_the_job(monkeypatch):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    for key, value in {"TORCHELASTIC_RUN_ID": "t", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)}.items():
+    for key, value in {
+        "TORCHELASTIC_RUN_ID": "t",
+        "WORLD_SIZE": "1",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }.items():
         monkeypatch.setenv(key, value)
     caught = {}
     for kind in ("agreed", "alone"):
@@ -177,6 +204,7 @@ def test_other_commands_refused_under_torchrun(cli, monkeypatch):
 
 # --- two processes ---------------------------------------------------------------------------------
 
+
 def _env(home: Path, **extra) -> dict:
     env = {**os.environ, "QUANTKIT_HOME": str(home), "OMP_NUM_THREADS": "1", "QUANTKIT_DIST_TIMEOUT": "60", **extra}
     env.pop("TORCHELASTIC_RUN_ID", None)
@@ -189,8 +217,21 @@ def _quantkit(args, home: Path, launcher=(), timeout=600):
 
 
 def _convert_args(recipe: str, model: Path, out: Path, text: Path, *extra) -> list[str]:
-    return ["convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
-            "--calib", f"file:{text}", *CALIB, "--device", "cpu", "--json", *extra]
+    return [
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{text}",
+        *CALIB,
+        "--device",
+        "cpu",
+        "--json",
+        *extra,
+    ]
 
 
 def _tensors(path: Path) -> dict:
@@ -220,7 +261,10 @@ def test_torchrun_convert_equals_one_process(recipe, tiny_llama, tiny_text, tmp_
     assert data["distributed"]["world_size"] == 2 and data["distributed"]["backend"] == "gloo"
     assert data["verification"]["status"] == "passed"
     meta = json.loads((two / "quantkit.json").read_text())
-    assert meta["distributed"]["world_size"] == 2 and json.loads((one / "quantkit.json").read_text())["distributed"]["world_size"] == 1
+    assert (
+        meta["distributed"]["world_size"] == 2
+        and json.loads((one / "quantkit.json").read_text())["distributed"]["world_size"] == 1
+    )
     if "gptq" in recipe:
         assert meta["calibration"]["samples"] == 8  # every sample calibrated, split across the ranks
     a, b = _tensors(one), _tensors(two)
@@ -241,8 +285,23 @@ def _flat(value) -> list[float]:
 def test_torchrun_eval_equals_one_process(tiny_llama, tiny_text, tmp_path):
     art = tmp_path / "art"
     assert _quantkit(_convert_args("int4-w4a16-rtn", tiny_llama, art, tiny_text), tmp_path / "h0").returncode == 0
-    args = ["eval", str(art), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--region", "second-half",
-            "--seq-len", "64", "--max-tokens", "704", "--device", "cpu", "--json"]  # 11 windows: the ranks get 6 and 5
+    args = [
+        "eval",
+        str(art),
+        "--baseline",
+        str(tiny_llama),
+        "--text",
+        f"file:{tiny_text}",
+        "--region",
+        "second-half",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "704",
+        "--device",
+        "cpu",
+        "--json",
+    ]  # 11 windows: the ranks get 6 and 5
     r1 = _quantkit(args, tmp_path / "h1")
     r2 = _quantkit(args, tmp_path / "h2", launcher=TORCHRUN)  # its own home: the baseline pass runs split too
     assert r1.returncode == 0, r1.stderr[-2000:]
@@ -251,7 +310,9 @@ def test_torchrun_eval_equals_one_process(tiny_llama, tiny_text, tmp_path):
     assert (a["world_size"], b["world_size"]) == (1, 2)
     assert b["windows"]["count"] == 11 and b["tokens"] == a["tokens"] == 11 * 63
     for key in ("ppl", "baseline_ppl", "delta_ppl_pct", "kld", "top1_agreement", "ci95"):
-        assert _flat(b[key]) == pytest.approx(_flat(a[key]), rel=1e-6, abs=1e-9), key  # to reduction order (here: exactly)
+        assert _flat(b[key]) == pytest.approx(_flat(a[key]), rel=1e-6, abs=1e-9), (
+            key
+        )  # to reduction order (here: exactly)
     r3 = _quantkit(args, tmp_path / "h2", launcher=TORCHRUN)  # now every rank reads the cached baseline
     assert r3.returncode == 0, r3.stderr[-3000:]
     assert json.loads(r3.stdout)["baseline_cached"] is True and json.loads(r3.stdout)["ppl"] == b["ppl"]
@@ -278,12 +339,32 @@ def _two_nodes(args, home: Path, timeout=600) -> list[subprocess.CompletedProces
     loopback: two "machines" of one process each, as on a cluster (GROUP_WORLD_SIZE 2,
     LOCAL_WORLD_SIZE 1), with the same command on each."""
     port = _free_port()
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"qk-{os.getpid()}-{port}"]
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        f"qk-{os.getpid()}-{port}",
+    ]
 
     def node():
-        return subprocess.Popen([*launcher, "-m", "quantkit", *args], cwd=REPO, env=_env(home), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        return subprocess.Popen(
+            [*launcher, "-m", "quantkit", *args],
+            cwd=REPO,
+            env=_env(home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     # The second node starts once the first hosts the rendezvous store: agents on the endpoint's own
     # host each try to host it first, then connect as clients (torch's c10d rendezvous backend), and
@@ -314,8 +395,23 @@ def test_two_nodes_eval_equals_one_process_and_convert_is_refused(tiny_llama, ti
     distributed calibration shares the model through one machine's shared memory)."""
     art = tmp_path / "art"
     assert _quantkit(_convert_args("int4-w4a16-rtn", tiny_llama, art, tiny_text), tmp_path / "h0").returncode == 0
-    args = ["eval", str(art), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--region", "second-half",
-            "--seq-len", "64", "--max-tokens", "448", "--device", "cpu", "--json"]
+    args = [
+        "eval",
+        str(art),
+        "--baseline",
+        str(tiny_llama),
+        "--text",
+        f"file:{tiny_text}",
+        "--region",
+        "second-half",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "448",
+        "--device",
+        "cpu",
+        "--json",
+    ]
     one = _quantkit(args, tmp_path / "h1")
     assert one.returncode == 0, one.stderr[-2000:]
     nodes = _two_nodes(args, tmp_path / "h2")
@@ -341,9 +437,13 @@ def test_torchrun_failure_on_one_rank_stops_all(tiny_llama, tiny_text, tmp_path)
 
     out = tmp_path / "held"
     with exclusive(out):
-        r = _quantkit(_convert_args("int4-w4a16-gptq-g64", tiny_llama, out, tiny_text), tmp_path / "h", launcher=TORCHRUN)
+        r = _quantkit(
+            _convert_args("int4-w4a16-gptq-g64", tiny_llama, out, tiny_text), tmp_path / "h", launcher=TORCHRUN
+        )
     assert r.returncode != 0
-    assert _quantkit_lines(r.stderr) == [f"error: {out} is in use by another quantkit process (pid {os.getpid()}); wait for it to finish"]
+    assert _quantkit_lines(r.stderr) == [
+        f"error: {out} is in use by another quantkit process (pid {os.getpid()}); wait for it to finish"
+    ]
     assert r.stderr.count("exitcode  : 2") == 2  # rank 1 heard of it (distributed.agree) and exits alike, silent
     assert not out.exists()
     r = _quantkit(_convert_args("bnb-nf4", tiny_llama, tmp_path / "bnb", tiny_text), tmp_path / "h", launcher=TORCHRUN)
@@ -366,23 +466,40 @@ def test_torchrun_refusals_are_one_line_and_exit_2_in_every_rank(tiny_llama, tin
     import shutil
 
     art = Path(shutil.copytree(tiny_llama, tmp_path / "art"))  # says it was converted from another checkpoint
-    (art / "quantkit.json").write_text(json.dumps({"kind": "quantkit-artifact", "source": {"path": "/elsewhere", "sha256": "0" * 64}}))
+    (art / "quantkit.json").write_text(
+        json.dumps({"kind": "quantkit-artifact", "source": {"path": "/elsewhere", "sha256": "0" * 64}})
+    )
     binary = tmp_path / "random.txt"
     binary.write_bytes(bytes(range(256)) * 64)
     ev = ["eval", "--device", "cpu", "--seq-len", "64", "--max-tokens", "128"]
     cases = {
         "a bad argument": ([*ev, str(tiny_llama), "--baseline", str(tiny_llama), "--bogus"], "No such option"),
-        "a missing model": ([*ev, str(tmp_path / "nothing"), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}"], "no such directory"),
-        "a binary --text": ([*ev, str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{binary}"], "not UTF-8 text"),
-        "a baseline mismatch": ([*ev, str(art), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}"], "is not the checkpoint"),
-        "--out is the source": (_convert_args("int4-w4a16-rtn", tiny_llama, tiny_llama, tiny_text), "is the source checkpoint"),
+        "a missing model": (
+            [*ev, str(tmp_path / "nothing"), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}"],
+            "no such directory",
+        ),
+        "a binary --text": (
+            [*ev, str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{binary}"],
+            "not UTF-8 text",
+        ),
+        "a baseline mismatch": (
+            [*ev, str(art), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}"],
+            "is not the checkpoint",
+        ),
+        "--out is the source": (
+            _convert_args("int4-w4a16-rtn", tiny_llama, tiny_llama, tiny_text),
+            "is the source checkpoint",
+        ),
     }
     for case, (args, needle) in cases.items():
         r = _quantkit(args, tmp_path / "h", launcher=TORCHRUN)
         lines = _quantkit_lines(r.stderr)
         assert len(lines) == 1 and needle in lines[0], (case, r.stderr[-3000:])
         assert r.returncode == 1 and "ChildFailedError" in r.stderr, case  # torchrun's, whatever the workers' codes
-        assert r.stderr.count("exitcode  : 2") == 2 and "SIGTERM" not in r.stderr.split("ChildFailedError")[-1], (case, r.stderr[-2000:])
+        assert r.stderr.count("exitcode  : 2") == 2 and "SIGTERM" not in r.stderr.split("ChildFailedError")[-1], (
+            case,
+            r.stderr[-2000:],
+        )
         assert f'File "{REPO / "quantkit"}' not in r.stderr and r.stdout == "", case
 
 
@@ -408,14 +525,31 @@ def test_dead_rank_stops_the_others_and_leaves_nothing(sig, tiny_llama, tiny_tex
     tell; rank 0's next collective times out after QUANTKIT_DIST_TIMEOUT=10 s, then torchrun stops
     the rest: ~46 s here) while it calibrates: every process gone within BOUND_S, nothing at --out."""
     out = tmp_path / "out"
-    args = _convert_args("int4-w4a16-gptq-g64", tiny_llama, out, tiny_text, "--set", "calibration.samples=64",
-                         "--set", "calibration.seq_len=256")
+    args = _convert_args(
+        "int4-w4a16-gptq-g64",
+        tiny_llama,
+        out,
+        tiny_text,
+        "--set",
+        "calibration.samples=64",
+        "--set",
+        "calibration.seq_len=256",
+    )
     err = open(tmp_path / "stderr.txt", "w+")
-    proc = subprocess.Popen([*TORCHRUN, "-m", "quantkit", *args], cwd=REPO, env={**_env(tmp_path / "h"), "QUANTKIT_DIST_TIMEOUT": "10"},
-                            stdout=subprocess.DEVNULL, stderr=err, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [*TORCHRUN, "-m", "quantkit", *args],
+        cwd=REPO,
+        env={**_env(tmp_path / "h"), "QUANTKIT_DIST_TIMEOUT": "10"},
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
-        while "quantize: gptq" not in Path(err.name).read_text() and proc.poll() is None and time.monotonic() < deadline:
+        while (
+            "quantize: gptq" not in Path(err.name).read_text() and proc.poll() is None and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
         workers = _worker_pids(proc.pid)
         assert proc.poll() is None and 1 in workers, Path(err.name).read_text()[-2000:]

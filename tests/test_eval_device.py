@@ -18,13 +18,17 @@ def other(tiny_dir, tmp_path_factory):
 
 
 def _eval(cli, other, tiny_dir, tiny_text, *extra):
-    code, _, err, data = cli("eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", *ARGS, *extra)
+    code, _, err, data = cli(
+        "eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", *ARGS, *extra
+    )
     assert code == 0, err
     return data
 
 
 @pytest.mark.parametrize("device", ["cpu", "cpu:0", "auto"])
-def test_every_cpu_spelling_gives_the_same_figures_and_reports_the_device(cli, other, tiny_dir, tiny_text, device, monkeypatch):
+def test_every_cpu_spelling_gives_the_same_figures_and_reports_the_device(
+    cli, other, tiny_dir, tiny_text, device, monkeypatch
+):
     import quantkit.evals.scorers.transformers as hf
 
     seen = []
@@ -33,7 +37,9 @@ def test_every_cpu_spelling_gives_the_same_figures_and_reports_the_device(cli, o
     ref = _eval(cli, other, tiny_dir, tiny_text, "--device", "cpu")
     seen.clear()
     data = _eval(cli, other, tiny_dir, tiny_text, "--device", device)
-    assert all(isinstance(d, torch.device) and d.type == "cpu" for d in seen) and seen  # a torch.device reaches the loader
+    assert (
+        all(isinstance(d, torch.device) and d.type == "cpu" for d in seen) and seen
+    )  # a torch.device reaches the loader
     assert data["device"]["type"] == "cpu" and data["device"]["name"] and data["device"]["dtype"] == "float32"
     assert data["dtype"] == "float32"  # the CPU's default
     assert data["texts"][0]["ppl"] == pytest.approx(ref["texts"][0]["ppl"], rel=1e-6)
@@ -45,7 +51,9 @@ def test_batched_windows_score_like_one_at_a_time(cli, other, tiny_dir, tiny_tex
     data = _eval(cli, other, tiny_dir, tiny_text, "--device", "cpu:0", "--batch-size", batch)
     a, b = ref["texts"][0], data["texts"][0]
     assert data["scorer"]["batch_size"] == int(batch) and a["tokens"] == b["tokens"] == 5 * 31
-    assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-5) and b["baseline_ppl"] == pytest.approx(a["baseline_ppl"], rel=1e-5)
+    assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-5) and b["baseline_ppl"] == pytest.approx(
+        a["baseline_ppl"], rel=1e-5
+    )
     assert b["kld"]["mean"] == pytest.approx(a["kld"]["mean"], rel=1e-4, abs=1e-7)
     assert b["top1_agreement"] == a["top1_agreement"]
 
@@ -59,22 +67,39 @@ def test_dtype_override_and_its_own_baseline_cache(cli, other, tiny_dir, tiny_te
     assert bf16["texts"][0]["baseline_ppl"] == pytest.approx(f32["texts"][0]["baseline_ppl"], rel=0.05)
 
 
-@pytest.mark.parametrize("device,needle", [("cuda", "no CUDA GPU"), ("cuda:7", "no CUDA GPU"), ("tpu", "not a device"),
-                                           ("meta", "not supported")])
-def test_an_unavailable_device_is_one_line_before_anything_loads(cli, other, tiny_dir, tiny_text, device, needle, monkeypatch):
+@pytest.mark.parametrize(
+    "device,needle",
+    [("cuda", "no CUDA GPU"), ("cuda:7", "no CUDA GPU"), ("tpu", "not a device"), ("meta", "not supported")],
+)
+def test_an_unavailable_device_is_one_line_before_anything_loads(
+    cli, other, tiny_dir, tiny_text, device, needle, monkeypatch
+):
     import quantkit.evals.runner as runner
     import quantkit.evals.scorers.transformers as hf
 
     if torch.cuda.is_available() and device.startswith("cuda"):
         pytest.skip("this machine has a GPU")
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model for an unavailable device"))
-    monkeypatch.setattr(runner, "load_tokenizer", lambda *a, **k: pytest.fail("read the tokenizer for an unavailable device"))
-    code, _, err, _ = cli("eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", "--device", device)
+    monkeypatch.setattr(
+        runner, "load_tokenizer", lambda *a, **k: pytest.fail("read the tokenizer for an unavailable device")
+    )
+    code, _, err, _ = cli(
+        "eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", "--device", device
+    )
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 def test_bad_batch_size_is_one_line(cli, other, tiny_dir, tiny_text):
-    code, _, err, _ = cli("eval", str(other), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}", "--batch-size", "0")
+    code, _, err, _ = cli(
+        "eval",
+        str(other),
+        "--baseline",
+        str(tiny_dir / "llama-gqa"),
+        "--text",
+        f"file:{tiny_text}",
+        "--batch-size",
+        "0",
+    )
     assert code == 2 and "--batch-size 0" in err
 
 
@@ -87,7 +112,12 @@ def test_defaults_follow_the_device():
 def test_gpu_batch_is_sized_to_free_memory(monkeypatch):
     import quantkit.device as devices
 
-    cfg = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32}  # Llama-3-8B
+    cfg = {
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+    }  # Llama-3-8B
     per = window_bytes(cfg, 512, "bfloat16")
     assert 0.5e9 < per < 1.5e9  # ~0.6 GB of logits, float32 copy and log-softmax per 512-token window
     for free, expected in ((100e9, 32), (10e9, int(10e9 * 0.4 // per)), (0.1e9, 1)):
@@ -103,9 +133,22 @@ def test_lm_eval_tasks_run_on_the_eval_device(cli, tiny_dir, monkeypatch):
 
     seen = []
     real = lmeval._hf_lm
-    monkeypatch.setattr(lmeval, "_hf_lm", lambda run, path, model, tok: seen.append(run.device) or real(run, path, model, tok))
-    code, _, err, data = cli("eval", str(tiny_dir / "llama-mha"), "--baseline", str(tiny_dir / "llama-mha"), "--tasks", "qk_facts",
-                             "--limit", "4", "--device", "cpu:0", "--json")
+    monkeypatch.setattr(
+        lmeval, "_hf_lm", lambda run, path, model, tok: seen.append(run.device) or real(run, path, model, tok)
+    )
+    code, _, err, data = cli(
+        "eval",
+        str(tiny_dir / "llama-mha"),
+        "--baseline",
+        str(tiny_dir / "llama-mha"),
+        "--tasks",
+        "qk_facts",
+        "--limit",
+        "4",
+        "--device",
+        "cpu:0",
+        "--json",
+    )
     assert code == 0, err
     assert data["tasks"]["qk_facts"]["n"] == 4 and data["tasks_backend"] == "hf"
     assert seen and all(d == torch.device("cpu", 0) for d in seen)

@@ -21,9 +21,16 @@ def _other_text(tmp_path: Path) -> Path:
     return p
 
 
-@pytest.mark.parametrize("spec,label", [("set:legal-licenses", "legal-licenses"), ("file:/a/b/eval.jsonl", "eval"),
-                                        ("hf:wikitext:wikitext-2-raw-v1:test", "wikitext-wikitext-2-raw-v1-test"),
-                                        ("self", "self"), ("file:noext", "noext")])
+@pytest.mark.parametrize(
+    "spec,label",
+    [
+        ("set:legal-licenses", "legal-licenses"),
+        ("file:/a/b/eval.jsonl", "eval"),
+        ("hf:wikitext:wikitext-2-raw-v1:test", "wikitext-wikitext-2-raw-v1-test"),
+        ("self", "self"),
+        ("file:noext", "noext"),
+    ],
+)
 def test_labels(spec, label):
     assert label_of(spec) == label
 
@@ -69,7 +76,10 @@ def test_different_texts_with_one_name_are_two_domains(tmp_path, tiny_text):
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "x.txt").write_text("one text")
     (tmp_path / "b" / "x.txt").write_text("another text")
-    assert [lab for lab, _ in labelled([f"file:{tmp_path / 'a' / 'x.txt'}", f"file:{tmp_path / 'b' / 'x.txt'}"])] == ["x", "x-2"]
+    assert [lab for lab, _ in labelled([f"file:{tmp_path / 'a' / 'x.txt'}", f"file:{tmp_path / 'b' / 'x.txt'}"])] == [
+        "x",
+        "x-2",
+    ]
 
 
 @pytest.mark.parametrize("way", ["symlink", "copy"])
@@ -78,7 +88,9 @@ def test_eval_refuses_one_text_twice_before_loading(cli, tiny_llama, tiny_text, 
 
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking the texts"))
     first, second = _same_text_ways(tmp_path, Path(tiny_text))[way]
-    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", first, "--text", second, *ARGS)
+    code, _, err, _ = cli(
+        "eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", first, "--text", second, *ARGS
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"--text {second} is the same text as --text {first} (sha256 " in err
 
@@ -94,16 +106,37 @@ def test_one_row_per_text_each_equal_to_its_single_text_run(cli, tiny_dir, tiny_
     assert [t["label"] for t in both["texts"]] == ["text", "legal"]
     assert [t["text"] for t in both["texts"]] == [f"file:{tiny_text}", f"file:{legal}"]
     for t in both["texts"]:
-        assert {"ppl", "baseline_ppl", "delta_ppl_pct", "kld", "top1_agreement", "ci95", "tokens", "windows", "overlap_check"} <= set(t)
+        assert {
+            "ppl",
+            "baseline_ppl",
+            "delta_ppl_pct",
+            "kld",
+            "top1_agreement",
+            "ci95",
+            "tokens",
+            "windows",
+            "overlap_check",
+        } <= set(t)
         assert t["kld"]["mean"] > 0 and t["windows"]["count"] == 3
     assert both["texts"][0]["ppl"] != both["texts"][1]["ppl"]  # really two texts
-    assert both["primary_text"] == "text" and both["ppl"] == both["texts"][0]["ppl"]  # the one-text keys: the first text's
+    assert (
+        both["primary_text"] == "text" and both["ppl"] == both["texts"][0]["ppl"]
+    )  # the one-text keys: the first text's
     code, _, err, alone = cli("eval", str(other), "--text", f"file:{legal}", *base)
     assert code == 0, err
     assert alone["texts"][0]["ppl"] == pytest.approx(both["texts"][1]["ppl"], rel=1e-6)
     assert alone["texts"][0]["kld"]["mean"] == pytest.approx(both["texts"][1]["kld"]["mean"], rel=1e-6)
-    code, out, err, _ = cli("eval", str(other), "--text", f"file:{tiny_text}", "--text", f"file:{legal}", "--baseline",
-                            str(tiny_dir / "llama-gqa"), *ARGS)
+    code, out, err, _ = cli(
+        "eval",
+        str(other),
+        "--text",
+        f"file:{tiny_text}",
+        "--text",
+        f"file:{legal}",
+        "--baseline",
+        str(tiny_dir / "llama-gqa"),
+        *ARGS,
+    )
     rows = [line for line in out.splitlines() if line.startswith(("text ", "legal "))]
     assert code == 0 and len(rows) == 2 and "ΔPPL %" in out and "KL mean" in out
 
@@ -113,16 +146,40 @@ def test_each_text_is_guarded_before_any_model_loads(cli, tiny_dir, tiny_text, t
     import quantkit.evals.scorers.transformers as hf
 
     art = tmp_path / "gptq"
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_dir / "llama-gqa"),
-                          "--out", str(art), "--calib", f"file:{tiny_text}", "--set", "calibration.samples=4",
-                          "--set", "calibration.seq_len=32", "--set", "steps[0].quantize.group_size=32")
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        "--model",
+        str(tiny_dir / "llama-gqa"),
+        "--out",
+        str(art),
+        "--calib",
+        f"file:{tiny_text}",
+        "--set",
+        "calibration.samples=4",
+        "--set",
+        "calibration.seq_len=32",
+        "--set",
+        "steps[0].quantize.group_size=32",
+    )
     assert code == 0, err
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking every text"))
     legal = _other_text(tmp_path)
     base = ["--baseline", str(tiny_dir / "llama-gqa"), *ARGS]
     # the calibration read the text's second half: its second half overlaps, whichever position the text has
-    code, _, err, _ = cli("eval", str(art), "--text", f"file:{legal}", "--text", f"file:{tiny_text}", "--region", "second-half",
-                          *base, "--max-tokens", "1000000")  # every window of the second half
+    code, _, err, _ = cli(
+        "eval",
+        str(art),
+        "--text",
+        f"file:{legal}",
+        "--text",
+        f"file:{tiny_text}",
+        "--region",
+        "second-half",
+        *base,
+        "--max-tokens",
+        "1000000",
+    )  # every window of the second half
     assert code == 2 and "overlap the calibration windows" in err and len(err.strip().splitlines()) == 1, err
     empty = tmp_path / "empty.txt"
     empty.write_text("")
@@ -146,48 +203,109 @@ def test_recipe_eval_text_and_texts():
     assert EvalConfig.model_validate(dumped).texts == ("set:a",)  # a dumped recipe reloads
 
 
-SMALL = ["--set", "calibration.samples=4", "--set", "calibration.seq_len=64", "--set", "eval.seq_len=32",
-         "--set", "eval.max_tokens=64", "--skip-bench"]
+SMALL = [
+    "--set",
+    "calibration.samples=4",
+    "--set",
+    "calibration.seq_len=64",
+    "--set",
+    "eval.seq_len=32",
+    "--set",
+    "eval.max_tokens=64",
+    "--skip-bench",
+]
 
 
 def test_run_reports_a_row_per_variant_per_domain(cli, tiny_llama, tiny_text, tmp_path):
     legal = _other_text(tmp_path)
     suite = tmp_path / "suite.yaml"
-    (tmp_path / "int4-w4a16-rtn.yaml").write_text((REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text())
-    suite.write_text("description: domains\nvariants:\n  - name: int4-rtn\n    recipe: int4-w4a16-rtn.yaml\n"
-                     f"eval:\n  texts: [file:{tiny_text}, file:{legal}]\n")
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text(
+        (REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text()
+    )
+    suite.write_text(
+        "description: domains\nvariants:\n  - name: int4-rtn\n    recipe: int4-w4a16-rtn.yaml\n"
+        f"eval:\n  texts: [file:{tiny_text}, file:{legal}]\n"
+    )
     out = tmp_path / "run"
     code, _, err, rep = cli("run", str(suite), "--model", str(tiny_llama), "--out", str(out), *SMALL, "--json")
     assert code == 0, err
     acc = rep["accuracy"]
-    assert [(a["name"], a["domain"]) for a in acc] == [("baseline", "text"), ("baseline", "legal"), ("int4-rtn", "text"), ("int4-rtn", "legal")]
+    assert [(a["name"], a["domain"]) for a in acc] == [
+        ("baseline", "text"),
+        ("baseline", "legal"),
+        ("int4-rtn", "text"),
+        ("int4-rtn", "legal"),
+    ]
     assert all(a["kld_mean"] == 0.0 for a in acc[:2]) and all(a["kld_mean"] > 0 for a in acc[2:])
     assert rep["eval_texts"] == [f"file:{tiny_text}", f"file:{legal}"]
     md = (out / "report.md").read_text()
     assert "**Accuracy per domain**" in md and "| int4-rtn | legal |" in md and "ΔPPL % (text)" in md
     assert "on cpu" in md and "float32" in md  # where the eval ran
     # --eval-text (repeatable) overrides the recipe; the single-text report has no per-domain table
-    code, _, err, rep = cli("run", str(suite), "--model", str(tiny_llama), "--out", str(tmp_path / "r2"), *SMALL,
-                            "--eval-text", f"file:{legal}", "--json")
+    code, _, err, rep = cli(
+        "run",
+        str(suite),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "r2"),
+        *SMALL,
+        "--eval-text",
+        f"file:{legal}",
+        "--json",
+    )
     assert code == 0, err
     assert {a["domain"] for a in rep["accuracy"]} == {"legal"}
     assert "Accuracy per domain" not in (tmp_path / "r2" / "report.md").read_text()
     # a bad second text fails before any conversion
-    code, _, err, _ = cli("run", str(suite), "--model", str(tiny_llama), "--out", str(tmp_path / "r3"), *SMALL,
-                          "--eval-text", f"file:{legal}", "--eval-text", f"file:{tmp_path / 'missing.txt'}")
+    code, _, err, _ = cli(
+        "run",
+        str(suite),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "r3"),
+        *SMALL,
+        "--eval-text",
+        f"file:{legal}",
+        "--eval-text",
+        f"file:{tmp_path / 'missing.txt'}",
+    )
     assert code == 2 and "no such text file" in err and not (tmp_path / "r3" / "artifacts").exists()
 
 
 def test_update_card_lists_every_domain(cli, tiny_dir, tiny_text, tmp_path):
     art = tmp_path / "int4"
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_dir / "llama-gqa"),
-                          "--out", str(art), "--set", "steps[0].quantize.group_size=32")
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(tiny_dir / "llama-gqa"),
+        "--out",
+        str(art),
+        "--set",
+        "steps[0].quantize.group_size=32",
+    )
     assert code == 0, err
     legal = _other_text(tmp_path)
-    code, _, err, _ = cli("eval", str(art), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}",
-                          "--text", f"file:{legal}", *ARGS, "--update-card")
+    code, _, err, _ = cli(
+        "eval",
+        str(art),
+        "--baseline",
+        str(tiny_dir / "llama-gqa"),
+        "--text",
+        f"file:{tiny_text}",
+        "--text",
+        f"file:{legal}",
+        *ARGS,
+        "--update-card",
+    )
     assert code == 0, err
     card = (art / "README.md").read_text()
-    assert "| text: dPPL |" in card and "| legal: dPPL |" in card and "| legal: KL divergence vs baseline (mean / p99) |" in card
+    assert (
+        "| text: dPPL |" in card
+        and "| legal: dPPL |" in card
+        and "| legal: KL divergence vs baseline (mean / p99) |" in card
+    )
     meta = json.loads((art / "quantkit.json").read_text())
     assert [t["label"] for t in meta["results"]["eval"]["texts"]] == ["text", "legal"]

@@ -12,8 +12,10 @@ from click.testing import CliRunner
 REPO = Path(__file__).resolve().parents[1]
 ARGS = ["--seq-len", "32", "--max-tokens", "128", "--json"]
 
-needs_llama_cpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                     reason="llama-cpp-python is not installed (./scripts/_install.sh builds it)")
+needs_llama_cpp = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="llama-cpp-python is not installed (./scripts/_install.sh builds it)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +34,16 @@ def exported(tiny_dir, tmp_path_factory):
         assert res.exit_code == 0, res.stderr
 
     art = root / "int4"
-    run("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_dir / "llama-gqa"), "--out", str(art),
-        "--set", "steps[0].quantize.group_size=32")
+    run(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(tiny_dir / "llama-gqa"),
+        "--out",
+        str(art),
+        "--set",
+        "steps[0].quantize.group_size=32",
+    )
     run("export", str(art), "--format", "gguf", "--out", str(root / "int4.gguf"))
     run("export", str(tiny_dir / "llama-gqa"), "--format", "gguf", "--out", str(root / "f16.gguf"))
     build_tokenizer(root / "tok2", vocab_size=320)
@@ -44,8 +54,19 @@ def exported(tiny_dir, tmp_path_factory):
 
 @needs_llama_cpp
 def test_f16_gguf_of_the_baseline_scores_like_the_baseline(cli, exported, tiny_dir, tiny_text):
-    code, _, err, data = cli("eval", "--engine", "llamacpp", str(exported["f16"]), "--baseline", str(tiny_dir / "llama-gqa"),
-                             "--text", f"file:{tiny_text}", "--text", "set:legal-licenses", *ARGS)
+    code, _, err, data = cli(
+        "eval",
+        "--engine",
+        "llamacpp",
+        str(exported["f16"]),
+        "--baseline",
+        str(tiny_dir / "llama-gqa"),
+        "--text",
+        f"file:{tiny_text}",
+        "--text",
+        "set:legal-licenses",
+        *ARGS,
+    )
     assert code == 0, err
     assert data["engine"] == "llamacpp" and data["scorer"]["engine"] == "llamacpp" and data["scorer"]["threads"] >= 1
     assert data["baseline_check"]["match"] is True  # exported from the baseline itself (quantkit.source.sha256)
@@ -67,13 +88,24 @@ def test_int4_gguf_agrees_with_its_artifact_in_transformers(cli, exported, tiny_
     assert ggml["baseline_check"]["match"] is True and str(exported["artifact"]) in ggml["baseline_check"]["found_via"]
     assert t["baseline_cached"] is True  # one baseline pass serves both engines
     assert g["tokens"] == t["tokens"] and g["kld"]["mean"] > 1e-3
-    assert g["kld"]["mean"] == pytest.approx(t["kld"]["mean"], rel=0.3) and g["ppl"] == pytest.approx(t["ppl"], rel=0.05)
+    assert g["kld"]["mean"] == pytest.approx(t["kld"]["mean"], rel=0.3) and g["ppl"] == pytest.approx(
+        t["ppl"], rel=0.05
+    )
 
 
 @needs_llama_cpp
 def test_an_artifact_directory_is_exported_on_the_fly(cli, exported, tiny_dir, tiny_text):
-    code, _, err, data = cli("eval", "--engine", "llamacpp", str(exported["artifact"]), "--baseline", str(tiny_dir / "llama-gqa"),
-                             "--text", f"file:{tiny_text}", *ARGS)
+    code, _, err, data = cli(
+        "eval",
+        "--engine",
+        "llamacpp",
+        str(exported["artifact"]),
+        "--baseline",
+        str(tiny_dir / "llama-gqa"),
+        "--text",
+        f"file:{tiny_text}",
+        *ARGS,
+    )
     assert code == 0, err
     assert data["scorer"]["gguf_export"]["lossless"] is True and data["texts"][0]["kld"]["mean"] > 1e-3
 
@@ -91,26 +123,49 @@ def test_bad_ggufs_are_one_line_exit_2(cli, exported, tiny_dir, tiny_text, tmp_p
     header.write_bytes(exported["int4"].read_bytes()[:40])
     text = tmp_path / "model.txt"
     text.write_text("not a model")
-    cases = [(junk, "not a GGUF file"), (short, "truncated"), (header, "GGUF"), (text, "not a GGUF file"),
-             (tmp_path / "missing.gguf", "no such GGUF file"), (exported["foreign"], "vocabulary size mismatch")]
+    cases = [
+        (junk, "not a GGUF file"),
+        (short, "truncated"),
+        (header, "GGUF"),
+        (text, "not a GGUF file"),
+        (tmp_path / "missing.gguf", "no such GGUF file"),
+        (exported["foreign"], "vocabulary size mismatch"),
+    ]
     for path, needle in cases:
-        code, _, err, _ = cli("eval", "--engine", "llamacpp", str(path), "--baseline", str(tiny_dir / "llama-gqa"),
-                              "--text", f"file:{tiny_text}", "--seq-len", "32")
-        assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (path, err)
+        code, _, err, _ = cli(
+            "eval",
+            "--engine",
+            "llamacpp",
+            str(path),
+            "--baseline",
+            str(tiny_dir / "llama-gqa"),
+            "--text",
+            f"file:{tiny_text}",
+            "--seq-len",
+            "32",
+        )
+        assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (
+            path,
+            err,
+        )
 
 
 def test_missing_llama_cpp_is_one_line_exit_2(cli, tiny_dir, tiny_text, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
     f = tmp_path / "m.gguf"
     f.write_bytes(b"GGUF")
-    code, _, err, _ = cli("eval", "--engine", "llamacpp", str(f), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}")
+    code, _, err, _ = cli(
+        "eval", "--engine", "llamacpp", str(f), "--baseline", str(tiny_dir / "llama-gqa"), "--text", f"file:{tiny_text}"
+    )
     assert code == 2 and "llama-cpp-python is not installed" in err and len(err.strip().splitlines()) == 1
 
 
 def test_tasks_are_not_llama_cpps(cli, tiny_dir, tmp_path):
     f = tmp_path / "m.gguf"
     f.write_bytes(b"GGUF")
-    code, _, err, _ = cli("eval", "--engine", "llamacpp", str(f), "--baseline", str(tiny_dir / "llama-gqa"), "--tasks", "qk_facts")
+    code, _, err, _ = cli(
+        "eval", "--engine", "llamacpp", str(f), "--baseline", str(tiny_dir / "llama-gqa"), "--tasks", "qk_facts"
+    )
     assert code == 2 and "--tasks" in err and "lm-eval" in err
 
 
@@ -118,17 +173,25 @@ def test_tasks_are_not_llama_cpps(cli, tiny_dir, tmp_path):
 def test_run_evaluates_every_variant_on_each_eval_engine(cli, tiny_llama, tiny_text, tmp_path):
     """`eval: {engines: [transformers, llamacpp]}`: a row per variant, engine and domain; one baseline pass serves both."""
     legal = tmp_path / "legal.txt"
-    legal.write_text((REPO / "quantkit" / "resources" / "calib_data" / "text" / "legal-licenses.txt").read_text()[:20000])
-    (tmp_path / "int4-w4a16-rtn.yaml").write_text((REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text())
+    legal.write_text(
+        (REPO / "quantkit" / "resources" / "calib_data" / "text" / "legal-licenses.txt").read_text()[:20000]
+    )
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text(
+        (REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text()
+    )
     suite = tmp_path / "suite.yaml"
-    suite.write_text("description: engines\nvariants:\n  - name: int4-rtn\n    recipe: int4-w4a16-rtn.yaml\n"
-                     f"eval:\n  texts: [file:{tiny_text}, file:{legal}]\n  engines: [transformers, llamacpp]\n"
-                     "  seq_len: 32\n  max_tokens: 64\n")
+    suite.write_text(
+        "description: engines\nvariants:\n  - name: int4-rtn\n    recipe: int4-w4a16-rtn.yaml\n"
+        f"eval:\n  texts: [file:{tiny_text}, file:{legal}]\n  engines: [transformers, llamacpp]\n"
+        "  seq_len: 32\n  max_tokens: 64\n"
+    )
     out = tmp_path / "run"
     code, _, err, rep = cli("run", str(suite), "--model", str(tiny_llama), "--out", str(out), "--skip-bench", "--json")
     assert code == 0, err
     got = {(a["name"], a["engine"], a["domain"]): a for a in rep["accuracy"]}
-    assert set(got) == {(n, e, d) for n in ("baseline", "int4-rtn") for e in ("transformers", "llamacpp") for d in ("text", "legal")}
+    assert set(got) == {
+        (n, e, d) for n in ("baseline", "int4-rtn") for e in ("transformers", "llamacpp") for d in ("text", "legal")
+    }
     assert got[("baseline", "transformers", "text")]["kld_mean"] == 0.0
     assert 0 < got[("baseline", "llamacpp", "text")]["kld_mean"] < 1e-3  # the F16 GGUF: activation rounding only
     for d in ("text", "legal"):
@@ -143,8 +206,12 @@ def test_recipe_eval_engines():
 
     assert EvalConfig().engines == ("transformers",)
     assert EvalConfig.model_validate({"engines": ["transformers", "llamacpp"]}).engines == ("transformers", "llamacpp")
-    for bad, needle in (({"engines": []}, "at least one"), ({"engines": ["llamacpp", "llamacpp"]}, "once"),
-                        ({"engines": ["llamacpp"], "tasks": ["qk_facts"]}, "must be transformers"), ({"engines": ["sglang"]}, "llamacpp")):
+    for bad, needle in (
+        ({"engines": []}, "at least one"),
+        ({"engines": ["llamacpp", "llamacpp"]}, "once"),
+        ({"engines": ["llamacpp"], "tasks": ["qk_facts"]}, "must be transformers"),
+        ({"engines": ["sglang"]}, "llamacpp"),
+    ):
         with pytest.raises(ValueError, match=needle):
             EvalConfig.model_validate(bad)
 

@@ -18,7 +18,9 @@ def test_every_registered_scorer_carries_its_capabilities(key):
     assert all(isinstance(getattr(cls, c), bool) for c in CAPABILITIES)
     assert cls.devices and set(cls.devices) <= {"cpu", "cuda"}
     assert cls.takes_checkpoint or cls.takes_gguf
-    assert not cls.exports_on_the_fly or (cls.takes_gguf and cls.takes_checkpoint)  # exports a checkpoint to what it reads
+    assert not cls.exports_on_the_fly or (
+        cls.takes_gguf and cls.takes_checkpoint
+    )  # exports a checkpoint to what it reads
 
 
 def test_the_baseline_scorer_is_registered_and_makes_baseline_passes():
@@ -94,7 +96,9 @@ def test_a_scorer_added_to_the_registry_is_run_by_the_shared_runner(registered, 
     ref = _run(model, base, tiny_text)
     got = _run(model, base, tiny_text, engine="other")
     assert got["engine"] == "other" and got["scorer"] == {"engine": "other", "batch_size": 1, "kernel": "other kernels"}
-    assert got["baseline_engine"] == BASELINE.name and got["texts"][0]["baseline_cached"] is True  # one baseline for every scorer
+    assert (
+        got["baseline_engine"] == BASELINE.name and got["texts"][0]["baseline_cached"] is True
+    )  # one baseline for every scorer
     for key in ("ppl", "baseline_ppl", "top1_agreement", "tokens"):
         assert got[key] == ref[key]
     assert got["kld"]["mean"] == pytest.approx(ref["kld"]["mean"], rel=1e-6)
@@ -111,7 +115,9 @@ def test_the_same_checkpoint_shortcut_belongs_to_the_baseline_s_scorer(registere
     assert other["kl_method"].startswith("top-") and other["kld"]["max"] < 1e-6 and other["top1_agreement"] == 1.0
 
 
-def test_capabilities_refuse_what_a_scorer_cannot_do_before_anything_loads(registered, tiny_llama, tiny_text, monkeypatch):
+def test_capabilities_refuse_what_a_scorer_cannot_do_before_anything_loads(
+    registered, tiny_llama, tiny_text, monkeypatch
+):
     import quantkit.evals.scorers.transformers as hf
 
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model before refusing"))

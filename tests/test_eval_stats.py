@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from quantkit.evals.stats import bootstrap_ci, kl_full, kl_topk, kl_summary, perplexity, summarize
+from quantkit.evals.stats import bootstrap_ci, kl_full, kl_summary, kl_topk, perplexity, summarize
 
 
 def test_kl_hand_computed():

@@ -12,8 +12,15 @@ from quantkit.errors import DataError
 from quantkit.evals.lmeval import TaskRun, _hf_lm, check_backend
 
 
-@pytest.mark.parametrize("backend,tp,dp,needle", [("hf", 2, 1, "vLLM's"), ("hf", 1, 4, "accelerate launch"),
-                                                  ("vllm", 0, 1, "at least 1"), ("tgi", 1, 1, "use one of hf, vllm")])
+@pytest.mark.parametrize(
+    "backend,tp,dp,needle",
+    [
+        ("hf", 2, 1, "vLLM's"),
+        ("hf", 1, 4, "accelerate launch"),
+        ("vllm", 0, 1, "at least 1"),
+        ("tgi", 1, 1, "use one of hf, vllm"),
+    ],
+)
 def test_bad_backend_settings(backend, tp, dp, needle):
     with pytest.raises(DataError, match=needle):
         check_backend(backend, tp, dp)
@@ -32,12 +39,21 @@ def test_hf_under_accelerate_launch_loads_by_path_for_data_parallel(monkeypatch,
     monkeypatch.setenv("WORLD_SIZE", "2")
     run = TaskRun(("qk_facts",), 8, "bfloat16", torch.device("cuda", 0), "hf")
     _hf_lm(run, tmp_path / "artifact", lambda: pytest.fail("a pre-loaded model disables lm-eval's data parallel"), None)
-    assert seen == [{"pretrained": str(tmp_path / "artifact"), "dtype": "bfloat16", "batch_size": "auto", "trust_remote_code": False}]
+    assert seen == [
+        {
+            "pretrained": str(tmp_path / "artifact"),
+            "dtype": "bfloat16",
+            "batch_size": "auto",
+            "trust_remote_code": False,
+        }
+    ]
     monkeypatch.setenv("WORLD_SIZE", "1")
     seen.clear()
     model = types.SimpleNamespace(config=types.SimpleNamespace(max_position_embeddings=512))
     _hf_lm(TaskRun(("qk_facts",), 8, "float32", torch.device("cpu", 0), "hf"), tmp_path, lambda: model, "tok")
-    assert seen == [{"pretrained": model, "tokenizer": "tok", "batch_size": 8, "max_length": 512}]  # in process, as loaded
+    assert seen == [
+        {"pretrained": model, "tokenizer": "tok", "batch_size": 8, "max_length": 512}
+    ]  # in process, as loaded
 
 
 def test_only_rank_0_reports(cli, tiny_dir, monkeypatch):
@@ -46,6 +62,14 @@ def test_only_rank_0_reports(cli, tiny_dir, monkeypatch):
 
     monkeypatch.setattr(lmeval, "_evaluate", lambda *a, **k: None)  # lm-eval returns no results off rank 0
     monkeypatch.setenv("RANK", "1")
-    code, out, err, _ = cli("eval", str(tiny_dir / "llama-mha"), "--baseline", str(tiny_dir / "llama-mha"), "--tasks", "qk_facts",
-                            "--limit", "2")
+    code, out, err, _ = cli(
+        "eval",
+        str(tiny_dir / "llama-mha"),
+        "--baseline",
+        str(tiny_dir / "llama-mha"),
+        "--tasks",
+        "qk_facts",
+        "--limit",
+        "2",
+    )
     assert code == 0 and out == "", err

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from gguf_helpers import without_quantkit_keys
 from installed import needs_llama_cpp
 
@@ -32,15 +31,30 @@ def ggufs(tiny_dir, tiny_text, tmp_path_factory) -> dict[str, Path]:
         res = CliRunner().invoke(group, list(args), catch_exceptions=False, env=env)
         assert res.exit_code == 0, res.stderr
 
-    run("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(src), "--out", str(root / "art"),
-        "--calib", f"file:{tiny_text}", *SMALL_CALIB)
+    run(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        "--model",
+        str(src),
+        "--out",
+        str(root / "art"),
+        "--calib",
+        f"file:{tiny_text}",
+        *SMALL_CALIB,
+    )
     run("export", str(root / "art"), "--format", "gguf", "--out", str(root / "beside" / "int4.gguf"))
     run("export", str(src), "--format", "gguf", "--out", str(root / "f16" / "f16.gguf"))
     (root / "moved").mkdir()
     shutil.copy(root / "beside" / "int4.gguf", root / "moved" / "int4.gguf")
     without_quantkit_keys(root / "moved" / "int4.gguf", root / "moved" / "foreign.gguf")
-    return {"src": src, "art": root / "art", "beside": root / "beside" / "int4.gguf", "moved": root / "moved" / "int4.gguf",
-            "foreign": root / "moved" / "foreign.gguf", "f16": root / "f16" / "f16.gguf"}
+    return {
+        "src": src,
+        "art": root / "art",
+        "beside": root / "beside" / "int4.gguf",
+        "moved": root / "moved" / "int4.gguf",
+        "foreign": root / "moved" / "foreign.gguf",
+        "f16": root / "f16" / "f16.gguf",
+    }
 
 
 def test_the_gguf_names_the_checkpoint_converted_from_and_the_artifact(ggufs):
@@ -66,7 +80,11 @@ def test_a_moved_gguf_is_checked_from_what_it_carries(ggufs, tiny_dir, capsys):
 
     beside, _, _ = source_meta(ggufs["beside"])
     moved, exported_from, found = source_meta(ggufs["moved"])
-    assert "quantkit.provenance" in found["found_via"] and "warning" not in found and exported_from == checkpoint_hash(ggufs["src"])
+    assert (
+        "quantkit.provenance" in found["found_via"]
+        and "warning" not in found
+        and exported_from == checkpoint_hash(ggufs["src"])
+    )
     assert moved["source"]["sha256"] == beside["source"]["sha256"] == exported_from
     assert [r["starts"] for r in fitted_texts(moved)] == [r["starts"] for r in fitted_texts(beside)] != [[]]
     other = tiny_dir / "llama-mha"
@@ -91,31 +109,80 @@ EVAL = ["--seq-len", "64", "--json"]
 @pytest.mark.parametrize("which", ["beside", "moved"])
 def test_eval_refuses_another_baseline_with_or_without_the_record(cli, ggufs, tiny_dir, tiny_text, which):
     other = tiny_dir / "llama-mha"  # the same vocabulary, another model
-    code, _, err, _ = cli("eval", "--engine", "llamacpp", str(ggufs[which]), "--baseline", str(other),
-                          "--text", f"file:{tiny_text}", "--max-tokens", "128", *EVAL)
+    code, _, err, _ = cli(
+        "eval",
+        "--engine",
+        "llamacpp",
+        str(ggufs[which]),
+        "--baseline",
+        str(other),
+        "--text",
+        f"file:{tiny_text}",
+        "--max-tokens",
+        "128",
+        *EVAL,
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1 and "is not the checkpoint" in err, err
 
 
 @needs_llama_cpp
 @pytest.mark.parametrize("which", ["beside", "moved"])
 def test_eval_refuses_the_calibration_text_with_or_without_the_record(cli, ggufs, tiny_text, which):
-    code, _, err, _ = cli("eval", "--engine", "llamacpp", str(ggufs[which]), "--baseline", str(ggufs["src"]),
-                          "--text", f"file:{tiny_text}", "--region", "second-half", "--max-tokens", "1000000", *EVAL)
+    code, _, err, _ = cli(
+        "eval",
+        "--engine",
+        "llamacpp",
+        str(ggufs[which]),
+        "--baseline",
+        str(ggufs["src"]),
+        "--text",
+        f"file:{tiny_text}",
+        "--region",
+        "second-half",
+        "--max-tokens",
+        "1000000",
+        *EVAL,
+    )
     assert code == 2 and "overlap the calibration windows" in err, err
 
 
 @needs_llama_cpp
 def test_eval_of_a_moved_gguf_against_its_source(cli, ggufs, tiny_text):
-    code, _, err, data = cli("eval", "--engine", "llamacpp", str(ggufs["moved"]), "--baseline", str(ggufs["src"]),
-                             "--text", f"file:{tiny_text}", "--max-tokens", "128", *EVAL)
+    code, _, err, data = cli(
+        "eval",
+        "--engine",
+        "llamacpp",
+        str(ggufs["moved"]),
+        "--baseline",
+        str(ggufs["src"]),
+        "--text",
+        f"file:{tiny_text}",
+        "--max-tokens",
+        "128",
+        *EVAL,
+    )
     assert code == 0, err
     assert data["baseline_check"]["match"] is True and "quantkit.provenance" in data["baseline_check"]["found_via"]
 
 
 @needs_llama_cpp
 def test_eval_of_a_gguf_of_unknown_origin_warns_and_records_it(cli, ggufs, tiny_dir, tiny_text):
-    code, _, err, data = cli("eval", "--engine", "llamacpp", str(ggufs["foreign"]), "--baseline", str(tiny_dir / "llama-mha"),
-                             "--text", f"file:{tiny_text}", "--max-tokens", "128", *EVAL)
+    code, _, err, data = cli(
+        "eval",
+        "--engine",
+        "llamacpp",
+        str(ggufs["foreign"]),
+        "--baseline",
+        str(tiny_dir / "llama-mha"),
+        "--text",
+        f"file:{tiny_text}",
+        "--max-tokens",
+        "128",
+        *EVAL,
+    )
     assert code == 0, err
     assert "unknown origin" in err and data["baseline_check"]["match"] is None
-    assert data["baseline_check"]["found_via"] == "unknown origin" and "unknown origin" in data["baseline_check"]["warning"]
+    assert (
+        data["baseline_check"]["found_via"] == "unknown origin"
+        and "unknown origin" in data["baseline_check"]["warning"]
+    )

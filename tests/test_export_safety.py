@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from gguf_helpers import flip_tensor_bytes, tree_digest, without_quantkit_keys
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,12 +34,29 @@ def made(tiny_dir, tmp_path_factory) -> dict[str, Path]:
     (src / "model.safetensors").rename(blobs / "0123abcd")
     (src / "model.safetensors").symlink_to(Path("..") / "blobs" / "0123abcd")
     env = {"QUANTKIT_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"}
-    res = CliRunner().invoke(group, ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out",
-                                     str(root / "art"), "--set", "steps[0].quantize.group_size=32"], catch_exceptions=False, env=env)
+    res = CliRunner().invoke(
+        group,
+        [
+            "convert",
+            str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+            "--model",
+            str(src),
+            "--out",
+            str(root / "art"),
+            "--set",
+            "steps[0].quantize.group_size=32",
+        ],
+        catch_exceptions=False,
+        env=env,
+    )
     assert res.exit_code == 0, res.stderr
     assert Path(json.loads((root / "art" / "quantkit.json").read_text())["source"]["path"]).resolve() == src.resolve()
-    res = CliRunner().invoke(group, ["export", str(root / "art"), "--format", "gguf", "--out", str(root / "ours" / "a.gguf")],
-                             catch_exceptions=False, env=env)
+    res = CliRunner().invoke(
+        group,
+        ["export", str(root / "art"), "--format", "gguf", "--out", str(root / "ours" / "a.gguf")],
+        catch_exceptions=False,
+        env=env,
+    )
     assert res.exit_code == 0, res.stderr
     return {"root": root, "src": src, "blobs": blobs, "art": root / "art", "ours": root / "ours" / "a.gguf"}
 
@@ -122,11 +138,18 @@ def test_a_foreign_gguf_beside_a_stale_record_is_not_replaced(cli, made, tmp_pat
 @pytest.mark.parametrize("kind", ["user JSON", "not JSON", "JSON of another quantkit kind"])
 def test_an_existing_record_needs_force_and_force_replaces_only_quantkits(cli, made, tmp_path, kind):
     rec = tmp_path / "x.quantkit.json"
-    rec.write_text({"user JSON": '{"mine": 1}', "not JSON": "my notes\n",
-                    "JSON of another quantkit kind": '{"kind": "quantkit-artifact", "files": {}}'}[kind])
+    rec.write_text(
+        {
+            "user JSON": '{"mine": 1}',
+            "not JSON": "my notes\n",
+            "JSON of another quantkit kind": '{"kind": "quantkit-artifact", "files": {}}',
+        }[kind]
+    )
     mine = rec.read_bytes()
-    for extra, needle in (((), "x.quantkit.json already exists; pass --force"),
-                          (("--force",), "not an export record that quantkit export wrote")):
+    for extra, needle in (
+        ((), "x.quantkit.json already exists; pass --force"),
+        (("--force",), "not an export record that quantkit export wrote"),
+    ):
         code, _, err, _ = export(cli, made["art"], tmp_path / "x.gguf", *extra)
         assert one_line(code, err) and needle in err, err
         assert rec.read_bytes() == mine and not list(tmp_path.glob("*x.gguf*"))
@@ -138,7 +161,11 @@ def test_a_record_quantkit_wrote_is_replaced_with_force_only(cli, made, tmp_path
     out.unlink()  # the GGUF is gone, its record stays
     record = (tmp_path / "x.quantkit.json").read_bytes()
     code, _, err, _ = export(cli, made["art"], out)
-    assert one_line(code, err) and "already exists; pass --force" in err and (tmp_path / "x.quantkit.json").read_bytes() == record
+    assert (
+        one_line(code, err)
+        and "already exists; pass --force" in err
+        and (tmp_path / "x.quantkit.json").read_bytes() == record
+    )
     assert not out.exists()
     code, _, err, _ = export(cli, made["art"], out, "--force")
     assert code == 0, err
@@ -177,8 +204,17 @@ def _tamper(art: Path, kind: str) -> None:
         (art / "quantkit.json").write_text(json.dumps(meta))
 
 
-@pytest.mark.parametrize("kind", ["4 KB of weight_packed flipped", "config.json edited", "an extra file", "a missing file",
-                                  "a symlink in the artifact", "the manifest removed"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "4 KB of weight_packed flipped",
+        "config.json edited",
+        "an extra file",
+        "a missing file",
+        "a symlink in the artifact",
+        "the manifest removed",
+    ],
+)
 def test_an_artifact_that_differs_from_its_manifest_is_refused_like_publish(cli, made, tmp_path, kind):
     art = tmp_path / "art"
     shutil.copytree(made["art"], art)
@@ -226,8 +262,13 @@ def test_a_signal_mid_export_cleans_up_and_exits_like_ctrl_c(made, tmp_path, sig
     mark = tmp_path / "mark"
     env = {**os.environ, "QK_TEST_MARK": str(mark), "QUANTKIT_NO_PROGRESS": "1"}
     # a shell's default dispositions (pytest's own SIGINT handler is not inherited by exec)
-    proc = subprocess.Popen([PY, "-c", PAUSED, "export", str(made["art"]), "--format", "gguf", "--out", str(out), "--force"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PY, "-c", PAUSED, "export", str(made["art"]), "--format", "gguf", "--out", str(out), "--force"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 180
     while not mark.exists():
         if proc.poll() is not None or time.time() > deadline:
@@ -237,5 +278,7 @@ def test_a_signal_mid_export_cleans_up_and_exits_like_ctrl_c(made, tmp_path, sig
     assert list(work.glob(".k.gguf.partial-*")) and (work / ".k.gguf.lock").exists()  # truly mid-export
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err, err[-2000:]
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err, err[
+        -2000:
+    ]
     assert tree_digest(work) == before  # no temp file, no lock, the old GGUF and record as they were

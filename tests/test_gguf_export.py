@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-
 from fixtures import build_checkpoint
 from gguf_helpers import artifact_weights, craft_artifact, gguf_tensors, hf_name_map, rerecord
 from installed import needs_llama_cpp, require_llama_cpp
@@ -38,7 +37,9 @@ ARTIFACTS = {
 def run_cli(home: Path, *args: str):
     from quantkit.cli import cli as group
 
-    result = CliRunner().invoke(group, list(args), catch_exceptions=False, env={"QUANTKIT_HOME": str(home), "HF_HUB_OFFLINE": "1"})
+    result = CliRunner().invoke(
+        group, list(args), catch_exceptions=False, env={"QUANTKIT_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    )
     data = json.loads(result.stdout) if "--json" in args and result.exit_code == 0 else None
     return result.exit_code, result.stdout, result.stderr, data
 
@@ -69,8 +70,20 @@ def artifacts(models, tiny_text, tmp_path_factory) -> dict[str, Path]:
     built = {}
     for name, (model, recipe, sets, _) in ARTIFACTS.items():
         extra = [a for s in sets for a in ("--set", s)]
-        code, _, err, _ = run_cli(root / "home", "convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(models[model]),
-                                  "--out", str(root / name), "--calib", f"file:{tiny_text}", *SMALL_CALIB, *extra, "--json")
+        code, _, err, _ = run_cli(
+            root / "home",
+            "convert",
+            str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+            "--model",
+            str(models[model]),
+            "--out",
+            str(root / name),
+            "--calib",
+            f"file:{tiny_text}",
+            *SMALL_CALIB,
+            *extra,
+            "--json",
+        )
         assert code == 0, f"{name}: {err}"
         built[name] = root / name
     return built
@@ -132,8 +145,8 @@ def test_dense_checkpoint_exports_exactly(cli, models, tmp_path, model):
 
 def test_logits_of_the_gguf_weights_equal_the_artifacts(artifacts, tmp_path, tiny_text):
     """Through transformers at float32, the GGUF's weights compute the artifact's logits: KL 0."""
-    from quantkit.gguf.exporter import GgufOptions, export_gguf
     from quantkit.gguf.arch import hparams
+    from quantkit.gguf.exporter import GgufOptions, export_gguf
     from quantkit.gguf.fidelity import logits_kl
     from quantkit.gguf.plan import make_plan
     from quantkit.gguf.source import Artifact
@@ -165,8 +178,13 @@ def test_metadata_round_trips(cli, artifacts, tmp_path):
     assert f("general.architecture") == "llama"
     assert f("llama.block_count") == cfg["num_hidden_layers"] and f("llama.embedding_length") == cfg["hidden_size"]
     assert f("llama.attention.head_count") == 4 and f("llama.attention.head_count_kv") == 2
-    assert f("llama.feed_forward_length") == cfg["intermediate_size"] and f("llama.context_length") == cfg["max_position_embeddings"]
-    assert f("llama.rope.dimension_count") == 32 and f("llama.rope.freq_base") == pytest.approx(cfg["rope_parameters"]["rope_theta"])
+    assert (
+        f("llama.feed_forward_length") == cfg["intermediate_size"]
+        and f("llama.context_length") == cfg["max_position_embeddings"]
+    )
+    assert f("llama.rope.dimension_count") == 32 and f("llama.rope.freq_base") == pytest.approx(
+        cfg["rope_parameters"]["rope_theta"]
+    )
     assert f("llama.attention.layer_norm_rms_epsilon") == pytest.approx(cfg["rms_norm_eps"])
     assert f("general.file_type") == gguf.LlamaFileType.MOSTLY_Q4_0
     assert f("tokenizer.ggml.model") == "gpt2" and f("tokenizer.ggml.pre") == "gpt-2"
@@ -184,8 +202,15 @@ def test_metadata_round_trips(cli, artifacts, tmp_path):
     assert json.loads(f("quantkit.provenance"))["calibration"] == json.loads(json.dumps(meta["calibration"]))
     assert json.loads(f("quantkit.quantization"))["group_size"] == 64
     info = inspect(out)
-    assert info["tensor_types"]["Q4_0"] == 14 and info["bytes_by_type"]["Q4_0"] == sum(
-        np.prod(s) // 32 * 18 for s in [(128, 128), (64, 128), (64, 128), (128, 128), (256, 128), (256, 128), (128, 256)]) * 2
+    assert (
+        info["tensor_types"]["Q4_0"] == 14
+        and info["bytes_by_type"]["Q4_0"]
+        == sum(
+            np.prod(s) // 32 * 18
+            for s in [(128, 128), (64, 128), (64, 128), (128, 128), (256, 128), (256, 128), (128, 256)]
+        )
+        * 2
+    )
 
 
 def test_head_dim_other_than_hidden_over_heads_writes_key_length(cli, tiny_dir, tmp_path):
@@ -224,8 +249,14 @@ def test_llama3_rope_writes_frequency_factors(cli, tiny_dir, tmp_path):
 
     src = build_checkpoint(tmp_path / "l3", "llama-gqa", tiny_dir / "tokenizer", seed=6)
     cfg = json.loads((src / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+    cfg["rope_parameters"] = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
     (src / "config.json").write_text(json.dumps(cfg))
     code, _, err, rec = export(cli, src, tmp_path / "l3.gguf")
     assert code == 0, err and rec["extra_tensors"] == ["rope_freqs.weight"]
@@ -241,13 +272,26 @@ def test_demo_like_tokenizer_json_maps_to_its_llama_cpp_pre_tokenizer():
     from quantkit.gguf.vocab import pre_tokenizer_name
 
     bpe = {"model": {"type": "BPE"}, "normalizer": None}
-    smollm = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
-                                                      {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}]}
+    smollm = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Digits", "individual_digits": True},
+            {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+        ],
+    }
     assert pre_tokenizer_name({**bpe, "pre_tokenizer": smollm}, Path("t")) == "smollm"
     assert pre_tokenizer_name({**bpe, "pre_tokenizer": {"type": "ByteLevel", "use_regex": True}}, Path("t")) == "gpt-2"
-    for bad in ({"type": "Metaspace", "replacement": "▁"}, {"type": "ByteLevel", "add_prefix_space": True},
-                {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Isolated"},
-                                                       {"type": "ByteLevel", "use_regex": False}]}):
+    for bad in (
+        {"type": "Metaspace", "replacement": "▁"},
+        {"type": "ByteLevel", "add_prefix_space": True},
+        {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Isolated"},
+                {"type": "ByteLevel", "use_regex": False},
+            ],
+        },
+    ):
         with pytest.raises(ModelError):
             pre_tokenizer_name({**bpe, "pre_tokenizer": bad}, Path("t"))
     with pytest.raises(ModelError, match="byte-level BPE"):
@@ -261,8 +305,20 @@ def test_asymmetric_int4_maps_to_q4_1_or_says_why_not(cli, models, tiny_text, tm
     """Asymmetric INT4 -> Q4_1 exactly where every block's minimum is an fp16 value; otherwise refused,
     or with --allow-lossy written with rounded minimums and its KL reported."""
     art = tmp_path / "asym"
-    code, _, err, _ = run_cli(tmp_path / "home", "convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(models["qwen2"]),
-                              "--out", str(art), "--set", "steps[0].quantize.group_size=32", "--set", "steps[0].quantize.symmetric=false", "--json")
+    code, _, err, _ = run_cli(
+        tmp_path / "home",
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(models["qwen2"]),
+        "--out",
+        str(art),
+        "--set",
+        "steps[0].quantize.group_size=32",
+        "--set",
+        "steps[0].quantize.symmetric=false",
+        "--json",
+    )
     assert code == 0, err
     out = tmp_path / "asym.gguf"
     code, _, err, _ = export(cli, art, out)
@@ -285,17 +341,23 @@ def test_embeddings_q8_0_on_request(cli, artifacts, tmp_path):
     out = tmp_path / "e.gguf"
     code, _, err, rec = export(cli, artifacts["rtn-g128-untied"], out, "--embeddings", "q8_0")
     assert code == 0, err
-    assert rec["lossless"] is False and {t["tensor"] for t in rec["lossy_tensors"]} == {"token_embd.weight", "output.weight"}
+    assert rec["lossless"] is False and {t["tensor"] for t in rec["lossy_tensors"]} == {
+        "token_embd.weight",
+        "output.weight",
+    }
     assert rec["tensor_types"]["Q8_0"] == 2 and "mean_kl" in rec["kl_vs_artifact"]
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("g16", "group size 16 is not a multiple of 32"),
-    ("permuted-g-idx", "groups are permuted"),
-    ("bf16-scales", "not representable in GGUF's fp16"),
-    ("int8-asym", "INT8 asymmetric"),
-    ("int2", "INT2 symmetric"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("g16", "group size 16 is not a multiple of 32"),
+        ("permuted-g-idx", "groups are permuted"),
+        ("bf16-scales", "not representable in GGUF's fp16"),
+        ("int8-asym", "INT8 asymmetric"),
+        ("int2", "INT2 symmetric"),
+    ],
+)
 def test_grids_without_an_exact_gguf_type_are_refused(cli, models, tmp_path, case, needle):
     art = craft_artifact(models["llama-gqa"], tmp_path / case, case)
     out = tmp_path / "x.gguf"
@@ -344,7 +406,9 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(cli, artifacts, models
     cases["unsupported architecture"] = (phi, "not exported to GGUF")
     bnb = tmp_path / "bnb"
     shutil.copytree(models["llama-gqa"], bnb)
-    (bnb / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}}))
+    (bnb / "config.json").write_text(
+        json.dumps({**cfg, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}})
+    )
     cases["bitsandbytes"] = (bnb, "bitsandbytes artifact")
     lies = tmp_path / "lies"
     shutil.copytree(art, lies)
@@ -356,7 +420,9 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(cli, artifacts, models
     shutil.copytree(artifacts["spin-gptq-gqa"], online)
     cfg = json.loads((online / "config.json").read_text())
     cfg["quantization_config"]["transform_config"]["config_groups"]["R4"] = {
-        "type": "hadamard", "apply": [{"targets": ["re:.*down_proj$"], "location": "input"}]}  # QuaRot's online R4
+        "type": "hadamard",
+        "apply": [{"targets": ["re:.*down_proj$"], "location": "input"}],
+    }  # QuaRot's online R4
     (online / "config.json").write_text(json.dumps(cfg))
     cases["an online rotation"] = (rerecord(online), "rotates activations at run time (R4 at input")
     cases["not a directory"] = (tmp_path / "missing", "not a directory")
@@ -427,8 +493,11 @@ def test_truncated_or_foreign_gguf_is_one_clear_error(cli, artifacts, tmp_path):
     out = tmp_path / "t.gguf"
     assert export(cli, artifacts["rtn-g32-mha"], out)[0] == 0
     data = out.read_bytes()
-    for name, blob, needle in [("cut.gguf", data[: len(data) // 2], "truncated"), ("head.gguf", data[:100], "truncated"),
-                               ("not.gguf", b"PK\x03\x04" + data[4:], "not a GGUF")]:
+    for name, blob, needle in [
+        ("cut.gguf", data[: len(data) // 2], "truncated"),
+        ("head.gguf", data[:100], "truncated"),
+        ("not.gguf", b"PK\x03\x04" + data[4:], "not a GGUF"),
+    ]:
         (tmp_path / name).write_bytes(blob)
         with pytest.raises(ModelError, match=needle):
             inspect(tmp_path / name)
@@ -450,7 +519,9 @@ def test_recipe_export_formats_key():
 def agreement():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gguf_logits_agreement", REPO / "benchmarks" / "gguf_logits_agreement.py")
+    spec = importlib.util.spec_from_file_location(
+        "gguf_logits_agreement", REPO / "benchmarks" / "gguf_logits_agreement.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -490,8 +561,14 @@ def test_llama_cpp_runs_dense_exports_to_fp16_rounding(cli, models, tmp_path, ti
 def test_llama_cpp_runs_llama3_rope_and_odd_head_dims(cli, tiny_dir, tmp_path, tiny_text):
     src = build_checkpoint(tmp_path / "l3", "llama-gqa", tiny_dir / "tokenizer", seed=7)
     cfg = json.loads((src / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+    cfg["rope_parameters"] = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
     (src / "config.json").write_text(json.dumps(cfg))
     odd = reshape_heads(build_checkpoint(tmp_path / "hd", "mistral", tiny_dir / "tokenizer", seed=8), head_dim=48)
     for model in (src, odd):
@@ -505,9 +582,14 @@ def test_llama_cpp_runs_llama3_rope_and_odd_head_dims(cli, tiny_dir, tmp_path, t
 def test_llama_cpp_tokenizes_like_transformers(cli, artifacts, tmp_path, tiny_text):
     out = tmp_path / "t.gguf"
     assert export(cli, artifacts["rtn-channel-qwen2"], out)[0] == 0
-    texts = [tiny_text.read_text()[:4000], "Hello world! 123 4567 89.5%", "Café déjà vu — naïve 北京 🙂\n\n\ttabs",
-             "def f(x):\n    return x ** 2  # square\n", "  leading   spaces  and trailing  ",
-             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"]
+    texts = [
+        tiny_text.read_text()[:4000],
+        "Hello world! 123 4567 89.5%",
+        "Café déjà vu — naïve 北京 🙂\n\n\ttabs",
+        "def f(x):\n    return x ** 2  # square\n",
+        "  leading   spaces  and trailing  ",
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    ]
     for text in texts:
         assert agreement().tokenizations_agree(artifacts["rtn-channel-qwen2"], out, text), text
 
@@ -524,8 +606,20 @@ def demo_artifacts(demo_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf-demo")
     built = {}
     for name, (recipe, _, _) in DEMO_RECIPES.items():
-        code, _, err, _ = run_cli(root / "home", "convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(demo_model),
-                                  "--out", str(root / name), "--calib", f"file:{DEMO_TEXT}", "--set", "calibration.samples=16", "--json")
+        code, _, err, _ = run_cli(
+            root / "home",
+            "convert",
+            str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+            "--model",
+            str(demo_model),
+            "--out",
+            str(root / name),
+            "--calib",
+            f"file:{DEMO_TEXT}",
+            "--set",
+            "calibration.samples=16",
+            "--json",
+        )
         assert code == 0, err
         built[name] = root / name
     return built
@@ -552,15 +646,25 @@ def test_demo_artifacts_export_exactly(cli, demo_artifacts, tmp_path, name):
     assert agreement().tokenizations_agree(art, out, DEMO_TEXT.read_text()[:20000])
 
 
-@pytest.mark.parametrize("config, online", [
-    (None, []),
-    ({"config_groups": {"R1": {"apply": [{"location": "weight_output"}, {"location": "weight_input"}]}}}, []),
-    ({"config_groups": {"R1": {"apply": [{"location": "weight_input"}]}, "R3": {"apply": [{"location": "k_cache"}]}}},
-     ["R3 at k_cache"]),
-    ({"config_groups": {"U": {"apply": [{"location": "input"}, {"location": "weight_input"}]}}}, ["U at input"]),
-    ({"config_groups": {"X": {"apply": []}}}, ["X (no locations)"]),
-    ({"config_groups": "junk"}, ["an unreadable transform_config"]),
-])
+@pytest.mark.parametrize(
+    "config, online",
+    [
+        (None, []),
+        ({"config_groups": {"R1": {"apply": [{"location": "weight_output"}, {"location": "weight_input"}]}}}, []),
+        (
+            {
+                "config_groups": {
+                    "R1": {"apply": [{"location": "weight_input"}]},
+                    "R3": {"apply": [{"location": "k_cache"}]},
+                }
+            },
+            ["R3 at k_cache"],
+        ),
+        ({"config_groups": {"U": {"apply": [{"location": "input"}, {"location": "weight_input"}]}}}, ["U at input"]),
+        ({"config_groups": {"X": {"apply": []}}}, ["X (no locations)"]),
+        ({"config_groups": "junk"}, ["an unreadable transform_config"]),
+    ],
+)
 def test_only_fused_rotations_export(config, online):
     from quantkit.gguf.exporter import online_transforms
 

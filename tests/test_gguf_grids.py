@@ -10,7 +10,9 @@ from quantkit.gguf import grids
 def gguf_dequant(data: np.ndarray, qtype: str) -> torch.Tensor:
     import gguf
 
-    return torch.from_numpy(np.asarray(gguf.quants.dequantize(data, getattr(gguf.GGMLQuantizationType, qtype)), dtype=np.float32))
+    return torch.from_numpy(
+        np.asarray(gguf.quants.dequantize(data, getattr(gguf.GGMLQuantizationType, qtype)), dtype=np.float32)
+    )
 
 
 def test_q4_0_layout_by_hand():

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from installed import llama_tool
+
 from quantkit.errors import QuantkitError
 from quantkit.gguf import kquant
 
@@ -20,8 +20,13 @@ def _t(name, row, rows, qtype):
 
 
 def test_type_report_counts_types_bits_and_the_rows_no_block_divides():
-    tensors = [_t("blk.0.ffn_down.weight", 256, 128, "Q4_K"), _t("blk.0.attn_q.weight", 576, 576, "Q5_0"),
-               _t("blk.0.attn_v.weight", 576, 192, "Q8_0"), _t("output.weight", 512, 8, "Q6_K"), _t("blk.0.attn_norm.weight", 576, 1, "F32")]
+    tensors = [
+        _t("blk.0.ffn_down.weight", 256, 128, "Q4_K"),
+        _t("blk.0.attn_q.weight", 576, 576, "Q5_0"),
+        _t("blk.0.attn_v.weight", 576, 192, "Q8_0"),
+        _t("output.weight", 512, 8, "Q6_K"),
+        _t("blk.0.attn_norm.weight", 576, 1, "F32"),
+    ]
     r = kquant.type_report(tensors, "Q4_K_M")
     assert r["block"] == 256 and r["tensor_types"] == {"F32": 1, "Q4_K": 1, "Q5_0": 1, "Q6_K": 1, "Q8_0": 1}
     assert [f["tensor"] for f in r["fallbacks"]] == ["blk.0.attn_q.weight", "blk.0.attn_v.weight"]
@@ -35,7 +40,9 @@ def test_type_report_counts_types_bits_and_the_rows_no_block_divides():
     assert kquant.type_report([_t("a", 64, 4, "Q8_0")], "Q4_0")["fallbacks"] == []  # Q4_0's block is 32: 64 fits
 
 
-@pytest.mark.parametrize("qtype, block", [("Q4_K_M", 256), ("Q6_K", 256), ("IQ4_XS", 256), ("Q4_0", 32), ("IQ4_NL", 32)])
+@pytest.mark.parametrize(
+    "qtype, block", [("Q4_K_M", 256), ("Q6_K", 256), ("IQ4_XS", 256), ("Q4_0", 32), ("IQ4_NL", 32)]
+)
 def test_each_type_is_checked_against_its_own_block(qtype, block):
     assert kquant.type_report([_t("w", block, 2, "F32")], qtype)["fallbacks"] == []
     assert len(kquant.type_report([_t("w", block + 32 if block == 256 else 48, 2, "F32")], qtype)["fallbacks"]) == 1
@@ -44,7 +51,9 @@ def test_each_type_is_checked_against_its_own_block(qtype, block):
 @pytest.mark.parametrize("bad", ["Q9_Z", "q4", "F16", "COPY", "Q4_K_M ", ""])
 def test_unknown_types_are_one_line_listing_the_valid_ones(cli, tiny_llama, tmp_path, bad):
     out = tmp_path / "x.gguf"
-    code, stdout, stderr, _ = cli("export", str(tiny_llama), "--format", "gguf", "--type", bad, "--out", str(out), "--json")
+    code, stdout, stderr, _ = cli(
+        "export", str(tiny_llama), "--format", "gguf", "--type", bad, "--out", str(out), "--json"
+    )
     assert code == 2 and stderr.count("\n") == 1 and "valid: Q4_0" in stderr and "Q4_K_M" in stderr, stderr
     assert stdout == "" and not out.exists()
 
@@ -58,7 +67,9 @@ def test_type_names_are_case_insensitive():
 @pytest.mark.parametrize("flag", [["--embeddings", "q8_0"], ["--allow-lossy"], ["--kl-text", "set:shakespeare-plays"]])
 def test_exact_export_options_with_type_are_refused(cli, tiny_llama, tmp_path, flag):
     out = tmp_path / "x.gguf"
-    code, _, stderr, _ = cli("export", str(tiny_llama), "--format", "gguf", "--type", "Q4_K_M", *flag, "--out", str(out))
+    code, _, stderr, _ = cli(
+        "export", str(tiny_llama), "--format", "gguf", "--type", "Q4_K_M", *flag, "--out", str(out)
+    )
     assert code == 2 and stderr.count("\n") == 1 and flag[0] in stderr and not out.exists(), stderr
 
 
@@ -67,14 +78,32 @@ def test_type_without_the_tools_is_one_line_and_writes_nothing(cli, tiny_llama, 
     empty.mkdir()
     monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(empty))
     out = tmp_path / "out" / "x.gguf"
-    code, stdout, stderr, _ = cli("export", str(tiny_llama), "--format", "gguf", "--type", "Q4_K_M", "--out", str(out), "--json")
+    code, stdout, stderr, _ = cli(
+        "export", str(tiny_llama), "--format", "gguf", "--type", "Q4_K_M", "--out", str(out), "--json"
+    )
     assert code == 2 and stderr.count("\n") == 1 and "llama-quantize is not installed" in stderr, stderr
     assert "QUANTKIT_WITH_LLAMA_TOOLS=1" in stderr and stdout == "" and not out.parent.exists()
 
 
 def _export(cli, src: Path, out: Path, qtype: str, tiny_text: Path, *extra: str):
-    return cli("export", str(src), "--format", "gguf", "--type", qtype, "--out", str(out), "--calib", f"file:{tiny_text}",
-               "--calib-samples", "4", "--calib-seq-len", "64", *extra, "--json")
+    return cli(
+        "export",
+        str(src),
+        "--format",
+        "gguf",
+        "--type",
+        qtype,
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{tiny_text}",
+        "--calib-samples",
+        "4",
+        "--calib-seq-len",
+        "64",
+        *extra,
+        "--json",
+    )
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K_M", "Q6_K", "Q4_0"])
@@ -96,9 +125,13 @@ def test_kquant_export_reports_what_each_tensor_got(cli, tiny_llama, tiny_text, 
     assert rec["imatrix"]["calibration"]["samples"] == 4 and len(rec["imatrix"]["sha256"]) == 64
     keys = {f.name for f in reader.fields.values()}
     assert "quantize.imatrix.file" in keys and "quantkit.imatrix.sha256" in keys
-    assert bytes(reader.fields["quantkit.lossless"].parts[-1]) == b"\x00"  # false: llama-quantize copied the F16 file's true
+    assert (
+        bytes(reader.fields["quantkit.lossless"].parts[-1]) == b"\x00"
+    )  # false: llama-quantize copied the F16 file's true
     assert json.loads(Path(str(out).removesuffix(".gguf") + ".quantkit.json").read_text())["sha256"] == rec["sha256"]
-    assert sorted(p.name for p in out.parent.iterdir()) == sorted([out.name, out.stem + ".quantkit.json"])  # nothing left behind
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted(
+        [out.name, out.stem + ".quantkit.json"]
+    )  # nothing left behind
 
 
 def test_kquant_export_refuses_to_overwrite_without_force(cli, tiny_llama, tiny_text, tmp_path):
@@ -120,8 +153,19 @@ def rtn_artifact(tmp_path, tiny_llama):
     from quantkit.cli import cli as group
 
     out = tmp_path / "rtn" / "int4"
-    result = CliRunner().invoke(group, ["convert", "int4-w4a16-rtn", "--model", str(tiny_llama), "--out", str(out),
-                                        "--set", "steps[0].quantize.group_size=32"])
+    result = CliRunner().invoke(
+        group,
+        [
+            "convert",
+            "int4-w4a16-rtn",
+            "--model",
+            str(tiny_llama),
+            "--out",
+            str(out),
+            "--set",
+            "steps[0].quantize.group_size=32",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return out
 
@@ -130,10 +174,14 @@ def test_a_quantized_artifact_keeps_its_exact_type(cli, rtn_artifact, tmp_path, 
     (tmp_path / "no-tools").mkdir()
     monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(tmp_path / "no-tools"))  # the exact path needs no tool
     out = tmp_path / "x.gguf"
-    code, _, stderr, rec = cli("export", str(rtn_artifact), "--format", "gguf", "--type", "q4_0", "--out", str(out), "--json")
+    code, _, stderr, rec = cli(
+        "export", str(rtn_artifact), "--format", "gguf", "--type", "q4_0", "--out", str(out), "--json"
+    )
     assert code == 0 and rec["lossless"] is True and rec["tensor_types"]["Q4_0"] > 0, stderr
     for other in ("Q4_K_M", "Q8_0", "IQ4_XS"):  # llama-quantize would round the rounded grid again
-        code, _, stderr, _ = cli("export", str(rtn_artifact), "--format", "gguf", "--type", other, "--out", str(tmp_path / "y.gguf"))
+        code, _, stderr, _ = cli(
+            "export", str(rtn_artifact), "--format", "gguf", "--type", other, "--out", str(tmp_path / "y.gguf")
+        )
         assert code == 2 and stderr.count("\n") == 1 and "already quantized (Q4_0 exactly)" in stderr, stderr
     assert not (tmp_path / "y.gguf").exists()
 
@@ -144,5 +192,7 @@ def test_a_second_type_reuses_the_importance_matrix(cli, tiny_llama, tiny_text, 
     second = _export(cli, tiny_llama, tmp_path / "b.gguf", "Q6_K", tiny_text)[3]
     assert first["imatrix"]["reused"] is False and second["imatrix"]["reused"] is True
     assert second["imatrix"]["sha256"] == first["imatrix"]["sha256"]
-    other = _export(cli, tiny_llama, tmp_path / "c.gguf", "Q6_K", tiny_text, "--calib-samples", "3")[3]  # other windows: computed again
+    other = _export(cli, tiny_llama, tmp_path / "c.gguf", "Q6_K", tiny_text, "--calib-samples", "3")[
+        3
+    ]  # other windows: computed again
     assert other["imatrix"]["reused"] is False and other["imatrix"]["calibration"]["samples"] == 3

@@ -6,8 +6,8 @@ import re
 
 import pytest
 import torch
-
 from installed import llama_tool
+
 from quantkit.errors import QuantkitError
 from quantkit.gguf import kquant
 from quantkit.quantize import ggufmix
@@ -17,10 +17,13 @@ from quantkit.quantize import ggufmix
 def test_kfac_cost_is_the_kronecker_quadratic_form(rows, cols):
     gen = torch.Generator().manual_seed(rows * cols)
     dw = torch.randn(rows, cols, generator=gen, dtype=torch.float64)
-    x, y = torch.randn(40, cols, generator=gen, dtype=torch.float64), torch.randn(40, rows, generator=gen, dtype=torch.float64)
+    x, y = (
+        torch.randn(40, cols, generator=gen, dtype=torch.float64),
+        torch.randn(40, rows, generator=gen, dtype=torch.float64),
+    )
     a, g, tokens = x.T @ x, y.T @ y, 7
     vec = dw.T.reshape(-1)  # column-major vec: vec(G dW A) = (A ⊗ G) vec(dW) for symmetric A
-    want = 0.5 * float(vec @ torch.kron(a, g) @ vec) / tokens ** 2
+    want = 0.5 * float(vec @ torch.kron(a, g) @ vec) / tokens**2
     assert ggufmix.kfac_cost(dw, a, g, tokens) == pytest.approx(want, rel=1e-10)
     assert ggufmix.kfac_cost(torch.zeros_like(dw), a, g, tokens) == 0.0
 
@@ -28,8 +31,19 @@ def test_kfac_cost_is_the_kronecker_quadratic_form(rows, cols):
 @pytest.mark.parametrize("row", [32, 96, 128, 256, 576, 1536])
 def test_a_row_admits_the_types_whose_blocks_divide_it(row):
     got = ggufmix.admissible(row, ggufmix.MIXABLE)
-    blocks = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32,
-              "IQ4_XS": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
+    blocks = {
+        "Q4_0": 32,
+        "Q4_1": 32,
+        "Q5_0": 32,
+        "Q5_1": 32,
+        "Q8_0": 32,
+        "IQ4_NL": 32,
+        "IQ4_XS": 256,
+        "Q3_K": 256,
+        "Q4_K": 256,
+        "Q5_K": 256,
+        "Q6_K": 256,
+    }
     assert got == [t for t in ggufmix.MIXABLE if row % blocks[t] == 0]
 
 
@@ -61,8 +75,10 @@ def _instance(seed: int, n: int = 12):
     for name in weights:
         size = int(torch.randint(1, 5, (1,), generator=gen)) * 1024
         scale = float(torch.rand(1, generator=gen)) + 0.01
-        costs[name] = {"bytes": {"IQ4_NL": size * 18 // 32, "Q5_0": size * 22 // 32, "Q8_0": size * 34 // 32},
-                       "types": {"IQ4_NL": 3 * scale, "Q5_0": scale, "Q8_0": scale / 30}}
+        costs[name] = {
+            "bytes": {"IQ4_NL": size * 18 // 32, "Q5_0": size * 22 // 32, "Q8_0": size * 34 // 32},
+            "types": {"IQ4_NL": 3 * scale, "Q5_0": scale, "Q8_0": scale / 30},
+        }
     return weights, costs
 
 
@@ -87,7 +103,9 @@ def test_a_budget_below_every_smallest_type_is_refused_before_measuring(seed):
 
     _, costs = _instance(seed)
     options = {n: {t: SimpleNamespace(n_bytes=b) for t, b in c["bytes"].items()} for n, c in costs.items()}
-    floor = sum(-(-min(c["bytes"].values()) // 32) * 32 for c in costs.values())  # each tensor's data padded to 32 bytes
+    floor = sum(
+        -(-min(c["bytes"].values()) // 32) * 32 for c in costs.values()
+    )  # each tensor's data padded to 32 bytes
     ggufmix._check_floor(options, floor)
     with pytest.raises(QuantkitError, match="add a smaller type") as err:
         ggufmix._check_floor(options, floor - 1)
@@ -99,11 +117,17 @@ def test_fisher_sums_each_inputs_second_moment_once_and_averages_the_draws(tiny_
 
     model = load_model(tiny_llama, dtype="float32", device="cpu")
     attn = model.model.layers[0].self_attn
-    mods = {"blk.0.attn_q.weight": attn.q_proj, "blk.0.attn_k.weight": attn.k_proj, "blk.0.attn_output.weight": attn.o_proj}
+    mods = {
+        "blk.0.attn_q.weight": attn.q_proj,
+        "blk.0.attn_k.weight": attn.k_proj,
+        "blk.0.attn_output.weight": attn.o_proj,
+    }
     rows = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     seen = {}
-    hooks = [m.register_forward_hook(lambda mod, args, out, n=n: seen.setdefault(n, []).append(args[0].detach()))
-             for n, m in (("q", attn.q_proj), ("o", attn.o_proj))]
+    hooks = [
+        m.register_forward_hook(lambda mod, args, out, n=n: seen.setdefault(n, []).append(args[0].detach()))
+        for n, m in (("q", attn.q_proj), ("o", attn.o_proj))
+    ]
     with torch.no_grad():
         for w in rows.split(1):
             model(input_ids=w, use_cache=False)
@@ -122,15 +146,32 @@ def test_fisher_sums_each_inputs_second_moment_once_and_averages_the_draws(tiny_
 
 
 def _export(cli, src, out, tiny_text, *extra):
-    return cli("export", str(src), "--format", "gguf", "--out", str(out), "--calib", f"file:{tiny_text}", "--calib-samples", "4",
-               "--calib-seq-len", "64", *extra, "--json")
+    return cli(
+        "export",
+        str(src),
+        "--format",
+        "gguf",
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{tiny_text}",
+        "--calib-samples",
+        "4",
+        "--calib-seq-len",
+        "64",
+        *extra,
+        "--json",
+    )
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--mixed"], "give --type"),
-    (["--type", "Q4_K_M", "--mixed-types", "Q5_0,Q8_0"], "--mixed-types applies with --mixed"),
-    (["--type", "Q4_K_M", "--mixed", "--mixed-types", "Q5_0,Q4_K_M"], "valid: Q4_0"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--mixed"], "give --type"),
+        (["--type", "Q4_K_M", "--mixed-types", "Q5_0,Q8_0"], "--mixed-types applies with --mixed"),
+        (["--type", "Q4_K_M", "--mixed", "--mixed-types", "Q5_0,Q4_K_M"], "valid: Q4_0"),
+    ],
+)
 def test_mixed_options_out_of_place_are_one_line_and_write_nothing(cli, tiny_llama, tiny_text, tmp_path, args, says):
     out = tmp_path / "out" / "x.gguf"
     code, stdout, stderr, _ = _export(cli, tiny_llama, out, tiny_text, *args)
@@ -144,8 +185,19 @@ def test_mixed_refuses_an_already_quantized_artifact(cli, tmp_path, tiny_llama, 
     from quantkit.cli import cli as group
 
     art = tmp_path / "rtn"
-    result = CliRunner().invoke(group, ["convert", "int4-w4a16-rtn", "--model", str(tiny_llama), "--out", str(art),
-                                        "--set", "steps[0].quantize.group_size=32"])
+    result = CliRunner().invoke(
+        group,
+        [
+            "convert",
+            "int4-w4a16-rtn",
+            "--model",
+            str(tiny_llama),
+            "--out",
+            str(art),
+            "--set",
+            "steps[0].quantize.group_size=32",
+        ],
+    )
     assert result.exit_code == 0, result.output
     out = tmp_path / "x.gguf"
     code, _, stderr, _ = _export(cli, art, out, tiny_text, "--type", "Q4_0", "--mixed")
@@ -153,15 +205,18 @@ def test_mixed_refuses_an_already_quantized_artifact(cli, tmp_path, tiny_llama, 
 
 
 @pytest.mark.parametrize("qtype, types", [("Q4_K_M", None), ("Q5_0", "IQ4_NL,Q5_0,Q6_K,Q8_0")])
-def test_mixed_export_holds_the_chosen_types_within_the_types_own_size(cli, tiny_llama, tiny_text, tmp_path, qtype, types):
+def test_mixed_export_holds_the_chosen_types_within_the_types_own_size(
+    cli, tiny_llama, tiny_text, tmp_path, qtype, types
+):
     import gguf
 
     llama_tool("llama-quantize"), llama_tool("llama-imatrix")
     plain = tmp_path / "plain.gguf"
     assert _export(cli, tiny_llama, plain, tiny_text, "--type", qtype)[0] == 0
     out = tmp_path / "out" / "mixed.gguf"
-    code, _, stderr, rec = _export(cli, tiny_llama, out, tiny_text, "--type", qtype, "--mixed",
-                                   *(["--mixed-types", types] if types else []))
+    code, _, stderr, rec = _export(
+        cli, tiny_llama, out, tiny_text, "--type", qtype, "--mixed", *(["--mixed-types", types] if types else [])
+    )
     assert code == 0, stderr
     allowed = ggufmix.parse_types(types) if types else ggufmix.DEFAULT_TYPES
     assert out.stat().st_size <= min(plain.stat().st_size, rec["mixed"]["reference_bytes"])

@@ -6,10 +6,10 @@ import re
 import stat
 from pathlib import Path
 
-import pytest
-
 import installed
+import pytest
 from installed import llama_tool
+
 from quantkit.gguf import tools
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,11 @@ def test_the_env_directory_wins_and_a_tool_missing_there_is_one_line(monkeypatch
     with pytest.raises(tools.ToolError) as err:
         tools.locate("llama-quantize", "--type Q4_K_M")
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith("--type Q4_K_M: llama.cpp's llama-quantize is not installed") and "QUANTKIT_WITH_LLAMA_TOOLS=1" in msg
+    assert (
+        "\n" not in msg
+        and msg.startswith("--type Q4_K_M: llama.cpp's llama-quantize is not installed")
+        and "QUANTKIT_WITH_LLAMA_TOOLS=1" in msg
+    )
 
 
 def test_the_install_record_names_the_directory(monkeypatch, tmp_path):
@@ -62,11 +66,17 @@ def test_a_tool_that_crashes_on_version_is_an_error(monkeypatch, tmp_path):
         tools.version("llama-server")
 
 
-@pytest.mark.parametrize("body, expect", [
-    ("echo 'loading'; echo 'error: failed to read the model' >&2; exit 1", "failed (exit 1): error: failed to read the model"),
-    ("echo 'main: invalid ftype' >&2; echo 'usage: ...'; exit 3", "failed (exit 3): main: invalid ftype"),
-    ("exit 7", "failed (exit 7): no output"),
-])
+@pytest.mark.parametrize(
+    "body, expect",
+    [
+        (
+            "echo 'loading'; echo 'error: failed to read the model' >&2; exit 1",
+            "failed (exit 1): error: failed to read the model",
+        ),
+        ("echo 'main: invalid ftype' >&2; echo 'usage: ...'; exit 3", "failed (exit 3): main: invalid ftype"),
+        ("exit 7", "failed (exit 7): no output"),
+    ],
+)
 def test_a_failing_tool_is_one_line_with_its_telling_line(monkeypatch, tmp_path, body, expect):
     _program(tmp_path / "t", "llama-quantize", body)
     monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(tmp_path / "t"))
@@ -76,7 +86,11 @@ def test_a_failing_tool_is_one_line_with_its_telling_line(monkeypatch, tmp_path,
 
 
 def test_version_reads_llama_cpps_version_line(monkeypatch, tmp_path):
-    _program(tmp_path / "t", "llama-bench", "echo 'load_backend: loaded CPU' >&2; echo 'version: 0.5.0-dev (build 0, commit 0c1e570)' >&2")
+    _program(
+        tmp_path / "t",
+        "llama-bench",
+        "echo 'load_backend: loaded CPU' >&2; echo 'version: 0.5.0-dev (build 0, commit 0c1e570)' >&2",
+    )
     monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(tmp_path / "t"))
     assert tools.version("llama-bench") == "0.5.0-dev (build 0, commit 0c1e570)"
 
@@ -149,8 +163,11 @@ def test_the_dispatch_library_stands_in_only_for_the_same_llama_cpp(monkeypatch,
     from importlib import metadata
 
     monkeypatch.setattr(metadata, "version", lambda name: "0.3.36")
-    folder = _built(tmp_path / "t", "0.3.1" if case == "another version" else "0.3.36",
-                    "-DGGML_NATIVE=OFF" if case == "one CPU variant" else "-DGGML_BACKEND_DL=ON")
+    folder = _built(
+        tmp_path / "t",
+        "0.3.1" if case == "another version" else "0.3.36",
+        "-DGGML_NATIVE=OFF" if case == "one CPU variant" else "-DGGML_BACKEND_DL=ON",
+    )
     if case == "no libllama":
         (folder / "libllama.so").unlink()
     monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(folder))
@@ -166,8 +183,10 @@ def test_the_llamacpp_engine_runs_the_tools_cpu_variant(tmp_path):
     llama_tool("llama-bench")
     if tools.dispatch_library() is None:
         pytest.skip("the tools are not a run-time dispatch build of the installed llama-cpp-python's llama.cpp")
-    code = ("from quantkit.bench.engines import llamacpp as e; m = e.import_llama_cpp(); print(e.library()); "
-            "print(m.llama_print_system_info().decode())")
+    code = (
+        "from quantkit.bench.engines import llamacpp as e; m = e.import_llama_cpp(); print(e.library()); "
+        "print(m.llama_print_system_info().decode())"
+    )
     env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr

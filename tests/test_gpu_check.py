@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from installed import shellcheck
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,7 +19,9 @@ SCRIPT = REPO / "scripts" / "gpu_check.sh"
 
 def run(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     full = {**os.environ, "PYTHON": sys.executable, **(env or {})}
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, cwd=REPO, timeout=timeout)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, cwd=REPO, timeout=timeout
+    )
 
 
 def test_without_cuda_one_line_and_exit_2_before_any_work(tmp_path):
@@ -49,7 +50,7 @@ def test_shellcheck_clean(script):
 def test_shellcheck_catches_a_real_mistake(tmp_path):
     """The check above can fail: an unquoted variable in a test, a classic word-splitting bug (SC2086)."""
     bad = tmp_path / "bad.sh"
-    bad.write_text('#!/usr/bin/env bash\nf=$1\nif [ -f $f ]; then echo yes; fi\n')
+    bad.write_text("#!/usr/bin/env bash\nf=$1\nif [ -f $f ]; then echo yes; fi\n")
     p = subprocess.run([shellcheck(), str(bad)], capture_output=True, text=True)
     assert p.returncode != 0 and "SC2086" in p.stdout, p.stdout
 
@@ -59,8 +60,14 @@ def test_dry_run_every_step_on_the_cpu(tiny_llama, tiny_text, tmp_path):
     """The whole check, --device cpu: three conversions, two evaluations, four benchmarked models,
     a synthetic shape at three widths, and the table read from their JSON."""
     out = tmp_path / "out"
-    env = {"OUT": str(out), "QK_MODEL": str(tiny_llama), "QK_SHAPE": str(tiny_llama / "config.json"),
-           "QK_TEXT": f"file:{tiny_text}", "QK_CALIB": f"file:{tiny_text}", "QUANTKIT_HOME": str(tmp_path / "home")}
+    env = {
+        "OUT": str(out),
+        "QK_MODEL": str(tiny_llama),
+        "QK_SHAPE": str(tiny_llama / "config.json"),
+        "QK_TEXT": f"file:{tiny_text}",
+        "QK_CALIB": f"file:{tiny_text}",
+        "QUANTKIT_HOME": str(tmp_path / "home"),
+    }
     p = run("--dry-run", env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     for v in ("int8-w8a16-gptq", "int4-w4a16-gptq-g64", "bnb-nf4"):

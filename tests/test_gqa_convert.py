@@ -23,14 +23,26 @@ EXTRA = {
 }
 
 
-def build(out: Path, tokenizer_dir: Path, cfg_name: str, model_name: str, extra: dict, dtype=torch.float16, edit=None) -> Path:
+def build(
+    out: Path, tokenizer_dir: Path, cfg_name: str, model_name: str, extra: dict, dtype=torch.float16, edit=None
+) -> Path:
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = getattr(transformers, cfg_name)(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=extra.pop("num_key_value_heads", 2), head_dim=16, max_position_embeddings=512,
-        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **extra,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=extra.pop("num_key_value_heads", 2),
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **extra,
     )
     torch.manual_seed(0)
     model = getattr(transformers, model_name)(config)
@@ -46,8 +58,19 @@ def build(out: Path, tokenizer_dir: Path, cfg_name: str, model_name: str, extra:
 
 
 def convert(cli, model, out, text, *extra, recipe="gqa"):
-    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
-               "--calib", f"file:{text}", *SMALL, *extra, "--json")
+    return cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{text}",
+        *SMALL,
+        *extra,
+        "--json",
+    )
 
 
 def gqa_set(**kw):
@@ -70,22 +93,30 @@ def mean_kl(ref, new):
     return float((ref.log_softmax(-1).exp() * (ref.log_softmax(-1) - new.log_softmax(-1))).sum(-1).mean())
 
 
-@pytest.mark.parametrize("arch,kv,merge,grouping", [
-    ("llama-mha", 2, "calibrated", "searched"),
-    ("llama-mha", 1, "mean", "contiguous"),
-    ("llama-gqa", 1, "calibrated", "contiguous"),
-    ("mistral", 1, "calibrated", "contiguous"),
-    ("qwen2", 1, "calibrated", "searched"),
-])
+@pytest.mark.parametrize(
+    "arch,kv,merge,grouping",
+    [
+        ("llama-mha", 2, "calibrated", "searched"),
+        ("llama-mha", 1, "mean", "contiguous"),
+        ("llama-gqa", 1, "calibrated", "contiguous"),
+        ("mistral", 1, "calibrated", "contiguous"),
+        ("qwen2", 1, "calibrated", "searched"),
+    ],
+)
 def test_fixture_converts_to_a_stock_checkpoint(cli, tiny_dir, tiny_text, tmp_path, arch, kv, merge, grouping):
     out = tmp_path / "art"
-    code, _, err, data = convert(cli, tiny_dir / arch, out, tiny_text, *NO_RECOVER, *gqa_set(kv_heads=kv, merge=merge, grouping=grouping))
+    code, _, err, data = convert(
+        cli, tiny_dir / arch, out, tiny_text, *NO_RECOVER, *gqa_set(kv_heads=kv, merge=merge, grouping=grouping)
+    )
     assert code == 0, err
     g = data["gqa"]
     assert g["kv_heads_after"] == kv and g["merge"] == merge and len(g["groups"]) == 2
     assert g["kv_bytes_per_token_after"] * g["kv_heads_before"] == g["kv_bytes_per_token_before"] * kv
     assert data["verification"]["status"] == "passed"
-    cfg, src_cfg = json.loads((out / "config.json").read_text()), json.loads((tiny_dir / arch / "config.json").read_text())
+    cfg, src_cfg = (
+        json.loads((out / "config.json").read_text()),
+        json.loads((tiny_dir / arch / "config.json").read_text()),
+    )
     changed = {k for k in cfg if cfg[k] != src_cfg.get(k)} - {"transformers_version"}
     assert changed == {"num_key_value_heads"} and "auto_map" not in cfg
     model = load_stock(out)
@@ -100,7 +131,9 @@ def test_fixture_converts_to_a_stock_checkpoint(cli, tiny_dir, tiny_text, tmp_pa
 def test_other_architectures_mean_merge(cli, tiny_dir, tiny_text, tmp_path, arch):
     src = build(tmp_path / arch, tiny_dir / "tokenizer", *[dict(x) if isinstance(x, dict) else x for x in EXTRA[arch]])
     out = tmp_path / "art"
-    code, _, err, data = convert(cli, src, out, tiny_text, *NO_RECOVER, *gqa_set(kv_heads=1, merge="mean", grouping="contiguous"))
+    code, _, err, data = convert(
+        cli, src, out, tiny_text, *NO_RECOVER, *gqa_set(kv_heads=1, merge="mean", grouping="contiguous")
+    )
     assert code == 0, err
     model = load_stock(out)
     assert model.config.num_key_value_heads == 1 and model.model.layers[1].self_attn.k_proj.weight.shape[0] == 16
@@ -116,6 +149,7 @@ def test_per_head_norm_models_refuse_calibrated(cli, tiny_dir, tiny_text, tmp_pa
 
 def duplicate_heads(pairs):
     """An edit that makes the KV heads in each pair identical (k and v projections, and biases)."""
+
     def edit(model):
         for layer in model.model.layers:
             for proj in (layer.self_attn.k_proj, layer.self_attn.v_proj):
@@ -123,20 +157,33 @@ def duplicate_heads(pairs):
                     d = t.shape[0] // 4
                     for a, b in pairs:
                         t[b * d : (b + 1) * d] = t[a * d : (a + 1) * d]
+
     return edit
 
 
-@pytest.mark.parametrize("merge,grouping,pairs", [
-    ("mean", "contiguous", [(0, 1), (2, 3)]),
-    ("calibrated", "contiguous", [(0, 1), (2, 3)]),
-    ("calibrated", "searched", [(0, 2), (1, 3)]),  # non-contiguous: realised by permuting q rows / o columns
-    ("mean", "searched", [(0, 3), (1, 2)]),
-])
+@pytest.mark.parametrize(
+    "merge,grouping,pairs",
+    [
+        ("mean", "contiguous", [(0, 1), (2, 3)]),
+        ("calibrated", "contiguous", [(0, 1), (2, 3)]),
+        ("calibrated", "searched", [(0, 2), (1, 3)]),  # non-contiguous: realised by permuting q rows / o columns
+        ("mean", "searched", [(0, 3), (1, 2)]),
+    ],
+)
 def test_identical_heads_convert_exactly(cli, tiny_dir, tiny_text, tmp_path, merge, grouping, pairs):
-    src = build(tmp_path / "dup", tiny_dir / "tokenizer", "Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 4},
-                dtype=torch.float32, edit=duplicate_heads(pairs))
+    src = build(
+        tmp_path / "dup",
+        tiny_dir / "tokenizer",
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {"num_key_value_heads": 4},
+        dtype=torch.float32,
+        edit=duplicate_heads(pairs),
+    )
     out = tmp_path / "art"
-    code, _, err, data = convert(cli, src, out, tiny_text, *NO_RECOVER, *gqa_set(kv_heads=2, merge=merge, grouping=grouping))
+    code, _, err, data = convert(
+        cli, src, out, tiny_text, *NO_RECOVER, *gqa_set(kv_heads=2, merge=merge, grouping=grouping)
+    )
     assert code == 0, err
     assert data["gqa"]["groups"] == [[list(p) for p in pairs]] * 2
     ref, new = logits(load_stock(src)), logits(load_stock(out))
@@ -145,7 +192,9 @@ def test_identical_heads_convert_exactly(cli, tiny_dir, tiny_text, tmp_path, mer
 
 def test_mean_matches_a_plain_reference(cli, tiny_dir, tiny_text, tmp_path):
     src, out = tiny_dir / "llama-mha", tmp_path / "art"
-    code, _, err, _ = convert(cli, src, out, tiny_text, *NO_RECOVER, *gqa_set(kv_heads=2, merge="mean", grouping="contiguous"))
+    code, _, err, _ = convert(
+        cli, src, out, tiny_text, *NO_RECOVER, *gqa_set(kv_heads=2, merge="mean", grouping="contiguous")
+    )
     assert code == 0, err
     a, b = load_stock(src), load_stock(out)
     for la, lb in zip(a.model.layers, b.model.layers):
@@ -170,10 +219,13 @@ def test_calibrated_beats_mean(cli, tiny_dir, tiny_text, tmp_path):
     assert kls["calibrated"] < kls["mean"]
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (dict(kv_heads=3), "steps[0].gqa.kv_heads: 3 does not divide the 4 query heads"),
-    (dict(kv_heads=2), "steps[0].gqa.kv_heads: 2 is not below the model's 2 KV heads"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(kv_heads=3), "steps[0].gqa.kv_heads: 3 does not divide the 4 query heads"),
+        (dict(kv_heads=2), "steps[0].gqa.kv_heads: 2 is not below the model's 2 KV heads"),
+    ],
+)
 def test_bad_kv_heads_before_any_work(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, overrides, message):
     import quantkit.quantize.convert as qc
 
@@ -193,7 +245,9 @@ def test_gpt2_style_mha_is_a_clear_error(cli, tiny_dir, tiny_text, tmp_path, mon
     transformers.AutoTokenizer.from_pretrained(str(tiny_dir / "tokenizer")).save_pretrained(str(src))
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
     code, _, err, _ = convert(cli, src, tmp_path / "x", tiny_text)
-    assert code == 2 and "does not support model_type 'gpt2' (fused c_attn projection" in err and "supported: llama" in err
+    assert (
+        code == 2 and "does not support model_type 'gpt2' (fused c_attn projection" in err and "supported: llama" in err
+    )
 
 
 def test_recover_summary_and_token_bound(cli, tiny_llama, tiny_text, tmp_path):
@@ -232,9 +286,23 @@ def test_recover_self_text_too_short(cli, tiny_llama, tmp_path, monkeypatch):
     import quantkit.quantize.convert as qc
 
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
-                          "--calib", "self", *SMALL, "--set", "steps[0].gqa.recover.seq_len=128")
-    assert code == 2 and "steps[0].gqa.recover: 0 windows of 128 tokens from the calibration samples; need at least 8" in err
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "a"),
+        "--calib",
+        "self",
+        *SMALL,
+        "--set",
+        "steps[0].gqa.recover.seq_len=128",
+    )
+    assert (
+        code == 2
+        and "steps[0].gqa.recover: 0 windows of 128 tokens from the calibration samples; need at least 8" in err
+    )
 
 
 def test_recovery_text_preflight_matches_the_runtime_count(tiny_llama, tiny_text, tmp_path):
@@ -291,17 +359,40 @@ def test_recovery_windows_are_recorded_and_the_eval_guard_covers_them(cli, tiny_
 
     rec = "{tokens: 1024, max_minutes: 5, seq_len: 32, batch_size: 4, eval_every: 4, heldout_windows: 2}"
     out = tmp_path / "a"
-    code, _, err, data = convert(cli, tiny_llama, out, tiny_text, "--set", f"steps[0].gqa.recover={rec}",
-                                 "--set", "calibration.region=first-half")
+    code, _, err, data = convert(
+        cli,
+        tiny_llama,
+        out,
+        tiny_text,
+        "--set",
+        f"steps[0].gqa.recover={rec}",
+        "--set",
+        "calibration.region=first-half",
+    )
     assert code == 0, err
     w = data["gqa"]["recover"]["windows"]
     assert w["sha256"] == hashlib.sha256(tiny_text.read_bytes()).hexdigest() and w["source"] == f"file:{tiny_text}"
     assert w["seq_len"] == 32 and w["heldout"] == 2 and len(w["heldout_starts"]) == 2
     assert w["train_used"] == len(w["train_starts"]) == 8 * 4 and w["train"] >= w["train_used"]
     starts = w["train_starts"] + w["heldout_starts"]
-    assert min(starts) >= w["stream_tokens"] // 2 and len(set(starts)) == len(starts) and not set(w["train_starts"]) & set(w["heldout_starts"])
+    assert (
+        min(starts) >= w["stream_tokens"] // 2
+        and len(set(starts)) == len(starts)
+        and not set(w["train_starts"]) & set(w["heldout_starts"])
+    )
     assert json.loads((out / "quantkit.json").read_text())["gqa"]["recover"]["windows"] == w
-    args = ["eval", str(out), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64", "--max-tokens", "4096"]
+    args = [
+        "eval",
+        str(out),
+        "--baseline",
+        str(tiny_llama),
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "4096",
+    ]
     code, _, err, _ = cli(*args, "--region", "second-half")
     assert code == 2 and "overlap the GQA recovery training windows" in err and "--allow-overlap" in err
     code, _, err, ev = cli(*args, "--region", "second-half", "--allow-overlap", "--json")

@@ -23,12 +23,18 @@ def test_rope_commuting_compensation_with_the_identity_merge_keeps_logits(tiny_d
     g = torch.Generator().manual_seed(1)
     for attn in attention_modules(model, LAYOUTS["qwen2"]):
         h = read_heads(attn, 4, 2)
-        c = torch.complex(torch.rand(2, 16, generator=g, dtype=torch.float64) + 0.5, torch.randn(2, 16, generator=g, dtype=torch.float64))
+        c = torch.complex(
+            torch.rand(2, 16, generator=g, dtype=torch.float64) + 0.5,
+            torch.randn(2, 16, generator=g, dtype=torch.float64),
+        )
         k = torch.stack([K.unplanes(K.planes(h.k[a]) / c[a][:, None]) for a in range(2)])
         q = torch.stack([K.fold_query(h.q[i], c[i // 2]) for i in range(4)])
         write_heads(attn, Heads(q, k, h.v, h.o), [[0], [1]], [0, 1, 2, 3], None)
     new = _logits(model)
-    assert not torch.equal(attention_modules(model, LAYOUTS["qwen2"])[0].k_proj.weight, load_model(tiny_dir / "qwen2", dtype="float32").model.layers[0].self_attn.k_proj.weight)
+    assert not torch.equal(
+        attention_modules(model, LAYOUTS["qwen2"])[0].k_proj.weight,
+        load_model(tiny_dir / "qwen2", dtype="float32").model.layers[0].self_attn.k_proj.weight,
+    )
     assert (ref - new).abs().max() < 1e-4
 
 

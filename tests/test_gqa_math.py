@@ -12,7 +12,10 @@ F64 = torch.float64
 
 def inputs(n=17, tokens=2000, seed=0):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(tokens, n - 1, generator=g, dtype=F64) @ torch.randn(n - 1, n - 1, generator=g, dtype=F64) / n**0.5 + 0.3
+    x = (
+        torch.randn(tokens, n - 1, generator=g, dtype=F64) @ torch.randn(n - 1, n - 1, generator=g, dtype=F64) / n**0.5
+        + 0.3
+    )
     x = torch.cat([x, torch.ones(tokens, 1, dtype=F64)], 1)  # the bias column
     return x, x.T @ x / tokens
 
@@ -55,7 +58,9 @@ def test_mean_merge_is_the_plain_mean():
     merged, c = K.merge_keys_mean(k, torch.tensor([0, 0, 1, 1, 2, 2]))
     assert torch.equal(merged, (k[0] + k[1] + k[2]) / 3) and torch.equal(c, torch.ones(6, 4, dtype=torch.complex128))
     coef, b = V.merge_values_mean(3, 8)
-    assert torch.allclose(coef @ k.reshape(24, 5), k.mean(0)) and torch.equal(b, torch.eye(8, dtype=F64).expand(3, 8, 8))
+    assert torch.allclose(coef @ k.reshape(24, 5), k.mean(0)) and torch.equal(
+        b, torch.eye(8, dtype=F64).expand(3, 8, 8)
+    )
 
 
 @pytest.mark.parametrize("refine", [False, True])
@@ -79,7 +84,15 @@ def test_rope_averaged_matches_monte_carlo():
     qcov = s["q"][:, perm] @ s["sigma"] @ s["q"][:, perm].transpose(1, 2)
     qbar, qmean = K.rope_averaged(qcov, s["inv"], ctx)
     w = (ctx - torch.arange(ctx, dtype=F64)) / (ctx - torch.arange(ctx, dtype=F64)).sum()
-    rots = [torch.block_diag(*[torch.tensor([[torch.cos(t * f), -torch.sin(t * f)], [torch.sin(t * f), torch.cos(t * f)]], dtype=F64) for f in s["inv"]]) for t in range(ctx)]
+    rots = [
+        torch.block_diag(
+            *[
+                torch.tensor([[torch.cos(t * f), -torch.sin(t * f)], [torch.sin(t * f), torch.cos(t * f)]], dtype=F64)
+                for f in s["inv"]
+            ]
+        )
+        for t in range(ctx)
+    ]
     mc = sum(wt * r @ qcov[0] @ r.T for wt, r in zip(w, rots))
     mean_r = sum(wt * r for wt, r in zip(w, rots))
     assert torch.allclose(qbar[0], mc, atol=1e-9) and torch.allclose(qmean[0], mean_r @ qcov[0] @ mean_r.T, atol=1e-9)
@@ -101,9 +114,14 @@ def test_refine_keys_lowers_the_loss_and_reaches_a_stationary_point():
     basis = s["k"].reshape(24, -1)
     fit = torch.linalg.lstsq(basis.T, m1.T).solution.T
     perm = K.plane_major(8)
-    e = K.unplanes(K.planes(s["k"])[s["owner"]] - torch.complex(cp[..., 0], cp[..., 1])[:, :, None] * K.planes((fit + coef) @ basis)[None])[:, perm]
+    e = K.unplanes(
+        K.planes(s["k"])[s["owner"]]
+        - torch.complex(cp[..., 0], cp[..., 1])[:, :, None] * K.planes((fit + coef) @ basis)[None]
+    )[:, perm]
     em = e @ mean
-    loss = torch.einsum("hxn,nm,hym,hxy->", e, s["sigma"], e, s["qbar"]) - torch.einsum("hx,hxy,hy->", em, s["qmean"], em)
+    loss = torch.einsum("hxn,nm,hym,hxy->", e, s["sigma"], e, s["qbar"]) - torch.einsum(
+        "hx,hxy,hy->", em, s["qmean"], em
+    )
     loss.backward()
     assert coef.grad.abs().max() / loss.item() < 1e-4 and cp.grad.abs().max() / loss.item() < 1e-4
 

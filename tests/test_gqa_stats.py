@@ -25,13 +25,17 @@ def test_attended_values_match_the_model_attention(tiny_dir):
         model(input_ids=ids)
         z = _attended_values(attn, seen["hidden"], *seen["pos"], 4, 2)  # (B, H, L, 2 KV heads x 32)
     h1.remove(), h2.remove()
-    own = torch.stack([z[:, h, :, (h // 2) * 32 : (h // 2 + 1) * 32] for h in range(4)], dim=2)  # each head's own KV head
+    own = torch.stack(
+        [z[:, h, :, (h // 2) * 32 : (h // 2 + 1) * 32] for h in range(4)], dim=2
+    )  # each head's own KV head
     assert torch.allclose(own.reshape(2, 40, -1), seen["attn_out"], atol=1e-5)
 
 
 def test_moments_shapes_and_bias_row(tiny_dir):
     model = load_model(tiny_dir / "llama-gqa", dtype="float32")
-    ids = [torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    ids = [
+        torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(i)) for i in range(3)
+    ]
     xs, zs = moments(model, LAYOUTS["llama"], ids, values=True)
     assert len(xs) == 2 and xs[0].shape == (129, 129) and zs[0].shape == (64, 64)
     assert torch.isclose(xs[0][-1, -1], torch.tensor(1.0, dtype=torch.float64))  # E[1 * 1]

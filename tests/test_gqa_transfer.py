@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,8 +35,15 @@ def test_transfer_fits_each_layer_back_to_its_original(tiny_llama):
     teacher, student, windows = _models(tiny_llama)
     names = _names(student)
     cfg = SimpleNamespace(transfer_steps=150, lr=3e-3, batch_size=2)
-    rec = transfer(student, teacher, [(n, student.get_submodule(n)) for n in names], [teacher.get_submodule(n) for n in names],
-                   trained_names(student, names, "kv"), windows, cfg)
+    rec = transfer(
+        student,
+        teacher,
+        [(n, student.get_submodule(n)) for n in names],
+        [teacher.get_submodule(n) for n in names],
+        trained_names(student, names, "kv"),
+        windows,
+        cfg,
+    )
     assert rec["steps_per_layer"] == 150 and rec["windows"] == 8 and len(rec["relative_error"]) == len(names)
     for before, after in rec["relative_error"]:
         assert before > 0.05 and after < 0.25 * before
@@ -66,9 +72,23 @@ def test_a_step_that_makes_a_layer_worse_is_undone(tiny_llama):
 def test_convert_records_the_transfer(cli, tiny_dir, tiny_text, tmp_path):
     rec = "{tokens: 1024, seq_len: 32, batch_size: 4, eval_every: 4, transfer_steps: 20}"
     out = tmp_path / "t"
-    code, _, err, data = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"), "--model", str(tiny_dir / "llama-mha"), "--out", str(out),
-                             "--calib", f"file:{tiny_text}", "--set", "calibration.samples=8", "--set", "calibration.seq_len=64",
-                             "--set", f"steps[0].gqa.recover={rec}", "--json")
+    code, _, err, data = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"),
+        "--model",
+        str(tiny_dir / "llama-mha"),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{tiny_text}",
+        "--set",
+        "calibration.samples=8",
+        "--set",
+        "calibration.seq_len=64",
+        "--set",
+        f"steps[0].gqa.recover={rec}",
+        "--json",
+    )
     assert code == 0, err
     t = data["gqa"]["recover"]["transfer"]
     assert t["steps_per_layer"] == 20 and t["windows"] == 32 and len(t["relative_error"]) == 2
@@ -78,6 +98,16 @@ def test_convert_records_the_transfer(cli, tiny_dir, tiny_text, tmp_path):
 
 
 def test_transfer_steps_must_not_be_negative(cli, tiny_llama, tiny_text, tmp_path):
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "x"),
-                          "--calib", f"file:{tiny_text}", "--set", "steps[0].gqa.recover.transfer_steps=-1")
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "x"),
+        "--calib",
+        f"file:{tiny_text}",
+        "--set",
+        "steps[0].gqa.recover.transfer_steps=-1",
+    )
     assert code == 2 and "steps[0].gqa.recover.transfer_steps" in err and not (tmp_path / "x").exists()

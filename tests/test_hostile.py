@@ -33,15 +33,36 @@ def rtn_recipe(tmp_path: Path) -> Path:
 
 
 def convert(cli, model, out, *extra):
-    return cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(model), "--out", str(out), *RTN, *extra, "--json")
+    return cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        *RTN,
+        *extra,
+        "--json",
+    )
 
 
 # ---------------------------------------------------------------- C1: recipe files and includes
 
 
-@pytest.mark.parametrize("content", [BINARY, PASSWD.encode(), b"- a\n- list\n", b"just a sentence\n", b"\x00\x00\x00\x00",
-                                     "steps: [\u00e9]".encode("latin-1"), b"a: &x [1]\nb: *x\n", b"[" * 200000],
-                         ids=["binary", "passwd", "list", "scalar", "nul", "latin1", "alias", "deep"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        BINARY,
+        PASSWD.encode(),
+        b"- a\n- list\n",
+        b"just a sentence\n",
+        b"\x00\x00\x00\x00",
+        "steps: [\u00e9]".encode("latin-1"),
+        b"a: &x [1]\nb: *x\n",
+        b"[" * 200000,
+    ],
+    ids=["binary", "passwd", "list", "scalar", "nul", "latin1", "alias", "deep"],
+)
 def test_a_file_that_is_not_a_recipe_is_one_line(cli, tmp_path, content):
     p = tmp_path / "r.yaml"
     p.write_bytes(content)
@@ -75,19 +96,31 @@ def outside_refs(tmp_path: Path) -> dict[str, str]:
     loop = tree / "loop.yaml"
     if not loop.is_symlink():
         loop.symlink_to(tree / "loop.yaml")
-    return {"dotdot": "../outside/q.yaml", "deep-dotdot": "sub/../../outside/q.yaml", "absolute": str(outside / "q.yaml"),
-            "symlink": "link.yaml", "symlinked-dir": "linkdir/q.yaml", "etc-passwd": "/etc/passwd", "loop": "loop.yaml",
-            "not-a-string": "[a, b]", "dev-zero": "/dev/zero"}
+    return {
+        "dotdot": "../outside/q.yaml",
+        "deep-dotdot": "sub/../../outside/q.yaml",
+        "absolute": str(outside / "q.yaml"),
+        "symlink": "link.yaml",
+        "symlinked-dir": "linkdir/q.yaml",
+        "etc-passwd": "/etc/passwd",
+        "loop": "loop.yaml",
+        "not-a-string": "[a, b]",
+        "dev-zero": "/dev/zero",
+    }
 
 
-@pytest.mark.parametrize("kind", ["dotdot", "deep-dotdot", "absolute", "symlink", "symlinked-dir", "etc-passwd", "dev-zero",
-                                  "loop", "not-a-string"])
+@pytest.mark.parametrize(
+    "kind",
+    ["dotdot", "deep-dotdot", "absolute", "symlink", "symlinked-dir", "etc-passwd", "dev-zero", "loop", "not-a-string"],
+)
 def test_includes_are_confined_to_the_recipe_tree(cli, tmp_path, kind):
     ref = outside_refs(tmp_path)[kind]
     suite = tmp_path / "tree" / "suite.yaml"
     suite.write_text(f"variants:\n  - name: q\n    recipe: {ref}\n")
     code, _, err, _ = cli("recipe", "validate", str(suite))
-    expect = {"loop": "symlink loop", "not-a-string": "expected a recipe file name"}.get(kind, "outside the recipe's directory")
+    expect = {"loop": "symlink loop", "not-a-string": "expected a recipe file name"}.get(
+        kind, "outside the recipe's directory"
+    )
     one_line_error(code, err, str(suite), "variants[0].recipe", expect)
     if kind in ("loop", "not-a-string", "etc-passwd", "dev-zero"):
         return
@@ -105,13 +138,18 @@ def test_includes_inside_the_tree_and_its_subdirectories(tmp_path):
     (tmp_path / "sub" / "q.yaml").write_text("steps:\n  - quantize: {method: rtn}\n")
     (tmp_path / "sub" / "alias.yaml").symlink_to(tmp_path / "sub" / "q.yaml")  # a symlink that stays inside is fine
     suite = tmp_path / "suite.yaml"
-    suite.write_text("variants:\n  - name: a\n    recipe: sub/q.yaml\n  - name: b\n    recipe: sub/alias.yaml\n"
-                     "  - name: c\n    recipe: sub/../sub/q.yaml\n")
+    suite.write_text(
+        "variants:\n  - name: a\n    recipe: sub/q.yaml\n  - name: b\n    recipe: sub/alias.yaml\n"
+        "  - name: c\n    recipe: sub/../sub/q.yaml\n"
+    )
     assert [v.steps[0].quantize.method for v in load_recipe(suite).variants] == ["rtn"] * 3
 
 
-@pytest.mark.parametrize("content", [BINARY, PASSWD.encode(), b"- a list\n", b"", b"description: only words\n", b"steps: []\n"],
-                         ids=["binary", "passwd", "list", "empty", "no-steps", "empty-steps"])
+@pytest.mark.parametrize(
+    "content",
+    [BINARY, PASSWD.encode(), b"- a list\n", b"", b"description: only words\n", b"steps: []\n"],
+    ids=["binary", "passwd", "list", "empty", "no-steps", "empty-steps"],
+)
 def test_an_included_file_that_is_not_a_recipe_names_that_file(cli, tmp_path, content):
     (tmp_path / "inc.yaml").write_bytes(content)
     suite = tmp_path / "suite.yaml"
@@ -120,9 +158,14 @@ def test_an_included_file_that_is_not_a_recipe_names_that_file(cli, tmp_path, co
     one_line_error(code, err, str(tmp_path / "inc.yaml"), f"included by {suite}")
 
 
-@pytest.mark.parametrize("typo,key", [("stepz:\n  - quantize: {method: rtn}\n", "stepz: unknown key"),
-                                      ("steps:\n  - quantize: {method: rtn, bitz: 4}\n", "steps[0].quantize.bitz: unknown key"),
-                                      ("steps:\n  - quantize: {method: rtn}\ncalibration: {samplez: 4}\n", "calibration.samplez: unknown key")])
+@pytest.mark.parametrize(
+    "typo,key",
+    [
+        ("stepz:\n  - quantize: {method: rtn}\n", "stepz: unknown key"),
+        ("steps:\n  - quantize: {method: rtn, bitz: 4}\n", "steps[0].quantize.bitz: unknown key"),
+        ("steps:\n  - quantize: {method: rtn}\ncalibration: {samplez: 4}\n", "calibration.samplez: unknown key"),
+    ],
+)
 def test_included_recipes_are_validated_strictly(cli, tmp_path, typo, key):
     """A typo in an included recipe once made `run` report the unmodified model as the INT4 variant."""
     (tmp_path / "int4.yaml").write_text(typo)
@@ -132,13 +175,19 @@ def test_included_recipes_are_validated_strictly(cli, tmp_path, typo, key):
     one_line_error(code, err, f"{tmp_path / 'int4.yaml'} (included by {suite}: variants[1].recipe)", key)
 
 
-@pytest.mark.parametrize("variants,message", [
-    ("  - name: int4\n", "variants[0] (int4): no steps"),
-    ("  - name: int4\n    steps: []\n", "variants[0] (int4): no steps"),
-    ("  - name: a\n    baseline: true\n  - name: b\n    baseline: true\n", "more than one variant has baseline: true"),
-    ("  - name: a\n    baseline: true\n    steps:\n      - quantize: {method: rtn}\n", "it takes no steps"),
-    ("  - name: a\n    recipe: q.yaml\n    steps:\n      - quantize: {method: rtn}\n", "either recipe: or steps:"),
-])
+@pytest.mark.parametrize(
+    "variants,message",
+    [
+        ("  - name: int4\n", "variants[0] (int4): no steps"),
+        ("  - name: int4\n    steps: []\n", "variants[0] (int4): no steps"),
+        (
+            "  - name: a\n    baseline: true\n  - name: b\n    baseline: true\n",
+            "more than one variant has baseline: true",
+        ),
+        ("  - name: a\n    baseline: true\n    steps:\n      - quantize: {method: rtn}\n", "it takes no steps"),
+        ("  - name: a\n    recipe: q.yaml\n    steps:\n      - quantize: {method: rtn}\n", "either recipe: or steps:"),
+    ],
+)
 def test_a_variant_converts_something_unless_it_is_the_baseline(cli, tmp_path, variants, message):
     (tmp_path / "q.yaml").write_text("steps:\n  - quantize: {method: rtn}\n")
     suite = tmp_path / "suite.yaml"
@@ -179,7 +228,9 @@ RTN_STEPS = "steps:\n  - quantize: {method: rtn}\n"
 
 
 @pytest.mark.parametrize("name", _reserved_spellings())
-@pytest.mark.parametrize("where", ["variant", "included variant", "included file's name", "one-variant recipe", "file name", "--set"])
+@pytest.mark.parametrize(
+    "where", ["variant", "included variant", "included file's name", "one-variant recipe", "file name", "--set"]
+)
 def test_names_run_gives_its_own_rows_are_refused(cli, tmp_path, name, where):
     """A quantized variant named like a row `quantkit run` adds itself (the unmodified checkpoint's
     "baseline") would take that row over: refused in one line naming the file and key, wherever the
@@ -212,11 +263,15 @@ def test_names_run_gives_its_own_rows_are_refused(cli, tmp_path, name, where):
 def test_a_run_refuses_a_variant_named_baseline_before_writing(cli, tiny_llama, tmp_path):
     """The reported case: a suite whose one variant, named baseline, is INT4 RTN ran (exit 0) and
     reported the INT4 figures as "the unmodified source checkpoint"."""
-    (tmp_path / "int4-w4a16-rtn.yaml").write_text((REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text())
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text(
+        (REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text()
+    )
     suite = tmp_path / "suite.yaml"
     suite.write_text("variants:\n  - name: baseline\n    recipe: int4-w4a16-rtn.yaml\n")
     out = tmp_path / "run"
-    code, _, err, _ = cli("run", str(suite), "--model", str(tiny_llama), "--out", str(out), "--skip-eval", "--skip-bench")
+    code, _, err, _ = cli(
+        "run", str(suite), "--model", str(tiny_llama), "--out", str(out), "--skip-eval", "--skip-bench"
+    )
     one_line_error(code, err, str(suite), "variants[0]: name 'baseline' is reserved")
     assert not out.exists()
 
@@ -225,10 +280,14 @@ def test_the_unmodified_checkpoint_may_keep_its_name_and_names_differ_in_more_th
     from quantkit.recipe.files import load_recipe
 
     p = tmp_path / "r.yaml"
-    p.write_text("variants:\n  - name: baseline\n    baseline: true\n  - name: int4\n    steps:\n      - quantize: {method: rtn}\n")
+    p.write_text(
+        "variants:\n  - name: baseline\n    baseline: true\n  - name: int4\n    steps:\n      - quantize: {method: rtn}\n"
+    )
     assert [v.name for v in load_recipe(p).variants] == ["baseline", "int4"]
-    p.write_text("variants:\n  - name: int4\n    steps:\n      - quantize: {method: rtn}\n"
-                 "  - name: INT4\n    steps:\n      - quantize: {method: rtn, group_size: 64}\n")
+    p.write_text(
+        "variants:\n  - name: int4\n    steps:\n      - quantize: {method: rtn}\n"
+        "  - name: INT4\n    steps:\n      - quantize: {method: rtn, group_size: 64}\n"
+    )
     code, _, err, _ = cli("recipe", "validate", str(p))
     one_line_error(code, err, str(p), "variant names must be unique, ignoring case")
 
@@ -288,11 +347,19 @@ CONFIGS = {
     "heads-do-not-divide": lambda c: {**c, "num_attention_heads": 3, "head_dim": None},
     "wrong-width": lambda c: {**c, "intermediate_size": 128},
 }
-CONFIG_MESSAGES = {"invalid-json": "not valid JSON", "binary": "not valid JSON", "a-list": "expected a JSON object",
-                   "no-model-type": "no model_type", "no-hidden-size": "missing hidden_size", "no-layers": "missing num_hidden_layers",
-                   "no-sizes": "missing hidden_size, num_hidden_layers, num_attention_heads, vocab_size",
-                   "string-size": "hidden_size must be a positive integer", "negative-size": "num_hidden_layers must be a positive integer",
-                   "heads-do-not-divide": "not a multiple of the number of attention heads", "wrong-width": "describes [128, 128]"}
+CONFIG_MESSAGES = {
+    "invalid-json": "not valid JSON",
+    "binary": "not valid JSON",
+    "a-list": "expected a JSON object",
+    "no-model-type": "no model_type",
+    "no-hidden-size": "missing hidden_size",
+    "no-layers": "missing num_hidden_layers",
+    "no-sizes": "missing hidden_size, num_hidden_layers, num_attention_heads, vocab_size",
+    "string-size": "hidden_size must be a positive integer",
+    "negative-size": "num_hidden_layers must be a positive integer",
+    "heads-do-not-divide": "not a multiple of the number of attention heads",
+    "wrong-width": "describes [128, 128]",
+}
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))
@@ -309,14 +376,21 @@ def test_broken_config_json_is_one_line(cli, tiny_llama, tiny_text, tmp_path, ki
 def _tokenizer_json(mutate):
     def edit(tok: dict) -> dict:
         return mutate(dict(tok))
+
     return edit
 
 
 TOKENIZERS = {
     "tokenizer.json binary": ("tokenizer.json", BINARY),
     "tokenizer.json truncated": ("tokenizer.json", b'{"version": "1.0", "added_tokens": [{"id": 0, "content'),
-    "tokenizer.json no model": ("tokenizer.json", _tokenizer_json(lambda t: {k: v for k, v in t.items() if k != "model"})),
-    "tokenizer.json bad model": ("tokenizer.json", _tokenizer_json(lambda t: {**t, "model": {"type": "BPE", "vocab": 5}})),
+    "tokenizer.json no model": (
+        "tokenizer.json",
+        _tokenizer_json(lambda t: {k: v for k, v in t.items() if k != "model"}),
+    ),
+    "tokenizer.json bad model": (
+        "tokenizer.json",
+        _tokenizer_json(lambda t: {**t, "model": {"type": "BPE", "vocab": 5}}),
+    ),
     "tokenizer.json a list": ("tokenizer.json", b"[]"),
     "tokenizer_config.json invalid": ("tokenizer_config.json", b"{not json"),
     "tokenizer_config.json a list": ("tokenizer_config.json", b"[1, 2]"),
@@ -327,7 +401,9 @@ TOKENIZERS = {
 def test_broken_tokenizer_files_are_one_line(cli, tiny_llama, tiny_text, tmp_path, kind):
     name, content = TOKENIZERS[kind]
     model = broken_copy(tiny_llama, tmp_path / "m", name, content)
-    code, _, err, _ = cli("eval", str(model), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64")
+    code, _, err, _ = cli(
+        "eval", str(model), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64"
+    )
     one_line_error(code, err, str(model))
     code, _, err, _ = convert(cli, model, tmp_path / "out")
     one_line_error(code, err, str(model))
@@ -343,30 +419,42 @@ def test_weights_that_do_not_match_the_config_are_refused(tiny_llama, tmp_path):
     state = load_file(tiny_llama / "model.safetensors")
     key = "model.layers.0.self_attn.q_proj.weight"
     missing = broken_copy(tiny_llama, tmp_path / "missing", "config.json", lambda c: c)
-    save_file({k: v for k, v in state.items() if k != key}, str(missing / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in state.items() if k != key}, str(missing / "model.safetensors"), metadata={"format": "pt"}
+    )
     with pytest.raises(ModelError, match=f"no weights for {key}"):  # transformers would fill it with random numbers
         load_model(missing, dtype="float32")
     shaped = broken_copy(tiny_llama, tmp_path / "shaped", "config.json", lambda c: c)
     save_file({**state, key: state[key][:8]}, str(shaped / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(ModelError, match=rf"{key} has shape \[8, 128\] in the weights but the config.json describes \[128, 128\]"):
+    with pytest.raises(
+        ModelError, match=rf"{key} has shape \[8, 128\] in the weights but the config.json describes \[128, 128\]"
+    ):
         load_model(shaped, dtype="float32")
 
 
-@pytest.mark.parametrize("header", [b"[1, 2]", b'{"w": {"dtype": "F16", "shape": [2], "data_offsets": "x"}}', b'{"w": 5}'],
-                         ids=["list", "bad-offsets", "not-a-table"])
+@pytest.mark.parametrize(
+    "header",
+    [b"[1, 2]", b'{"w": {"dtype": "F16", "shape": [2], "data_offsets": "x"}}', b'{"w": 5}'],
+    ids=["list", "bad-offsets", "not-a-table"],
+)
 def test_malformed_safetensors_headers(tiny_llama, tmp_path, header):
     import struct
 
     from quantkit.errors import ModelError
     from quantkit.models.checkpoint import check_checkpoint
 
-    model = broken_copy(tiny_llama, tmp_path / "m", "model.safetensors", struct.pack("<Q", len(header)) + header + b"\0" * 16)
+    model = broken_copy(
+        tiny_llama, tmp_path / "m", "model.safetensors", struct.pack("<Q", len(header)) + header + b"\0" * 16
+    )
     with pytest.raises(ModelError, match="not a valid safetensors file"):
         check_checkpoint(model)
 
 
-@pytest.mark.parametrize("index", [b"{broken", b'{"weight_map": ["a"]}', b'{"weight_map": {"w": "../../etc/passwd"}}'],
-                         ids=["invalid-json", "not-a-map", "escaping-path"])
+@pytest.mark.parametrize(
+    "index",
+    [b"{broken", b'{"weight_map": ["a"]}', b'{"weight_map": {"w": "../../etc/passwd"}}'],
+    ids=["invalid-json", "not-a-map", "escaping-path"],
+)
 def test_malformed_safetensors_index(tiny_llama, tmp_path, index):
     from quantkit.errors import ModelError
     from quantkit.models.checkpoint import check_checkpoint
@@ -396,8 +484,10 @@ TEXTS = {  # file name -> (bytes, or None for a parquet table built in the test;
     "random-bytes.txt": (os.urandom(20000), "not UTF-8 text"),
     "latin1.txt": (LATIN1, "not UTF-8 text"),
     "utf16-no-bom.txt": (("plain words in utf-16 " * 400).encode("utf-16-le"), "not UTF-8 text"),
-    "latin1.jsonl": (("\n".join(json.dumps({"text": "caf"}) for _ in range(3)) + '\n{"text": "caf\xe9"}\n').encode("latin-1") * 50,
-                     "not UTF-8 text"),
+    "latin1.jsonl": (
+        ("\n".join(json.dumps({"text": "caf"}) for _ in range(3)) + '\n{"text": "caf\xe9"}\n').encode("latin-1") * 50,
+        "not UTF-8 text",
+    ),
     "binary.jsonl": (BINARY, "not"),
     "no-text-column.parquet": (None, "no 'text' column"),
     "int-text-column.parquet": (None, "not strings"),
@@ -409,8 +499,8 @@ TEXTS = {  # file name -> (bytes, or None for a parquet table built in the test;
 
 @pytest.mark.parametrize("name", list(TEXTS))
 def test_text_that_is_not_text_is_refused_before_any_model_loads(cli, tiny_llama, tmp_path, monkeypatch, name):
-    import quantkit.quantize.convert as qc
     import quantkit.evals.scorers.transformers as hf
+    import quantkit.quantize.convert as qc
 
     content, message = TEXTS[name]
     if name == "no-text-column.parquet":
@@ -421,10 +511,20 @@ def test_text_that_is_not_text_is_refused_before_any_model_loads(cli, tiny_llama
     path.write_bytes(content)
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before reading the text"))
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded the model before reading the text"))
-    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{path}", "--seq-len", "64")
+    code, _, err, _ = cli(
+        "eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{path}", "--seq-len", "64"
+    )
     one_line_error(code, err, str(path), message)
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
-                          "--out", str(tmp_path / "out"), "--calib", f"file:{path}")
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "out"),
+        "--calib",
+        f"file:{path}",
+    )
     one_line_error(code, err, str(path), message)
     assert not (tmp_path / "out").exists()
 
@@ -432,13 +532,15 @@ def test_text_that_is_not_text_is_refused_before_any_model_loads(cli, tiny_llama
 def test_self_as_eval_text_needs_a_model_that_loads(cli, tiny_llama, tmp_path):
     """`--text self` of a checkpoint with broken weights: one line, not a traceback."""
     model = broken_copy(tiny_llama, tmp_path / "m", "model.safetensors", b"\x08\0\0\0\0\0\0\0{}      ")
-    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(model), "--text", "self", "--seq-len", "16", "--max-tokens", "32")
+    code, _, err, _ = cli(
+        "eval", str(tiny_llama), "--baseline", str(model), "--text", "self", "--seq-len", "16", "--max-tokens", "32"
+    )
     assert code == 2 and "Traceback" not in err
 
 
 # ---------------------------------------------------------------- C4: remote code
 
-CONFIG_PY = '''
+CONFIG_PY = """
 import os
 
 from transformers import PretrainedConfig
@@ -456,7 +558,7 @@ class TinyCustomConfig(PretrainedConfig):
         self.num_attention_heads, self.intermediate_size = num_attention_heads, intermediate_size
         self.max_position_embeddings = max_position_embeddings
         super().__init__(**kwargs)
-'''
+"""
 
 MODELING_PY = '''
 import os
@@ -535,21 +637,53 @@ def build_custom(out: Path, tokenizer_dir: Path) -> Path:
     h, i, layers, vocab, pos = 64, 128, 2, len(tok), 512
     g = torch.Generator().manual_seed(0)
     rnd = lambda *shape, s=0.08: torch.randn(*shape, generator=g) * s  # noqa: E731
-    state = {"wte.weight": rnd(vocab, h), "wpe.weight": rnd(pos, h, s=0.02), "ln_f.weight": torch.ones(h), "ln_f.bias": torch.zeros(h),
-             "lm_head.weight": rnd(vocab, h)}
+    state = {
+        "wte.weight": rnd(vocab, h),
+        "wpe.weight": rnd(pos, h, s=0.02),
+        "ln_f.weight": torch.ones(h),
+        "ln_f.bias": torch.zeros(h),
+        "lm_head.weight": rnd(vocab, h),
+    }
     for n in range(layers):
         p = f"blocks.{n}."
-        state.update({p + "ln1.weight": torch.ones(h), p + "ln1.bias": torch.zeros(h), p + "ln2.weight": torch.ones(h),
-                      p + "ln2.bias": torch.zeros(h), p + "qkv.weight": rnd(3 * h, h), p + "qkv.bias": torch.zeros(3 * h),
-                      p + "proj.weight": rnd(h, h), p + "proj.bias": torch.zeros(h), p + "fc_in.weight": rnd(i, h),
-                      p + "fc_in.bias": torch.zeros(i), p + "fc_out.weight": rnd(h, i), p + "fc_out.bias": torch.zeros(h)})
-    save_file({k: v.half().contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    cfg = {"model_type": "tiny-custom", "architectures": ["TinyCustomForCausalLM"],
-           "auto_map": {"AutoConfig": "configuration_tinycustom.TinyCustomConfig",
-                        "AutoModelForCausalLM": "modeling_tinycustom.TinyCustomForCausalLM"},
-           "vocab_size": vocab, "hidden_size": h, "num_hidden_layers": layers, "num_attention_heads": 4, "intermediate_size": i,
-           "max_position_embeddings": pos, "torch_dtype": "float16", "tie_word_embeddings": False,
-           "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+        state.update(
+            {
+                p + "ln1.weight": torch.ones(h),
+                p + "ln1.bias": torch.zeros(h),
+                p + "ln2.weight": torch.ones(h),
+                p + "ln2.bias": torch.zeros(h),
+                p + "qkv.weight": rnd(3 * h, h),
+                p + "qkv.bias": torch.zeros(3 * h),
+                p + "proj.weight": rnd(h, h),
+                p + "proj.bias": torch.zeros(h),
+                p + "fc_in.weight": rnd(i, h),
+                p + "fc_in.bias": torch.zeros(i),
+                p + "fc_out.weight": rnd(h, i),
+                p + "fc_out.bias": torch.zeros(h),
+            }
+        )
+    save_file(
+        {k: v.half().contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
+    cfg = {
+        "model_type": "tiny-custom",
+        "architectures": ["TinyCustomForCausalLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_tinycustom.TinyCustomConfig",
+            "AutoModelForCausalLM": "modeling_tinycustom.TinyCustomForCausalLM",
+        },
+        "vocab_size": vocab,
+        "hidden_size": h,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "intermediate_size": i,
+        "max_position_embeddings": pos,
+        "torch_dtype": "float16",
+        "tie_word_embeddings": False,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+    }
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     tok.save_pretrained(str(out))
     return out
@@ -561,9 +695,13 @@ def test_remote_code_never_runs_without_the_flag(cli, tiny_dir, tiny_text, tmp_p
     model = build_custom(tmp_path / "untrusted_custom", tiny_dir / "tokenizer")
     code, _, err, _ = convert(cli, model, tmp_path / "out")
     one_line_error(code, err, "defined by code in the checkpoint", "modeling_tinycustom.py", "--trust-remote-code")
-    code, _, err, _ = cli("eval", str(model), "--baseline", str(model), "--text", f"file:{tiny_text}", "--seq-len", "64")
+    code, _, err, _ = cli(
+        "eval", str(model), "--baseline", str(model), "--text", f"file:{tiny_text}", "--seq-len", "64"
+    )
     one_line_error(code, err, "--trust-remote-code")
-    code, _, err, _ = cli("eval", str(tiny_dir / "llama-gqa"), "--baseline", str(model), "--text", f"file:{tiny_text}", "--seq-len", "64")
+    code, _, err, _ = cli(
+        "eval", str(tiny_dir / "llama-gqa"), "--baseline", str(model), "--text", f"file:{tiny_text}", "--seq-len", "64"
+    )
     one_line_error(code, err, "--trust-remote-code")
     assert not marker.exists(), marker.read_text()
     assert not [m for m in sys.modules if "untrusted_custom" in m]
@@ -581,9 +719,23 @@ def test_trust_remote_code_converts_evaluates_and_verifies(cli, tiny_dir, tiny_t
     v = data["verification"]
     assert v["status"] == "passed" and v["mean_kl"] <= v["threshold_mean_kl"] and v["top1_agreement"] > 0.99
     assert (out / "modeling_tinycustom.py").is_file() and (out / "configuration_tinycustom.py").is_file()
-    assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"].endswith("TinyCustomForCausalLM")
-    code, _, err, ev = cli("eval", str(out), "--baseline", str(model), "--text", f"file:{tiny_text}", "--seq-len", "64",
-                           "--max-tokens", "256", "--trust-remote-code", "--json")
+    assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"].endswith(
+        "TinyCustomForCausalLM"
+    )
+    code, _, err, ev = cli(
+        "eval",
+        str(out),
+        "--baseline",
+        str(model),
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "256",
+        "--trust-remote-code",
+        "--json",
+    )
     assert code == 0, err
     assert ev["baseline_check"]["match"] is True and 0 < ev["kld"]["mean"] < 0.5 and ev["top1_agreement"] > 0.5
 
@@ -595,8 +747,16 @@ def test_offline_hf_text_fails_before_the_model_loads(cli, tiny_llama, tmp_path,
     import quantkit.quantize.convert as qc
 
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking the text"))
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
-                          "--out", str(tmp_path / "out"), "--calib", "hf:nobody/no-such-dataset:train")
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "out"),
+        "--calib",
+        "hf:nobody/no-such-dataset:train",
+    )
     one_line_error(code, err, "hf:nobody/no-such-dataset:train")
     assert not (tmp_path / "out").exists()
 
@@ -609,12 +769,14 @@ def test_unreachable_hub_fails_fast_without_retries(tiny_llama, monkeypatch):
     import datasets
     from huggingface_hub import constants
 
-    from quantkit.errors import OfflineError
     from quantkit.data.text import parse_spec, read_text
+    from quantkit.errors import OfflineError
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
-    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("datasets was asked before the Hub was probed"))
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda *a, **k: pytest.fail("datasets was asked before the Hub was probed")
+    )
     t = time.perf_counter()
     with pytest.raises(OfflineError, match="unreachable"):
         read_text(parse_spec("hf:org/data:train"))
@@ -639,8 +801,17 @@ def test_run_checks_its_eval_text_before_converting_anything(cli, tiny_llama, tm
 
     (tmp_path / "random.bin.txt").write_bytes(os.urandom(4096))
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("converted before checking the eval text"))
-    code, _, err, _ = cli("run", str(rtn_recipe(tmp_path)), "--model", str(tiny_llama), "--out", str(tmp_path / "run"),
-                          "--eval-text", text.format(tmp=tmp_path), "--skip-bench")
+    code, _, err, _ = cli(
+        "run",
+        str(rtn_recipe(tmp_path)),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "run"),
+        "--eval-text",
+        text.format(tmp=tmp_path),
+        "--skip-bench",
+    )
     one_line_error(code, err, text.format(tmp=tmp_path).split(":", 1)[1].split(":")[0])
 
 
@@ -673,19 +844,44 @@ def test_reload_check_catches_a_precision_slip_the_old_threshold_passed(tiny_lla
 @pytest.mark.parametrize("recipe", ["bnb-nf4", "int4-w4a16-gptq-g64"])
 def test_trust_remote_code_with_other_methods(cli, tiny_dir, tiny_text, tmp_path, recipe):
     model = build_custom(tmp_path / f"custom_{recipe.replace('-', '_')}", tiny_dir / "tokenizer")
-    code, _, err, data = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(tmp_path / "a"),
-                             "--calib", f"file:{tiny_text}", "--set", "calibration.samples=8", "--set", "calibration.seq_len=64",
-                             "--trust-remote-code", "--json")
+    code, _, err, data = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "a"),
+        "--calib",
+        f"file:{tiny_text}",
+        "--set",
+        "calibration.samples=8",
+        "--set",
+        "calibration.seq_len=64",
+        "--trust-remote-code",
+        "--json",
+    )
     assert code == 0, err
     assert data["verification"]["status"] == "passed" and (tmp_path / "a" / "modeling_tinycustom.py").is_file()
 
 
-@pytest.mark.parametrize("recipe,ignore", [("int4-w4a16-rtn", "['re:.*']"), ("bnb-nf4", "['re:.*']"),
-                                           ("int4-w4a16-rtn", "['re:model\\..*', lm_head]")])
-def test_a_quantize_step_that_ignores_every_layer_is_not_a_variant(cli, tiny_llama, tmp_path, monkeypatch, recipe, ignore):
+@pytest.mark.parametrize(
+    "recipe,ignore",
+    [("int4-w4a16-rtn", "['re:.*']"), ("bnb-nf4", "['re:.*']"), ("int4-w4a16-rtn", "['re:model\\..*', lm_head]")],
+)
+def test_a_quantize_step_that_ignores_every_layer_is_not_a_variant(
+    cli, tiny_llama, tmp_path, monkeypatch, recipe, ignore
+):
     import quantkit.quantize.convert as qc
 
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
-                          "--set", f"steps[0].quantize.ignore={ignore}")
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "a"),
+        "--set",
+        f"steps[0].quantize.ignore={ignore}",
+    )
     one_line_error(code, err, "steps[0].quantize.ignore", "nothing would be quantized")

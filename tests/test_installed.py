@@ -4,9 +4,8 @@ script has run (its stamp is there), unless llama.cpp was left out on purpose; i
 import sys
 from pathlib import Path
 
-import pytest
-
 import installed
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,4 +47,6 @@ def test_without_the_install_script_a_missing_tool_skips(venv):
 def test_the_install_script_records_what_it_left_out():
     """The file installed.py reads is the one scripts/_install.sh writes."""
     script = (REPO / "scripts" / "_install.sh").read_text()
-    assert f"touch .venv/{installed.LLAMACPP_LEFT_OUT.name}" in script and f"stamp=.venv/{installed.STAMP.name}" in script
+    assert (
+        f"touch .venv/{installed.LLAMACPP_LEFT_OUT.name}" in script and f"stamp=.venv/{installed.STAMP.name}" in script
+    )

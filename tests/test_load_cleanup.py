@@ -31,8 +31,9 @@ SERVER = ["{python}", FAKE, "--port", "{port}", "--slots", "1"]
 HOWS = ["wrapper", "setsid", "daemon"]
 GONE_WITHIN_S = 30.0  # the supervisor's SIGTERM round plus a loaded 2-core machine
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="the supervisor (subreaper, parent-death signal) is Linux's")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the supervisor (subreaper, parent-death signal) is Linux's"
+)
 
 
 def _command(how: str, record: Path, worker: list[str]) -> list[str]:
@@ -99,10 +100,24 @@ def _one_error(stderr: str) -> bool:
 
 
 def _spawn_levers(study: Path, out: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-c", "from quantkit.cli import main; main()", "levers", str(study), "--out", str(out),
-           "--trust-study"]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    cmd = [
+        sys.executable,
+        "-c",
+        "from quantkit.cli import main; main()",
+        "levers",
+        str(study),
+        "--out",
+        str(out),
+        "--trust-study",
+    ]
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 @pytest.mark.parametrize("how", HOWS)
@@ -158,30 +173,47 @@ def test_a_server_that_ignores_sigterm_is_killed_with_what_it_started(cli, tmp_p
     import quantkit.load.process as process
 
     monkeypatch.setattr(process, "STOP_GRACE_S", 1.0)
-    deaf = ["{python}", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(1000)",
-            "{port}"]
+    deaf = [
+        "{python}",
+        "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(1000)",
+        "{port}",
+    ]
     record_file = tmp_path / "worker"
     wrapper = ["sh", "-c", "trap '' TERM; " + shlex.join(["{python}", ESCAPE, "setsid", str(record_file), *deaf])]
     start = time.monotonic()
-    code, _, stderr, _ = cli("levers", str(_study(tmp_path, wrapper, ready_timeout_s=3)), "--out",
-                             str(tmp_path / "out"), "--trust-study")
+    code, _, stderr, _ = cli(
+        "levers", str(_study(tmp_path, wrapper, ready_timeout_s=3)), "--out", str(tmp_path / "out"), "--trust-study"
+    )
     record = _read_record(record_file, within_s=0)
     leftovers.append(record)
     assert code == 2 and "not ready within 3 s" in stderr and _one_error(stderr)
     assert _ends(record, within_s=5) and time.monotonic() - start < 60
 
 
-@pytest.mark.parametrize("command, message", [
-    (["{python}", "-c", "import sys; print('bye', file=sys.stderr); sys.exit(5)", "{port}"], "exited with code 5"),
-    (["/nonexistent/server-binary", "--port", "{port}"], "cannot start the server (/nonexistent/server-binary"),
-    (["{python}", "-c", "import socket, sys; socket.create_server(('127.0.0.1', int(sys.argv[1])))", "PORT", "{port}"],
-     "Address already in use"),
-])
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        (["{python}", "-c", "import sys; print('bye', file=sys.stderr); sys.exit(5)", "{port}"], "exited with code 5"),
+        (["/nonexistent/server-binary", "--port", "{port}"], "cannot start the server (/nonexistent/server-binary"),
+        (
+            [
+                "{python}",
+                "-c",
+                "import socket, sys; socket.create_server(('127.0.0.1', int(sys.argv[1])))",
+                "PORT",
+                "{port}",
+            ],
+            "Address already in use",
+        ),
+    ],
+)
 def test_servers_that_cannot_start_are_one_line(cli, tmp_path, command, message):
     with socket.create_server(("127.0.0.1", 0)) as taken:  # a port another program holds
         command = [str(taken.getsockname()[1]) if part == "PORT" else part for part in command]
-        code, _, stderr, _ = cli("levers", str(_study(tmp_path, command)), "--out", str(tmp_path / "out"),
-                                 "--trust-study")
+        code, _, stderr, _ = cli(
+            "levers", str(_study(tmp_path, command)), "--out", str(tmp_path / "out"), "--trust-study"
+        )
     assert code == 2 and _one_error(stderr) and message in stderr, stderr
 
 
@@ -191,8 +223,13 @@ def test_without_the_supervisor_the_process_group_is_still_stopped(cli, tmp_path
 
     monkeypatch.setattr(process, "supervised", lambda: False)
     record_file = tmp_path / "worker"
-    code, _, stderr, _ = cli("levers", str(_study(tmp_path, _command("wrapper", record_file, SERVER))),
-                             "--out", str(tmp_path / "out"), "--trust-study")
+    code, _, stderr, _ = cli(
+        "levers",
+        str(_study(tmp_path, _command("wrapper", record_file, SERVER))),
+        "--out",
+        str(tmp_path / "out"),
+        "--trust-study",
+    )
     record = _read_record(record_file, within_s=0)
     leftovers.append(record)
     assert code == 0, stderr
@@ -203,14 +240,31 @@ def test_the_supervisor_starts_nothing_once_its_parent_is_gone(tmp_path):
     """The parent-death signal is armed after the supervisor starts: a parent that died before then
     (here: a pid that is not its parent) must not leave a server nobody will stop."""
     marker = tmp_path / "started"
-    result = subprocess.run([sys.executable, "-I", "-S", str(SUPERVISOR), "--parent", str(os.getppid()),
-                             "--grace", "1", "--", "touch", str(marker)], capture_output=True, timeout=30)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            str(SUPERVISOR),
+            "--parent",
+            str(os.getppid()),
+            "--grace",
+            "1",
+            "--",
+            "touch",
+            str(marker),
+        ],
+        capture_output=True,
+        timeout=30,
+    )
     assert result.returncode == 127 and not marker.exists()
 
 
 def test_the_supervisor_passes_the_servers_exit_code_on(tmp_path):
     """wait_ready reads the supervisor's exit code as the server's ('exited with code 3')."""
-    script = f"import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-I', '-S', {str(SUPERVISOR)!r}, " \
-             "'--parent', str(__import__('os').getpid()), '--grace', '1', '--', 'sh', '-c', sys.argv[1]]).returncode)"
+    script = (
+        f"import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-I', '-S', {str(SUPERVISOR)!r}, "
+        "'--parent', str(__import__('os').getpid()), '--grace', '1', '--', 'sh', '-c', sys.argv[1]]).returncode)"
+    )
     for shell, code in (("exit 3", 3), ("kill -9 $$", 128 + 9)):
         assert subprocess.run([sys.executable, "-c", script, shell], timeout=30).returncode == code

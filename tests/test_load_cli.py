@@ -47,8 +47,20 @@ def _load(*args) -> tuple[int, dict | None, str]:
 def test_closed_loop_finds_the_knee_of_a_two_slot_server(server, tmp_path):
     # 2 slots, ~0.4 s per request: 1 -> 2 concurrent doubles req/s, 4 only queues.
     out, png = tmp_path / "run.json", tmp_path / "run.png"
-    code, run, output = _load(server.url, *QUICK, "--concurrency", "1,2,4,8", "--slo", "ttft=150",
-                              "--out", str(out), "--plot", str(png), "--label", "two-slot")
+    code, run, output = _load(
+        server.url,
+        *QUICK,
+        "--concurrency",
+        "1,2,4,8",
+        "--slo",
+        "ttft=150",
+        "--out",
+        str(out),
+        "--plot",
+        str(png),
+        "--label",
+        "two-slot",
+    )
     assert code == 0, output
     assert run["kind"] == "load-run" and run["schema_version"] == 1 and run["label"] == "two-slot"
     assert run["stopped"] == "saturation" and len(run["steps"]) == 3  # stopped before 8
@@ -128,14 +140,36 @@ def test_server_rejecting_the_warm_up_is_a_clear_error(server):
 
 def test_ctrl_c_writes_what_was_measured(server, tmp_path):
     out = tmp_path / "partial.json"
-    cmd = [sys.executable, "-c", "from quantkit.cli import main; main()", "load", server.url, "--model", "m",
-           "--gen-len", "16", "--concurrency", "1,2", "--step-seconds", "60", "--out", str(out), "--json"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from quantkit.cli import main; main()",
+        "load",
+        server.url,
+        "--model",
+        "m",
+        "--gen-len",
+        "16",
+        "--concurrency",
+        "1,2",
+        "--step-seconds",
+        "60",
+        "--out",
+        str(out),
+        "--json",
+    ]
     # A child inherits an ignored SIGINT (something earlier in a full pytest session leaves the
     # test process with SIGINT set to SIG_IGN, and the child then never saw Ctrl-C); a user's
     # shell starts quantkit with the default disposition, so restore it.
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         # other notes (e.g. a busy-machine warning) may come first; wait for the warm-up line
         seen = [proc.stderr.readline() for _ in range(1)]

@@ -41,8 +41,19 @@ def test_normalize_url():
 
 
 def test_build_config_rejects_bad_combinations():
-    common = dict(url="http://h:1", model="m", slo=None, api="completions", engine="openai", prompt_len=8,
-                  gen_len=8, step_seconds=1.0, max_requests=None, timeout_s=5.0, patience=1)
+    common = dict(
+        url="http://h:1",
+        model="m",
+        slo=None,
+        api="completions",
+        engine="openai",
+        prompt_len=8,
+        gen_len=8,
+        step_seconds=1.0,
+        max_requests=None,
+        timeout_s=5.0,
+        patience=1,
+    )
     assert build_config(concurrency=None, rate=None, **common).levels == (1, 2, 4, 8, 16, 32)
     assert build_config(concurrency=None, rate="0.5,1", **common).mode == "rate"
     with pytest.raises(LoadError, match="not both"):
@@ -78,8 +89,12 @@ def test_chunks_fold_into_a_record():
     apply_chunk(rec, {"choices": [{"delta": {"role": "assistant"}}]}, "chat", 0.05)  # no text yet
     apply_chunk(rec, {"choices": [{"delta": {"content": "a"}}]}, "chat", 0.1)
     apply_chunk(rec, {"choices": [{"delta": {"reasoning_content": "b"}}]}, "chat", 0.2)
-    apply_chunk(rec, {"choices": [{"delta": {}, "finish_reason": "length"}],
-                      "usage": {"prompt_tokens": 7, "completion_tokens": 5}}, "chat", 0.3)
+    apply_chunk(
+        rec,
+        {"choices": [{"delta": {}, "finish_reason": "length"}], "usage": {"prompt_tokens": 7, "completion_tokens": 5}},
+        "chat",
+        0.3,
+    )
     finish_record(rec, 0.3)  # no [DONE], but a finish_reason and a clean end (transformers serve)
     assert rec.ok and rec.t_first == 0.1 and rec.chunk_times == [0.1, 0.2]
     assert rec.output_tokens == 5 and rec.prompt_tokens == 7 and rec.tokens_from_usage

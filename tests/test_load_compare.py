@@ -21,9 +21,28 @@ FIXTURES = Path(__file__).parent / "load_fixtures"
 def _run(slots: int, label: str) -> dict:
     server = FakeOpenAI(slots=slots).start()
     try:
-        result = CliRunner().invoke(cli, [
-            "load", server.url, "--model", "m", "--gen-len", "8", "--prompt-len", "16", "--concurrency", "1,2,4,8",
-            "--step-seconds", "2", "--max-requests", "12", "--label", label, "--json"])
+        result = CliRunner().invoke(
+            cli,
+            [
+                "load",
+                server.url,
+                "--model",
+                "m",
+                "--gen-len",
+                "8",
+                "--prompt-len",
+                "16",
+                "--concurrency",
+                "1,2,4,8",
+                "--step-seconds",
+                "2",
+                "--max-requests",
+                "12",
+                "--label",
+                label,
+                "--json",
+            ],
+        )
     finally:
         server.stop()
     assert result.exit_code == 0, result.output
@@ -49,13 +68,24 @@ def test_more_slots_move_the_knee(tmp_path):
 def _stub(label, knee, peak=10.0, mode="concurrency"):
     step = {"offered": 1, "achieved_qps": peak, "ttft_ms": {"p99": 10.0}, "tpot_ms": {"p99": 1.0}}
     return {
-        "kind": "load-run", "schema_version": 1, "label": label, "config": {"mode": mode}, "stopped": "bounds",
+        "kind": "load-run",
+        "schema_version": 1,
+        "label": label,
+        "config": {"mode": mode},
+        "stopped": "bounds",
         "steps": [step],
         "analysis": {
-            "knee": knee and {"offered": 1, "achieved_qps": knee, "output_tokens_per_s": 1.0,
-                              "ttft_p99_ms": 1.0, "tpot_p99_ms": 1.0},
+            "knee": knee
+            and {
+                "offered": 1,
+                "achieved_qps": knee,
+                "output_tokens_per_s": 1.0,
+                "ttft_p99_ms": 1.0,
+                "tpot_p99_ms": 1.0,
+            },
             "peak": {"offered": 1, "achieved_qps": peak, "output_tokens_per_s": 100.0},
-            "degraded_first": {"first": None}, "max_qps_within_slo": None,
+            "degraded_first": {"first": None},
+            "max_qps_within_slo": None,
         },
     }
 

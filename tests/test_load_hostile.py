@@ -31,15 +31,32 @@ def _load(*args) -> tuple[int, dict | None, str]:
 
 
 # only the choices are read differently per API: the chat API runs the kinds that touch them
-@pytest.mark.parametrize("kind, api", [(k, "completions") for k in sorted(MISBEHAVIOURS)]
-                         + [(k, "chat") for k in sorted(CHAT_KINDS)])
+@pytest.mark.parametrize(
+    "kind, api", [(k, "completions") for k in sorted(MISBEHAVIOURS)] + [(k, "chat") for k in sorted(CHAT_KINDS)]
+)
 def test_each_kind_of_misbehaviour_is_counted_for_its_request(kind, api, tmp_path):
     server = FakeOpenAI(misbehave=kind, bad_every=3, **FAST).start()  # requests 3, 6, 9 misbehave
     out = tmp_path / "run.json"
     try:
-        code, run, output = _load(server.url, "--model", "m", "--api", api, "--concurrency", "2",
-                                  "--max-requests", "9", "--gen-len", "6", "--prompt-len", "8",
-                                  "--timeout", "0.6", "--out", out)
+        code, run, output = _load(
+            server.url,
+            "--model",
+            "m",
+            "--api",
+            api,
+            "--concurrency",
+            "2",
+            "--max-requests",
+            "9",
+            "--gen-len",
+            "6",
+            "--prompt-len",
+            "8",
+            "--timeout",
+            "0.6",
+            "--out",
+            out,
+        )
     finally:
         server.stop()
     assert code == 0, output
@@ -57,8 +74,20 @@ def test_the_issue_cases_exactly(tmp_path):
     for kind, error in (("usage-lots", "stream_error"), ("closed-early", "truncated")):
         server = FakeOpenAI(misbehave=kind, bad_every=2, **FAST).start()
         try:
-            code, run, output = _load(server.url, "--model", "m", "--concurrency", "1,2", "--gen-len", "8",
-                                      "--max-requests", "6", "--no-stop", "--out", tmp_path / f"{kind}.json")
+            code, run, output = _load(
+                server.url,
+                "--model",
+                "m",
+                "--concurrency",
+                "1,2",
+                "--gen-len",
+                "8",
+                "--max-requests",
+                "6",
+                "--no-stop",
+                "--out",
+                tmp_path / f"{kind}.json",
+            )
         finally:
             server.stop()
         assert code == 0, output
@@ -69,8 +98,20 @@ def test_a_server_that_dies_mid_run_stops_the_staircase_and_keeps_the_data(tmp_p
     server = FakeOpenAI(**FAST).start()
     threading.Timer(1.0, server.stop).start()
     out = tmp_path / "run.json"
-    code, run, output = _load(server.url, "--model", "m", "--concurrency", "1,2,4", "--step-seconds", "0.7",
-                              "--gen-len", "4", "--no-stop", "--out", out)
+    code, run, output = _load(
+        server.url,
+        "--model",
+        "m",
+        "--concurrency",
+        "1,2,4",
+        "--step-seconds",
+        "0.7",
+        "--gen-len",
+        "4",
+        "--no-stop",
+        "--out",
+        out,
+    )
     assert code == 0, output
     assert run["stopped"] == "failing" and "no request succeeded" in run["stop_detail"]
     assert run["steps"][0]["completed"] > 0 and run["steps"][-1]["errors"]["connection"] > 0
@@ -92,8 +133,24 @@ def test_a_fault_inside_quantkit_still_writes_what_was_measured(tmp_path, monkey
     server = FakeOpenAI(**FAST).start()
     out = tmp_path / "run.json"
     try:
-        result = CliRunner().invoke(cli, ["load", server.url, "--model", "m", "--concurrency", "1,2,4",
-                                          "--max-requests", "3", "--gen-len", "4", "--out", str(out), "--json"])
+        result = CliRunner().invoke(
+            cli,
+            [
+                "load",
+                server.url,
+                "--model",
+                "m",
+                "--concurrency",
+                "1,2,4",
+                "--max-requests",
+                "3",
+                "--gen-len",
+                "4",
+                "--out",
+                str(out),
+                "--json",
+            ],
+        )
     finally:
         server.stop()
     assert result.exit_code == 1 and "a bug in the analysis" in result.stderr
@@ -117,12 +174,32 @@ def test_an_unwritable_out_is_refused_before_the_run(tmp_path, where):
 
 
 def _spawn(url: str, out: Path, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-c", "from quantkit.cli import main; main()", "load", url, "--model", "m",
-           "--gen-len", "16", "--concurrency", "1,2", "--out", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from quantkit.cli import main; main()",
+        "load",
+        url,
+        "--model",
+        "m",
+        "--gen-len",
+        "16",
+        "--concurrency",
+        "1,2",
+        "--out",
+        str(out),
+        *extra,
+    ]
     # default SIGINT/SIGTERM dispositions, as a shell would give (see test_load_cli's Ctrl-C test)
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def _wait_for(proc: subprocess.Popen, text: str) -> None:

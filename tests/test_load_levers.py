@@ -24,15 +24,27 @@ from quantkit.load.levers_report import lever_table, prefix_reference, render_ta
 REPO = Path(__file__).resolve().parents[1]
 FAKE = str(REPO / "tests" / "load_fixtures" / "fake_server.py")
 FIXTURES = REPO / "tests" / "load_fixtures"
-LOAD = {"concurrency": "1,2,4,8", "prompt_len": 16, "gen_len": 8, "step_seconds": 2, "max_requests": 12,
-        "slo": "ttft=150", "timeout": 20}
+LOAD = {
+    "concurrency": "1,2,4,8",
+    "prompt_len": 16,
+    "gen_len": 8,
+    "step_seconds": 2,
+    "max_requests": 12,
+    "slo": "ttft=150",
+    "timeout": 20,
+}
 
 
 def _fake_study(tmp_path: Path, levers=None, **server) -> Path:
     study = {
         "name": "fake-slots",
-        "server": {"engine": "custom", "model": "m", "ready_timeout_s": 60,
-                   "command": ["{python}", FAKE, "--port", "{port}", "--slots", "1"], **server},
+        "server": {
+            "engine": "custom",
+            "model": "m",
+            "ready_timeout_s": 60,
+            "command": ["{python}", FAKE, "--port", "{port}", "--slots", "1"],
+            **server,
+        },
         "load": LOAD,
         "levers": levers or [{"name": "one-slot"}, {"name": "four-slots", "args": ["--slots", "4"]}],
     }
@@ -86,8 +98,10 @@ def test_a_study_moves_the_knee_and_stops_its_servers(tmp_path):
 
 
 def test_a_workload_lever_and_json_output(tmp_path):
-    levers = [{"name": "unique", "load": {"prompt_len": 48}},
-              {"name": "shared", "load": {"shared_prefix": 32, "prompt_len": 16}}]
+    levers = [
+        {"name": "unique", "load": {"prompt_len": 48}},
+        {"name": "shared", "load": {"shared_prefix": 32, "prompt_len": 16}},
+    ]
     study = _fake_study(tmp_path, levers=levers, command=["{python}", FAKE, "--port", "{port}", "--cache", "usage"])
     result = CliRunner().invoke(cli, ["levers", str(study), "--out", str(tmp_path / "o"), "--json", "--trust-study"])
     assert result.exit_code == 0, result.stderr
@@ -102,39 +116,73 @@ def _count_line(stderr: str) -> int:
     return len([line for line in stderr.splitlines() if line.startswith("error:")])
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"server": {"engine": "tgi", "model": "m"}}, "unknown 'tgi'; choose one of"),
-    ({"levers": [{"name": "a"}, {"name": "b", "settings": {"n_parallel": 4}}]}, "has no lever 'n_parallel'"),
-    ({"levers": [{"name": "a"}, {"name": "b", "settings": {"cache": True, "n_threads": 1}}]}, "a lever changes one thing"),
-    ({"levers": [{"name": "a"}, {"name": "a", "settings": {"cache": True}}]}, "names must be unique"),
-    ({"levers": [{"name": "a"}, {"name": "b"}]}, "changes nothing against the baseline"),
-    ({"levers": [{"name": "../x"}]}, "levers[0].name: must be a plain name"),
-    ({"levers": []}, "levers"),
-    ({"levers": [{"name": "a"}, {"name": "b", "load": {"prompt_len": "9:3"}}]}, "levers[1] (b) load: --prompt-len"),
-    ({"levers": [{"name": "a"}, {"name": "b", "load": {"promptlen": 3}}]}, "unknown option(s) promptlen"),
-    ({"levers": [{"name": "a"}, {"name": "b", "load": {"gen_len": "many"}}]}, "levers[1].load.gen_len"),
-    ({"levers": [{"name": "a"}, {"name": "b", "args": ["--x"]}]}, "raw arguments are for custom engines"),
-    ({"load": {"shared_prefix": -4}}, "--shared-prefix"),
-    ({"surprise": 1}, "surprise: unknown key"),
-    ({"server": {"engine": "custom", "model": "m"}}, "a custom engine needs its command"),
-    ({"server": {"engine": "custom", "model": "m", "command": ["x"]}}, "must take {port}"),
-    ({"server": {"engine": "llama-cpp-python", "model": "${QK_SURELY_UNSET}"}}, "${QK_SURELY_UNSET} is not set"),
-    ({"server": {"engine": "llama-cpp-python", "model": "/nonexistent/m.gguf"}}, "/nonexistent/m.gguf does not exist"),
-    # a shared prefix longer than the context the study gives the server, refused before it starts
-    ({"server": {"engine": "llama-cpp-python", "model": "m", "settings": {"n_ctx": 512}},
-      "load": {"concurrency": "1", "shared_prefix": 600}}, "--shared-prefix 600 is longer than the server's context (512"),
-    ({"load": {"concurrency": "1", "shared_prefix": 4000}}, "(2048 tokens, llama-cpp-python's default n_ctx)"),
-    ({"levers": [{"name": "a"}, {"name": "b", "settings": {"n_ctx": 256}}],
-      "load": {"concurrency": "1", "shared_prefix": 200, "prompt_len": 64}}, "levers[1] (b) load: the longest request"),
-    ({"server": {"engine": "llama-server", "model": "m", "settings": {"ctx_size": 4096, "parallel": 4}},
-      "load": {"concurrency": "1", "shared_prefix": 1500}}, "ctx_size 4096 / settings.parallel 4"),
-    ({"load": {"concurrency": "1", "shared_prefix": 300, "context_len": 256}}, "(256 tokens, load.context_len)"),
-    ({"server": {"engine": "vllm", "model": "m", "settings": {"max_model_len": 128}},
-      "load": {"concurrency": "1", "shared_prefix": 128}}, "settings.max_model_len"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"server": {"engine": "tgi", "model": "m"}}, "unknown 'tgi'; choose one of"),
+        ({"levers": [{"name": "a"}, {"name": "b", "settings": {"n_parallel": 4}}]}, "has no lever 'n_parallel'"),
+        (
+            {"levers": [{"name": "a"}, {"name": "b", "settings": {"cache": True, "n_threads": 1}}]},
+            "a lever changes one thing",
+        ),
+        ({"levers": [{"name": "a"}, {"name": "a", "settings": {"cache": True}}]}, "names must be unique"),
+        ({"levers": [{"name": "a"}, {"name": "b"}]}, "changes nothing against the baseline"),
+        ({"levers": [{"name": "../x"}]}, "levers[0].name: must be a plain name"),
+        ({"levers": []}, "levers"),
+        ({"levers": [{"name": "a"}, {"name": "b", "load": {"prompt_len": "9:3"}}]}, "levers[1] (b) load: --prompt-len"),
+        ({"levers": [{"name": "a"}, {"name": "b", "load": {"promptlen": 3}}]}, "unknown option(s) promptlen"),
+        ({"levers": [{"name": "a"}, {"name": "b", "load": {"gen_len": "many"}}]}, "levers[1].load.gen_len"),
+        ({"levers": [{"name": "a"}, {"name": "b", "args": ["--x"]}]}, "raw arguments are for custom engines"),
+        ({"load": {"shared_prefix": -4}}, "--shared-prefix"),
+        ({"surprise": 1}, "surprise: unknown key"),
+        ({"server": {"engine": "custom", "model": "m"}}, "a custom engine needs its command"),
+        ({"server": {"engine": "custom", "model": "m", "command": ["x"]}}, "must take {port}"),
+        ({"server": {"engine": "llama-cpp-python", "model": "${QK_SURELY_UNSET}"}}, "${QK_SURELY_UNSET} is not set"),
+        (
+            {"server": {"engine": "llama-cpp-python", "model": "/nonexistent/m.gguf"}},
+            "/nonexistent/m.gguf does not exist",
+        ),
+        # a shared prefix longer than the context the study gives the server, refused before it starts
+        (
+            {
+                "server": {"engine": "llama-cpp-python", "model": "m", "settings": {"n_ctx": 512}},
+                "load": {"concurrency": "1", "shared_prefix": 600},
+            },
+            "--shared-prefix 600 is longer than the server's context (512",
+        ),
+        ({"load": {"concurrency": "1", "shared_prefix": 4000}}, "(2048 tokens, llama-cpp-python's default n_ctx)"),
+        (
+            {
+                "levers": [{"name": "a"}, {"name": "b", "settings": {"n_ctx": 256}}],
+                "load": {"concurrency": "1", "shared_prefix": 200, "prompt_len": 64},
+            },
+            "levers[1] (b) load: the longest request",
+        ),
+        (
+            {
+                "server": {"engine": "llama-server", "model": "m", "settings": {"ctx_size": 4096, "parallel": 4}},
+                "load": {"concurrency": "1", "shared_prefix": 1500},
+            },
+            "ctx_size 4096 / settings.parallel 4",
+        ),
+        ({"load": {"concurrency": "1", "shared_prefix": 300, "context_len": 256}}, "(256 tokens, load.context_len)"),
+        (
+            {
+                "server": {"engine": "vllm", "model": "m", "settings": {"max_model_len": 128}},
+                "load": {"concurrency": "1", "shared_prefix": 128},
+            },
+            "settings.max_model_len",
+        ),
+    ],
+)
 def test_bad_studies_are_one_line_and_exit_2(tmp_path, change, message):
-    study = {"name": "s", "server": {"engine": "llama-cpp-python", "model": "m"}, "load": {"concurrency": "1"},
-             "levers": [{"name": "base"}], **change}
+    study = {
+        "name": "s",
+        "server": {"engine": "llama-cpp-python", "model": "m"},
+        "load": {"concurrency": "1"},
+        "levers": [{"name": "base"}],
+        **change,
+    }
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(study))
     code, _, stderr = _levers(path, "--out", tmp_path / "o")
@@ -152,8 +200,11 @@ def test_files_that_are_not_studies(tmp_path, content):
 
 
 def test_dry_run_shows_the_exact_commands(tmp_path):
-    study = {"name": "s", "server": {"engine": "transformers-serve", "model": "/tmp", "settings": {"dtype": "float32"}},
-             "levers": [{"name": "no-cb"}, {"name": "cb", "settings": {"continuous_batching": True}}]}
+    study = {
+        "name": "s",
+        "server": {"engine": "transformers-serve", "model": "/tmp", "settings": {"dtype": "float32"}},
+        "levers": [{"name": "no-cb"}, {"name": "cb", "settings": {"continuous_batching": True}}],
+    }
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(study))
     result = CliRunner().invoke(cli, ["levers", str(path), "--dry-run", "--json"])
@@ -163,12 +214,21 @@ def test_dry_run_shows_the_exact_commands(tmp_path):
     assert cb["load"]["engine"] == "transformers" and "{port}" in " ".join(cb["command"])
     draft = tmp_path / "d.gguf"
     draft.write_bytes(b"GGUF")
-    llama = {"name": "s", "server": {"engine": "llama-server", "model": "/tmp"},
-             "levers": [{"name": "on"}, {"name": "off", "settings": {"cache_prompt": False}},
-                        {"name": "np4", "settings": {"parallel": 4}}, {"name": "spec", "settings": {"model_draft": str(draft)}}]}
+    llama = {
+        "name": "s",
+        "server": {"engine": "llama-server", "model": "/tmp"},
+        "levers": [
+            {"name": "on"},
+            {"name": "off", "settings": {"cache_prompt": False}},
+            {"name": "np4", "settings": {"parallel": 4}},
+            {"name": "spec", "settings": {"model_draft": str(draft)}},
+        ],
+    }
     path.write_text(yaml.safe_dump(llama))
     plans = json.loads(CliRunner().invoke(cli, ["levers", str(path), "--dry-run", "--json"]).stdout)["levers"]
-    assert plans[1]["body_fields"] == {"cache_prompt": False} and plans[1]["load"]["extra_body"] == {"cache_prompt": False}
+    assert plans[1]["body_fields"] == {"cache_prompt": False} and plans[1]["load"]["extra_body"] == {
+        "cache_prompt": False
+    }
     assert plans[2]["command"][-2:] == ["--parallel", "4"] and plans[3]["not_run_here"] == []
     # a draft model alone is loaded but not used: the speculator type comes with it
     assert plans[3]["command"][-4:] == ["--model-draft", str(draft), "--spec-type", "draft-simple"]
@@ -177,12 +237,18 @@ def test_dry_run_shows_the_exact_commands(tmp_path):
     engines = {line.split(":")[0]: line for line in listing.stdout.splitlines() if line and not line.startswith(" ")}
     assert list(engines) == ["transformers-serve", "llama-cpp-python", "llama-server", "vllm", "custom"]
     assert engines["llama-server"].startswith("llama-server: llama-server -m '{model}'")
-    assert "  parallel " in listing.stdout and "--parallel (value)" in listing.stdout  # a setting, with the flag it becomes
+    assert (
+        "  parallel " in listing.stdout and "--parallel (value)" in listing.stdout
+    )  # a setting, with the flag it becomes
 
 
 def test_a_server_that_fails_to_start_is_one_line_with_its_last_words(tmp_path):
-    crash = ["{python}", "-c", "import sys; print('loading...'); print('fatal: no such model', file=sys.stderr); sys.exit(3)",
-             "{port}"]
+    crash = [
+        "{python}",
+        "-c",
+        "import sys; print('loading...'); print('fatal: no such model', file=sys.stderr); sys.exit(3)",
+        "{port}",
+    ]
     code, _, stderr = _trusted(_fake_study(tmp_path, command=crash), "--out", tmp_path / "o")
     assert code == 2 and _count_line(stderr) == 1
     assert "exited with code 3" in stderr and "fatal: no such model" in stderr
@@ -190,8 +256,13 @@ def test_a_server_that_fails_to_start_is_one_line_with_its_last_words(tmp_path):
 
 def test_a_server_that_never_gets_ready_is_stopped(tmp_path):
     pid_file = tmp_path / "pid"
-    sleeper = ["{python}", "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)",
-               str(pid_file), "{port}"]
+    sleeper = [
+        "{python}",
+        "-c",
+        "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)",
+        str(pid_file),
+        "{port}",
+    ]
     code, _, stderr = _trusted(_fake_study(tmp_path, command=sleeper, ready_timeout_s=2), "--out", tmp_path / "o")
     assert code == 2 and "not ready within 2 s" in stderr
     assert _gone(int(pid_file.read_text()))
@@ -210,11 +281,25 @@ def test_ctrl_c_and_sigterm_stop_the_server_and_keep_the_runs(tmp_path, sig, cod
     data["load"].update(max_requests=None, step_seconds=30)  # a long first step, cut short
     study.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-c", "from quantkit.cli import main; main()", "levers", str(study), "--out", str(out),
-           "--trust-study"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    cmd = [
+        sys.executable,
+        "-c",
+        "from quantkit.cli import main; main()",
+        "levers",
+        str(study),
+        "--out",
+        str(out),
+        "--trust-study",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         for _ in range(50):
             line = proc.stderr.readline()
@@ -253,11 +338,14 @@ def test_prefix_reference_against_the_roofline(monkeypatch):
     monkeypatch.setattr(probe, "cached_probe", lambda device: Device("test", 1e10, 1e11, "test"))
 
     def run(label, prefix, suffix, ttft_ms):
-        return {"label": label, "config": {"workload": {"shared_prefix": prefix, "prompt_len": {"low": suffix}}},
-                "steps": [{"ttft_ms": {"p50": ttft_ms}}]}
+        return {
+            "label": label,
+            "config": {"workload": {"shared_prefix": prefix, "prompt_len": {"low": suffix}}},
+            "steps": [{"ttft_ms": {"p50": ttft_ms}}],
+        }
 
     ref = prefix_reference("smollm2-135m", [run("off", 0, 160, 100.0), run("on", 128, 32, 40.0)])
-    row, = ref["levers"]
+    (row,) = ref["levers"]
     shape = Shape.from_config(shape_config("smollm2-135m"))
     expected = 1e3 * (prefill_flops(shape, 160) - prefill_flops(shape, 32)) / 1e11
     assert row["roofline_prefix_prefill_ms"] == pytest.approx(expected)
@@ -267,14 +355,25 @@ def test_prefix_reference_against_the_roofline(monkeypatch):
     assert "| x0.40 |" in render_table({"table": [], "prefix_reference": ref})
 
 
-@pytest.mark.parametrize("study", sorted((REPO / "quantkit" / "resources" / "studies").glob("levers-*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "study", sorted((REPO / "quantkit" / "resources" / "studies").glob("levers-*.yaml")), ids=lambda p: p.name
+)
 def test_the_shipped_studies_validate(study, tmp_path, monkeypatch):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                                                   "num_attention_heads": 4, "vocab_size": 100}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "vocab_size": 100,
+            }
+        )
+    )
     for name in ("QK_DEMO_F16", "QK_DEMO_Q4_0", "QK_GGUF", "QK_DRAFT_GGUF"):
         monkeypatch.setenv(name, str(gguf))
     monkeypatch.setenv("QK_DEMO_MODEL", str(model))
@@ -290,9 +389,15 @@ def test_the_shipped_studies_validate(study, tmp_path, monkeypatch):
 def test_the_whole_process_group_is_stopped(tmp_path):
     """A server started through a wrapper (as `vllm serve` or a shell script would): its children go too."""
     pid_file = tmp_path / "child.pid"
-    wrapper = ["{python}", "-c",
-               "import subprocess, sys; p = subprocess.Popen([sys.executable, sys.argv[1], '--port', sys.argv[2]]); "
-               "open(sys.argv[3], 'w').write(str(p.pid)); p.wait()", FAKE, "{port}", str(pid_file)]
+    wrapper = [
+        "{python}",
+        "-c",
+        "import subprocess, sys; p = subprocess.Popen([sys.executable, sys.argv[1], '--port', sys.argv[2]]); "
+        "open(sys.argv[3], 'w').write(str(p.pid)); p.wait()",
+        FAKE,
+        "{port}",
+        str(pid_file),
+    ]
     study = _fake_study(tmp_path, command=wrapper, levers=[{"name": "only"}])
     data = yaml.safe_load(study.read_text())
     data["load"].update(concurrency="1", max_requests=2)
@@ -306,11 +411,20 @@ def test_the_whole_process_group_is_stopped(tmp_path):
 def test_how_settings_become_flags_and_body_fields():
     from quantkit.load.servers import SERVERS, StudyError, fill, lever_args
 
-    args, body = lever_args(SERVERS["llama-cpp-python"], {"cache": True, "interrupt_requests": False, "n_threads": 2}, "x")
+    args, body = lever_args(
+        SERVERS["llama-cpp-python"], {"cache": True, "interrupt_requests": False, "n_threads": 2}, "x"
+    )
     assert args == ["--cache", "true", "--interrupt_requests", "false", "--n_threads", "2"] and body == {}
-    args, body = lever_args(SERVERS["vllm"], {"enable_prefix_caching": False, "speculative_config": {"method": "ngram"}}, "x")
+    args, body = lever_args(
+        SERVERS["vllm"], {"enable_prefix_caching": False, "speculative_config": {"method": "ngram"}}, "x"
+    )
     assert args == ["--no-enable-prefix-caching", "--speculative-config", '{"method": "ngram"}']
     assert lever_args(SERVERS["llama-server"], {"cache_prompt": False}, "x") == ([], {"cache_prompt": False})
     with pytest.raises(StudyError, match="llama-cpp-python has no lever 'parallel'"):
         lever_args(SERVERS["llama-cpp-python"], {"parallel": 4}, "levers[1]")
-    assert fill(["{python}", "--port", "{port}", "{other}"], {"python": "py", "port": "8"}) == ["py", "--port", "8", "{other}"]
+    assert fill(["{python}", "--port", "{port}", "{other}"], {"python": "py", "port": "8"}) == [
+        "py",
+        "--port",
+        "8",
+        "{other}",
+    ]

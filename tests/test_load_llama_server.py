@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-
 from installed import llama_tool
+
 from quantkit.cli import cli
 from quantkit.load.records import RequestRecord
 from quantkit.load.servers import SERVERS, lever_args
@@ -51,14 +51,20 @@ class _DropsAfterStream(socketserver.StreamRequestHandler):
 
     def _json(self, payload: dict) -> None:
         data = json.dumps(payload).encode()
-        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nKeep-Alive: timeout=5, max=100\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        self.wfile.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nKeep-Alive: timeout=5, max=100\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+        )
 
     def _stream(self) -> None:
-        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-                         b"Keep-Alive: timeout=5, max=100\r\n\r\n")
-        final = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
-                 "usage": {"prompt_tokens": 8, "completion_tokens": 2}}
+        self.wfile.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+            b"Keep-Alive: timeout=5, max=100\r\n\r\n"
+        )
+        final = {
+            "choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 8, "completion_tokens": 2},
+        }
         for event in ({"choices": [{"index": 0, "text": " a"}]}, {"choices": [{"index": 0, "text": " b"}]}, final):
             self._chunk(f"data: {json.dumps(event)}\n\n".encode())
         self._chunk(b"data: [DONE]\n\n")
@@ -84,8 +90,25 @@ def dropping_server():
 def test_llama_server_engine_opens_a_connection_per_request(cli, dropping_server, engine, dropped):
     """--engine llamacpp never sends a request on a connection llama-server is about to drop; a client
     that reuses connections (--engine openai) loses requests to it, which shows the server drops them."""
-    code, _, stderr, run = cli("load", dropping_server, "--model", "m", "--engine", engine, "--concurrency", "1",
-                               "--prompt-len", "4", "--gen-len", "2", "--max-requests", "6", "--timeout", "10", "--json")
+    code, _, stderr, run = cli(
+        "load",
+        dropping_server,
+        "--model",
+        "m",
+        "--engine",
+        engine,
+        "--concurrency",
+        "1",
+        "--prompt-len",
+        "4",
+        "--gen-len",
+        "2",
+        "--max-requests",
+        "6",
+        "--timeout",
+        "10",
+        "--json",
+    )
     assert code == 0, stderr
     step = run["steps"][0]
     assert step["requests"] == 6
@@ -101,15 +124,27 @@ def test_llama_server_engine_opens_a_connection_per_request(cli, dropping_server
 def test_a_draft_model_turns_speculative_decoding_on():
     kind = SERVERS["llama-server"]
     args, body = lever_args(kind, {"model_draft": "/d.gguf", "draft_max": 8, "parallel": 4}, "x")
-    assert args == ["--model-draft", "/d.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "8", "--parallel", "4"]
+    assert args == [
+        "--model-draft",
+        "/d.gguf",
+        "--spec-type",
+        "draft-simple",
+        "--spec-draft-n-max",
+        "8",
+        "--parallel",
+        "4",
+    ]
     assert body == {} and all(key.here for key in kind.keys.values())  # every llama-server lever runs on a CPU
 
 
 def test_a_missing_draft_model_is_refused_before_a_server_starts(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    study = {"name": "s", "server": {"engine": "llama-server", "model": str(model)},
-             "levers": [{"name": "base"}, {"name": "spec", "settings": {"model_draft": str(tmp_path / "gone.gguf")}}]}
+    study = {
+        "name": "s",
+        "server": {"engine": "llama-server", "model": str(model)},
+        "levers": [{"name": "base"}, {"name": "spec", "settings": {"model_draft": str(tmp_path / "gone.gguf")}}],
+    }
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(study))
     result = CliRunner().invoke(cli, ["levers", str(path), "--out", str(tmp_path / "out")])
@@ -119,9 +154,11 @@ def test_a_missing_draft_model_is_refused_before_a_server_starts(tmp_path):
 
 
 def _final(timings: dict) -> dict:
-    return {"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
-            "usage": {"prompt_tokens": 40, "completion_tokens": 8, "prompt_tokens_details": {"cached_tokens": 32}},
-            "timings": {"cache_n": 32, "prompt_n": 8, **timings}}
+    return {
+        "choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 40, "completion_tokens": 8, "prompt_tokens_details": {"cached_tokens": 32}},
+        "timings": {"cache_n": 32, "prompt_n": 8, **timings},
+    }
 
 
 def _record(final: dict) -> RequestRecord:
@@ -139,7 +176,11 @@ def test_speculative_drafts_are_read_from_the_stream(drafted, accepted):
 
 def test_a_server_that_does_not_speculate_reports_no_drafts():
     rec = _record(_final({}))
-    assert rec.ok and rec.draft_tokens is None and speculation([rec]) == {"draft_tokens_mean": None, "draft_acceptance": None}
+    assert (
+        rec.ok
+        and rec.draft_tokens is None
+        and speculation([rec]) == {"draft_tokens_mean": None, "draft_acceptance": None}
+    )
 
 
 def test_more_accepted_than_drafted_is_a_stream_error():
@@ -147,8 +188,14 @@ def test_more_accepted_than_drafted_is_a_stream_error():
     assert rec.error == "stream_error" and "accepted draft tokens (5) exceed the drafted (4)" in rec.detail
 
 
-@pytest.mark.parametrize("timings", [{"draft_n": -1, "draft_n_accepted": 0}, {"draft_n": 3, "draft_n_accepted": "2"},
-                                     {"draft_n": 2.5, "draft_n_accepted": 1}])
+@pytest.mark.parametrize(
+    "timings",
+    [
+        {"draft_n": -1, "draft_n_accepted": 0},
+        {"draft_n": 3, "draft_n_accepted": "2"},
+        {"draft_n": 2.5, "draft_n_accepted": 1},
+    ],
+)
 def test_draft_counts_that_are_not_token_counts_break_the_stream(timings):
     with pytest.raises(MalformedChunk, match="not a token count"):  # the client counts it as a stream_error
         _record(_final(timings))
@@ -168,8 +215,11 @@ def tiny_gguf(tiny_dir, tmp_path_factory) -> Path:
     """The tiny llama fixture as an F16 GGUF (quantkit export)."""
     root = tmp_path_factory.mktemp("llama-server")
     out = root / "tiny-f16.gguf"
-    result = CliRunner().invoke(cli, ["export", str(tiny_dir / "llama-gqa"), "--format", "gguf", "--out", str(out)],
-                                env={"QUANTKIT_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"})
+    result = CliRunner().invoke(
+        cli,
+        ["export", str(tiny_dir / "llama-gqa"), "--format", "gguf", "--out", str(out)],
+        env={"QUANTKIT_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"},
+    )
     assert result.exit_code == 0, result.output
     return out
 
@@ -180,13 +230,27 @@ def test_a_lever_study_against_llama_server(tiny_gguf, tmp_path):
     llama_tool("llama-server")
     study = {
         "name": "tiny-llama-server",
-        "server": {"engine": "llama-server", "model": str(tiny_gguf), "ready_timeout_s": 60,
-                   "settings": {"threads": 1, "ctx_size": 512, "parallel": 1}},
-        "load": {"concurrency": "1,2", "shared_prefix": 32, "prompt_len": 8, "gen_len": 8, "max_requests": 4,
-                 "timeout": 60, "no_stop": True},
-        "levers": [{"name": "one-slot"}, {"name": "two-slots", "settings": {"parallel": 2}},
-                   {"name": "no-prompt-cache", "settings": {"cache_prompt": False}},
-                   {"name": "speculative", "settings": {"model_draft": str(tiny_gguf)}}],
+        "server": {
+            "engine": "llama-server",
+            "model": str(tiny_gguf),
+            "ready_timeout_s": 60,
+            "settings": {"threads": 1, "ctx_size": 512, "parallel": 1},
+        },
+        "load": {
+            "concurrency": "1,2",
+            "shared_prefix": 32,
+            "prompt_len": 8,
+            "gen_len": 8,
+            "max_requests": 4,
+            "timeout": 60,
+            "no_stop": True,
+        },
+        "levers": [
+            {"name": "one-slot"},
+            {"name": "two-slots", "settings": {"parallel": 2}},
+            {"name": "no-prompt-cache", "settings": {"cache_prompt": False}},
+            {"name": "speculative", "settings": {"model_draft": str(tiny_gguf)}},
+        ],
     }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study))
@@ -201,7 +265,9 @@ def test_a_lever_study_against_llama_server(tiny_gguf, tmp_path):
     assert rows["one-slot"]["first_cache_hit"] > 0.3 and rows["no-prompt-cache"]["first_cache_hit"] == 0
     assert runs["two-slots"]["server_context"] == {"tokens": 256, "source": "/props n_ctx"}  # the slots split ctx_size
     assert rows["speculative"]["changes"] == f"model_draft={tiny_gguf.name}"  # a file by its name
-    assert rows["speculative"]["first_draft_acceptance"] is not None and rows["one-slot"]["first_draft_acceptance"] is None
+    assert (
+        rows["speculative"]["first_draft_acceptance"] is not None and rows["one-slot"]["first_draft_acceptance"] is None
+    )
     assert all(s["draft_tokens_mean"] > 0 for s in runs["speculative"]["steps"])
 
 
@@ -209,8 +275,11 @@ def test_a_lever_study_against_llama_server(tiny_gguf, tmp_path):
 
 
 def _run(label: str, prefix: int, ttft_ms: float) -> dict:
-    return {"label": label, "config": {"workload": {"shared_prefix": prefix, "prompt_len": {"low": 32}}},
-            "steps": [{"ttft_ms": {"p50": ttft_ms}}]}
+    return {
+        "label": label,
+        "config": {"workload": {"shared_prefix": prefix, "prompt_len": {"low": 32}}},
+        "steps": [{"ttft_ms": {"p50": ttft_ms}}],
+    }
 
 
 def test_the_prefix_is_set_against_the_lever_that_turns_the_cache_off(monkeypatch):
@@ -225,7 +294,9 @@ def test_the_prefix_is_set_against_the_lever_that_turns_the_cache_off(monkeypatc
     ref = prefix_reference("smollm2-135m", runs, base=2)
     rows = {row["lever"]: row for row in ref["levers"]}
     assert ref["baseline"] == "no-prompt-cache" and rows["no-prompt-cache"]["ttft_ratio"] == 1.0
-    assert rows["one-slot"]["ttft_ratio"] == pytest.approx(0.25) and rows["one-slot"]["saved_ms"] == pytest.approx(150.0)
+    assert rows["one-slot"]["ttft_ratio"] == pytest.approx(0.25) and rows["one-slot"]["saved_ms"] == pytest.approx(
+        150.0
+    )
     assert 0 < rows["one-slot"]["roofline_ttft_ratio"] < 1
 
 
@@ -234,11 +305,23 @@ def _study(tmp_path: Path, baseline: str) -> Path:
     model.write_bytes(b"GGUF")
     shape = tmp_path / "shape"
     shape.mkdir(exist_ok=True)
-    (shape / "config.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                                                   "num_attention_heads": 4, "vocab_size": 100}))
-    study = {"name": "s", "server": {"engine": "llama-server", "model": str(model)},
-             "levers": [{"name": "one-slot"}, {"name": "no-prompt-cache", "settings": {"cache_prompt": False}}],
-             "reference": {"shape": str(shape), "baseline": baseline}}
+    (shape / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "vocab_size": 100,
+            }
+        )
+    )
+    study = {
+        "name": "s",
+        "server": {"engine": "llama-server", "model": str(model)},
+        "levers": [{"name": "one-slot"}, {"name": "no-prompt-cache", "settings": {"cache_prompt": False}}],
+        "reference": {"shape": str(shape), "baseline": baseline},
+    }
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(study))
     return path
@@ -283,6 +366,8 @@ def test_the_benchmark_study_validates(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     plans = {plan["lever"]: plan for plan in json.loads(result.stdout)["levers"]}
     assert list(plans) == ["one-slot", "four-slots", "no-prompt-cache", "speculative"]
-    assert plans["four-slots"]["command"][-2:] == ["--parallel", "4"] and plans["no-prompt-cache"]["body_fields"] == {"cache_prompt": False}
+    assert plans["four-slots"]["command"][-2:] == ["--parallel", "4"] and plans["no-prompt-cache"]["body_fields"] == {
+        "cache_prompt": False
+    }
     assert plans["speculative"]["command"][-2:] == ["--spec-type", "draft-simple"]
     assert yaml.safe_load(study.read_text())["reference"]["baseline"] == "no-prompt-cache"

@@ -53,8 +53,19 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
     model = build_tiny_model(root / "tiny")
     port, log = _free_port(), root / "server.log"
-    cmd = [sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve", str(model),
-           "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from transformers.cli.transformers import main; main()",
+        "serve",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+    ]
     # one intra-op thread: on a shared 2-core runner two threads oversubscribe and crawl (docs/LOAD.md)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "1"}
     with open(log, "w") as sink:
@@ -77,11 +88,38 @@ def served(tmp_path_factory):
 def test_staircase_against_transformers_serve(served, tmp_path):
     url, model = served
     out = tmp_path / "run.json"
-    result = CliRunner().invoke(cli, [
-        "load", url, "--model", model, "--engine", "transformers", "--concurrency", "1,2",
-        "--prompt-len", "16", "--gen-len", "8", "--step-seconds", "10", "--max-requests", "4",
-        "--timeout", "30", "--slo", "ttft=2000,tpot=500", "--no-stop", "--keep-requests",
-        "--out", str(out), "--plot", str(tmp_path / "run.png"), "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "load",
+            url,
+            "--model",
+            model,
+            "--engine",
+            "transformers",
+            "--concurrency",
+            "1,2",
+            "--prompt-len",
+            "16",
+            "--gen-len",
+            "8",
+            "--step-seconds",
+            "10",
+            "--max-requests",
+            "4",
+            "--timeout",
+            "30",
+            "--slo",
+            "ttft=2000,tpot=500",
+            "--no-stop",
+            "--keep-requests",
+            "--out",
+            str(out),
+            "--plot",
+            str(tmp_path / "run.png"),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     run = json.loads(result.stdout)
     assert run["kind"] == "load-run" and run["stopped"] == "bounds"
@@ -99,9 +137,28 @@ def test_staircase_against_transformers_serve(served, tmp_path):
 
 def test_chat_endpoint_streams_too(served):
     url, model = served
-    result = CliRunner().invoke(cli, [
-        "load", url, "--model", model, "--engine", "transformers", "--api", "chat", "--concurrency", "1",
-        "--prompt-len", "8", "--gen-len", "4", "--max-requests", "2", "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "load",
+            url,
+            "--model",
+            model,
+            "--engine",
+            "transformers",
+            "--api",
+            "chat",
+            "--concurrency",
+            "1",
+            "--prompt-len",
+            "8",
+            "--gen-len",
+            "4",
+            "--max-requests",
+            "2",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     step = json.loads(result.stdout)["steps"][0]
     assert step["completed"] == 2 and step["output_tokens_mean"] == 4
@@ -117,10 +174,35 @@ def test_wrong_model_name_is_a_clear_error(served):
 def test_multi_turn_chat_with_a_shared_prefix(served):
     """The workload shapes against a real chat template: a system prompt, resent turns, growing prompts."""
     url, model = served
-    result = CliRunner().invoke(cli, [
-        "load", url, "--model", model, "--engine", "transformers", "--api", "chat", "--concurrency", "1",
-        "--turns", "2", "--shared-prefix", "24", "--prompt-len", "6:10", "--gen-len", "4", "--max-requests", "4",
-        "--timeout", "30", "--keep-requests", "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "load",
+            url,
+            "--model",
+            model,
+            "--engine",
+            "transformers",
+            "--api",
+            "chat",
+            "--concurrency",
+            "1",
+            "--turns",
+            "2",
+            "--shared-prefix",
+            "24",
+            "--prompt-len",
+            "6:10",
+            "--gen-len",
+            "4",
+            "--max-requests",
+            "4",
+            "--timeout",
+            "30",
+            "--keep-requests",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     run = json.loads(result.stdout)
     records = run["requests"][0]
@@ -137,10 +219,21 @@ def test_a_lever_study_against_transformers_serve(tmp_path):
     model = build_tiny_model(tmp_path / "tiny")
     study = {
         "name": "tiny-cb",
-        "server": {"engine": "transformers-serve", "model": str(model), "ready_timeout_s": READY_TIMEOUT_S,
-                   "settings": {"device": "cpu", "cb_block_size": 16, "cb_num_blocks": 64, "cb_max_batch_tokens": 128},
-                   "env": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}},
-        "load": {"concurrency": "1,2", "prompt_len": 8, "gen_len": 4, "max_requests": 2, "timeout": 60, "no_stop": True},
+        "server": {
+            "engine": "transformers-serve",
+            "model": str(model),
+            "ready_timeout_s": READY_TIMEOUT_S,
+            "settings": {"device": "cpu", "cb_block_size": 16, "cb_num_blocks": 64, "cb_max_batch_tokens": 128},
+            "env": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"},
+        },
+        "load": {
+            "concurrency": "1,2",
+            "prompt_len": 8,
+            "gen_len": 4,
+            "max_requests": 2,
+            "timeout": 60,
+            "no_stop": True,
+        },
         "levers": [{"name": "no-cb"}, {"name": "cb", "settings": {"continuous_batching": True}}],
     }
     path = tmp_path / "study.yaml"

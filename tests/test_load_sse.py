@@ -11,7 +11,7 @@ from quantkit.load.sse import DONE, LineSplitter, MalformedChunk, apply_chunk, f
 
 def test_lines_split_across_reads_and_line_endings():
     split = LineSplitter()
-    assert split.feed(b"data: {\"a\"") == []
+    assert split.feed(b'data: {"a"') == []
     assert split.feed(b": 1}\r\ndata: [DO") == [b'data: {"a": 1}']
     assert split.feed(b"NE]\r") == [b"data: [DONE]"]
     assert split.feed(b"\n: ping\rdata: x") == [b"", b": ping"]  # \r\n split over two reads: one blank line
@@ -27,7 +27,7 @@ def test_an_endless_line_is_refused():
         LineSplitter(max_line=1000).feed(b"ok\n" + b"z" * 1001)
 
 
-@pytest.mark.parametrize("line", [b"\xff\xfe\x00 binary", b"{\"raw\": \"json without data:\"}", b"<html>"])
+@pytest.mark.parametrize("line", [b"\xff\xfe\x00 binary", b'{"raw": "json without data:"}', b"<html>"])
 def test_lines_that_are_not_events(line):
     with pytest.raises(MalformedChunk, match="not a server-sent event"):
         parse_line(line)
@@ -57,10 +57,16 @@ def test_malformed_chunks_are_refused(name, api):
 def test_llama_cpp_timings_and_openai_cached_tokens():
     rec = RequestRecord(t_send=0.0, done=True, finish_reason="length")
     apply_chunk(rec, {"choices": [{"text": "a"}]}, "completions", 0.1)
-    apply_chunk(rec, {"choices": [], "timings": {"cache_n": 96, "prompt_n": 32, "predicted_ms": 1.5}}, "completions", 0.2)
+    apply_chunk(
+        rec, {"choices": [], "timings": {"cache_n": 96, "prompt_n": 32, "predicted_ms": 1.5}}, "completions", 0.2
+    )
     assert (rec.prompt_tokens, rec.cached_tokens) == (128, 96)  # llama.cpp: cache_n + prompt_n
-    apply_chunk(rec, {"usage": {"prompt_tokens": 130, "completion_tokens": 1,
-                                "prompt_tokens_details": {"cached_tokens": 64}}}, "completions", 0.3)
+    apply_chunk(
+        rec,
+        {"usage": {"prompt_tokens": 130, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 64}}},
+        "completions",
+        0.3,
+    )
     assert (rec.prompt_tokens, rec.cached_tokens, rec.output_tokens) == (130, 64, 1)  # usage wins
     assert finish_record(rec, 0.3).ok
 

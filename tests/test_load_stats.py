@@ -24,10 +24,26 @@ RECORDED = Path(__file__).parent / "load_fixtures" / "recorded_transformers_serv
 
 
 def _records() -> list[RequestRecord]:
-    ok1 = RequestRecord(t_send=0.0, t_first=0.1, t_end=0.4, chunk_times=[0.1, 0.2, 0.3, 0.4],
-                        output_tokens=4, prompt_tokens=10, tokens_from_usage=True, client_s=0.001)
-    ok2 = RequestRecord(t_send=0.0, t_first=0.3, t_end=0.35, chunk_times=[0.3, 0.35],
-                        output_tokens=2, prompt_tokens=12, tokens_from_usage=True, client_s=0.003)
+    ok1 = RequestRecord(
+        t_send=0.0,
+        t_first=0.1,
+        t_end=0.4,
+        chunk_times=[0.1, 0.2, 0.3, 0.4],
+        output_tokens=4,
+        prompt_tokens=10,
+        tokens_from_usage=True,
+        client_s=0.001,
+    )
+    ok2 = RequestRecord(
+        t_send=0.0,
+        t_first=0.3,
+        t_end=0.35,
+        chunk_times=[0.3, 0.35],
+        output_tokens=2,
+        prompt_tokens=12,
+        tokens_from_usage=True,
+        client_s=0.003,
+    )
     failed = RequestRecord(t_send=0.1, t_end=0.12, error="http_5xx", status=500)
     timed_out = RequestRecord(t_send=0.2, t_end=1.0, error="timeout")
     return [ok1, ok2, failed, timed_out]
@@ -72,8 +88,13 @@ def test_goodput_counts_requests_within_every_slo(slo, good):
 
 
 def _step(offered, qps, ttft, tpot):
-    return {"offered": offered, "achieved_qps": qps, "output_tokens_per_s": qps * 10,
-            "ttft_ms": {"p99": ttft}, "tpot_ms": {"p99": tpot}}
+    return {
+        "offered": offered,
+        "achieved_qps": qps,
+        "output_tokens_per_s": qps * 10,
+        "ttft_ms": {"p99": ttft},
+        "tpot_ms": {"p99": tpot},
+    }
 
 
 SATURATING = [_step(1, 10, 30, 7.0), _step(2, 19, 35, 7.2), _step(4, 21, 120, 7.5), _step(8, 21, 250, 7.6)]
@@ -131,11 +152,14 @@ def test_max_qps_within_slo_and_analysis():
 
 def test_a_cut_step_runs_until_it_was_cut():
     """Throughput of an interrupted step: completed requests over start -> cut, in-flight ones unfinished."""
-    done = [RequestRecord(t_send=0.0, t_first=0.1, t_end=0.5, chunk_times=[0.1], output_tokens=1, done=True)
-            for _ in range(3)]
+    done = [
+        RequestRecord(t_send=0.0, t_first=0.1, t_end=0.5, chunk_times=[0.1], output_tokens=1, done=True)
+        for _ in range(3)
+    ]
     in_flight = RequestRecord(t_send=0.6)
-    step = summarize_step(done + [in_flight], mode="concurrency", offered=4, t_start=0.0, slo=Slo(),
-                          partial=True, t_stop=2.0)
+    step = summarize_step(
+        done + [in_flight], mode="concurrency", offered=4, t_start=0.0, slo=Slo(), partial=True, t_stop=2.0
+    )
     assert step["duration_s"] == 2.0 and step["achieved_qps"] == pytest.approx(1.5)
     assert step["requests"] == 4 and step["completed"] == 3 and step["unfinished"] == 1
     assert step["error_count"] == 0

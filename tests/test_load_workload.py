@@ -31,21 +31,40 @@ def _load(server, *args) -> tuple[int, dict | None, str]:
     return result.exit_code, (json.loads(result.stdout) if result.exit_code == 0 else None), result.output
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("128", LengthSpec(128, 128)),
-    (64, LengthSpec(64, 64)),
-    ("64:256", LengthSpec(64, 256)),
-    ("256,long=0.1x4", LengthSpec(256, 256, 0.1, 4.0)),
-    ("64:256, long=0.05x2.5", LengthSpec(64, 256, 0.05, 2.5)),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("128", LengthSpec(128, 128)),
+        (64, LengthSpec(64, 64)),
+        ("64:256", LengthSpec(64, 256)),
+        ("256,long=0.1x4", LengthSpec(256, 256, 0.1, 4.0)),
+        ("64:256, long=0.05x2.5", LengthSpec(64, 256, 0.05, 2.5)),
+    ],
+)
 def test_prompt_len_syntax(spec, expected):
     assert parse_prompt_len(spec) == expected
     assert parse_prompt_len(expected.describe()) == expected  # the JSON's spec string reads back
 
 
-@pytest.mark.parametrize("spec", ["0", "-5", "256:64", "abc", "1:2:3", "256,long=0.1", "256,long=2x4",
-                                  "256,long=0x4", "256,long=0.1x1", "256,long=0.1x0.5", "256,short=0.1x4",
-                                  "256,long=.x4", "256,", "1e3"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "0",
+        "-5",
+        "256:64",
+        "abc",
+        "1:2:3",
+        "256,long=0.1",
+        "256,long=2x4",
+        "256,long=0x4",
+        "256,long=0.1x1",
+        "256,long=0.1x0.5",
+        "256,short=0.1x4",
+        "256,long=.x4",
+        "256,",
+        "1e3",
+    ],
+)
 def test_bad_prompt_len_is_one_line(spec):
     with pytest.raises(WorkloadError, match="--prompt-len") as caught:
         parse_prompt_len(spec)
@@ -111,14 +130,27 @@ def test_workload_checks():
 def test_shared_prefix_is_served_from_the_cache():
     server = FakeOpenAI(cache="usage", **FAST).start()
     try:
-        code, run, output = _load(server, "--concurrency", "1,2", "--shared-prefix", "64", "--prompt-len", "16",
-                                  "--no-stop", "--keep-requests")
+        code, run, output = _load(
+            server,
+            "--concurrency",
+            "1,2",
+            "--shared-prefix",
+            "64",
+            "--prompt-len",
+            "16",
+            "--no-stop",
+            "--keep-requests",
+        )
         code2, plain, output2 = _load(server, "--concurrency", "1", "--prompt-len", "16")
     finally:
         server.stop()
     assert code == 0 and code2 == 0, output + output2
-    assert run["config"]["workload"] == {"prompt_len": {"low": 16, "high": 16, "long_fraction": 0.0, "long_factor": 1.0},
-                                         "shared_prefix": 64, "turns": 1, "prompt_len_spec": "16"}
+    assert run["config"]["workload"] == {
+        "prompt_len": {"low": 16, "high": 16, "long_fraction": 0.0, "long_factor": 1.0},
+        "shared_prefix": 64,
+        "turns": 1,
+        "prompt_len_spec": "16",
+    }
     for step in run["steps"]:
         assert step["cached_tokens_mean"] >= 64 and step["prompt_tokens_mean"] == pytest.approx(64 + 16, abs=1)
         assert step["cache_hit_fraction"] == pytest.approx(64 / 80, abs=0.03)
@@ -141,8 +173,19 @@ def test_llama_cpp_style_timings_are_read_as_cache_hits():
 def test_multi_turn_chat_against_the_stub(mode):
     server = FakeOpenAI(cache="usage", **FAST).start()
     try:
-        code, run, output = _load(server, *mode, "--api", "chat", "--turns", "3", "--prompt-len", "8",
-                                  "--shared-prefix", "16", "--keep-requests")
+        code, run, output = _load(
+            server,
+            *mode,
+            "--api",
+            "chat",
+            "--turns",
+            "3",
+            "--prompt-len",
+            "8",
+            "--shared-prefix",
+            "16",
+            "--keep-requests",
+        )
     finally:
         server.stop()
     assert code == 0, output
@@ -163,22 +206,35 @@ def test_multi_turn_chat_against_the_stub(mode):
 def test_long_prompt_fraction_is_sent():
     server = FakeOpenAI(**FAST).start()
     try:
-        code, run, output = _load(server, "--concurrency", "4", "--max-requests", "200", "--prompt-len",
-                                  "20:40,long=0.25x4", "--keep-requests")
+        code, run, output = _load(
+            server,
+            "--concurrency",
+            "4",
+            "--max-requests",
+            "200",
+            "--prompt-len",
+            "20:40,long=0.25x4",
+            "--keep-requests",
+        )
     finally:
         server.stop()
     assert code == 0, output
     words = [r["prompt_words"] for r in run["requests"][0]]
     long = [w for w in words if w > 45]
-    assert 0.15 < len(long) / len(words) < 0.35 and max(words) < 160 and min(words) >= 19  # "Request N:" is 2 words, 3 tokens
+    assert (
+        0.15 < len(long) / len(words) < 0.35 and max(words) < 160 and min(words) >= 19
+    )  # "Request N:" is 2 words, 3 tokens
 
 
 @pytest.mark.parametrize("context_at", ["models", "props"])
-@pytest.mark.parametrize("args, message", [
-    (["--shared-prefix", "600"], "--shared-prefix 600 is longer than the server's context (512 tokens"),
-    (["--api", "chat", "--turns", "4", "--prompt-len", "120"], "does not fit the server's context (512"),
-    (["--prompt-len", "128,long=0.1x8"], "does not fit"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--shared-prefix", "600"], "--shared-prefix 600 is longer than the server's context (512 tokens"),
+        (["--api", "chat", "--turns", "4", "--prompt-len", "120"], "does not fit the server's context (512"),
+        (["--prompt-len", "128,long=0.1x8"], "does not fit"),
+    ],
+)
 def test_a_workload_the_server_cannot_hold_is_refused(context_at, args, message):
     server = FakeOpenAI(context=512, context_at=context_at, **FAST).start()
     try:
@@ -197,8 +253,11 @@ def test_context_len_overrides_and_bad_flags():
         assert code == 2 and "512 tokens, --context-len" in output
         code, run, output = _load(server, "--shared-prefix", "600", "--concurrency", "1")
         assert code == 0 and run["server_context"] == {"tokens": 4096, "source": "/v1/models max_model_len"}
-        for bad, text in ((["--turns", "2"], "--api chat"), (["--context-len", "0"], "--context-len"),
-                          (["--prompt-len", "9:3"], "--prompt-len")):
+        for bad, text in (
+            (["--turns", "2"], "--api chat"),
+            (["--context-len", "0"], "--context-len"),
+            (["--prompt-len", "9:3"], "--prompt-len"),
+        ):
             code, _, output = _load(server, *bad)
             assert code == 2 and output.count("\n") == 1 and text in output, output
     finally:
@@ -208,8 +267,21 @@ def test_context_len_overrides_and_bad_flags():
 def test_session_header_names_conversations_and_headers_stay_out_of_the_json():
     server = FakeOpenAI(**FAST).start()
     try:
-        code, run, output = _load(server, "--concurrency", "2", "--api", "chat", "--turns", "2", "--prompt-len", "8",
-                                  "--session-header", "x-session-id", "--header", "Authorization: Bearer s3cret")
+        code, run, output = _load(
+            server,
+            "--concurrency",
+            "2",
+            "--api",
+            "chat",
+            "--turns",
+            "2",
+            "--prompt-len",
+            "8",
+            "--session-header",
+            "x-session-id",
+            "--header",
+            "Authorization: Bearer s3cret",
+        )
         bad = [_load(server, "--header", "no colon")[0], _load(server, "--session-header", "bad name")[0]]
     finally:
         server.stop()

@@ -39,7 +39,9 @@ print(json.dumps({"threads": torch.get_num_threads(), "losses": losses, "best": 
 
 def near_tie(threads: int, mode: str) -> dict:
     # generous timeouts: on the loaded shared machine the imports alone have taken minutes
-    proc = subprocess.run([sys.executable, "-c", NEAR_TIE, str(threads), mode], capture_output=True, text=True, cwd=REPO, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", NEAR_TIE, str(threads), mode], capture_output=True, text=True, cwd=REPO, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -78,9 +80,25 @@ cli.main(args=sys.argv[2:], prog_name="quantkit", standalone_mode=True)
 
 
 def convert_at(threads: int, recipe: str, model: Path, text: Path, out: Path, *sets: str) -> dict:
-    args = ["convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(model), "--out", str(out),
-            "--calib", f"file:{text}", "--set", "calibration.samples=8", "--set", "calibration.seq_len=64", *sets, "--json"]
-    proc = subprocess.run([sys.executable, "-c", CONVERT, str(threads), *args], capture_output=True, text=True, cwd=REPO, timeout=900)
+    args = [
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{text}",
+        "--set",
+        "calibration.samples=8",
+        "--set",
+        "calibration.seq_len=64",
+        *sets,
+        "--json",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", CONVERT, str(threads), *args], capture_output=True, text=True, cwd=REPO, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((out / "quantkit.json").read_text())
 
@@ -94,11 +112,14 @@ def weights(path: Path) -> dict:
     return out
 
 
-@pytest.mark.parametrize("recipe,sets", [
-    ("int4-w4a16-awq-gptq-mixed", ()),
-    ("int4-w4a16-spinquant-gptq-g64", ()),
-    ("int4-w4a16-rtn", ("--set", 'steps[0].quantize={method: autoround, bits: 4, group_size: 64, iters: 10}')),
-])
+@pytest.mark.parametrize(
+    "recipe,sets",
+    [
+        ("int4-w4a16-awq-gptq-mixed", ()),
+        ("int4-w4a16-spinquant-gptq-g64", ()),
+        ("int4-w4a16-rtn", ("--set", "steps[0].quantize={method: autoround, bits: 4, group_size: 64, iters: 10}")),
+    ],
+)
 def test_same_artifact_at_1_and_2_threads(tiny_llama, tiny_text, tmp_path, recipe, sets):
     """AWQ (then GPTQ, mixed precision) and AutoRound on a tiny model: the same integers and scales
     whatever the thread count; quantkit.json records the count and the seed."""
@@ -108,5 +129,7 @@ def test_same_artifact_at_1_and_2_threads(tiny_llama, tiny_text, tmp_path, recip
     assert ("autoround_seed" in metas[0]["runtime"]) == ("autoround" in " ".join(sets))
     a, b = weights(tmp_path / "t1"), weights(tmp_path / "t2")
     assert a.keys() == b.keys()
-    differ = [k for k in a if not (a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and bool((a[k] == b[k]).all()))]
+    differ = [
+        k for k in a if not (a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and bool((a[k] == b[k]).all()))
+    ]
     assert not differ, differ[:5]

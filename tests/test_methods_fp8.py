@@ -30,7 +30,11 @@ def fp8_arts(tiny_llama, tmp_path_factory):
         out = root / scheme
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("QUANTKIT_HOME", str(root / "home"))
-            res = CliRunner().invoke(group, ["convert", recipe, "--model", str(tiny_llama), "--out", str(out), "--json"], catch_exceptions=False)
+            res = CliRunner().invoke(
+                group,
+                ["convert", recipe, "--model", str(tiny_llama), "--out", str(out), "--json"],
+                catch_exceptions=False,
+            )
         assert res.exit_code == 0, res.stderr
         arts[scheme] = (out, json.loads(res.stdout))
     return arts
@@ -50,18 +54,29 @@ def _round_rows_fp8(x: torch.Tensor) -> torch.Tensor:
 
 # ---- the recipe ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("scheme", ["w8a8", "w8a16"])
 def test_recipe_scheme_reads_and_dumps_under_its_key(scheme):
     from quantkit.recipe.files import recipe_from_dict
 
     cfg = recipe_from_dict({"steps": [{"quantize": {"method": "fp8", "scheme": scheme}}]}).steps[0].quantize
-    assert (cfg.scheme, cfg.weight_bits, cfg.storage_group, cfg.ignore) == (f"FP8-{scheme.upper()}", 8, -1, ("lm_head",))
+    assert (cfg.scheme, cfg.weight_bits, cfg.storage_group, cfg.ignore) == (
+        f"FP8-{scheme.upper()}",
+        8,
+        -1,
+        ("lm_head",),
+    )
     assert cfg.model_dump(mode="json") == {"method": "fp8", "scheme": scheme, "ignore": ["lm_head"]}
 
 
-@pytest.mark.parametrize("bad,message", [({"scheme": "w4a16"}, r"quantize\.scheme: must be one of 'w8a8' or 'w8a16'"),
-                                         ({"fp8_scheme": "w8a8"}, r"quantize\.fp8_scheme: unknown key"),
-                                         ({"bits": 4}, r"quantize\.bits: unknown key")])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ({"scheme": "w4a16"}, r"quantize\.scheme: must be one of 'w8a8' or 'w8a16'"),
+        ({"fp8_scheme": "w8a8"}, r"quantize\.fp8_scheme: unknown key"),
+        ({"bits": 4}, r"quantize\.bits: unknown key"),
+    ],
+)
 def test_recipe_refuses_what_fp8_does_not_take(bad, message):
     from quantkit.errors import RecipeError
     from quantkit.recipe.files import recipe_from_dict
@@ -72,42 +87,71 @@ def test_recipe_refuses_what_fp8_does_not_take(bad, message):
 
 def test_builtin_recipes_need_no_calibration_text(cli, tiny_llama, tmp_path):
     for scheme, recipe in SCHEMES.items():
-        code, _, err, plan = cli("convert", recipe, "--model", str(tiny_llama), "--out", str(tmp_path / scheme), "--plan", "--json")
+        code, _, err, plan = cli(
+            "convert", recipe, "--model", str(tiny_llama), "--out", str(tmp_path / scheme), "--plan", "--json"
+        )
         assert code == 0 and plan["fits"] and "calibration_forward" not in plan["time_breakdown"], err
         assert not (tmp_path / scheme).exists()
 
 
 # ---- convert: the artifact and its reload --------------------------------------------------
 
+
 @pytest.mark.parametrize("scheme", ["w8a8", "w8a16"])
 def test_convert_writes_fp8_weights_and_describes_the_scheme(fp8_arts, tiny_llama, scheme):
     art, meta = fp8_arts[scheme]
     q = meta["quantization"]
     assert (q["format"], q["method"], q["scheme"], q["weight_bits"], q["weight_type"]) == (
-        "compressed-tensors", "fp8", f"FP8-{scheme.upper()}", 8, "float8_e4m3fn")
+        "compressed-tensors",
+        "fp8",
+        f"FP8-{scheme.upper()}",
+        8,
+        "float8_e4m3fn",
+    )
     assert q["activations"] == ("float8_e4m3fn per token, dynamic" if scheme == "w8a8" else "16-bit")
-    assert meta["calibration"] is None and meta["recipe"]["steps"] == [{"quantize": {"method": "fp8", "scheme": scheme, "ignore": ["lm_head"]}}]
+    assert meta["calibration"] is None and meta["recipe"]["steps"] == [
+        {"quantize": {"method": "fp8", "scheme": scheme, "ignore": ["lm_head"]}}
+    ]
     v = meta["verification"]
-    assert v["status"] == "passed" and v["mean_kl"] <= v["threshold_mean_kl"] and v["loader"] == "transformers + compressed-tensors"
+    assert (
+        v["status"] == "passed"
+        and v["mean_kl"] <= v["threshold_mean_kl"]
+        and v["loader"] == "transformers + compressed-tensors"
+    )
 
     qcfg = json.loads((art / "config.json").read_text())["quantization_config"]
     (group,) = qcfg["config_groups"].values()
     assert qcfg["format"] == "float-quantized" and qcfg["ignore"] == ["lm_head"]
-    assert {k: group["weights"][k] for k in ("type", "num_bits", "strategy", "dynamic")} == {"type": "float", "num_bits": 8, "strategy": "channel", "dynamic": False}
+    assert {k: group["weights"][k] for k in ("type", "num_bits", "strategy", "dynamic")} == {
+        "type": "float",
+        "num_bits": 8,
+        "strategy": "channel",
+        "dynamic": False,
+    }
     acts = group["input_activations"]
-    assert acts is None if scheme == "w8a16" else {k: acts[k] for k in ("type", "num_bits", "strategy", "dynamic")} == {
-        "type": "float", "num_bits": 8, "strategy": "token", "dynamic": True}
+    assert (
+        acts is None
+        if scheme == "w8a16"
+        else {k: acts[k] for k in ("type", "num_bits", "strategy", "dynamic")}
+        == {"type": "float", "num_bits": 8, "strategy": "token", "dynamic": True}
+    )
 
     saved, source = _tensors(art), _tensors(tiny_llama)
     layer_weights = [k for k in saved if ".layers." in k and k.endswith("proj.weight")]
     assert layer_weights and all(saved[k].dtype == torch.float8_e4m3fn for k in layer_weights)
-    assert not any(k.endswith(("input_scale", "weight_zero_point")) for k in saved)  # dynamic scales and symmetric: nothing stored
+    assert not any(
+        k.endswith(("input_scale", "weight_zero_point")) for k in saved
+    )  # dynamic scales and symmetric: nothing stored
     for k in layer_weights:
         w, s = source[k].float(), saved[k[: -len("weight")] + "weight_scale"].float()
         assert s.shape == (w.shape[0], 1)
-        assert torch.allclose(s, w.abs().amax(1, keepdim=True) / E4M3_MAX, rtol=2e-3)  # static: one scale per output channel
+        assert torch.allclose(
+            s, w.abs().amax(1, keepdim=True) / E4M3_MAX, rtol=2e-3
+        )  # static: one scale per output channel
         err = (saved[k].float() * s - w).abs()
-        assert bool((err <= w.abs() * 2 ** -4 * 1.01 + s * 2 ** -9).all())  # half an E4M3 step (3 mantissa bits), subnormals included
+        assert bool(
+            (err <= w.abs() * 2**-4 * 1.01 + s * 2**-9).all()
+        )  # half an E4M3 step (3 mantissa bits), subnormals included
     for k in source:
         if ".layers." not in k or not k.endswith("proj.weight"):
             assert torch.equal(saved[k], source[k]), k  # embeddings, norms (and a separate lm_head) untouched
@@ -149,6 +193,7 @@ def test_transformers_on_cpu_dequantizes_weights_and_rounds_activations_per_toke
 
 # ---- sizes, eval ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("scheme", ["w8a8", "w8a16"])
 def test_sizes_count_one_byte_per_weight_plus_channel_scales(fp8_arts, scheme):
     """bits/weight read from the artifact's headers equals the roofline's 8-bit per-channel layout
@@ -159,25 +204,53 @@ def test_sizes_count_one_byte_per_weight_plus_channel_scales(fp8_arts, scheme):
     art, _ = fp8_arts[scheme]
     shape = Shape.from_config(json.loads((art / "config.json").read_text()))
     fmt = quantized_layout(8, -1).linear
-    expected = 8 * shape.layers * sum(fmt.bytes_for(o, i) for o, i in shape.linears().values()) / (shape.layers * shape.layer_linear_params())
+    expected = (
+        8
+        * shape.layers
+        * sum(fmt.bytes_for(o, i) for o, i in shape.linears().values())
+        / (shape.layers * shape.layer_linear_params())
+    )
     bits = checkpoint_sizes(art)["bits_per_weight"]
     assert bits == pytest.approx(expected, rel=1e-12) and 8.0 < bits < 8.2
 
 
 def test_eval_scores_the_fp8_artifact(cli, fp8_arts, tiny_llama, tiny_text):
     for scheme, (art, _) in fp8_arts.items():
-        code, _, err, data = cli("eval", str(art), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64",
-                                 "--max-tokens", "256", "--json")
+        code, _, err, data = cli(
+            "eval",
+            str(art),
+            "--baseline",
+            str(tiny_llama),
+            "--text",
+            f"file:{tiny_text}",
+            "--seq-len",
+            "64",
+            "--max-tokens",
+            "256",
+            "--json",
+        )
         assert code == 0, err
         (row,) = data["texts"]
-        assert row["tokens"] > 0 and 0 < row["kld"]["mean"] < 0.1 and row["ppl"] > 1, scheme  # quantized: not the baseline, not broken
+        assert row["tokens"] > 0 and 0 < row["kld"]["mean"] < 0.1 and row["ppl"] > 1, (
+            scheme
+        )  # quantized: not the baseline, not broken
 
 
 # ---- bench ---------------------------------------------------------------------------------
 
+
 def _fake_probe(device, threads=None):
-    return {"device": str(device), "name": "fake cpu", "threads": 2, "read_gbps": 20.0, "copy_gbps": 10.0, "bf16_matmul_tflops": 1.0,
-            "llc_bytes": None, "measured_at": "now", "method": "injected"}
+    return {
+        "device": str(device),
+        "name": "fake cpu",
+        "threads": 2,
+        "read_gbps": 20.0,
+        "copy_gbps": 10.0,
+        "bf16_matmul_tflops": 1.0,
+        "llc_bytes": None,
+        "measured_at": "now",
+        "method": "injected",
+    }
 
 
 def test_bench_on_cpu_states_what_it_times_and_counts_those_bytes(cli, fp8_arts, tiny_llama, monkeypatch):

@@ -36,19 +36,42 @@ def test_the_mse_observer_reaches_the_artifact_and_rounds_closer(cli, tiny_llama
     errors = {}
     for observer in ("minmax", "mse"):
         out = tmp_path / observer
-        code, _, err, data = cli("convert", RTN, "--model", str(tiny_llama), "--out", str(out), "--set", f"steps[0].quantize.observer={observer}",
-                                 "--set", f"steps[0].quantize.symmetric={str(symmetric).lower()}",
-                                 "--set", 'steps[0].quantize.overrides=[{targets: [".*(q_proj|k_proj|v_proj)$"], bits: 8, group_size: -1}]', "--json")
+        code, _, err, data = cli(
+            "convert",
+            RTN,
+            "--model",
+            str(tiny_llama),
+            "--out",
+            str(out),
+            "--set",
+            f"steps[0].quantize.observer={observer}",
+            "--set",
+            f"steps[0].quantize.symmetric={str(symmetric).lower()}",
+            "--set",
+            'steps[0].quantize.overrides=[{targets: [".*(q_proj|k_proj|v_proj)$"], bits: 8, group_size: -1}]',
+            "--json",
+        )
         assert code == 0 and data["verification"]["status"] == "passed", err
         groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
         assert len(groups) == 2 and {g["weights"]["num_bits"] for g in groups.values()} == {4, 8}
-        assert {g["weights"]["observer"] for g in groups.values()} == {"mse" if observer == "mse" else "memoryless_minmax"}
+        assert {g["weights"]["observer"] for g in groups.values()} == {
+            "mse" if observer == "mse" else "memoryless_minmax"
+        }
         errors[observer] = _rounding_error(out, tiny_llama)
     assert errors["mse"] < 0.98 * errors["minmax"], errors
 
 
 def test_an_unknown_observer_is_refused(cli, tiny_llama, tmp_path):
-    code, _, err, _ = cli("convert", RTN, "--model", str(tiny_llama), "--out", str(tmp_path / "x"), "--set", "steps[0].quantize.observer=l2",
-                          "--json")
+    code, _, err, _ = cli(
+        "convert",
+        RTN,
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "x"),
+        "--set",
+        "steps[0].quantize.observer=l2",
+        "--json",
+    )
     assert code == 2 and "observer" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "x").exists()

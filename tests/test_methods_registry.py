@@ -67,13 +67,23 @@ def test_a_method_registered_in_one_entry_converts_end_to_end(cli, tiny_llama, t
     assert code == 0 and plan["fits"] and "quantize" in plan["time_breakdown"] and not out.exists(), err
     code, _, err, meta = cli("convert", recipe, "--model", str(tiny_llama), "--out", str(out), "--json")
     assert code == 0, err
-    assert meta["verification"]["status"] == "passed" and meta["recipe"]["steps"] == [{"quantize": {"method": "fake-int8", "ignore": ["lm_head"]}}]
-    assert meta["quantization"] == {"format": "dense", "method": "fake-int8", "scheme": "W8A16", "weight_bits": 8, "ignore": ["lm_head"]}
+    assert meta["verification"]["status"] == "passed" and meta["recipe"]["steps"] == [
+        {"quantize": {"method": "fake-int8", "ignore": ["lm_head"]}}
+    ]
+    assert meta["quantization"] == {
+        "format": "dense",
+        "method": "fake-int8",
+        "scheme": "W8A16",
+        "weight_bits": 8,
+        "ignore": ["lm_head"],
+    }
     assert meta["device"]["dtype"] == "float32"  # 8-bit weights calibrate in float32 (quantize/job.py quant_dtype)
     source, saved = load_file(next(tiny_llama.glob("*.safetensors"))), load_file(next(out.glob("*.safetensors")))
     name = next(k for k in saved if k.endswith("self_attn.q_proj.weight"))
     expected = fake_int8_weight(source[name].float()).to(saved[name].dtype)
-    assert torch.equal(saved[name], expected) and not torch.equal(saved[name], source[name])  # the handler's weights, saved as they were
+    assert torch.equal(saved[name], expected) and not torch.equal(
+        saved[name], source[name]
+    )  # the handler's weights, saved as they were
     head = next((k for k in saved if k.startswith("lm_head")), None)
     assert head is None or torch.equal(saved[head], source[head])  # ignore: lm_head stays as it was
 
@@ -81,11 +91,27 @@ def test_a_method_registered_in_one_entry_converts_end_to_end(cli, tiny_llama, t
 def test_the_plan_reads_a_methods_cost_constants_from_its_entry(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
     """The same method costed as calibrating with GPTQ's Hessians: the plan's terms follow the entry."""
     monkeypatch.setitem(METHODS, FAKE.name, dataclasses.replace(FAKE, calibrates=True, passes=2, hessians=True))
-    args = ["convert", fake_recipe(tmp_path), "--model", str(tiny_llama), "--out", str(tmp_path / "a"), "--calib", f"file:{tiny_text}",
-            "--set", "calibration.samples=8", "--set", "calibration.seq_len=64", "--plan", "--json"]
+    args = [
+        "convert",
+        fake_recipe(tmp_path),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "a"),
+        "--calib",
+        f"file:{tiny_text}",
+        "--set",
+        "calibration.samples=8",
+        "--set",
+        "calibration.seq_len=64",
+        "--plan",
+        "--json",
+    ]
     code, _, err, plan = cli(*args)
     assert code == 0, err
-    assert {"calibration_forward", "hessians", "gptq_solve"} <= set(plan["time_breakdown"]) and "quantize" not in plan["time_breakdown"]
+    assert {"calibration_forward", "hessians", "gptq_solve"} <= set(plan["time_breakdown"]) and "quantize" not in plan[
+        "time_breakdown"
+    ]
     assert plan["stages"]["calibration_working_set"] > 0
 
 

@@ -11,7 +11,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def recipe(tmp_path, transform: str, quantize: str) -> Path:
     p = tmp_path / "rot.yaml"
-    p.write_text(f"steps:\n  - transform: {transform}\n  - quantize: {quantize}\ncalibration: {{samples: 8, seq_len: 64}}\n")
+    p.write_text(
+        f"steps:\n  - transform: {transform}\n  - quantize: {quantize}\ncalibration: {{samples: 8, seq_len: 64}}\n"
+    )
     return p
 
 
@@ -29,15 +31,23 @@ def test_spinquant_r1_r2_then_gptq_verifies_on_each_supported_architecture(cli, 
     cfg = json.loads((out / "config.json").read_text())
     groups = cfg["quantization_config"]["transform_config"]["config_groups"]
     assert set(groups) == {"R1", "R2"}
-    assert all(a["location"].startswith("weight_") for g in groups.values() for a in g["apply"])  # fused: nothing at run time
-    assert json.loads((out / "quantkit.json").read_text())["recipe"]["steps"][0]["transform"]["rotations"] == ["R1", "R2"]
+    assert all(
+        a["location"].startswith("weight_") for g in groups.values() for a in g["apply"]
+    )  # fused: nothing at run time
+    assert json.loads((out / "quantkit.json").read_text())["recipe"]["steps"][0]["transform"]["rotations"] == [
+        "R1",
+        "R2",
+    ]
 
 
-@pytest.mark.parametrize("quantize", [
-    "{method: awq, bits: 4, group_size: 64, rounding: gptq}",
-    "{method: autoround, bits: 4, group_size: 64, iters: 5}",
-    "{method: rtn, bits: 4, group_size: 64}",
-])
+@pytest.mark.parametrize(
+    "quantize",
+    [
+        "{method: awq, bits: 4, group_size: 64, rounding: gptq}",
+        "{method: autoround, bits: 4, group_size: 64, iters: 5}",
+        "{method: rtn, bits: 4, group_size: 64}",
+    ],
+)
 def test_spinquant_composes_with_awq_autoround_and_rtn(cli, tiny_llama, tiny_text, tmp_path, quantize):
     path = recipe(tmp_path, "{method: spinquant, transform_type: random-hadamard}", quantize)
     code, _, err, data = convert(cli, path, tiny_llama, tmp_path / "art", tiny_text)
@@ -45,14 +55,17 @@ def test_spinquant_composes_with_awq_autoround_and_rtn(cli, tiny_llama, tiny_tex
     assert data["verification"]["status"] == "passed"
 
 
-@pytest.mark.parametrize("transform,message", [
-    ("{method: quip}", "quip v: online rotations"),
-    ("{method: spinquant, rotations: [R1, R2, R4]}", "spinquant R4: online rotations"),
-    ("{method: spinquant, rotations: [R3]}", "spinquant R3: online rotations"),
-    ("{method: spinquant, rotations: [R5]}", "spinquant has no rotation 'R5'"),
-    ("{method: spinquant, rotations: []}", "give at least one of R1, R2, R3, R4"),
-    ("{method: hadamard}", "steps[0].transform.method: must be one of"),
-])
+@pytest.mark.parametrize(
+    "transform,message",
+    [
+        ("{method: quip}", "quip v: online rotations"),
+        ("{method: spinquant, rotations: [R1, R2, R4]}", "spinquant R4: online rotations"),
+        ("{method: spinquant, rotations: [R3]}", "spinquant R3: online rotations"),
+        ("{method: spinquant, rotations: [R5]}", "spinquant has no rotation 'R5'"),
+        ("{method: spinquant, rotations: []}", "give at least one of R1, R2, R3, R4"),
+        ("{method: hadamard}", "steps[0].transform.method: must be one of"),
+    ],
+)
 def test_refused_rotations_are_one_line_before_loading(cli, tiny_llama, tiny_text, tmp_path, transform, message):
     path = recipe(tmp_path, transform, "{method: gptq, bits: 4, group_size: 64}")
     code, _, err, _ = convert(cli, path, tiny_llama, tmp_path / "art", tiny_text)
@@ -60,11 +73,20 @@ def test_refused_rotations_are_one_line_before_loading(cli, tiny_llama, tiny_tex
     assert not (tmp_path / "art").exists()
 
 
-@pytest.mark.parametrize("steps,message", [
-    ("  - transform: {method: spinquant}\n", "a transform step must be followed by its quantize step"),
-    ("  - quantize: {method: gptq}\n  - transform: {method: spinquant}\n", "a transform step must be followed by its quantize step"),
-    ("  - transform: {method: spinquant}\n  - quantize: {method: bnb-nf4}\n", "composes with rtn, gptq, awq, autoround or w8a8"),
-])
+@pytest.mark.parametrize(
+    "steps,message",
+    [
+        ("  - transform: {method: spinquant}\n", "a transform step must be followed by its quantize step"),
+        (
+            "  - quantize: {method: gptq}\n  - transform: {method: spinquant}\n",
+            "a transform step must be followed by its quantize step",
+        ),
+        (
+            "  - transform: {method: spinquant}\n  - quantize: {method: bnb-nf4}\n",
+            "composes with rtn, gptq, awq, autoround or w8a8",
+        ),
+    ],
+)
 def test_transform_step_order(tmp_path, steps, message):
     from quantkit.errors import RecipeError
     from quantkit.recipe.files import load_recipe
@@ -112,7 +134,9 @@ def test_which_orders_compressed_tensors_can_build():
 
     assert _constructible("hadamard", 64) and not _constructible("hadamard", 576)  # Sylvester: powers of two
     assert _constructible("random-hadamard", 576)  # 36 x 16: a known order-36 Hadamard matrix (the demo's width)
-    assert not _constructible("random-hadamard", 18) and _constructible("random-matrix", 18)  # no Hadamard of order 18 or 9
+    assert not _constructible("random-hadamard", 18) and _constructible(
+        "random-matrix", 18
+    )  # no Hadamard of order 18 or 9
 
 
 @pytest.mark.parametrize("arch", ["llama-gqa", "mistral", "qwen2"])

@@ -30,8 +30,8 @@ def test_fake_quant_is_what_llm_compressor_rtn_stores(tiny_llama, scheme):
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
-    from quantkit.methods.llmc import weight_groups
     from quantkit.methods.configs import RTNConfig
+    from quantkit.methods.llmc import weight_groups
     from quantkit.quantize.sensitivity import fake_quant
 
     model = _model(tiny_llama)
@@ -42,7 +42,12 @@ def test_fake_quant_is_what_llm_compressor_rtn_stores(tiny_llama, scheme):
     layer = model.model.layers[1].mlp.down_proj
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
 
-    stored = fake_quantize(layer.weight.data.float(), layer.weight_scale.float(), layer.weight_zero_point, layer.quantization_scheme.weights)
+    stored = fake_quantize(
+        layer.weight.data.float(),
+        layer.weight_scale.float(),
+        layer.weight_zero_point,
+        layer.quantization_scheme.weights,
+    )
     assert torch.equal(fake_quant(w, scheme), stored.to(w.dtype))
     assert not torch.equal(fake_quant(w, scheme), w)
 
@@ -71,7 +76,9 @@ def test_a_forward_from_the_units_layer_equals_a_full_forward(tiny_dir):
         assert ref.kl(start=0) == pytest.approx(full, rel=1e-4, abs=1e-7)
         for m, w in zip(mods, saved):
             m.weight.data = w
-        assert abs(ref.kl(start=1)) < 1e-6 and not any("forward" in vars(layer) for layer in layers)  # nothing left swapped
+        assert abs(ref.kl(start=1)) < 1e-6 and not any(
+            "forward" in vars(layer) for layer in layers
+        )  # nothing left swapped
 
 
 def test_kl_terms_match_float64():
@@ -93,7 +100,16 @@ def test_kl_terms_match_float64():
 def _search(**kw):
     from quantkit.quantize.auto import Search
 
-    return Search(**{"base": BASE, "choices": (INT8,), "units": ("qkv", "o", "gate_up", "down"), "budget": 4.5, "source_bits": 16, **kw})
+    return Search(
+        **{
+            "base": BASE,
+            "choices": (INT8,),
+            "units": ("qkv", "o", "gate_up", "down"),
+            "budget": 4.5,
+            "source_bits": 16,
+            **kw,
+        }
+    )
 
 
 def test_accounting_counts_every_decoder_linear_at_its_stored_bits(tiny_llama):
@@ -116,8 +132,17 @@ def test_accounting_counts_every_decoder_linear_at_its_stored_bits(tiny_llama):
 
 
 def _results(kls, below=()):
-    return [{"layer": i, "unit": u, "weights": w, "kl": k[0], "kls": {s.name: v for s, v in zip((BASE, INT8), k)},
-             "below_noise": (i, u) in below} for (i, u, w), k in kls.items()]
+    return [
+        {
+            "layer": i,
+            "unit": u,
+            "weights": w,
+            "kl": k[0],
+            "kls": {s.name: v for s, v in zip((BASE, INT8), k)},
+            "below_noise": (i, u) in below,
+        }
+        for (i, u, w), k in kls.items()
+    ]
 
 
 def test_choose_fills_the_budget_by_kl_and_never_raises_a_unit_below_the_noise(tiny_llama):
@@ -144,43 +169,101 @@ def test_overrides_keep_fused_units_whole(tiny_llama):
     from quantkit.quantize.preflight import check_fused_shards, meta_model
     from quantkit.recipe.files import recipe_from_dict
 
-    picked = [{"layer": 1, "unit": "qkv", "scheme": "int8"}, {"layer": 0, "unit": "gate_up", "scheme": "int4-g32"},
-              {"layer": 1, "unit": "down", "scheme": "int8"}]
+    picked = [
+        {"layer": 1, "unit": "qkv", "scheme": "int8"},
+        {"layer": 0, "unit": "gate_up", "scheme": "int4-g32"},
+        {"layer": 1, "unit": "down", "scheme": "int8"},
+    ]
     ovs = overrides(picked, [INT8, G32])
     block = yaml.safe_load(yaml.safe_dump({"overrides": ovs}))
-    q = recipe_from_dict({"steps": [{"quantize": {"method": "gptq", "bits": 4, "group_size": 64, **block}}]}).steps[0].quantize
+    q = (
+        recipe_from_dict({"steps": [{"quantize": {"method": "gptq", "bits": 4, "group_size": 64, **block}}]})
+        .steps[0]
+        .quantize
+    )
     skeleton = meta_model(read_config(tiny_llama))
     check_fused_shards(skeleton, q, "steps[0].quantize")
     from quantkit.quantize.preflight import _override_for
 
-    raised = {n: (ov.bits, ov.group_size) for n, _ in skeleton.named_modules() if (ov := _override_for(n, q.overrides)) is not None}
-    assert raised == {"model.layers.1.self_attn.q_proj": (8, -1), "model.layers.1.self_attn.k_proj": (8, -1),
-                      "model.layers.1.self_attn.v_proj": (8, -1), "model.layers.0.mlp.gate_proj": (4, 32),
-                      "model.layers.0.mlp.up_proj": (4, 32), "model.layers.1.mlp.down_proj": (8, -1)}
+    raised = {
+        n: (ov.bits, ov.group_size)
+        for n, _ in skeleton.named_modules()
+        if (ov := _override_for(n, q.overrides)) is not None
+    }
+    assert raised == {
+        "model.layers.1.self_attn.q_proj": (8, -1),
+        "model.layers.1.self_attn.k_proj": (8, -1),
+        "model.layers.1.self_attn.v_proj": (8, -1),
+        "model.layers.0.mlp.gate_proj": (4, 32),
+        "model.layers.0.mlp.up_proj": (4, 32),
+        "model.layers.1.mlp.down_proj": (8, -1),
+    }
 
 
 def test_cli_json_ranks_every_unit_and_fills_the_budget(cli, tiny_llama, tiny_text):
-    code, out, err, data = cli("sensitivity", str(tiny_llama), "--budget", "4.6", "--text", f"file:{tiny_text}",
-                               "--windows", "2", "--seq-len", "64", "--json")
+    code, out, err, data = cli(
+        "sensitivity",
+        str(tiny_llama),
+        "--budget",
+        "4.6",
+        "--text",
+        f"file:{tiny_text}",
+        "--windows",
+        "2",
+        "--seq-len",
+        "64",
+        "--json",
+    )
     assert code == 0, err
     assert len(data["ranking"]) == 2 * 4 and all(r["kl"] > 0 for r in data["ranking"])
     assert [r["kl"] for r in data["ranking"]] == sorted((r["kl"] for r in data["ranking"]), reverse=True)
     assert all(set(r["kls"]) == {"int4-g64", "int8"} and r["kls"]["int8"] < r["kl"] for r in data["ranking"])
-    assert data["picked"] and 4.25 < data["bits_per_weight"] <= 4.6 and data["base"] == "int4-g64" and data["choices"] == ["int8"]
-    assert {(p["layer"], p["unit"]) for p in data["picked"]} == {(r["layer"], r["unit"]) for r in data["ranking"] if r["chosen"] == "int8"}
+    assert (
+        data["picked"]
+        and 4.25 < data["bits_per_weight"] <= 4.6
+        and data["base"] == "int4-g64"
+        and data["choices"] == ["int8"]
+    )
+    assert {(p["layer"], p["unit"]) for p in data["picked"]} == {
+        (r["layer"], r["unit"]) for r in data["ranking"] if r["chosen"] == "int8"
+    }
     assert data["text"]["region"] == "second-half" and data["text"]["samples"] == 2
-    code, out, err, _ = cli("sensitivity", str(tiny_llama), "--budget", "4.8", "--text", f"file:{tiny_text}",
-                            "--windows", "2", "--seq-len", "64", "--units", "qkv")  # one q/k/v unit fits in 4.8
+    code, out, err, _ = cli(
+        "sensitivity",
+        str(tiny_llama),
+        "--budget",
+        "4.8",
+        "--text",
+        f"file:{tiny_text}",
+        "--windows",
+        "2",
+        "--seq-len",
+        "64",
+        "--units",
+        "qkv",
+    )  # one q/k/v unit fits in 4.8
     assert code == 0, err
-    block = yaml.safe_load(out[out.index("overrides:"):])
+    block = yaml.safe_load(out[out.index("overrides:") :])
     assert block["overrides"][0]["bits"] == 8 and "(q_proj|k_proj|v_proj)$" in block["overrides"][0]["targets"][0]
 
 
 def test_cli_choices_measure_and_choose_among_several_schemes(cli, tiny_llama, tiny_text):
-    args = ("sensitivity", str(tiny_llama), "--text", f"file:{tiny_text}", "--windows", "2", "--seq-len", "64", "--json")
+    args = (
+        "sensitivity",
+        str(tiny_llama),
+        "--text",
+        f"file:{tiny_text}",
+        "--windows",
+        "2",
+        "--seq-len",
+        "64",
+        "--json",
+    )
     code, _, err, data = cli(*args, "--budget", "4.4", "--choices", "int8,int4-g32")
     assert code == 0, err
-    assert data["choices"] == ["int8", "int4-g32"] and all(set(r["kls"]) == {"int4-g64", "int8", "int4-g32"} for r in data["ranking"])
+    assert data["choices"] == ["int8", "int4-g32"] and all(
+        set(r["kls"]) == {"int4-g64", "int8", "int4-g32"} for r in data["ranking"]
+    )
     # 0.15 spare bits per weight buy no INT8 unit (3.875 more on a sixth of the weights at best) but
     # g32 (0.25 more) on up to 60% of them
     assert data["picked"] and {p["scheme"] for p in data["picked"]} == {"int4-g32"} and data["bits_per_weight"] <= 4.4
@@ -188,7 +271,19 @@ def test_cli_choices_measure_and_choose_among_several_schemes(cli, tiny_llama, t
 
 
 def test_cli_asymmetric_rounds_and_budgets_with_zero_points(cli, tiny_llama, tiny_text):
-    base = ("sensitivity", str(tiny_llama), "--budget", "4.6", "--text", f"file:{tiny_text}", "--windows", "2", "--seq-len", "64", "--json")
+    base = (
+        "sensitivity",
+        str(tiny_llama),
+        "--budget",
+        "4.6",
+        "--text",
+        f"file:{tiny_text}",
+        "--windows",
+        "2",
+        "--seq-len",
+        "64",
+        "--json",
+    )
     code, _, err, sym = cli(*base)
     assert code == 0, err
     code, _, err, asym = cli(*base, "--asymmetric")
@@ -200,16 +295,22 @@ def test_cli_asymmetric_rounds_and_budgets_with_zero_points(cli, tiny_llama, tin
     assert all(r["kl"] != kl[(r["layer"], r["unit"])] for r in asym["ranking"])
 
 
-@pytest.mark.parametrize("args,message", [
-    (("--budget", "4.0"), "--budget 4.0: between 4.25 (every unit int4-g64)"),
-    (("--budget", "4.3", "--asymmetric"), "--budget 4.3: between 4.3125 (every unit int4-g64-asym)"),
-    (("--budget", "4.5", "--choices", "int4-g128"), "--choices 'int4-g128': choice 'int4-g128' (4.125 bits/weight) does not raise"),
-    (("--budget", "4.5", "--choices", "int8,fp8"), "--choices 'int8,fp8': choice 'fp8'"),
-    (("--budget", "4.5", "--units", "qkv,mlp"), "--units 'qkv,mlp'"),
-    (("--budget", "4.5", "--group", "48"), "--group 48"),
-    (("--budget", "4.5", "--text", "file:/nonexistent/x.txt"), "no such text file"),
-    (("--budget", "4.5", "--device", "cuda:99"), "--device cuda:99"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--budget", "4.0"), "--budget 4.0: between 4.25 (every unit int4-g64)"),
+        (("--budget", "4.3", "--asymmetric"), "--budget 4.3: between 4.3125 (every unit int4-g64-asym)"),
+        (
+            ("--budget", "4.5", "--choices", "int4-g128"),
+            "--choices 'int4-g128': choice 'int4-g128' (4.125 bits/weight) does not raise",
+        ),
+        (("--budget", "4.5", "--choices", "int8,fp8"), "--choices 'int8,fp8': choice 'fp8'"),
+        (("--budget", "4.5", "--units", "qkv,mlp"), "--units 'qkv,mlp'"),
+        (("--budget", "4.5", "--group", "48"), "--group 48"),
+        (("--budget", "4.5", "--text", "file:/nonexistent/x.txt"), "no such text file"),
+        (("--budget", "4.5", "--device", "cuda:99"), "--device cuda:99"),
+    ],
+)
 def test_bad_input_is_one_line(cli, tiny_llama, tiny_text, args, message):
     full = ("sensitivity", str(tiny_llama), "--text", f"file:{tiny_text}", *args)
     code, _, err, _ = cli(*full)
@@ -242,21 +343,33 @@ def _zeroed_unit_checkpoint(tiny_dir, tmp_path):
     0's q/k/v then feed nothing, so both units' measured KL is rounding alone (about 1e-7 here), like
     units whose weights sit on the INT4 grid."""
     import torch
-    from safetensors.torch import load_file, save_file
-
     from fixtures import build_checkpoint
+    from safetensors.torch import load_file, save_file
 
     src = build_checkpoint(tmp_path / "zeroed", "llama-gqa", tiny_dir / "tokenizer", dtype="float32")
     shard = next(src.glob("*.safetensors"))
     tensors = load_file(shard)
-    tensors["model.layers.0.self_attn.o_proj.weight"] = torch.zeros_like(tensors["model.layers.0.self_attn.o_proj.weight"])
+    tensors["model.layers.0.self_attn.o_proj.weight"] = torch.zeros_like(
+        tensors["model.layers.0.self_attn.o_proj.weight"]
+    )
     save_file(tensors, shard, metadata={"format": "pt"})
     return src
 
 
 def test_units_at_noise_level_are_tied_flagged_and_never_picked(cli, tiny_dir, tiny_text, tmp_path):
     src = _zeroed_unit_checkpoint(tiny_dir, tmp_path)
-    args = ("sensitivity", str(src), "--budget", "16", "--text", f"file:{tiny_text}", "--windows", "2", "--seq-len", "64")
+    args = (
+        "sensitivity",
+        str(src),
+        "--budget",
+        "16",
+        "--text",
+        f"file:{tiny_text}",
+        "--windows",
+        "2",
+        "--seq-len",
+        "64",
+    )
     code, _, err, data = cli(*args, "--json")
     assert code == 0, err
     floor = data["noise_floor"]
@@ -268,7 +381,10 @@ def test_units_at_noise_level_are_tied_flagged_and_never_picked(cli, tiny_dir, t
     measurable = [r for r in data["ranking"] if not r["below_noise"]]
     assert measurable and all(r["kl_measured"] > r.get("noise_kl", floor["kl"]) for r in measurable)
     picked = {(p["layer"], p["unit"]) for p in data["picked"]}
-    assert len(picked) == len(measurable) and not picked & {(0, "qkv"), (0, "o")}  # 16 bits raises every measurable unit
+    assert len(picked) == len(measurable) and not picked & {
+        (0, "qkv"),
+        (0, "o"),
+    }  # 16 bits raises every measurable unit
     code, out, err, _ = cli(*args)
     assert code == 0, err
     for unit in ("qkv", "o"):
@@ -284,26 +400,59 @@ def test_negative_kl_is_rounding_and_counts_as_zero(tiny_llama):
 
     model, rows = _model(tiny_llama), _rows()
     ref = Reference(model, rows, decoder_layers(model))
-    results = [{"layer": i, "unit": u, "weights": 1000, "in_features": 128, "kl_measured": m, "kl": max(m, 0.0),
-                "kls_measured": {"int4-g64": m, "int8": m / 10}, "kls": {"int4-g64": max(m, 0.0), "int8": max(m / 10, 0.0)},
-                "chosen": "int4-g64"} for i, (u, m) in enumerate([("o", -3e-6), ("down", 0.02)])]
+    results = [
+        {
+            "layer": i,
+            "unit": u,
+            "weights": 1000,
+            "in_features": 128,
+            "kl_measured": m,
+            "kl": max(m, 0.0),
+            "kls_measured": {"int4-g64": m, "int8": m / 10},
+            "kls": {"int4-g64": max(m, 0.0), "int8": max(m / 10, 0.0)},
+            "chosen": "int4-g64",
+        }
+        for i, (u, m) in enumerate([("o", -3e-6), ("down", 0.02)])
+    ]
     floor = noise_floor(ref, [(0, "o"), (1, "down")], results)
     assert floor["most_negative_kl"] == -3e-6 and floor["kl"] >= 3e-6
     low, high = results
     assert low["below_noise"] and low["kl"] == 0.0 and low["noise_kl"] >= 3e-6
     assert not high["below_noise"]
     assert [r["unit"] for r in ranked(results)] == ["down", "o"]
-    out = {"text": {"samples": 2, "seq_len": 32, "source": "x"}, "model": "m", "symmetric": True, "group_size": 64, "budget_bits": 4.5,
-           "base": "int4-g64", "choices": ["int8"], "noise_floor": floor, "ranking": ranked(results), "windows": {"note": None},
-           "picked": [], "bits_per_weight": 4.25, "overrides": []}
+    out = {
+        "text": {"samples": 2, "seq_len": 32, "source": "x"},
+        "model": "m",
+        "symmetric": True,
+        "group_size": 64,
+        "budget_bits": 4.5,
+        "base": "int4-g64",
+        "choices": ["int8"],
+        "noise_floor": floor,
+        "ranking": ranked(results),
+        "windows": {"note": None},
+        "picked": [],
+        "bits_per_weight": 4.25,
+        "overrides": [],
+    }
     text = render(out, 10)
     assert "-0.0000" not in text and "-3" not in text and "≤" in text
 
 
 def test_windows_longer_than_the_context_are_refused(cli, tiny_llama, tiny_text):
     """The fixture's max_position_embeddings is 1024: a longer --seq-len is one line, before loading."""
-    code, _, err, _ = cli("sensitivity", str(tiny_llama), "--budget", "4.5", "--text", f"file:{tiny_text}", "--windows", "4",
-                          "--seq-len", "2048")
+    code, _, err, _ = cli(
+        "sensitivity",
+        str(tiny_llama),
+        "--budget",
+        "4.5",
+        "--text",
+        f"file:{tiny_text}",
+        "--windows",
+        "4",
+        "--seq-len",
+        "2048",
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "--seq-len 2048" in err and "context of 1024 tokens" in err
 
@@ -311,8 +460,20 @@ def test_windows_longer_than_the_context_are_refused(cli, tiny_llama, tiny_text)
 def test_fewer_windows_than_asked_are_said(cli, tiny_llama, tiny_text):
     """The second half of the fixture text holds fewer than 1000 windows of 512 tokens: the JSON
     and the text say how many were used and why."""
-    args = ("sensitivity", str(tiny_llama), "--budget", "4.5", "--text", f"file:{tiny_text}", "--windows", "1000", "--seq-len", "512",
-            "--units", "o")
+    args = (
+        "sensitivity",
+        str(tiny_llama),
+        "--budget",
+        "4.5",
+        "--text",
+        f"file:{tiny_text}",
+        "--windows",
+        "1000",
+        "--seq-len",
+        "512",
+        "--units",
+        "o",
+    )
     code, out, err, data = cli(*args, "--json")
     assert code == 0, err
     w = data["windows"]
@@ -332,8 +493,13 @@ def test_cli_defaults_are_autos():
 
     opts = {p.name: p.default for p in sensitivity_cmd.params}
     auto = AutoMixed(budget_bits=4.5)
-    assert (opts["windows"], opts["seq_len"], opts["choices"], opts["units_text"], opts["seed"]) == \
-        (auto.windows, auto.seq_len, ",".join(auto.choices), ",".join(auto.units), 0)
+    assert (opts["windows"], opts["seq_len"], opts["choices"], opts["units_text"], opts["seed"]) == (
+        auto.windows,
+        auto.seq_len,
+        ",".join(auto.choices),
+        ",".join(auto.units),
+        0,
+    )
 
 
 # ---------------------------------------------------------------- the lazy search convert runs
@@ -347,8 +513,12 @@ def _both(model, rows, spec):
 
 def _same_choice(full, lazy):
     assert lazy["picked"] == full["picked"] and lazy["overrides"] == full["overrides"]
-    assert lazy["bits_per_weight"] == full["bits_per_weight"] and lazy["kl_sum"] == pytest.approx(full["kl_sum"], abs=1e-12)
-    assert {(r["layer"], r["unit"]): r["kl"] for r in lazy["ranking"]} == {(r["layer"], r["unit"]): r["kl"] for r in full["ranking"]}
+    assert lazy["bits_per_weight"] == full["bits_per_weight"] and lazy["kl_sum"] == pytest.approx(
+        full["kl_sum"], abs=1e-12
+    )
+    assert {(r["layer"], r["unit"]): r["kl"] for r in lazy["ranking"]} == {
+        (r["layer"], r["unit"]): r["kl"] for r in full["ranking"]
+    }
 
 
 @pytest.mark.parametrize("arch", ["llama-gqa", "qwen2"])
@@ -362,7 +532,9 @@ def test_the_lazy_search_chooses_what_measuring_everything_chooses(tiny_dir, arc
         _same_choice(full, lazy)
         assert full["measured"]["units_at_every_scheme"] == len(full["ranking"])
         picked = {(p["layer"], p["unit"]) for p in lazy["picked"]}
-        assert all(len(r["kls_measured"]) == 1 + len(choices) for r in lazy["ranking"] if (r["layer"], r["unit"]) in picked)
+        assert all(
+            len(r["kls_measured"]) == 1 + len(choices) for r in lazy["ranking"] if (r["layer"], r["unit"]) in picked
+        )
         if budget == 4.25 or (budget <= 4.4 and choices == (INT8,)):  # a cheap choice (g32) is wanted by many solutions
             assert lazy["measured"]["unit_forwards"] < full["measured"]["unit_forwards"]
         assert lazy["measured"]["solves"] >= 1 and lazy["search"] == "lazy"

@@ -63,7 +63,9 @@ def test_cast_model_keeps_rope_frequencies_in_float32(tiny_llama):
     model = cast_model(load_model(tiny_llama, dtype="float32"), torch.float16)
     assert model.model.rotary_emb.inv_freq.dtype == torch.float32
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.float16
-    assert {n for n, _ in model.named_buffers()} == {n for n, _ in load_model(tiny_llama, dtype="float16").named_buffers()}
+    assert {n for n, _ in model.named_buffers()} == {
+        n for n, _ in load_model(tiny_llama, dtype="float16").named_buffers()
+    }
 
 
 def test_cast_model_keeps_exact_rope_frequencies_after_offload(tiny_llama):
@@ -94,7 +96,9 @@ def _old_hash(path):
     return h.hexdigest()
 
 
-@pytest.mark.parametrize("name", ["pytorch_model.bin", "model-00001-of-00002.bin", "consolidated.pt", "weights.pth", "modeling_custom.py"])
+@pytest.mark.parametrize(
+    "name", ["pytorch_model.bin", "model-00001-of-00002.bin", "consolidated.pt", "weights.pth", "modeling_custom.py"]
+)
 def test_checkpoint_hash_covers_every_weight_format_and_model_code(tiny_llama, tmp_path, name):
     """Once only config.json and *.safetensors were hashed: a changed .bin kept the source hash."""
     import shutil

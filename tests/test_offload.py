@@ -30,8 +30,22 @@ def _convert(cli, tiny_llama, tiny_text, out, *extra, recipe="int4-w4a16-gptq-g6
     from pathlib import Path
 
     recipe = Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"
-    return cli("convert", str(recipe), "--model", str(tiny_llama), "--out", str(out), "--calib", f"file:{tiny_text}",
-               "--set", "calibration.samples=4", "--set", "calibration.seq_len=32", *extra, "--json")
+    return cli(
+        "convert",
+        str(recipe),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{tiny_text}",
+        "--set",
+        "calibration.samples=4",
+        "--set",
+        "calibration.seq_len=32",
+        *extra,
+        "--json",
+    )
 
 
 def test_convert_offloaded_to_disk_matches_in_ram(cli, tiny_llama, tiny_text, tmp_path):
@@ -43,12 +57,26 @@ def test_convert_offloaded_to_disk_matches_in_ram(cli, tiny_llama, tiny_text, tm
     code, _, err, gptq = _convert(cli, tiny_llama, tiny_text, tmp_path / "gptq", "--max-memory", "100KB")
     assert code == 0, err  # GPTQ through the sequential pipeline with most weights on disk
     assert gptq["offload"]["disk_tensors"] > 0 and gptq["verification"]["mean_kl"] < 1e-4
-    code, _, err, ram = _convert(cli, tiny_llama, tiny_text, tmp_path / "ram", "--set", "calibration.compute_dtype=float32", recipe="int4-w4a16-rtn")
+    code, _, err, ram = _convert(
+        cli,
+        tiny_llama,
+        tiny_text,
+        tmp_path / "ram",
+        "--set",
+        "calibration.compute_dtype=float32",
+        recipe="int4-w4a16-rtn",
+    )
     assert code == 0, err
     assert ram["offload"] is None
-    code, _, err, disk = _convert(cli, tiny_llama, tiny_text, tmp_path / "disk", "--max-memory", "100KB", recipe="int4-w4a16-rtn")
+    code, _, err, disk = _convert(
+        cli, tiny_llama, tiny_text, tmp_path / "disk", "--max-memory", "100KB", recipe="int4-w4a16-rtn"
+    )
     assert code == 0, err
-    assert disk["offload"]["disk_tensors"] > 0 and disk["offload"]["dtype"] == "float16" and disk["offload"]["cpu_bytes"] == 100_000
+    assert (
+        disk["offload"]["disk_tensors"] > 0
+        and disk["offload"]["dtype"] == "float16"
+        and disk["offload"]["cpu_bytes"] == 100_000
+    )
     assert disk["verification"]["status"] == "passed" and disk["verification"]["mean_kl"] < 1e-4
     assert json.loads((tmp_path / "disk" / "quantkit.json").read_text())["offload"]["disk_tensors"] > 0
     assert not list(tmp_path.glob(".disk.offload-*")) and not list(tmp_path.glob(".disk.partial-*"))
@@ -61,9 +89,13 @@ def test_max_memory_refused_where_it_does_not_apply(cli, tiny_llama, tmp_path):
     from pathlib import Path
 
     recipe = Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "recipes" / "bnb-int8.yaml"
-    code, _, err, _ = cli("convert", str(recipe), "--model", str(tiny_llama), "--out", str(tmp_path / "x"), "--max-memory", "1GB")
+    code, _, err, _ = cli(
+        "convert", str(recipe), "--model", str(tiny_llama), "--out", str(tmp_path / "x"), "--max-memory", "1GB"
+    )
     assert code == 2 and "--max-memory applies to the llm-compressor methods" in err
-    code, _, err, _ = cli("convert", str(recipe), "--model", str(tiny_llama), "--out", str(tmp_path / "x"), "--max-memory", "lots")
+    code, _, err, _ = cli(
+        "convert", str(recipe), "--model", str(tiny_llama), "--out", str(tmp_path / "x"), "--max-memory", "lots"
+    )
     assert code == 2 and "expected a positive size" in err
 
 
@@ -84,7 +116,9 @@ def test_offloaded_fake_quant_runs_quantized_weights(tiny_llama, tmp_path):
         fp_logits = fp(input_ids=ids).logits.float()
     quantize = METHODS["rtn"].quantize
     ram = quantize(AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float16).eval(), rtn, None)
-    disk = quantize(load(tiny_llama, OffloadPlan(cpu_bytes=10_000, model_bytes=0, dtype="float16"), tmp_path / "off"), rtn, None)
+    disk = quantize(
+        load(tiny_llama, OffloadPlan(cpu_bytes=10_000, model_bytes=0, dtype="float16"), tmp_path / "off"), rtn, None
+    )
     want = logits(ram, ids)
     assert (want - fp_logits).abs().max() > 1e-2  # quantization shows in the logits
     assert torch.allclose(logits(disk, ids), want, atol=1e-3)

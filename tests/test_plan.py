@@ -7,20 +7,56 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.plan.cost import (BASE_RSS, COMPILE_RSS, GB, RETAINED, BenchWork, ConvertWork, Machine, Model, activation_bytes,
-                           bench_plan, combine, convert_plan, eval_plan, forward_flops, hessian_bytes, hessian_flops, solve_flops,
-                           window_bytes)
+from quantkit.plan.cost import (
+    BASE_RSS,
+    COMPILE_RSS,
+    GB,
+    RETAINED,
+    BenchWork,
+    ConvertWork,
+    Machine,
+    Model,
+    activation_bytes,
+    bench_plan,
+    combine,
+    convert_plan,
+    eval_plan,
+    forward_flops,
+    hessian_bytes,
+    hessian_flops,
+    solve_flops,
+    window_bytes,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CALIB = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
 # A layer of two linears: (out, in) = (6, 4) and (4, 6); 3 layers, hidden 4, vocab 10.
-TOY = Model(params=200, weight_bytes=400, itemsize=2, layers=3, hidden=4, vocab=10, q_dim=4, layer_linears=((6, 4), (4, 6)), head=(10, 4))
+TOY = Model(
+    params=200,
+    weight_bytes=400,
+    itemsize=2,
+    layers=3,
+    hidden=4,
+    vocab=10,
+    q_dim=4,
+    layer_linears=((6, 4), (4, 6)),
+    head=(10, 4),
+)
 
 
 def machine(ram=100 * GB, device_free=None, disk=1000 * GB, device_type="cpu") -> Machine:
-    return Machine(device="cpu" if device_type == "cpu" else "cuda:0", device_type=device_type, name="test", ram_available=int(ram),
-                   device_free=int(device_free if device_free is not None else ram), disk_free=int(disk), read_bps=10 * GB,
-                   bf16_flops=1e12, fp32_flops=5e11, probe="test")
+    return Machine(
+        device="cpu" if device_type == "cpu" else "cuda:0",
+        device_type=device_type,
+        name="test",
+        ram_available=int(ram),
+        device_free=int(device_free if device_free is not None else ram),
+        disk_free=int(disk),
+        read_bps=10 * GB,
+        bf16_flops=1e12,
+        fp32_flops=5e11,
+        probe="test",
+    )
 
 
 def costs(method: str) -> dict:
@@ -32,8 +68,16 @@ def costs(method: str) -> dict:
 
 
 def work(method="gptq", **kw) -> ConvertWork:
-    base = dict(calib_tokens=512, seq_len=128, calib_itemsize=2, artifact_bytes=100, disk_bytes=200, offload_cpu_bytes=None,
-                first_hash=False, **costs(method))
+    base = dict(
+        calib_tokens=512,
+        seq_len=128,
+        calib_itemsize=2,
+        artifact_bytes=100,
+        disk_bytes=200,
+        offload_cpu_bytes=None,
+        first_hash=False,
+        **costs(method),
+    )
     return ConvertWork(**{**base, **kw})
 
 
@@ -106,7 +150,9 @@ def no_weights(monkeypatch):
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail)
     monkeypatch.setattr(safetensors.torch, "load_file", fail)
-    monkeypatch.setattr(planner, "quick_probe", lambda device: {"read_bps": 10 * GB, "bfloat16_flops": 1e11, "float32_flops": 1e11})
+    monkeypatch.setattr(
+        planner, "quick_probe", lambda device: {"read_bps": 10 * GB, "bfloat16_flops": 1e11, "float32_flops": 1e11}
+    )
 
 
 def header_params(path: Path) -> int:
@@ -128,8 +174,20 @@ def header_params(path: Path) -> int:
 def test_convert_plan_from_headers(cli, tiny_dir, tiny_text, tmp_path, no_weights, arch, recipe):
     out = tmp_path / "art"
     extra = ["--set", "steps[0].gqa.kv_heads=1"] if recipe == "gqa" else []
-    code, _, err, plan = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"), "--model", str(tiny_dir / arch), "--out", str(out),
-                             "--calib", f"file:{tiny_text}", *CALIB, *extra, "--plan", "--json")
+    code, _, err, plan = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        "--model",
+        str(tiny_dir / arch),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{tiny_text}",
+        *CALIB,
+        *extra,
+        "--plan",
+        "--json",
+    )
     assert code == 0, err
     assert plan["command"] == "convert" and plan["fits"] and not out.exists()
     assert plan["model"]["params"] == header_params(tiny_dir / arch)  # tied embeddings stored once, counted once
@@ -142,7 +200,15 @@ def test_convert_plan_from_headers(cli, tiny_dir, tiny_text, tmp_path, no_weight
 
 def test_plan_predicts_the_artifact_size(cli, tiny_llama, tiny_text, tmp_path):
     out = tmp_path / "art"
-    args = ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(out), "--json"]
+    args = [
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(out),
+        "--json",
+    ]
     code, _, err, plan = cli(*args, "--plan")
     assert code == 0, err
     code, _, err, _ = cli(*args)
@@ -151,15 +217,28 @@ def test_plan_predicts_the_artifact_size(cli, tiny_llama, tiny_text, tmp_path):
     assert plan["stages"]["artifact"] == pytest.approx(actual, rel=0.15)
 
 
-def test_plan_that_does_not_fit_exits_2_with_the_plan_and_one_line(cli, tiny_llama, tiny_text, tmp_path, no_weights, monkeypatch):
+def test_plan_that_does_not_fit_exits_2_with_the_plan_and_one_line(
+    cli, tiny_llama, tiny_text, tmp_path, no_weights, monkeypatch
+):
     import psutil
 
     class Mem:
         available = 100_000  # 100 kB of RAM
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: Mem())
-    code, out, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
-                            "--out", str(tmp_path / "a"), "--calib", f"file:{tiny_text}", *CALIB, "--plan", "--json")
+    code, out, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "a"),
+        "--calib",
+        f"file:{tiny_text}",
+        *CALIB,
+        "--plan",
+        "--json",
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1 and "does not fit" in err and "to fit:" in err
     plan = json.loads(out)
     assert not plan["fits"] and plan["problems"] and plan["advice"]
@@ -169,21 +248,52 @@ def test_plan_on_an_unavailable_device(cli, tiny_llama, tiny_text, tmp_path, no_
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"),
-                          "--device", "cuda", "--plan")
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "a"),
+        "--device",
+        "cuda",
+        "--plan",
+    )
     assert code == 2 and "no CUDA GPU" in err
 
 
 def test_plan_text_output(cli, tiny_llama, tiny_text, tmp_path, no_weights):
-    code, out, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"), "--model", str(tiny_llama),
-                            "--out", str(tmp_path / "a"), "--calib", f"file:{tiny_text}", *CALIB, "--plan")
+    code, out, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "a"),
+        "--calib",
+        f"file:{tiny_text}",
+        *CALIB,
+        "--plan",
+    )
     assert code == 0, err
     assert "plan: convert on cpu" in out and "peak memory" in out and "time" in out and "DOES NOT FIT" not in out
 
 
 def test_eval_plan(cli, tiny_llama, tiny_dir, tiny_text, no_weights):
-    code, _, err, plan = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64",
-                             "--max-tokens", "256", "--plan", "--json")
+    code, _, err, plan = cli(
+        "eval",
+        str(tiny_llama),
+        "--baseline",
+        str(tiny_llama),
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "256",
+        "--plan",
+        "--json",
+    )
     assert code == 0, err
     assert plan["command"] == "eval" and plan["fits"] and "baseline_pass" in plan["time_breakdown"]
     assert "4 windows of 64 tokens" in plan["notes"][0]
@@ -197,7 +307,9 @@ def test_bench_plan(cli, tiny_llama, no_weights):
 
 
 def test_bench_plan_of_a_synthetic_shape(cli, no_weights):
-    code, _, err, plan = cli("bench", "--shape", "llama3.2-1b", "--shape-bits", "16,4", "--device", "cpu", "--plan", "--json")
+    code, _, err, plan = cli(
+        "bench", "--shape", "llama3.2-1b", "--shape-bits", "16,4", "--device", "cpu", "--plan", "--json"
+    )
     assert code == 0, err
     assert plan["model"]["params"] == 1_235_814_400  # Llama-3.2-1B's published parameter count
     assert plan["stages"]["largest_loaded"] == pytest.approx(1_235_814_400 * 2, rel=0.01)
@@ -205,24 +317,48 @@ def test_bench_plan_of_a_synthetic_shape(cli, no_weights):
 
 def test_run_plan(cli, tiny_llama, tiny_text, tmp_path, no_weights):
     recipe = tmp_path / "suite.yaml"
-    recipe.write_text(f"model: {tiny_llama}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
-                      "variants:\n  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml") + "\n"
-                      "  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml") + "\n")
-    code, _, err, plan = cli("run", str(recipe), "--out", str(tmp_path / "run"), "--include-dir", str(REPO / "quantkit" / "resources" / "recipes"), "--plan", "--json")
+    recipe.write_text(
+        f"model: {tiny_llama}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
+        "variants:\n  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml") + "\n"
+        "  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml") + "\n"
+    )
+    code, _, err, plan = cli(
+        "run",
+        str(recipe),
+        "--out",
+        str(tmp_path / "run"),
+        "--include-dir",
+        str(REPO / "quantkit" / "resources" / "recipes"),
+        "--plan",
+        "--json",
+    )
     assert code == 0, err
     steps = list(plan["time_breakdown"])
     # no eval text in the recipe: the run evaluates the two default domains (quantkit/evals/domains.py), and plans them
-    assert [s.split(":")[1] for s in steps] == ["convert", "convert", "eval", "eval", "bench"] and not (tmp_path / "run").exists()
+    assert [s.split(":")[1] for s in steps] == ["convert", "convert", "eval", "eval", "bench"] and not (
+        tmp_path / "run"
+    ).exists()
 
 
 def test_run_plan_counts_every_engine(cli, tiny_llama, tiny_text, tmp_path, no_weights):
     """A suite that evaluates and benches on two engines (like the built-in demo-full recipe) plans each engine's work."""
     recipe = tmp_path / "suite.yaml"
-    recipe.write_text(f"model: {tiny_llama}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
-                      f"eval: {{texts: ['file:{tiny_text}'], engines: [transformers, llamacpp]}}\n"
-                      "bench: {engines: [compiled, llamacpp]}\n"
-                      "variants:\n  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml") + "\n")
-    code, _, err, plan = cli("run", str(recipe), "--out", str(tmp_path / "run"), "--include-dir", str(REPO / "quantkit" / "resources" / "recipes"), "--plan", "--json")
+    recipe.write_text(
+        f"model: {tiny_llama}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
+        f"eval: {{texts: ['file:{tiny_text}'], engines: [transformers, llamacpp]}}\n"
+        "bench: {engines: [compiled, llamacpp]}\n"
+        "variants:\n  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml") + "\n"
+    )
+    code, _, err, plan = cli(
+        "run",
+        str(recipe),
+        "--out",
+        str(tmp_path / "run"),
+        "--include-dir",
+        str(REPO / "quantkit" / "resources" / "recipes"),
+        "--plan",
+        "--json",
+    )
     assert code == 0, err
     steps = [s.split(":")[1] for s in plan["time_breakdown"]]
     assert steps == ["convert", "eval", "eval", "bench", "bench"]
@@ -234,12 +370,22 @@ def test_float32_checkpoint_counts_four_bytes(cli, tiny_dir, tiny_text, tmp_path
     from fixtures import build_checkpoint
 
     src = build_checkpoint(tmp_path / "f32", "qwen2", tiny_dir / "tokenizer", dtype="float32")
-    code, _, err, plan = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out", str(tmp_path / "a"),
-                             "--plan", "--json")
+    code, _, err, plan = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(src),
+        "--out",
+        str(tmp_path / "a"),
+        "--plan",
+        "--json",
+    )
     assert code == 0, err
     params = plan["model"]["params"]
     assert plan["stages"]["source"] == 4 * params and plan["stages"]["reload_check"] == 4 * params
-    assert plan["stages"]["calibration_model"] == 2 * params  # 4-bit weights calibrate in bf16 (calibration.compute_dtype: auto)
+    assert (
+        plan["stages"]["calibration_model"] == 2 * params
+    )  # 4-bit weights calibrate in bf16 (calibration.compute_dtype: auto)
 
 
 def test_truncated_checkpoint_is_one_line(cli, tiny_llama, tmp_path, no_weights):
@@ -249,8 +395,16 @@ def test_truncated_checkpoint_is_one_line(cli, tiny_llama, tmp_path, no_weights)
     shutil.copytree(tiny_llama, src)
     shard = next(src.glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:-100])
-    code, _, err, _ = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(src), "--out", str(tmp_path / "a"),
-                          "--plan", "--json")
+    code, _, err, _ = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(src),
+        "--out",
+        str(tmp_path / "a"),
+        "--plan",
+        "--json",
+    )
     assert code == 2 and "truncated" in err and len(err.strip().splitlines()) == 1
 
 
@@ -261,7 +415,11 @@ def test_recorded_probe_figures_replay(monkeypatch):
 
     monkeypatch.setenv("QUANTKIT_PLAN_PROBE", json.dumps({"read_bps": 1e10, "bf16_flops": 2e11, "fp32_flops": 1e11}))
     mc = this_machine(torch.device("cpu", 0))
-    assert (mc.read_bps, mc.bf16_flops, mc.fp32_flops) == (1e10, 2e11, 1e11) and mc.device == "cpu:0" and mc.device_type == "cpu"
+    assert (
+        (mc.read_bps, mc.bf16_flops, mc.fp32_flops) == (1e10, 2e11, 1e11)
+        and mc.device == "cpu:0"
+        and mc.device_type == "cpu"
+    )
 
 
 def test_quick_probe_measures_this_device():
@@ -277,8 +435,15 @@ def test_convert_warns_before_loading_when_the_plan_does_not_fit(cli, tiny_llama
     import quantkit.plan.cost as plan
 
     monkeypatch.setitem(plan.BASE_RSS, "convert", 10**15)  # a petabyte of libraries: no machine has that
-    code, _, err, data = cli("convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama),
-                             "--out", str(tmp_path / "a"), "--json")
+    code, _, err, data = cli(
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "a"),
+        "--json",
+    )
     assert code == 0, err  # a prediction warns; it does not refuse
     lines = err.splitlines()
     warning = next(i for i, ln in enumerate(lines) if ln.startswith("warning: this conversion needs about"))
@@ -287,7 +452,16 @@ def test_convert_warns_before_loading_when_the_plan_does_not_fit(cli, tiny_llama
 
 
 def test_plan_says_when_it_will_offload(cli, tiny_llama, tmp_path, no_weights):
-    args = ["convert", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--model", str(tiny_llama), "--out", str(tmp_path / "a"), "--plan", "--json"]
+    args = [
+        "convert",
+        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "a"),
+        "--plan",
+        "--json",
+    ]
     code, _, err, plan = cli(*args)
     assert code == 0 and not plan["offload"], err
     code, _, err, small = cli(*args, "--max-memory", "100KB")
@@ -298,8 +472,16 @@ def test_plan_says_when_it_will_offload(cli, tiny_llama, tmp_path, no_weights):
 
 def _bench_work(loaded, refs, compile_s=0.0):
     n = len(loaded)
-    return BenchWork(prompt_len=8, gen_len=4, runs=3, bytes_per_token=tuple(float(b) for b in loaded), loaded_bytes=tuple(loaded),
-                     compile_s=compile_s, prefill_flops=(1e9,) * n, reference_bytes=tuple(refs))
+    return BenchWork(
+        prompt_len=8,
+        gen_len=4,
+        runs=3,
+        bytes_per_token=tuple(float(b) for b in loaded),
+        loaded_bytes=tuple(loaded),
+        compile_s=compile_s,
+        prefill_flops=(1e9,) * n,
+        reference_bytes=tuple(refs),
+    )
 
 
 def test_bench_peak_is_the_reference_phase_or_the_engine_phase():
@@ -367,13 +549,21 @@ CONVERT_REFUSALS = {
     "--out is the source": (["--out", "{src}", "--calib", "file:{text}"], "is the source checkpoint"),
     "--out inside the source": (["--out", "{src}/int4", "--calib", "file:{text}"], "is inside the source checkpoint"),
     "--out contains the source": (["--out", "{src}/..", "--calib", "file:{text}"], "contains the source checkpoint"),
-    "--out contains the calibration text": (["--out", "{tmp}/texts", "--calib", "file:{tmp}/texts/calib.txt"], "contains the calibration text"),
-    "--out is not an artifact": (["--out", "{tmp}/texts", "--calib", "file:{text}", "--force"], "is not a quantkit artifact"),
+    "--out contains the calibration text": (
+        ["--out", "{tmp}/texts", "--calib", "file:{tmp}/texts/calib.txt"],
+        "contains the calibration text",
+    ),
+    "--out is not an artifact": (
+        ["--out", "{tmp}/texts", "--calib", "file:{text}", "--force"],
+        "is not a quantkit artifact",
+    ),
     "missing --calib file": (["--out", "{tmp}/a", "--calib", "file:{tmp}/none.txt"], "no such text file"),
     "binary --calib": (["--out", "{tmp}/a", "--calib", "file:{binary}"], "not UTF-8 text"),
     "no calibration text": (["--out", "{tmp}/a", "--set", "calibration.source="], "needs calibration text"),
-    "windows beyond the context": (["--out", "{tmp}/a", "--calib", "file:{text}", "--set", "calibration.seq_len=2048"],
-                                   "calibration.seq_len 2048 is longer than the model's context of 1024 tokens"),
+    "windows beyond the context": (
+        ["--out", "{tmp}/a", "--calib", "file:{text}", "--set", "calibration.seq_len=2048"],
+        "calibration.seq_len 2048 is longer than the model's context of 1024 tokens",
+    ),
 }
 
 
@@ -388,13 +578,39 @@ def test_convert_plan_refuses_what_convert_refuses(cli, tiny_llama, tiny_text, t
     (tmp_path / "texts" / "calib.txt").write_bytes(Path(tiny_text).read_bytes())
     args, needle = CONVERT_REFUSALS[case]
     before = _files(tmp_path)
-    _same_refusal(cli, ["convert", GPTQ, "--model", str(src), *_fill(args, src=src, tmp=tmp_path, text=tiny_text, binary=binary),
-                        *CALIB[:2]], needle, tmp_path, before)
+    _same_refusal(
+        cli,
+        [
+            "convert",
+            GPTQ,
+            "--model",
+            str(src),
+            *_fill(args, src=src, tmp=tmp_path, text=tiny_text, binary=binary),
+            *CALIB[:2],
+        ],
+        needle,
+        tmp_path,
+        before,
+    )
 
 
 def test_convert_plan_refuses_a_missing_model(cli, tmp_path, tiny_text, no_weights):
-    _same_refusal(cli, ["convert", GPTQ, "--model", str(tmp_path / "nothing"), "--out", str(tmp_path / "a"), "--calib", f"file:{tiny_text}"],
-                  "no such directory", tmp_path, _files(tmp_path))
+    _same_refusal(
+        cli,
+        [
+            "convert",
+            GPTQ,
+            "--model",
+            str(tmp_path / "nothing"),
+            "--out",
+            str(tmp_path / "a"),
+            "--calib",
+            f"file:{tiny_text}",
+        ],
+        "no such directory",
+        tmp_path,
+        _files(tmp_path),
+    )
 
 
 def _fake_artifact(tmp_path, tiny_llama) -> Path:
@@ -402,7 +618,9 @@ def _fake_artifact(tmp_path, tiny_llama) -> Path:
     import shutil
 
     art = Path(shutil.copytree(tiny_llama, tmp_path / "art"))
-    (art / "quantkit.json").write_text(json.dumps({"kind": "quantkit-artifact", "source": {"path": "/elsewhere", "sha256": "0" * 64}}))
+    (art / "quantkit.json").write_text(
+        json.dumps({"kind": "quantkit-artifact", "source": {"path": "/elsewhere", "sha256": "0" * 64}})
+    )
     return art
 
 
@@ -410,10 +628,18 @@ EVAL_REFUSALS = {
     "baseline mismatch": (["{art}", "--baseline", "{src}", "--text", "file:{text}"], "is not the checkpoint"),
     "missing --text": (["{src}", "--baseline", "{src}", "--text", "file:{tmp}/none.txt"], "no such text file"),
     "binary --text": (["{src}", "--baseline", "{src}", "--text", "file:{binary}"], "not UTF-8 text"),
-    "the same text twice": (["{src}", "--baseline", "{src}", "--text", "file:{text}", "--text", "file:{tmp}/link.txt"], "the same text"),
-    "windows beyond the context": (["{src}", "--baseline", "{src}", "--text", "file:{text}", "--seq-len", "2048", "--max-tokens", "4096"],
-                                   "--seq-len 2048 is longer than the model's context"),
-    "text shorter than a window": (["{src}", "--baseline", "{src}", "--text", "file:{tmp}/short.txt"], "shorter than one"),
+    "the same text twice": (
+        ["{src}", "--baseline", "{src}", "--text", "file:{text}", "--text", "file:{tmp}/link.txt"],
+        "the same text",
+    ),
+    "windows beyond the context": (
+        ["{src}", "--baseline", "{src}", "--text", "file:{text}", "--seq-len", "2048", "--max-tokens", "4096"],
+        "--seq-len 2048 is longer than the model's context",
+    ),
+    "text shorter than a window": (
+        ["{src}", "--baseline", "{src}", "--text", "file:{tmp}/short.txt"],
+        "shorter than one",
+    ),
     "missing model": (["{tmp}/nothing", "--baseline", "{src}", "--text", "file:{text}"], "no such directory"),
 }
 
@@ -426,8 +652,13 @@ def test_eval_plan_refuses_what_eval_refuses(cli, tiny_llama, tiny_text, tmp_pat
     args, needle = EVAL_REFUSALS[case]
     before = _files(tmp_path)
     window = [] if "--seq-len" in args else ["--seq-len", "64"]
-    _same_refusal(cli, ["eval", *_fill(args, src=src, art=art, tmp=tmp_path, text=tiny_text, binary=binary), *window], needle,
-                  tmp_path, before)
+    _same_refusal(
+        cli,
+        ["eval", *_fill(args, src=src, art=art, tmp=tmp_path, text=tiny_text, binary=binary), *window],
+        needle,
+        tmp_path,
+        before,
+    )
 
 
 RUN_REFUSALS = {
@@ -439,10 +670,14 @@ RUN_REFUSALS = {
     "binary --calib": (["--out", "{tmp}/run", "--calib", "file:{binary}"], "not UTF-8 text"),
     "missing --eval-text": (["--out", "{tmp}/run", "--eval-text", "file:{tmp}/none.txt"], "no such text file"),
     "binary --eval-text": (["--out", "{tmp}/run", "--eval-text", "file:{binary}"], "not UTF-8 text"),
-    "the same eval text twice": (["--out", "{tmp}/run", "--eval-text", "file:{text}", "--eval-text", "file:{tmp}/copy.txt"],
-                                 "is the same text as"),
-    "eval windows beyond the context": (["--out", "{tmp}/run", "--eval-text", "file:{text}", "--set", "eval.seq_len=2048"],
-                                        "eval.seq_len 2048 is longer than the model's context"),
+    "the same eval text twice": (
+        ["--out", "{tmp}/run", "--eval-text", "file:{text}", "--eval-text", "file:{tmp}/copy.txt"],
+        "is the same text as",
+    ),
+    "eval windows beyond the context": (
+        ["--out", "{tmp}/run", "--eval-text", "file:{text}", "--set", "eval.seq_len=2048"],
+        "eval.seq_len 2048 is longer than the model's context",
+    ),
     "missing model": (["--out", "{tmp}/run", "--model", "{tmp}/nothing"], "no such directory"),
 }
 
@@ -453,31 +688,61 @@ def test_run_plan_refuses_what_run_refuses(cli, tiny_llama, tiny_text, tmp_path,
     (tmp_path / "copy.txt").write_bytes(Path(tiny_text).read_bytes())
     (tmp_path / "recipes").mkdir()
     recipe = tmp_path / "recipes" / "suite.yaml"
-    recipe.write_text(f"model: {src}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
-                      "variants:\n  - name: int4\n    steps:\n      - quantize: {method: gptq, group_size: 64}\n")
+    recipe.write_text(
+        f"model: {src}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
+        "variants:\n  - name: int4\n    steps:\n      - quantize: {method: gptq, group_size: 64}\n"
+    )
     args, needle = RUN_REFUSALS[case]
     before = _files(tmp_path)
-    _same_refusal(cli, ["run", str(recipe), *_fill(args, src=src, tmp=tmp_path, text=tiny_text, binary=binary)], needle, tmp_path, before)
+    _same_refusal(
+        cli,
+        ["run", str(recipe), *_fill(args, src=src, tmp=tmp_path, text=tiny_text, binary=binary)],
+        needle,
+        tmp_path,
+        before,
+    )
 
 
 def test_run_plan_names_a_variant_the_run_would_fail(cli, tiny_llama, tmp_path, no_weights):
     """A variant whose own checks fail is reported failed by the run, which goes on with the others;
     its plan stops on the same line, naming the variant."""
     recipe = tmp_path / "suite.yaml"
-    recipe.write_text(f"model: {tiny_llama}\nvariants:\n  - name: ok\n    steps:\n      - quantize: {{method: rtn, group_size: 64}}\n"
-                      "  - name: bad\n    steps:\n      - quantize: {method: gptq, group_size: 64}\n")
+    recipe.write_text(
+        f"model: {tiny_llama}\nvariants:\n  - name: ok\n    steps:\n      - quantize: {{method: rtn, group_size: 64}}\n"
+        "  - name: bad\n    steps:\n      - quantize: {method: gptq, group_size: 64}\n"
+    )
     code, line = _refusal(cli, ["run", str(recipe), "--out", str(tmp_path / "run"), "--plan"])
-    assert code == 2 and "variant bad would fail: " in line and "needs calibration text" in line and "goes on with the others" in line
+    assert (
+        code == 2
+        and "variant bad would fail: " in line
+        and "needs calibration text" in line
+        and "goes on with the others" in line
+    )
     assert not (tmp_path / "run").exists()
 
 
 def test_bench_plan_refuses_what_bench_refuses(cli, tiny_llama, tmp_path, no_weights):
     """bench's checks before its probe (context length; memory) under --plan: all models failing is
     bench's own line; one of several failing names it."""
-    args = ["bench", str(tiny_llama), "--device", "cpu", "--engine", "eager", "--prompt-len", "1000", "--gen-len", "100"]
+    args = [
+        "bench",
+        str(tiny_llama),
+        "--device",
+        "cpu",
+        "--engine",
+        "eager",
+        "--prompt-len",
+        "1000",
+        "--gen-len",
+        "100",
+    ]
     _same_refusal(cli, args, "exceed the model's context (1024)", tmp_path, _files(tmp_path))
     code, line = _refusal(cli, ["bench", str(tiny_llama), "--shape", "llama3.2-1b", *args[2:], "--plan"])
-    assert code == 2 and f"{tiny_llama} would fail: prompt + generated tokens (1100) exceed" in line and "goes on with the others" in line
+    assert (
+        code == 2
+        and f"{tiny_llama} would fail: prompt + generated tokens (1100) exceed" in line
+        and "goes on with the others" in line
+    )
 
 
 # ---------------------------------------------------------------- auto mixed precision's sensitivity pass
@@ -489,18 +754,22 @@ def test_sensitivity_pass_by_hand():
     the base forwards cost L(L+1)/2 layers per unit and L heads, a raised unit's the average layer's."""
     from quantkit.plan.cost import sensitivity_flops, sensitivity_forwards
 
-    w = work(sensitivity_tokens=10, sensitivity_seq_len=5, sensitivity_units=4, sensitivity_schemes=2, sensitivity_raised=5)
+    w = work(
+        sensitivity_tokens=10, sensitivity_seq_len=5, sensitivity_units=4, sensitivity_schemes=2, sensitivity_raised=5
+    )
     assert sensitivity_forwards(TOY, w) == 3 + 4 * 3 + 5 * 2
     layer = (2880 + 1200) / 3  # forward_flops(TOY, 10, 5) per layer
     head = 2 * 10 * 4 * 10
-    assert sensitivity_flops(TOY, w) == pytest.approx(3 * (3 * layer + head) + 4 * (3 * head + layer * 6) + 5 * 2 * (head + layer * 2))
+    assert sensitivity_flops(TOY, w) == pytest.approx(
+        3 * (3 * layer + head) + 4 * (3 * head + layer * 6) + 5 * 2 * (head + layer * 2)
+    )
     assert sensitivity_forwards(TOY, work()) == 0 and sensitivity_flops(TOY, work()) == 0
 
 
 def test_the_units_a_budget_can_raise(tiny_llama):
     """auto.raisable: the cheapest raises first until the spare bits are spent (the plan's count)."""
-    from quantkit.models.checkpoint import read_config
     from quantkit.methods.schemes import Scheme
+    from quantkit.models.checkpoint import read_config
     from quantkit.quantize.auto import Search, raisable
     from quantkit.quantize.preflight import meta_model
     from quantkit.quantize.sensitivity import decoder_layers
@@ -517,26 +786,74 @@ def test_the_units_a_budget_can_raise(tiny_llama):
 
 def test_sensitivity_pass_costs_time_and_memory_in_proportion():
     # the demo's shape: 30 layers of 576 wide, a 49,152-token vocabulary
-    demo = Model(params=135 * 10**6, weight_bytes=270 * 10**6, itemsize=2, layers=30, hidden=576, vocab=49152, q_dim=576,
-                 layer_linears=((576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)), head=(49152, 576))
+    demo = Model(
+        params=135 * 10**6,
+        weight_bytes=270 * 10**6,
+        itemsize=2,
+        layers=30,
+        hidden=576,
+        vocab=49152,
+        q_dim=576,
+        layer_linears=((576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)),
+        head=(49152, 576),
+    )
     plain = convert_plan(demo, work(), machine())
-    one = convert_plan(demo, work(sensitivity_tokens=1024, sensitivity_seq_len=256, sensitivity_units=4, sensitivity_schemes=2, sensitivity_raised=5), machine())
-    two = convert_plan(demo, work(sensitivity_tokens=2048, sensitivity_seq_len=256, sensitivity_units=4, sensitivity_schemes=3, sensitivity_raised=10), machine())
+    one = convert_plan(
+        demo,
+        work(
+            sensitivity_tokens=1024,
+            sensitivity_seq_len=256,
+            sensitivity_units=4,
+            sensitivity_schemes=2,
+            sensitivity_raised=5,
+        ),
+        machine(),
+    )
+    two = convert_plan(
+        demo,
+        work(
+            sensitivity_tokens=2048,
+            sensitivity_seq_len=256,
+            sensitivity_units=4,
+            sensitivity_schemes=3,
+            sensitivity_raised=10,
+        ),
+        machine(),
+    )
     assert "sensitivity" not in plain.time_breakdown and "sensitivity_working_set" not in plain.stages
     assert two.time_breakdown["sensitivity"] > 2 * one.time_breakdown["sensitivity"] > 0
     assert two.stages["sensitivity_working_set"] > one.stages["sensitivity_working_set"] > 0
-    assert one.seconds > plain.seconds and one.peak_ram >= plain.peak_ram and f"about {3 + 4 * 30 + 5 * 2} forwards of 1024 tokens" in one.notes[0]
+    assert (
+        one.seconds > plain.seconds
+        and one.peak_ram >= plain.peak_ram
+        and f"about {3 + 4 * 30 + 5 * 2} forwards of 1024 tokens" in one.notes[0]
+    )
 
 
 def test_convert_plan_counts_the_sensitivity_pass(cli, tiny_llama, tiny_text, tmp_path, no_weights):
     recipe = str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml")
-    base = ["convert", recipe, "--model", str(tiny_llama), "--out", str(tmp_path / "art"), "--calib", f"file:{tiny_text}", "--plan", "--json"]
+    base = [
+        "convert",
+        recipe,
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "art"),
+        "--calib",
+        f"file:{tiny_text}",
+        "--plan",
+        "--json",
+    ]
     code, _, err, plain = cli(*base)
     assert code == 0, err
-    code, _, err, plan = cli(*base, "--set", "steps[0].quantize.auto={budget_bits: 4.5, windows: 4, seq_len: 128, choices: [int8, int4-g32]}")
+    code, _, err, plan = cli(
+        *base, "--set", "steps[0].quantize.auto={budget_bits: 4.5, windows: 4, seq_len: 128, choices: [int8, int4-g32]}"
+    )
     assert code == 0, err
     assert plan["time_breakdown"]["sensitivity"] > 0 and "sensitivity" not in plain["time_breakdown"]
     assert plan["stages"]["sensitivity_working_set"] > 0 and plan["seconds"] > plain["seconds"]
     raised = int(plan["notes"][0].split(" units the budget can raise")[0].rsplit(" ", 1)[1])
-    assert 0 < raised <= 8 and plan["notes"][0].startswith(f"auto mixed precision: about {3 + 4 * 2 + raised * 3} forwards of 512 tokens")
+    assert 0 < raised <= 8 and plan["notes"][0].startswith(
+        f"auto mixed precision: about {3 + 4 * 2 + raised * 3} forwards of 512 tokens"
+    )
     assert plan["stages"]["artifact"] < plain["stages"]["artifact"] * 4.5 / 4.25 * 1.01  # within the budget's bits

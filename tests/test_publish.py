@@ -23,7 +23,9 @@ def built(tiny_llama, tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("publish")
     with mock.patch.dict(os.environ, {"QUANTKIT_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"}):
-        result = CliRunner().invoke(cli, ["convert", str(RECIPE), "--model", str(tiny_llama), "--out", str(root / "art")])
+        result = CliRunner().invoke(
+            cli, ["convert", str(RECIPE), "--model", str(tiny_llama), "--out", str(root / "art")]
+        )
     assert result.exit_code == 0, result.output
     return root / "art"
 
@@ -94,7 +96,7 @@ def _flip(a):
     f = a / "model.safetensors"
     data = bytearray(f.read_bytes())
     mid = len(data) // 2
-    data[mid:mid + 4096] = b"\xff" * len(data[mid:mid + 4096])
+    data[mid : mid + 4096] = b"\xff" * len(data[mid : mid + 4096])
     f.write_bytes(bytes(data))
 
 
@@ -110,21 +112,31 @@ def _meta_edit(fn):
         meta = json.loads((a / "quantkit.json").read_text())
         fn(meta)
         (a / "quantkit.json").write_text(json.dumps(meta))
+
     return edit
 
 
 TAMPER = {
     "4 KiB of 0xFF in the weights": (_flip, "sha256 differs"),
-    "truncated weights": (lambda a: (a / "model.safetensors").write_bytes((a / "model.safetensors").read_bytes()[:-1]), "bytes"),
+    "truncated weights": (
+        lambda a: (a / "model.safetensors").write_bytes((a / "model.safetensors").read_bytes()[:-1]),
+        "bytes",
+    ),
     "missing file": (lambda a: (a / "tokenizer.json").unlink(), "missing file tokenizer.json"),
     "extra weight shard": (lambda a: (a / "model-00002-of-00002.safetensors").write_bytes(b"\0" * 64), "extra file"),
-    "extra file in a subfolder": (lambda a: ((a / "sub").mkdir(), (a / "sub" / "notes.txt").write_text("x")), "extra file sub/notes.txt"),
+    "extra file in a subfolder": (
+        lambda a: ((a / "sub").mkdir(), (a / "sub" / "notes.txt").write_text("x")),
+        "extra file sub/notes.txt",
+    ),
     "symlinked file": (_link_file, "symbolic link"),
     "symlinked folder": (lambda a: (a / "more").symlink_to("/etc"), "symbolic link"),
     "edited card": (lambda a: (a / "README.md").write_text("# trust me\n"), "README.md: "),
     "emptied quantkit.json": (lambda a: (a / "quantkit.json").write_text(""), "damaged"),
     "no manifest": (_meta_edit(lambda m: m.pop("files")), "no integrity manifest"),
-    "manifest escaping the folder": (_meta_edit(lambda m: m["files"].update({"../x": {"sha256": "0", "bytes": 1}})), "not a file inside"),
+    "manifest escaping the folder": (
+        _meta_edit(lambda m: m["files"].update({"../x": {"sha256": "0", "bytes": 1}})),
+        "not a file inside",
+    ),
 }
 
 
@@ -138,11 +150,19 @@ def test_tampered_artifact_refused(cli, artifact, hub, kind, dry_run):
     assert not hub.uploaded() and TOKEN not in out + err
 
 
-@pytest.mark.parametrize("meta", [
-    {"verification": {"status": "passed"}},
-    {"kind": "quantkit-artifact", "verification": {"status": "passed"}},
-    {"kind": "quantkit-artifact", "verification": {"status": "passed"}, "files": {"config.json": {"sha256": "x", "bytes": 1}}},
-], ids=["flag only", "kind and flag", "manifest without weights"])
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"verification": {"status": "passed"}},
+        {"kind": "quantkit-artifact", "verification": {"status": "passed"}},
+        {
+            "kind": "quantkit-artifact",
+            "verification": {"status": "passed"},
+            "files": {"config.json": {"sha256": "x", "bytes": 1}},
+        },
+    ],
+    ids=["flag only", "kind and flag", "manifest without weights"],
+)
 def test_hand_made_quantkit_json_refused(cli, tiny_llama, tmp_path, hub, meta):
     raw = tmp_path / "raw"
     shutil.copytree(tiny_llama, raw)
@@ -236,8 +256,16 @@ def test_card_base_model_is_a_hub_id_or_absent(artifact):
 def test_card_update_keeps_the_artifact_publishable(cli, artifact, hub):
     from quantkit.artifacts.card import update_card_results
 
-    bench = {"prompt_len": 16, "device": "cpu", "engine": "eager", "ttft_ms": 1.0, "tpot_ms": 2.0, "predicted_tpot_ms": 1.5,
-             "bytes_per_token": 1e6, "kernel": "dense"}
+    bench = {
+        "prompt_len": 16,
+        "device": "cpu",
+        "engine": "eager",
+        "ttft_ms": 1.0,
+        "tpot_ms": 2.0,
+        "predicted_tpot_ms": 1.5,
+        "bytes_per_token": 1e6,
+        "kernel": "dense",
+    }
     update_card_results(artifact, {"bench": bench})
     assert "TPOT (batch 1)" in (artifact / "README.md").read_text()
     code, _, err, _ = cli("publish", str(artifact), "--repo", "me/x", "--dry-run")

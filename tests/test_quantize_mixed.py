@@ -24,15 +24,17 @@ def test_scheme_bits_follow_the_storage_accounting():
     assert INT8.bits_per_weight(576) == pytest.approx(8 + 16 / 576)  # one scale per output channel
 
 
-@pytest.mark.parametrize("text,scheme", [("int8", INT8), ("int4-g32", G32), ("int4-g128-asym", Scheme(4, 128, False)),
-                                         ("int8-g128", Scheme(8, 128))])
+@pytest.mark.parametrize(
+    "text,scheme",
+    [("int8", INT8), ("int4-g32", G32), ("int4-g128-asym", Scheme(4, 128, False)), ("int8-g128", Scheme(8, 128))],
+)
 def test_choice_names(text, scheme):
     assert parse_choice(text) == scheme and parse_choice(scheme.name) == scheme
 
 
 @pytest.mark.parametrize("bad", ["int4", "int3", "fp8", "int4-g48", "int8 per channel", ""])
 def test_bad_choice_names_are_one_line(bad):
-    with pytest.raises(QuantkitError, match="expected int8"if bad not in ("int4",) else "needs a group"):
+    with pytest.raises(QuantkitError, match="expected int8" if bad not in ("int4",) else "needs a group"):
         parse_choice(bad)
 
 
@@ -51,9 +53,17 @@ def test_the_choice_is_within_budget_and_optimal_on_random_instances():
     rng = random.Random(0)
     schemes = [BASE, G32, INT8]
     for _ in range(200):
-        units = [unit(i, "u", rng.choice([64, 128, 192]) * rng.randint(1, 8), rng.choice([64, 128, 576]),
-                      (lambda k0: (k0, k0 * rng.uniform(0.3, 0.9), k0 * rng.uniform(0, 0.2)))(rng.uniform(0.001, 0.1)), schemes)
-                 for i in range(rng.randint(1, 6))]
+        units = [
+            unit(
+                i,
+                "u",
+                rng.choice([64, 128, 192]) * rng.randint(1, 8),
+                rng.choice([64, 128, 576]),
+                (lambda k0: (k0, k0 * rng.uniform(0.3, 0.9), k0 * rng.uniform(0, 0.2)))(rng.uniform(0.001, 0.1)),
+                schemes,
+            )
+            for i in range(rng.randint(1, 6))
+        ]
         total = sum(u.weights for u in units)
         floor = sum(u.bits[0] for u in units) / total
         budget = floor + rng.uniform(0, 4)
@@ -61,8 +71,10 @@ def test_the_choice_is_within_budget_and_optimal_on_random_instances():
         assert got.bits_per_weight <= budget + 1e-12  # never above the budget
         assert got.bits_per_weight == pytest.approx(sum(u.bits[j] for u, j in zip(units, got.picked)) / total)
         # optimal up to the budget's resolution (a choice needing a fraction of a step more can be missed)
-        assert got.kl_sum <= _brute(units, budget, total) + 1e-9 or \
-            got.kl_sum <= _brute(units, budget - (budget - floor) / 10_000, total) + 1e-9
+        assert (
+            got.kl_sum <= _brute(units, budget, total) + 1e-9
+            or got.kl_sum <= _brute(units, budget - (budget - floor) / 10_000, total) + 1e-9
+        )
 
 
 def test_ties_go_to_the_lower_layer_and_a_useless_option_is_never_paid_for():
@@ -90,7 +102,9 @@ def test_an_infeasible_budget_is_one_line():
 # ---------------------------------------------------------------- stored bits, exactly
 
 
-@pytest.mark.parametrize("scheme", [BASE, INT8, G32, Scheme(4, 64, False), Scheme(4, 128, False), Scheme(8, 128), Scheme(8, -1, False)])
+@pytest.mark.parametrize(
+    "scheme", [BASE, INT8, G32, Scheme(4, 64, False), Scheme(4, 128, False), Scheme(8, 128), Scheme(8, -1, False)]
+)
 def test_stored_bits_equal_the_nominal_accounting_on_aligned_shapes(scheme):
     """Rows and columns that are multiples of the int32 packing: the exact count is the roofline's."""
     for out, cols in [(64, 128), (576, 576), (1536, 576), (192, 1536)]:
@@ -113,7 +127,11 @@ def test_stored_bits_by_hand():
 def _step(**quantize):
     from quantkit.recipe.files import recipe_from_dict
 
-    return recipe_from_dict({"steps": [{"quantize": {"method": "gptq", "bits": 4, "group_size": 64, **quantize}}]}).steps[0].quantize
+    return (
+        recipe_from_dict({"steps": [{"quantize": {"method": "gptq", "bits": 4, "group_size": 64, **quantize}}]})
+        .steps[0]
+        .quantize
+    )
 
 
 def test_auto_defaults_and_round_trip():
@@ -124,23 +142,30 @@ def test_auto_defaults_and_round_trip():
     assert again == q
 
 
-@pytest.mark.parametrize("auto,extra,message", [
-    ({"budget_bits": 4.5}, {"overrides": [{"targets": [".*down_proj$"], "bits": 8}]}, "auto and overrides: give one of them"),
-    ({"budget_bits": 4.5, "metric": "mse"}, {}, "only kl for now"),
-    ({"budget_bits": 4.5, "units": ["qkv", "mlp"]}, {}, "subset of qkv, o, gate_up, down"),
-    ({"budget_bits": 4.5, "units": []}, {}, "subset of qkv, o, gate_up, down"),
-    ({"budget_bits": 4.5, "choices": ["int4-g128"]}, {}, "does not raise a unit above the base scheme int4-g64"),
-    ({"budget_bits": 4.5, "choices": ["int4-g64"]}, {}, "does not raise a unit above the base scheme int4-g64"),
-    ({"budget_bits": 4.5, "choices": ["fp8"]}, {}, "expected int8"),
-    ({"budget_bits": 4.5, "choices": []}, {}, "at least one scheme"),
-    ({"budget_bits": 4.5, "choices": ["int8", "int8"]}, {}, "each scheme once"),
-    ({"budget_bits": 4.0}, {}, "budget_bits 4: between 4.25"),
-    ({"budget_bits": 4.3}, {"symmetric": False}, "budget_bits 4.3: between 4.3125"),
-    ({"budget_bits": 17}, {}, "less than or equal to 16"),
-    ({"budget_bits": 4.5, "windows": 0}, {}, "windows"),
-    ({"budget_bits": 4.5, "bogus": 1}, {}, "bogus"),
-    ({}, {}, "budget_bits"),
-])
+@pytest.mark.parametrize(
+    "auto,extra,message",
+    [
+        (
+            {"budget_bits": 4.5},
+            {"overrides": [{"targets": [".*down_proj$"], "bits": 8}]},
+            "auto and overrides: give one of them",
+        ),
+        ({"budget_bits": 4.5, "metric": "mse"}, {}, "only kl for now"),
+        ({"budget_bits": 4.5, "units": ["qkv", "mlp"]}, {}, "subset of qkv, o, gate_up, down"),
+        ({"budget_bits": 4.5, "units": []}, {}, "subset of qkv, o, gate_up, down"),
+        ({"budget_bits": 4.5, "choices": ["int4-g128"]}, {}, "does not raise a unit above the base scheme int4-g64"),
+        ({"budget_bits": 4.5, "choices": ["int4-g64"]}, {}, "does not raise a unit above the base scheme int4-g64"),
+        ({"budget_bits": 4.5, "choices": ["fp8"]}, {}, "expected int8"),
+        ({"budget_bits": 4.5, "choices": []}, {}, "at least one scheme"),
+        ({"budget_bits": 4.5, "choices": ["int8", "int8"]}, {}, "each scheme once"),
+        ({"budget_bits": 4.0}, {}, "budget_bits 4: between 4.25"),
+        ({"budget_bits": 4.3}, {"symmetric": False}, "budget_bits 4.3: between 4.3125"),
+        ({"budget_bits": 17}, {}, "less than or equal to 16"),
+        ({"budget_bits": 4.5, "windows": 0}, {}, "windows"),
+        ({"budget_bits": 4.5, "bogus": 1}, {}, "bogus"),
+        ({}, {}, "budget_bits"),
+    ],
+)
 def test_bad_auto_blocks_are_one_line_with_their_key(auto, extra, message):
     from quantkit.errors import RecipeError
 

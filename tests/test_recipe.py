@@ -26,10 +26,16 @@ def test_every_builtin_recipe_validates_by_path_and_by_name(cli):
 
 def test_a_recipe_name_that_is_neither_a_file_nor_builtin_is_one_line(cli, tmp_path):
     code, _, err, _ = cli("recipe", "show", "int4-w4a16-gptq-g65")
-    assert code == 2 and "no built-in recipe" in err and "int4-w4a16-gptq-g64" in err and len(err.strip().splitlines()) == 1
+    assert (
+        code == 2
+        and "no built-in recipe" in err
+        and "int4-w4a16-gptq-g64" in err
+        and len(err.strip().splitlines()) == 1
+    )
     local = tmp_path / "int4-w4a16-rtn.yaml"  # a file of a built-in's name: the path wins
     local.write_text("description: mine\nsteps:\n  - quantize: {method: rtn, bits: 8, group_size: -1}\n")
     import os
+
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
@@ -133,18 +139,28 @@ def test_error_in_included_recipe_names_that_file(tmp_path):
     suite.write_text("variants:\n  - name: base\n    baseline: true\n  - name: q\n    recipe: q.yaml\n")
     with pytest.raises(RecipeError) as exc:
         load_recipe(suite)
-    assert str(exc.value) == (f"{inner} (included by {suite}: variants[1].recipe): steps[0].quantize.group_size: "
-                              "must be one of 32, 64, 128 or -1")
+    assert str(exc.value) == (
+        f"{inner} (included by {suite}: variants[1].recipe): steps[0].quantize.group_size: "
+        "must be one of 32, 64, 128 or -1"
+    )
 
 
 def test_set_error_names_the_set(tmp_path):
     p = write(tmp_path, "steps:\n  - quantize: {method: gptq, group_size: 64}\n")
     with pytest.raises(RecipeError) as exc:
         load_recipe(p, ["bench.gen_len=16", "steps[0].quantize.group_size=100"])
-    assert str(exc.value) == "--set steps[0].quantize.group_size=100: steps[0].quantize.group_size: must be one of 32, 64, 128 or -1"
-    with pytest.raises(RecipeError, match=r"^--set steps\[0\]\.quantize=\{method: rtn, colour: red\}: steps\[0\]\.quantize\.colour: unknown key"):
+    assert (
+        str(exc.value)
+        == "--set steps[0].quantize.group_size=100: steps[0].quantize.group_size: must be one of 32, 64, 128 or -1"
+    )
+    with pytest.raises(
+        RecipeError,
+        match=r"^--set steps\[0\]\.quantize=\{method: rtn, colour: red\}: steps\[0\]\.quantize\.colour: unknown key",
+    ):
         load_recipe(p, ["steps[0].quantize={method: rtn, colour: red}"])
-    with pytest.raises(RecipeError, match=rf"^{p}: steps\[0\]\.quantize\.group_size"):  # the file's own error is still the file's
+    with pytest.raises(
+        RecipeError, match=rf"^{p}: steps\[0\]\.quantize\.group_size"
+    ):  # the file's own error is still the file's
         load_recipe(write(tmp_path, "steps:\n  - quantize: {method: gptq, group_size: 48}\n"), ["bench.gen_len=16"])
 
 
@@ -157,17 +173,30 @@ def test_invalid_yaml_and_missing_file(tmp_path):
 
 
 def test_transform_step_kind_order_and_dump(tmp_path):
-    p = write(tmp_path, "steps:\n  - transform: {method: spinquant, transform_type: random-hadamard}\n"
-                        "  - quantize: {method: autoround, group_size: 64, preset: light}\n")
+    p = write(
+        tmp_path,
+        "steps:\n  - transform: {method: spinquant, transform_type: random-hadamard}\n"
+        "  - quantize: {method: autoround, group_size: 64, preset: light}\n",
+    )
     r = load_recipe(p)
     assert [s.kind for s in r.steps] == ["transform", "quantize"]
     dumped = r.to_dict()["steps"]
-    assert dumped[0]["transform"] == {"method": "spinquant", "rotations": ["R1", "R2"], "transform_type": "random-hadamard", "block_size": None}
+    assert dumped[0]["transform"] == {
+        "method": "spinquant",
+        "rotations": ["R1", "R2"],
+        "transform_type": "random-hadamard",
+        "block_size": None,
+    }
     assert (dumped[1]["quantize"]["iters"], dumped[1]["quantize"]["lr"]) == (50, 0.005)
     with pytest.raises(RecipeError, match="exactly one of: quantize, gqa, transform"):
         load_recipe(write(tmp_path, "steps:\n  - {transform: {method: spinquant}, quantize: {method: rtn}}\n"))
     with pytest.raises(RecipeError, match="at most one gqa step, one transform step and one quantize step"):
-        load_recipe(write(tmp_path, "steps:\n  - transform: {method: spinquant}\n  - transform: {method: spinquant}\n  - quantize: {method: rtn}\n"))
+        load_recipe(
+            write(
+                tmp_path,
+                "steps:\n  - transform: {method: spinquant}\n  - transform: {method: spinquant}\n  - quantize: {method: rtn}\n",
+            )
+        )
 
 
 def test_unknown_method_lists_autoround(tmp_path):
@@ -186,6 +215,10 @@ def test_the_engine_names_a_recipe_takes_are_the_registries():
     assert EVAL_ENGINES == tuple(SCORERS)
     assert TASK_ENGINES == tuple(name for name, scorer in SCORERS.items() if scorer.runs_tasks)
     for name in ENGINES:
-        assert recipe_from_dict({"steps": [{"quantize": {"method": "rtn"}}], "bench": {"engine": name}}).bench.engines == (name,)
+        assert recipe_from_dict(
+            {"steps": [{"quantize": {"method": "rtn"}}], "bench": {"engine": name}}
+        ).bench.engines == (name,)
     for name in SCORERS:
-        assert recipe_from_dict({"steps": [{"quantize": {"method": "rtn"}}], "eval": {"engines": [name]}}).eval.engines == (name,)
+        assert recipe_from_dict(
+            {"steps": [{"quantize": {"method": "rtn"}}], "eval": {"engines": [name]}}
+        ).eval.engines == (name,)

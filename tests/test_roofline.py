@@ -4,8 +4,18 @@ import pytest
 
 from quantkit.core.hardware import SHAPES, get_device, shape_config
 from quantkit.core.roofline import (
-    FP16, Layout, Shape, WeightFormat, decode_bytes, efficiency, fit_rule, kv_bytes_per_token,
-    prefill_flops, predict_ttft_s, quantized_layout, weight_bytes_per_token,
+    FP16,
+    Layout,
+    Shape,
+    WeightFormat,
+    decode_bytes,
+    efficiency,
+    fit_rule,
+    kv_bytes_per_token,
+    predict_ttft_s,
+    prefill_flops,
+    quantized_layout,
+    weight_bytes_per_token,
 )
 
 TOY = Shape(vocab=10, hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, head_dim=2, tied=True)
@@ -61,8 +71,8 @@ def test_one_kv_formula_everywhere(tmp_path):
     from pathlib import Path
 
     import quantkit.bench.accounting as accounting
-    from quantkit.gqa import groups
     from quantkit.core.roofline import kv_bytes
+    from quantkit.gqa import groups
     from quantkit.models.sizes import checkpoint_sizes
 
     assert kv_bytes(30, 3, 64) == 23040 and kv_bytes(30, 3, 64, 1) == 11520
@@ -72,8 +82,11 @@ def test_one_kv_formula_everywhere(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert checkpoint_sizes(tmp_path)["kv_bytes_per_token"] == kv_bytes_per_token(Shape.from_config(cfg)) == 23040
     repo = Path(__file__).resolve().parents[1] / "quantkit"
-    written = [f.relative_to(repo).as_posix() for f in repo.rglob("*.py")
-               if re.search(r"2 \* \w*layers \* \w*kv_heads", f.read_text())]
+    written = [
+        f.relative_to(repo).as_posix()
+        for f in repo.rglob("*.py")
+        if re.search(r"2 \* \w*layers \* \w*kv_heads", f.read_text())
+    ]
     assert written == ["core/roofline.py"]
 
 

@@ -7,9 +7,26 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["--set", "calibration.samples=4", "--set", "calibration.seq_len=64", "--set", "eval.seq_len=64",
-         "--set", "eval.max_tokens=128", "--set", "bench.prompt_len=16", "--set", "bench.gen_len=4",
-         "--set", "bench.repeats=1", "--set", "bench.min_seconds=0", "--set", "bench.engine=eager"]
+SMALL = [
+    "--set",
+    "calibration.samples=4",
+    "--set",
+    "calibration.seq_len=64",
+    "--set",
+    "eval.seq_len=64",
+    "--set",
+    "eval.max_tokens=128",
+    "--set",
+    "bench.prompt_len=16",
+    "--set",
+    "bench.gen_len=4",
+    "--set",
+    "bench.repeats=1",
+    "--set",
+    "bench.min_seconds=0",
+    "--set",
+    "bench.engine=eager",
+]
 
 
 @pytest.fixture
@@ -28,8 +45,20 @@ def suite(tmp_path):
 
 def test_run_report_and_reuse(cli, suite, tiny_llama, tiny_text, tmp_path):
     out = tmp_path / "run"
-    args = ["run", str(suite), "--model", str(tiny_llama), "--out", str(out), "--calib", f"file:{tiny_text}",
-            "--eval-text", f"file:{tiny_text}", *SMALL, "--json"]
+    args = [
+        "run",
+        str(suite),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{tiny_text}",
+        "--eval-text",
+        f"file:{tiny_text}",
+        *SMALL,
+        "--json",
+    ]
     code, _, err, rep = cli(*args)
     assert code == 0, err
     names = [r["name"] for r in rep["rows"]]
@@ -46,8 +75,19 @@ def test_run_report_and_reuse(cli, suite, tiny_llama, tiny_text, tmp_path):
     card = (out / "artifacts" / "int4-rtn" / "README.md").read_text()
     assert "KL divergence vs baseline" in card and "TPOT (batch 1)" in card
     # the figures agree with quantkit eval run by hand
-    code, _, err, ev = cli("eval", str(out / "artifacts" / "int4-rtn"), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}",
-                           "--seq-len", "64", "--max-tokens", "128", "--json")
+    code, _, err, ev = cli(
+        "eval",
+        str(out / "artifacts" / "int4-rtn"),
+        "--baseline",
+        str(tiny_llama),
+        "--text",
+        f"file:{tiny_text}",
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "128",
+        "--json",
+    )
     assert ev["kld"]["mean"] == pytest.approx(rep["rows"][1]["kld_mean"], rel=1e-6)
     # a second run reuses every step
     code, _, err, rep2 = cli(*args)
@@ -59,9 +99,13 @@ def test_run_report_and_reuse(cli, suite, tiny_llama, tiny_text, tmp_path):
 
 def test_failed_variant_reported_others_go_on(cli, tiny_llama, tiny_text, tmp_path):
     p = tmp_path / "s.yaml"
-    p.write_text("variants:\n  - name: ok\n    steps:\n      - quantize: {method: rtn, group_size: 64}\n"
-                 "  - name: bad\n    steps:\n      - quantize: {method: gptq, group_size: 64}\n")
-    code, out, err, _ = cli("run", str(p), "--model", str(tiny_llama), "--out", str(tmp_path / "r"), *SMALL, "--skip-bench")
+    p.write_text(
+        "variants:\n  - name: ok\n    steps:\n      - quantize: {method: rtn, group_size: 64}\n"
+        "  - name: bad\n    steps:\n      - quantize: {method: gptq, group_size: 64}\n"
+    )
+    code, out, err, _ = cli(
+        "run", str(p), "--model", str(tiny_llama), "--out", str(tmp_path / "r"), *SMALL, "--skip-bench"
+    )
     assert code == 1
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
     status = {r["name"]: r["status"] for r in rep["rows"]}
@@ -82,7 +126,9 @@ def test_bench_failure_fails_its_variant(cli, tiny_llama, tmp_path, monkeypatch)
     monkeypatch.setattr(runner, "bench_one", bench_one)
     p = tmp_path / "s.yaml"
     p.write_text("variants:\n  - name: int4\n    steps:\n      - quantize: {method: rtn, group_size: 64}\n")
-    code, out, err, _ = cli("run", str(p), "--model", str(tiny_llama), "--out", str(tmp_path / "r"), *SMALL, "--skip-eval")
+    code, out, err, _ = cli(
+        "run", str(p), "--model", str(tiny_llama), "--out", str(tmp_path / "r"), *SMALL, "--skip-eval"
+    )
     assert code == 1
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
     status = {r["name"]: r["status"] for r in rep["rows"]}
@@ -96,10 +142,23 @@ def test_compare_two_runs(cli, tmp_path):
     def fake(name, tpot):
         d = tmp_path / name
         d.mkdir()
-        rows = [{"name": "fp16", "tpot_ms": tpot, "delta_ppl_pct": 0.0, "kld_mean": 0.0, "status": "ok"},
-                {"name": "int4", "tpot_ms": tpot / 2, "delta_ppl_pct": 5.0, "kld_mean": 0.1, "status": "ok"}]
-        (d / "report.json").write_text(json.dumps({"kind": "quantkit-run", "recipe": "demo", "date": "d", "host": "h",
-                                                   "device": {"name": "cpu"}, "fit": None, "rows": rows}))
+        rows = [
+            {"name": "fp16", "tpot_ms": tpot, "delta_ppl_pct": 0.0, "kld_mean": 0.0, "status": "ok"},
+            {"name": "int4", "tpot_ms": tpot / 2, "delta_ppl_pct": 5.0, "kld_mean": 0.1, "status": "ok"},
+        ]
+        (d / "report.json").write_text(
+            json.dumps(
+                {
+                    "kind": "quantkit-run",
+                    "recipe": "demo",
+                    "date": "d",
+                    "host": "h",
+                    "device": {"name": "cpu"},
+                    "fit": None,
+                    "rows": rows,
+                }
+            )
+        )
         return d
 
     a, b = fake("cpu-run", 40.0), fake("gpu-run", 4.0)
@@ -117,12 +176,29 @@ def test_run_gqa_variants(cli, tiny_dir, tiny_text, tmp_path):
     """GQA alone and GQA then RTN in one variant, next to the baseline: the KV column follows the KV heads."""
     p = tmp_path / "gqa-suite.yaml"
     gqa = "      - gqa: {kv_heads: 1, grouping: contiguous, merge: calibrated, recover: null}\n"
-    p.write_text("variants:\n  - name: fp16\n    baseline: true\n"
-                 "  - name: gqa\n    steps:\n" + gqa +
-                 "  - name: gqa-rtn\n    steps:\n" + gqa + "      - quantize: {method: rtn, group_size: 64}\n")
+    p.write_text(
+        "variants:\n  - name: fp16\n    baseline: true\n"
+        "  - name: gqa\n    steps:\n"
+        + gqa
+        + "  - name: gqa-rtn\n    steps:\n"
+        + gqa
+        + "      - quantize: {method: rtn, group_size: 64}\n"
+    )
     out = tmp_path / "run"
-    code, _, err, rep = cli("run", str(p), "--model", str(tiny_dir / "llama-mha"), "--out", str(out), "--calib", f"file:{tiny_text}",
-                            "--eval-text", f"file:{tiny_text}", *SMALL, "--json")
+    code, _, err, rep = cli(
+        "run",
+        str(p),
+        "--model",
+        str(tiny_dir / "llama-mha"),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{tiny_text}",
+        "--eval-text",
+        f"file:{tiny_text}",
+        *SMALL,
+        "--json",
+    )
     assert code == 0, err
     rows = {r["name"]: r for r in rep["rows"]}
     assert list(rows) == ["fp16", "gqa", "gqa-rtn"] and all(r["status"] == "ok" for r in rows.values())
@@ -156,8 +232,19 @@ def test_damaged_records_redo_their_step(cli, tiny_llama, tiny_text, tmp_path):
     from quantkit.core.integrity import check
 
     out = tmp_path / "r"
-    args = ["run", str(_rtn_suite(tmp_path)), "--model", str(tiny_llama), "--out", str(out), "--eval-text", f"file:{tiny_text}",
-            *SMALL, "--skip-bench", "--json"]
+    args = [
+        "run",
+        str(_rtn_suite(tmp_path)),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(out),
+        "--eval-text",
+        f"file:{tiny_text}",
+        *SMALL,
+        "--skip-bench",
+        "--json",
+    ]
     code, _, err, rep = cli(*args)
     assert code == 0, err
     art = out / "artifacts" / "int4"
@@ -175,19 +262,32 @@ def test_damaged_records_redo_their_step(cli, tiny_llama, tiny_text, tmp_path):
 
     damages = {
         "emptied steps.json": (lambda: (out / "steps.json").write_text(""), "steps.json is damaged", "eval"),
-        "binary steps.json": (lambda: (out / "steps.json").write_bytes(b"\x00\xff\xfe{"), "steps.json is damaged", "eval"),
+        "binary steps.json": (
+            lambda: (out / "steps.json").write_bytes(b"\x00\xff\xfe{"),
+            "steps.json is damaged",
+            "eval",
+        ),
         "steps.json not an object": (steps_not_object, "steps.json is damaged", "eval"),
         "a damaged step record": (step_record_damaged, "", "eval"),
-        "emptied quantkit.json": (lambda: (art / "quantkit.json").write_text(""), "is damaged (not valid JSON): converting again", "convert"),
-        "truncated weights": (lambda: (art / "model.safetensors").write_bytes((art / "model.safetensors").read_bytes()[:-7]),
-                              "model.safetensors", "convert"),
+        "emptied quantkit.json": (
+            lambda: (art / "quantkit.json").write_text(""),
+            "is damaged (not valid JSON): converting again",
+            "convert",
+        ),
+        "truncated weights": (
+            lambda: (art / "model.safetensors").write_bytes((art / "model.safetensors").read_bytes()[:-7]),
+            "model.safetensors",
+            "convert",
+        ),
     }
     for name, (damage, note, redone) in damages.items():
         damage()
         code, _, err, rep = cli(*args)
         assert code == 0 and note in err, (name, err)
         assert f"[int4] {redone}\n" in err and f"[int4] {redone}: reusing" not in err, (name, err)
-        assert all(r["status"] == "ok" for r in rep["rows"]) and rep["rows"][1]["kld_mean"] == pytest.approx(kld, rel=1e-6), name
+        assert all(r["status"] == "ok" for r in rep["rows"]) and rep["rows"][1]["kld_mean"] == pytest.approx(
+            kld, rel=1e-6
+        ), name
         check(art, json.loads((art / "quantkit.json").read_text()))
 
 
@@ -196,8 +296,17 @@ def test_run_directory_is_locked(cli, tiny_llama, tmp_path):
 
     out = tmp_path / "r"
     with exclusive(out):
-        code, _, err, _ = cli("run", str(_rtn_suite(tmp_path)), "--model", str(tiny_llama), "--out", str(out), *SMALL, "--skip-eval",
-                              "--skip-bench")
+        code, _, err, _ = cli(
+            "run",
+            str(_rtn_suite(tmp_path)),
+            "--model",
+            str(tiny_llama),
+            "--out",
+            str(out),
+            *SMALL,
+            "--skip-eval",
+            "--skip-bench",
+        )
     assert code == 2 and "in use by another quantkit process" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
 
@@ -210,7 +319,9 @@ def test_run_never_replaces_its_source(cli, tiny_llama, tmp_path):
     shutil.copytree(tiny_llama, src)
     (src / "quantkit.json").write_text("{}")  # even one that looks like an artifact
     before = sorted((p.name, p.read_bytes()) for p in src.iterdir())
-    code, _, err, _ = cli("run", str(_rtn_suite(tmp_path)), "--model", str(src), "--out", str(out), *SMALL, "--skip-eval", "--skip-bench")
+    code, _, err, _ = cli(
+        "run", str(_rtn_suite(tmp_path)), "--model", str(src), "--out", str(out), *SMALL, "--skip-eval", "--skip-bench"
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1 and "contains the source checkpoint" in err, err
     assert sorted((p.name, p.read_bytes()) for p in src.iterdir()) == before
     assert sorted(p.name for p in out.iterdir()) == ["artifacts"]  # no steps.json, no report
@@ -219,5 +330,7 @@ def test_run_never_replaces_its_source(cli, tiny_llama, tmp_path):
 def test_run_out_is_a_file(cli, tiny_llama, tmp_path):
     f = tmp_path / "r"
     f.write_text("mine")
-    code, _, err, _ = cli("run", str(_rtn_suite(tmp_path)), "--model", str(tiny_llama), "--out", str(f), "--skip-eval", "--skip-bench")
+    code, _, err, _ = cli(
+        "run", str(_rtn_suite(tmp_path)), "--model", str(tiny_llama), "--out", str(f), "--skip-eval", "--skip-bench"
+    )
     assert code == 2 and f.read_text() == "mine"

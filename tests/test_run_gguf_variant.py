@@ -5,14 +5,29 @@ install built llama.cpp's tools."""
 
 import pytest
 import yaml
-
 from installed import llama_tool, needs_llama_cpp
+
 from quantkit.errors import RecipeError
 from quantkit.recipe.files import recipe_from_dict
 
-SMALL = ["--set", "calibration.samples=4", "--set", "calibration.seq_len=64", "--set", "eval.seq_len=64",
-         "--set", "eval.max_tokens=128", "--set", "bench.prompt_len=16", "--set", "bench.gen_len=4",
-         "--set", "bench.repeats=1", "--set", "bench.min_seconds=0"]
+SMALL = [
+    "--set",
+    "calibration.samples=4",
+    "--set",
+    "calibration.seq_len=64",
+    "--set",
+    "eval.seq_len=64",
+    "--set",
+    "eval.max_tokens=128",
+    "--set",
+    "bench.prompt_len=16",
+    "--set",
+    "bench.gen_len=4",
+    "--set",
+    "bench.repeats=1",
+    "--set",
+    "bench.min_seconds=0",
+]
 
 
 def _suite(variant: dict) -> dict:
@@ -23,12 +38,15 @@ def _read(data: dict):
     return recipe_from_dict(data, "suite.yaml")
 
 
-@pytest.mark.parametrize("variant, message", [
-    ({"name": "a", "gguf": {"type": "Q9_K"}}, "variants[1].gguf.type: 'Q9_K'"),
-    ({"name": "a", "gguf": {"type": "Q4_K_M", "imatrx": True}}, "imatrx"),
-    ({"name": "a", "gguf": {"type": "Q4_K_M"}, "steps": [{"quantize": {"method": "rtn"}}]}, "takes no steps"),
-    ({"name": "a", "gguf": {}}, "type"),
-])
+@pytest.mark.parametrize(
+    "variant, message",
+    [
+        ({"name": "a", "gguf": {"type": "Q9_K"}}, "variants[1].gguf.type: 'Q9_K'"),
+        ({"name": "a", "gguf": {"type": "Q4_K_M", "imatrx": True}}, "imatrx"),
+        ({"name": "a", "gguf": {"type": "Q4_K_M"}, "steps": [{"quantize": {"method": "rtn"}}]}, "takes no steps"),
+        ({"name": "a", "gguf": {}}, "type"),
+    ],
+)
 def test_bad_gguf_variants_are_refused_with_their_key(variant, message):
     with pytest.raises(RecipeError) as err:
         _read(_suite(variant))
@@ -56,13 +74,38 @@ def test_the_built_in_llamacpp_suite_reads():
 def test_run_reports_the_llama_quantize_variant_beside_quantkits(cli, tiny_llama, tiny_text, tmp_path):
     llama_tool("llama-quantize"), llama_tool("llama-imatrix")
     suite = tmp_path / "suite.yaml"
-    suite.write_text(yaml.safe_dump({"name": "s", "variants": [
-        {"name": "rtn", "steps": [{"quantize": {"method": "rtn", "bits": 4, "group_size": 32, "symmetric": True}}]},
-        {"name": "q4km", "gguf": {"type": "Q4_K_M"}}],
-        "eval": {"engines": ["llamacpp"]}, "bench": {"engines": ["llamacpp"]}, "export": {"formats": ["gguf"]}}))
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "name": "s",
+                "variants": [
+                    {
+                        "name": "rtn",
+                        "steps": [{"quantize": {"method": "rtn", "bits": 4, "group_size": 32, "symmetric": True}}],
+                    },
+                    {"name": "q4km", "gguf": {"type": "Q4_K_M"}},
+                ],
+                "eval": {"engines": ["llamacpp"]},
+                "bench": {"engines": ["llamacpp"]},
+                "export": {"formats": ["gguf"]},
+            }
+        )
+    )
     out = tmp_path / "run"
-    args = ["run", str(suite), "--model", str(tiny_llama), "--out", str(out), "--calib", f"file:{tiny_text}",
-            "--eval-text", f"file:{tiny_text}", *SMALL, "--json"]
+    args = [
+        "run",
+        str(suite),
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{tiny_text}",
+        "--eval-text",
+        f"file:{tiny_text}",
+        *SMALL,
+        "--json",
+    ]
     code, _, err, rep = cli(*args)
     assert code == 0, err
     rows = {r["name"]: r for r in rep["rows"]}

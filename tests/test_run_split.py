@@ -23,9 +23,11 @@ def test_a_split_of_generated_text_and_an_unknown_split_are_refused():
 
 def test_run_scores_the_split_it_names(cli, tiny_llama, tiny_text, tmp_path):
     recipe = tmp_path / "suite.yaml"
-    recipe.write_text(f"model: {tiny_llama}\ncalibration: {{samples: 4, seq_len: 32}}\n"
-                      f"eval: {{texts: ['file:{tiny_text}'], seq_len: 32, max_tokens: 128, split: confirmation}}\n"
-                      "variants:\n  - name: rtn\n    steps: [{quantize: {method: rtn, bits: 8, group_size: -1}}]\n")
+    recipe.write_text(
+        f"model: {tiny_llama}\ncalibration: {{samples: 4, seq_len: 32}}\n"
+        f"eval: {{texts: ['file:{tiny_text}'], seq_len: 32, max_tokens: 128, split: confirmation}}\n"
+        "variants:\n  - name: rtn\n    steps: [{quantize: {method: rtn, bits: 8, group_size: -1}}]\n"
+    )
     code, _, err, report = cli("run", str(recipe), "--out", str(tmp_path / "run"), "--skip-bench", "--json")
     assert code == 0, err
     ev = report["variants"]["rtn"]["eval"]

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from quantkit.errors import DataError
 from quantkit.data.text import overlaps, parse_spec, read_text, region_windows
+from quantkit.errors import DataError
 
 
 def test_parse_spec():
@@ -114,11 +114,16 @@ def test_a_stray_bad_byte_is_a_warning_and_recorded(tmp_path, capsys):
     assert "3 of" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("damage", [lambda b: b[:1000] + bytes(range(128, 256)) * 2 + b[1000:],  # cp1252 bytes in UTF-8
-                                    lambda b: b.replace(b" ", b"\x00", 50),  # NULs
-                                    lambda b: b.decode().encode("utf-16-le"),  # UTF-16 without a BOM
-                                    lambda b: bytes(x ^ 0xA5 for x in b)],  # scrambled
-                         ids=["high-bytes", "nul", "utf16-no-bom", "xor"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda b: b[:1000] + bytes(range(128, 256)) * 2 + b[1000:],  # cp1252 bytes in UTF-8
+        lambda b: b.replace(b" ", b"\x00", 50),  # NULs
+        lambda b: b.decode().encode("utf-16-le"),  # UTF-16 without a BOM
+        lambda b: bytes(x ^ 0xA5 for x in b),
+    ],  # scrambled
+    ids=["high-bytes", "nul", "utf16-no-bom", "xor"],
+)
 def test_more_than_a_stray_byte_refuses_the_text(tmp_path, damage):
     p = tmp_path / "a.txt"
     p.write_bytes(damage(WORDS.encode()))
@@ -127,8 +132,11 @@ def test_more_than_a_stray_byte_refuses_the_text(tmp_path, damage):
 
 
 def test_text_with_a_bom_and_real_replacement_characters(tmp_path):
-    for name, raw in [("utf8-bom.txt", b"\xef\xbb\xbf" + WORDS.encode()), ("utf16.txt", WORDS.encode("utf-16")),
-                      ("utf16be.txt", b"\xfe\xff" + WORDS.encode("utf-16-be"))]:
+    for name, raw in [
+        ("utf8-bom.txt", b"\xef\xbb\xbf" + WORDS.encode()),
+        ("utf16.txt", WORDS.encode("utf-16")),
+        ("utf16be.txt", b"\xfe\xff" + WORDS.encode("utf-16-be")),
+    ]:
         (tmp_path / name).write_bytes(raw)
         t = read_text(parse_spec(f"file:{tmp_path / name}"))
         assert t.text == WORDS and "bad_characters" not in t.provenance
@@ -139,7 +147,10 @@ def test_text_with_a_bom_and_real_replacement_characters(tmp_path):
 
 def test_jsonl_lines_split_only_at_newlines(tmp_path):
     p = tmp_path / "a.jsonl"
-    p.write_text(json.dumps({"text": "a\u2028b\u2029c"}, ensure_ascii=False) + "\n" + json.dumps({"text": "d"}) + "\n", encoding="utf-8")
+    p.write_text(
+        json.dumps({"text": "a\u2028b\u2029c"}, ensure_ascii=False) + "\n" + json.dumps({"text": "d"}) + "\n",
+        encoding="utf-8",
+    )
     assert read_text(parse_spec(f"file:{p}")).text.startswith("a\u2028b")
 
 

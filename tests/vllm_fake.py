@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-FAKE_VLLM = r'''
+FAKE_VLLM = r"""
 import json, math, os, pathlib, sys, time
 from types import SimpleNamespace
 
@@ -121,7 +121,7 @@ class LLM:
             sample = {t: SimpleNamespace(logprob=row[t]) for t in top}
             outs.append(SimpleNamespace(prompt_logprobs=pl, prompt_token_ids=ids, outputs=[SimpleNamespace(logprobs=[sample])]))
         return outs
-'''
+"""
 
 SAMPLING = "import enum\nclass RequestOutputKind(enum.Enum):\n    CUMULATIVE = 0\n    DELTA = 1\n    FINAL_ONLY = 2\n"
 ARG_UTILS = "import dataclasses\n@dataclasses.dataclass\nclass EngineArgs:\n    model: str = ''\n"

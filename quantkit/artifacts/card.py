@@ -8,7 +8,9 @@ from pathlib import Path
 
 import yaml
 
+from quantkit.artifacts.staging import read_meta
 from quantkit.core.atomic import exclusive, write_json, write_text
+from quantkit.core.integrity import record
 from quantkit.errors import QuantkitError
 from quantkit.external import vllm_support
 
@@ -19,14 +21,23 @@ _HUB_ID = re.compile(r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?/[A-Za-z0-9](?:[\
 
 def hub_id(name) -> str | None:
     """`name` when it is a Hub model id; None for a local path (never published in a card)."""
-    if not isinstance(name, str) or not _HUB_ID.fullmatch(name) or "--" in name or ".." in name or name.endswith(".git"):
+    if (
+        not isinstance(name, str)
+        or not _HUB_ID.fullmatch(name)
+        or "--" in name
+        or ".." in name
+        or name.endswith(".git")
+    ):
         return None
     return name
 
 
 def _source_label(meta: dict) -> str:
     """The base model's Hub id, else only the source directory's name (a card never shows a local path)."""
-    return hub_id(meta.get("base_model")) or Path(str((meta.get("source") or {}).get("path") or "the source checkpoint")).name
+    return (
+        hub_id(meta.get("base_model"))
+        or Path(str((meta.get("source") or {}).get("path") or "the source checkpoint")).name
+    )
 
 
 def _front_matter(meta: dict) -> str:
@@ -51,7 +62,9 @@ def _fmt(v, spec: str) -> str:
 def results_table(results: dict) -> str:
     rows = ["| metric | value |", "| --- | --- |"]
     ev = results.get("eval") or {}
-    texts = ev.get("texts") or ([ev] if "ppl" in ev else [])  # one block per evaluation domain (older results: one text)
+    texts = ev.get("texts") or (
+        [ev] if "ppl" in ev else []
+    )  # one block per evaluation domain (older results: one text)
     for t in texts:
         w, dom = t.get("windows", {}), f"{t['label']}: " if len(texts) > 1 and t.get("label") else ""
         rows += [
@@ -61,7 +74,9 @@ def results_table(results: dict) -> str:
             f"| {dom}top-1 agreement | {_fmt(t['top1_agreement'] * 100, '.2f')}% |",
         ]
     for name, t in (ev.get("tasks") or {}).items():
-        rows.append(f"| {name} {t['metric']} | {t['value']:.4f} (baseline {t['baseline']:.4f}, delta {t['delta']:+.4f} +- {t['delta_stderr']:.4f}) |")
+        rows.append(
+            f"| {name} {t['metric']} | {t['value']:.4f} (baseline {t['baseline']:.4f}, delta {t['delta']:+.4f} +- {t['delta_stderr']:.4f}) |"
+        )
     b = results.get("bench") or {}
     if b:
         rows += [
@@ -88,21 +103,41 @@ def _body(meta: dict) -> str:
         ]
     if meta.get("gqa"):
         g = meta["gqa"]
-        lines += [f"KV heads reduced {g.get('kv_heads_before')} -> {g.get('kv_heads_after')} ({g.get('merge')} merge, {g.get('grouping')} grouping).", ""]
+        lines += [
+            f"KV heads reduced {g.get('kv_heads_before')} -> {g.get('kv_heads_after')} ({g.get('merge')} merge, {g.get('grouping')} grouping).",
+            "",
+        ]
     if meta.get("mixed_precision"):
         lines += mixed_precision_table(meta["mixed_precision"]) + [""]
-    lines += ["## How to load", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-              'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")', 'tok = AutoTokenizer.from_pretrained("PATH_OR_REPO")', "```", ""]
+    lines += [
+        "## How to load",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")',
+        'tok = AutoTokenizer.from_pretrained("PATH_OR_REPO")',
+        "```",
+        "",
+    ]
     lines += vllm_support.card_lines(meta) + [""]  # per device: measured on the CPU, read from vLLM's kernels for GPUs
     lines += ["## Provenance", "", f"- source checkpoint sha256: `{meta.get('source', {}).get('sha256', 'n/a')}`"]
     if calib:
-        lines.append(f"- calibration: {calib.get('source')} ({calib.get('samples')} x {calib.get('seq_len')} tokens, seed {calib.get('seed')}, "
-                     f"duplicate windows {calib.get('duplicate_fraction', 0) * 100:.1f}%)")
+        lines.append(
+            f"- calibration: {calib.get('source')} ({calib.get('samples')} x {calib.get('seq_len')} tokens, seed {calib.get('seed')}, "
+            f"duplicate windows {calib.get('duplicate_fraction', 0) * 100:.1f}%)"
+        )
         if isinstance(calib.get("domains"), dict):  # a calibration mix (data/mix.py): samples per domain
             left = [p.get("name") for p in calib.get("left_out") or [] if isinstance(p, dict)]
-            lines.append("  - samples per domain: " + ", ".join(f"{d} {n}" for d, n in calib["domains"].items())
-                         + (f" (left out, absent here: {', '.join(map(str, left))})" if left else ""))
-    lines += [f"- verification: {meta.get('verification', {}).get('status', 'n/a')}", f"- recipe, tool versions and every file's sha256: `quantkit.json`", ""]
+            lines.append(
+                "  - samples per domain: "
+                + ", ".join(f"{d} {n}" for d, n in calib["domains"].items())
+                + (f" (left out, absent here: {', '.join(map(str, left))})" if left else "")
+            )
+    lines += [
+        f"- verification: {meta.get('verification', {}).get('status', 'n/a')}",
+        "- recipe, tool versions and every file's sha256: `quantkit.json`",
+        "",
+    ]
     lines += ["## Results", "", START, results_table(meta.get("results") or {}), END, ""]
     return "\n".join(lines)
 
@@ -118,16 +153,27 @@ def mixed_precision_table(mp: dict) -> list[str]:
     ranking = mp.get("ranking") or []
     windows, text = mp.get("windows") or {}, (mp.get("windows") or {}).get("text") or {}
     bits = mp.get("measured_bits_per_weight", mp.get("bits_per_weight"))
-    lines = ["## Mixed precision", "",
-             f"Chosen on this model: {len(mp.get('picked') or [])} of {len(ranking)} units raised above {mp.get('base')} within "
-             f"{mp.get('budget_bits')} bits/weight ({_fmt(bits, '.4f')} stored), by the KL each unit's rounding alone costs on "
-             f"{windows.get('used')} x {windows.get('seq_len')} tokens of {_text_label(text.get('source'))}. "
-             "Per-unit figures: `quantkit.json` (`mixed_precision`).", "",
-             "| scheme | units | layers |", "| --- | --- | --- |"]
+    lines = [
+        "## Mixed precision",
+        "",
+        f"Chosen on this model: {len(mp.get('picked') or [])} of {len(ranking)} units raised above {mp.get('base')} within "
+        f"{mp.get('budget_bits')} bits/weight ({_fmt(bits, '.4f')} stored), by the KL each unit's rounding alone costs on "
+        f"{windows.get('used')} x {windows.get('seq_len')} tokens of {_text_label(text.get('source'))}. "
+        "Per-unit figures: `quantkit.json` (`mixed_precision`).",
+        "",
+        "| scheme | units | layers |",
+        "| --- | --- | --- |",
+    ]
     for scheme in [mp.get("base"), *(mp.get("choices") or [])]:
         took = [r for r in ranking if r.get("chosen") == scheme]
-        where = "; ".join(f"{unit}: {', '.join(str(r['layer']) for r in sorted(took, key=lambda r: r['layer']) if r['unit'] == unit)}"
-                          for unit in dict.fromkeys(r["unit"] for r in took)) if scheme != mp.get("base") else "the others"
+        where = (
+            "; ".join(
+                f"{unit}: {', '.join(str(r['layer']) for r in sorted(took, key=lambda r: r['layer']) if r['unit'] == unit)}"
+                for unit in dict.fromkeys(r["unit"] for r in took)
+            )
+            if scheme != mp.get("base")
+            else "the others"
+        )
         lines.append(f"| {scheme}{' (base)' if scheme == mp.get('base') else ''} | {len(took)} | {where or '-'} |")
     return lines
 
@@ -156,8 +202,6 @@ def update_card_results(artifact: Path, results: dict) -> dict:
     Under the artifact's lock (no lost update when two commands fill the card at once, no write
     into an artifact a convert is replacing); both files are written with write-then-rename and
     the card's new sha256 goes into the integrity manifest."""
-    from quantkit.artifacts.staging import read_meta
-    from quantkit.core.integrity import record
 
     check_card_updatable(artifact)
     with exclusive(artifact, what=str(artifact)):

@@ -6,26 +6,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
+from quantkit.device import resolve
+from quantkit.methods.bnb_cpu_fix import restore_canonical_state
+
 
 def _load_auto(path: Path, dtype: str = "bfloat16", device=None, trust_remote_code: bool = False):
     """As a user loads it: onto `device` (a torch.device; None: the GPU if there is one); a custom
     architecture with the model code save_pretrained copied into the artifact (--trust-remote-code)."""
-    import torch
     from transformers import AutoModelForCausalLM
 
-    from quantkit.device import resolve
-
     device = resolve(device)
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), device_map=device,
-                                                trust_remote_code=trust_remote_code).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=getattr(torch, dtype), device_map=device, trust_remote_code=trust_remote_code
+    ).eval()
 
 
 def _describe(fmt: str):
     def describe(cfg) -> dict:
         """quantkit.json's `quantization`: the method's config (methods/configs.py) as stored."""
         d = {"format": fmt, "method": cfg.method, "scheme": cfg.scheme, "weight_bits": cfg.weight_bits}
-        for key in ("group_size", "symmetric", "observer", "actorder", "dampening", "rounding", "smoothing_strength", "double_quant", "threshold",
-                    "weight_type", "activations"):
+        for key in (
+            "group_size",
+            "symmetric",
+            "observer",
+            "actorder",
+            "dampening",
+            "rounding",
+            "smoothing_strength",
+            "double_quant",
+            "threshold",
+            "weight_type",
+            "activations",
+        ):
             if hasattr(cfg, key):
                 d[key] = getattr(cfg, key)
         d["ignore"] = list(cfg.ignore)
@@ -41,8 +55,6 @@ def _save_compressed(model, out: Path, shard: str) -> None:
 
 
 def _save_bnb(model, out: Path, shard: str) -> None:
-    from quantkit.methods.bnb_cpu_fix import restore_canonical_state
-
     restore_canonical_state(model)  # bitsandbytes 0.50 CPU repack fault: see methods/bnb_cpu_fix.py
     model.save_pretrained(str(out), max_shard_size=shard)
 
@@ -60,7 +72,9 @@ class ExportFormat:
 
 
 FORMATS: dict[str, ExportFormat] = {
-    "compressed-tensors": ExportFormat(_save_compressed, _load_auto, "transformers + compressed-tensors", _describe("compressed-tensors")),
+    "compressed-tensors": ExportFormat(
+        _save_compressed, _load_auto, "transformers + compressed-tensors", _describe("compressed-tensors")
+    ),
     "bitsandbytes": ExportFormat(_save_bnb, _load_auto, "transformers + bitsandbytes", _describe("bitsandbytes")),
     "dense": ExportFormat(_save_dense, _load_auto, "transformers", _describe("dense")),
 }

@@ -11,6 +11,13 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
+import httpx
+from huggingface_hub import HfApi, get_token
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
+from huggingface_hub.utils import validate_repo_id
+
+from quantkit.artifacts.staging import read_meta
+from quantkit.core.integrity import check
 from quantkit.errors import OfflineError, QuantkitError
 
 EXCLUDE = [".*", "**/.*", "*.partial-*"]
@@ -18,8 +25,6 @@ EXCLUDE = [".*", "**/.*", "*.partial-*"]
 
 def check_repo(repo: str) -> str:
     """ORG/NAME, by huggingface_hub's own rules (the same check for --dry-run and the upload)."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
 
     if not isinstance(repo, str) or repo.count("/") != 1:
         raise QuantkitError(f"--repo {repo!r}: expected ORG/NAME")
@@ -32,20 +37,24 @@ def check_repo(repo: str) -> str:
 
 def check_publishable(artifact: Path) -> dict:
     """The artifact's metadata once it is known to be verified and intact (every byte re-hashed)."""
-    from quantkit.artifacts.staging import read_meta
-    from quantkit.core.integrity import check
 
     artifact = Path(artifact)
     if not artifact.is_dir() or not (artifact / "quantkit.json").is_file():
-        raise QuantkitError(f"{artifact}: not a quantkit artifact (no quantkit.json); only verified artifacts are published")
+        raise QuantkitError(
+            f"{artifact}: not a quantkit artifact (no quantkit.json); only verified artifacts are published"
+        )
     if (artifact / "quantkit.json").is_symlink():
         raise QuantkitError(f"{artifact}: quantkit.json is a symbolic link (an artifact holds regular files only)")
     meta = read_meta(artifact)
     if meta.get("kind") != "quantkit-artifact":
-        raise QuantkitError(f"{artifact}: quantkit.json was not written by `quantkit convert`; only verified artifacts are published")
+        raise QuantkitError(
+            f"{artifact}: quantkit.json was not written by `quantkit convert`; only verified artifacts are published"
+        )
     status = (meta.get("verification") or {}).get("status") if isinstance(meta.get("verification"), dict) else None
     if status != "passed":
-        raise QuantkitError(f"{artifact}: verification {status or 'was skipped'}; refusing to publish an unverified artifact")
+        raise QuantkitError(
+            f"{artifact}: verification {status or 'was skipped'}; refusing to publish an unverified artifact"
+        )
     if not (artifact / "README.md").is_file():
         raise QuantkitError(f"{artifact}: no model card (README.md)")
     check(artifact, meta, deep=True)
@@ -55,12 +64,14 @@ def check_publishable(artifact: Path) -> dict:
 def plan(artifact: Path, meta: dict) -> list[dict]:
     """What is uploaded: the files the manifest records, and quantkit.json."""
     names = sorted([*meta["files"], "quantkit.json"])
-    return [{"path": n, "bytes": (Path(artifact) / n).stat().st_size} for n in names if not any(p.startswith(".") for p in n.split("/"))]
+    return [
+        {"path": n, "bytes": (Path(artifact) / n).stat().st_size}
+        for n in names
+        if not any(p.startswith(".") for p in n.split("/"))
+    ]
 
 
 def resolve_token() -> str:
-    from huggingface_hub import get_token
-
     token = get_token()  # HF_TOKEN, then the cached login
     if not token:
         raise QuantkitError("no Hugging Face token: set HF_TOKEN or run `hf auth login`")
@@ -69,7 +80,6 @@ def resolve_token() -> str:
 
 def _existing_visibility(api, repo: str) -> bool | None:
     """True/False: the repo exists and is private/public; None: it does not exist (for this token)."""
-    from huggingface_hub.errors import RepositoryNotFoundError
 
     try:
         info = api.repo_info(repo, repo_type="model")
@@ -80,9 +90,6 @@ def _existing_visibility(api, repo: str) -> bool | None:
 
 def publish(artifact: Path, repo: str, *, private: bool = False, revision: str | None = None, api=None) -> dict:
     """Check the artifact, create the repo if needed and upload exactly the verified files."""
-    import httpx
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
 
     check_repo(repo)
     meta = check_publishable(artifact)
@@ -92,20 +99,37 @@ def publish(artifact: Path, repo: str, *, private: bool = False, revision: str |
     try:
         existing = _existing_visibility(api, repo)
         if private and existing is False:
-            raise QuantkitError(f"{repo} exists and is public: --private cannot make it private and nothing was uploaded; "
-                                "change its visibility on the Hub first, or publish without --private")
+            raise QuantkitError(
+                f"{repo} exists and is public: --private cannot make it private and nothing was uploaded; "
+                "change its visibility on the Hub first, or publish without --private"
+            )
         if existing is None:
             api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
         if revision:
             api.create_branch(repo, branch=revision, exist_ok=True)
-        info = api.upload_folder(repo_id=repo, folder_path=str(artifact), revision=revision, repo_type="model",
-                                 commit_message="Upload quantized artifact (quantkit)",
-                                 allow_patterns=[glob.escape(f["path"]) for f in files], ignore_patterns=EXCLUDE)
+        info = api.upload_folder(
+            repo_id=repo,
+            folder_path=str(artifact),
+            revision=revision,
+            repo_type="model",
+            commit_message="Upload quantized artifact (quantkit)",
+            allow_patterns=[glob.escape(f["path"]) for f in files],
+            ignore_patterns=EXCLUDE,
+        )
     except HfHubHTTPError as exc:
         code = getattr(getattr(exc, "response", None), "status_code", None)
-        raise QuantkitError(f"the Hub refused the upload to {repo} (HTTP {code}): check the token's write access") from None
+        raise QuantkitError(
+            f"the Hub refused the upload to {repo} (HTTP {code}): check the token's write access"
+        ) from None
     except (ConnectionError, OSError, httpx.TransportError) as exc:
-        raise OfflineError(f"cannot reach the Hugging Face Hub ({type(exc).__name__}); publish needs the network") from None
+        raise OfflineError(
+            f"cannot reach the Hugging Face Hub ({type(exc).__name__}); publish needs the network"
+        ) from None
     visibility = "private" if (private or existing) else "public"
-    return {"repo": repo, "revision": revision or "main", "private": visibility == "private", "files": len(files),
-            "commit_url": str(getattr(info, "commit_url", info))}
+    return {
+        "repo": repo,
+        "revision": revision or "main",
+        "private": visibility == "private",
+        "files": len(files),
+        "commit_url": str(getattr(info, "commit_url", info)),
+    }

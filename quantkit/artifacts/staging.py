@@ -24,11 +24,27 @@ import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from quantkit.core.atomic import (DiskFullError, apply_umask, exclusive, fsync_dir, is_disk_full, recover_leftovers, remove,
-                                  swap_in, write_json)
+import yaml
+
+from quantkit.core.atomic import (
+    DiskFullError,
+    apply_umask,
+    exclusive,
+    fsync_dir,
+    is_disk_full,
+    recover_leftovers,
+    remove,
+    swap_in,
+    write_json,
+)
+from quantkit.data.text import parse_spec
 from quantkit.errors import QuantkitError
+from quantkit.home import home
+from quantkit.recipe.files import include_target
+from quantkit.resources import find_recipe
 
 META = "quantkit.json"
 
@@ -38,8 +54,6 @@ def _resolved(p) -> Path:
 
 
 def _protected() -> list[tuple[Path, str]]:
-    from quantkit.home import home
-
     out = [(_resolved(Path.cwd()), "the current directory"), (_resolved(Path.home()), "your home directory")]
     return out + [(_resolved(home()), "quantkit's cache (QUANTKIT_HOME)")]
 
@@ -73,7 +87,6 @@ def text_input(spec: str | None, what: str) -> list[tuple[Path, str]]:
     """A `file:PATH` (or `set:NAME` resolving to one) text source; other kinds have no local file."""
     if not spec:
         return []
-    from quantkit.data.text import parse_spec
 
     try:
         parsed = parse_spec(str(spec))
@@ -84,10 +97,6 @@ def text_input(spec: str | None, what: str) -> list[tuple[Path, str]]:
 
 def recipe_inputs(path) -> list[tuple[Path, str]]:
     """The recipe file and the recipe files its variants include (`variants[i].recipe`)."""
-    import yaml
-
-    from quantkit.recipe.files import include_target
-    from quantkit.resources import find_recipe
 
     p = find_recipe(path)
     found = [(_resolved(p), "the recipe file")]
@@ -115,8 +124,10 @@ def check_out(out: Path, force: bool) -> None:
     if out.exists() and not force:
         raise QuantkitError(f"{out} already exists; pass --force to replace it")
     if out.exists() and not (out / META).is_file() and any(out.iterdir()):
-        raise QuantkitError(f"{out} is not a quantkit artifact (no {META}) and is not empty; --force replaces only an "
-                            "artifact quantkit wrote: remove it yourself or choose another --out")
+        raise QuantkitError(
+            f"{out} is not a quantkit artifact (no {META}) and is not empty; --force replaces only an "
+            "artifact quantkit wrote: remove it yourself or choose another --out"
+        )
 
 
 @contextmanager
@@ -132,8 +143,10 @@ def claim_out(out: Path):
             raise
         except Exception as exc:
             if is_disk_full(exc):
-                raise DiskFullError(f"no space left on the device holding {out.parent} while writing {out}; "
-                                    f"nothing was written at {out} (free some space and run again)") from None
+                raise DiskFullError(
+                    f"no space left on the device holding {out.parent} while writing {out}; "
+                    f"nothing was written at {out} (free some space and run again)"
+                ) from None
             raise
 
 
@@ -172,8 +185,10 @@ def free_bytes(path: Path) -> int:
 def check_free_space(out: Path, need: int) -> None:
     free = free_bytes(Path(out).parent)
     if free < need:
-        raise DiskFullError(f"{Path(out).parent}: {free / 1e9:.2f} GB free, but the artifact needs about {need / 1e9:.2f} GB "
-                            "(estimated from the model's parameters and the method); free some space or choose another --out")
+        raise DiskFullError(
+            f"{Path(out).parent}: {free / 1e9:.2f} GB free, but the artifact needs about {need / 1e9:.2f} GB "
+            "(estimated from the model's parameters and the method); free some space or choose another --out"
+        )
 
 
 def estimate_bytes(n_params: int, quantized: int, rows: int, bits: int, group_size: int, itemsize: int) -> int:
@@ -197,10 +212,17 @@ def peak_rss_mb() -> float:
 
 
 def tool_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {"python": sys.version.split()[0]}
-    for pkg in ("quantkit", "torch", "transformers", "llmcompressor", "compressed-tensors", "bitsandbytes", "torchao", "safetensors"):
+    for pkg in (
+        "quantkit",
+        "torch",
+        "transformers",
+        "llmcompressor",
+        "compressed-tensors",
+        "bitsandbytes",
+        "torchao",
+        "safetensors",
+    ):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:

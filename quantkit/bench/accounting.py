@@ -48,7 +48,11 @@ def _tensors(model):
 def weight_read_bytes(model) -> dict:
     emb = model.get_input_embeddings()
     head = model.get_output_embeddings()
-    tied = head is not None and getattr(head, "weight", None) is not None and head.weight.data_ptr() == emb.weight.data_ptr()
+    tied = (
+        head is not None
+        and getattr(head, "weight", None) is not None
+        and head.weight.data_ptr() == emb.weight.data_ptr()
+    )
     total = 0
     for module, t in _tensors(model):
         if module.__class__.__name__.endswith("RotaryEmbedding"):

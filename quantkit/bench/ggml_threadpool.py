@@ -23,8 +23,14 @@ GGML_MAX_N_THREADS = 512  # ggml.h
 class _Params(ctypes.Structure):
     """struct ggml_threadpool_params (ggml.h)."""
 
-    _fields_ = [("cpumask", ctypes.c_bool * GGML_MAX_N_THREADS), ("n_threads", ctypes.c_int), ("prio", ctypes.c_int),
-                ("poll", ctypes.c_uint32), ("strict_cpu", ctypes.c_bool), ("paused", ctypes.c_bool)]
+    _fields_ = [
+        ("cpumask", ctypes.c_bool * GGML_MAX_N_THREADS),
+        ("n_threads", ctypes.c_int),
+        ("prio", ctypes.c_int),
+        ("poll", ctypes.c_uint32),
+        ("strict_cpu", ctypes.c_bool),
+        ("paused", ctypes.c_bool),
+    ]
 
 
 class Threadpool:
@@ -53,7 +59,11 @@ def attach(llama_cpp, ctx, threads: int) -> Threadpool | None:
     llama-bench attaches its own; None where this llama.cpp lacks a symbol for it."""
     lib = llama_cpp.llama_cpp._lib  # libllama as llama-cpp-python loaded it; dlsym reaches libggml through it
     try:
-        reg_by_name, proc, init = lib.ggml_backend_reg_by_name, lib.ggml_backend_reg_get_proc_address, lib.ggml_threadpool_params_init
+        reg_by_name, proc, init = (
+            lib.ggml_backend_reg_by_name,
+            lib.ggml_backend_reg_get_proc_address,
+            lib.ggml_threadpool_params_init,
+        )
         attach_fn, detach_fn = lib.llama_attach_threadpool, lib.llama_detach_threadpool
     except AttributeError:
         return None
@@ -63,7 +73,9 @@ def attach(llama_cpp, ctx, threads: int) -> Threadpool | None:
     attach_fn.restype, attach_fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     detach_fn.restype, detach_fn.argtypes = None, [ctypes.c_void_p]
     reg = reg_by_name(b"CPU")
-    new_addr, free_addr = (proc(reg, b"ggml_threadpool_new"), proc(reg, b"ggml_threadpool_free")) if reg else (None, None)
+    new_addr, free_addr = (
+        (proc(reg, b"ggml_threadpool_new"), proc(reg, b"ggml_threadpool_free")) if reg else (None, None)
+    )
     if not new_addr or not free_addr:
         return None
     new = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_Params))(new_addr)

@@ -12,11 +12,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from quantkit.errors import ModelError, QuantkitError
+import gguf
+
+from quantkit import __version__
 from quantkit.core.integrity import sha256_file
+from quantkit.errors import ModelError, QuantkitError
+from quantkit.gguf.exporter import SCHEMA_VERSION, GgufOptions, export_gguf
+from quantkit.gguf.plan import NotLosslessError
+from quantkit.gguf.read import field_value, open_reader
+from quantkit.gguf.target import record_path
+from quantkit.home import subdir
+from quantkit.models.checkpoint import checkpoint_hash
 
 EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"
@@ -36,7 +47,6 @@ def is_gguf(source) -> bool:
 
 def type_bytes(qtype: str, n_elements: int) -> int:
     """Bytes of `n_elements` weights stored as `qtype` (ggml's block size and block bytes)."""
-    import gguf
 
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
     if n_elements % block:
@@ -46,7 +56,6 @@ def type_bytes(qtype: str, n_elements: int) -> int:
 
 def weight_read_bytes(tensors: list[TensorInfo]) -> dict:
     """What one decode step reads from the weights (see the module docstring)."""
-    import math
 
     sizes = {t.name: type_bytes(t.qtype, math.prod(t.shape)) for t in tensors}
     emb = next((t for t in tensors if t.name == EMBEDDING), None)
@@ -59,12 +68,19 @@ def weight_read_bytes(tensors: list[TensorInfo]) -> dict:
     by_type: dict[str, int] = {}
     for t in tensors:
         by_type[t.qtype] = by_type.get(t.qtype, 0) + sizes[t.name]
-    return {"weight_bytes_per_token": int(per_token), "stored_weight_bytes": int(stored), "tied_lm_head": tied,
-            "weight_bytes_by_type": by_type}
+    return {
+        "weight_bytes_per_token": int(per_token),
+        "stored_weight_bytes": int(stored),
+        "tied_lm_head": tied,
+        "weight_bytes_by_type": by_type,
+    }
 
 
 def tensor_infos(reader) -> list[TensorInfo]:
-    return [TensorInfo(t.name, t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist()))) for t in reader.tensors]
+    return [
+        TensorInfo(t.name, t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist())))
+        for t in reader.tensors
+    ]
 
 
 def _first(value):
@@ -73,7 +89,6 @@ def _first(value):
 
 def gguf_config(path: Path) -> dict:
     """The transformers-style config fields quantkit's roofline needs, from the GGUF's own keys."""
-    from quantkit.gguf.read import field_value, open_reader
 
     reader = open_reader(path)
     arch = field_value(reader, "general.architecture")
@@ -107,8 +122,6 @@ def gguf_config(path: Path) -> dict:
 
 
 def _record(gguf: Path) -> dict | None:
-    from quantkit.gguf.target import record_path
-
     try:
         rec = json.loads(record_path(gguf).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -118,25 +131,32 @@ def _record(gguf: Path) -> dict | None:
 
 def _record_matches(gguf: Path, rec: dict | None) -> bool:
     """The export record describes this very file (size, then sha256)."""
-    return bool(rec and isinstance(rec.get("sha256"), str) and rec.get("bytes") == gguf.stat().st_size
-                and sha256_file(gguf) == rec["sha256"])
+    return bool(
+        rec
+        and isinstance(rec.get("sha256"), str)
+        and rec.get("bytes") == gguf.stat().st_size
+        and sha256_file(gguf) == rec["sha256"]
+    )
 
 
 def reference_source(source) -> tuple[Path | None, str | None]:
     """The checkpoint the self-check loads in transformers: a directory source itself; for a GGUF,
     the artifact its quantkit export record (NAME.quantkit.json beside it) names, when that artifact
     is still there unchanged. (None, why) when there is nothing to compare with."""
-    from quantkit.models.checkpoint import checkpoint_hash
 
     if not is_gguf(source):
         return source, None
     rec = _record(source)
     if rec is None:
-        return None, ("not possible: a GGUF without quantkit's export record beside it (not exported by quantkit export), "
-                      "so there is no checkpoint to compare llama.cpp's logits with")
+        return None, (
+            "not possible: a GGUF without quantkit's export record beside it (not exported by quantkit export), "
+            "so there is no checkpoint to compare llama.cpp's logits with"
+        )
     if rec.get("lossless") is False:  # llama-quantize's types, --allow-lossy: not the checkpoint's numbers by design
-        return None, ("skipped: a lossy GGUF (" + str(rec.get("gguf_type") or "--allow-lossy") + ") does not compute its "
-                      "checkpoint's logits by design; quantkit eval measures how far it is")
+        return None, (
+            "skipped: a lossy GGUF (" + str(rec.get("gguf_type") or "--allow-lossy") + ") does not compute its "
+            "checkpoint's logits by design; quantkit eval measures how far it is"
+        )
     art = Path(str((rec.get("source") or {}).get("artifact") or ""))
     if not (art / "config.json").is_file():
         return None, f"not possible: the checkpoint it was exported from ({art}) is no longer there"
@@ -151,11 +171,10 @@ def reference_source(source) -> tuple[Path | None, str | None]:
 
 
 def _cache_key(source_hash: str, opts) -> str:
-    from quantkit import __version__
-    from quantkit.gguf.exporter import SCHEMA_VERSION
-
     options = {k: v for k, v in asdict(opts).items() if k != "force"}
-    blob = json.dumps({"source": source_hash, "options": options, "quantkit": __version__, "schema": SCHEMA_VERSION}, sort_keys=True)
+    blob = json.dumps(
+        {"source": source_hash, "options": options, "quantkit": __version__, "schema": SCHEMA_VERSION}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -165,12 +184,6 @@ def exported_gguf(source: Path) -> tuple[Path, dict]:
     matches its record (size and sha256). quantkit export writes it transactionally (temp file,
     fsync, rename, then the record) under its lock, so a killed export never leaves a file that
     is reused."""
-    import time
-
-    from quantkit.gguf.exporter import GgufOptions, export_gguf
-    from quantkit.gguf.plan import NotLosslessError
-    from quantkit.home import subdir
-    from quantkit.models.checkpoint import checkpoint_hash
 
     opts = GgufOptions()
     source_hash = checkpoint_hash(source)
@@ -182,6 +195,13 @@ def exported_gguf(source: Path) -> tuple[Path, dict]:
     try:
         rec = export_gguf(source, out, GgufOptions(force=True))
     except NotLosslessError as exc:
-        raise QuantkitError(f"--engine llamacpp: {source} has no exact GGUF ({exc}); export it with `quantkit export "
-                            f"{source} --format gguf --allow-lossy` and bench the .gguf") from None
-    return out, {"gguf": str(out), "cached": False, "export_s": time.perf_counter() - t, "lossless": rec.get("lossless")}
+        raise QuantkitError(
+            f"--engine llamacpp: {source} has no exact GGUF ({exc}); export it with `quantkit export "
+            f"{source} --format gguf --allow-lossy` and bench the .gguf"
+        ) from None
+    return out, {
+        "gguf": str(out),
+        "cached": False,
+        "export_s": time.perf_counter() - t,
+        "lossless": rec.get("lossless"),
+    }

@@ -56,8 +56,12 @@ class Timings:
         if step_note:
             return {**out, "step_ms": None, "step_times_ms": None, "per_step": {"measured": False, "reason": step_note}}
         steps = [t for rep in self.step_s for t in rep]
-        return {**out, "step_ms": summarize_ms(steps), "per_step": {"measured": True},
-                "step_times_ms": [[round(t * 1e3, 4) for t in rep] for rep in self.step_s]}
+        return {
+            **out,
+            "step_ms": summarize_ms(steps),
+            "per_step": {"measured": True},
+            "step_times_ms": [[round(t * 1e3, 4) for t in rep] for rep in self.step_s],
+        }
 
 
 class Clock:

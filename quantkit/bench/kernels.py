@@ -40,8 +40,17 @@ def unpack_int4_cpu(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 class Int4WeightOnlyLinear(nn.Module):
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, group_size: int,
-                 bias: torch.Tensor | None, device, dtype=torch.bfloat16, inner_k_tiles: int = 8):
+    def __init__(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        zp: torch.Tensor | None,
+        group_size: int,
+        bias: torch.Tensor | None,
+        device,
+        dtype=torch.bfloat16,
+        inner_k_tiles: int = 8,
+    ):
         super().__init__()
         device = torch.device(device)
         n, k = q.shape
@@ -50,7 +59,9 @@ class Int4WeightOnlyLinear(nn.Module):
         self.in_features, self.out_features, self.group_size = k, n, group_size
         scale = scale.float().reshape(n, k // group_size)
         zero = torch.zeros_like(scale) if zp is None else -zp.float().reshape(n, -1) * scale
-        self.register_buffer("scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(dtype).to(device))
+        self.register_buffer(
+            "scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(dtype).to(device)
+        )
         q_u = (q.to(torch.int32) + 8).to(device)
         self._cuda = device.type == "cuda"  # the one branch on the device: which kernel
         if self._cuda:
@@ -61,8 +72,11 @@ class Int4WeightOnlyLinear(nn.Module):
             self.kernel = "aten._weight_int4pack_mm_for_cpu"
             self.register_buffer("weight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q_u, 1))
         self.register_buffer("bias", None if bias is None else bias.to(dtype).to(device))
-        self._dense_prefill = (not self._cuda and n % CPU_BLOCK_N == 0
-                               and torch.equal(unpack_int4_cpu(self.weight, n, k), q_u.to(torch.uint8)))
+        self._dense_prefill = (
+            not self._cuda
+            and n % CPU_BLOCK_N == 0
+            and torch.equal(unpack_int4_cpu(self.weight, n, k), q_u.to(torch.uint8))
+        )
 
     def dequantized(self) -> torch.Tensor:
         """The bf16 weight (n, k) from the packed int4 values, scales and zeros."""
@@ -89,7 +103,9 @@ class Int8WeightOnlyLinear(nn.Module):
 
     kernel = "aten._weight_int8pack_mm"
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, bias, device, dtype=torch.bfloat16):
+    def __init__(
+        self, q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, bias, device, dtype=torch.bfloat16
+    ):
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.register_buffer("weight", q.to(torch.int8).contiguous().to(device))
@@ -176,19 +192,35 @@ class Fp8Linear(nn.Module):
     timed at bf16's two bytes per weight, which is what the bytes per token then count. Only the
     stored weight and the matmul call differ between the two; `use_kernel` forces the choice (tests)."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias, device, dynamic: bool, dtype=torch.bfloat16,
-                 use_kernel: bool | None = None):
+    def __init__(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        bias,
+        device,
+        dynamic: bool,
+        dtype=torch.bfloat16,
+        use_kernel: bool | None = None,
+    ):
         super().__init__()
         device = torch.device(device)
         self.out_features, self.in_features = q.shape
         self.dynamic = dynamic
-        self.emulated = fp8_kernel_missing(device, dynamic, *q.shape) if use_kernel is None else (None if use_kernel else "emulation asked for")
+        self.emulated = (
+            fp8_kernel_missing(device, dynamic, *q.shape)
+            if use_kernel is None
+            else (None if use_kernel else "emulation asked for")
+        )
         if self.emulated is None:
             self.kernel = "torch._scaled_mm (FP8 e4m3, row-wise scales), dynamic per-token FP8 activations"
-            self.register_buffer("weight_t", q.to(FP8).to(device).t())  # column-major, as _scaled_mm takes its second operand
+            self.register_buffer(
+                "weight_t", q.to(FP8).to(device).t()
+            )  # column-major, as _scaled_mm takes its second operand
             self.register_buffer("scales", scale.reshape(1, -1).float().to(device))
         else:
-            self.kernel = "F.linear on bf16 weights dequantized from FP8" + (" (activations rounded to FP8 per token)" if dynamic else "")
+            self.kernel = "F.linear on bf16 weights dequantized from FP8" + (
+                " (activations rounded to FP8 per token)" if dynamic else ""
+            )
             self.register_buffer("weight", (q.float() * scale.float().reshape(-1, 1)).to(dtype).to(device))
         self.register_buffer("bias", None if bias is None else bias.to(dtype).to(device))
 
@@ -202,8 +234,13 @@ class Fp8Linear(nn.Module):
         else:
             rows = xq.shape[0]
             pad = -rows % 16  # _scaled_mm takes row counts in multiples of 16; decode has one
-            y = torch._scaled_mm(F.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(FP8), self.weight_t,
-                                 scale_a=F.pad(x_scale, (0, 0, 0, pad), value=1.0), scale_b=self.scales, out_dtype=x.dtype)[:rows]
+            y = torch._scaled_mm(
+                F.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(FP8),
+                self.weight_t,
+                scale_a=F.pad(x_scale, (0, 0, 0, pad), value=1.0),
+                scale_b=self.scales,
+                out_dtype=x.dtype,
+            )[:rows]
         y = y.reshape(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 

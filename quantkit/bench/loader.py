@@ -7,13 +7,15 @@ result says so (BenchModel.emulated) rather than passing that off as FP8's speed
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
-from quantkit.errors import QuantkitError
 from quantkit.bench import kernels
+from quantkit.errors import QuantkitError
 
 
 @dataclass
@@ -34,7 +36,6 @@ class BenchModel:
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint, on the CPU: packed integers are repacked there (ATen's
     int4 packing runs on the device the layer is built for, see kernels.py)."""
-    from safetensors.torch import load_file
 
     out: dict[str, torch.Tensor] = {}
     for f in sorted(path.glob("*.safetensors")):
@@ -44,7 +45,6 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 def _group_of(name: str, qcfg: dict) -> dict:
     """The config group whose scheme applies to `name` (exact name, then regex, then class)."""
-    import re
 
     groups = list(qcfg["config_groups"].values())
     for g in groups:
@@ -69,7 +69,9 @@ def _unpack(sd: dict, prefix: str, scheme: dict) -> tuple[torch.Tensor, torch.Te
         q = sd[prefix + "weight"]
     zp = None
     if prefix + "weight_zero_point" in sd:
-        zp = unpack_from_int32(sd[prefix + "weight_zero_point"], bits, torch.Size((q.shape[0], scale.shape[-1])), packed_dim=0)
+        zp = unpack_from_int32(
+            sd[prefix + "weight_zero_point"], bits, torch.Size((q.shape[0], scale.shape[-1])), packed_dim=0
+        )
     return q, scale, zp
 
 
@@ -97,7 +99,9 @@ def _fp8_module(q, scale, zp, bias, w: dict, acts: dict | None, device):
     per token at run time or left in 16 bits; other float schemes have no layer here."""
     if w["num_bits"] != 8 or w["strategy"] != "channel" or zp is not None or q.dtype != kernels.FP8:
         return None
-    if acts is not None and not (acts.get("type") == "float" and acts.get("dynamic") and acts.get("strategy") == "token"):
+    if acts is not None and not (
+        acts.get("type") == "float" and acts.get("dynamic") and acts.get("strategy") == "token"
+    ):
         return None
     return kernels.Fp8Linear(q, scale, bias, device, dynamic=acts is not None)
 
@@ -107,9 +111,11 @@ def _emulation_note(modules: list, device) -> str | None:
     reasons = sorted({m.emulated for m in modules if getattr(m, "emulated", None)})
     if not reasons:
         return None
-    return (f"FP8 is not timed as FP8 on {device} ({'; '.join(reasons)}): the FP8 weights were dequantized to bf16 at load and a bf16 "
-            "GEMM runs (activations rounded to FP8 per token where the scheme has them, as transformers does there), so the "
-            "weights read are bf16's 2 bytes each, not FP8's 1 byte; the bytes per token and the roofline count what is timed")
+    return (
+        f"FP8 is not timed as FP8 on {device} ({'; '.join(reasons)}): the FP8 weights were dequantized to bf16 at load and a bf16 "
+        "GEMM runs (activations rounded to FP8 per token where the scheme has them, as transformers does there), so the "
+        "weights read are bf16's 2 bytes each, not FP8's 1 byte; the bytes per token and the roofline count what is timed"
+    )
 
 
 def _set_module(model, name: str, module) -> None:
@@ -152,8 +158,10 @@ def load_compressed(path: Path, device) -> BenchModel:
         name = prefix.rstrip(".")
         module = _kernel_module(sd, prefix, _group_of(name, qcfg), device)
         if module is None:
-            raise QuantkitError(f"{path}: no low-bit kernel for {name}'s scheme on {device}; "
-                                "not reporting a decompressed 16-bit figure as the quantized one")
+            raise QuantkitError(
+                f"{path}: no low-bit kernel for {name}'s scheme on {device}; "
+                "not reporting a decompressed 16-bit figure as the quantized one"
+            )
         _set_module(model, name, module)
         modules.append(module)
         bm.kernels[module.kernel] = bm.kernels.get(module.kernel, 0) + 1
@@ -164,7 +172,9 @@ def load_compressed(path: Path, device) -> BenchModel:
     model.tie_weights()
     leftover = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if leftover or unexpected:
-        raise QuantkitError(f"{path}: could not place every tensor (missing {leftover[:3]}, unexpected {unexpected[:3]})")
+        raise QuantkitError(
+            f"{path}: could not place every tensor (missing {leftover[:3]}, unexpected {unexpected[:3]})"
+        )
     bm.emulated = _emulation_note(modules, device)
     if bm.emulated:
         bm.notes.append(bm.emulated)
@@ -186,7 +196,11 @@ def load_for_bench(path: Path, device) -> BenchModel:
 
         model = AutoModelForCausalLM.from_pretrained(str(path), device_map=device, dtype=torch.bfloat16)
         n = sum(1 for m in model.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt"))
-        bm = BenchModel(model, "bitsandbytes", {f"bitsandbytes {cfg['quantization_config'].get('_load_in_4bit') and 'Linear4bit' or 'Linear8bitLt'}": n})
+        bm = BenchModel(
+            model,
+            "bitsandbytes",
+            {f"bitsandbytes {cfg['quantization_config'].get('_load_in_4bit') and 'Linear4bit' or 'Linear8bitLt'}": n},
+        )
     elif qm:
         raise QuantkitError(f"{path}: quantization method {qm!r} is not benchmarkable by quantkit")
     else:

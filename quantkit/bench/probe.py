@@ -11,9 +11,18 @@ its timings and flags a drift above DRIFT_LIMIT.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import numpy as np
+import torch
+
+from quantkit import device as devices
+from quantkit.core.atomic import write_json
 from quantkit.core.hardware import Device
+from quantkit.errors import QuantkitError
 from quantkit.home import subdir
 
 DRIFT_LIMIT = 0.15  # before/after change that makes every efficiency figure of the run uncertain
@@ -22,11 +31,15 @@ DRIFT_LIMIT = 0.15  # before/after change that makes every efficiency figure of 
 def spread(samples_s: list[float], work: float, scale: float) -> dict:
     """Rates (work / time, divided by `scale`) of repeated timings: best, median, worst and the
     spread (best - worst) / best in percent."""
-    import numpy as np
 
     rates = np.sort(work / np.asarray(samples_s, dtype=np.float64) / scale)
     best, worst = float(rates[-1]), float(rates[0])
-    return {"best": best, "median": float(np.median(rates)), "worst": worst, "spread_pct": 100.0 * (best - worst) / best}
+    return {
+        "best": best,
+        "median": float(np.median(rates)),
+        "worst": worst,
+        "spread_pct": 100.0 * (best - worst) / best,
+    }
 
 
 def _times(fn, sync, repeats: int) -> list[float]:
@@ -43,11 +56,9 @@ def _times(fn, sync, repeats: int) -> list[float]:
 
 def last_level_cache_bytes(device) -> int | None:
     """The largest cache of the device: L3 (or L2) of CPU 0 from sysfs, the GPU's L2."""
-    import torch
 
     if device.type == "cuda":
         return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or None
-    from pathlib import Path
 
     sizes = []
     for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
@@ -61,10 +72,6 @@ def last_level_cache_bytes(device) -> int | None:
 
 
 def probe(device, buffer_bytes: int = 1 << 30, repeats: int = 7) -> dict:
-    import torch
-
-    from quantkit import device as devices
-
     def sync():
         devices.synchronize(device)
 
@@ -88,7 +95,8 @@ def probe(device, buffer_bytes: int = 1 << 30, repeats: int = 7) -> dict:
         "llc_bytes": last_level_cache_bytes(device),
         "buffer_bytes": buffer_bytes,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "method": "best of %d: fp32 sum over %d MiB (read), copy_ (bytes copied), %dx%d bf16 matmul" % (repeats, buffer_bytes >> 20, n, n),
+        "method": "best of %d: fp32 sum over %d MiB (read), copy_ (bytes copied), %dx%d bf16 matmul"
+        % (repeats, buffer_bytes >> 20, n, n),
     }
 
 
@@ -99,8 +107,12 @@ def drift(before: dict, after: dict, limit: float = DRIFT_LIMIT) -> dict:
     change = {k: (after[k] - before[k]) / before[k] for k in keys if before.get(k) and after.get(k) is not None}
     used = [k for k in ("read_gbps", "bf16_matmul_tflops") if k in change]
     worst = max(used, key=lambda k: abs(change[k])) if used else None
-    return {"change": change, "limit": limit, "worst": worst,
-            "flagged": bool(worst is not None and abs(change[worst]) > limit)}
+    return {
+        "change": change,
+        "limit": limit,
+        "worst": worst,
+        "flagged": bool(worst is not None and abs(change[worst]) > limit),
+    }
 
 
 def _key(device) -> str:
@@ -112,11 +124,6 @@ def run_probe(device, threads: int | None = None) -> dict:
     adaptive mmap threshold raised, and later allocations here would page-fault (measured:
     a tiny model's TTFT went from 2 ms to 58 ms after an in-process probe). `threads`: the CPU
     threads the engine will use (the probe must measure what they can reach)."""
-    import subprocess
-    import sys
-
-    from quantkit.core.atomic import write_json
-    from quantkit.errors import QuantkitError
 
     argv = [sys.executable, "-m", "quantkit.bench.probe", str(device), *([str(threads)] if threads else [])]
     proc = subprocess.run(argv, capture_output=True, text=True)

@@ -8,13 +8,22 @@ import os
 import time
 from pathlib import Path
 
-from quantkit.errors import QuantkitError
-from quantkit.progress import bar, note
-from quantkit.core.roofline import Shape, efficiency, fit_rule, prefill_flops, predict_ttft_s
+import torch
+
+from quantkit.bench import probe as probing
 from quantkit.bench import selfcheck
 from quantkit.bench.accounting import kv_live, mean_step_bytes
 from quantkit.bench.engines import engine_class
+from quantkit.bench.engines.base import EngineSettings
+from quantkit.bench.gguf_source import gguf_config, is_gguf, reference_source
+from quantkit.bench.harness import SWEEP_SAMPLES, measure, summarize_ms, time_prefill
+from quantkit.bench.llama_bench import compare
 from quantkit.bench.settings import BenchSettings, check_fits_bytes, check_lengths, check_settings  # noqa: F401  (re-exported)
+from quantkit.bench.synthetic import Synthetic
+from quantkit.core.hardware import shape_config
+from quantkit.core.roofline import Shape, efficiency, fit_rule, predict_ttft_s, prefill_flops
+from quantkit.errors import QuantkitError
+from quantkit.progress import bar, note
 
 
 class SelfCheckError(QuantkitError):
@@ -26,8 +35,6 @@ class SelfCheckError(QuantkitError):
 
 
 def _prompt_ids(vocab: int, length: int, seed: int) -> list[int]:
-    import torch
-
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (length,), generator=g).tolist()
 
@@ -35,12 +42,8 @@ def _prompt_ids(vocab: int, length: int, seed: int) -> list[int]:
 def _config(source) -> dict:
     """config.json (its text part) of a checkpoint directory, the named shape of a Synthetic spec,
     or a GGUF file's own keys."""
-    from quantkit.bench.gguf_source import gguf_config, is_gguf
-    from quantkit.bench.synthetic import Synthetic
 
     if isinstance(source, Synthetic):
-        from quantkit.core.hardware import shape_config
-
         return shape_config(source.shape)
     if is_gguf(source):
         return gguf_config(source)
@@ -51,7 +54,6 @@ def _config(source) -> dict:
 def precheck(source, s: BenchSettings) -> None:
     """Context length and memory from the config and file sizes alone, so a model that cannot run
     fails before the device probe and before any loading."""
-    from quantkit.bench.synthetic import Synthetic
 
     cfg = _config(source)
     check_lengths(cfg, s)
@@ -64,13 +66,11 @@ def precheck(source, s: BenchSettings) -> None:
 
 def _reference(source, cfg: dict, s: BenchSettings, ids: list[int]):
     """The self-check's reference rows, computed before the engine loads (one model in memory at a time)."""
-    from quantkit.bench.synthetic import Synthetic
 
     if not s.self_check:
         return None, {"status": "skipped", "reason": "--no-self-check"}
     if isinstance(source, Synthetic):
         return None, {"status": "skipped", "reason": "random weights (speed only): no checkpoint to compare with"}
-    from quantkit.bench.gguf_source import reference_source
 
     ref_source, why = reference_source(source)  # a GGUF: the artifact it was exported from, when known
     if ref_source is None:
@@ -88,24 +88,30 @@ def _self_check(engine, ref, info: dict, ids: list[int], s: BenchSettings) -> di
     if ref is None:
         return info
     t = time.perf_counter()
-    result = {**info, **selfcheck.compare(ref, engine.logprobs(ids, s.prompt_len, s.capacity), partial=not engine.full_logprobs),
-              "check_s": time.perf_counter() - t}
+    result = {
+        **info,
+        **selfcheck.compare(ref, engine.logprobs(ids, s.prompt_len, s.capacity), partial=not engine.full_logprobs),
+        "check_s": time.perf_counter() - t,
+    }
     if not result["passed"]:
         raise SelfCheckError(
             f"self-check failed: next-token mean KL {result['mean_kl']:.3g} against {result['reference']} "
             f"(threshold {result['threshold']:g}; bf16 noise is ~3e-3): the bench model does not compute what the "
-            "checkpoint means, so no speed is reported (--no-self-check times it anyway)", result)
+            "checkpoint means, so no speed is reported (--no-self-check times it anyway)",
+            result,
+        )
     return result
 
 
 def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: float) -> list[dict]:
     """TTFT at each prompt length of the sweep: a warm-up at each new length, then the median of
     at least SWEEP_SAMPLES (or --repeats) samples, each with a cleared cache."""
-    from quantkit.bench.harness import SWEEP_SAMPLES, summarize_ms, time_prefill
 
     shape, out = Shape.from_config(cfg), []
     for plen in s.prompt_sweep:
-        times = time_prefill(engine, _prompt_ids(cfg["vocab_size"], plen, s.seed + plen), plen + s.gen_len, max(SWEEP_SAMPLES, s.repeats))
+        times = time_prefill(
+            engine, _prompt_ids(cfg["vocab_size"], plen, s.seed + plen), plen + s.gen_len, max(SWEEP_SAMPLES, s.repeats)
+        )
         pt = predict_ttft_s(prefill_flops(shape, plen), figs.compute, weight_bytes + kv * plen, figs.bandwidth)
         out.append({"prompt_len": plen, "ttft_ms": summarize_ms(times), "predicted_ttft_ms": pt * 1e3})
     return out
@@ -113,13 +119,13 @@ def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: f
 
 def _measure(source, cfg: dict, s: BenchSettings, figs) -> dict:
     """Reference, load, self-check, timings and sweep on the engine; the pieces of a result row."""
-    from quantkit.bench.engines.base import EngineSettings
-    from quantkit.bench.harness import measure
 
     ids = _prompt_ids(cfg["vocab_size"], s.prompt_len, s.seed)
     check_ids = ids + _prompt_ids(cfg["vocab_size"], min(selfcheck.DECODE_STEPS, s.gen_len - 1), s.seed + 1)
     ref, info = _reference(source, cfg, s, check_ids)
-    es = EngineSettings(device=s.device, max_tokens=s.max_tokens, seed=s.seed, threads=s.threads, tensor_parallel=s.tensor_parallel)
+    es = EngineSettings(
+        device=s.device, max_tokens=s.max_tokens, seed=s.seed, threads=s.threads, tensor_parallel=s.tensor_parallel
+    )
     t = time.perf_counter()
     engine = engine_class(s.engine).load(source, es)
     load_s = time.perf_counter() - t
@@ -129,8 +135,17 @@ def _measure(source, cfg: dict, s: BenchSettings, figs) -> dict:
         wb, kv = engine.weight_bytes(), engine.kv_bytes_per_token()
         sweep = _sweep(engine, cfg, s, figs, wb["weight_bytes_per_token"], kv)
         step = mean_step_bytes(lambda c: engine.step_bytes(c, s.capacity), s.prompt_len, s.gen_len)
-        return {"acct": wb, "kv": kv, "step_bytes": step, "timings": timings, "sweep": sweep, "self_check": check,
-                "engine": engine.describe(), "step_note": engine.step_note, "load_s": load_s}
+        return {
+            "acct": wb,
+            "kv": kv,
+            "step_bytes": step,
+            "timings": timings,
+            "sweep": sweep,
+            "self_check": check,
+            "engine": engine.describe(),
+            "step_note": engine.step_note,
+            "load_s": load_s,
+        }
     finally:
         engine.close()
 
@@ -151,27 +166,52 @@ def bench_one(source, s: BenchSettings, figs) -> dict:
     notes = list(eng.pop("notes", []))
     anchor = _anchor(s, eng, ttft * 1e3, tpot * 1e3, notes)
     if summary["warmups"] > s.warmups:
-        notes.append(f"--warmups {s.warmups} raised to {summary['warmups']}: the {s.engine} engine compiles on its first "
-                     "calls, and compilation is not decode")
+        notes.append(
+            f"--warmups {s.warmups} raised to {summary['warmups']}: the {s.engine} engine compiles on its first "
+            "calls, and compilation is not decode"
+        )
     return {
-        "model": str(source) if isinstance(source, Path) else source.label, "name": _name(source), "kind": eng.pop("kind"),
-        "kernel": eng.pop("kernel"), "emulated": eng.pop("emulated", None), "engine": s.engine, "device": str(s.device), "device_name": eng.get("name"),
-        "dtype": eng.get("dtype"), "threads": eng.get("threads"), "engine_info": eng,
-        "prompt_len": s.prompt_len, "gen_len": s.gen_len, "load_s": part["load_s"],
-        "compile_and_warmup_s": summary.pop("warmup_s"), "warmups": summary["warmups"], "warmups_requested": s.warmups, **acct, "kv_bytes_per_token": kv,
-        "kv_cache_tokens": s.capacity, "bytes_per_token": part["step_bytes"], "kv_bytes_per_step": part["step_bytes"] - weights,
-        "ideal_bytes_per_token": ideal, "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3,
-        "predicted_tpot_ms": pred_tpot * 1e3, "predicted_ttft_ms": pred_ttft * 1e3,
-        "tpot_efficiency": efficiency(pred_tpot, tpot)[0], "ttft_efficiency": efficiency(pred_ttft, ttft)[0],
+        "model": str(source) if isinstance(source, Path) else source.label,
+        "name": _name(source),
+        "kind": eng.pop("kind"),
+        "kernel": eng.pop("kernel"),
+        "emulated": eng.pop("emulated", None),
+        "engine": s.engine,
+        "device": str(s.device),
+        "device_name": eng.get("name"),
+        "dtype": eng.get("dtype"),
+        "threads": eng.get("threads"),
+        "engine_info": eng,
+        "prompt_len": s.prompt_len,
+        "gen_len": s.gen_len,
+        "load_s": part["load_s"],
+        "compile_and_warmup_s": summary.pop("warmup_s"),
+        "warmups": summary["warmups"],
+        "warmups_requested": s.warmups,
+        **acct,
+        "kv_bytes_per_token": kv,
+        "kv_cache_tokens": s.capacity,
+        "bytes_per_token": part["step_bytes"],
+        "kv_bytes_per_step": part["step_bytes"] - weights,
+        "ideal_bytes_per_token": ideal,
+        "ttft_ms": ttft * 1e3,
+        "tpot_ms": tpot * 1e3,
+        "predicted_tpot_ms": pred_tpot * 1e3,
+        "predicted_ttft_ms": pred_ttft * 1e3,
+        "tpot_efficiency": efficiency(pred_tpot, tpot)[0],
+        "ttft_efficiency": efficiency(pred_ttft, ttft)[0],
         "ttft_bound": "compute" if flops_s >= pred_ttft else "memory",
-        "self_check": part["self_check"], "stats": summary, "prompt_sweep": part["sweep"], "notes": notes,
-        "anchor": anchor, "bench_wall_s": time.perf_counter() - t0,
+        "self_check": part["self_check"],
+        "stats": summary,
+        "prompt_sweep": part["sweep"],
+        "notes": notes,
+        "anchor": anchor,
+        "bench_wall_s": time.perf_counter() - t0,
     }
 
 
 def _anchor(s: BenchSettings, eng: dict, ttft_ms: float, tpot_ms: float, notes: list[str]) -> dict | None:
     """The engine's own benchmark beside quantkit's figures (llama.cpp: llama-bench), a note when they disagree."""
-    from quantkit.bench.llama_bench import compare
 
     found = engine_class(s.engine).anchor(eng, s.prompt_len, s.gen_len, s.repeats)
     if found is None:
@@ -181,8 +221,10 @@ def _anchor(s: BenchSettings, eng: dict, ttft_ms: float, tpot_ms: float, notes: 
         return found
     result = compare(ttft_ms, tpot_ms, found)
     for what in result["disagree"]:
-        notes.append(f"{what.upper()} {result['ratio_' + what]:.2f}x llama-bench's ({result[what + '_ms']:.2f} ms): beyond "
-                     f"{result['tolerance']:.0%}; llama-bench runs llama.cpp's own build ({result.get('backends')})")
+        notes.append(
+            f"{what.upper()} {result['ratio_' + what]:.2f}x llama-bench's ({result[what + '_ms']:.2f} ms): beyond "
+            f"{result['tolerance']:.0%}; llama-bench runs llama.cpp's own build ({result.get('backends')})"
+        )
     return result
 
 
@@ -232,13 +274,21 @@ def _precheck_all(paths: list, s: BenchSettings, names: list[str]):
 
 
 def _device_block(s: BenchSettings, before: dict, after: dict | None, rows: list[dict]) -> dict:
-    from quantkit.bench import probe as probing
-
     figs = probing.as_device(before)
-    out = {"device": str(s.device), "type": s.device.type, "name": figs.name, "device_name": before.get("name"),
-           "dtype": rows[0]["dtype"] if rows else None, "threads": before.get("threads"),
-           "bandwidth_gbps": figs.bandwidth / 1e9, "compute_tflops": figs.compute / 1e12, "source": figs.source,
-           "llc_bytes": before.get("llc_bytes"), "probe": before, "probe_after": after}
+    out = {
+        "device": str(s.device),
+        "type": s.device.type,
+        "name": figs.name,
+        "device_name": before.get("name"),
+        "dtype": rows[0]["dtype"] if rows else None,
+        "threads": before.get("threads"),
+        "bandwidth_gbps": figs.bandwidth / 1e9,
+        "compute_tflops": figs.compute / 1e12,
+        "source": figs.source,
+        "llc_bytes": before.get("llc_bytes"),
+        "probe": before,
+        "probe_after": after,
+    }
     out["drift"] = probing.drift(before, after) if after else None
     return out
 
@@ -250,7 +300,6 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None, pr
 
     A model that cannot be benchmarked (no kernel for its scheme, too big, failed self-check)
     gets an error row; the others go on."""
-    from quantkit.bench import probe as probing
 
     probe = probe or (lambda device: probing.run_probe(device, s.threads))
     check_settings(s)

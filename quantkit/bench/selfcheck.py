@@ -19,6 +19,12 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import torch
+
+from quantkit import device as devices
+from quantkit.core.roofline import Shape
+from quantkit.evals.stats import kl_full
+from quantkit.models.checkpoint import load_model
 
 THRESHOLD = 0.05
 DECODE_STEPS = 8  # teacher-forced decode positions checked after the prefill position
@@ -28,9 +34,6 @@ def kl_rows(ref, eng):
     """Per-row KL(reference || engine). Rows where the engine reports every log-probability are
     exact; where it reports some (NaN elsewhere, vLLM's top-k), the unreported tokens form one
     tail bucket on both sides, which by the log-sum inequality gives a lower bound of the exact KL."""
-    import torch
-
-    from quantkit.evals.stats import kl_full
 
     known = torch.isfinite(eng)
     if bool(known.all()):
@@ -42,7 +45,11 @@ def kl_rows(ref, eng):
     tiny = torch.finfo(torch.float32).tiny
     rest_ref = (1.0 - torch.where(known, p_ref, torch.zeros_like(p_ref)).sum(-1)).clamp_min(0.0)
     rest_eng = (1.0 - p_eng.sum(-1)).clamp_min(0.0)
-    tail = torch.where(rest_ref > 1e-7, rest_ref * (torch.log(rest_ref + tiny) - torch.log(rest_eng + tiny)), torch.zeros_like(rest_ref))
+    tail = torch.where(
+        rest_ref > 1e-7,
+        rest_ref * (torch.log(rest_ref + tiny) - torch.log(rest_eng + tiny)),
+        torch.zeros_like(rest_ref),
+    )
     return (head + tail).clamp_min(0.0)
 
 
@@ -50,17 +57,36 @@ def compare(ref, eng, threshold: float = THRESHOLD, partial: bool = False) -> di
     """Summary of the engine's rows against the reference's; `passed` when mean KL <= threshold.
     `partial`: the engine reports only some tokens per row (NaN for the rest); otherwise any
     NaN or infinity is a broken model."""
-    import torch
 
-    valid = torch.isfinite(eng).all() if not partial else bool((torch.isfinite(eng).any(-1)).all() and not (eng == float("inf")).any())
+    valid = (
+        torch.isfinite(eng).all()
+        if not partial
+        else bool((torch.isfinite(eng).any(-1)).all() and not (eng == float("inf")).any())
+    )
     if not bool(valid):
-        return {"status": "failed", "passed": False, "mean_kl": float("inf"), "max_kl": float("inf"), "top1_agreement": 0.0,
-                "positions": int(ref.shape[0]), "threshold": threshold, "reason": "non-finite log-probabilities"}
+        return {
+            "status": "failed",
+            "passed": False,
+            "mean_kl": float("inf"),
+            "max_kl": float("inf"),
+            "top1_agreement": 0.0,
+            "positions": int(ref.shape[0]),
+            "threshold": threshold,
+            "reason": "non-finite log-probabilities",
+        }
     kl = kl_rows(ref, eng).double().numpy()
     top1 = (ref.argmax(-1) == torch.nan_to_num(eng, nan=-float("inf")).argmax(-1)).float().mean()
     passed = bool(np.isfinite(kl).all() and kl.mean() <= threshold)
-    return {"status": "passed" if passed else "failed", "passed": passed, "mean_kl": float(kl.mean()), "max_kl": float(kl.max()),
-            "top1_agreement": float(top1), "positions": int(len(kl)), "threshold": threshold, "exact": not partial}
+    return {
+        "status": "passed" if passed else "failed",
+        "passed": passed,
+        "mean_kl": float(kl.mean()),
+        "max_kl": float(kl.max()),
+        "top1_agreement": float(top1),
+        "positions": int(len(kl)),
+        "threshold": threshold,
+        "exact": not partial,
+    }
 
 
 def reference_in_float32(float32_bytes: float, free_bytes: float) -> bool:
@@ -71,8 +97,6 @@ def reference_in_float32(float32_bytes: float, free_bytes: float) -> bool:
 
 def reference_dtype(cfg: dict, device) -> str:
     """float32 where the dequantized model fits in a third of the free memory, else bfloat16."""
-    from quantkit import device as devices
-    from quantkit.core.roofline import Shape
 
     params = Shape.from_config(cfg.get("text_config", cfg)).total_params()
     return "float32" if reference_in_float32(params * 4, devices.free_bytes(device)) else "bfloat16"
@@ -81,9 +105,6 @@ def reference_dtype(cfg: dict, device) -> str:
 def reference_logprobs(path, ids: list[int], prompt_len: int, device, cfg: dict):
     """transformers' own load of `path` on `device`: log-probabilities (float32, on the CPU) of the
     next token after ids[:p + 1] for p = prompt_len - 1 .. len(ids) - 1, from one full forward."""
-    import torch
-
-    from quantkit.models.checkpoint import load_model
 
     dtype = reference_dtype(cfg, device)
     model = load_model(path, dtype=dtype, device=device)
@@ -96,4 +117,7 @@ def reference_logprobs(path, ids: list[int], prompt_len: int, device, cfg: dict)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return out, {"reference": f"transformers {__import__('transformers').__version__} load of the checkpoint", "reference_dtype": dtype}
+    return out, {
+        "reference": f"transformers {__import__('transformers').__version__} load of the checkpoint",
+        "reference_dtype": dtype,
+    }

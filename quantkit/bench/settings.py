@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quantkit.errors import QuantkitError
+from quantkit.bench.engines import ENGINES, engine_class
 from quantkit.core.roofline import Shape, kv_bytes_per_token
+from quantkit.device import free_bytes, resolve
+from quantkit.errors import QuantkitError
 
 DEVICE_WORDS = {"cuda": "a CUDA GPU (--device cuda)", "cpu": "the CPU (--device cpu)"}
 
@@ -28,9 +30,6 @@ class BenchSettings:
     self_check: bool = True
 
     def __post_init__(self):
-        from quantkit.bench.engines import engine_class
-        from quantkit.device import resolve
-
         engine = engine_class(self.engine)  # an unknown engine: one line listing the valid ones
         device = resolve(self.device)  # an unavailable device fails here, before any work
         if str(self.device) == "auto":
@@ -55,7 +54,6 @@ class BenchSettings:
 
 def check_settings(s: BenchSettings) -> None:
     """Settings that no model can be timed with: rejected before any loading or probing."""
-    from quantkit.bench.engines import ENGINES, engine_class
 
     engine = engine_class(s.engine)
     if s.prompt_len <= 0 or s.gen_len <= 1:
@@ -70,8 +68,10 @@ def check_settings(s: BenchSettings) -> None:
     if s.threads is not None and s.threads < 1:
         raise QuantkitError("--threads must be >= 1")
     if s.device.type not in engine.devices:
-        raise QuantkitError(f"--engine {s.engine} needs {' or '.join(DEVICE_WORDS.get(d, d) for d in engine.devices)}, "
-                            f"not --device {s.device}")
+        raise QuantkitError(
+            f"--engine {s.engine} needs {' or '.join(DEVICE_WORDS.get(d, d) for d in engine.devices)}, "
+            f"not --device {s.device}"
+        )
     engine.check(s.device)
 
 
@@ -83,7 +83,6 @@ def check_lengths(cfg: dict, s: BenchSettings) -> None:
 
 def check_fits_bytes(weights: float, cfg: dict, s: BenchSettings, what: str) -> None:
     """Estimate from the weight bytes and the KV cache before allocating anything."""
-    from quantkit.device import free_bytes
 
     need = weights * 1.15 + kv_bytes_per_token(Shape.from_config(cfg)) * s.max_tokens
     have = free_bytes(s.device)

@@ -11,8 +11,23 @@ import sys
 
 import click
 
+from quantkit.cli import (
+    bench,
+    compare,
+    convert,
+    engines,
+    evaluate,
+    export,
+    levers,
+    load,
+    models,
+    publish,
+    recipe,
+    roofline,
+    run,
+    sensitivity,
+)
 from quantkit.errors import QuantkitError
-from quantkit.cli import bench, compare, convert, engines, evaluate, export, levers, load, models, publish, recipe, roofline, run, sensitivity
 
 
 def _permission_denied(exc: BaseException) -> bool:
@@ -64,7 +79,9 @@ class _Group(click.Group):
         except BrokenPipeError:  # the reader went away (`quantkit recipe list | head -1`): stop quietly, as cat does
             import os
 
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout at exit
+            os.dup2(
+                os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
+            )  # no second error when Python flushes stdout at exit
             sys.exit(141)  # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe
         except click.ClickException as exc:
             _usage_error(exc)
@@ -76,7 +93,11 @@ class _Group(click.Group):
             if _permission_denied(exc):  # the user's files or directories, not a fault: exit 2
                 _fail(exc, f"error: {exc.filename}: {exc.strerror}", 2)
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            _fail(exc, f"error: {type(exc).__name__}: {first} (an unexpected failure; `quantkit --debug ...` shows the traceback)", 1)
+            _fail(
+                exc,
+                f"error: {type(exc).__name__}: {first} (an unexpected failure; `quantkit --debug ...` shows the traceback)",
+                1,
+            )
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -87,14 +108,29 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Quantize, GQA-convert, evaluate and benchmark LLM checkpoints."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-    from quantkit.quiet import quiet_libraries
     from quantkit.core.distributed import check_command
+    from quantkit.quiet import quiet_libraries
 
     quiet_libraries(debug)
     check_command(ctx.invoked_subcommand)  # under torchrun: convert and eval only
 
 
-for _module in (models, recipe, convert, export, evaluate, bench, roofline, run, compare, publish, load, levers, sensitivity, engines):
+for _module in (
+    models,
+    recipe,
+    convert,
+    export,
+    evaluate,
+    bench,
+    roofline,
+    run,
+    compare,
+    publish,
+    load,
+    levers,
+    sensitivity,
+    engines,
+):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

@@ -16,16 +16,26 @@ def table_rows(result: dict) -> list[dict]:
     out = []
     for r in result["rows"]:
         check = r.get("self_check") or {}
-        out.append({
-            "variant": r["name"], "kernel": r["kernel"], "MB/token": round(r["bytes_per_token"] / 1e6, 2),
-            "KV kB/token": round(r["kv_bytes_per_token"] / 1e3, 2), "TTFT ms": round(r["ttft_ms"], 1),
-            "TPOT ms": round(r["tpot_ms"], 2), "pred TTFT ms": round(r["predicted_ttft_ms"], 1),
-            "pred TPOT ms": round(r["predicted_tpot_ms"], 2),
-            "TPOT eff": f"{r['tpot_efficiency'] * 100:.0f}%" + (" (!)" if "tpot_above_roofline" in r["flags"] else "")
-                        + (" (fits in cache)" if r["fits_in_cache"] and r["tpot_efficiency"] > 1 else ""),
-            "TTFT eff": f"{r['ttft_efficiency'] * 100:.0f}%" + (" (!)" if "ttft_above_roofline" in r["flags"] else ""),
-            "self-check KL": f"{check['mean_kl']:.2g}" if check.get("mean_kl") is not None else check.get("status", "—"),
-        })
+        out.append(
+            {
+                "variant": r["name"],
+                "kernel": r["kernel"],
+                "MB/token": round(r["bytes_per_token"] / 1e6, 2),
+                "KV kB/token": round(r["kv_bytes_per_token"] / 1e3, 2),
+                "TTFT ms": round(r["ttft_ms"], 1),
+                "TPOT ms": round(r["tpot_ms"], 2),
+                "pred TTFT ms": round(r["predicted_ttft_ms"], 1),
+                "pred TPOT ms": round(r["predicted_tpot_ms"], 2),
+                "TPOT eff": f"{r['tpot_efficiency'] * 100:.0f}%"
+                + (" (!)" if "tpot_above_roofline" in r["flags"] else "")
+                + (" (fits in cache)" if r["fits_in_cache"] and r["tpot_efficiency"] > 1 else ""),
+                "TTFT eff": f"{r['ttft_efficiency'] * 100:.0f}%"
+                + (" (!)" if "ttft_above_roofline" in r["flags"] else ""),
+                "self-check KL": f"{check['mean_kl']:.2g}"
+                if check.get("mean_kl") is not None
+                else check.get("status", "—"),
+            }
+        )
     return out
 
 
@@ -42,23 +52,33 @@ def _device_lines(d: dict) -> list[str]:
     probe = d.get("probe") or {}
     sp = (probe.get("spread") or {}).get("read_gbps")
     spread = f", spread {sp['spread_pct']:.0f}% over repeats (median {sp['median']:.1f})" if sp else ""
-    lines = [f"device: {d['device']} ({d.get('device_name') or d['name']}), dtype {d.get('dtype') or '?'}, "
-             f"{d.get('threads')} threads: {d['bandwidth_gbps']:.1f} GB/s read{spread}, {d['compute_tflops']:.2f} TFLOP/s bf16 ({d['source']})"]
+    lines = [
+        f"device: {d['device']} ({d.get('device_name') or d['name']}), dtype {d.get('dtype') or '?'}, "
+        f"{d.get('threads')} threads: {d['bandwidth_gbps']:.1f} GB/s read{spread}, {d['compute_tflops']:.2f} TFLOP/s bf16 ({d['source']})"
+    ]
     drift = d.get("drift")
     if drift and drift.get("worst"):
         w = drift["worst"]
         msg = f"probe after the timings: {w} {drift['change'][w] * 100:+.0f}%"
-        lines.append(f"warning: {msg}, beyond ±{drift['limit'] * 100:.0f}%: the device changed speed during the run; "
-                     "every efficiency figure is uncertain by that much" if drift["flagged"] else msg)
+        lines.append(
+            f"warning: {msg}, beyond ±{drift['limit'] * 100:.0f}%: the device changed speed during the run; "
+            "every efficiency figure is uncertain by that much"
+            if drift["flagged"]
+            else msg
+        )
     return lines
 
 
 def _fit_line(fit: dict, n_rows: int) -> list[str]:
     if fit.get("effective_gbps"):
-        return [f"rule check: TPOT = {fit['overhead_ms']:.2f} ms + bytes / {fit['effective_gbps']:.2f} GB/s  (R² {fit['r2']:.3f}, {fit['points']} points)"]
+        return [
+            f"rule check: TPOT = {fit['overhead_ms']:.2f} ms + bytes / {fit['effective_gbps']:.2f} GB/s  (R² {fit['r2']:.3f}, {fit['points']} points)"
+        ]
     if fit.get("r2") is not None:
-        return [f"rule check: TPOT does not grow with bytes/token here (slope {fit['slope_s_per_byte'] * 1e9:.3g} ms/GB, R² {fit['r2']:.3f}): "
-                "decode is overhead-bound, not bandwidth-bound, on this engine"]
+        return [
+            f"rule check: TPOT does not grow with bytes/token here (slope {fit['slope_s_per_byte'] * 1e9:.3g} ms/GB, R² {fit['r2']:.3f}): "
+            "decode is overhead-bound, not bandwidth-bound, on this engine"
+        ]
     return ["rule check: not enough distinct byte counts to fit"] if n_rows > 1 else []
 
 
@@ -75,17 +95,23 @@ def render(result: dict, fmt: str) -> str:
     lines = [*_device_lines(result["device"]), "", markdown(rows), "", *_fit_line(result["fit"], len(rows))]
     la = result.get("load_average") or {}
     if la and la.get("before", 0) > 0.5 * (la.get("cpus") or 1):
-        lines.append(f"warning: the machine was busy before the run (load average {la['before']:.1f} on {la['cpus']} CPUs): timings are unreliable")
+        lines.append(
+            f"warning: the machine was busy before the run (load average {la['before']:.1f} on {la['cpus']} CPUs): timings are unreliable"
+        )
     for r in result["rows"]:
         lines += [f"note: {r['name']}: {n}" for n in r.get("notes", [])]
         if r.get("fits_in_cache") and r["tpot_efficiency"] > 1:
-            lines.append(f"note: {r['name']}: a decode step's {r['bytes_per_token'] / 1e6:.1f} MB fit in the last-level cache "
-                         f"({result['device']['llc_bytes'] / 1e6:.1f} MB): it may beat the streaming-read roofline (fits in cache)")
+            lines.append(
+                f"note: {r['name']}: a decode step's {r['bytes_per_token'] / 1e6:.1f} MB fit in the last-level cache "
+                f"({result['device']['llc_bytes'] / 1e6:.1f} MB): it may beat the streaming-read roofline (fits in cache)"
+            )
         a = r.get("anchor") or {}
         if "ttft_ms" in a:
-            lines.append(f"anchor: {r['name']}: llama-bench TTFT {a['ttft_ms']:.1f} ms ({a['pp_tokens_per_s']:.0f} tok/s), "
-                         f"TPOT {a['tpot_ms']:.2f} ms ({a['tg_tokens_per_s']:.1f} tok/s); quantkit/llama-bench "
-                         f"{a['ratio_ttft']:.2f} / {a['ratio_tpot']:.2f}" + ("  (!)" if a["disagree"] else ""))
+            lines.append(
+                f"anchor: {r['name']}: llama-bench TTFT {a['ttft_ms']:.1f} ms ({a['pp_tokens_per_s']:.0f} tok/s), "
+                f"TPOT {a['tpot_ms']:.2f} ms ({a['tg_tokens_per_s']:.1f} tok/s); quantkit/llama-bench "
+                f"{a['ratio_ttft']:.2f} / {a['ratio_tpot']:.2f}" + ("  (!)" if a["disagree"] else "")
+            )
         per_step = (r.get("stats") or {}).get("per_step") or {}
         if per_step.get("measured") is False:
             lines.append(f"note: {r['name']}: no per-step statistics: {per_step['reason']}")
@@ -116,12 +142,16 @@ def _print_probe(p: dict, as_json: bool) -> None:
         echo_json(p)
         return
     sp = p.get("spread") or {}
+
     def fig(key, unit):
         x = sp.get(key)
         return f"{p[key]:.3g} {unit}" + (f" (median {x['median']:.3g}, spread {x['spread_pct']:.0f}%)" if x else "")
+
     llc = f", last-level cache {p['llc_bytes'] / 1e6:.1f} MB" if p.get("llc_bytes") else ""
-    click.echo(f"{p['name']} ({p['device']}, {p['threads']} threads): read {fig('read_gbps', 'GB/s')}, copy {fig('copy_gbps', 'GB/s')}, "
-               f"bf16 matmul {fig('bf16_matmul_tflops', 'TFLOP/s')}{llc}")
+    click.echo(
+        f"{p['name']} ({p['device']}, {p['threads']} threads): read {fig('read_gbps', 'GB/s')}, copy {fig('copy_gbps', 'GB/s')}, "
+        f"bf16 matmul {fig('bf16_matmul_tflops', 'TFLOP/s')}{llc}"
+    )
 
 
 def _source(ref: str, engine: str):
@@ -135,7 +165,9 @@ def _source(ref: str, engine: str):
         return resolve_model(ref)
     if not engine_class(engine).takes_gguf:
         readers = " | ".join(n for n in ENGINES if engine_class(n).takes_gguf)
-        raise QuantkitError(f"{ref}: a file; the {engine} engine benches checkpoint directories (GGUF files: --engine {readers})")
+        raise QuantkitError(
+            f"{ref}: a file; the {engine} engine benches checkpoint directories (GGUF files: --engine {readers})"
+        )
     from quantkit.gguf.read import open_reader
 
     open_reader(path)
@@ -144,40 +176,114 @@ def _source(ref: str, engine: str):
 
 @click.command("bench")
 @click.argument("models", nargs=-1)
-@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one).")
+@click.option(
+    "--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one)."
+)
 @click.option("--engine", default="compiled", show_default=True, help=" | ".join(ENGINES))
 @click.option("--prompt-len", default=256, show_default=True, type=int)
 @click.option("--gen-len", default=64, show_default=True, type=int)
 @click.option("--repeats", default=5, show_default=True, type=int)
-@click.option("--min-seconds", default=2.0, show_default=True, type=float, help="Keep repeating until this much time was measured.")
-@click.option("--warmups", default=2, show_default=True, type=int, help="Untimed runs first (engines that compile always get at least 1).")
+@click.option(
+    "--min-seconds",
+    default=2.0,
+    show_default=True,
+    type=float,
+    help="Keep repeating until this much time was measured.",
+)
+@click.option(
+    "--warmups",
+    default=2,
+    show_default=True,
+    type=int,
+    help="Untimed runs first (engines that compile always get at least 1).",
+)
 @click.option("--sweep", default="", help="Comma-separated prompt lengths for a TTFT sweep, e.g. 64,128,256,512.")
-@click.option("--shape", "shapes", multiple=True, help="Synthetic model: a named shape or config.json (random weights), with --shape-bits.")
-@click.option("--shape-bits", default="16", show_default=True, help="Bit widths for --shape models, e.g. 16,8,4 (RTN-style random integers).")
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    help="Synthetic model: a named shape or config.json (random weights), with --shape-bits.",
+)
+@click.option(
+    "--shape-bits",
+    default="16",
+    show_default=True,
+    help="Bit widths for --shape models, e.g. 16,8,4 (RTN-style random integers).",
+)
 @click.option("--tensor-parallel", default=1, show_default=True, type=int, help="GPUs per model (--engine vllm).")
-@click.option("--threads", default=None, type=int, help="CPU threads for the engine (default: the library's; llamacpp: every core this process may use).")
-@click.option("--self-check/--no-self-check", default=True, show_default=True,
-              help="Compare the engine's next-token logits with transformers' load of the checkpoint before timing; refuse a mismatch.")
+@click.option(
+    "--threads",
+    default=None,
+    type=int,
+    help="CPU threads for the engine (default: the library's; llamacpp: every core this process may use).",
+)
+@click.option(
+    "--self-check/--no-self-check",
+    default=True,
+    show_default=True,
+    help="Compare the engine's next-token logits with transformers' load of the checkpoint before timing; refuse a mismatch.",
+)
 @click.option("--probe", is_flag=True, help="Measure this device's bandwidth and matmul rate (cached) and print them.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--csv", "as_csv", is_flag=True)
 @click.option("--md", "as_md", is_flag=True)
 @click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write the rule-check PNG here.")
-@click.option("--out", "out_json", default=None, type=click.Path(dir_okay=False), help="Also save the JSON result here.")
-@click.option("--update-card", is_flag=True, help="Write TTFT/TPOT into the model card of each quantkit artifact benchmarked.")
-@click.option("--plan", "plan_only", is_flag=True, help="Print the run's memory and time from the headers, then exit without loading weights.")
-def bench_cmd(models, device, engine, prompt_len, gen_len, repeats, min_seconds, warmups, sweep, shapes, shape_bits,
-              tensor_parallel, threads, self_check, probe, as_json, as_csv, as_md, plot, out_json, update_card, plan_only):
+@click.option(
+    "--out", "out_json", default=None, type=click.Path(dir_okay=False), help="Also save the JSON result here."
+)
+@click.option(
+    "--update-card", is_flag=True, help="Write TTFT/TPOT into the model card of each quantkit artifact benchmarked."
+)
+@click.option(
+    "--plan",
+    "plan_only",
+    is_flag=True,
+    help="Print the run's memory and time from the headers, then exit without loading weights.",
+)
+def bench_cmd(
+    models,
+    device,
+    engine,
+    prompt_len,
+    gen_len,
+    repeats,
+    min_seconds,
+    warmups,
+    sweep,
+    shapes,
+    shape_bits,
+    tensor_parallel,
+    threads,
+    self_check,
+    probe,
+    as_json,
+    as_csv,
+    as_md,
+    plot,
+    out_json,
+    update_card,
+    plan_only,
+):
     """Measure batch-1 TTFT and TPOT of MODELS beside the roofline and fit TPOT against bytes/token."""
-    from quantkit.core.atomic import json_safe, write_json
     from quantkit.bench.runner import bench_many
     from quantkit.bench.settings import BenchSettings, check_settings
     from quantkit.bench.synthetic import Synthetic
+    from quantkit.core.atomic import json_safe, write_json
     from quantkit.errors import QuantkitError
 
-    settings = BenchSettings(device=device, engine=engine, prompt_len=prompt_len, gen_len=gen_len, repeats=repeats,
-                             min_seconds=min_seconds, warmups=warmups, prompt_sweep=int_list(sweep, "--sweep"),
-                             tensor_parallel=tensor_parallel, threads=threads, self_check=self_check)
+    settings = BenchSettings(
+        device=device,
+        engine=engine,
+        prompt_len=prompt_len,
+        gen_len=gen_len,
+        repeats=repeats,
+        min_seconds=min_seconds,
+        warmups=warmups,
+        prompt_sweep=int_list(sweep, "--sweep"),
+        tensor_parallel=tensor_parallel,
+        threads=threads,
+        self_check=self_check,
+    )
     check_settings(settings)
     if probe:
         from quantkit.bench.probe import run_probe

@@ -37,10 +37,36 @@ def compare_runs(reports: list[dict], labels: list[str]) -> dict:
         entry = {"variant": n}
         for label, r in zip(labels, reports):
             row = next((x for x in r["rows"] if key(x) == n), None)
-            entry[label] = None if row is None else {k: row.get(k) for k in ("tpot_ms", "ttft_ms", "predicted_tpot_ms", "tpot_efficiency_pct", "delta_ppl_pct", "kld_mean", "top1_pct", "bits_per_weight", "status")}
+            entry[label] = (
+                None
+                if row is None
+                else {
+                    k: row.get(k)
+                    for k in (
+                        "tpot_ms",
+                        "ttft_ms",
+                        "predicted_tpot_ms",
+                        "tpot_efficiency_pct",
+                        "delta_ppl_pct",
+                        "kld_mean",
+                        "top1_pct",
+                        "bits_per_weight",
+                        "status",
+                    )
+                }
+            )
         table.append(entry)
-    runs = [{"label": lab, "recipe": r["recipe"], "date": r["date"], "host": r["host"], "device": (r.get("device") or {}).get("name"),
-             "fit": r.get("fit")} for lab, r in zip(labels, reports)]
+    runs = [
+        {
+            "label": lab,
+            "recipe": r["recipe"],
+            "date": r["date"],
+            "host": r["host"],
+            "device": (r.get("device") or {}).get("name"),
+            "fit": r.get("fit"),
+        }
+        for lab, r in zip(labels, reports)
+    ]
     return {"kind": "compare", "runs": runs, "variants": table}
 
 
@@ -49,7 +75,11 @@ def render(result: dict) -> str:
     out = []
     for r in result["runs"]:
         fit = r.get("fit") or {}
-        fit_s = f"{fit['effective_gbps']:.2f} GB/s + {fit['overhead_ms']:.2f} ms (R² {fit['r2']:.3f})" if fit.get("effective_gbps") else "n/a"
+        fit_s = (
+            f"{fit['effective_gbps']:.2f} GB/s + {fit['overhead_ms']:.2f} ms (R² {fit['r2']:.3f})"
+            if fit.get("effective_gbps")
+            else "n/a"
+        )
         out.append(f"- {r['label']}: {r['recipe']} on {r['device']} ({r['host']}, {r['date']}); rule fit {fit_s}")
     head = ["variant"] + [f"{lab} {m}" for lab in labels for m in ("TPOT ms", "ΔPPL %", "KL")]
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -103,7 +133,9 @@ def compare_cmd(runs, as_md, as_json, plot):
         echo_json(result) if as_json else click.echo(render_load_comparison(result))
         return
     if kinds != {"quantkit-run"}:
-        raise QuantkitError("compare takes run directories (quantkit run) or load-run JSON files (quantkit load --out), not a mix")
+        raise QuantkitError(
+            "compare takes run directories (quantkit run) or load-run JSON files (quantkit load --out), not a mix"
+        )
     labels = [Path(r).name if Path(r).name != "report.json" else Path(r).parent.name for r in runs]
     if len(set(labels)) != len(labels):
         labels = [f"{i + 1}:{lab}" for i, lab in enumerate(labels)]

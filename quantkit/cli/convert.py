@@ -13,25 +13,62 @@ from quantkit.methods.registry import names
 
 @click.command("convert")
 @click.argument("recipe_file", metavar="RECIPE")
-@click.option("--model", "model_ref", default=None, help="Source checkpoint: a directory, a hub id, or 'demo' (default: the recipe's model).")
+@click.option(
+    "--model",
+    "model_ref",
+    default=None,
+    help="Source checkpoint: a directory, a hub id, or 'demo' (default: the recipe's model).",
+)
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Artifact directory to create.")
-@click.option("--calib", default=None, help="Calibration text: file:PATH | hf:DATASET[:CONFIG]:SPLIT | self (overrides the recipe).")
+@click.option(
+    "--calib",
+    default=None,
+    help="Calibration text: file:PATH | hf:DATASET[:CONFIG]:SPLIT | self (overrides the recipe).",
+)
 @click.option("--variant", default=None, help="Which variant of a suite recipe to convert.")
-@click.option("--force", is_flag=True, help="Replace an existing --out (only an artifact quantkit wrote, never an input).")
+@click.option(
+    "--force", is_flag=True, help="Replace an existing --out (only an artifact quantkit wrote, never an input)."
+)
 @click.option("--allow-pickle", is_flag=True, help="Accept .bin (pickle) checkpoints, which can run code on load.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the checkpoint (off by default).")
-@click.option("--max-memory", default=None, metavar="SIZE",
-              help="RAM for the model's weights, e.g. 16GB (default: 75% of what is available). A larger model is offloaded "
-                   f"to disk beside --out and calibrated one layer at a time ({', '.join(names('layerwise'))}).")
-@click.option("--device", default=None, help="Calibration device: auto | cpu | cuda | cuda:N (default: the recipe's calibration.device, auto).")
-@click.option("--plan", "plan_only", is_flag=True,
-              help="Print what the conversion will cost (memory, disk, time, offloading) from config.json and the safetensors "
-                   "headers, then exit without loading weights (exit 2 when it cannot fit).")
+@click.option(
+    "--max-memory",
+    default=None,
+    metavar="SIZE",
+    help="RAM for the model's weights, e.g. 16GB (default: 75% of what is available). A larger model is offloaded "
+    f"to disk beside --out and calibrated one layer at a time ({', '.join(names('layerwise'))}).",
+)
+@click.option(
+    "--device",
+    default=None,
+    help="Calibration device: auto | cpu | cuda | cuda:N (default: the recipe's calibration.device, auto).",
+)
+@click.option(
+    "--plan",
+    "plan_only",
+    is_flag=True,
+    help="Print what the conversion will cost (memory, disk, time, offloading) from config.json and the safetensors "
+    "headers, then exit without loading weights (exit 2 when it cannot fit).",
+)
 @set_option
 @include_option
 @json_option
-def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle, trust_remote_code, max_memory, device, plan_only,
-                overrides, include_dirs, as_json):
+def convert_cmd(
+    recipe_file,
+    model_ref,
+    out,
+    calib,
+    variant,
+    force,
+    allow_pickle,
+    trust_remote_code,
+    max_memory,
+    device,
+    plan_only,
+    overrides,
+    include_dirs,
+    as_json,
+):
     """Convert a checkpoint with RECIPE into a verified, serving-ready artifact."""
     from quantkit.artifacts.staging import recipe_inputs
     from quantkit.core.atomic import sigterm_as_interrupt
@@ -42,9 +79,16 @@ def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle
     from quantkit.recipe.files import load_recipe
 
     recipe = load_recipe(recipe_file, overrides, include_dirs)
-    opts = ConvertOptions(calib=calib, force=force, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-                          max_memory=parse_size(max_memory) if max_memory is not None else None,
-                          inputs=tuple(recipe_inputs(recipe_file)), device=device, memory_check=memory_warning)
+    opts = ConvertOptions(
+        calib=calib,
+        force=force,
+        allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
+        max_memory=parse_size(max_memory) if max_memory is not None else None,
+        inputs=tuple(recipe_inputs(recipe_file)),
+        device=device,
+        memory_check=memory_warning,
+    )
     if plan_only:
         from quantkit.cli._plan import show
         from quantkit.plan.plans import plan_convert
@@ -68,8 +112,12 @@ def convert_cmd(recipe_file, model_ref, out, calib, variant, force, allow_pickle
         click.echo(f"  {q.get('method')} {q.get('scheme')} -> {q.get('format')}")
     if meta.get("gqa"):
         g = meta["gqa"]
-        click.echo(f"  gqa: {g['kv_heads_before']} -> {g['kv_heads_after']} KV heads, KV bytes/token {g['kv_bytes_per_token_before']} -> {g['kv_bytes_per_token_after']}")
-    click.echo(f"  verified with {v['loader']}: mean KL {v['mean_kl']:.2e} (<= {v['threshold_mean_kl']:g}), top-1 {v['top1_agreement'] * 100:.1f}%")
+        click.echo(
+            f"  gqa: {g['kv_heads_before']} -> {g['kv_heads_after']} KV heads, KV bytes/token {g['kv_bytes_per_token_before']} -> {g['kv_bytes_per_token_after']}"
+        )
+    click.echo(
+        f"  verified with {v['loader']}: mean KL {v['mean_kl']:.2e} (<= {v['threshold_mean_kl']:g}), top-1 {v['top1_agreement'] * 100:.1f}%"
+    )
     if meta.get("offload"):
         o = meta["offload"]
         click.echo(f"  offloaded: {o['disk_tensors']} tensors on disk, {o['cpu_bytes'] / 1e9:.2f} GB in RAM")

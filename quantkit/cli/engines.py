@@ -15,8 +15,13 @@ def engines_group() -> None:
 
 @engines_group.command("install")
 @click.argument("name", type=click.Choice(list(INSTALLABLE)))
-@click.option("--flavor", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="auto: cuda where nvidia-smi answers, else cpu.")
+@click.option(
+    "--flavor",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="auto: cuda where nvidia-smi answers, else cpu.",
+)
 @click.option("--force", is_flag=True, help="Rebuild even if an environment with the same pins is there.")
 @json_option
 def install(name: str, flavor: str, force: bool, as_json: bool) -> None:
@@ -28,8 +33,13 @@ def install(name: str, flavor: str, force: bool, as_json: bool) -> None:
         echo_json(result)
         return
     added = result.get("added") or []  # packages added to an environment built before (no rebuild)
-    how = (f"built in {result['build_s']:.0f} s" if result["built"] else
-           f"added {', '.join(added)}" if added else "already installed")
+    how = (
+        f"built in {result['build_s']:.0f} s"
+        if result["built"]
+        else f"added {', '.join(added)}"
+        if added
+        else "already installed"
+    )
     stamp = result.get("stamp") or {}
     click.echo(f"{name} {stamp.get('vllm_version', '?')} ({stamp.get('flavor', '?')}): {result['path']} ({how})")
 

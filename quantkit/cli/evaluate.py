@@ -9,8 +9,10 @@ from quantkit.evals.lmeval import BACKENDS
 from quantkit.evals.scorers import SCORERS
 from quantkit.evals.splits import SPLITS
 
-SPLIT_USE = {"selection": "the first half of each text's region, where recipes, methods and layers are chosen",
-             "confirmation": "the second half of each text's region, which no choice saw: the figures to report"}
+SPLIT_USE = {
+    "selection": "the first half of each text's region, where recipes, methods and layers are chosen",
+    "confirmation": "the second half of each text's region, which no choice saw: the figures to report",
+}
 
 
 def _ci(pair, fmt: str) -> str:
@@ -23,9 +25,11 @@ def domain_table(texts: list[dict]) -> list[str]:
     lines = [head]
     for t in texts:
         w, k, ci = t["windows"], t["kld"], t["ci95"]
-        lines.append(f"{t['label'][:20]:<20} {w['count']:>4}x{w['seq_len']:<4} {t['ppl']:>9.4f} {t['baseline_ppl']:>9.4f} "
-                     f"{t['delta_ppl_pct']:>+8.2f} {_ci(ci['delta_ppl_pct'], '+.2f'):>17} "
-                     f"{k['mean']:>8.5f} {_ci(ci['kld_mean'], '.5f'):>21} {k['p99']:>7.3f} {t['top1_agreement'] * 100:>6.2f}%")
+        lines.append(
+            f"{t['label'][:20]:<20} {w['count']:>4}x{w['seq_len']:<4} {t['ppl']:>9.4f} {t['baseline_ppl']:>9.4f} "
+            f"{t['delta_ppl_pct']:>+8.2f} {_ci(ci['delta_ppl_pct'], '+.2f'):>17} "
+            f"{k['mean']:>8.5f} {_ci(ci['kld_mean'], '.5f'):>21} {k['p99']:>7.3f} {t['top1_agreement'] * 100:>6.2f}%"
+        )
     return lines
 
 
@@ -33,18 +37,24 @@ def render(result: dict) -> str:
     dev = result.get("device") or {}
     scorer = result.get("scorer") or {}
     batch = f", {scorer['batch_size']} window(s) per forward pass" if scorer.get("batch_size") else ""
-    lines = [f"model     {result['model']}",
-             f"baseline  {result['baseline']}{_baseline_note(result.get('baseline_check') or {})}",
-             f"device    {dev.get('device')} ({dev.get('name')}), {result.get('dtype')}{batch}"]
+    lines = [
+        f"model     {result['model']}",
+        f"baseline  {result['baseline']}{_baseline_note(result.get('baseline_check') or {})}",
+        f"device    {dev.get('device')} ({dev.get('name')}), {result.get('dtype')}{batch}",
+    ]
     base_engine = result.get("baseline_engine", result.get("engine"))
     if result.get("engine") != base_engine:  # the model under test scored by another library than the baseline
         threads = f", {scorer['threads']} threads" if scorer.get("threads") else ""
-        lines.append(f"scorer    {scorer.get('kernel', result.get('engine'))}{threads} (the baseline: {base_engine} on the device above)")
+        lines.append(
+            f"scorer    {scorer.get('kernel', result.get('engine'))}{threads} (the baseline: {base_engine} on the device above)"
+        )
     if result.get("split", "all") != "all":
         lines.append(f"split     {result['split']}: {SPLIT_USE[result['split']]}")
     if result.get("texts"):
         lines += ["", *domain_table(result["texts"]), ""]
-        lines += [f"  {t['label']}: {t['text']} ({_part(t['windows'])}), {t['tokens']} scored tokens" for t in result["texts"]]
+        lines += [
+            f"  {t['label']}: {t['text']} ({_part(t['windows'])}), {t['tokens']} scored tokens" for t in result["texts"]
+        ]
     for name, t in result.get("tasks", {}).items():
         lines.append(
             f"task {name:<14} {t['metric']} {t['value']:.4f} (baseline {t['baseline']:.4f})  delta {t['delta']:+.4f} +- {t['delta_stderr']:.4f}"
@@ -81,39 +91,120 @@ def _model_path(model: str, engine: str):
 @click.command("eval")
 @click.argument("model")
 @click.option("--baseline", "baseline", required=True, help="The original model (directory, hub id or 'demo').")
-@click.option("--text", "texts", multiple=True, help="file:PATH | set:NAME | hf:DATASET[:CONFIG]:SPLIT | self; repeatable, one "
-              "row per text. Default (without --tasks): set:world-factbook (held-out encyclopedic text) and set:shakespeare-plays "
-              "(literature no calibration reads), plus set:wikitext2-valid where QUANTKIT_WIKITEXT2_VALID points at a copy.")
+@click.option(
+    "--text",
+    "texts",
+    multiple=True,
+    help="file:PATH | set:NAME | hf:DATASET[:CONFIG]:SPLIT | self; repeatable, one "
+    "row per text. Default (without --tasks): set:world-factbook (held-out encyclopedic text) and set:shakespeare-plays "
+    "(literature no calibration reads), plus set:wikitext2-valid where QUANTKIT_WIKITEXT2_VALID points at a copy.",
+)
 @click.option("--seq-len", default=512, show_default=True, type=int)
-@click.option("--max-tokens", default=8192, show_default=True, type=int, help="Tokens to score per text (whole windows).")
-@click.option("--region", default="first-half", show_default=True, type=click.Choice(["first-half", "second-half", "all"]))
-@click.option("--split", default="all", show_default=True, type=click.Choice(SPLITS),
-              help="Which part of the region to score: all, selection (its first half: choose recipes, rank methods and "
-                   "layers here) or confirmation (its second half, which no choice saw: report these figures).")
-@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (the baseline, the model and lm-eval tasks).")
-@click.option("--dtype", default=None, type=click.Choice(["float32", "bfloat16", "float16"]),
-              help="Precision the models load in [default: bfloat16 on a GPU, float32 on the CPU].")
-@click.option("--batch-size", default=None, type=int, help="Windows per forward pass [default: 1 on the CPU; on a GPU, what fits "
-              "40% of its free memory, up to 32].")
-@click.option("--engine", default="transformers", show_default=True, type=click.Choice(list(SCORERS)),
-              help="What scores MODEL: transformers, or llamacpp on a GGUF file (or an artifact, exported exactly on the fly). "
-                   "The baseline is scored by transformers either way.")
-@click.option("--tasks", default="", help="Comma-separated lm-eval tasks (local ones from evals/, or standard names online).")
+@click.option(
+    "--max-tokens", default=8192, show_default=True, type=int, help="Tokens to score per text (whole windows)."
+)
+@click.option(
+    "--region", default="first-half", show_default=True, type=click.Choice(["first-half", "second-half", "all"])
+)
+@click.option(
+    "--split",
+    default="all",
+    show_default=True,
+    type=click.Choice(SPLITS),
+    help="Which part of the region to score: all, selection (its first half: choose recipes, rank methods and "
+    "layers here) or confirmation (its second half, which no choice saw: report these figures).",
+)
+@click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="auto | cpu | cuda | cuda:N (the baseline, the model and lm-eval tasks).",
+)
+@click.option(
+    "--dtype",
+    default=None,
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    help="Precision the models load in [default: bfloat16 on a GPU, float32 on the CPU].",
+)
+@click.option(
+    "--batch-size",
+    default=None,
+    type=int,
+    help="Windows per forward pass [default: 1 on the CPU; on a GPU, what fits 40% of its free memory, up to 32].",
+)
+@click.option(
+    "--engine",
+    default="transformers",
+    show_default=True,
+    type=click.Choice(list(SCORERS)),
+    help="What scores MODEL: transformers, or llamacpp on a GGUF file (or an artifact, exported exactly on the fly). "
+    "The baseline is scored by transformers either way.",
+)
+@click.option(
+    "--tasks", default="", help="Comma-separated lm-eval tasks (local ones from evals/, or standard names online)."
+)
 @click.option("--limit", default=None, type=int, help="Examples per lm-eval task.")
-@click.option("--tasks-backend", default="hf", show_default=True, type=click.Choice(list(BACKENDS)),
-              help="lm-eval's backend: hf (in process; data parallel under `accelerate launch`) or vllm.")
-@click.option("--tensor-parallel", default=1, show_default=True, type=int, help="vLLM tensor_parallel_size (--tasks-backend vllm).")
-@click.option("--data-parallel", default=1, show_default=True, type=int, help="vLLM data_parallel_size (--tasks-backend vllm).")
-@click.option("--allow-overlap", is_flag=True, help="Allow evaluation windows that overlap text the artifact was fitted on "
-              "(calibration, GQA recovery).")
-@click.option("--baseline-mismatch-ok", is_flag=True, help="Compare with a --baseline other than the checkpoint the artifact "
-              "was converted from (its quantkit.json source.sha256).")
+@click.option(
+    "--tasks-backend",
+    default="hf",
+    show_default=True,
+    type=click.Choice(list(BACKENDS)),
+    help="lm-eval's backend: hf (in process; data parallel under `accelerate launch`) or vllm.",
+)
+@click.option(
+    "--tensor-parallel",
+    default=1,
+    show_default=True,
+    type=int,
+    help="vLLM tensor_parallel_size (--tasks-backend vllm).",
+)
+@click.option(
+    "--data-parallel", default=1, show_default=True, type=int, help="vLLM data_parallel_size (--tasks-backend vllm)."
+)
+@click.option(
+    "--allow-overlap",
+    is_flag=True,
+    help="Allow evaluation windows that overlap text the artifact was fitted on (calibration, GQA recovery).",
+)
+@click.option(
+    "--baseline-mismatch-ok",
+    is_flag=True,
+    help="Compare with a --baseline other than the checkpoint the artifact "
+    "was converted from (its quantkit.json source.sha256).",
+)
 @click.option("--trust-remote-code", is_flag=True, help="Allow model code from the checkpoints (off by default).")
 @click.option("--update-card", is_flag=True, help="Write the figures into the artifact's model card.")
-@click.option("--plan", "plan_only", is_flag=True, help="Print the evaluation's memory and time from the headers, then exit without loading weights.")
+@click.option(
+    "--plan",
+    "plan_only",
+    is_flag=True,
+    help="Print the evaluation's memory and time from the headers, then exit without loading weights.",
+)
 @json_option
-def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, split, device, dtype, batch_size, engine, tasks, limit, tasks_backend,
-             tensor_parallel, data_parallel, allow_overlap, baseline_mismatch_ok, trust_remote_code, update_card, plan_only, as_json):
+def eval_cmd(
+    model,
+    baseline,
+    texts,
+    seq_len,
+    max_tokens,
+    region,
+    split,
+    device,
+    dtype,
+    batch_size,
+    engine,
+    tasks,
+    limit,
+    tasks_backend,
+    tensor_parallel,
+    data_parallel,
+    allow_overlap,
+    baseline_mismatch_ok,
+    trust_remote_code,
+    update_card,
+    plan_only,
+    as_json,
+):
     """Perplexity, KL divergence, top-1 agreement (one row per text domain) and lm-eval deltas of MODEL against --baseline."""
     from quantkit.device import resolve
     from quantkit.errors import DataError
@@ -132,9 +223,23 @@ def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, split, device,
         from quantkit.artifacts.card import check_card_updatable
 
         check_card_updatable(model_path)
-    options = dict(seq_len=seq_len, max_tokens=max_tokens, region=region, split=split, tasks=task_list, limit=limit, dtype=dtype, batch_size=batch_size,
-                   engine=engine, tasks_backend=tasks_backend, tensor_parallel=tensor_parallel, data_parallel=data_parallel,
-                   allow_overlap=allow_overlap, baseline_mismatch_ok=baseline_mismatch_ok, trust_remote_code=trust_remote_code)
+    options = dict(
+        seq_len=seq_len,
+        max_tokens=max_tokens,
+        region=region,
+        split=split,
+        tasks=task_list,
+        limit=limit,
+        dtype=dtype,
+        batch_size=batch_size,
+        engine=engine,
+        tasks_backend=tasks_backend,
+        tensor_parallel=tensor_parallel,
+        data_parallel=data_parallel,
+        allow_overlap=allow_overlap,
+        baseline_mismatch_ok=baseline_mismatch_ok,
+        trust_remote_code=trust_remote_code,
+    )
     if plan_only:  # the evaluation's own checks (evals.runner.prepare_eval), then its cost
         from quantkit.cli._plan import show
         from quantkit.plan.plans import plan_eval
@@ -142,7 +247,9 @@ def eval_cmd(model, baseline, texts, seq_len, max_tokens, region, split, device,
         return show(plan_eval(model_path, base_path, texts, device=device, **options), as_json)
     from quantkit.core.distributed import session
 
-    with session(device) as group:  # under torchrun: windows split across ranks (evals/parallel.py), each rank on its device
+    with session(
+        device
+    ) as group:  # under torchrun: windows split across ranks (evals/parallel.py), each rank on its device
         result = run_eval(model_path, base_path, texts, device=group.device if group else device, **options)
     result["world_size"] = group.world_size if group else 1
     if not is_main_process():

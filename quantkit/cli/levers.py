@@ -16,7 +16,9 @@ def _engines_text() -> str:
 
     lines = []
     for kind in SERVERS.values():
-        lines.append(f"{kind.name}: {shlex.join(kind.command) or '(your command: server.command, run with --trust-study)'}")
+        lines.append(
+            f"{kind.name}: {shlex.join(kind.command) or '(your command: server.command, run with --trust-study)'}"
+        )
         if kind.program:
             lines.append(f"  {_installed(kind.name)}")
         for name, key in kind.keys.items():
@@ -54,8 +56,10 @@ def _print_plan(study, plans: list[dict], reasons: list[str], as_json: bool) -> 
         return
     for plan in plans:
         env = [f"{name}={value}" for name, value in plan["env"].items()]
-        click.echo(f"{plan['lever']}: {shlex.join(['env', *env, *plan['command']] if env else plan['command'])}"
-                   + (f"  body {plan['body_fields']}" if plan["body_fields"] else ""))
+        click.echo(
+            f"{plan['lever']}: {shlex.join(['env', *env, *plan['command']] if env else plan['command'])}"
+            + (f"  body {plan['body_fields']}" if plan["body_fields"] else "")
+        )
     if reasons:
         click.echo(f"runs only with --trust-study: {'; '.join(reasons)}")
 
@@ -80,11 +84,17 @@ def _finish(result: dict, out: Path) -> None:
 @click.argument("study_file", required=False)
 @click.option("--out", type=click.Path(file_okay=False), help="Directory for the runs [default: levers-NAME].")
 @click.option("--force", is_flag=True, help="Replace the results of an earlier study in --out.")
-@click.option("--dry-run", is_flag=True,
-              help="Validate the study and print each lever's exact command and environment; start nothing.")
-@click.option("--trust-study", is_flag=True,
-              help="Run a study that runs its own command (custom engine) or sets the server's environment "
-                   "beyond thread counts and quiet/offline switches. Off by default: read it with --dry-run first.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate the study and print each lever's exact command and environment; start nothing.",
+)
+@click.option(
+    "--trust-study",
+    is_flag=True,
+    help="Run a study that runs its own command (custom engine) or sets the server's environment "
+    "beyond thread counts and quiet/offline switches. Off by default: read it with --dry-run first.",
+)
 @click.option("--engines", is_flag=True, help="List the engines and the levers each one has.")
 @json_option
 def levers_cmd(study_file, out, force, dry_run, trust_study, engines, as_json) -> None:
@@ -106,7 +116,9 @@ def levers_cmd(study_file, out, force, dry_run, trust_study, engines, as_json) -
         click.echo(_engines_text())
         return
     if not study_file:
-        raise StudyError("give a study file or a built-in study's name (quantkit recipe list --studies), or --engines to list the engines")
+        raise StudyError(
+            "give a study file or a built-in study's name (quantkit recipe list --studies), or --engines to list the engines"
+        )
     from quantkit.resources import find_study
 
     study_file = find_study(study_file)
@@ -127,8 +139,14 @@ def levers_cmd(study_file, out, force, dry_run, trust_study, engines, as_json) -
     with exclusive(out_dir, f"the study directory {out_dir}"):
         holder: dict = {}
         try:
-            result = run_study(study, out_dir, source=str(study_file), trusted=trust_study,
-                               log=lambda line: click.echo(line, err=True), sink=holder)
+            result = run_study(
+                study,
+                out_dir,
+                source=str(study_file),
+                trusted=trust_study,
+                log=lambda line: click.echo(line, err=True),
+                sink=holder,
+            )
         except (KeyboardInterrupt, Terminated, Exception) as exc:  # write what ran, then re-raise
             failure, result = exc, holder.get("result")
         if result:

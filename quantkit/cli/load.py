@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from quantkit.load.config import DEFAULT_CONCURRENCY, LoadError
 from quantkit.cli._common import console, echo_json, json_option
+from quantkit.load.config import DEFAULT_CONCURRENCY, LoadError
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -60,45 +60,84 @@ def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> Non
 @click.command("load")
 @click.argument("url")
 @click.option("--model", required=True, help="Model name the server expects in requests.")
-@click.option("--concurrency", metavar="N,N,...",
-              help=f"Closed loop: concurrent requests per step [default: {DEFAULT_CONCURRENCY}].")
-@click.option("--rate", metavar="R,R,...",
-              help="Open loop: Poisson arrivals per second per step (instead of --concurrency).")
-@click.option("--prompt-len", default="128", show_default=True, metavar="N|LO:HI[,long=FxK]",
-              help="Prompt length in tokens (approximate: common words): fixed N, uniform LO:HI, and "
-                   "optionally a fraction F of prompts K times longer, e.g. 256,long=0.1x4.")
-@click.option("--shared-prefix", default=0, show_default=True, metavar="N",
-              help="Start every prompt with the same N-token prefix (a system prompt), before its unique part.")
-@click.option("--turns", default=1, show_default=True, metavar="K",
-              help="K-turn conversations (--api chat): each request resends the conversation so far plus a new turn.")
-@click.option("--header", "headers", multiple=True, metavar="'NAME: VALUE'",
-              help="Send this header with every request (repeatable), e.g. a gateway's 'Authorization: Bearer KEY'; "
-                   "values are not recorded in the run JSON.")
-@click.option("--session-header", metavar="NAME",
-              help="Name each request's conversation in this header (e.g. x-session-id), for routers with "
-                   "session affinity (vLLM production stack: --routing-logic session --session-key NAME).")
-@click.option("--context-len", type=int, metavar="TOKENS",
-              help="The server's context length, to check the workload against [default: asked from the server].")
-@click.option("--gen-len", default=64, show_default=True,
-              help="max_tokens per request (EOS ignored where --engine allows).")
+@click.option(
+    "--concurrency",
+    metavar="N,N,...",
+    help=f"Closed loop: concurrent requests per step [default: {DEFAULT_CONCURRENCY}].",
+)
+@click.option(
+    "--rate", metavar="R,R,...", help="Open loop: Poisson arrivals per second per step (instead of --concurrency)."
+)
+@click.option(
+    "--prompt-len",
+    default="128",
+    show_default=True,
+    metavar="N|LO:HI[,long=FxK]",
+    help="Prompt length in tokens (approximate: common words): fixed N, uniform LO:HI, and "
+    "optionally a fraction F of prompts K times longer, e.g. 256,long=0.1x4.",
+)
+@click.option(
+    "--shared-prefix",
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Start every prompt with the same N-token prefix (a system prompt), before its unique part.",
+)
+@click.option(
+    "--turns",
+    default=1,
+    show_default=True,
+    metavar="K",
+    help="K-turn conversations (--api chat): each request resends the conversation so far plus a new turn.",
+)
+@click.option(
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="'NAME: VALUE'",
+    help="Send this header with every request (repeatable), e.g. a gateway's 'Authorization: Bearer KEY'; "
+    "values are not recorded in the run JSON.",
+)
+@click.option(
+    "--session-header",
+    metavar="NAME",
+    help="Name each request's conversation in this header (e.g. x-session-id), for routers with "
+    "session affinity (vLLM production stack: --routing-logic session --session-key NAME).",
+)
+@click.option(
+    "--context-len",
+    type=int,
+    metavar="TOKENS",
+    help="The server's context length, to check the workload against [default: asked from the server].",
+)
+@click.option(
+    "--gen-len", default=64, show_default=True, help="max_tokens per request (EOS ignored where --engine allows)."
+)
 @click.option("--step-seconds", default=30.0, show_default=True, help="Seconds of sending per step.")
 @click.option("--max-requests", type=int, help="At most this many requests per step.")
 @click.option("--slo", metavar="ttft=MS,tpot=MS", help="Latency objectives for goodput, in milliseconds.")
-@click.option("--api", default="completions", show_default=True,
-              help="completions (/v1/completions) or chat (/v1/chat/completions).")
-@click.option("--engine", default="openai", show_default=True,
-              help="Server kind, for fixed-length output: openai, vllm, sglang, llamacpp, transformers.")
-@click.option("--timeout", "timeout_s", default=60.0, show_default=True,
-              help="Seconds before one request counts as a timeout.")
+@click.option(
+    "--api",
+    default="completions",
+    show_default=True,
+    help="completions (/v1/completions) or chat (/v1/chat/completions).",
+)
+@click.option(
+    "--engine",
+    default="openai",
+    show_default=True,
+    help="Server kind, for fixed-length output: openai, vllm, sglang, llamacpp, transformers.",
+)
+@click.option(
+    "--timeout", "timeout_s", default=60.0, show_default=True, help="Seconds before one request counts as a timeout."
+)
 @click.option("--patience", default=1, show_default=True, help="Stop after this many saturated steps in a row.")
 @click.option("--no-stop", is_flag=True, help="Climb every level even past saturation.")
 @click.option("--seed", default=0, show_default=True, help="Seed for prompts and arrival times.")
 @click.option("--label", help="Name of this run in tables, plots and comparisons.")
-@click.option("--out",
-              help="Save the run JSON here (input to `quantkit compare`).")
+@click.option("--out", help="Save the run JSON here (input to `quantkit compare`).")
 @click.option("--keep-requests", is_flag=True, help="Include every request's timings in the run JSON.")
-@click.option("--plot",
-              help="Write a PNG of TTFT-P99 and TPOT-P99 against achieved req/s.")
+@click.option("--plot", help="Write a PNG of TTFT-P99 and TPOT-P99 against achieved req/s.")
 @json_option
 def load_cmd(url, model, concurrency, rate, slo, no_stop, out, keep_requests, plot, as_json, **options) -> None:
     """Raise load step by step against an OpenAI-compatible server at URL; find the knee.
@@ -111,8 +150,13 @@ def load_cmd(url, model, concurrency, rate, slo, no_stop, out, keep_requests, pl
     from quantkit.load.config import build_config
 
     cfg = build_config(
-        url=url, model=model, concurrency=concurrency, rate=rate, slo=slo,
-        stop_at_saturation=not no_stop, **options,
+        url=url,
+        model=model,
+        concurrency=concurrency,
+        rate=rate,
+        slo=slo,
+        stop_at_saturation=not no_stop,
+        **options,
     )
     check_writable(out, "--out")
     check_writable(plot, "--plot")

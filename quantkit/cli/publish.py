@@ -14,8 +14,12 @@ from quantkit.cli._common import echo_json, json_option
 @click.option("--repo", required=True, help="ORG/NAME on the Hugging Face Hub.")
 @click.option("--private", is_flag=True, help="Create the repo private; refused when the repo exists and is public.")
 @click.option("--revision", default=None, help="Branch to upload to (created if missing).")
-@click.option("--dry-run", is_flag=True, help="Run every local check (repo id, verification, each file's sha256), list what "
-                                              "would be uploaded and show the model card; contact nothing, upload nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Run every local check (repo id, verification, each file's sha256), list what "
+    "would be uploaded and show the model card; contact nothing, upload nothing.",
+)
 @json_option
 def publish_cmd(artifact, repo, private, revision, dry_run, as_json):
     """Publish ARTIFACT (it must have passed verification and still match its sha256 manifest) to the Hub."""
@@ -31,12 +35,24 @@ def publish_cmd(artifact, repo, private, revision, dry_run, as_json):
     files = plan(path, meta)
     card = (path / "README.md").read_text(errors="replace")
     if as_json:
-        echo_json({"dry_run": True, "repo": repo, "private": private, "revision": revision or "main", "files": files,
-                   "bytes": sum(f["bytes"] for f in files), "verification": meta["verification"]["status"],
-                   "integrity": "every file matches its recorded sha256", "card": card})
+        echo_json(
+            {
+                "dry_run": True,
+                "repo": repo,
+                "private": private,
+                "revision": revision or "main",
+                "files": files,
+                "bytes": sum(f["bytes"] for f in files),
+                "verification": meta["verification"]["status"],
+                "integrity": "every file matches its recorded sha256",
+                "card": card,
+            }
+        )
         return
-    click.echo(f"would upload to {repo} ({'private' if private else 'public'}, revision {revision or 'main'}); "
-               f"{len(files)} files match the sha256 recorded at conversion:")
+    click.echo(
+        f"would upload to {repo} ({'private' if private else 'public'}, revision {revision or 'main'}); "
+        f"{len(files)} files match the sha256 recorded at conversion:"
+    )
     for f in files:
         click.echo(f"  {f['bytes'] / 1e6:10.2f} MB  {f['path']}")
     click.echo(f"  {sum(f['bytes'] for f in files) / 1e6:10.2f} MB  total\n\n--- README.md (model card) ---\n{card}")

@@ -8,7 +8,6 @@ import click
 
 from quantkit.cli._common import debug_enabled, echo_json, json_option, set_option
 
-
 include_option = click.option(
     "--include-dir",
     "include_dirs",
@@ -57,8 +56,13 @@ def validate(files: tuple[str, ...], overrides: tuple[str, ...], include_dirs: t
 
 
 @recipe_group.command("list")
-@click.option("--dir", "directory", default=None, type=click.Path(file_okay=False),
-              help="List the recipes in DIR instead of the built-in ones.")
+@click.option(
+    "--dir",
+    "directory",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="List the recipes in DIR instead of the built-in ones.",
+)
 @click.option("--studies", is_flag=True, help="List the built-in lever studies (quantkit levers NAME) instead.")
 @json_option
 def list_(directory: str | None, studies: bool, as_json: bool) -> None:
@@ -78,8 +82,14 @@ def list_(directory: str | None, studies: bool, as_json: bool) -> None:
         if not isinstance(data, dict):
             data = {"name": path.stem, "description": "(not a recipe)"}
         desc = str(data.get("description", "")).strip().splitlines()
-        rows.append({"name": data.get("name", path.stem), "file": str(path), "description": desc[0] if desc else "",
-                     "builtin": directory is None})
+        rows.append(
+            {
+                "name": data.get("name", path.stem),
+                "file": str(path),
+                "description": desc[0] if desc else "",
+                "builtin": directory is None,
+            }
+        )
     if as_json:
         echo_json({"recipes": rows})
         return

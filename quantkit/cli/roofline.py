@@ -7,8 +7,18 @@ import click
 from quantkit.cli._common import echo_json, int_list, json_option
 
 
-def predict(cfg: dict, device, bits_list, group_size: int, prompt_len: int, context: int, quantize_lm_head: bool) -> list[dict]:
-    from quantkit.core.roofline import Shape, decode_bytes, kv_bytes_per_token, prefill_bytes, prefill_flops, predict_ttft_s, quantized_layout
+def predict(
+    cfg: dict, device, bits_list, group_size: int, prompt_len: int, context: int, quantize_lm_head: bool
+) -> list[dict]:
+    from quantkit.core.roofline import (
+        Shape,
+        decode_bytes,
+        kv_bytes_per_token,
+        predict_ttft_s,
+        prefill_bytes,
+        prefill_flops,
+        quantized_layout,
+    )
 
     shape = Shape.from_config(cfg)
     rows = []
@@ -16,21 +26,35 @@ def predict(cfg: dict, device, bits_list, group_size: int, prompt_len: int, cont
         layout = quantized_layout(bits, group_size, True, quantize_lm_head)
         b = decode_bytes(shape, layout, context)
         tpot = b / device.bandwidth
-        ttft = predict_ttft_s(prefill_flops(shape, prompt_len), device.compute, prefill_bytes(shape, layout, prompt_len), device.bandwidth)
-        rows.append({
-            "bits": bits,
-            "bytes_per_token": b,
-            "kv_bytes_per_token": kv_bytes_per_token(shape, layout),
-            "predicted_tpot_ms": tpot * 1e3,
-            "tokens_per_s": 1.0 / tpot,
-            "predicted_ttft_ms": ttft * 1e3,
-        })
+        ttft = predict_ttft_s(
+            prefill_flops(shape, prompt_len), device.compute, prefill_bytes(shape, layout, prompt_len), device.bandwidth
+        )
+        rows.append(
+            {
+                "bits": bits,
+                "bytes_per_token": b,
+                "kv_bytes_per_token": kv_bytes_per_token(shape, layout),
+                "predicted_tpot_ms": tpot * 1e3,
+                "tokens_per_s": 1.0 / tpot,
+                "predicted_ttft_ms": ttft * 1e3,
+            }
+        )
     return rows
 
 
 @click.command("roofline")
-@click.option("--shape", "shape_name", required=True, help="A named shape (llama3-8b, mistral-7b, ...) or a config.json / model directory.")
-@click.option("--device", "device_name", default=None, help="A datasheet device (h200, h100, a100, l40s, rtx4090, ...); default: this machine's probe.")
+@click.option(
+    "--shape",
+    "shape_name",
+    required=True,
+    help="A named shape (llama3-8b, mistral-7b, ...) or a config.json / model directory.",
+)
+@click.option(
+    "--device",
+    "device_name",
+    default=None,
+    help="A datasheet device (h200, h100, a100, l40s, rtx4090, ...); default: this machine's probe.",
+)
 @click.option("--bits", default="16,8,4", show_default=True, help="Weight bit widths to compare.")
 @click.option("--group-size", default=128, show_default=True, type=int)
 @click.option("--prompt-len", default=256, show_default=True, type=int)
@@ -39,8 +63,8 @@ def predict(cfg: dict, device, bits_list, group_size: int, prompt_len: int, cont
 @json_option
 def roofline_cmd(shape_name, device_name, bits, group_size, prompt_len, context, quantize_lm_head, as_json):
     """Predicted batch-1 TPOT and TTFT floors for a model shape on a device."""
-    from quantkit.errors import QuantkitError
     from quantkit.core.hardware import get_device, shape_config
+    from quantkit.errors import QuantkitError
 
     bits_list = int_list(bits, "--bits")
     if any(b not in (2, 3, 4, 8, 16) for b in bits_list):
@@ -55,18 +79,31 @@ def roofline_cmd(shape_name, device_name, bits, group_size, prompt_len, context,
 
         device = cached_probe(resolve("auto"))  # this machine's default device, probed
     cfg = shape_config(shape_name)
-    rows = predict(cfg, device, bits_list, group_size, prompt_len, prompt_len if context is None else context, quantize_lm_head)
-    out = {"shape": shape_name, "device": device.name, "bandwidth_gbps": device.bandwidth / 1e9,
-           "compute_tflops": device.compute / 1e12, "device_source": device.source, "group_size": group_size,
-           "prompt_len": prompt_len, "rows": rows}
+    rows = predict(
+        cfg, device, bits_list, group_size, prompt_len, prompt_len if context is None else context, quantize_lm_head
+    )
+    out = {
+        "shape": shape_name,
+        "device": device.name,
+        "bandwidth_gbps": device.bandwidth / 1e9,
+        "compute_tflops": device.compute / 1e12,
+        "device_source": device.source,
+        "group_size": group_size,
+        "prompt_len": prompt_len,
+        "rows": rows,
+    }
     if as_json:
         echo_json(out)
         return
-    click.echo(f"{shape_name} on {device.name} ({device.bandwidth / 1e9:.0f} GB/s, {device.compute / 1e12:.1f} TFLOP/s)")
+    click.echo(
+        f"{shape_name} on {device.name} ({device.bandwidth / 1e9:.0f} GB/s, {device.compute / 1e12:.1f} TFLOP/s)"
+    )
     click.echo(f"{'bits':>4}  {'GB/token':>9}  {'KV kB/tok':>9}  {'TPOT ms':>8}  {'tok/s':>8}  {'TTFT ms':>8}")
     for r in rows:
-        click.echo(f"{r['bits']:>4}  {r['bytes_per_token'] / 1e9:>9.3f}  {r['kv_bytes_per_token'] / 1e3:>9.1f}  "
-                   f"{r['predicted_tpot_ms']:>8.3f}  {r['tokens_per_s']:>8.1f}  {r['predicted_ttft_ms']:>8.2f}")
+        click.echo(
+            f"{r['bits']:>4}  {r['bytes_per_token'] / 1e9:>9.3f}  {r['kv_bytes_per_token'] / 1e3:>9.1f}  "
+            f"{r['predicted_tpot_ms']:>8.3f}  {r['tokens_per_s']:>8.1f}  {r['predicted_ttft_ms']:>8.2f}"
+        )
 
 
 COMMANDS = [roofline_cmd]

@@ -13,28 +13,48 @@ from quantkit.cli.recipe import include_option
 @click.command("run")
 @click.argument("recipe_file", metavar="RECIPE")
 @click.option("--model", default=None, help="Source checkpoint (default: the recipe's model).")
-@click.option("--out", default=None, type=click.Path(file_okay=False), help="Run directory (default: runs/RECIPE_NAME).")
+@click.option(
+    "--out", default=None, type=click.Path(file_okay=False), help="Run directory (default: runs/RECIPE_NAME)."
+)
 @click.option("--calib", default=None, help="Calibration text SPEC (overrides the recipe).")
-@click.option("--eval-text", multiple=True, help="Evaluation text SPEC, repeatable: one report row per variant per text "
-              "(overrides the recipe's eval.texts).")
+@click.option(
+    "--eval-text",
+    multiple=True,
+    help="Evaluation text SPEC, repeatable: one report row per variant per text (overrides the recipe's eval.texts).",
+)
 @click.option("--skip-eval", is_flag=True)
 @click.option("--skip-bench", is_flag=True)
 @click.option("--rerun", is_flag=True, help="Redo every step instead of reusing finished ones.")
 @set_option
-@click.option("--plan", "plan_only", is_flag=True, help="Print every step's memory, disk and time from the headers, then exit without loading weights.")
+@click.option(
+    "--plan",
+    "plan_only",
+    is_flag=True,
+    help="Print every step's memory, disk and time from the headers, then exit without loading weights.",
+)
 @include_option
 @json_option
-def run_cmd(recipe_file, model, out, calib, eval_text, skip_eval, skip_bench, rerun, plan_only, overrides, include_dirs, as_json):
+def run_cmd(
+    recipe_file, model, out, calib, eval_text, skip_eval, skip_bench, rerun, plan_only, overrides, include_dirs, as_json
+):
     """Convert, verify, evaluate and benchmark every variant of RECIPE, then write a report."""
     from quantkit.artifacts.staging import recipe_inputs
     from quantkit.core.atomic import sigterm_as_interrupt
+    from quantkit.pipeline.run import Runner, RunOptions
     from quantkit.recipe.files import load_recipe
-    from quantkit.pipeline.run import RunOptions, Runner
 
     recipe = load_recipe(recipe_file, overrides, include_dirs)
-    opts = RunOptions(model=model, out=Path(out) if out else None, calib=calib, eval_text=tuple(eval_text),
-                      skip_eval=skip_eval, skip_bench=skip_bench, rerun=rerun, debug=debug_enabled(),
-                      inputs=tuple(recipe_inputs(recipe_file)))
+    opts = RunOptions(
+        model=model,
+        out=Path(out) if out else None,
+        calib=calib,
+        eval_text=tuple(eval_text),
+        skip_eval=skip_eval,
+        skip_bench=skip_bench,
+        rerun=rerun,
+        debug=debug_enabled(),
+        inputs=tuple(recipe_inputs(recipe_file)),
+    )
     if plan_only:
         from quantkit.cli._plan import show
         from quantkit.pipeline.plan import plan_run

@@ -15,6 +15,7 @@ recognised by its name and cleaned up by the next holder of NAME's lock (`recove
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import math
 import os
@@ -164,8 +165,6 @@ def exclusive(target: Path, what: str | None = None):
 
 
 def _acquire(lp: Path, what: str):
-    import fcntl
-
     while True:
         try:
             lp.parent.mkdir(parents=True, exist_ok=True)
@@ -176,7 +175,9 @@ def _acquire(lp: Path, what: str):
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fh.close()
-            raise QuantkitError(f"{what} is in use by another quantkit process{_holder(lp)}; wait for it to finish") from None
+            raise QuantkitError(
+                f"{what} is in use by another quantkit process{_holder(lp)}; wait for it to finish"
+            ) from None
         try:
             same = os.path.samestat(os.fstat(fh.fileno()), os.stat(lp))
         except FileNotFoundError:

@@ -13,10 +13,19 @@ llm-compressor 0.14's distributed calibration (below).
 
 from __future__ import annotations
 
+import datetime
 import os
-from contextlib import contextmanager
+import re
+import signal
+import sys
+import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
+import torch
+import torch.distributed as dist
+
+from quantkit.device import resolve
 from quantkit.errors import QuantkitError
 
 ENV_TIMEOUT = "QUANTKIT_DIST_TIMEOUT"  # seconds a rank waits in one collective for the others
@@ -48,8 +57,13 @@ class Group:
         return self.rank == 0
 
     def describe(self) -> dict:
-        return {"world_size": self.world_size, "backend": self.backend, "launcher": "torchrun",
-                "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")), "timeout_s": self.timeout_s}
+        return {
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "launcher": "torchrun",
+            "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
+            "timeout_s": self.timeout_s,
+        }
 
 
 def launched() -> bool:
@@ -73,24 +87,25 @@ COMMANDS = ("convert", "eval")  # what runs under torchrun; anything else would 
 
 def check_command(name: str | None) -> None:
     if launched() and name is not None and name not in COMMANDS:
-        raise QuantkitError(f"`quantkit {name}` does not run under torchrun (one copy per process would compete for the same "
-                            f"files); under torchrun: {', '.join(COMMANDS)}")
+        raise QuantkitError(
+            f"`quantkit {name}` does not run under torchrun (one copy per process would compete for the same "
+            f"files); under torchrun: {', '.join(COMMANDS)}"
+        )
 
 
 def rank_device(spec=None):
     """This rank's torch.device: a CUDA request means the GPU whose index is LOCAL_RANK (one
     process per GPU, as torchrun --nproc-per-node N expects); the CPU stays the CPU."""
-    import torch
-
-    from quantkit.device import resolve
 
     dev = resolve(spec)
     if dev.type != "cuda":
         return dev
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if spec not in (None, "auto", "cuda") and dev.index not in (None, local):
-        raise QuantkitError(f"--device {spec}: under torchrun each process takes the GPU of its LOCAL_RANK; "
-                            "pass --device cuda (or auto) and choose GPUs with CUDA_VISIBLE_DEVICES")
+        raise QuantkitError(
+            f"--device {spec}: under torchrun each process takes the GPU of its LOCAL_RANK; "
+            "pass --device cuda (or auto) and choose GPUs with CUDA_VISIBLE_DEVICES"
+        )
     return resolve(torch.device("cuda", local))
 
 
@@ -145,9 +160,6 @@ def exit_silently(code: int) -> None:
     one exits with an error, so a silent process that exited first could have the reporter stopped
     before it prints; instead this one waits for the reporter to exit and torchrun to stop it
     (SIGTERM, on which it exits with `code`), or at most REPORT_WAIT_S."""
-    import signal
-    import sys
-    import time
 
     def leave(signum, frame):
         sys.exit(code)
@@ -176,16 +188,13 @@ def session(device_spec=None):
 
 @contextmanager
 def _joined(device_spec, limit: float):
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
     dev = rank_device(device_spec)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=limit), device_id=dev if dev.type == "cuda" else None)
+    dist.init_process_group(
+        backend, timeout=datetime.timedelta(seconds=limit), device_id=dev if dev.type == "cuda" else None
+    )
     group = Group(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), backend, dev, limit)
     try:
         yield group
@@ -194,8 +203,6 @@ def _joined(device_spec, limit: float):
 
 
 def active() -> bool:
-    import torch.distributed as dist
-
     return dist.is_available() and dist.is_initialized()
 
 
@@ -206,7 +213,6 @@ def agree(error: BaseException | None, what: str) -> None:
         if error is not None:
             raise error
         return
-    import torch.distributed as dist
 
     mine = None if error is None else (_one_line(error), getattr(error, "exit_code", 1))
     everyone: list = [None] * dist.get_world_size()
@@ -238,7 +244,6 @@ def together(what: str):
 def claimed_by_writer(group, claim):
     """Hold `claim()` (a context manager: the lock on --out) on rank 0 alone, or in the one
     process outside torchrun; every rank learns whether taking it failed."""
-    from contextlib import ExitStack
 
     with ExitStack() as stack:
         with together("to claim --out"):
@@ -254,8 +259,6 @@ def _one_line(exc: BaseException) -> str:
 
 def barrier() -> None:
     if active():
-        import torch.distributed as dist
-
         dist.barrier()
 
 
@@ -279,8 +282,6 @@ def load_shared(load):
     compressed-tensors' `from_accelerate` puts rank 0's tensors in shared memory for all (what
     its `load_offloaded_model` does; called directly because quantkit's loader also reads
     transformers' loading info, which that wrapper cannot pass through)."""
-    import torch
-    import torch.distributed as dist
     from compressed_tensors.offload import from_accelerate
 
     model = load(torch.device("cpu" if dist.get_rank() == 0 else "meta"))
@@ -302,16 +303,15 @@ def calibration_share(samples):
     path (the ranks' datasets differ, so it does not partition again)."""
     if not active() or not samples:
         return samples
-    import re
 
     from llmcompressor.datasets.utils import get_rank_partition
 
     start, end = map(int, re.fullmatch(r"s\[(\d+):(\d+)\]", get_rank_partition("s", len(samples))).groups())
     if end <= start:
-        import torch.distributed as dist
-
-        raise QuantkitError(f"{len(samples)} calibration samples cannot be split across {dist.get_world_size()} processes "
-                            "(each needs at least one): raise calibration.samples or use fewer processes")
+        raise QuantkitError(
+            f"{len(samples)} calibration samples cannot be split across {dist.get_world_size()} processes "
+            "(each needs at least one): raise calibration.samples or use fewer processes"
+        )
     return samples[start:end]
 
 

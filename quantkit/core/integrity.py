@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path, PurePosixPath
 
 from quantkit.errors import QuantkitError
@@ -38,7 +39,6 @@ def _walk(root: Path):
 
 def manifest(root: Path, fsync: bool = True) -> dict:
     """sha256 and size of every regular file under root except quantkit.json (fsynced as it goes)."""
-    import stat
 
     files = {}
     for name, p, st in sorted(_walk(Path(root))):
@@ -54,7 +54,6 @@ def _hidden(name: str) -> bool:
 def problems(root: Path, files: dict, deep: bool = True) -> list[str]:
     """What differs between the artifact on disk and its manifest; [] when they agree.
     deep=False compares sizes only (cheap: a run's reuse check); publish hashes every byte."""
-    import stat
 
     root = Path(root)
     found: list[str] = []
@@ -75,7 +74,9 @@ def problems(root: Path, files: dict, deep: bool = True) -> list[str]:
         elif name not in seen:
             found.append(f"missing file {name}")
         elif (root / name).stat().st_size != rec.get("bytes"):
-            found.append(f"{name}: {(root / name).stat().st_size} bytes on disk, {rec.get('bytes')} recorded at conversion (changed or truncated)")
+            found.append(
+                f"{name}: {(root / name).stat().st_size} bytes on disk, {rec.get('bytes')} recorded at conversion (changed or truncated)"
+            )
         elif deep and sha256_file(root / name) != rec.get("sha256"):
             found.append(f"{name}: sha256 differs from the one recorded at conversion (changed or corrupt)")
     return found
@@ -85,8 +86,10 @@ def check(root: Path, meta: dict, deep: bool = True) -> None:
     """QuantkitError naming the first problem (and how many more) unless the artifact matches its manifest."""
     files = meta.get("files")
     if not isinstance(files, dict) or not files:
-        raise QuantkitError(f"{root}: no integrity manifest (`files` in {META}); only artifacts written by "
-                            "`quantkit convert` can be checked: convert it again")
+        raise QuantkitError(
+            f"{root}: no integrity manifest (`files` in {META}); only artifacts written by "
+            "`quantkit convert` can be checked: convert it again"
+        )
     if not any(n.endswith(".safetensors") for n in files):
         raise QuantkitError(f"{root}: its manifest records no weight file (*.safetensors)")
     found = problems(root, files, deep)

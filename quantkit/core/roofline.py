@@ -44,7 +44,14 @@ class Shape:
     def linears(self) -> dict[str, tuple[int, int]]:
         """(out_features, in_features) of each per-layer linear."""
         h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        mats = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q), "up_proj": (i, h), "down_proj": (h, i)}
+        mats = {
+            "q_proj": (q, h),
+            "k_proj": (kv, h),
+            "v_proj": (kv, h),
+            "o_proj": (h, q),
+            "up_proj": (i, h),
+            "down_proj": (h, i),
+        }
         if self.gated_mlp:
             mats["gate_proj"] = (i, h)
         return mats
@@ -98,7 +105,9 @@ def weight_bytes_per_token(shape: Shape, layout: Layout) -> float:
     embedding one row; the lm_head as a full matrix (for tied weights, the embedding table
     is read in full as the lm_head); norm weights.
     """
-    per_layer = sum(layout.overrides.get(name, layout.linear).bytes_for(o, i) for name, (o, i) in shape.linears().items())
+    per_layer = sum(
+        layout.overrides.get(name, layout.linear).bytes_for(o, i) for name, (o, i) in shape.linears().items()
+    )
     emb_row = shape.hidden * layout.embedding_bytes
     head = layout.lm_head.bytes_for(shape.vocab, shape.hidden)
     norms = (2 * shape.layers + 1) * shape.hidden * layout.norm_bytes
@@ -125,7 +134,11 @@ def decode_bytes(shape: Shape, layout: Layout, context_len: int) -> float:
 def mean_decode_bytes(shape: Shape, layout: Layout, prompt_len: int, gen_len: int) -> float:
     """Average over the timed decode steps (context prompt_len+1 .. prompt_len+gen_len-1)."""
     steps = range(prompt_len + 1, prompt_len + gen_len)
-    return float(np.mean([decode_bytes(shape, layout, c) for c in steps])) if gen_len > 1 else decode_bytes(shape, layout, prompt_len)
+    return (
+        float(np.mean([decode_bytes(shape, layout, c) for c in steps]))
+        if gen_len > 1
+        else decode_bytes(shape, layout, prompt_len)
+    )
 
 
 def prefill_flops(shape: Shape, prompt_len: int, logits_positions: int = 1) -> float:
@@ -181,7 +194,9 @@ def fit_rule(bytes_per_token: list[float], tpot_s: list[float]) -> dict:
     }
 
 
-def linear_bits_for_tpot(shape: Shape, tpot_s: float, bandwidth: float, context: int, layout: Layout = Layout()) -> float:
+def linear_bits_for_tpot(
+    shape: Shape, tpot_s: float, bandwidth: float, context: int, layout: Layout = Layout()
+) -> float:
     """The stored bits per decoder-linear weight (scales and zero points included) at which one
     decode step at `context` cached tokens reads tpot_s x bandwidth bytes: what the step may read
     once the lm_head, the embedding row, the norms and the KV cache (at the layout's precisions)
@@ -191,7 +206,9 @@ def linear_bits_for_tpot(shape: Shape, tpot_s: float, bandwidth: float, context:
     return (tpot_s * bandwidth - fixed) * 8 / (shape.layers * shape.layer_linear_params())
 
 
-def quantized_layout(bits: int, group_size: int = 128, symmetric: bool = True, quantize_lm_head: bool = False) -> Layout:
+def quantized_layout(
+    bits: int, group_size: int = 128, symmetric: bool = True, quantize_lm_head: bool = False
+) -> Layout:
     """A what-if layout: layer linears at `bits` with fp16 scales per group (16 = unquantized).
     8 bits per channel is INT8 and FP8 E4M3 alike: one byte per weight and a 16-bit scale per
     output channel (compressed-tensors stores both so; FP8's dynamic activation scales are

@@ -40,8 +40,10 @@ def message(err: dict) -> str:
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}"
     if kind == "string_pattern_mismatch" and err["loc"] and err["loc"][-1] == "name":
-        return ("must be a plain name (letters, digits, '.', '_', '-', starting with a letter or digit, at most 100): "
-                "it names a directory")
+        return (
+            "must be a plain name (letters, digits, '.', '_', '-', starting with a letter or digit, at most 100): "
+            "it names a directory"
+        )
     msg = err["msg"]
     return msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg[:1].lower() + msg[1:]
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import pickle
 from pathlib import Path
 
+import torch
+
+from quantkit.core.atomic import write_bytes
 from quantkit.data import mix
 from quantkit.data.samples import CalibrationSet, duplicate_fraction, seeded_windows, window_batch
 from quantkit.data.text import TextSpec, parse_spec, read_text, region_windows, tokenize_stream
@@ -14,7 +18,9 @@ from quantkit.errors import DataError
 from quantkit.home import subdir
 
 
-def from_text(tokenizer, spec: TextSpec, *, samples: int, seq_len: int, seed: int, region: str, chat_template: bool) -> CalibrationSet:
+def from_text(
+    tokenizer, spec: TextSpec, *, samples: int, seq_len: int, seed: int, region: str, chat_template: bool
+) -> CalibrationSet:
     text = read_text(spec)
     stream = tokenize_stream(tokenizer, text.text)
     windows = region_windows(len(stream), seq_len, region)
@@ -39,7 +45,9 @@ def from_text(tokenizer, spec: TextSpec, *, samples: int, seq_len: int, seed: in
     return CalibrationSet(batch, manifest)
 
 
-def self_text(model, tokenizer, *, samples: int, seq_len: int, seed: int, chat_template: bool, model_hash: str) -> CalibrationSet:
+def self_text(
+    model, tokenizer, *, samples: int, seq_len: int, seed: int, chat_template: bool, model_hash: str
+) -> CalibrationSet:
     """Data-free calibration: the FP model writes its own text (seeded sampling, temperature 1).
 
     Sequences start from BOS (or an empty chat turn) and are sampled in one batch; cached on
@@ -70,7 +78,6 @@ def self_text(model, tokenizer, *, samples: int, seq_len: int, seed: int, chat_t
 
 def _cached_samples(cache: Path, samples: int, seq_len: int):
     """The cached generated samples, or None when absent or unreadable (a damaged cache is regenerated)."""
-    import torch
 
     if not cache.is_file():
         return None
@@ -84,12 +91,6 @@ def _cached_samples(cache: Path, samples: int, seq_len: int):
 
 
 def _save_samples(cache: Path, batch) -> None:
-    import io
-
-    import torch
-
-    from quantkit.core.atomic import write_bytes
-
     buf = io.BytesIO()
     torch.save(torch.stack([b[0] for b in batch]), buf)
     write_bytes(cache, buf.getvalue())
@@ -101,7 +102,9 @@ def check_source(spec_str: str | None, key: str) -> None:
     Reading it here costs a second read of a file; an offline `hf:` source or a binary file
     otherwise fails only after the model has loaded (minutes on a large one)."""
     if not spec_str:
-        raise DataError(f"{key}: this variant needs calibration text: set calibration.source in the recipe or pass --calib file:PATH (or --calib self)")
+        raise DataError(
+            f"{key}: this variant needs calibration text: set calibration.source in the recipe or pass --calib file:PATH (or --calib self)"
+        )
     spec = parse_spec(spec_str)
     if spec.kind == "mix":
         mix.check(spec.set_name)
@@ -110,10 +113,10 @@ def check_source(spec_str: str | None, key: str) -> None:
 
 
 def _generate(model, tokenizer, samples: int, seq_len: int, seed: int, chat_template: bool, batch_size: int = 32):
-    import torch
-
     if chat_template:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Write something."}], add_generation_prompt=True, return_dict=False)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Write something."}], add_generation_prompt=True, return_dict=False
+        )
         prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
     else:
         bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
@@ -140,15 +143,45 @@ def _generate(model, tokenizer, samples: int, seq_len: int, seed: int, chat_temp
     return out
 
 
-def build(model_path: Path, tokenizer, spec_str: str, *, samples: int, seq_len: int, seed: int, region: str,
-          chat_template: bool, model=None, model_hash: str = "") -> CalibrationSet:
+def build(
+    model_path: Path,
+    tokenizer,
+    spec_str: str,
+    *,
+    samples: int,
+    seq_len: int,
+    seed: int,
+    region: str,
+    chat_template: bool,
+    model=None,
+    model_hash: str = "",
+) -> CalibrationSet:
     """A calibration set from a text SPEC; `self` needs the loaded FP model."""
     spec = parse_spec(spec_str)
     if spec.kind == "self":
         if model is None:
             raise DataError("the 'self' calibration source needs the source model")
-        return self_text(model, tokenizer, samples=samples, seq_len=seq_len, seed=seed, chat_template=chat_template, model_hash=model_hash)
+        return self_text(
+            model,
+            tokenizer,
+            samples=samples,
+            seq_len=seq_len,
+            seed=seed,
+            chat_template=chat_template,
+            model_hash=model_hash,
+        )
     if spec.kind == "mix":
-        return mix.build_mix(tokenizer, spec.set_name, samples=samples, seq_len=seq_len, seed=seed, region=region,
-                         chat_template=chat_template, model=model, model_hash=model_hash)
-    return from_text(tokenizer, spec, samples=samples, seq_len=seq_len, seed=seed, region=region, chat_template=chat_template)
+        return mix.build_mix(
+            tokenizer,
+            spec.set_name,
+            samples=samples,
+            seq_len=seq_len,
+            seed=seed,
+            region=region,
+            chat_template=chat_template,
+            model=model,
+            model_hash=model_hash,
+        )
+    return from_text(
+        tokenizer, spec, samples=samples, seq_len=seq_len, seed=seed, region=region, chat_template=chat_template
+    )

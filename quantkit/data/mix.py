@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from quantkit.data.chat import chat_stream, read_prompts
 from quantkit.data.mixconfig import MixConfig, MixPart, load_mix, mix_file
 from quantkit.data.samples import CalibrationSet, duplicate_fraction, seeded_windows, window_batch
 from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
@@ -41,7 +42,11 @@ def fingerprint(name: str) -> str:
             spec = parse_spec(part.source)
             h.update(f"{part.source}:{spec.expect_sha256 or spec.path}".encode())
         else:
-            h.update((calib_data_dir() / part.chat.prompts).read_bytes() if (calib_data_dir() / part.chat.prompts).is_file() else b"")
+            h.update(
+                (calib_data_dir() / part.chat.prompts).read_bytes()
+                if (calib_data_dir() / part.chat.prompts).is_file()
+                else b""
+            )
     return h.hexdigest()
 
 
@@ -62,19 +67,32 @@ def _has_chat(tok) -> bool:
     return bool(getattr(tok, "chat_template", None))
 
 
-def streams(mix: MixConfig, tok, *, model=None, model_hash: str = "", seed: int = 0,
-            chat_tokens: dict[str, int] | None = None) -> tuple[list[Stream], list[dict]]:
+def streams(
+    mix: MixConfig, tok, *, model=None, model_hash: str = "", seed: int = 0, chat_tokens: dict[str, int] | None = None
+) -> tuple[list[Stream], list[dict]]:
     """One token stream per available part, and the parts left out (with why). `chat_tokens`: how
     many tokens each generated part must hold at least (by part name; absent: all its prompts)."""
-    from quantkit.data.chat import chat_stream
 
     out, left_out = [], []
     for part in mix.parts:
         if part.chat is not None:  # a base model has no chat template, and no chat to imitate
             reason = None if _has_chat(tok) else "the tokenizer has no chat template"
-            s = None if reason else Stream(part, *chat_stream(model, tok, part.chat, calib_data_dir() / part.chat.prompts,
-                                                               seed=seed, model_hash=model_hash,
-                                                               tokens_needed=(chat_tokens or {}).get(part.name)))
+            s = (
+                None
+                if reason
+                else Stream(
+                    part,
+                    *chat_stream(
+                        model,
+                        tok,
+                        part.chat,
+                        calib_data_dir() / part.chat.prompts,
+                        seed=seed,
+                        model_hash=model_hash,
+                        tokens_needed=(chat_tokens or {}).get(part.name),
+                    ),
+                )
+            )
         else:
             s, reason = text_stream(part, tok), None
         if s is None:
@@ -113,7 +131,6 @@ def allocate(weights: list[float], total: int, capacity: list[int | None] | None
     return counts
 
 
-
 def _text_windows(tokenizer, s: Stream, n: int, seq_len: int, seed: int, region: str, chat_template: bool):
     """n seeded windows of one part's stream (as calib.from_text chooses them) and their starts."""
     chosen = seeded_windows(region_windows(len(s.tokens), seq_len, region), n, seed)
@@ -121,8 +138,18 @@ def _text_windows(tokenizer, s: Stream, n: int, seq_len: int, seed: int, region:
     return window_batch(tokenizer, s.tokens, chosen, seq_len, wrap), [a for a, _ in chosen]
 
 
-def build_mix(tokenizer, name: str, *, samples: int, seq_len: int, seed: int, region: str, chat_template: bool,
-              model=None, model_hash: str = ""):
+def build_mix(
+    tokenizer,
+    name: str,
+    *,
+    samples: int,
+    seq_len: int,
+    seed: int,
+    region: str,
+    chat_template: bool,
+    model=None,
+    model_hash: str = "",
+):
     """A CalibrationSet from `mix:NAME`; the manifest lists every part with its windows and hashes."""
     mix = load_mix(name)
     # A generated part is generated only as far as its windows need: its share of the samples,
@@ -138,19 +165,38 @@ def build_mix(tokenizer, name: str, *, samples: int, seq_len: int, seed: int, re
     for s, want, n in zip(parts, asked, counts):
         got, starts = _text_windows(tokenizer, s, n, seq_len, seed, s.part.region or region, chat_template)
         batch += got
-        records.append({"name": s.part.name, "domain": s.part.domain, "license": s.part.license, "weight": s.part.weight,
-                        "share": round(s.part.weight / sum(weights), 4), **s.provenance, "region": s.part.region or region, "seq_len": seq_len,
-                        "stream_tokens": len(s.tokens), "requested_samples": want, "samples": len(got), "window_starts": starts})
+        records.append(
+            {
+                "name": s.part.name,
+                "domain": s.part.domain,
+                "license": s.part.license,
+                "weight": s.part.weight,
+                "share": round(s.part.weight / sum(weights), 4),
+                **s.provenance,
+                "region": s.part.region or region,
+                "seq_len": seq_len,
+                "stream_tokens": len(s.tokens),
+                "requested_samples": want,
+                "samples": len(got),
+                "window_starts": starts,
+            }
+        )
     if not batch:
         raise DataError(f"mix:{name}: no part holds one {seq_len}-token window in region {region}")
     if len(batch) < samples:  # every part is full: say so, the manifest records both numbers
-        note(f"calibration mix: {len(batch)} of {samples} windows delivered (every part's region holds fewer "
-             f"{seq_len}-token windows than its share)")
+        note(
+            f"calibration mix: {len(batch)} of {samples} windows delivered (every part's region holds fewer "
+            f"{seq_len}-token windows than its share)"
+        )
     manifest = {
         "source": f"mix:{name}",
         "kind": "mix",
-        "mix": {"name": name, "file": f"calib_data/mix/{name}.yaml", "sha256": hashlib.sha256(mix_file(name).read_bytes()).hexdigest(),
-                "description": mix.description},
+        "mix": {
+            "name": name,
+            "file": f"calib_data/mix/{name}.yaml",
+            "sha256": hashlib.sha256(mix_file(name).read_bytes()).hexdigest(),
+            "description": mix.description,
+        },
         "seq_len": seq_len,
         "samples": len(batch),
         "requested_samples": samples,
@@ -168,7 +214,6 @@ def build_mix(tokenizer, name: str, *, samples: int, seq_len: int, seed: int, re
 
 def check(name: str) -> None:
     """Before any model loads: the mix is valid and every text part is there and intact."""
-    from quantkit.data.chat import read_prompts
 
     mix = load_mix(name)
     for part in mix.parts:

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from quantkit.core.yamlio import format_validation_error
@@ -68,8 +69,6 @@ def mix_file(name: str) -> Path:
 
 
 def load_mix(name: str) -> MixConfig:
-    import yaml
-
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise DataError(f"mix:{name}: a mix is named by a plain name (a file in {calib_data_dir() / 'mix'})")
     path = mix_file(name)

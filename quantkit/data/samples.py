@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import torch
+
 from quantkit.errors import DataError
 
 
@@ -31,7 +33,6 @@ def duplicate_fraction(samples) -> float:
 
 def seeded_windows(spans: list[tuple[int, int]], n: int, seed: int) -> list[tuple[int, int]]:
     """n of the [start, end) spans, picked by a permutation seeded with `seed`, in stream order."""
-    import torch
 
     order = torch.randperm(len(spans), generator=torch.Generator().manual_seed(seed)).tolist()[:n]
     return sorted(spans[i] for i in order)
@@ -47,8 +48,6 @@ def window_batch(tokenizer, stream, chosen: list[tuple[int, int]], seq_len: int,
 
 
 def chat_wrap(tokenizer, windows_text: list[str], seq_len: int) -> list:
-    import torch
-
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("calibration.chat_template: the model's tokenizer has no chat template")
     out = []

@@ -10,12 +10,19 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import httpx
+import torch
+import yaml
+from huggingface_hub import constants
 
 from quantkit.data.mixconfig import load_mix
 from quantkit.errors import DataError, OfflineError
+from quantkit.progress import note
 from quantkit.resources import calib_data_dir
 
 REGIONS = ("all", "first-half", "second-half")
@@ -44,16 +51,15 @@ class TextSpec:
 def _from_manifest(name: str) -> TextSpec:
     """`set:NAME` -> calib_data/NAME.yaml; a relative file: path is relative to the manifest's directory
     (or, where nothing lies there, to its parent: the older layout)."""
-    import yaml
-
-    from dataclasses import replace
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise DataError(f"set:{name}: a set is named by a plain name (a manifest in {calib_data_dir()})")
     manifest = calib_data_dir() / f"{name}.yaml"
     if not manifest.is_file():
         known = sorted(p.stem for p in calib_data_dir().glob("*.yaml"))
-        raise DataError(f"set:{name}: no manifest {manifest.name} in {calib_data_dir()} (known: {', '.join(known) or 'none'})")
+        raise DataError(
+            f"set:{name}: no manifest {manifest.name} in {calib_data_dir()} (known: {', '.join(known) or 'none'})"
+        )
     try:
         data = yaml.safe_load(manifest.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError):
@@ -72,15 +78,16 @@ def _from_manifest(name: str) -> TextSpec:
 def local_source(name: str, manifest: dict) -> str:
     """A manifest's source; `file:$VAR` names a text the user keeps where VAR says (a text quantkit
     may not ship, such as share-alike WikiText): unset, it is one line saying what to set."""
-    import os
 
     source = manifest["source"]
     var = re.fullmatch(r"file:\$\{?([A-Z_][A-Z0-9_]*)\}?", source)
     if var is None:
         return source
     if not os.environ.get(var.group(1)):
-        raise DataError(f"set:{name}: not shipped with quantkit ({manifest.get('license') or 'its licence'}); "
-                        f"set {var.group(1)} to the path of your copy ({manifest.get('description', '').strip()})")
+        raise DataError(
+            f"set:{name}: not shipped with quantkit ({manifest.get('license') or 'its licence'}); "
+            f"set {var.group(1)} to the path of your copy ({manifest.get('description', '').strip()})"
+        )
     return "file:" + os.environ[var.group(1)]
 
 
@@ -114,7 +121,9 @@ def parse_spec(spec: str) -> TextSpec:
         if len(parts) == 3 and all(parts):
             return TextSpec("hf", dataset=parts[0], config=parts[1], split=parts[2])
         raise DataError(f"{spec}: expected hf:DATASET[:CONFIG]:SPLIT")
-    raise DataError(f"{spec}: unknown text source; use file:PATH, hf:DATASET[:CONFIG]:SPLIT, set:NAME, mix:NAME or self")
+    raise DataError(
+        f"{spec}: unknown text source; use file:PATH, hf:DATASET[:CONFIG]:SPLIT, set:NAME, mix:NAME or self"
+    )
 
 
 @dataclass
@@ -155,10 +164,11 @@ def check_text(text: str, replaced: int, where: str) -> dict:
             f"{where}: not UTF-8 text: {bad} of {len(text)} characters are invalid UTF-8 or control characters "
             f"(a binary file, or another encoding?); convert it to UTF-8"
         )
-    from quantkit.progress import note
 
-    note(f"warning: {where}: {bad} of {len(text)} characters are invalid UTF-8 or control characters "
-         f"({replaced} replaced with U+FFFD); using the text, recorded as bad_characters")
+    note(
+        f"warning: {where}: {bad} of {len(text)} characters are invalid UTF-8 or control characters "
+        f"({replaced} replaced with U+FFFD); using the text, recorded as bad_characters"
+    )
     return {"bad_characters": bad}
 
 
@@ -193,7 +203,9 @@ def _read_parquet(path: Path) -> str:
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise DataError(f"{path}: not a readable parquet file ({' '.join(str(exc).split())[:160]})") from None
     if "text" not in table.column_names:
-        raise DataError(f"{path}: parquet file has no 'text' column (columns: {', '.join(table.column_names) or 'none'})")
+        raise DataError(
+            f"{path}: parquet file has no 'text' column (columns: {', '.join(table.column_names) or 'none'})"
+        )
     kind = table.schema.field("text").type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise DataError(f"{path}: the parquet 'text' column holds {kind}, not strings")
@@ -220,8 +232,6 @@ HUB_TIMEOUT_S = 5.0
 
 def check_hub_reachable(spec: TextSpec, timeout: float = HUB_TIMEOUT_S) -> None:
     """An `hf:` source needs the Hub unless HF_HUB_OFFLINE=1 (then `datasets` reads its cache, or fails at once)."""
-    import httpx
-    from huggingface_hub import constants
 
     if constants.is_offline_mode():
         return
@@ -242,9 +252,13 @@ def _read_hub(spec: TextSpec) -> Text:
 
         ds = datasets.load_dataset(spec.dataset, spec.config, split=spec.split)
     except (ConnectionError, OSError) as exc:
-        raise OfflineError(f"{spec}: cannot load from the Hugging Face Hub ({type(exc).__name__}); use file:PATH offline") from None
+        raise OfflineError(
+            f"{spec}: cannot load from the Hugging Face Hub ({type(exc).__name__}); use file:PATH offline"
+        ) from None
     except ValueError as exc:
-        raise DataError(f"{spec}: {str(exc).splitlines()[0][:160] if str(exc).strip() else type(exc).__name__}") from None
+        raise DataError(
+            f"{spec}: {str(exc).splitlines()[0][:160] if str(exc).strip() else type(exc).__name__}"
+        ) from None
     if "text" not in ds.column_names:
         raise DataError(f"{spec}: dataset has no 'text' column")
     rows = [t for t in ds["text"] if t]
@@ -267,7 +281,9 @@ def read_text(spec: TextSpec) -> Text:
         raw = _read_bytes(path)
         digest = hashlib.sha256(raw).hexdigest()
         if spec.expect_sha256 and digest != spec.expect_sha256:
-            raise DataError(f"set:{spec.set_name}: {path} has sha256 {digest[:12]}…, the manifest says {spec.expect_sha256[:12]}…")
+            raise DataError(
+                f"set:{spec.set_name}: {path} has sha256 {digest[:12]}…, the manifest says {spec.expect_sha256[:12]}…"
+            )
         text, replaced = _read_file(path, raw)
         prov = {"source": str(spec), "sha256": digest, "bytes": len(raw)}
         prov.update(check_text(text, replaced, str(path)))
@@ -277,11 +293,13 @@ def read_text(spec: TextSpec) -> Text:
     if spec.kind == "hf":
         return _read_hub(spec)
     if spec.kind == "mix":
-        raise DataError(f"{spec}: a calibration mix of several texts, not one text; use one of its parts (set:NAME or file:PATH)")
+        raise DataError(
+            f"{spec}: a calibration mix of several texts, not one text; use one of its parts (set:NAME or file:PATH)"
+        )
     raise DataError("the 'self' source is generated by the model; it has no raw text")
 
 
-def check_source(spec_str: str) -> None:
+def check_readable(spec_str: str) -> None:
     """Read a file: or hf: source now (it exists, it is text, the Hub answers), so that a bad one
     fails before any model is loaded rather than after."""
     spec = parse_spec(spec_str)
@@ -315,13 +333,16 @@ def shortfall(got: int, wanted: int, seq_len: int, region: str, stream_tokens: i
     if got >= wanted:
         return None
     where = "the text" if region == "all" else f"the {region.replace('-', ' ')} of the text"
-    size = f" ({stream_tokens // (1 if region == 'all' else 2):,} of its {stream_tokens:,} tokens)" if stream_tokens else ""
+    size = (
+        f" ({stream_tokens // (1 if region == 'all' else 2):,} of its {stream_tokens:,} tokens)"
+        if stream_tokens
+        else ""
+    )
     return f"{got} of the {wanted} windows asked for: {where}{size} holds only {got} windows of {seq_len} tokens"
 
 
 def tokenize_stream(tokenizer, text: str, chunk_chars: int = 1 << 16):
     """The whole text as one 1-D token tensor (no special tokens), tokenized in line-aligned chunks."""
-    import torch
 
     ids: list[int] = []
     start = 0

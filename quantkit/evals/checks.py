@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantkit.errors import DataError
 from quantkit.data.text import overlaps
+from quantkit.errors import DataError
 from quantkit.evals.perplexity import vocab_fingerprint
 from quantkit.models.checkpoint import read_config, read_json
 
@@ -21,7 +21,9 @@ SELF_SEED = 1234  # the seed of `--text self` windows
 def check_same_vocab(model_path: Path, base_path: Path, tok_model, tok_base) -> str:
     fp_m, fp_b = vocab_fingerprint(tok_model), vocab_fingerprint(tok_base)
     if fp_m != fp_b:
-        raise DataError(f"tokenizer mismatch: {model_path} and {base_path} have different vocabularies; KL and agreement need identical tokens")
+        raise DataError(
+            f"tokenizer mismatch: {model_path} and {base_path} have different vocabularies; KL and agreement need identical tokens"
+        )
     v_m, v_b = read_config(model_path).get("vocab_size"), read_config(base_path).get("vocab_size")
     if v_m != v_b:
         raise DataError(f"vocabulary size mismatch: {model_path} has {v_m}, {base_path} has {v_b}")
@@ -43,13 +45,23 @@ def fitted_texts(meta: dict) -> list[dict]:
     step that fits on text records its windows in quantkit.json and is listed here."""
     out: list[dict] = []
     rec = ((meta.get("gqa") or {}).get("recover") or {}).get("windows")
-    for what, record, keys in (("calibration", meta.get("calibration"), ("window_starts",)),
-                               ("GQA recovery", rec, ("train_starts", "heldout_starts"))):
+    for what, record, keys in (
+        ("calibration", meta.get("calibration"), ("window_starts",)),
+        ("GQA recovery", rec, ("train_starts", "heldout_starts")),
+    ):
         for r in _with_parts(record):
             for key in keys:
                 label = {"train_starts": f"{what} training", "heldout_starts": f"{what} held-out"}.get(key, what)
-                out.append({"what": label, "source": r.get("source"), "sha256": r.get("sha256"), "seq_len": r.get("seq_len"),
-                            "starts": r.get(key) or [], "seed": r.get("seed") if key == "window_starts" else None})
+                out.append(
+                    {
+                        "what": label,
+                        "source": r.get("source"),
+                        "sha256": r.get("sha256"),
+                        "seq_len": r.get("seq_len"),
+                        "starts": r.get(key) or [],
+                        "seed": r.get("seed") if key == "window_starts" else None,
+                    }
+                )
     return out
 
 
@@ -81,8 +93,12 @@ def check_disjoint_from_fitted(model_path: Path, meta: dict, windows) -> dict:
                 f"{hit} of {len(ev)} evaluation windows overlap the {r['what']} windows of {model_path} (same text: "
                 f"{r['source']}); evaluate on another region (--region first-half) or text, or pass --allow-overlap"
             )
-    return {"fitted_texts": [{k: r[k] for k in ("what", "source", "sha256")} | {"windows": len(r["starts"])} for r in records],
-            "overlap": False}
+    return {
+        "fitted_texts": [
+            {k: r[k] for k in ("what", "source", "sha256")} | {"windows": len(r["starts"])} for r in records
+        ],
+        "overlap": False,
+    }
 
 
 def check_baseline(model_path: Path, base_path: Path, meta: dict, base_hash: str, mismatch_ok: bool) -> dict:
@@ -95,4 +111,9 @@ def check_baseline(model_path: Path, base_path: Path, meta: dict, base_hash: str
             f"--baseline {base_path} (sha256 {base_hash[:12]}) is not the checkpoint {model_path} was converted from "
             f"({meta['source'].get('path')}, sha256 {recorded[:12]}); pass that one, or --baseline-mismatch-ok to compare anyway"
         )
-    return {"artifact_source_sha256": recorded, "baseline_sha256": base_hash, "match": match, "mismatch_ok": mismatch_ok}
+    return {
+        "artifact_source_sha256": recorded,
+        "baseline_sha256": base_hash,
+        "match": match,
+        "mismatch_ok": mismatch_ok,
+    }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from quantkit.data.text import configured, content_key, parse_spec
 from quantkit.errors import DataError
 
 # The default domains: encyclopedic prose whose first half no calibration reads (the mix calibrates
@@ -38,7 +39,6 @@ def labelled(specs, option: str = "--text") -> list[tuple[str, str]]:
     two SPECs naming the same content (a symlink, a byte-identical copy, a set and its file:
     text.content_key), which would be scored as two domains - and two different texts with one
     name (two files called eval.txt) are told apart by a suffix."""
-    from quantkit.data.text import content_key
 
     out: list[tuple[str, str]] = []
     seen: dict[str, str] = {}
@@ -53,7 +53,9 @@ def labelled(specs, option: str = "--text") -> list[tuple[str, str]]:
         first = next((s for s, k in seen.items() if key is not None and k == key), None)
         if first is not None:
             same = f" (sha256 {key[7:19]}…)" if key.startswith("sha256:") else ""
-            raise DataError(f"{option} {spec} is the same text as {option} {first}{same}; each domain is evaluated once")
+            raise DataError(
+                f"{option} {spec} is the same text as {option} {first}{same}; each domain is evaluated once"
+            )
         seen[spec] = key
         label, n = label_of(spec), 2
         while label in seen_labels:
@@ -66,7 +68,6 @@ def labelled(specs, option: str = "--text") -> list[tuple[str, str]]:
 
 def _available(name: str) -> bool:
     """The set's manifest exists and its file is on this machine."""
-    from quantkit.data.text import configured, parse_spec
 
     if not configured(name):
         return False
@@ -79,6 +80,8 @@ def default_texts() -> list[str]:
     line when fewer than two can be found (a calib_data/ removed from an install)."""
     found = [f"set:{n}" for n in DEFAULT_SETS if _available(n)]
     if len(found) < MIN_DEFAULT_DOMAINS:
-        raise DataError(f"no --text given and only {len(found)} of the default domains ({', '.join(DEFAULT_SETS)}) "
-                        "are installed; pass --text SPEC (repeatable)")
+        raise DataError(
+            f"no --text given and only {len(found)} of the default domains ({', '.join(DEFAULT_SETS)}) "
+            "are installed; pass --text SPEC (repeatable)"
+        )
     return found + [f"set:{n}" for n in CONFIGURED_SETS if _available(n)]

@@ -30,8 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
+from quantkit.core.atomic import write_json
 from quantkit.errors import DataError
+from quantkit.evals.scorers.vllm import run_dtype
+from quantkit.external import vllm_env, vllm_tasks
 from quantkit.home import subdir
+from quantkit.resources import eval_tasks_dir
 
 METRICS = ("acc", "acc_norm", "exact_match")
 MAX_LENGTH = 2048  # the context lm-eval's backends get (a model's own, when shorter)
@@ -84,15 +90,12 @@ def check_backend(backend: str, tensor_parallel: int, data_parallel: int) -> Non
 
 
 def local_tasks_dir() -> Path | None:
-    from quantkit.resources import eval_tasks_dir
-
     tasks = eval_tasks_dir()
     return tasks if tasks.is_dir() else None
 
 
 def _rewrite_include(src: Path, dest: Path) -> None:
     """Copy task YAMLs, making relative data_files absolute (relative to the repo root, else the YAML)."""
-    import yaml
 
     for f in src.glob("*.yaml"):
         text = f.read_text()
@@ -129,8 +132,12 @@ def _hf_lm(run: TaskRun, path: Path, model, tok):
     if world_size() > 1:
         return HFLM(pretrained=str(path), dtype=run.dtype, batch_size=batch, trust_remote_code=run.trust_remote_code)
     model = model()
-    return HFLM(pretrained=model, tokenizer=tok, batch_size=batch,
-                max_length=min(MAX_LENGTH, getattr(model.config, "max_position_embeddings", MAX_LENGTH)))
+    return HFLM(
+        pretrained=model,
+        tokenizer=tok,
+        batch_size=batch,
+        max_length=min(MAX_LENGTH, getattr(model.config, "max_position_embeddings", MAX_LENGTH)),
+    )
 
 
 def _hf_evaluate(run: TaskRun, path: Path, model, tok, manager, files: TaskFiles) -> dict | None:
@@ -143,23 +150,30 @@ def _hf_evaluate(run: TaskRun, path: Path, model, tok, manager, files: TaskFiles
     except ValueError as exc:  # e.g. a group together with one of its own tasks
         raise DataError(f"lm-eval rejected the task list: {str(exc).splitlines()[0][:160]}") from None
     except (ConnectionError, OSError) as exc:
-        raise DataError(f"lm-eval could not load a task's data ({type(exc).__name__}: {str(exc)[:120]}); offline, use the local tasks in evals/") from None
+        raise DataError(
+            f"lm-eval could not load a task's data ({type(exc).__name__}: {str(exc)[:120]}); offline, use the local tasks in evals/"
+        ) from None
 
 
 def _vllm_evaluate(run: TaskRun, path: Path, model, tok, manager, files: TaskFiles) -> dict:
     """simple_evaluate on lm-eval's VLLM, in a worker in vLLM's environment (external/vllm_tasks.py):
     the same task files, settings and seeds; the error of vLLM or lm-eval there is one line."""
-    from quantkit.evals.scorers.vllm import run_dtype
-    from quantkit.external import vllm_tasks
 
-    args, env = vllm_tasks.model_args(path, run_dtype(path, run.dtype), run.device, MAX_LENGTH, run.tensor_parallel,
-                                      run.data_parallel, run.trust_remote_code)
-    return vllm_tasks.evaluate(args, env, run.tasks, files.include_path, files.include_defaults, evaluate_args(run), METRICS)
+    args, env = vllm_tasks.model_args(
+        path,
+        run_dtype(path, run.dtype),
+        run.device,
+        MAX_LENGTH,
+        run.tensor_parallel,
+        run.data_parallel,
+        run.trust_remote_code,
+    )
+    return vllm_tasks.evaluate(
+        args, env, run.tasks, files.include_path, files.include_defaults, evaluate_args(run), METRICS
+    )
 
 
 def _vllm_installed() -> None:
-    from quantkit.external import vllm_env
-
     vllm_env.require_lm_eval("--tasks-backend vllm")
 
 
@@ -175,8 +189,11 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {
-    "hf": Backend(_hf_evaluate, no_parallel_sizes="--tensor-parallel/--data-parallel are vLLM's (--tasks-backend vllm); the hf "
-                  "backend runs data parallel when launched with `accelerate launch --num_processes N -m quantkit eval ...`"),
+    "hf": Backend(
+        _hf_evaluate,
+        no_parallel_sizes="--tensor-parallel/--data-parallel are vLLM's (--tasks-backend vllm); the hf "
+        "backend runs data parallel when launched with `accelerate launch --num_processes N -m quantkit eval ...`",
+    ),
     "vllm": Backend(_vllm_evaluate, check=_vllm_installed),
 }
 
@@ -184,8 +201,15 @@ BACKENDS: dict[str, Backend] = {
 def evaluate_args(run: TaskRun) -> dict:
     """simple_evaluate's settings, the same on every backend: the limit, per-sample logs (for the
     paired deltas), no bootstrap, every seed fixed."""
-    return dict(limit=run.limit, log_samples=True, bootstrap_iters=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
-                fewshot_random_seed=0)
+    return dict(
+        limit=run.limit,
+        log_samples=True,
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )
 
 
 def _task_manager(tasks: tuple[str, ...], include: str | None):
@@ -193,15 +217,19 @@ def _task_manager(tasks: tuple[str, ...], include: str | None):
     from lm_eval.tasks import TaskManager
 
     files = TaskFiles(include, False)
-    manager = TaskManager(include_path=include, include_defaults=False, verbosity="ERROR") if include is not None else None
+    manager = (
+        TaskManager(include_path=include, include_defaults=False, verbosity="ERROR") if include is not None else None
+    )
     if manager is None or any(t not in manager.all_tasks for t in tasks):
         # indexing lm-eval's thousands of built-in task files is slow; only do it when needed
         files = TaskFiles(include, True)
         manager = TaskManager(include_path=include, verbosity="ERROR")
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        raise DataError(f"unknown lm-eval task {unknown[0]!r} (local tasks: {', '.join(sorted(n for n in manager.all_tasks if n.startswith(('qk_', 'quantkit'))))}; "
-                        "standard tasks need their datasets from the Hub)")
+        raise DataError(
+            f"unknown lm-eval task {unknown[0]!r} (local tasks: {', '.join(sorted(n for n in manager.all_tasks if n.startswith(('qk_', 'quantkit'))))}; "
+            "standard tasks need their datasets from the Hub)"
+        )
     return manager, files
 
 
@@ -228,7 +256,12 @@ def per_task(res: dict) -> dict:
         if metric is None or not samples:
             continue  # a group row; its leaves are reported
         items = sorted(((s["doc_id"], float(s[metric])) for s in samples), key=lambda x: x[0])
-        out[name] = {"metric": metric, "value": float(metrics[f"{metric},none"]), "n": len(items), "items": [v for _, v in items]}
+        out[name] = {
+            "metric": metric,
+            "value": float(metrics[f"{metric},none"]),
+            "n": len(items),
+            "items": [v for _, v in items],
+        }
     return out
 
 
@@ -243,24 +276,27 @@ def _stderr(values: list[float]) -> float:
 def _baseline_items(run: TaskRun, base_path: Path, load_base, tok_base, base_hash: str) -> dict | None:
     """The baseline's per-item scores, cached by everything that changes them (the backend and the
     device type included: vLLM's and a GPU's kernels round differently)."""
-    key = hashlib.sha256(json.dumps([base_hash, sorted(run.tasks), run.limit, run.dtype, _files_hash(local_tasks_dir())]
-                                    + ([] if (run.backend, run.device.type) == ("hf", "cpu") else [run.backend, run.device.type])
-                                    ).encode()).hexdigest()[:24]
+    key = hashlib.sha256(
+        json.dumps(
+            [base_hash, sorted(run.tasks), run.limit, run.dtype, _files_hash(local_tasks_dir())]
+            + ([] if (run.backend, run.device.type) == ("hf", "cpu") else [run.backend, run.device.type])
+        ).encode()
+    ).hexdigest()[:24]
     cache = subdir("lmeval-cache") / f"{key}.json"
     try:  # a damaged cache entry (a crash before atomic writes) is recomputed
         base = json.loads(cache.read_text()) if cache.is_file() else None
     except (UnicodeDecodeError, json.JSONDecodeError):
         base = None
     if not isinstance(base, dict):
-        from quantkit.core.atomic import write_json
-
         base = _evaluate(run, base_path, load_base, tok_base)
         if base is not None:  # rank 0 only
             write_json(cache, base)
     return base
 
 
-def task_deltas(run: TaskRun, model_path: Path, base_path: Path, tok, tok_base, base_hash: str, model, load_model, load_base) -> dict:
+def task_deltas(
+    run: TaskRun, model_path: Path, base_path: Path, tok, tok_base, base_hash: str, model, load_model, load_base
+) -> dict:
     """Each task's score and its paired delta against the baseline. `model`: the already loaded model
     under test or None; `load_model`/`load_base` load on demand (the in-process hf backend only)."""
     base = _baseline_items(run, base_path, load_base, tok_base, base_hash)
@@ -277,8 +313,14 @@ def task_deltas(run: TaskRun, model_path: Path, base_path: Path, tok, tok_base, 
             continue
         diffs = [x - y for x, y in zip(m["items"], b["items"])]
         out[name] = {
-            "metric": m["metric"], "value": m["value"], "stderr": _stderr(m["items"]), "baseline": b["value"],
-            "baseline_stderr": _stderr(b["items"]), "delta": m["value"] - b["value"], "delta_stderr": _stderr(diffs),
-            "n": m["n"], "delta_stderr_kind": "paired per-item differences",
+            "metric": m["metric"],
+            "value": m["value"],
+            "stderr": _stderr(m["items"]),
+            "baseline": b["value"],
+            "baseline_stderr": _stderr(b["items"]),
+            "delta": m["value"] - b["value"],
+            "delta_stderr": _stderr(diffs),
+            "n": m["n"],
+            "delta_stderr_kind": "paired per-item differences",
         }
     return out

@@ -10,10 +10,10 @@ Outside torchrun (no process group) every function here is the identity: one sha
 
 from __future__ import annotations
 
+import torch.distributed as dist
+
 
 def _world() -> tuple[int, int]:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -37,7 +37,6 @@ def gather(items: list) -> list:
     rank, world = _world()
     if world == 1:
         return items
-    import torch.distributed as dist
 
     parts: list = [None] * world
     dist.all_gather_object(parts, items)
@@ -50,7 +49,6 @@ def everywhere(value):
     rank, world = _world()
     if world == 1:
         return value
-    import torch.distributed as dist
 
     flags: list = [None] * world
     dist.all_gather_object(flags, value is not None)

@@ -10,16 +10,23 @@ its NLL of the true next token and its argmax: comparing many variants costs one
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import pickle
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from quantkit.core.atomic import write_bytes
+from quantkit.data.text import read_text, tokenize_stream
 from quantkit.errors import DataError
-from quantkit.home import subdir
 from quantkit.evals.parallel import everywhere, gather, share
+from quantkit.evals.scorers.base import Scorer
+from quantkit.evals.scorers.transformers import TransformersScorer
+from quantkit.evals.splits import split_range, split_windows, where
 from quantkit.evals.stats import TOPK, summarize
+from quantkit.home import subdir
 
 REFERENCE_KEYS = ("topk_logp", "topk_idx", "nll", "argmax")  # a baseline record (stats.window_reference)
 
@@ -43,8 +50,6 @@ def vocab_fingerprint(tokenizer) -> str:
 def text_windows(tokenizer, spec, *, seq_len: int, max_tokens: int, region: str, split: str = "all") -> Windows:
     """Up to max_tokens // seq_len non-overlapping windows from the start of the text's part
     `split` of `region` (evals/splits.py; `all`: the whole region)."""
-    from quantkit.data.text import read_text, tokenize_stream
-    from quantkit.evals.splits import split_range, split_windows, where
 
     text = read_text(spec)
     stream = tokenize_stream(tokenizer, text.text)
@@ -55,27 +60,32 @@ def text_windows(tokenizer, spec, *, seq_len: int, max_tokens: int, region: str,
         raise DataError(f"{spec}: {len(stream)} tokens, shorter than one {seq_len}-token window in {part}")
     n = max(1, max_tokens // seq_len)
     chosen = all_windows[:n]
-    prov = {**text.provenance, "region": region, "split": split, "token_range": [lo, hi],
-            "stream_tokens": len(stream), "overlap": "none (non-overlapping)"}
+    prov = {
+        **text.provenance,
+        "region": region,
+        "split": split,
+        "token_range": [lo, hi],
+        "stream_tokens": len(stream),
+        "overlap": "none (non-overlapping)",
+    }
     return Windows([stream[s:e] for s, e in chosen], [s for s, _ in chosen], seq_len, prov)
 
 
 def _cache_key(baseline_hash: str, windows: Windows, vocab: str, dtype: str) -> str:
-    blob = json.dumps([baseline_hash, windows.provenance.get("sha256"), vocab, windows.seq_len, windows.starts, TOPK, dtype])
+    blob = json.dumps(
+        [baseline_hash, windows.provenance.get("sha256"), vocab, windows.seq_len, windows.starts, TOPK, dtype]
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
 def scorer_of(model, batch_size: int = 1):
     """A scorer (evals/scorers), or a transformers model wrapped in the transformers scorer."""
-    from quantkit.evals.scorers.base import Scorer
-    from quantkit.evals.scorers.transformers import TransformersScorer
 
     return model if isinstance(model, Scorer) else TransformersScorer(model, batch_size)
 
 
 def baseline_pass(model, windows: Windows, progress=None, batch_size: int = 1) -> dict:
     """The baseline's record of every window (stats.window_reference), stacked: the cache's content."""
-    import torch
 
     out: dict = {k: [] for k in REFERENCE_KEYS}
     mine = share(len(windows.tokens))  # under torchrun this rank's windows, gathered below (evals/parallel.py)
@@ -87,16 +97,19 @@ def baseline_pass(model, windows: Windows, progress=None, batch_size: int = 1) -
     return {k: torch.stack(gather(v)) for k, v in out.items()}
 
 
-def cached_baseline(load_baseline, baseline_hash: str, windows: Windows, vocab: str, dtype: str, progress=None,
-                    batch_size: int = 1, device_type: str = "cpu") -> tuple[dict, bool]:
+def cached_baseline(
+    load_baseline,
+    baseline_hash: str,
+    windows: Windows,
+    vocab: str,
+    dtype: str,
+    progress=None,
+    batch_size: int = 1,
+    device_type: str = "cpu",
+) -> tuple[dict, bool]:
     """The baseline's per-window statistics, from disk when this exact pass was done before.
     `load_baseline` is called only on a miss. The key holds the device type: a GPU's kernels
     round differently from the CPU's, so their passes are different baselines."""
-    import torch
-
-    import io
-
-    from quantkit.core.atomic import write_bytes
 
     key_dtype = dtype if device_type == "cpu" else f"{dtype}@{device_type}"  # CPU keys as before: old caches stay valid
     path = subdir("eval-cache") / f"{_cache_key(baseline_hash, windows, vocab, key_dtype)}.pt"
@@ -112,7 +125,6 @@ def cached_baseline(load_baseline, baseline_hash: str, windows: Windows, vocab: 
 
 def _read_cache(path, n_windows: int) -> dict | None:
     """A cached baseline pass, or None when absent or damaged (then the pass is redone)."""
-    import torch
 
     if not path.is_file():
         return None
@@ -120,7 +132,9 @@ def _read_cache(path, n_windows: int) -> dict | None:
         data = torch.load(path, weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
         return None
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), torch.Tensor) and len(data[k]) == n_windows for k in REFERENCE_KEYS):
+    if not isinstance(data, dict) or not all(
+        isinstance(data.get(k), torch.Tensor) and len(data[k]) == n_windows for k in REFERENCE_KEYS
+    ):
         return None
     return data
 

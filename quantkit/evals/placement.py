@@ -6,6 +6,8 @@ bf16 matmuls are emulated on most cores and its rounding would add to the deltas
 
 from __future__ import annotations
 
+from quantkit.device import free_bytes
+
 DTYPES = ("float32", "bfloat16", "float16")
 # The share of the device's free memory (after the model is loaded) a batch of windows may take.
 BATCH_MEMORY_SHARE = 0.4
@@ -34,7 +36,6 @@ def default_batch_size(device, config: dict, seq_len: int, n_windows: int, dtype
     """Windows per forward pass: on a GPU as many as fit BATCH_MEMORY_SHARE of its free memory (up
     to MAX_BATCH); on the CPU one, as batching a compute-bound CPU forward gains nothing measurable
     (README, eval section) while it multiplies the peak memory."""
-    from quantkit.device import free_bytes
 
     cap = MAX_BATCH.get(device.type, 1)
     if cap <= 1:

@@ -56,5 +56,7 @@ def shortfall(got: int, wanted: int, seq_len: int, region: str, split: str, span
     if got >= wanted:
         return None
     lo, hi = span
-    return (f"{got} of the {wanted} windows asked for: {where(region, split)} (tokens {lo:,} to {hi:,}) holds only "
-            f"{got} windows of {seq_len} tokens")
+    return (
+        f"{got} of the {wanted} windows asked for: {where(region, split)} (tokens {lo:,} to {hi:,}) holds only "
+        f"{got} windows of {seq_len} tokens"
+    )

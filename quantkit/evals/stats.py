@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 # Log-probabilities the baseline pass keeps per position: the KL's head (kl_topk); the rest of the
 # vocabulary is one tail bucket.
@@ -28,7 +29,6 @@ def kl_topk(base_topk_logp, base_topk_idx, logp_model):
     by the log-sum inequality makes this a lower bound of the exact KL; it is exact when the
     base puts all its mass on its top k (and for a model compared with itself it is 0).
     """
-    import torch
 
     lb = base_topk_logp.float()
     lm = logp_model.gather(-1, base_topk_idx.long())
@@ -37,7 +37,9 @@ def kl_topk(base_topk_logp, base_topk_idx, logp_model):
     rest_b = (1.0 - pb.sum(-1)).clamp_min(0.0)
     rest_m = (1.0 - lm.exp().sum(-1)).clamp_min(0.0)
     tiny = torch.finfo(torch.float32).tiny
-    tail = torch.where(rest_b > 1e-7, rest_b * (torch.log(rest_b + tiny) - torch.log(rest_m + tiny)), torch.zeros_like(rest_b))
+    tail = torch.where(
+        rest_b > 1e-7, rest_b * (torch.log(rest_b + tiny) - torch.log(rest_m + tiny)), torch.zeros_like(rest_b)
+    )
     return (head + tail).clamp_min(0.0)
 
 
@@ -46,8 +48,12 @@ def window_reference(logp, target, k: int = TOPK) -> dict:
     the true next tokens `target`: top-k log-probabilities (float32) with their ids, the NLL of each
     true token and the argmax, as CPU tensors (what the baseline cache stores)."""
     top = logp.topk(k, dim=-1)
-    return {"topk_logp": top.values.cpu(), "topk_idx": top.indices.int().cpu(),
-            "nll": -logp.gather(-1, target[:, None])[:, 0].cpu(), "argmax": top.indices[:, 0].int().cpu()}
+    return {
+        "topk_logp": top.values.cpu(),
+        "topk_idx": top.indices.int().cpu(),
+        "nll": -logp.gather(-1, target[:, None])[:, 0].cpu(),
+        "argmax": top.indices[:, 0].int().cpu(),
+    }
 
 
 def window_stats(logp, target, ref: dict) -> dict:
@@ -55,9 +61,11 @@ def window_stats(logp, target, ref: dict) -> dict:
     `ref` (window_reference): its NLL of each true token, KL(base || model) on the baseline's top-k
     plus a tail bucket (kl_topk), and whether both argmaxes agree; numpy arrays."""
     dev = logp.device
-    return {"nll": -logp.gather(-1, target[:, None])[:, 0].cpu().numpy(),
-            "kl": kl_topk(ref["topk_logp"].to(dev), ref["topk_idx"].to(dev), logp).cpu().numpy(),
-            "agree": (logp.argmax(-1).int().cpu() == ref["argmax"]).numpy()}
+    return {
+        "nll": -logp.gather(-1, target[:, None])[:, 0].cpu().numpy(),
+        "kl": kl_topk(ref["topk_logp"].to(dev), ref["topk_idx"].to(dev), logp).cpu().numpy(),
+        "agree": (logp.argmax(-1).int().cpu() == ref["argmax"]).numpy(),
+    }
 
 
 def perplexity(nll: np.ndarray) -> float:

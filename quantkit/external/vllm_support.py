@@ -26,17 +26,39 @@ class Support:
 
 SUPPORT: dict[str, Support] = {
     "16-bit": Support(True, True, "dense bf16/fp32", "dense"),
-    "int4-w4a16": Support(True, True, "CPUWNA16LinearKernel (uint4b8; uint4 with zero points)",
-                          "Machete (sm90), Marlin (sm75+), Exllama: uint4b8, and uint4 with zero points on Marlin"),
-    "int8-w8a16": Support(False, True, "refused, no CPU kernel for uint8b128 (CPUWNA16 takes uint4 and uint4b8 only)",
-                          "Marlin (sm75+), Exllama: uint8b128"),
-    "int8-w8a8": Support(True, True, "CPUInt8ScaledMMLinearKernel (int8 GEMM, dynamic per-token activations)",
-                         "CutlassInt8ScaledMMLinearKernel (sm75+), Triton"),
-    "fp8-w8a8": Support(True, True, "ChannelWiseTorchFP8ScaledMMLinearKernel (torch fallback: slow decode)",
-                        "CUTLASS / FlashInfer FP8 (sm89+), Marlin FP8 on older GPUs"),
-    "fp8-w8a16": Support(False, True, "refused, no CPU kernel for FP8 weight-only (its CPU list is empty)", "Marlin FP8, Humming (weight-only)"),
+    "int4-w4a16": Support(
+        True,
+        True,
+        "CPUWNA16LinearKernel (uint4b8; uint4 with zero points)",
+        "Machete (sm90), Marlin (sm75+), Exllama: uint4b8, and uint4 with zero points on Marlin",
+    ),
+    "int8-w8a16": Support(
+        False,
+        True,
+        "refused, no CPU kernel for uint8b128 (CPUWNA16 takes uint4 and uint4b8 only)",
+        "Marlin (sm75+), Exllama: uint8b128",
+    ),
+    "int8-w8a8": Support(
+        True,
+        True,
+        "CPUInt8ScaledMMLinearKernel (int8 GEMM, dynamic per-token activations)",
+        "CutlassInt8ScaledMMLinearKernel (sm75+), Triton",
+    ),
+    "fp8-w8a8": Support(
+        True,
+        True,
+        "ChannelWiseTorchFP8ScaledMMLinearKernel (torch fallback: slow decode)",
+        "CUTLASS / FlashInfer FP8 (sm89+), Marlin FP8 on older GPUs",
+    ),
+    "fp8-w8a16": Support(
+        False,
+        True,
+        "refused, no CPU kernel for FP8 weight-only (its CPU list is empty)",
+        "Marlin FP8, Humming (weight-only)",
+    ),
     "bitsandbytes": Support(False, False, "not a vLLM 0.32 quantization method", "not a vLLM 0.32 quantization method"),
 }
+
 
 def _weight_only(bits: int) -> str:
     return f"int{bits}-w{bits}a16"
@@ -64,7 +86,11 @@ def verdict(found: list[str]) -> dict:
     a device only when every scheme is; a scheme not in SUPPORT is served nowhere (never claimed)."""
     unknown = [s for s in found if s not in SUPPORT]
     known = [SUPPORT[s] for s in found if s in SUPPORT]
-    return {"cpu": not unknown and all(s.cpu for s in known), "gpu": not unknown and all(s.gpu for s in known), "unknown": unknown}
+    return {
+        "cpu": not unknown and all(s.cpu for s in known),
+        "gpu": not unknown and all(s.gpu for s in known),
+        "unknown": unknown,
+    }
 
 
 def card_lines(meta: dict) -> list[str]:
@@ -73,11 +99,17 @@ def card_lines(meta: dict) -> list[str]:
     v = verdict(found)
     what = ", ".join(found)
     if v["cpu"] and v["gpu"]:
-        return [f"vLLM {VLLM_VERSION} serves it unchanged (`vllm serve PATH_OR_REPO`; {what}): on the CPU (measured with "
-                "vLLM's CPU build) and on NVIDIA GPUs (from vLLM's CUDA kernel list, not run)."]
+        return [
+            f"vLLM {VLLM_VERSION} serves it unchanged (`vllm serve PATH_OR_REPO`; {what}): on the CPU (measured with "
+            "vLLM's CPU build) and on NVIDIA GPUs (from vLLM's CUDA kernel list, not run)."
+        ]
     if v["gpu"]:
         why = "; ".join(SUPPORT[s].cpu_why for s in found if not SUPPORT[s].cpu)
-        return [f"vLLM {VLLM_VERSION} serves it on NVIDIA GPUs (`vllm serve PATH_OR_REPO`; {what}; from vLLM's CUDA kernel list, "
-                f"not run); on the CPU: {why}."]
-    why = "; ".join(SUPPORT[s].gpu_why for s in found if s in SUPPORT and not SUPPORT[s].gpu) or f"unknown scheme {what}"
+        return [
+            f"vLLM {VLLM_VERSION} serves it on NVIDIA GPUs (`vllm serve PATH_OR_REPO`; {what}; from vLLM's CUDA kernel list, "
+            f"not run); on the CPU: {why}."
+        ]
+    why = (
+        "; ".join(SUPPORT[s].gpu_why for s in found if s in SUPPORT and not SUPPORT[s].gpu) or f"unknown scheme {what}"
+    )
     return [f"vLLM {VLLM_VERSION} does not load it ({what}): {why}."]

@@ -16,36 +16,51 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quantkit.external import vllm_env, vllm_start
+from quantkit.progress import note
+
 # Full-length sequences the CPU KV cache holds: device_setup sizes it at 16-bit elements x 2, which
 # in float32 is one sequence, and vLLM refused the demo's 2048 tokens in exactly that (it fit 1920:
 # its blocks round down); lm-eval hands vLLM every request at once, so room for a few lets it batch.
 KV_SEQUENCES = 4
 
 
-def model_args(path: Path, dtype: str, device, max_length: int, tensor_parallel: int, data_parallel: int,
-               trust_remote_code: bool) -> tuple[dict, dict]:
+def model_args(
+    path: Path, dtype: str, device, max_length: int, tensor_parallel: int, data_parallel: int, trust_remote_code: bool
+) -> tuple[dict, dict]:
     """(lm-eval's VLLM keyword arguments, additions to the worker's environment). Arguments lm-eval
     does not name itself (enforce_eager, the KV cache) go through to vLLM's LLM as its **kwargs."""
-    from quantkit.external import vllm_start
 
     cfg = vllm_start.text_config(path)
     length = min(max_length, int(cfg.get("max_position_embeddings") or max_length))
     device_args, env = vllm_start.device_setup(device, cfg, KV_SEQUENCES * length, None, tensor_parallel)
     # absolute: the worker runs in a directory of its own, where a relative path names nothing
-    args = dict(pretrained=str(Path(path).resolve()), dtype=dtype, tensor_parallel_size=tensor_parallel,
-                data_parallel_size=data_parallel, trust_remote_code=trust_remote_code, seed=0, max_model_len=length,
-                **device_args)
+    args = dict(
+        pretrained=str(Path(path).resolve()),
+        dtype=dtype,
+        tensor_parallel_size=tensor_parallel,
+        data_parallel_size=data_parallel,
+        trust_remote_code=trust_remote_code,
+        seed=0,
+        max_model_len=length,
+        **device_args,
+    )
     return args, env
 
 
-def evaluate(args: dict, env: dict, tasks: tuple[str, ...], include_path: str | None, include_defaults: bool,
-             evaluate_args: dict, metrics: tuple[str, ...]) -> dict:
+def evaluate(
+    args: dict,
+    env: dict,
+    tasks: tuple[str, ...],
+    include_path: str | None,
+    include_defaults: bool,
+    evaluate_args: dict,
+    metrics: tuple[str, ...],
+) -> dict:
     """simple_evaluate's {"results", "samples"} (samples trimmed to doc_id and `metrics`), from one
     worker that starts, evaluates and exits. `include_path`: a directory of task files (absolute);
     `include_defaults`: lm-eval's built-in tasks indexed too. vLLM's or lm-eval's refusal is one
     line (WorkerError)."""
-    from quantkit.external import vllm_env, vllm_start
-    from quantkit.progress import note
 
     python = vllm_env.require_lm_eval()
     note(f"lm-eval on vLLM: {', '.join(tasks)} ({Path(args['pretrained']).name}, in vLLM's environment)")
@@ -54,7 +69,14 @@ def evaluate(args: dict, env: dict, tasks: tuple[str, ...], include_path: str | 
     # quantkit's own process disables library bars (quiet.py), and the worker's go to its log
     with vllm_start.spawn(python, {**env, "TQDM_DISABLE": ""}) as worker:
         threads = int(env["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in env else None
-        answer = worker.call("tasks", model_args=args, tasks=list(tasks), include_path=include_path,
-                             include_defaults=include_defaults, evaluate_args=evaluate_args, metrics=list(metrics),
-                             threads=threads)
+        answer = worker.call(
+            "tasks",
+            model_args=args,
+            tasks=list(tasks),
+            include_path=include_path,
+            include_defaults=include_defaults,
+            evaluate_args=evaluate_args,
+            metrics=list(metrics),
+            threads=threads,
+        )
     return {"results": answer["results"], "samples": answer["samples"]}

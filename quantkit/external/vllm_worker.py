@@ -74,7 +74,9 @@ def full_rows(flat, positions: int):
     width = ends[-1] - starts[-1]
     lo = starts[len(starts) - positions]
     if any(e - s != width for s, e in zip(starts[-positions:], ends[-positions:])) or width < 2:
-        raise RuntimeError("vLLM returned prompt log-probabilities of uneven width; expected the whole vocabulary per position")
+        raise RuntimeError(
+            "vLLM returned prompt log-probabilities of uneven width; expected the whole vocabulary per position"
+        )
     vals = np.asarray(flat.logprobs, dtype=np.float32)[lo : lo + positions * width].reshape(positions, width)
     ids = np.asarray(flat.token_ids, dtype=np.int64)[lo : lo + positions * width].reshape(positions, width)
     full = np.full((positions, width - 1), -np.inf, dtype=np.float32)
@@ -96,8 +98,11 @@ def window_stats(full, observed_logp, topk_logp, topk_idx, argmax_ref):
     rest_b = np.clip(1.0 - pb.sum(-1), 0.0, None)
     rest_m = np.clip(1.0 - np.exp(lm).sum(-1), 0.0, None)
     tail = np.where(rest_b > 1e-7, rest_b * (np.log(rest_b + TINY) - np.log(rest_m + TINY)), 0.0)
-    return {"nll": (-observed_logp).astype(np.float32), "kl": np.clip(head + tail, 0.0, None).astype(np.float32),
-            "agree": full.argmax(-1) == argmax_ref}
+    return {
+        "nll": (-observed_logp).astype(np.float32),
+        "kl": np.clip(head + tail, 0.0, None).astype(np.float32),
+        "agree": full.argmax(-1) == argmax_ref,
+    }
 
 
 # ---------------------------------------------------------------- lm-eval
@@ -132,10 +137,14 @@ def lm_eval_vllm_class():
 def trim_results(res, metrics):
     """simple_evaluate's answer as a JSON line holds it: each task's metrics (numbers and strings),
     and of each sample its doc_id and the `metrics` it has (not its prompts and responses)."""
-    results = {task: {k: v for k, v in m.items() if v is None or isinstance(v, (bool, int, float, str))}
-               for task, m in res["results"].items()}
-    samples = {task: [{"doc_id": int(s["doc_id"]), **{k: float(s[k]) for k in metrics if k in s}} for s in rows]
-               for task, rows in (res.get("samples") or {}).items()}
+    results = {
+        task: {k: v for k, v in m.items() if v is None or isinstance(v, (bool, int, float, str))}
+        for task, m in res["results"].items()
+    }
+    samples = {
+        task: [{"doc_id": int(s["doc_id"]), **{k: float(s[k]) for k in metrics if k in s}} for s in rows]
+        for task, rows in (res.get("samples") or {}).items()
+    }
     return {"results": results, "samples": samples}
 
 
@@ -162,8 +171,11 @@ class Worker:
         args = {k: v for k, v in engine_args.items() if k in known or k not in optional}
         self.llm = vllm.LLM(**args)
         self.engine = self.llm.llm_engine
-        return {"vllm_version": vllm.__version__, "vocab_size": self.engine.model_config.get_vocab_size(),
-                "threads": torch.get_num_threads()}
+        return {
+            "vllm_version": vllm.__version__,
+            "vocab_size": self.engine.model_config.get_vocab_size(),
+            "threads": torch.get_num_threads(),
+        }
 
     # the bench's request: add it, then one engine step at a time
 
@@ -179,8 +191,14 @@ class Worker:
         from vllm.sampling_params import RequestOutputKind
 
         self._abort()
-        params = SamplingParams(max_tokens=gen_len, min_tokens=gen_len, temperature=0.0, ignore_eos=True, detokenize=False,
-                                output_kind=RequestOutputKind.DELTA)
+        params = SamplingParams(
+            max_tokens=gen_len,
+            min_tokens=gen_len,
+            temperature=0.0,
+            ignore_eos=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
         self.count += 1
         self.rid = f"quantkit-{self.count}"
         self.engine.add_request(self.rid, {"prompt_token_ids": [int(t) for t in prompt]}, params)
@@ -268,7 +286,9 @@ class Worker:
         from lm_eval.tasks import TaskManager
 
         manager = TaskManager(include_path=include_path, include_defaults=include_defaults, verbosity="ERROR")
-        res = simple_evaluate(model=lm_eval_vllm_class()(**model_args), tasks=list(tasks), task_manager=manager, **evaluate_args)
+        res = simple_evaluate(
+            model=lm_eval_vllm_class()(**model_args), tasks=list(tasks), task_manager=manager, **evaluate_args
+        )
         return trim_results(res, metrics)
 
 

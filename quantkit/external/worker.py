@@ -30,8 +30,13 @@ CLOSE_TIMEOUT_S = 30.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _EXCEPTION = re.compile(r"(?:^|\s)((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)): (\S.*)$")
 # Errors that only say that another one happened (the engine core died): the log has the cause.
-GENERIC = ("Engine core initialization failed", "EngineDeadError", "See root cause above", "EngineCore encountered an issue",
-           "the worker exited")
+GENERIC = (
+    "Engine core initialization failed",
+    "EngineDeadError",
+    "See root cause above",
+    "EngineCore encountered an issue",
+    "the worker exited",
+)
 
 
 class WorkerError(QuantkitError):
@@ -69,8 +74,9 @@ class Worker:
         full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         full.update(env, QUANTKIT_PARENT_PID=str(os.getpid()))
         try:
-            proc = subprocess.Popen([str(python), str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd,
-                                    env=full, cwd=tmp)
+            proc = subprocess.Popen(
+                [str(python), str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=full, cwd=tmp
+            )
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise WorkerError(f"{what}: cannot start {python} ({exc.strerror or exc})") from None
@@ -92,7 +98,9 @@ class Worker:
             msg = json.loads(answer)
         except ValueError:
             self.failed = True
-            raise WorkerError(f"{self.what}: the worker answered {answer[:120]!r}, not a protocol line (log: {self.log})") from None
+            raise WorkerError(
+                f"{self.what}: the worker answered {answer[:120]!r}, not a protocol line (log: {self.log})"
+            ) from None
         if not msg.get("ok"):
             self.failed = True
             error = _one_line(msg.get("error") or "no reason given")

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import gguf
 import numpy as np
+import torch
 
 from quantkit.errors import ModelError
 
@@ -58,8 +60,10 @@ def spec_for(config: dict, where: Path) -> ArchSpec:
         raise ModelError(f"{where}: model_type {mt!r} is not exported to GGUF (supported: {', '.join(ARCHS)})")
     classes = config.get("architectures") or list(ARCHS[mt].classes)
     if classes[0] not in ARCHS[mt].classes:
-        raise ModelError(f"{where}: architecture {classes[0]} is not exported to GGUF (supported: "
-                         f"{', '.join(c for s in ARCHS.values() for c in s.classes)})")
+        raise ModelError(
+            f"{where}: architecture {classes[0]} is not exported to GGUF (supported: "
+            f"{', '.join(c for s in ARCHS.values() for c in s.classes)})"
+        )
     return ARCHS[mt]
 
 
@@ -75,26 +79,42 @@ def hparams(path: Path, config: dict) -> Hparams:
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ROPE_TYPES:
-        raise ModelError(f"{path}: RoPE type {rope_type!r} is not exported to GGUF (supported: {', '.join(ROPE_TYPES)})")
+        raise ModelError(
+            f"{path}: RoPE type {rope_type!r} is not exported to GGUF (supported: {', '.join(ROPE_TYPES)})"
+        )
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     notes = []
     window = getattr(cfg, "sliding_window", None)
-    if window and (spec.gguf_arch == "LLAMA" or getattr(cfg, "use_sliding_window", False)) and window < cfg.max_position_embeddings:
-        notes.append(f"sliding_window {window} is not represented: llama.cpp's {spec.gguf_arch.lower()} attends to the "
-                     f"whole context, identical to transformers for contexts of at most {window} tokens")
+    if (
+        window
+        and (spec.gguf_arch == "LLAMA" or getattr(cfg, "use_sliding_window", False))
+        and window < cfg.max_position_embeddings
+    ):
+        notes.append(
+            f"sliding_window {window} is not represented: llama.cpp's {spec.gguf_arch.lower()} attends to the "
+            f"whole context, identical to transformers for contexts of at most {window} tokens"
+        )
     return Hparams(
-        spec=spec, model_type=config["model_type"], n_layer=cfg.num_hidden_layers, n_embd=cfg.hidden_size,
-        n_ff=cfg.intermediate_size, n_head=cfg.num_attention_heads,
-        n_head_kv=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, head_dim=head_dim,
-        n_ctx=cfg.max_position_embeddings, rms_eps=float(cfg.rms_norm_eps),
-        rope_theta=float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))), rope_type=rope_type, rope=rope,
-        vocab_size=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)), notes=tuple(notes),
+        spec=spec,
+        model_type=config["model_type"],
+        n_layer=cfg.num_hidden_layers,
+        n_embd=cfg.hidden_size,
+        n_ff=cfg.intermediate_size,
+        n_head=cfg.num_attention_heads,
+        n_head_kv=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+        head_dim=head_dim,
+        n_ctx=cfg.max_position_embeddings,
+        rms_eps=float(cfg.rms_norm_eps),
+        rope_theta=float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))),
+        rope_type=rope_type,
+        rope=rope,
+        vocab_size=cfg.vocab_size,
+        tied=bool(getattr(cfg, "tie_word_embeddings", False)),
+        notes=tuple(notes),
     )
 
 
 def add_hparams(writer, hp: Hparams) -> None:
-    import gguf
-
     writer.add_context_length(hp.n_ctx)
     writer.add_embedding_length(hp.n_embd)
     writer.add_block_count(hp.n_layer)
@@ -120,7 +140,6 @@ def extra_tensors(path: Path, hp: Hparams) -> dict[str, np.ndarray]:
     factors are the plain frequencies over the llama3-scaled ones, taken from transformers."""
     if hp.rope_type != "llama3":
         return {}
-    import torch
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 

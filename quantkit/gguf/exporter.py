@@ -16,17 +16,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from quantkit.core import integrity
+import gguf
+
+from quantkit import __version__
 from quantkit.artifacts.staging import read_meta
+from quantkit.core import integrity
 from quantkit.core.atomic import exclusive, sigterm_as_interrupt
-from quantkit.errors import ModelError, QuantkitError
 from quantkit.core.integrity import sha256_file as _sha256
+from quantkit.errors import ModelError, QuantkitError
 from quantkit.gguf import arch, plan, target
+from quantkit.gguf.fidelity import logits_kl
 from quantkit.gguf.read import Origin
 from quantkit.gguf.source import Artifact, quant_method
 from quantkit.gguf.target import record_path
+from quantkit.gguf.write import staged_file, write
+from quantkit.models.checkpoint import checkpoint_hash
 
 SCHEMA_VERSION = 2  # 2: quantkit.source.sha256 names the checkpoint converted from (1: the artifact)
 
@@ -47,29 +54,42 @@ def default_out(artifact: Path) -> Path:
 def _check_artifact(art: Artifact) -> None:
     method = quant_method(art)
     if method not in (None, "compressed-tensors"):
-        raise ModelError(f"{art.path}: a {method} artifact (its 4/8-bit formats have no exact GGUF grid); export "
-                         "the 16-bit checkpoint, or convert it with an INT4/INT8 recipe (compressed-tensors) first")
+        raise ModelError(
+            f"{art.path}: a {method} artifact (its 4/8-bit formats have no exact GGUF grid); export "
+            "the 16-bit checkpoint, or convert it with an INT4/INT8 recipe (compressed-tensors) first"
+        )
     q = art.quant or {}
     for key, what in (("sparsity_config", "sparse weights"), ("kv_cache_scheme", "a quantized KV cache")):
         if q.get(key):
             raise ModelError(f"{art.path}: the artifact uses {what} ({key}), which llama.cpp would not apply")
     online = online_transforms(q.get("transform_config"))
     if online:
-        raise ModelError(f"{art.path}: the artifact rotates activations at run time ({', '.join(online)} in transform_config), "
-                         "which llama.cpp would not apply")
+        raise ModelError(
+            f"{art.path}: the artifact rotates activations at run time ({', '.join(online)} in transform_config), "
+            "which llama.cpp would not apply"
+        )
     if method and not art.quantized_modules():
         raise ModelError(f"{art.path}: the config says compressed-tensors but no tensor is quantized")
     if not method and art.quantized_modules():
         raise ModelError(f"{art.path}: quantized tensors (weight_packed/weight_scale) without a quantization_config")
 
 
-FUSED_LOCATIONS = ("weight_input", "weight_output")  # compressed-tensors' offline locations: multiplied into the weights
+FUSED_LOCATIONS = (
+    "weight_input",
+    "weight_output",
+)  # compressed-tensors' offline locations: multiplied into the weights
 
 
 def _fused_note(q: dict) -> list[str]:
     groups = (q.get("transform_config") or {}).get("config_groups") or {}
-    return [f"rotations {', '.join(groups)} are fused into the weights (transform_config: weight_input/weight_output only); "
-            "llama.cpp runs them as a plain model"] if groups else []
+    return (
+        [
+            f"rotations {', '.join(groups)} are fused into the weights (transform_config: weight_input/weight_output only); "
+            "llama.cpp runs them as a plain model"
+        ]
+        if groups
+        else []
+    )
 
 
 def online_transforms(transform_config) -> list[str]:
@@ -88,8 +108,11 @@ def online_transforms(transform_config) -> list[str]:
         if not isinstance(applies, list) or not applies:
             found.append(f"{name} (no locations)")
             continue
-        found += [f"{name} at {a.get('location')}" for a in applies
-                  if not isinstance(a, dict) or a.get("location") not in FUSED_LOCATIONS]
+        found += [
+            f"{name} at {a.get('location')}"
+            for a in applies
+            if not isinstance(a, dict) or a.get("location") not in FUSED_LOCATIONS
+        ]
     return found
 
 
@@ -102,8 +125,6 @@ def export_gguf(artifact: Path, out: Path | None = None, opts: GgufOptions = Ggu
 
 
 def _export(artifact: Path, opts: GgufOptions, out: Path) -> dict:
-    from quantkit.gguf.write import staged_file, write
-
     t0 = time.perf_counter()
     if artifact.is_file() and _head(artifact) == b"GGUF":
         raise QuantkitError(f"{artifact} is already a GGUF file; export takes a quantkit artifact directory")
@@ -113,7 +134,9 @@ def _export(artifact: Path, opts: GgufOptions, out: Path) -> dict:
         integrity.check(artifact, meta, deep=True)
     target.make_parent(out)
     with exclusive(out, what=str(out)), Artifact(artifact) as art:
-        target.check(out, artifact, meta, opts.force, opts.kl_text)  # again under the lock: another export may have written it
+        target.check(
+            out, artifact, meta, opts.force, opts.kl_text
+        )  # again under the lock: another export may have written it
         _check_artifact(art)
         hp = arch.hparams(art.path, art.config)
         plans = plan.make_plan(art, hp, embeddings=opts.embeddings, allow_lossy=opts.allow_lossy)
@@ -124,13 +147,13 @@ def _export(artifact: Path, opts: GgufOptions, out: Path) -> dict:
                 record = _record(art, hp, plans, written, stage.path, origin)
                 record["gguf"] = str(out.resolve())
                 if not record["lossless"]:
-                    from quantkit.gguf.fidelity import logits_kl
-
                     record["kl_vs_artifact"] = logits_kl(art.path, stage.path, plans, hp, opts.kl_text)
                 record["wall_seconds"] = time.perf_counter() - t0
                 stage.record = record
         except OSError as exc:  # a full disk, a read-only directory: the temp files are gone, --out untouched
-            raise QuantkitError(f"{out}: cannot write the GGUF ({exc.strerror or type(exc).__name__}); nothing was written") from None
+            raise QuantkitError(
+                f"{out}: cannot write the GGUF ({exc.strerror or type(exc).__name__}); nothing was written"
+            ) from None
     return record
 
 
@@ -138,7 +161,6 @@ def _origin(art: Artifact, meta: dict) -> Origin:
     """The checkpoint the artifact was converted from (quantkit.json `source.sha256`; a checkpoint
     without one is its own origin), the artifact's own hash, and what eval's baseline and overlap
     checks read from quantkit.json (the source, the calibration and GQA recovery windows)."""
-    from quantkit.models.checkpoint import checkpoint_hash
 
     own = checkpoint_hash(art.path)
     source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
@@ -146,8 +168,12 @@ def _origin(art: Artifact, meta: dict) -> Origin:
     if recorded is None:
         return Origin(own, own, None)
     recover = ((meta.get("gqa") or {}).get("recover") or {}) if isinstance(meta.get("gqa"), dict) else {}
-    provenance = {"source": {"path": source.get("path"), "sha256": recorded}, "base_model": meta.get("base_model"),
-                  "calibration": meta.get("calibration"), "gqa": {"recover": {"windows": recover.get("windows")}}}
+    provenance = {
+        "source": {"path": source.get("path"), "sha256": recorded},
+        "base_model": meta.get("base_model"),
+        "calibration": meta.get("calibration"),
+        "gqa": {"recover": {"windows": recover.get("windows")}},
+    }
     return Origin(recorded, own, provenance)
 
 
@@ -157,10 +183,6 @@ def _head(path: Path) -> bytes:
 
 
 def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Path, origin: Origin) -> dict:
-    import gguf
-
-    from quantkit import __version__
-
     checks = written["checks"]
     lossy = [{"tensor": p.name, "source": p.source, "reason": p.reason, **checks[p.name]} for p in plans if not p.exact]
     n_exact = sum(1 for p in plans if p.exact)
@@ -171,28 +193,43 @@ def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Pa
         "gguf": str(out),
         "sha256": _sha256(out),
         "bytes": out.stat().st_size,
-        "source": {"artifact": str(art.path.resolve()), "sha256": origin.artifact_sha256, "name": art.meta.get("name"),
-                   "quantization": art.meta.get("quantization")},
-        "origin": {"sha256": origin.source_sha256, "path": ((origin.provenance or {}).get("source") or {}).get("path")
-                   or str(art.path.resolve())},
+        "source": {
+            "artifact": str(art.path.resolve()),
+            "sha256": origin.artifact_sha256,
+            "name": art.meta.get("name"),
+            "quantization": art.meta.get("quantization"),
+        },
+        "origin": {
+            "sha256": origin.source_sha256,
+            "path": ((origin.provenance or {}).get("source") or {}).get("path") or str(art.path.resolve()),
+        },
         "architecture": hp.spec.gguf_arch.lower(),
         "model_type": hp.model_type,
         "lossless": not lossy,
         "mapping": plan.mapping_summary(plans),
         "tensor_types": {t: sum(1 for p in plans if p.qtype == t) for t in sorted({p.qtype for p in plans})},
-        "tensors": [{"name": p.name, "source": p.source, "type": p.qtype, "exact": p.exact, "rope_permuted_heads": p.permute}
-                    for p in plans],
+        "tensors": [
+            {"name": p.name, "source": p.source, "type": p.qtype, "exact": p.exact, "rope_permuted_heads": p.permute}
+            for p in plans
+        ],
         "verification": {
             "method": "every tensor dequantized with gguf.quants.dequantize and compared with the artifact's float32 "
-                      "weight (q - z) * s (q/k rows in llama.cpp's order) before it was written",
+            "weight (q - z) * s (q/k rows in llama.cpp's order) before it was written",
             "tensors": len(plans),
             "exact_tensors": n_exact,
             "max_abs_diff_exact": max((checks[p.name]["max_abs_diff"] for p in plans if p.exact), default=0.0),
         },
         "lossy_tensors": lossy,
         "extra_tensors": written["extra_tensors"],
-        "vocab": {"model": info.model, "pre": info.pre, "tokens": info.n_tokens, "padding_tokens": info.n_padded,
-                  "special_ids": info.special, "add_bos": info.add_bos, "add_eos": info.add_eos},
+        "vocab": {
+            "model": info.model,
+            "pre": info.pre,
+            "tokens": info.n_tokens,
+            "padding_tokens": info.n_padded,
+            "special_ids": info.special,
+            "add_bos": info.add_bos,
+            "add_eos": info.add_eos,
+        },
         "notes": list(hp.notes) + _fused_note(art.quant or {}),
         "tool_versions": {"quantkit": __version__, "gguf": _version("gguf")},
         "gguf_quant_version": gguf.GGML_QUANT_VERSION,
@@ -200,8 +237,6 @@ def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Pa
 
 
 def _version(pkg: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(pkg)
     except PackageNotFoundError:

@@ -9,18 +9,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
+import numpy as np
 import torch
 
+from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
+from quantkit.errors import DataError, ModelError
 from quantkit.gguf.arch import Hparams
 from quantkit.gguf.grids import rope_unpermute
 from quantkit.gguf.plan import TensorPlan
 from quantkit.gguf.read import open_reader
+from quantkit.gguf.source import Artifact
+from quantkit.gguf.tensors import column_weights
+from quantkit.models.checkpoint import load_model, load_tokenizer, read_config
+from quantkit.models.logits import compare_logits, fixed_tokens, logits
 
 
 def gguf_weights(gguf_path: Path, plans: list[TensorPlan]) -> dict[str, torch.Tensor]:
     """The GGUF's tensors as float32, under the artifact's tensor names and in transformers' row order."""
-    import gguf
-    import numpy as np
 
     reader = open_reader(gguf_path)
     by_name = {t.name: t for t in reader.tensors}
@@ -49,26 +55,24 @@ def dense_model(artifact: Path, weights: dict[str, torch.Tensor]):
 
 def token_windows(artifact: Path, text_spec: str | None, n: int = 4, length: int = 128) -> tuple[torch.Tensor, str]:
     """`n` windows of `length` tokens of real text (a text SPEC: the first n of its first half), else seeded random ids."""
-    from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
-    from quantkit.errors import DataError
-    from quantkit.models.checkpoint import load_tokenizer, read_config
-    from quantkit.models.logits import fixed_tokens
 
     if text_spec:
         spec = parse_spec(text_spec)
         stream = tokenize_stream(load_tokenizer(artifact), read_text(spec).text)
         spans = region_windows(len(stream), length, "first-half")[:n]
         if not spans:
-            raise DataError(f"{spec}: {len(stream)} tokens, shorter than one {length}-token window in region first-half")
+            raise DataError(
+                f"{spec}: {len(stream)} tokens, shorter than one {length}-token window in region first-half"
+            )
         return torch.stack([stream[s:e] for s, e in spans]), f"{text_spec} (first half, {len(spans)} x {length} tokens)"
     vocab = read_config(artifact)["vocab_size"]
-    return fixed_tokens(vocab, n=n, length=length), f"{n} x {length} seeded random token ids (pass --kl-text for real text)"
+    return fixed_tokens(
+        vocab, n=n, length=length
+    ), f"{n} x {length} seeded random token ids (pass --kl-text for real text)"
 
 
 def artifact_weights(artifact: Path, plans: list[TensorPlan]) -> dict[str, torch.Tensor]:
     """The artifact's own float32 weights, (q - z) * s for every column's group, read without transformers."""
-    from quantkit.gguf.source import Artifact
-    from quantkit.gguf.tensors import column_weights
 
     out = {}
     with Artifact(artifact) as art:
@@ -85,20 +89,20 @@ def artifact_weights(artifact: Path, plans: list[TensorPlan]) -> dict[str, torch
 def _reference(artifact: Path, plans: list[TensorPlan]):
     """The artifact as transformers loads it; when the installed transformers/compressed-tensors cannot
     load it (an older format, e.g. act-order g_idx), a dense model of its exact weights instead."""
-    from quantkit.errors import ModelError
-    from quantkit.models.checkpoint import load_model
 
     try:
         return load_model(artifact, dtype="float32"), "the artifact loaded by transformers (float32)"
     except ModelError as exc:
         why = str(exc).split("(", 1)[-1][:120]
         return dense_model(artifact, artifact_weights(artifact, plans)), (
-            f"the artifact's weights (q - z) * s in a dense float32 model (transformers cannot load it: {why}")
+            f"the artifact's weights (q - z) * s in a dense float32 model (transformers cannot load it: {why}"
+        )
 
 
-def logits_kl(artifact: Path, gguf_path: Path, plans: list[TensorPlan], hp: Hparams, text_spec: str | None = None) -> dict:
+def logits_kl(
+    artifact: Path, gguf_path: Path, plans: list[TensorPlan], hp: Hparams, text_spec: str | None = None
+) -> dict:
     """KL(artifact || GGUF weights) per token over the windows, both in transformers at float32."""
-    from quantkit.models.logits import compare_logits, logits
 
     ids, described = token_windows(artifact, text_spec)
     ref_model, reference = _reference(artifact, plans)
@@ -106,5 +110,7 @@ def logits_kl(artifact: Path, gguf_path: Path, plans: list[TensorPlan], hp: Hpar
     del ref_model
     new = logits(dense_model(artifact, gguf_weights(gguf_path, plans)), ids)
     result = compare_logits(ref, new)
-    result.update({"tokens": int(ids.numel()), "text": described, "reference": reference, "engine": "transformers, float32"})
+    result.update(
+        {"tokens": int(ids.numel()), "text": described, "reference": reference, "engine": "transformers, float32"}
+    )
     return result

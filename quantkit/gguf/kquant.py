@@ -29,8 +29,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import gguf
+
+from quantkit.artifacts.staging import read_meta
+from quantkit.core import integrity
+from quantkit.core.atomic import exclusive, sigterm_as_interrupt
+from quantkit.core.integrity import sha256_file
+from quantkit.data import calib
+from quantkit.data.text import parse_spec
 from quantkit.errors import QuantkitError
-from quantkit.gguf import tools
+from quantkit.gguf import arch, plan, target, tools
+from quantkit.gguf.exporter import GgufOptions, export_gguf
+from quantkit.gguf.read import open_reader
+from quantkit.gguf.source import Artifact
+from quantkit.gguf.target import RECORD_KIND, record_path
+from quantkit.gguf.write import staged_file
+from quantkit.home import subdir
+from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer
 from quantkit.progress import note
 from quantkit.recipe.schema import GGUF_TYPES as QUANT_TYPES  # one list: recipes are checked against it
 
@@ -54,7 +69,9 @@ def check_type(qtype: str) -> str:
     """The llama-quantize type name, or one line listing the valid ones."""
     name = qtype.upper()
     if name not in QUANT_TYPES:
-        raise QuantkitError(f"--type {qtype}: not a type quantkit makes with llama-quantize; valid: {', '.join(QUANT_TYPES)}")
+        raise QuantkitError(
+            f"--type {qtype}: not a type quantkit makes with llama-quantize; valid: {', '.join(QUANT_TYPES)}"
+        )
     return name
 
 
@@ -72,7 +89,6 @@ def main_type(qtype: str) -> str:
 
 def ggml_block(qtype: str) -> int:
     """Values per block of `qtype`'s main tensor type (ggml-common.h, as the gguf library lists it)."""
-    import gguf
 
     return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[main_type(qtype)]][0]
 
@@ -95,10 +111,17 @@ def type_report(tensors: list[tuple[str, tuple[int, ...], str, int]], requested:
         return 8 * sum(b for *_, b in rows) / elems if elems else 0.0
 
     layers = [w for w in weights if LAYER_LINEAR.fullmatch(w[0])]
-    return {"requested": requested, "block": block, "tensor_types": dict(sorted(counts.items())),
-            "weight_types": dict(sorted(Counter(t for _, _, t, _ in weights).items())),
-            "bits_per_weight": bpw(tensors), "bits_per_weight_2d": bpw(weights), "bits_per_weight_layers": bpw(layers),
-            "fallbacks": fallbacks, "fallback_types": dict(sorted(Counter(f["type"] for f in fallbacks).items()))}
+    return {
+        "requested": requested,
+        "block": block,
+        "tensor_types": dict(sorted(counts.items())),
+        "weight_types": dict(sorted(Counter(t for _, _, t, _ in weights).items())),
+        "bits_per_weight": bpw(tensors),
+        "bits_per_weight_2d": bpw(weights),
+        "bits_per_weight_layers": bpw(layers),
+        "fallbacks": fallbacks,
+        "fallback_types": dict(sorted(Counter(f["type"] for f in fallbacks).items())),
+    }
 
 
 def _numel(shape) -> int:
@@ -110,7 +133,6 @@ def _numel(shape) -> int:
 
 def read_types(path: Path, requested: str) -> dict:
     """type_report of a GGUF file, read with the gguf library (through gguf.read's safe opener)."""
-    from quantkit.gguf.read import open_reader
 
     reader = open_reader(path)
     rows = [(t.name, tuple(int(x) for x in t.shape), t.tensor_type.name, int(t.n_bytes)) for t in reader.tensors]
@@ -123,25 +145,30 @@ def read_types(path: Path, requested: str) -> dict:
 def calibration_text(src: Path, o: KquantOptions) -> tuple[str, dict]:
     """The decoded text of the calibration windows a convert with these settings reads, one window
     per paragraph, and their manifest (source, seed, region, the windows)."""
-    from quantkit.data import calib
-    from quantkit.models.checkpoint import checkpoint_hash, load_tokenizer
 
     tok = load_tokenizer(src)
     model = _model_if_needed(src, o.calib, tok)
-    cs = calib.build(src, tok, o.calib, samples=o.samples, seq_len=o.seq_len, seed=o.seed, region=o.region,
-                     chat_template=False, model=model, model_hash=checkpoint_hash(src) if model is not None else "")
+    cs = calib.build(
+        src,
+        tok,
+        o.calib,
+        samples=o.samples,
+        seq_len=o.seq_len,
+        seed=o.seed,
+        region=o.region,
+        chat_template=False,
+        model=model,
+        model_hash=checkpoint_hash(src) if model is not None else "",
+    )
     text = "\n\n".join(tok.decode(s[0].tolist(), skip_special_tokens=True) for s in cs.samples)
     return text, cs.manifest
 
 
 def _model_if_needed(src: Path, spec: str, tok):
     """The 16-bit model, only for text it writes itself (`self`, a mix's chat part)."""
-    from quantkit.data.text import parse_spec
 
     kind = parse_spec(spec).kind
     if kind == "self" or (kind == "mix" and getattr(tok, "chat_template", None)):
-        from quantkit.models.checkpoint import load_model
-
         return load_model(src, dtype="float32", device="cpu")
     return None
 
@@ -177,15 +204,17 @@ def export_kquant(artifact: Path, out: Path | None, o: KquantOptions, chooser: C
     """Write `out` (default: ARTIFACT.TYPE.gguf beside the checkpoint) as llama-quantize's `o.qtype`
     with an importance matrix (with `chooser`: the types it names per tensor); returns the record
     written beside it."""
-    from quantkit.core.atomic import exclusive, sigterm_as_interrupt
+
     qtype = check_type(o.qtype)
     artifact = Path(artifact)
     out = Path(out) if out is not None else artifact.resolve().parent / f"{artifact.resolve().name}.{qtype}.gguf"
     exact = _exact_route(artifact, qtype)
     if exact is not None:
         if chooser is not None:
-            raise QuantkitError(f"--mixed: {artifact} is already quantized; give --type --mixed the 16-bit checkpoint it was "
-                                "converted from")
+            raise QuantkitError(
+                f"--mixed: {artifact} is already quantized; give --type --mixed the 16-bit checkpoint it was "
+                "converted from"
+            )
         return exact(out, o.force)
     for name in ("llama-quantize", "llama-imatrix"):  # before anything is written
         tools.locate(name, f"--type {qtype}")
@@ -198,13 +227,12 @@ def export_kquant(artifact: Path, out: Path | None, o: KquantOptions, chooser: C
 
 def _check_target(artifact: Path, out: Path, force: bool) -> None:
     """export's own checks of --out and of the artifact's manifest (target.py), before anything is written."""
-    from quantkit.artifacts.staging import read_meta
-    from quantkit.core import integrity
-    from quantkit.gguf import target
 
     if not artifact.is_dir():
-        raise QuantkitError(f"{artifact}: not a checkpoint directory; --type quantizes a 16-bit checkpoint (or exports a "
-                            "compressed-tensors artifact exactly)")
+        raise QuantkitError(
+            f"{artifact}: not a checkpoint directory; --type quantizes a 16-bit checkpoint (or exports a "
+            "compressed-tensors artifact exactly)"
+        )
     meta = read_meta(artifact) if artifact.is_dir() else {}
     target.check(out, artifact, meta, force, None)
     if meta:
@@ -216,28 +244,28 @@ def _exact_route(artifact: Path, qtype: str):
     """For a compressed-tensors artifact: the exact export when `qtype` is its grid's GGUF type;
     otherwise one line (llama-quantize would round an already-rounded grid again). None for a
     16-bit checkpoint."""
-    from quantkit.gguf import arch, plan
-    from quantkit.gguf.exporter import GgufOptions, export_gguf
-    from quantkit.gguf.source import Artifact
 
     if not artifact.is_dir():
         return None
     with Artifact(artifact) as art:
         if not art.quantized_modules():
             return None
-        grid = sorted({p.qtype for p in plan.make_plan(art, arch.hparams(art.path, art.config))
-                       if p.source.removesuffix(".weight") in set(art.quantized_modules())})
+        grid = sorted(
+            {
+                p.qtype
+                for p in plan.make_plan(art, arch.hparams(art.path, art.config))
+                if p.source.removesuffix(".weight") in set(art.quantized_modules())
+            }
+        )
     if grid != [qtype]:
-        raise QuantkitError(f"--type {qtype}: {artifact} is already quantized ({' + '.join(grid)} exactly); export it without "
-                            f"--type (or --type {grid[0]}), or give --type the 16-bit checkpoint it was converted from")
+        raise QuantkitError(
+            f"--type {qtype}: {artifact} is already quantized ({' + '.join(grid)} exactly); export it without "
+            f"--type (or --type {grid[0]}), or give --type the 16-bit checkpoint it was converted from"
+        )
     return lambda out, force: export_gguf(artifact, out, GgufOptions(force=force))
 
 
 def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str, chooser: Chooser | None) -> dict:
-    from quantkit.gguf.exporter import GgufOptions, export_gguf
-    from quantkit.gguf.target import record_path
-    from quantkit.gguf.write import staged_file
-
     t0 = time.perf_counter()
     work = out.parent / f".{out.name}.kquant-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
@@ -260,7 +288,9 @@ def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str, chooser: Choo
             stage.record = _record(stage.path, out, qtype, f16, imat, time.perf_counter() - t0, mixed)
         return stage.record
     except OSError as exc:
-        raise QuantkitError(f"{out}: cannot write the GGUF ({exc.strerror or type(exc).__name__}); nothing was written") from None
+        raise QuantkitError(
+            f"{out}: cannot write the GGUF ({exc.strerror or type(exc).__name__}); nothing was written"
+        ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -273,7 +303,6 @@ def _imatrix(work: Path, o: KquantOptions, manifest: dict, f16_sha256: str) -> d
     """llama-imatrix over the calibration text, o.seq_len-token chunks, at most o.samples of them;
     kept in QUANTKIT_HOME/imatrix by what it depends on (the F16 file, the text, the chunks, the
     tools' build), so exporting a second type of the same checkpoint reuses it."""
-    from quantkit.home import subdir
 
     t0 = time.perf_counter()
     text_sha = hashlib.sha256((work / "calib.txt").read_bytes()).hexdigest()
@@ -284,17 +313,40 @@ def _imatrix(work: Path, o: KquantOptions, manifest: dict, f16_sha256: str) -> d
     if reused:
         shutil.copyfile(cached, path)
     else:
-        proc = tools.run("llama-imatrix", ["-m", work / "f16.gguf", "-f", work / "calib.txt", "-o", path, "-c", o.seq_len,
-                                           "--chunks", o.samples, "-t", _threads(o), "--no-ppl"],
-                         purpose="computing the importance matrix")
+        proc = tools.run(
+            "llama-imatrix",
+            [
+                "-m",
+                work / "f16.gguf",
+                "-f",
+                work / "calib.txt",
+                "-o",
+                path,
+                "-c",
+                o.seq_len,
+                "--chunks",
+                o.samples,
+                "-t",
+                _threads(o),
+                "--no-ppl",
+            ],
+            purpose="computing the importance matrix",
+        )
         if not path.is_file():
             raise tools.ToolError(f"llama-imatrix wrote no importance matrix ({tools.telling_line(proc.stderr)})")
         tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
         shutil.copyfile(path, tmp)
         os.replace(tmp, cached)
-    return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "text_sha256": text_sha, "chunk_tokens": o.seq_len,
-            "chunks_max": o.samples, "seconds": time.perf_counter() - t0, "reused": reused,
-            "tool": "llama-imatrix", "calibration": manifest}
+    return {
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "text_sha256": text_sha,
+        "chunk_tokens": o.seq_len,
+        "chunks_max": o.samples,
+        "seconds": time.perf_counter() - t0,
+        "reused": reused,
+        "tool": "llama-imatrix",
+        "calibration": manifest,
+    }
 
 
 def _mapping(qtype: str, imat: dict | None, mixed: bool = False) -> str:
@@ -312,8 +364,16 @@ def type_lines(types: dict[str, str]) -> str:
     return "".join(f"^{re.escape(name)}$={qtype.lower()}\n" for name, qtype in sorted(types.items()))
 
 
-def _quantize(work: Path, qtype: str, imat: dict | None, o: KquantOptions, *, dst: Path | None = None, pure: bool = False,
-              types: dict[str, str] | None = None) -> None:
+def _quantize(
+    work: Path,
+    qtype: str,
+    imat: dict | None,
+    o: KquantOptions,
+    *,
+    dst: Path | None = None,
+    pure: bool = False,
+    types: dict[str, str] | None = None,
+) -> None:
     """llama-quantize (--imatrix when there is one) into `dst` (default WORK/out.gguf); quantkit's header
     keys that the F16 file held and that no longer hold are overridden (llama-quantize copies every key
     of its input). `types` pins those tensors' types (--tensor-type-file); `pure` quantizes every
@@ -330,30 +390,53 @@ def _quantize(work: Path, qtype: str, imat: dict | None, o: KquantOptions, *, ds
     for item in kv:
         args += ["--override-kv", item]
     name = PURE_NAME.get(qtype, qtype) if pure else qtype
-    tools.run("llama-quantize", [*args, work / "f16.gguf", dst or work / "out.gguf", name, _threads(o)], purpose=f"--type {qtype}")
+    tools.run(
+        "llama-quantize",
+        [*args, work / "f16.gguf", dst or work / "out.gguf", name, _threads(o)],
+        purpose=f"--type {qtype}",
+    )
 
 
-def _record(path: Path, out: Path, qtype: str, f16: dict, imat: dict | None, seconds: float, mixed: dict | None = None) -> dict:
-    from quantkit.core.integrity import sha256_file
-    from quantkit.gguf.target import RECORD_KIND
-
+def _record(
+    path: Path, out: Path, qtype: str, f16: dict, imat: dict | None, seconds: float, mixed: dict | None = None
+) -> dict:
     types = read_types(path, qtype)
     if mixed is not None:  # the chooser named every weight's type: none is llama-quantize's fallback
         check_mixed(types, mixed, path.stat().st_size)
         types.update(fallbacks=[], fallback_types={})
     return {
-        "kind": RECORD_KIND, "schema_version": f16["schema_version"], "gguf": str(out.resolve()), "sha256": sha256_file(path),
-        "bytes": path.stat().st_size, "source": f16["source"], "origin": f16["origin"], "architecture": f16["architecture"],
-        "model_type": f16["model_type"], "lossless": False, "gguf_type": qtype,
-        "mapping": [{"mapping": _mapping(qtype, imat, mixed is not None), "tensors": len(types["tensors"]), "exact": False}],
-        "tensor_types": types["tensor_types"], "weight_types": types["weight_types"],
-        "bits_per_weight": types["bits_per_weight"], "bits_per_weight_2d": types["bits_per_weight_2d"],
+        "kind": RECORD_KIND,
+        "schema_version": f16["schema_version"],
+        "gguf": str(out.resolve()),
+        "sha256": sha256_file(path),
+        "bytes": path.stat().st_size,
+        "source": f16["source"],
+        "origin": f16["origin"],
+        "architecture": f16["architecture"],
+        "model_type": f16["model_type"],
+        "lossless": False,
+        "gguf_type": qtype,
+        "mapping": [
+            {"mapping": _mapping(qtype, imat, mixed is not None), "tensors": len(types["tensors"]), "exact": False}
+        ],
+        "tensor_types": types["tensor_types"],
+        "weight_types": types["weight_types"],
+        "bits_per_weight": types["bits_per_weight"],
+        "bits_per_weight_2d": types["bits_per_weight_2d"],
         "bits_per_weight_layers": types["bits_per_weight_layers"],
-        "fallbacks": types["fallbacks"], "fallback_types": types["fallback_types"], "block": types["block"],
-        "tensors": types["tensors"], "imatrix": imat, "f16": {"bytes": f16["bytes"], "sha256": f16["sha256"]},
-        "vocab": f16["vocab"], "notes": f16["notes"] + _notes(types, qtype),
-        "tool_versions": {**f16["tool_versions"], "llama-quantize": tools.version("llama-quantize"),
-                          "llama.cpp build": (tools.build_info() or {}).get("llama_cpp_commit")},
+        "fallbacks": types["fallbacks"],
+        "fallback_types": types["fallback_types"],
+        "block": types["block"],
+        "tensors": types["tensors"],
+        "imatrix": imat,
+        "f16": {"bytes": f16["bytes"], "sha256": f16["sha256"]},
+        "vocab": f16["vocab"],
+        "notes": f16["notes"] + _notes(types, qtype),
+        "tool_versions": {
+            **f16["tool_versions"],
+            "llama-quantize": tools.version("llama-quantize"),
+            "llama.cpp build": (tools.build_info() or {}).get("llama_cpp_commit"),
+        },
         "wall_seconds": seconds,
         **({"mixed": {k: v for k, v in mixed.items() if k != "types"}} if mixed is not None else {}),
     }
@@ -365,10 +448,14 @@ def check_mixed(types: dict, mixed: dict, size: int) -> None:
     got = {t["name"]: t["type"] for t in types["tensors"]}
     wrong = [f"{n} is {got.get(n)}, not {t}" for n, t in sorted(mixed["types"].items()) if got.get(n) != t]
     if wrong:
-        raise tools.ToolError(f"llama-quantize did not give the chosen types ({wrong[0]}; {len(wrong)} tensors); nothing was written")
+        raise tools.ToolError(
+            f"llama-quantize did not give the chosen types ({wrong[0]}; {len(wrong)} tensors); nothing was written"
+        )
     if size > mixed["reference_bytes"]:
-        raise tools.ToolError(f"the file takes {size} bytes, more than the {mixed['reference_bytes']} of --type's own file; "
-                              "nothing was written")
+        raise tools.ToolError(
+            f"the file takes {size} bytes, more than the {mixed['reference_bytes']} of --type's own file; "
+            "nothing was written"
+        )
 
 
 def _notes(types: dict, qtype: str) -> list[str]:
@@ -376,5 +463,7 @@ def _notes(types: dict, qtype: str) -> list[str]:
         return []
     rows = sorted({f["row"] for f in types["fallbacks"]})
     got = ", ".join(f"{n} x {t}" for t, n in types["fallback_types"].items())
-    return [f"{len(types['fallbacks'])} weights have rows of {', '.join(map(str, rows))} values, no multiple of {qtype}'s "
-            f"{types['block']}-value block: llama-quantize gave them {got}"]
+    return [
+        f"{len(types['fallbacks'])} weights have rows of {', '.join(map(str, rows))} values, no multiple of {qtype}'s "
+        f"{types['block']}-value block: llama-quantize gave them {got}"
+    ]

@@ -11,6 +11,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+import gguf
+
 from quantkit.errors import ModelError, QuantkitError
 from quantkit.gguf import grids
 from quantkit.gguf.arch import Hparams
@@ -53,7 +55,8 @@ def _quant_plan(art: Artifact, module: str, allow_lossy: bool) -> tuple:
     """((rows, cols), qtype, how, exact, mapping, reason) for a quantized module."""
     scale, zero, g_idx, (rows, cols), sch = art.quant_params(module)
     label = f"INT{sch.bits} {'symmetric' if sch.symmetric else 'asymmetric'} " + (
-        "per channel" if sch.strategy == "channel" else f"group {sch.group_size}")
+        "per channel" if sch.strategy == "channel" else f"group {sch.group_size}"
+    )
     targets = {(4, True): "Q4_0", (4, False): "Q4_1", (8, True): "Q8_0"}
     qtype = targets.get((sch.bits, sch.symmetric))
     reason = None
@@ -73,8 +76,10 @@ def _quant_plan(art: Artifact, module: str, allow_lossy: bool) -> tuple:
         qw = art.quant_weight(module)  # the offsets depend on each block's codes
         _, bad = grids.q4_1_offsets(qw.codes, d, grids.expand(zero, blocks))
         if bad:
-            reason = (f"in {bad} of {d.numel()} blocks no Q4_1 minimum m = -scale*c (c an integer keeping the block's "
-                      "codes in [0, 15]) is an fp16 value")
+            reason = (
+                f"in {bad} of {d.numel()} blocks no Q4_1 minimum m = -scale*c (c an integer keeping the block's "
+                "codes in [0, 15]) is an fp16 value"
+            )
     if reason:
         return (rows, cols), *_lossy(module, qtype, "round-scales", label, reason, allow_lossy)
     return (rows, cols), qtype, "grid", True, f"{label} -> {qtype}", None
@@ -82,17 +87,27 @@ def _quant_plan(art: Artifact, module: str, allow_lossy: bool) -> tuple:
 
 def _lossy(module, qtype, how, label, reason, allow_lossy):
     if not allow_lossy:
-        raise NotLosslessError(f"{module}: {reason}; not exported (--allow-lossy maps it to {qtype} with ggml's rounding and reports the KL)")
-    return qtype, how, False, f"{label} -> {qtype} (lossy: {'re-quantized' if how == 'requant' else 'fp16-rounded scales'})", reason
+        raise NotLosslessError(
+            f"{module}: {reason}; not exported (--allow-lossy maps it to {qtype} with ggml's rounding and reports the KL)"
+        )
+    return (
+        qtype,
+        how,
+        False,
+        f"{label} -> {qtype} (lossy: {'re-quantized' if how == 'requant' else 'fp16-rounded scales'})",
+        reason,
+    )
 
 
 def make_plan(art: Artifact, hp: Hparams, *, embeddings: str = "keep", allow_lossy: bool = False) -> list[TensorPlan]:
-    import gguf
-
     arch = getattr(gguf.MODEL_ARCH, hp.spec.gguf_arch)
     names = gguf.get_tensor_name_map(arch, hp.n_layer)
     quantized = set(art.quantized_modules())
-    consumed = {f"{m}.{s}" for m in quantized for s in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx", "weight")}
+    consumed = {
+        f"{m}.{s}"
+        for m in quantized
+        for s in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx", "weight")
+    }
     sources = sorted({f"{m}.weight" for m in quantized} | {n for n in art.names() if n not in consumed})
     plans = []
     for src in sources:
@@ -102,7 +117,9 @@ def make_plan(art: Artifact, hp: Hparams, *, embeddings: str = "keep", allow_los
             continue  # tied: llama.cpp reads the output projection from token_embd when output.weight is absent
         name = names.get_name(src, try_suffixes=(".weight", ".bias"))
         if name is None:
-            raise ModelError(f"{art.path}: tensor {src} has no counterpart in llama.cpp's {hp.spec.gguf_arch.lower()} architecture")
+            raise ModelError(
+                f"{art.path}: tensor {src} has no counterpart in llama.cpp's {hp.spec.gguf_arch.lower()} architecture"
+            )
         permute = None
         if hp.spec.permute_qk and re.search(r"\.attn_(q|k)\.(weight|bias)$", name):
             permute = hp.n_head if ".attn_q." in name else hp.n_head_kv
@@ -112,7 +129,9 @@ def make_plan(art: Artifact, hp: Hparams, *, embeddings: str = "keep", allow_los
         else:
             dtype = art.dtype(src)
             if dtype not in ("F16", "BF16", "F32"):
-                raise ModelError(f"{art.path}: tensor {src} is {dtype}, neither a 16/32-bit float nor part of a quantized module")
+                raise ModelError(
+                    f"{art.path}: tensor {src} is {dtype}, neither a 16/32-bit float nor part of a quantized module"
+                )
             shape = art.shape(src)
             qtype, how, exact = _dense_type(dtype, len(shape), embedding, embeddings)
             mapping = f"{dtype} -> {qtype}" + ("" if exact else " (lossy: requested with --embeddings q8_0)")
@@ -128,22 +147,43 @@ def _check_complete(art: Artifact, hp: Hparams, plans: list[TensorPlan]) -> None
     have = {p.name for p in plans}
     need = ["token_embd.weight", "output_norm.weight"] + ([] if hp.tied else ["output.weight"])
     for i in range(hp.n_layer):
-        need += [f"blk.{i}.{t}.weight" for t in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
+        need += [
+            f"blk.{i}.{t}.weight"
+            for t in (
+                "attn_norm",
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_output",
+                "ffn_norm",
+                "ffn_gate",
+                "ffn_up",
+                "ffn_down",
+            )
+        ]
     missing = [n for n in need if n not in have]
     if missing:
-        raise ModelError(f"{art.path}: incomplete checkpoint, no tensor for llama.cpp's {missing[0]}"
-                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise ModelError(
+            f"{art.path}: incomplete checkpoint, no tensor for llama.cpp's {missing[0]}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
 
 
 def file_type(plans: list[TensorPlan]) -> int:
     """general.file_type: the most common type among 2-D weights (llama.cpp's 'mostly X')."""
-    import gguf
 
-    counts = Counter(p.qtype for p in plans if len(p.shape) == 2 and p.name not in ("token_embd.weight", "output.weight"))
+    counts = Counter(
+        p.qtype for p in plans if len(p.shape) == 2 and p.name not in ("token_embd.weight", "output.weight")
+    )
     top = counts.most_common(1)[0][0] if counts else "F16"
-    return {"Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-            "F16": gguf.LlamaFileType.MOSTLY_F16, "BF16": gguf.LlamaFileType.MOSTLY_BF16, "F32": gguf.LlamaFileType.ALL_F32}[top]
+    return {
+        "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+        "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+        "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        "F16": gguf.LlamaFileType.MOSTLY_F16,
+        "BF16": gguf.LlamaFileType.MOSTLY_BF16,
+        "F32": gguf.LlamaFileType.ALL_F32,
+    }[top]
 
 
 def mapping_summary(plans: list[TensorPlan]) -> list[dict]:

@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
+
 from quantkit.errors import ModelError
 
 GGUF_MAGIC = b"GGUF"
@@ -21,7 +23,6 @@ READ_ERRORS = (ValueError, IndexError, KeyError, OverflowError, MemoryError, Uni
 
 def open_reader(path: Path):
     """A gguf.GGUFReader over `path`, or ModelError naming what is wrong with the file."""
-    import gguf
 
     path = Path(path)
     if not path.is_file():
@@ -73,14 +74,17 @@ def inspect(path: Path) -> dict:
     }
 
 
-
 @dataclass(frozen=True)
 class Origin:
     """Where a GGUF came from, as quantkit export writes it into the file (write.py `_metadata`)."""
 
-    source_sha256: str | None  # the checkpoint the artifact was converted from (the artifact itself when it records none)
+    source_sha256: (
+        str | None
+    )  # the checkpoint the artifact was converted from (the artifact itself when it records none)
     artifact_sha256: str | None  # the artifact that was exported; absent from GGUFs of older quantkit versions
-    provenance: dict | None  # the conversion's source and fitted texts, quantkit.json-shaped (None: no conversion record)
+    provenance: (
+        dict | None
+    )  # the conversion's source and fitted texts, quantkit.json-shaped (None: no conversion record)
 
     @property
     def known(self) -> bool:
@@ -98,13 +102,14 @@ def origin(reader) -> Origin:
         prov = json.loads(text("quantkit.provenance") or "null")
     except json.JSONDecodeError:
         prov = None
-    return Origin(text("quantkit.source.sha256"), text("quantkit.artifact.sha256"), prov if isinstance(prov, dict) else None)
+    return Origin(
+        text("quantkit.source.sha256"), text("quantkit.artifact.sha256"), prov if isinstance(prov, dict) else None
+    )
 
 
 def written_by_quantkit(path: Path) -> bool:
     """The file is a GGUF whose header carries quantkit export's own keys (a header that does not
     parse, or a file that is not a GGUF, is not)."""
-    import gguf
 
     with open(path, "rb") as fh:
         if fh.read(4) != GGUF_MAGIC:

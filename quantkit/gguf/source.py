@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from quantkit.errors import ModelError
 from quantkit.models.checkpoint import check_checkpoint, read_config, read_json
@@ -61,8 +62,6 @@ class Artifact:
         self._where: dict[str, object] = {}
 
     def __enter__(self) -> "Artifact":
-        from safetensors import safe_open
-
         for shard in sorted(self.path.glob("*.safetensors")):
             handle = self._stack.enter_context(safe_open(str(shard), framework="pt"))
             for key in handle.keys():
@@ -112,19 +111,29 @@ class Artifact:
         w = group.get("weights") or {}
         fmt = group.get("format") or self.quant.get("format")
         if fmt not in INT_FORMATS:
-            raise ModelError(f"{module}: compressed-tensors format {fmt!r} has no exact GGUF type (integer formats: {', '.join(INT_FORMATS)})")
+            raise ModelError(
+                f"{module}: compressed-tensors format {fmt!r} has no exact GGUF type (integer formats: {', '.join(INT_FORMATS)})"
+            )
         if w.get("type", "int") != "int" or not isinstance(w.get("num_bits"), int):
             raise ModelError(f"{module}: {w.get('type')} weights of {w.get('num_bits')} bits have no exact GGUF type")
         strategy = w.get("strategy") or ("group" if w.get("group_size") else "channel")
         if strategy not in ("group", "channel"):
-            raise ModelError(f"{module}: the {strategy!r} weight strategy has no GGUF counterpart (group and channel do)")
+            raise ModelError(
+                f"{module}: the {strategy!r} weight strategy has no GGUF counterpart (group and channel do)"
+            )
         acts = group.get("input_activations")
         if acts and not acts.get("dynamic"):
-            raise ModelError(f"{module}: static input-activation quantization (calibrated input scales) is part of this "
-                             "artifact's model and llama.cpp cannot apply it")
-        return Scheme(int(w["num_bits"]), bool(w.get("symmetric", True)), strategy, w.get("group_size"), fmt, w.get("actorder"))
+            raise ModelError(
+                f"{module}: static input-activation quantization (calibrated input scales) is part of this "
+                "artifact's model and llama.cpp cannot apply it"
+            )
+        return Scheme(
+            int(w["num_bits"]), bool(w.get("symmetric", True)), strategy, w.get("group_size"), fmt, w.get("actorder")
+        )
 
-    def quant_params(self, module: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, tuple[int, int], Scheme]:
+    def quant_params(
+        self, module: str
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, tuple[int, int], Scheme]:
         """Scale, zero point (unpacked), g_idx and the weight's shape, without unpacking the codes."""
         sch = self.scheme(module)
         rows, cols = self._weight_shape(module, sch)
@@ -133,8 +142,10 @@ class Artifact:
             scale = scale.reshape(-1, 1)
         n_groups = 1 if sch.strategy == "channel" else _groups(cols, sch.group_size, module)
         if tuple(scale.shape) != (rows, n_groups) or not scale.is_floating_point():
-            raise ModelError(f"{module}.weight_scale has shape {tuple(scale.shape)} ({scale.dtype}); "
-                             f"a {sch.strategy} scheme over a {rows}x{cols} weight needs {rows}x{n_groups}")
+            raise ModelError(
+                f"{module}.weight_scale has shape {tuple(scale.shape)} ({scale.dtype}); "
+                f"a {sch.strategy} scheme over a {rows}x{cols} weight needs {rows}x{n_groups}"
+            )
         if not bool(torch.isfinite(scale).all()):
             raise ModelError(f"{module}.weight_scale has non-finite values")
         zero = self._zero(module, sch, rows, n_groups)
@@ -161,8 +172,10 @@ class Artifact:
             rows, cols = (int(v) for v in self.tensor(f"{module}.weight_shape").tolist())
             packed = self.shape(f"{module}.weight_packed")
             if self.dtype(f"{module}.weight_packed") != "I32" or packed != (rows, math.ceil(cols * sch.bits / 32)):
-                raise ModelError(f"{module}.weight_packed has shape {packed}; {sch.bits}-bit codes of a {rows}x{cols} "
-                                 f"weight pack into {rows}x{math.ceil(cols * sch.bits / 32)} int32")
+                raise ModelError(
+                    f"{module}.weight_packed has shape {packed}; {sch.bits}-bit codes of a {rows}x{cols} "
+                    f"weight pack into {rows}x{math.ceil(cols * sch.bits / 32)} int32"
+                )
             return rows, cols
         if not self.has(f"{module}.weight") or self.dtype(f"{module}.weight") != "I8":
             raise ModelError(f"{module}: a quantized module without weight_packed or an int8 weight")
@@ -180,7 +193,9 @@ class Artifact:
             from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
 
             if tuple(zp.shape) != (math.ceil(rows * sch.bits / 32), n_groups):
-                raise ModelError(f"{name} has shape {tuple(zp.shape)}, not packed {sch.bits}-bit zero points for {rows}x{n_groups}")
+                raise ModelError(
+                    f"{name} has shape {tuple(zp.shape)}, not packed {sch.bits}-bit zero points for {rows}x{n_groups}"
+                )
             zp = unpack_from_int32(zp, sch.bits, torch.Size((rows, n_groups)), packed_dim=0)
         if zp.is_floating_point() or zp.numel() != rows * n_groups:
             raise ModelError(f"{name}: expected integer zero points of shape {rows}x{n_groups}")

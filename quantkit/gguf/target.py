@@ -15,7 +15,10 @@ import json
 import os
 from pathlib import Path
 
+from quantkit.artifacts.staging import guard_out, text_input
+from quantkit.core.integrity import sha256_file
 from quantkit.errors import QuantkitError
+from quantkit.gguf.read import written_by_quantkit
 
 RECORD_KIND = "quantkit-gguf-export"
 
@@ -58,15 +61,16 @@ def protected(artifact: Path, meta: dict) -> list[tuple[Path, str]]:
 
 def check(out: Path, artifact: Path, meta: dict, force: bool, kl_text: str | None) -> None:
     """QuantkitError (one line, nothing changed) unless export may write `out` and its record."""
-    from quantkit.artifacts.staging import guard_out, text_input
 
     keep = protected(artifact, meta)
     guard_out(out, [*keep, *text_input(kl_text, "the KL text")])
     o = _resolved(out)
     for p, what in keep:
         if p in o.parents:
-            raise QuantkitError(f"--out {out} is inside {what} ({p}); export writes beside it, never into it: "
-                                "choose another --out (nothing was changed)")
+            raise QuantkitError(
+                f"--out {out} is inside {what} ({p}); export writes beside it, never into it: "
+                "choose another --out (nothing was changed)"
+            )
     _replaceable(Path(out), force, written_gguf, "a GGUF that quantkit export wrote")
     _replaceable(record_path(out), force, written_record, "an export record that quantkit export wrote")
 
@@ -83,8 +87,10 @@ def _replaceable(path: Path, force: bool, ours, what: str) -> None:
     if not force:
         raise QuantkitError(f"{path} already exists; pass --force to replace it")
     if not ours(path):
-        raise QuantkitError(f"{path} is not {what}; --force replaces only those: remove it yourself or choose "
-                            "another --out (nothing was changed)")
+        raise QuantkitError(
+            f"{path} is not {what}; --force replaces only those: remove it yourself or choose "
+            "another --out (nothing was changed)"
+        )
 
 
 def read_record(path: Path) -> dict | None:
@@ -103,8 +109,6 @@ def written_record(path: Path) -> bool:
 def written_gguf(path: Path) -> bool:
     """quantkit's keys in the GGUF's header; failing that (a header that does not parse), the export
     record beside it naming this file's size and sha256."""
-    from quantkit.core.integrity import sha256_file
-    from quantkit.gguf.read import written_by_quantkit
 
     if written_by_quantkit(path):
         return True
@@ -116,4 +120,6 @@ def make_parent(out: Path) -> None:
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise QuantkitError(f"{Path(out).parent}: cannot create the output directory ({exc.strerror or type(exc).__name__})") from None
+        raise QuantkitError(
+            f"{Path(out).parent}: cannot create the output directory ({exc.strerror or type(exc).__name__})"
+        ) from None

@@ -7,6 +7,7 @@ shares with ggml) before it is written and compared with the artifact's exact fl
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import torch
 
@@ -25,7 +26,9 @@ def _permute(x: torch.Tensor | None, heads: int | None) -> torch.Tensor | None:
     return x if x is None or heads is None else grids.rope_permute(x, heads)
 
 
-def column_weights(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, g_idx: torch.Tensor | None) -> torch.Tensor:
+def column_weights(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, g_idx: torch.Tensor | None
+) -> torch.Tensor:
     """The artifact's own float32 weight for any group layout (each column's group by g_idx or position)."""
     rows, cols = codes.shape
     n_groups = scale.shape[1]
@@ -53,9 +56,9 @@ class Check:
         self.ref2 = 0.0
 
     def add(self, data: np.ndarray, qtype: str, ref: torch.Tensor) -> None:
-        import gguf
-
-        back = torch.from_numpy(np.asarray(gguf.quants.dequantize(data, getattr(gguf.GGMLQuantizationType, qtype)), dtype=np.float32))
+        back = torch.from_numpy(
+            np.asarray(gguf.quants.dequantize(data, getattr(gguf.GGMLQuantizationType, qtype)), dtype=np.float32)
+        )
         diff = (back.reshape(ref.shape) - ref.to(torch.float32)).double()
         self.max_abs = max(self.max_abs, float(diff.abs().max()) if diff.numel() else 0.0)
         self.err2 += float((diff * diff).sum())
@@ -84,8 +87,6 @@ def _grid_tensor(art: Artifact, plan: TensorPlan, check: Check) -> np.ndarray:
 
 
 def _requant_tensor(art: Artifact, plan: TensorPlan, check: Check) -> np.ndarray:
-    import gguf
-
     qw = art.quant_weight(plan.module)
     w = _permute(column_weights(qw.codes, qw.scale, qw.zero, qw.g_idx), plan.permute)
     data = gguf.quants.quantize(w.numpy(), getattr(gguf.GGMLQuantizationType, plan.qtype))
@@ -94,8 +95,6 @@ def _requant_tensor(art: Artifact, plan: TensorPlan, check: Check) -> np.ndarray
 
 
 def _dense_tensor(art: Artifact, plan: TensorPlan, check: Check) -> np.ndarray:
-    import gguf
-
     t = _permute(art.tensor(plan.source), plan.permute)
     if plan.how == "quantize":
         w = t.to(torch.float32)
@@ -121,7 +120,9 @@ def tensor_bytes(art: Artifact, plan: TensorPlan) -> tuple[np.ndarray, dict]:
         data = _dense_tensor(art, plan, check)
     result = check.result()
     if plan.exact and result["max_abs_diff"] != 0.0:
-        raise ExactnessFault(f"{plan.source} -> {plan.name} ({plan.qtype}) planned as exact differs by "
-                             f"{result['max_abs_diff']:.3g} after gguf dequantization")
+        raise ExactnessFault(
+            f"{plan.source} -> {plan.name} ({plan.qtype}) planned as exact differs by "
+            f"{result['max_abs_diff']:.3g} after gguf dequantization"
+        )
     flat = np.ascontiguousarray(data).view(np.uint8)
     return flat.reshape(*plan.shape[:-1], -1), result

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
@@ -87,7 +88,6 @@ def dispatch_library() -> Path | None:
     ggml's run-time CPU dispatch (the best CPU variant chosen when it loads, as llama-bench does)
     from the llama.cpp that the installed llama-cpp-python vendors (the same version, so the same C
     API). None otherwise (no tools, another build, another version)."""
-    from importlib import metadata
 
     info, where = build_info(), tools_dir()
     if not info or where is None or "GGML_BACKEND_DL=ON" not in info.get("cmake_flags", ""):
@@ -109,7 +109,9 @@ def version(name: str) -> str:
     try:
         proc = subprocess.run([str(path), "--version"], capture_output=True, text=True, errors="replace", timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ToolError(f"{path} does not start ({getattr(exc, 'strerror', None) or exc}); rebuild it: {INSTALL}") from None
+        raise ToolError(
+            f"{path} does not start ({getattr(exc, 'strerror', None) or exc}); rebuild it: {INSTALL}"
+        ) from None
     text = (proc.stdout + proc.stderr).strip()
     match = re.search(r"^version: (.+)$", text, re.M)
     if match:
@@ -132,7 +134,9 @@ def run(name: str, args: list[str], timeout: float | None = None, purpose: str =
     """Run a tool to completion (text output captured); ToolError with its telling line when it fails."""
     path = locate(name, purpose)
     try:
-        proc = subprocess.run([str(path), *map(str, args)], capture_output=True, text=True, errors="replace", timeout=timeout)
+        proc = subprocess.run(
+            [str(path), *map(str, args)], capture_output=True, text=True, errors="replace", timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         raise ToolError(f"{name} did not finish within {timeout:.0f} s") from None
     except OSError as exc:  # a binary of another platform, a library it cannot load

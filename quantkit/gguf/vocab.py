@@ -12,10 +12,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
+
 from quantkit.errors import ModelError
+from quantkit.models.checkpoint import load_tokenizer, read_json
 
 # The Split regexes of Qwen2's and Llama 3's tokenizer.json (llama-vocab.cpp lists them as the originals).
-_QWEN2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 # pre-tokenizer steps -> the llama.cpp pre-tokenizer whose regexes do the same split (llama-vocab.cpp,
 # llm_tokenizer_bpe): GPT2 = the GPT-2 regex; SMOLLM = "\p{N}" then the GPT-2 regex (digits one by one).
@@ -75,17 +80,23 @@ def _normalizer(norm: dict | None) -> str | None | bool:
 def pre_tokenizer_name(tj: dict, where: Path) -> str:
     model = tj.get("model") or {}
     if model.get("type") != "BPE":
-        raise ModelError(f"{where}: a {model.get('type')} tokenizer; GGUF export supports byte-level BPE tokenizers only")
+        raise ModelError(
+            f"{where}: a {model.get('type')} tokenizer; GGUF export supports byte-level BPE tokenizers only"
+        )
     steps = _steps(tj.get("pre_tokenizer"))
     if not steps or not any(s[0] == "bytelevel" for s in steps):
-        raise ModelError(f"{where}: not a byte-level BPE tokenizer (SentencePiece-style tokenizers are not exported to GGUF)")
+        raise ModelError(
+            f"{where}: not a byte-level BPE tokenizer (SentencePiece-style tokenizers are not exported to GGUF)"
+        )
     norm = _normalizer(tj.get("normalizer"))
     if norm not in NORMALIZERS:
         raise ModelError(f"{where}: tokenizer normalizer {norm!r} has no llama.cpp counterpart")
     name = PRE_TOKENIZERS.get(steps)
     if name is None:
-        raise ModelError(f"{where}: this tokenizer's pre-tokenizer matches none llama.cpp runs that quantkit knows "
-                         f"({', '.join(sorted(set(PRE_TOKENIZERS.values())))}); llama.cpp would split text differently")
+        raise ModelError(
+            f"{where}: this tokenizer's pre-tokenizer matches none llama.cpp runs that quantkit knows "
+            f"({', '.join(sorted(set(PRE_TOKENIZERS.values())))}); llama.cpp would split text differently"
+        )
     return name
 
 
@@ -106,9 +117,6 @@ def _eos(path: Path, tok) -> int | None:
 
 def add_vocab(writer, path: Path, vocab_size: int, config: dict) -> VocabInfo:
     """Write tokenizer.* keys for the artifact at `path` (its embedding has `vocab_size` rows)."""
-    import gguf
-
-    from quantkit.models.checkpoint import load_tokenizer, read_json
 
     if not (path / "tokenizer.json").is_file():
         raise ModelError(f"{path}: no tokenizer.json (GGUF export reads the fast tokenizer's definition)")
@@ -117,7 +125,9 @@ def add_vocab(writer, path: Path, vocab_size: int, config: dict) -> VocabInfo:
     tok = load_tokenizer(path)
     vocab = tok.get_vocab()
     if max(vocab.values()) >= vocab_size:
-        raise ModelError(f"{path}: the tokenizer has ids up to {max(vocab.values())} but the embedding has {vocab_size} rows")
+        raise ModelError(
+            f"{path}: the tokenizer has ids up to {max(vocab.values())} but the embedding has {vocab_size} rows"
+        )
     added = {i: t for i, t in tok.added_tokens_decoder.items()}
     by_id = {i: t for t, i in vocab.items()}
     tokens, types = [], []
@@ -138,8 +148,12 @@ def add_vocab(writer, path: Path, vocab_size: int, config: dict) -> VocabInfo:
     special = gguf.SpecialVocab(path, load_merges=True, n_vocab=vocab_size)
     special.special_token_ids, special.add_special_token = {}, {}  # set below from the tokenizer's behaviour
     special.add_to_gguf(writer, quiet=True)
-    ids = {"bos": tok.bos_token_id if tok.bos_token_id is not None else config.get("bos_token_id"), "eos": _eos(path, tok),
-           "unk": tok.unk_token_id, "pad": tok.pad_token_id if tok.pad_token_id is not None else config.get("pad_token_id")}
+    ids = {
+        "bos": tok.bos_token_id if tok.bos_token_id is not None else config.get("bos_token_id"),
+        "eos": _eos(path, tok),
+        "unk": tok.unk_token_id,
+        "pad": tok.pad_token_id if tok.pad_token_id is not None else config.get("pad_token_id"),
+    }
     ids = {k: v for k, v in ids.items() if isinstance(v, int) and 0 <= v < vocab_size}
     for kind, tid in ids.items():
         getattr(writer, f"add_{kind}_token_id")(tid)

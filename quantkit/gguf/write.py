@@ -17,8 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import numpy as np
 
+from quantkit import __version__
 from quantkit.core.atomic import file_mode, fsync_dir, signals_deferred
 from quantkit.gguf.arch import Hparams, add_hparams, extra_tensors
 from quantkit.gguf.plan import TensorPlan, file_type, mapping_summary
@@ -81,10 +83,6 @@ def staged_file(out: Path, record_file: Path):
 
 
 def _metadata(writer, art: Artifact, hp: Hparams, plans: list[TensorPlan], origin: Origin) -> VocabInfo:
-    import gguf
-
-    from quantkit import __version__
-
     name = art.meta.get("name") or art.config.get("_name_or_path") or art.path.name
     writer.add_type("model")
     writer.add_name(str(name))
@@ -98,7 +96,9 @@ def _metadata(writer, art: Artifact, hp: Hparams, plans: list[TensorPlan], origi
     writer.add_string("quantkit.version", __version__)
     writer.add_string("quantkit.source.sha256", origin.source_sha256)  # eval's baseline check compares it
     writer.add_string("quantkit.artifact.sha256", origin.artifact_sha256)
-    if origin.provenance is not None:  # a GGUF moved away from its record still carries eval's baseline and overlap checks
+    if (
+        origin.provenance is not None
+    ):  # a GGUF moved away from its record still carries eval's baseline and overlap checks
         writer.add_string("quantkit.provenance", json.dumps(origin.provenance, default=str))
     writer.add_string("quantkit.mapping", json.dumps(mapping_summary(plans)))
     if art.meta.get("quantization"):
@@ -107,14 +107,11 @@ def _metadata(writer, art: Artifact, hp: Hparams, plans: list[TensorPlan], origi
 
 
 def _byte_shape(shape: tuple[int, ...], qtype: str) -> tuple[int, ...]:
-    import gguf
-
     return gguf.quant_shape_to_byte_shape(shape, getattr(gguf.GGMLQuantizationType, qtype))
 
 
 def write(tmp: Path, art: Artifact, hp: Hparams, plans: list[TensorPlan], origin: Origin) -> dict:
     """Write the GGUF at `tmp`; return per-tensor checks and the vocabulary summary."""
-    import gguf
 
     extra = extra_tensors(art.path, hp)
     writer = gguf.GGUFWriter(path=None, arch=gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, hp.spec.gguf_arch)])
@@ -122,7 +119,13 @@ def write(tmp: Path, art: Artifact, hp: Hparams, plans: list[TensorPlan], origin
         info = _metadata(writer, art, hp, plans, origin)
         for p in plans:
             shape = _byte_shape(p.shape, p.qtype)
-            writer.add_tensor_info(p.name, shape, np.dtype(np.uint8), int(np.prod(shape)), raw_dtype=getattr(gguf.GGMLQuantizationType, p.qtype))
+            writer.add_tensor_info(
+                p.name,
+                shape,
+                np.dtype(np.uint8),
+                int(np.prod(shape)),
+                raw_dtype=getattr(gguf.GGMLQuantizationType, p.qtype),
+            )
         for name, arr in extra.items():
             writer.add_tensor_info(name, arr.shape, arr.dtype, arr.nbytes)
         writer.write_header_to_file(path=tmp)

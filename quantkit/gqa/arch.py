@@ -58,8 +58,7 @@ def layout_for(model_type: str, key: str) -> Layout:
         return LAYOUTS[model_type]
     why = UNSUPPORTED_HINT.get(model_type, "not in the table of supported layouts")
     raise RecipeError(
-        f"{key}: GQA conversion does not support model_type {model_type!r} ({why}); "
-        f"supported: {', '.join(LAYOUTS)}"
+        f"{key}: GQA conversion does not support model_type {model_type!r} ({why}); supported: {', '.join(LAYOUTS)}"
     )
 
 

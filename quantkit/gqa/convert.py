@@ -8,15 +8,18 @@ from contextlib import contextmanager
 
 import torch
 
+from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
 from quantkit.errors import DataError, RecipeError
-from quantkit.models.checkpoint import cast_model
-from quantkit.progress import bar, note
 from quantkit.gqa.arch import head_counts, layout_for
 from quantkit.gqa.groups import contiguous_groups, kv_bytes_per_token, search_groups
 from quantkit.gqa.layer import Stats, group_loss, merged_heads, read_heads, write_heads
-from quantkit.gqa.recover import distill
-from quantkit.gqa.windows import Windows
+from quantkit.gqa.mixed import mix_recovery_windows, preflight_mix_recovery
+from quantkit.gqa.recover import distill, trained_names
 from quantkit.gqa.stats import attention_modules, moments
+from quantkit.gqa.transfer import transfer
+from quantkit.gqa.windows import Windows
+from quantkit.models.checkpoint import cast_model
+from quantkit.progress import bar, note
 
 
 def preflight_gqa(cfg: dict, gqa, key: str) -> None:
@@ -29,7 +32,9 @@ def preflight_gqa(cfg: dict, gqa, key: str) -> None:
     if gqa.kv_heads >= kv:
         raise RecipeError(f"{key}.kv_heads: {gqa.kv_heads} is not below the model's {kv} KV heads")
     if kv % gqa.kv_heads:
-        raise RecipeError(f"{key}.kv_heads: {gqa.kv_heads} does not divide the model's {kv} KV heads (a group merges whole KV heads)")
+        raise RecipeError(
+            f"{key}.kv_heads: {gqa.kv_heads} does not divide the model's {kv} KV heads (a group merges whole KV heads)"
+        )
     if layout.qk_norm and gqa.merge != "mean":
         raise RecipeError(
             f"{key}.merge: {model_type} normalises q and k per head after the projection, which undoes a folded "
@@ -49,7 +54,9 @@ def single_thread():
         torch.set_num_threads(n)
 
 
-def merge_model(model, layout, kv_heads: int, grouping: str, kind: str, sigmas, context: int, values=None) -> list[dict]:
+def merge_model(
+    model, layout, kv_heads: int, grouping: str, kind: str, sigmas, context: int, values=None
+) -> list[dict]:
     """Merge every layer in place; returns per layer the groups and the relative merge error."""
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -84,8 +91,10 @@ def rotary_frequencies(model, layout):
 
 
 def _too_few_self(key: str, have: int, cfg) -> DataError:
-    return DataError(f"{key}.recover: {have} windows of {cfg.seq_len} tokens from the calibration samples; "
-                     f"need at least {cfg.heldout_windows + cfg.batch_size}")
+    return DataError(
+        f"{key}.recover: {have} windows of {cfg.seq_len} tokens from the calibration samples; "
+        f"need at least {cfg.heldout_windows + cfg.batch_size}"
+    )
 
 
 def _too_short(key: str, tokens: int, windows: int, cfg) -> DataError:
@@ -99,14 +108,11 @@ def _too_short(key: str, tokens: int, windows: int, cfg) -> DataError:
 def preflight_recovery_text(tok, spec: str | None, cfg, calibration, key: str) -> None:
     """recovery_windows' length check before the model is loaded: from the text's token count, or
     for `self` text from samples x seq_len (each sample is cut into seq_len // recover.seq_len windows)."""
-    from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
 
     if spec is None:  # reported by the calibration step: no source at all
         return
     need = cfg.heldout_windows + cfg.batch_size
     if parse_spec(spec).kind == "mix":
-        from quantkit.gqa.mixed import preflight_mix_recovery
-
         return preflight_mix_recovery(tok, parse_spec(spec).set_name, cfg, key)
     if parse_spec(spec).kind == "self":
         have = calibration.samples * (calibration.seq_len // cfg.seq_len)
@@ -119,20 +125,25 @@ def preflight_recovery_text(tok, spec: str | None, cfg, calibration, key: str) -
         raise _too_short(key, tokens, windows, cfg)
 
 
-def recovery_windows(tok, spec: str | None, cfg, calib_set, key: str, *, model=None, model_hash: str = "", seed: int = 0) -> Windows:
+def recovery_windows(
+    tok, spec: str | None, cfg, calib_set, key: str, *, model=None, model_hash: str = "", seed: int = 0
+) -> Windows:
     """Training and held-out windows of `cfg.seq_len` tokens from the second half of the text.
 
     Evaluation reads the first half, so neither set overlaps it; the held-out windows also avoid
     the merge's calibration windows. With `self` text, the calibration samples are cut up.
     """
-    from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
 
     if spec is not None and parse_spec(spec).kind == "mix":  # every part's second half, by weight (gqa/mixed.py)
-        from quantkit.gqa.mixed import mix_recovery_windows
-
-        return mix_recovery_windows(tok, parse_spec(spec).set_name, cfg, calib_set, key, model=model, model_hash=model_hash, seed=seed)
+        return mix_recovery_windows(
+            tok, parse_spec(spec).set_name, cfg, calib_set, key, model=model, model_hash=model_hash, seed=seed
+        )
     if spec is None or parse_spec(spec).kind == "self":
-        pieces = [s[:, i : i + cfg.seq_len] for s in (calib_set.samples if calib_set else []) for i in range(0, s.shape[1] - cfg.seq_len + 1, cfg.seq_len)]
+        pieces = [
+            s[:, i : i + cfg.seq_len]
+            for s in (calib_set.samples if calib_set else [])
+            for i in range(0, s.shape[1] - cfg.seq_len + 1, cfg.seq_len)
+        ]
         if len(pieces) < cfg.heldout_windows + cfg.batch_size:
             raise _too_few_self(key, len(pieces), cfg)
         record = {"source": "self", "seq_len": cfg.seq_len, "cut_from": "the calibration samples"}
@@ -148,9 +159,15 @@ def recovery_windows(tok, spec: str | None, cfg, calib_set, key: str, *, model=N
     held = (clean if len(clean) >= cfg.heldout_windows else order)[: cfg.heldout_windows]
     train = [i for i in order if i not in held]
     take = lambda idx: [stream[spans[i][0] : spans[i][1]].unsqueeze(0) for i in idx]  # noqa: E731
-    record = {"source": text.provenance.get("source"), "sha256": text.provenance.get("sha256"), "seq_len": cfg.seq_len,
-              "region": "second-half", "stream_tokens": len(stream), "train_starts": [spans[i][0] for i in train],
-              "heldout_starts": sorted(spans[i][0] for i in held)}
+    record = {
+        "source": text.provenance.get("source"),
+        "sha256": text.provenance.get("sha256"),
+        "seq_len": cfg.seq_len,
+        "region": "second-half",
+        "stream_tokens": len(stream),
+        "train_starts": [spans[i][0] for i in train],
+        "heldout_starts": sorted(spans[i][0] for i in held),
+    }
     return Windows(take(train), take(held), record)
 
 
@@ -166,12 +183,17 @@ def _transfer(model, teacher, names: list[str], windows, cfg):
     budget: returns its record (None when off) and the config distillation runs with."""
     if not cfg.transfer_steps:
         return None, cfg
-    from quantkit.gqa.recover import trained_names
-    from quantkit.gqa.transfer import transfer
 
     used = windows.train[: 8 * cfg.batch_size]
-    record = transfer(model, teacher, [(n, model.get_submodule(n)) for n in names], [teacher.get_submodule(n) for n in names],
-                      trained_names(model, names, cfg.train), used, cfg)
+    record = transfer(
+        model,
+        teacher,
+        [(n, model.get_submodule(n)) for n in names],
+        [teacher.get_submodule(n) for n in names],
+        trained_names(model, names, cfg.train),
+        used,
+        cfg,
+    )
     return record, cfg.model_copy(update={"max_minutes": max(0.05, cfg.max_minutes - record["minutes"])})
 
 
@@ -182,14 +204,28 @@ def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec
     layout = layout_for(cfg.model_type, key)
     n_heads, n_kv, head_dim = head_counts(cfg.to_dict())
     layers = len(attention_modules(model, layout))
-    windows = recovery_windows(tok, calib_spec, gqa.recover, calib_set, key, model=model, model_hash=src_hash,
-                               seed=calibration.seed if calibration is not None else 0) if gqa.recover else None
+    windows = (
+        recovery_windows(
+            tok,
+            calib_spec,
+            gqa.recover,
+            calib_set,
+            key,
+            model=model,
+            model_hash=src_hash,
+            seed=calibration.seed if calibration is not None else 0,
+        )
+        if gqa.recover
+        else None
+    )
     teacher = cast_model(copy.deepcopy(model), torch.bfloat16).eval() if gqa.recover else None
     t0 = time.perf_counter()
     sigmas = values = None
     if calib_set is not None and (gqa.merge == "calibrated" or gqa.grouping == "searched"):
         with bar("gqa statistics", total=len(calib_set.samples)) as update:
-            sigmas, values = moments(model, layout, calib_set.samples, values=gqa.merge == "calibrated", progress=update)
+            sigmas, values = moments(
+                model, layout, calib_set.samples, values=gqa.merge == "calibrated", progress=update
+            )
     context = calib_set.manifest.get("seq_len", 512) if calib_set is not None else 512
     report = merge_model(model, layout, gqa.kv_heads, gqa.grouping, gqa.merge, sigmas, context, values)
     meta = {
@@ -211,10 +247,17 @@ def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec
         log = distill(model, teacher, names, windows, rec, note)
         del teacher
         meta["recover"] = {
-            "steps": log.steps, "tokens": log.tokens, "minutes": round(log.minutes, 2),
-            "heldout_kl": [[s, round(k, 5)] for s, k in log.heldout_kl], "best_step": log.best_step,
-            "stop": log.stop, "train": gqa.recover.train, "lr": gqa.recover.lr,
-            "seconds_per_step": round(log.seconds_per_step, 2), "seconds_per_step_by_threads": log.threads,
-            "windows": windows.describe(log.steps, gqa.recover.batch_size), "transfer": transferred,
+            "steps": log.steps,
+            "tokens": log.tokens,
+            "minutes": round(log.minutes, 2),
+            "heldout_kl": [[s, round(k, 5)] for s, k in log.heldout_kl],
+            "best_step": log.best_step,
+            "stop": log.stop,
+            "train": gqa.recover.train,
+            "lr": gqa.recover.lr,
+            "seconds_per_step": round(log.seconds_per_step, 2),
+            "seconds_per_step_by_threads": log.threads,
+            "windows": windows.describe(log.steps, gqa.recover.batch_size),
+            "transfer": transferred,
         }
     return model, meta

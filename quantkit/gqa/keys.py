@@ -106,7 +106,9 @@ def rope_averaged(qcov: torch.Tensor, inv_freq: torch.Tensor, context: int):
     b = torch.complex((blocks[..., 0, 0] - blocks[..., 1, 1]) / 2, (blocks[..., 0, 1] + blocks[..., 1, 0]) / 2)
     a = a * causal_average(th[:, None] - th[None, :], context)
     b = b * causal_average(th[:, None] + th[None, :], context)
-    out = torch.stack([torch.stack([a.real + b.real, b.imag - a.imag], -1), torch.stack([a.imag + b.imag, a.real - b.real], -1)], -2)
+    out = torch.stack(
+        [torch.stack([a.real + b.real, b.imag - a.imag], -1), torch.stack([a.imag + b.imag, a.real - b.real], -1)], -2
+    )
     psi = _blockdiag(rotscale(causal_average(th, context)))
     return out.transpose(-3, -2).reshape(qcov.shape), psi @ qcov @ psi.T
 

@@ -44,7 +44,9 @@ class Merged:
 
 
 def _aug(lin: torch.nn.Linear, heads: int) -> torch.Tensor:
-    w = lin.weight.detach().double().cpu()  # the merge's float64 factorisations run on the CPU, whatever the model's device
+    w = (
+        lin.weight.detach().double().cpu()
+    )  # the merge's float64 factorisations run on the CPU, whatever the model's device
     b = lin.bias.detach().double() if lin.bias is not None else torch.zeros(w.shape[0], dtype=torch.float64)
     return torch.cat([w, b[:, None]], dim=1).reshape(heads, -1, w.shape[1] + 1)
 
@@ -52,8 +54,12 @@ def _aug(lin: torch.nn.Linear, heads: int) -> torch.Tensor:
 def read_heads(attn, n_heads: int, n_kv: int) -> Heads:
     o = attn.o_proj.weight.detach().double().cpu()
     d = o.shape[1] // n_heads
-    return Heads(_aug(attn.q_proj, n_heads), _aug(attn.k_proj, n_kv), _aug(attn.v_proj, n_kv),
-                 o.reshape(o.shape[0], n_heads, d).permute(1, 0, 2))
+    return Heads(
+        _aug(attn.q_proj, n_heads),
+        _aug(attn.k_proj, n_kv),
+        _aug(attn.v_proj, n_kv),
+        o.reshape(o.shape[0], n_heads, d).permute(1, 0, 2),
+    )
 
 
 def _members(h: Heads, group):
@@ -90,7 +96,9 @@ def merge_calibrated(h: Heads, group, stats: Stats, iters: int = 100) -> Merged:
     """Keys: rank-1 per plane, then the RoPE-averaged logit objective (keys.refine_keys). Values: o_proj-metric PCA."""
     members, qidx, owner = _members(h, group)
     sigma, mean = stats.sigma, stats.sigma[-1]
-    k0, c0 = K.merge_keys_rank1(h.k[members], K.plane_energy(h.q[qidx], sigma), owner, sigma, mean, stats.inv_freq, stats.context)
+    k0, c0 = K.merge_keys_rank1(
+        h.k[members], K.plane_energy(h.q[qidx], sigma), owner, sigma, mean, stats.inv_freq, stats.context
+    )
     qbar, qmean = _query_moments(h.q[qidx], stats)
     k, c = K.refine_keys(h.k[members], qbar, qmean, owner, sigma, mean, k0, c0, iters)
     coef, b = V.merge_values_pca(_metric(h, qidx, len(group)), _value_moment(h, members, stats))
@@ -141,7 +149,11 @@ def merged_heads(h: Heads, groups, stats: Stats | None, kind: str) -> tuple[Head
             q[old] = K.fold_query(h.q[old], m.c[j])
             o[old] = V.fold_output(h.o[old], m.b[j])
     order = query_order(groups, h.q_per_kv)
-    return Heads(torch.stack([q[i] for i in order]), torch.stack(k), torch.stack(v), torch.stack([o[i] for i in order])), order, loss
+    return (
+        Heads(torch.stack([q[i] for i in order]), torch.stack(k), torch.stack(v), torch.stack([o[i] for i in order])),
+        order,
+        loss,
+    )
 
 
 def _linear(a: torch.Tensor, bias: bool, like: torch.nn.Linear) -> torch.nn.Linear:
@@ -166,7 +178,9 @@ def write_heads(attn, h: Heads, groups, order: list[int], qk_norm: str | None) -
         if qk_norm == "all":  # OLMo2: norms over all heads' dims; q's gains follow the heads, k's average per group
             attn.q_norm.weight.copy_(attn.q_norm.weight.reshape(n_heads, d)[torch.tensor(order)].reshape(-1))
             gains = attn.k_norm.weight.detach().reshape(-1, d)
-            attn.k_norm.weight = torch.nn.Parameter(torch.stack([gains[torch.tensor(g)].mean(0) for g in groups]).reshape(-1))
+            attn.k_norm.weight = torch.nn.Parameter(
+                torch.stack([gains[torch.tensor(g)].mean(0) for g in groups]).reshape(-1)
+            )
     attn.num_key_value_groups = n_heads // n_kv
     if hasattr(attn, "num_key_value_heads"):
         attn.num_key_value_heads = n_kv

@@ -42,8 +42,10 @@ def heldout_counts(weights: list[float], heldout: int) -> list[int]:
 
 
 def _too_short(key: str, part: str, tokens: int, windows: int, need: int, seq_len: int) -> DataError:
-    return DataError(f"{key}.recover: calibration mix part {part!r} too short: {tokens} tokens give {windows} windows of "
-                     f"{seq_len} in its second half; recovery needs at least {need} from it (held out + one to train)")
+    return DataError(
+        f"{key}.recover: calibration mix part {part!r} too short: {tokens} tokens give {windows} windows of "
+        f"{seq_len} in its second half; recovery needs at least {need} from it (held out + one to train)"
+    )
 
 
 def _calibration_spans(calib_set, part: str) -> list[tuple[int, int]]:
@@ -60,7 +62,9 @@ def _split(n_spans: int, spans, used, held_n: int) -> tuple[list[int], list[int]
     return [i for i in order if i not in held], held
 
 
-def mix_recovery_windows(tok, name: str, cfg, calib_set, key: str, *, model=None, model_hash: str = "", seed: int = 0) -> Windows:
+def mix_recovery_windows(
+    tok, name: str, cfg, calib_set, key: str, *, model=None, model_hash: str = "", seed: int = 0
+) -> Windows:
     """Training (a weighted schedule over the parts) and held-out windows from `mix:NAME`."""
     parts, left_out = streams(load_mix(name), tok, model=model, model_hash=model_hash, seed=seed)
     weights = [p.part.weight for p in parts]
@@ -75,9 +79,20 @@ def mix_recovery_windows(tok, name: str, cfg, calib_set, key: str, *, model=None
         tr, held = _split(len(spans), spans, _calibration_spans(calib_set, p.part.name), h)
         per_part.append((p, spans, tr))
         heldout += [p.tokens[spans[i][0] : spans[i][1]].unsqueeze(0) for i in held]
-        records.append({"name": p.part.name, "domain": p.part.domain, "weight": p.part.weight, "source": p.provenance.get("source"),
-                        "sha256": p.provenance.get("sha256"), "seq_len": cfg.seq_len, "stream_tokens": len(p.tokens),
-                        "region": p.part.region or REGION, "train_windows": len(tr), "heldout_starts": sorted(spans[i][0] for i in held)})
+        records.append(
+            {
+                "name": p.part.name,
+                "domain": p.part.domain,
+                "weight": p.part.weight,
+                "source": p.provenance.get("source"),
+                "sha256": p.provenance.get("sha256"),
+                "seq_len": cfg.seq_len,
+                "stream_tokens": len(p.tokens),
+                "region": p.part.region or REGION,
+                "train_windows": len(tr),
+                "heldout_starts": sorted(spans[i][0] for i in held),
+            }
+        )
     visits = [0] * len(parts)
     for k in interleave(slots_n):
         p, spans, tr = per_part[k]

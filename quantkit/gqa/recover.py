@@ -62,7 +62,10 @@ def _logp(model, ids) -> torch.Tensor:
 def heldout_kl(student, teacher_logp: list, windows: list) -> float:
     dev = student.device
     with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16):
-        return sum(float(kl_loss(ref, student(input_ids=ids.to(dev), use_cache=False).logits)) for ids, ref in zip(windows, teacher_logp)) / len(windows)
+        return sum(
+            float(kl_loss(ref, student(input_ids=ids.to(dev), use_cache=False).logits))
+            for ids, ref in zip(windows, teacher_logp)
+        ) / len(windows)
 
 
 def lr_factor(progress: float, warmup: float = 0.05, floor: float = 0.1) -> float:
@@ -102,7 +105,10 @@ class _Threads:
         if self.n == 1 or step == 0:
             return
         untimed = [o for o in (self.n, 1) if o not in self.seconds]
-        fast, slow = min(self.seconds, key=self.seconds.get, default=self.n), max(self.seconds, key=self.seconds.get, default=1)
+        fast, slow = (
+            min(self.seconds, key=self.seconds.get, default=self.n),
+            max(self.seconds, key=self.seconds.get, default=1),
+        )
         pick = untimed[0] if untimed else (slow if self.since > 10 * self.seconds[slow] else fast)
         torch.set_num_threads(pick)
 
@@ -144,7 +150,9 @@ def distill(model, teacher, attn_names: list[str], windows: Windows, cfg, note=p
     student = bf16_student(model, names)
     named = dict(student.named_parameters())
     params = [named[n] for n in names]
-    opt = torch.optim.AdamW([{"params": [named[n]], "lr": cfg.lr * s} for n, s in names.items()], lr=cfg.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(
+        [{"params": [named[n]], "lr": cfg.lr * s} for n, s in names.items()], lr=cfg.lr, weight_decay=0.0
+    )
     base_lrs = [g["lr"] for g in opt.param_groups]
     ref = [_logp(teacher, w) for w in windows.heldout]
     log, threads = Log(), _Threads()
@@ -163,7 +171,9 @@ def distill(model, teacher, attn_names: list[str], windows: Windows, cfg, note=p
                 break
             for g, lr in zip(opt.param_groups, base_lrs):
                 g["lr"] = lr * lr_factor(max(log.steps / max_steps, elapsed / budget_s))
-            ids = torch.cat([windows.train[(log.steps * cfg.batch_size + i) % len(windows.train)] for i in range(cfg.batch_size)])
+            ids = torch.cat(
+                [windows.train[(log.steps * cfg.batch_size + i) % len(windows.train)] for i in range(cfg.batch_size)]
+            )
             threads.choose(log.steps)
             t0 = time.perf_counter()
             loss = _train_step(student, teacher, opt, params, ids)
@@ -178,7 +188,9 @@ def distill(model, teacher, attn_names: list[str], windows: Windows, cfg, note=p
                 kl = heldout_kl(student, ref, windows.heldout)
                 eval_s = time.perf_counter() - t1
                 log.heldout_kl.append([log.steps, kl])
-                note(f"recover: step {log.steps}, {log.tokens} tokens, {(time.perf_counter() - start) / 60:.1f} min, held-out KL {kl:.4f}")
+                note(
+                    f"recover: step {log.steps}, {log.tokens} tokens, {(time.perf_counter() - start) / 60:.1f} min, held-out KL {kl:.4f}"
+                )
                 if kl < best:
                     best, best_state, stale, log.best_step = kl, [p.detach().clone() for p in params], 0, log.steps
                 else:

@@ -44,7 +44,11 @@ def moments(model, layout, samples, *, values: bool, progress=None, bf16: bool =
     n = attns[0].q_proj.in_features
     dev = attns[0].q_proj.weight.device  # sums accumulate where the model runs; the merge reads them on the CPU
     xs = [torch.zeros(n + 1, n + 1, dtype=torch.float64, device=dev) for _ in attns]
-    zs = [torch.zeros(a.v_proj.out_features, a.v_proj.out_features, dtype=torch.float64, device=dev) for a in attns] if values else None
+    zs = (
+        [torch.zeros(a.v_proj.out_features, a.v_proj.out_features, dtype=torch.float64, device=dev) for a in attns]
+        if values
+        else None
+    )
     count = [0, 0]
 
     def hook(i):

@@ -29,11 +29,13 @@ def capture(teacher, attns, windows: list, batch_size: int) -> list[list[tuple[d
             if args:
                 kw["hidden_states"] = args[0]
             records[i].append([kw, None])
+
         return hook
 
     def post(i):
         def hook(module, args, kwargs, out):
             records[i][-1][1] = out[0].detach()
+
         return hook
 
     handles = [a.register_forward_pre_hook(pre(i), with_kwargs=True) for i, a in enumerate(attns)]
@@ -58,6 +60,7 @@ def relative_error(attn, kw: dict, target: torch.Tensor) -> torch.Tensor:
 
 def fit_layer(attn, records, params: dict, *, steps: int, lr: float) -> tuple[float, float]:
     """Adam on `params` (trained projection -> learning-rate scale) with cosine decay; (error before, after) on all records."""
+
     def mean_error() -> float:
         with torch.no_grad():
             return sum(float(relative_error(attn, kw, y)) for kw, y in records) / len(records)
@@ -104,5 +107,9 @@ def transfer(model, teacher, attn_modules: list, teacher_modules: list, trained:
                     p.requires_grad_(f)
             records[i] = None  # free this layer's activations
             update(i + 1)
-    return {"steps_per_layer": cfg.transfer_steps, "windows": len(windows), "minutes": round((time.perf_counter() - t0) / 60, 2),
-            "relative_error": [[round(b, 5), round(a, 5)] for b, a in errors]}
+    return {
+        "steps_per_layer": cfg.transfer_steps,
+        "windows": len(windows),
+        "minutes": round((time.perf_counter() - t0) / 60, 2),
+        "relative_error": [[round(b, 5), round(a, 5)] for b, a in errors],
+    }

@@ -23,9 +23,19 @@ class Windows:
         starts = self.record.get("train_starts", [])
         used = min(len(self.train), steps * batch_size)
         if "parts" in self.record:  # a calibration mix: the windows per part (gqa/mixed.py)
-            return {**describe_parts(self.record, used), "train": len(self.train), "heldout": len(self.heldout), "train_used": used}
-        return {**self.record, "train": len(self.train), "heldout": len(self.heldout), "train_used": used,
-                "train_starts": sorted(starts[:used])}
+            return {
+                **describe_parts(self.record, used),
+                "train": len(self.train),
+                "heldout": len(self.heldout),
+                "train_used": used,
+            }
+        return {
+            **self.record,
+            "train": len(self.train),
+            "heldout": len(self.heldout),
+            "train_used": used,
+            "train_starts": sorted(starts[:used]),
+        }
 
 
 def describe_parts(record: dict, used: int) -> dict:

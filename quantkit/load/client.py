@@ -122,8 +122,9 @@ def _line(line: bytes, api: str, rec: RequestRecord, now: float, parts: list | N
         parts.append(text)
 
 
-async def _stream(http: aiohttp.ClientSession, cfg: LoadConfig, body: dict, rec: RequestRecord, keep_text: bool,
-                  headers: dict | None) -> None:
+async def _stream(
+    http: aiohttp.ClientSession, cfg: LoadConfig, body: dict, rec: RequestRecord, keep_text: bool, headers: dict | None
+) -> None:
     async with http.post(cfg.url + APIS[cfg.api], json=body, allow_redirects=False, headers=headers) as response:
         rec.status = response.status
         if response.status >= 400:

@@ -17,7 +17,7 @@ def is_load_run(data: object) -> bool:
 
 def _check(run: dict, position: int) -> None:
     if not is_load_run(run):
-        raise LoadError(f"run {position + 1} is not a quantkit load run (no \"kind\": \"{KIND}\")")
+        raise LoadError(f'run {position + 1} is not a quantkit load run (no "kind": "{KIND}")')
     if run.get("schema_version") != SCHEMA_VERSION:
         raise LoadError(
             f"run {position + 1} ({run.get('label')}): schema_version {run.get('schema_version')!r}, "
@@ -134,11 +134,17 @@ def render_load_comparison(result: dict) -> str:
         )
     if result["matched_levels"]:
         labels = [row["label"] for row in result["runs"]]
-        lines += ["", "At matched offered load (req/s, TTFT-P99 ms, TPOT-P99 ms):", "",
-                  "| offered | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+        lines += [
+            "",
+            "At matched offered load (req/s, TTFT-P99 ms, TPOT-P99 ms):",
+            "",
+            "| offered | " + " | ".join(labels) + " |",
+            "|---|" + "---|" * len(labels),
+        ]
         for level in result["matched_levels"]:
-            cells = [f"{_f(r['achieved_qps'])}, {_f(r['ttft_p99_ms'], 0)}, {_f(r['tpot_p99_ms'], 1)}"
-                     for r in level["runs"]]
+            cells = [
+                f"{_f(r['achieved_qps'])}, {_f(r['ttft_p99_ms'], 0)}, {_f(r['tpot_p99_ms'], 1)}" for r in level["runs"]
+            ]
             lines.append(f"| {level['offered']:g} | " + " | ".join(cells) + " |")
     lines += [""] + [f"- {verdict}" for verdict in result["verdicts"]]
     return "\n".join(lines) + "\n"

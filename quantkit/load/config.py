@@ -49,9 +49,9 @@ ENGINES: dict[str, Engine] = {
     # llama-cpp-python's server: no ignore_eos; `min_tokens` holds EOS back (its MinTokensLogitsProcessor).
     "llama-cpp-python": Engine(lambda gen_len: {"min_tokens": gen_len}),
     # transformers serve accepts a GenerationConfig as a JSON string; min_new_tokens holds EOS back.
-    "transformers": Engine(lambda gen_len: {
-        "generation_config": json.dumps({"max_new_tokens": gen_len, "min_new_tokens": gen_len})
-    }),
+    "transformers": Engine(
+        lambda gen_len: {"generation_config": json.dumps({"max_new_tokens": gen_len, "min_new_tokens": gen_len})}
+    ),
 }
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32"
@@ -211,8 +211,13 @@ def build_config(
     else:
         spec = concurrency or DEFAULT_CONCURRENCY
         mode, levels = "concurrency", parse_levels(spec, integer=True, option="--concurrency")
-    for option, value in (("--gen-len", gen_len), ("--step-seconds", step_seconds), ("--timeout", timeout_s),
-                          ("--max-requests", max_requests), ("--context-len", context_len)):
+    for option, value in (
+        ("--gen-len", gen_len),
+        ("--step-seconds", step_seconds),
+        ("--timeout", timeout_s),
+        ("--max-requests", max_requests),
+        ("--context-len", context_len),
+    ):
         if value is not None and not value > 0:
             raise LoadError(f"{option} must be positive, got {value:g}")
     if patience < 1:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from quantkit.core.atomic import json_safe, write_json
 from quantkit.errors import QuantkitError
+from quantkit.load.levers_report import summarize
 from quantkit.load.process import free_port, running
 from quantkit.load.report import build_run
 from quantkit.load.runner import Progress, Terminated, run
@@ -34,8 +35,10 @@ def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
     kind = server_kind(study.server.engine)
     where = f"levers[{index}] ({lever.name})"
     model = resolve_model(lever.model or study.server.model, f"{where}: model" if lever.model else "server.model")
-    settings = {name: expand(value, f"{where}.settings.{name}") if isinstance(value, str) else value
-                for name, value in {**study.server.settings, **lever.settings}.items()}
+    settings = {
+        name: expand(value, f"{where}.settings.{name}") if isinstance(value, str) else value
+        for name, value in {**study.server.settings, **lever.settings}.items()
+    }
     for name, value in settings.items():
         # a missing file (a draft model) is refused here, before a server starts, not in its log
         if kind.key(name, where).file and not Path(str(value)).is_file():
@@ -102,8 +105,14 @@ def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) 
     _guard_sigterm()
     log(f"[{lever.name}] starting: {shlex.join(plan['command'])}")
     progress, failure = Progress(), None
-    with running(plan["command"], plan["cfg"].url, out / f"{slug}.server.log", study.server.env, ready,
-                 study.server.ready_timeout_s) as server:
+    with running(
+        plan["command"],
+        plan["cfg"].url,
+        out / f"{slug}.server.log",
+        study.server.env,
+        ready,
+        study.server.ready_timeout_s,
+    ) as server:
         log(f"[{lever.name}] ready in {server.ready_s:.0f} s")
         try:
             run(plan["cfg"], progress, log=lambda line: log(f"[{lever.name}] {line}"))
@@ -117,9 +126,16 @@ def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) 
             _guard_sigterm()
         result = build_run(plan["cfg"], progress)
     result["server"] = {
-        "engine": plan["engine"], "command": plan["command"], "model": plan["model"], "settings": plan["settings"],
-        "body_fields": plan["body_fields"], "env": study.server.env, "changes": plan["changes"],
-        "ready_s": server.ready_s, "pid": server.proc.pid, "exit_code": server.proc.returncode,
+        "engine": plan["engine"],
+        "command": plan["command"],
+        "model": plan["model"],
+        "settings": plan["settings"],
+        "body_fields": plan["body_fields"],
+        "env": study.server.env,
+        "changes": plan["changes"],
+        "ready_s": server.ready_s,
+        "pid": server.proc.pid,
+        "exit_code": server.proc.returncode,
         "log": f"{slug}.server.log",
     }
     result["file"] = f"{slug}.json"
@@ -127,12 +143,12 @@ def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) 
     return result, failure
 
 
-def run_study(study: Study, out: Path, *, source: str, log: Callable[[str], None], sink: dict | None = None,
-              trusted: bool = False) -> dict:
+def run_study(
+    study: Study, out: Path, *, source: str, log: Callable[[str], None], sink: dict | None = None, trusted: bool = False
+) -> dict:
     """Every lever in order; `study.json` is rewritten after each, and on the way out of a failure.
     `sink["result"]` holds the result as it grows, for a caller that is interrupted. A study that
     runs its own command or sets the server's environment needs `trusted` (study.check_trusted)."""
-    from quantkit.load.levers_report import summarize
 
     check_trusted(study, source, trusted)
 

@@ -7,7 +7,13 @@ weight bytes show there first), and ratios against the baseline (the first lever
 
 from __future__ import annotations
 
+import torch
+
+from quantkit.bench.probe import cached_probe
+from quantkit.core.hardware import shape_config
+from quantkit.core.roofline import Shape, prefill_flops
 from quantkit.load.compare import compare_load_runs
+from quantkit.load.study import reference_shape
 
 
 def _p(step: dict, metric: str, q: str = "p50") -> float | None:
@@ -49,8 +55,14 @@ def lever_table(runs: list[dict]) -> list[dict]:
     rows = [lever_row(run) for run in runs]
     base = rows[0]
     for row in rows:
-        for key in ("knee_qps", "peak_qps", "goodput_qps", "knee_tpot_p99_ms", "first_ttft_p50_ms",
-                    "first_tpot_p50_ms"):
+        for key in (
+            "knee_qps",
+            "peak_qps",
+            "goodput_qps",
+            "knee_tpot_p99_ms",
+            "first_ttft_p50_ms",
+            "first_tpot_p50_ms",
+        ):
             row[f"{key}_ratio"] = _ratio(row[key], base[key])
     return rows
 
@@ -59,11 +71,6 @@ def prefix_reference(shape_path: str, runs: list[dict], base: int = 0) -> dict:
     """The roofline's prefill time for each run's shared prefix, next to the TTFT-P50 it saved
     against the baseline run (`base`: the prefix prefilled every time) at the lightest step:
     prefill(P+S) - prefill(S), at the probed compute."""
-    import torch
-
-    from quantkit.bench.probe import cached_probe
-    from quantkit.core.hardware import shape_config
-    from quantkit.core.roofline import Shape, prefill_flops
 
     shape, device = Shape.from_config(shape_config(shape_path)), cached_probe(torch.device("cpu"))
     base_ttft = _p(runs[base]["steps"][0] if runs[base]["steps"] else {}, "ttft_ms")
@@ -77,18 +84,31 @@ def prefix_reference(shape_path: str, runs: list[dict], base: int = 0) -> dict:
         total = 1e3 * prefill_flops(shape, prefix + suffix) / device.compute
         ttft = _p(run["steps"][0], "ttft_ms")
         saved = base_ttft - ttft if base_ttft is not None and ttft is not None else None
-        rows.append({
-            "lever": run["label"], "prefix_tokens": prefix, "suffix_tokens": suffix,
-            "roofline_prefix_prefill_ms": estimate, "roofline_prefill_ms": total,
-            "prefix_share": estimate / total,
-            "baseline_ttft_p50_ms": base_ttft, "ttft_p50_ms": ttft, "saved_ms": saved,
-            "saved_vs_roofline": _ratio(saved, estimate),
-            "ttft_ratio": _ratio(ttft, base_ttft),
-            # what the ratio would be if TTFT were prefill alone and the prefix's prefill were skipped
-            "roofline_ttft_ratio": 1.0 - estimate / total,
-        })
-    return {"shape": shape_path, "baseline": runs[base]["label"], "device": device.name,
-            "compute_tflops": device.compute / 1e12, "device_source": device.source, "levers": rows}
+        rows.append(
+            {
+                "lever": run["label"],
+                "prefix_tokens": prefix,
+                "suffix_tokens": suffix,
+                "roofline_prefix_prefill_ms": estimate,
+                "roofline_prefill_ms": total,
+                "prefix_share": estimate / total,
+                "baseline_ttft_p50_ms": base_ttft,
+                "ttft_p50_ms": ttft,
+                "saved_ms": saved,
+                "saved_vs_roofline": _ratio(saved, estimate),
+                "ttft_ratio": _ratio(ttft, base_ttft),
+                # what the ratio would be if TTFT were prefill alone and the prefix's prefill were skipped
+                "roofline_ttft_ratio": 1.0 - estimate / total,
+            }
+        )
+    return {
+        "shape": shape_path,
+        "baseline": runs[base]["label"],
+        "device": device.name,
+        "compute_tflops": device.compute / 1e12,
+        "device_source": device.source,
+        "levers": rows,
+    }
 
 
 def summarize(study, runs: list[dict]) -> dict:
@@ -98,8 +118,6 @@ def summarize(study, runs: list[dict]) -> dict:
     labels = [run["label"] for run in runs]
     base = study.reference.baseline if study.reference else None
     if study.reference and runs and (base is None or base in labels):  # not before the baseline has run
-        from quantkit.load.study import reference_shape
-
         out["prefix_reference"] = prefix_reference(reference_shape(study), runs, labels.index(base) if base else 0)
     return out
 
@@ -132,18 +150,24 @@ def render_table(result: dict) -> str:
             f"| {_f(r['knee_tpot_p99_ms'], 1)} | {_f(r['goodput_qps'])} | {_f(r['peak_qps'])} "
             f"| {r['degraded_first'] or '-'} | {_f(r['first_ttft_p50_ms'], 0)} | {_f(r['first_tpot_p50_ms'], 1)} "
             f"| {cached} | {kept} | {_x(r['knee_qps_ratio'])} | {_x(r['peak_qps_ratio'])} | {_x(r.get('knee_tpot_p99_ms_ratio'))} "
-            f"| {r['errors']} |")
+            f"| {r['errors']} |"
+        )
     ref = result.get("prefix_reference")
     if ref and ref["levers"]:
-        lines += ["", f"Prefix prefill against the roofline ({ref['shape']}, {ref['compute_tflops']:.2f} TFLOPS "
-                  f"probed on {ref['device']}; saved against {ref.get('baseline') or 'the first lever'}):", "",
-                  "| lever | prefix + suffix tokens | roofline prefill of the prefix ms (share) | TTFT-P50 baseline -> "
-                  "lever ms | TTFT ratio measured | TTFT ratio roofline | saved ms | saved / roofline |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Prefix prefill against the roofline ({ref['shape']}, {ref['compute_tflops']:.2f} TFLOPS "
+            f"probed on {ref['device']}; saved against {ref.get('baseline') or 'the first lever'}):",
+            "",
+            "| lever | prefix + suffix tokens | roofline prefill of the prefix ms (share) | TTFT-P50 baseline -> "
+            "lever ms | TTFT ratio measured | TTFT ratio roofline | saved ms | saved / roofline |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in ref["levers"]:
             lines.append(
                 f"| {r['lever']} | {r['prefix_tokens']} + {r['suffix_tokens']} | {_f(r['roofline_prefix_prefill_ms'], 1)} "
                 f"({100 * r['prefix_share']:.0f}%) | {_f(r['baseline_ttft_p50_ms'], 0)} -> {_f(r['ttft_p50_ms'], 0)} "
                 f"| {_x(r['ttft_ratio'])} | {_x(r.get('roofline_ttft_ratio'))} "
-                f"| {_f(r['saved_ms'], 0)} | {_x(r['saved_vs_roofline'])} |")
+                f"| {_f(r['saved_ms'], 0)} | {_x(r['saved_vs_roofline'])} |"
+            )
     return "\n".join(lines) + "\n"

@@ -45,10 +45,16 @@ def plot_runs(runs: list[dict], path: str | Path) -> Path:
             if knee and knee.get("achieved_qps"):
                 y = knee["ttft_p99_ms" if metric == "ttft_ms" else "tpot_p99_ms"]
                 if y is not None:
-                    ax.plot([knee["achieved_qps"]], [y], marker="o", markersize=16, fillstyle="none",
-                            color=line.get_color())
-                    ax.annotate("knee", (knee["achieved_qps"], y), textcoords="offset points",
-                                xytext=(8, -14 - 12 * k), color=line.get_color())
+                    ax.plot(
+                        [knee["achieved_qps"]], [y], marker="o", markersize=16, fillstyle="none", color=line.get_color()
+                    )
+                    ax.annotate(
+                        "knee",
+                        (knee["achieved_qps"], y),
+                        textcoords="offset points",
+                        xytext=(8, -14 - 12 * k),
+                        color=line.get_color(),
+                    )
         if top and min(top) > 0 and max(top) / min(top) > LOG_SPAN:
             ax.set_yscale("log")
         else:

@@ -50,8 +50,18 @@ def _launch(command: list[str], supervise: bool) -> list[str]:
     if not supervise:
         return command
     # -I -S: the study's environment (PYTHONPATH, ...) and the working directory do not reach it
-    return [sys.executable, "-I", "-S", str(SUPERVISOR), "--parent", str(os.getpid()),
-            "--grace", f"{STOP_GRACE_S:g}", "--", *command]
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        str(SUPERVISOR),
+        "--parent",
+        str(os.getpid()),
+        "--grace",
+        f"{STOP_GRACE_S:g}",
+        "--",
+        *command,
+    ]
 
 
 @dataclass
@@ -81,8 +91,14 @@ def start(command: list[str], url: str, log: Path, env: dict[str, str]) -> Serve
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as sink:
         try:
-            proc = subprocess.Popen(_launch(command, supervise), stdout=sink, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
+            proc = subprocess.Popen(
+                _launch(command, supervise),
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                start_new_session=True,
+            )
         except OSError as exc:
             raise StudyError(f"cannot start the server ({command[0]}: {exc.strerror or exc})") from None
     return Server(command, url, log, proc, supervise)
@@ -94,7 +110,9 @@ def wait_ready(server: Server, path: str, timeout_s: float) -> float:
     while time.monotonic() - start < timeout_s:
         code = server.proc.poll()
         if code is not None:
-            raise StudyError(f"the server exited with code {code} before it was ready: {server.tail() or '(no output)'}")
+            raise StudyError(
+                f"the server exited with code {code} before it was ready: {server.tail() or '(no output)'}"
+            )
         try:
             with _OPENER.open(server.url + path, timeout=2.0) as response:
                 if response.status == 200:

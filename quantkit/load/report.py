@@ -6,6 +6,8 @@ import datetime as _dt
 import platform
 from importlib import metadata
 
+from rich.table import Table
+
 from quantkit.load.config import LoadConfig
 from quantkit.load.runner import Progress
 from quantkit.load.stats import analyze, percentiles
@@ -80,12 +82,22 @@ def _partial(step: dict) -> str:
 
 def render_table(run: dict):
     """The per-step table (a rich Table)."""
-    from rich.table import Table
 
     mode = run["config"]["mode"]
     table = Table(title=f"quantkit load: {run['label']}")
-    head = ["step", "conc" if mode == "concurrency" else "rate", "req/s", "out tok/s",
-            "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "ITL p99", "E2E p99", "ok/sent", "err/timeout", "note"]
+    head = [
+        "step",
+        "conc" if mode == "concurrency" else "rate",
+        "req/s",
+        "out tok/s",
+        "TTFT p50/p90/p99 ms",
+        "TPOT p50/p90/p99 ms",
+        "ITL p99",
+        "E2E p99",
+        "ok/sent",
+        "err/timeout",
+        "note",
+    ]
     if run["config"]["slo"]["ttft_ms"] is not None or run["config"]["slo"]["tpot_ms"] is not None:
         head.insert(-1, "goodput req/s")
     for name in head:
@@ -130,8 +142,9 @@ def summary_lines(run: dict) -> list[str]:
             f"{run['config']['mode']}={peak['offered']:g}{_cut(peak)} (raise the load to find it)"
         )
     if knee and peak and peak["index"] != knee["index"]:
-        lines.append(f"peak: {peak['achieved_qps'] or 0:.2f} req/s at {run['config']['mode']}="
-                     f"{peak['offered']:g}{_cut(peak)}")
+        lines.append(
+            f"peak: {peak['achieved_qps'] or 0:.2f} req/s at {run['config']['mode']}={peak['offered']:g}{_cut(peak)}"
+        )
     lines.append(analysis["degraded_first"]["meaning"])
     lines.extend(_workload_lines(run))
     slo_best = analysis["max_qps_within_slo"]
@@ -143,16 +156,19 @@ def summary_lines(run: dict) -> list[str]:
     lines.extend(_error_lines(run["steps"]))
     client = run["client_overhead"]
     parse = client["parse_ms"]
-    text = (f"client overhead: parse+bookkeeping P50 {_ms(parse['p50'], 2)} ms, "
-            f"P99 {_ms(parse['p99'], 2)} ms per request")
+    text = (
+        f"client overhead: parse+bookkeeping P50 {_ms(parse['p50'], 2)} ms, P99 {_ms(parse['p99'], 2)} ms per request"
+    )
     if client["send_lag_ms"]:
         text += f"; send lag P99 {_ms(client['send_lag_ms']['p99'], 1)} ms"
     if client["cpu_share_max"] is not None:
         text += f"; client CPU up to {client['cpu_share_max']:.2f} cores"
     lines.append(text)
     if (client["cpu_share_max"] or 0) > BUSY_CLIENT:
-        lines.append(f"warning: the client used {client['cpu_share_max']:.2f} of its one core: its own event-loop "
-                     "delays are in these latencies; run it on a quieter machine or lower the load (docs/LOAD.md)")
+        lines.append(
+            f"warning: the client used {client['cpu_share_max']:.2f} of its one core: its own event-loop "
+            "delays are in these latencies; run it on a quieter machine or lower the load (docs/LOAD.md)"
+        )
     detail = run.get("stop_detail")
     lines.append(f"stopped: {run['stopped']}" + (f" ({detail})" if detail else ""))
     return lines
@@ -163,14 +179,21 @@ def _workload_lines(run: dict) -> list[str]:
     workload = run["config"].get("workload") or {}
     lines = []
     if workload.get("shared_prefix") or workload.get("turns", 1) > 1 or "," in workload.get("prompt_len_spec", ""):
-        lines.append(f"workload: prompt-len {workload['prompt_len_spec']}, shared prefix "
-                     f"{workload['shared_prefix']} tokens, {workload['turns']} turn(s) per conversation")
-    cached = [(s["cached_tokens_mean"], s["prompt_tokens_mean"], s["cache_hit_fraction"])
-              for s in run["steps"] if s.get("cache_hit_fraction") is not None]
+        lines.append(
+            f"workload: prompt-len {workload['prompt_len_spec']}, shared prefix "
+            f"{workload['shared_prefix']} tokens, {workload['turns']} turn(s) per conversation"
+        )
+    cached = [
+        (s["cached_tokens_mean"], s["prompt_tokens_mean"], s["cache_hit_fraction"])
+        for s in run["steps"]
+        if s.get("cache_hit_fraction") is not None
+    ]
     if cached:
         hit = sum(c[2] for c in cached) / len(cached)
-        lines.append(f"prefix cache: {100 * hit:.0f}% of prompt tokens served from the server's cache "
-                     f"(per request {cached[0][0]:.0f} of {cached[0][1]:.0f} tokens in step 0)")
+        lines.append(
+            f"prefix cache: {100 * hit:.0f}% of prompt tokens served from the server's cache "
+            f"(per request {cached[0][0]:.0f} of {cached[0][1]:.0f} tokens in step 0)"
+        )
     return lines
 
 

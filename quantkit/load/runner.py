@@ -103,12 +103,23 @@ class _Step:
             self.deadline = 0.0
 
 
-async def _send(http: aiohttp.ClientSession, cfg: LoadConfig, source: RequestSource, sink: list,
-                state: _Step, t_scheduled: float | None = None) -> None:
+async def _send(
+    http: aiohttp.ClientSession,
+    cfg: LoadConfig,
+    source: RequestSource,
+    sink: list,
+    state: _Step,
+    t_scheduled: float | None = None,
+) -> None:
     """One request of the workload; its record joins the step when it is sent."""
     turn = source.next()
-    rec = RequestRecord(t_send=time.perf_counter(), t_scheduled=t_scheduled, conversation=turn.conversation.index,
-                        turn=turn.turn, prompt_words=turn.words)
+    rec = RequestRecord(
+        t_send=time.perf_counter(),
+        t_scheduled=t_scheduled,
+        conversation=turn.conversation.index,
+        turn=turn.turn,
+        prompt_words=turn.words,
+    )
     sink.append(rec)
     # session affinity: a router that pins a session to a replica keeps its prefix cache warm
     headers = {cfg.session_header: f"{cfg.seed}-{turn.conversation.index}"} if cfg.session_header else None

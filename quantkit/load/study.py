@@ -35,10 +35,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from quantkit.errors import QuantkitError
+from quantkit.core.hardware import shape_config
 from quantkit.core.yamlio import NoAliasLoader, format_validation_error
+from quantkit.errors import QuantkitError
 from quantkit.load.config import build_config
 from quantkit.load.servers import StudyError, server_kind
+from quantkit.load.workload import WorkloadError, check_fits
 
 MAX_STUDY_BYTES = 1 << 20
 PLAIN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # lever and study names name files
@@ -134,8 +136,10 @@ class Study(_Strict):
         if kind.own_command and not self.server.command:
             raise ValueError("server.command: a custom engine needs its command (a list with {port})")
         if not kind.own_command and self.server.command is not None:
-            raise ValueError(f"server.command: only the custom engine runs a command of its own; {kind.name} "
-                             "runs its template with the study's settings (quantkit levers --engines)")
+            raise ValueError(
+                f"server.command: only the custom engine runs a command of its own; {kind.name} "
+                "runs its template with the study's settings (quantkit levers --engines)"
+            )
         if self.server.command is not None and not any("{port}" in part for part in self.server.command):
             raise ValueError("server.command: the command must take {port} (the study picks a free loopback port)")
         for name in self.server.settings:
@@ -147,7 +151,9 @@ class Study(_Strict):
             _check_lever(kind, lever, f"levers[{i}]", baseline=i == 0)
             _merged_load(self.load, lever, f"levers[{i}].load")
         if self.reference and self.reference.baseline is not None and self.reference.baseline not in names:
-            raise ValueError(f"reference.baseline: no lever is named {self.reference.baseline!r}; levers: {', '.join(names)}")
+            raise ValueError(
+                f"reference.baseline: no lever is named {self.reference.baseline!r}; levers: {', '.join(names)}"
+            )
         return self
 
     def load_options(self, lever: Lever) -> dict:
@@ -172,8 +178,10 @@ def check_trusted(study: Study, label: str, trusted: bool) -> None:
     they trust it."""
     reasons = untrusted(study)
     if reasons and not trusted:
-        raise StudyError(f"{label}: {'; '.join(reasons)}: this study runs code of its author's choosing; "
-                         "read it (quantkit levers --dry-run), then pass --trust-study")
+        raise StudyError(
+            f"{label}: {'; '.join(reasons)}: this study runs code of its author's choosing; "
+            "read it (quantkit levers --dry-run), then pass --trust-study"
+        )
 
 
 def _merged_load(base: LoadSpec, lever: Lever, where: str) -> LoadSpec:
@@ -189,18 +197,22 @@ def _check_lever(kind, lever: Lever, where: str, baseline: bool) -> None:
     for name in lever.settings:
         kind.key(name, f"{where}.settings")
     if lever.args and not kind.own_command:
-        raise ValueError(f"{where}.args: raw arguments are for custom engines; {kind.name} levers are settings: "
-                         f"{', '.join(sorted(kind.keys))}")
+        raise ValueError(
+            f"{where}.args: raw arguments are for custom engines; {kind.name} levers are settings: "
+            f"{', '.join(sorted(kind.keys))}"
+        )
     server_changes = len(lever.settings) + (lever.model is not None) + bool(lever.args)
     if server_changes > 1:
-        raise ValueError(f"{where}: a lever changes one thing (settings, model or args); split it into "
-                         f"{server_changes} levers")
+        raise ValueError(
+            f"{where}: a lever changes one thing (settings, model or args); split it into {server_changes} levers"
+        )
     if not baseline and not server_changes and not lever.load:
         raise ValueError(f"{where}: changes nothing against the baseline (give settings, model, args or load)")
     unknown = set(lever.load) - set(LoadSpec.model_fields)
     if unknown:
-        raise ValueError(f"{where}.load: unknown option(s) {', '.join(sorted(unknown))}; "
-                         f"options: {', '.join(LoadSpec.model_fields)}")
+        raise ValueError(
+            f"{where}.load: unknown option(s) {', '.join(sorted(unknown))}; options: {', '.join(LoadSpec.model_fields)}"
+        )
 
 
 def expand(text: str, where: str) -> str:
@@ -262,7 +274,6 @@ def _check_context(study: Study, lever: Lever, cfg) -> None:
     """A workload that cannot fit the context the study gives the server (load.context_len, or the
     engine's context setting) is refused before any server starts; the run checks again against
     what the server itself reports."""
-    from quantkit.load.workload import WorkloadError, check_fits
 
     if cfg.context_len:
         context = (cfg.context_len, "load.context_len")
@@ -277,7 +288,6 @@ def _check_context(study: Study, lever: Lever, cfg) -> None:
 
 def reference_shape(study: Study) -> str:
     """The reference shape's path (variables expanded), checked to be a model config."""
-    from quantkit.core.hardware import shape_config
 
     shape = expand(study.reference.shape, "reference.shape")
     try:
@@ -287,8 +297,13 @@ def reference_shape(study: Study) -> str:
     return shape
 
 
-def load_config(study: Study, lever: Lever, url: str = "http://127.0.0.1:1", model: str | None = None,
-                extra_body: dict | None = None):
+def load_config(
+    study: Study,
+    lever: Lever,
+    url: str = "http://127.0.0.1:1",
+    model: str | None = None,
+    extra_body: dict | None = None,
+):
     """The `quantkit load` config of one lever (a placeholder URL when only validating)."""
     opts = study.load_options(lever)
     engine = opts.pop("engine") or server_kind(study.server.engine).load_engine
@@ -296,8 +311,14 @@ def load_config(study: Study, lever: Lever, url: str = "http://127.0.0.1:1", mod
     served = study.server.served_model or model or study.server.model
     try:
         return build_config(
-            url=url, model=served, engine=engine, timeout_s=timeout, stop_at_saturation=not no_stop,
-            label=lever.name, extra_body=extra_body or {}, **opts,
+            url=url,
+            model=served,
+            engine=engine,
+            timeout_s=timeout,
+            stop_at_saturation=not no_stop,
+            label=lever.name,
+            extra_body=extra_body or {},
+            **opts,
         )
     except QuantkitError as exc:
         raise StudyError(str(exc)) from None

@@ -93,8 +93,9 @@ class Supervisor:
     def spawn(self, command: list[str]) -> None:
         # the server gets an empty signal mask and default dispositions (Python ignores SIGPIPE and
         # SIGXFSZ), as if started directly
-        self.server = os.posix_spawnp(command[0], command, os.environ, setsigmask=(),
-                                      setsigdef=tuple(WATCHED | {signal.SIGPIPE, signal.SIGXFSZ}))
+        self.server = os.posix_spawnp(
+            command[0], command, os.environ, setsigmask=(), setsigdef=tuple(WATCHED | {signal.SIGPIPE, signal.SIGXFSZ})
+        )
 
     def reap(self) -> None:
         while True:
@@ -140,7 +141,7 @@ class Supervisor:
 def _args(argv: list[str]) -> tuple[int, float, list[str]]:
     """--parent PID --grace SECONDS -- COMMAND..."""
     split = argv.index("--")
-    opts, command = argv[:split], argv[split + 1:]
+    opts, command = argv[:split], argv[split + 1 :]
     values = dict(zip(opts[::2], opts[1::2]))
     if not command or set(values) != {"--parent", "--grace"}:
         raise ValueError("usage: supervisor.py --parent PID --grace SECONDS -- COMMAND...")

@@ -95,8 +95,12 @@ class Workload:
         """About how many tokens the longest request's prompt has (the last turn of a conversation
         of longest turns): an estimate for the context check, words counted as tokens."""
         messages = 2 * self.turns + (1 if self.shared_prefix else 0)
-        return (self.shared_prefix + self.turns * self.prompt_len.longest + (self.turns - 1) * gen_len
-                + TEMPLATE_TOKENS_PER_MESSAGE * messages)
+        return (
+            self.shared_prefix
+            + self.turns * self.prompt_len.longest
+            + (self.turns - 1) * gen_len
+            + TEMPLATE_TOKENS_PER_MESSAGE * messages
+        )
 
 
 def build_workload(prompt_len: str | int, shared_prefix: int, turns: int, api: str) -> Workload:

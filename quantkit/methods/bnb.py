@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
+from quantkit.methods.bnb_cpu_fix import remember_canonical_state
+
 
 def nf4_config(cfg):
-    import torch
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(
@@ -21,21 +24,25 @@ def nf4_config(cfg):
 def int8_config(cfg):
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=cfg.threshold, llm_int8_skip_modules=list(cfg.ignore))
+    return BitsAndBytesConfig(
+        load_in_8bit=True, llm_int8_threshold=cfg.threshold, llm_int8_skip_modules=list(cfg.ignore)
+    )
 
 
-def quantize(model, cfg, samples, src=None, device=None, transform=None, *, config: Callable):  # transform: never set (recipe refuses it)
+def quantize(
+    model, cfg, samples, src=None, device=None, transform=None, *, config: Callable
+):  # transform: never set (recipe refuses it)
     """Reload `src` through bitsandbytes (the in-memory FP model is not needed; it is dropped);
     `config(cfg)`: transformers' BitsAndBytesConfig of the method (nf4_config, int8_config)."""
-    import torch
     from transformers import AutoModelForCausalLM
 
-    from quantkit.methods.bnb_cpu_fix import remember_canonical_state
-
-    remote = type(model).__module__.startswith("transformers_modules")  # loaded under --trust-remote-code: its code has run
+    remote = type(model).__module__.startswith(
+        "transformers_modules"
+    )  # loaded under --trust-remote-code: its code has run
     del model
     device = device or torch.device("cpu")  # bitsandbytes quantizes as it loads, onto this device
-    qmodel = AutoModelForCausalLM.from_pretrained(str(src), quantization_config=config(cfg), dtype=torch.bfloat16, device_map=device,
-                                                  trust_remote_code=remote)
+    qmodel = AutoModelForCausalLM.from_pretrained(
+        str(src), quantization_config=config(cfg), dtype=torch.bfloat16, device_map=device, trust_remote_code=remote
+    )
     remember_canonical_state(qmodel)  # before any forward: see bnb_cpu_fix
     return qmodel.eval()

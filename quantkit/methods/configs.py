@@ -65,7 +65,9 @@ class WeightOnly(MethodConfig):
     def _auto(self) -> "WeightOnly":
         if self.auto is not None:
             if self.overrides:
-                raise ValueError("auto and overrides: give one of them (auto writes the overrides on the model being converted)")
+                raise ValueError(
+                    "auto and overrides: give one of them (auto writes the overrides on the model being converted)"
+                )
             try:
                 self.auto.check(Scheme(self.bits, self.group_size, self.symmetric))
             except QuantkitError as exc:

@@ -5,6 +5,14 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable
 
+import torch
+
+from quantkit.core.distributed import calibration_share, llmcompressor_qparams_barrier
+from quantkit.methods.patches import llmcompressor_awq_float64_loss, llmcompressor_cpu_pin_memory, quiet_llmcompressor
+from quantkit.methods.rotation import modifiers as rotation_modifiers
+from quantkit.models.offload import calibration_device
+from quantkit.progress import bar
+
 SEED = 0  # torch's seed for every calibration pass (llm-compressor's methods, AutoRound's included)
 
 
@@ -28,10 +36,16 @@ def weight_groups(cfg) -> dict:
     compressed-tensors gives a regex target precedence over the class target "Linear"."""
     from compressed_tensors.quantization import QuantizationScheme
 
-    groups = {"group_0": QuantizationScheme(targets=["Linear"], weights=weight_args(cfg.bits, cfg.group_size, cfg.symmetric, cfg.observer))}
+    groups = {
+        "group_0": QuantizationScheme(
+            targets=["Linear"], weights=weight_args(cfg.bits, cfg.group_size, cfg.symmetric, cfg.observer)
+        )
+    }
     for i, ov in enumerate(cfg.overrides, 1):
         targets = [f"re:{t}" for t in ov.targets]
-        groups[f"group_{i}"] = QuantizationScheme(targets=targets, weights=weight_args(ov.bits, ov.group_size, ov.symmetric, cfg.observer))
+        groups[f"group_{i}"] = QuantizationScheme(
+            targets=targets, weights=weight_args(ov.bits, ov.group_size, ov.symmetric, cfg.observer)
+        )
     return groups
 
 
@@ -51,7 +65,11 @@ def fp8_groups(cfg) -> dict:
     from compressed_tensors.quantization import preset_name_to_scheme
 
     scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
-    update = {"format": "float-quantized"} if cfg.dynamic_activations else {"format": "float-quantized", "input_activations": None}
+    update = (
+        {"format": "float-quantized"}
+        if cfg.dynamic_activations
+        else {"format": "float-quantized", "input_activations": None}
+    )
     return {"group_0": scheme.model_copy(update=update)}
 
 
@@ -68,8 +86,15 @@ def rtn(cfg) -> list:
 def gptq(cfg) -> list:
     from llmcompressor.modifiers.gptq import GPTQModifier
 
-    return [GPTQModifier(config_groups=weight_groups(cfg), ignore=list(cfg.ignore), actorder=cfg.actorder, dampening_frac=cfg.dampening,
-                         block_size=cfg.block_size)]
+    return [
+        GPTQModifier(
+            config_groups=weight_groups(cfg),
+            ignore=list(cfg.ignore),
+            actorder=cfg.actorder,
+            dampening_frac=cfg.dampening,
+            block_size=cfg.block_size,
+        )
+    ]
 
 
 def awq(cfg) -> list:
@@ -90,8 +115,10 @@ def w8a8(cfg) -> list:
     from llmcompressor.modifiers.gptq import GPTQModifier
     from llmcompressor.modifiers.transform import SmoothQuantModifier
 
-    return [SmoothQuantModifier(smoothing_strength=cfg.smoothing_strength),
-            GPTQModifier(config_groups=w8a8_groups(), ignore=list(cfg.ignore), dampening_frac=cfg.dampening, actorder=None)]
+    return [
+        SmoothQuantModifier(smoothing_strength=cfg.smoothing_strength),
+        GPTQModifier(config_groups=w8a8_groups(), ignore=list(cfg.ignore), dampening_frac=cfg.dampening, actorder=None),
+    ]
 
 
 def fp8(cfg) -> list:
@@ -102,7 +129,6 @@ def fp8(cfg) -> list:
 
 def build_recipe(cfg, modifiers: Callable, transform=None) -> list:
     """llm-compressor modifiers for a quantize step, after the rotation of a transform step if any."""
-    from quantkit.methods.rotation import modifiers as rotation_modifiers
 
     return [*rotation_modifiers(transform), *modifiers(cfg)]
 
@@ -112,29 +138,30 @@ def rotate(model, transform, device=None):
     data), so that what runs next sees the weights the rounding will round: `auto:`'s sensitivity
     pass, then the quantize step (given no transform). The same modifiers, seed and device as when
     the rotation runs inside the quantize step's pass (`quantize`); returns the same model."""
-    import torch
     from llmcompressor import oneshot
-
-    from quantkit.methods.patches import llmcompressor_cpu_pin_memory, quiet_llmcompressor
-    from quantkit.methods.rotation import modifiers as rotation_modifiers
-    from quantkit.models.offload import calibration_device
 
     quiet_llmcompressor()
     llmcompressor_cpu_pin_memory()
     torch.manual_seed(SEED)
     with torch.no_grad(), calibration_device(device or torch.device("cpu")):
-        oneshot(model=model, recipe=rotation_modifiers(transform), processor=_NoProcessor(),
-                trust_remote_code_model=type(model).__module__.startswith("transformers_modules"))
+        oneshot(
+            model=model,
+            recipe=rotation_modifiers(transform),
+            processor=_NoProcessor(),
+            trust_remote_code_model=type(model).__module__.startswith("transformers_modules"),
+        )
     return model  # _name_or_path kept: the quantize step's oneshot re-reads the config from it
 
 
 def _dataset(samples):
     from datasets import Dataset
 
-    return Dataset.from_dict({
-        "input_ids": [s[0].tolist() for s in samples],
-        "attention_mask": [[1] * s.shape[1] for s in samples],
-    })
+    return Dataset.from_dict(
+        {
+            "input_ids": [s[0].tolist() for s in samples],
+            "attention_mask": [[1] * s.shape[1] for s in samples],
+        }
+    )
 
 
 class _NoProcessor:
@@ -148,7 +175,6 @@ class _NoProcessor:
 @contextmanager
 def layer_progress(model, label: str):
     """A progress bar that follows llm-compressor's layer-by-layer pipeline (a pre-hook per decoder layer)."""
-    from quantkit.progress import bar
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
@@ -156,7 +182,10 @@ def layer_progress(model, label: str):
         return
     n = len(layers)
     with bar(label, total=n) as update:
-        hooks = [layer.register_forward_pre_hook(lambda *_, i=i: update(i + 1, f"{label} layer {i + 1}/{n}")) for i, layer in enumerate(layers)]
+        hooks = [
+            layer.register_forward_pre_hook(lambda *_, i=i: update(i + 1, f"{label} layer {i + 1}/{n}"))
+            for i, layer in enumerate(layers)
+        ]
         try:
             yield
         finally:
@@ -164,7 +193,9 @@ def layer_progress(model, label: str):
                 h.remove()
 
 
-def quantize(model, cfg, samples, src=None, device=None, transform=None, *, modifiers: Callable, tuning: Callable | None = None):
+def quantize(
+    model, cfg, samples, src=None, device=None, transform=None, *, modifiers: Callable, tuning: Callable | None = None
+):
     """Quantize `model` in place with llm-compressor's oneshot; returns the same model.
 
     `modifiers(cfg)`: the method's llm-compressor modifiers (rtn, gptq, ... above); `tuning(cfg,
@@ -175,31 +206,40 @@ def quantize(model, cfg, samples, src=None, device=None, transform=None, *, modi
     AWQ/SmoothQuant smooth in their own pass before GPTQ solves on the smoothed model). Afterwards the model's forward
     fake-quantizes, so its logits equal those of the saved artifact when reloaded.
     """
-    import torch
     from llmcompressor import oneshot
-
-    from quantkit.models.offload import calibration_device
-    from quantkit.methods.patches import llmcompressor_awq_float64_loss, llmcompressor_cpu_pin_memory, quiet_llmcompressor
 
     quiet_llmcompressor()
     llmcompressor_cpu_pin_memory()
     llmcompressor_awq_float64_loss()
     if tuning is not None:
         samples = tuning(cfg, samples)
-    from quantkit.core.distributed import calibration_share, llmcompressor_qparams_barrier
 
     llmcompressor_qparams_barrier()  # under torchrun: two faults of llm-compressor's distributed calibration (distributed.py)
     samples = calibration_share(samples)  # this rank's part (all of them in one process)
     recipe = build_recipe(cfg, modifiers, transform)
     kwargs = {}
     if samples:
-        kwargs = dict(dataset=_dataset(samples), processor=_NoProcessor(), num_calibration_samples=len(samples),
-                      max_seq_length=max(s.shape[1] for s in samples), shuffle_calibration_samples=False)
+        kwargs = dict(
+            dataset=_dataset(samples),
+            processor=_NoProcessor(),
+            num_calibration_samples=len(samples),
+            max_seq_length=max(s.shape[1] for s in samples),
+            shuffle_calibration_samples=False,
+        )
     torch.manual_seed(SEED)
-    with torch.no_grad(), layer_progress(model, f"{cfg.method}: calibrating"), calibration_device(device or torch.device("cpu")):
+    with (
+        torch.no_grad(),
+        layer_progress(model, f"{cfg.method}: calibrating"),
+        calibration_device(device or torch.device("cpu")),
+    ):
         # oneshot re-reads the model's config from its path; a class from the checkpoint's own code
         # (loaded under --trust-remote-code, so that code has run already) needs the same permission there.
-        oneshot(model=model, recipe=recipe, trust_remote_code_model=type(model).__module__.startswith("transformers_modules"), **kwargs)
+        oneshot(
+            model=model,
+            recipe=recipe,
+            trust_remote_code_model=type(model).__module__.startswith("transformers_modules"),
+            **kwargs,
+        )
     # resave_config() re-reads config.json from _name_or_path at save time; keep the in-memory config.
     model.config._name_or_path = ""
     return model

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+
+import torch
 
 # Relative gap below which two AWQ grid losses count as equal (the earlier grid point is kept).
 # float64 sums of the same bf16 outputs differ across thread counts by ~1e-13 relative; real
@@ -20,7 +23,6 @@ def llmcompressor_cpu_pin_memory() -> None:
     accelerator device when none is available". Pinning only speeds up host-to-device copies,
     so without an accelerator skipping it changes nothing else. Idempotent.
     """
-    import torch
     from llmcompressor.pipelines.cache import IntermediatesCache
 
     original = IntermediatesCache.pin_memory
@@ -41,7 +43,6 @@ def quiet_llmcompressor() -> None:
     """llm-compressor's import replaces every loguru sink with a stdout one at INFO; keep stdout
     for --json. (Setting LLM_COMPRESSOR_LOG_DISABLED would crash GPTQ: its METRIC level would
     never be registered.)"""
-    import os
 
     os.environ.setdefault("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")
     os.environ.setdefault("COMPRESSED_TENSORS_LOG_DISABLED", "true")
@@ -79,7 +80,6 @@ def awq_loss_float64(self, fp16_outputs, int_w_outputs) -> float:
     on the thread count (checked on this CPU), so summing them in float64 makes the losses and
     therefore the choices the same at any thread count.
     """
-    import torch
     from llmcompressor.core import active_session
     from llmcompressor.modifiers.transform.awq import base as awq_base
 

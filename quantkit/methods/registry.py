@@ -13,9 +13,20 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from quantkit.methods import autoround, bnb, llmc
-from quantkit.methods.configs import (AWQConfig, AutoRoundConfig, BnbInt8Config, BnbNF4Config, FP8Config, GPTQConfig, MethodConfig,
-                                      RTNConfig, W8A8Config)
+import torch
+
+from quantkit.methods import autoround, bnb, llmc, rotation
+from quantkit.methods.configs import (
+    AutoRoundConfig,
+    AWQConfig,
+    BnbInt8Config,
+    BnbNF4Config,
+    FP8Config,
+    GPTQConfig,
+    MethodConfig,
+    RTNConfig,
+    W8A8Config,
+)
 
 
 @dataclass(frozen=True)
@@ -61,18 +72,39 @@ _LLMC = dict(export_format="compressed-tensors", layerwise=True, rotates=True, c
 METHODS: dict[str, Method] = {
     "rtn": Method("rtn", RTNConfig, _llmc(llmc.rtn), calibrates=False, torchrun=True, **_LLMC),
     # GPTQ: per layer, a forward to collect the Hessians and one to propagate the quantized output
-    "gptq": Method("gptq", GPTQConfig, _llmc(llmc.gptq), calibrates=True, torchrun=True, passes=2, hessians=True, **_LLMC),
+    "gptq": Method(
+        "gptq", GPTQConfig, _llmc(llmc.gptq), calibrates=True, torchrun=True, passes=2, hessians=True, **_LLMC
+    ),
     # AWQ and SmoothQuant add a smoothing pass before the rounding's two
     "awq": Method("awq", AWQConfig, _llmc(llmc.awq), calibrates=True, passes=3, hessians=True, **_LLMC),
-    "autoround": Method("autoround", AutoRoundConfig, _llmc(autoround.modifiers, tuning=autoround.tuning_samples), calibrates=True,
-                        check=autoround.check_samples, runtime=autoround.runtime, **_LLMC),
+    "autoround": Method(
+        "autoround",
+        AutoRoundConfig,
+        _llmc(autoround.modifiers, tuning=autoround.tuning_samples),
+        calibrates=True,
+        check=autoround.check_samples,
+        runtime=autoround.runtime,
+        **_LLMC,
+    ),
     "w8a8": Method("w8a8", W8A8Config, _llmc(llmc.w8a8), calibrates=True, passes=3, hessians=True, **_LLMC),
     # FP8 rounds each weight once from its channel's scale, like rtn; not tried with a rotation or under torchrun
     "fp8": Method("fp8", FP8Config, _llmc(llmc.fp8), calibrates=False, **{**_LLMC, "rotates": False}),
-    "bnb-nf4": Method("bnb-nf4", BnbNF4Config, partial(bnb.quantize, config=bnb.nf4_config), export_format="bitsandbytes",
-                      calibrates=False, loads_quantized=True),
-    "bnb-int8": Method("bnb-int8", BnbInt8Config, partial(bnb.quantize, config=bnb.int8_config), export_format="bitsandbytes",
-                       calibrates=False, loads_quantized=True),
+    "bnb-nf4": Method(
+        "bnb-nf4",
+        BnbNF4Config,
+        partial(bnb.quantize, config=bnb.nf4_config),
+        export_format="bitsandbytes",
+        calibrates=False,
+        loads_quantized=True,
+    ),
+    "bnb-int8": Method(
+        "bnb-int8",
+        BnbInt8Config,
+        partial(bnb.quantize, config=bnb.int8_config),
+        export_format="bitsandbytes",
+        calibrates=False,
+        loads_quantized=True,
+    ),
 }
 
 
@@ -103,7 +135,6 @@ def transform_step(variant):
 
 def preflight(recipe, variant, key: str, cfg: dict) -> None:
     """Method checks that need the model's config or the recipe's other sections, before loading."""
-    from quantkit.methods import rotation
 
     for i, step in enumerate(variant.steps):
         if step.transform is not None:
@@ -116,10 +147,8 @@ def runtime_meta(quant: MethodConfig | None = None) -> dict:
     """What else a conversion's result depends on, for quantkit.json: the CPU thread count (reduction
     order) and the seeds. Choices must not depend on the threads (methods/patches.py,
     tests/test_methods_determinism.py)."""
-    import torch
 
     out = {"torch_num_threads": torch.get_num_threads(), "seed": llmc.SEED}
     if quant is not None and method_of(quant).runtime is not None:
         out.update(method_of(quant).runtime())
     return out
-

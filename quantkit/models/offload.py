@@ -8,10 +8,14 @@ safetensors files under a temp folder beside `--out`, removed afterwards.
 
 from __future__ import annotations
 
+import importlib
 import re
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
+import torch
 
 from quantkit.errors import RecipeError
 
@@ -36,12 +40,12 @@ def parse_size(text: str, option: str = "--max-memory") -> int:
 
 
 def available_bytes() -> int:
-    import psutil
-
     return int(psutil.virtual_memory().available)
 
 
-def plan(n_params: int, calib_dtype: str, source_dtype: str, max_memory: int | None, available: int) -> OffloadPlan | None:
+def plan(
+    n_params: int, calib_dtype: str, source_dtype: str, max_memory: int | None, available: int
+) -> OffloadPlan | None:
     """None when the model fits in the budget at its calibration precision; else an offload plan.
 
     An offloaded model loads at the checkpoint's own precision: casting it afterwards would not
@@ -59,14 +63,17 @@ def _itemsize(dtype: str) -> int:
 
 def load(path: Path, offload: OffloadPlan, folder: Path, trust_remote_code: bool = False):
     """compressed-tensors' loader (the one llm-compressor documents for big models)."""
-    import torch
     from compressed_tensors.offload import load_offloaded_model
     from transformers import AutoModelForCausalLM
 
     with load_offloaded_model():
         model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=getattr(torch, offload.dtype), device_map="auto_offload",
-            max_memory={"cpu": offload.cpu_bytes}, offload_folder=str(folder), trust_remote_code=trust_remote_code,
+            str(path),
+            dtype=getattr(torch, offload.dtype),
+            device_map="auto_offload",
+            max_memory={"cpu": offload.cpu_bytes},
+            offload_folder=str(folder),
+            trust_remote_code=trust_remote_code,
         )
     return model.eval()
 
@@ -88,7 +95,6 @@ def plain_cpu(device):
     built for "cpu:0" (the same device as "cpu") fails the assertion when llm-compressor's save
     re-dispatches the model (from_accelerate -> dispatch_with_map). Other device types keep
     their index."""
-    import torch
 
     return torch.device("cpu") if device.type == "cpu" else device
 
@@ -104,9 +110,12 @@ def calibration_device(device):
     their own module namespaces, so it is swapped there (and in utils.dev, for get_high_precision)
     and restored afterwards.
     """
-    import importlib
 
-    names = ("llmcompressor.utils.dev", "llmcompressor.pipelines.sequential.pipeline", "llmcompressor.pipelines.data_free.pipeline")
+    names = (
+        "llmcompressor.utils.dev",
+        "llmcompressor.pipelines.sequential.pipeline",
+        "llmcompressor.pipelines.data_free.pipeline",
+    )
     modules = [importlib.import_module(n) for n in names]
     saved = [m.get_main_device for m in modules]
     target = plain_cpu(device)

@@ -50,8 +50,10 @@ class StepCache:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             data = exc
         if not isinstance(data, dict):
-            note(f"{p} is damaged ({'not valid JSON' if isinstance(data, Exception) else 'not a JSON object'}); "
-                 "its steps will be done again")
+            note(
+                f"{p} is damaged ({'not valid JSON' if isinstance(data, Exception) else 'not a JSON object'}); "
+                "its steps will be done again"
+            )
             data = {}
         return cls(p, data)
 

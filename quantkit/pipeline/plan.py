@@ -3,16 +3,19 @@ step the run would take (plan/plans.py costs each one; plan/cost.py adds them up
 
 from __future__ import annotations
 
+from quantkit.bench.settings import BenchSettings
+from quantkit.device import resolve
 from quantkit.errors import QuantkitError, RecipeError
+from quantkit.pipeline.run import Runner, with_baseline
 from quantkit.plan.cost import BenchWork, Model, Plan, bench_plan, combine, convert_plan, eval_plan, forward_flops
 from quantkit.plan.plans import compile_seconds, convert_work, read_model, this_machine
+from quantkit.quantize.job import check_inputs, prepare
 
 
 def plan_run(recipe, opts) -> Plan:
     """The run's own checks (building run.Runner: the model, --out, every text), each variant's
     `convert` checks as the run passes them (quantize/job.py check_inputs and prepare), then each
     variant's convert, eval (when the run evaluates) and one bench of all per engine."""
-    from quantkit.pipeline.run import Runner, with_baseline
 
     runner = Runner(recipe, opts)
     plans, shapes = [], []
@@ -28,10 +31,22 @@ def plan_run(recipe, opts) -> Plan:
         dev = _device(ev.device)
         mc = this_machine(dev)
         elem = 4 if (ev.dtype or ("float32" if dev.type == "cpu" else "bfloat16")) == "float32" else 2
-        for _engine in ev.engines:  # llama.cpp scores the same windows from a GGUF export: costed like transformers' pass
+        for (
+            _engine
+        ) in ev.engines:  # llama.cpp scores the same windows from a GGUF export: costed like transformers' pass
             for model, art in shapes:
-                plans.append(eval_plan(model, Model(**{**model.__dict__, "weight_bytes": art}), n_texts * (ev.max_tokens // ev.seq_len) * ev.seq_len,
-                                       ev.seq_len, elem, mc, art, first_hash=True))
+                plans.append(
+                    eval_plan(
+                        model,
+                        Model(**{**model.__dict__, "weight_bytes": art}),
+                        n_texts * (ev.max_tokens // ev.seq_len) * ev.seq_len,
+                        ev.seq_len,
+                        elem,
+                        mc,
+                        art,
+                        first_hash=True,
+                    )
+                )
     if shapes and not opts.skip_bench:
         plans += _bench_plans(recipe, shapes)
     if not plans:
@@ -42,19 +57,19 @@ def plan_run(recipe, opts) -> Plan:
 def variant_job(runner, v):
     """The checks `run` has `convert` make for variant `v`. A variant that fails them is reported
     failed by the run, which goes on with the others; its plan stops here, naming it."""
-    from quantkit.quantize.job import check_inputs, prepare
 
     single, src, out, opts = runner.conversion(v)
     try:
         check_inputs(single, src, out, opts)
         return prepare(single, src, out, opts, v.name)
     except QuantkitError as exc:
-        raise QuantkitError(f"variant {v.name} would fail: {exc} (the run reports it failed and goes on with the others)") from None
+        raise QuantkitError(
+            f"variant {v.name} would fail: {exc} (the run reports it failed and goes on with the others)"
+        ) from None
 
 
 def _bench_plans(recipe, shapes) -> list[Plan]:
     """One bench of every variant and the baseline per engine of bench.engines."""
-    from quantkit.bench.settings import BenchSettings
 
     b = recipe.bench
     model = shapes[0][0]
@@ -62,14 +77,19 @@ def _bench_plans(recipe, shapes) -> list[Plan]:
     plans = []
     for engine in b.engines or (b.engine,):
         s = BenchSettings(device=b.device, engine=engine, prompt_len=b.prompt_len, gen_len=b.gen_len, repeats=b.repeats)
-        work = BenchWork(s.prompt_len, s.gen_len, s.warmups + s.repeats, tuple(float(a) for _, a in shapes) + (float(model.weight_bytes),),
-                         tuple(a for _, a in shapes) + (model.params * 2,), compile_seconds(s.engine),
-                         (forward_flops(model, s.prompt_len, s.prompt_len, with_head=True),) * n, (model.params * 4,) * n)
+        work = BenchWork(
+            s.prompt_len,
+            s.gen_len,
+            s.warmups + s.repeats,
+            tuple(float(a) for _, a in shapes) + (float(model.weight_bytes),),
+            tuple(a for _, a in shapes) + (model.params * 2,),
+            compile_seconds(s.engine),
+            (forward_flops(model, s.prompt_len, s.prompt_len, with_head=True),) * n,
+            (model.params * 4,) * n,
+        )
         plans.append(bench_plan(model, work, this_machine(s.device)))
     return plans
 
 
 def _device(spec):
-    from quantkit.device import resolve
-
     return resolve(spec)

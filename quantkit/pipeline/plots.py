@@ -15,8 +15,15 @@ def pyplot():
     return plt
 
 
-def rule_check(rows: list[dict], fit: dict, bandwidth_gbps: float, out: Path, title: str = "",
-               fits: dict[str, dict] | None = None, bandwidths: dict[str, float] | None = None) -> Path:
+def rule_check(
+    rows: list[dict],
+    fit: dict,
+    bandwidth_gbps: float,
+    out: Path,
+    title: str = "",
+    fits: dict[str, dict] | None = None,
+    bandwidths: dict[str, float] | None = None,
+) -> Path:
     """TPOT against bytes read per token: the points, the least-squares fit and the roofline.
     With `fits` (engine -> fit), one series per engine (rows carry "engine"): its points, its fit
     and the roofline of its own probe (`bandwidths`, engine -> GB/s)."""
@@ -34,18 +41,33 @@ def rule_check(rows: list[dict], fit: dict, bandwidth_gbps: float, out: Path, ti
         for r, x, y in zip(mine, px, py):
             ax.annotate(r["name"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
         bw = (bandwidths or {}).get(engine, bandwidth_gbps)
-        if engine is None or i == 0 or abs(bw - bandwidth_gbps) > 0.05 * bandwidth_gbps:  # one roofline unless the probes differ
-            ax.plot(grid, [g * 1e6 / (bw * 1e9) * 1e3 for g in grid], "--", color="gray" if engine is None else color, alpha=0.7,
-                    label=f"roofline{'' if engine is None else f' ({engine} probe)'}: bytes / {bw:.1f} GB/s")
+        if (
+            engine is None or i == 0 or abs(bw - bandwidth_gbps) > 0.05 * bandwidth_gbps
+        ):  # one roofline unless the probes differ
+            ax.plot(
+                grid,
+                [g * 1e6 / (bw * 1e9) * 1e3 for g in grid],
+                "--",
+                color="gray" if engine is None else color,
+                alpha=0.7,
+                label=f"roofline{'' if engine is None else f' ({engine} probe)'}: bytes / {bw:.1f} GB/s",
+            )
         if f and f.get("effective_gbps"):
-            ax.plot(grid, [f["overhead_ms"] + g * 1e6 / (f["effective_gbps"] * 1e9) * 1e3 for g in grid], color=color,
-                    label=f"{'fit' if engine is None else engine + ' fit'}: {f['overhead_ms']:.2f} ms + bytes / {f['effective_gbps']:.1f} GB/s "
-                          f"(R² {f['r2']:.3f})")
+            ax.plot(
+                grid,
+                [f["overhead_ms"] + g * 1e6 / (f["effective_gbps"] * 1e9) * 1e3 for g in grid],
+                color=color,
+                label=f"{'fit' if engine is None else engine + ' fit'}: {f['overhead_ms']:.2f} ms + bytes / {f['effective_gbps']:.1f} GB/s "
+                f"(R² {f['r2']:.3f})",
+            )
     ax.set_xlabel("bytes read per decode token (MB)")
     ax.set_ylabel("TPOT (ms)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
-    ax.set_title(title or ("TPOT against bytes per token (batch 1), per engine" if fits else "TPOT against bytes per token (batch 1)"))
+    ax.set_title(
+        title
+        or ("TPOT against bytes per token (batch 1), per engine" if fits else "TPOT against bytes per token (batch 1)")
+    )
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -80,8 +102,17 @@ def pareto(points: list[dict], out: Path, metric: str = "kld_mean") -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     pts = [p for p in points if p.get(metric) is not None and p.get("tpot_ms") is not None]
-    front = [p for p in pts if not any(q["tpot_ms"] <= p["tpot_ms"] and q[metric] <= p[metric] and q is not p
-                                         and (q["tpot_ms"] < p["tpot_ms"] or q[metric] < p[metric]) for q in pts)]
+    front = [
+        p
+        for p in pts
+        if not any(
+            q["tpot_ms"] <= p["tpot_ms"]
+            and q[metric] <= p[metric]
+            and q is not p
+            and (q["tpot_ms"] < p["tpot_ms"] or q[metric] < p[metric])
+            for q in pts
+        )
+    ]
     ax.scatter([p["tpot_ms"] for p in pts], [p[metric] for p in pts], zorder=3)
     for p in pts:
         ax.annotate(p["name"], (p["tpot_ms"], p[metric]), textcoords="offset points", xytext=(5, 4), fontsize=8)

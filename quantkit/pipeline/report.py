@@ -6,17 +6,26 @@ import platform
 import time
 from pathlib import Path
 
+from quantkit.artifacts.card import update_card_results
 from quantkit.core.atomic import write_json, write_text
 from quantkit.errors import QuantkitError
 from quantkit.evals.scorers import BASELINE
 from quantkit.models.sizes import checkpoint_sizes
+from quantkit.pipeline.plots import pareto, rule_check, ttft_sweep
 from quantkit.progress import note
 
 COLUMNS = [
-    ("variant", "name", "{}"), ("size MB", "disk_mb", "{:.1f}"), ("bits/weight", "bits_per_weight", "{:.2f}"),
-    ("KV B/token", "kv_bytes_per_token", "{:,}"), ("TTFT ms", "ttft_ms", "{:.1f}"), ("TPOT ms", "tpot_ms", "{:.2f}"),
-    ("pred TPOT ms", "predicted_tpot_ms", "{:.2f}"), ("efficiency", "tpot_efficiency_pct", "{:.0f}%"),
-    ("ΔPPL %", "delta_ppl_pct", "{:+.2f}"), ("KL", "kld_mean", "{:.4f}"), ("top-1", "top1_pct", "{:.1f}%"),
+    ("variant", "name", "{}"),
+    ("size MB", "disk_mb", "{:.1f}"),
+    ("bits/weight", "bits_per_weight", "{:.2f}"),
+    ("KV B/token", "kv_bytes_per_token", "{:,}"),
+    ("TTFT ms", "ttft_ms", "{:.1f}"),
+    ("TPOT ms", "tpot_ms", "{:.2f}"),
+    ("pred TPOT ms", "predicted_tpot_ms", "{:.2f}"),
+    ("efficiency", "tpot_efficiency_pct", "{:.0f}%"),
+    ("ΔPPL %", "delta_ppl_pct", "{:+.2f}"),
+    ("KL", "kld_mean", "{:.4f}"),
+    ("top-1", "top1_pct", "{:.1f}%"),
     ("lm-eval Δ", "tasks_delta", "{}"),
 ]
 
@@ -29,22 +38,46 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
     row: dict = {"name": rec["name"], "status": "failed" if rec.get("error") else "ok", "error": rec.get("error")}
     if rec.get("artifact"):
         sizes = checkpoint_sizes(Path(rec["artifact"]))
-        row.update(disk_mb=sizes["disk_bytes"] / 1e6, bits_per_weight=sizes["bits_per_weight"], kv_bytes_per_token=sizes["kv_bytes_per_token"])
-    elif rec.get("gguf_variant"):  # llama-quantize's GGUF: its file, its decoder layers' bits (as sizes.py counts a checkpoint's)
+        row.update(
+            disk_mb=sizes["disk_bytes"] / 1e6,
+            bits_per_weight=sizes["bits_per_weight"],
+            kv_bytes_per_token=sizes["kv_bytes_per_token"],
+        )
+    elif rec.get(
+        "gguf_variant"
+    ):  # llama-quantize's GGUF: its file, its decoder layers' bits (as sizes.py counts a checkpoint's)
         made = rec["gguf_variant"]
-        row.update(disk_mb=made["bytes"] / 1e6, bits_per_weight=made["bits_per_weight_layers"], gguf_type=made["gguf_type"])
+        row.update(
+            disk_mb=made["bytes"] / 1e6, bits_per_weight=made["bits_per_weight_layers"], gguf_type=made["gguf_type"]
+        )
     ev = rec.get("eval") or {}
     if "ppl" in ev:
-        row.update(ppl=ev["ppl"], baseline_ppl=ev["baseline_ppl"], delta_ppl_pct=ev["delta_ppl_pct"], kld_mean=ev["kld"]["mean"],
-                   kld_p99=ev["kld"]["p99"], top1_pct=ev["top1_agreement"] * 100, ci95=ev.get("ci95"), domain=ev.get("primary_text"))
+        row.update(
+            ppl=ev["ppl"],
+            baseline_ppl=ev["baseline_ppl"],
+            delta_ppl_pct=ev["delta_ppl_pct"],
+            kld_mean=ev["kld"]["mean"],
+            kld_p99=ev["kld"]["p99"],
+            top1_pct=ev["top1_agreement"] * 100,
+            ci95=ev.get("ci95"),
+            domain=ev.get("primary_text"),
+        )
     if ev.get("tasks"):
         row["tasks"] = ev["tasks"]
         row["tasks_delta"] = ", ".join(f"{n} {t['delta']:+.3f}±{t['delta_stderr']:.3f}" for n, t in ev["tasks"].items())
     b = ((rec.get("benches") or {}).get(engine) if engine else rec.get("bench")) or {}
     if b:
-        row.update(ttft_ms=b["ttft_ms"], tpot_ms=b["tpot_ms"], predicted_tpot_ms=b["predicted_tpot_ms"],
-                   tpot_efficiency_pct=b["tpot_efficiency"] * 100, bytes_per_token=b["bytes_per_token"], kernel=b["kernel"],
-                   accounting_error=b["accounting_error"], engine=b.get("engine"), threads=b.get("threads"))
+        row.update(
+            ttft_ms=b["ttft_ms"],
+            tpot_ms=b["tpot_ms"],
+            predicted_tpot_ms=b["predicted_tpot_ms"],
+            tpot_efficiency_pct=b["tpot_efficiency"] * 100,
+            bytes_per_token=b["bytes_per_token"],
+            kernel=b["kernel"],
+            accounting_error=b["accounting_error"],
+            engine=b.get("engine"),
+            threads=b.get("threads"),
+        )
     if engine:
         row["engine"] = engine
         failed = (rec.get("bench_errors") or {}).get(engine)
@@ -59,24 +92,50 @@ def accuracy_rows(rec: dict) -> list[dict]:
     evals = [rec.get("eval") or {}, *(rec.get("evals") or {}).values()]
     # a result that names no engine predates eval engines: the baseline's scorer (transformers) made it
     for t, engine in ((t, ev.get("engine", BASELINE.name)) for ev in evals for t in ev.get("texts") or []):
-        out.append({"name": rec["name"], "engine": engine, "domain": t["label"], "text": t["text"], "ppl": t["ppl"], "baseline_ppl": t["baseline_ppl"],
-                    "delta_ppl_pct": t["delta_ppl_pct"], "ci95": t.get("ci95"), "kld_mean": t["kld"]["mean"], "kld_p99": t["kld"]["p99"],
-                    "top1_pct": t["top1_agreement"] * 100, "tokens": t["tokens"], "windows": t["windows"]["count"],
-                    "seq_len": t["windows"]["seq_len"]})
+        out.append(
+            {
+                "name": rec["name"],
+                "engine": engine,
+                "domain": t["label"],
+                "text": t["text"],
+                "ppl": t["ppl"],
+                "baseline_ppl": t["baseline_ppl"],
+                "delta_ppl_pct": t["delta_ppl_pct"],
+                "ci95": t.get("ci95"),
+                "kld_mean": t["kld"]["mean"],
+                "kld_p99": t["kld"]["p99"],
+                "top1_pct": t["top1_agreement"] * 100,
+                "tokens": t["tokens"],
+                "windows": t["windows"]["count"],
+                "seq_len": t["windows"]["seq_len"],
+            }
+        )
     return out
 
 
 def accuracy_table(rows: list[dict]) -> str:
     """Markdown: variant, domain, PPL, ΔPPL and mean KL with their 95% bootstrap CIs, KL p99, top-1."""
     engines = len({r.get("engine") for r in rows}) > 1  # several eval engines: the engine beside the variant
-    head = ["variant", *(["engine"] if engines else []), "domain", "PPL", "ΔPPL % [95% CI]", "KL mean [95% CI]", "KL p99", "top-1", "tokens"]
+    head = [
+        "variant",
+        *(["engine"] if engines else []),
+        "domain",
+        "PPL",
+        "ΔPPL % [95% CI]",
+        "KL mean [95% CI]",
+        "KL p99",
+        "top-1",
+        "tokens",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ci = r.get("ci95") or {}
         d, k = ci.get("delta_ppl_pct") or [float("nan")] * 2, ci.get("kld_mean") or [float("nan")] * 2
         who = f"{r['name']} | {r['engine']}" if engines else r["name"]
-        lines.append(f"| {who} | {r['domain']} | {r['ppl']:.3f} | {r['delta_ppl_pct']:+.2f} [{d[0]:+.2f}, {d[1]:+.2f}] | "
-                     f"{r['kld_mean']:.4f} [{k[0]:.4f}, {k[1]:.4f}] | {r['kld_p99']:.3f} | {r['top1_pct']:.1f}% | {r['tokens']:,} |")
+        lines.append(
+            f"| {who} | {r['domain']} | {r['ppl']:.3f} | {r['delta_ppl_pct']:+.2f} [{d[0]:+.2f}, {d[1]:+.2f}] | "
+            f"{r['kld_mean']:.4f} [{k[0]:.4f}, {k[1]:.4f}] | {r['kld_p99']:.3f} | {r['top1_pct']:.1f}% | {r['tokens']:,} |"
+        )
     return "\n".join(lines)
 
 
@@ -113,15 +172,22 @@ def fastest(rows: list[dict]) -> dict:
             continue
         tpot, ttft = min(rs, key=lambda r: r["tpot_ms"]), min(rs, key=lambda r: r["ttft_ms"])
         slowest = max(r["tpot_ms"] for r in rs)
-        out[name] = {"tpot": tpot["engine"], "ttft": ttft["engine"], "tpot_speedup": slowest / tpot["tpot_ms"],
-                     "tpot_ms": {r["engine"]: r["tpot_ms"] for r in rs}, "ttft_ms": {r["engine"]: r["ttft_ms"] for r in rs}}
+        out[name] = {
+            "tpot": tpot["engine"],
+            "ttft": ttft["engine"],
+            "tpot_speedup": slowest / tpot["tpot_ms"],
+            "tpot_ms": {r["engine"]: r["tpot_ms"] for r in rs},
+            "ttft_ms": {r["engine"]: r["ttft_ms"] for r in rs},
+        }
     return out
 
 
 def _fit_text(fit: dict, what: str) -> str | None:
     if fit.get("effective_gbps"):
-        return (f"{what} (TPOT = overhead + bytes/token ÷ bandwidth, least squares over {fit['points']} variants): "
-                f"effective {fit['effective_gbps']:.2f} GB/s, fixed overhead {fit['overhead_ms']:.2f} ms per step, R² {fit['r2']:.3f}")
+        return (
+            f"{what} (TPOT = overhead + bytes/token ÷ bandwidth, least squares over {fit['points']} variants): "
+            f"effective {fit['effective_gbps']:.2f} GB/s, fixed overhead {fit['overhead_ms']:.2f} ms per step, R² {fit['r2']:.3f}"
+        )
     if fit.get("r2") is not None:
         return f"{what}: TPOT does not grow with bytes per token here (R² {fit['r2']:.3f}); decode is overhead-bound on this engine"
     return None
@@ -135,8 +201,14 @@ def engine_lines(report: dict) -> list[str]:
         if e.get("error"):
             out.append(f"- **{name}**: not benchmarked: {e['error']}")
             continue
-        probe = f"{dev.get('threads')} threads, probed {dev.get('bandwidth_gbps', 0):.1f} GB/s read" if dev else "no probe"
-        effs = [row["tpot_efficiency_pct"] for row in report["rows"] if row.get("engine") == name and row.get("tpot_efficiency_pct") is not None]
+        probe = (
+            f"{dev.get('threads')} threads, probed {dev.get('bandwidth_gbps', 0):.1f} GB/s read" if dev else "no probe"
+        )
+        effs = [
+            row["tpot_efficiency_pct"]
+            for row in report["rows"]
+            if row.get("engine") == name and row.get("tpot_efficiency_pct") is not None
+        ]
         eff = f"; TPOT efficiency {min(effs):.0f}–{max(effs):.0f}% of the roofline" if effs else ""
         fit = _fit_text(e.get("fit") or {}, "rule check")
         out.append(f"- **{name}** ({probe}{eff}): {fit or 'rule check: not enough variants to fit'}.")
@@ -146,33 +218,62 @@ def engine_lines(report: dict) -> list[str]:
         for name, f in fastest.items():
             ms = ", ".join(f"{e} {t:.2f} ms" for e, t in sorted(f["tpot_ms"].items(), key=lambda kv: kv[1]))
             ttft = ", ".join(f"{e} {t:.1f} ms" for e, t in sorted(f["ttft_ms"].items(), key=lambda kv: kv[1]))
-            out.append(f"- {name}: **{f['tpot']}**, {f['tpot_speedup']:.2f}x faster per token than the slowest (TPOT {ms}; TTFT {ttft})")
+            out.append(
+                f"- {name}: **{f['tpot']}**, {f['tpot_speedup']:.2f}x faster per token than the slowest (TPOT {ms}; TTFT {ttft})"
+            )
     return out
 
 
 def render_markdown(report: dict) -> str:
     r, fit = report, report.get("fit") or {}
     dev = r.get("device") or {}
-    out = [f"# quantkit run: {r['recipe']}", "",
-           f"- model: `{r['model']}` (sha256 {r['model_sha256'][:12]}…)",
-           f"- date: {r['date']}, host: {r['host']}",
-           (f"- device: {dev.get('name', 'n/a')} — {dev.get('bandwidth_gbps', 0):.1f} GB/s read, {dev.get('compute_tflops', 0):.2f} TFLOP/s bf16 (probed in this run)"
-            if dev else "- device: not probed (no bench in this run)"),
-           f"- eval: {r.get('eval_text') or 'skipped'}{_eval_device(r)}; bench: {r.get('bench_settings') or 'skipped'}", "",
-           markdown_table(r["rows"], domain=_first_domain(r)), ""]
+    out = [
+        f"# quantkit run: {r['recipe']}",
+        "",
+        f"- model: `{r['model']}` (sha256 {r['model_sha256'][:12]}…)",
+        f"- date: {r['date']}, host: {r['host']}",
+        (
+            f"- device: {dev.get('name', 'n/a')} — {dev.get('bandwidth_gbps', 0):.1f} GB/s read, {dev.get('compute_tflops', 0):.2f} TFLOP/s bf16 (probed in this run)"
+            if dev
+            else "- device: not probed (no bench in this run)"
+        ),
+        f"- eval: {r.get('eval_text') or 'skipped'}{_eval_device(r)}; bench: {r.get('bench_settings') or 'skipped'}",
+        "",
+        markdown_table(r["rows"], domain=_first_domain(r)),
+        "",
+    ]
     acc = r.get("accuracy") or []
     if len({a["domain"] for a in acc}) > 1 or len({a["engine"] for a in acc}) > 1:
-        out += ["**Accuracy per domain** (each text's held-out windows; the 95% intervals resample whole windows"
-                + ("; llamacpp scores each variant's exact GGUF in llama.cpp against the same baseline pass" if len({a["engine"] for a in acc}) > 1 else "")
-                + "):", "", accuracy_table(acc), ""]
-    eval_failed = [f"- {name}: eval ({e}): {msg}" for name, v in r["variants"].items() for e, msg in (v.get("eval_errors") or {}).items()]
+        out += [
+            "**Accuracy per domain** (each text's held-out windows; the 95% intervals resample whole windows"
+            + (
+                "; llamacpp scores each variant's exact GGUF in llama.cpp against the same baseline pass"
+                if len({a["engine"] for a in acc}) > 1
+                else ""
+            )
+            + "):",
+            "",
+            accuracy_table(acc),
+            "",
+        ]
+    eval_failed = [
+        f"- {name}: eval ({e}): {msg}"
+        for name, v in r["variants"].items()
+        for e, msg in (v.get("eval_errors") or {}).items()
+    ]
     if eval_failed:
         out += ["Evaluation failed on an engine:", *eval_failed, ""]
     if len(r.get("engines") or {}) > 1:
-        out += ["**Rule check per engine**, each against its own probe of the device in this run:", *engine_lines(r), ""]
+        out += [
+            "**Rule check per engine**, each against its own probe of the device in this run:",
+            *engine_lines(r),
+            "",
+        ]
     elif _fit_text(fit, "**Rule check**"):
         out.append(_fit_text(fit, "**Rule check**") + ".")
-    gguf_failed = [f"- {name}: export gguf: {v['gguf_error']}" for name, v in r["variants"].items() if v.get("gguf_error")]
+    gguf_failed = [
+        f"- {name}: export gguf: {v['gguf_error']}" for name, v in r["variants"].items() if v.get("gguf_error")
+    ]
     if gguf_failed:
         out += ["GGUF export failed:", *gguf_failed, ""]
     failed = [f"- {row['name']}: {row['error']}" for row in r["rows"] if row.get("error")]
@@ -180,12 +281,19 @@ def render_markdown(report: dict) -> str:
         out += ["Failed:", *failed, ""]
     if any(row.get("accounting_error") for row in r["rows"]):
         out.append("\n(!) An efficiency above 100% means the byte accounting or the probed bandwidth is wrong.")
-    kernels = [f"- {row['name']}{' (' + row['engine'] + ')' if r.get('engines') and len(r['engines']) > 1 else ''}: {row['kernel']}"
-               for row in r["rows"] if row.get("kernel")]
+    kernels = [
+        f"- {row['name']}{' (' + row['engine'] + ')' if r.get('engines') and len(r['engines']) > 1 else ''}: {row['kernel']}"
+        for row in r["rows"]
+        if row.get("kernel")
+    ]
     if kernels:
         out += ["", "Kernels that ran:", *kernels]
-    out += ["", f"Plots: {', '.join(r.get('plots', [])) or 'none'}",
-            f"Wall time {r['wall_seconds']:.0f} s; steps {r['steps_seconds']:.0f} s; run overhead {r['overhead_pct']:.1f}%.", ""]
+    out += [
+        "",
+        f"Plots: {', '.join(r.get('plots', [])) or 'none'}",
+        f"Wall time {r['wall_seconds']:.0f} s; steps {r['steps_seconds']:.0f} s; run overhead {r['overhead_pct']:.1f}%.",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -196,7 +304,10 @@ def _first_domain(report: dict) -> str | None:
 
 def _eval_device(report: dict) -> str:
     """Where the evaluation ran, from the first variant evaluated: device, its name, dtype."""
-    ev = next((v["eval"] for v in report["variants"].values() if isinstance(v.get("eval"), dict) and v["eval"].get("device")), None)
+    ev = next(
+        (v["eval"] for v in report["variants"].values() if isinstance(v.get("eval"), dict) and v["eval"].get("device")),
+        None,
+    )
     if ev is None:
         return ""
     d = ev["device"]
@@ -205,7 +316,6 @@ def _eval_device(report: dict) -> str:
 
 def _plots(runner, benches: dict[str, dict], rows: list[dict]) -> list[str]:
     """The rule check (one series and fit per engine), accuracy against TPOT, TTFT against prompt length."""
-    from quantkit.pipeline.plots import pareto, rule_check, ttft_sweep
 
     ran = {e: res for e, res in benches.items() if res.get("rows")}
     if not ran:
@@ -218,7 +328,18 @@ def _plots(runner, benches: dict[str, dict], rows: list[dict]) -> list[str]:
     first = next(iter(ran.values()))
     fits = {e: res["fit"] for e, res in ran.items()} if many else None
     bandwidths = {e: res["device"]["bandwidth_gbps"] for e, res in ran.items()}
-    plots = [str(rule_check(bench_rows, first["fit"], first["device"]["bandwidth_gbps"], d / "rule_check.png", fits=fits, bandwidths=bandwidths))]
+    plots = [
+        str(
+            rule_check(
+                bench_rows,
+                first["fit"],
+                first["device"]["bandwidth_gbps"],
+                d / "rule_check.png",
+                fits=fits,
+                bandwidths=bandwidths,
+            )
+        )
+    ]
     points = [{**r, "name": label(r)} for r in rows] if many else rows
     if any(r.get("kld_mean") is not None and r.get("tpot_ms") is not None for r in points):
         plots.append(str(pareto(points, d / "accuracy_vs_tpot.png")))
@@ -229,15 +350,18 @@ def _plots(runner, benches: dict[str, dict], rows: list[dict]) -> list[str]:
 
 def finish_run(runner, benches: dict[str, dict], total_s: float) -> dict:
     """`benches`: engine -> bench_many's result (serving.bench_engines); empty when the bench was skipped."""
-    from quantkit.artifacts.card import update_card_results
 
-    engines = [e for e, res in benches.items() if not res.get("error")] or [None]  # an engine that could not run has no rows
+    engines = [e for e, res in benches.items() if not res.get("error")] or [
+        None
+    ]  # an engine that could not run has no rows
     rows = [variant_row(rec, e) for rec in runner.variants.values() for e in engines]
     plots = _plots(runner, benches, rows)
     first = next((res for res in benches.values() if res.get("rows")), None)
     for rec in runner.variants.values():
         art = Path(rec.get("artifact", ""))
-        made_here = art.is_relative_to(runner.dir) and art.resolve() != Path(runner.src).resolve()  # never write into the source
+        made_here = (
+            art.is_relative_to(runner.dir) and art.resolve() != Path(runner.src).resolve()
+        )  # never write into the source
         if rec.get("artifact") and (art / "quantkit.json").is_file() and made_here:
             try:
                 update_card_results(art, {k: rec[k] for k in ("eval", "bench") if rec.get(k)})
@@ -245,18 +369,37 @@ def finish_run(runner, benches: dict[str, dict], total_s: float) -> dict:
                 note(f"[{rec['name']}] model card not updated: {exc}")
     steps_s = sum(runner.timings.values())
     report = {
-        "kind": "quantkit-run", "schema_version": 1, "recipe": runner.recipe.name, "model": str(runner.src),
-        "model_sha256": runner.src_hash, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
-        "eval_text": runner.eval_text, "eval_texts": list(getattr(runner, "eval_texts", ()) or ()), "calibration": runner.calib,
+        "kind": "quantkit-run",
+        "schema_version": 1,
+        "recipe": runner.recipe.name,
+        "model": str(runner.src),
+        "model_sha256": runner.src_hash,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "host": platform.node(),
+        "eval_text": runner.eval_text,
+        "eval_texts": list(getattr(runner, "eval_texts", ()) or ()),
+        "calibration": runner.calib,
         "accuracy": [a for rec in runner.variants.values() for a in accuracy_rows(rec)],
         "bench_settings": runner.recipe.bench.model_dump(mode="json") if benches else None,
-        "device": first["device"] if first else None, "fit": first["fit"] if first else None,
-        "engines": {e: {k: res.get(k) for k in ("device", "fit", "settings", "load_average", "error")} for e, res in benches.items()},
+        "device": first["device"] if first else None,
+        "fit": first["fit"] if first else None,
+        "engines": {
+            e: {k: res.get(k) for k in ("device", "fit", "settings", "load_average", "error")}
+            for e, res in benches.items()
+        },
         "fastest": fastest(rows),
-        "rows": rows, "variants": runner.variants, "plots": plots, "timings": runner.timings,
-        "wall_seconds": total_s, "steps_seconds": steps_s, "overhead_pct": 100.0 * max(0.0, total_s - steps_s) / total_s if total_s else 0.0,
-        "failed": sorted({r["name"] for r in rows if r["status"] == "failed"}
-                         | {n for n, v in runner.variants.items() if v.get("gguf_error")}, key=list(runner.variants).index),
+        "rows": rows,
+        "variants": runner.variants,
+        "plots": plots,
+        "timings": runner.timings,
+        "wall_seconds": total_s,
+        "steps_seconds": steps_s,
+        "overhead_pct": 100.0 * max(0.0, total_s - steps_s) / total_s if total_s else 0.0,
+        "failed": sorted(
+            {r["name"] for r in rows if r["status"] == "failed"}
+            | {n for n, v in runner.variants.items() if v.get("gguf_error")},
+            key=list(runner.variants).index,
+        ),
     }
     write_json(runner.dir / "report.json", report, default=str)
     write_text(runner.dir / "report.md", render_markdown(report))

@@ -21,13 +21,23 @@ from functools import cached_property
 from pathlib import Path
 
 from quantkit import __version__
-from quantkit.artifacts.staging import text_input
+from quantkit.artifacts.staging import model_inputs, read_meta, text_input
 from quantkit.core.atomic import exclusive
+from quantkit.core.integrity import problems, sha256_file
+from quantkit.data.calib import check_source
+from quantkit.data.text import check_readable
 from quantkit.errors import QuantkitError
-from quantkit.models.checkpoint import checkpoint_hash, resolve_model
+from quantkit.evals.domains import default_texts, labelled
+from quantkit.evals.runner import run_eval
+from quantkit.evals.scorers import scorer_named
+from quantkit.models.checkpoint import checkpoint_hash, read_config, resolve_model
 from quantkit.pipeline import report, serving
 from quantkit.pipeline.cache import StepCache, step_key, text_fingerprint
+from quantkit.plan.plans import memory_warning
 from quantkit.progress import note
+from quantkit.quantize.convert import convert
+from quantkit.quantize.job import ConvertOptions, needs_calibration
+from quantkit.quantize.preflight import check_context, check_not_inside
 from quantkit.recipe.schema import BASELINE_NAME, Recipe, Variant
 
 
@@ -60,7 +70,6 @@ def _real(p: Path) -> Path:
 
 def content_hash(path: Path) -> str:
     """A checkpoint directory's hash (models/checkpoint.py), or a file's sha256 (a GGUF variant)."""
-    from quantkit.core.integrity import sha256_file
 
     return sha256_file(path) if path.is_file() else checkpoint_hash(path)
 
@@ -70,18 +79,22 @@ def check_run_dir(run_dir: Path, src: Path, inputs) -> None:
     neither one of the run's inputs (the source checkpoint, the recipe files, the texts), nor
     inside the source checkpoint (whose hash, and so every cached step, would change under it),
     nor containing any of them."""
-    from quantkit.artifacts.staging import model_inputs
-    from quantkit.quantize.preflight import check_not_inside
 
     if run_dir.exists() and not run_dir.is_dir():
-        raise QuantkitError(f"--out {run_dir} exists and is not a directory; a run directory holds the report and artifacts")
+        raise QuantkitError(
+            f"--out {run_dir} exists and is not a directory; a run directory holds the report and artifacts"
+        )
     here = _real(run_dir)
     if here in (Path(here.anchor), _real(Path.home())):
-        raise QuantkitError(f"--out {run_dir} is the root or home directory; a run directory is a new directory of its own")
+        raise QuantkitError(
+            f"--out {run_dir} is the root or home directory; a run directory is a new directory of its own"
+        )
     for p, what in [*model_inputs(src), *inputs]:
         if here == p or here in p.parents:
-            raise QuantkitError(f"--out {run_dir} {'is' if here == p else 'contains'} {what} ({p}); "
-                                "a run directory is a new directory of its own (nothing was changed)")
+            raise QuantkitError(
+                f"--out {run_dir} {'is' if here == p else 'contains'} {what} ({p}); "
+                "a run directory is a new directory of its own (nothing was changed)"
+            )
     check_not_inside(run_dir, src)
 
 
@@ -119,10 +132,6 @@ class Runner:
         """The texts' window lengths fit the model's context, and a calibration text that is given
         is read now (it exists, it is text), as the eval texts are; a calibrated variant without one
         fails on its own, and the others go on."""
-        from quantkit.data.calib import check_source
-        from quantkit.quantize.job import needs_calibration
-        from quantkit.models.checkpoint import read_config
-        from quantkit.quantize.preflight import check_context
 
         cfg = read_config(self.src)
         if self.eval_texts:
@@ -135,16 +144,13 @@ class Runner:
     def _eval_texts(self) -> tuple[str, ...]:
         """--eval-text, else the recipe's eval.texts, else (no tasks either) the default domains; each
         is read now, so a bad or unreachable text fails before any conversion rather than after."""
-        from quantkit.evals.domains import default_texts, labelled
-        from quantkit.data.text import check_source
-
         given = self.opts.eval_text
         texts = tuple([given] if isinstance(given, str) else given or ()) or self.recipe.eval.texts
         if not texts and not self.recipe.eval.tasks:
             texts = tuple(default_texts())
         labelled(texts, "--eval-text" if given else "eval.texts")  # the same text twice is refused here
         for t in texts:
-            check_source(t)
+            check_readable(t)
         return texts
 
     def _timed(self, label: str, fn):
@@ -156,20 +162,25 @@ class Runner:
 
     def conversion(self, v: Variant, meta: dict | None = None):
         """What `convert` gets for variant `v`: (the one-variant recipe, source, artifact directory, options)."""
-        from quantkit.plan.plans import memory_warning
-        from quantkit.quantize.job import ConvertOptions
 
         single = self.recipe.model_copy(update={"variants": (v,), "steps": ()})
-        opts = ConvertOptions(calib=self.calib, force=True, inputs=self.inputs(), meta=meta, memory_check=memory_warning)
+        opts = ConvertOptions(
+            calib=self.calib, force=True, inputs=self.inputs(), meta=meta, memory_check=memory_warning
+        )
         return single, str(self.src), self.dir / "artifacts" / v.name, opts
 
     def convert(self, v: Variant) -> Path:
         if not v.steps:
             return self.src
-        from quantkit.quantize.convert import convert
 
-        key = step_key("convert", __version__, self.src_hash, [s.model_dump(mode="json") for s in v.steps],
-                   self.recipe.calibration.model_dump(mode="json"), text_fingerprint(self.calib))
+        key = step_key(
+            "convert",
+            __version__,
+            self.src_hash,
+            [s.model_dump(mode="json") for s in v.steps],
+            self.recipe.calibration.model_dump(mode="json"),
+            text_fingerprint(self.calib),
+        )
         single, src, out, opts = self.conversion(v, meta={"run_key": key})
         if not self.opts.rerun and self._reusable(v, out, key):
             note(f"[{v.name}] convert: reusing {out}")
@@ -180,8 +191,6 @@ class Runner:
 
     def _reusable(self, v: Variant, out: Path, key: str) -> bool:
         """The artifact this step made before, intact: same inputs, verified, every file its recorded size."""
-        from quantkit.artifacts.staging import read_meta
-        from quantkit.core.integrity import problems
 
         try:
             meta = read_meta(out)
@@ -214,22 +223,43 @@ class Runner:
         return result
 
     def _evaluate(self, v: Variant, path: Path, engine: str) -> dict:
-        from quantkit.evals.runner import run_eval
-        from quantkit.evals.scorers import scorer_named
-
         ev = self.recipe.eval
-        key = step_key("eval", __version__, content_hash(path), self.src_hash, ev.model_dump(mode="json", exclude={"texts", "engines"} | ({"split"} if ev.split == "all" else set())),
-                   [(t, text_fingerprint(t)) for t in self.eval_texts], engine)
+        key = step_key(
+            "eval",
+            __version__,
+            content_hash(path),
+            self.src_hash,
+            ev.model_dump(mode="json", exclude={"texts", "engines"} | ({"split"} if ev.split == "all" else set())),
+            [(t, text_fingerprint(t)) for t in self.eval_texts],
+            engine,
+        )
         hit = self.cache.get(key)
         what = "eval" if len(ev.engines) == 1 else f"eval ({engine})"
         if hit is not None and not self.opts.rerun:
             note(f"[{v.name}] {what}: reusing")
             return hit
         note(f"[{v.name}] {what}")
-        tasks = ev.tasks if scorer_named(engine, "eval.engines").runs_tasks else ()  # lm-eval tasks: only where the scorer runs them (transformers)
-        result = run_eval(path, self.src, list(self.eval_texts), seq_len=ev.seq_len, max_tokens=ev.max_tokens, region=ev.region,
-                          split=ev.split, tasks=tasks, limit=ev.limit, device=ev.device, dtype=ev.dtype, batch_size=ev.batch_size, engine=engine,
-                          tasks_backend=ev.tasks_backend, tensor_parallel=ev.tensor_parallel, data_parallel=ev.data_parallel)
+        tasks = (
+            ev.tasks if scorer_named(engine, "eval.engines").runs_tasks else ()
+        )  # lm-eval tasks: only where the scorer runs them (transformers)
+        result = run_eval(
+            path,
+            self.src,
+            list(self.eval_texts),
+            seq_len=ev.seq_len,
+            max_tokens=ev.max_tokens,
+            region=ev.region,
+            split=ev.split,
+            tasks=tasks,
+            limit=ev.limit,
+            device=ev.device,
+            dtype=ev.dtype,
+            batch_size=ev.batch_size,
+            engine=engine,
+            tasks_backend=ev.tasks_backend,
+            tensor_parallel=ev.tensor_parallel,
+            data_parallel=ev.data_parallel,
+        )
         self.cache.put(key, result)
         return result
 
@@ -268,7 +298,14 @@ class Runner:
         t0 = time.perf_counter()
         paths: dict[str, Path] = {}
         for v in with_baseline(self.recipe):
-            rec = self.variants.setdefault(v.name, {"name": v.name, "description": v.description, "steps": [s.model_dump(mode="json", exclude_none=True) for s in v.steps]})
+            rec = self.variants.setdefault(
+                v.name,
+                {
+                    "name": v.name,
+                    "description": v.description,
+                    "steps": [s.model_dump(mode="json", exclude_none=True) for s in v.steps],
+                },
+            )
             try:
                 if v.gguf is not None:
                     paths[v.name] = self.gguf_variant(v, rec)

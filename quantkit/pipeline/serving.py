@@ -12,18 +12,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantkit import __version__
+from quantkit.bench.engines import engine_class
+from quantkit.bench.runner import bench_many
+from quantkit.bench.settings import BenchSettings, check_settings
+from quantkit.core.integrity import sha256_file
 from quantkit.errors import QuantkitError
+from quantkit.gguf.exporter import GgufOptions
+from quantkit.gguf.exporter import export_gguf as export
+from quantkit.gguf.kquant import DEFAULT_CALIB, KquantOptions, export_kquant
 from quantkit.models.checkpoint import checkpoint_hash
-from quantkit.pipeline.cache import step_key
+from quantkit.pipeline.cache import step_key, text_fingerprint
 from quantkit.progress import note
+
 
 def export_gguf(runner, name: str, path: Path) -> dict | None:
     """The variant's exact GGUF in RUN_DIR/gguf/NAME.gguf (its export record beside it, which lets
     the llama.cpp self-check find the artifact); reused while the file matches the stored hash."""
     if "gguf" not in runner.recipe.export.formats:
         return None
-    from quantkit.gguf.exporter import GgufOptions
-    from quantkit.gguf.exporter import export_gguf as export
 
     out = runner.dir / "gguf" / f"{name}.gguf"
     key = step_key("gguf", __version__, checkpoint_hash(path), GgufOptions().__dict__)
@@ -43,16 +49,28 @@ def quantize_gguf(runner, v) -> dict:
     """A `gguf: {type, imatrix}` variant: RUN_DIR/gguf/NAME.gguf made by llama-quantize from the source
     checkpoint (gguf/kquant.py), the importance matrix over the run's calibration windows (its
     source, samples, seq_len, seed and region); reused while the file matches the stored hash."""
-    from quantkit.gguf.kquant import DEFAULT_CALIB, KquantOptions, export_kquant
-    from quantkit.pipeline.cache import text_fingerprint
 
     c = runner.recipe.calibration
     calib = runner.calib or DEFAULT_CALIB
-    opts = KquantOptions(qtype=v.gguf.type, imatrix=v.gguf.imatrix, calib=calib, samples=c.samples, seq_len=c.seq_len,
-                         seed=c.seed, region=c.region, force=True)
+    opts = KquantOptions(
+        qtype=v.gguf.type,
+        imatrix=v.gguf.imatrix,
+        calib=calib,
+        samples=c.samples,
+        seq_len=c.seq_len,
+        seed=c.seed,
+        region=c.region,
+        force=True,
+    )
     out = runner.dir / "gguf" / f"{v.name}.gguf"
-    key = step_key("gguf-quantize", __version__, runner.src_hash, v.gguf.model_dump(mode="json"),
-                   c.model_dump(mode="json") if v.gguf.imatrix else None, text_fingerprint(calib) if v.gguf.imatrix else None)
+    key = step_key(
+        "gguf-quantize",
+        __version__,
+        runner.src_hash,
+        v.gguf.model_dump(mode="json"),
+        c.model_dump(mode="json") if v.gguf.imatrix else None,
+        text_fingerprint(calib) if v.gguf.imatrix else None,
+    )
     hit = _reusable(runner, key, out)
     if hit is not None:
         note(f"[{v.name}] llama-quantize {v.gguf.type}: reusing {out}")
@@ -60,8 +78,21 @@ def quantize_gguf(runner, v) -> dict:
     note(f"[{v.name}] llama-quantize {v.gguf.type}{' with an importance matrix' if v.gguf.imatrix else ''}")
     out.parent.mkdir(exist_ok=True)
     rec = export_kquant(runner.src, out, opts)
-    kept = {k: rec.get(k) for k in ("gguf", "sha256", "bytes", "lossless", "tensor_types", "mapping", "gguf_type",
-                                    "bits_per_weight", "bits_per_weight_layers", "fallback_types")}
+    kept = {
+        k: rec.get(k)
+        for k in (
+            "gguf",
+            "sha256",
+            "bytes",
+            "lossless",
+            "tensor_types",
+            "mapping",
+            "gguf_type",
+            "bits_per_weight",
+            "bits_per_weight_layers",
+            "fallback_types",
+        )
+    }
     kept["imatrix_sha256"] = (rec.get("imatrix") or {}).get("sha256")
     runner.cache.put(key, kept)
     return kept
@@ -70,12 +101,13 @@ def quantize_gguf(runner, v) -> dict:
 def _sources(runner, engine: str, paths: dict[str, Path]) -> tuple[dict[str, Path], dict[str, str]]:
     """What `engine` benches for each variant, and the variants it cannot (their GGUF export failed).
     An engine that runs GGUF files gets the run's GGUF, when the recipe exports one."""
-    from quantkit.bench.engines import engine_class
 
     if not engine_class(engine).takes_gguf:  # a `gguf:` variant exists only as a GGUF
         made = {n for n in paths if runner.variants[n].get("gguf_variant")}
-        return ({n: p for n, p in paths.items() if n not in made},
-                {n: f"a llama-quantize GGUF runs on GGUF engines only, not {engine}" for n in made})
+        return (
+            {n: p for n, p in paths.items() if n not in made},
+            {n: f"a llama-quantize GGUF runs on GGUF engines only, not {engine}" for n in made},
+        )
     srcs, failed = {}, {}
     for name, path in paths.items():
         rec = runner.variants[name]
@@ -87,29 +119,34 @@ def _sources(runner, engine: str, paths: dict[str, Path]) -> tuple[dict[str, Pat
 
 
 def _source_hash(path: Path) -> str:
-    from quantkit.core.integrity import sha256_file
-
     return sha256_file(path) if path.is_file() else checkpoint_hash(path)
 
 
 def engine_settings(runner, engine: str):
     """The bench settings of `engine`, checked: an engine that cannot run here (not installed, no
     such device) raises QuantkitError before any model loads."""
-    from quantkit.bench.settings import BenchSettings, check_settings
 
     b = runner.recipe.bench
-    settings = BenchSettings(device=b.device, engine=engine, prompt_len=b.prompt_len, gen_len=b.gen_len,
-                             repeats=b.repeats, min_seconds=b.min_seconds, prompt_sweep=b.prompt_sweep)
+    settings = BenchSettings(
+        device=b.device,
+        engine=engine,
+        prompt_len=b.prompt_len,
+        gen_len=b.gen_len,
+        repeats=b.repeats,
+        min_seconds=b.min_seconds,
+        prompt_sweep=b.prompt_sweep,
+    )
     check_settings(settings)
     return settings
 
 
 def bench_engine(runner, settings, sources: dict[str, Path]) -> dict:
     """One engine over every variant, in one bench_many; a finished result is reused on a re-run."""
-    from quantkit.bench.runner import bench_many
 
     engine = settings.engine
-    shared = runner.recipe.bench.model_dump(mode="json", exclude={"engine", "engines"})  # adding an engine keeps the others' results
+    shared = runner.recipe.bench.model_dump(
+        mode="json", exclude={"engine", "engines"}
+    )  # adding an engine keeps the others' results
     key = step_key("bench", __version__, engine, sorted((n, _source_hash(p)) for n, p in sources.items()), shared)
     hit = runner.cache.get(key)
     if hit is not None and not runner.opts.rerun:
@@ -144,7 +181,10 @@ def bench_engines(runner, paths: dict[str, Path]) -> dict[str, dict]:
             result = bench_engine(runner, settings, sources) if sources else {"rows": [], "failed": []}
         except QuantkitError as exc:
             result = {"rows": [], "failed": [{"name": n, "error": str(exc)} for n in sources]}
-        out[engine] = {**result, "failed": [*result.get("failed", []), *({"name": n, "error": e} for n, e in failed.items())]}
+        out[engine] = {
+            **result,
+            "failed": [*result.get("failed", []), *({"name": n, "error": e} for n, e in failed.items())],
+        }
     return out
 
 
@@ -168,10 +208,14 @@ def record_benches(runner, benches: dict[str, dict]) -> None:
 
 def _reusable(runner, key: str, out) -> dict | None:
     """The cached record of a GGUF step whose file is still the one it recorded (size and sha256)."""
-    from quantkit.core.integrity import sha256_file
 
     hit = runner.cache.get(key)
-    if (hit is not None and not runner.opts.rerun and out.is_file() and out.stat().st_size == hit.get("bytes")
-            and sha256_file(out) == hit.get("sha256")):
+    if (
+        hit is not None
+        and not runner.opts.rerun
+        and out.is_file()
+        and out.stat().st_size == hit.get("bytes")
+        and sha256_file(out) == hit.get("sha256")
+    ):
         return hit
     return None

@@ -30,16 +30,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from quantkit.bench.selfcheck import reference_in_float32
+from quantkit.quantize.sensitivity import working_set_bytes
 
 GB = 1e9
 
 # Measured on this project's reference machine (2 Xeon cores with AMX, torch 2.13 CPU,
 # `benchmarks/scale.py`); each is a fraction of a probed peak
 # or a fixed cost, so another device scales them by its own probe.
-BASE_RSS = {"convert": 1.00 * GB, "eval": 0.80 * GB, "bench": 0.90 * GB}  # torch + transformers (+ llm-compressor) imported
+BASE_RSS = {
+    "convert": 1.00 * GB,
+    "eval": 0.80 * GB,
+    "bench": 0.90 * GB,
+}  # torch + transformers (+ llm-compressor) imported
 STARTUP_S = {"convert": 12.0, "eval": 8.0, "bench": 8.0}  # imports, config, tokenizer, hashing small files
 MATMUL_EFF = 0.6  # share of the probed matmul rate that layer forwards and Hessian products reach (GPTQ at
-                  # 135M-1.2B, 2026-11-30 quiet run: 0.45 over-predicted every size by 1.35-1.57x)
+# 135M-1.2B, 2026-11-30 quiet run: 0.45 over-predicted every size by 1.35-1.57x)
 SOLVE_EFF = 0.15  # share of the fp32 matmul rate the GPTQ solve reaches (triangular solves, small blocks)
 COLUMN_S = {"cpu": 60e-6, "cuda": 4e-6}  # GPTQ's per-column Python step (torch dispatch of ~10 small ops)
 LOAD_BPS = 0.6 * GB  # safetensors -> torch tensors, including transformers' model init
@@ -212,8 +217,6 @@ def sensitivity_flops(m: Model, w: ConvertWork) -> float:
 
 
 def sensitivity_bytes(m: Model, w: ConvertWork) -> int:
-    from quantkit.quantize.sensitivity import working_set_bytes
-
     if not w.sensitivity_tokens:
         return 0
     return working_set_bytes(w.sensitivity_tokens, w.sensitivity_seq_len, m.vocab, m.hidden, m.layers, w.calib_itemsize)
@@ -230,8 +233,13 @@ def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
     gptq_ws = hessian_bytes(m) + solve_bytes(m) if w.hessians and calibrating else 0
     reload = min(m.params * m.itemsize, w.offload_cpu_bytes or m.params * m.itemsize)
     sens = sensitivity_bytes(m, w)
-    stages = {"source": m.weight_bytes, "calibration_model": calib_model, "calibration_working_set": cache + window + gptq_ws,
-              "artifact": w.artifact_bytes, "reload_check": reload}
+    stages = {
+        "source": m.weight_bytes,
+        "calibration_model": calib_model,
+        "calibration_working_set": cache + window + gptq_ws,
+        "artifact": w.artifact_bytes,
+        "reload_check": reload,
+    }
     if sens:
         stages["sensitivity_working_set"] = sens
     base = BASE_RSS["convert"]
@@ -249,25 +257,44 @@ def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
     sens_peak = base + in_ram + (0 if sens_on_device else sens)
     peak_vram = int(max(working, calib_model + sens if sens_on_device else 0)) if on_device else None
     t = convert_time(m, w, mc)
-    plan = Plan("convert", _model_dict(m), asdict(mc), stages, int(max(calib_peak, reload_peak, sens_peak)), peak_vram, w.disk_bytes,
-                w.offload_cpu_bytes is not None, sum(t.values()), t)
+    plan = Plan(
+        "convert",
+        _model_dict(m),
+        asdict(mc),
+        stages,
+        int(max(calib_peak, reload_peak, sens_peak)),
+        peak_vram,
+        w.disk_bytes,
+        w.offload_cpu_bytes is not None,
+        sum(t.values()),
+        t,
+    )
     if w.sensitivity_tokens:
-        plan.notes.append(f"auto mixed precision: about {sensitivity_forwards(m, w)} forwards of {w.sensitivity_tokens} tokens before "
-                          f"quantizing (1 reference + 2 for the noise floor + {w.sensitivity_units} units x {m.layers} layers at the "
-                          f"base, + {w.sensitivity_schemes - 1} choice{'s' if w.sensitivity_schemes != 2 else ''} and a noise check for each of "
-                          f"the {w.sensitivity_raised} units "
-                          f"the budget can raise at most; each from its unit's layer on), {'on the device' if sens_on_device else 'in RAM'}")
+        plan.notes.append(
+            f"auto mixed precision: about {sensitivity_forwards(m, w)} forwards of {w.sensitivity_tokens} tokens before "
+            f"quantizing (1 reference + 2 for the noise floor + {w.sensitivity_units} units x {m.layers} layers at the "
+            f"base, + {w.sensitivity_schemes - 1} choice{'s' if w.sensitivity_schemes != 2 else ''} and a noise check for each of "
+            f"the {w.sensitivity_raised} units "
+            f"the budget can raise at most; each from its unit's layer on), {'on the device' if sens_on_device else 'in RAM'}"
+        )
     _check_fit(plan, mc, w)
     return plan
 
 
 def convert_time(m: Model, w: ConvertWork, mc: Machine) -> dict:
     flops = mc.bf16_flops if w.calib_itemsize == 2 else mc.fp32_flops
-    t = {"startup": STARTUP_S["convert"], "hash": m.weight_bytes / HASH_BPS if w.first_hash else 0.0,
-         "load": m.weight_bytes / LOAD_BPS}
-    if w.sensitivity_tokens:  # each forward's float32 log-softmax and KL read and write ~6 copies of tokens x vocabulary
-        t["sensitivity"] = (sensitivity_flops(m, w) / (flops * MATMUL_EFF)
-                            + sensitivity_forwards(m, w) * 24 * w.sensitivity_tokens * m.vocab / mc.read_bps)
+    t = {
+        "startup": STARTUP_S["convert"],
+        "hash": m.weight_bytes / HASH_BPS if w.first_hash else 0.0,
+        "load": m.weight_bytes / LOAD_BPS,
+    }
+    if (
+        w.sensitivity_tokens
+    ):  # each forward's float32 log-softmax and KL read and write ~6 copies of tokens x vocabulary
+        t["sensitivity"] = (
+            sensitivity_flops(m, w) / (flops * MATMUL_EFF)
+            + sensitivity_forwards(m, w) * 24 * w.sensitivity_tokens * m.vocab / mc.read_bps
+        )
     if w.gqa:
         t["statistics"] = forward_flops(m, w.calib_tokens, w.seq_len) / (flops * MATMUL_EFF)
         # a distillation step: the teacher's forward, the student's forward and backward (~3x a forward)
@@ -277,8 +304,9 @@ def convert_time(m: Model, w: ConvertWork, mc: Machine) -> dict:
         t["calibration_forward"] = w.passes * forward_flops(m, w.calib_tokens, w.seq_len) / (flops * MATMUL_EFF)
         if w.hessians:
             t["hessians"] = hessian_flops(m, w.calib_tokens) / (mc.fp32_flops * MATMUL_EFF)
-            t["gptq_solve"] = (solve_flops(m) / (mc.fp32_flops * SOLVE_EFF)
-                               + m.layers * sum(c for _, c in m.layer_linears) * COLUMN_S.get(mc.device_type, COLUMN_S["cpu"]))
+            t["gptq_solve"] = solve_flops(m) / (mc.fp32_flops * SOLVE_EFF) + m.layers * sum(
+                c for _, c in m.layer_linears
+            ) * COLUMN_S.get(mc.device_type, COLUMN_S["cpu"])
     else:
         t["quantize"] = m.params * w.calib_itemsize / (mc.read_bps * 0.05)  # observers and rounding: elementwise passes
     t["save"] = m.params * m.itemsize / SAVE_BPS
@@ -289,20 +317,26 @@ def convert_time(m: Model, w: ConvertWork, mc: Machine) -> dict:
 def _check_fit(plan: Plan, mc: Machine, w: ConvertWork | None = None) -> None:
     if plan.peak_ram > mc.ram_available:
         plan.fits = False
-        plan.problems.append(f"needs about {plan.peak_ram / GB:.1f} GB of RAM, {mc.ram_available / GB:.1f} GB available")
+        plan.problems.append(
+            f"needs about {plan.peak_ram / GB:.1f} GB of RAM, {mc.ram_available / GB:.1f} GB available"
+        )
         if w is not None and w.layerwise and w.offload_cpu_bytes is None:
             plan.advice.append(f"--max-memory {max(1, int(mc.ram_available * 0.5 / GB))}GB (offload weights to disk)")
         if w is not None and w.calib_tokens and plan.stages.get("calibration_working_set", 0) > 0.25 * mc.ram_available:
             plan.advice.append("fewer calibration samples (--set calibration.samples=N)")
     if plan.peak_vram is not None and plan.peak_vram > mc.device_free:
         plan.fits = False
-        plan.problems.append(f"needs about {plan.peak_vram / GB:.1f} GB on {mc.device}, {mc.device_free / GB:.1f} GB free")
+        plan.problems.append(
+            f"needs about {plan.peak_vram / GB:.1f} GB on {mc.device}, {mc.device_free / GB:.1f} GB free"
+        )
         plan.advice.append("--device cpu, or a GPU with more memory")
         if w is not None and w.calib_tokens:
             plan.advice.append("fewer calibration samples (--set calibration.samples=N)")
     if plan.disk > mc.disk_free:
         plan.fits = False
-        plan.problems.append(f"needs about {plan.disk / GB:.1f} GB of disk beside --out, {mc.disk_free / GB:.1f} GB free")
+        plan.problems.append(
+            f"needs about {plan.disk / GB:.1f} GB of disk beside --out, {mc.disk_free / GB:.1f} GB free"
+        )
         plan.advice.append("another --out on a disk with more space")
     if not plan.fits and not plan.advice:
         plan.advice.append("--device cuda (a GPU with enough memory) or a machine with more memory")
@@ -311,26 +345,56 @@ def _check_fit(plan: Plan, mc: Machine, w: ConvertWork | None = None) -> None:
 # ---------------------------------------------------------------- eval and bench
 
 
-def eval_plan(base: Model, model: Model, tokens: int, seq_len: int, itemsize: int, mc: Machine, model_bytes: int, first_hash: bool,
-              same: bool = False) -> Plan:
+def eval_plan(
+    base: Model,
+    model: Model,
+    tokens: int,
+    seq_len: int,
+    itemsize: int,
+    mc: Machine,
+    model_bytes: int,
+    first_hash: bool,
+    same: bool = False,
+) -> Plan:
     """Baseline pass (cached afterwards), then the model's pass: each a forward with the LM head
     over every window; one window's float32 log-probabilities at a time. `same`: the model is the
     baseline, scored from the baseline pass alone."""
     dense_base, dense_model = base.params * itemsize, (0 if same else model.params * itemsize)
     logits = 3 * 4 * seq_len * base.vocab  # logits, log-softmax and a top-k copy, float32
-    stages = {"source": base.weight_bytes, "baseline_loaded": dense_base, "model_on_disk": model_bytes, "model_loaded": dense_model,
-              "window_logits": logits}
+    stages = {
+        "source": base.weight_bytes,
+        "baseline_loaded": dense_base,
+        "model_on_disk": model_bytes,
+        "model_loaded": dense_model,
+        "window_logits": logits,
+    }
     on_device = mc.device_type != "cpu"
     # the artifact's file is mapped while it loads, the window's logits exist while it runs: not both
-    peak_ram = BASE_RSS["eval"] + (model_bytes if on_device else RETAINED * dense_base + dense_model + max(model_bytes, logits))
+    peak_ram = BASE_RSS["eval"] + (
+        model_bytes if on_device else RETAINED * dense_base + dense_model + max(model_bytes, logits)
+    )
     peak_vram = int(max(dense_base, dense_model) + logits) if on_device else None
     flops = mc.bf16_flops if itemsize == 2 else mc.fp32_flops
     fwd = forward_flops(base, tokens, seq_len, with_head=True) / (flops * MATMUL_EFF)
-    t = {"startup": STARTUP_S["eval"], "hash": (base.weight_bytes + model_bytes) / HASH_BPS if first_hash else 0.0,
-         "load": (base.weight_bytes + model_bytes) / LOAD_BPS + (dense_base + dense_model) / LOAD_BPS,
-         "baseline_pass": fwd, "model_pass": 0.0 if same else fwd}
-    plan = Plan("eval", _model_dict(model), asdict(mc), stages, int(peak_ram), peak_vram, 0, False, sum(t.values()),
-                {k: round(v, 1) for k, v in t.items()})
+    t = {
+        "startup": STARTUP_S["eval"],
+        "hash": (base.weight_bytes + model_bytes) / HASH_BPS if first_hash else 0.0,
+        "load": (base.weight_bytes + model_bytes) / LOAD_BPS + (dense_base + dense_model) / LOAD_BPS,
+        "baseline_pass": fwd,
+        "model_pass": 0.0 if same else fwd,
+    }
+    plan = Plan(
+        "eval",
+        _model_dict(model),
+        asdict(mc),
+        stages,
+        int(peak_ram),
+        peak_vram,
+        0,
+        False,
+        sum(t.values()),
+        {k: round(v, 1) for k, v in t.items()},
+    )
     _check_fit(plan, mc)
     if not plan.fits and itemsize == 4:
         plan.advice.insert(0, "--dtype bfloat16 (half the memory)")
@@ -359,7 +423,10 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     # takes under a third of the free memory, else bfloat16 (bench/selfcheck.reference_dtype); on
     # the CPU beside the mapped checkpoint file (measured at 0.5B/1.2B: 0.95x of base + file +
     # float32 copy; benchmarks/scale.py)
-    refs = [r if reference_in_float32(r, mc.device_free) else r // 2 for r in (w.reference_bytes or (0,) * len(w.loaded_bytes))]
+    refs = [
+        r if reference_in_float32(r, mc.device_free) else r // 2
+        for r in (w.reference_bytes or (0,) * len(w.loaded_bytes))
+    ]
     compiling = COMPILE_RSS if w.compile_s else 0
     held = max(max(loaded + ref, (1 + RETAINED) * loaded + kv + compiling) for loaded, ref in zip(w.loaded_bytes, refs))
     peak_ram = BASE_RSS["bench"] + (0 if on_device else held)
@@ -367,9 +434,21 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     for i, (b, loaded, fl, ref) in enumerate(zip(w.bytes_per_token, w.loaded_bytes, w.prefill_flops, refs)):
         prefill = fl / (mc.bf16_flops * MATMUL_EFF)
         decode = w.gen_len * b / (mc.read_bps * DECODE_EFF)
-        t[f"model_{i}"] = round((loaded + ref) / LOAD_BPS + w.compile_s + (w.runs + (1 if ref else 0)) * prefill + w.runs * decode, 1)
-    plan = Plan("bench", _model_dict(m), asdict(mc), {"largest_loaded": largest, "kv_cache": kv, "reference": max(refs)}, int(peak_ram),
-                int(max(largest + kv, max(refs))) if on_device else None, 0, False, sum(t.values()), t)
+        t[f"model_{i}"] = round(
+            (loaded + ref) / LOAD_BPS + w.compile_s + (w.runs + (1 if ref else 0)) * prefill + w.runs * decode, 1
+        )
+    plan = Plan(
+        "bench",
+        _model_dict(m),
+        asdict(mc),
+        {"largest_loaded": largest, "kv_cache": kv, "reference": max(refs)},
+        int(peak_ram),
+        int(max(largest + kv, max(refs))) if on_device else None,
+        0,
+        False,
+        sum(t.values()),
+        t,
+    )
     _check_fit(plan, mc)
     return plan
 
@@ -378,10 +457,18 @@ def combine(command: str, plans: list[Plan]) -> Plan:
     """`run`: steps one after another: times add up, the peak is the largest step's."""
     first = plans[0]
     vram = [p.peak_vram for p in plans if p.peak_vram is not None]
-    out = Plan(command, first.model, first.machine, {f"{p.command}:{i}": p.peak_ram for i, p in enumerate(plans)},
-               max(p.peak_ram for p in plans), max(vram) if vram else None, sum(p.disk for p in plans),
-               any(p.offload for p in plans), sum(p.seconds for p in plans),
-               {f"{i}:{p.command}": round(p.seconds, 1) for i, p in enumerate(plans)})
+    out = Plan(
+        command,
+        first.model,
+        first.machine,
+        {f"{p.command}:{i}": p.peak_ram for i, p in enumerate(plans)},
+        max(p.peak_ram for p in plans),
+        max(vram) if vram else None,
+        sum(p.disk for p in plans),
+        any(p.offload for p in plans),
+        sum(p.seconds for p in plans),
+        {f"{i}:{p.command}": round(p.seconds, 1) for i, p in enumerate(plans)},
+    )
     out.fits = all(p.fits for p in plans)
     for p in plans:
         out.problems += [f"{p.command}: {x}" for x in p.problems]
@@ -391,5 +478,11 @@ def combine(command: str, plans: list[Plan]) -> Plan:
 
 
 def _model_dict(m: Model) -> dict:
-    return {"params": m.params, "weight_bytes": m.weight_bytes, "layers": m.layers, "hidden": m.hidden, "vocab": m.vocab,
-            "linear_params": m.layers * m.layer_linear_params}
+    return {
+        "params": m.params,
+        "weight_bytes": m.weight_bytes,
+        "layers": m.layers,
+        "hidden": m.hidden,
+        "vocab": m.vocab,
+        "linear_params": m.layers * m.layer_linear_params,
+    }

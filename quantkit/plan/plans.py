@@ -5,16 +5,46 @@ runs (quantize/job.py); `run --plan` is pipeline/plan.py; the commands print the
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import time
 from pathlib import Path
 
-from quantkit.plan.cost import GB, BenchWork, ConvertWork, Machine, Model, Plan, bench_plan, convert_plan, eval_plan, forward_flops
+import psutil
+import torch
+
+from quantkit.bench.engines import engine_class
+from quantkit.bench.runner import precheck
+from quantkit.bench.synthetic import Synthetic
+from quantkit.core.hardware import shape_config
+from quantkit.core.roofline import Layout, Shape, WeightFormat, weight_bytes_per_token
+from quantkit.device import free_bytes, name, synchronize
+from quantkit.errors import DataError, QuantkitError
+from quantkit.evals.runner import prepare_eval
+from quantkit.evals.scorers import SCORERS, scorer_named
+from quantkit.models.checkpoint import read_config
+from quantkit.models.sizes import stored_read_bytes, tensor_bytes
+from quantkit.plan.cost import (
+    GB,
+    BenchWork,
+    ConvertWork,
+    Machine,
+    Model,
+    Plan,
+    bench_plan,
+    convert_plan,
+    eval_plan,
+    forward_flops,
+)
+from quantkit.quantize.auto import Search, raisable
+from quantkit.quantize.job import check_inputs, prepare
+from quantkit.quantize.preflight import meta_model
+from quantkit.quantize.sensitivity import decoder_layers
 
 
 def read_model(path: Path, trust_remote_code: bool = False, skeleton=None) -> Model:
     """A checkpoint's Model from config.json, the safetensors headers and the meta-device skeleton."""
-    from quantkit.models.checkpoint import read_config
-    from quantkit.quantize.preflight import meta_model
-    from quantkit.models.sizes import tensor_bytes
 
     cfg = read_config(path)
     skeleton = skeleton if skeleton is not None else meta_model(cfg, trust_remote_code)
@@ -22,25 +52,36 @@ def read_model(path: Path, trust_remote_code: bool = False, skeleton=None) -> Mo
 
 
 def _from_skeleton(cfg: dict, skeleton, weight_bytes: int) -> Model:
-    import torch
-
     text = cfg.get("text_config", cfg)
     layers = _decoder_layers(skeleton)
-    linears = tuple((mod.out_features, mod.in_features) for mod in layers[0].modules() if isinstance(mod, torch.nn.Linear)) if layers else ()
+    linears = (
+        tuple((mod.out_features, mod.in_features) for mod in layers[0].modules() if isinstance(mod, torch.nn.Linear))
+        if layers
+        else ()
+    )
     head = skeleton.get_output_embeddings()
     heads = text["num_attention_heads"]
     dtype = str(text.get("torch_dtype") or text.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype") or "float16")
-    return Model(params=sum(p.numel() for p in skeleton.parameters()), weight_bytes=weight_bytes, itemsize=4 if dtype == "float32" else 2,
-                 layers=len(layers), hidden=text["hidden_size"], vocab=text["vocab_size"],
-                 q_dim=heads * (text.get("head_dim") or text["hidden_size"] // heads), layer_linears=linears,
-                 head=(head.out_features, head.in_features) if head is not None else (0, 0))
+    return Model(
+        params=sum(p.numel() for p in skeleton.parameters()),
+        weight_bytes=weight_bytes,
+        itemsize=4 if dtype == "float32" else 2,
+        layers=len(layers),
+        hidden=text["hidden_size"],
+        vocab=text["vocab_size"],
+        q_dim=heads * (text.get("head_dim") or text["hidden_size"] // heads),
+        layer_linears=linears,
+        head=(head.out_features, head.in_features) if head is not None else (0, 0),
+    )
 
 
 def _decoder_layers(model) -> list:
-    import torch
-
     for mod in model.modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) and any(isinstance(s, torch.nn.Linear) for s in mod[0].modules()):
+        if (
+            isinstance(mod, torch.nn.ModuleList)
+            and len(mod)
+            and any(isinstance(s, torch.nn.Linear) for s in mod[0].modules())
+        ):
             return list(mod)
     return []
 
@@ -50,18 +91,14 @@ def quick_probe(device) -> dict:
     (best of 5). `quantkit bench --probe` measures more carefully; a plan must not take minutes.
     QUANTKIT_PLAN_PROBE (JSON of these figures) replays figures recorded earlier, so a plan can be
     recomputed for the machine state a measurement ran in (benchmarks/scale.py --replan)."""
-    import json
-    import os
-    import time
-
-    import torch
-
-    from quantkit.device import synchronize
 
     if os.environ.get("QUANTKIT_PLAN_PROBE"):
         figures = json.loads(os.environ["QUANTKIT_PLAN_PROBE"])
-        return {"read_bps": float(figures["read_bps"]), "bfloat16_flops": float(figures["bf16_flops"]),
-                "float32_flops": float(figures["fp32_flops"])}
+        return {
+            "read_bps": float(figures["read_bps"]),
+            "bfloat16_flops": float(figures["bf16_flops"]),
+            "float32_flops": float(figures["fp32_flops"]),
+        }
 
     def best(fn, n=5):
         fn()
@@ -89,31 +126,37 @@ def quick_probe(device) -> dict:
 def this_machine(device, out_dir=None, probe: bool = True) -> Machine:
     """Free memory, disk and the quick probe of `device` (a torch.device); without `probe`, unit
     figures (for a memory-only check: its times mean nothing)."""
-    import shutil
-    from pathlib import Path
-
-    import psutil
-
-    from quantkit.device import free_bytes, name
 
     p = Path(out_dir or ".").resolve()
     while not p.exists() and p != p.parent:
         p = p.parent
     figures = quick_probe(device) if probe else {"read_bps": 1.0, "bfloat16_flops": 1.0, "float32_flops": 1.0}
-    return Machine(device=str(device), device_type=device.type, name=name(device), ram_available=int(psutil.virtual_memory().available),
-                   device_free=free_bytes(device), disk_free=shutil.disk_usage(p).free, read_bps=figures["read_bps"],
-                   bf16_flops=figures["bfloat16_flops"], fp32_flops=figures["float32_flops"],
-                   probe="quantkit.plan.plans.quick_probe: 256 MiB read (1 GiB on a GPU), 2048² (8192²) matmuls, best of 5")
+    return Machine(
+        device=str(device),
+        device_type=device.type,
+        name=name(device),
+        ram_available=int(psutil.virtual_memory().available),
+        device_free=free_bytes(device),
+        disk_free=shutil.disk_usage(p).free,
+        read_bps=figures["read_bps"],
+        bf16_flops=figures["bfloat16_flops"],
+        fp32_flops=figures["float32_flops"],
+        probe="quantkit.plan.plans.quick_probe: 256 MiB read (1 GiB on a GPU), 2048² (8192²) matmuls, best of 5",
+    )
 
 
 def render(plan: Plan) -> str:
     m, mc = plan.model, plan.machine
-    lines = [f"plan: {plan.command} on {mc['device']} ({mc['name']})",
-             f"  model        {m['params'] / 1e9:.3f} B parameters, {m['weight_bytes'] / GB:.2f} GB of weights, {m['layers']} layers"]
+    lines = [
+        f"plan: {plan.command} on {mc['device']} ({mc['name']})",
+        f"  model        {m['params'] / 1e9:.3f} B parameters, {m['weight_bytes'] / GB:.2f} GB of weights, {m['layers']} layers",
+    ]
     for stage, nbytes in plan.stages.items():
         lines.append(f"  {stage:<24} {nbytes / GB:8.2f} GB")
     vram = f", {plan.peak_vram / GB:.2f} GB on {mc['device']}" if plan.peak_vram is not None else ""
-    lines.append(f"  peak memory  {plan.peak_ram / GB:.2f} GB of RAM ({mc['ram_available'] / GB:.1f} GB available){vram}")
+    lines.append(
+        f"  peak memory  {plan.peak_ram / GB:.2f} GB of RAM ({mc['ram_available'] / GB:.1f} GB available){vram}"
+    )
     if plan.disk:
         lines.append(f"  disk         {plan.disk / GB:.2f} GB ({mc['disk_free'] / GB:.0f} GB free)")
     lines.append(f"  offload      {'yes: weights beyond the RAM budget go to disk' if plan.offload else 'no'}")
@@ -136,7 +179,6 @@ def _duration(s: float) -> str:
 def plan_convert(recipe, model_ref: str | None, out: Path, opts, variant_name: str | None = None) -> Plan:
     """`convert --plan`: `convert`'s own checks (job.check_inputs and job.prepare: every refusal
     the command makes before loading), then the cost; nothing is loaded, locked or written."""
-    from quantkit.quantize.job import check_inputs, prepare
 
     check_inputs(recipe, model_ref, out, opts)
     return convert_job_plan(prepare(recipe, model_ref, out, opts, variant_name))
@@ -165,44 +207,71 @@ def convert_work(job) -> ConvertWork:
     c = job.recipe.calibration
     method = job.method if not job.has_gqa else None  # a gqa step's float32 model and recovery dominate the cost
     dtype = job.quant_dtype if method is not None else job.compute_dtype
-    costs = dict(calibrates=method.calibrates, passes=method.passes, hessians=method.hessians) if method is not None else dict(gqa=job.has_gqa)
+    costs = (
+        dict(calibrates=method.calibrates, passes=method.passes, hessians=method.hessians)
+        if method is not None
+        else dict(gqa=job.has_gqa)
+    )
     rec = next((st.gqa.recover for st in job.variant.steps if st.gqa is not None and st.gqa.recover), None)
     auto = job.auto
     if auto is not None:  # auto mixed precision's sensitivity pass (quantize/auto.py)
-        from quantkit.quantize.auto import Search, raisable
-        from quantkit.quantize.sensitivity import decoder_layers
-
         layers = decoder_layers(job.skeleton)
-        costs.update(sensitivity_tokens=auto.windows * auto.seq_len, sensitivity_seq_len=auto.seq_len,
-                     sensitivity_units=len(auto.units), sensitivity_schemes=1 + len(auto.choices),
-                     sensitivity_raised=raisable(layers, Search.of_step(job.quant, job.source_bits, job.cfg)))
-    return ConvertWork(seq_len=c.seq_len, calib_tokens=c.samples * c.seq_len if job.needs_calibration else 0,
-                       calib_itemsize=4 if dtype == "float32" else 2, artifact_bytes=job.artifact_bytes, disk_bytes=job.disk_bytes,
-                       offload_cpu_bytes=job.offload.cpu_bytes if job.offload else None,
-                       layerwise=method is not None and method.layerwise, first_hash=True,
-                       recover_tokens=rec.tokens if rec else 0, recover_max_s=rec.max_minutes * 60 if rec else 0.0, **costs)
+        costs.update(
+            sensitivity_tokens=auto.windows * auto.seq_len,
+            sensitivity_seq_len=auto.seq_len,
+            sensitivity_units=len(auto.units),
+            sensitivity_schemes=1 + len(auto.choices),
+            sensitivity_raised=raisable(layers, Search.of_step(job.quant, job.source_bits, job.cfg)),
+        )
+    return ConvertWork(
+        seq_len=c.seq_len,
+        calib_tokens=c.samples * c.seq_len if job.needs_calibration else 0,
+        calib_itemsize=4 if dtype == "float32" else 2,
+        artifact_bytes=job.artifact_bytes,
+        disk_bytes=job.disk_bytes,
+        offload_cpu_bytes=job.offload.cpu_bytes if job.offload else None,
+        layerwise=method is not None and method.layerwise,
+        first_hash=True,
+        recover_tokens=rec.tokens if rec else 0,
+        recover_max_s=rec.max_minutes * 60 if rec else 0.0,
+        **costs,
+    )
 
 
 def plan_eval(model_path: Path, base_path: Path, texts: list[str], **options) -> Plan:
     """`eval --plan`: `eval`'s own checks (evals.runner.prepare_eval: options, device, tokenizers,
     the baseline's identity, every text read and cut into its windows, their overlap with what the
     artifact was fitted on), then the baseline pass and the model's pass over those windows."""
-    from quantkit.errors import DataError
-    from quantkit.evals.runner import prepare_eval
-    from quantkit.evals.scorers import SCORERS, scorer_named
 
     if not scorer_named(options.get("engine", "transformers")).planned:
         planned = ", ".join(name for name, s in SCORERS.items() if s.planned)
-        raise DataError(f"--plan estimates the {planned} engine; llama.cpp's cost is the GGUF's size (quantkit bench --plan)")
+        raise DataError(
+            f"--plan estimates the {planned} engine; llama.cpp's cost is the GGUF's size (quantkit bench --plan)"
+        )
     prep = prepare_eval(model_path, base_path, texts, planning=True, **options)
     seq_len = prep.options.seq_len
     windows = [len(w.tokens) if w is not None else prep.options.max_tokens // seq_len for _, _, w, _ in prep.items]
     base, model = read_model(base_path), read_model(model_path)
-    plan = eval_plan(base, model, sum(windows) * seq_len, seq_len, 4 if prep.dtype == "float32" else 2, this_machine(prep.device),
-                     model.weight_bytes, first_hash=True, same=base_path.resolve() == model_path.resolve())
-    plan.notes.append("; ".join(f"{label}: {n} windows of {seq_len} tokens{' (generated by the baseline)' if w is None else ''}"
-                                for (label, _, w, _), n in zip(prep.items, windows))
-                      + "; a cached baseline pass is skipped on later runs" if prep.items else "no text to score")
+    plan = eval_plan(
+        base,
+        model,
+        sum(windows) * seq_len,
+        seq_len,
+        4 if prep.dtype == "float32" else 2,
+        this_machine(prep.device),
+        model.weight_bytes,
+        first_hash=True,
+        same=base_path.resolve() == model_path.resolve(),
+    )
+    plan.notes.append(
+        "; ".join(
+            f"{label}: {n} windows of {seq_len} tokens{' (generated by the baseline)' if w is None else ''}"
+            for (label, _, w, _), n in zip(prep.items, windows)
+        )
+        + "; a cached baseline pass is skipped on later runs"
+        if prep.items
+        else "no text to score"
+    )
     if prep.options.tasks:
         plan.notes.append("lm-eval tasks are not estimated")
     return plan
@@ -211,7 +280,6 @@ def plan_eval(model_path: Path, base_path: Path, texts: list[str], **options) ->
 def bench_work(sources: list, settings) -> tuple[Model, BenchWork]:
     """Each source's weights as the engine holds them and its decode bytes per token; the cost
     model times the largest model's shape (the others share it in a comparison run)."""
-    from quantkit.bench.synthetic import Synthetic
 
     models, per_token, loaded, refs = [], [], [], []
     for src in sources:
@@ -219,12 +287,15 @@ def bench_work(sources: list, settings) -> tuple[Model, BenchWork]:
         models.append(m)
         per_token.append(token_bytes)
         loaded.append(held)
-        refs.append(m.params * 4 if settings.self_check and not isinstance(src, Synthetic) else 0)  # a float32 reference load
+        refs.append(
+            m.params * 4 if settings.self_check and not isinstance(src, Synthetic) else 0
+        )  # a float32 reference load
     runs = settings.warmups + settings.repeats
     compile_s = compile_seconds(settings.engine)
     prefill = tuple(forward_flops(m, settings.prompt_len, settings.prompt_len, with_head=True) for m in models)
-    return max(models, key=lambda m: m.params), BenchWork(settings.prompt_len, settings.gen_len, runs, tuple(per_token), tuple(loaded),
-                                                          compile_s, prefill, tuple(refs))
+    return max(models, key=lambda m: m.params), BenchWork(
+        settings.prompt_len, settings.gen_len, runs, tuple(per_token), tuple(loaded), compile_s, prefill, tuple(refs)
+    )
 
 
 # torch.compile per model: the decode graph with its warm-ups (7.5-16 s at 135M-1.2B on 2 CPU cores)
@@ -235,24 +306,17 @@ COMPILE_S = 30.0
 
 def compile_seconds(engine: str) -> float:
     """An engine that compiles (or captures graphs) on its first calls pays COMPILE_S per model."""
-    from quantkit.bench.engines import engine_class
 
     return COMPILE_S if engine_class(engine).compiles else 0.0
 
 
 def _bench_checkpoint(path: Path) -> tuple[Model, float, int]:
-    from quantkit.models.checkpoint import read_config
-    from quantkit.models.sizes import stored_read_bytes
-
     m = read_model(path)
     quantized = "quantization_config" in read_config(path)
     return m, float(stored_read_bytes(path)), m.weight_bytes if quantized else m.params * 2  # dense models run in bf16
 
 
 def _synthetic(spec) -> tuple[Model, float, int]:
-    from quantkit.core.hardware import shape_config
-    from quantkit.core.roofline import Layout, Shape, WeightFormat, weight_bytes_per_token
-
     cfg = shape_config(spec.shape)
     m = read_model_config(cfg, spec.bits)
     fmt = WeightFormat(spec.bits, spec.group_size if spec.bits < 16 else 0)
@@ -262,7 +326,6 @@ def _synthetic(spec) -> tuple[Model, float, int]:
 
 def read_model_config(cfg: dict, bits: int = 16) -> Model:
     """A Model from a config alone (a named shape): weights at `bits` in the decoder linears."""
-    from quantkit.quantize.preflight import meta_model
 
     skeleton = meta_model(cfg)
     m = _from_skeleton(cfg, skeleton, 0)
@@ -276,16 +339,16 @@ def plan_bench(sources: list, settings) -> Plan:
     _bench_prechecks(sources, settings)
     model, work = bench_work(sources, settings)
     plan = bench_plan(model, work, this_machine(settings.device))
-    plan.notes.append(f"{len(sources)} model(s), one at a time; {work.runs} runs of a {work.prompt_len}-token prefill and "
-                      f"{work.gen_len} decode steps each, plus the self-check's reference load")
+    plan.notes.append(
+        f"{len(sources)} model(s), one at a time; {work.runs} runs of a {work.prompt_len}-token prefill and "
+        f"{work.gen_len} decode steps each, plus the self-check's reference load"
+    )
     return plan
 
 
 def _bench_prechecks(sources: list, settings) -> None:
     """As bench_many: every model failing its checks is bench's one-line refusal; some failing
     are reported failed by the bench, which goes on with the others: the plan stops, naming one."""
-    from quantkit.bench.runner import precheck
-    from quantkit.errors import QuantkitError
 
     failed = []
     for src in sources:

@@ -23,12 +23,28 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from quantkit.data import calib
+from quantkit.data.text import shortfall
+from quantkit.device import free_bytes
 from quantkit.errors import QuantkitError, RecipeError, VerificationError
+from quantkit.methods.registry import transform_step
 from quantkit.methods.schemes import UNITS, Scheme
+from quantkit.models.sizes import checkpoint_sizes
 from quantkit.progress import bar, note
 from quantkit.quantize.mixed import Unit, solve
 from quantkit.quantize.preflight import is_ignored
-from quantkit.quantize.sensitivity import NoiseFloor, Reference, check_groups, decoder_layers, measure, ranked, unit_kls
+from quantkit.quantize.sensitivity import (
+    NoiseFloor,
+    Reference,
+    check_groups,
+    decoder_layers,
+    measure,
+    ranked,
+    unit_kls,
+    working_set_bytes,
+)
 
 LAYERS_PATH = "model.layers"  # sensitivity.decoder_layers: model.model.layers
 
@@ -54,7 +70,9 @@ class Search:
         """A weight-only quantize step's `auto:` (validated when the recipe was read) on a model (its config)."""
         base = Scheme(quant.bits, quant.group_size, quant.symmetric)
         budget, derived = quant.auto.bits_for(cfg)
-        return cls(base, tuple(quant.auto.schemes(base)[1:]), quant.auto.units, budget, source_bits, quant.ignore, derived)
+        return cls(
+            base, tuple(quant.auto.schemes(base)[1:]), quant.auto.units, budget, source_bits, quant.ignore, derived
+        )
 
     def budget_words(self) -> str:
         """The budget as the recipe gave it, for messages."""
@@ -71,14 +89,17 @@ def _name(layer: int, sub: str) -> str:
 def candidates(layers, search: Search) -> list[tuple[int, str]]:
     """The (layer, unit) pairs the search may raise: every unit asked for that the step quantizes
     (ignore takes a fused unit whole or not at all: preflight.check_fused_shards)."""
-    return [(i, u) for i in range(len(layers)) for u in search.units
-            if not any(is_ignored(_name(i, f"{UNITS[u][0]}.{m}"), search.ignore) for m in UNITS[u][1])]
+    return [
+        (i, u)
+        for i in range(len(layers))
+        for u in search.units
+        if not any(is_ignored(_name(i, f"{UNITS[u][0]}.{m}"), search.ignore) for m in UNITS[u][1])
+    ]
 
 
 def accounting(layers, search: Search) -> tuple[dict, int, int]:
     """Each candidate's stored bits at each scheme, the stored bits of every other decoder-layer
     linear, and the weight count of all of them. Works on the meta skeleton (shapes only)."""
-    import torch
 
     schemes = search.schemes
     cands = candidates(layers, search)
@@ -111,11 +132,15 @@ def check(skeleton, search: Search, where: str) -> None:
     except QuantkitError as exc:
         raise RecipeError(f"{where}: {exc}") from None
     if not candidates(layers, search):
-        raise RecipeError(f"{where}.units: every {', '.join(search.units)} unit of this model is in ignore; nothing to raise")
+        raise RecipeError(
+            f"{where}.units: every {', '.join(search.units)} unit of this model is in ignore; nothing to raise"
+        )
     floor = floor_bits(layers, search)
     if search.budget < floor - 1e-12:
-        raise RecipeError(f"{where}.{search.budget_words()}: below {floor:.4f} bits/weight, what this model's decoder "
-                          f"linears take at the base scheme {search.base.name}; raise it")
+        raise RecipeError(
+            f"{where}.{search.budget_words()}: below {floor:.4f} bits/weight, what this model's decoder "
+            f"linears take at the base scheme {search.base.name}; raise it"
+        )
 
 
 def floor_bits(layers, search: Search) -> float:
@@ -143,18 +168,34 @@ def choose(results: list[dict], layers, search: Search) -> dict:
     nothing measurable from any choice, so it is never raised. Sets each result's "chosen"."""
     unit_bits, other, total = accounting(layers, search)
     measured = {(r["layer"], r["unit"]) for r in results}
-    other += sum(b[0] for key, b in unit_bits.items() if key not in measured)  # a candidate not measured stays at the base
+    other += sum(
+        b[0] for key, b in unit_bits.items() if key not in measured
+    )  # a candidate not measured stays at the base
     names = [s.name for s in search.schemes]
     # a choice not measured (a lazy search) counts as costing nothing: what it can save is at most
     # the base's KL, so a solution that raises no unit at an unmeasured choice is the true optimum
-    units = [Unit(r["layer"], r["unit"], r["weights"], unit_bits[(r["layer"], r["unit"])],
-                  tuple(r["kl"] for _ in names) if r["below_noise"] else tuple(r["kls"].get(n, 0.0) for n in names)) for r in results]
+    units = [
+        Unit(
+            r["layer"],
+            r["unit"],
+            r["weights"],
+            unit_bits[(r["layer"], r["unit"])],
+            tuple(r["kl"] for _ in names) if r["below_noise"] else tuple(r["kls"].get(n, 0.0) for n in names),
+        )
+        for r in results
+    ]
     choice = solve(units, search.budget, total, other)
     for r, j in zip(results, choice.picked):
         r["chosen"] = names[j]
-    picked = [{"layer": r["layer"], "unit": r["unit"], "scheme": r["chosen"]} for r, j in zip(results, choice.picked) if j]
-    return {"picked": picked, "bits_per_weight": choice.bits_per_weight, "kl_sum": choice.kl_sum,
-            "overrides": overrides(picked, search.schemes[1:])}
+    picked = [
+        {"layer": r["layer"], "unit": r["unit"], "scheme": r["chosen"]} for r, j in zip(results, choice.picked) if j
+    ]
+    return {
+        "picked": picked,
+        "bits_per_weight": choice.bits_per_weight,
+        "kl_sum": choice.kl_sum,
+        "overrides": overrides(picked, search.schemes[1:]),
+    }
 
 
 def overrides(picked: list[dict], choices: list[Scheme]) -> list[dict]:
@@ -166,8 +207,14 @@ def overrides(picked: list[dict], choices: list[Scheme]) -> list[dict]:
             chosen = sorted(p["layer"] for p in picked if p["unit"] == unit and p["scheme"] == s.name)
             if chosen:
                 mods = members[0] if len(members) == 1 else f"({'|'.join(members)})"
-                out.append({"targets": [f"{prefix}\\.({'|'.join(map(str, chosen))})\\.{parent}\\.{mods}$"],
-                            "bits": s.bits, "group_size": s.group_size, "symmetric": s.symmetric})
+                out.append(
+                    {
+                        "targets": [f"{prefix}\\.({'|'.join(map(str, chosen))})\\.{parent}\\.{mods}$"],
+                        "bits": s.bits,
+                        "group_size": s.group_size,
+                        "symmetric": s.symmetric,
+                    }
+                )
     return out
 
 
@@ -183,12 +230,24 @@ def search(model, rows, spec: Search, label: str = "sensitivity", lazy: bool = F
         else:
             results, floor = unit_kls(model, rows, pairs, spec.schemes, progress=step)
             chosen, rounds = choose(results, layers, spec), None
-    measured = {"unit_forwards": sum(len(r["kls_measured"]) for r in results) + floor["units_checked_alone"],
-                "units_at_every_scheme": sum(len(r["kls_measured"]) == len(spec.schemes) for r in results),
-                **({"solves": rounds} if lazy else {})}
-    return {"budget_bits": spec.budget, **({"budget_from": spec.derived} if spec.derived else {}), "metric": "kl", "base": spec.base.name, "choices": [s.name for s in spec.choices],
-            "units": list(spec.units), "search": "lazy" if lazy else "every unit at every scheme", "measured": measured,
-            "noise_floor": floor, "ranking": ranked(results), **chosen}
+    measured = {
+        "unit_forwards": sum(len(r["kls_measured"]) for r in results) + floor["units_checked_alone"],
+        "units_at_every_scheme": sum(len(r["kls_measured"]) == len(spec.schemes) for r in results),
+        **({"solves": rounds} if lazy else {}),
+    }
+    return {
+        "budget_bits": spec.budget,
+        **({"budget_from": spec.derived} if spec.derived else {}),
+        "metric": "kl",
+        "base": spec.base.name,
+        "choices": [s.name for s in spec.choices],
+        "units": list(spec.units),
+        "search": "lazy" if lazy else "every unit at every scheme",
+        "measured": measured,
+        "noise_floor": floor,
+        "ranking": ranked(results),
+        **chosen,
+    }
 
 
 def lazy_choice(model, rows, layers, pairs, spec: Search, progress=None):
@@ -212,7 +271,11 @@ def lazy_choice(model, rows, layers, pairs, spec: Search, progress=None):
         chosen = choose(results, layers, spec)
         rounds += 1
         base = spec.base.name
-        need = [r for r in results if r["chosen"] != base and (r["below_noise"] is None or len(r["kls_measured"]) < len(spec.schemes))]
+        need = [
+            r
+            for r in results
+            if r["chosen"] != base and (r["below_noise"] is None or len(r["kls_measured"]) < len(spec.schemes))
+        ]
         if not need:
             return results, floor, chosen, rounds
         for r in need:
@@ -229,7 +292,6 @@ def resolve(job, model, sens) -> tuple[object, dict]:
     """Before the quantize step: measure and choose on the loaded model, on the windows `windows`
     built (`sens`), and return the step's config with the chosen overrides (auto cleared) and the
     record for quantkit.json."""
-    import torch
 
     t0 = time.perf_counter()
     quant = job.quant
@@ -238,13 +300,25 @@ def resolve(job, model, sens) -> tuple[object, dict]:
     device = pass_device(job, model, cs)
     with placed(model, device):
         out = search(model, torch.cat(cs.samples).to(device), spec, label="auto mixed precision", lazy=True)
-    record = {**out, "windows": {"requested": quant.auto.windows, "used": len(cs.samples), "seq_len": quant.auto.seq_len,
-                                 "note": short, "text": cs.manifest},
-              "measured_on": measured_on(job), "device": str(device), "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-              "wall_seconds": built_s + time.perf_counter() - t0}
+    record = {
+        **out,
+        "windows": {
+            "requested": quant.auto.windows,
+            "used": len(cs.samples),
+            "seq_len": quant.auto.seq_len,
+            "note": short,
+            "text": cs.manifest,
+        },
+        "measured_on": measured_on(job),
+        "device": str(device),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "wall_seconds": built_s + time.perf_counter() - t0,
+    }
     resolved = type(quant).model_validate({**quant.model_dump(), "auto": None, "overrides": out["overrides"]})
-    note(f"auto mixed precision: {len(out['picked'])} of {len(out['ranking'])} units raised, "
-         f"{out['bits_per_weight']:.4f} bits/weight (budget {spec.budget:g}), {record['wall_seconds']:.0f} s")
+    note(
+        f"auto mixed precision: {len(out['picked'])} of {len(out['ranking'])} units raised, "
+        f"{out['bits_per_weight']:.4f} bits/weight (budget {spec.budget:g}), {record['wall_seconds']:.0f} s"
+    )
     return resolved, record
 
 
@@ -253,13 +327,21 @@ def windows(job, tok, model, src_hash: str):
     region, `auto.windows` of `auto.seq_len` tokens (the recipe's calibration.samples are GPTQ's).
     Built from the model as loaded, before any rotation: text it generates (a mix's chat part) is
     cached under its checkpoint's hash. Returns the set, the shortfall note, and the seconds taken."""
-    from quantkit.data import calib
-    from quantkit.data.text import shortfall
 
     t0 = time.perf_counter()
     auto, c = job.quant.auto, job.recipe.calibration
-    cs = calib.build(job.src, tok, job.calib_spec, samples=auto.windows, seq_len=auto.seq_len, seed=c.seed, region=c.region,
-                     chat_template=c.chat_template, model=model, model_hash=src_hash)
+    cs = calib.build(
+        job.src,
+        tok,
+        job.calib_spec,
+        samples=auto.windows,
+        seq_len=auto.seq_len,
+        seed=c.seed,
+        region=c.region,
+        chat_template=c.chat_template,
+        model=model,
+        model_hash=src_hash,
+    )
     short = shortfall(len(cs.samples), auto.windows, auto.seq_len, c.region, cs.manifest.get("stream_tokens"))
     if short:
         note(f"note: {job.key}: auto mixed precision: {short}; the choice rests on those")
@@ -267,8 +349,6 @@ def windows(job, tok, model, src_hash: str):
 
 
 def measured_on(job) -> str:
-    from quantkit.methods.registry import transform_step
-
     if transform_step(job.variant) is not None:
         return "the model after its rotation (the transform step fused into the weights first), before the rounding"
     return "the model as the quantize step receives it"
@@ -278,8 +358,6 @@ def pass_device(job, model, cs):
     """Where the pass runs: the calibration device when the model and the pass's working set fit
     there (llm-compressor's methods keep the model in RAM and calibrate a layer at a time on the
     device), else where the model is."""
-    from quantkit.device import free_bytes
-    from quantkit.quantize.sensitivity import working_set_bytes
 
     here = next(model.parameters()).device
     if job.device.type == "cpu" or here == job.device:
@@ -287,11 +365,18 @@ def pass_device(job, model, cs):
     p = next(model.parameters())
     cfg = model.config
     need = sum(t.numel() for t in model.parameters()) * p.element_size() + working_set_bytes(
-        len(cs.samples) * job.quant.auto.seq_len, job.quant.auto.seq_len, cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers,
-        p.element_size())
+        len(cs.samples) * job.quant.auto.seq_len,
+        job.quant.auto.seq_len,
+        cfg.vocab_size,
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        p.element_size(),
+    )
     if need <= 0.9 * free_bytes(job.device):
         return job.device
-    note(f"note: auto mixed precision: the model and its {need / 1e9:.1f} GB pass do not fit on {job.device}; measuring where it is ({here})")
+    note(
+        f"note: auto mixed precision: the model and its {need / 1e9:.1f} GB pass do not fit on {job.device}; measuring where it is ({here})"
+    )
     return here
 
 
@@ -311,13 +396,16 @@ def placed(model, device):
 def check_measured(record: dict, artifact: Path) -> None:
     """The saved artifact's bits per weight (models/sizes.py, from its headers) against the budget
     and the solver's prediction; over the budget, the artifact is not written."""
-    from quantkit.models.sizes import checkpoint_sizes
 
     measured = checkpoint_sizes(artifact)["bits_per_weight"]
     record["measured_bits_per_weight"] = measured
     if measured > record["budget_bits"] + 1e-9:
-        raise VerificationError(f"auto mixed precision: the artifact takes {measured:.6f} bits/weight, over the budget of "
-                                f"{record['budget_bits']:g}; nothing was written")
+        raise VerificationError(
+            f"auto mixed precision: the artifact takes {measured:.6f} bits/weight, over the budget of "
+            f"{record['budget_bits']:g}; nothing was written"
+        )
     if abs(measured - record["bits_per_weight"]) > 1e-6:
-        note(f"note: auto mixed precision: the artifact takes {measured:.6f} bits/weight, the search counted "
-             f"{record['bits_per_weight']:.6f}")
+        note(
+            f"note: auto mixed precision: the artifact takes {measured:.6f} bits/weight, the search counted "
+            f"{record['bits_per_weight']:.6f}"
+        )

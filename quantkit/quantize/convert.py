@@ -2,31 +2,66 @@
 
 from __future__ import annotations
 
+import gc
+import json
+import os
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from quantkit.artifacts.card import write_card
-from quantkit.artifacts.staging import check_free_space, claim_out, peak_rss_mb, staged_dir, temp_dir_beside, tool_versions, write_meta
+from quantkit.artifacts.formats import FORMATS
+from quantkit.artifacts.staging import (
+    check_free_space,
+    claim_out,
+    peak_rss_mb,
+    staged_dir,
+    temp_dir_beside,
+    tool_versions,
+    write_meta,
+)
+from quantkit.core.distributed import agree, claimed_by_writer, load_shared, rank0_alone, together
+from quantkit.core.integrity import manifest
+from quantkit.data import calib
+from quantkit.data.text import shortfall
+from quantkit.device import describe
 from quantkit.errors import DataError
+from quantkit.gqa.convert import apply_gqa
+from quantkit.methods.llmc import rotate
 from quantkit.methods.registry import runtime_meta, transform_step
+from quantkit.models import offload
 from quantkit.models.checkpoint import cast_model, checkpoint_hash, load_model, load_tokenizer
+from quantkit.models.logits import fixed_tokens
+from quantkit.models.offload import disk_tensors
 from quantkit.progress import note
+from quantkit.quantize.auto import check_measured, resolve, windows
 from quantkit.quantize.job import ConvertJob, ConvertOptions, check_inputs, prepare, source_dtype
+from quantkit.quantize.verify import check_finite, logits, verify_reload
 from quantkit.recipe.schema import Recipe
 
 
 def _calibration(job: ConvertJob, tok, model, src_hash: str):
-    from quantkit.data import calib
-    from quantkit.data.text import shortfall
-
     spec = job.calib_spec
     if not spec:
-        raise DataError(f"{job.key}: this variant needs calibration text: set calibration.source in the recipe or pass --calib file:PATH (or --calib self)")
+        raise DataError(
+            f"{job.key}: this variant needs calibration text: set calibration.source in the recipe or pass --calib file:PATH (or --calib self)"
+        )
     c = job.recipe.calibration
-    cs = calib.build(job.src, tok, spec, samples=c.samples, seq_len=c.seq_len, seed=c.seed, region=c.region,
-                     chat_template=c.chat_template, model=model, model_hash=src_hash)
+    cs = calib.build(
+        job.src,
+        tok,
+        spec,
+        samples=c.samples,
+        seq_len=c.seq_len,
+        seed=c.seed,
+        region=c.region,
+        chat_template=c.chat_template,
+        model=model,
+        model_hash=src_hash,
+    )
     short = shortfall(len(cs.samples), c.samples, c.seq_len, c.region, cs.manifest.get("stream_tokens"))
     if short:  # quantkit.json records both counts (calibration.samples, requested_samples)
         note(f"note: {job.key}: calibration text {spec}: {short}")
@@ -49,34 +84,47 @@ def apply_steps(job: ConvertJob, model, tok, calib_set, src_hash: str):
     transform = transform_step(job.variant)
     for step in job.variant.steps:
         if step.gqa is not None:
-            from quantkit.gqa.convert import apply_gqa
-
             note(f"gqa: {job.cfg.get('num_key_value_heads')} -> {step.gqa.kv_heads} KV heads ({step.gqa.merge})")
-            model, done.gqa = apply_gqa(model, tok, step.gqa, calib_set, src=job.src, src_hash=src_hash, calib_spec=job.calib_spec,
-                                        calibration=job.recipe.calibration)
-        elif step.quantize is not None:  # a transform step's rotation runs inside the quantize step's pass, or before auto's
+            model, done.gqa = apply_gqa(
+                model,
+                tok,
+                step.gqa,
+                calib_set,
+                src=job.src,
+                src_hash=src_hash,
+                calib_spec=job.calib_spec,
+                calibration=job.recipe.calibration,
+            )
+        elif (
+            step.quantize is not None
+        ):  # a transform step's rotation runs inside the quantize step's pass, or before auto's
             if job.offload is None:  # an offloaded model is loaded at this precision already
                 model = cast_model(model, getattr(torch_module(), job.quant_dtype))
-            if job.auto is not None:  # measured on the weights the rounding will see: after the rotation, before the rounding
-                from quantkit.quantize.auto import resolve, windows
-
+            if (
+                job.auto is not None
+            ):  # measured on the weights the rounding will see: after the rotation, before the rounding
                 sens = windows(job, tok, model, src_hash)  # from the model as loaded, as the calibration set was
                 if transform is not None:
-                    from quantkit.methods.llmc import rotate
-
                     note(f"transform: {transform.method} {', '.join(transform.rotations)} fused into the weights")
                     model, transform = rotate(model, transform, job.device), None
                 done.quant, done.mixed_precision = resolve(job, model, sens)
             note(f"quantize: {job.quant.method}")
-            model = job.method.quantize(model, done.quant, calib_set.samples if calib_set else None, src=job.src, device=job.device,
-                                         transform=transform)
+            model = job.method.quantize(
+                model,
+                done.quant,
+                calib_set.samples if calib_set else None,
+                src=job.src,
+                device=job.device,
+                transform=transform,
+            )
     return model, done
 
 
-def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> dict | None:
+def convert(
+    recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None
+) -> dict | None:
     """Every check, load and write under an exclusive lock on --out (artifact.claim_out). Returns
     the artifact's quantkit.json (None on the ranks other than 0 of a torchrun conversion)."""
-    from quantkit.core.distributed import claimed_by_writer, together
 
     with together("its checks"):  # under torchrun every rank checks, and rank 0 alone reports
         check_inputs(recipe, model_ref, out, opts)
@@ -84,10 +132,9 @@ def convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
         return _convert(recipe, model_ref, out, opts, variant_name)
 
 
-def _convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> dict | None:
-    from quantkit.core.distributed import together
-    from quantkit.quantize.verify import check_finite
-
+def _convert(
+    recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None
+) -> dict | None:
     with together("its checks"):  # every rank checks; all stop if one refuses
         job = prepare(recipe, model_ref, out, opts, variant_name)
         check_free_space(out, job.disk_bytes)
@@ -101,13 +148,26 @@ def _convert(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOpti
         calib_set = _calibration(job, tok, model, src_hash) if job.needs_calibration else None
         model, done = apply_steps(job, model, tok, calib_set, src_hash)
         check_finite(model, "the converted model")
-        if not (job.method and job.method.loads_quantized) and job.offload is None:  # artifacts keep the source precision (scales included)
+        if (
+            not (job.method and job.method.loads_quantized) and job.offload is None
+        ):  # artifacts keep the source precision (scales included)
             model = cast_model(model, source_dtype(job.cfg))
-        meta = {"name": job.variant.name, "gqa": done.gqa, "schema_version": 1, "kind": "quantkit-artifact",
-                "base_model": _base_model_name(job.src, job.cfg), "source": {"path": str(job.src), "sha256": src_hash},
-                "recipe": resolved_recipe(job), "offload": _offload_meta(job, model), "device": device_meta(job), "runtime": runtime_meta(job.quant),
-                "calibration": calib_set.manifest if calib_set else None, "results": {}, **(opts.meta or {}),
-                "distributed": opts.group.describe() if opts.group is not None else {"world_size": 1}}
+        meta = {
+            "name": job.variant.name,
+            "gqa": done.gqa,
+            "schema_version": 1,
+            "kind": "quantkit-artifact",
+            "base_model": _base_model_name(job.src, job.cfg),
+            "source": {"path": str(job.src), "sha256": src_hash},
+            "recipe": resolved_recipe(job),
+            "offload": _offload_meta(job, model),
+            "device": device_meta(job),
+            "runtime": runtime_meta(job.quant),
+            "calibration": calib_set.manifest if calib_set else None,
+            "results": {},
+            **(opts.meta or {}),
+            "distributed": opts.group.describe() if opts.group is not None else {"world_size": 1},
+        }
         if done.mixed_precision is not None:
             meta["mixed_precision"] = done.mixed_precision
         held = {"model": model, "quant": done.quant}
@@ -130,10 +190,6 @@ def export_together(job: ConvertJob, held: dict, export):
     alone); the other ranks take part in the save, whose compression llm-compressor spreads over
     all ranks (compressed-tensors' replace_module_parallel), then wait for rank 0's verdict.
     Returns the artifact's metadata on rank 0, None elsewhere."""
-    import os
-
-    from quantkit.artifacts.formats import FORMATS
-    from quantkit.core.distributed import agree, together
 
     if job.opts.group.writer:
         with together("to verify and write the artifact"):
@@ -152,23 +208,37 @@ def _load(job: ConvertJob, folder: Path | None):
     if p is None:
         note(f"loading {job.src}")
     else:
-        note(f"loading {job.src} with offloading: {p.model_bytes / 1e9:.2f} GB of {p.dtype} weights, "
-             f"{p.cpu_bytes / 1e9:.2f} GB in RAM, the rest on disk under {folder}")
+        note(
+            f"loading {job.src} with offloading: {p.model_bytes / 1e9:.2f} GB of {p.dtype} weights, "
+            f"{p.cpu_bytes / 1e9:.2f} GB in RAM, the rest on disk under {folder}"
+        )
     if job.opts.group is not None:  # rank 0 loads, the other ranks share its memory
-        from quantkit.core.distributed import load_shared
-
-        return load_shared(lambda dev: load_model(job.src, dtype=job.compute_dtype, device=dev, trust_remote_code=job.opts.trust_remote_code))
-    return load_model(job.src, dtype=job.compute_dtype, device=load_device(job), trust_remote_code=job.opts.trust_remote_code,
-                      offload=p, offload_folder=folder)
+        return load_shared(
+            lambda dev: load_model(
+                job.src, dtype=job.compute_dtype, device=dev, trust_remote_code=job.opts.trust_remote_code
+            )
+        )
+    return load_model(
+        job.src,
+        dtype=job.compute_dtype,
+        device=load_device(job),
+        trust_remote_code=job.opts.trust_remote_code,
+        offload=p,
+        offload_folder=folder,
+    )
 
 
 def _offload_meta(job: ConvertJob, model) -> dict | None:
     if job.offload is None:
         return None
-    from quantkit.models.offload import disk_tensors
 
     p = job.offload
-    return {"dtype": p.dtype, "model_bytes": p.model_bytes, "cpu_bytes": p.cpu_bytes, "disk_tensors": disk_tensors(model)}
+    return {
+        "dtype": p.dtype,
+        "model_bytes": p.model_bytes,
+        "cpu_bytes": p.cpu_bytes,
+        "disk_tensors": disk_tensors(model),
+    }
 
 
 @contextmanager
@@ -187,23 +257,27 @@ def resolved_recipe(job: ConvertJob) -> dict:
     applied) and export settings with every default filled in; the other variants are left out."""
     calibration = job.recipe.calibration.model_dump(mode="json")
     calibration["source"] = job.opts.calib or calibration["source"]
-    calibration["device"] = job.opts.device or calibration["device"]  # as asked; quantkit.json's device says what it was
-    return {"schema_version": job.recipe.schema_version, "name": job.recipe.name, "variant": job.variant.name,
-            "steps": [s.model_dump(mode="json", exclude_none=True) for s in job.variant.steps],
-            "calibration": calibration, "export": job.recipe.export.model_dump(mode="json")}
+    calibration["device"] = (
+        job.opts.device or calibration["device"]
+    )  # as asked; quantkit.json's device says what it was
+    return {
+        "schema_version": job.recipe.schema_version,
+        "name": job.recipe.name,
+        "variant": job.variant.name,
+        "steps": [s.model_dump(mode="json", exclude_none=True) for s in job.variant.steps],
+        "calibration": calibration,
+        "export": job.recipe.export.model_dump(mode="json"),
+    }
 
 
-def export_verified(job: ConvertJob, held: dict, tok, calib_set, out: Path, meta: dict, t0: float, folder: Path | None = None) -> dict:
+def export_verified(
+    job: ConvertJob, held: dict, tok, calib_set, out: Path, meta: dict, t0: float, folder: Path | None = None
+) -> dict:
     """Save into a temp dir, reload as a user would, compare logits, then move into place.
 
     `held["model"]` is the caller's only reference to the in-memory model: it is dropped once
     the artifact is saved, so the reload never shares memory with it. An offloaded model's
     artifact reloads with the same offloading."""
-    import gc
-    from contextlib import ExitStack
-
-    from quantkit.artifacts.formats import FORMATS
-    from quantkit.quantize.verify import fixed_tokens, logits, verify_reload
 
     fmt = FORMATS[job.export_format]
     model, quant = held.pop("model"), held.pop("quant", job.quant)
@@ -214,28 +288,34 @@ def export_verified(job: ConvertJob, held: dict, tok, calib_set, out: Path, meta
         fmt.save(model, tmp, job.recipe.export.max_shard_size)
         tok.save_pretrained(str(tmp))
         if meta.get("mixed_precision") is not None:
-            from quantkit.quantize.auto import check_measured
-
             check_measured(meta["mixed_precision"], tmp)
         del model
         gc.collect()
         if job.opts.group is not None:  # the other ranks' part ends with the save: rank 0 checks alone
-            from quantkit.core.distributed import rank0_alone
-
             stack.enter_context(rank0_alone())
         if job.offload is not None:
-            from quantkit.models import offload
-
-            reload = lambda: offload.onload_to(offload.load(tmp, job.offload, folder / "reload",  # noqa: E731
-                                                            trust_remote_code=job.opts.trust_remote_code), job.device)
+            reload = lambda: offload.onload_to(
+                offload.load(
+                    tmp,
+                    job.offload,
+                    folder / "reload",  # noqa: E731
+                    trust_remote_code=job.opts.trust_remote_code,
+                ),
+                job.device,
+            )
             loader = f"{fmt.loader} (offloaded as in the conversion)"
         else:
             reload, loader = reload_on_device(job, fmt, tmp, dtype), fmt.loader
         meta["verification"] = verify_reload(ref_logits, reload, ids, loader)
-        meta.update({"quantization": fmt.describe(quant) if quant else None, "tool_versions": tool_versions(),
-                     "wall_seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()})
+        meta.update(
+            {
+                "quantization": fmt.describe(quant) if quant else None,
+                "tool_versions": tool_versions(),
+                "wall_seconds": time.perf_counter() - t0,
+                "peak_rss_mb": peak_rss_mb(),
+            }
+        )
         write_card(tmp, meta)
-        from quantkit.core.integrity import manifest
 
         meta["files"] = manifest(tmp)  # every file's sha256 and size, checked by publish
         write_meta(tmp, meta)
@@ -246,7 +326,6 @@ def load_device(job: ConvertJob):
     """Where the source loads: llm-compressor's pipelines keep the model in RAM (or on disk) and
     onload a layer at a time to the calibration device; GQA's statistics and recovery run in
     quantkit's own code on a model already on that device; bitsandbytes reloads it there itself."""
-    import torch
 
     return job.device if job.has_gqa else torch.device("cpu")
 
@@ -255,32 +334,26 @@ def reload_on_device(job: ConvertJob, fmt, tmp: Path, dtype: str):
     """The artifact as a user loads it, its forward on the calibration device: bitsandbytes
     quantizes onto the device as it loads; other formats load into RAM and run there a layer at
     a time (offload.onload_to), so the check fits wherever the conversion did."""
-    import torch
-
-    from quantkit.models import offload
 
     if job.method is not None and job.method.loads_quantized:
         return lambda: fmt.load(tmp, dtype, job.device, trust_remote_code=job.opts.trust_remote_code)
-    return lambda: offload.onload_to(fmt.load(tmp, dtype, torch.device("cpu"), trust_remote_code=job.opts.trust_remote_code), job.device)
+    return lambda: offload.onload_to(
+        fmt.load(tmp, dtype, torch.device("cpu"), trust_remote_code=job.opts.trust_remote_code), job.device
+    )
 
 
 def device_meta(job: ConvertJob) -> dict:
     """Where the conversion ran (quantkit.json's `device`): the device, its name and the precision."""
-    from quantkit.device import describe
 
     dtype = job.quant_dtype if job.quant is not None else job.compute_dtype
     return describe(job.device, getattr(torch_module(), dtype))
 
 
 def torch_module():
-    import torch
-
     return torch
 
 
 def _base_model_name(src: Path, cfg: dict) -> str:
-    import json
-
     source = src / "quantkit-source.json"
     if source.is_file():
         return json.loads(source.read_text()).get("base_model", str(src))

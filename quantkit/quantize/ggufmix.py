@@ -20,16 +20,37 @@ from __future__ import annotations
 
 import time
 
+import gguf
+import numpy as np
+import torch
+
+from quantkit.data import calib
 from quantkit.errors import QuantkitError
+from quantkit.gguf.grids import rope_unpermute
+from quantkit.gguf.kquant import LAYER_LINEAR
+from quantkit.gguf.read import open_reader
+from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer
 from quantkit.progress import note
+from quantkit.quantize.mixed import Unit, solve
 
 # ggml types a weight may take: llama-quantize makes each with --pure and the gguf library reads it back.
 MIXABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 DEFAULT_TYPES = ("IQ4_NL", "IQ4_XS", "Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0")
-WINDOWS, SEQ_LEN, DRAWS = 4, 256, 2  # calibration windows of the measurement (auto mixed precision's defaults), label draws
+WINDOWS, SEQ_LEN, DRAWS = (
+    4,
+    256,
+    2,
+)  # calibration windows of the measurement (auto mixed precision's defaults), label draws
 # Weights that read the same input share its second moment A (GGUF names, llama.cpp's llama/qwen2 layers).
-INPUT_OF = {"attn_q": "attn_in", "attn_k": "attn_in", "attn_v": "attn_in", "attn_output": "attn_output",
-            "ffn_gate": "ffn_in", "ffn_up": "ffn_in", "ffn_down": "ffn_down"}
+INPUT_OF = {
+    "attn_q": "attn_in",
+    "attn_k": "attn_in",
+    "attn_v": "attn_in",
+    "attn_output": "attn_output",
+    "ffn_gate": "ffn_in",
+    "ffn_up": "ffn_in",
+    "ffn_down": "ffn_down",
+}
 STATS_BYTES = 2 << 30  # float32 A and G held at once; more layers than fit are measured in further passes
 MARGIN_BYTES = 4096  # left for the header: the mixed file's metadata differs from T's by a few bytes
 
@@ -39,14 +60,15 @@ def parse_types(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(t.strip().upper() for t in text.split(",") if t.strip()))
     bad = [t for t in names if t not in MIXABLE]
     if bad or not names:
-        raise QuantkitError(f"--mixed-types {text!r}: {bad[0] + ' is ' if bad else ''}not a list of types a weight may take; "
-                            f"valid: {', '.join(MIXABLE)}")
+        raise QuantkitError(
+            f"--mixed-types {text!r}: {bad[0] + ' is ' if bad else ''}not a list of types a weight may take; "
+            f"valid: {', '.join(MIXABLE)}"
+        )
     return names
 
 
 def admissible(row: int, types) -> list[str]:
     """The types whose blocks divide a row of `row` values (ggml quantizes each row in whole blocks)."""
-    import gguf
 
     return [t for t in types if row % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0] == 0]
 
@@ -54,7 +76,7 @@ def admissible(row: int, types) -> list[str]:
 def kfac_cost(dw, a, g, tokens: int) -> float:
     """½ tr(G ΔW A ΔWᵀ) / tokens²: the KL per token that ΔW adds, with A = Σ x xᵀ over the tokens'
     inputs and G = Σ γ γᵀ over their output gradients (each already divided by the label draws)."""
-    return 0.5 * float(((g @ dw) * (dw @ a)).sum()) / tokens ** 2
+    return 0.5 * float(((g @ dw) * (dw @ a)).sum()) / tokens**2
 
 
 def chooser(types: tuple[str, ...]):
@@ -65,7 +87,6 @@ def chooser(types: tuple[str, ...]):
 def choose(made, candidates: tuple[str, ...]) -> dict:
     """Measure every decoder-layer weight at every candidate type its rows admit, and choose within
     the bytes T's own file gives them. Returns {"types": every 2-D tensor's type, ...the record}."""
-    from quantkit.gguf.read import open_reader
 
     t0 = time.perf_counter()
     note(f"export --type {made.qtype} --mixed: llama-quantize's own {made.qtype}, and each of {', '.join(candidates)}")
@@ -74,31 +95,47 @@ def choose(made, candidates: tuple[str, ...]) -> dict:
     ref_tensors = {t.name: t for t in open_reader(ref).tensors}
     weights = _weights(made, ref_tensors, candidates)
     if not weights:
-        raise QuantkitError(f"--mixed-types {','.join(candidates)}: no block of these types divides the rows of this model's "
-                            "decoder-layer weights; add a 32-value type (Q5_0, Q8_0, IQ4_NL)")
+        raise QuantkitError(
+            f"--mixed-types {','.join(candidates)}: no block of these types divides the rows of this model's "
+            "decoder-layer weights; add a 32-value type (Q5_0, Q8_0, IQ4_NL)"
+        )
     pure = {t: {x.name: x for x in open_reader(f).tensors} for t, f in files.items()}
-    options = {n: {t: f[n] for t, f in pure.items() if f[n].tensor_type.name == t} for n in weights}  # where the rows admit t
+    options = {
+        n: {t: f[n] for t, f in pure.items() if f[n].tensor_type.name == t} for n in weights
+    }  # where the rows admit t
     budget = sum(_padded(ref_tensors[n].n_bytes) for n in weights) - MARGIN_BYTES
     _check_floor(options, budget)  # before the measurement: the bytes alone decide it
     costs, manifest = _measure(made, weights, options, ref_tensors)
     picked = _solve(weights, costs, budget)
     types = {n: t.tensor_type.name for n, t in ref_tensors.items() if len(t.shape) == 2} | picked
-    return {"types": types, "reference_bytes": ref.stat().st_size, "budget_bytes": budget, "candidates": list(candidates),
-            "method": "K-FAC estimate of each weight's KL at each type (quantize/ggufmix.py), multiple-choice knapsack "
-                      "over bytes (quantize/mixed.py)",
-            "windows": manifest, "draws": DRAWS,
-            "cost_reference": sum(costs[n]["reference"] for n in weights),
-            "cost_chosen": sum(costs[n]["types"][picked[n]] for n in weights),
-            "weights": [{"tensor": n, "type": picked[n], "cost": costs[n]["types"][picked[n]],
-                         "reference_type": ref_tensors[n].tensor_type.name, "reference_cost": costs[n]["reference"]}
-                        for n in weights],
-            "seconds": time.perf_counter() - t0}
+    return {
+        "types": types,
+        "reference_bytes": ref.stat().st_size,
+        "budget_bytes": budget,
+        "candidates": list(candidates),
+        "method": "K-FAC estimate of each weight's KL at each type (quantize/ggufmix.py), multiple-choice knapsack "
+        "over bytes (quantize/mixed.py)",
+        "windows": manifest,
+        "draws": DRAWS,
+        "cost_reference": sum(costs[n]["reference"] for n in weights),
+        "cost_chosen": sum(costs[n]["types"][picked[n]] for n in weights),
+        "weights": [
+            {
+                "tensor": n,
+                "type": picked[n],
+                "cost": costs[n]["types"][picked[n]],
+                "reference_type": ref_tensors[n].tensor_type.name,
+                "reference_cost": costs[n]["reference"],
+            }
+            for n in weights
+        ],
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def _weights(made, ref_tensors: dict, candidates) -> dict[str, dict]:
     """The decoder-layer linear weights with at least one admissible candidate: source name, RoPE
     permutation and row length, from the F16 export's record."""
-    from quantkit.gguf.kquant import LAYER_LINEAR
 
     out = {}
     for t in made.f16["tensors"]:
@@ -118,18 +155,21 @@ def _padded(n: int, align: int = 32) -> int:
 def _check_floor(options: dict, budget: int) -> None:
     floor = sum(min(_padded(x.n_bytes) for x in opts.values()) for opts in options.values())
     if floor > budget:
-        raise QuantkitError(f"--mixed-types: with every weight at its smallest candidate the layers take {floor} bytes, more "
-                            f"than the {budget} that --type's own file gives them; add a smaller type (IQ4_NL, IQ4_XS, Q4_K)")
+        raise QuantkitError(
+            f"--mixed-types: with every weight at its smallest candidate the layers take {floor} bytes, more "
+            f"than the {budget} that --type's own file gives them; add a smaller type (IQ4_NL, IQ4_XS, Q4_K)"
+        )
 
 
 def _solve(weights: dict, costs: dict, budget: int) -> dict[str, str]:
     """The knapsack over bytes: each weight's options sorted by bytes (the cheapest is the base)."""
-    from quantkit.quantize.mixed import Unit, solve
 
     names = list(weights)
     options = [sorted(costs[n]["types"], key=lambda t: costs[n]["bytes"][t]) for n in names]
-    units = [Unit(i, n, 1, tuple(8 * costs[n]["bytes"][t] for t in opts), tuple(costs[n]["types"][t] for t in opts))
-             for i, (n, opts) in enumerate(zip(names, options))]
+    units = [
+        Unit(i, n, 1, tuple(8 * costs[n]["bytes"][t] for t in opts), tuple(costs[n]["types"][t] for t in opts))
+        for i, (n, opts) in enumerate(zip(names, options))
+    ]
     choice = solve(units, 8 * budget / len(units), len(units))
     return {n: opts[j] for n, opts, j in zip(names, options, choice.picked)}
 
@@ -139,9 +179,6 @@ def _solve(weights: dict, costs: dict, budget: int) -> dict[str, str]:
 
 def _measure(made, weights: dict, options: dict, ref_tensors: dict) -> tuple[dict, dict]:
     """{name: {"types": {type: cost}, "bytes": {type: bytes}, "reference": cost}} and the windows' manifest."""
-    import torch
-
-    from quantkit.models.checkpoint import load_model
 
     model = load_model(made.artifact, dtype="float32", device="cpu")
     rows, manifest = _windows(made, model)
@@ -153,26 +190,40 @@ def _measure(made, weights: dict, options: dict, ref_tensors: dict) -> tuple[dic
         for n in group:
             w0 = modules[n].weight.detach().to(torch.float32)
             cost = lambda t, n=n, w0=w0: kfac_cost(_dequantized(t, weights[n]) - w0, a[_input(n)], g[n], rows.numel())
-            costs[n] = {"types": {t: cost(x) for t, x in options[n].items()},
-                        "bytes": {t: _padded(x.n_bytes) for t, x in options[n].items()},
-                        "reference": cost(ref_tensors[n])}
+            costs[n] = {
+                "types": {t: cost(x) for t, x in options[n].items()},
+                "bytes": {t: _padded(x.n_bytes) for t, x in options[n].items()},
+                "reference": cost(ref_tensors[n]),
+            }
         del a, g
     return costs, manifest
 
 
 def _windows(made, model):
     """WINDOWS windows of SEQ_LEN tokens from the export's calibration source, its seed and region."""
-    import torch
-
-    from quantkit.data import calib
-    from quantkit.models.checkpoint import checkpoint_hash, load_tokenizer
 
     o = made.options
-    cs = calib.build(made.artifact, load_tokenizer(made.artifact), o.calib, samples=WINDOWS, seq_len=SEQ_LEN, seed=o.seed,
-                     region=o.region, chat_template=False, model=model, model_hash=checkpoint_hash(made.artifact))
+    cs = calib.build(
+        made.artifact,
+        load_tokenizer(made.artifact),
+        o.calib,
+        samples=WINDOWS,
+        seq_len=SEQ_LEN,
+        seed=o.seed,
+        region=o.region,
+        chat_template=False,
+        model=model,
+        model_hash=checkpoint_hash(made.artifact),
+    )
     m = cs.manifest
-    return torch.cat(cs.samples), {"source": m.get("source"), "samples": m.get("samples"), "seq_len": m.get("seq_len"),
-                                   "seed": m.get("seed"), "region": m.get("region"), "tokens": m.get("tokens")}
+    return torch.cat(cs.samples), {
+        "source": m.get("source"),
+        "samples": m.get("samples"),
+        "seq_len": m.get("seq_len"),
+        "seed": m.get("seed"),
+        "region": m.get("region"),
+        "tokens": m.get("tokens"),
+    }
 
 
 def _input(name: str) -> str:
@@ -184,7 +235,7 @@ def _layer_groups(modules: dict) -> list[list[str]]:
     """Weights in layer order, cut where the float32 statistics (A per input, G per weight) would pass STATS_BYTES."""
     groups, size, seen = [[]], 0, set()
     for n, m in modules.items():
-        need = 4 * m.out_features ** 2 + (0 if _input(n) in seen else 4 * m.in_features ** 2)
+        need = 4 * m.out_features**2 + (0 if _input(n) in seen else 4 * m.in_features**2)
         if groups[-1] and size + need > STATS_BYTES and n.split(".")[1] != groups[-1][-1].split(".")[1]:
             groups.append([])
             size, seen = 0, set()
@@ -198,7 +249,6 @@ def fisher(model, rows, modules: dict) -> tuple[dict, dict]:
     """K-FAC's factors over the windows `rows`: A[input] = Σ x xᵀ of each weight's inputs, G[weight] =
     Σ γ γᵀ of the gradients of Σ log p(y) at its outputs, y drawn from the model (seeded), averaged
     over DRAWS draws per window. The model's parameters are left without gradients."""
-    import torch
 
     a = {_input(n): torch.zeros(m.in_features, m.in_features) for n, m in modules.items()}
     g = {n: torch.zeros(m.out_features, m.out_features) for n, m in modules.items()}
@@ -210,6 +260,7 @@ def fisher(model, rows, modules: dict) -> tuple[dict, dict]:
             if first["draw"] and owners[_input(name)] == name:
                 _accumulate(a[_input(name)], args[0])
             output.register_hook(lambda grad: _accumulate(g[name], grad))
+
         return forward
 
     for p in model.parameters():
@@ -238,9 +289,10 @@ def _accumulate(acc, x) -> None:
 
 def _draw(model, window, gen):
     """Σ log p(y) over the window's positions, y drawn from the model's own next-token distribution."""
-    import torch
 
-    emb = model.get_input_embeddings()(window).detach().requires_grad_(True)  # so every layer's output carries a gradient
+    emb = (
+        model.get_input_embeddings()(window).detach().requires_grad_(True)
+    )  # so every layer's output carries a gradient
     logits = model(inputs_embeds=emb, use_cache=False).logits.float()
     logp = torch.log_softmax(logits, -1).reshape(-1, logits.shape[-1])
     y = torch.multinomial(logp.detach().exp(), 1, generator=gen)
@@ -249,11 +301,6 @@ def _draw(model, window, gen):
 
 def _dequantized(tensor, weight: dict):
     """A GGUF tensor as float32 in the checkpoint's layout (q/k rows back in transformers' order)."""
-    import gguf
-    import numpy as np
-    import torch
-
-    from quantkit.gguf.grids import rope_unpermute
 
     w = torch.from_numpy(np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
     w = w.reshape(int(tensor.shape[1]), int(tensor.shape[0]))
@@ -263,7 +310,8 @@ def _dequantized(tensor, weight: dict):
 def describe(record: dict) -> str:
     """One line for the CLI: the candidates, the budget, the estimated KL of T's types and of the choice."""
     m = record["mixed"]
-    return (f"types per tensor among {', '.join(m['candidates'])} within {m['budget_bytes'] / 1e6:.2f} MB of layers "
-            f"(--type's own file {m['reference_bytes'] / 1e6:.2f} MB); estimated KL {m['cost_chosen']:.4f} "
-            f"(--type's own types {m['cost_reference']:.4f}, K-FAC over {m['windows']['samples']} windows)")
-
+    return (
+        f"types per tensor among {', '.join(m['candidates'])} within {m['budget_bytes'] / 1e6:.2f} MB of layers "
+        f"(--type's own file {m['reference_bytes'] / 1e6:.2f} MB); estimated KL {m['cost_chosen']:.4f} "
+        f"(--type's own types {m['cost_reference']:.4f}, K-FAC over {m['windows']['samples']} windows)"
+    )

@@ -15,11 +15,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from quantkit.artifacts.staging import check_out, disk_needed, estimate_bytes, guard_out, model_inputs, text_input
+from quantkit.data.calib import check_source
+from quantkit.device import resolve
 from quantkit.errors import QuantkitError, RecipeError
+from quantkit.gqa.convert import preflight_gqa, preflight_recovery_text
 from quantkit.methods.configs import MethodConfig
-from quantkit.methods.registry import Method, method_of, names, preflight as method_preflight, quantize_step
+from quantkit.methods.registry import Method, method_of, names, quantize_step
+from quantkit.methods.registry import preflight as method_preflight
+from quantkit.models import offload
 from quantkit.models.checkpoint import load_tokenizer, read_config, resolve_model
+from quantkit.quantize.auto import Search, check
+from quantkit.quantize.preflight import (
+    check_context,
+    check_fused_shards,
+    check_group_sizes,
+    check_not_inside,
+    check_overrides_match,
+    check_quantizes_something,
+    meta_model,
+    quantizable_linears,
+)
 from quantkit.recipe.schema import Recipe, Variant
 
 
@@ -106,7 +124,9 @@ def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
     if name is None:
         if len(variants) != 1:
             names_ = ", ".join(v.name for v in variants)
-            raise RecipeError(f"{recipe.name}: a suite of {len(variants)} variants ({names_}); pick one with --variant or use `quantkit run`")
+            raise RecipeError(
+                f"{recipe.name}: a suite of {len(variants)} variants ({names_}); pick one with --variant or use `quantkit run`"
+            )
         return variants[0], "steps"
     for i, v in enumerate(variants):
         if v.name == name:
@@ -115,8 +135,11 @@ def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
 
 
 def needs_calibration(variant: Variant) -> bool:
-    return any((s.gqa is not None and (s.gqa.merge == "calibrated" or s.gqa.recover)) or (s.quantize is not None and method_of(s.quantize).calibrates)
-               for s in variant.steps)
+    return any(
+        (s.gqa is not None and (s.gqa.merge == "calibrated" or s.gqa.recover))
+        or (s.quantize is not None and method_of(s.quantize).calibrates)
+        for s in variant.steps
+    )
 
 
 def needs_text(variant: Variant) -> bool:
@@ -132,15 +155,14 @@ def check_inputs(recipe: Recipe, model_ref: str | None, out: Path, opts: Convert
 
 def check_skeleton(cfg: dict, variant: Variant, key: str, trust_remote_code: bool, src: Path | None = None):
     """Checks on the model's skeleton (meta device, no memory); returns the skeleton."""
-    from quantkit.quantize.preflight import check_fused_shards, check_group_sizes, check_overrides_match, check_quantizes_something, meta_model, quantizable_linears
 
     if not variant.steps:
-        raise RecipeError(f"{key}: variant {variant.name!r} has no steps; there is nothing to convert (it is the baseline)")
+        raise RecipeError(
+            f"{key}: variant {variant.name!r} has no steps; there is nothing to convert (it is the baseline)"
+        )
     skeleton = meta_model(cfg, trust_remote_code, src)
     for i, step in enumerate(variant.steps):
         if step.gqa is not None:
-            from quantkit.gqa.convert import preflight_gqa
-
             preflight_gqa(cfg, step.gqa, f"{key}[{i}].gqa")
             continue
         if step.quantize is None:
@@ -154,8 +176,6 @@ def check_skeleton(cfg: dict, variant: Variant, key: str, trust_remote_code: boo
             check_overrides_match(linears, step.quantize, where)
             check_fused_shards(skeleton, step.quantize, where)
         if getattr(step.quantize, "auto", None) is not None:
-            from quantkit.quantize.auto import Search, check
-
             check(skeleton, Search.of_step(step.quantize, 8 * source_dtype(cfg).itemsize, cfg), f"{where}.auto")
     return skeleton
 
@@ -164,25 +184,27 @@ def check_recovery(recipe: Recipe, variant: Variant, key: str, src: Path, opts: 
     """GQA recovery's text length, checked with the tokenizer alone (before the model is loaded)."""
     for i, step in enumerate(variant.steps):
         if step.gqa is not None and step.gqa.recover is not None:
-            from quantkit.gqa.convert import preflight_recovery_text
-            from quantkit.quantize.preflight import check_context
-
             check_context(read_config(src), step.gqa.recover.seq_len, f"{key}[{i}].gqa.recover.seq_len")
-            preflight_recovery_text(load_tokenizer(src, opts.trust_remote_code), opts.calib or recipe.calibration.source, step.gqa.recover,
-                                    recipe.calibration, f"{key}[{i}].gqa")
+            preflight_recovery_text(
+                load_tokenizer(src, opts.trust_remote_code),
+                opts.calib or recipe.calibration.source,
+                step.gqa.recover,
+                recipe.calibration,
+                f"{key}[{i}].gqa",
+            )
 
 
 def calibration_device(recipe: Recipe, opts: ConvertOptions):
     """--device, else the recipe's calibration.device, as a torch.device (device.resolve's errors)."""
-    from quantkit.device import resolve
 
     return resolve(opts.device or recipe.calibration.device)
 
 
-def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None) -> ConvertJob:
+def prepare(
+    recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None
+) -> ConvertJob:
     """Every check that can fail before loading anything, in the order a user fixes them; nothing
     is created or written (`convert` then claims --out and checks its disk, `--plan` reports it)."""
-    from quantkit.quantize.preflight import check_context, check_not_inside
 
     variant, key = pick_variant(recipe, variant_name)
     dev = calibration_device(recipe, opts)  # an unavailable device: one line, before anything loads
@@ -197,8 +219,6 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     skeleton = check_skeleton(cfg, variant, key, opts.trust_remote_code, src)
     method_preflight(recipe, variant, key, cfg)  # a rotation's sizes, a method's own checks
     if needs_text(variant):  # the text is read (and an hf: source reached) before any model loads
-        from quantkit.data.calib import check_source
-
         if needs_calibration(variant):
             check_context(cfg, recipe.calibration.seq_len, "calibration.seq_len")
         auto = getattr(quantize_step(variant), "auto", None)
@@ -211,35 +231,52 @@ def prepare(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptio
     offload = offload_plan(recipe, variant, key, cfg, quant, opts, params)
     artifact = artifact_bytes(skeleton, cfg, quant)
     offloaded = offload.model_bytes - offload.cpu_bytes if offload is not None else 0
-    job = ConvertJob(recipe, variant, key, src, cfg, out, opts, dev, skeleton, quant, offload, artifact,
-                     disk_needed(artifact, max(offloaded, 0)))
+    job = ConvertJob(
+        recipe,
+        variant,
+        key,
+        src,
+        cfg,
+        out,
+        opts,
+        dev,
+        skeleton,
+        quant,
+        offload,
+        artifact,
+        disk_needed(artifact, max(offloaded, 0)),
+    )
     if opts.group is not None:
         check_torchrun(job)
     return job
 
 
-def offload_plan(recipe: Recipe, variant: Variant, key: str, cfg: dict, quant: MethodConfig | None, opts: ConvertOptions, params: int):
+def offload_plan(
+    recipe: Recipe, variant: Variant, key: str, cfg: dict, quant: MethodConfig | None, opts: ConvertOptions, params: int
+):
     """Offload to disk when a layer-by-layer method's model would not fit in the RAM budget at its calibration precision."""
-    from quantkit.models import offload
 
     has_gqa = any(st.gqa is not None for st in variant.steps)
     if quant is None or not method_of(quant).layerwise or has_gqa:
         if opts.max_memory is not None:
-            raise RecipeError(f"{key}: --max-memory applies to the llm-compressor methods ({', '.join(names('layerwise'))}) without a gqa step")
+            raise RecipeError(
+                f"{key}: --max-memory applies to the llm-compressor methods ({', '.join(names('layerwise'))}) without a gqa step"
+            )
         return None
     src = str(source_dtype(cfg)).replace("torch.", "")
     p = offload.plan(params, quant_dtype(recipe, quant, None), src, opts.max_memory, offload.available_bytes())
     if p is not None and getattr(quant, "auto", None) is not None:
-        raise RecipeError(f"{key}.auto: mixed precision runs a forward of the whole model per unit and choice, which a model "
-                          "offloaded to disk would read from disk each time; convert where the model fits in RAM (without "
-                          "--max-memory), or run `quantkit sensitivity` there and put the overrides it prints in the recipe")
+        raise RecipeError(
+            f"{key}.auto: mixed precision runs a forward of the whole model per unit and choice, which a model "
+            "offloaded to disk would read from disk each time; convert where the model fits in RAM (without "
+            "--max-memory), or run `quantkit sensitivity` there and put the overrides it prints in the recipe"
+        )
     return p
 
 
 def artifact_bytes(skeleton, cfg: dict, quant: MethodConfig | None) -> int:
     """The artifact's size: quantized linears at the widest of their bit widths with a scale per
     group, everything else at the source precision (artifacts.staging.estimate_bytes)."""
-    from quantkit.quantize.preflight import quantizable_linears
 
     itemsize = source_dtype(cfg).itemsize
     n_params = sum(p.numel() for p in skeleton.parameters())
@@ -247,9 +284,15 @@ def artifact_bytes(skeleton, cfg: dict, quant: MethodConfig | None) -> int:
     if getattr(quant, "auto", None) is not None:  # the decoder linears within the budget, scales included
         quantized = sum(o * i for o, i in linears.values())
         return int((n_params - quantized) * itemsize + quantized * quant.auto.bits_for(cfg)[0] / 8)
-    bits = max([quant.weight_bits, *(o.bits for o in getattr(quant, "overrides", ()))]) if quant is not None else 8 * itemsize
+    bits = (
+        max([quant.weight_bits, *(o.bits for o in getattr(quant, "overrides", ()))])
+        if quant is not None
+        else 8 * itemsize
+    )
     group = quant.storage_group if quant is not None else -1
-    return estimate_bytes(n_params, sum(o * i for o, i in linears.values()), sum(o for o, _ in linears.values()), bits, group, itemsize)
+    return estimate_bytes(
+        n_params, sum(o * i for o, i in linears.values()), sum(o for o, _ in linears.values()), bits, group, itemsize
+    )
 
 
 def quant_dtype(recipe: Recipe, quant: MethodConfig | None, offload) -> str:
@@ -265,8 +308,6 @@ def quant_dtype(recipe: Recipe, quant: MethodConfig | None, offload) -> str:
 
 
 def source_dtype(cfg: dict):
-    import torch
-
     name = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float16")
     return getattr(torch, name) if name in ("float16", "bfloat16", "float32") else torch.float16
 
@@ -279,15 +320,23 @@ def check_torchrun(job: ConvertJob) -> None:
         raise QuantkitError(f"{job.key}: a gqa step runs in one process; run this conversion without torchrun")
     if job.method is None or not job.method.torchrun:
         method = job.quant.method if job.quant is not None else "none"
-        raise QuantkitError(f"{job.key}: method {method!r} does not run under torchrun; those that do: {', '.join(names('torchrun'))}")
+        raise QuantkitError(
+            f"{job.key}: method {method!r} does not run under torchrun; those that do: {', '.join(names('torchrun'))}"
+        )
     if job.offload is not None:
-        raise QuantkitError(f"{job.key}: the model does not fit in RAM (--max-memory); disk offloading runs in one process")
+        raise QuantkitError(
+            f"{job.key}: the model does not fit in RAM (--max-memory); disk offloading runs in one process"
+        )
     if job.auto is not None:
-        raise QuantkitError(f"{job.key}: auto mixed precision measures the units in one process; run this conversion without "
-                            "torchrun, or put the overrides `quantkit sensitivity` prints in the recipe")
+        raise QuantkitError(
+            f"{job.key}: auto mixed precision measures the units in one process; run this conversion without "
+            "torchrun, or put the overrides `quantkit sensitivity` prints in the recipe"
+        )
     local, world = int(os.environ.get("LOCAL_WORLD_SIZE", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if local and local != world:
         # compressed-tensors 0.19's DistributedCPUCache shares rank 0's weights through a
         # shared-memory file (`_share_filename_cpu_`) that exists on rank 0's machine only
-        raise QuantkitError(f"{job.key}: llm-compressor's distributed calibration shares the model through one machine's "
-                            f"shared memory; run the conversion on one machine (torchrun --nnodes 1, here {world // local} nodes)")
+        raise QuantkitError(
+            f"{job.key}: llm-compressor's distributed calibration shares the model through one machine's "
+            f"shared memory; run the conversion on one machine (torchrun --nnodes 1, here {world // local} nodes)"
+        )

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from quantkit.errors import QuantkitError
 from quantkit.methods.schemes import Scheme, parse_choice  # noqa: F401  (the schemes the search chooses among)
 
@@ -53,11 +55,16 @@ def solve(units: list[Unit], budget: float, total_weights: int, other_bits: floa
     spare = budget * total_weights - base_bits
     floor = base_bits / total_weights
     if spare < -1e-9 * total_weights:
-        raise QuantkitError(f"budget {budget:g} bits/weight is below {floor:.4f}, every unit at the base scheme; raise it or drop units")
+        raise QuantkitError(
+            f"budget {budget:g} bits/weight is below {floor:.4f}, every unit at the base scheme; raise it or drop units"
+        )
     extra = [[b - u.bits[0] for b in u.bits] for u in units]
     step = max(spare, 0.0) / RESOLUTION
     cap = RESOLUTION if step > 0 else 0
-    cost = [[0 if e[j] <= 0 else (math.ceil(e[j] / step - 1e-9) if step > 0 else cap + 1) for j in range(len(e))] for e in extra]
+    cost = [
+        [0 if e[j] <= 0 else (math.ceil(e[j] / step - 1e-9) if step > 0 else cap + 1) for j in range(len(e))]
+        for e in extra
+    ]
     picked = _knapsack(units, cost, cap)
     bits = base_bits + sum(extra[i][j] for i, j in enumerate(picked))
     return Choice(tuple(picked), bits / total_weights, sum(u.kl[j] for u, j in zip(units, picked)))
@@ -65,7 +72,6 @@ def solve(units: list[Unit], budget: float, total_weights: int, other_bits: floa
 
 def _knapsack(units: list[Unit], cost: list[list[int]], cap: int) -> list[int]:
     """best[c]: the largest KL saved with at most c steps spent; ties keep the cheaper, earlier choice."""
-    import numpy as np
 
     n = len(units)
     neg = -np.inf

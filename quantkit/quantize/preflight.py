@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
+import torch
+from huggingface_hub.errors import StrictDataclassError
+
 from quantkit.errors import DataError, ModelError, QuantkitError, RecipeError
+from quantkit.models.checkpoint import check_remote_code, one_line
 
 
 def meta_model(config_dict: dict, trust_remote_code: bool = False, path: Path | None = None):
@@ -13,12 +18,8 @@ def meta_model(config_dict: dict, trust_remote_code: bool = False, path: Path | 
 
     A model type transformers does not know is built from the checkpoint's own code (`auto_map`)
     only with `trust_remote_code` and the checkpoint's `path`; without them nothing is imported."""
-    import torch
-    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    from quantkit.models.checkpoint import one_line, check_remote_code
 
     cfg_dict = dict(config_dict)
     model_type = cfg_dict.pop("model_type", None)
@@ -36,14 +37,20 @@ def meta_model(config_dict: dict, trust_remote_code: bool = False, path: Path | 
     except (ValueError, TypeError, KeyError, StrictDataclassError) as exc:
         raise ModelError(f"{where}: transformers refuses this {model_type} config ({one_line(exc)})") from None
     except (OSError, ImportError, AttributeError, SyntaxError) as exc:  # the checkpoint's own code failed to import
-        raise ModelError(f"{where}: the model code of this checkpoint failed to load ({type(exc).__name__}: {one_line(exc)})") from None
+        raise ModelError(
+            f"{where}: the model code of this checkpoint failed to load ({type(exc).__name__}: {one_line(exc)})"
+        ) from None
     try:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except ValueError:
-        raise ModelError(f"unsupported architecture {model_type!r}: not a causal language model in transformers") from None
+        raise ModelError(
+            f"unsupported architecture {model_type!r}: not a causal language model in transformers"
+        ) from None
     except (TypeError, KeyError, AttributeError, RuntimeError) as exc:
-        raise ModelError(f"{where}: cannot build the {model_type} model from this config ({type(exc).__name__}: {one_line(exc)})") from None
+        raise ModelError(
+            f"{where}: cannot build the {model_type} model from this config ({type(exc).__name__}: {one_line(exc)})"
+        ) from None
 
 
 def context_length(cfg: dict) -> int | None:
@@ -61,18 +68,21 @@ def check_context(cfg: dict, seq_len: int, what: str) -> None:
     position embeddings, an index error), so its figures would describe a model nobody runs."""
     limit = context_length(cfg)
     if limit is not None and seq_len > limit:
-        raise DataError(f"{what} {seq_len} is longer than the model's context of {limit} tokens "
-                        "(config.json max_position_embeddings); use at most that")
+        raise DataError(
+            f"{what} {seq_len} is longer than the model's context of {limit} tokens "
+            "(config.json max_position_embeddings); use at most that"
+        )
 
 
 def check_not_inside(out: Path, src: Path, option: str = "--out") -> None:
     """An output inside the source checkpoint would change the checkpoint it was made from
     (its hash, what a directory loader picks up)."""
-    import os
 
     o, s = (Path(os.path.abspath(Path(p).expanduser())).resolve() for p in (out, src))
     if s in o.parents:
-        raise QuantkitError(f"{option} {out} is inside the source checkpoint ({s}); choose a directory outside it (nothing was changed)")
+        raise QuantkitError(
+            f"{option} {out} is inside the source checkpoint ({s}); choose a directory outside it (nothing was changed)"
+        )
 
 
 def is_ignored(name: str, ignore: tuple[str, ...]) -> bool:
@@ -87,8 +97,6 @@ def is_ignored(name: str, ignore: tuple[str, ...]) -> bool:
 
 
 def quantizable_linears(model, ignore: tuple[str, ...]) -> dict[str, tuple[int, int]]:
-    import torch
-
     return {
         name: (mod.out_features, mod.in_features)
         for name, mod in model.named_modules()
@@ -101,7 +109,9 @@ def check_quantizes_something(model, cfg, key: str) -> None:
     under a quantized name (16 bits per weight reported as its INT4 variant)."""
     ignore = tuple(getattr(cfg, "ignore", ()))
     if not quantizable_linears(model, ignore):
-        raise RecipeError(f"{key}.ignore: {list(ignore)} matches every linear layer of this model; nothing would be quantized")
+        raise RecipeError(
+            f"{key}.ignore: {list(ignore)} matches every linear layer of this model; nothing would be quantized"
+        )
 
 
 def check_overrides_match(linears: dict[str, tuple[int, int]], cfg, key: str) -> None:
@@ -111,8 +121,10 @@ def check_overrides_match(linears: dict[str, tuple[int, int]], cfg, key: str) ->
     for j, ov in enumerate(getattr(cfg, "overrides", ())):
         for t in ov.targets:
             if not any(_matches((t,), name) for name in linears):
-                raise RecipeError(f"{key}.overrides[{j}]: target {t!r} matches no quantized linear layer of this model "
-                                  "(`quantkit sensitivity MODEL --budget BITS --text SPEC` prints overrides for it)")
+                raise RecipeError(
+                    f"{key}.overrides[{j}]: target {t!r} matches no quantized linear layer of this model "
+                    "(`quantkit sensitivity MODEL --budget BITS --text SPEC` prints overrides for it)"
+                )
 
 
 def _matches(targets, name: str) -> bool:
@@ -163,7 +175,6 @@ def _scheme_label(name: str, cfg) -> str:
 
 def check_fused_shards(model, cfg, key: str) -> None:
     """Modules vLLM fuses (q/k/v, gate/up) must share one scheme: ignore and overrides take all or none."""
-    import torch
 
     names = {name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
     for fused, shards in FUSED_SHARDS.items():

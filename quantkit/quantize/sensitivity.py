@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import torch
+
 from quantkit.errors import QuantkitError
+from quantkit.methods.llmc import weight_args
 from quantkit.methods.schemes import UNITS, Scheme
 
 UNIT_ORDER = {unit: i for i, unit in enumerate(UNITS)}
@@ -36,8 +39,6 @@ def fake_quant(w, scheme: Scheme):
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    from quantkit.methods.llmc import weight_args
-
     args = weight_args(scheme.bits, scheme.group_size, scheme.symmetric)
     x = w.float()
     if scheme.group_size == -1:
@@ -52,11 +53,15 @@ def fake_quant(w, scheme: Scheme):
 def decoder_layers(model):
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None or len(layers) == 0:
-        raise QuantkitError("sensitivity: the model has no model.layers list of decoder layers (Llama, Mistral, Qwen2 style)")
+        raise QuantkitError(
+            "sensitivity: the model has no model.layers list of decoder layers (Llama, Mistral, Qwen2 style)"
+        )
     missing = [f"{p}.{m}" for p, ms in UNITS.values() for m in ms if not _has(layers[0], f"{p}.{m}")]
     if missing:
-        raise QuantkitError(f"sensitivity: decoder layer 0 has no {', '.join(missing)}; it knows Llama-style layers "
-                            "(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj)")
+        raise QuantkitError(
+            f"sensitivity: decoder layer 0 has no {', '.join(missing)}; it knows Llama-style layers "
+            "(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj)"
+        )
     return layers
 
 
@@ -74,13 +79,13 @@ def check_groups(layers, schemes: list[Scheme], units: list[str]) -> None:
         for unit in units:
             for m in unit_modules(layers[0], unit):
                 if s.group_size > 0 and m.in_features % s.group_size:
-                    raise QuantkitError(f"{s.name}: group {s.group_size} does not divide the {m.in_features} input columns "
-                                        f"of this model's {unit} unit")
+                    raise QuantkitError(
+                        f"{s.name}: group {s.group_size} does not divide the {m.in_features} input columns "
+                        f"of this model's {unit} unit"
+                    )
 
 
 def _logits(model, rows):
-    import torch
-
     with torch.inference_mode():
         return model(input_ids=rows, use_cache=False).logits
 
@@ -93,7 +98,6 @@ def kl_terms(p, psum, shift, logits):
     the reference's logsumexp) keeps the summed terms small: on the demo's logits each token's KL
     is within 4e-6 of float64's (evals.stats.kl_full in float32: 1.2e-5; without c: 1.4e-5; a
     batched-matmul dot through einsum: 9e-3)."""
-    import torch
 
     x = logits.to(torch.float32, copy=True).sub_(shift.unsqueeze(-1))  # one float32 copy, never the caller's tensor
     return psum * torch.logsumexp(x, -1) - (p * x).sum(-1)
@@ -110,8 +114,6 @@ class Reference:
     at layer i (`kl(start=i)`): the layers before it return what they returned here."""
 
     def __init__(self, model, rows, layers):
-        import torch
-
         self.model, self.layers, self.tokens = model, layers, rows.numel()
         self.chunks = list(rows.split(chunk_windows(rows.shape[1], model.config.vocab_size)))
         self.outputs: list[list] = []  # [chunk][layer]: the layer's output as it returned it
@@ -166,7 +168,9 @@ def _starting_at(layers, start: int, output):
                 layers[j].forward = forward
 
 
-def unit_kls(model, rows, pairs: list[tuple[int, str]], schemes: list[Scheme], progress=None) -> tuple[list[dict], dict]:
+def unit_kls(
+    model, rows, pairs: list[tuple[int, str]], schemes: list[Scheme], progress=None
+) -> tuple[list[dict], dict]:
     """KL of each (layer, unit) in `pairs` rounded alone to each scheme (the base first), against
     the unrounded model, on token rows; and the noise floor of that measurement (noise_floor).
     Each result's "kls" (scheme name -> KL) holds the measured mean KLs ("kls_measured") clamped
@@ -189,8 +193,16 @@ def measure(ref: "Reference", layer: int, unit: str, schemes: list[Scheme], resu
     measured = _unit_kls(ref, layer, mods, schemes)
     if result is None:
         base = measured[schemes[0].name]
-        result = {"layer": layer, "unit": unit, "weights": sum(m.weight.numel() for m in mods), "in_features": mods[0].in_features,
-                  "kl_measured": base, "kl": max(base, 0.0), "kls_measured": {}, "kls": {}}
+        result = {
+            "layer": layer,
+            "unit": unit,
+            "weights": sum(m.weight.numel() for m in mods),
+            "in_features": mods[0].in_features,
+            "kl_measured": base,
+            "kl": max(base, 0.0),
+            "kls_measured": {},
+            "kls": {},
+        }
     result["kls_measured"].update(measured)
     result["kls"].update({k: max(v, 0.0) for k, v in measured.items()})
     return result
@@ -212,9 +224,11 @@ def _unit_kls(ref: Reference, layer: int, mods: list, schemes: list[Scheme]) -> 
     return out
 
 
-NOISE_METHOD = ("a KL above `kl` is measurable; below it, a unit is below the noise when its KL is at most its own "
-                "noise_kl: the largest of the model run twice, the most negative KL measured, and the KL of that "
-                "unit's weights moved one representable step (random direction; for `kl`: every unit's at once)")
+NOISE_METHOD = (
+    "a KL above `kl` is measurable; below it, a unit is below the noise when its KL is at most its own "
+    "noise_kl: the largest of the model run twice, the most negative KL measured, and the KL of that "
+    "unit's weights moved one representable step (random direction; for `kl`: every unit's at once)"
+)
 
 
 def noise_floor(ref: Reference, pairs: list[tuple[int, str]], results: list[dict]) -> dict:
@@ -259,9 +273,14 @@ class NoiseFloor:
                 r["below_noise"] = r["kl_measured"] <= r["noise_kl"]  # an exact 0 with no noise: nothing to tell either
             else:
                 r["below_noise"] = None
-        return {"kl": bound, "repeat_kl": self.repeat, "most_negative_kl": -negative if negative else 0.0,
-                "units_checked_alone": len(self.own), "units_under_bound_unchecked": sum(r["below_noise"] is None for r in results),
-                "method": NOISE_METHOD}
+        return {
+            "kl": bound,
+            "repeat_kl": self.repeat,
+            "most_negative_kl": -negative if negative else 0.0,
+            "units_checked_alone": len(self.own),
+            "units_under_bound_unchecked": sum(r["below_noise"] is None for r in results),
+            "method": NOISE_METHOD,
+        }
 
 
 def _rounding_kl(ref: Reference, mods: list, start: int) -> float:
@@ -275,7 +294,6 @@ def _rounding_kl(ref: Reference, mods: list, start: int) -> float:
 def _one_step(mods: list, back: list | None = None) -> list:
     """Move each module's weights, in place, one representable value up or down (torch.nextafter);
     with `back` (the seeds this returned), undo it. Returns the per-module seeds."""
-    import torch
 
     seeds = back or list(range(len(mods)))
     for m, seed in zip(mods, seeds):
@@ -283,8 +301,11 @@ def _one_step(mods: list, back: list | None = None) -> list:
         up = torch.randint(0, 2, w.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.bool).to(w.device)
         if back is not None:
             up = ~up
-        target = torch.where(up, torch.tensor(float("inf"), dtype=w.dtype, device=w.device),
-                             torch.tensor(float("-inf"), dtype=w.dtype, device=w.device))
+        target = torch.where(
+            up,
+            torch.tensor(float("inf"), dtype=w.dtype, device=w.device),
+            torch.tensor(float("-inf"), dtype=w.dtype, device=w.device),
+        )
         w.copy_(torch.nextafter(w, target))
     return seeds
 
@@ -299,4 +320,12 @@ def working_set_bytes(tokens: int, seq_len: int, vocab: int, hidden: int, layers
 
 def ranked(results: list[dict]) -> list[dict]:
     """Highest KL first; the units below the noise floor after them, tied, in layer order."""
-    return sorted(results, key=lambda r: (r["below_noise"] is True, 0.0 if r["below_noise"] else -r["kl"], r["layer"], UNIT_ORDER[r["unit"]]))
+    return sorted(
+        results,
+        key=lambda r: (
+            r["below_noise"] is True,
+            0.0 if r["below_noise"] else -r["kl"],
+            r["layer"],
+            UNIT_ORDER[r["unit"]],
+        ),
+    )

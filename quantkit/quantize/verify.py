@@ -4,8 +4,10 @@ fails; the measured KL is kept in quantkit.json (`verification`)."""
 
 from __future__ import annotations
 
+import torch
+
 from quantkit.errors import VerificationError
-from quantkit.models.logits import compare_logits, fixed_tokens, logits
+from quantkit.models.logits import compare_logits, logits
 
 # The reload must reproduce the in-memory model, not approximate it. Measured: every artifact converted here reloads with mean KL exactly 0 (RTN, GPTQ, AWQ,
 # W8A8, NF4, LLM.int8, GQA, offloaded; tiny fixtures and the demo, CPU), and fp16 CPU forwards do
@@ -21,7 +23,9 @@ def verify_reload(reference_logits, reload_fn, ids, what: str) -> dict:
     result = compare_logits(reference_logits, logits(model, ids))
     result.update({"threshold_mean_kl": KL_THRESHOLD, "tokens": int(ids.numel()), "loader": what})
     if not result["finite"]:
-        raise VerificationError(f"verification failed: the artifact reloaded with {what} gives non-finite logits; nothing was kept")
+        raise VerificationError(
+            f"verification failed: the artifact reloaded with {what} gives non-finite logits; nothing was kept"
+        )
     if result["mean_kl"] > KL_THRESHOLD:
         raise VerificationError(
             f"verification failed: the artifact reloaded with {what} differs from the in-memory model "
@@ -32,8 +36,6 @@ def verify_reload(reference_logits, reload_fn, ids, what: str) -> dict:
 
 
 def check_finite(model, what: str) -> None:
-    import torch
-
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if t.is_floating_point() and t.device.type != "meta" and t.element_size() == 1:
             t = t.float()  # torch has no isfinite for FP8 (an FP8 scheme's zero points); NaN survives the cast

@@ -8,7 +8,6 @@ in the including recipe's directory tree unless the user allows another director
 from __future__ import annotations
 
 import os
-
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from pydantic import ValidationError
 from quantkit.core.yamlio import NoAliasLoader, format_loc, format_validation_error
 from quantkit.errors import RecipeError
 from quantkit.recipe.schema import Recipe
+from quantkit.resources import builtin, find_recipe, recipes_dir
 
 _PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
@@ -95,7 +95,9 @@ def _read_recipe_text(p: Path, label: str) -> str:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise RecipeError(f"{label}: not a recipe: not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}; a binary file?)") from None
+        raise RecipeError(
+            f"{label}: not a recipe: not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}; a binary file?)"
+        ) from None
     if "\x00" in text:
         raise RecipeError(f"{label}: not a recipe: it contains NUL bytes (a binary file?)")
     return text
@@ -129,13 +131,14 @@ def load_raw(path: str | Path, label: str | None = None) -> Any:
 
 def _not_a_mapping(label: str, data: Any) -> RecipeError:
     kind = "a list" if isinstance(data, list) else f"a {type(data).__name__}" if not isinstance(data, str) else "text"
-    return RecipeError(f"{label}: not a recipe (the file holds {kind}; a recipe is a YAML mapping of keys such as steps:)")
+    return RecipeError(
+        f"{label}: not a recipe (the file holds {kind}; a recipe is a YAML mapping of keys such as steps:)"
+    )
 
 
 def include_target(path: Path, ref: Any, where: str, roots: tuple[Path, ...]) -> Path:
     """`variants[i].recipe: REF` -> the file, which must lie (symlinks resolved) in the including
     recipe's directory tree or under one of `roots` (--include-dir)."""
-    from quantkit.resources import builtin, recipes_dir
 
     if not isinstance(ref, str) or not ref.strip():
         raise RecipeError(f"{path}: {where}: expected a recipe file name, relative to {path.parent}")
@@ -204,13 +207,14 @@ def _origin(path, included: dict[int, Path], overrides):
     return origin
 
 
-def load_recipe(path: str | Path, overrides: tuple[str, ...] | list[str] = (), include_dirs: tuple[str, ...] | list[str] = ()) -> Recipe:
+def load_recipe(
+    path: str | Path, overrides: tuple[str, ...] | list[str] = (), include_dirs: tuple[str, ...] | list[str] = ()
+) -> Recipe:
     """Read, apply --set overrides, validate. The one entry point for recipe files.
 
     `include_dirs` are directories besides the recipe's own tree that `variants[i].recipe`
     includes may come from (the user's explicit allowance, never the recipe's). `path` may name a
     built-in recipe (`int4-w4a16-gptq-g64`) where no such file exists."""
-    from quantkit.resources import find_recipe
 
     path = find_recipe(path)
     data = load_raw(path)

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidatorFunctionWrapHandler, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from quantkit.methods.configs import MethodConfig
 from quantkit.methods.registry import METHODS, names, spoken
@@ -50,11 +58,15 @@ class GqaConfig(_Strict):
 
 # Rotations by where they act (compressed-tensors TransformLocation): offline ones are fused into
 # the weights (nothing at run time); online ones rotate activations at run time through hooks.
-ROTATIONS = {"spinquant": {"R1": "offline", "R2": "offline", "R3": "online", "R4": "online"},
-             "quip": {"v": "online", "u": "online"}}
+ROTATIONS = {
+    "spinquant": {"R1": "offline", "R2": "offline", "R3": "online", "R4": "online"},
+    "quip": {"v": "online", "u": "online"},
+}
 # llm-compressor 0.14's defaults (SpinQuantModifier, QuIPModifier).
-ROTATION_DEFAULTS = {"spinquant": {"rotations": ("R1", "R2"), "transform_type": "hadamard"},
-                     "quip": {"rotations": ("v",), "transform_type": "random-hadamard"}}
+ROTATION_DEFAULTS = {
+    "spinquant": {"rotations": ("R1", "R2"), "transform_type": "hadamard"},
+    "quip": {"rotations": ("v",), "transform_type": "random-hadamard"},
+}
 ONLINE_REFUSED = (
     "online rotations (applied to activations at run time) cannot be verified here: transformers' loader "
     "(transformers 5.17, compressed-tensors 0.19) drops their transform weights, so the saved model would not "
@@ -173,7 +185,9 @@ class EvalConfig(_Strict):
     split: Literal["all", "selection", "confirmation"] = "all"
     tasks: tuple[str, ...] = ()
     limit: int | None = Field(None, ge=1)
-    device: str = Field("auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$")  # --device's values; resolved when the eval starts
+    device: str = Field(
+        "auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$"
+    )  # --device's values; resolved when the eval starts
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: bfloat16 on a GPU, float32 on the CPU
     batch_size: int | None = Field(None, ge=1)  # windows per forward pass; None: sized to the device
     tasks_backend: Literal["hf", "vllm"] = "hf"
@@ -203,8 +217,10 @@ class EvalConfig(_Strict):
         if not self.engines or len(set(self.engines)) != len(self.engines):
             raise ValueError("engines: give each eval engine once, at least one")
         if self.tasks and self.engines[0] not in TASK_ENGINES:
-            raise ValueError(f"tasks: lm-eval tasks run with the first eval engine, which must be {' or '.join(TASK_ENGINES)} "
-                             "(tasks_backend picks hf or vllm)")
+            raise ValueError(
+                f"tasks: lm-eval tasks run with the first eval engine, which must be {' or '.join(TASK_ENGINES)} "
+                "(tasks_backend picks hf or vllm)"
+            )
         return self
 
     @property
@@ -219,7 +235,9 @@ class BenchConfig(_Strict):
     # first engine either way.
     engine: str = "compiled"
     engines: tuple[str, ...] = ()
-    device: str = Field("auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$")  # --device's values; resolved when the bench starts
+    device: str = Field(
+        "auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$"
+    )  # --device's values; resolved when the bench starts
     prompt_len: int = Field(256, ge=1)
     gen_len: int = Field(64, ge=2)
     repeats: int = Field(5, ge=1)
@@ -233,11 +251,15 @@ class BenchConfig(_Strict):
             return data
         engine, engines = data.get("engine"), data.get("engines")
         if not isinstance(engines, (list, tuple)):
-            return {**data, "engines": (engine or "compiled",)} if engines is None else data  # the field reports a non-list
+            return (
+                {**data, "engines": (engine or "compiled",)} if engines is None else data
+            )  # the field reports a non-list
         if not engines:
             raise ValueError("engines: give at least one engine")
         if engine is not None and engine != engines[0]:  # a dumped recipe holds both, consistent
-            raise ValueError(f"engine: {engine} is not the first of engines ({', '.join(map(str, engines))}); give one of the two")
+            raise ValueError(
+                f"engine: {engine} is not the first of engines ({', '.join(map(str, engines))}); give one of the two"
+            )
         return {**data, "engine": engines[0]}
 
     @model_validator(mode="after")
@@ -280,9 +302,33 @@ def reserved(name: str) -> str | None:
 # llama-quantize's target types quantkit makes (tools/quantize/quantize.cpp QUANT_OPTIONS of the
 # llama.cpp llama-cpp-python vendors): every quantizing type but the ternary and MoE-only ones and
 # the 1-bit ones. quantkit/gguf/kquant.py makes them; named here so a recipe is checked when read.
-GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-              "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",
-              "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "IQ4_NL", "IQ4_XS")
+GGUF_TYPES = (
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q2_K_S",
+    "Q3_K_S",
+    "Q3_K_M",
+    "Q3_K_L",
+    "Q4_K_S",
+    "Q4_K_M",
+    "Q5_K_S",
+    "Q5_K_M",
+    "Q6_K",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ2_M",
+    "IQ3_XXS",
+    "IQ3_XS",
+    "IQ3_S",
+    "IQ3_M",
+    "IQ4_NL",
+    "IQ4_XS",
+)
 
 
 class GgufVariantConfig(_Strict):
@@ -315,14 +361,18 @@ class Variant(_Strict):
         if reserved(self.name) and not self.baseline:  # `baseline: true` *is* that checkpoint: it may keep the name
             raise ValueError(_reserved_message(self.name, "variant"))
         if self.gguf is not None and (self.steps or self.baseline):
-            raise ValueError("gguf: llama-quantize makes this variant from the source checkpoint; it takes no steps "
-                             "and is not the baseline")
+            raise ValueError(
+                "gguf: llama-quantize makes this variant from the source checkpoint; it takes no steps "
+                "and is not the baseline"
+            )
         return self
 
 
 def _reserved_message(name: str, what: str) -> str:
-    return (f"name {name!r} is reserved for {reserved(name)}; name this {what} otherwise "
-            f"(reserved names, in any letter case: {', '.join(RESERVED_NAMES)})")
+    return (
+        f"name {name!r} is reserved for {reserved(name)}; name this {what} otherwise "
+        f"(reserved names, in any letter case: {', '.join(RESERVED_NAMES)})"
+    )
 
 
 def _check_steps(steps: tuple[Step, ...]) -> None:
@@ -354,10 +404,14 @@ def _check_effective_steps(recipe: "Recipe") -> None:
         raise ValueError("more than one variant has baseline: true")
     for i, v in enumerate(recipe.variants):
         if v.baseline and v.steps:
-            raise ValueError(f"variants[{i}] ({v.name}): baseline: true is the unmodified checkpoint, it takes no steps")
+            raise ValueError(
+                f"variants[{i}] ({v.name}): baseline: true is the unmodified checkpoint, it takes no steps"
+            )
         if not v.baseline and not v.steps and v.gguf is None:
-            raise ValueError(f"variants[{i}] ({v.name}): no steps; give it steps (or recipe: FILE) or gguf: {{type: T}}, "
-                             "or mark the unmodified checkpoint with baseline: true")
+            raise ValueError(
+                f"variants[{i}] ({v.name}): no steps; give it steps (or recipe: FILE) or gguf: {{type: T}}, "
+                "or mark the unmodified checkpoint with baseline: true"
+            )
 
 
 class Recipe(_Strict):

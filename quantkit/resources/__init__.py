@@ -58,7 +58,9 @@ def find(ref: str | Path, directory: Path, what: str, prefix: str = "") -> Path:
     for candidate in (name, prefix + name):
         if candidate in known:
             return known[candidate]
-    raise QuantkitError(f"{ref}: no such file, and no built-in {what} of that name (built-in: {', '.join(known) or 'none'})")
+    raise QuantkitError(
+        f"{ref}: no such file, and no built-in {what} of that name (built-in: {', '.join(known) or 'none'})"
+    )
 
 
 def find_recipe(ref: str | Path) -> Path:

@@ -25,8 +25,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class FakeOpenAI(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, *, slots=2, prefill_s=0.08, token_s=0.01, fail_every=0, hang_every=0, usage=True,
-                 misbehave=None, bad_every=0, context=None, context_at="models", cache=None, done=True, port=0):
+    def __init__(
+        self,
+        *,
+        slots=2,
+        prefill_s=0.08,
+        token_s=0.01,
+        fail_every=0,
+        hang_every=0,
+        usage=True,
+        misbehave=None,
+        bad_every=0,
+        context=None,
+        context_at="models",
+        cache=None,
+        done=True,
+        port=0,
+    ):
         super().__init__(("127.0.0.1", port), _Handler)
         self.slots = threading.Semaphore(slots)
         self.prefill_s, self.token_s, self.usage = prefill_s, token_s, usage
@@ -172,8 +187,14 @@ def main() -> None:
     parser.add_argument("--fail-every", type=int, default=0)
     parser.add_argument("--cache", choices=["usage", "timings"])
     args = parser.parse_args()
-    server = FakeOpenAI(slots=args.slots, token_s=args.token_s, prefill_s=args.prefill_s, fail_every=args.fail_every,
-                        cache=args.cache, port=args.port)
+    server = FakeOpenAI(
+        slots=args.slots,
+        token_s=args.token_s,
+        prefill_s=args.prefill_s,
+        fail_every=args.fail_every,
+        cache=args.cache,
+        port=args.port,
+    )
     print(server.server_address[1], flush=True)
     server.serve_forever()
 

@@ -85,15 +85,16 @@ def _reset_mid_chunk(h, body) -> None:
     _sse_headers(h, chunked=True)
     data = b'data: {"choices": [{"index": 0, "text": " t0"}]}\n\n'
     h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-    h.wfile.write(b"400\r\ndata: {\"choi")  # a chunk of 1024 bytes announced, 17 sent
+    h.wfile.write(b'400\r\ndata: {"choi')  # a chunk of 1024 bytes announced, 17 sent
     h.wfile.flush()
     h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
     h.close_connection = True
 
 
 def _json_not_stream(h, body) -> None:
-    _status(200, "application/json",
-            b'{"choices": [{"index": 0, "text": " all at once", "finish_reason": "length"}]}')(h, body)
+    _status(200, "application/json", b'{"choices": [{"index": 0, "text": " all at once", "finish_reason": "length"}]}')(
+        h, body
+    )
 
 
 def _huge_line(h, body) -> None:

@@ -17,10 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from quantkit import device as devices
-from quantkit.errors import QuantkitError
 from quantkit.bench import accounting
-from quantkit.core.roofline import kv_bytes
 from quantkit.bench.engines.base import Engine, EngineSettings
+from quantkit.bench.loader import load_for_bench
+from quantkit.bench.synthetic import Synthetic, load_synthetic
+from quantkit.core.hardware import shape_config
+from quantkit.core.roofline import kv_bytes
+from quantkit.errors import QuantkitError
 
 ATTENTION = "quantkit_gqa_decode"
 
@@ -32,8 +35,12 @@ def gqa_attention(module, query, key, value, attention_mask, dropout: float = 0.
     b, heads, q_len, d = query.shape
     kv_heads = key.shape[1]
     if q_len != 1 or kv_heads == heads or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    q = query.reshape(b, kv_heads, heads // kv_heads, d)  # query head h = g * (H/KV) + r uses KV head g (repeat_kv's order)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    q = query.reshape(
+        b, kv_heads, heads // kv_heads, d
+    )  # query head h = g * (H/KV) + r uses KV head g (repeat_kv's order)
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(b, 1, heads, d), None
 
@@ -52,12 +59,8 @@ def use_gqa_attention(model) -> None:
 
 def load_model(source, device, seed: int):
     """A checkpoint directory or a Synthetic spec -> BenchModel on `device`."""
-    from quantkit.bench.loader import load_for_bench
-    from quantkit.bench.synthetic import Synthetic, load_synthetic
 
     if isinstance(source, Synthetic):
-        from quantkit.core.hardware import shape_config
-
         return load_synthetic(source, shape_config(source.shape), device, seed)
     if str(source).endswith(".gguf"):
         raise QuantkitError(f"{source}: a GGUF file is read by the llama.cpp engine, not the torch engines")
@@ -82,7 +85,9 @@ class TorchEngine(Engine):
     @classmethod
     def load(cls, source, settings: EngineSettings):
         if settings.tensor_parallel != 1:
-            raise QuantkitError(f"--tensor-parallel {settings.tensor_parallel}: the {cls.name} engine runs on one device (use --engine vllm)")
+            raise QuantkitError(
+                f"--tensor-parallel {settings.tensor_parallel}: the {cls.name} engine runs on one device (use --engine vllm)"
+            )
         if settings.threads and settings.device.type == "cpu":
             torch.set_num_threads(settings.threads)
         return cls(load_model(source, settings.device, settings.seed), settings)
@@ -93,7 +98,9 @@ class TorchEngine(Engine):
     def _logits(self, ids, start: int):
         positions = torch.arange(start, start + ids.shape[1], device=self.device)
         with torch.inference_mode():
-            out = self.model(input_ids=ids, past_key_values=self.cache, cache_position=positions, use_cache=True, logits_to_keep=1)
+            out = self.model(
+                input_ids=ids, past_key_values=self.cache, cache_position=positions, use_cache=True, logits_to_keep=1
+            )
         return out.logits[:, -1]
 
     def prefill(self, prompt):
@@ -126,9 +133,16 @@ class TorchEngine(Engine):
         return kv_bytes(self.cfg.num_hidden_layers, self.kv_heads, self.head_dim, elem)
 
     def describe(self) -> dict:
-        return {"engine": self.name, "kind": self.bm.kind, "kernel": self.bm.kernel, "notes": list(self.bm.notes), "emulated": self.bm.emulated,
-                "attention": f"sdpa; decode at the KV heads' width ({ATTENTION})",
-                **devices.describe(self.device, self.dtype), "threads": torch.get_num_threads()}
+        return {
+            "engine": self.name,
+            "kind": self.bm.kind,
+            "kernel": self.bm.kernel,
+            "notes": list(self.bm.notes),
+            "emulated": self.bm.emulated,
+            "attention": f"sdpa; decode at the KV heads' width ({ATTENTION})",
+            **devices.describe(self.device, self.dtype),
+            "threads": torch.get_num_threads(),
+        }
 
     def close(self) -> None:
         self.cache = self.model = self.bm = None

@@ -71,4 +71,6 @@ class Engine(TorchEngine):
         torch._dynamo.reset()
 
     def step_bytes(self, cached: int, capacity: int) -> float:
-        return self.weight_bytes()["weight_bytes_per_token"] + accounting.kv_static(self.kv_bytes_per_token(), self.slots(capacity))
+        return self.weight_bytes()["weight_bytes_per_token"] + accounting.kv_static(
+            self.kv_bytes_per_token(), self.slots(capacity)
+        )

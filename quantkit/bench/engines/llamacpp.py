@@ -19,19 +19,27 @@ attends over the used cells padded to 256, not the live tokens.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from pathlib import Path
 
-from quantkit.errors import QuantkitError
-from quantkit.bench import accounting
+import gguf
+import numpy as np
+import torch
+
+from quantkit import device as devices
+from quantkit.bench import accounting, ggml_threadpool, llama_bench
 from quantkit.bench.engines.base import Engine as Base
 from quantkit.bench.engines.base import EngineSettings
+from quantkit.bench.gguf_source import exported_gguf, gguf_config, is_gguf, tensor_infos, weight_read_bytes
+from quantkit.device import resolve
+from quantkit.errors import QuantkitError
+from quantkit.gguf import tools
+from quantkit.gguf.read import open_reader
 from quantkit.gguf.tools import available_cores  # noqa: F401  (callers import it from here: the engine's default threads)
 
 INSTALL = "./scripts/_install.sh builds it (or: pip install llama-cpp-python)"
-
-
 
 
 LIB_ENV = "LLAMA_CPP_LIB_PATH"  # llama-cpp-python loads libllama from this directory instead of its own
@@ -44,7 +52,6 @@ def import_llama_cpp():
     llama.cpp (tools.dispatch_library), llama-cpp-python loads their libllama: every CPU then runs
     the variant of its instruction set (the wheel is built for one level, AVX2), the one llama-bench
     and llama-server run. An LLAMA_CPP_LIB_PATH the user set is kept."""
-    from quantkit.gguf import tools
 
     if "llama_cpp" not in sys.modules and not os.environ.get(LIB_ENV):
         lib = tools.dispatch_library()
@@ -55,7 +62,9 @@ def import_llama_cpp():
     except ImportError:
         raise QuantkitError(f"--engine llamacpp: llama-cpp-python is not installed; {INSTALL}") from None
     except OSError as exc:  # the package is there but its shared library does not load
-        raise QuantkitError(f"--engine llamacpp: llama-cpp-python's library does not load ({exc}); rebuild it: {INSTALL}") from None
+        raise QuantkitError(
+            f"--engine llamacpp: llama-cpp-python's library does not load ({exc}); rebuild it: {INSTALL}"
+        ) from None
     _load_cpu_backends()
     return llama_cpp
 
@@ -63,7 +72,11 @@ def import_llama_cpp():
 def library() -> str:
     """Which libllama llama-cpp-python runs: the tools' run-time dispatch build, or its wheel's."""
     lib = os.environ.get(LIB_ENV)
-    return f"{lib} (ggml's run-time CPU dispatch)" if lib and _dispatch_dir(Path(lib)) else (lib or "llama-cpp-python's wheel")
+    return (
+        f"{lib} (ggml's run-time CPU dispatch)"
+        if lib and _dispatch_dir(Path(lib))
+        else (lib or "llama-cpp-python's wheel")
+    )
 
 
 def _dispatch_dir(lib: Path) -> bool:
@@ -76,13 +89,14 @@ def _load_cpu_backends() -> None:
     lib = os.environ.get(LIB_ENV)
     if not lib or not _dispatch_dir(Path(lib)):
         return
-    import ctypes
 
     ggml = ctypes.CDLL(str(Path(lib) / "libggml.so"))  # the copy libllama already loaded
     if ggml.ggml_backend_reg_count() == 0:
         ggml.ggml_backend_load_all_from_path(str(lib).encode())
     if ggml.ggml_backend_reg_count() == 0:
-        raise QuantkitError(f"--engine llamacpp: no ggml CPU backend in {lib} loads on this CPU; rebuild the tools: {INSTALL}")
+        raise QuantkitError(
+            f"--engine llamacpp: no ggml CPU backend in {lib} loads on this CPU; rebuild the tools: {INSTALL}"
+        )
 
 
 def gpu_offload() -> bool:
@@ -97,8 +111,10 @@ def check_available(device) -> None:
     """Before anything loads: llama-cpp-python importable, and a GPU only if llama.cpp can offload to one."""
     llama_cpp = import_llama_cpp()
     if device.type != "cpu" and not llama_cpp.llama_supports_gpu_offload():
-        raise QuantkitError(f"--engine llamacpp --device {device}: this llama-cpp-python build is CPU-only (llama.cpp reports "
-                            "no GPU offload); use --device cpu, or install a GPU build (CMAKE_ARGS=-DGGML_CUDA=on pip install llama-cpp-python)")
+        raise QuantkitError(
+            f"--engine llamacpp --device {device}: this llama-cpp-python build is CPU-only (llama.cpp reports "
+            "no GPU offload); use --device cpu, or install a GPU build (CMAKE_ARGS=-DGGML_CUDA=on pip install llama-cpp-python)"
+        )
 
 
 class Engine(Base):
@@ -113,22 +129,15 @@ class Engine(Base):
 
     @classmethod
     def auto_device(cls, device):
-        from quantkit.device import resolve
-
-        return device if device.type == "cpu" or gpu_offload() else resolve("cpu")  # a CPU-only build: the CPU, even beside a GPU
+        return (
+            device if device.type == "cpu" or gpu_offload() else resolve("cpu")
+        )  # a CPU-only build: the CPU, even beside a GPU
 
     @classmethod
     def default_threads(cls) -> int:
         return available_cores()  # every core this process may use, so the probe measures what they can reach
 
     def __init__(self, llm, gguf: Path, settings: EngineSettings, threads: int, export: dict | None):
-        import numpy as np
-
-        from quantkit.gguf.read import open_reader
-        from quantkit.bench.gguf_source import gguf_config, tensor_infos, weight_read_bytes
-
-        from quantkit.bench import ggml_threadpool
-
         self.llm, self.gguf, self.settings, self.threads, self.export = llm, gguf, settings, threads, export
         # llama.cpp's own tools decode on one persistent threadpool; llama-cpp-python would make one per token
         self.pool = ggml_threadpool.attach(import_llama_cpp(), llm.ctx, threads)
@@ -140,12 +149,12 @@ class Engine(Base):
 
     @classmethod
     def load(cls, source, settings: EngineSettings) -> "Engine":
-        from quantkit.bench.gguf_source import exported_gguf, is_gguf
-
         if not isinstance(source, Path):
-            raise QuantkitError(f"{getattr(source, 'label', source)}: --engine llamacpp benches GGUF files and checkpoint "
-                                "directories; for a model shape, build a random-weight checkpoint with "
-                                "scripts/make_shaped_checkpoint.py and bench that")
+            raise QuantkitError(
+                f"{getattr(source, 'label', source)}: --engine llamacpp benches GGUF files and checkpoint "
+                "directories; for a model shape, build a random-weight checkpoint with "
+                "scripts/make_shaped_checkpoint.py and bench that"
+            )
         if settings.tensor_parallel != 1:
             raise QuantkitError("--tensor-parallel: the llamacpp engine runs on one device")
         check_available(settings.device)
@@ -159,7 +168,6 @@ class Engine(Base):
     @classmethod
     def anchor(cls, info: dict, prompt_len: int, gen_len: int, repeats: int) -> dict:
         """llama-bench on the same GGUF, threads and lengths (bench/llama_bench.py)."""
-        from quantkit.bench import llama_bench
 
         return llama_bench.measure(Path(info["gguf"]), prompt_len, gen_len, info["threads"], repeats)
 
@@ -191,7 +199,6 @@ class Engine(Base):
 
     def logprobs(self, ids: list[int], prompt_len: int, capacity: int):
         """The timed paths' logits: eval of the prompt, then one eval per later token."""
-        import torch
 
         self.reset(capacity)
         self.llm.eval(self.prepare(ids[:prompt_len]))
@@ -206,7 +213,6 @@ class Engine(Base):
         window, float32 (len(ids), vocab); row i is the distribution of token i + 1. The window is
         evaluated from an empty cache in batches of n_batch tokens with logits kept for every
         position, as llama-perplexity does."""
-        import torch
 
         llama_cpp = self._lc
         if len(ids) > self.kv_size:
@@ -237,8 +243,6 @@ class Engine(Base):
         return dict(self._weights)
 
     def _kv_elem_bytes(self) -> tuple[str, float]:
-        import gguf
-
         qtype = gguf.GGMLQuantizationType(int(self.llm.context_params.type_k)).name
         block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
         return qtype, size / block
@@ -249,11 +253,11 @@ class Engine(Base):
         return c["num_hidden_layers"] * c["num_key_value_heads"] * (c["head_dim"] + c["value_head_dim"]) * elem
 
     def step_bytes(self, cached: int, capacity: int) -> float:
-        return self._weights["weight_bytes_per_token"] + accounting.kv_llamacpp(self.kv_bytes_per_token(), cached, self.kv_size)
+        return self._weights["weight_bytes_per_token"] + accounting.kv_llamacpp(
+            self.kv_bytes_per_token(), cached, self.kv_size
+        )
 
     def describe(self) -> dict:
-        from quantkit import device as devices
-
         llama_cpp = import_llama_cpp()
         types = self._weights["weight_bytes_by_type"]
         dtype = " + ".join(f"{t}" for t, _ in sorted(types.items(), key=lambda kv: -kv[1]))
@@ -261,15 +265,30 @@ class Engine(Base):
         if self.export:
             how = "reused from the cache" if self.export["cached"] else f"exported in {self.export['export_s']:.1f} s"
             notes.append(f"benched as the exact GGUF of the checkpoint ({how}: {self.export['gguf']})")
-        return {"engine": self.name, "kind": "gguf", "notes": notes, **devices.describe(self.settings.device),
-                "kernel": f"llama.cpp (ggml {'CPU' if self.settings.device.type == 'cpu' else 'GPU offload'}) "
-                          f"via llama-cpp-python {llama_cpp.__version__}", "llama_library": library(),
-                "dtype": dtype, "threads": self.threads, "threads_available": available_cores(),
-                "gguf": str(self.gguf), "gguf_export": self.export, "kv_cache_type": self._kv_elem_bytes()[0],
-                "n_ctx": self.kv_size, "n_batch": self.llm.n_batch, "flash_attn": False,
-                "threadpool": (f"persistent, {self.pool.threads} threads, poll {self.pool.poll} (as llama.cpp's tools)" if self.pool
-                               else "ggml's own, made per graph (this llama.cpp lacks the threadpool calls)"),
-                "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
+        return {
+            "engine": self.name,
+            "kind": "gguf",
+            "notes": notes,
+            **devices.describe(self.settings.device),
+            "kernel": f"llama.cpp (ggml {'CPU' if self.settings.device.type == 'cpu' else 'GPU offload'}) "
+            f"via llama-cpp-python {llama_cpp.__version__}",
+            "llama_library": library(),
+            "dtype": dtype,
+            "threads": self.threads,
+            "threads_available": available_cores(),
+            "gguf": str(self.gguf),
+            "gguf_export": self.export,
+            "kv_cache_type": self._kv_elem_bytes()[0],
+            "n_ctx": self.kv_size,
+            "n_batch": self.llm.n_batch,
+            "flash_attn": False,
+            "threadpool": (
+                f"persistent, {self.pool.threads} threads, poll {self.pool.poll} (as llama.cpp's tools)"
+                if self.pool
+                else "ggml's own, made per graph (this llama.cpp lacks the threadpool calls)"
+            ),
+            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+        }
 
     def close(self) -> None:
         if self.pool is not None:
@@ -288,8 +307,16 @@ def _open(gguf: Path, settings: EngineSettings, threads: int):
     llama_cpp = import_llama_cpp()
     gpu = settings.device.type != "cpu"
     try:
-        return llama_cpp.Llama(model_path=str(gguf), n_ctx=settings.max_tokens, n_threads=threads, n_threads_batch=threads,
-                               n_gpu_layers=-1 if gpu else 0, main_gpu=(settings.device.index or 0) if gpu else 0,
-                               seed=settings.seed, logits_all=False, verbose=False)
+        return llama_cpp.Llama(
+            model_path=str(gguf),
+            n_ctx=settings.max_tokens,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_gpu_layers=-1 if gpu else 0,
+            main_gpu=(settings.device.index or 0) if gpu else 0,
+            seed=settings.seed,
+            logits_all=False,
+            verbose=False,
+        )
     except (ValueError, RuntimeError) as exc:
         raise QuantkitError(f"{gguf}: llama.cpp cannot load it ({str(exc).strip().splitlines()[0][:160]})") from None

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from quantkit import device as devices
-from quantkit.errors import QuantkitError
-from quantkit.external import vllm_start
 from quantkit.bench import accounting
 from quantkit.bench.engines.base import Engine as Base
 from quantkit.bench.engines.base import EngineSettings
+from quantkit.errors import QuantkitError
+from quantkit.external import vllm_env, vllm_start
+from quantkit.models.sizes import stored_read_bytes
 
 TOP_K = 20  # vLLM's default max_logprobs: the self-check compares these plus one tail bucket
 
@@ -42,8 +45,6 @@ class Engine(Base):
 
     @classmethod
     def check(cls, device) -> None:
-        from quantkit.external import vllm_env
-
         vllm_env.require()
 
     @classmethod
@@ -62,11 +63,23 @@ class Engine(Base):
             raise QuantkitError(f"--engine vllm runs on the CPU or a CUDA GPU, not --device {dev}")
         if not isinstance(source, Path) or not (source / "config.json").is_file():
             label = getattr(source, "label", source)
-            raise QuantkitError(f"{label}: --engine vllm benches checkpoint directories (not synthetic shapes or GGUF files)")
+            raise QuantkitError(
+                f"{label}: --engine vllm benches checkpoint directories (not synthetic shapes or GGUF files)"
+            )
         cfg = vllm_start.text_config(source)
-        device_args, env = vllm_start.device_setup(dev, cfg, settings.max_tokens, settings.threads, settings.tensor_parallel)
-        args = dict(dtype="bfloat16", max_model_len=settings.max_tokens, enable_prefix_caching=False, seed=settings.seed,
-                    tensor_parallel_size=settings.tensor_parallel, max_logprobs=TOP_K, async_scheduling=False, **device_args)
+        device_args, env = vllm_start.device_setup(
+            dev, cfg, settings.max_tokens, settings.threads, settings.tensor_parallel
+        )
+        args = dict(
+            dtype="bfloat16",
+            max_model_len=settings.max_tokens,
+            enable_prefix_caching=False,
+            seed=settings.seed,
+            tensor_parallel_size=settings.tensor_parallel,
+            max_logprobs=TOP_K,
+            async_scheduling=False,
+            **device_args,
+        )
         worker, info = vllm_start.start(source, args, env)
         return cls(worker, info, source, settings, info.get("threads") if dev.type == "cpu" else None)
 
@@ -82,7 +95,9 @@ class Engine(Base):
         """One repeat, timed in the worker: TTFT and gen_len - 1 per-token step times. A step that
         delivered several tokens counts as that many equal steps (and sets step_note)."""
         if capacity < len(prompt) + gen_len:
-            raise QuantkitError(f"vllm: a {len(prompt)}-token prompt and {gen_len} tokens exceed a {capacity}-token sequence")
+            raise QuantkitError(
+                f"vllm: a {len(prompt)}-token prompt and {gen_len} tokens exceed a {capacity}-token sequence"
+            )
         r = self.worker.call("timed", prompt=prompt, gen_len=gen_len)
         steps = [0.0] * (r["first_tokens"] - 1)  # tokens that came with the first one took no step of their own
         for t, n in zip(r["steps_s"], r["tokens_per_step"]):
@@ -94,7 +109,9 @@ class Engine(Base):
     def prefill(self, prompt):
         n = self.capacity - len(prompt)
         if n < 1:
-            raise QuantkitError(f"vllm: a {len(prompt)}-token prompt leaves no room in a {self.capacity}-token sequence")
+            raise QuantkitError(
+                f"vllm: a {len(prompt)}-token prompt leaves no room in a {self.capacity}-token sequence"
+            )
         return self._token(self.worker.call("begin", prompt=prompt, gen_len=n))
 
     def decode(self, token, pos: int):
@@ -106,13 +123,14 @@ class Engine(Base):
         return answer["token"]
 
     def _pipelined(self, n: int) -> None:
-        self.step_note = (f"vLLM delivered {n} tokens from one engine step (pipelined scheduling): "
-                          "per-step times are not per-token times")
+        self.step_note = (
+            f"vLLM delivered {n} tokens from one engine step (pipelined scheduling): "
+            "per-step times are not per-token times"
+        )
 
     def logprobs(self, ids: list[int], prompt_len: int, capacity: int):
         """vLLM's prompt_logprobs (its prefill path) at the positions, and its first sampled token's;
         top-TOP_K each, the rest NaN."""
-        import torch
 
         rows = self.worker.call("logprobs", ids=self.prepare(ids), prompt_len=prompt_len, k=TOP_K)["rows"]
         out = torch.full((len(rows), self.cfg["vocab_size"]), float("nan"))
@@ -124,9 +142,11 @@ class Engine(Base):
     # ---------------------------------------------------------------- accounting and description
 
     def weight_bytes(self) -> dict:
-        from quantkit.models.sizes import stored_read_bytes
-
-        return {"weight_bytes_per_token": stored_read_bytes(self.path), "stored_weight_bytes": None, "tied_lm_head": None}
+        return {
+            "weight_bytes_per_token": stored_read_bytes(self.path),
+            "stored_weight_bytes": None,
+            "tied_lm_head": None,
+        }
 
     def kv_bytes_per_token(self) -> float:
         return vllm_start.kv_bytes_per_token(self.cfg)
@@ -138,8 +158,14 @@ class Engine(Base):
     def describe(self) -> dict:
         dev = self.settings.device
         where = "CPU kernels, eager" if dev.type == "cpu" else "CUDA kernels and graphs"
-        out = {"engine": self.name, "kind": "vllm", "kernel": f"vLLM {self.info.get('vllm_version', '?')} ({where}), in its own process",
-               "notes": [], "tensor_parallel": self.settings.tensor_parallel, **devices.describe(dev, "bfloat16")}
+        out = {
+            "engine": self.name,
+            "kind": "vllm",
+            "kernel": f"vLLM {self.info.get('vllm_version', '?')} ({where}), in its own process",
+            "notes": [],
+            "tensor_parallel": self.settings.tensor_parallel,
+            **devices.describe(dev, "bfloat16"),
+        }
         if self.threads is not None:
             out["threads"] = self.threads
         return out

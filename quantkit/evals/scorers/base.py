@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantkit.evals.stats import TOPK, window_reference, window_stats
+
 
 @dataclass(frozen=True)
 class ScorerSettings:
@@ -89,7 +91,6 @@ class Scorer:
 
     def reference(self, windows: list, k: int | None = None) -> Iterator[dict]:
         """Per window, the baseline's record: stats.window_reference (top-k, NLL, argmax; k: stats.TOPK)."""
-        from quantkit.evals.stats import TOPK, window_reference
 
         for ids, logp in zip(windows, self.logps(windows)):
             yield window_reference(logp, ids[1:].to(logp.device), k or TOPK)
@@ -97,7 +98,6 @@ class Scorer:
     def compare(self, windows: list, references) -> Iterator[dict]:
         """Per window, its tokens' statistics against the baseline's record: stats.window_stats
         ({"nll", "kl", "agree"} numpy arrays of seq_len - 1)."""
-        from quantkit.evals.stats import window_stats
 
         for ids, logp, ref in zip(windows, self.logps(windows), references):
             yield window_stats(logp, ids[1:].to(logp.device), ref)

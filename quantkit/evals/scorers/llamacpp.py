@@ -15,7 +15,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from quantkit.bench.engines.base import EngineSettings
+from quantkit.bench.engines.llamacpp import Engine
 from quantkit.evals.scorers.base import Scorer, ScorerSettings
+from quantkit.gguf.read import open_reader
 
 # bench's llamacpp engine (and torch with it) is imported when a model is checked or opened, so
 # reading this scorer's capabilities imports no library
@@ -37,8 +40,6 @@ class LlamaCppScorer(Scorer):
     def check(cls, source: Path, device) -> None:
         """llama-cpp-python importable (and GPU-capable if asked); a GGUF file whole (magic, header,
         every tensor inside the file)."""
-        from quantkit.bench.engines.llamacpp import Engine
-        from quantkit.gguf.read import open_reader
 
         Engine.check(device)
         if not source.is_dir():
@@ -46,15 +47,11 @@ class LlamaCppScorer(Scorer):
 
     @classmethod
     def auto_device(cls, device):
-        from quantkit.bench.engines.llamacpp import Engine
-
         return Engine.auto_device(device)  # a CPU-only build: the CPU, even beside a GPU
 
     @classmethod
     def open(cls, source: Path, settings: ScorerSettings) -> "LlamaCppScorer":
         """The llamacpp bench engine over the GGUF (or the artifact's exact export), its context one window."""
-        from quantkit.bench.engines.base import EngineSettings
-        from quantkit.bench.engines.llamacpp import Engine
 
         return cls(Engine.load(source, EngineSettings(device=settings.device, max_tokens=settings.seq_len)))
 

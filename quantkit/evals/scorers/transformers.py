@@ -6,14 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantkit.models.checkpoint import load_model
+import torch
+
+from quantkit.evals.placement import default_batch_size
 from quantkit.evals.scorers.base import Scorer, ScorerSettings
+from quantkit.models.checkpoint import load_model
 
 
 def load(source: Path, settings: ScorerSettings):
     """The transformers model of a checkpoint, as eval loads every one (the baseline, the model
     under test, the generator of `self` text, lm-eval's)."""
-    return load_model(source, dtype=settings.dtype, device=settings.device, trust_remote_code=settings.trust_remote_code)
+    return load_model(
+        source, dtype=settings.dtype, device=settings.device, trust_remote_code=settings.trust_remote_code
+    )
 
 
 class TransformersScorer(Scorer):
@@ -33,17 +38,14 @@ class TransformersScorer(Scorer):
 
     @classmethod
     def open(cls, source: Path, settings: ScorerSettings) -> "TransformersScorer":
-        from quantkit.evals.placement import default_batch_size
-
         model = load(source, settings)
         # sized after the load: what is left of the device's memory is what a batch may take
-        bs = settings.batch_size or default_batch_size(settings.device, model.config.to_dict(), settings.seq_len,
-                                                       settings.n_windows, settings.dtype)
+        bs = settings.batch_size or default_batch_size(
+            settings.device, model.config.to_dict(), settings.seq_len, settings.n_windows, settings.dtype
+        )
         return cls(model, bs)
 
     def logps(self, windows: list):
-        import torch
-
         for b in range(0, len(windows), self.batch_size):
             ids = torch.stack(list(windows[b : b + self.batch_size])).to(self.model.device)
             with torch.inference_mode():

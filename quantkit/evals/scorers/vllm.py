@@ -25,8 +25,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from quantkit.errors import ModelError
 from quantkit.evals.scorers.base import Scorer, ScorerSettings
+from quantkit.external import vllm_env, vllm_start
 
 WORKER_BYTES = 4 << 30  # what the worker's Python lists of one generate call may take
 BYTES_PER_ENTRY = 150  # measured: 7.2 GB peak for 1024 positions x 49153 entries
@@ -40,7 +43,9 @@ def windows_per_call(vocab: int, seq_len: int, budget: int | None = None) -> int
 def run_dtype(source: Path, dtype: str) -> str:
     """bfloat16 for a quantized checkpoint, else the evaluation's dtype."""
     cfg = json.loads((source / "config.json").read_text())
-    return "bfloat16" if cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config") else dtype
+    return (
+        "bfloat16" if cfg.get("quantization_config") or cfg.get("text_config", {}).get("quantization_config") else dtype
+    )
 
 
 class VllmScorer(Scorer):
@@ -54,37 +59,44 @@ class VllmScorer(Scorer):
 
     @classmethod
     def check(cls, source: Path, device) -> None:
-        from quantkit.external import vllm_env
-
         vllm_env.require()
         if not (source / "config.json").is_file():
             raise ModelError(f"{source}: --engine vllm scores checkpoint directories (a config.json), not GGUF files")
 
     @classmethod
     def open(cls, source: Path, settings: ScorerSettings) -> "VllmScorer":
-        from quantkit.external import vllm_start
-
         dtype = run_dtype(source, settings.dtype)
         # a window is the prompt, and vLLM generates at least one token after it: seq_len + 1
-        device_args, env = vllm_start.device_setup(settings.device, vllm_start.text_config(source), settings.seq_len + 1, None)
-        args = dict(dtype=dtype, max_model_len=settings.seq_len + 1, enable_prefix_caching=False, seed=0, max_logprobs=-1,
-                    trust_remote_code=settings.trust_remote_code, **device_args)
+        device_args, env = vllm_start.device_setup(
+            settings.device, vllm_start.text_config(source), settings.seq_len + 1, None
+        )
+        args = dict(
+            dtype=dtype,
+            max_model_len=settings.seq_len + 1,
+            enable_prefix_caching=False,
+            seed=0,
+            max_logprobs=-1,
+            trust_remote_code=settings.trust_remote_code,
+            **device_args,
+        )
         worker, info = vllm_start.start(source, args, env)
         return cls(worker, info, dtype, settings)
 
     def compare(self, windows: list, references):
         """Per window: {"nll", "kl", "agree"} numpy arrays, computed in the worker (module doc)."""
-        import numpy as np
 
         refs = iter(references)
         request, out = self.worker.tmp / "request.npz", self.worker.tmp / "scores.npz"
         for lo in range(0, len(windows), self.per_call):
             chunk = windows[lo : lo + self.per_call]
             ref = [next(refs) for _ in chunk]
-            np.savez(request, windows=np.stack([w.numpy() for w in chunk]).astype(np.int64),
-                     topk_logp=np.stack([r["topk_logp"].float().numpy() for r in ref]),
-                     topk_idx=np.stack([r["topk_idx"].numpy() for r in ref]).astype(np.int32),
-                     argmax=np.stack([r["argmax"].numpy() for r in ref]).astype(np.int64))
+            np.savez(
+                request,
+                windows=np.stack([w.numpy() for w in chunk]).astype(np.int64),
+                topk_logp=np.stack([r["topk_logp"].float().numpy() for r in ref]),
+                topk_idx=np.stack([r["topk_idx"].numpy() for r in ref]).astype(np.int32),
+                argmax=np.stack([r["argmax"].numpy() for r in ref]).astype(np.int64),
+            )
             self.worker.call("score", request=str(request), out=str(out), windows_per_call=self.per_call)
             with np.load(out) as got:
                 nll, kl, agree = got["nll"], got["kl"], got["agree"]
@@ -92,9 +104,15 @@ class VllmScorer(Scorer):
                 yield {"nll": nll[i], "kl": kl[i], "agree": agree[i]}
 
     def describe(self) -> dict:
-        return {"engine": self.name, "kernel": f"vLLM {self.info.get('vllm_version', '?')}, in its own process",
-                "dtype": self.dtype, "device": str(self.settings.device), "threads": self.info.get("threads"),
-                "logprobs": "whole vocabulary per position (prompt_logprobs=-1)", "windows_per_call": self.per_call}
+        return {
+            "engine": self.name,
+            "kernel": f"vLLM {self.info.get('vllm_version', '?')}, in its own process",
+            "dtype": self.dtype,
+            "device": str(self.settings.device),
+            "threads": self.info.get("threads"),
+            "logprobs": "whole vocabulary per position (prompt_logprobs=-1)",
+            "windows_per_call": self.per_call,
+        }
 
     def close(self) -> None:
         self.worker.close()
