@@ -96,7 +96,8 @@ def run_one(recipe: str, args, env: dict) -> dict:
 
 
 def table(rows: list[dict], reference: str | None = None) -> dict:
-    """One row per recipe; with `reference` (a recipe among the rows), each domain's KL as a multiple of that recipe's."""
+    """One row per recipe; with `reference` (a recipe among the rows), each
+    domain's KL as a multiple of that recipe's."""
     labels = [d["label"] for d in rows[0]["domains"]] if rows else []
     ref = next((r for r in rows if r["recipe"] == reference), None)
     ref_kl = {d["label"]: d["kld"] for d in ref["domains"]} if ref else {}
@@ -114,7 +115,8 @@ def table(rows: list[dict], reference: str | None = None) -> dict:
             lo, hi = d["ci95_delta_ppl_pct"]
             klo, khi = d["ci95_kld"]
             row[f"{d['label']}"] = (
-                f"{d['delta_ppl_pct']:+.1f}% ({lo:+.1f}…{hi:+.1f}) / {d['kld']:.3f} ({klo:.3f}–{khi:.3f}) / {d['top1'] * 100:.1f}%"
+                f"{d['delta_ppl_pct']:+.1f}% ({lo:+.1f}…{hi:+.1f}) / {d['kld']:.3f} "
+                f"({klo:.3f}–{khi:.3f}) / {d['top1'] * 100:.1f}%"
             )
             if ref_kl.get(d["label"]):
                 row[f"{d['label']}:ref"] = d["kld"] / ref_kl[d["label"]]

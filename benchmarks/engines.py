@@ -101,7 +101,8 @@ def main() -> None:
         ("error", "error", "{}"),
     ]
     note = (
-        f"Batch 1, {args.prompt_len}-token prompt, {args.gen_len} tokens, {args.threads} thread(s) per engine, medians of "
+        f"Batch 1, {args.prompt_len}-token prompt, {args.gen_len} tokens, "
+        f"{args.threads} thread(s) per engine, medians of "
         f"{args.repeats} repeats, one engine at a time. INT4: RTN g32 symmetric, the same integers in every engine."
     )
     print(

@@ -54,7 +54,8 @@ def main() -> None:
     print(f"{len(w.tokens)} x {args.seq_len} tokens, {args.dtype}, {torch.get_num_threads()} threads")
     print(f"baseline pass: {base_s:.1f} s ({'cached' if hit else 'computed and cached'})")
     print(
-        f"bare forward: {bare:.1f} s; scoring against the cached baseline: {scored:.1f} s; ratio {scored / bare:.3f} (target <= 1.3)"
+        f"bare forward: {bare:.1f} s; scoring against the cached baseline: {scored:.1f} s; "
+        f"ratio {scored / bare:.3f} (target <= 1.3)"
     )
     print(f"PPL {result['ppl']:.3f} (baseline {result['baseline_ppl']:.3f}), KL {result['kld']['mean']:.4f}")
 

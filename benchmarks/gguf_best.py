@@ -192,9 +192,12 @@ def main() -> None:
                 "columns": COLUMNS,
                 "rows": rows,
                 "note": (
-                    f"KL vs the FP16 checkpoint through llama.cpp (quantkit eval --engine llamacpp), windows of 512 tokens, up to "
-                    f"{a.max_tokens} tokens per text; importance matrix: llama-imatrix over {a.calib_samples} windows of {a.calib}; "
-                    f"--mixed among {a.mixed_types} within {a.type}'s own bytes; target: KL {a.target_pct:g}% below {a.type} on "
+                    "KL vs the FP16 checkpoint through llama.cpp (quantkit eval --engine "
+                    "llamacpp), windows of 512 tokens, up to "
+                    f"{a.max_tokens} tokens per text; importance matrix: llama-imatrix over "
+                    f"{a.calib_samples} windows of {a.calib}; "
+                    f"--mixed among {a.mixed_types} within {a.type}'s own bytes; "
+                    f"target: KL {a.target_pct:g}% below {a.type} on "
                     "every text"
                 ),
             }

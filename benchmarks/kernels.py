@@ -55,11 +55,11 @@ def main() -> None:
         (
             "bf16 dense (F.linear, oneDNN)",
             nbytes,
-            timed(lambda: [torch.nn.functional.linear(xs[w.shape[1]], w) for w in dense], args.repeats),
+            timed(lambda dense=dense: [torch.nn.functional.linear(xs[w.shape[1]], w) for w in dense], args.repeats),
         )
     )
     flat = torch.cat([w.reshape(-1) for w in dense])
-    rows.append(("memory read (sum of the same bytes)", nbytes, timed(lambda: flat.sum(), args.repeats)))
+    rows.append(("memory read (sum of the same bytes)", nbytes, timed(lambda flat=flat: flat.sum(), args.repeats)))
     del dense, flat
 
     int8 = [
@@ -72,7 +72,7 @@ def main() -> None:
         (
             "int8 weight-only (aten._weight_int8pack_mm)",
             sum(m.weight.numel() + m.scales.numel() * 2 for m in int8),
-            timed(lambda: [m(xs[m.in_features]) for m in int8], args.repeats),
+            timed(lambda int8=int8: [m(xs[m.in_features]) for m in int8], args.repeats),
         )
     )
     del int8

@@ -16,7 +16,7 @@ llama-server is the install's build (QUANTKIT_WITH_LLAMA_TOOLS=1 ./scripts/_inst
 
   python benchmarks/llama_server_levers.py                          # prepare, run the study, tabulate
   python benchmarks/llama_server_levers.py --tabulate               # only tabulate the finished study in WORK/levers
-  python benchmarks/llama_server_levers.py --quick --work runs/llama-server-quick   # a smoke run (not a result to commit)
+  python benchmarks/llama_server_levers.py --quick --work runs/llama-server-quick # a smoke run (not a result to commit)
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def note(study: dict) -> str:
     quick = "A --quick smoke run: not a measurement. " if Path(study["source"]).name == QUICK_STUDY else ""
     return (
         f"{quick}llama-server (llama.cpp's build) with {threads} threads; each lever a staircase of concurrency "
-        f"{load['concurrency'].replace(',', ', ')} ({load['step_seconds']:g} s or {load['max_requests']} requests per step), "
+        f"{load['concurrency'].replace(',', ', ')} ({load['step_seconds']:g} s or "
+        f"{load['max_requests']} requests per step), "
         f"{load['shared_prefix']} shared + {load['prompt_len']} unique prompt tokens, {load['gen_len']} output tokens, "
         "the server's default sampling; the baseline `one-slot` caches each prompt (llama-server's default); "
         "`speculative` drafts with the Q4_0 GGUF of the same model (draft-simple). Ratios are against `one-slot`."

@@ -248,7 +248,10 @@ def main() -> None:
             "columns": MAIN,
             "rows": rows,
             "note": f"batch 1, prompt {a.prompt_len}, {a.gen_len} generated tokens, "
-            f"{a.repeats} repeats, {a.rounds} round(s) in turn, each quantkit bench between two llama-bench runs (llama-bench figures: their mean; times: the round with the median TPOT ratio; median ratio: over every round's quantkit/llama-bench ratio; range: every round's); quantkit times llama-cpp-python on {lib}; "
+            f"{a.repeats} repeats, {a.rounds} round(s) in turn, each quantkit bench between two "
+            "llama-bench runs (llama-bench figures: their mean; times: the round with the median TPOT "
+            "ratio; median ratio: over every round's quantkit/llama-bench ratio; range: every round's); "
+            f"quantkit times llama-cpp-python on {lib}; "
             f"load average {os.getloadavg()[0]:.1f} at the end",
         }
     if not a.skip_eval and a.text:
@@ -257,7 +260,8 @@ def main() -> None:
             "columns": KQUANT,
             "rows": rows,
             "note": f"KL vs the FP16 checkpoint through llama.cpp (quantkit eval "
-            f"--engine llamacpp), split {a.split}, windows of {a.seq_len} tokens, up to {a.max_tokens} tokens per text; "
+            f"--engine llamacpp), split {a.split}, windows of {a.seq_len} "
+            f"tokens, up to {a.max_tokens} tokens per text; "
             f"importance matrix: llama-imatrix over {a.calib_samples} windows of {a.calib}",
         }
     previous = RESULTS / "llamacpp_anchor.json"  # a --skip-bench or --skip-eval run keeps the other table

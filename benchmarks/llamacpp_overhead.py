@@ -176,8 +176,10 @@ def main() -> None:
         ("ratio_bare", "quantkit / bare loop", "{:.3f}"),
     ]
     note = (
-        f"batch 1, prompt {a.prompt_len}, {a.gen_len} generated tokens, {a.rounds} rounds of one repeat each beside a bare "
-        f"llama-cpp-python loop (ABBA order), after {a.warmups} warm-ups; llama.cpp's own: llama_perf_context's t_eval per "
+        f"batch 1, prompt {a.prompt_len}, {a.gen_len} generated tokens, {a.rounds} "
+        "rounds of one repeat each beside a bare "
+        f"llama-cpp-python loop (ABBA order), after {a.warmups} warm-ups; "
+        "llama.cpp's own: llama_perf_context's t_eval per "
         "one-token decode of quantkit's own steps (decode to synchronisation, as llama-bench's tg times a token); load "
         f"average {load:.1f} before, {os.getloadavg()[0]:.1f} after"
     )

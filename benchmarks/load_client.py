@@ -172,7 +172,8 @@ def _table(rows: list[dict]) -> str:
     for r in rows:
         lag = "-" if r["send_lag_ms_p99"] is None else f"{r['send_lag_ms_p99']:.1f}"
         lines.append(
-            f"| {r['mode']}={r['level']:g} | {r['req_per_s']:.0f} | {r['tokens_per_s']:.0f} | {r['client_cpu_share']:.2f} "
+            f"| {r['mode']}={r['level']:g} | {r['req_per_s']:.0f} | "
+            f"{r['tokens_per_s']:.0f} | {r['client_cpu_share']:.2f} "
             f"| {r['client_cpu_ms_per_request']:.2f} | {r['client_cpu_us_per_token']:.1f} | {r['stub_cpu_share']:.2f} "
             f"| {r['ttft_ms_p50']:.1f} / {r['ttft_ms_p99']:.1f} | {lag} |"
         )

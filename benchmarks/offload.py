@@ -86,7 +86,8 @@ def main() -> None:
         for label, wall, ph, after_load, off, kl in rows:
             where = f"{off['disk_tensors']} tensors on disk, {off['cpu_bytes'] / 1e6:.0f} MB in RAM" if off else "—"
             print(
-                f"| {label} | {wall:.1f} | {ph['peak_mb']:.0f} ({ph['peak_phase']}) | {after_load:.0f} | {where} | {kl:.2g} |"
+                f"| {label} | {wall:.1f} | {ph['peak_mb']:.0f} ({ph['peak_phase']}) "
+                f"| {after_load:.0f} | {where} | {kl:.2g} |"
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -43,7 +43,10 @@ def cell(value, fmt: str) -> str:
 def machine_line(m: dict) -> str:
     flags = "/".join(f.upper().replace("_", "-") for f in m.get("cpu_flags", []) if f.startswith(("avx512", "amx")))
     gpu = f", {m['gpu']}" if m.get("gpu") else ", no GPU"
-    return f"{m.get('cpu', '?')}{' (' + flags + ')' if flags else ''}, {m.get('cores', '?')} cores, {m.get('ram_gb', '?')} GB{gpu}"
+    return (
+        f"{m.get('cpu', '?')}{' (' + flags + ')' if flags else ''}, "
+        f"{m.get('cores', '?')} cores, {m.get('ram_gb', '?')} GB{gpu}"
+    )
 
 
 def table(result: dict, name: str) -> str:

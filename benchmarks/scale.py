@@ -378,22 +378,26 @@ def rows(results: dict) -> list[dict]:
 
 def table(results: dict) -> str:
     lines = [
-        "| model | params | step | calib tokens | wall s | CPU s | load | predicted s | pred/wall | peak RSS MB | predicted MB | pred/meas |",
+        "| model | params | step | calib tokens | wall s | CPU s | load | predicted s | pred/wall | "
+        "peak RSS MB | predicted MB | pred/meas |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows(results):
         if not r["timed"]:  # a --memory-only run: its time is not a measurement
             lines.append(
                 f"| {r['model']} | {r['params'] / 1e9:.3f} B | {r['step']} | {r['tokens'] or '—'} | (not timed) | | | "
-                f"{r['pred_s'] or 0:.0f} | | {r['peak_mb']:.0f} | {r['pred_mb'] or 0:.0f} | {r['pred_mb'] / r['peak_mb']:.2f} |"
+                f"{r['pred_s'] or 0:.0f} | | {r['peak_mb']:.0f} | "
+                f"{r['pred_mb'] or 0:.0f} | {r['pred_mb'] / r['peak_mb']:.2f} |"
             )
             continue
         ts = f"{r['pred_s'] / r['wall_s']:.2f}" if r["pred_s"] else "—"
         ms = f"{r['pred_mb'] / r['peak_mb']:.2f}" if r["pred_mb"] else "—"
         cpu = f"{r['cpu_s']:.0f}" if r.get("cpu_s") else "—"
         lines.append(
-            f"| {r['model']} | {r['params'] / 1e9:.3f} B | {r['step']} | {r['tokens'] or '—'} | {r['wall_s']:.0f} | {cpu} | "
-            f"{r['load'] or 0:.1f} | {r['pred_s'] or 0:.0f} | {ts} | {r['peak_mb']:.0f} | {r['pred_mb'] or 0:.0f} | {ms} |"
+            f"| {r['model']} | {r['params'] / 1e9:.3f} B | {r['step']} | "
+            f"{r['tokens'] or '—'} | {r['wall_s']:.0f} | {cpu} | "
+            f"{r['load'] or 0:.1f} | {r['pred_s'] or 0:.0f} | {ts} | "
+            f"{r['peak_mb']:.0f} | {r['pred_mb'] or 0:.0f} | {ms} |"
         )
     return "\n".join(lines)
 
@@ -518,7 +522,8 @@ def markdown(results: dict) -> str:
     ]
     for x in linearity(results):
         parts.append(
-            f"| {x['model']} | {x['step']} | {x['linear_params'] / 1e6:.0f} M | {x['tokens']} | {x['quantize_s']:.0f} | "
+            f"| {x['model']} | {x['step']} | {x['linear_params'] / 1e6:.0f} M | "
+            f"{x['tokens']} | {x['quantize_s']:.0f} | "
             f"{x['ps_per_param_token']:.1f} |"
         )
     fits = []
@@ -533,12 +538,14 @@ def markdown(results: dict) -> str:
     for rc in rule_rows(results):
         for x in rc["rows"]:
             parts.append(
-                f"| {rc['model']} | {x['name']} | {x['gb']:.3f} | {x['ttft']:.0f} | {x['tpot']:.1f} | {x['pred']:.1f} | "
+                f"| {rc['model']} | {x['name']} | {x['gb']:.3f} | "
+                f"{x['ttft']:.0f} | {x['tpot']:.1f} | {x['pred']:.1f} | "
                 f"{x['eff'] * 100:.0f}% | {x['kernel']} |"
             )
         f = rc["fit"]
         fits.append(
-            f"- {rc['model']}: TPOT = {f.get('overhead_ms') or 0:.1f} ms + bytes / {f.get('effective_gbps') or 0:.1f} GB/s, "
+            f"- {rc['model']}: TPOT = {f.get('overhead_ms') or 0:.1f} ms + bytes / "
+            f"{f.get('effective_gbps') or 0:.1f} GB/s, "
             f"R² {f.get('r2') if f.get('r2') is not None else float('nan'):.3f} ({f.get('points')} points)"
         )
     return "\n".join(parts + [""] + fits)

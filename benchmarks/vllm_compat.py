@@ -404,10 +404,13 @@ def main() -> None:
 
 def write(kinds: dict, label: str, args) -> None:
     note = (
-        f"{args.max_tokens} tokens of {args.text} ({args.split} split), windows of 512; artifacts converted from the demo "
+        f"{args.max_tokens} tokens of {args.text} ({args.split} split), windows "
+        "of 512; artifacts converted from the demo "
         f"model with {args.samples} x {args.calib_len} calibration tokens of {args.calib} where the recipe calibrates. "
-        "vLLM: its CPU build, bfloat16 activations for quantized checkpoints, float32 for 16-bit ones (as transformers). "
-        "The rows come from runs of this script over subsets of the kinds (`--only`), merged; a kind whose same-artifact "
+        "vLLM: its CPU build, bfloat16 activations for quantized checkpoints, "
+        "float32 for 16-bit ones (as transformers). "
+        "The rows come from runs of this script over subsets of the kinds "
+        "(`--only`), merged; a kind whose same-artifact "
         "KL is blank was not given `--direct` (its |ΔKL| stands for the agreement)."
     )
     kept = {}

@@ -85,7 +85,8 @@ def prefix_table(study: dict) -> dict:
     ]
     note = (
         (
-            f"Roofline: this machine's probed bf16 matmul rate, {ref.get('compute_tflops', 0):.2f} TFLOPS, on the demo's shape; "
+            "Roofline: this machine's probed bf16 matmul rate, "
+            f"{ref.get('compute_tflops', 0):.2f} TFLOPS, on the demo's shape; "
             "TTFT-P50 at concurrency 1."
         )
         if ref
@@ -117,7 +118,8 @@ def main() -> None:
     if str(summary.get("source", "")).startswith(str(HERE.parent)):  # the study as the repository names it
         summary["source"] = str(Path(summary["source"]).relative_to(HERE.parent))
     note = (
-        "vLLM's CPU build on 2 cores shared with other work; each lever a staircase of concurrency 1, 2, 4 (15 s or 8 requests "
+        "vLLM's CPU build on 2 cores shared with other work; each lever a staircase of "
+        "concurrency 1, 2, 4 (15 s or 8 requests "
         "per step), 256 shared + 32 unique prompt tokens, 16 output tokens; the baseline `fp16` has prefix caching off."
     )
     # a re-tabulation keeps the command and date of the run that measured

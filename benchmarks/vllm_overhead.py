@@ -175,8 +175,10 @@ def main() -> None:
         ("ttft_ratio", "TTFT ratio", "{:.3f}"),
     ]
     note = (
-        f"{args.prompt_len}-token prompt, {args.gen_len} tokens, {args.rounds} rounds in ABBA order after {args.warmups} warm-up(s); "
-        "medians; the ratio is the median of per-round paired ratios. Both sides: vLLM's CPU build, the same engine arguments and threads."
+        f"{args.prompt_len}-token prompt, {args.gen_len} tokens, {args.rounds} rounds in "
+        f"ABBA order after {args.warmups} warm-up(s); "
+        "medians; the ratio is the median of per-round paired ratios. Both sides: vLLM's CPU "
+        "build, the same engine arguments and threads."
     )
     path = write_result(
         "vllm_overhead",

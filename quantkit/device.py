@@ -37,7 +37,8 @@ def resolve(spec=None):
         count = torch.cuda.device_count()
         if index >= count:
             raise QuantkitError(
-                f"--device {spec}: this machine has {count} CUDA GPU{'s' if count != 1 else ''} (cuda:0..cuda:{count - 1})"
+                f"--device {spec}: this machine has {count} CUDA "
+                f"GPU{'s' if count != 1 else ''} (cuda:0..cuda:{count - 1})"
             )
         return torch.device("cuda", index)
     raise QuantkitError(f"--device {spec}: device type {dev.type!r} is not supported; use auto, cpu, cuda or cuda:N")

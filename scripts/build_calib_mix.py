@@ -204,23 +204,28 @@ SETS = {
     "python-stdlib-code": dict(
         build=code_text,
         domain="code",
-        description=f"{len(CODE_MODULES)} whole modules of the CPython {PYTHON} standard library (code, docstrings, comments)",
+        description=f"{len(CODE_MODULES)} whole modules of the CPython {PYTHON} standard library "
+        "(code, docstrings, comments)",
         license="PSF License Agreement v2 (text/LICENSE-PSF.txt)",
         use="calibration: the code part of mix:default (second half); evaluation: held-out code (first half)",
     ),
     "python-reference": dict(
         build=reference_text,
         domain="technical prose",
-        description=f"The Python Language Reference as pydoc ships it (CPython {PYTHON} Lib/pydoc_data/topics.py), the first topics by name",
+        description=f"The Python Language Reference as pydoc ships it (CPython {PYTHON} "
+        "Lib/pydoc_data/topics.py), the first topics by name",
         license="PSF License Agreement v2 (text/LICENSE-PSF.txt)",
-        use="calibration: the technical-prose part of mix:default (second half); evaluation: held-out technical prose (first half)",
+        use="calibration: the technical-prose part of mix:default (second half); "
+        "evaluation: held-out technical prose (first half)",
     ),
     "world-factbook": dict(
         build=factbook_text,
         domain="encyclopedic",
-        description="The CIA World Factbook's background, country-name, geography and economy notes, one entry per country or territory",
+        description="The CIA World Factbook's background, country-name, geography and economy "
+        "notes, one entry per country or territory",
         license="public domain (a work of the US Government; the CIA states the Factbook may be copied freely)",
-        use="calibration: the encyclopedic part of mix:default (second half); evaluation: held-out encyclopedic text (first half)",
+        use="calibration: the encyclopedic part of mix:default (second half); "
+        "evaluation: held-out encyclopedic text (first half)",
     ),
     "shakespeare-plays": dict(
         build=plays_text,
@@ -233,7 +238,8 @@ SETS = {
         build=legal_text,
         domain="legal",
         description="License texts: " + ", ".join(LEGAL_TEXTS) + " (Debian base-files /usr/share/common-licenses)",
-        license="verbatim copies: the FSF texts permit verbatim copying; CC0-1.0's legal code is dedicated to the public domain; Apache-2.0 is the license of this repository",
+        license="verbatim copies: the FSF texts permit verbatim copying; CC0-1.0's legal code is dedicated to "
+        "the public domain; Apache-2.0 is the license of this repository",
         use="evaluation only: a domain unlike every calibration part (no mix reads it)",
     ),
 }
@@ -277,7 +283,8 @@ def main(argv=None) -> int:
                 old = {i["file"]: i["sha256"] for i in shipped.get("inputs", [])}
                 diff = next((i["file"] for i in inputs if old.get(i["file"]) != i["sha256"]), "the build itself")
                 print(
-                    f"{name}: sha256 {sha256(data)[:12]}… differs from the shipped {shipped['sha256'][:12]}… (first differing input: {diff})"
+                    f"{name}: sha256 {sha256(data)[:12]}… differs from the shipped "
+                    f"{shipped['sha256'][:12]}… (first differing input: {diff})"
                 )
                 bad += 1
             else:

@@ -59,7 +59,8 @@ a = sys.argv[1:]
 open({str(log)!r}, "a").write(json.dumps(a) + "\\n")
 p, n = int(a[a.index("-p") + 1]), int(a[a.index("-n") + 1])
 d = int(a[a.index("-d") + 1]) if "-d" in a else 0
-print(json.dumps([{{"n_prompt": p, "n_gen": n, "n_depth": d, "avg_ns": 1e6 * (p or n), "avg_ts": 1000.0, "samples_ns": [1]}}]))
+print(json.dumps([{{"n_prompt": p, "n_gen": n, "n_depth": d, "avg_ns": 1e6 * (p or n), "avg_ts": 1000.0,
+                   "samples_ns": [1]}}]))
 """)
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
 

@@ -70,7 +70,7 @@ def test_weight_bytes_tied_reads_the_embedding_in_full_plus_a_row(linear, per32)
 
 
 def test_weight_bytes_untied_reads_one_embedding_row_and_the_output_in_full():
-    emb, norm, lin, out = 100 * 64 * 2, 64 * 4, (64 * 64 + 64 * 128) // 32 * 18, 100 * 64 // 32 * 34
+    _, norm, lin, out = 100 * 64 * 2, 64 * 4, (64 * 64 + 64 * 128) // 32 * 18, 100 * 64 // 32 * 34
     w = weight_read_bytes(_tensors(False, "Q4_0"))
     assert not w["tied_lm_head"] and w["weight_bytes_per_token"] == 64 * 2 + norm + lin + out
 
@@ -204,7 +204,8 @@ def test_engine_benches_exported_ggufs_and_self_checks_them(cli, ggufs, name):
     assert row["engine"] == "llamacpp" and row["kind"] == "gguf" and row["name"] == name
     assert row["threads"] == len(os.sched_getaffinity(0)) == res["settings"]["threads"]
     assert row["ttft_ms"] > 0 and row["tpot_ms"] > 0 and len(row["stats"]["step_times_ms"][0]) == 3
-    # KV: f16 K and V of every layer's KV heads, over 256 padded cells (12 + 4 tokens in a 256-cell cache), plus the write
+    # KV: f16 K and V of every layer's KV heads, over 256 padded cells (12 + 4 tokens in a 256-cell cache),
+    # plus the write
     kv = 2 * 2 * 2 * 32 * 2
     assert row["kv_bytes_per_token"] == kv and row["engine_info"]["n_ctx"] == 256
     assert row["bytes_per_token"] == row["weight_bytes_per_token"] + kv * 257

@@ -177,7 +177,8 @@ def test_override_matching_no_layer_is_refused(cli, tiny_llama, tiny_text, tmp_p
         tmp_path / "y",
         tiny_text,
         "--set",
-        "steps[0].quantize.overrides=[{targets: ['model\\.layers\\.(1|29)\\.self_attn\\.(q_proj|k_proj|v_proj)$'], bits: 8}]",
+        "steps[0].quantize.overrides=[{targets: "
+        "['model\\.layers\\.(1|29)\\.self_attn\\.(q_proj|k_proj|v_proj)$'], bits: 8}]",
     )
     assert code == 0, err
 
@@ -370,7 +371,10 @@ def test_self_calibration_is_seeded_and_cached(cli, tiny_llama, tmp_path, quantk
     assert len(list((quantkit_home / "calib").glob("self-*.pt"))) == 1
     code, _, err, b = cli(*args, "--out", str(tmp_path / "b"))
     assert code == 0 and b["calibration"]["duplicate_fraction"] == c["duplicate_fraction"]
-    w = lambda d: (d / "model.safetensors").read_bytes()
+
+    def w(d):
+        return (d / "model.safetensors").read_bytes()
+
     assert w(tmp_path / "a") == w(tmp_path / "b")  # same seed, same text, same artifact
 
 

@@ -223,7 +223,8 @@ def test_real_full_disk(tiny_llama, tmp_path):
     )
     out = small / "art"
     script = (
-        f'mount -t tmpfs -o size=200k tmpfs {small} && "$0" -c "$1" convert {REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"} '
+        f'mount -t tmpfs -o size=200k tmpfs {small} && "$0" -c "$1" convert '
+        f"{REPO / 'quantkit' / 'resources' / 'recipes' / 'int4-w4a16-rtn.yaml'} "
         f"--model {tiny_llama} --out {out}; rc=$?; ls -A {small}; exit $rc"
     )
     r = subprocess.run(

@@ -454,7 +454,8 @@ def test_torchrun_failure_on_one_rank_stops_all(tiny_llama, tiny_text, tmp_path)
 
 
 def _quantkit_lines(stderr: str) -> list[str]:
-    """quantkit's error lines in a torchrun's stderr (torchrun's own lines are its log, its traceback and its report)."""
+    """quantkit's error lines in a torchrun's stderr (torchrun's own lines are
+    its log, its traceback and its report)."""
     return [line for line in stderr.splitlines() if line.startswith(("error: ", "Error: "))]
 
 

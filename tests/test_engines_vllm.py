@@ -184,7 +184,8 @@ def test_the_worker_script_imports_nothing_from_quantkit():
             "ValueError: Failed to find a kernel",
         ),
         (
-            "Traceback (most recent call last):\n  File x\nvllm.exceptions.VLLMValidationError: prompt_logprob_token_ids requires V2\n",
+            "Traceback (most recent call last):\n  File x\n"
+            "vllm.exceptions.VLLMValidationError: prompt_logprob_token_ids requires V2\n",
             "VLLMValidationError: prompt_logprob_token_ids requires V2",
         ),
         (

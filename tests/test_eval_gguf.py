@@ -171,7 +171,8 @@ def test_tasks_are_not_llama_cpps(cli, tiny_dir, tmp_path):
 
 @needs_llama_cpp
 def test_run_evaluates_every_variant_on_each_eval_engine(cli, tiny_llama, tiny_text, tmp_path):
-    """`eval: {engines: [transformers, llamacpp]}`: a row per variant, engine and domain; one baseline pass serves both."""
+    """`eval: {engines: [transformers, llamacpp]}`: a row per variant, engine and
+    domain; one baseline pass serves both."""
     legal = tmp_path / "legal.txt"
     legal.write_text(
         (REPO / "quantkit" / "resources" / "calib_data" / "text" / "legal-licenses.txt").read_text()[:20000]

@@ -513,7 +513,8 @@ def test_recipe_export_formats_key():
         recipe_from_dict({"steps": steps, "export": {"formats": ["onnx"]}})
 
 
-# ---------------------------------------------------------------- through llama.cpp (installed.py: fails where the install script built it)
+# ---------------------------------------------------------------- through llama.cpp
+# (installed.py: fails where the install script built it)
 
 
 def agreement():
@@ -594,7 +595,8 @@ def test_llama_cpp_tokenizes_like_transformers(cli, artifacts, tmp_path, tiny_te
         assert agreement().tokenizations_agree(artifacts["rtn-channel-qwen2"], out, text), text
 
 
-# ---------------------------------------------------------------- the demo model (slow: GPTQ on 135M parameters takes minutes)
+# ---------------------------------------------------------------- the demo model
+# (slow: GPTQ on 135M parameters takes minutes)
 
 # English prose shipped with quantkit: the calibration text and the text llama.cpp is run on
 DEMO_TEXT = REPO / "quantkit" / "resources" / "calib_data" / "text" / "world-factbook.txt"

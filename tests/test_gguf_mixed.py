@@ -220,7 +220,8 @@ def test_mixed_export_holds_the_chosen_types_within_the_types_own_size(
     assert code == 0, stderr
     allowed = ggufmix.parse_types(types) if types else ggufmix.DEFAULT_TYPES
     assert out.stat().st_size <= min(plain.stat().st_size, rec["mixed"]["reference_bytes"])
-    # the export's own --type file is the plain one but for llama-quantize's header key naming the importance matrix's path
+    # the export's own --type file is the plain one but for llama-quantize's header key naming the importance
+    # matrix's path
     assert abs(rec["mixed"]["reference_bytes"] - plain.stat().st_size) <= 64
     got = {t.name: (t.tensor_type.name, int(t.shape[0])) for t in gguf.GGUFReader(str(out)).tensors}
     assert {t["name"]: t["type"] for t in rec["tensors"]} == {n: t for n, (t, _) in got.items()}

@@ -281,7 +281,8 @@ def test_the_unmodified_checkpoint_may_keep_its_name_and_names_differ_in_more_th
 
     p = tmp_path / "r.yaml"
     p.write_text(
-        "variants:\n  - name: baseline\n    baseline: true\n  - name: int4\n    steps:\n      - quantize: {method: rtn}\n"
+        "variants:\n  - name: baseline\n    baseline: true\n  - name: int4\n"
+        "    steps:\n      - quantize: {method: rtn}\n"
     )
     assert [v.name for v in load_recipe(p).variants] == ["baseline", "int4"]
     p.write_text(
@@ -552,8 +553,8 @@ if os.environ.get("QK_REMOTE_MARKER"):
 class TinyCustomConfig(PretrainedConfig):
     model_type = "tiny-custom"
 
-    def __init__(self, vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                 max_position_embeddings=512, **kwargs):
+    def __init__(self, vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=128, max_position_embeddings=512, **kwargs):
         self.vocab_size, self.hidden_size, self.num_hidden_layers = vocab_size, hidden_size, num_hidden_layers
         self.num_attention_heads, self.intermediate_size = num_attention_heads, intermediate_size
         self.max_position_embeddings = max_position_embeddings

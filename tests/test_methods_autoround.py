@@ -78,7 +78,10 @@ def test_more_samples_than_calibration_windows_is_refused_before_loading(
 def test_autoround_with_int8_override_converts_and_verifies(cli, tiny_llama, tiny_text, tmp_path):
     """Mixed precision through AutoRound's layer_config; q/k/v stay one unit (vLLM fuses them)."""
     out = tmp_path / "a"
-    ov = 'steps[0].quantize.overrides=[{targets: ["model\\\\.layers\\\\.1\\\\.self_attn\\\\.(q_proj|k_proj|v_proj)$"], bits: 8}]'
+    ov = (
+        "steps[0].quantize.overrides=[{targets: "
+        '["model\\\\.layers\\\\.1\\\\.self_attn\\\\.(q_proj|k_proj|v_proj)$"], bits: 8}]'
+    )
     code, _, err, data = convert(
         cli, tiny_llama, out, tiny_text, "--set", AUTOROUND, "--set", "steps[0].quantize.samples=4", "--set", ov
     )

@@ -98,7 +98,8 @@ def test_transform_step_order(tmp_path, steps, message):
 
 
 def test_unsupported_architecture_is_refused_at_preflight(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
-    """A Gemma-type model (its norms scale by 1 + w, so SpinQuant's norm fusing would be wrong): exit 2, nothing loaded."""
+    """A Gemma-type model (its norms scale by 1 + w, so SpinQuant's norm fusing
+    would be wrong): exit 2, nothing loaded."""
     import quantkit.quantize.convert
 
     model = tmp_path / "gemma"

@@ -341,7 +341,8 @@ def test_run_plan(cli, tiny_llama, tiny_text, tmp_path, no_weights):
 
 
 def test_run_plan_counts_every_engine(cli, tiny_llama, tiny_text, tmp_path, no_weights):
-    """A suite that evaluates and benches on two engines (like the built-in demo-full recipe) plans each engine's work."""
+    """A suite that evaluates and benches on two engines (like the built-in
+    demo-full recipe) plans each engine's work."""
     recipe = tmp_path / "suite.yaml"
     recipe.write_text(
         f"model: {tiny_llama}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"

@@ -194,7 +194,8 @@ def test_transform_step_kind_order_and_dump(tmp_path):
         load_recipe(
             write(
                 tmp_path,
-                "steps:\n  - transform: {method: spinquant}\n  - transform: {method: spinquant}\n  - quantize: {method: rtn}\n",
+                "steps:\n  - transform: {method: spinquant}\n"
+                "  - transform: {method: spinquant}\n  - quantize: {method: rtn}\n",
             )
         )
 

@@ -190,7 +190,8 @@ def test_vllm_gets_its_cpu_settings_and_the_parallel_sizes(cli, tiny_dir, worker
         "max_model_len": length,
         "enforce_eager": True,
     }
-    # more than one full-length sequence in float32 (4 bytes an element): vLLM refused exactly one (its blocks round down)
+    # more than one full-length sequence in float32 (4 bytes an element): vLLM refused exactly one
+    # (its blocks round down)
     assert args["kv_cache_memory_bytes"] > 2 * kv * length
     assert calls[-1]["threads"] == int(started[-1].env["OMP_NUM_THREADS"]) >= 1
     assert started[-1].env["TQDM_DISABLE"] == ""  # vLLM's generate divides by its bar's elapsed time

@@ -96,11 +96,16 @@ class _Engine:
 class LLM:
     def __init__(self, **kw):
         if os.environ.get("FAKE_VLLM_RECORD"):
-            pathlib.Path(os.environ["FAKE_VLLM_RECORD"]).write_text(json.dumps({"args": kw, "omp": os.environ.get("OMP_NUM_THREADS")}))
+            pathlib.Path(os.environ["FAKE_VLLM_RECORD"]).write_text(
+                json.dumps({"args": kw, "omp": os.environ.get("OMP_NUM_THREADS")})
+            )
         if os.environ.get("FAKE_VLLM_LOAD") == "raise":
             raise ValueError(KERNEL_ERROR)
         if os.environ.get("FAKE_VLLM_LOAD") == "die":
-            print("(EngineCore pid=1) ERROR [core.py:1] ValueError: Unknown quantization method: bitsandbytes", file=sys.stderr)
+            print(
+                "(EngineCore pid=1) ERROR [core.py:1] ValueError: Unknown quantization method: bitsandbytes",
+                file=sys.stderr,
+            )
             print("RuntimeError: Engine core initialization failed. See root cause above.", file=sys.stderr)
             sys.stderr.flush()
             os._exit(3)
@@ -119,7 +124,9 @@ class LLM:
             row = logprob_row(ids[-1], self.vocab)
             top = sorted(range(self.vocab), key=lambda t: -row[t])[: max(1, getattr(params, "logprobs", 1) or 1)]
             sample = {t: SimpleNamespace(logprob=row[t]) for t in top}
-            outs.append(SimpleNamespace(prompt_logprobs=pl, prompt_token_ids=ids, outputs=[SimpleNamespace(logprobs=[sample])]))
+            outs.append(
+                SimpleNamespace(prompt_logprobs=pl, prompt_token_ids=ids, outputs=[SimpleNamespace(logprobs=[sample])])
+            )
         return outs
 """
 

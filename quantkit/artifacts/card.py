@@ -68,25 +68,33 @@ def results_table(results: dict) -> str:
     for t in texts:
         w, dom = t.get("windows", {}), f"{t['label']}: " if len(texts) > 1 and t.get("label") else ""
         rows += [
-            f"| {dom}perplexity ({w.get('count')} x {w.get('seq_len')} tokens of {w.get('source', '?')}, {w.get('region', '')}) | {_fmt(t['ppl'], '.3f')} (baseline {_fmt(t['baseline_ppl'], '.3f')}) |",
+            f"| {dom}perplexity ({w.get('count')} x {w.get('seq_len')} tokens of {w.get('source', '?')}, "
+            f"{w.get('region', '')}) | {_fmt(t['ppl'], '.3f')} (baseline {_fmt(t['baseline_ppl'], '.3f')}) |",
             f"| {dom}dPPL | {_fmt(t['delta_ppl_pct'], '+.2f')}% |",
-            f"| {dom}KL divergence vs baseline (mean / p99) | {_fmt(t['kld']['mean'], '.4f')} / {_fmt(t['kld']['p99'], '.3f')} |",
+            f"| {dom}KL divergence vs baseline (mean / p99) | "
+            f"{_fmt(t['kld']['mean'], '.4f')} / {_fmt(t['kld']['p99'], '.3f')} |",
             f"| {dom}top-1 agreement | {_fmt(t['top1_agreement'] * 100, '.2f')}% |",
         ]
     for name, t in (ev.get("tasks") or {}).items():
         rows.append(
-            f"| {name} {t['metric']} | {t['value']:.4f} (baseline {t['baseline']:.4f}, delta {t['delta']:+.4f} +- {t['delta_stderr']:.4f}) |"
+            f"| {name} {t['metric']} | {t['value']:.4f} (baseline {t['baseline']:.4f}, delta "
+            f"{t['delta']:+.4f} +- {t['delta_stderr']:.4f}) |"
         )
     b = results.get("bench") or {}
     if b:
         rows += [
-            f"| TTFT ({b.get('prompt_len')}-token prompt, {b.get('device')}, {b.get('engine')}) | {_fmt(b.get('ttft_ms'), '.1f')} ms |",
-            f"| TPOT (batch 1) | {_fmt(b.get('tpot_ms'), '.2f')} ms (roofline {_fmt(b.get('predicted_tpot_ms'), '.2f')} ms) |",
+            f"| TTFT ({b.get('prompt_len')}-token prompt, {b.get('device')}, "
+            f"{b.get('engine')}) | {_fmt(b.get('ttft_ms'), '.1f')} ms |",
+            f"| TPOT (batch 1) | {_fmt(b.get('tpot_ms'), '.2f')} ms (roofline "
+            f"{_fmt(b.get('predicted_tpot_ms'), '.2f')} ms) |",
             f"| bytes read per token | {_fmt((b.get('bytes_per_token') or 0) / 1e6, '.1f')} MB |",
             f"| kernel | {b.get('kernel', 'n/a')} |",
         ]
     if len(rows) == 2:
-        return "No results yet: `quantkit eval ARTIFACT --baseline BASE --text SPEC --update-card` and `quantkit bench` fill this table."
+        return (
+            "No results yet: `quantkit eval ARTIFACT --baseline BASE --text SPEC "
+            "--update-card` and `quantkit bench` fill this table."
+        )
     return "\n".join(rows)
 
 
@@ -104,7 +112,8 @@ def _body(meta: dict) -> str:
     if meta.get("gqa"):
         g = meta["gqa"]
         lines += [
-            f"KV heads reduced {g.get('kv_heads_before')} -> {g.get('kv_heads_after')} ({g.get('merge')} merge, {g.get('grouping')} grouping).",
+            f"KV heads reduced {g.get('kv_heads_before')} -> {g.get('kv_heads_after')} "
+            f"({g.get('merge')} merge, {g.get('grouping')} grouping).",
             "",
         ]
     if meta.get("mixed_precision"):
@@ -123,7 +132,8 @@ def _body(meta: dict) -> str:
     lines += ["## Provenance", "", f"- source checkpoint sha256: `{meta.get('source', {}).get('sha256', 'n/a')}`"]
     if calib:
         lines.append(
-            f"- calibration: {calib.get('source')} ({calib.get('samples')} x {calib.get('seq_len')} tokens, seed {calib.get('seed')}, "
+            f"- calibration: {calib.get('source')} ({calib.get('samples')} x "
+            f"{calib.get('seq_len')} tokens, seed {calib.get('seed')}, "
             f"duplicate windows {calib.get('duplicate_fraction', 0) * 100:.1f}%)"
         )
         if isinstance(calib.get("domains"), dict):  # a calibration mix (data/mix.py): samples per domain
@@ -156,8 +166,10 @@ def mixed_precision_table(mp: dict) -> list[str]:
     lines = [
         "## Mixed precision",
         "",
-        f"Chosen on this model: {len(mp.get('picked') or [])} of {len(ranking)} units raised above {mp.get('base')} within "
-        f"{mp.get('budget_bits')} bits/weight ({_fmt(bits, '.4f')} stored), by the KL each unit's rounding alone costs on "
+        f"Chosen on this model: {len(mp.get('picked') or [])} of {len(ranking)} "
+        f"units raised above {mp.get('base')} within "
+        f"{mp.get('budget_bits')} bits/weight ({_fmt(bits, '.4f')} stored), by "
+        "the KL each unit's rounding alone costs on "
         f"{windows.get('used')} x {windows.get('seq_len')} tokens of {_text_label(text.get('source'))}. "
         "Per-unit figures: `quantkit.json` (`mixed_precision`).",
         "",
@@ -168,7 +180,8 @@ def mixed_precision_table(mp: dict) -> list[str]:
         took = [r for r in ranking if r.get("chosen") == scheme]
         where = (
             "; ".join(
-                f"{unit}: {', '.join(str(r['layer']) for r in sorted(took, key=lambda r: r['layer']) if r['unit'] == unit)}"
+                f"{unit}: "
+                f"{', '.join(str(r['layer']) for r in sorted(took, key=lambda r: r['layer']) if r['unit'] == unit)}"
                 for unit in dict.fromkeys(r["unit"] for r in took)
             )
             if scheme != mp.get("base")

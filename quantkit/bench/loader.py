@@ -112,9 +112,12 @@ def _emulation_note(modules: list, device) -> str | None:
     if not reasons:
         return None
     return (
-        f"FP8 is not timed as FP8 on {device} ({'; '.join(reasons)}): the FP8 weights were dequantized to bf16 at load and a bf16 "
-        "GEMM runs (activations rounded to FP8 per token where the scheme has them, as transformers does there), so the "
-        "weights read are bf16's 2 bytes each, not FP8's 1 byte; the bytes per token and the roofline count what is timed"
+        f"FP8 is not timed as FP8 on {device} ({'; '.join(reasons)}): the FP8 weights "
+        "were dequantized to bf16 at load and a bf16 "
+        "GEMM runs (activations rounded to FP8 per token where the scheme has "
+        "them, as transformers does there), so the "
+        "weights read are bf16's 2 bytes each, not FP8's 1 byte; the bytes per "
+        "token and the roofline count what is timed"
     )
 
 

@@ -77,8 +77,8 @@ def probe(device, buffer_bytes: int = 1 << 30, repeats: int = 7) -> dict:
 
     a = torch.ones(buffer_bytes // 4, dtype=torch.float32, device=device)
     b = torch.empty_like(a)
-    read = spread(_times(lambda: a.sum(), sync, repeats), buffer_bytes, 1e9)
-    copy = spread(_times(lambda: b.copy_(a), sync, repeats), buffer_bytes, 1e9)
+    read = spread(_times(lambda a=a: a.sum(), sync, repeats), buffer_bytes, 1e9)
+    copy = spread(_times(lambda a=a, b=b: b.copy_(a), sync, repeats), buffer_bytes, 1e9)
     del a, b
     n = 4096 if device.type == "cuda" else 1536
     x = torch.randn(n, n, dtype=torch.bfloat16, device=device)

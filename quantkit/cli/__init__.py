@@ -95,7 +95,8 @@ class _Group(click.Group):
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             _fail(
                 exc,
-                f"error: {type(exc).__name__}: {first} (an unexpected failure; `quantkit --debug ...` shows the traceback)",
+                f"error: {type(exc).__name__}: {first} (an unexpected failure; "
+                "`quantkit --debug ...` shows the traceback)",
                 1,
             )
 

@@ -54,7 +54,8 @@ def _device_lines(d: dict) -> list[str]:
     spread = f", spread {sp['spread_pct']:.0f}% over repeats (median {sp['median']:.1f})" if sp else ""
     lines = [
         f"device: {d['device']} ({d.get('device_name') or d['name']}), dtype {d.get('dtype') or '?'}, "
-        f"{d.get('threads')} threads: {d['bandwidth_gbps']:.1f} GB/s read{spread}, {d['compute_tflops']:.2f} TFLOP/s bf16 ({d['source']})"
+        f"{d.get('threads')} threads: {d['bandwidth_gbps']:.1f} GB/s read{spread}, "
+        f"{d['compute_tflops']:.2f} TFLOP/s bf16 ({d['source']})"
     ]
     drift = d.get("drift")
     if drift and drift.get("worst"):
@@ -72,11 +73,13 @@ def _device_lines(d: dict) -> list[str]:
 def _fit_line(fit: dict, n_rows: int) -> list[str]:
     if fit.get("effective_gbps"):
         return [
-            f"rule check: TPOT = {fit['overhead_ms']:.2f} ms + bytes / {fit['effective_gbps']:.2f} GB/s  (R² {fit['r2']:.3f}, {fit['points']} points)"
+            f"rule check: TPOT = {fit['overhead_ms']:.2f} ms + bytes / {fit['effective_gbps']:.2f} GB/s  (R² "
+            f"{fit['r2']:.3f}, {fit['points']} points)"
         ]
     if fit.get("r2") is not None:
         return [
-            f"rule check: TPOT does not grow with bytes/token here (slope {fit['slope_s_per_byte'] * 1e9:.3g} ms/GB, R² {fit['r2']:.3f}): "
+            "rule check: TPOT does not grow with bytes/token here (slope "
+            f"{fit['slope_s_per_byte'] * 1e9:.3g} ms/GB, R² {fit['r2']:.3f}): "
             "decode is overhead-bound, not bandwidth-bound, on this engine"
         ]
     return ["rule check: not enough distinct byte counts to fit"] if n_rows > 1 else []
@@ -96,14 +99,16 @@ def render(result: dict, fmt: str) -> str:
     la = result.get("load_average") or {}
     if la and la.get("before", 0) > 0.5 * (la.get("cpus") or 1):
         lines.append(
-            f"warning: the machine was busy before the run (load average {la['before']:.1f} on {la['cpus']} CPUs): timings are unreliable"
+            f"warning: the machine was busy before the run (load average {la['before']:.1f} on "
+            f"{la['cpus']} CPUs): timings are unreliable"
         )
     for r in result["rows"]:
         lines += [f"note: {r['name']}: {n}" for n in r.get("notes", [])]
         if r.get("fits_in_cache") and r["tpot_efficiency"] > 1:
             lines.append(
                 f"note: {r['name']}: a decode step's {r['bytes_per_token'] / 1e6:.1f} MB fit in the last-level cache "
-                f"({result['device']['llc_bytes'] / 1e6:.1f} MB): it may beat the streaming-read roofline (fits in cache)"
+                f"({result['device']['llc_bytes'] / 1e6:.1f} MB): it may beat "
+                "the streaming-read roofline (fits in cache)"
             )
         a = r.get("anchor") or {}
         if "ttft_ms" in a:
@@ -149,7 +154,8 @@ def _print_probe(p: dict, as_json: bool) -> None:
 
     llc = f", last-level cache {p['llc_bytes'] / 1e6:.1f} MB" if p.get("llc_bytes") else ""
     click.echo(
-        f"{p['name']} ({p['device']}, {p['threads']} threads): read {fig('read_gbps', 'GB/s')}, copy {fig('copy_gbps', 'GB/s')}, "
+        f"{p['name']} ({p['device']}, {p['threads']} threads): read "
+        f"{fig('read_gbps', 'GB/s')}, copy {fig('copy_gbps', 'GB/s')}, "
         f"bf16 matmul {fig('bf16_matmul_tflops', 'TFLOP/s')}{llc}"
     )
 
@@ -221,7 +227,8 @@ def _source(ref: str, engine: str):
     "--self-check/--no-self-check",
     default=True,
     show_default=True,
-    help="Compare the engine's next-token logits with transformers' load of the checkpoint before timing; refuse a mismatch.",
+    help="Compare the engine's next-token logits with transformers' load of the "
+    "checkpoint before timing; refuse a mismatch.",
 )
 @click.option("--probe", is_flag=True, help="Measure this device's bandwidth and matmul rate (cached) and print them.")
 @click.option("--json", "as_json", is_flag=True)

@@ -113,10 +113,12 @@ def convert_cmd(
     if meta.get("gqa"):
         g = meta["gqa"]
         click.echo(
-            f"  gqa: {g['kv_heads_before']} -> {g['kv_heads_after']} KV heads, KV bytes/token {g['kv_bytes_per_token_before']} -> {g['kv_bytes_per_token_after']}"
+            f"  gqa: {g['kv_heads_before']} -> {g['kv_heads_after']} KV heads, KV bytes/token "
+            f"{g['kv_bytes_per_token_before']} -> {g['kv_bytes_per_token_after']}"
         )
     click.echo(
-        f"  verified with {v['loader']}: mean KL {v['mean_kl']:.2e} (<= {v['threshold_mean_kl']:g}), top-1 {v['top1_agreement'] * 100:.1f}%"
+        f"  verified with {v['loader']}: mean KL {v['mean_kl']:.2e} (<= "
+        f"{v['threshold_mean_kl']:g}), top-1 {v['top1_agreement'] * 100:.1f}%"
     )
     if meta.get("offload"):
         o = meta["offload"]

@@ -21,7 +21,10 @@ def _ci(pair, fmt: str) -> str:
 
 def domain_table(texts: list[dict]) -> list[str]:
     """One row per text: PPL, its baseline's, ΔPPL and mean KL with their 95% bootstrap CIs, KL p99, top-1."""
-    head = f"{'domain':<20} {'windows':>9} {'PPL':>9} {'base PPL':>9} {'ΔPPL %  [95% CI]':>26} {'KL mean  [95% CI]':>30} {'KL p99':>7} {'top-1':>7}"
+    head = (
+        f"{'domain':<20} {'windows':>9} {'PPL':>9} {'base PPL':>9} {'ΔPPL %  [95% CI]':>26} "
+        f"{'KL mean  [95% CI]':>30} {'KL p99':>7} {'top-1':>7}"
+    )
     lines = [head]
     for t in texts:
         w, k, ci = t["windows"], t["kld"], t["ci95"]
@@ -46,7 +49,8 @@ def render(result: dict) -> str:
     if result.get("engine") != base_engine:  # the model under test scored by another library than the baseline
         threads = f", {scorer['threads']} threads" if scorer.get("threads") else ""
         lines.append(
-            f"scorer    {scorer.get('kernel', result.get('engine'))}{threads} (the baseline: {base_engine} on the device above)"
+            f"scorer    {scorer.get('kernel', result.get('engine'))}{threads} (the "
+            f"baseline: {base_engine} on the device above)"
         )
     if result.get("split", "all") != "all":
         lines.append(f"split     {result['split']}: {SPLIT_USE[result['split']]}")
@@ -57,7 +61,8 @@ def render(result: dict) -> str:
         ]
     for name, t in result.get("tasks", {}).items():
         lines.append(
-            f"task {name:<14} {t['metric']} {t['value']:.4f} (baseline {t['baseline']:.4f})  delta {t['delta']:+.4f} +- {t['delta_stderr']:.4f}"
+            f"task {name:<14} {t['metric']} {t['value']:.4f} (baseline {t['baseline']:.4f})  delta "
+            f"{t['delta']:+.4f} +- {t['delta_stderr']:.4f}"
         )
     return "\n".join(lines)
 
@@ -77,7 +82,8 @@ def _baseline_note(check: dict) -> str:
 
 
 def _model_path(model: str, engine: str):
-    """A checkpoint reference; for a scorer that takes GGUF files also a .gguf file (checked as a GGUF later, in one line)."""
+    """A checkpoint reference; for a scorer that takes GGUF files also a .gguf file
+    (checked as a GGUF later, in one line)."""
     from pathlib import Path
 
     from quantkit.models.checkpoint import resolve_model
@@ -96,7 +102,8 @@ def _model_path(model: str, engine: str):
     "texts",
     multiple=True,
     help="file:PATH | set:NAME | hf:DATASET[:CONFIG]:SPLIT | self; repeatable, one "
-    "row per text. Default (without --tasks): set:world-factbook (held-out encyclopedic text) and set:shakespeare-plays "
+    "row per text. Default (without --tasks): set:world-factbook (held-out "
+    "encyclopedic text) and set:shakespeare-plays "
     "(literature no calibration reads), plus set:wikitext2-valid where QUANTKIT_WIKITEXT2_VALID points at a copy.",
 )
 @click.option("--seq-len", default=512, show_default=True, type=int)
@@ -205,7 +212,8 @@ def eval_cmd(
     plan_only,
     as_json,
 ):
-    """Perplexity, KL divergence, top-1 agreement (one row per text domain) and lm-eval deltas of MODEL against --baseline."""
+    """Perplexity, KL divergence, top-1 agreement (one row per text domain) and
+    lm-eval deltas of MODEL against --baseline."""
     from quantkit.device import resolve
     from quantkit.errors import DataError
     from quantkit.evals.domains import default_texts

@@ -191,7 +191,8 @@ def _echo_kquant(record: dict) -> None:
     im = record["imatrix"]
     click.echo(
         f"wrote {record['gguf']} ({record['bytes'] / 1e6:.1f} MB, {record['gguf_type']}, "
-        f"{record['bits_per_weight_layers']:.2f} bits/weight in the decoder layers, {record['bits_per_weight']:.2f} overall)"
+        f"{record['bits_per_weight_layers']:.2f} bits/weight in the decoder layers, "
+        f"{record['bits_per_weight']:.2f} overall)"
     )
     click.echo("  tensor types: " + ", ".join(f"{n} x {t}" for t, n in record["tensor_types"].items()))
     if im:

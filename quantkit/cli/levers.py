@@ -117,7 +117,8 @@ def levers_cmd(study_file, out, force, dry_run, trust_study, engines, as_json) -
         return
     if not study_file:
         raise StudyError(
-            "give a study file or a built-in study's name (quantkit recipe list --studies), or --engines to list the engines"
+            "give a study file or a built-in study's name (quantkit recipe list "
+            "--studies), or --engines to list the engines"
         )
     from quantkit.resources import find_study
 

@@ -154,8 +154,10 @@ def render(out: dict, top: int) -> str:
     floor = out["noise_floor"]["kl"]
     names = [out["base"], *out["choices"]]
     lines = [
-        f"RTN sensitivity of {out['model']} ({out['base']} and each choice, one unit at a time): mean KL against the model "
-        f"itself, {t.get('samples')} x {t.get('seq_len')} tokens of {t.get('source')} ({t.get('region', 'second-half')})",
+        f"RTN sensitivity of {out['model']} ({out['base']} and each choice, one "
+        "unit at a time): mean KL against the model "
+        f"itself, {t.get('samples')} x {t.get('seq_len')} tokens of "
+        f"{t.get('source')} ({t.get('region', 'second-half')})",
         f"{'rank':>4}  {'layer':>5}  {'unit':<8}  "
         + "  ".join(f"{n:>14}" for n in names)
         + f"  {'weights':>9}  chosen",
@@ -181,7 +183,8 @@ def render(out: dict, top: int) -> str:
     if out["windows"]["note"]:
         lines.append(f"# {out['windows']['note']}")
     lines.append(
-        f"# {len(out['picked'])} units raised: {out['bits_per_weight']:.4f} bits/weight (budget {out['budget_bits']:g}); "
+        f"# {len(out['picked'])} units raised: {out['bits_per_weight']:.4f} "
+        f"bits/weight (budget {out['budget_bits']:g}); "
         "a recipe's `auto:` with this budget, these units and choices picks the same on the same windows"
     )
     if out["overrides"]:
@@ -213,7 +216,8 @@ def _kl(x: float) -> str:
     "--choices",
     default="int8",
     show_default=True,
-    help="Schemes a unit may be raised to, comma-separated: int8 (per channel), int4-g32, int4-g32-asym, int8-g128, ...",
+    help="Schemes a unit may be raised to, comma-separated: int8 (per channel), "
+    "int4-g32, int4-g32-asym, int8-g128, ...",
 )
 @click.option(
     "--text",

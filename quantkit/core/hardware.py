@@ -131,7 +131,8 @@ def get_device(name: str) -> Device:
     key = name.lower()
     if key not in DEVICES:
         raise QuantkitError(
-            f"unknown device {name!r}; known: {', '.join(DEVICES)} (or measure this machine with `quantkit bench --probe`)"
+            f"unknown device {name!r}; known: {', '.join(DEVICES)} (or measure "
+            "this machine with `quantkit bench --probe`)"
         )
     return DEVICES[key]
 

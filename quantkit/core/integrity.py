@@ -75,7 +75,8 @@ def problems(root: Path, files: dict, deep: bool = True) -> list[str]:
             found.append(f"missing file {name}")
         elif (root / name).stat().st_size != rec.get("bytes"):
             found.append(
-                f"{name}: {(root / name).stat().st_size} bytes on disk, {rec.get('bytes')} recorded at conversion (changed or truncated)"
+                f"{name}: {(root / name).stat().st_size} bytes on disk, {rec.get('bytes')} "
+                "recorded at conversion (changed or truncated)"
             )
         elif deep and sha256_file(root / name) != rec.get("sha256"):
             found.append(f"{name}: sha256 differs from the one recorded at conversion (changed or corrupt)")

@@ -103,7 +103,8 @@ def check_source(spec_str: str | None, key: str) -> None:
     otherwise fails only after the model has loaded (minutes on a large one)."""
     if not spec_str:
         raise DataError(
-            f"{key}: this variant needs calibration text: set calibration.source in the recipe or pass --calib file:PATH (or --calib self)"
+            f"{key}: this variant needs calibration text: set calibration.source in the recipe or "
+            "pass --calib file:PATH (or --calib self)"
         )
     spec = parse_spec(spec_str)
     if spec.kind == "mix":

@@ -34,7 +34,8 @@ class Stream:
 
 
 def fingerprint(name: str) -> str:
-    """A hash of everything a mix's calibration depends on before the model: its file and its parts' manifests and files' hashes."""
+    """A hash of everything a mix's calibration depends on before the model: its file and
+    its parts' manifests and files' hashes."""
     mix = load_mix(name)
     h = hashlib.sha256(mix_file(name).read_bytes())
     for part in mix.parts:

@@ -240,7 +240,8 @@ def check_hub_reachable(spec: TextSpec, timeout: float = HUB_TIMEOUT_S) -> None:
         httpx.head(url, timeout=timeout)  # any HTTP answer, even 404, means the Hub is there
     except httpx.HTTPError as exc:
         raise OfflineError(
-            f"{spec}: the Hugging Face Hub ({constants.ENDPOINT}) is unreachable ({type(exc).__name__}); use file:PATH, "
+            f"{spec}: the Hugging Face Hub ({constants.ENDPOINT}) is "
+            f"unreachable ({type(exc).__name__}); use file:PATH, "
             "or set HF_HUB_OFFLINE=1 to read a copy from the local datasets cache"
         ) from None
 

@@ -22,7 +22,8 @@ def check_same_vocab(model_path: Path, base_path: Path, tok_model, tok_base) -> 
     fp_m, fp_b = vocab_fingerprint(tok_model), vocab_fingerprint(tok_base)
     if fp_m != fp_b:
         raise DataError(
-            f"tokenizer mismatch: {model_path} and {base_path} have different vocabularies; KL and agreement need identical tokens"
+            f"tokenizer mismatch: {model_path} and {base_path} have different "
+            "vocabularies; KL and agreement need identical tokens"
         )
     v_m, v_b = read_config(model_path).get("vocab_size"), read_config(base_path).get("vocab_size")
     if v_m != v_b:
@@ -109,7 +110,8 @@ def check_baseline(model_path: Path, base_path: Path, meta: dict, base_hash: str
     if match is False and not mismatch_ok:
         raise DataError(
             f"--baseline {base_path} (sha256 {base_hash[:12]}) is not the checkpoint {model_path} was converted from "
-            f"({meta['source'].get('path')}, sha256 {recorded[:12]}); pass that one, or --baseline-mismatch-ok to compare anyway"
+            f"({meta['source'].get('path')}, sha256 {recorded[:12]}); pass that one, or "
+            "--baseline-mismatch-ok to compare anyway"
         )
     return {
         "artifact_source_sha256": recorded,

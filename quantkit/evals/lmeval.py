@@ -151,7 +151,8 @@ def _hf_evaluate(run: TaskRun, path: Path, model, tok, manager, files: TaskFiles
         raise DataError(f"lm-eval rejected the task list: {str(exc).splitlines()[0][:160]}") from None
     except (ConnectionError, OSError) as exc:
         raise DataError(
-            f"lm-eval could not load a task's data ({type(exc).__name__}: {str(exc)[:120]}); offline, use the local tasks in evals/"
+            f"lm-eval could not load a task's data ({type(exc).__name__}: "
+            f"{str(exc)[:120]}); offline, use the local tasks in evals/"
         ) from None
 
 
@@ -227,7 +228,8 @@ def _task_manager(tasks: tuple[str, ...], include: str | None):
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise DataError(
-            f"unknown lm-eval task {unknown[0]!r} (local tasks: {', '.join(sorted(n for n in manager.all_tasks if n.startswith(('qk_', 'quantkit'))))}; "
+            f"unknown lm-eval task {unknown[0]!r} (local tasks: "
+            f"{', '.join(sorted(n for n in manager.all_tasks if n.startswith(('qk_', 'quantkit'))))}; "
             "standard tasks need their datasets from the Hub)"
         )
     return manager, files
@@ -301,7 +303,8 @@ def task_deltas(
     under test or None; `load_model`/`load_base` load on demand (the in-process hf backend only)."""
     base = _baseline_items(run, base_path, load_base, tok_base, base_hash)
     if Path(model_path).resolve() == Path(base_path).resolve():
-        mine = base  # the baseline itself: the same scores, without a second load (vLLM alone takes ~30 s to start on 2 idle cores)
+        # the baseline itself: the same scores, without a second load (vLLM alone takes ~30 s to start on 2 idle cores)
+        mine = base
     else:
         mine = _evaluate(run, model_path, (lambda: model) if model is not None else load_model, tok)
     if mine is None or base is None:

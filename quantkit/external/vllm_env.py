@@ -136,7 +136,10 @@ def require_lm_eval(what: str = "--tasks-backend vllm") -> Path:
     saying how to add it. Asks the environment's package metadata (fast: nothing imports)."""
     py = require(what)
     want = addons()[0].partition("==")[2]
-    code = "import importlib.metadata as m, sys\ntry:\n    sys.stdout.write(m.version('lm_eval'))\nexcept m.PackageNotFoundError:\n    pass"
+    code = (
+        "import importlib.metadata as m, sys\ntry:\n    sys.stdout.write(m.version('lm_eval'))\n"
+        "except m.PackageNotFoundError:\n    pass"
+    )
     try:
         found = subprocess.run(
             [str(py), "-c", code], capture_output=True, text=True, timeout=60, env=_clean_env()

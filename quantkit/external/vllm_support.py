@@ -106,7 +106,8 @@ def card_lines(meta: dict) -> list[str]:
     if v["gpu"]:
         why = "; ".join(SUPPORT[s].cpu_why for s in found if not SUPPORT[s].cpu)
         return [
-            f"vLLM {VLLM_VERSION} serves it on NVIDIA GPUs (`vllm serve PATH_OR_REPO`; {what}; from vLLM's CUDA kernel list, "
+            f"vLLM {VLLM_VERSION} serves it on NVIDIA GPUs (`vllm serve "
+            f"PATH_OR_REPO`; {what}; from vLLM's CUDA kernel list, "
             f"not run); on the CPU: {why}."
         ]
     why = (

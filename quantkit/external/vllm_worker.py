@@ -2,7 +2,8 @@
 
 Started as `VLLM_PYTHON vllm_worker.py` by quantkit (external/worker.py). It imports the standard
 library, vLLM and what vLLM brings (numpy, torch), and for `tasks` lm-eval (installed beside vLLM:
-vllm_env.addons), never quantkit, whose libraries are not in vLLM's environment. Protocol: one JSON request per line on stdin; one JSON answer per line on the
+vllm_env.addons), never quantkit, whose libraries are not in vLLM's environment. Protocol: one JSON
+request per line on stdin; one JSON answer per line on the
 stdout it was started with ({"ok": true, ...} or {"ok": false, "error": "Type: message"}); anything
 else that prints (vLLM logs to stdout) goes to stderr.
 

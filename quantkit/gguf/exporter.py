@@ -84,7 +84,8 @@ def _fused_note(q: dict) -> list[str]:
     groups = (q.get("transform_config") or {}).get("config_groups") or {}
     return (
         [
-            f"rotations {', '.join(groups)} are fused into the weights (transform_config: weight_input/weight_output only); "
+            f"rotations {', '.join(groups)} are fused into the weights "
+            "(transform_config: weight_input/weight_output only); "
             "llama.cpp runs them as a plain model"
         ]
         if groups

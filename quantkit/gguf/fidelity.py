@@ -54,7 +54,8 @@ def dense_model(artifact: Path, weights: dict[str, torch.Tensor]):
 
 
 def token_windows(artifact: Path, text_spec: str | None, n: int = 4, length: int = 128) -> tuple[torch.Tensor, str]:
-    """`n` windows of `length` tokens of real text (a text SPEC: the first n of its first half), else seeded random ids."""
+    """`n` windows of `length` tokens of real text (a text SPEC: the first n of
+    its first half), else seeded random ids."""
 
     if text_spec:
         spec = parse_spec(text_spec)

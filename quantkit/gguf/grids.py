@@ -48,7 +48,8 @@ def block_map(cols: int, n_groups: int, g_idx: torch.Tensor | None = None) -> to
     g = g_idx.reshape(-1).to(torch.int64)
     if g.numel() != cols or int(g.min()) < 0 or int(g.max()) >= n_groups:
         raise NotExact(
-            f"g_idx has {g.numel()} entries in [{int(g.min())}, {int(g.max())}] for {cols} columns and {n_groups} groups"
+            f"g_idx has {g.numel()} entries in [{int(g.min())}, {int(g.max())}] "
+            f"for {cols} columns and {n_groups} groups"
         )
     per_block = g.reshape(n_blocks, QK)
     if not bool((per_block == per_block[:, :1]).all()):

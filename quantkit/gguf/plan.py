@@ -61,7 +61,10 @@ def _quant_plan(art: Artifact, module: str, allow_lossy: bool) -> tuple:
     qtype = targets.get((sch.bits, sch.symmetric))
     reason = None
     if qtype is None:
-        reason = f"{label} has no GGUF type with the same grid (Q4_0: INT4 symmetric, Q4_1: INT4 asymmetric, Q8_0: INT8 symmetric)"
+        reason = (
+            f"{label} has no GGUF type with the same grid (Q4_0: INT4 symmetric, "
+            "Q4_1: INT4 asymmetric, Q8_0: INT8 symmetric)"
+        )
         qtype = "Q8_0" if sch.bits > 4 else ("Q4_0" if sch.symmetric else "Q4_1")
         return (rows, cols), *_lossy(module, qtype, "requant", label, reason, allow_lossy)
     try:
@@ -88,7 +91,8 @@ def _quant_plan(art: Artifact, module: str, allow_lossy: bool) -> tuple:
 def _lossy(module, qtype, how, label, reason, allow_lossy):
     if not allow_lossy:
         raise NotLosslessError(
-            f"{module}: {reason}; not exported (--allow-lossy maps it to {qtype} with ggml's rounding and reports the KL)"
+            f"{module}: {reason}; not exported (--allow-lossy maps it to {qtype} "
+            "with ggml's rounding and reports the KL)"
         )
     return (
         qtype,

@@ -112,7 +112,8 @@ class Artifact:
         fmt = group.get("format") or self.quant.get("format")
         if fmt not in INT_FORMATS:
             raise ModelError(
-                f"{module}: compressed-tensors format {fmt!r} has no exact GGUF type (integer formats: {', '.join(INT_FORMATS)})"
+                f"{module}: compressed-tensors format {fmt!r} has no exact GGUF type "
+                f"(integer formats: {', '.join(INT_FORMATS)})"
             )
         if w.get("type", "int") != "int" or not isinstance(w.get("num_bits"), int):
             raise ModelError(f"{module}: {w.get('type')} weights of {w.get('num_bits')} bits have no exact GGUF type")

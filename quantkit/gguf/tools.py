@@ -23,7 +23,10 @@ from quantkit.errors import QuantkitError
 TOOLS = ("llama-server", "llama-bench", "llama-quantize", "llama-imatrix", "llama-perplexity")
 ENV = "QUANTKIT_LLAMA_TOOLS"
 RECORD = ".quantkit-llama-tools"  # in the virtual environment, written by scripts/_install.sh
-INSTALL = "QUANTKIT_WITH_LLAMA_TOOLS=1 ./scripts/_install.sh builds them (or set QUANTKIT_LLAMA_TOOLS to a directory holding them)"
+INSTALL = (
+    "QUANTKIT_WITH_LLAMA_TOOLS=1 ./scripts/_install.sh builds them (or set "
+    "QUANTKIT_LLAMA_TOOLS to a directory holding them)"
+)
 
 
 class ToolError(QuantkitError):

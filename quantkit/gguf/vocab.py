@@ -21,7 +21,10 @@ from quantkit.models.checkpoint import load_tokenizer, read_json
 _QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # pre-tokenizer steps -> the llama.cpp pre-tokenizer whose regexes do the same split (llama-vocab.cpp,
 # llm_tokenizer_bpe): GPT2 = the GPT-2 regex; SMOLLM = "\p{N}" then the GPT-2 regex (digits one by one).
 PRE_TOKENIZERS: dict[tuple, str] = {

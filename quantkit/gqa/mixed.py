@@ -23,7 +23,8 @@ REGION = "second-half"
 
 
 def interleave(counts: list[int]) -> list[int]:
-    """Part index per slot: part i holds counts[i] slots, spread evenly (the part furthest behind its share goes next)."""
+    """Part index per slot: part i holds counts[i] slots, spread evenly (the part
+    furthest behind its share goes next)."""
     total, used, out = sum(counts), [0] * len(counts), []
     for k in range(total):
         i = max(range(len(counts)), key=lambda j: (counts[j] * (k + 1) / total - used[j], -j))

@@ -189,7 +189,8 @@ def distill(model, teacher, attn_names: list[str], windows: Windows, cfg, note=p
                 eval_s = time.perf_counter() - t1
                 log.heldout_kl.append([log.steps, kl])
                 note(
-                    f"recover: step {log.steps}, {log.tokens} tokens, {(time.perf_counter() - start) / 60:.1f} min, held-out KL {kl:.4f}"
+                    f"recover: step {log.steps}, {log.tokens} tokens, "
+                    f"{(time.perf_counter() - start) / 60:.1f} min, held-out KL {kl:.4f}"
                 )
                 if kl < best:
                     best, best_state, stale, log.best_step = kl, [p.detach().clone() for p in params], 0, log.steps

@@ -59,7 +59,8 @@ def relative_error(attn, kw: dict, target: torch.Tensor) -> torch.Tensor:
 
 
 def fit_layer(attn, records, params: dict, *, steps: int, lr: float) -> tuple[float, float]:
-    """Adam on `params` (trained projection -> learning-rate scale) with cosine decay; (error before, after) on all records."""
+    """Adam on `params` (trained projection -> learning-rate scale) with cosine decay;
+    (error before, after) on all records."""
 
     def mean_error() -> float:
         with torch.no_grad():

@@ -146,10 +146,12 @@ def render_table(result: dict) -> str:
         knee_at = "-" if r["knee_offered"] is None else f"{r['mode']}={r['knee_offered']:g}"
         cached, kept = _pct(r["first_cache_hit"]), _pct(r.get("first_draft_acceptance"))
         lines.append(
-            f"| {r['lever']} | {r['changes'] or '-'} | {knee_at} | {_f(r['knee_qps'])} | {_f(r['knee_ttft_p99_ms'], 0)} "
+            f"| {r['lever']} | {r['changes'] or '-'} | {knee_at} | "
+            f"{_f(r['knee_qps'])} | {_f(r['knee_ttft_p99_ms'], 0)} "
             f"| {_f(r['knee_tpot_p99_ms'], 1)} | {_f(r['goodput_qps'])} | {_f(r['peak_qps'])} "
             f"| {r['degraded_first'] or '-'} | {_f(r['first_ttft_p50_ms'], 0)} | {_f(r['first_tpot_p50_ms'], 1)} "
-            f"| {cached} | {kept} | {_x(r['knee_qps_ratio'])} | {_x(r['peak_qps_ratio'])} | {_x(r.get('knee_tpot_p99_ms_ratio'))} "
+            f"| {cached} | {kept} | {_x(r['knee_qps_ratio'])} | {_x(r['peak_qps_ratio'])} "
+            f"| {_x(r.get('knee_tpot_p99_ms_ratio'))} "
             f"| {r['errors']} |"
         )
     ref = result.get("prefix_reference")
@@ -165,7 +167,8 @@ def render_table(result: dict) -> str:
         ]
         for r in ref["levers"]:
             lines.append(
-                f"| {r['lever']} | {r['prefix_tokens']} + {r['suffix_tokens']} | {_f(r['roofline_prefix_prefill_ms'], 1)} "
+                f"| {r['lever']} | {r['prefix_tokens']} + {r['suffix_tokens']} | "
+                f"{_f(r['roofline_prefix_prefill_ms'], 1)} "
                 f"({100 * r['prefix_share']:.0f}%) | {_f(r['baseline_ttft_p50_ms'], 0)} -> {_f(r['ttft_p50_ms'], 0)} "
                 f"| {_x(r['ttft_ratio'])} | {_x(r.get('roofline_ttft_ratio'))} "
                 f"| {_f(r['saved_ms'], 0)} | {_x(r['saved_vs_roofline'])} |"

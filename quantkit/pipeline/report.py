@@ -134,7 +134,8 @@ def accuracy_table(rows: list[dict]) -> str:
         who = f"{r['name']} | {r['engine']}" if engines else r["name"]
         lines.append(
             f"| {who} | {r['domain']} | {r['ppl']:.3f} | {r['delta_ppl_pct']:+.2f} [{d[0]:+.2f}, {d[1]:+.2f}] | "
-            f"{r['kld_mean']:.4f} [{k[0]:.4f}, {k[1]:.4f}] | {r['kld_p99']:.3f} | {r['top1_pct']:.1f}% | {r['tokens']:,} |"
+            f"{r['kld_mean']:.4f} [{k[0]:.4f}, {k[1]:.4f}] | {r['kld_p99']:.3f} | "
+            f"{r['top1_pct']:.1f}% | {r['tokens']:,} |"
         )
     return "\n".join(lines)
 
@@ -186,10 +187,14 @@ def _fit_text(fit: dict, what: str) -> str | None:
     if fit.get("effective_gbps"):
         return (
             f"{what} (TPOT = overhead + bytes/token ÷ bandwidth, least squares over {fit['points']} variants): "
-            f"effective {fit['effective_gbps']:.2f} GB/s, fixed overhead {fit['overhead_ms']:.2f} ms per step, R² {fit['r2']:.3f}"
+            f"effective {fit['effective_gbps']:.2f} GB/s, fixed overhead "
+            f"{fit['overhead_ms']:.2f} ms per step, R² {fit['r2']:.3f}"
         )
     if fit.get("r2") is not None:
-        return f"{what}: TPOT does not grow with bytes per token here (R² {fit['r2']:.3f}); decode is overhead-bound on this engine"
+        return (
+            f"{what}: TPOT does not grow with bytes per token here (R² "
+            f"{fit['r2']:.3f}); decode is overhead-bound on this engine"
+        )
     return None
 
 
@@ -219,7 +224,8 @@ def engine_lines(report: dict) -> list[str]:
             ms = ", ".join(f"{e} {t:.2f} ms" for e, t in sorted(f["tpot_ms"].items(), key=lambda kv: kv[1]))
             ttft = ", ".join(f"{e} {t:.1f} ms" for e, t in sorted(f["ttft_ms"].items(), key=lambda kv: kv[1]))
             out.append(
-                f"- {name}: **{f['tpot']}**, {f['tpot_speedup']:.2f}x faster per token than the slowest (TPOT {ms}; TTFT {ttft})"
+                f"- {name}: **{f['tpot']}**, {f['tpot_speedup']:.2f}x faster per token "
+                f"than the slowest (TPOT {ms}; TTFT {ttft})"
             )
     return out
 
@@ -233,7 +239,8 @@ def render_markdown(report: dict) -> str:
         f"- model: `{r['model']}` (sha256 {r['model_sha256'][:12]}…)",
         f"- date: {r['date']}, host: {r['host']}",
         (
-            f"- device: {dev.get('name', 'n/a')} — {dev.get('bandwidth_gbps', 0):.1f} GB/s read, {dev.get('compute_tflops', 0):.2f} TFLOP/s bf16 (probed in this run)"
+            f"- device: {dev.get('name', 'n/a')} — {dev.get('bandwidth_gbps', 0):.1f} GB/s read, "
+            f"{dev.get('compute_tflops', 0):.2f} TFLOP/s bf16 (probed in this run)"
             if dev
             else "- device: not probed (no bench in this run)"
         ),
@@ -282,7 +289,8 @@ def render_markdown(report: dict) -> str:
     if any(row.get("accounting_error") for row in r["rows"]):
         out.append("\n(!) An efficiency above 100% means the byte accounting or the probed bandwidth is wrong.")
     kernels = [
-        f"- {row['name']}{' (' + row['engine'] + ')' if r.get('engines') and len(r['engines']) > 1 else ''}: {row['kernel']}"
+        f"- {row['name']}{' (' + row['engine'] + ')' if r.get('engines') and len(r['engines']) > 1 else ''}: "
+        f"{row['kernel']}"
         for row in r["rows"]
         if row.get("kernel")
     ]
@@ -291,7 +299,8 @@ def render_markdown(report: dict) -> str:
     out += [
         "",
         f"Plots: {', '.join(r.get('plots', [])) or 'none'}",
-        f"Wall time {r['wall_seconds']:.0f} s; steps {r['steps_seconds']:.0f} s; run overhead {r['overhead_pct']:.1f}%.",
+        f"Wall time {r['wall_seconds']:.0f} s; steps {r['steps_seconds']:.0f} "
+        f"s; run overhead {r['overhead_pct']:.1f}%.",
         "",
     ]
     return "\n".join(out)

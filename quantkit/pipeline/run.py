@@ -275,7 +275,8 @@ class Runner:
         return path
 
     def export(self, name: str, path: Path, rec: dict) -> None:
-        """`export: {formats: [gguf]}` (pipeline/serving.py); a variant GGUF cannot hold exactly fails that format only."""
+        """`export: {formats: [gguf]}` (pipeline/serving.py); a variant GGUF
+        cannot hold exactly fails that format only."""
         try:
             rec["gguf"] = self._timed(f"export:{name}", lambda: serving.export_gguf(self, name, path))
         except QuantkitError as exc:

@@ -271,11 +271,14 @@ def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
     )
     if w.sensitivity_tokens:
         plan.notes.append(
-            f"auto mixed precision: about {sensitivity_forwards(m, w)} forwards of {w.sensitivity_tokens} tokens before "
+            f"auto mixed precision: about {sensitivity_forwards(m, w)} forwards "
+            f"of {w.sensitivity_tokens} tokens before "
             f"quantizing (1 reference + 2 for the noise floor + {w.sensitivity_units} units x {m.layers} layers at the "
-            f"base, + {w.sensitivity_schemes - 1} choice{'s' if w.sensitivity_schemes != 2 else ''} and a noise check for each of "
+            f"base, + {w.sensitivity_schemes - 1} "
+            f"choice{'s' if w.sensitivity_schemes != 2 else ''} and a noise check for each of "
             f"the {w.sensitivity_raised} units "
-            f"the budget can raise at most; each from its unit's layer on), {'on the device' if sens_on_device else 'in RAM'}"
+            "the budget can raise at most; each from its unit's layer on), "
+            f"{'on the device' if sens_on_device else 'in RAM'}"
         )
     _check_fit(plan, mc, w)
     return plan

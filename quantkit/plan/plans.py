@@ -113,7 +113,7 @@ def quick_probe(device) -> dict:
 
     big = device.type != "cpu"
     buf = torch.ones((1 << 28 if big else 1 << 26), dtype=torch.float32, device=device)  # 1 GiB / 256 MiB
-    read = buf.numel() * 4 / best(lambda: buf.sum())
+    read = buf.numel() * 4 / best(lambda buf=buf: buf.sum())
     del buf
     n = 8192 if big else 2048  # the size of a 1-8B model's layer matmuls: smaller ones under-report a CPU by 2x
     out = {"read_bps": read}
@@ -149,7 +149,8 @@ def render(plan: Plan) -> str:
     m, mc = plan.model, plan.machine
     lines = [
         f"plan: {plan.command} on {mc['device']} ({mc['name']})",
-        f"  model        {m['params'] / 1e9:.3f} B parameters, {m['weight_bytes'] / GB:.2f} GB of weights, {m['layers']} layers",
+        f"  model        {m['params'] / 1e9:.3f} B parameters, "
+        f"{m['weight_bytes'] / GB:.2f} GB of weights, {m['layers']} layers",
     ]
     for stage, nbytes in plan.stages.items():
         lines.append(f"  {stage:<24} {nbytes / GB:8.2f} GB")
@@ -198,7 +199,10 @@ def memory_warning(job) -> str | None:
     memory = [p for p in plan.problems if "disk" not in p]  # disk space is artifact.check_free_space's to refuse
     if not memory:
         return None
-    return f"warning: this conversion {memory[0]}; it may run out of memory (to fit: {' or '.join(plan.advice)}; details: --plan)"
+    return (
+        f"warning: this conversion {memory[0]}; it may run out of memory (to fit: "
+        f"{' or '.join(plan.advice)}; details: --plan)"
+    )
 
 
 def convert_work(job) -> ConvertWork:

@@ -79,7 +79,10 @@ class Search:
         if self.derived is None:
             return f"budget_bits {self.budget:g}"
         d = self.derived
-        return f"budget_tpot_ms {d['budget_tpot_ms']:g} on {d['device']} at {d['context']} cached tokens ({self.budget:.4f} bits/weight)"
+        return (
+            f"budget_tpot_ms {d['budget_tpot_ms']:g} on {d['device']} at {d['context']} "
+            f"cached tokens ({self.budget:.4f} bits/weight)"
+        )
 
 
 def _name(layer: int, sub: str) -> str:
@@ -375,7 +378,8 @@ def pass_device(job, model, cs):
     if need <= 0.9 * free_bytes(job.device):
         return job.device
     note(
-        f"note: auto mixed precision: the model and its {need / 1e9:.1f} GB pass do not fit on {job.device}; measuring where it is ({here})"
+        f"note: auto mixed precision: the model and its {need / 1e9:.1f} GB pass do not fit on "
+        f"{job.device}; measuring where it is ({here})"
     )
     return here
 

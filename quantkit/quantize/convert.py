@@ -47,7 +47,8 @@ def _calibration(job: ConvertJob, tok, model, src_hash: str):
     spec = job.calib_spec
     if not spec:
         raise DataError(
-            f"{job.key}: this variant needs calibration text: set calibration.source in the recipe or pass --calib file:PATH (or --calib self)"
+            f"{job.key}: this variant needs calibration text: set calibration.source in the recipe or "
+            "pass --calib file:PATH (or --calib self)"
         )
     c = job.recipe.calibration
     cs = calib.build(
@@ -294,15 +295,13 @@ def export_verified(
         if job.opts.group is not None:  # the other ranks' part ends with the save: rank 0 checks alone
             stack.enter_context(rank0_alone())
         if job.offload is not None:
-            reload = lambda: offload.onload_to(
-                offload.load(
-                    tmp,
-                    job.offload,
-                    folder / "reload",  # noqa: E731
-                    trust_remote_code=job.opts.trust_remote_code,
-                ),
-                job.device,
-            )
+
+            def reload():
+                return offload.onload_to(
+                    offload.load(tmp, job.offload, folder / "reload", trust_remote_code=job.opts.trust_remote_code),
+                    job.device,
+                )
+
             loader = f"{fmt.loader} (offloaded as in the conversion)"
         else:
             reload, loader = reload_on_device(job, fmt, tmp, dtype), fmt.loader

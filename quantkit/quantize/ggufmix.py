@@ -189,13 +189,16 @@ def _measure(made, weights: dict, options: dict, ref_tensors: dict) -> tuple[dic
         a, g = fisher(model, rows, {n: modules[n] for n in group})
         for n in group:
             w0 = modules[n].weight.detach().to(torch.float32)
-            cost = lambda t, n=n, w0=w0: kfac_cost(_dequantized(t, weights[n]) - w0, a[_input(n)], g[n], rows.numel())
+
+            def cost(t, n=n, w0=w0):
+                return kfac_cost(_dequantized(t, weights[n]) - w0, a[_input(n)], g[n], rows.numel())
+
             costs[n] = {
                 "types": {t: cost(x) for t, x in options[n].items()},
                 "bytes": {t: _padded(x.n_bytes) for t, x in options[n].items()},
                 "reference": cost(ref_tensors[n]),
             }
-        del a, g
+        a = g = None  # frees this group's statistics before the next fisher() (cost reads them by closure)
     return costs, manifest
 
 

@@ -125,7 +125,8 @@ def pick_variant(recipe: Recipe, name: str | None) -> tuple[Variant, str]:
         if len(variants) != 1:
             names_ = ", ".join(v.name for v in variants)
             raise RecipeError(
-                f"{recipe.name}: a suite of {len(variants)} variants ({names_}); pick one with --variant or use `quantkit run`"
+                f"{recipe.name}: a suite of {len(variants)} variants ({names_}); pick "
+                "one with --variant or use `quantkit run`"
             )
         return variants[0], "steps"
     for i, v in enumerate(variants):
@@ -254,13 +255,15 @@ def prepare(
 def offload_plan(
     recipe: Recipe, variant: Variant, key: str, cfg: dict, quant: MethodConfig | None, opts: ConvertOptions, params: int
 ):
-    """Offload to disk when a layer-by-layer method's model would not fit in the RAM budget at its calibration precision."""
+    """Offload to disk when a layer-by-layer method's model would not fit in the
+    RAM budget at its calibration precision."""
 
     has_gqa = any(st.gqa is not None for st in variant.steps)
     if quant is None or not method_of(quant).layerwise or has_gqa:
         if opts.max_memory is not None:
             raise RecipeError(
-                f"{key}: --max-memory applies to the llm-compressor methods ({', '.join(names('layerwise'))}) without a gqa step"
+                f"{key}: --max-memory applies to the llm-compressor methods "
+                f"({', '.join(names('layerwise'))}) without a gqa step"
             )
         return None
     src = str(source_dtype(cfg)).replace("torch.", "")

@@ -156,7 +156,8 @@ def check_group_sizes(linears: dict[str, tuple[int, int]], cfg, key: str) -> Non
     more = f" (and {len(layers) - 1} more layers)" if len(layers) > 1 else ""
     raise RecipeError(
         f"{key}: group_size {gs} does not divide the {cols} input columns of {name}{more}; "
-        f"sizes that work for every layer: {', '.join(map(str, work + [-1]))} (-1 = per channel), or add those layers to ignore"
+        f"sizes that work for every layer: {', '.join(map(str, work + [-1]))} (-1 = "
+        "per channel), or add those layers to ignore"
     )
 
 
@@ -185,7 +186,9 @@ def check_fused_shards(model, cfg, key: str) -> None:
             if len(set(labels.values())) > 1:
                 found = ", ".join(f"{m.rsplit('.', 1)[1]}: {lab}" for m, lab in labels.items())
                 raise RecipeError(
-                    f"{key}: vLLM serves {'/'.join(shards)} of {parent.rstrip('.')} as one fused {fused} and needs one scheme "
-                    f"for all of them, but the recipe gives them different ones ({found}); target all of {', '.join(shards)} "
+                    f"{key}: vLLM serves {'/'.join(shards)} of {parent.rstrip('.')} "
+                    f"as one fused {fused} and needs one scheme "
+                    "for all of them, but the recipe gives them different ones "
+                    f"({found}); target all of {', '.join(shards)} "
                     "in the same override or ignore entry"
                 )

@@ -9,7 +9,8 @@ import torch
 from quantkit.errors import VerificationError
 from quantkit.models.logits import compare_logits, logits
 
-# The reload must reproduce the in-memory model, not approximate it. Measured: every artifact converted here reloads with mean KL exactly 0 (RTN, GPTQ, AWQ,
+# The reload must reproduce the in-memory model, not approximate it. Measured: every artifact converted here
+# reloads with mean KL exactly 0 (RTN, GPTQ, AWQ,
 # W8A8, NF4, LLM.int8, GQA, offloaded; tiny fixtures and the demo, CPU), and fp16 CPU forwards do
 # not move with thread count or batching (KL 0); the smallest real fault seen, the demo's weights
 # rounded to bf16 and back, is mean KL 2.1e-4 (an fp16 `inv_freq` was 3e-3..1e-2). 1e-5 sits 20x

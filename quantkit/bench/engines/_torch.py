@@ -86,7 +86,8 @@ class TorchEngine(Engine):
     def load(cls, source, settings: EngineSettings):
         if settings.tensor_parallel != 1:
             raise QuantkitError(
-                f"--tensor-parallel {settings.tensor_parallel}: the {cls.name} engine runs on one device (use --engine vllm)"
+                f"--tensor-parallel {settings.tensor_parallel}: the {cls.name} "
+                "engine runs on one device (use --engine vllm)"
             )
         if settings.threads and settings.device.type == "cpu":
             torch.set_num_threads(settings.threads)

@@ -113,7 +113,8 @@ def check_available(device) -> None:
     if device.type != "cpu" and not llama_cpp.llama_supports_gpu_offload():
         raise QuantkitError(
             f"--engine llamacpp --device {device}: this llama-cpp-python build is CPU-only (llama.cpp reports "
-            "no GPU offload); use --device cpu, or install a GPU build (CMAKE_ARGS=-DGGML_CUDA=on pip install llama-cpp-python)"
+            "no GPU offload); use --device cpu, or install a GPU build "
+            "(CMAKE_ARGS=-DGGML_CUDA=on pip install llama-cpp-python)"
         )
 
 
