@@ -38,10 +38,11 @@ def main() -> None:
     from quantkit.cli.sensitivity import _search
     from quantkit.data import calib
     from quantkit.methods.schemes import UNITS
-    from quantkit.models.checkpoint import load_model, load_tokenizer, read_config, resolve_model
+    from quantkit.models.checkpoint import load_model, load_tokenizer, read_config
+    from quantkit.models.resolve import resolve_path
     from quantkit.quantize.auto import search
 
-    src = resolve_model(args.model)
+    src = resolve_path(args.model)
     tok = load_tokenizer(src)
     model = load_model(src, dtype=args.dtype, device=torch.device("cpu"))
     cs = calib.build(

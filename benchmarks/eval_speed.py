@@ -15,7 +15,8 @@ import torch
 
 from quantkit.data.text import parse_spec
 from quantkit.evals.perplexity import cached_baseline, score, text_windows, vocab_fingerprint
-from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer, resolve_model
+from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer
+from quantkit.models.resolve import resolve_path
 
 
 def main() -> None:
@@ -27,7 +28,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
-    mp, bp = resolve_model(args.model), resolve_model(args.baseline)
+    mp, bp = resolve_path(args.model), resolve_path(args.baseline)
     tok = load_tokenizer(bp)
     w = text_windows(
         tok,

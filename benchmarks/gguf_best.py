@@ -134,9 +134,9 @@ def main() -> None:
         a.mixed_types = ",".join(DEFAULT_TYPES)
     if not a.text:
         ap.error("give at least one --text")
-    from quantkit.models.checkpoint import resolve_model
+    from quantkit.models.resolve import resolve_path
 
-    src = str(resolve_model(a.model, pull=False))
+    src = str(resolve_path(a.model, pull=False))
     a.out.mkdir(parents=True, exist_ok=True)
     stem = Path(a.model).name
     made = {

@@ -61,10 +61,10 @@ def main() -> None:
 
     from safetensors.torch import load_file
 
-    from quantkit.models.checkpoint import resolve_model
+    from quantkit.models.resolve import resolve_path
 
     gen = torch.Generator().manual_seed(args.seed)
-    path = resolve_model(args.model, pull=False)
+    path = resolve_path(args.model, pull=False)
     weights = {}
     for f in sorted(path.glob("*.safetensors")):
         weights.update({k: v for k, v in load_file(f).items() if ".layers." in k and k.endswith("proj.weight")})

@@ -58,11 +58,12 @@ def main() -> None:
     from llmcompressor.modifiers.transform import SpinQuantModifier
 
     from quantkit.methods.patches import llmcompressor_spinquant_keep_embeddings
-    from quantkit.models.checkpoint import load_model, resolve_model
+    from quantkit.models.checkpoint import load_model
+    from quantkit.models.resolve import resolve_path
 
     llmcompressor_spinquant_keep_embeddings()  # as quantkit's spinquant step: the same function, to float rounding
 
-    src = resolve_model(a.model, pull=False)
+    src = resolve_path(a.model, pull=False)
     torch.manual_seed(a.seed)
     model = load_model(src, dtype="float32", device="cpu").eval()
     ids = torch.randint(0, model.config.vocab_size, (1, 128), generator=torch.Generator().manual_seed(a.seed))

@@ -27,7 +27,7 @@ def build(out: Path, layers: int, hidden: int) -> int:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from quantkit.models.checkpoint import resolve_model
+    from quantkit.models.resolve import resolve_path
 
     cfg = LlamaConfig(
         hidden_size=hidden,
@@ -42,7 +42,7 @@ def build(out: Path, layers: int, hidden: int) -> int:
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(torch.float16)
     model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(str(resolve_model("demo"))).save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(resolve_path("demo"))).save_pretrained(str(out))
     return sum(p.numel() for p in model.parameters())
 
 

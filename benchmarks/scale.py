@@ -107,9 +107,9 @@ def plan(cmd: list[str], env: dict) -> dict | None:
 def model_path(name: str, kind: str, work: Path) -> Path:
     if kind == "demo":
         sys.path.insert(0, str(REPO))
-        from quantkit.models.checkpoint import resolve_model
+        from quantkit.models.resolve import resolve_path
 
-        return resolve_model("demo")
+        return resolve_path("demo")
     path = work / "models" / name
     if not (path / "config.json").is_file():
         subprocess.run(

@@ -143,11 +143,12 @@ def _numel(shape) -> int:
 def build(shape: str, out: Path, seed: int, force: bool) -> dict:
     from transformers import GenerationConfig
 
-    from quantkit.models.checkpoint import load_tokenizer, resolve_model
+    from quantkit.models.checkpoint import load_tokenizer
+    from quantkit.models.resolve import resolve_path
 
     if out.exists() and not force:
         raise SystemExit(f"{out} exists; pass --force to replace it")
-    tok = load_tokenizer(resolve_model("demo"))
+    tok = load_tokenizer(resolve_path("demo"))
     config = build_config(shape, tok)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

@@ -436,7 +436,7 @@ def _no_probe(monkeypatch):
 )
 def test_bench_bad_timing_settings_before_any_work(cli, tiny_llama, monkeypatch, flag, value):
     _no_probe(monkeypatch)
-    monkeypatch.setattr("quantkit.models.checkpoint.resolve_model", lambda *a: pytest.fail("resolved a model"))
+    monkeypatch.setattr("quantkit.models.resolve.resolve_path", lambda *a: pytest.fail("resolved a model"))
     args = [*FAST, "--min-seconds", "0", flag, value]
     code, _, err, _ = cli("bench", str(tiny_llama), *args)
     assert code == 2 and flag in err and "Traceback" not in err

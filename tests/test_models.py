@@ -3,22 +3,23 @@ import json
 import pytest
 
 from quantkit.errors import ModelError, OfflineError
-from quantkit.models.checkpoint import check_checkpoint, checkpoint_hash, resolve_model
+from quantkit.models.checkpoint import check_checkpoint, checkpoint_hash
+from quantkit.models.resolve import resolve_path
 
 
 def test_local_dir_resolves(tiny_llama):
-    assert resolve_model(str(tiny_llama)) == tiny_llama.resolve()
+    assert resolve_path(str(tiny_llama)) == tiny_llama.resolve()
 
 
 def test_missing_dir_and_bad_ref(tmp_path):
-    with pytest.raises(ModelError, match="no such directory"):
-        resolve_model(str(tmp_path / "nope"))
+    with pytest.raises(ModelError, match="no such file or directory"):
+        resolve_path(str(tmp_path / "nope"))
 
 
 def test_hub_id_offline_is_clear(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises((OfflineError, ModelError), match="Hugging Face Hub|offline"):
-        resolve_model("someorg/somemodel-that-does-not-exist")
+        resolve_path("someorg/somemodel-that-does-not-exist")
 
 
 def test_pickle_refused(tmp_path):
@@ -156,7 +157,7 @@ def test_a_named_model_is_built_once_then_found(cli, fake_demo, quantkit_home):
     assert first["cached"] is False and len(fake_demo) == 1
     code, _, _, again = cli("models", "pull", "demo", "--json")
     assert again == {**first, "cached": True} and len(fake_demo) == 1
-    assert resolve_model("demo") == fake_demo[0]
+    assert resolve_path("demo") == fake_demo[0]
     code, _, _, listed = cli("models", "list", "--json")
     assert [m["name"] for m in listed["cached"]] == ["demo"] and listed["named"] == ["demo"]
 

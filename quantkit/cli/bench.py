@@ -164,11 +164,11 @@ def _source(ref: str, engine: str):
     """A model argument -> a checkpoint directory, or a GGUF file (opened now: a file that is not a
     GGUF, or a truncated one, is one line before anything runs)."""
     from quantkit.errors import QuantkitError
-    from quantkit.models.checkpoint import resolve_model
+    from quantkit.models.resolve import resolve_path
 
     path = Path(ref).expanduser()
     if not path.is_file():
-        return resolve_model(ref)
+        return resolve_path(ref)
     if not engine_class(engine).takes_gguf:
         readers = " | ".join(n for n in ENGINES if engine_class(n).takes_gguf)
         raise QuantkitError(

@@ -86,12 +86,12 @@ def _model_path(model: str, engine: str):
     (checked as a GGUF later, in one line)."""
     from pathlib import Path
 
-    from quantkit.models.checkpoint import resolve_model
+    from quantkit.models.resolve import resolve_path
 
     p = Path(model).expanduser()
     if SCORERS[engine].takes_gguf and (p.is_file() or p.suffix.lower() == ".gguf"):
         return p.resolve()
-    return resolve_model(model)
+    return resolve_path(model)
 
 
 @click.command("eval")
@@ -219,14 +219,14 @@ def eval_cmd(
     from quantkit.evals.domains import default_texts
     from quantkit.evals.lmeval import is_main_process
     from quantkit.evals.runner import run_eval
-    from quantkit.models.checkpoint import resolve_model
+    from quantkit.models.resolve import resolve_path
 
     task_list = tuple(t.strip() for t in tasks.split(",") if t.strip())
     texts = list(texts) or ([] if task_list else default_texts())
     if max_tokens < seq_len:
         raise DataError(f"--max-tokens {max_tokens} is less than one window of --seq-len {seq_len}")
     resolve(device)  # an unavailable device: one line, before anything loads
-    model_path, base_path = _model_path(model, engine), resolve_model(baseline)
+    model_path, base_path = _model_path(model, engine), resolve_path(baseline)
     if update_card:
         from quantkit.artifacts.card import check_card_updatable
 

@@ -41,9 +41,9 @@ def pull(name: str, force: bool, as_json: bool) -> None:
 @click.argument("name")
 def path(name: str) -> None:
     """Print the local path of a named model (it must be pulled)."""
-    from quantkit.models.checkpoint import resolve_model
+    from quantkit.models.resolve import resolve_path
 
-    click.echo(str(resolve_model(name, pull=False)))
+    click.echo(str(resolve_path(name, pull=False)))
 
 
 @models_group.command("list")

@@ -101,12 +101,13 @@ def analyse(
     from quantkit.data import calib
     from quantkit.data.text import shortfall
     from quantkit.device import resolve
-    from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer, read_config, resolve_model
+    from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer, read_config
+    from quantkit.models.resolve import resolve_path
     from quantkit.progress import note
     from quantkit.quantize.auto import search
 
     device = resolve(device_spec)  # an unavailable device: one line, before anything loads
-    src = resolve_model(model_ref)
+    src = resolve_path(model_ref)
     spec = _search(read_config(src), group, symmetric, choices, units, budget)
     _check_model(src, spec, trust_remote_code, seq_len)
     transform = _spinquant(spinquant, read_config(src))

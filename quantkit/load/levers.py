@@ -21,7 +21,7 @@ from quantkit.load.process import free_port, running
 from quantkit.load.report import build_run
 from quantkit.load.runner import Progress, Terminated, run
 from quantkit.load.servers import StudyError, fill, lever_args, not_here, server_kind
-from quantkit.load.study import Lever, Study, check_trusted, expand, load_config, resolve_model
+from quantkit.load.study import Lever, Study, check_trusted, expand, load_config, server_model
 
 KIND = "lever-study"
 SCHEMA_VERSION = 1
@@ -34,7 +34,7 @@ def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
     lever = study.levers[index]
     kind = server_kind(study.server.engine)
     where = f"levers[{index}] ({lever.name})"
-    model = resolve_model(lever.model or study.server.model, f"{where}: model" if lever.model else "server.model")
+    model = server_model(lever.model or study.server.model, f"{where}: model" if lever.model else "server.model")
     settings = {
         name: expand(value, f"{where}.settings.{name}") if isinstance(value, str) else value
         for name, value in {**study.server.settings, **lever.settings}.items()

@@ -228,7 +228,7 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or model.endswith(".gguf")
 
 
-def resolve_model(model: str, where: str) -> str:
+def server_model(model: str, where: str) -> str:
     path = expand(model, where)
     if path.startswith("-"):  # it is an engine argument: it would be read as a flag
         raise StudyError(f"{where}: {path!r} is not a model (it starts with '-')")

@@ -1,77 +1,21 @@
-"""Finding, checking and loading checkpoints: local directories, hub ids and named models (models/named.py)."""
+"""Checking and loading checkpoints (what names them: models/resolve.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import struct
 from pathlib import Path
 
 import torch
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import (
-    HfHubHTTPError,
-    LocalEntryNotFoundError,
-    RepositoryNotFoundError,
-    StrictDataclassError,
-)
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 
 from quantkit.core.atomic import write_text
-from quantkit.errors import ModelError, OfflineError
+from quantkit.errors import ModelError
 from quantkit.home import subdir
 from quantkit.models import offload as offloading
-from quantkit.models.named import NAMED_MODELS, is_complete, named_model_dir, pull_named
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def resolve_model(ref: str | os.PathLike, *, pull: bool = True, allow_pickle: bool = False) -> Path:
-    """A model reference -> a local checkpoint directory.
-
-    `ref` is a named model ("demo"), a local directory, or a hub id (downloaded when online).
-    """
-    ref = str(ref)
-    if ref in NAMED_MODELS:
-        path = named_model_dir(ref)
-        if not is_complete(path):
-            if not pull:
-                raise ModelError(f"model {ref!r} is not pulled yet: run `quantkit models pull {ref}`")
-            path = pull_named(ref)
-        return path
-    path = Path(ref).expanduser()
-    if path.exists():
-        check_checkpoint(path, allow_pickle=allow_pickle)
-        return path.resolve()
-    if _HUB_ID.match(ref):
-        return _download(ref, allow_pickle=allow_pickle)
-    raise ModelError(
-        f"{ref}: no such directory, and not a hub id (ORG/NAME) or a named model ({', '.join(NAMED_MODELS)})"
-    )
-
-
-def _download(repo_id: str, allow_pickle: bool) -> Path:
-    patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
-    if allow_pickle:
-        patterns.append("*.bin")
-    try:
-        path = Path(snapshot_download(repo_id, allow_patterns=patterns))
-    except RepositoryNotFoundError:
-        raise ModelError(f"{repo_id}: no such model on the Hugging Face Hub (or it is gated/private)") from None
-    except LocalEntryNotFoundError:
-        raise OfflineError(
-            f"{repo_id}: cannot download from the Hugging Face Hub (offline or "
-            "unreachable) and it is not in the local cache; "
-            "pass a local checkpoint directory instead"
-        ) from None
-    except (HfHubHTTPError, OSError) as exc:
-        raise OfflineError(
-            f"{repo_id}: download failed ({type(exc).__name__}); pass a local checkpoint directory"
-        ) from None
-    check_checkpoint(path, allow_pickle=allow_pickle)
-    return path
 
 
 def check_checkpoint(path: Path, *, allow_pickle: bool = False) -> None:

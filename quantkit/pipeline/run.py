@@ -30,7 +30,8 @@ from quantkit.errors import QuantkitError
 from quantkit.evals.domains import default_texts, labelled
 from quantkit.evals.runner import run_eval
 from quantkit.evals.scorers import scorer_named
-from quantkit.models.checkpoint import checkpoint_hash, read_config, resolve_model
+from quantkit.models.checkpoint import checkpoint_hash, read_config
+from quantkit.models.resolve import resolve_path
 from quantkit.pipeline import report, serving
 from quantkit.pipeline.cache import StepCache, step_key, text_fingerprint
 from quantkit.plan.plans import memory_warning
@@ -107,7 +108,7 @@ class Runner:
         ref = opts.model or recipe.model
         if not ref:
             raise QuantkitError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
-        self.src = resolve_model(ref)
+        self.src = resolve_path(ref)
         self.dir = Path(opts.out or Path("runs") / recipe.name)
         self.cache = StepCache(self.dir / "steps.json")  # read in run(), under the lock
         self.calib = opts.calib or recipe.calibration.source

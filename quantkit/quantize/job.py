@@ -26,7 +26,8 @@ from quantkit.methods.configs import MethodConfig
 from quantkit.methods.registry import Method, method_of, names, quantize_step
 from quantkit.methods.registry import preflight as method_preflight
 from quantkit.models import offload
-from quantkit.models.checkpoint import load_tokenizer, read_config, resolve_model
+from quantkit.models.checkpoint import load_tokenizer, read_config
+from quantkit.models.resolve import resolve_path
 from quantkit.quantize.auto import Search, check
 from quantkit.quantize.preflight import (
     check_context,
@@ -213,7 +214,7 @@ def prepare(
     if not ref:
         raise RecipeError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
     check_out(out, opts.force)
-    src = resolve_model(ref, allow_pickle=opts.allow_pickle)
+    src = resolve_path(ref, allow_pickle=opts.allow_pickle)
     guard_out(out, model_inputs(src))  # a named model or a hub snapshot, resolved
     check_not_inside(out, src)
     cfg = read_config(src)
