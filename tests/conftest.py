@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,13 +22,41 @@ needs_wikitext2 = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="session")
+def llama_cpu_verdicts(tmp_path_factory) -> Path:
+    """The installed llama.cpp's CPU-variant verdicts (gguf/cpu_variant.py), tried once per test
+    session in a home of their own; each test's QUANTKIT_HOME starts with a copy of them, so a test
+    does not try the variants again (test_cpu_variant.py tries them itself)."""
+    from quantkit.gguf import cpu_variant, tools
+
+    home = tmp_path_factory.mktemp("llama-cpu-home")
+    before = os.environ.get("QUANTKIT_HOME")
+    os.environ["QUANTKIT_HOME"] = str(home)
+    try:
+        for lib in {tools.dispatch_library(), None} if importlib.util.find_spec("llama_cpp") else ():
+            try:
+                cpu_variant.choose(lib)
+            except Exception:  # noqa: BLE001 (a test that needs this library reports why it fails)
+                pass
+    finally:
+        if before is None:
+            os.environ.pop("QUANTKIT_HOME")
+        else:
+            os.environ["QUANTKIT_HOME"] = before
+    return home / "llama-cpu"
+
+
 @pytest.fixture(autouse=True)
-def quantkit_home(tmp_path, monkeypatch):
+def quantkit_home(tmp_path, monkeypatch, llama_cpu_verdicts):
     """Every test gets its own QUANTKIT_HOME, so no test touches real user state."""
     home = tmp_path / "qk-home"
     monkeypatch.setenv("QUANTKIT_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("QUANTKIT_PROBE_MIB", "64")
+    if llama_cpu_verdicts.is_dir():
+        (home / "llama-cpu").mkdir(parents=True)
+        for record in llama_cpu_verdicts.glob("*.json"):
+            shutil.copy(record, home / "llama-cpu" / record.name)
     return home
 
 

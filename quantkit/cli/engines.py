@@ -45,11 +45,16 @@ def install(name: str, flavor: str, force: bool, as_json: bool) -> None:
 
 
 @engines_group.command("status")
-@click.argument("name", type=click.Choice(list(INSTALLABLE)), default="vllm")
+@click.argument("name", type=click.Choice([*INSTALLABLE, "llamacpp"]), default="vllm")
 @json_option
 def status(name: str, as_json: bool) -> None:
-    """Where NAME's environment is, and whether it imports."""
+    """Where NAME's environment is, and whether it imports; for llamacpp, which library and CPU
+    variant runs here (each variant is tried once per machine before it is trusted) and its tools."""
     from quantkit.external import environment
+
+    if name == "llamacpp":
+        _llamacpp_status(as_json)
+        return
 
     st = environment(name).status()
     if as_json:
@@ -65,6 +70,31 @@ def status(name: str, as_json: bool) -> None:
         click.echo(f"  built {stamp.get('built')}: {' '.join(stamp.get('packages', []))} ({stamp.get('flavor')})")
     if "imports" in st:
         click.echo(f"  import vllm: {'ok, ' + st['vllm_version'] if st['imports'] else 'fails: ' + st['error']}")
+
+
+def _llamacpp_status(as_json: bool) -> None:
+    from quantkit.bench.engines.llamacpp import cpu_choice, import_llama_cpp, library
+    from quantkit.gguf import tools
+
+    llama_cpp = import_llama_cpp()  # tries the library's CPU variants first, where not yet done here
+    choice = cpu_choice()
+    st = {
+        "llama_cpp_python": llama_cpp.__version__,
+        "library": library(),
+        "cpu": choice.to_json(),
+        "tools": tools.status(),
+    }
+    if as_json:
+        echo_json(st)
+        return
+    click.echo(f"llamacpp: llama-cpp-python {st['llama_cpp_python']}, {st['library']}")
+    click.echo(f"  CPU variant: {choice.describe()}")
+    for t in choice.trials:
+        click.echo(f"    {t.variant:<16} score {t.score if t.score is not None else '-':>5}  {t.result}")
+    tl = st["tools"]
+    click.echo(f"  tools: {tl['dir'] or 'not built (' + tools.INSTALL + ')'}")
+    for name, entry in tl["tools"].items():
+        click.echo(f"    {name:<17} {entry.get('version') or entry.get('error') or 'missing'}")
 
 
 COMMANDS = [engines_group]

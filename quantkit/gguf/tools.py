@@ -19,6 +19,8 @@ from importlib import metadata
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
+from quantkit.gguf import cpu_variant
+from quantkit.gguf.cpu_variant import EngineCrash, crash_line
 
 TOOLS = ("llama-server", "llama-bench", "llama-quantize", "llama-imatrix", "llama-perplexity")
 ENV = "QUANTKIT_LLAMA_TOOLS"
@@ -62,10 +64,26 @@ def find(name: str) -> Path | None:
         raise ValueError(f"not a llama.cpp tool quantkit runs: {name}")
     where = tools_dir()
     if where is not None:
-        path = where / name
+        if not (where / name).is_file():
+            return None
+        path = runnable_dir(where) / name
         return path if path.is_file() and os.access(path, os.X_OK) else None
     found = shutil.which(name)
     return Path(found) if found else None
+
+
+def runnable_dir(where: Path) -> Path:
+    """`where`, or for a build with run-time CPU dispatch the directory of it whose CPU variant was
+    tried on this machine (cpu_variant.py): a tool started from there never loads a variant that dies."""
+    if not cpu_variant.variants_of(where):
+        return where
+    return cpu_variant.runnable_dir(where)[0]
+
+
+def cpu_choice() -> cpu_variant.Choice | None:
+    """The tools' CPU variant on this machine (tried now if it was not yet), or None without a dispatch build."""
+    where = tools_dir()
+    return cpu_variant.choose(where) if where is not None and cpu_variant.variants_of(where) else None
 
 
 def locate(name: str, purpose: str = "") -> Path:
@@ -115,6 +133,8 @@ def version(name: str) -> str:
         raise ToolError(
             f"{path} does not start ({getattr(exc, 'strerror', None) or exc}); rebuild it: {INSTALL}"
         ) from None
+    if proc.returncode < 0:
+        raise EngineCrash(crash_line(name, proc.returncode))
     text = (proc.stdout + proc.stderr).strip()
     match = re.search(r"^version: (.+)$", text, re.M)
     if match:
@@ -144,6 +164,8 @@ def run(name: str, args: list[str], timeout: float | None = None, purpose: str =
         raise ToolError(f"{name} did not finish within {timeout:.0f} s") from None
     except OSError as exc:  # a binary of another platform, a library it cannot load
         raise ToolError(f"{path} does not start ({exc.strerror or exc}); rebuild it: {INSTALL}") from None
+    if proc.returncode < 0:  # killed by a signal: no output of it is a result
+        raise EngineCrash(crash_line(name, proc.returncode))
     if proc.returncode != 0:
         raise ToolError(f"{name} failed (exit {proc.returncode}): {telling_line(proc.stderr + proc.stdout)}")
     return proc
@@ -151,7 +173,13 @@ def run(name: str, args: list[str], timeout: float | None = None, purpose: str =
 
 def status() -> dict:
     """Each tool: its path and version, or why it is not there; and the build record."""
-    out = {"dir": str(tools_dir()) if tools_dir() else None, "build": build_info(), "tools": {}}
+    choice = cpu_choice()
+    out = {
+        "dir": str(tools_dir()) if tools_dir() else None,
+        "build": build_info(),
+        "cpu_variant": choice.to_json() if choice else None,
+        "tools": {},
+    }
     for name in TOOLS:
         path = find(name)
         entry: dict = {"path": str(path) if path else None}

@@ -20,6 +20,8 @@ attends over the used cells padded to 256, not the live tokens.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,7 +37,7 @@ from quantkit.bench.engines.base import EngineSettings
 from quantkit.bench.gguf_source import exported_gguf, gguf_config, is_gguf, tensor_infos, weight_read_bytes
 from quantkit.device import resolve
 from quantkit.errors import QuantkitError
-from quantkit.gguf import tools
+from quantkit.gguf import cpu_variant, tools
 from quantkit.gguf.read import open_reader
 from quantkit.gguf.tools import available_cores  # noqa: F401  (callers import it from here: the engine's default threads)
 
@@ -51,12 +53,15 @@ def import_llama_cpp():
     Where the install built llama.cpp's tools with ggml's run-time CPU dispatch from the same
     llama.cpp (tools.dispatch_library), llama-cpp-python loads their libllama: every CPU then runs
     the variant of its instruction set (the wheel is built for one level, AVX2), the one llama-bench
-    and llama-server run. An LLAMA_CPP_LIB_PATH the user set is kept."""
-
-    if "llama_cpp" not in sys.modules and not os.environ.get(LIB_ENV):
-        lib = tools.dispatch_library()
-        if lib is not None:  # read once, when llama_cpp is first imported: the process's only libllama
-            os.environ[LIB_ENV] = str(lib)
+    and llama-server run. Whichever library it is (that one, LLAMA_CPP_LIB_PATH's, or the wheel's),
+    it is first tried on this CPU in a child process (gguf/cpu_variant.py), so a variant that dies
+    of an illegal instruction is never loaded here."""
+    if "llama_cpp" not in sys.modules:
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise QuantkitError(f"--engine llamacpp: llama-cpp-python is not installed; {INSTALL}")
+        where, _ = cpu_variant.runnable_dir(_library_dir())
+        if where is not None:  # read once, when llama_cpp is first imported: the process's only libllama
+            os.environ[LIB_ENV] = str(where)
     try:
         import llama_cpp
     except ImportError:
@@ -67,6 +72,21 @@ def import_llama_cpp():
         ) from None
     _load_cpu_backends()
     return llama_cpp
+
+
+def _library_dir() -> Path | None:
+    """The library llama-cpp-python is to load: LLAMA_CPP_LIB_PATH where the user set it, else the
+    tools' dispatch build, else None (the wheel's own)."""
+    user = os.environ.get(LIB_ENV)
+    return Path(user) if user else tools.dispatch_library()
+
+
+def cpu_choice() -> cpu_variant.Choice:
+    """The CPU variant the library runs on this machine (cpu_variant.py's verdict, kept per machine)."""
+    lib = os.environ.get(LIB_ENV)
+    if lib and (Path(lib) / ".complete").is_file():  # quantkit's filtered copy: the verdict is the build's
+        lib = json.loads((Path(lib) / ".complete").read_text())["from"]
+    return cpu_variant.choose(Path(lib) if lib else None)
 
 
 def library() -> str:
@@ -274,6 +294,7 @@ class Engine(Base):
             "kernel": f"llama.cpp (ggml {'CPU' if self.settings.device.type == 'cpu' else 'GPU offload'}) "
             f"via llama-cpp-python {llama_cpp.__version__}",
             "llama_library": library(),
+            "cpu_variant": cpu_choice().describe(),
             "dtype": dtype,
             "threads": self.threads,
             "threads_available": available_cores(),

@@ -23,7 +23,7 @@ from quantkit.gguf.read import open_reader
 # bench's llamacpp engine (and torch with it) is imported when a model is checked or opened, so
 # reading this scorer's capabilities imports no library
 
-DESCRIBED = ("engine", "kernel", "dtype", "threads", "gguf", "gguf_export", "n_ctx", "n_batch")
+DESCRIBED = ("engine", "kernel", "cpu_variant", "dtype", "threads", "gguf", "gguf_export", "n_ctx", "n_batch")
 
 
 class LlamaCppScorer(Scorer):
