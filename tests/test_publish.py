@@ -74,10 +74,10 @@ class FakeHub:
 
 @pytest.fixture
 def hub(monkeypatch):
-    import huggingface_hub
+    from quantkit.artifacts import publish
 
     fake = FakeHub()
-    monkeypatch.setattr(huggingface_hub, "HfApi", fake)
+    monkeypatch.setattr(publish, "HfApi", fake)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     return fake
 

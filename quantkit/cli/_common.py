@@ -19,6 +19,21 @@ set_option = click.option(
 )
 
 
+class ModelArg(click.ParamType):
+    """A model argument (MODEL, --model, --baseline, ARTIFACT): every command resolves it with
+    models/resolve.py, so each takes the same forms (a named model such as demo, a checkpoint or
+    artifact directory, a hub id; a GGUF file where it runs them). The value stays the text the user
+    gave: a command resolves it after its own cheaper checks (`tests/test_cli_models.py` walks them)."""
+
+    name = "model"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "MODEL"
+
+
+MODEL = ModelArg()
+
+
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(json_safe(data), indent=2, sort_keys=False))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from quantkit.bench.engines import ENGINES, engine_class
-from quantkit.cli._common import echo_json, int_list
+from quantkit.cli._common import MODEL, echo_json, int_list
 
 
 def table_rows(result: dict) -> list[dict]:
@@ -161,27 +161,19 @@ def _print_probe(p: dict, as_json: bool) -> None:
 
 
 def _source(ref: str, engine: str):
-    """A model argument -> a checkpoint directory, or a GGUF file (opened now: a file that is not a
-    GGUF, or a truncated one, is one line before anything runs)."""
-    from quantkit.errors import QuantkitError
-    from quantkit.models.resolve import resolve_path
-
-    path = Path(ref).expanduser()
-    if not path.is_file():
-        return resolve_path(ref)
-    if not engine_class(engine).takes_gguf:
-        readers = " | ".join(n for n in ENGINES if engine_class(n).takes_gguf)
-        raise QuantkitError(
-            f"{ref}: a file; the {engine} engine benches checkpoint directories (GGUF files: --engine {readers})"
-        )
+    """A model argument -> a checkpoint directory, or a GGUF file where the engine runs them (opened
+    now: a file that is not a GGUF, or a truncated one, is one line before anything runs)."""
     from quantkit.gguf.read import open_reader
+    from quantkit.models.resolve import resolve
 
-    open_reader(path)
-    return path.resolve()
+    found = resolve(ref, gguf=engine_class(engine).takes_gguf)
+    if found.gguf:
+        open_reader(found.path)
+    return found.path
 
 
 @click.command("bench")
-@click.argument("models", nargs=-1)
+@click.argument("models", nargs=-1, type=MODEL)
 @click.option(
     "--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one)."
 )

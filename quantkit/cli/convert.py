@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from quantkit.cli._common import echo_json, json_option, set_option
+from quantkit.cli._common import MODEL, echo_json, json_option, set_option
 from quantkit.cli.recipe import include_option
 from quantkit.methods.registry import names
 
@@ -17,6 +17,7 @@ from quantkit.methods.registry import names
     "--model",
     "model_ref",
     default=None,
+    type=MODEL,
     help="Source checkpoint: a directory, a hub id, or 'demo' (default: the recipe's model).",
 )
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Artifact directory to create.")

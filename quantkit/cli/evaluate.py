@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from quantkit.cli._common import echo_json, json_option
+from quantkit.cli._common import MODEL, echo_json, json_option
 from quantkit.evals.lmeval import BACKENDS
 from quantkit.evals.scorers import SCORERS
 from quantkit.evals.splits import SPLITS
@@ -82,21 +82,18 @@ def _baseline_note(check: dict) -> str:
 
 
 def _model_path(model: str, engine: str):
-    """A checkpoint reference; for a scorer that takes GGUF files also a .gguf file
-    (checked as a GGUF later, in one line)."""
-    from pathlib import Path
-
+    """A model argument -> a checkpoint or artifact directory; also a GGUF file for a scorer that
+    takes them (checked as a GGUF later, in one line)."""
     from quantkit.models.resolve import resolve_path
 
-    p = Path(model).expanduser()
-    if SCORERS[engine].takes_gguf and (p.is_file() or p.suffix.lower() == ".gguf"):
-        return p.resolve()
-    return resolve_path(model)
+    return resolve_path(model, gguf=SCORERS[engine].takes_gguf)
 
 
 @click.command("eval")
-@click.argument("model")
-@click.option("--baseline", "baseline", required=True, help="The original model (directory, hub id or 'demo').")
+@click.argument("model", type=MODEL)
+@click.option(
+    "--baseline", "baseline", required=True, type=MODEL, help="The original model (directory, hub id or 'demo')."
+)
 @click.option(
     "--text",
     "texts",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from quantkit.cli._common import echo_json, json_option
+from quantkit.cli._common import MODEL, echo_json, json_option
 from quantkit.errors import QuantkitError
 from quantkit.quantize.ggufmix import DEFAULT_TYPES as DEFAULT_MIXED  # no torch at import: --help stays fast
 
@@ -57,7 +57,7 @@ FORMATS = {"gguf": _gguf}
 
 
 @click.command("export")
-@click.argument("artifact", type=click.Path(path_type=Path))
+@click.argument("artifact", type=MODEL)
 @click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), required=True, help="Format to write.")
 @click.option(
     "--out",
@@ -148,9 +148,15 @@ def export_cmd(
     with --type, quantize a 16-bit checkpoint with llama.cpp's own types.
 
     An artifact quantkit converted must still match its sha256 manifest, as for publish."""
-    calib_opts = {"calib": calib, "samples": calib_samples, "seq_len": calib_seq_len}
+    from quantkit.models.resolve import resolve
+
     if mixed_types is not None and not mixed:
         raise QuantkitError("--mixed-types applies with --mixed")
+    found = resolve(artifact, check=False)  # the export checks an artifact against its manifest first
+    if out is None and found.named:  # a named model lives in the cache: its GGUF goes to the working directory
+        out = Path.cwd() / f"{found.named}.{qtype or 'gguf'}{'.gguf' if qtype else ''}"
+    artifact = found.path
+    calib_opts = {"calib": calib, "samples": calib_samples, "seq_len": calib_seq_len}
     record = FORMATS[fmt](
         artifact,
         out,

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from quantkit.cli._common import echo_json, json_option
+from quantkit.cli._common import MODEL, echo_json, json_option
 
 
 @click.command("publish")
-@click.argument("artifact", type=click.Path(file_okay=False))
+@click.argument("artifact", type=MODEL)
 @click.option("--repo", required=True, help="ORG/NAME on the Hugging Face Hub.")
 @click.option("--private", is_flag=True, help="Create the repo private; refused when the repo exists and is public.")
 @click.option("--revision", default=None, help="Branch to upload to (created if missing).")
@@ -24,8 +22,9 @@ from quantkit.cli._common import echo_json, json_option
 def publish_cmd(artifact, repo, private, revision, dry_run, as_json):
     """Publish ARTIFACT (it must have passed verification and still match its sha256 manifest) to the Hub."""
     from quantkit.artifacts.publish import check_publishable, check_repo, plan, publish
+    from quantkit.models.resolve import resolve_path
 
-    path = Path(artifact)
+    path = resolve_path(artifact, check=False)  # check_publishable checks it against its manifest
     if not dry_run:
         result = publish(path, repo, private=private, revision=revision)
         echo_json(result) if as_json else click.echo(f"published {artifact} -> {result['commit_url']}")

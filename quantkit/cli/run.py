@@ -6,13 +6,13 @@ from pathlib import Path
 
 import click
 
-from quantkit.cli._common import debug_enabled, echo_json, json_option, set_option
+from quantkit.cli._common import MODEL, debug_enabled, echo_json, json_option, set_option
 from quantkit.cli.recipe import include_option
 
 
 @click.command("run")
 @click.argument("recipe_file", metavar="RECIPE")
-@click.option("--model", default=None, help="Source checkpoint (default: the recipe's model).")
+@click.option("--model", default=None, type=MODEL, help="Source checkpoint (default: the recipe's model).")
 @click.option(
     "--out", default=None, type=click.Path(file_okay=False), help="Run directory (default: runs/RECIPE_NAME)."
 )

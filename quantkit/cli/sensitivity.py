@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from quantkit.cli._common import echo_json, json_option
+from quantkit.cli._common import MODEL, echo_json, json_option
 from quantkit.methods.schemes import UNITS
 
 
@@ -206,7 +206,7 @@ def _kl(x: float) -> str:
 
 
 @click.command("sensitivity")
-@click.argument("model")
+@click.argument("model", type=MODEL)
 @click.option(
     "--budget",
     type=float,

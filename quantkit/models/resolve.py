@@ -42,9 +42,13 @@ class ModelRef:
         return not self.gguf and (self.path / META).is_file()
 
 
-def resolve(ref: str | os.PathLike, *, gguf: bool = False, pull: bool = True, allow_pickle: bool = False) -> ModelRef:
+def resolve(
+    ref: str | os.PathLike, *, gguf: bool = False, pull: bool = True, allow_pickle: bool = False, check: bool = True
+) -> ModelRef:
     """A model argument -> a ModelRef, or one line saying why it names no model. `gguf`: the
-    command also runs GGUF files; `pull`: a named model not built yet is built now."""
+    command also runs GGUF files; `pull`: a named model not built yet is built now; `check`: a
+    directory's config and weights are checked now (export and publish check an artifact against
+    its sha256 manifest first, which names a tampered file better)."""
     given = str(ref)
     if given in NAMED_MODELS:
         path = named_model_dir(given)
@@ -57,7 +61,8 @@ def resolve(ref: str | os.PathLike, *, gguf: bool = False, pull: bool = True, al
     if path.is_file() or (path.suffix.lower() == ".gguf" and not path.exists()):
         return ModelRef(given, _gguf_file(path, given, gguf), gguf=True)
     if path.exists():
-        check_checkpoint(path, allow_pickle=allow_pickle)
+        if check:
+            check_checkpoint(path, allow_pickle=allow_pickle)
         return ModelRef(given, path.resolve())
     if _HUB_ID.match(given):
         return ModelRef(given, _download(given, allow_pickle=allow_pickle))
