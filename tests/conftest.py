@@ -53,6 +53,7 @@ def quantkit_home(tmp_path, monkeypatch, llama_cpu_verdicts):
     monkeypatch.setenv("QUANTKIT_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("QUANTKIT_PROBE_MIB", "64")
+    monkeypatch.setenv("QUANTKIT_NO_PROGRESS", "1")  # tests/test_progress.py checks the progress lines
     if llama_cpu_verdicts.is_dir():
         (home / "llama-cpu").mkdir(parents=True)
         for record in llama_cpu_verdicts.glob("*.json"):

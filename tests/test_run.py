@@ -72,6 +72,8 @@ def test_run_report_and_reuse(cli, suite, tiny_llama, tiny_text, tmp_path):
     assert (out / "plots" / "rule_check.png").is_file() and (out / "plots" / "accuracy_vs_tpot.png").is_file()
     md = (out / "report.md").read_text()
     assert "| variant | size MB | bits/weight | KV B/token | TTFT ms | TPOT ms | pred TPOT ms |" in md
+    bench_line = next(line for line in md.splitlines() if line.startswith("- eval:"))
+    assert "{" not in bench_line and "-token prompt" in bench_line  # the settings in words, not a dict
     card = (out / "artifacts" / "int4-rtn" / "README.md").read_text()
     assert "KL divergence vs baseline" in card and "TPOT (batch 1)" in card
     # the figures agree with quantkit eval run by hand

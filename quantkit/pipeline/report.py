@@ -244,7 +244,8 @@ def render_markdown(report: dict) -> str:
             if dev
             else "- device: not probed (no bench in this run)"
         ),
-        f"- eval: {r.get('eval_text') or 'skipped'}{_eval_device(r)}; bench: {r.get('bench_settings') or 'skipped'}",
+        f"- eval: {r.get('eval_text') or 'skipped'}{_eval_device(r)}; "
+        f"bench: {_bench_settings(r.get('bench_settings'))}",
         "",
         markdown_table(r["rows"], domain=_first_domain(r)),
         "",
@@ -304,6 +305,19 @@ def render_markdown(report: dict) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _bench_settings(b: dict | None) -> str:
+    """The bench settings in words: engines, device, prompt and generated tokens, repeats, threads."""
+    if not b:
+        return "skipped"
+    engines = ", ".join(b.get("engines") or [b.get("engine", "?")])
+    threads = f", {b['threads']} threads" if b.get("threads") else ""
+    sweep = f", TTFT sweep {','.join(map(str, b['prompt_sweep']))}" if b.get("prompt_sweep") else ""
+    return (
+        f"{engines} on {b.get('device', 'auto')}, {b.get('prompt_len')}-token prompt, {b.get('gen_len')} generated, "
+        f"{b.get('repeats')} repeats after {b.get('warmups')} warm-ups{threads}{sweep}"
+    )
 
 
 def _first_domain(report: dict) -> str | None:
