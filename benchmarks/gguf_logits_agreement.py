@@ -70,7 +70,9 @@ def kl_rows(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
 
 
 def llama_cpp_logits(gguf_path: Path, ids: list[int], threads: int, **settings) -> torch.Tensor:
-    import llama_cpp
+    from quantkit.bench.engines.llamacpp import import_llama_cpp
+
+    llama_cpp = import_llama_cpp()
 
     llm = llama_cpp.Llama(
         model_path=str(gguf_path),
@@ -98,7 +100,9 @@ def tokens(artifact: Path, text_spec: str, n: int) -> list[int]:
 
 
 def tokenizations_agree(artifact: Path, gguf_path: Path, text: str) -> bool:
-    import llama_cpp
+    from quantkit.bench.engines.llamacpp import import_llama_cpp
+
+    llama_cpp = import_llama_cpp()
 
     from quantkit.models.checkpoint import load_tokenizer
 

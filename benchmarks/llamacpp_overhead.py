@@ -33,7 +33,9 @@ from common import write_result  # noqa: E402
 
 
 def bare_repeat(llm, ids: list[int], gen_len: int) -> tuple[float, list[float], dict]:
-    import llama_cpp
+    from quantkit.bench.engines.llamacpp import import_llama_cpp
+
+    llama_cpp = import_llama_cpp()
 
     n_vocab = llm.n_vocab()
 
@@ -58,7 +60,9 @@ def bare_repeat(llm, ids: list[int], gen_len: int) -> tuple[float, list[float], 
 
 def quantkit_repeat(engine, ids: list[int], gen_len: int) -> tuple[float, list[float], dict]:
     """One repeat through the shared harness, with llama.cpp's own counters of the same calls."""
-    import llama_cpp
+    from quantkit.bench.engines.llamacpp import import_llama_cpp
+
+    llama_cpp = import_llama_cpp()
 
     from quantkit.bench.harness import measure
 
@@ -71,7 +75,9 @@ def _internal(llm) -> dict:
     """llama.cpp's own timing of the calls since the last reset (llama_perf_context): the prompt's
     decode, and each one-token decode from its start to the synchronisation that hands the logits
     over - what llama-bench's tg times per token, without a line of Python."""
-    import llama_cpp
+    from quantkit.bench.engines.llamacpp import import_llama_cpp
+
+    llama_cpp = import_llama_cpp()
 
     perf = llama_cpp.llama_perf_context(llm.ctx)
     return {
@@ -83,7 +89,9 @@ def _internal(llm) -> dict:
 
 
 def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int, threads: int) -> dict:
-    import llama_cpp
+    from quantkit.bench.engines.llamacpp import import_llama_cpp
+
+    llama_cpp = import_llama_cpp()
     import torch
 
     from quantkit.bench.engines.base import EngineSettings

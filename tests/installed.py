@@ -38,13 +38,13 @@ def _missing(what: str, hint: str, left_out: bool = False) -> None:
 
 
 def require_llama_cpp() -> None:
-    """llama-cpp-python must import; an import that fails for another reason than absence is an error."""
-    try:
-        import llama_cpp  # noqa: F401
+    """llama-cpp-python must load as quantkit loads it (the library it points it at, a CPU variant
+    tried on this machine); a failure for another reason than absence is an error."""
+    if importlib.util.find_spec("llama_cpp") is not None:
+        from quantkit.bench.engines.llamacpp import import_llama_cpp
 
+        import_llama_cpp()
         return
-    except ImportError:
-        pass
     _missing("llama-cpp-python", "./scripts/_install.sh builds it", left_out=LLAMACPP_LEFT_OUT.is_file())
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from quantkit.bench import accounting
+from quantkit.bench.engines.llamacpp import import_llama_cpp
 from quantkit.bench.gguf_source import TensorInfo, type_bytes, weight_read_bytes
 from quantkit.errors import QuantkitError
 
@@ -246,9 +247,9 @@ def test_bare_gguf_says_why_there_is_no_self_check(cli, ggufs, tmp_path):
 @needs_llama_cpp
 def test_kv_cells_read_match_llama_cpps_graph(ggufs):
     """The kq tensor llama.cpp builds per decode step spans exactly accounting.llamacpp_cells cells."""
-    import llama_cpp
-
-    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    llama_cpp = import_llama_cpp()
+    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH") or Path(llama_cpp.__file__).parent / "lib"  # the libggml it loaded
+    lib = ctypes.CDLL(str(Path(lib_dir) / "libggml-base.so"))
     lib.ggml_get_name.restype, lib.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
     seen = []
 
@@ -320,9 +321,9 @@ def test_the_engine_decodes_on_one_persistent_threadpool_as_llama_cpps_tools(ggu
         plain.eval(ids[:8])
         for t in ids[8:]:
             plain.eval([t])
-        import llama_cpp
         import numpy as np
 
+        llama_cpp = import_llama_cpp()
         want = np.ctypeslib.as_array(llama_cpp.llama_get_logits(plain.ctx), shape=(plain.n_vocab(),)).copy()
     finally:
         plain.close()

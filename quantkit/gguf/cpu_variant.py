@@ -142,7 +142,7 @@ def _build_key(lib_dir: Path | None) -> str:
     """The build, by what identifies its files: BUILD.json where the tools build wrote one, else the
     libraries' names, sizes and modification times."""
     if lib_dir is None:
-        lib_dir = _wheel_dir()
+        lib_dir = wheel_dir()
     h = hashlib.sha256(str(lib_dir.resolve()).encode() if lib_dir else b"none")
     if lib_dir is not None:
         record = lib_dir / "BUILD.json"
@@ -154,7 +154,7 @@ def _build_key(lib_dir: Path | None) -> str:
     return h.hexdigest()[:16]
 
 
-def _wheel_dir() -> Path | None:
+def wheel_dir() -> Path | None:
     """llama-cpp-python's own library directory (site-packages/llama_cpp/lib), without importing it."""
     for entry in sys.path:
         lib = Path(entry) / "llama_cpp" / "lib"

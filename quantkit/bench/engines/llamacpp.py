@@ -59,7 +59,13 @@ def import_llama_cpp():
     if "llama_cpp" not in sys.modules:
         if importlib.util.find_spec("llama_cpp") is None:
             raise QuantkitError(f"--engine llamacpp: llama-cpp-python is not installed; {INSTALL}")
-        where, _ = cpu_variant.runnable_dir(_library_dir())
+        lib = _library_dir()
+        if lib is None and cpu_variant.wheel_dir() is None:  # the Python package alone, built to run the tools'
+            raise QuantkitError(
+                "--engine llamacpp: llama-cpp-python was installed without a library of its own, to run llama.cpp's "
+                f"tools build, which is not there any more; {INSTALL}"
+            )
+        where, _ = cpu_variant.runnable_dir(lib)
         if where is not None:  # read once, when llama_cpp is first imported: the process's only libllama
             os.environ[LIB_ENV] = str(where)
     try:
