@@ -828,7 +828,8 @@ def test_reload_check_catches_a_precision_slip_the_old_threshold_passed(tiny_lla
     from transformers import AutoModelForCausalLM
 
     from quantkit.errors import VerificationError
-    from quantkit.quantize.verify import KL_THRESHOLD, fixed_tokens, logits, verify_reload
+    from quantkit.models.logits import fixed_tokens, logits
+    from quantkit.quantize.verify import KL_THRESHOLD, verify_reload
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float16).eval()
     ids = fixed_tokens(model.config.vocab_size)

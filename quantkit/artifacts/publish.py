@@ -16,7 +16,7 @@ from huggingface_hub import HfApi, get_token
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
-from quantkit.artifacts.staging import read_meta
+from quantkit.artifacts.staging import read_meta, verification_problem
 from quantkit.core.integrity import check
 from quantkit.errors import OfflineError, QuantkitError
 
@@ -50,11 +50,9 @@ def check_publishable(artifact: Path) -> dict:
         raise QuantkitError(
             f"{artifact}: quantkit.json was not written by `quantkit convert`; only verified artifacts are published"
         )
-    status = (meta.get("verification") or {}).get("status") if isinstance(meta.get("verification"), dict) else None
-    if status != "passed":
-        raise QuantkitError(
-            f"{artifact}: verification {status or 'was skipped'}; refusing to publish an unverified artifact"
-        )
+    problem = verification_problem(meta)
+    if problem is not None:
+        raise QuantkitError(f"{artifact}: {problem}; refusing to publish an unverified artifact")
     if not (artifact / "README.md").is_file():
         raise QuantkitError(f"{artifact}: no model card (README.md)")
     check(artifact, meta, deep=True)

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import shutil
@@ -246,6 +247,21 @@ def read_meta(path: Path) -> dict:
     if not isinstance(meta, dict):
         raise QuantkitError(f"{f} is damaged (not a JSON object)")
     return meta
+
+
+def verification_problem(meta: dict) -> str | None:
+    """Why an artifact's quantkit.json does not show a passed reload check, or None: the status
+    alone is not enough, its KL must be a finite number within its threshold (an artifact written
+    before non-finite KLs failed holds `"mean_kl": NaN` with `"status": "passed"`)."""
+    v = meta.get("verification") if isinstance(meta.get("verification"), dict) else {}
+    status = v.get("status")
+    if status != "passed":
+        return f"verification {status or 'was skipped'}"
+    kl, limit = v.get("mean_kl"), v.get("threshold_mean_kl")
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (kl, limit))
+    if not numbers or not kl <= limit:
+        return f"verification recorded mean KL {kl!r} against a threshold of {limit!r}, not a finite KL within it"
+    return None
 
 
 def dir_bytes(path: Path) -> int:

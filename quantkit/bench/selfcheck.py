@@ -63,7 +63,14 @@ def compare(ref, eng, threshold: float = THRESHOLD, partial: bool = False) -> di
         if not partial
         else bool((torch.isfinite(eng).any(-1)).all() and not (eng == float("inf")).any())
     )
-    if not bool(valid):
+    reason = (
+        "non-finite reference log-probabilities"
+        if not bool(torch.isfinite(ref).all())
+        else "non-finite log-probabilities"
+        if not bool(valid)
+        else None
+    )
+    if reason is not None:  # NaN compares false with the threshold: never let one through as a pass
         return {
             "status": "failed",
             "passed": False,
@@ -72,7 +79,7 @@ def compare(ref, eng, threshold: float = THRESHOLD, partial: bool = False) -> di
             "top1_agreement": 0.0,
             "positions": int(ref.shape[0]),
             "threshold": threshold,
-            "reason": "non-finite log-probabilities",
+            "reason": reason,
         }
     kl = kl_rows(ref, eng).double().numpy()
     top1 = (ref.argmax(-1) == torch.nan_to_num(eng, nan=-float("inf")).argmax(-1)).float().mean()

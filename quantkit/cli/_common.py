@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
-from quantkit.core.atomic import json_safe
+from quantkit.core.atomic import strict_json
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 set_option = click.option(
@@ -35,7 +34,7 @@ MODEL = ModelArg()
 
 
 def echo_json(data: Any) -> None:
-    click.echo(json.dumps(json_safe(data), indent=2, sort_keys=False))
+    click.echo(strict_json(data, indent=2))
 
 
 def console(stderr: bool = True):

@@ -75,8 +75,25 @@ def write_text(path: Path, text: str) -> None:
 
 
 def write_json(path: Path, data, **kwargs) -> None:
+    """`data` as strict JSON (strict_json), written atomically; indented by 2 unless told otherwise."""
     kwargs.setdefault("indent", 2)
-    write_text(path, json.dumps(data, **kwargs) + "\n")
+    write_text(path, strict_json(data, **kwargs) + "\n")
+
+
+def strict_json(data, *, default=None, **kwargs) -> str:
+    """The one way quantkit turns data into JSON (files, --json on stdout, GGUF header strings):
+    strict JSON that every parser reads. json.dumps alone writes `NaN` and `Infinity`, which are
+    not JSON; here a non-finite number is null, also one that `default` (e.g. str for a Path)
+    turns into data, and anything left over is refused (allow_nan=False) rather than written."""
+
+    def convert(obj):
+        return json_safe(default(obj)) if default is not None else _unserializable(obj)
+
+    return json.dumps(json_safe(data), default=convert, allow_nan=False, **kwargs)
+
+
+def _unserializable(obj):
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
 
 def json_safe(obj):

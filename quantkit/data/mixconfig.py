@@ -13,18 +13,14 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from quantkit.core.yamlio import format_validation_error
+from quantkit.core.yamlio import StrictConfig, format_validation_error
 from quantkit.errors import DataError
 from quantkit.resources import calib_data_dir
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ChatPart(_Strict):
+class ChatPart(StrictConfig):
     prompts: str = Field(min_length=1)  # a file in calib_data/
     repeats: int = Field(1, ge=1)
     temperature: float = Field(0.7, gt=0)
@@ -32,7 +28,7 @@ class ChatPart(_Strict):
     max_new_tokens: int = Field(256, ge=1)
 
 
-class MixPart(_Strict):
+class MixPart(StrictConfig):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     domain: str = ""
     license: str = ""
@@ -52,7 +48,7 @@ class MixPart(_Strict):
         return self
 
 
-class MixConfig(_Strict):
+class MixConfig(StrictConfig):
     description: str = ""
     parts: tuple[MixPart, ...] = Field(min_length=1)
 

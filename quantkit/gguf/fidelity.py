@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
-from quantkit.errors import DataError, ModelError
+from quantkit.errors import DataError, ModelError, VerificationError
 from quantkit.gguf.arch import Hparams
 from quantkit.gguf.grids import rope_unpermute
 from quantkit.gguf.plan import TensorPlan
@@ -111,6 +111,12 @@ def logits_kl(
     del ref_model
     new = logits(dense_model(artifact, gguf_weights(gguf_path, plans)), ids)
     result = compare_logits(ref, new)
+    if not result["finite"]:  # a lossy GGUF's KL is its fidelity figure: NaN is a broken file, not a figure
+        side = "the artifact" if not result["reference_finite"] else "the GGUF's weights"
+        raise VerificationError(
+            f"{gguf_path}: the fidelity check gives no finite KL ({side} give non-finite logits on the check's "
+            "tokens); nothing was written"
+        )
     result.update(
         {"tokens": int(ids.numel()), "text": described, "reference": reference, "engine": "transformers, float32"}
     )

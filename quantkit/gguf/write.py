@@ -10,7 +10,6 @@ leave `.NAME.partial-PID` files, which the next export to the same target remove
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from contextlib import contextmanager
@@ -21,7 +20,7 @@ import gguf
 import numpy as np
 
 from quantkit import __version__
-from quantkit.core.atomic import file_mode, fsync_dir, signals_deferred
+from quantkit.core.atomic import file_mode, fsync_dir, signals_deferred, strict_json
 from quantkit.gguf.arch import Hparams, add_hparams, extra_tensors
 from quantkit.gguf.plan import TensorPlan, file_type, mapping_summary
 from quantkit.gguf.read import Origin, open_reader
@@ -70,7 +69,7 @@ def staged_file(out: Path, record_file: Path):
         with open(stage.path, "rb+") as fh:
             os.fsync(fh.fileno())
         if stage.record is not None:
-            _write_synced(rec_tmp, json.dumps(stage.record, indent=2, default=str) + "\n")
+            _write_synced(rec_tmp, strict_json(stage.record, indent=2, default=str) + "\n")
         with signals_deferred():
             os.replace(stage.path, out)
             if stage.record is not None:
@@ -99,10 +98,10 @@ def _metadata(writer, art: Artifact, hp: Hparams, plans: list[TensorPlan], origi
     if (
         origin.provenance is not None
     ):  # a GGUF moved away from its record still carries eval's baseline and overlap checks
-        writer.add_string("quantkit.provenance", json.dumps(origin.provenance, default=str))
-    writer.add_string("quantkit.mapping", json.dumps(mapping_summary(plans)))
+        writer.add_string("quantkit.provenance", strict_json(origin.provenance, default=str))
+    writer.add_string("quantkit.mapping", strict_json(mapping_summary(plans)))
     if art.meta.get("quantization"):
-        writer.add_string("quantkit.quantization", json.dumps(art.meta["quantization"], default=str))
+        writer.add_string("quantkit.quantization", strict_json(art.meta["quantization"], default=str))
     return info
 
 

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from quantkit.core.hardware import shape_config
-from quantkit.core.yamlio import NoAliasLoader, format_validation_error
+from quantkit.core.yamlio import NoAliasLoader, StrictConfig, format_validation_error
 from quantkit.errors import QuantkitError
 from quantkit.load.config import build_config
 from quantkit.load.servers import StudyError, server_kind
@@ -61,11 +61,7 @@ SAFE_ENV: dict[str, str] = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServerSpec(_Strict):
+class ServerSpec(StrictConfig):
     engine: str
     model: str = Field(min_length=1)
     served_model: str | None = None  # the model name requests carry; default: `model` as given
@@ -84,7 +80,7 @@ class ServerSpec(_Strict):
         return value
 
 
-class LoadSpec(_Strict):
+class LoadSpec(StrictConfig):
     """The staircase, as `quantkit load` options (same names, same validation)."""
 
     concurrency: str | None = None
@@ -106,7 +102,7 @@ class LoadSpec(_Strict):
     session_header: str | None = None
 
 
-class Lever(_Strict):
+class Lever(StrictConfig):
     name: str = Field(pattern=PLAIN)
     settings: dict[str, Any] = {}  # engine keys this lever changes
     model: str | None = None  # another weights file (e.g. Q4_0 against F16)
@@ -115,14 +111,14 @@ class Lever(_Strict):
     note: str | None = None
 
 
-class Reference(_Strict):
+class Reference(StrictConfig):
     shape: str  # a model directory or config.json: the roofline's prefill estimate of the shared prefix
     # the lever whose prefix is prefilled every time (cache off), that the others' TTFT is set
     # against; default the first. llama-server caches by default, so its study names the lever that turns it off.
     baseline: str | None = None
 
 
-class Study(_Strict):
+class Study(StrictConfig):
     name: str = Field(pattern=PLAIN)
     description: str | None = None
     server: ServerSpec

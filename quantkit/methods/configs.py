@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from quantkit.core.yamlio import StrictConfig
 from quantkit.errors import QuantkitError
 from quantkit.methods.schemes import AutoMixed, Scheme
 
@@ -19,10 +20,8 @@ GroupSize = Literal[32, 64, 128, -1]
 Bits = Literal[4, 8]
 
 
-class MethodConfig(BaseModel):
-    """The base of every method's config: unknown keys refused, frozen once read."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class MethodConfig(StrictConfig):
+    """The base of every method's config: unknown keys refused, frozen once read, numbers finite."""
 
     # Each config has `method: Literal[NAME]` (its registry key), `ignore` (module names left
     # unquantized) and `weight_bits`; fields are declared in the subclasses, in the order a recipe
@@ -34,14 +33,12 @@ class MethodConfig(BaseModel):
         return f"W{self.weight_bits}A16"
 
 
-class LayerOverride(BaseModel):
+class LayerOverride(StrictConfig):
     """Mixed precision: layers whose names match `targets` get other settings.
 
     Targets are regexes matched from the start of the module name (re.match, as
     llm-compressor does): `.*mlp\\.down_proj$`, `model\\.layers\\.0\\..*`.
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     targets: tuple[str, ...] = Field(min_length=1)
     bits: Bits = 8
@@ -172,7 +169,7 @@ class FP8Config(MethodConfig):
     FP8_DYNAMIC preset); `w8a16` leaves activations in 16 bits."""
 
     # The recipe key is `scheme`; the attribute is `fp8_scheme`, so `scheme` stays what quantkit.json calls it.
-    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+    model_config = ConfigDict(serialize_by_alias=True)  # merged with StrictConfig's
 
     method: Literal["fp8"]
     fp8_scheme: Literal["w8a8", "w8a16"] = Field("w8a8", alias="scheme")

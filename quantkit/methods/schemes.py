@@ -13,10 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from quantkit.core.hardware import get_device
 from quantkit.core.roofline import Shape, linear_bits_for_tpot, quantized_layout
+from quantkit.core.yamlio import StrictConfig
 from quantkit.errors import QuantkitError
 
 # unit -> (parent module in a decoder layer, its member linears); Llama, Mistral, Qwen2 names.
@@ -99,11 +100,9 @@ def raising(base: Scheme, choices: list[str]) -> list[Scheme]:
     return schemes
 
 
-class AutoMixed(BaseModel):
+class AutoMixed(StrictConfig):
     """`auto:` of a weight-only quantize step: the units to raise above the step's own scheme,
     chosen on the model being converted so that its bits per weight stay within `budget_bits`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     # The budget, one of two ways. budget_bits: average stored bits per weight over the decoder
     # layers' linear weights (scales and zero points included; models/sizes.py measures the

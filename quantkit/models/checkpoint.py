@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import struct
 from pathlib import Path
 
 import torch
@@ -15,11 +14,14 @@ from safetensors import SafetensorError
 from quantkit.core.atomic import write_text
 from quantkit.errors import ModelError
 from quantkit.home import subdir
+from quantkit.models import headers
 from quantkit.models import offload as offloading
 
 
 def check_checkpoint(path: Path, *, allow_pickle: bool = False) -> None:
-    """Refuse what would fail later with a traceback: no config, pickles, truncated safetensors."""
+    """Refuse what would fail later with a traceback, or run without bound: no config, pickles,
+    truncated or crafted safetensors, tensors whose bytes are not their dtype, a config that
+    describes other weights than the headers hold."""
     if not path.is_dir():
         raise ModelError(f"{path}: not a directory (a checkpoint is a directory with config.json and *.safetensors)")
     if not (path / "config.json").is_file():
@@ -35,9 +37,12 @@ def check_checkpoint(path: Path, *, allow_pickle: bool = False) -> None:
             check_config(read_config(path), path / "config.json")
             return
         raise ModelError(f"{path}: no *.safetensors weights")
-    check_config(read_config(path), path / "config.json")
+    cfg = read_config(path)
+    check_config(cfg, path / "config.json")
+    table: dict[str, headers.Entry] = {}
     for shard in shards:
-        check_safetensors_file(shard)
+        table.update(check_safetensors_file(shard))
+    check_against_weights(cfg, table, path / "config.json")
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json(index).get("weight_map")
@@ -51,31 +56,13 @@ def check_checkpoint(path: Path, *, allow_pickle: bool = False) -> None:
             raise ModelError(f"{path}: missing weight shard {missing[0]} named in model.safetensors.index.json")
 
 
-def check_safetensors_file(path: Path) -> None:
-    """Header parses and the file holds every byte the header promises (catches truncation)."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            if n <= 0 or n > size - 8:
-                raise ValueError
-            header = json.loads(fh.read(n))
-    except (ValueError, struct.error, UnicodeDecodeError, RecursionError):
-        raise ModelError(f"{path}: not a valid safetensors file (corrupt or truncated header)") from None
-    ends = [
-        v.get("data_offsets") if isinstance(v, dict) else None
-        for k, v in (header.items() if isinstance(header, dict) else ())
-        if k != "__metadata__"
-    ]
-    if not isinstance(header, dict) or not all(
-        isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) for x in e) for e in ends
-    ):
-        raise ModelError(
-            f"{path}: not a valid safetensors file (its header is not a table of tensors with data_offsets)"
-        )
-    end = max((e[1] for e in ends), default=0)
-    if 8 + n + end > size:
-        raise ModelError(f"{path}: truncated safetensors file ({size} bytes, header promises {8 + n + end})")
+def check_safetensors_file(path: Path) -> dict[str, headers.Entry]:
+    """Header parses within safetensors' limit, every tensor's bytes lie where its entry says and
+    the file holds them (catches truncation), and a sample of each 16-bit tensor is plausible in
+    its dtype. Returns the tensors' entries."""
+    table = headers.entries(path)
+    headers.check_values(path, table)
+    return table
 
 
 # Every file that decides what the model computes: its config, its weights in each format a loader
@@ -162,6 +149,51 @@ def check_config(cfg: dict, file: Path) -> None:
             raise ModelError(f"{file}: {field} must be a positive integer, found {values[0]!r}")
     if missing:
         raise ModelError(f"{file}: missing {', '.join(missing)}; the config does not describe the model's sizes")
+
+
+# A module list's entries in a tensor name: `model.layers.7.mlp...` -> ("model.layers", 7); the first
+# number in a name is its outermost list (experts inside a layer come after the layer's number).
+_NUMBERED = re.compile(r"^(.*?)\.(\d+)\.")
+
+
+def layer_counts(names) -> dict[str, int]:
+    """prefix -> entries of each numbered module list in the tensor names (`model.layers` -> 32)."""
+    counts: dict[str, int] = {}
+    for name in names:
+        m = _NUMBERED.match(name)
+        if m:
+            counts[m.group(1)] = max(counts.get(m.group(1), 0), int(m.group(2)) + 1)
+    return counts
+
+
+def check_against_weights(cfg: dict, table: dict[str, headers.Entry], file: Path) -> None:
+    """The config's sizes against the tensors the headers hold, before any skeleton is built from
+    it: a config that claims 10,000,000 layers for weights of 2 builds (and costs) the 10,000,000.
+    Layers: no more than the longest numbered module list of the weights (fewer is allowed: a
+    checkpoint may carry extra layers, e.g. a multi-token-prediction head). hidden_size and
+    vocab_size: some weight has that dimension (the norms, the embedding)."""
+    scopes = [cfg] + ([cfg["text_config"]] if isinstance(cfg.get("text_config"), dict) else [])
+    counts = layer_counts(table)
+    prefix, most = max(counts.items(), key=lambda kv: kv[1], default=("", 0))
+    held = f"{most} layers ({prefix}.0 to {prefix}.{most - 1})" if most else "no numbered layers"
+    for n in _values(scopes, "num_hidden_layers"):
+        if n > most:
+            raise ModelError(
+                f"{file}: num_hidden_layers is {n:,} but the weights hold {held}; the config does not describe "
+                "this checkpoint's weights"
+            )
+    dims = {d for e in table.values() for d in e.shape}
+    for field in ("hidden_size", "vocab_size"):
+        for n in _values(scopes, field):
+            if n not in dims:
+                raise ModelError(
+                    f"{file}: {field} is {n:,} but no weight has a dimension of {n:,}; the config does not describe "
+                    "this checkpoint's weights"
+                )
+
+
+def _values(scopes: list[dict], field: str) -> list[int]:
+    return [s[n] for s in scopes for n in SIZE_FIELDS[field] if isinstance(s.get(n), int)]
 
 
 # Tokenizer files transformers reads as JSON; a broken one otherwise surfaces as a bare KeyError or a

@@ -6,6 +6,8 @@ memory (quantize/verify.py), a GGUF's weights against its artifact (gguf/fidelit
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -29,12 +31,29 @@ def logits(model, ids):
 
 
 def compare_logits(ref, new) -> dict:
-    """Per-position KL(ref || new) over the full vocabulary (mean and max) and top-1 agreement."""
+    """Per-position KL(ref || new) over the full vocabulary (mean and max) and top-1 agreement.
 
-    finite = bool(torch.isfinite(new).all())
-    if not finite:
-        return {"finite": False, "mean_kl": float("inf"), "max_kl": float("inf"), "top1_agreement": 0.0}
+    `finite` is False when either side holds a NaN or an infinity (`reference_finite` says which)
+    or the KL itself is not a number: a comparison that gates a result fails then, since NaN
+    compares false with every threshold (`nan > 1e-5` is False)."""
+
+    finite_ref, finite_new = bool(torch.isfinite(ref).all()), bool(torch.isfinite(new).all())
+    if not (finite_ref and finite_new):
+        return {
+            "finite": False,
+            "reference_finite": finite_ref,
+            "mean_kl": float("inf"),
+            "max_kl": float("inf"),
+            "top1_agreement": 0.0,
+        }
     ref_logp, new_logp = torch.log_softmax(ref, -1), torch.log_softmax(new, -1)
     kl = F.kl_div(new_logp, ref_logp, reduction="none", log_target=True).sum(-1)  # sum p_ref (log p_ref - log p_new)
     agree = (ref.argmax(-1) == new.argmax(-1)).float().mean()
-    return {"finite": True, "mean_kl": float(kl.mean()), "max_kl": float(kl.max()), "top1_agreement": float(agree)}
+    mean, worst = float(kl.mean()), float(kl.max())
+    return {
+        "finite": math.isfinite(mean) and math.isfinite(worst),
+        "reference_finite": True,
+        "mean_kl": mean,
+        "max_kl": worst,
+        "top1_agreement": float(agree),
+    }

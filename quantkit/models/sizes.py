@@ -4,23 +4,10 @@ bits per weight of the decoder-layer linear weights (scales, zeros and packing i
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 from quantkit.core.roofline import Shape, kv_bytes_per_token
-
-
-def tensor_bytes(path: Path) -> dict[str, int]:
-    """name -> bytes, from every *.safetensors header in a checkpoint directory."""
-    out: dict[str, int] = {}
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, info in header.items():
-            if name != "__metadata__":
-                out[name] = info["data_offsets"][1] - info["data_offsets"][0]
-    return out
+from quantkit.models.headers import tensor_bytes
 
 
 def _is_layer_linear_tensor(name: str) -> bool:

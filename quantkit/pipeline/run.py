@@ -21,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 
 from quantkit import __version__
-from quantkit.artifacts.staging import model_inputs, read_meta, text_input
+from quantkit.artifacts.staging import model_inputs, read_meta, text_input, verification_problem
 from quantkit.core.atomic import exclusive
 from quantkit.core.integrity import problems, sha256_file
 from quantkit.data.calib import check_source
@@ -198,7 +198,7 @@ class Runner:
         except QuantkitError as exc:
             note(f"[{v.name}] {exc}: converting again")
             return False
-        if meta.get("run_key") != key or (meta.get("verification") or {}).get("status") != "passed":
+        if meta.get("run_key") != key or verification_problem(meta) is not None:
             return False
         files = meta.get("files")
         found = problems(out, files, deep=False) if isinstance(files, dict) and files else ["no integrity manifest"]

@@ -39,7 +39,7 @@ from quantkit.plan.cost import (
 )
 from quantkit.quantize.auto import Search, raisable
 from quantkit.quantize.job import check_inputs, prepare
-from quantkit.quantize.preflight import meta_model
+from quantkit.quantize.preflight import check_weights, meta_model
 from quantkit.quantize.sensitivity import decoder_layers
 
 
@@ -47,7 +47,9 @@ def read_model(path: Path, trust_remote_code: bool = False, skeleton=None) -> Mo
     """A checkpoint's Model from config.json, the safetensors headers and the meta-device skeleton."""
 
     cfg = read_config(path)
-    skeleton = skeleton if skeleton is not None else meta_model(cfg, trust_remote_code)
+    if skeleton is None:
+        skeleton = meta_model(cfg, trust_remote_code)
+        check_weights(skeleton, cfg, path)  # a plan says what the run's load would refuse
     return _from_skeleton(cfg, skeleton, sum(tensor_bytes(path).values()))
 
 
@@ -225,7 +227,7 @@ def convert_work(job) -> ConvertWork:
             sensitivity_seq_len=auto.seq_len,
             sensitivity_units=len(auto.units),
             sensitivity_schemes=1 + len(auto.choices),
-            sensitivity_raised=raisable(layers, Search.of_step(job.quant, job.source_bits, job.cfg)),
+            sensitivity_raised=raisable(layers, Search.of_step(job.quant, job.source_bits, job.cfg).capped(layers)),
         )
     return ConvertWork(
         seq_len=c.seq_len,

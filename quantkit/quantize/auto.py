@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -60,6 +60,7 @@ class Search:
     source_bits: int  # the artifact's precision of scales and of the linears left unquantized
     ignore: tuple[str, ...] = ("lm_head",)
     derived: dict | None = None  # a TPOT budget: how `budget` came from it (AutoMixed.bits_for)
+    asked: float | None = None  # the budget as given, when it was above what the widest choices take (capped)
 
     @property
     def schemes(self) -> list[Scheme]:
@@ -73,6 +74,15 @@ class Search:
         return cls(
             base, tuple(quant.auto.schemes(base)[1:]), quant.auto.units, budget, source_bits, quant.ignore, derived
         )
+
+    def capped(self, layers) -> "Search":
+        """The budget at most what every unit at its widest choice takes on these layers: a budget
+        beyond it buys nothing more (every unit is raised), and a TPOT budget every variant meets
+        (1000 ms on a small model) would otherwise size the artifact at thousands of bits a weight."""
+        top = ceiling_bits(layers, self)
+        if self.budget <= top:
+            return self
+        return replace(self, budget=top, asked=self.budget)
 
     def budget_words(self) -> str:
         """The budget as the recipe gave it, for messages."""
@@ -150,6 +160,13 @@ def floor_bits(layers, search: Search) -> float:
     """Bits per weight of the decoder linears with every unit at the base scheme: the least budget."""
     unit_bits, other, total = accounting(layers, search)
     return (sum(b[0] for b in unit_bits.values()) + other) / total
+
+
+def ceiling_bits(layers, search: Search) -> float:
+    """Bits per weight of the decoder linears with every candidate unit at its widest choice: the
+    most a budget can buy."""
+    unit_bits, other, total = accounting(layers, search)
+    return (sum(max(b) for b in unit_bits.values()) + other) / total
 
 
 def raisable(layers, search: Search) -> int:
@@ -240,6 +257,7 @@ def search(model, rows, spec: Search, label: str = "sensitivity", lazy: bool = F
     }
     return {
         "budget_bits": spec.budget,
+        **({"budget_asked_bits": spec.asked} if spec.asked is not None else {}),
         **({"budget_from": spec.derived} if spec.derived else {}),
         "metric": "kl",
         "base": spec.base.name,
@@ -298,7 +316,7 @@ def resolve(job, model, sens) -> tuple[object, dict]:
 
     t0 = time.perf_counter()
     quant = job.quant
-    spec = Search.of_step(quant, job.source_bits, model.config.to_dict())
+    spec = Search.of_step(quant, job.source_bits, model.config.to_dict()).capped(decoder_layers(model))
     cs, short, built_s = sens
     device = pass_device(job, model, cs)
     with placed(model, device):
@@ -318,9 +336,10 @@ def resolve(job, model, sens) -> tuple[object, dict]:
         "wall_seconds": built_s + time.perf_counter() - t0,
     }
     resolved = type(quant).model_validate({**quant.model_dump(), "auto": None, "overrides": out["overrides"]})
+    capped = f", {spec.budget_words()} capped at what the widest choices take" if spec.asked is not None else ""
     note(
         f"auto mixed precision: {len(out['picked'])} of {len(out['ranking'])} units raised, "
-        f"{out['bits_per_weight']:.4f} bits/weight (budget {spec.budget:g}), {record['wall_seconds']:.0f} s"
+        f"{out['bits_per_weight']:.4f} bits/weight (budget {spec.budget:g}{capped}), {record['wall_seconds']:.0f} s"
     )
     return resolved, record
 

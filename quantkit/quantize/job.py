@@ -36,9 +36,11 @@ from quantkit.quantize.preflight import (
     check_not_inside,
     check_overrides_match,
     check_quantizes_something,
+    check_weights,
     meta_model,
     quantizable_linears,
 )
+from quantkit.quantize.sensitivity import decoder_layers
 from quantkit.recipe.schema import Recipe, Variant
 
 
@@ -163,6 +165,8 @@ def check_skeleton(cfg: dict, variant: Variant, key: str, trust_remote_code: boo
             f"{key}: variant {variant.name!r} has no steps; there is nothing to convert (it is the baseline)"
         )
     skeleton = meta_model(cfg, trust_remote_code, src)
+    if src is not None:
+        check_weights(skeleton, cfg, src)  # what the load would refuse, said by --plan too
     for i, step in enumerate(variant.steps):
         if step.gqa is not None:
             preflight_gqa(cfg, step.gqa, f"{key}[{i}].gqa")
@@ -287,7 +291,8 @@ def artifact_bytes(skeleton, cfg: dict, quant: MethodConfig | None) -> int:
     linears = quantizable_linears(skeleton, quant.ignore) if quant is not None else {}
     if getattr(quant, "auto", None) is not None:  # the decoder linears within the budget, scales included
         quantized = sum(o * i for o, i in linears.values())
-        return int((n_params - quantized) * itemsize + quantized * quant.auto.bits_for(cfg)[0] / 8)
+        budget = Search.of_step(quant, 8 * itemsize, cfg).capped(decoder_layers(skeleton)).budget
+        return int((n_params - quantized) * itemsize + quantized * budget / 8)
     bits = (
         max([quant.weight_bits, *(o.bits for o in getattr(quant, "overrides", ()))])
         if quant is not None

@@ -10,7 +10,8 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from quantkit.errors import DataError, ModelError, QuantkitError, RecipeError
-from quantkit.models.checkpoint import check_remote_code, one_line
+from quantkit.models import headers
+from quantkit.models.checkpoint import check_loading_info, check_remote_code, one_line
 
 
 def meta_model(config_dict: dict, trust_remote_code: bool = False, path: Path | None = None):
@@ -51,6 +52,52 @@ def meta_model(config_dict: dict, trust_remote_code: bool = False, path: Path | 
         raise ModelError(
             f"{where}: cannot build the {model_type} model from this config ({type(exc).__name__}: {one_line(exc)})"
         ) from None
+
+
+# Legacy names transformers renames on load for every model (conversion_mapping's "legacy" list).
+_LEGACY_NAMES = re.compile(r"(LayerNorm\.(gamma|beta)|\.weight_[gv])$")
+
+
+def check_weights(skeleton, cfg: dict, path: Path) -> None:
+    """The checkpoint's tensors (safetensors headers) against the skeleton's parameters, as the
+    load reports them (checkpoint.check_loading_info: the same line), so a plan or a check says
+    what the run would. Only where names map one to one: not for a quantized checkpoint, a
+    model whose weights transformers converts on load (fused MoE experts, renamed multimodal
+    keys), custom model code, or legacy names; the load itself checks those."""
+    table = headers.checkpoint_entries(path)
+    if not table or "quantization_config" in cfg or _renamed_on_load(skeleton, table):
+        return
+    found = {n: list(e.shape) for n, e in table.items()}
+    groups: dict[int, list[tuple[str, object]]] = {}
+    for name, p in skeleton.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append((name, p))
+    prefix = getattr(skeleton, "base_model_prefix", "")
+    if prefix and not any(n.startswith(prefix + ".") for n in found):  # a base model's checkpoint: loaded under it
+        names = {n for members in groups.values() for n, _ in members}
+        found = {(n if n in names else f"{prefix}.{n}"): s for n, s in found.items()}
+    tied = getattr(skeleton, "_tied_weights_keys", None)
+    tied = tied if isinstance(tied, dict) else {}
+    optional = [re.compile(p) for p in getattr(skeleton, "_keys_to_ignore_on_load_missing", None) or ()]
+    missing, mismatched = [], []
+    for members in groups.values():
+        names = [n for n, _ in members]
+        if not any(n in found or tied.get(n) in found or any(o.search(n) for o in optional) for n in names):
+            missing.append(names[0])
+        for n, p in members:
+            if n in found and found[n] != list(p.shape):
+                mismatched.append((n, found[n], list(p.shape)))
+    check_loading_info(path, {"missing_keys": missing, "mismatched_keys": mismatched})
+
+
+def _renamed_on_load(skeleton, table) -> bool:
+    from transformers.conversion_mapping import get_model_conversion_mapping
+
+    custom = getattr(skeleton, "is_custom_code", None)
+    if callable(custom) and custom():
+        return True
+    if any(_LEGACY_NAMES.search(n) for n in table):
+        return True
+    return bool(get_model_conversion_mapping(skeleton, add_legacy=False))
 
 
 def context_length(cfg: dict) -> int | None:

@@ -19,15 +19,23 @@ KL_THRESHOLD = 1e-5
 
 
 def verify_reload(reference_logits, reload_fn, ids, what: str) -> dict:
-    """Reload with `reload_fn()`, compare with the in-memory logits; raise on a mismatch."""
+    """Reload with `reload_fn()`, compare with the in-memory logits; raise on a mismatch. A
+    non-finite value anywhere (the in-memory model's logits included) fails: NaN compares false
+    with the threshold, so `mean KL nan` would otherwise read as a pass."""
     model = reload_fn()
     result = compare_logits(reference_logits, logits(model, ids))
     result.update({"threshold_mean_kl": KL_THRESHOLD, "tokens": int(ids.numel()), "loader": what})
+    if not result["reference_finite"]:
+        raise VerificationError(
+            "verification failed: the converted model gives non-finite logits (NaN or infinity) on the check's "
+            "tokens, so there is nothing to compare the reload with; nothing was kept"
+        )
     if not result["finite"]:
         raise VerificationError(
-            f"verification failed: the artifact reloaded with {what} gives non-finite logits; nothing was kept"
+            f"verification failed: the artifact reloaded with {what} gives non-finite logits (or a KL against the "
+            "in-memory model that is not a finite number); nothing was kept"
         )
-    if result["mean_kl"] > KL_THRESHOLD:
+    if not result["mean_kl"] <= KL_THRESHOLD:
         raise VerificationError(
             f"verification failed: the artifact reloaded with {what} differs from the in-memory model "
             f"(mean KL {result['mean_kl']:.3g} > {KL_THRESHOLD:g}); nothing was kept"

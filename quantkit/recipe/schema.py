@@ -9,8 +9,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SerializeAsAny,
     ValidatorFunctionWrapHandler,
@@ -18,20 +16,17 @@ from pydantic import (
     model_validator,
 )
 
+from quantkit.core.yamlio import StrictConfig
 from quantkit.methods.configs import MethodConfig
 from quantkit.methods.registry import METHODS, names, spoken
 
 SCHEMA_VERSION = 1
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 # ---------------------------------------------------------------- gqa
 
 
-class RecoverConfig(_Strict):
+class RecoverConfig(StrictConfig):
     """Short KL distillation from the original model after a GQA merge."""
 
     tokens: int = Field(262_144, ge=1024)
@@ -47,7 +42,7 @@ class RecoverConfig(_Strict):
     transfer_steps: int = Field(0, ge=0)
 
 
-class GqaConfig(_Strict):
+class GqaConfig(StrictConfig):
     kv_heads: int = Field(ge=1)
     grouping: Literal["contiguous", "searched"] = "contiguous"
     merge: Literal["mean", "calibrated"] = "mean"
@@ -76,7 +71,7 @@ ONLINE_REFUSED = (
 )
 
 
-class TransformStepConfig(_Strict):
+class TransformStepConfig(StrictConfig):
     """A rotation before quantization, through llm-compressor's SpinQuantModifier / QuIPModifier
     (Liu et al. 2024, SpinQuant; Tseng et al. 2024, QuIP#). Offline rotations only: see ONLINE_REFUSED."""
 
@@ -112,7 +107,7 @@ class TransformStepConfig(_Strict):
         return self
 
 
-class Step(_Strict):
+class Step(StrictConfig):
     """One step: exactly one of `quantize`, `gqa` or `transform`."""
 
     # The method's own config class (methods/registry.py METHODS[method].config); serialized as that class.
@@ -150,7 +145,7 @@ class Step(_Strict):
 # ---------------------------------------------------------------- sections
 
 
-class CalibrationConfig(_Strict):
+class CalibrationConfig(StrictConfig):
     source: str | None = None
     samples: int = Field(128, ge=1)
     seq_len: int = Field(512, ge=8)
@@ -173,7 +168,7 @@ TASK_ENGINES = ("transformers",)  # the eval engines lm-eval tasks run beside (a
 BENCH_ENGINES = ("eager", "compiled", "vllm", "llamacpp")
 
 
-class EvalConfig(_Strict):
+class EvalConfig(StrictConfig):
     # `texts: [...]`: one report row per variant per text (domain); `text: X` is the one-text shorthand.
     # None of them (and no tasks): the default domains (quantkit/evals/domains.py), at least two.
     texts: tuple[str, ...] = ()
@@ -229,7 +224,7 @@ class EvalConfig(_Strict):
         return self.texts[0] if self.texts else None
 
 
-class BenchConfig(_Strict):
+class BenchConfig(StrictConfig):
     # `engines: [compiled, llamacpp]` benches every variant on each engine (a row per engine in the
     # report, a rule-check fit per engine); `engine: X` is the one-engine shorthand, and names the
     # first engine either way.
@@ -272,7 +267,7 @@ class BenchConfig(_Strict):
         return self
 
 
-class ExportConfig(_Strict):
+class ExportConfig(StrictConfig):
     max_shard_size: str = "5GB"
     # Extra serving formats written beside each variant's artifact (quantkit/cli/export.py FORMATS);
     # "gguf" = exact GGUF for llama.cpp, refused (not approximated) where the grid has no GGUF type.
@@ -331,7 +326,7 @@ GGUF_TYPES = (
 )
 
 
-class GgufVariantConfig(_Strict):
+class GgufVariantConfig(StrictConfig):
     """A variant that llama.cpp's own tools make from the source checkpoint, as a llama.cpp user would:
     its exact F16 GGUF, then llama-quantize `type`, with an importance matrix (llama-imatrix) over the
     text of the run's calibration windows when `imatrix` is true."""
@@ -347,7 +342,7 @@ class GgufVariantConfig(_Strict):
         return v.upper()
 
 
-class Variant(_Strict):
+class Variant(StrictConfig):
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
     # A variant without steps is the unmodified checkpoint, and must say so: a step-less variant
@@ -414,7 +409,7 @@ def _check_effective_steps(recipe: "Recipe") -> None:
             )
 
 
-class Recipe(_Strict):
+class Recipe(StrictConfig):
     schema_version: Literal[1] = SCHEMA_VERSION
     name: str = Field("", pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,99})?$")  # NAME_PATTERN, or empty
     description: str = ""
