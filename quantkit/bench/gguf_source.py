@@ -121,6 +121,12 @@ def gguf_config(path: Path) -> dict:
     }
 
 
+def export_record(gguf: Path) -> dict | None:
+    """quantkit export's record beside a GGUF (NAME.quantkit.json) when it describes this very file."""
+    rec = _record(gguf)
+    return rec if _record_matches(gguf, rec) else None
+
+
 def _record(gguf: Path) -> dict | None:
     try:
         rec = json.loads(record_path(gguf).read_text())

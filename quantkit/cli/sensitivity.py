@@ -145,7 +145,15 @@ def analyse(
         "rotations": list(transform.rotations) if transform is not None else [],
         "windows": {"requested": windows, "used": len(cs.samples), "seq_len": seq_len, "note": short},
         **out,
+        "chosen_on": chosen_on(cs.manifest),  # beside the overrides in a recipe (ChosenOn)
     }
+
+
+def chosen_on(text: dict) -> dict:
+    """The windows' record a recipe's `chosen_on:` takes (methods/configs.py ChosenOn)."""
+    keys = ("source", "sha256", "seq_len", "seed", "region", "window_starts")
+    parts = [chosen_on(p) for p in text.get("parts") or [] if isinstance(p, dict)]
+    return {k: text[k] for k in keys if text.get(k) is not None} | ({"parts": parts} if parts else {})
 
 
 def render(out: dict, top: int) -> str:
@@ -189,10 +197,14 @@ def render(out: dict, top: int) -> str:
         "a recipe's `auto:` with this budget, these units and choices picks the same on the same windows"
     )
     if out["overrides"]:
-        lines.append("# under steps[0].quantize of an INT4 recipe, for this model alone:")
+        lines.append("# under steps[0].quantize of an INT4 recipe, for this model alone (chosen_on: the windows")
+        lines.append("# they were chosen on, which eval then refuses to score the artifact on):")
         lines.append(
             yaml.safe_dump(
-                {"overrides": out["overrides"]}, sort_keys=False, default_flow_style=None, width=1000
+                {"overrides": out["overrides"], "chosen_on": chosen_on(out["text"])},
+                sort_keys=False,
+                default_flow_style=None,
+                width=1000,
             ).rstrip()
         )
     else:

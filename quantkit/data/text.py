@@ -143,20 +143,18 @@ MAX_BAD_FRACTION = 1e-4
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
 
 
-def decode_text(raw: bytes) -> tuple[str, int]:
-    """bytes -> (text, number of invalid byte sequences replaced by U+FFFD); UTF-8, or UTF-16 with its BOM."""
-    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        text = raw.decode("utf-16", errors="replace")
-        return text, text.count("\ufffd")
-    text = raw.decode("utf-8-sig", errors="replace")
-    return text, text.count("\ufffd") - raw.count("\ufffd".encode())  # a U+FFFD already in the file is text
-
-
 def check_text(text: str, replaced: int, where: str) -> dict:
     """Refuse binary or non-UTF-8 text; returns provenance notes (the count of bad characters, if any)."""
+    return _verdict(text, replaced + _controls(text), replaced, where)
+
+
+def _controls(text: str) -> int:
+    return sum(1 for _ in _CONTROL.finditer(text))
+
+
+def _verdict(text: str, bad: int, replaced: int, where: str) -> dict:
     if not text.strip():
         raise DataError(f"{where}: no text (the file is empty or only whitespace)")
-    bad = replaced + len(_CONTROL.findall(text))
     if bad == 0:
         return {}
     if bad > MAX_BAD_FRACTION * len(text):
@@ -172,11 +170,80 @@ def check_text(text: str, replaced: int, where: str) -> dict:
     return {"bad_characters": bad}
 
 
-def _read_bytes(path: Path) -> bytes:
+# A text is read whole and tokenized into one stream, which in memory takes several times its size
+# (its str, then about 9 bytes per token); calibration and evaluation read a few MB of it. A larger
+# file is refused before it is read rather than after minutes and gigabytes.
+MAX_TEXT_BYTES = 256 << 20
+CHUNK_BYTES = 1 << 20
+_REPLACEMENT = "\ufffd".encode()
+
+
+@dataclass
+class _Reading:
+    """A file read in chunks: its sha256, size and decoded text, and the bad characters counted."""
+
+    digest: str = ""
+    size: int = 0
+    text: str = ""
+    replaced: int = 0
+    bad: int = 0
+    chars: int = 0
+
+
+def _read_decoded(path: Path, decode: bool = True) -> _Reading:
+    """The file in CHUNK_BYTES chunks: hashed and (`decode`) decoded as UTF-8 (UTF-16 with its BOM),
+    its bad characters counted as it goes. Stops with the refusal once the bad characters alone are
+    more than the whole file could hold within MAX_BAD_FRACTION (it holds no more characters than
+    bytes), so a binary file costs its first megabyte or so, whatever its size. A text larger than
+    MAX_TEXT_BYTES is refused once that much of it is read, none of it kept."""
+    size = path.stat().st_size  # a /proc file says 0
+    keep = size <= MAX_TEXT_BYTES  # a larger file is only scanned: refused as binary, or for its size
+    h, parts, r = hashlib.sha256(), [], _Reading()
+    decoder, tail, utf16 = None, b"", False
     try:
-        return path.read_bytes()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(CHUNK_BYTES):
+                r.size += len(chunk)
+                if r.size > MAX_TEXT_BYTES:
+                    raise DataError(_too_large(path, max(size, r.size)))
+                h.update(chunk)
+                if not decode:
+                    continue
+                if decoder is None:
+                    utf16 = chunk.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+                    decoder = codecs.getincrementaldecoder("utf-16" if utf16 else "utf-8-sig")("replace")
+                piece = _counted(r, decoder.decode(chunk), tail + chunk, utf16)
+                parts.append(piece if keep else "")
+                tail = chunk[-2:]
+                if r.bad > MAX_BAD_FRACTION * max(size, r.size):
+                    raise DataError(
+                        f"{path}: not UTF-8 text: {r.bad} of {r.chars} characters in its first {r.size:,} bytes are "
+                        f"invalid UTF-8 or control characters, more than one in {1 / MAX_BAD_FRACTION:,.0f} of all it "
+                        "holds (a binary file, or another encoding?); convert it to UTF-8"
+                    )
+            if decoder is not None:
+                parts.append(_counted(r, decoder.decode(b"", final=True), b"", utf16))
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
+    r.digest, r.text = h.hexdigest(), "".join(parts)
+    return r
+
+
+def _counted(r: _Reading, piece: str, raw: bytes, utf16: bool) -> str:
+    """Count a decoded piece's bad characters: U+FFFD the decoder put in (not one the file holds:
+    `raw` is the chunk with the previous one's last two bytes) and control characters."""
+    replaced = max(piece.count("\ufffd") - (0 if utf16 else raw.count(_REPLACEMENT)), 0)
+    r.replaced += replaced
+    r.bad += replaced + _controls(piece)
+    r.chars += len(piece)
+    return piece
+
+
+def _too_large(path, size: int) -> str:
+    return (
+        f"{path}: {size:,} bytes, over the {MAX_TEXT_BYTES >> 20} MiB a text may have (quantkit reads a text whole "
+        "and tokenizes it, several times its size in memory); use a part of it"
+    )
 
 
 def _read_jsonl(path: Path, text: str) -> str:
@@ -212,17 +279,18 @@ def _read_parquet(path: Path) -> str:
     return "\n\n".join(t for t in table.column("text").to_pylist() if t)
 
 
-def _read_file(path: Path, raw: bytes) -> tuple[str, int]:
-    """The text of a .txt/.md/.jsonl/.parquet file and the number of undecodable byte sequences."""
+def _read_file(path: Path) -> tuple[str, dict]:
+    """The text of a .txt/.md/.jsonl/.parquet file and its provenance (sha256, bytes, bad characters)."""
     suffix = path.suffix.lower()
-    if suffix in (".txt", ".md", ".text", ""):
-        return decode_text(raw)
-    if suffix == ".jsonl":
-        text, replaced = decode_text(raw)
-        return _read_jsonl(path, text), replaced
+    if suffix not in (".txt", ".md", ".text", "", ".jsonl", ".parquet"):
+        raise DataError(f"{path}: unsupported text file type {suffix!r}; use .txt, .jsonl or .parquet")
+    r = _read_decoded(path, decode=suffix != ".parquet")
+    prov = {"sha256": r.digest, "bytes": r.size}
     if suffix == ".parquet":
-        return _read_parquet(path), 0
-    raise DataError(f"{path}: unsupported text file type {suffix!r}; use .txt, .jsonl or .parquet")
+        text = _read_parquet(path)
+        return text, {**prov, **check_text(text, 0, str(path))}
+    prov.update(_verdict(r.text, r.bad, r.replaced, str(path)))
+    return (_read_jsonl(path, r.text) if suffix == ".jsonl" else r.text), prov
 
 
 # One request to the Hub, with a short timeout and no retries, before `datasets` tries: without a
@@ -266,6 +334,8 @@ def _read_hub(spec: TextSpec) -> Text:
     if not all(isinstance(t, str) for t in rows):
         raise DataError(f"{spec}: the dataset's 'text' column does not hold strings")
     text = "\n\n".join(rows)
+    if len(text) > MAX_TEXT_BYTES:
+        raise DataError(_too_large(spec, len(text)).replace(" bytes,", " characters,", 1))
     prov = {"source": str(spec), "sha256": hashlib.sha256(text.encode()).hexdigest(), "fingerprint": ds._fingerprint}
     prov.update(check_text(text, 0, str(spec)))
     return Text(text, prov)
@@ -279,15 +349,13 @@ def read_text(spec: TextSpec) -> Text:
             raise DataError(f"{spec.path}: no such text file")
         if not path.is_file():
             raise DataError(f"{spec.path}: not a regular file")
-        raw = _read_bytes(path)
-        digest = hashlib.sha256(raw).hexdigest()
-        if spec.expect_sha256 and digest != spec.expect_sha256:
+        text, read = _read_file(path)
+        if spec.expect_sha256 and read["sha256"] != spec.expect_sha256:
             raise DataError(
-                f"set:{spec.set_name}: {path} has sha256 {digest[:12]}…, the manifest says {spec.expect_sha256[:12]}…"
+                f"set:{spec.set_name}: {path} has sha256 {read['sha256'][:12]}…, the manifest says "
+                f"{spec.expect_sha256[:12]}…"
             )
-        text, replaced = _read_file(path, raw)
-        prov = {"source": str(spec), "sha256": digest, "bytes": len(raw)}
-        prov.update(check_text(text, replaced, str(path)))
+        prov = {"source": str(spec), **read}
         if spec.set_name:
             prov["set"] = spec.set_name
         return Text(text, prov)
@@ -318,6 +386,9 @@ def content_key(spec_str: str) -> str | None:
     path = Path(spec.path).expanduser()
     if not path.is_file():
         return None
+    st = path.stat()
+    if st.st_size > MAX_TEXT_BYTES:  # refused when it is read; the same file is the same inode, unhashed
+        return f"file:{st.st_dev}:{st.st_ino}"
     h = hashlib.sha256()
     try:
         with open(path, "rb") as fh:

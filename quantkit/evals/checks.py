@@ -38,18 +38,17 @@ def artifact_meta(model_path: Path) -> dict:
 
 
 def fitted_texts(meta: dict) -> list[dict]:
-    """Every text an artifact was fitted on, from its quantkit.json: the calibration windows (used
-    by GPTQ/AWQ/SmoothQuant and the GQA merge) and GQA recovery's training and held-out windows,
-    each text of a calibration mix (`parts`) on its own.
+    """Every text an artifact was fitted on, from its quantkit.json (or what a GGUF carries): the
+    calibration windows (GPTQ/AWQ/SmoothQuant, the GQA merge), GQA recovery's training and
+    held-out windows, the windows an `auto:` step chose its units on, the windows `quantkit
+    sensitivity` chose a step's overrides on (`chosen_on`, which it prints beside them), and a
+    K-quant GGUF's importance matrix and `--mixed` selection (its export record); each text of a
+    calibration mix (`parts`) on its own. Rotations are fixed Hadamard matrices, fitted on no text.
 
     Each record: what, source, sha256, seq_len, starts (token offsets in the text's stream). A new
     step that fits on text records its windows in quantkit.json and is listed here."""
     out: list[dict] = []
-    rec = ((meta.get("gqa") or {}).get("recover") or {}).get("windows")
-    for what, record, keys in (
-        ("calibration", meta.get("calibration"), ("window_starts",)),
-        ("GQA recovery", rec, ("train_starts", "heldout_starts")),
-    ):
+    for what, record, keys in _fitted_records(meta):
         for r in _with_parts(record):
             for key in keys:
                 label = {"train_starts": f"{what} training", "heldout_starts": f"{what} held-out"}.get(key, what)
@@ -64,6 +63,28 @@ def fitted_texts(meta: dict) -> list[dict]:
                     }
                 )
     return out
+
+
+def _fitted_records(meta: dict) -> list[tuple[str, object, tuple[str, ...]]]:
+    """(what, its window record(s), the keys of their window starts) for each kind of fitted text."""
+    starts = ("window_starts",)
+    steps = _at(meta, "recipe", "steps")
+    chosen = [_at(s, "quantize", "chosen_on") for s in steps] if isinstance(steps, list) else []
+    return [
+        ("calibration", meta.get("calibration"), starts),
+        ("GQA recovery", _at(meta, "gqa", "recover", "windows"), ("train_starts", "heldout_starts")),
+        ("auto mixed precision", _at(meta, "mixed_precision", "windows", "text"), starts),
+        ("sensitivity (the overrides' choice)", [c for c in chosen if isinstance(c, dict)], starts),
+        ("importance matrix", _at(meta, "gguf_export", "imatrix", "calibration"), starts),
+        ("--mixed selection", _at(meta, "gguf_export", "mixed", "windows"), starts),
+    ]
+
+
+def _at(record, *keys):
+    """record[k1][k2]... where each level is a dict, else None (a damaged or older record)."""
+    for key in keys:
+        record = record.get(key) if isinstance(record, dict) else None
+    return record
 
 
 def _with_parts(record) -> list[dict]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantkit.bench.gguf_source import reference_source
+from quantkit.bench.gguf_source import export_record, reference_source
 from quantkit.errors import DataError
 from quantkit.evals.checks import artifact_meta
 from quantkit.evals.perplexity import vocab_fingerprint
@@ -49,6 +49,15 @@ def check_same_vocab(path: Path, base_path: Path, tok_base) -> str:
     return vocab_fingerprint(tok_base)
 
 
+def _fitted_in_export(path: Path) -> dict:
+    """What a K-quant export fitted on text itself, from its record beside the GGUF: the importance
+    matrix's calibration windows and the `--mixed` selection's (evals/checks.py reads
+    `gguf_export`). llama-quantize copies the F16 file's header, so the GGUF itself cannot carry them."""
+    rec = export_record(path) or {}
+    fitted = {k: rec[k] for k in ("imatrix", "mixed") if isinstance(rec.get(k), dict)}
+    return {"gguf_export": fitted} if fitted else {}
+
+
 def source_meta(path: Path) -> tuple[dict, str | None, dict]:
     """What the baseline and overlap checks read for a GGUF: (quantkit.json-shaped metadata; the sha256
     of the checkpoint it came from, or None; how that was found: {"found_via"[, "warning"]}).
@@ -66,7 +75,7 @@ def source_meta(path: Path) -> tuple[dict, str | None, dict]:
         return artifact_meta(art), emb.source_sha256, {"found_via": f"the artifact it was exported from ({art})"}
     if emb.known and emb.provenance is not None:
         return (
-            emb.provenance,
+            {**emb.provenance, **_fitted_in_export(path)},
             emb.source_sha256,
             {"found_via": "the provenance quantkit export embedded in the GGUF (quantkit.provenance)"},
         )

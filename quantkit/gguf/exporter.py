@@ -169,13 +169,23 @@ def _origin(art: Artifact, meta: dict) -> Origin:
     if recorded is None:
         return Origin(own, own, None)
     recover = ((meta.get("gqa") or {}).get("recover") or {}) if isinstance(meta.get("gqa"), dict) else {}
+    mixed = meta.get("mixed_precision") if isinstance(meta.get("mixed_precision"), dict) else {}
+    steps = (meta.get("recipe") or {}).get("steps") if isinstance(meta.get("recipe"), dict) else None
     provenance = {
         "source": {"path": source.get("path"), "sha256": recorded},
         "base_model": meta.get("base_model"),
         "calibration": meta.get("calibration"),
         "gqa": {"recover": {"windows": recover.get("windows")}},
+        "mixed_precision": {"windows": {"text": (mixed.get("windows") or {}).get("text")}},
+        "recipe": {"steps": [_chosen_on(st) for st in steps] if isinstance(steps, list) else []},
     }
     return Origin(recorded, own, provenance)
+
+
+def _chosen_on(step) -> dict:
+    """A recipe step as eval's overlap check reads it: the text its overrides were chosen on."""
+    quant = step.get("quantize") if isinstance(step, dict) else None
+    return {"quantize": {"chosen_on": quant.get("chosen_on")}} if isinstance(quant, dict) else {}
 
 
 def _head(path: Path) -> bytes:

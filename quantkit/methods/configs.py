@@ -46,6 +46,20 @@ class LayerOverride(StrictConfig):
     symmetric: bool = True
 
 
+class ChosenOn(StrictConfig):
+    """The windows a step's overrides were chosen on, as `quantkit sensitivity` prints them beside
+    the overrides: the artifact records them (quantkit.json `recipe.steps`), so `eval` refuses to
+    score it on those windows as it does its calibration windows."""
+
+    source: str
+    sha256: str | None = None
+    seq_len: int = Field(ge=1)
+    window_starts: tuple[int, ...] = ()
+    seed: int | None = None
+    region: str | None = None
+    parts: tuple["ChosenOn", ...] = ()  # a calibration mix: each text's windows
+
+
 class WeightOnly(MethodConfig):
     """Integer weights in groups (or per channel), activations left in 16 bits."""
 
@@ -57,9 +71,12 @@ class WeightOnly(MethodConfig):
     overrides: tuple[LayerOverride, ...] = ()
     # Mixed precision chosen on the model under a bits budget, instead of overrides written by hand.
     auto: AutoMixed | None = None
+    chosen_on: ChosenOn | None = None  # the text `quantkit sensitivity` chose the overrides on
 
     @model_validator(mode="after")
     def _auto(self) -> "WeightOnly":
+        if self.chosen_on is not None and not self.overrides:
+            raise ValueError("chosen_on records the text the overrides were chosen on; give it with overrides")
         if self.auto is not None:
             if self.overrides:
                 raise ValueError(

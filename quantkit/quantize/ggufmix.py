@@ -219,13 +219,16 @@ def _windows(made, model):
         model_hash=checkpoint_hash(made.artifact),
     )
     m = cs.manifest
-    return torch.cat(cs.samples), {
+    return torch.cat(cs.samples), {  # sha256 and window_starts: what eval's overlap check compares
         "source": m.get("source"),
+        "sha256": m.get("sha256"),
         "samples": m.get("samples"),
         "seq_len": m.get("seq_len"),
         "seed": m.get("seed"),
         "region": m.get("region"),
         "tokens": m.get("tokens"),
+        "window_starts": m.get("window_starts"),
+        **({"parts": m["parts"]} if m.get("parts") else {}),
     }
 
 
