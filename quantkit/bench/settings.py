@@ -58,8 +58,8 @@ def check_settings(s: BenchSettings) -> None:
     engine = engine_class(s.engine)
     if s.prompt_len <= 0 or s.gen_len <= 1:
         raise QuantkitError("--prompt-len must be > 0 and --gen-len > 1")
-    if s.repeats < 1 or s.warmups < 0 or s.min_seconds < 0:
-        raise QuantkitError("--repeats must be >= 1, --warmups and --min-seconds >= 0")
+    if s.repeats < 1 or s.warmups < 0 or not 0 <= s.min_seconds < float("inf"):  # NaN fails every comparison
+        raise QuantkitError("--repeats must be >= 1, --warmups >= 0 and --min-seconds a finite number >= 0")
     if any(x <= 0 for x in s.prompt_sweep):
         raise QuantkitError("--sweep: prompt lengths must be positive")
     if s.tensor_parallel < 1 or (s.tensor_parallel > 1 and not engine.tensor_parallel):

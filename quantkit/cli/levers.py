@@ -38,12 +38,12 @@ def _installed(name: str) -> str:
         return f"not installed: {str(exc).split('; ', 1)[-1]}" if tools.find(name) is None else f"does not run: {exc}"
 
 
-def _plan(study) -> list[dict]:
+def _plan(study, check: bool = False) -> list[dict]:
     from quantkit.load.levers import lever_plan
 
     plans = []
     for i in range(len(study.levers)):
-        plan = lever_plan(study, i)
+        plan = lever_plan(study, i, check=check)
         plan["load"] = plan.pop("cfg").to_dict()
         plans.append(plan)
     return plans
@@ -128,7 +128,7 @@ def levers_cmd(study_file, out, force, dry_run, trust_study, engines, as_json) -
         _print_plan(study, _plan(study), untrusted(study), as_json)
         return
     check_trusted(study, str(study_file), trust_study)  # before anything is created or started
-    _plan(study)  # every lever's model and command resolve before the first server starts
+    _plan(study, check=True)  # every lever's model and installed engine, before --out is made or a server starts
     out_dir = Path(out or f"levers-{study.name}")
     if (out_dir / "study.json").exists() and not force:
         raise StudyError(f"--out: {out_dir} holds an earlier study (study.json); use --force to replace it")

@@ -28,9 +28,11 @@ SCHEMA_VERSION = 1
 HOST = "127.0.0.1"
 
 
-def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
+def lever_plan(study: Study, index: int, port: int | None = None, check: bool = False) -> dict:
     """What one lever runs: the exact command and what it adds to the environment, the request-body
-    fields, the model, the load config."""
+    fields, the model, the load config. With a port (a lever about to start) or `check`, an engine
+    that is not installed (vLLM's environment, the llama-server binary) is one line here."""
+    check = check or port is not None
     lever = study.levers[index]
     kind = server_kind(study.server.engine)
     where = f"levers[{index}] ({lever.name})"
@@ -44,11 +46,11 @@ def lever_plan(study: Study, index: int, port: int | None = None) -> dict:
         if kind.key(name, where).file and not Path(str(value)).is_file():
             raise StudyError(f"{where}.settings.{name}: {value} is not a file")
     args, body = lever_args(kind, settings, where)
-    python = kind.python(check=port is not None)  # a dry run (no port) shows an engine's own Python, installed or not
+    python = kind.python(check=check)  # a dry run shows an engine's own Python, installed or not
     values = {"python": python, "model": model, "host": HOST, "port": str(port or "{port}")}
     command = fill(study.server.command or kind.command, values) + args + list(lever.args)
     if kind.program and not study.server.command:  # the built binary, not whatever PATH holds
-        command[0] = kind.program(port is not None)
+        command[0] = kind.program(check)
     url = f"http://{HOST}:{port}" if port else "http://127.0.0.1:1"
     return {
         "lever": lever.name,
@@ -146,7 +148,8 @@ def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) 
 def run_study(
     study: Study, out: Path, *, source: str, log: Callable[[str], None], sink: dict | None = None, trusted: bool = False
 ) -> dict:
-    """Every lever in order; `study.json` is rewritten after each, and on the way out of a failure.
+    """Every lever in order; `study.json` is rewritten after each, and on the way out of a failure
+    once a lever has run.
     `sink["result"]` holds the result as it grows, for a caller that is interrupted. A study that
     runs its own command or sets the server's environment needs `trusted` (study.check_trusted)."""
 
@@ -185,9 +188,9 @@ def run_study(
         result["error"] = str(exc)[:400]
         raise
     finally:
-        if result["runs"]:
+        if result["runs"]:  # a study no lever ran in leaves no study.json: the same command runs it again
             result.update(summarize(study, result["runs"]))
-        _write(out, "study.json", result)
+            _write(out, "study.json", result)
         try:
             signal.signal(signal.SIGTERM, previous)
         except (ValueError, TypeError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import re
 from pathlib import Path
 
@@ -311,6 +312,12 @@ def load_model(
             output_loading_info=True,
             ignore_mismatched_sizes=True,  # reported below, by name and shape
         )
+    except pickle.UnpicklingError:  # torch's weights_only loader refused a pickle: its advice (turn it off) is not ours
+        raise ModelError(
+            f"{path}: {_pickles(path)} holds objects other than tensors, which PyTorch's safe loader (weights_only) "
+            "refuses: loading it could run code; quantkit does not load it (convert the weights to safetensors "
+            "where you trust them)"
+        ) from None
     except load_faults() as exc:
         raise ModelError(
             f"{path}: failed to load the model{' with offloading' if offload else ''} ({one_line(exc)})"
@@ -318,6 +325,14 @@ def load_model(
     check_loading_info(path, info)
     model.eval()
     return model
+
+
+def _pickles(path: Path) -> str:
+    """The checkpoint's pickle weight file, or its pickle files (the refused one is among them)."""
+    files = sorted(f.name for pattern in ("*.bin", "*.pt", "*.pth") for f in path.glob(pattern))
+    if len(files) == 1:
+        return files[0]
+    return f"one of its pickle files ({', '.join(files)})" if files else "a pickle file"
 
 
 def cast_model(model, dtype):

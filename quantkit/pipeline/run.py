@@ -22,7 +22,7 @@ from pathlib import Path
 
 from quantkit import __version__
 from quantkit.artifacts.staging import model_inputs, read_meta, text_input, verification_problem
-from quantkit.core.atomic import exclusive
+from quantkit.core.atomic import exclusive, write_json
 from quantkit.core.integrity import problems, sha256_file
 from quantkit.data.calib import check_source
 from quantkit.data.text import check_readable
@@ -97,6 +97,23 @@ def check_run_dir(run_dir: Path, src: Path, inputs) -> None:
                 "a run directory is a new directory of its own (nothing was changed)"
             )
     check_not_inside(run_dir, src)
+    check_run_contents(run_dir)
+
+
+def check_run_contents(run_dir: Path) -> None:
+    """An existing run directory is one a run made (it holds steps.json, written first) or an
+    empty one: `run` writes artifacts and reports into it, as `convert` refuses to into a foreign
+    non-empty --out."""
+    if (
+        run_dir.is_dir()
+        and not (run_dir / "steps.json").is_file()
+        and not (run_dir / "report.json").is_file()
+        and any(run_dir.iterdir())
+    ):
+        raise QuantkitError(
+            f"--out {run_dir} is not a quantkit run directory (no steps.json) and is not empty; a run writes its "
+            "artifacts and reports there: choose another --out, or empty it yourself (nothing was changed)"
+        )
 
 
 class Runner:
@@ -292,8 +309,11 @@ class Runner:
 
     def run(self) -> dict:
         with exclusive(self.dir, what=f"run directory {self.dir}"):
+            check_run_contents(self.dir)  # again under the lock
             self.dir.mkdir(parents=True, exist_ok=True)
             self.cache = StepCache.open(self.dir)
+            if not self.cache.path.is_file():  # first: an interrupted run's directory is still known as one
+                write_json(self.cache.path, {})
             return self._run()
 
     def _run(self) -> dict:

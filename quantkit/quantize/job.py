@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from huggingface_hub import constants
+from huggingface_hub.file_download import repo_folder_name
 
 from quantkit.artifacts.staging import check_out, disk_needed, estimate_bytes, guard_out, model_inputs, text_input
 from quantkit.data.calib import check_source
@@ -27,6 +29,7 @@ from quantkit.methods.registry import Method, method_of, names, quantize_step
 from quantkit.methods.registry import preflight as method_preflight
 from quantkit.models import offload
 from quantkit.models.checkpoint import load_tokenizer, read_config
+from quantkit.models.named import NAMED_MODELS, named_model_dir
 from quantkit.models.resolve import resolve_path
 from quantkit.quantize.auto import Search, check
 from quantkit.quantize.preflight import (
@@ -152,9 +155,31 @@ def needs_text(variant: Variant) -> bool:
 
 
 def check_inputs(recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions) -> None:
-    """--out is none of the inputs, nor contains one: the model as named, the calibration text, the recipe files."""
+    """Every refusal of where --out is, made before the lock file beside it is created (nothing is
+    written before them): --out is none of the inputs, nor contains one (the model as named, the
+    calibration text, the recipe files), nor lies inside the source checkpoint, and an existing
+    --out is one --force may replace. prepare() makes them again under the lock."""
+    ref = model_ref or recipe.model
     calib = text_input(opts.calib or recipe.calibration.source, "the calibration text")
-    guard_out(out, [*model_inputs(model_ref or recipe.model), *calib, *opts.inputs])  # before the lock file is made
+    guard_out(out, [*model_inputs(ref), *calib, *opts.inputs])
+    for src in source_dirs(ref):
+        check_not_inside(out, src)
+    check_out(out, opts.force)
+
+
+def source_dirs(ref: str | None) -> list[Path]:
+    """Where a model argument's checkpoint lies, found without pulling or downloading it: the
+    directory it names, a named model's directory, a hub id's folder in the Hugging Face cache."""
+    if not ref:
+        return []
+    if ref in NAMED_MODELS:
+        return [named_model_dir(ref)]
+    path = Path(ref).expanduser()
+    if path.exists():
+        return [path]
+    if ref.count("/") == 1 and not ref.startswith(("/", ".", "~")):
+        return [Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=ref, repo_type="model")]
+    return []
 
 
 def check_skeleton(cfg: dict, variant: Variant, key: str, trust_remote_code: bool, src: Path | None = None):
