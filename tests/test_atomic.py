@@ -196,3 +196,57 @@ def test_json_safe_writes_no_number_json_cannot_hold(value):
     data = {"a": value, 2: [value, (1.5, value)], "ok": "x"}
     text = json.dumps(atomic.json_safe(data), allow_nan=False)  # raises on NaN/inf left anywhere
     assert json.loads(text) == {"a": None, "2": [None, [1.5, None]], "ok": "x"}
+
+
+def strict_loads(text: str):
+    """json.loads as a strict parser reads: NaN, Infinity and -Infinity are not JSON."""
+
+    def refuse(token):
+        raise ValueError(f"{token} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _write_json(tmp_path, data, capsys):
+    atomic.write_json(tmp_path / "a.json", data, default=str)
+    return (tmp_path / "a.json").read_text()
+
+
+def _echo_json(tmp_path, data, capsys):
+    from quantkit.cli._common import echo_json
+
+    echo_json(data)
+    return capsys.readouterr().out
+
+
+def _gguf_record(tmp_path, data, capsys):
+    from quantkit.gguf.write import staged_file
+
+    with staged_file(tmp_path / "x.gguf", tmp_path / "x.quantkit.json") as stage:
+        stage.path.write_bytes(b"GGUF")
+        stage.record = data
+    return (tmp_path / "x.quantkit.json").read_text()
+
+
+@pytest.mark.parametrize("writer", [_write_json, _echo_json, _gguf_record], ids=["files", "stdout", "gguf-record"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_every_json_quantkit_writes_is_strict(tmp_path, capsys, writer, value):
+    """A non-finite number is null wherever it sits (a verification's mean_kl was written `NaN`,
+    which strict parsers refuse), also in what `default` turns an object into."""
+    import numpy as np
+
+    class Odd:
+        def __str__(self):
+            return "odd"
+
+    data = {"verification": {"mean_kl": value, "max_kl": [value, 1.5]}, "n": np.nan}
+    if writer is not _echo_json:  # the file writers take default=str (quantkit.json holds paths)
+        data.update(path=tmp_path, x=Odd())
+    parsed = strict_loads(writer(tmp_path, data, capsys))
+    assert parsed["verification"] == {"mean_kl": None, "max_kl": [None, 1.5]} and parsed["n"] is None
+
+
+def test_strict_json_refuses_what_it_cannot_write():
+    with pytest.raises(TypeError):
+        atomic.strict_json({"x": object()})
+    assert strict_loads(atomic.strict_json({"x": object()}, default=lambda o: float("nan"))) == {"x": None}

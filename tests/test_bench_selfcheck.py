@@ -70,6 +70,18 @@ def test_compare_threshold_and_non_finite():
     assert selfcheck.THRESHOLD >= 10 * 3.9e-3  # above the measured bf16/INT4 noise by an order of magnitude
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("partial", [False, True], ids=["full", "top-k"])
+def test_a_non_finite_reference_fails_the_self_check(value, partial):
+    """The reference's NaN made the KL NaN, which compares false with the threshold: failed by name."""
+    a = torch.log_softmax(torch.randn(3, 20), -1)
+    ref = a.clone()
+    ref[0, 2] = value
+    res = selfcheck.compare(ref, a, partial=partial)
+    assert res["status"] == "failed" and not res["passed"]
+    assert res["reason"] == "non-finite reference log-probabilities"
+
+
 def test_self_check_passes_and_is_recorded(cli, int4_art):
     code, _, err, data = cli("bench", str(int4_art), *FAST, "--engine", "eager")
     assert code == 0, err

@@ -375,6 +375,29 @@ def test_allow_lossy_maps_them_and_reports_kl(cli, models, tmp_path, case):
     assert "random token ids" in rec["kl_vs_artifact"]["text"]
 
 
+@pytest.mark.parametrize("side", ["artifact", "GGUF's weights"], ids=["artifact", "gguf"])
+def test_a_fidelity_kl_that_is_not_finite_fails_the_export(cli, models, tmp_path, monkeypatch, side):
+    """A lossy GGUF's KL against its artifact is its fidelity figure: NaN (either side's logits
+    non-finite) fails the export, nothing written, rather than a record of `NaN`."""
+    import torch
+
+    from quantkit.gguf import fidelity
+
+    art = craft_artifact(models["llama-gqa"], tmp_path / "g16", "g16")
+    real, calls = fidelity.logits, []
+
+    def logits(model, ids):
+        calls.append(1)
+        out = real(model, ids)
+        return torch.full_like(out, float("nan")) if (len(calls) == 1) == (side == "artifact") else out
+
+    monkeypatch.setattr(fidelity, "logits", logits)
+    out = tmp_path / "x.gguf"
+    code, _, err, _ = export(cli, art, out, "--allow-lossy")
+    assert code == 2 and "no finite KL" in err and f"the {side}" in err and err.count("\n") == 1, err
+    assert not out.exists() and not list(tmp_path.glob(".x.*"))
+
+
 def test_crafted_exact_cases_are_exact(cli, models, tmp_path):
     """act-order g_idx that keeps 32-blocks whole, and bf16 scales that are fp16 values, stay exact."""
     for case in ("blockwise-g-idx", "bf16-exact-scales"):

@@ -887,3 +887,67 @@ def test_a_quantize_step_that_ignores_every_layer_is_not_a_variant(
         f"steps[0].quantize.ignore={ignore}",
     )
     one_line_error(code, err, "steps[0].quantize.ignore", "nothing would be quantized")
+
+
+# ---------------------------------------------------------------- non-finite values never pass a check
+
+
+@pytest.mark.parametrize(
+    "recipe,extra",
+    [
+        ("int4-w4a16-rtn", RTN),
+        ("int8-w8a16-gptq", ["--set", "calibration.samples=4", "--set", "calibration.seq_len=64"]),
+    ],
+    ids=["rtn", "gptq"],
+)
+def test_non_finite_reference_logits_fail_the_reload_check(
+    cli, tiny_llama, tiny_text, tmp_path, monkeypatch, recipe, extra
+):
+    """The converted model's own logits (the reference) NaN: the check printed `verified ... mean KL
+    nan (<= 1e-05)`, wrote `"mean_kl": NaN` with `"status": "passed"`, and publish took it."""
+    import torch
+
+    from quantkit.quantize import convert as conversion
+
+    real = conversion.logits
+    monkeypatch.setattr(conversion, "logits", lambda model, ids: torch.full_like(real(model, ids), float("nan")))
+    out = tmp_path / "out"
+    code, _, err, _ = cli(
+        "convert", recipe, "--model", str(tiny_llama), "--out", str(out), "--calib", f"file:{tiny_text}", *extra
+    )
+    one_line_error(code, err, "verification failed", "non-finite logits")
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))
+
+
+def _logits(kind: str):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    good = torch.randn(2, 8, 50, generator=g)
+    bad = good.clone()
+    if kind == "nan":
+        bad[0, 3, 7] = float("nan")
+    elif kind == "inf":
+        bad[1, 0, 0] = float("inf")
+    else:  # finite logits whose KL overflows to NaN (log-softmax of +-3e38 is -inf)
+        good[0, 0, :2], bad[0, 0, :2] = torch.tensor([3e38, -3e38]), torch.tensor([-3e38, 3e38])
+    return good, bad
+
+
+@pytest.mark.parametrize("kind", ["nan", "inf", "kl-overflow"])
+@pytest.mark.parametrize("side", ["reference", "reloaded"])
+def test_every_non_finite_comparison_fails_verification(monkeypatch, kind, side):
+    """NaN compares false with any threshold (`nan > 1e-5` is False): each non-finite case is a
+    failure by name, never a pass, whichever side holds it."""
+    import torch
+
+    from quantkit.errors import VerificationError
+    from quantkit.models.logits import compare_logits
+    from quantkit.quantize import verify
+
+    good, bad = _logits(kind)
+    ref, new = (bad, good) if side == "reference" else (good, bad)
+    assert compare_logits(ref, new)["finite"] is False
+    monkeypatch.setattr(verify, "logits", lambda model, ids: new)  # the reloaded model's forward
+    with pytest.raises(VerificationError, match="non-finite logits"):
+        verify.verify_reload(ref, object, torch.zeros(2, 8, dtype=torch.long), "a loader")

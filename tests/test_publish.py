@@ -180,6 +180,19 @@ def test_unverified_refused(cli, artifact, hub):
     assert code == 2 and "unverified" in err
 
 
+@pytest.mark.parametrize(
+    "kl", [float("nan"), float("inf"), None, "0.0", True, 1.0], ids=["nan", "inf", "null", "text", "bool", "over"]
+)
+def test_a_passed_status_without_a_finite_kl_within_its_threshold_is_unverified(cli, artifact, hub, kl):
+    """An artifact of a quantkit whose NaN KL passed holds `"mean_kl": NaN, "status": "passed"`:
+    the status alone proves nothing, publish reads the KL. (The manifest does not cover quantkit.json.)"""
+    _meta_edit(lambda m: m["verification"].update(mean_kl=kl))(artifact)
+    for extra in (["--dry-run"], []):
+        code, _, err, _ = cli("publish", str(artifact), "--repo", "me/x", *extra)
+        assert code == 2 and "unverified" in err and "mean KL" in err and len(err.strip().splitlines()) == 1, err
+    assert not hub.uploaded()
+
+
 @pytest.mark.parametrize("repo", ["noslash", "me/x/y", "me/bad..name", "me/-x", "me/x.git", "me/with space", "/abs"])
 def test_dry_run_checks_the_repo_id_like_the_upload(cli, artifact, hub, repo):
     for extra in (["--dry-run"], []):

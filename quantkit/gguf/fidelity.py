@@ -114,8 +114,8 @@ def logits_kl(
     if not result["finite"]:  # a lossy GGUF's KL is its fidelity figure: NaN is a broken file, not a figure
         side = "the artifact" if not result["reference_finite"] else "the GGUF's weights"
         raise VerificationError(
-            f"{gguf_path}: the fidelity check gives no finite KL ({side} give non-finite logits on the check's "
-            "tokens); nothing was written"
+            f"the lossy GGUF's fidelity check against {artifact} gives no finite KL ({side} give non-finite logits "
+            "on the check's tokens); nothing was written"
         )
     result.update(
         {"tokens": int(ids.numel()), "text": described, "reference": reference, "engine": "transformers, float32"}
