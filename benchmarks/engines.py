@@ -19,6 +19,8 @@ import time
 
 from common import quantkit_json, write_result
 
+from quantkit.bench.records import BenchResult
+
 ENGINES = ("compiled", "llamacpp", "vllm")
 
 
@@ -44,10 +46,10 @@ def cell(path: str, engine: str, args) -> dict:
         )
     except RuntimeError as exc:
         return {"error": str(exc)}
-    row = out["rows"][0]
-    anchor = row.get("anchor") or {}
+    row = BenchResult.from_json(out).rows[0]
+    anchor = row.anchor or {}
     return {
-        k: row.get(k)
+        k: getattr(row, k)
         for k in (
             "kernel",
             "kind",

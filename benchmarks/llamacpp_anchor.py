@@ -50,6 +50,7 @@ def bench_once(gguf: Path, a: argparse.Namespace) -> dict:
     it): its ratios are to their mean, so a machine whose speed drifts linearly over the three
     runs moves both sides alike."""
     from quantkit.bench.llama_bench import compare, measure
+    from quantkit.bench.records import BenchResult
     from quantkit.gguf.tools import available_cores
 
     threads = a.threads or available_cores()
@@ -70,8 +71,9 @@ def bench_once(gguf: Path, a: argparse.Namespace) -> dict:
             str(threads),
         ]
     )
-    row = res["rows"][0]
-    after = row.get("anchor") or {}
+    result = BenchResult.from_json(res)
+    row = result.rows[0].to_json()
+    after = row["anchor"] or {}
     if "ttft_ms" in before and "ttft_ms" in after:
         mean = {k: (before[k] + after[k]) / 2 for k in ("ttft_ms", "tpot_ms")}
         row["anchor"] = {
@@ -79,7 +81,7 @@ def bench_once(gguf: Path, a: argparse.Namespace) -> dict:
             "before": {k: before[k] for k in mean},
             "after": {k: after[k] for k in mean},
         }
-    return {**row, "load_average": res.get("load_average")}
+    return {**row, "load_average": result.load_average.to_json()}
 
 
 def bench_row(name: str, runs: list[dict]) -> dict:

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from quantkit.bench.records import BenchResult
+
 REPO = Path(__file__).resolve().parents[1]
 PY = str(REPO / ".venv" / "bin" / "python")
 Q = [PY, "-m", "quantkit"]
@@ -474,24 +476,24 @@ def rule_rows(results: dict) -> list[dict]:
         r = entry["steps"].get("rule-check")
         if not r or r.get("rc") or not r.get("result"):
             continue
-        res = r["result"]
+        res = BenchResult.from_json(r["result"])  # a result of schema 2 or later
         out.append(
             {
                 "model": name,
-                "fit": res.get("fit") or {},
+                "fit": res.fit.to_json(),
                 "wall_s": r["wall_s"],
                 "peak_mb": r["peak_rss_mb"],
                 "rows": [
                     {
-                        "name": x["name"],
-                        "gb": x["bytes_per_token"] / 1e9,
-                        "tpot": x["tpot_ms"],
-                        "pred": x["predicted_tpot_ms"],
-                        "eff": x["tpot_efficiency"],
-                        "ttft": x["ttft_ms"],
-                        "kernel": x.get("kernel", ""),
+                        "name": x.name,
+                        "gb": x.bytes_per_token / 1e9,
+                        "tpot": x.tpot_ms,
+                        "pred": x.predicted_tpot_ms,
+                        "eff": x.tpot_efficiency,
+                        "ttft": x.ttft_ms,
+                        "kernel": x.kernel,
                     }
-                    for x in res["rows"]
+                    for x in res.rows
                 ],
             }
         )

@@ -219,10 +219,10 @@ def test_bench_runs_with_device_values(tiny_llama, int4_art):
     for dev in (torch.device("cpu"), "cpu:0"):
         s = BenchSettings(device=dev, engine="eager", prompt_len=8, gen_len=3, repeats=1, min_seconds=0, warmups=0)
         res = bench_many([int4_art], s, probe=fake_probe())
-        row, d = res["rows"][0], res["device"]
-        assert d["type"] == "cpu" and d["dtype"] == "bfloat16" and d["device_name"] == "fake cpu"
-        assert row["device"] == str(torch.device(dev)) and row["dtype"] == "bfloat16" and row["device_name"]
-        assert res["settings"]["device"] == str(torch.device(dev))
+        row, d = res.rows[0], res.device
+        assert d.type == "cpu" and d.dtype == "bfloat16" and d.device_name == "fake cpu"
+        assert row.device == str(torch.device(dev)) and row.dtype == "bfloat16" and row.device_name
+        assert res.settings["device"] == str(torch.device(dev))
 
 
 # ---- the CLI end to end --------------------------------------------------------------------
@@ -272,8 +272,8 @@ def test_prefill_floor_counts_lm_head_once(tiny_llama, monkeypatch):
     s = BenchSettings(
         device="cpu", engine="eager", prompt_len=P, gen_len=3, repeats=1, min_seconds=0, warmups=0, self_check=False
     )
-    row = bench_many([tiny_llama], s, probe=fake_probe(tflops=(compute,)))["rows"][0]
-    assert row["predicted_ttft_ms"] == pytest.approx(flops / (compute * 1e12) * 1e3, rel=1e-9)
+    row = bench_many([tiny_llama], s, probe=fake_probe(tflops=(compute,))).rows[0]
+    assert row.predicted_ttft_ms == pytest.approx(flops / (compute * 1e12) * 1e3, rel=1e-9)
 
 
 def test_compiled_cache_sized_per_measurement_and_gqa_shows(cli, tiny_dir):
@@ -495,3 +495,62 @@ def test_vllm_engine_without_vllm_is_clear(cli, tiny_llama, monkeypatch):
     monkeypatch.delenv("QUANTKIT_VLLM_VENV", raising=False)
     code, _, err, _ = cli("bench", str(tiny_llama), "--engine", "vllm", "--device", "cpu", *FAST)
     assert code == 2 and "vLLM is not installed" in err and "quantkit engines install vllm" in err
+
+
+# ---- one settings object per command -------------------------------------------------------
+
+# Each `quantkit bench` option that shapes the measurement: a value other than its default, the
+# BenchSettings field it sets, and what that field then holds.
+SETTINGS_OPTIONS = {
+    "device": (["--device", "cpu:0"], "device", torch.device("cpu", 0)),
+    "engine": (["--engine", "eager"], "engine", "eager"),
+    "prompt_len": (["--prompt-len", "17"], "prompt_len", 17),
+    "gen_len": (["--gen-len", "9"], "gen_len", 9),
+    "repeats": (["--repeats", "7"], "repeats", 7),
+    "min_seconds": (["--min-seconds", "0.5"], "min_seconds", 0.5),
+    "warmups": (["--warmups", "4"], "warmups", 4),
+    "sweep": (["--sweep", "8,12"], "prompt_sweep", (8, 12)),
+    "tensor_parallel": (["--tensor-parallel", "2"], "tensor_parallel", 2),
+    "threads": (["--threads", "3"], "threads", 3),
+    "self_check": (["--no-self-check"], "self_check", False),
+}
+# The options that choose what to bench, or where and how the result goes.
+NOT_SETTINGS = {
+    "models",
+    "shapes",
+    "shape_bits",
+    "probe",
+    "as_json",
+    "as_csv",
+    "as_md",
+    "plot",
+    "out_json",
+    "update_card",
+    "plan_only",
+}
+
+
+def test_every_bench_option_reaches_the_settings_the_run_uses(cli, tiny_llama, monkeypatch):
+    """Walk the command's options: each is either a setting, and then the BenchSettings that
+    bench_many receives holds it, or one of NOT_SETTINGS; a new option must be one or the other."""
+    import quantkit.bench.runner as runner
+    import quantkit.bench.settings as settings
+    from quantkit.cli.bench import bench_cmd
+    from quantkit.errors import QuantkitError
+
+    assert {p.name for p in bench_cmd.params} == set(SETTINGS_OPTIONS) | NOT_SETTINGS
+    seen = []
+
+    def bench_many(sources, s, *args, **kwargs):
+        seen.append(s)
+        raise QuantkitError("captured")
+
+    monkeypatch.setattr(runner, "bench_many", bench_many)
+    monkeypatch.setattr(settings, "check_settings", lambda s: None)  # --tensor-parallel 2 on one CPU, say
+    for name, (args, field, expected) in SETTINGS_OPTIONS.items():
+        code, _, err, _ = cli("bench", str(tiny_llama), *args)
+        assert code == 2 and "captured" in err, (name, err)
+        assert getattr(seen[-1], field) == expected, name
+        default = settings.BenchSettings(device=seen[-1].device, engine=seen[-1].engine)
+        others = {f: v for f, v in seen[-1].__dict__.items() if f not in (field, "device", "engine")}
+        assert others == {f: v for f, v in default.__dict__.items() if f in others}, name  # nothing else moved

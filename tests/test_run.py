@@ -140,6 +140,34 @@ def test_bench_failure_fails_its_variant(cli, tiny_llama, tmp_path, monkeypatch)
     assert "int4: bench: no kernel" in out
 
 
+def test_a_runs_bench_section_reaches_the_bench_whole(cli, tiny_llama, tmp_path):
+    """`bench: {threads, warmups, self_check}` in a suite: the bench inside `quantkit run` builds the
+    same BenchSettings as `quantkit bench` (BenchSettings.from_recipe), so none is dropped."""
+    import torch
+
+    p = tmp_path / "s.yaml"
+    p.write_text(
+        "variants:\n  - name: int4\n    steps:\n      - quantize: {method: rtn, group_size: 64}\n"
+        "bench: {threads: 1, warmups: 0, self_check: false}\n"
+    )
+    threads = torch.get_num_threads()
+    try:
+        code, _, err, rep = cli(
+            "run", str(p), "--model", str(tiny_llama), "--out", str(tmp_path / "r"), *SMALL, "--skip-eval", "--json"
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, err
+    for name in ("baseline", "int4"):
+        row = rep["variants"][name]["bench"]
+        assert row["threads"] == 1 and row["engine_info"]["threads"] == 1, name
+        assert row["warmups"] == 0 and row["warmups_requested"] == 0 and row["stats"]["warmups"] == 0, name
+        assert row["self_check"] == {"status": "skipped", "reason": "--no-self-check"}, name
+    settings = rep["engines"]["eager"]["settings"]
+    assert (settings["threads"], settings["warmups"], settings["self_check"]) == (1, 0, False)
+    assert rep["bench_settings"]["threads"] == 1
+
+
 def test_compare_two_runs(cli, tmp_path):
     def fake(name, tpot):
         d = tmp_path / name

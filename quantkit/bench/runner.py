@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from quantkit.bench.engines.base import EngineSettings
 from quantkit.bench.gguf_source import gguf_config, is_gguf, reference_source
 from quantkit.bench.harness import SWEEP_SAMPLES, measure, summarize_ms, time_prefill
 from quantkit.bench.llama_bench import compare
+from quantkit.bench.records import BenchResult, BenchRow, DeviceBlock, FailedRow, LoadAverage, SweepPoint
 from quantkit.bench.settings import BenchSettings, check_fits_bytes, check_lengths, check_settings  # noqa: F401  (re-exported)
 from quantkit.bench.synthetic import Synthetic
 from quantkit.core.hardware import shape_config
@@ -103,7 +105,7 @@ def _self_check(engine, ref, info: dict, ids: list[int], s: BenchSettings) -> di
     return result
 
 
-def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: float) -> list[dict]:
+def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: float) -> list[SweepPoint]:
     """TTFT at each prompt length of the sweep: a warm-up at each new length, then the median of
     at least SWEEP_SAMPLES (or --repeats) samples, each with a cleared cache."""
 
@@ -113,7 +115,7 @@ def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: f
             engine, _prompt_ids(cfg["vocab_size"], plen, s.seed + plen), plen + s.gen_len, max(SWEEP_SAMPLES, s.repeats)
         )
         pt = predict_ttft_s(prefill_flops(shape, plen), figs.compute, weight_bytes + kv * plen, figs.bandwidth)
-        out.append({"prompt_len": plen, "ttft_ms": summarize_ms(times), "predicted_ttft_ms": pt * 1e3})
+        out.append(SweepPoint(plen, summarize_ms(times), pt * 1e3))
     return out
 
 
@@ -150,7 +152,7 @@ def _measure(source, cfg: dict, s: BenchSettings, figs) -> dict:
         engine.close()
 
 
-def bench_one(source, s: BenchSettings, figs) -> dict:
+def bench_one(source, s: BenchSettings, figs) -> BenchRow:
     t0 = time.perf_counter()
     cfg = _config(source)
     part = _measure(source, cfg, s, figs)
@@ -170,44 +172,49 @@ def bench_one(source, s: BenchSettings, figs) -> dict:
             f"--warmups {s.warmups} raised to {summary['warmups']}: the {s.engine} engine compiles on its first "
             "calls, and compilation is not decode"
         )
-    return {
-        "model": str(source) if isinstance(source, Path) else source.label,
-        "name": _name(source),
-        "kind": eng.pop("kind"),
-        "kernel": eng.pop("kernel"),
-        "emulated": eng.pop("emulated", None),
-        "engine": s.engine,
-        "device": str(s.device),
-        "device_name": eng.get("name"),
-        "dtype": eng.get("dtype"),
-        "threads": eng.get("threads"),
-        "engine_info": eng,
-        "prompt_len": s.prompt_len,
-        "gen_len": s.gen_len,
-        "load_s": part["load_s"],
-        "compile_and_warmup_s": summary.pop("warmup_s"),
-        "warmups": summary["warmups"],
-        "warmups_requested": s.warmups,
-        **acct,
-        "kv_bytes_per_token": kv,
-        "kv_cache_tokens": s.capacity,
-        "bytes_per_token": part["step_bytes"],
-        "kv_bytes_per_step": part["step_bytes"] - weights,
-        "ideal_bytes_per_token": ideal,
-        "ttft_ms": ttft * 1e3,
-        "tpot_ms": tpot * 1e3,
-        "predicted_tpot_ms": pred_tpot * 1e3,
-        "predicted_ttft_ms": pred_ttft * 1e3,
-        "tpot_efficiency": efficiency(pred_tpot, tpot)[0],
-        "ttft_efficiency": efficiency(pred_ttft, ttft)[0],
-        "ttft_bound": "compute" if flops_s >= pred_ttft else "memory",
-        "self_check": part["self_check"],
-        "stats": summary,
-        "prompt_sweep": part["sweep"],
-        "notes": notes,
-        "anchor": anchor,
-        "bench_wall_s": time.perf_counter() - t0,
-    }
+    return BenchRow(
+        model=str(source) if isinstance(source, Path) else source.label,
+        name=_name(source),
+        kind=eng.pop("kind"),
+        kernel=eng.pop("kernel"),
+        emulated=eng.pop("emulated", None),
+        engine=s.engine,
+        device=str(s.device),
+        device_name=eng.get("name"),
+        dtype=eng.get("dtype"),
+        threads=eng.get("threads"),
+        engine_info=eng,
+        prompt_len=s.prompt_len,
+        gen_len=s.gen_len,
+        depth=None,
+        flash_attn=eng.get("flash_attn"),
+        load_s=part["load_s"],
+        compile_and_warmup_s=summary.pop("warmup_s"),
+        warmups=summary["warmups"],
+        warmups_requested=s.warmups,
+        weight_bytes_per_token=weights,
+        stored_weight_bytes=acct["stored_weight_bytes"],
+        tied_lm_head=acct["tied_lm_head"],
+        weight_bytes_by_type=acct.get("weight_bytes_by_type"),
+        kv_bytes_per_token=kv,
+        kv_cache_tokens=s.capacity,
+        bytes_per_token=part["step_bytes"],
+        kv_bytes_per_step=part["step_bytes"] - weights,
+        ideal_bytes_per_token=ideal,
+        ttft_ms=ttft * 1e3,
+        tpot_ms=tpot * 1e3,
+        predicted_tpot_ms=pred_tpot * 1e3,
+        predicted_ttft_ms=pred_ttft * 1e3,
+        tpot_efficiency=efficiency(pred_tpot, tpot)[0],
+        ttft_efficiency=efficiency(pred_ttft, ttft)[0],
+        ttft_bound="compute" if flops_s >= pred_ttft else "memory",
+        self_check=part["self_check"],
+        stats=summary,
+        prompt_sweep=tuple(part["sweep"]),
+        notes=tuple(notes),
+        anchor=anchor,
+        bench_wall_s=time.perf_counter() - t0,
+    )
 
 
 def _anchor(s: BenchSettings, eng: dict, ttft_ms: float, tpot_ms: float, notes: list[str]) -> dict | None:
@@ -228,22 +235,22 @@ def _anchor(s: BenchSettings, eng: dict, ttft_ms: float, tpot_ms: float, notes: 
     return result
 
 
-def classify(row: dict, llc_bytes: int | None) -> dict:
+def classify(row: BenchRow, llc_bytes: int | None) -> BenchRow:
     """Flags of a row. Efficiency above 100% is an accounting error, unless the bytes of a step
     fit in the last-level cache: then the weights need not stream from memory at all and beating
     a streaming read is expected ("fits in cache")."""
-    fits = bool(llc_bytes and row["bytes_per_token"] <= llc_bytes)
+    fits = bool(llc_bytes and row.bytes_per_token <= llc_bytes)
     flags = ["fits_in_cache"] if fits else []
-    if row["tpot_efficiency"] > 1.0 and not fits:
+    if row.tpot_efficiency > 1.0 and not fits:
         flags.append("tpot_above_roofline")
-    if row["ttft_efficiency"] > 1.0 and not (fits and row.get("ttft_bound") == "memory"):
+    if row.ttft_efficiency is not None and row.ttft_efficiency > 1.0 and not (fits and row.ttft_bound == "memory"):
         flags.append("ttft_above_roofline")
-    if row["warmups"] > row["warmups_requested"]:
+    if row.warmups > row.warmups_requested:
         flags.append("warmups_raised")
-    if row.get("emulated"):  # not the stored format's speed: another format was timed (row["emulated"] says which)
+    if row.emulated:  # not the stored format's speed: another format was timed (row.emulated says which)
         flags.append("emulated")
     bad = {"tpot_above_roofline", "ttft_above_roofline"}
-    return {**row, "flags": flags, "fits_in_cache": fits, "accounting_error": bool(bad & set(flags))}
+    return replace(row, flags=tuple(flags), fits_in_cache=fits, accounting_error=bool(bad & set(flags)))
 
 
 def _name(path) -> str:
@@ -267,33 +274,32 @@ def _precheck_all(paths: list, s: BenchSettings, names: list[str]):
             precheck(p, s)
             todo.append((p, name))
         except QuantkitError as exc:
-            failed.append({"model": str(p), "name": name, "error": str(exc)})
+            failed.append(FailedRow(str(p), name, str(exc)))
     if not todo:
-        raise QuantkitError(failed[0]["error"])
+        raise QuantkitError(failed[0].error)
     return todo, failed
 
 
-def _device_block(s: BenchSettings, before: dict, after: dict | None, rows: list[dict]) -> dict:
+def _device_block(s: BenchSettings, before: dict, after: dict | None, rows: list[BenchRow]) -> DeviceBlock:
     figs = probing.as_device(before)
-    out = {
-        "device": str(s.device),
-        "type": s.device.type,
-        "name": figs.name,
-        "device_name": before.get("name"),
-        "dtype": rows[0]["dtype"] if rows else None,
-        "threads": before.get("threads"),
-        "bandwidth_gbps": figs.bandwidth / 1e9,
-        "compute_tflops": figs.compute / 1e12,
-        "source": figs.source,
-        "llc_bytes": before.get("llc_bytes"),
-        "probe": before,
-        "probe_after": after,
-    }
-    out["drift"] = probing.drift(before, after) if after else None
-    return out
+    return DeviceBlock(
+        device=str(s.device),
+        type=s.device.type,
+        name=figs.name,
+        device_name=before.get("name"),
+        dtype=rows[0].dtype if rows else None,
+        threads=before.get("threads"),
+        bandwidth_gbps=figs.bandwidth / 1e9,
+        compute_tflops=figs.compute / 1e12,
+        source=figs.source,
+        llc_bytes=before.get("llc_bytes"),
+        probe=before,
+        probe_after=after,
+        drift=probing.drift(before, after) if after else None,
+    )
 
 
-def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None, probe=None) -> dict:
+def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None, probe=None) -> BenchResult:
     """Bench every model in one process between two probes, so ratios between them are comparable
     and a device that changed speed during the run is flagged. `probe(device) -> dict` (default:
     probe.run_probe) is a parameter so tests can inject one.
@@ -308,29 +314,27 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None, pr
     load_before = os.getloadavg()[0]
     before = probe(s.device)
     figs = probing.as_device(before)
-    rows = []
+    rows: list[BenchRow] = []
     with bar(f"bench ({s.engine}, {s.device})", total=len(todo)) as update:
         for i, (p, name) in enumerate(todo):
             note(f"bench {p} ({s.engine}, {s.device})")
             update(i, f"bench {name} ({s.engine}, {s.device})")
             try:
-                rows.append({**bench_one(p, s, figs), "name": name})
+                rows.append(replace(bench_one(p, s, figs), name=name))
             except SelfCheckError as exc:
-                failed.append({"model": str(p), "name": name, "error": str(exc), "self_check": exc.result})
+                failed.append(FailedRow(str(p), name, str(exc), exc.result))
             except QuantkitError as exc:
-                failed.append({"model": str(p), "name": name, "error": str(exc)})
+                failed.append(FailedRow(str(p), name, str(exc)))
         update(len(todo))
-    if not rows and not any("self_check" in f for f in failed):
-        raise QuantkitError(failed[0]["error"])  # nothing ran: one line, as for any user error
+    if not rows and not any(f.self_check is not None for f in failed):
+        raise QuantkitError(failed[0].error)  # nothing ran: one line, as for any user error
     after = probe(s.device)
     rows = [classify(r, before.get("llc_bytes")) for r in rows]
-    return {
-        "kind": "bench",
-        "schema_version": 2,
-        "settings": s.to_json(),
-        "device": _device_block(s, before, after, rows),
-        "rows": rows,
-        "failed": failed,
-        "fit": fit_rule([r["bytes_per_token"] for r in rows], [r["tpot_ms"] / 1e3 for r in rows]),
-        "load_average": {"before": load_before, "after": os.getloadavg()[0], "cpus": os.cpu_count()},
-    }
+    return BenchResult(
+        settings=s.to_json(),
+        device=_device_block(s, before, after, rows),
+        rows=tuple(rows),
+        failed=tuple(failed),
+        fit=fit_rule([r.bytes_per_token for r in rows], [r.tpot_ms / 1e3 for r in rows]),
+        load_average=LoadAverage(load_before, os.getloadavg()[0], os.cpu_count()),
+    )

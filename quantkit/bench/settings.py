@@ -1,5 +1,6 @@
-"""What a bench run measures, validated once (the CLI and `quantkit run` build it), and the
-checks that need a model's config but no weights."""
+"""What a bench run measures, built once at the edge (`quantkit bench`'s options, or a recipe's
+`bench:` section through BenchSettings.from_recipe) and passed whole; the checks that need a
+model's config but no weights."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from quantkit.bench.engines import ENGINES, engine_class
 from quantkit.core.roofline import Shape, kv_bytes_per_token
 from quantkit.device import free_bytes, resolve
 from quantkit.errors import QuantkitError
+from quantkit.recipe.schema import BenchConfig
 
 DEVICE_WORDS = {"cuda": "a CUDA GPU (--device cuda)", "cpu": "the CPU (--device cpu)"}
 
@@ -28,6 +30,23 @@ class BenchSettings:
     tensor_parallel: int = 1
     threads: int | None = None
     self_check: bool = True
+
+    @classmethod
+    def from_recipe(cls, b: BenchConfig, engine: str) -> "BenchSettings":
+        """The settings a recipe's `bench:` section means for one of its engines: every key of the
+        section that a bench takes, so `quantkit run` times what `quantkit bench` would."""
+        return cls(
+            device=b.device,
+            engine=engine,
+            prompt_len=b.prompt_len,
+            gen_len=b.gen_len,
+            repeats=b.repeats,
+            min_seconds=b.min_seconds,
+            warmups=b.warmups,
+            prompt_sweep=b.prompt_sweep,
+            threads=b.threads,
+            self_check=b.self_check,
+        )
 
     def __post_init__(self):
         engine = engine_class(self.engine)  # an unknown engine: one line listing the valid ones
@@ -49,7 +68,11 @@ class BenchSettings:
         return max((self.prompt_len, *self.prompt_sweep)) + self.gen_len
 
     def to_json(self) -> dict:
-        return {**self.__dict__, "device": str(self.device), "prompt_sweep": list(self.prompt_sweep)}
+        return {
+            **self.__dict__,
+            "device": str(self.device),
+            "prompt_sweep": list(self.prompt_sweep),
+        }
 
 
 def check_settings(s: BenchSettings) -> None:
@@ -77,8 +100,9 @@ def check_settings(s: BenchSettings) -> None:
 
 def check_lengths(cfg: dict, s: BenchSettings) -> None:
     limit = cfg.get("max_position_embeddings")
-    if limit and s.max_tokens > limit:
-        raise QuantkitError(f"prompt + generated tokens ({s.max_tokens}) exceed the model's context ({limit})")
+    if not limit or s.max_tokens <= limit:
+        return
+    raise QuantkitError(f"prompt + generated tokens ({s.max_tokens}) exceed the model's context ({limit})")
 
 
 def check_fits_bytes(weights: float, cfg: dict, s: BenchSettings, what: str) -> None:

@@ -12,25 +12,27 @@ from quantkit.bench.engines import ENGINES, engine_class
 from quantkit.cli._common import MODEL, echo_json, int_list
 
 
-def table_rows(result: dict) -> list[dict]:
+def table_rows(result) -> list[dict]:
+    """The table of a BenchResult (bench/records.py): one line per row."""
     out = []
-    for r in result["rows"]:
-        check = r.get("self_check") or {}
+    for r in result.rows:
+        check = r.self_check or {}
         out.append(
             {
-                "variant": r["name"],
-                "kernel": r["kernel"],
-                "MB/token": round(r["bytes_per_token"] / 1e6, 2),
-                "KV kB/token": round(r["kv_bytes_per_token"] / 1e3, 2),
-                "TTFT ms": round(r["ttft_ms"], 1),
-                "TPOT ms": round(r["tpot_ms"], 2),
-                "pred TTFT ms": round(r["predicted_ttft_ms"], 1),
-                "pred TPOT ms": round(r["predicted_tpot_ms"], 2),
-                "TPOT eff": f"{r['tpot_efficiency'] * 100:.0f}%"
-                + (" (!)" if "tpot_above_roofline" in r["flags"] else "")
-                + (" (fits in cache)" if r["fits_in_cache"] and r["tpot_efficiency"] > 1 else ""),
-                "TTFT eff": f"{r['ttft_efficiency'] * 100:.0f}%"
-                + (" (!)" if "ttft_above_roofline" in r["flags"] else ""),
+                "variant": r.name,
+                "kernel": r.kernel,
+                "MB/token": round(r.bytes_per_token / 1e6, 2),
+                "KV kB/token": round(r.kv_bytes_per_token / 1e3, 2),
+                "TTFT ms": round(r.ttft_ms, 1) if r.ttft_ms is not None else "—",
+                "TPOT ms": round(r.tpot_ms, 2),
+                "pred TTFT ms": round(r.predicted_ttft_ms, 1) if r.predicted_ttft_ms is not None else "—",
+                "pred TPOT ms": round(r.predicted_tpot_ms, 2),
+                "TPOT eff": f"{r.tpot_efficiency * 100:.0f}%"
+                + (" (!)" if "tpot_above_roofline" in r.flags else "")
+                + (" (fits in cache)" if r.fits_in_cache and r.tpot_efficiency > 1 else ""),
+                "TTFT eff": f"{r.ttft_efficiency * 100:.0f}%" + (" (!)" if "ttft_above_roofline" in r.flags else "")
+                if r.ttft_efficiency is not None
+                else "—",
                 "self-check KL": f"{check['mean_kl']:.2g}"
                 if check.get("mean_kl") is not None
                 else check.get("status", "—"),
@@ -48,16 +50,15 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _device_lines(d: dict) -> list[str]:
-    probe = d.get("probe") or {}
-    sp = (probe.get("spread") or {}).get("read_gbps")
+def _device_lines(d) -> list[str]:
+    sp = (d.probe.get("spread") or {}).get("read_gbps")
     spread = f", spread {sp['spread_pct']:.0f}% over repeats (median {sp['median']:.1f})" if sp else ""
     lines = [
-        f"device: {d['device']} ({d.get('device_name') or d['name']}), dtype {d.get('dtype') or '?'}, "
-        f"{d.get('threads')} threads: {d['bandwidth_gbps']:.1f} GB/s read{spread}, "
-        f"{d['compute_tflops']:.2f} TFLOP/s bf16 ({d['source']})"
+        f"device: {d.device} ({d.device_name or d.name}), dtype {d.dtype or '?'}, "
+        f"{d.threads} threads: {d.bandwidth_gbps:.1f} GB/s read{spread}, "
+        f"{d.compute_tflops:.2f} TFLOP/s bf16 ({d.source})"
     ]
-    drift = d.get("drift")
+    drift = d.drift
     if drift and drift.get("worst"):
         w = drift["worst"]
         msg = f"probe after the timings: {w} {drift['change'][w] * 100:+.0f}%"
@@ -70,22 +71,22 @@ def _device_lines(d: dict) -> list[str]:
     return lines
 
 
-def _fit_line(fit: dict, n_rows: int) -> list[str]:
-    if fit.get("effective_gbps"):
+def _fit_line(fit, n_rows: int) -> list[str]:
+    if fit.effective_gbps:
         return [
-            f"rule check: TPOT = {fit['overhead_ms']:.2f} ms + bytes / {fit['effective_gbps']:.2f} GB/s  (R² "
-            f"{fit['r2']:.3f}, {fit['points']} points)"
+            f"rule check: TPOT = {fit.overhead_ms:.2f} ms + bytes / {fit.effective_gbps:.2f} GB/s  (R² "
+            f"{fit.r2:.3f}, {fit.points} points)"
         ]
-    if fit.get("r2") is not None:
+    if fit.r2 is not None:
         return [
             "rule check: TPOT does not grow with bytes/token here (slope "
-            f"{fit['slope_s_per_byte'] * 1e9:.3g} ms/GB, R² {fit['r2']:.3f}): "
+            f"{fit.slope_s_per_byte * 1e9:.3g} ms/GB, R² {fit.r2:.3f}): "
             "decode is overhead-bound, not bandwidth-bound, on this engine"
         ]
     return ["rule check: not enough distinct byte counts to fit"] if n_rows > 1 else []
 
 
-def render(result: dict, fmt: str) -> str:
+def render(result, fmt: str) -> str:
     rows = table_rows(result)
     if fmt == "csv":
         if not rows:
@@ -95,44 +96,49 @@ def render(result: dict, fmt: str) -> str:
         w.writeheader()
         w.writerows(rows)
         return buf.getvalue()
-    lines = [*_device_lines(result["device"]), "", markdown(rows), "", *_fit_line(result["fit"], len(rows))]
-    la = result.get("load_average") or {}
-    if la and la.get("before", 0) > 0.5 * (la.get("cpus") or 1):
+    lines = [*_device_lines(result.device), "", markdown(rows), "", *_fit_line(result.fit, len(rows))]
+    la = result.load_average
+    if la.before > 0.5 * (la.cpus or 1):
         lines.append(
-            f"warning: the machine was busy before the run (load average {la['before']:.1f} on "
-            f"{la['cpus']} CPUs): timings are unreliable"
+            f"warning: the machine was busy before the run (load average {la.before:.1f} on "
+            f"{la.cpus} CPUs): timings are unreliable"
         )
-    for r in result["rows"]:
-        lines += [f"note: {r['name']}: {n}" for n in r.get("notes", [])]
-        if r.get("fits_in_cache") and r["tpot_efficiency"] > 1:
+    for r in result.rows:
+        lines += [f"note: {r.name}: {n}" for n in r.notes]
+        if r.fits_in_cache and r.tpot_efficiency > 1:
             lines.append(
-                f"note: {r['name']}: a decode step's {r['bytes_per_token'] / 1e6:.1f} MB fit in the last-level cache "
-                f"({result['device']['llc_bytes'] / 1e6:.1f} MB): it may beat "
+                f"note: {r.name}: a decode step's {r.bytes_per_token / 1e6:.1f} MB fit in the last-level cache "
+                f"({result.device.llc_bytes / 1e6:.1f} MB): it may beat "
                 "the streaming-read roofline (fits in cache)"
             )
-        a = r.get("anchor") or {}
-        if "ttft_ms" in a:
-            lines.append(
-                f"anchor: {r['name']}: llama-bench TTFT {a['ttft_ms']:.1f} ms ({a['pp_tokens_per_s']:.0f} tok/s), "
-                f"TPOT {a['tpot_ms']:.2f} ms ({a['tg_tokens_per_s']:.1f} tok/s); quantkit/llama-bench "
-                f"{a['ratio_ttft']:.2f} / {a['ratio_tpot']:.2f}" + ("  (!)" if a["disagree"] else "")
-            )
-        per_step = (r.get("stats") or {}).get("per_step") or {}
+        lines += _anchor_lines(r)
+        per_step = r.stats.get("per_step") or {}
         if per_step.get("measured") is False:
-            lines.append(f"note: {r['name']}: no per-step statistics: {per_step['reason']}")
-    for f in result.get("failed", []):
-        lines.append(f"not benchmarked: {f['name']}: {f['error']}")
-    if any(r["accounting_error"] for r in result["rows"]):
+            lines.append(f"note: {r.name}: no per-step statistics: {per_step['reason']}")
+    for f in result.failed:
+        lines.append(f"not benchmarked: {f.name}: {f.error}")
+    if any(r.accounting_error for r in result.rows):
         lines.append("(!) efficiency above 100%: the byte/FLOP accounting or the probed device figures are wrong")
     return "\n".join(lines)
 
 
-def _update_cards(sources: list, rows: list[dict]) -> None:
+def _anchor_lines(r) -> list[str]:
+    a = r.anchor or {}
+    if "ttft_ms" not in a:
+        return []
+    return [
+        f"anchor: {r.name}: llama-bench TTFT {a['ttft_ms']:.1f} ms ({a['pp_tokens_per_s']:.0f} tok/s), "
+        f"TPOT {a['tpot_ms']:.2f} ms ({a['tg_tokens_per_s']:.1f} tok/s); quantkit/llama-bench "
+        f"{a['ratio_ttft']:.2f} / {a['ratio_tpot']:.2f}" + ("  (!)" if a["disagree"] else "")
+    ]
+
+
+def _update_cards(sources: list, rows) -> None:
     """Each benchmarked artifact gets its row in its model card; other models have no card to update."""
     from quantkit.artifacts.card import is_artifact, update_card_results
     from quantkit.progress import note
 
-    by_model = {r["model"]: r for r in rows}
+    by_model = {r.model: r.to_json() for r in rows}
     for src in sources:
         label = str(src) if isinstance(src, Path) else src.label
         if not is_artifact(src):
@@ -267,10 +273,10 @@ def bench_cmd(
     from quantkit.bench.runner import bench_many
     from quantkit.bench.settings import BenchSettings, check_settings
     from quantkit.bench.synthetic import Synthetic
-    from quantkit.core.atomic import json_safe, write_json
+    from quantkit.core.atomic import write_json
     from quantkit.errors import QuantkitError
 
-    settings = BenchSettings(
+    settings = BenchSettings(  # the one settings object of this run, passed whole
         device=device,
         engine=engine,
         prompt_len=prompt_len,
@@ -306,25 +312,33 @@ def bench_cmd(
 
         return show(plan_bench(sources, settings), as_json)
     result = bench_many(sources, settings)
-    if plot and result["rows"]:
-        from quantkit.pipeline.plots import rule_check, ttft_sweep
-
-        rule_check(result["rows"], result["fit"], result["device"]["bandwidth_gbps"], Path(plot))
-        result["plot"] = str(plot)
-        if settings.prompt_sweep:
-            sp = Path(plot).with_name(Path(plot).stem + "-ttft.png")
-            ttft_sweep(result["rows"], sp)
-            result["ttft_plot"] = str(sp)
+    if plot and result.rows:
+        result = _plots(result, settings, Path(plot))
     if out_json:
-        write_json(Path(out_json), json_safe(result))
+        write_json(Path(out_json), result.to_json())
     if update_card:
-        _update_cards(sources, result["rows"])
+        _update_cards(sources, result.rows)
     if as_json:
-        echo_json(result)
+        echo_json(result.to_json())
     else:
         click.echo(render(result, "csv" if as_csv else "md"))
-    if result["failed"]:
+    if result.failed:
         raise SystemExit(1)
+
+
+def _plots(result, settings, plot: Path):
+    """The rule-check PNG at `plot`, and TTFT against prompt length beside it with --sweep."""
+    from dataclasses import replace
+
+    from quantkit.pipeline.plots import rule_check, ttft_sweep
+
+    rule_check(list(result.rows), result.fit, result.device.bandwidth_gbps, plot)
+    result = replace(result, plot=str(plot))
+    if settings.prompt_sweep:
+        sp = plot.with_name(plot.stem + "-ttft.png")
+        ttft_sweep(list(result.rows), sp)
+        result = replace(result, ttft_plot=str(sp))
+    return result
 
 
 COMMANDS = [bench_cmd]

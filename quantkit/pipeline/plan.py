@@ -76,7 +76,7 @@ def _bench_plans(recipe, shapes) -> list[Plan]:
     n = len(shapes) + 1  # the variants and the baseline
     plans = []
     for engine in b.engines or (b.engine,):
-        s = BenchSettings(device=b.device, engine=engine, prompt_len=b.prompt_len, gen_len=b.gen_len, repeats=b.repeats)
+        s = BenchSettings.from_recipe(b, engine)
         work = BenchWork(
             s.prompt_len,
             s.gen_len,
@@ -85,7 +85,7 @@ def _bench_plans(recipe, shapes) -> list[Plan]:
             tuple(a for _, a in shapes) + (model.params * 2,),
             compile_seconds(s.engine),
             (forward_flops(model, s.prompt_len, s.prompt_len, with_head=True),) * n,
-            (model.params * 4,) * n,
+            (model.params * 4 if s.self_check else 0,) * n,  # the self-check's float32 reference load
         )
         plans.append(bench_plan(model, work, this_machine(s.device)))
     return plans

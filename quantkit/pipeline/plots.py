@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quantkit.bench.records import BenchRow
+from quantkit.core.roofline import RuleFit
+
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend: files only, no display needed."""
@@ -16,30 +19,30 @@ def pyplot():
 
 
 def rule_check(
-    rows: list[dict],
-    fit: dict,
+    rows: list[BenchRow],
+    fit: RuleFit,
     bandwidth_gbps: float,
     out: Path,
     title: str = "",
-    fits: dict[str, dict] | None = None,
+    fits: dict[str, RuleFit] | None = None,
     bandwidths: dict[str, float] | None = None,
 ) -> Path:
     """TPOT against bytes read per token: the points, the least-squares fit and the roofline.
-    With `fits` (engine -> fit), one series per engine (rows carry "engine"): its points, its fit
-    and the roofline of its own probe (`bandwidths`, engine -> GB/s)."""
+    With `fits` (engine -> fit), one series per engine: its points, its fit and the roofline of its
+    own probe (`bandwidths`, engine -> GB/s)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [r["bytes_per_token"] / 1e6 for r in rows]
+    xs = [r.bytes_per_token / 1e6 for r in rows]
     top = max(xs) * 1.1 if xs else 1
     grid = [0, top]
     series = fits or {None: fit}
     for i, (engine, f) in enumerate(series.items()):
         color = f"C{i}"
-        mine = [r for r in rows if engine is None or r.get("engine") == engine]
-        px, py = [r["bytes_per_token"] / 1e6 for r in mine], [r["tpot_ms"] for r in mine]
+        mine = [r for r in rows if engine is None or r.engine == engine]
+        px, py = [r.bytes_per_token / 1e6 for r in mine], [r.tpot_ms for r in mine]
         ax.scatter(px, py, zorder=3, color=color, label=engine)
         for r, x, y in zip(mine, px, py):
-            ax.annotate(r["name"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+            ax.annotate(r.name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
         bw = (bandwidths or {}).get(engine, bandwidth_gbps)
         if (
             engine is None or i == 0 or abs(bw - bandwidth_gbps) > 0.05 * bandwidth_gbps
@@ -52,14 +55,14 @@ def rule_check(
                 alpha=0.7,
                 label=f"roofline{'' if engine is None else f' ({engine} probe)'}: bytes / {bw:.1f} GB/s",
             )
-        if f and f.get("effective_gbps"):
+        if f and f.effective_gbps:
             ax.plot(
                 grid,
-                [f["overhead_ms"] + g * 1e6 / (f["effective_gbps"] * 1e9) * 1e3 for g in grid],
+                [f.overhead_ms + g * 1e6 / (f.effective_gbps * 1e9) * 1e3 for g in grid],
                 color=color,
-                label=f"{'fit' if engine is None else engine + ' fit'}: {f['overhead_ms']:.2f} ms "
-                f"+ bytes / {f['effective_gbps']:.1f} GB/s "
-                f"(R² {f['r2']:.3f})",
+                label=f"{'fit' if engine is None else engine + ' fit'}: {f.overhead_ms:.2f} ms "
+                f"+ bytes / {f.effective_gbps:.1f} GB/s "
+                f"(R² {f.r2:.3f})",
             )
     ax.set_xlabel("bytes read per decode token (MB)")
     ax.set_ylabel("TPOT (ms)")
@@ -77,16 +80,16 @@ def rule_check(
     return out
 
 
-def ttft_sweep(rows: list[dict], out: Path) -> Path:
+def ttft_sweep(rows: list[BenchRow], out: Path) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in rows:
-        sw = r.get("prompt_sweep") or []
+        sw = r.prompt_sweep
         if not sw:
             continue
-        ls = [p["prompt_len"] for p in sw]
-        line = ax.plot(ls, [p["ttft_ms"]["median"] for p in sw], "o-", label=f"{r['name']} measured")
-        ax.plot(ls, [p["predicted_ttft_ms"] for p in sw], ":", color=line[0].get_color(), label=f"{r['name']} roofline")
+        ls = [p.prompt_len for p in sw]
+        line = ax.plot(ls, [p.ttft_ms["median"] for p in sw], "o-", label=f"{r.name} measured")
+        ax.plot(ls, [p.predicted_ttft_ms for p in sw], ":", color=line[0].get_color(), label=f"{r.name} roofline")
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("TTFT (ms)")
     ax.set_title("TTFT against prompt length (batch 1)")

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from quantkit.artifacts.card import update_card_results
+from quantkit.bench.records import BenchRow
 from quantkit.core.atomic import write_json, write_text
 from quantkit.errors import QuantkitError
 from quantkit.evals.scorers import BASELINE
 from quantkit.models.sizes import checkpoint_sizes
 from quantkit.pipeline.plots import pareto, rule_check, ttft_sweep
+from quantkit.pipeline.serving import EngineBench
 from quantkit.progress import note
 
 COLUMNS = [
@@ -65,18 +68,18 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
     if ev.get("tasks"):
         row["tasks"] = ev["tasks"]
         row["tasks_delta"] = ", ".join(f"{n} {t['delta']:+.3f}±{t['delta_stderr']:.3f}" for n, t in ev["tasks"].items())
-    b = ((rec.get("benches") or {}).get(engine) if engine else rec.get("bench")) or {}
-    if b:
+    b: BenchRow | None = (rec.get("benches") or {}).get(engine) if engine else rec.get("bench")
+    if b is not None:
         row.update(
-            ttft_ms=b["ttft_ms"],
-            tpot_ms=b["tpot_ms"],
-            predicted_tpot_ms=b["predicted_tpot_ms"],
-            tpot_efficiency_pct=b["tpot_efficiency"] * 100,
-            bytes_per_token=b["bytes_per_token"],
-            kernel=b["kernel"],
-            accounting_error=b["accounting_error"],
-            engine=b.get("engine"),
-            threads=b.get("threads"),
+            ttft_ms=b.ttft_ms,
+            tpot_ms=b.tpot_ms,
+            predicted_tpot_ms=b.predicted_tpot_ms,
+            tpot_efficiency_pct=b.tpot_efficiency * 100,
+            bytes_per_token=b.bytes_per_token,
+            kernel=b.kernel,
+            accounting_error=b.accounting_error,
+            engine=b.engine,
+            threads=b.threads,
         )
     if engine:
         row["engine"] = engine
@@ -337,49 +340,67 @@ def _eval_device(report: dict) -> str:
     return f" (on {d.get('device')}, {d.get('name')}, {ev.get('dtype')})"
 
 
-def _plots(runner, benches: dict[str, dict], rows: list[dict]) -> list[str]:
+def _plots(runner, benches: dict[str, EngineBench], rows: list[dict]) -> list[str]:
     """The rule check (one series and fit per engine), accuracy against TPOT, TTFT against prompt length."""
 
-    ran = {e: res for e, res in benches.items() if res.get("rows")}
+    ran = {e: eb.result for e, eb in benches.items() if eb.rows}
     if not ran:
         return []
     many = len(benches) > 1
-    label = (lambda r: f"{r['name']} ({r['engine']})") if many else (lambda r: r["name"])
-    bench_rows = [{**b, "engine": e, "name": label({**b, "engine": e})} for e, res in ran.items() for b in res["rows"]]
+    bench_rows = [replace(b, name=f"{b.name} ({e})") if many else b for e, res in ran.items() for b in res.rows]
     d = runner.dir / "plots"
     d.mkdir(exist_ok=True)
     first = next(iter(ran.values()))
-    fits = {e: res["fit"] for e, res in ran.items()} if many else None
-    bandwidths = {e: res["device"]["bandwidth_gbps"] for e, res in ran.items()}
+    fits = {e: res.fit for e, res in ran.items()} if many else None
+    bandwidths = {e: res.device.bandwidth_gbps for e, res in ran.items()}
     plots = [
         str(
             rule_check(
                 bench_rows,
-                first["fit"],
-                first["device"]["bandwidth_gbps"],
+                first.fit,
+                first.device.bandwidth_gbps,
                 d / "rule_check.png",
                 fits=fits,
                 bandwidths=bandwidths,
             )
         )
     ]
-    points = [{**r, "name": label(r)} for r in rows] if many else rows
+    points = [{**r, "name": f"{r['name']} ({r['engine']})"} for r in rows] if many else rows
     if any(r.get("kld_mean") is not None and r.get("tpot_ms") is not None for r in points):
         plots.append(str(pareto(points, d / "accuracy_vs_tpot.png")))
-    if any(b.get("prompt_sweep") for b in bench_rows):
+    if any(b.prompt_sweep for b in bench_rows):
         plots.append(str(ttft_sweep(bench_rows, d / "ttft_vs_prompt.png")))
     return plots
 
 
-def finish_run(runner, benches: dict[str, dict], total_s: float) -> dict:
-    """`benches`: engine -> bench_many's result (serving.bench_engines); empty when the bench was skipped."""
+def _variant_json(rec: dict) -> dict:
+    """A variant's record as report.json and its model card hold it: its bench rows as their JSON."""
+    out = dict(rec)
+    if rec.get("bench") is not None:
+        out["bench"] = rec["bench"].to_json()
+    if rec.get("benches"):
+        out["benches"] = {e: r.to_json() for e, r in rec["benches"].items()}
+    return out
 
-    engines = [e for e, res in benches.items() if not res.get("error")] or [
-        None
-    ]  # an engine that could not run has no rows
+
+def _engine_json(eb: EngineBench) -> dict:
+    res = eb.result
+    return {
+        "device": res.device.to_json() if res else None,
+        "fit": res.fit.to_json() if res else None,
+        "settings": res.settings if res else None,
+        "load_average": res.load_average.to_json() if res else None,
+        "error": eb.error,
+    }
+
+
+def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
+    """`benches`: engine -> its EngineBench (serving.bench_engines); empty when the bench was skipped."""
+
+    engines = [e for e, eb in benches.items() if not eb.error] or [None]  # an engine that could not run has no rows
     rows = [variant_row(rec, e) for rec in runner.variants.values() for e in engines]
     plots = _plots(runner, benches, rows)
-    first = next((res for res in benches.values() if res.get("rows")), None)
+    first = next((eb.result for eb in benches.values() if eb.rows), None)
     for rec in runner.variants.values():
         art = Path(rec.get("artifact", ""))
         made_here = (
@@ -387,7 +408,7 @@ def finish_run(runner, benches: dict[str, dict], total_s: float) -> dict:
         )  # never write into the source
         if rec.get("artifact") and (art / "quantkit.json").is_file() and made_here:
             try:
-                update_card_results(art, {k: rec[k] for k in ("eval", "bench") if rec.get(k)})
+                update_card_results(art, {k: v for k, v in _variant_json(rec).items() if k in ("eval", "bench") and v})
             except QuantkitError as exc:  # the report still gets written; the card keeps its old table
                 note(f"[{rec['name']}] model card not updated: {exc}")
     steps_s = sum(runner.timings.values())
@@ -404,15 +425,12 @@ def finish_run(runner, benches: dict[str, dict], total_s: float) -> dict:
         "calibration": runner.calib,
         "accuracy": [a for rec in runner.variants.values() for a in accuracy_rows(rec)],
         "bench_settings": runner.recipe.bench.model_dump(mode="json") if benches else None,
-        "device": first["device"] if first else None,
-        "fit": first["fit"] if first else None,
-        "engines": {
-            e: {k: res.get(k) for k in ("device", "fit", "settings", "load_average", "error")}
-            for e, res in benches.items()
-        },
+        "device": first.device.to_json() if first else None,
+        "fit": first.fit.to_json() if first else None,
+        "engines": {e: _engine_json(eb) for e, eb in benches.items()},
         "fastest": fastest(rows),
         "rows": rows,
-        "variants": runner.variants,
+        "variants": {n: _variant_json(rec) for n, rec in runner.variants.items()},
         "plots": plots,
         "timings": runner.timings,
         "wall_seconds": total_s,

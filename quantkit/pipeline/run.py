@@ -301,8 +301,8 @@ class Runner:
             rec["gguf_error"] = str(exc)
             note(f"[{name}] export gguf failed: {exc}")
 
-    def bench(self, paths: dict[str, Path]) -> dict[str, dict]:
-        """One bench per engine of bench.engines (pipeline/serving.py): engine -> bench_many's result."""
+    def bench(self, paths: dict[str, Path]) -> dict[str, serving.EngineBench]:
+        """One bench per engine of bench.engines (pipeline/serving.py): engine -> its EngineBench."""
         if self.opts.skip_bench or not paths:
             return {}
         return serving.bench_engines(self, paths)

@@ -9,10 +9,12 @@ recipe exports one, else the artifact itself (exported into QUANTKIT_HOME's GGUF
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit import __version__
 from quantkit.bench.engines import engine_class
+from quantkit.bench.records import BenchResult, BenchRow, FailedRow
 from quantkit.bench.runner import bench_many
 from quantkit.bench.settings import BenchSettings, check_settings
 from quantkit.core.integrity import sha256_file
@@ -23,6 +25,21 @@ from quantkit.gguf.kquant import DEFAULT_CALIB, KquantOptions, export_kquant
 from quantkit.models.checkpoint import checkpoint_hash
 from quantkit.pipeline.cache import step_key, text_fingerprint
 from quantkit.progress import note
+
+
+@dataclass(frozen=True)
+class EngineBench:
+    """One engine's part of a run: its bench result, the variants it could not bench, or why it
+    could not run here at all (`error`: llama-cpp-python not installed, say; then no result)."""
+
+    engine: str
+    result: BenchResult | None = None
+    failed: tuple[FailedRow, ...] = ()  # every variant not benchmarked (the result's own and the run's)
+    error: str | None = None
+
+    @property
+    def rows(self) -> tuple[BenchRow, ...]:
+        return self.result.rows if self.result else ()
 
 
 def export_gguf(runner, name: str, path: Path) -> dict | None:
@@ -122,25 +139,16 @@ def _source_hash(path: Path) -> str:
     return sha256_file(path) if path.is_file() else checkpoint_hash(path)
 
 
-def engine_settings(runner, engine: str):
-    """The bench settings of `engine`, checked: an engine that cannot run here (not installed, no
-    such device) raises QuantkitError before any model loads."""
+def engine_settings(runner, engine: str) -> BenchSettings:
+    """The bench settings of `engine`, from the recipe's whole `bench:` section, checked: an engine
+    that cannot run here (not installed, no such device) raises QuantkitError before any model loads."""
 
-    b = runner.recipe.bench
-    settings = BenchSettings(
-        device=b.device,
-        engine=engine,
-        prompt_len=b.prompt_len,
-        gen_len=b.gen_len,
-        repeats=b.repeats,
-        min_seconds=b.min_seconds,
-        prompt_sweep=b.prompt_sweep,
-    )
+    settings = BenchSettings.from_recipe(runner.recipe.bench, engine)
     check_settings(settings)
     return settings
 
 
-def bench_engine(runner, settings, sources: dict[str, Path]) -> dict:
+def bench_engine(runner, settings: BenchSettings, sources: dict[str, Path]) -> BenchResult:
     """One engine over every variant, in one bench_many; a finished result is reused on a re-run."""
 
     engine = settings.engine
@@ -150,18 +158,22 @@ def bench_engine(runner, settings, sources: dict[str, Path]) -> dict:
     key = step_key("bench", __version__, engine, sorted((n, _source_hash(p)) for n, p in sources.items()), shared)
     hit = runner.cache.get(key)
     if hit is not None and not runner.opts.rerun:
-        note(f"bench ({engine}): reusing")
-        return hit
+        try:
+            result = BenchResult.from_json(hit)
+            note(f"bench ({engine}): reusing")
+            return result
+        except QuantkitError as exc:  # a record this version cannot read: bench again
+            note(f"bench ({engine}): the stored result does not read ({exc}); benchmarking again")
     note(f"bench: {len(sources)} variants in one run ({engine}, {settings.device})")
     result = bench_many(list(sources.values()), settings, names=list(sources))
-    if not result["failed"]:  # a failure (out of memory, say) may not recur: try again next run
-        runner.cache.put(key, result)
+    if not result.failed:  # a failure (out of memory, say) may not recur: try again next run
+        runner.cache.put(key, result.to_json())
     return result
 
 
-def bench_engines(runner, paths: dict[str, Path]) -> dict[str, dict]:
-    """engine -> bench_many's result. One of several engines that cannot run here at all
-    (llama-cpp-python not installed, say) gets {"error": line} and no rows: the report says so and
+def bench_engines(runner, paths: dict[str, Path]) -> dict[str, EngineBench]:
+    """engine -> its EngineBench. One of several engines that cannot run here at all
+    (llama-cpp-python not installed, say) gets its error and no rows: the report says so and
     the other engines' results stand (the quickstart works without llama.cpp); a run's only engine
     fails every variant instead. A variant an engine that runs fails on is a failed row."""
     out = {}
@@ -171,39 +183,39 @@ def bench_engines(runner, paths: dict[str, Path]) -> dict[str, dict]:
             settings = engine_settings(runner, engine)
         except QuantkitError as exc:
             if len(engines) == 1:
-                out[engine] = {"rows": [], "failed": [{"name": n, "error": str(exc)} for n in paths]}
+                out[engine] = EngineBench(
+                    engine, failed=tuple(FailedRow(str(p), n, str(exc)) for n, p in paths.items())
+                )
             else:
                 note(f"bench ({engine}): not run: {exc}")
-                out[engine] = {"error": str(exc), "rows": [], "failed": []}
+                out[engine] = EngineBench(engine, error=str(exc))
             continue
         sources, failed = _sources(runner, engine, paths)
         try:
-            result = bench_engine(runner, settings, sources) if sources else {"rows": [], "failed": []}
+            result = bench_engine(runner, settings, sources) if sources else None
+            own = result.failed if result else ()
         except QuantkitError as exc:
-            result = {"rows": [], "failed": [{"name": n, "error": str(exc)} for n in sources]}
-        out[engine] = {
-            **result,
-            "failed": [*result.get("failed", []), *({"name": n, "error": e} for n, e in failed.items())],
-        }
+            result, own = None, tuple(FailedRow(str(p), n, str(exc)) for n, p in sources.items())
+        out[engine] = EngineBench(engine, result, (*own, *(FailedRow(str(paths[n]), n, e) for n, e in failed.items())))
     return out
 
 
-def record_benches(runner, benches: dict[str, dict]) -> None:
+def record_benches(runner, benches: dict[str, EngineBench]) -> None:
     """Each variant's row per engine into runner.variants[name]["benches"]; "bench" keeps the first
     engine's row (model cards and single-engine readers). A variant an engine failed on is failed."""
     engines = list(benches)
-    for engine, result in benches.items():
-        for row in result.get("rows", []):
-            rec = runner.variants[row["name"]]
+    for engine, eb in benches.items():
+        for row in eb.rows:
+            rec = runner.variants[row.name]
             rec.setdefault("benches", {})[engine] = row
             if engine == engines[0]:
                 rec["bench"] = row
-        for f in result.get("failed", []):
-            rec = runner.variants[f["name"]]
-            rec.setdefault("bench_errors", {})[engine] = f["error"]
+        for f in eb.failed:
+            rec = runner.variants[f.name]
+            rec.setdefault("bench_errors", {})[engine] = f.error
             if len(runner.recipe.bench.engines) == 1:
-                rec.setdefault("error", f"bench: {f['error']}")
-            note(f"[{f['name']}] bench ({engine}) failed: {f['error']}")
+                rec.setdefault("error", f"bench: {f.error}")
+            note(f"[{f.name}] bench ({engine}) failed: {f.error}")
 
 
 def _reusable(runner, key: str, out) -> dict | None:

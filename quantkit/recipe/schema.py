@@ -237,7 +237,10 @@ class BenchConfig(StrictConfig):
     gen_len: int = Field(64, ge=2)
     repeats: int = Field(5, ge=1)
     min_seconds: float = Field(2.0, ge=0)
+    warmups: int = Field(2, ge=0)  # untimed runs first (an engine that compiles always gets at least one)
     prompt_sweep: tuple[int, ...] = ()
+    threads: int | None = Field(None, ge=1)  # CPU threads for the engine (None: the engine's default)
+    self_check: bool = True  # the engine's logits against transformers' load before timing (bench/selfcheck.py)
 
     @model_validator(mode="before")
     @classmethod

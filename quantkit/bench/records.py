@@ -1,0 +1,253 @@
+"""What `quantkit bench` hands on: typed, frozen records with one JSON form each and a schema version.
+
+A bench result (BenchResult) holds a row per measurement (BenchRow: one model on one engine, at
+one flash-attention setting and, with --depth, one KV depth), the models that could not be
+benchmarked (FailedRow), the probed device (DeviceBlock), the rule-check fit (core/roofline.py
+RuleFit), the settings as they ran (BenchSettings.to_json) and the load average.
+
+`from_json` refuses unknown and missing keys with one line (core/records.py), so a typo in a
+script's result file is an error where it is read. Files of schema 2 (before depths and flash
+attention were measured) still read: `BenchResult.from_json` migrates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from quantkit.core.records import RecordError, checked
+from quantkit.core.roofline import RuleFit
+
+SCHEMA_VERSION = 3
+READS = (2, 3)  # the schema versions from_json reads
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """TTFT at one prompt length of --sweep (the median of its samples) and the roofline's floor."""
+
+    prompt_len: int
+    ttft_ms: dict  # harness.summarize_ms
+    predicted_ttft_ms: float
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SweepPoint":
+        return cls(**checked(cls, data, "bench row's prompt_sweep point"))
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One measurement: TTFT and TPOT of a model on an engine beside the roofline's prediction.
+
+    Without --depth, each repeat prefills `prompt_len` tokens into an empty cache and decodes
+    `gen_len` - 1 steps. With --depth, `depth` is the tokens in the KV cache when decode starts:
+    the prefill of `depth` tokens runs once (its time is TTFT; none at depth 0) and each repeat
+    decodes from it, the cache restored to the depth between repeats."""
+
+    model: str
+    name: str
+    kind: str
+    kernel: str
+    emulated: str | None
+    engine: str
+    device: str
+    device_name: str | None
+    dtype: str | None
+    threads: int | None
+    engine_info: dict
+    prompt_len: int
+    gen_len: int
+    depth: int | None  # tokens cached when decode starts (--depth); None: a fresh prefill per repeat
+    flash_attn: bool | None  # the engine's flash-attention setting, where it has the lever (llama.cpp)
+    load_s: float
+    compile_and_warmup_s: float
+    warmups: int
+    warmups_requested: int
+    weight_bytes_per_token: float
+    stored_weight_bytes: int | None
+    tied_lm_head: bool | None
+    weight_bytes_by_type: dict | None  # GGUF tensor type -> bytes (llama.cpp)
+    kv_bytes_per_token: float
+    kv_cache_tokens: int
+    bytes_per_token: float
+    kv_bytes_per_step: float
+    ideal_bytes_per_token: float
+    ttft_ms: float | None  # None at depth 0: nothing to prefill
+    tpot_ms: float
+    predicted_tpot_ms: float
+    predicted_ttft_ms: float | None
+    tpot_efficiency: float
+    ttft_efficiency: float | None
+    ttft_bound: str | None
+    self_check: dict
+    stats: dict
+    prompt_sweep: tuple[SweepPoint, ...]
+    notes: tuple[str, ...]
+    anchor: dict | None
+    bench_wall_s: float
+    flags: tuple[str, ...] = ()
+    fits_in_cache: bool = False
+    accounting_error: bool = False
+
+    def to_json(self) -> dict:
+        return {
+            **self.__dict__,
+            "prompt_sweep": [p.to_json() for p in self.prompt_sweep],
+            "notes": list(self.notes),
+            "flags": list(self.flags),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "BenchRow":
+        d = checked(cls, data, f"bench row {data.get('name', '?')!r}" if isinstance(data, dict) else "bench row")
+        return cls(
+            **{
+                **d,
+                "prompt_sweep": tuple(SweepPoint.from_json(p) for p in d["prompt_sweep"]),
+                "notes": tuple(d["notes"]),
+                "flags": tuple(d["flags"]),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class FailedRow:
+    """A model that was not benchmarked, and why (with the self-check's result where that failed)."""
+
+    model: str
+    name: str
+    error: str
+    self_check: dict | None = None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "FailedRow":
+        return cls(**checked(cls, data, "bench failed entry"))
+
+
+@dataclass(frozen=True)
+class DeviceBlock:
+    """The device the run timed on, as the probe before the timings measured it (and the one after)."""
+
+    device: str
+    type: str
+    name: str
+    device_name: str | None
+    dtype: str | None
+    threads: int | None
+    bandwidth_gbps: float
+    compute_tflops: float
+    source: str
+    llc_bytes: int | None
+    probe: dict
+    probe_after: dict | None
+    drift: dict | None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "DeviceBlock":
+        return cls(**checked(cls, data, "bench device block"))
+
+
+@dataclass(frozen=True)
+class LoadAverage:
+    """The machine's one-minute load average before and after the run, and its CPUs."""
+
+    before: float
+    after: float
+    cpus: int | None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LoadAverage":
+        return cls(**checked(cls, data, "bench load_average"))
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """One `quantkit bench` run: every row between two probes of the device, and the fit across them."""
+
+    settings: dict  # BenchSettings.to_json(): what ran, readable on any machine
+    device: DeviceBlock
+    rows: tuple[BenchRow, ...]
+    failed: tuple[FailedRow, ...]
+    fit: RuleFit
+    load_average: LoadAverage
+    plot: str | None = None  # the rule-check PNG (--plot)
+    ttft_plot: str | None = None  # TTFT against prompt length (--plot with --sweep)
+    depth_plot: str | None = None  # TPOT against KV depth (--plot with --depth)
+    kind: str = field(default="bench", init=False)
+    schema_version: int = field(default=SCHEMA_VERSION, init=False)
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "schema_version": self.schema_version,
+            "settings": self.settings,
+            "device": self.device.to_json(),
+            "rows": [r.to_json() for r in self.rows],
+            "failed": [f.to_json() for f in self.failed],
+            "fit": self.fit.to_json(),
+            "load_average": self.load_average.to_json(),
+            "plot": self.plot,
+            "ttft_plot": self.ttft_plot,
+            "depth_plot": self.depth_plot,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "BenchResult":
+        if not isinstance(data, dict) or data.get("kind") != "bench":
+            raise RecordError("not a bench result (its JSON has no kind: bench)")
+        version = data.get("schema_version")
+        if version not in READS:
+            raise RecordError(f"bench result of schema {version!r}: this quantkit reads {', '.join(map(str, READS))}")
+        if version == 2:
+            data = migrate_v2(data)
+        d = checked(cls, data, "bench result")
+        return cls(
+            settings=dict(d["settings"]),
+            device=DeviceBlock.from_json(d["device"]),
+            rows=tuple(BenchRow.from_json(r) for r in d["rows"]),
+            failed=tuple(FailedRow.from_json(f) for f in d["failed"]),
+            fit=RuleFit.from_json(d["fit"]),
+            load_average=LoadAverage.from_json(d["load_average"]),
+            plot=d["plot"],
+            ttft_plot=d["ttft_plot"],
+            depth_plot=d["depth_plot"],
+        )
+
+
+def migrate_v2(data: dict) -> dict:
+    """A schema-2 result as schema 3 holds it. Schema 3 added: each row's `depth` (None: a fresh
+    prefill per repeat, all schema 2 measured) and `flash_attn` (llama.cpp's, from its engine_info;
+    off in every schema-2 run), `weight_bytes_by_type` on every row (only llama.cpp's had it),
+    `self_check` on every failed entry, the fit's `measured_over_line`, the plot keys always."""
+
+    def row(r: dict) -> dict:
+        info = r.get("engine_info") or {}
+        return {
+            "depth": None,
+            "flash_attn": info.get("flash_attn"),
+            "weight_bytes_by_type": None,
+            **r,
+        }
+
+    fit = data.get("fit") or {}
+    return {
+        **data,
+        "schema_version": SCHEMA_VERSION,
+        "rows": [row(r) for r in data.get("rows", [])],
+        "failed": [{"self_check": None, **f} for f in data.get("failed", [])],
+        "fit": {"slope_s_per_byte": None, "measured_over_line": [], **fit},
+        "plot": data.get("plot"),
+        "ttft_plot": data.get("ttft_plot"),
+        "depth_plot": None,
+    }

@@ -1,0 +1,76 @@
+"""The bench's typed records (bench/records.py): one JSON form each, a schema version, files of
+schema 2 still read, and a typo or a missing key refused in one line where a file is read."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from quantkit.bench.records import SCHEMA_VERSION, BenchResult, BenchRow
+from quantkit.core.records import RecordError
+
+V2 = Path(__file__).with_name("bench_v2.json")  # what `quantkit bench --json` wrote at schema 2 (a tiny Llama, eager)
+
+
+def _v2() -> dict:
+    return json.loads(V2.read_text())
+
+
+def test_a_schema_2_result_still_reads():
+    r = BenchResult.from_json(_v2())
+    row = r.rows[0]
+    assert r.schema_version == SCHEMA_VERSION == 3 and r.kind == "bench"
+    assert row.name == "llama-gqa" and row.engine == "eager" and row.tpot_ms > 0
+    assert row.depth is None and row.flash_attn is None and row.weight_bytes_by_type is None
+    assert row.prompt_sweep[0].prompt_len == 4 and row.prompt_sweep[0].ttft_ms["n"] >= 1
+    assert r.failed[0].name == "short" and r.failed[0].self_check is None
+    assert r.fit.points == 1 and r.fit.r2 is None and r.fit.measured_over_line == ()
+    assert r.device.bandwidth_gbps > 0 and r.load_average.cpus and r.plot is None
+
+
+def test_the_keys_scripts_read_stay_and_a_result_reads_back_equal():
+    old = _v2()
+    r = BenchResult.from_json(old)
+    new = r.to_json()
+    assert new["schema_version"] == 3 and set(old["rows"][0]) <= set(new["rows"][0]) and set(old) <= set(new)
+    assert {k: new["rows"][0][k] for k in old["rows"][0]} == old["rows"][0]
+    assert BenchResult.from_json(json.loads(json.dumps(new))) == r
+
+
+def test_a_schema_2_llama_cpp_row_keeps_its_flash_attention_and_tensor_types():
+    old = _v2()
+    row = old["rows"][0]
+    row.update(engine="llamacpp", weight_bytes_by_type={"Q4_0": 1000, "F16": 500})
+    row["engine_info"] = {**row["engine_info"], "flash_attn": False}
+    got = BenchResult.from_json(old).rows[0]
+    assert got.flash_attn is False and got.weight_bytes_by_type == {"Q4_0": 1000, "F16": 500}
+
+
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda d: d["rows"][0].__setitem__("tpot_mss", d["rows"][0].pop("tpot_ms")), "unknown key 'tpot_mss'"),
+        (lambda d: d["rows"][0].pop("kernel"), "missing key 'kernel'"),
+        (lambda d: d["device"].pop("bandwidth_gbps"), "bench device block: missing key 'bandwidth_gbps'"),
+        (lambda d: d.__setitem__("fitt", d.pop("fit")), "bench result: unknown key 'fitt'"),
+        (lambda d: d["fit"].__setitem__("r_2", 1.0), "rule-check fit: unknown key 'r_2'"),
+        (lambda d: d.__setitem__("schema_version", 9), "bench result of schema 9"),
+        (lambda d: d.__setitem__("kind", "eval"), "not a bench result"),
+    ],
+)
+def test_a_key_that_is_not_the_schemas_is_one_line(edit, needle):
+    current = BenchResult.from_json(_v2()).to_json()
+    for data in (_v2(), current):
+        data = copy.deepcopy(data)
+        edit(data)
+        with pytest.raises(RecordError, match=needle) as info:
+            BenchResult.from_json(data)
+        assert "\n" not in str(info.value)
+
+
+def test_a_row_is_frozen():
+    row = BenchResult.from_json(_v2()).rows[0]
+    with pytest.raises(AttributeError):
+        row.tpot_ms = 1.0
+    assert BenchRow.from_json(row.to_json()) == row
