@@ -493,3 +493,61 @@ def test_sensitivity_refuses_a_rotation_it_cannot_fuse(cli, tiny_llama, tiny_tex
         "--json",
     )
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def _plan(cli, model, text, tmp_path, auto: str):
+    code, _, err, plan = cli(
+        "convert",
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "art"),
+        "--calib",
+        f"file:{text}",
+        "--set",
+        f"steps[0].quantize.auto={{{auto}, windows: 2, seq_len: 64}}",
+        "--plan",
+        "--json",
+    )
+    assert code == 0, err
+    return plan
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        "device: h100, budget_tpot_ms: 1000",
+        "device: h100, budget_tpot_ms: 1.0e+308",
+        "device: h100, budget_tpot_ms: 1",
+        "device: a100, budget_tpot_ms: 5, context: 4096",
+        "budget_bits: 16",
+    ],
+    ids=["tpot-1000", "tpot-1e308", "tpot-1-h100", "tpot-a100-context", "bits-16"],
+)
+def test_a_budget_buys_at_most_every_unit_at_its_widest_choice(cli, tiny_llama, tiny_text, tmp_path, budget):
+    """A budget every variant meets translated into thousands of bits per weight: --plan reported a
+    3,350 GB artifact for a 200 KB model ("DOES NOT FIT") and convert refused for 3,517 GB."""
+    widest = _plan(cli, tiny_llama, tiny_text, tmp_path, "budget_bits: 8.5")  # int8 per channel: 8 + 16/128
+    plan = _plan(cli, tiny_llama, tiny_text, tmp_path, budget)
+    assert plan["fits"] and not plan["problems"], plan["problems"]
+    assert plan["stages"]["artifact"] == widest["stages"]["artifact"] < plan["model"]["weight_bytes"]
+    assert plan["disk"] < 64 << 20
+
+
+def test_a_budget_beyond_the_widest_choices_converts_with_every_unit_raised(cli, tiny_llama, tiny_text, tmp_path):
+    out = tmp_path / "art"
+    code, _, err, data = convert(
+        cli,
+        "int4-w4a16-rtn",
+        tiny_llama,
+        out,
+        tiny_text,
+        "--set",
+        "steps[0].quantize.auto={device: h100, budget_tpot_ms: 1000, windows: 2, seq_len: 64}",
+    )
+    assert code == 0, err
+    mp = data["mixed_precision"]
+    assert mp["budget_asked_bits"] > 1000 and mp["bits_per_weight"] <= mp["budget_bits"] < 8.2  # int8 + scales
+    assert mp["picked"] and data["verification"]["status"] == "passed"
+    assert "capped at what the widest choices take" in err

@@ -223,3 +223,49 @@ def test_the_engine_names_a_recipe_takes_are_the_registries():
         assert recipe_from_dict(
             {"steps": [{"quantize": {"method": "rtn"}}], "eval": {"engines": [name]}}
         ).eval.engines == (name,)
+
+
+NUMBERS = {
+    "tpot .inf": ("steps[0].quantize.auto={device: h100, budget_tpot_ms: .inf}", "auto.budget_tpot_ms", "finite"),
+    "tpot -.inf": ("steps[0].quantize.auto={device: h100, budget_tpot_ms: -.inf}", "auto.budget_tpot_ms", "finite"),
+    "tpot .nan": ("steps[0].quantize.auto={device: h100, budget_tpot_ms: .nan}", "auto.budget_tpot_ms", "finite"),
+    "bits .nan": ("steps[0].quantize.auto={budget_bits: .nan}", "auto.budget_bits", "finite"),
+    "bits true": ("steps[0].quantize.auto={budget_bits: true}", "auto.budget_bits", "not true or false"),
+    "windows true": ("steps[0].quantize.auto={budget_bits: 5, windows: true}", "auto.windows", "not true or false"),
+    "samples true": ("calibration.samples=true", "calibration.samples", "not true or false"),
+    "min_seconds .inf": ("bench.min_seconds=.inf", "bench.min_seconds", "finite"),
+    "dampening .nan": ("steps[0].quantize.dampening=.nan", "steps[0].quantize.dampening", "finite"),
+}
+
+
+@pytest.mark.parametrize("kind", list(NUMBERS))
+def test_numbers_in_a_recipe_are_finite_and_never_booleans(cli, kind):
+    """`.inf`, `.nan` and `true` are YAML values a number field took (`true` as 1): validation
+    said ok, and an infinite TPOT budget ended in OverflowError (exit 1) at convert."""
+    assignment, key, reason = NUMBERS[kind]
+    recipe = "int4-w4a16-gptq-g64" if "dampening" in assignment else "int4-w4a16-rtn"
+    code, out, err, _ = cli("recipe", "validate", recipe, "--set", assignment)
+    assert code == 2 and key in err and reason in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("where", ["top", "nested", "study"])
+def test_a_key_given_twice_is_one_line_naming_it(cli, tmp_path, where):
+    """YAML loaders keep the last of two `steps:` without a word: half the recipe was ignored."""
+    if where == "study":
+        f = tmp_path / "s.yaml"
+        f.write_text("name: s\nserver: {engine: custom, command: [x]}\nload: {}\nlevers: []\nload: {}\n")
+        code, _, err, _ = cli("levers", str(f), "--dry-run")
+        line = 5
+    else:
+        f = tmp_path / "r.yaml"
+        body = (
+            "steps:\n  - quantize: {method: rtn}\nsteps:\n  - quantize: {method: gptq}\n"
+            if where == "top"
+            else "steps:\n  - quantize:\n      method: rtn\n      bits: 4\n      bits: 8\n"
+        )
+        f.write_text(body)
+        code, _, err, _ = cli("recipe", "validate", str(f))
+        line = 3 if where == "top" else 5
+    key = "load" if where == "study" else "steps" if where == "top" else "bits"
+    assert code == 2 and f"duplicate key '{key}'" in err and f"line {line}" in err, err
+    assert len(err.strip().splitlines()) == 1
