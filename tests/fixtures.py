@@ -56,25 +56,24 @@ ARCHS = {
 }
 
 
-def build_checkpoint(out: Path, arch: str, tokenizer_dir: Path, seed: int = 0, dtype: str = "float16") -> Path:
+def build_checkpoint(
+    out: Path, arch: str, tokenizer_dir: Path, seed: int = 0, dtype: str = "float16", **sizes: int
+) -> Path:
+    """A tiny random checkpoint; `sizes` replace the config's (intermediate_size=80: a width blocks do not divide)."""
     import torch
     import transformers
 
     cfg_name, model_name, extra = ARCHS[arch]
     tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    shape = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, head_dim=32)
     config = getattr(transformers, cfg_name)(
         vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        head_dim=32,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        **extra,
+        **{**shape, **extra, **sizes},
     )
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config)

@@ -12,6 +12,7 @@ import pytest
 
 from quantkit.methods.configs import MethodConfig
 from quantkit.methods.registry import METHODS, Method
+from quantkit.models.scheme_facts import DENSE
 
 
 class FakeInt8Config(MethodConfig):
@@ -76,6 +77,7 @@ def test_a_method_registered_in_one_entry_converts_end_to_end(cli, tiny_llama, t
         "scheme": "W8A16",
         "weight_bits": 8,
         "ignore": ["lm_head"],
+        "weights": [DENSE.as_dict()],  # what its config.json declares: dense weights (rounded, not stored quantized)
     }
     assert meta["device"]["dtype"] == "float32"  # 8-bit weights calibrate in float32 (quantize/job.py quant_dtype)
     source, saved = load_file(next(tiny_llama.glob("*.safetensors"))), load_file(next(out.glob("*.safetensors")))

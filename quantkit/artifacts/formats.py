@@ -10,6 +10,7 @@ import torch
 
 from quantkit.device import resolve
 from quantkit.methods.bnb_cpu_fix import restore_canonical_state
+from quantkit.models import fp4_load_fix
 
 
 def _load_auto(path: Path, dtype: str = "bfloat16", device=None, trust_remote_code: bool = False):
@@ -17,6 +18,7 @@ def _load_auto(path: Path, dtype: str = "bfloat16", device=None, trust_remote_co
     architecture with the model code save_pretrained copied into the artifact (--trust-remote-code)."""
     from transformers import AutoModelForCausalLM
 
+    fp4_load_fix.install()  # FP4 weights decompress at the model's dtype (compressed-tensors 0.19 fault)
     device = resolve(device)
     return AutoModelForCausalLM.from_pretrained(
         str(path), dtype=getattr(torch, dtype), device_map=device, trust_remote_code=trust_remote_code
@@ -38,6 +40,7 @@ def _describe(fmt: str):
             "double_quant",
             "threshold",
             "weight_type",
+            "scale_type",
             "activations",
         ):
             if hasattr(cfg, key):

@@ -15,6 +15,8 @@ from pydantic import ConfigDict, Field, model_validator
 from quantkit.core.yamlio import StrictConfig
 from quantkit.errors import QuantkitError
 from quantkit.methods.schemes import AutoMixed, Scheme
+from quantkit.models import scheme_facts
+from quantkit.models.scheme_facts import SchemeFacts
 
 GroupSize = Literal[32, 64, 128, -1]
 Bits = Literal[4, 8]
@@ -95,6 +97,13 @@ class WeightOnly(MethodConfig):
     @property
     def storage_group(self) -> int:  # type: ignore[override]
         return self.group_size
+
+    @property
+    def facts(self) -> tuple[SchemeFacts, ...]:
+        """The schemes the artifact's config groups declare (models/scheme_facts.py), base first."""
+        own = scheme_facts.int_weights(self.bits, self.group_size, self.symmetric)
+        ovs = [scheme_facts.int_weights(o.bits, o.group_size, o.symmetric) for o in self.overrides]
+        return tuple(dict.fromkeys([own, *ovs]))
 
 
 class RTNConfig(WeightOnly):
@@ -178,6 +187,7 @@ class W8A8Config(MethodConfig):
     ignore: tuple[str, ...] = ("lm_head",)
     weight_bits: ClassVar[int] = 8
     scheme: ClassVar[str] = "W8A8"  # type: ignore[assignment]
+    facts: ClassVar[tuple[SchemeFacts, ...]] = (scheme_facts.int_weights(8, -1, True, ("int", 8, True)),)
 
 
 class FP8Config(MethodConfig):
@@ -206,6 +216,10 @@ class FP8Config(MethodConfig):
     def scheme(self) -> str:
         return f"FP8-{self.fp8_scheme.upper()}"
 
+    @property
+    def facts(self) -> tuple[SchemeFacts, ...]:
+        return (scheme_facts.fp8_weights(self.dynamic_activations),)
+
 
 class BnbNF4Config(MethodConfig):
     """bitsandbytes NF4 (Dettmers et al. 2023): no calibration, blocks of 64."""
@@ -218,6 +232,10 @@ class BnbNF4Config(MethodConfig):
     storage_group: ClassVar[int] = 64  # bitsandbytes' NF4 block size, one absmax per block
     scheme: ClassVar[str] = "NF4"  # type: ignore[assignment]
 
+    @property
+    def facts(self) -> tuple[SchemeFacts, ...]:
+        return (scheme_facts.bnb_4bit("nf4", self.double_quant),)
+
 
 class BnbInt8Config(MethodConfig):
     """bitsandbytes LLM.int8() (Dettmers et al. 2022): no calibration."""
@@ -227,3 +245,50 @@ class BnbInt8Config(MethodConfig):
     ignore: tuple[str, ...] = ("lm_head",)
     weight_bits: ClassVar[int] = 8
     scheme: ClassVar[str] = "LLM.int8"  # type: ignore[assignment]
+
+    facts: ClassVar[tuple[SchemeFacts, ...]] = (scheme_facts.LLM_INT8,)
+
+
+class FP4Config(MethodConfig):
+    """FP4 E2M1 weights in small blocks with a scale each, activations in 16 bits, no calibration data
+    (compressed-tensors' NVFP4A16 and MXFP4A16 presets). `format: nvfp4`: blocks of 16 with an FP8
+    E4M3 scale each and one FP32 scale per tensor; `mxfp4`: blocks of 32 with a power-of-two (E8M0)
+    scale each (the OCP Microscaling format)."""
+
+    model_config = ConfigDict(serialize_by_alias=True)  # the recipe key is `format`; merged with the base config
+
+    method: Literal["fp4"]
+    fp4_format: Literal["nvfp4", "mxfp4"] = Field("nvfp4", alias="format")
+    ignore: tuple[str, ...] = ("lm_head",)
+    weight_bits: ClassVar[int] = 4
+    weight_type: ClassVar[str] = "float4_e2m1"
+
+    @property
+    def bits(self) -> int:
+        return self.weight_bits
+
+    @property
+    def group_size(self) -> int:
+        """The block every scale covers (fixed by the format): preflight checks it divides each layer's columns."""
+        return self.facts[0].group_size
+
+    @property
+    def storage_group(self) -> int:  # type: ignore[override]
+        return self.group_size
+
+    @property
+    def scale_type(self) -> str:
+        return self.facts[0].scales
+
+    @property
+    def preset(self) -> str:
+        """compressed-tensors' preset scheme name (quantization/quant_scheme.py)."""
+        return f"{self.fp4_format.upper()}A16"
+
+    @property
+    def scheme(self) -> str:
+        return f"{self.fp4_format.upper()}-W4A16"
+
+    @property
+    def facts(self) -> tuple[SchemeFacts, ...]:
+        return ({"nvfp4": scheme_facts.NVFP4, "mxfp4": scheme_facts.MXFP4}[self.fp4_format],)

@@ -1,5 +1,5 @@
-"""RTN, GPTQ, AWQ, AutoRound, SmoothQuant W8A8 (after a rotation, when the variant has one) and FP8 through
-llm-compressor, saved in the compressed-tensors format."""
+"""RTN, GPTQ, AWQ, AutoRound, SmoothQuant W8A8 (after a rotation, when the variant has one), FP8 and FP4
+(NVFP4, MXFP4) through llm-compressor, saved in the compressed-tensors format."""
 
 from __future__ import annotations
 
@@ -74,6 +74,16 @@ def fp8_groups(cfg) -> dict:
     return {"group_0": scheme.model_copy(update=update)}
 
 
+def fp4_groups(cfg) -> dict:
+    """compressed-tensors' NVFP4A16 or MXFP4A16 preset (quantization/quant_scheme.py): FP4 E2M1
+    weights, 16-bit activations. NVFP4: groups of 16 with FP8 E4M3 scales under one FP32 scale per
+    tensor (llm-compressor shares it across q/k/v and gate/up, which vLLM fuses); MXFP4: groups of
+    32 with E8M0 scales. Saved in the nvfp4-pack-quantized / mxfp4-pack-quantized formats."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    return {"group_0": preset_name_to_scheme(cfg.preset, ["Linear"])}
+
+
 # Each method's llm-compressor modifiers, in the order they run: (cfg) -> list of modifiers. The
 # registry (methods/registry.py) hands one of these to `quantize`.
 
@@ -126,6 +136,12 @@ def fp8(cfg) -> list:
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
     return [QuantizationModifier(config_groups=fp8_groups(cfg), ignore=list(cfg.ignore))]
+
+
+def fp4(cfg) -> list:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    return [QuantizationModifier(config_groups=fp4_groups(cfg), ignore=list(cfg.ignore))]
 
 
 def build_recipe(cfg, modifiers: Callable, transform=None) -> list:

@@ -21,6 +21,7 @@ from quantkit.methods.configs import (
     AWQConfig,
     BnbInt8Config,
     BnbNF4Config,
+    FP4Config,
     FP8Config,
     GPTQConfig,
     MethodConfig,
@@ -89,6 +90,9 @@ METHODS: dict[str, Method] = {
     "w8a8": Method("w8a8", W8A8Config, _llmc(llmc.w8a8), calibrates=True, passes=3, hessians=True, **_LLMC),
     # FP8 rounds each weight once from its channel's scale, like rtn; not tried with a rotation or under torchrun
     "fp8": Method("fp8", FP8Config, _llmc(llmc.fp8), calibrates=False, **{**_LLMC, "rotates": False}),
+    # FP4 (NVFP4, MXFP4) rounds each weight once from its block's scale, like fp8; not tried with a rotation or
+    # under torchrun
+    "fp4": Method("fp4", FP4Config, _llmc(llmc.fp4), calibrates=False, **{**_LLMC, "rotates": False}),
     "bnb-nf4": Method(
         "bnb-nf4",
         BnbNF4Config,

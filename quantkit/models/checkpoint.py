@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from quantkit.core.atomic import write_text
 from quantkit.errors import ModelError
 from quantkit.home import subdir
-from quantkit.models import headers
+from quantkit.models import fp4_load_fix, headers
 from quantkit.models import offload as offloading
 
 
@@ -301,6 +301,7 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     check_remote_code(path, read_config(path), trust_remote_code)
+    fp4_load_fix.install()  # FP4 weights decompress at the model's dtype (compressed-tensors 0.19 fault)
     try:
         if offload is not None:
             return offloading.load(path, offload, offload_folder, trust_remote_code=trust_remote_code)
@@ -351,10 +352,19 @@ def cast_model(model, dtype):
         for name, buf in model.named_buffers()
         if buf.is_floating_point() and _non_persistent(model, name)
     }
+    # NVFP4's per-tensor global scales stay float32, as compressed-tensors computes them and vLLM
+    # declares them (an fp16 one overflows once a tensor's largest weight is below 448 * 6 / 65504):
+    # removed and registered again, since assigning into the offload cache would round in place.
+    scales = {name: p.detach().clone() for name, p in model.named_parameters() if name.endswith("_global_scale")}
     model = model.to(dtype)
     for name, buf in kept.items():
         owner, _, leaf = name.rpartition(".")
         model.get_submodule(owner).register_buffer(leaf, buf, persistent=False)
+    for name, scale in scales.items():
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        delattr(module, leaf)
+        module.register_parameter(leaf, torch.nn.Parameter(scale, requires_grad=False))
     return model
 
 

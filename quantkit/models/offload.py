@@ -18,6 +18,7 @@ import psutil
 import torch
 
 from quantkit.errors import RecipeError
+from quantkit.models import fp4_load_fix
 
 # RAM kept free for what is not weights: calibration activations, the Hessians, the save.
 RESERVE_FRACTION = 0.25
@@ -66,6 +67,7 @@ def load(path: Path, offload: OffloadPlan, folder: Path, trust_remote_code: bool
     from compressed_tensors.offload import load_offloaded_model
     from transformers import AutoModelForCausalLM
 
+    fp4_load_fix.install()  # FP4 weights decompress at the model's dtype (compressed-tensors 0.19 fault)
     with load_offloaded_model():
         model = AutoModelForCausalLM.from_pretrained(
             str(path),

@@ -32,7 +32,7 @@ from quantkit.errors import DataError
 from quantkit.gqa.convert import apply_gqa
 from quantkit.methods.llmc import rotate
 from quantkit.methods.registry import runtime_meta, transform_step
-from quantkit.models import offload
+from quantkit.models import offload, scheme_facts
 from quantkit.models.checkpoint import cast_model, checkpoint_hash, load_model, load_tokenizer
 from quantkit.models.logits import fixed_tokens
 from quantkit.models.offload import disk_tensors
@@ -308,7 +308,13 @@ def export_verified(
         meta["verification"] = verify_reload(ref_logits, reload, ids, loader)
         meta.update(
             {
-                "quantization": fmt.describe(quant) if quant else None,
+                # what the saved config.json declares, as facts (models/scheme_facts.py): what decisions read
+                "quantization": {
+                    **fmt.describe(quant),
+                    "weights": [f.as_dict() for f in scheme_facts.of_checkpoint(tmp)],
+                }
+                if quant
+                else None,
                 "tool_versions": tool_versions(),
                 "wall_seconds": time.perf_counter() - t0,
                 "peak_rss_mb": peak_rss_mb(),
