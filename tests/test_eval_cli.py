@@ -1,5 +1,6 @@
 """quantkit eval on tiny checkpoints, through the CLI and --json."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -354,3 +355,61 @@ def test_the_overlap_guard_reads_every_fitted_text_record():
             check_disjoint_from_fitted(Path("art"), meta, Windows([], [start], 8, {"sha256": sha}))
     assert check_disjoint_from_fitted(Path("art"), meta, Windows([], [8, 300], 8, {"sha256": "B"}))["overlap"] is False
     assert check_disjoint_from_fitted(Path("art"), meta, Windows([], [64], 8, {"sha256": "other"}))["overlap"] is False
+
+
+FITTED_ELSEWHERE = {
+    "auto mixed precision": {
+        "mixed_precision": {"windows": {"text": {"sha256": "T", "seq_len": 8, "window_starts": [0]}}}
+    },
+    "sensitivity (the overrides' choice)": {
+        "recipe": {"steps": [{"quantize": {"chosen_on": {"sha256": "T", "seq_len": 8, "window_starts": [0]}}}]}
+    },
+    "importance matrix": {
+        "gguf_export": {"imatrix": {"calibration": {"sha256": "T", "seq_len": 8, "window_starts": [0]}}}
+    },
+    "--mixed selection": {"gguf_export": {"mixed": {"windows": {"sha256": "T", "seq_len": 8, "window_starts": [0]}}}},
+}
+
+
+@pytest.mark.parametrize("what", list(FITTED_ELSEWHERE))
+def test_every_text_a_choice_was_fitted_on_is_guarded(what):
+    """Beyond the calibration: the windows auto chose its units on, sensitivity's (chosen_on, beside
+    the overrides it printed), a K-quant GGUF's importance matrix and --mixed windows."""
+    from quantkit.errors import DataError
+    from quantkit.evals.checks import check_disjoint_from_fitted, fitted_texts
+    from quantkit.evals.perplexity import Windows
+
+    meta = FITTED_ELSEWHERE[what]
+    assert [r["what"] for r in fitted_texts(meta)] == [what]
+    with pytest.raises(DataError, match=f"1 of 2 evaluation windows overlap the {re.escape(what)} windows"):
+        check_disjoint_from_fitted(Path("art"), meta, Windows([], [4, 64], 8, {"sha256": "T"}))
+    assert check_disjoint_from_fitted(Path("art"), meta, Windows([], [8, 64], 8, {"sha256": "T"}))["overlap"] is False
+
+
+def test_an_auto_artifact_on_the_windows_auto_chose_on_is_refused(cli, tiny_llama, tiny_text, tmp_path):
+    """RTN fits on no text, but `auto:` chose its units on windows of the calibration file: the
+    second half of that file reported `overlap: false` with 7 of 8 windows exactly those."""
+    out = tmp_path / "art"
+    code, _, err, data = cli(
+        "convert",
+        "int4-w4a16-rtn",
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(out),
+        "--calib",
+        f"file:{tiny_text}",
+        "--set",
+        "steps[0].quantize.auto={budget_bits: 4.5, windows: 8, seq_len: 64}",
+        "--json",
+    )
+    assert code == 0, err
+    assert data["calibration"] is None and len(data["mixed_precision"]["windows"]["text"]["window_starts"]) == 8
+    args = ["eval", str(out), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64"]
+    for region in ("second-half", "all"):  # the whole text: as many windows as it holds
+        code, _, err, _ = cli(*args, "--region", region, "--max-tokens", "100000")
+        assert code == 2 and "overlap the auto mixed precision windows" in err, err
+        assert len(err.strip().splitlines()) == 1
+    code, _, err, data = cli(*args, "--region", "first-half", "--max-tokens", "256", "--json")
+    assert code == 0 and data["overlap_check"]["overlap"] is False, err
+    assert data["overlap_check"]["fitted_texts"][0]["what"] == "auto mixed precision"

@@ -238,3 +238,43 @@ def test_a_gguf_vocabulary_must_be_the_baselines_row_for_row(tiny_dir, monkeypat
     monkeypatch.setattr(g, "gguf_tokens", lambda p: swapped)
     with pytest.raises(DataError, match="tokenizer mismatch.* at id 5 "):
         g.check_same_vocab(Path("m.gguf"), base, tok)
+
+
+@pytest.mark.parametrize("what", ["importance matrix", "--mixed selection"])
+def test_a_k_quant_ggufs_own_fitted_windows_come_from_its_export_record(exported, tiny_text, tmp_path, what):
+    """llama-quantize copies the F16 file's header, so a K-quant GGUF carries only its artifact's
+    texts; the importance matrix's windows and the --mixed selection's are in its export record,
+    which the overlap check reads while the record describes the file."""
+    import json
+    import shutil
+
+    from quantkit.core.integrity import sha256_file
+    from quantkit.data.text import parse_spec, read_text
+    from quantkit.errors import DataError
+    from quantkit.evals.checks import check_disjoint_from_fitted
+    from quantkit.evals.gguf import source_meta
+    from quantkit.evals.perplexity import Windows
+    from quantkit.gguf.target import record_path
+
+    gguf = shutil.copy(exported["int4"], tmp_path / "k.gguf")
+    windows = {
+        "source": f"file:{tiny_text}",
+        "sha256": read_text(parse_spec(f"file:{tiny_text}")).provenance["sha256"],
+        "seq_len": 64,
+        "window_starts": [1000, 2000],
+    }
+    fitted = {"imatrix": {"calibration": windows}} if what == "importance matrix" else {"mixed": {"windows": windows}}
+    record = {
+        "kind": "quantkit-gguf-export",
+        "lossless": False,
+        "sha256": sha256_file(gguf),
+        "bytes": gguf.stat().st_size,
+    }
+    record_path(gguf).write_text(json.dumps({**record, **fitted}))
+    meta, _, found = source_meta(gguf)
+    assert "quantkit.provenance" in found["found_via"]
+    evaluated = Windows([], [1010, 5000], 64, {"sha256": windows["sha256"]})
+    with pytest.raises(DataError, match=f"1 of 2 evaluation windows overlap the {what} windows"):
+        check_disjoint_from_fitted(gguf, meta, evaluated)
+    gguf.write_bytes(gguf.read_bytes() + b"\0")  # the record no longer describes the file: not read
+    assert check_disjoint_from_fitted(gguf, source_meta(gguf)[0], evaluated)["overlap"] is False

@@ -112,6 +112,19 @@ def test_a_budget_below_every_smallest_type_is_refused_before_measuring(seed):
     assert "\n" not in str(err.value)
 
 
+def test_the_windows_the_choice_is_made_on_are_recorded_for_evals_overlap_check(tiny_llama, tiny_text, tmp_path):
+    """The record names the text by its sha256 and each window's start, as a calibration manifest
+    does: eval refuses to score the GGUF on them (evals/checks.py reads `mixed.windows`)."""
+    from quantkit.data.text import parse_spec, read_text
+
+    o = kquant.KquantOptions("Q4_K_M", calib=f"file:{tiny_text}", seed=3, region="second-half")
+    rows, manifest = ggufmix._windows(kquant.Made(tmp_path, tiny_llama, {}, None, o, "Q4_K_M"), None)
+    assert manifest["sha256"] == read_text(parse_spec(f"file:{tiny_text}")).provenance["sha256"]
+    assert (
+        len(manifest["window_starts"]) == rows.shape[0] == manifest["samples"] and manifest["seq_len"] == rows.shape[1]
+    )
+
+
 def test_fisher_sums_each_inputs_second_moment_once_and_averages_the_draws(tiny_llama):
     from quantkit.models.checkpoint import load_model
 

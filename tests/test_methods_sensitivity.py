@@ -553,3 +553,37 @@ def test_the_lazy_search_checks_the_noise_of_what_it_raises(tiny_dir, tmp_path):
     tight = _search(budget=4.3)
     _, lazy = _both(model, rows, tight)
     assert lazy["noise_floor"]["units_checked_alone"] <= full["noise_floor"]["units_checked_alone"]
+
+
+def test_overrides_printed_with_their_windows_make_an_artifact_eval_guards(cli, tiny_llama, tiny_text, tmp_path):
+    """The YAML sensitivity prints (overrides, and chosen_on: the windows they were chosen on) goes
+    under a recipe's quantize step as it is; the artifact records the windows, and eval refuses to
+    score it on them as it refuses its calibration windows."""
+    code, out, err, _ = cli(
+        "sensitivity",
+        str(tiny_llama),
+        "--budget",
+        "4.8",
+        "--text",
+        f"file:{tiny_text}",
+        "--windows",
+        "6",
+        "--seq-len",
+        "64",
+    )
+    assert code == 0, err
+    block = yaml.safe_load(out[out.index("overrides:") :])
+    assert block["chosen_on"]["source"] == f"file:{tiny_text}" and len(block["chosen_on"]["window_starts"]) == 6
+    recipe = tmp_path / "r.yaml"
+    step = {"method": "rtn", "group_size": 64, **block}
+    recipe.write_text(yaml.safe_dump({"steps": [{"quantize": step}]}, sort_keys=False))
+    art = tmp_path / "art"
+    code, _, err, data = cli("convert", str(recipe), "--model", str(tiny_llama), "--out", str(art), "--json")
+    assert code == 0, err
+    recorded = data["recipe"]["steps"][0]["quantize"]["chosen_on"]
+    assert {k: recorded[k] for k in block["chosen_on"]} == block["chosen_on"]
+    args = ["eval", str(art), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "64"]
+    code, _, err, _ = cli(*args, "--region", "second-half", "--max-tokens", "100000")
+    assert code == 2 and "overlap the sensitivity (the overrides' choice) windows" in err, err
+    code, _, err, _ = cli(*args, "--region", "first-half", "--max-tokens", "256")
+    assert code == 0, err
