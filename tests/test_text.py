@@ -1,3 +1,4 @@
+import codecs
 import json
 
 import pytest
@@ -175,3 +176,67 @@ def test_unreadable_files_and_bad_manifests(tmp_path, monkeypatch):
             parse_spec("set:bad")
     with pytest.raises(DataError, match="plain name"):
         parse_spec("set:../../etc/x")
+
+
+def test_a_huge_binary_text_is_refused_in_seconds_and_bounded_memory(tmp_path):
+    """A 2 GiB sparse file took 3 min 14 s and 10.7 GB before a MemoryError (exit 1): it is read in
+    chunks and refused once its bad characters alone exceed what the whole file could hold."""
+    import os
+    import time
+    import tracemalloc
+
+    p = tmp_path / "zeros.txt"
+    p.touch()
+    os.truncate(p, 2 << 30)  # sparse: no disk used
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    with pytest.raises(DataError, match=rf"^{p}: not UTF-8 text: \d+ of \d+ characters in its first 1,048,576 bytes"):
+        read_text(parse_spec(f"file:{p}"))
+    elapsed, (_, peak) = time.perf_counter() - t0, tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert elapsed < 10 and peak < 32 << 20, (elapsed, peak)
+
+
+@pytest.mark.parametrize("size", [3 << 20, 5 << 20 | 17], ids=["3MiB", "odd"])
+def test_a_text_over_the_limit_is_refused_for_its_size_none_of_it_kept(tmp_path, monkeypatch, size):
+    """A valid text larger than a text may be (it is tokenized whole, several times its size in
+    memory) is refused once that much of it is read; under the limit it is read as before."""
+    import tracemalloc
+
+    from quantkit.data import text as texts
+
+    monkeypatch.setattr(texts, "MAX_TEXT_BYTES", 1 << 20)
+    monkeypatch.setattr(texts, "CHUNK_BYTES", 64 << 10)
+    p = tmp_path / "big.txt"
+    p.write_text((WORDS * (size // len(WORDS) + 1))[:size])
+    tracemalloc.start()
+    with pytest.raises(DataError, match=rf"^{p}: {size:,} bytes, over the 1 MiB a text may have"):
+        read_text(parse_spec(f"file:{p}"))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20
+    p.write_text(WORDS)
+    assert read_text(parse_spec(f"file:{p}")).text == WORDS
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 7, 3, 2])
+def test_bad_characters_are_counted_the_same_whatever_the_chunks(tmp_path, monkeypatch, capsys, chunk):
+    """Multi-byte characters and a U+FFFD the file itself holds split across chunk boundaries count
+    as the whole file would: the stray bad bytes, no more."""
+    from quantkit.data import text as texts
+
+    monkeypatch.setattr(texts, "CHUNK_BYTES", chunk)
+    body = ("é—" + WORDS[:3000]) * 20 + "\ufffd"  # a U+FFFD in the file is text
+    p = tmp_path / "a.txt"
+    p.write_bytes(body.encode() + b"\xff" + body.encode())
+    t = read_text(parse_spec(f"file:{p}"))
+    assert t.provenance["bad_characters"] == 1 and t.text == body + "\ufffd" + body
+    p.write_bytes(codecs.BOM_UTF16_LE + body.encode("utf-16-le"))
+    t = read_text(parse_spec(f"file:{p}"))
+    assert t.text == body and t.provenance["bad_characters"] == 1  # UTF-16 counts every U+FFFD, as it did
+
+
+def test_proc_files_read_like_files_and_a_binary_one_is_refused():
+    assert "Name:" in read_text(parse_spec("file:/proc/self/status")).text  # its size says 0
+    with pytest.raises(DataError, match="not UTF-8 text"):
+        read_text(parse_spec("file:/proc/self/environ"))  # NUL-separated
