@@ -265,3 +265,77 @@ def test_fewer_calibration_windows_than_asked_are_said(cli, tiny_llama, tmp_path
     cal = json.loads((out / "quantkit.json").read_text())["calibration"]
     assert cal["requested_samples"] == 500 and 0 < cal["samples"] < 500
     assert f"{cal['samples']} of the 500 windows asked for: the second half of the text" in err
+
+
+def tree_state(root: Path) -> dict:
+    """Every path under root (root included) with its mtime: a file created and removed again (a
+    lock file) still changes its directory's mtime."""
+    return {str(p.relative_to(root)): p.lstat().st_mtime_ns for p in [root, *sorted(root.rglob("*"))]}
+
+
+@pytest.mark.parametrize(
+    "where, force, message",
+    [
+        ("src/sub", False, "is inside the source checkpoint"),
+        ("src/a/b", True, "is inside the source checkpoint"),
+        ("src", True, "is the source checkpoint"),
+        ("old", False, "already exists; pass --force"),
+        ("foreign", True, "is not a quantkit artifact (no quantkit.json) and is not empty"),
+    ],
+)
+def test_every_refusal_of_where_to_write_comes_before_anything_is_written(
+    cli, tiny_llama, tmp_path, where, force, message
+):
+    """`--out SRC/sub` was refused "(nothing was changed)" after SRC/.sub.lock had been created,
+    changing the source's mtime (a read-only source got a permission error instead)."""
+    import os
+
+    root = tmp_path / "root"
+    shutil.copytree(tiny_llama, root / "src")
+    (root / "old").mkdir()
+    (root / "old" / "quantkit.json").write_text("{}")
+    (root / "foreign").mkdir()
+    (root / "foreign" / "notes.txt").write_text("mine")
+    for p in [root, *root.rglob("*")]:
+        os.utime(p, ns=(10**18, 10**18), follow_symlinks=False)
+    before = tree_state(root)
+    for extra in ([], ["--plan"]):
+        code, _, err, _ = convert(cli, root / "src", root / where, *extra, *(["--force"] if force else []))
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert tree_state(root) == before
+
+
+class _RunsCode:
+    """A pickle that would run a command when unpickled without weights_only."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize(
+    "others, named",
+    [((), "pytorch_model.bin"), (("training_args.bin",), "one of its pickle files (pytorch_model.bin, training_args")],
+    ids=["one", "several"],
+)
+def test_a_pickle_the_safe_loader_refuses_is_one_line_naming_it(cli, tiny_llama, tmp_path, others, named):
+    """With --allow-pickle, torch's weights_only loader blocks a malicious pickle, which was exit 1
+    with torch's advice to turn weights_only off: exit 2, naming the file, without that advice."""
+    import torch
+
+    src = tmp_path / "pickled"
+    shutil.copytree(tiny_llama, src)
+    (src / "model.safetensors").unlink()
+    marker = tmp_path / "ran"
+    torch.save({"model.embed_tokens.weight": _RunsCode(marker)}, src / "pytorch_model.bin")
+    for other in others:
+        torch.save({"x": torch.zeros(1)}, src / other)
+    out = tmp_path / "x"
+    code, _, err, _ = convert(cli, src, out, "--allow-pickle")
+    assert code == 2 and f"{src}: {named}" in err and "holds objects other than tensors" in err, err
+    assert len(err.strip().splitlines()) == 2 and "weights_only` set to `False`" not in err  # `loading SRC` first
+    assert not marker.exists() and nothing_at(out)
