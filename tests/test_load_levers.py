@@ -428,3 +428,38 @@ def test_how_settings_become_flags_and_body_fields():
         "8",
         "{other}",
     ]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llama-server"])
+def test_an_engine_that_is_not_installed_is_refused_before_out_is_made(tmp_path, monkeypatch, engine):
+    """vLLM without its environment, llama-server without its binary: exit 2 but a `study.json`
+    was left, and the same command again was refused as "an earlier study". Now nothing is made,
+    and the rerun says the same line."""
+    monkeypatch.delenv("QUANTKIT_VLLM_VENV", raising=False)
+    monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(tmp_path / "no-tools"))  # a build without llama-server
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    study = {"name": "s", "server": {"engine": engine, "model": str(model)}, "levers": [{"name": "base"}]}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(study))
+    out = tmp_path / "o"
+    lines = []
+    for _ in range(2):
+        code, _, stderr = _levers(path, "--out", out)
+        assert code == 2 and _count_line(stderr) == 1 and f"server.engine {engine}: " in stderr, stderr
+        assert "is not installed" in stderr
+        lines.append(stderr)
+        assert not out.exists()
+    assert lines[0] == lines[1] and "earlier study" not in lines[1]
+
+
+def test_a_study_whose_first_server_never_came_up_can_be_run_again(tmp_path):
+    """A server that exits before it is ready: nothing was measured, so no study.json blocks the
+    same command (its log stays for the reason); a study that ran a lever keeps its guard."""
+    failing = _fake_study(tmp_path, command=["{python}", "-c", "import sys; sys.exit(3)", "{port}"])
+    out = tmp_path / "o"
+    for _ in range(2):
+        code, _, stderr = _trusted(failing, "--out", out)
+        assert code == 2 and "earlier study" not in stderr, stderr
+        assert not (out / "study.json").exists() and list(out.glob("*.server.log"))
