@@ -951,3 +951,43 @@ def test_every_non_finite_comparison_fails_verification(monkeypatch, kind, side)
     monkeypatch.setattr(verify, "logits", lambda model, ids: new)  # the reloaded model's forward
     with pytest.raises(VerificationError, match="non-finite logits"):
         verify.verify_reload(ref, object, torch.zeros(2, 8, dtype=torch.long), "a loader")
+
+
+# ---------------------------------------------------------------- where run writes, what bench times
+
+
+@pytest.mark.parametrize("plan", [False, True], ids=["run", "plan"])
+def test_run_refuses_a_non_empty_directory_no_run_made(cli, tiny_llama, tmp_path, plan):
+    """`convert` refuses a foreign non-empty --out; `run --out` wrote its artifacts and reports into one."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("mine")
+    args = ["run", str(rtn_recipe(tmp_path)), "--model", str(tiny_llama), "--out", str(out), "--skip-eval"]
+    code, _, err, _ = cli(*args, "--skip-bench", *(["--plan"] if plan else []))
+    one_line_error(code, err, f"--out {out} is not a quantkit run directory (no steps.json) and is not empty")
+    assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
+
+
+def test_a_run_directory_is_known_as_one_from_its_start(cli, tiny_llama, tmp_path, monkeypatch):
+    """steps.json is its first file: a run killed in its first step is still a run to go on with."""
+    from quantkit.pipeline import run as pipeline
+
+    def killed(self, v):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.Runner, "convert", killed)
+    out = tmp_path / "r"
+    args = ["run", str(rtn_recipe(tmp_path)), "--model", str(tiny_llama), "--out", str(out), "--skip-eval"]
+    assert cli(*args, "--skip-bench")[0] == 130
+    assert json.loads((out / "steps.json").read_text()) == {}
+    (out / "artifacts").mkdir()
+    (out / "artifacts" / "half-written").write_text("x")
+    monkeypatch.undo()
+    code, _, err, _ = cli(*args, "--skip-bench", "--plan")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_bench_seconds_must_be_a_finite_number(cli, tiny_llama, value):
+    code, _, err, _ = cli("bench", str(tiny_llama), "--min-seconds", value, "--engine", "eager", "--plan")
+    one_line_error(code, err, "--min-seconds a finite number >= 0")
