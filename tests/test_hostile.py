@@ -991,3 +991,55 @@ def test_a_run_directory_is_known_as_one_from_its_start(cli, tiny_llama, tmp_pat
 def test_bench_seconds_must_be_a_finite_number(cli, tiny_llama, value):
     code, _, err, _ = cli("bench", str(tiny_llama), "--min-seconds", value, "--engine", "eager", "--plan")
     one_line_error(code, err, "--min-seconds a finite number >= 0")
+
+
+# ---------------------------------------------------------------- held: special files, tags, self-inclusion
+
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "fifo")  # opening it to read would block: it must never be opened
+        return tmp_path / "fifo"
+    if kind == "directory":
+        (tmp_path / "d").mkdir()
+        return tmp_path / "d"
+    return Path({"dev-zero": "/dev/zero", "dev-urandom": "/dev/urandom", "proc-environ": "/proc/self/environ"}[kind])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "dev-zero", "dev-urandom", "proc-environ"])
+def test_special_files_are_neither_recipes_nor_texts(cli, tiny_llama, tmp_path, kind):
+    path = _special(tmp_path, kind)
+    code, _, err, _ = cli("recipe", "validate", str(path))
+    one_line_error(code, err, str(path))
+    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{path}")
+    one_line_error(code, err, str(path))
+    code, _, err, _ = cli(
+        "convert",
+        "int4-w4a16-gptq-g64",
+        "--model",
+        str(tiny_llama),
+        "--out",
+        str(tmp_path / "o"),
+        "--calib",
+        f"file:{path}",
+    )
+    one_line_error(code, err, str(path))
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('steps:\n  - quantize: !!python/object/apply:os.system ["touch {marker}"]\n', "not valid YAML (line 2)"),
+        ("steps: !!python/name:os.system\n", "not valid YAML (line 1)"),
+        ("variants:\n  - name: a\n    recipe: r.yaml\n", "is a suite; include single-variant recipes only"),
+    ],
+    ids=["python-object", "python-name", "self-inclusion"],
+)
+def test_python_tags_and_a_recipe_including_itself_are_one_line(cli, tmp_path, text, needle):
+    marker = tmp_path / "ran"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text.replace("{marker}", str(marker)))
+    code, _, err, _ = cli("recipe", "validate", str(recipe))
+    one_line_error(code, err, needle)
+    assert not marker.exists()
