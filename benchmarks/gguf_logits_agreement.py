@@ -121,7 +121,9 @@ def measure(artifact: Path, gguf_path: Path, ids: list[int], threads: int = 2) -
     from quantkit.models.checkpoint import load_model
 
     record = json.loads(record_path(gguf_path).read_text())
-    quantized = {t["source"][: -len(".weight")] for t in record["tensors"] if t["type"] in ("Q4_0", "Q4_1", "Q8_0")}
+    # the types whose CPU matmul takes Q8_0 activations (ggml-cpu.c type_traits_cpu: vec_dot_type GGML_TYPE_Q8_0)
+    q8_inputs = ("Q4_0", "Q4_1", "Q8_0", "MXFP4", "NVFP4")
+    quantized = {t["source"][: -len(".weight")] for t in record["tensors"] if t["type"] in q8_inputs}
     model = load_model(artifact, dtype="float32")
     x = torch.tensor([ids])
     with torch.inference_mode():

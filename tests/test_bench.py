@@ -510,6 +510,8 @@ SETTINGS_OPTIONS = {
     "min_seconds": (["--min-seconds", "0.5"], "min_seconds", 0.5),
     "warmups": (["--warmups", "4"], "warmups", 4),
     "sweep": (["--sweep", "8,12"], "prompt_sweep", (8, 12)),
+    "depths": (["--depth", "0,64"], "depths", (0, 64)),
+    "flash_attn": (["--flash-attn", "both"], "flash_attn", "both"),
     "tensor_parallel": (["--tensor-parallel", "2"], "tensor_parallel", 2),
     "threads": (["--threads", "3"], "threads", 3),
     "self_check": (["--no-self-check"], "self_check", False),

@@ -48,8 +48,18 @@ def test_registry_is_explicit_and_lazy():
 def test_every_engine_carries_its_capabilities(name):
     cls = engine_class(name)
     assert cls.name == name and issubclass(cls, Engine)
-    for attr in ("compiles", "full_logprobs", "takes_gguf", "tensor_parallel", "sizes_own_memory"):
+    for attr in (
+        "compiles",
+        "full_logprobs",
+        "takes_gguf",
+        "tensor_parallel",
+        "sizes_own_memory",
+        "flash_attn_lever",
+        "anchored",
+    ):
         assert isinstance(getattr(cls, attr), bool), attr
+    assert cls.min_depth >= 0 and (cls.min_depth == 0 or cls.min_depth_reason)
+    assert cls.depth_advice(False) and cls.depth_advice(True)
     assert cls.devices and set(cls.devices) <= {"cpu", "cuda"}
     assert cls.default_threads() is None or cls.default_threads() >= 1
 
@@ -166,6 +176,9 @@ def test_interface_doc_names_every_method():
         "prefill",
         "decode",
         "sync",
+        "as_token",
+        "rewind",
+        "cache_depth",
         "weight_bytes",
         "step_bytes",
         "describe",

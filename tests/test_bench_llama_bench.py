@@ -59,8 +59,9 @@ a = sys.argv[1:]
 open({str(log)!r}, "a").write(json.dumps(a) + "\\n")
 p, n = int(a[a.index("-p") + 1]), int(a[a.index("-n") + 1])
 d = int(a[a.index("-d") + 1]) if "-d" in a else 0
+fa = int(a[a.index("-fa") + 1]) if "-fa" in a else -1
 print(json.dumps([{{"n_prompt": p, "n_gen": n, "n_depth": d, "avg_ns": 1e6 * (p or n), "avg_ts": 1000.0,
-                   "samples_ns": [1]}}]))
+                   "samples_ns": [1], "flash_attn": fa}}]))
 """)
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
 
@@ -81,6 +82,56 @@ def test_measure_runs_pp_from_empty_and_tg_after_the_prompt(monkeypatch, tmp_pat
         )
         assert args[args.index("-b") + 1] == "512" and args[args.index("-o") + 1] == "json"
     assert a["ttft_ms"] == pytest.approx(128.0) and a["tpot_ms"] == pytest.approx(1.0)
+
+
+def test_measure_at_a_depth_runs_tg_alone_after_it_with_the_rows_flash_attention(monkeypatch, tmp_path):
+    log = tmp_path / "args.jsonl"
+    _fake_bench(tmp_path / "t", log)
+    monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(tmp_path / "t"))
+    a = llama_bench.measure(tmp_path / "m.gguf", 128, 16, threads=2, repeats=3, flash_attn=True, depth=4096)
+    (tg,) = (json.loads(line) for line in log.read_text().splitlines())  # no pp run: a depth's row has no TTFT
+    assert tg[tg.index("-p") + 1] == "0" and tg[tg.index("-n") + 1] == "16" and tg[tg.index("-d") + 1] == "4096"
+    assert tg[tg.index("-fa") + 1] == "1" and tg[tg.index("-r") + 1] == "3"
+    assert a["tpot_ms"] == pytest.approx(1.0) and a["tg_depth"] == 4096 and a["flash_attn"] is True
+    assert "ttft_ms" not in a and "-d 4096" in a["command"] and "-fa 1" in a["command"]
+    c = llama_bench.compare(None, 1.2, a)
+    assert c["ratio_ttft"] is None and c["ratio_tpot"] == pytest.approx(1.2) and c["disagree"] == ["tpot"]
+
+
+@needs_llama_cpp
+def test_each_depth_row_carries_llama_benchs_figure_at_its_depth(cli, tiny_llama, monkeypatch, tmp_path):
+    log = tmp_path / "args.jsonl"
+    _fake_bench(tmp_path / "t", log)
+    monkeypatch.setenv("QUANTKIT_LLAMA_TOOLS", str(tmp_path / "t"))
+    code, out, err, res = cli(
+        "bench",
+        str(tiny_llama),
+        "--engine",
+        "llamacpp",
+        "--threads",
+        "1",
+        "--gen-len",
+        "4",
+        "--repeats",
+        "2",
+        "--min-seconds",
+        "0",
+        "--no-self-check",
+        "--depth",
+        "0,16",
+        "--flash-attn",
+        "on",
+        "--json",
+    )
+    assert code == 0, err
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r[r.index("-d") + 1] for r in runs] == ["0", "16"] and all(r[r.index("-fa") + 1] == "1" for r in runs)
+    for row in res["rows"]:
+        a = row["anchor"]
+        assert a["tg_depth"] == row["depth"] and a["flash_attn"] is True and a["tg_tokens"] == 4
+        assert a["ratio_tpot"] == pytest.approx(row["tpot_ms"] / a["tpot_ms"]) and a["ratio_ttft"] is None
+        # the fake's 1 ms per token is far from the tiny model's: a note names the depth
+        assert a["disagree"] == ["tpot"] and any(f"ms at depth {row['depth']})" in n for n in row["notes"])
 
 
 def test_measure_without_llama_bench_is_an_error_entry(monkeypatch, tmp_path):

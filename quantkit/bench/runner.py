@@ -7,23 +7,22 @@ import json
 import os
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from quantkit.bench import probe as probing
 from quantkit.bench import selfcheck
-from quantkit.bench.accounting import kv_live, mean_step_bytes
+from quantkit.bench.accounting import mean_step_bytes
 from quantkit.bench.engines import engine_class
 from quantkit.bench.engines.base import EngineSettings
 from quantkit.bench.gguf_source import gguf_config, is_gguf, reference_source
-from quantkit.bench.harness import SWEEP_SAMPLES, measure, summarize_ms, time_prefill
-from quantkit.bench.llama_bench import compare
+from quantkit.bench.harness import SWEEP_SAMPLES, measure, measure_depth, summarize_ms, time_prefill
 from quantkit.bench.records import BenchResult, BenchRow, DeviceBlock, FailedRow, LoadAverage, SweepPoint
+from quantkit.bench.rows import Loaded, Measured, classify, depth_notes, make_row, name_of
 from quantkit.bench.settings import BenchSettings, check_fits_bytes, check_lengths, check_settings  # noqa: F401  (re-exported)
 from quantkit.bench.synthetic import Synthetic
 from quantkit.core.hardware import shape_config
-from quantkit.core.roofline import Shape, efficiency, fit_rule, predict_ttft_s, prefill_flops
+from quantkit.core.roofline import Shape, fit_rule, predict_ttft_s, prefill_flops
 from quantkit.errors import QuantkitError
 from quantkit.progress import bar, note
 
@@ -119,152 +118,61 @@ def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: f
     return out
 
 
-def _measure(source, cfg: dict, s: BenchSettings, figs) -> dict:
-    """Reference, load, self-check, timings and sweep on the engine; the pieces of a result row."""
+def bench_one(source, s: BenchSettings, figs) -> list[BenchRow]:
+    """Every row of one model: one per flash-attention setting (--flash-attn both loads it twice),
+    and with --depth one per depth of each. The self-check's reference is computed once."""
 
+    cfg = _config(source)
     ids = _prompt_ids(cfg["vocab_size"], s.prompt_len, s.seed)
     check_ids = ids + _prompt_ids(cfg["vocab_size"], min(selfcheck.DECODE_STEPS, s.gen_len - 1), s.seed + 1)
     ref, info = _reference(source, cfg, s, check_ids)
+    rows = []
+    for flash_attn in s.flash_attn_runs:
+        rows += _bench_loaded(source, cfg, s, figs, (ref, info, check_ids), flash_attn)
+    return depth_notes(rows)
+
+
+def _bench_loaded(source, cfg: dict, s: BenchSettings, figs, check, flash_attn) -> list[BenchRow]:
+    """Load the engine, self-check it, then its rows: the prompt's repeats, or each depth's."""
+    t0 = time.perf_counter()
     es = EngineSettings(
-        device=s.device, max_tokens=s.max_tokens, seed=s.seed, threads=s.threads, tensor_parallel=s.tensor_parallel
+        device=s.device,
+        max_tokens=s.max_tokens,
+        seed=s.seed,
+        threads=s.threads,
+        tensor_parallel=s.tensor_parallel,
+        flash_attn=flash_attn,
+        reuse_prefix=bool(s.depths),
     )
-    t = time.perf_counter()
     engine = engine_class(s.engine).load(source, es)
-    load_s = time.perf_counter() - t
+    load_s = time.perf_counter() - t0
     try:
-        check = _self_check(engine, ref, info, check_ids, s)
-        timings = measure(engine, ids, s.gen_len, repeats=s.repeats, min_seconds=s.min_seconds, warmups=s.warmups)
-        wb, kv = engine.weight_bytes(), engine.kv_bytes_per_token()
-        sweep = _sweep(engine, cfg, s, figs, wb["weight_bytes_per_token"], kv)
-        step = mean_step_bytes(lambda c: engine.step_bytes(c, s.capacity), s.prompt_len, s.gen_len)
-        return {
-            "acct": wb,
-            "kv": kv,
-            "step_bytes": step,
-            "timings": timings,
-            "sweep": sweep,
-            "self_check": check,
-            "engine": engine.describe(),
-            "step_note": engine.step_note,
-            "load_s": load_s,
-        }
+        ref, info, check_ids = check
+        passed = _self_check(engine, ref, info, check_ids, s)
+        loaded = Loaded(engine.weight_bytes(), engine.kv_bytes_per_token(), engine.describe(), passed, load_s)
+        if not s.depths:
+            ids = check_ids[: s.prompt_len]
+            timings = measure(engine, ids, s.gen_len, repeats=s.repeats, min_seconds=s.min_seconds, warmups=s.warmups)
+            sweep = _sweep(engine, cfg, s, figs, loaded.weights["weight_bytes_per_token"], loaded.kv)
+            step = mean_step_bytes(lambda c: engine.step_bytes(c, s.capacity), s.prompt_len, s.gen_len)
+            m = Measured(s.prompt_len, None, s.capacity, timings, engine.step_note, step, tuple(sweep), t0)
+            return [make_row(source, cfg, s, figs, loaded, m)]
+        return [make_row(source, cfg, s, figs, loaded, _at_depth(engine, cfg, s, d)) for d in s.depths]
     finally:
         engine.close()
 
 
-def bench_one(source, s: BenchSettings, figs) -> BenchRow:
-    t0 = time.perf_counter()
-    cfg = _config(source)
-    part = _measure(source, cfg, s, figs)
-    acct, eng, kv = part["acct"], part["engine"], part["kv"]
-    summary = part["timings"].summary(part["step_note"])
-    weights = acct["weight_bytes_per_token"]
-    ideal = mean_step_bytes(lambda c: weights + kv_live(kv, c), s.prompt_len, s.gen_len)
-    bandwidth = figs.bandwidth * s.tensor_parallel  # tensor parallel: each GPU reads its 1/N shard
-    pred_tpot = part["step_bytes"] / bandwidth
-    flops_s = prefill_flops(Shape.from_config(cfg), s.prompt_len) / (figs.compute * s.tensor_parallel)
-    pred_ttft = predict_ttft_s(flops_s, 1.0, weights + kv * s.prompt_len, bandwidth)
-    tpot, ttft = summary["tpot_ms"]["median"] / 1e3, summary["ttft_ms"]["median"] / 1e3
-    notes = list(eng.pop("notes", []))
-    anchor = _anchor(s, eng, ttft * 1e3, tpot * 1e3, notes)
-    if summary["warmups"] > s.warmups:
-        notes.append(
-            f"--warmups {s.warmups} raised to {summary['warmups']}: the {s.engine} engine compiles on its first "
-            "calls, and compilation is not decode"
-        )
-    return BenchRow(
-        model=str(source) if isinstance(source, Path) else source.label,
-        name=_name(source),
-        kind=eng.pop("kind"),
-        kernel=eng.pop("kernel"),
-        emulated=eng.pop("emulated", None),
-        engine=s.engine,
-        device=str(s.device),
-        device_name=eng.get("name"),
-        dtype=eng.get("dtype"),
-        threads=eng.get("threads"),
-        engine_info=eng,
-        prompt_len=s.prompt_len,
-        gen_len=s.gen_len,
-        depth=None,
-        flash_attn=eng.get("flash_attn"),
-        load_s=part["load_s"],
-        compile_and_warmup_s=summary.pop("warmup_s"),
-        warmups=summary["warmups"],
-        warmups_requested=s.warmups,
-        weight_bytes_per_token=weights,
-        stored_weight_bytes=acct["stored_weight_bytes"],
-        tied_lm_head=acct["tied_lm_head"],
-        weight_bytes_by_type=acct.get("weight_bytes_by_type"),
-        kv_bytes_per_token=kv,
-        kv_cache_tokens=s.capacity,
-        bytes_per_token=part["step_bytes"],
-        kv_bytes_per_step=part["step_bytes"] - weights,
-        ideal_bytes_per_token=ideal,
-        ttft_ms=ttft * 1e3,
-        tpot_ms=tpot * 1e3,
-        predicted_tpot_ms=pred_tpot * 1e3,
-        predicted_ttft_ms=pred_ttft * 1e3,
-        tpot_efficiency=efficiency(pred_tpot, tpot)[0],
-        ttft_efficiency=efficiency(pred_ttft, ttft)[0],
-        ttft_bound="compute" if flops_s >= pred_ttft else "memory",
-        self_check=part["self_check"],
-        stats=summary,
-        prompt_sweep=tuple(part["sweep"]),
-        notes=tuple(notes),
-        anchor=anchor,
-        bench_wall_s=time.perf_counter() - t0,
+def _at_depth(engine, cfg: dict, s: BenchSettings, depth: int) -> Measured:
+    """Decode with `depth` tokens cached (harness.measure_depth): one prefill of the depth, then the
+    repeats from it. Each depth has prompt ids of its own, so no depth finds another's in a cache."""
+    t = time.perf_counter()
+    ids = _prompt_ids(cfg["vocab_size"], max(depth, 1), s.seed + 1000 + depth)
+    timings = measure_depth(
+        engine, ids, depth, s.gen_len, repeats=s.repeats, min_seconds=s.min_seconds, warmups=s.warmups
     )
-
-
-def _anchor(s: BenchSettings, eng: dict, ttft_ms: float, tpot_ms: float, notes: list[str]) -> dict | None:
-    """The engine's own benchmark beside quantkit's figures (llama.cpp: llama-bench), a note when they disagree."""
-
-    found = engine_class(s.engine).anchor(eng, s.prompt_len, s.gen_len, s.repeats)
-    if found is None:
-        return None
-    if "error" in found:
-        notes.append(f"no anchor: {found['error']}")
-        return found
-    result = compare(ttft_ms, tpot_ms, found)
-    for what in result["disagree"]:
-        notes.append(
-            f"{what.upper()} {result['ratio_' + what]:.2f}x llama-bench's ({result[what + '_ms']:.2f} ms): beyond "
-            f"{result['tolerance']:.0%}; llama-bench runs llama.cpp's own build ({result.get('backends')})"
-        )
-    return result
-
-
-def classify(row: BenchRow, llc_bytes: int | None) -> BenchRow:
-    """Flags of a row. Efficiency above 100% is an accounting error, unless the bytes of a step
-    fit in the last-level cache: then the weights need not stream from memory at all and beating
-    a streaming read is expected ("fits in cache")."""
-    fits = bool(llc_bytes and row.bytes_per_token <= llc_bytes)
-    flags = ["fits_in_cache"] if fits else []
-    if row.tpot_efficiency > 1.0 and not fits:
-        flags.append("tpot_above_roofline")
-    if row.ttft_efficiency is not None and row.ttft_efficiency > 1.0 and not (fits and row.ttft_bound == "memory"):
-        flags.append("ttft_above_roofline")
-    if row.warmups > row.warmups_requested:
-        flags.append("warmups_raised")
-    if row.emulated:  # not the stored format's speed: another format was timed (row.emulated says which)
-        flags.append("emulated")
-    bad = {"tpot_above_roofline", "ttft_above_roofline"}
-    return replace(row, flags=tuple(flags), fits_in_cache=fits, accounting_error=bool(bad & set(flags)))
-
-
-def _name(path) -> str:
-    if not isinstance(path, Path):
-        return path.label
-    if path.is_file():  # a GGUF
-        return path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.name
-    meta = path / "quantkit.json"
-    if meta.is_file():
-        try:
-            return json.loads(meta.read_text()).get("name") or path.name
-        except json.JSONDecodeError:
-            return path.name
-    return path.name
+    capacity = depth + s.gen_len
+    step = mean_step_bytes(lambda c: engine.step_bytes(c, capacity), depth, s.gen_len)
+    return Measured(depth, depth, capacity, timings, engine.step_note, step, (), t)
 
 
 def _precheck_all(paths: list, s: BenchSettings, names: list[str]):
@@ -309,7 +217,7 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None, pr
 
     probe = probe or (lambda device: probing.run_probe(device, s.threads))
     check_settings(s)
-    names = names or [_name(p) for p in paths]
+    names = names or [name_of(p) for p in paths]
     todo, failed = _precheck_all(paths, s, names)
     load_before = os.getloadavg()[0]
     before = probe(s.device)
@@ -320,7 +228,7 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None, pr
             note(f"bench {p} ({s.engine}, {s.device})")
             update(i, f"bench {name} ({s.engine}, {s.device})")
             try:
-                rows.append(replace(bench_one(p, s, figs), name=name))
+                rows += [replace(r, name=name) for r in bench_one(p, s, figs)]
             except SelfCheckError as exc:
                 failed.append(FailedRow(str(p), name, str(exc), exc.result))
             except QuantkitError as exc:

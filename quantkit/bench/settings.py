@@ -14,6 +14,8 @@ from quantkit.errors import QuantkitError
 from quantkit.recipe.schema import BenchConfig
 
 DEVICE_WORDS = {"cuda": "a CUDA GPU (--device cuda)", "cpu": "the CPU (--device cpu)"}
+# --flash-attn: the engine's own default, on, off, or both (each model benched once per setting)
+FLASH_ATTN = {"default": (None,), "on": (True,), "off": (False,), "both": (False, True)}
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class BenchSettings:
     tensor_parallel: int = 1
     threads: int | None = None
     self_check: bool = True
+    depths: tuple[int, ...] = ()  # --depth: decode timed with this many tokens already in the KV cache
+    flash_attn: str = "default"  # a key of FLASH_ATTN
 
     @classmethod
     def from_recipe(cls, b: BenchConfig, engine: str) -> "BenchSettings":
@@ -57,6 +61,7 @@ class BenchSettings:
             object.__setattr__(self, "threads", engine.default_threads())
         object.__setattr__(self, "device", device)
         object.__setattr__(self, "prompt_sweep", tuple(self.prompt_sweep))
+        object.__setattr__(self, "depths", tuple(self.depths))
 
     @property
     def capacity(self) -> int:
@@ -65,13 +70,19 @@ class BenchSettings:
 
     @property
     def max_tokens(self) -> int:
-        return max((self.prompt_len, *self.prompt_sweep)) + self.gen_len
+        return max((self.prompt_len, *self.prompt_sweep, *self.depths)) + self.gen_len
+
+    @property
+    def flash_attn_runs(self) -> tuple[bool | None, ...]:
+        """The flash-attention settings each model is benched at (None: the engine's default)."""
+        return FLASH_ATTN[self.flash_attn]
 
     def to_json(self) -> dict:
         return {
             **self.__dict__,
             "device": str(self.device),
             "prompt_sweep": list(self.prompt_sweep),
+            "depths": list(self.depths),
         }
 
 
@@ -90,6 +101,7 @@ def check_settings(s: BenchSettings) -> None:
         raise QuantkitError(f"--tensor-parallel must be >= 1, and above 1 only with --engine {able}")
     if s.threads is not None and s.threads < 1:
         raise QuantkitError("--threads must be >= 1")
+    _check_depths(s, engine)
     if s.device.type not in engine.devices:
         raise QuantkitError(
             f"--engine {s.engine} needs {' or '.join(DEVICE_WORDS.get(d, d) for d in engine.devices)}, "
@@ -98,10 +110,39 @@ def check_settings(s: BenchSettings) -> None:
     engine.check(s.device)
 
 
+def _check_depths(s: BenchSettings, engine) -> None:
+    """--depth and --flash-attn: depths the engine can decode at, flash attention where it has the setting."""
+    if s.flash_attn not in FLASH_ATTN:
+        raise QuantkitError(f"--flash-attn {s.flash_attn!r}: one of {', '.join(FLASH_ATTN)}")
+    if s.flash_attn != "default" and not engine.flash_attn_lever:
+        able = " | ".join(n for n in ENGINES if engine_class(n).flash_attn_lever)
+        raise QuantkitError(
+            f"--flash-attn {s.flash_attn}: the {s.engine} engine has no flash-attention setting (--engine {able} has)"
+        )
+    if not s.depths:
+        return
+    if s.prompt_sweep:
+        raise QuantkitError("--sweep and --depth: each depth's prefill is its TTFT; give one of the two")
+    if len(set(s.depths)) != len(s.depths):
+        raise QuantkitError("--depth: each depth at most once")
+    if min(s.depths) < 0:
+        raise QuantkitError("--depth: depths must be >= 0")
+    if min(s.depths) < engine.min_depth:
+        raise QuantkitError(
+            f"--depth {min(s.depths)}: the {s.engine} engine decodes after at least {engine.min_depth} cached "
+            f"token(s) ({engine.min_depth_reason})"
+        )
+
+
 def check_lengths(cfg: dict, s: BenchSettings) -> None:
     limit = cfg.get("max_position_embeddings")
     if not limit or s.max_tokens <= limit:
         return
+    deepest = max(s.depths, default=0)
+    if deepest + s.gen_len == s.max_tokens:
+        raise QuantkitError(
+            f"--depth {deepest} + {s.gen_len} generated tokens ({s.max_tokens}) exceed the model's context ({limit})"
+        )
     raise QuantkitError(f"prompt + generated tokens ({s.max_tokens}) exceed the model's context ({limit})")
 
 

@@ -15,11 +15,15 @@ from quantkit.cli._common import MODEL, echo_json, int_list
 def table_rows(result) -> list[dict]:
     """The table of a BenchResult (bench/records.py): one line per row."""
     out = []
+    depths = any(r.depth is not None for r in result.rows)
+    levers = any(r.flash_attn is not None for r in result.rows) and len({r.flash_attn for r in result.rows}) > 1
     for r in result.rows:
         check = r.self_check or {}
         out.append(
             {
                 "variant": r.name,
+                **({"depth": r.depth} if depths else {}),
+                **({"flash attn": "on" if r.flash_attn else "off"} if levers else {}),
                 "kernel": r.kernel,
                 "MB/token": round(r.bytes_per_token / 1e6, 2),
                 "KV kB/token": round(r.kv_bytes_per_token / 1e3, 2),
@@ -104,17 +108,18 @@ def render(result, fmt: str) -> str:
             f"{la.cpus} CPUs): timings are unreliable"
         )
     for r in result.rows:
-        lines += [f"note: {r.name}: {n}" for n in r.notes]
+        label = _label(r, result)
+        lines += [f"note: {label}: {n}" for n in r.notes]
         if r.fits_in_cache and r.tpot_efficiency > 1:
             lines.append(
-                f"note: {r.name}: a decode step's {r.bytes_per_token / 1e6:.1f} MB fit in the last-level cache "
+                f"note: {label}: a decode step's {r.bytes_per_token / 1e6:.1f} MB fit in the last-level cache "
                 f"({result.device.llc_bytes / 1e6:.1f} MB): it may beat "
                 "the streaming-read roofline (fits in cache)"
             )
         lines += _anchor_lines(r)
         per_step = r.stats.get("per_step") or {}
         if per_step.get("measured") is False:
-            lines.append(f"note: {r.name}: no per-step statistics: {per_step['reason']}")
+            lines.append(f"note: {label}: no per-step statistics: {per_step['reason']}")
     for f in result.failed:
         lines.append(f"not benchmarked: {f.name}: {f.error}")
     if any(r.accounting_error for r in result.rows):
@@ -122,8 +127,25 @@ def render(result, fmt: str) -> str:
     return "\n".join(lines)
 
 
+def _label(r, result) -> str:
+    """A row in a note: its name, and its depth and flash-attention setting where rows differ in them."""
+    fa = len({x.flash_attn for x in result.rows}) > 1
+    return (
+        r.name
+        + (f" at depth {r.depth}" if r.depth is not None else "")
+        + (f", flash attention {'on' if r.flash_attn else 'off'}" if fa else "")
+    )
+
+
 def _anchor_lines(r) -> list[str]:
     a = r.anchor or {}
+    if "tpot_ms" in a and r.depth is not None:
+        return [
+            f"anchor: {r.name} at depth {r.depth}: llama-bench TPOT {a['tpot_ms']:.2f} ms "
+            f"({a['tg_tokens_per_s']:.1f} tok/s, -d {a['tg_depth']}, flash attention "
+            f"{'on' if a['flash_attn'] else 'off'}); quantkit/llama-bench {a['ratio_tpot']:.2f}"
+            + ("  (!)" if a["disagree"] else "")
+        ]
     if "ttft_ms" not in a:
         return []
     return [
@@ -203,6 +225,21 @@ def _source(ref: str, engine: str):
 )
 @click.option("--sweep", default="", help="Comma-separated prompt lengths for a TTFT sweep, e.g. 64,128,256,512.")
 @click.option(
+    "--depth",
+    "depths",
+    default="",
+    help="Comma-separated KV depths, e.g. 0,1024,4096: TPOT with that many tokens already cached (each "
+    "depth prefilled once, its TTFT timed), a row per depth, the rule check across models and depths.",
+)
+@click.option(
+    "--flash-attn",
+    "flash_attn",
+    type=click.Choice(["default", "on", "off", "both"]),
+    default="default",
+    show_default=True,
+    help="Flash attention (--engine llamacpp): on, off, or both (a row for each); default: the engine's (off).",
+)
+@click.option(
     "--shape",
     "shapes",
     multiple=True,
@@ -232,7 +269,12 @@ def _source(ref: str, engine: str):
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--csv", "as_csv", is_flag=True)
 @click.option("--md", "as_md", is_flag=True)
-@click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write the rule-check PNG here.")
+@click.option(
+    "--plot",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Write the rule-check PNG here (and NAME-ttft.png with --sweep, NAME-depth.png with --depth).",
+)
 @click.option(
     "--out", "out_json", default=None, type=click.Path(dir_okay=False), help="Also save the JSON result here."
 )
@@ -255,6 +297,8 @@ def bench_cmd(
     min_seconds,
     warmups,
     sweep,
+    depths,
+    flash_attn,
     shapes,
     shape_bits,
     tensor_parallel,
@@ -285,11 +329,18 @@ def bench_cmd(
         min_seconds=min_seconds,
         warmups=warmups,
         prompt_sweep=int_list(sweep, "--sweep"),
+        depths=int_list(depths, "--depth"),
+        flash_attn=flash_attn,
         tensor_parallel=tensor_parallel,
         threads=threads,
         self_check=self_check,
     )
     check_settings(settings)
+    if update_card and (settings.depths or len(settings.flash_attn_runs) > 1):
+        raise QuantkitError(
+            "--update-card writes one row per model into its card; --depth and --flash-attn both give several: "
+            "bench without them to update the card"
+        )
     if probe:
         from quantkit.bench.probe import run_probe
 
@@ -327,10 +378,11 @@ def bench_cmd(
 
 
 def _plots(result, settings, plot: Path):
-    """The rule-check PNG at `plot`, and TTFT against prompt length beside it with --sweep."""
+    """The rule-check PNG at `plot`; beside it TTFT against prompt length with --sweep, TPOT against
+    the KV depth with --depth."""
     from dataclasses import replace
 
-    from quantkit.pipeline.plots import rule_check, ttft_sweep
+    from quantkit.pipeline.plots import rule_check, tpot_depth, ttft_sweep
 
     rule_check(list(result.rows), result.fit, result.device.bandwidth_gbps, plot)
     result = replace(result, plot=str(plot))
@@ -338,6 +390,10 @@ def _plots(result, settings, plot: Path):
         sp = plot.with_name(plot.stem + "-ttft.png")
         ttft_sweep(list(result.rows), sp)
         result = replace(result, ttft_plot=str(sp))
+    if settings.depths:
+        dp = plot.with_name(plot.stem + "-depth.png")
+        tpot_depth(list(result.rows), result.fit, dp)
+        result = replace(result, depth_plot=str(dp))
     return result
 
 

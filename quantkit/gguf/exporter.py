@@ -1,5 +1,5 @@
-"""`export_gguf`: a quantkit artifact (compressed-tensors INT4/INT8, or a dense 16-bit checkpoint)
--> one GGUF file for llama.cpp, plus a `NAME.quantkit.json` record beside it.
+"""`export_gguf`: a quantkit artifact (compressed-tensors INT4/INT8, MXFP4, NVFP4, or a dense 16-bit
+checkpoint) -> one GGUF file for llama.cpp, plus a `NAME.quantkit.json` record beside it.
 
 Order: refuse an --out export may not write (target.py) and an artifact whose files differ from its
 manifest (integrity.check, as publish does), before anything is written; take the lock and check
@@ -225,7 +225,8 @@ def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Pa
         ],
         "verification": {
             "method": "every tensor dequantized with gguf.quants.dequantize and compared with the artifact's float32 "
-            "weight (q - z) * s (q/k rows in llama.cpp's order) before it was written",
+            "weight (q - z) * s, or for FP4 q * s (/ g, NVFP4's global scale applied as llama.cpp's F32 .scale) "
+            "(q/k rows in llama.cpp's order) before it was written",
             "tensors": len(plans),
             "exact_tensors": n_exact,
             "max_abs_diff_exact": max((checks[p.name]["max_abs_diff"] for p in plans if p.exact), default=0.0),

@@ -32,8 +32,12 @@ def gguf_weights(gguf_path: Path, plans: list[TensorPlan]) -> dict[str, torch.Te
     by_name = {t.name: t for t in reader.tensors}
     out = {}
     for p in plans:
+        if p.how == "inverse-global-scale":
+            continue  # NVFP4's per-tensor multiplier: applied to its weight below, as llama.cpp applies it
         t = by_name[p.name]
         w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)).reshape(p.shape)
+        if p.scale_tensor is not None:
+            w = w * float(np.asarray(by_name[p.scale_tensor].data, dtype=np.float32).reshape(-1)[0])
         out[p.source] = rope_unpermute(w, p.permute) if p.permute else w
     return out
 
@@ -79,7 +83,11 @@ def artifact_weights(artifact: Path, plans: list[TensorPlan]) -> dict[str, torch
     with Artifact(artifact) as art:
         quantized = set(art.quantized_modules())
         for p in plans:
-            if p.module in quantized and p.source.endswith(".weight"):
+            if p.how == "inverse-global-scale":
+                continue  # part of its NVFP4 weight
+            if p.qtype in ("MXFP4", "NVFP4"):
+                out[p.source] = art.fp4_weight(p.module).weight().to(torch.float32)
+            elif p.module in quantized and p.source.endswith(".weight"):
                 qw = art.quant_weight(p.module)
                 out[p.source] = column_weights(qw.codes, qw.scale, qw.zero, qw.g_idx)
             else:

@@ -160,3 +160,90 @@ def rope_unpermute(x: torch.Tensor, n_head: int) -> torch.Tensor:
     """The inverse of rope_permute (llama.cpp's row order back to HF's)."""
     rows = x.shape[0]
     return x.reshape(n_head, rows // n_head // 2, 2, *x.shape[1:]).transpose(1, 2).reshape(x.shape)
+
+
+# ---- FP4 (E2M1 codes) -------------------------------------------------------------------------
+#
+# compressed-tensors packs two 4-bit codes per byte along each row, the even column in the low
+# nibble (compressors/nvfp4/helpers.py pack_fp4_to_uint8); a code is sign (bit 3) and an index into
+# E2M1's magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. ggml's kvalues_fp4 (ggml-common.h) are those values
+# doubled under the same 16 indices, and its blocks store them as Q4_0 does, the block's first half
+# in the low nibbles:
+#
+#     MXFP4 {uint8 e; uint8 qs[16]}      32 values  w = kvalues[u] * 2^(e - 128)   (ggml_e8m0_to_fp32_half)
+#     NVFP4 {uint8 d[4]; uint8 qs[32]}   64 values  w = kvalues[u] * ue4m3(d[s]) / 2, s = the 16-value sub-block
+#
+# So MXFP4 -> MXFP4 keeps each code and each E8M0 exponent byte (compressed-tensors' scale is
+# 2^(e - 127): compressors/mx_utils.py), and NVFP4's codes and E4M3 scale bytes carry over into
+# ggml's NVFP4 four groups at a time (UE4M3 is E4M3 without its sign bit, 0x7F read as 0). Every
+# product is a 2-bit significand times a power of two (MXFP4) or a 4-bit one (NVFP4): exact in
+# float32. NVFP4's per-tensor scale is not in the block: llama.cpp multiplies the matmul's output
+# by the tensor's F32 `.scale` (llama-graph.cpp build_lora_mm), where compressed-tensors divides
+# each weight by its global scale g, so that part is exact only when 1/g is a float32 value.
+
+QK_MXFP4 = 32  # ggml-common.h: QK_MXFP4
+QK_NVFP4, QK_NVFP4_SUB = 64, 16  # ggml-common.h: QK_NVFP4, QK_NVFP4_SUB
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def fp4_codes(packed: torch.Tensor) -> torch.Tensor:
+    """compressed-tensors' packed FP4 [rows, cols/2] (uint8) -> codes [rows, cols] (uint8, 0..15)."""
+    p = packed.to(torch.uint8)
+    return torch.stack([p & 0xF, p >> 4], dim=-1).reshape(p.shape[0], -1)
+
+
+def fp4_values(codes: torch.Tensor) -> torch.Tensor:
+    """Codes -> their E2M1 values, float32 (code 8, negative zero, as 0)."""
+    mags = torch.tensor(E2M1, dtype=torch.float32)[(codes & 7).long()]
+    return torch.where((codes & 8) > 0, -mags, mags)
+
+
+def e8m0_values(e: torch.Tensor) -> torch.Tensor:
+    """E8M0 exponent bytes -> 2^(e - 127) in float64 (exact; 255, the format's NaN, as inf)."""
+    x = torch.exp2(e.to(torch.float64) - 127)
+    return torch.where(e.to(torch.int32) == 255, torch.full_like(x, float("inf")), x)
+
+
+def e4m3_values(bits: torch.Tensor) -> torch.Tensor:
+    """E4M3 scale bytes (uint8) -> their values, float64."""
+    return bits.to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float64)
+
+
+def _halves(codes: np.ndarray, size: int) -> np.ndarray:
+    """[..., n_blocks, size] codes -> [..., n_blocks, size/2] bytes: value j low, value j + size/2 high."""
+    return (codes[..., : size // 2] | (codes[..., size // 2 :] << 4)).astype(np.uint8)
+
+
+def pack_mxfp4(codes: torch.Tensor, e: torch.Tensor) -> np.ndarray:
+    """FP4 codes [rows, cols] and E8M0 bytes [rows, cols/32] -> ggml MXFP4 bytes [rows, cols/32 * 17]."""
+    rows, cols = codes.shape
+    c = codes.to(torch.uint8).numpy().reshape(rows, cols // QK_MXFP4, QK_MXFP4)
+    out = np.concatenate([e.to(torch.uint8).numpy()[..., None], _halves(c, QK_MXFP4)], axis=-1)
+    return out.reshape(rows, -1)
+
+
+def pack_nvfp4(codes: torch.Tensor, d: torch.Tensor) -> np.ndarray:
+    """FP4 codes [rows, cols] and E4M3 scale bytes [rows, cols/16] -> ggml NVFP4 bytes [rows, cols/64 * 36]."""
+    rows, cols = codes.shape
+    n = cols // QK_NVFP4
+    c = codes.to(torch.uint8).numpy().reshape(rows, n, QK_NVFP4 // QK_NVFP4_SUB, QK_NVFP4_SUB)
+    qs = _halves(c, QK_NVFP4_SUB).reshape(rows, n, QK_NVFP4 // 2)
+    scales = d.to(torch.uint8).numpy().reshape(rows, n, QK_NVFP4 // QK_NVFP4_SUB)
+    return np.concatenate([scales, qs], axis=-1).reshape(rows, -1)
+
+
+def fp4_weight(codes: torch.Tensor, block_scale: torch.Tensor, block: int, global_scale: float | None = None):
+    """The weight compressed-tensors' FP4 means, q * s (/ g), exactly (float64: products of at most
+    4 + 2 significant bits, one division)."""
+    w = fp4_values(codes).to(torch.float64) * block_scale.repeat_interleave(block, dim=1)
+    return w if global_scale is None else w / global_scale
+
+
+def inverse_f32(g: float) -> float:
+    """llama.cpp's per-tensor multiplier for a compressed-tensors global scale: 1/g in float32."""
+    return float(np.float32(1.0) / np.float32(g))
+
+
+def power_of_two(g: float) -> bool:
+    m, _ = np.frexp(np.float64(g))
+    return bool(np.isfinite(g) and g > 0 and m == 0.5)

@@ -1,12 +1,15 @@
 """What each tensor of an artifact becomes in the GGUF, decided before a byte is written.
 
-Only scales and zero points are read here (about 1/16 of a 4-bit model's bytes; asymmetric INT4 also
-unpacks its codes, as Q4_1's offsets depend on them), so a refusal costs little and the GGUF header
-can state losslessness before the tensor data follows it.
+Which GGUF type holds a quantized module is decided on its scheme's facts (models/scheme_facts.py:
+integer codes, MXFP4, NVFP4, ...), never on a scheme's name. Only scales and zero points are read
+here (about 1/16 of a 4-bit model's bytes; asymmetric INT4 also unpacks its codes, as Q4_1's
+offsets depend on them), so a refusal costs little and the GGUF header can state losslessness
+before the tensor data follows it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -16,7 +19,7 @@ import gguf
 from quantkit.errors import ModelError, QuantkitError
 from quantkit.gguf import grids
 from quantkit.gguf.arch import Hparams
-from quantkit.gguf.source import Artifact
+from quantkit.gguf.source import QUANT_SUFFIXES, Artifact
 
 SKIP = re.compile(r".*rotary_emb\.inv_freq$")  # a buffer some old checkpoints saved; llama.cpp computes RoPE itself
 EMBEDDING_TYPES = ("keep", "q8_0")
@@ -37,6 +40,7 @@ class TensorPlan:
     exact: bool
     mapping: str  # e.g. "INT4 symmetric group 64 -> Q4_0"
     reason: str | None = None  # why it is not exact
+    scale_tensor: str | None = None  # NVFP4: the GGUF name of the F32 `.scale` llama.cpp multiplies its output by
 
     @property
     def module(self) -> str:
@@ -53,6 +57,15 @@ def _dense_type(dtype: str, ndim: int, embedding: bool, embeddings: str) -> tupl
 
 def _quant_plan(art: Artifact, module: str, allow_lossy: bool) -> tuple:
     """((rows, cols), qtype, how, exact, mapping, reason) for a quantized module."""
+    facts = art.facts(module)
+    if facts.weights in ("mxfp4", "nvfp4"):
+        return _fp4_plan(art, module, allow_lossy)
+    if facts.weights != "int":
+        raise NotLosslessError(
+            f"{module}: {facts.label} weights ({facts.weights}, {facts.bits} bits) have no exact GGUF type "
+            "(exact: INT4/INT8 codes -> Q4_0, Q4_1, Q8_0; MXFP4 -> MXFP4; NVFP4 -> NVFP4); export the 16-bit "
+            "checkpoint instead"
+        )
     scale, zero, g_idx, (rows, cols), sch = art.quant_params(module)
     label = f"INT{sch.bits} {'symmetric' if sch.symmetric else 'asymmetric'} " + (
         "per channel" if sch.strategy == "channel" else f"group {sch.group_size}"
@@ -88,30 +101,55 @@ def _quant_plan(art: Artifact, module: str, allow_lossy: bool) -> tuple:
     return (rows, cols), qtype, "grid", True, f"{label} -> {qtype}", None
 
 
+def _fp4_plan(art: Artifact, module: str, allow_lossy: bool) -> tuple:
+    """MXFP4 -> MXFP4 exactly (codes and E8M0 exponents kept); NVFP4 -> NVFP4 with codes and E4M3
+    scales kept and the global scale as llama.cpp's F32 `.scale` multiplier, exact only when 1/g is
+    a float32 value (grids.py says why)."""
+    fw = art.fp4_weight(module, codes=False)
+    rows, cols = fw.scale_bytes.shape[0], fw.scale_bytes.shape[1] * fw.block
+    if fw.facts.weights == "mxfp4":
+        if bool((fw.scale_bytes == 255).any()):
+            raise NotLosslessError(f"{module}: an E8M0 scale byte is 255 (NaN in the MX format); nothing to export")
+        return (rows, cols), "MXFP4", "grid", True, "MXFP4 (E2M1, E8M0 scale per 32) -> MXFP4", None
+    if cols % grids.QK_NVFP4:
+        raise NotLosslessError(
+            f"{module}: {cols} input columns are not a multiple of {grids.QK_NVFP4}, ggml's NVFP4 block (four of "
+            "compressed-tensors' 16-value groups); no GGUF type holds these groups"
+        )
+    odd = int(((fw.scale_bytes & 0x80) > 0).sum() + ((fw.scale_bytes & 0x7F) == 0x7F).sum())
+    if odd:
+        raise NotLosslessError(
+            f"{module}: {odd} E4M3 block scales are negative or NaN, which ggml's unsigned UE4M3 reads otherwise"
+        )
+    label = "NVFP4 (E2M1, E4M3 scale per 16, FP32 per tensor)"
+    g = fw.global_scale
+    if grids.power_of_two(g):
+        return (rows, cols), "NVFP4", "grid", True, f"{label} -> NVFP4 + F32 .scale 1/g", None
+    inv = grids.inverse_f32(g)
+    reason = (
+        f"NVFP4's per-tensor scale: compressed-tensors computes w = q * s / g with g = {g:.9g}; llama.cpp "
+        f"multiplies each matmul's output by the tensor's F32 .scale, and 1/g has no float32 value (g is not a "
+        f"power of two: the nearest, {inv:.9g}, is off by {abs(inv * g - 1):.1e} of every weight); the codes and "
+        "E4M3 block scales carry over bit for bit"
+    )
+    return (rows, cols), *_lossy(module, "NVFP4", "global-scale", label, reason, allow_lossy)
+
+
 def _lossy(module, qtype, how, label, reason, allow_lossy):
     if not allow_lossy:
+        how_lossy = "with 1/g rounded to float32" if how == "global-scale" else "with ggml's rounding"
         raise NotLosslessError(
-            f"{module}: {reason}; not exported (--allow-lossy maps it to {qtype} "
-            "with ggml's rounding and reports the KL)"
+            f"{module}: {reason}; not exported (--allow-lossy maps it to {qtype} {how_lossy} and reports the KL)"
         )
-    return (
-        qtype,
-        how,
-        False,
-        f"{label} -> {qtype} (lossy: {'re-quantized' if how == 'requant' else 'fp16-rounded scales'})",
-        reason,
-    )
+    kind = {"requant": "re-quantized", "round-scales": "fp16-rounded scales", "global-scale": "F32 1/g"}[how]
+    return qtype, how, False, f"{label} -> {qtype} (lossy: {kind})", reason
 
 
 def make_plan(art: Artifact, hp: Hparams, *, embeddings: str = "keep", allow_lossy: bool = False) -> list[TensorPlan]:
     arch = getattr(gguf.MODEL_ARCH, hp.spec.gguf_arch)
     names = gguf.get_tensor_name_map(arch, hp.n_layer)
     quantized = set(art.quantized_modules())
-    consumed = {
-        f"{m}.{s}"
-        for m in quantized
-        for s in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx", "weight")
-    }
+    consumed = {f"{m}.{s}" for m in quantized for s in (*QUANT_SUFFIXES, "weight")}
     sources = sorted({f"{m}.weight" for m in quantized} | {n for n in art.names() if n not in consumed})
     plans = []
     for src in sources:
@@ -128,8 +166,15 @@ def make_plan(art: Artifact, hp: Hparams, *, embeddings: str = "keep", allow_los
         if hp.spec.permute_qk and re.search(r"\.attn_(q|k)\.(weight|bias)$", name):
             permute = hp.n_head if ".attn_q." in name else hp.n_head_kv
         embedding = name in ("token_embd.weight", "output.weight")
+        scale = None
         if src.endswith(".weight") and src[: -len(".weight")] in quantized:
             shape, qtype, how, exact, mapping, reason = _quant_plan(art, src[: -len(".weight")], allow_lossy)
+            if qtype == "NVFP4":  # the global scale: llama.cpp's per-tensor multiplier beside the weight
+                scale = name[: -len(".weight")] + ".scale"
+                source = src[: -len(".weight")] + ".weight_global_scale"
+                extra = TensorPlan(
+                    scale, source, (1,), "F32", "inverse-global-scale", None, exact, "NVFP4 g -> F32 1/g"
+                )
         else:
             dtype = art.dtype(src)
             if dtype not in ("F16", "BF16", "F32"):
@@ -142,7 +187,9 @@ def make_plan(art: Artifact, hp: Hparams, *, embeddings: str = "keep", allow_los
             reason = None if exact else "--embeddings q8_0"
         if qtype in ("Q4_0", "Q4_1", "Q8_0") and shape[-1] % grids.QK:
             raise NotLosslessError(f"{src}: {shape[-1]} columns are not a multiple of {grids.QK}, ggml's block size")
-        plans.append(TensorPlan(name, src, tuple(shape), qtype, how, permute, exact, mapping, reason))
+        plans.append(TensorPlan(name, src, tuple(shape), qtype, how, permute, exact, mapping, reason, scale))
+        if scale is not None:
+            plans.append(dataclasses.replace(extra, reason=reason))
     _check_complete(art, hp, plans)
     return plans
 
@@ -184,6 +231,8 @@ def file_type(plans: list[TensorPlan]) -> int:
         "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
         "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
         "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        "MXFP4": gguf.LlamaFileType.MOSTLY_MXFP4_MOE,  # llama.cpp's one MXFP4 file type (a label: "MXFP4 MoE")
+        "NVFP4": gguf.LlamaFileType.MOSTLY_NVFP4,
         "F16": gguf.LlamaFileType.MOSTLY_F16,
         "BF16": gguf.LlamaFileType.MOSTLY_BF16,
         "F32": gguf.LlamaFileType.ALL_F32,

@@ -1,10 +1,11 @@
 """Reading an artifact for export: its tensors by module, each weight either dense or as
-compressed-tensors stores it (integer codes, scales, zero points), without building the model.
+compressed-tensors stores it (integer codes, scales, zero points; or FP4 codes and block scales),
+without building the model.
 
 Which scheme a module has is decided as compressed-tensors decides it (an exact name target, then a
-`re:` target, then a class-name target such as `Linear`), and then checked against the tensors
-themselves (packed width, scale and zero-point shapes), so an artifact that is not what its config
-claims is refused rather than exported wrong.
+`re:` target, then a class-name target such as `Linear`), read as facts (models/scheme_facts.py),
+and then checked against the tensors themselves (packed width, scale and zero-point shapes), so an
+artifact that is not what its config claims is refused rather than exported wrong.
 """
 
 from __future__ import annotations
@@ -18,12 +19,23 @@ import torch
 from safetensors import safe_open
 
 from quantkit.errors import ModelError
+from quantkit.gguf import grids
+from quantkit.models import scheme_facts
 from quantkit.models.checkpoint import check_checkpoint, read_config, read_json
+from quantkit.models.scheme_facts import SchemeFacts
 
-QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
-# compressed-tensors formats whose weights are integer codes on a uniform grid (the others, fp8,
-# nvfp4, mxfp4, marlin-24 and sparse formats, have no exact ggml counterpart).
+QUANT_SUFFIXES = (
+    "weight_packed",
+    "weight_scale",
+    "weight_zero_point",
+    "weight_shape",
+    "weight_g_idx",
+    "weight_global_scale",
+)
+# compressed-tensors formats whose weights are integer codes on a uniform grid (marlin-24 and the
+# sparse formats are not), and the packed FP4 formats, by the weight format they hold.
 INT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+FP4_FORMATS = {"nvfp4": "nvfp4-pack-quantized", "mxfp4": "mxfp4-pack-quantized"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +48,29 @@ class Scheme:
     group_size: int | None
     fmt: str
     actorder: str | None
+
+
+@dataclass(frozen=True)
+class Fp4Weight:
+    """An FP4 weight as stored: codes (sign and E2M1 index, 0..15) and one scale byte per block
+    (E4M3 for NVFP4, an E8M0 exponent for MXFP4), and NVFP4's per-tensor global scale."""
+
+    codes: torch.Tensor  # uint8 [rows, cols]
+    scale_bytes: torch.Tensor  # uint8 [rows, cols / block]
+    global_scale: float | None
+    facts: SchemeFacts
+
+    @property
+    def block(self) -> int:
+        return self.facts.group_size
+
+    def block_scales(self) -> torch.Tensor:
+        """Each block's scale, float64, exactly (E4M3 value, or 2^(e - 127))."""
+        return (grids.e4m3_values if self.facts.weights == "nvfp4" else grids.e8m0_values)(self.scale_bytes)
+
+    def weight(self) -> torch.Tensor:
+        """What compressed-tensors' decompression computes, q * s (/ g), exactly (float64)."""
+        return grids.fp4_weight(self.codes, self.block_scales(), self.block, self.global_scale)
 
 
 @dataclass(frozen=True)
@@ -96,8 +131,8 @@ class Artifact:
 
     # ------------------------------------------------------------------ schemes
 
-    def scheme(self, module: str) -> Scheme:
-        """The config group that governs `module` (compressed-tensors' precedence), checked for export."""
+    def group(self, module: str) -> dict:
+        """The config group that governs `module` (compressed-tensors' precedence)."""
         groups = (self.quant or {}).get("config_groups") or {}
         candidates = []
         for gname, group in groups.items():
@@ -107,30 +142,70 @@ class Artifact:
                     candidates.append((rank, gname, group))
         if not candidates:
             raise ModelError(f"{self.path}: {module} has quantized tensors but no quantization_config group targets it")
-        _, gname, group = min(candidates, key=lambda c: c[0])
-        w = group.get("weights") or {}
-        fmt = group.get("format") or self.quant.get("format")
+        return min(candidates, key=lambda c: c[0])[2]
+
+    def facts(self, module: str) -> SchemeFacts:
+        """What `module`'s weights are, from its config group; refused where llama.cpp could not apply
+        part of the artifact's model (calibrated input scales)."""
+        facts = scheme_facts.of_config_group(self.group(module))
+        if facts.dynamic is False:
+            raise ModelError(
+                f"{module}: static input-activation quantization (calibrated input scales) is part of this "
+                "artifact's model and llama.cpp cannot apply it"
+            )
+        return facts
+
+    def _format(self, module: str) -> str | None:
+        return self.group(module).get("format") or (self.quant or {}).get("format")
+
+    def scheme(self, module: str) -> Scheme:
+        """`module`'s integer scheme, checked for export (plan.py asks only of integer weights)."""
+        facts, fmt = self.facts(module), self._format(module)
+        if facts.weights != "int":
+            raise ModelError(f"{module}: {facts.label} weights are not integer codes; no integer GGUF grid holds them")
         if fmt not in INT_FORMATS:
             raise ModelError(
                 f"{module}: compressed-tensors format {fmt!r} has no exact GGUF type "
                 f"(integer formats: {', '.join(INT_FORMATS)})"
             )
-        if w.get("type", "int") != "int" or not isinstance(w.get("num_bits"), int):
-            raise ModelError(f"{module}: {w.get('type')} weights of {w.get('num_bits')} bits have no exact GGUF type")
-        strategy = w.get("strategy") or ("group" if w.get("group_size") else "channel")
-        if strategy not in ("group", "channel"):
+        if facts.strategy not in ("group", "channel"):
             raise ModelError(
-                f"{module}: the {strategy!r} weight strategy has no GGUF counterpart (group and channel do)"
+                f"{module}: the {facts.strategy!r} weight strategy has no GGUF counterpart (group and channel do)"
             )
-        acts = group.get("input_activations")
-        if acts and not acts.get("dynamic"):
+        actorder = (self.group(module).get("weights") or {}).get("actorder")
+        return Scheme(facts.bits, facts.symmetric, facts.strategy, facts.group_size, fmt, actorder)
+
+    def fp4_weight(self, module: str, codes: bool = True) -> Fp4Weight:
+        """An FP4 module's codes (unpacked unless `codes=False`: the plan reads only scales), block
+        scale bytes and global scale, checked against its config."""
+        facts, fmt = self.facts(module), self._format(module)
+        if facts.weights not in FP4_FORMATS or fmt != FP4_FORMATS[facts.weights] or not facts.symmetric:
             raise ModelError(
-                f"{module}: static input-activation quantization (calibrated input scales) is part of this "
-                "artifact's model and llama.cpp cannot apply it"
+                f"{module}: {facts.label} weights in format {fmt!r} are not a packed FP4 format quantkit reads"
             )
-        return Scheme(
-            int(w["num_bits"]), bool(w.get("symmetric", True)), strategy, w.get("group_size"), fmt, w.get("actorder")
-        )
+        name = f"{module}.weight_packed"
+        if not self.has(name) or self.dtype(name) != "U8" or len(self.shape(name)) != 2:
+            raise ModelError(f"{module}: an FP4 module without a 2-D uint8 weight_packed")
+        rows, half = self.shape(name)
+        cols, block = 2 * half, facts.group_size
+        want = ("F8_E4M3" if facts.weights == "nvfp4" else "U8", (rows, cols // block))
+        scale = f"{module}.weight_scale"
+        if cols % block or not self.has(scale) or (self.dtype(scale), self.shape(scale)) != want:
+            raise ModelError(
+                f"{scale}: {self.dtype(scale) if self.has(scale) else 'missing'} "
+                f"{self.shape(scale) if self.has(scale) else ''}; {facts.weights} over a {rows}x{cols} weight "
+                f"needs {want[0]} {want[1]}"
+            )
+        global_scale = None
+        if facts.weights == "nvfp4":
+            g = f"{module}.weight_global_scale"
+            if not self.has(g) or self.shape(g) not in ((1,), ()):
+                raise ModelError(f"{module}: NVFP4 weights without a one-value weight_global_scale")
+            global_scale = float(self.tensor(g).float().reshape(-1)[0])
+            if not (global_scale > 0 and math.isfinite(global_scale)):
+                raise ModelError(f"{g} is {global_scale}, not a positive finite scale")
+        unpacked = grids.fp4_codes(self.tensor(name)) if codes else torch.empty(rows, 0, dtype=torch.uint8)
+        return Fp4Weight(unpacked, self.tensor(scale).view(torch.uint8), global_scale, facts)
 
     def quant_params(
         self, module: str

@@ -1,8 +1,10 @@
 """One planned tensor -> its GGUF bytes, checked with the gguf package's own dequantization.
 
 Every tensor is dequantized back with `gguf.quants.dequantize` (the reference the gguf package
-shares with ggml) before it is written and compared with the artifact's exact float32 weight,
-(q - z) * s: a tensor planned as exact that does not come back bit for bit stops the export.
+shares with ggml) before it is written and compared with the artifact's exact weight, (q - z) * s
+(float32), or for FP4 q * s (/ g) (float64; an NVFP4 weight's dequantized blocks times its F32
+`.scale`, as llama.cpp computes it): a tensor planned as exact that does not come back bit for bit
+stops the export.
 """
 
 from __future__ import annotations
@@ -55,11 +57,16 @@ class Check:
         self.err2 = 0.0
         self.ref2 = 0.0
 
-    def add(self, data: np.ndarray, qtype: str, ref: torch.Tensor) -> None:
+    def add(self, data: np.ndarray, qtype: str, ref: torch.Tensor, multiplier: float | None = None) -> None:
+        """`multiplier`: the per-tensor F32 factor llama.cpp applies after the matmul (NVFP4's .scale);
+        the reference is then compared in float64, as it was computed."""
         back = torch.from_numpy(
             np.asarray(gguf.quants.dequantize(data, getattr(gguf.GGMLQuantizationType, qtype)), dtype=np.float32)
         )
-        diff = (back.reshape(ref.shape) - ref.to(torch.float32)).double()
+        if multiplier is None:
+            diff = (back.reshape(ref.shape) - ref.to(torch.float32)).double()
+        else:
+            diff = back.reshape(ref.shape).double() * multiplier - ref.double()
         self.max_abs = max(self.max_abs, float(diff.abs().max()) if diff.numel() else 0.0)
         self.err2 += float((diff * diff).sum())
         self.ref2 += float((ref.double() ** 2).sum())
@@ -84,6 +91,31 @@ def _grid_tensor(art: Artifact, plan: TensorPlan, check: Check) -> np.ndarray:
         check.add(data, plan.qtype, grids.dequantize_codes(codes[sl], d[sl], zs))
         parts.append(data)
     return np.concatenate(parts, axis=0)
+
+
+def _fp4_tensor(art: Artifact, plan: TensorPlan, check: Check) -> np.ndarray:
+    """MXFP4 or NVFP4 bytes from the artifact's codes and scale bytes, rows permuted as planned."""
+    fw = art.fp4_weight(plan.module)
+    codes, scales = _permute(fw.codes, plan.permute), _permute(fw.scale_bytes, plan.permute)
+    ref = _permute(fw.weight(), plan.permute)
+    multiplier = None if fw.global_scale is None else grids.inverse_f32(fw.global_scale)
+    pack = grids.pack_mxfp4 if plan.qtype == "MXFP4" else grids.pack_nvfp4
+    step = max(1, ROW_CHUNK_ELEMS // codes.shape[1])
+    parts = []
+    for r in range(0, codes.shape[0], step):
+        data = pack(codes[r : r + step], scales[r : r + step])
+        check.add(data, plan.qtype, ref[r : r + step], multiplier)
+        parts.append(data)
+    return np.concatenate(parts, axis=0)
+
+
+def _global_scale_tensor(art: Artifact, plan: TensorPlan, check: Check) -> np.ndarray:
+    """NVFP4's global scale g as llama.cpp's per-tensor multiplier, 1/g in float32 (the value
+    llama.cpp's own converter writes); checked against 1/g in float64."""
+    g = art.fp4_weight(plan.source[: -len(".weight_global_scale")], codes=False).global_scale
+    data = np.array([grids.inverse_f32(g)], dtype=np.float32)
+    check.add(data, "F32", torch.tensor([1.0 / g], dtype=torch.float64), multiplier=1.0)
+    return data
 
 
 def _requant_tensor(art: Artifact, plan: TensorPlan, check: Check) -> np.ndarray:
@@ -112,7 +144,11 @@ def _dense_tensor(art: Artifact, plan: TensorPlan, check: Check) -> np.ndarray:
 def tensor_bytes(art: Artifact, plan: TensorPlan) -> tuple[np.ndarray, dict]:
     """The tensor's bytes as GGUF stores them (uint8, [rows, bytes per row]) and its check."""
     check = Check()
-    if plan.how in ("grid", "round-scales"):
+    if plan.qtype in ("MXFP4", "NVFP4"):
+        data = _fp4_tensor(art, plan, check)
+    elif plan.how == "inverse-global-scale":
+        data = _global_scale_tensor(art, plan, check)
+    elif plan.how in ("grid", "round-scales"):
         data = _grid_tensor(art, plan, check)
     elif plan.how == "requant":
         data = _requant_tensor(art, plan, check)

@@ -121,7 +121,7 @@ def from_quantization_config(qc: dict | None) -> list[SchemeFacts]:
     method = str(qc.get("quant_method") or "unknown")
     if method == "compressed-tensors":
         groups = qc.get("config_groups") or {}
-        found = [_ct_group(g, qc.get("format")) for g in groups.values()] if isinstance(groups, dict) else []
+        found = [of_config_group(g) for g in groups.values()] if isinstance(groups, dict) else []
         return list(dict.fromkeys(found)) or [unknown(method)]
     if method == "bitsandbytes":
         return [_bitsandbytes(qc)]
@@ -165,7 +165,8 @@ def _float_format(bits, strategy: str, group_size, scales: str | None) -> str:
     return "unknown"
 
 
-def _ct_group(group: dict, default_format) -> SchemeFacts:
+def of_config_group(group: dict) -> SchemeFacts:
+    """One compressed-tensors config group's scheme (its `weights` and `input_activations`)."""
     if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
         return unknown("compressed-tensors")  # activation-only quantization, or an unreadable group
     w = group["weights"]

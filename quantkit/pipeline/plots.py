@@ -1,4 +1,5 @@
-"""PNG plots (matplotlib, Agg): the rule check, TTFT against prompt length, the accuracy/speed front."""
+"""PNG plots (matplotlib, Agg): the rule check, TTFT against prompt length, TPOT against KV depth, the
+accuracy/speed front."""
 
 from __future__ import annotations
 
@@ -93,6 +94,40 @@ def ttft_sweep(rows: list[BenchRow], out: Path) -> Path:
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("TTFT (ms)")
     ax.set_title("TTFT against prompt length (batch 1)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def tpot_depth(rows: list[BenchRow], fit: RuleFit, out: Path) -> Path:
+    """TPOT against the KV depth, a series per model (and flash-attention setting): measured (o, solid),
+    the roofline's prediction (dotted) and the rule-check fit's line through its bytes (dashed)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series: dict[tuple, list[BenchRow]] = {}
+    for r in rows:
+        if r.depth is not None:
+            series.setdefault((r.name, r.engine, r.flash_attn), []).append(r)
+    engines = len({k[1] for k in series}) > 1
+    for name, engine, fa in series:
+        rs = sorted(series[(name, engine, fa)], key=lambda r: r.depth)
+        label = (
+            name + (f" ({engine})" if engines else "") + ("" if fa is None else f", flash attn {'on' if fa else 'off'}")
+        )
+        xs = [r.depth for r in rs]
+        line = ax.plot(xs, [r.tpot_ms for r in rs], "o-", label=f"{label} measured")
+        color = line[0].get_color()
+        ax.plot(xs, [r.predicted_tpot_ms for r in rs], ":", color=color, label=f"{label} roofline")
+        fitted = [fit.line_s(r.bytes_per_token) for r in rs]
+        if None not in fitted:
+            ax.plot(xs, [f * 1e3 for f in fitted], "--", color=color, alpha=0.6, label=f"{label} rule-check fit")
+    ax.set_xlabel("KV depth (tokens in the cache when decode starts)")
+    ax.set_ylabel("TPOT (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("TPOT against KV depth (batch 1)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from quantkit.bench.harness import prefill_samples
 from quantkit.bench.selfcheck import reference_in_float32
+from quantkit.core.roofline import predict_ttft_s
 from quantkit.quantize.sensitivity import working_set_bytes
 
 GB = 1e9
@@ -63,6 +65,9 @@ DECODE_EFF = 0.5
 # counted on the CPU, where the compiled engine runs its model
 COMPILE_RSS = 2.4 * GB
 PROBE_S = 8.0  # `bench`'s device probe, run before and after the timings
+# --depth on an engine that compiles: each depth is a new static-cache size, so decode compiles again
+# (the decode graph with its warm-ups: 7.5-16 s at 135M-1.2B on 2 CPU cores; benchmarks/scale.py)
+DEPTH_COMPILE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -414,13 +419,25 @@ class BenchWork:
     compile_s: float  # per model: torch.compile's first call (0 for eager)
     prefill_flops: tuple[float, ...]  # each model's prompt forward
     reference_bytes: tuple[int, ...] = ()  # the self-check's reference load of each checkpoint (0: none)
+    # --depth: decode after each depth's one prefill (bench/harness.py measure_depth)
+    depths: tuple[int, ...] = ()
+    depth_prefill_flops: tuple[tuple[float, ...], ...] = ()  # each model's prefill of each depth (roofline)
+    kv_bytes: tuple[float, ...] = ()  # each model's KV bytes per cached token
+    min_seconds: float = 0.0  # a shallow depth's prefill is timed again while its samples sum to less
+    ttft_samples: int = 1  # at most this many prefills per depth
+    loads: int = 1  # --flash-attn both: each model is loaded and measured twice
+    anchored: bool = False  # the engine's own benchmark (llama-bench) runs at each depth too
+
+    @property
+    def max_tokens(self) -> int:
+        return max((self.prompt_len, *self.depths)) + self.gen_len
 
 
 def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     """Models are benchmarked one after another: the peak is the largest one loaded; the time is
     each one's load, its warm-ups and repeats of a prefill and `gen_len` decode steps."""
     largest = max(w.loaded_bytes)
-    kv = 2 * m.layers * m.q_dim * (w.prompt_len + w.gen_len) * 2
+    kv = 2 * m.layers * m.q_dim * w.max_tokens * 2
     on_device = mc.device_type != "cpu"
     # the self-check's reference, on the bench's device before the engine loads: float32 where it
     # takes under a third of the free memory, else bfloat16 (bench/selfcheck.reference_dtype); on
@@ -436,6 +453,12 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     t = {"startup": STARTUP_S["bench"], "probes": 2 * PROBE_S}
     for i, (b, loaded, fl, ref) in enumerate(zip(w.bytes_per_token, w.loaded_bytes, w.prefill_flops, refs)):
         prefill = fl / (mc.bf16_flops * MATMUL_EFF)
+        if w.depths:  # the self-check's prefill per load, then each depth (depth_seconds)
+            compile_s = w.compile_s + (DEPTH_COMPILE_S * (len(w.depths) - 1) if w.compile_s else 0.0)
+            t[f"model_{i}"] = round(ref / LOAD_BPS + w.loads * (loaded / LOAD_BPS + compile_s + prefill), 1)
+            for d, flops in zip(w.depths, w.depth_prefill_flops[i]):
+                t[f"model_{i}_depth_{d}"] = round(w.loads * depth_seconds(w, mc, b, w.kv_bytes[i], d, flops), 1)
+            continue
         decode = w.gen_len * b / (mc.read_bps * DECODE_EFF)
         t[f"model_{i}"] = round(
             (loaded + ref) / LOAD_BPS + w.compile_s + (w.runs + (1 if ref else 0)) * prefill + w.runs * decode, 1
@@ -454,6 +477,27 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     )
     _check_fit(plan, mc)
     return plan
+
+
+def depth_prefill_s(mc: Machine, weight_bytes: float, kv: float, depth: int, flops: float) -> float:
+    """The prefill of `depth` tokens: the roofline's TTFT (roofline.predict_ttft_s) at the probed
+    rates, the matmul rate at the share layer forwards reach."""
+    if depth == 0:
+        return 0.0
+    return predict_ttft_s(flops, mc.bf16_flops * MATMUL_EFF, weight_bytes + kv * depth, mc.read_bps)
+
+
+def depth_seconds(w: BenchWork, mc: Machine, weight_bytes: float, kv: float, depth: int, flops: float) -> float:
+    """One depth of one load: its prefill as many times as the harness times it (harness.prefill_samples),
+    the warm-ups and repeats of gen_len - 1 decode steps over the weights and the depth's K/V, and
+    llama-bench's own prefill of the depth and its repetitions where the engine runs it."""
+    prefill = depth_prefill_s(mc, weight_bytes, kv, depth, flops)
+    samples = prefill_samples(prefill, w.min_seconds, w.ttft_samples) if depth else 0
+    step = (weight_bytes + kv * (depth + w.gen_len / 2)) / (mc.read_bps * DECODE_EFF)
+    out = samples * prefill + w.runs * (w.gen_len - 1) * step
+    if w.anchored:  # llama-bench: one prefill of the depth (restored before each repetition), then its steps
+        out += prefill + w.runs * w.gen_len * step
+    return out
 
 
 def combine(command: str, plans: list[Plan]) -> Plan:

@@ -15,10 +15,18 @@ import psutil
 import torch
 
 from quantkit.bench.engines import engine_class
+from quantkit.bench.harness import SWEEP_SAMPLES
 from quantkit.bench.runner import precheck
 from quantkit.bench.synthetic import Synthetic
 from quantkit.core.hardware import shape_config
-from quantkit.core.roofline import Layout, Shape, WeightFormat, weight_bytes_per_token
+from quantkit.core.roofline import (
+    Layout,
+    Shape,
+    WeightFormat,
+    kv_bytes_per_token,
+    prefill_flops,
+    weight_bytes_per_token,
+)
 from quantkit.device import free_bytes, name, synchronize
 from quantkit.errors import DataError, QuantkitError
 from quantkit.evals.runner import prepare_eval
@@ -299,9 +307,33 @@ def bench_work(sources: list, settings) -> tuple[Model, BenchWork]:
     runs = settings.warmups + settings.repeats
     compile_s = compile_seconds(settings.engine)
     prefill = tuple(forward_flops(m, settings.prompt_len, settings.prompt_len, with_head=True) for m in models)
+    shapes = [Shape.from_config(_text_config(src)) for src in sources]
+    engine = engine_class(settings.engine)
     return max(models, key=lambda m: m.params), BenchWork(
-        settings.prompt_len, settings.gen_len, runs, tuple(per_token), tuple(loaded), compile_s, prefill, tuple(refs)
+        settings.prompt_len,
+        settings.gen_len,
+        runs,
+        tuple(per_token),
+        tuple(loaded),
+        compile_s,
+        prefill,
+        tuple(refs),
+        depths=settings.depths,
+        depth_prefill_flops=tuple(tuple(prefill_flops(sh, d) for d in settings.depths) for sh in shapes),
+        kv_bytes=tuple(kv_bytes_per_token(sh) for sh in shapes),
+        min_seconds=settings.min_seconds,
+        ttft_samples=max(SWEEP_SAMPLES, settings.repeats),
+        loads=len(settings.flash_attn_runs),
+        anchored=engine.anchored,
     )
+
+
+def _text_config(src) -> dict:
+    """The config a bench reads a source's shape from (a named shape's, a checkpoint's text part)."""
+    if isinstance(src, Synthetic):
+        return shape_config(src.shape)
+    cfg = read_config(src)
+    return cfg.get("text_config", cfg)
 
 
 # torch.compile per model: the decode graph with its warm-ups (7.5-16 s at 135M-1.2B on 2 CPU cores)
@@ -345,6 +377,16 @@ def plan_bench(sources: list, settings) -> Plan:
     _bench_prechecks(sources, settings)
     model, work = bench_work(sources, settings)
     plan = bench_plan(model, work, this_machine(settings.device))
+    if work.depths:
+        twice = ", each loaded twice (--flash-attn both)" if work.loads > 1 else ""
+        plan.notes.append(
+            f"{len(sources)} model(s), one at a time{twice}; "
+            f"at each depth ({', '.join(map(str, work.depths))}) one prefill of the depth, timed again while a "
+            f"shallow one's sum to under {work.min_seconds:g} s (the roofline's TTFT at the probed rates), then "
+            f"{work.runs} runs of {work.gen_len - 1} decode steps from it"
+            + ("; llama-bench prefills each depth once more" if work.anchored else "")
+        )
+        return plan
     plan.notes.append(
         f"{len(sources)} model(s), one at a time; {work.runs} runs of a {work.prompt_len}-token prefill and "
         f"{work.gen_len} decode steps each, plus the self-check's reference load"

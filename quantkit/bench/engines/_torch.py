@@ -83,6 +83,10 @@ class TorchEngine(Engine):
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
 
     @classmethod
+    def depth_advice(cls, flash_attn: bool | None) -> str:
+        return "decode runs sdpa at the KV heads' width (gqa_attention); no setting of this engine changes it"
+
+    @classmethod
     def load(cls, source, settings: EngineSettings):
         if settings.tensor_parallel != 1:
             raise QuantkitError(
@@ -95,6 +99,12 @@ class TorchEngine(Engine):
 
     def prepare(self, ids: list[int]):
         return torch.tensor([ids], dtype=torch.long, device=self.device)
+
+    def as_token(self, token_id: int):
+        return self.prepare([token_id])  # (1, 1): what decode() takes and returns
+
+    def cache_depth(self) -> int:
+        return int(self.cache.get_seq_length()) if self.cache is not None else 0
 
     def _logits(self, ids, start: int):
         positions = torch.arange(start, start + ids.shape[1], device=self.device)

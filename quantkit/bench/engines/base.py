@@ -14,6 +14,16 @@ methods below, in this order, so a new engine (llama.cpp, ...) changes nothing a
     engine.weight_bytes(); engine.step_bytes(cached, capacity); engine.describe()
     engine.close()
 
+Decode at depth (`bench --depth`): the prefill of `depth` tokens runs once, then each repeat
+decodes from that cache and gives it back:
+
+    engine.reset(depth + gen_len)
+    tok = engine.prefill(prompt)                  # timed once: TTFT at that depth
+    tok = engine.as_token(id)                     # instead, at depth 0: a first token to feed
+    tok = engine.decode(tok, depth + i)           # timed: the steps of one repeat
+    engine.rewind(depth)                          # untimed: the cache as the prefill left it
+    engine.cache_depth()                          # the tokens the cache holds now
+
 Sources: a checkpoint directory (`pathlib.Path`: 16-bit, compressed-tensors or bitsandbytes), a
 `synthetic.Synthetic` spec (random weights in a named shape), and for engines that read it a
 GGUF file (`Path` ending in .gguf). An engine that cannot take a source raises `QuantkitError`
@@ -46,6 +56,8 @@ class EngineSettings:
     seed: int = 0
     threads: int | None = None  # CPU threads (None: the library's default)
     tensor_parallel: int = 1  # GPUs (vLLM)
+    flash_attn: bool | None = None  # engines with the setting (flash_attn_lever); None: the engine's default
+    reuse_prefix: bool = False  # later requests reuse an earlier one's cached prompt (decode at depth, vLLM)
 
 
 class Engine:
@@ -65,6 +77,9 @@ class Engine:
       sizes_own_memory  it sizes its own memory pool: the weights-fit precheck is its to make
       times_itself  it runs in another process and times its own steps there: the harness calls
                 timed_run() instead of timing prefill()/decode() across the process boundary
+      flash_attn_lever  it has a flash-attention setting (EngineSettings.flash_attn; --flash-attn)
+      min_depth  the fewest cached tokens it can decode after (--depth), and min_depth_reason why
+      anchored  anchor() runs the library's own benchmark beside each row
     Instance attribute:
       step_note None while every decode() call produced exactly one token; else the reason the
                 per-step times are not per-token times (the runner then reports no per-step
@@ -79,6 +94,10 @@ class Engine:
     tensor_parallel = False
     sizes_own_memory = False
     times_itself = False
+    flash_attn_lever = False
+    min_depth = 0
+    min_depth_reason = ""
+    anchored = False
     step_note: str | None = None
 
     @classmethod
@@ -97,14 +116,20 @@ class Engine:
         return None
 
     @classmethod
+    def depth_advice(cls, flash_attn: bool | None) -> str:
+        """What a row far above its bytes' time at depth is told: why, and the setting that helps."""
+        return "this engine has no attention setting that changes it"
+
+    @classmethod
     def load(cls, source, settings: EngineSettings) -> "Engine":
         """Load `source` onto `settings.device`, ready to generate."""
         raise NotImplementedError
 
     @classmethod
-    def anchor(cls, info: dict, prompt_len: int, gen_len: int, repeats: int) -> dict | None:
+    def anchor(cls, info: dict, prompt_len: int, gen_len: int, repeats: int, depth: int | None = None) -> dict | None:
         """The engine's own benchmark on what was timed (`info`: describe()'s dict), as
-        {"ttft_ms", "tpot_ms", ...} or {"error": line}; None where the engine has none."""
+        {"ttft_ms", "tpot_ms", ...} or {"error": line}; None where the engine has none. With
+        `depth`, its decode after `depth` cached tokens ({"tpot_ms", ...}; no TTFT)."""
         return None
 
     def prepare(self, ids: list[int]) -> Any:
@@ -125,6 +150,20 @@ class Engine:
 
     def sync(self) -> None:
         """Wait until queued device work is done (the clock reads after it)."""
+
+    def as_token(self, token_id: int) -> Any:
+        """A token id in the form decode() takes: the first token fed at depth 0, where no prefill
+        returned one."""
+        raise NotImplementedError
+
+    def rewind(self, depth: int) -> None:
+        """Drop every cached token past the first `depth` (a repeat's decoded tokens), keeping what
+        the prefill cached: the next decode() is at position `depth` again. Untimed."""
+        raise NotImplementedError
+
+    def cache_depth(self) -> int:
+        """The tokens the KV cache holds now."""
+        raise NotImplementedError
 
     def timed_run(self, prompt, capacity: int, gen_len: int) -> tuple[float, list[float]]:
         """Engines that time themselves (times_itself): one repeat of harness.run_timed, timed where

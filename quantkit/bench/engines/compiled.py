@@ -15,6 +15,7 @@ import torch
 
 from quantkit.bench import accounting
 from quantkit.bench.engines._torch import TorchEngine
+from quantkit.errors import QuantkitError
 
 
 class Engine(TorchEngine):
@@ -32,7 +33,11 @@ class Engine(TorchEngine):
         if self.cache is not None and capacity == self.capacity:
             self.cache.reset()
             return
-        # a new size means new buffers; decode recompiles for them on its next call
+        # a new size means new buffers; decode recompiles for them on its next call, so the graphs
+        # of the old size go (each depth of --depth is a size: past torch._dynamo.config.recompile_limit
+        # sizes, decode would silently run uncompiled)
+        if self.cache is not None:
+            torch._dynamo.reset()
         self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
         self.cache.early_initialization(1, self.kv_heads, self.head_dim, self.dtype, self.device)
         self.capacity = capacity
@@ -51,6 +56,20 @@ class Engine(TorchEngine):
 
     def decode(self, token, pos: int):
         return self._run(token, pos)[1]
+
+    def rewind(self, depth: int) -> None:
+        """StaticLayer writes each new token at its own count of cached tokens and attention masks
+        the slots past the query's position: setting the count back is the whole rewind (the
+        stale slots are overwritten before any step reads them unmasked)."""
+        for layer in self.cache.layers:
+            if getattr(layer, "cumulative_length_int", 0) > layer.max_cache_len:  # a sliding window that rolled
+                raise QuantkitError(
+                    f"compiled: a sliding-window layer of {layer.max_cache_len} tokens cannot be rewound "
+                    f"to depth {depth} (it has rolled over); use --engine eager"
+                )
+            layer.cumulative_length.fill_(depth)
+            if hasattr(layer, "cumulative_length_int"):
+                layer.cumulative_length_int = depth
 
     def decode_logits(self, token, pos: int):
         return self._run(token, pos)[0]

@@ -15,6 +15,11 @@ class Engine(TorchEngine):
 
         self.cache, self.capacity = DynamicCache(config=self.model.config), capacity
 
+    def rewind(self, depth: int) -> None:
+        extra = self.cache_depth() - depth
+        if extra > 0:
+            self.cache.crop(-extra)  # a negative count: remove that many tokens from the end
+
     def step_bytes(self, cached: int, capacity: int) -> float:
         # DynamicLayer.update concatenates (accounting.kv_concat): the copy grows with the context
         return self.weight_bytes()["weight_bytes_per_token"] + accounting.kv_concat(self.kv_bytes_per_token(), cached)

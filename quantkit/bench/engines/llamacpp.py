@@ -8,13 +8,16 @@ The timed calls are llama-cpp-python's own: `Llama.eval(ids)` for the prefill an
 (`llama_get_logits`), which is all a greedy loop over llama-cpp-python does; so quantkit's
 figures are those of a bare loop (benchmarks/llamacpp_overhead.py measures that they agree).
 Settings are llama-cpp-python's defaults (f16 KV cache, flash attention off, n_batch 512)
-except the threads: every core this process may run on (os.sched_getaffinity), for the prompt
-and for decoding, unless --threads says otherwise, on one persistent threadpool as llama.cpp's
-own programs attach (bench/ggml_threadpool.py). eval() returns when ggml is done: no sync.
+except flash attention where --flash-attn asks (EngineSettings.flash_attn) and the threads: every
+core this process may run on (os.sched_getaffinity), for the prompt and for decoding, unless
+--threads says otherwise, on one persistent threadpool as llama.cpp's own programs attach
+(bench/ggml_threadpool.py). eval() returns when ggml is done: no sync.
 
 The KV cache is sized once (n_ctx = the longest sequence of the run; llama.cpp rounds it up to a
 multiple of 256) and cleared by reset(); what a step reads is accounting.kv_llamacpp: llama.cpp
-attends over the used cells padded to 256, not the live tokens.
+attends over the used cells padded to 256, not the live tokens. At --depth, rewind() drops the
+decoded tail with llama_memory_seq_rm and sets llama-cpp-python's n_tokens back, as llama-cpp-python
+itself does before each eval().
 """
 
 from __future__ import annotations
@@ -149,6 +152,8 @@ class Engine(Base):
     compiles = False
     takes_gguf = True
     devices = ("cpu", "cuda")  # cuda: a build with GPU offload (check)
+    flash_attn_lever = True  # Llama(flash_attn=...): off is llama-cpp-python's default
+    anchored = True  # llama-bench beside each row
 
     @classmethod
     def check(cls, device) -> None:
@@ -162,10 +167,20 @@ class Engine(Base):
 
     @classmethod
     def default_threads(cls) -> int:
-        return available_cores()  # every core this process may use, so the probe measures what they can reach
+        return available_cores()
+
+    @classmethod
+    def depth_advice(cls, flash_attn: bool | None) -> str:
+        if flash_attn:
+            return "flash attention is on: what is left is the attention's own arithmetic over every cell"
+        return (
+            "without flash attention llama.cpp computes K·Q, the softmax and its product with V as separate "
+            "operations over every cell, in f32; --flash-attn on fuses them (--flash-attn both measures the two)"
+        )  # every core this process may use, so the probe measures what they can reach
 
     def __init__(self, llm, gguf: Path, settings: EngineSettings, threads: int, export: dict | None):
         self.llm, self.gguf, self.settings, self.threads, self.export = llm, gguf, settings, threads, export
+        self.flash_attn = bool(settings.flash_attn)  # None: llama-cpp-python's default, off
         # llama.cpp's own tools decode on one persistent threadpool; llama-cpp-python would make one per token
         self.pool = ggml_threadpool.attach(import_llama_cpp(), llm.ctx, threads)
         self.cfg = gguf_config(gguf)
@@ -193,10 +208,18 @@ class Engine(Base):
         return cls(_open(gguf, settings, threads), gguf, settings, threads, export)
 
     @classmethod
-    def anchor(cls, info: dict, prompt_len: int, gen_len: int, repeats: int) -> dict:
-        """llama-bench on the same GGUF, threads and lengths (bench/llama_bench.py)."""
+    def anchor(cls, info: dict, prompt_len: int, gen_len: int, repeats: int, depth: int | None = None) -> dict:
+        """llama-bench on the same GGUF, threads, lengths, depth and flash attention (bench/llama_bench.py)."""
 
-        return llama_bench.measure(Path(info["gguf"]), prompt_len, gen_len, info["threads"], repeats)
+        return llama_bench.measure(
+            Path(info["gguf"]),
+            prompt_len,
+            gen_len,
+            info["threads"],
+            repeats,
+            flash_attn=info["flash_attn"],
+            depth=depth,
+        )
 
     # ---------------------------------------------------------------- the timed paths
 
@@ -208,6 +231,17 @@ class Engine(Base):
             raise QuantkitError(f"llamacpp: a {capacity}-token sequence does not fit the {self.kv_size}-token context")
         self._lc.llama_memory_clear(self._lc.llama_get_memory(self.llm.ctx), True)
         self.llm.reset()  # position 0: the next eval() starts a new sequence
+
+    def as_token(self, token_id: int) -> int:
+        return int(token_id)
+
+    def rewind(self, depth: int) -> None:
+        self._lc.llama_memory_seq_rm(self._lc.llama_get_memory(self.llm.ctx), 0, depth, -1)
+        self.llm.n_tokens = depth  # where llama-cpp-python's next eval() writes
+
+    def cache_depth(self) -> int:
+        """Cells of sequence 0 in llama.cpp's own cache (its highest position + 1)."""
+        return int(self._lc.llama_memory_seq_pos_max(self._lc.llama_get_memory(self.llm.ctx), 0)) + 1
 
     def _last_logits(self):
         return self._np.ctypeslib.as_array(self._lc.llama_get_logits(self.llm.ctx), shape=(self.n_vocab,))
@@ -309,7 +343,7 @@ class Engine(Base):
             "kv_cache_type": self._kv_elem_bytes()[0],
             "n_ctx": self.kv_size,
             "n_batch": self.llm.n_batch,
-            "flash_attn": False,
+            "flash_attn": self.flash_attn,
             "threadpool": (
                 f"persistent, {self.pool.threads} threads, poll {self.pool.poll} (as llama.cpp's tools)"
                 if self.pool
@@ -344,6 +378,7 @@ def _open(gguf: Path, settings: EngineSettings, threads: int):
             main_gpu=(settings.device.index or 0) if gpu else 0,
             seed=settings.seed,
             logits_all=False,
+            flash_attn=bool(settings.flash_attn),
             verbose=False,
         )
     except (ValueError, RuntimeError) as exc:

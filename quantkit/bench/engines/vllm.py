@@ -11,7 +11,13 @@ the worker's process (VLLM_ENABLE_V1_MULTIPROCESSING=0) with async scheduling of
 it, so a step returns its own token; if a step still delivers more than one token, `step_note`
 says so and the report gives no per-step statistics (TPOT stays decode time / tokens).
 
-Settings: prefix caching off (every repeat really prefills), greedy, EOS ignored, bfloat16
+Decode at depth (--depth): vLLM cannot hand a request's cache back to an earlier length, so the
+engine loads with prefix caching on (EngineSettings.reuse_prefix) and each repeat is a request with
+the same prompt of `depth` tokens: the first prefills it (its TTFT), the later ones find its blocks
+in vLLM's prefix cache and compute only the last, partly filled block before their decode steps.
+A request needs a prompt, so the fewest cached tokens is one (min_depth).
+
+Settings: prefix caching off (every repeat really prefills) but at --depth, greedy, EOS ignored, bfloat16
 activations (vLLM's CPU kernels for INT4 run only in 16-bit; fp16 has no oneDNN path on CPUs
 without AVX512-FP16); per device (eager and `threads` on the CPU, graphs on a GPU) as
 external/vllm_start.py says.
@@ -42,6 +48,8 @@ class Engine(Base):
     tensor_parallel = True
     sizes_own_memory = True  # its KV pool (gpu_memory_utilization / kv_cache_memory_bytes), not the weights, must fit
     times_itself = True
+    min_depth = 1
+    min_depth_reason = "a vLLM request holds at least one prompt token"
 
     @classmethod
     def check(cls, device) -> None:
@@ -73,7 +81,7 @@ class Engine(Base):
         args = dict(
             dtype="bfloat16",
             max_model_len=settings.max_tokens,
-            enable_prefix_caching=False,
+            enable_prefix_caching=settings.reuse_prefix,  # on only at --depth: the repeats share a prefill
             seed=settings.seed,
             tensor_parallel_size=settings.tensor_parallel,
             max_logprobs=TOP_K,

@@ -1,0 +1,200 @@
+"""How a measurement becomes a BenchRow: the roofline's prediction beside it (bytes per token from
+the engine's own cache, the TTFT floor), the engine's own benchmark (its anchor), the flags; and
+what the rows of one model at several KV depths say together (depth_notes).
+
+A decode step at depth D reads the weights and the K/V of D tokens. Where an engine's time grows
+with the depth faster than those bytes, its efficiency (the roofline's TPOT over the measured)
+falls with the depth: the extra time is attention's arithmetic, not its reads, and the row says
+so, with the setting that helps where the engine has one (llama.cpp: flash attention).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from quantkit.bench.accounting import kv_live, mean_step_bytes
+from quantkit.bench.engines import engine_class
+from quantkit.bench.harness import Timings
+from quantkit.bench.llama_bench import compare
+from quantkit.bench.records import BenchRow, SweepPoint
+from quantkit.bench.settings import BenchSettings
+from quantkit.core.roofline import Shape, efficiency, predict_ttft_s, prefill_flops
+
+# A row whose efficiency is below (1 - DEPTH_EXCESS) x that of the same model's shallowest depth
+# says why: on the demo, llama.cpp without flash attention keeps 53% of its depth-0 efficiency at
+# depth 4096 (8.6 -> 28.9 ms/token for 1.8x the bytes; llama-bench), 63% with it (24.0 ms).
+DEPTH_EXCESS = 0.25
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a loaded engine says about itself, the same for each of its rows."""
+
+    weights: dict  # engine.weight_bytes()
+    kv: float  # bytes per cached token
+    info: dict  # engine.describe()
+    self_check: dict
+    load_s: float
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measurement on a loaded engine: the prompt its TTFT prefilled (the depth, with --depth),
+    the KV cache's size, the timings and the bytes one of its steps reads on average."""
+
+    prompt_len: int
+    depth: int | None
+    capacity: int
+    timings: Timings
+    step_note: str | None
+    step_bytes: float
+    sweep: tuple[SweepPoint, ...]
+    started: float  # time.perf_counter() when its load (the first row) or its measurement began
+
+
+def name_of(path) -> str:
+    """A row's name: the GGUF's stem, the artifact's recorded name, the directory's name, the shape's label."""
+    if not isinstance(path, Path):
+        return path.label
+    if path.is_file():  # a GGUF
+        return path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.name
+    meta = path / "quantkit.json"
+    if meta.is_file():
+        try:
+            return json.loads(meta.read_text()).get("name") or path.name
+        except json.JSONDecodeError:
+            return path.name
+    return path.name
+
+
+def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measured) -> BenchRow:
+    eng = dict(loaded.info)
+    summary = m.timings.summary(m.step_note)
+    weights = loaded.weights["weight_bytes_per_token"]
+    kv = loaded.kv
+    ideal = mean_step_bytes(lambda c: weights + kv_live(kv, c), m.prompt_len, s.gen_len)
+    bandwidth = figs.bandwidth * s.tensor_parallel  # tensor parallel: each GPU reads its 1/N shard
+    pred_tpot = m.step_bytes / bandwidth
+    tpot = summary["tpot_ms"]["median"] / 1e3
+    ttft = summary["ttft_ms"]["median"] / 1e3 if summary["ttft_ms"] else None
+    flops_s = pred_ttft = None
+    if m.prompt_len:  # depth 0 prefills nothing
+        flops_s = prefill_flops(Shape.from_config(cfg), m.prompt_len) / (figs.compute * s.tensor_parallel)
+        pred_ttft = predict_ttft_s(flops_s, 1.0, weights + kv * m.prompt_len, bandwidth)
+    notes = list(eng.pop("notes", []))
+    anchor = _anchor(s, eng, ttft, tpot * 1e3, notes, m)
+    if summary["warmups"] > s.warmups:
+        notes.append(
+            f"--warmups {s.warmups} raised to {summary['warmups']}: the {s.engine} engine compiles on its first "
+            "calls, and compilation is not decode"
+        )
+    return BenchRow(
+        model=str(source) if isinstance(source, Path) else source.label,
+        name=name_of(source),
+        kind=eng.pop("kind"),
+        kernel=eng.pop("kernel"),
+        emulated=eng.pop("emulated", None),
+        engine=s.engine,
+        device=str(s.device),
+        device_name=eng.get("name"),
+        dtype=eng.get("dtype"),
+        threads=eng.get("threads"),
+        engine_info=eng,
+        prompt_len=m.prompt_len,
+        gen_len=s.gen_len,
+        depth=m.depth,
+        flash_attn=eng.get("flash_attn"),
+        load_s=loaded.load_s,
+        compile_and_warmup_s=summary.pop("warmup_s"),
+        warmups=summary["warmups"],
+        warmups_requested=s.warmups,
+        weight_bytes_per_token=weights,
+        stored_weight_bytes=loaded.weights["stored_weight_bytes"],
+        tied_lm_head=loaded.weights["tied_lm_head"],
+        weight_bytes_by_type=loaded.weights.get("weight_bytes_by_type"),
+        kv_bytes_per_token=kv,
+        kv_cache_tokens=m.capacity,
+        bytes_per_token=m.step_bytes,
+        kv_bytes_per_step=m.step_bytes - weights,
+        ideal_bytes_per_token=ideal,
+        ttft_ms=ttft * 1e3 if ttft is not None else None,
+        tpot_ms=tpot * 1e3,
+        predicted_tpot_ms=pred_tpot * 1e3,
+        predicted_ttft_ms=pred_ttft * 1e3 if pred_ttft is not None else None,
+        tpot_efficiency=efficiency(pred_tpot, tpot)[0],
+        ttft_efficiency=efficiency(pred_ttft, ttft)[0] if ttft is not None else None,
+        ttft_bound=("compute" if flops_s >= pred_ttft else "memory") if pred_ttft is not None else None,
+        self_check=loaded.self_check,
+        stats=summary,
+        prompt_sweep=m.sweep,
+        notes=tuple(notes),
+        anchor=anchor,
+        bench_wall_s=time.perf_counter() - m.started,
+    )
+
+
+def _anchor(s: BenchSettings, eng: dict, ttft_s: float | None, tpot_ms: float, notes: list[str], m: Measured):
+    """The engine's own benchmark beside quantkit's figures (llama.cpp: llama-bench, at the row's
+    depth and flash-attention setting), a note where they disagree."""
+
+    found = engine_class(s.engine).anchor(eng, m.prompt_len, s.gen_len, s.repeats, depth=m.depth)
+    if found is None:
+        return None
+    if "error" in found:
+        notes.append(f"no anchor: {found['error']}")
+        return found
+    result = compare(ttft_s * 1e3 if ttft_s is not None and m.depth is None else None, tpot_ms, found)
+    for what in result["disagree"]:
+        notes.append(
+            f"{what.upper()} {result['ratio_' + what]:.2f}x llama-bench's ({result[what + '_ms']:.2f} ms"
+            f"{'' if m.depth is None else f' at depth {m.depth}'}): beyond {result['tolerance']:.0%}; "
+            f"llama-bench runs llama.cpp's own build ({result.get('backends')})"
+        )
+    return result
+
+
+def classify(row: BenchRow, llc_bytes: int | None) -> BenchRow:
+    """Flags of a row (kept: those depth_notes set). Efficiency above 100% is an accounting error,
+    unless the bytes of a step fit in the last-level cache: then the weights need not stream from
+    memory at all and beating a streaming read is expected ("fits in cache")."""
+    fits = bool(llc_bytes and row.bytes_per_token <= llc_bytes)
+    flags = [*row.flags, *(["fits_in_cache"] if fits else [])]
+    if row.tpot_efficiency > 1.0 and not fits:
+        flags.append("tpot_above_roofline")
+    if row.ttft_efficiency is not None and row.ttft_efficiency > 1.0 and not (fits and row.ttft_bound == "memory"):
+        flags.append("ttft_above_roofline")
+    if row.warmups > row.warmups_requested:
+        flags.append("warmups_raised")
+    if row.emulated:  # not the stored format's speed: another format was timed (row.emulated says which)
+        flags.append("emulated")
+    bad = {"tpot_above_roofline", "ttft_above_roofline"}
+    return replace(row, flags=tuple(flags), fits_in_cache=fits, accounting_error=bool(bad & set(flags)))
+
+
+def depth_notes(rows: list[BenchRow]) -> list[BenchRow]:
+    """Rows at depth whose efficiency fell by more than DEPTH_EXCESS from the same model's shallowest
+    depth (same engine and flash-attention setting) get the flag `attention_compute` and a note:
+    the time their bytes do not explain, and the engine's word on what helps."""
+
+    groups: dict[tuple, list[BenchRow]] = {}
+    for r in rows:
+        if r.depth is not None:
+            groups.setdefault((r.model, r.engine, r.flash_attn), []).append(r)
+    changed = {}
+    for group in groups.values():
+        base = min(group, key=lambda r: r.depth)
+        for r in group:
+            if r.depth == base.depth or r.tpot_efficiency >= (1 - DEPTH_EXCESS) * base.tpot_efficiency:
+                continue
+            expected = r.predicted_tpot_ms / base.tpot_efficiency  # its bytes at the shallowest depth's efficiency
+            note = (
+                f"depth {r.depth}: TPOT {r.tpot_ms:.2f} ms, {r.tpot_ms - expected:.2f} ms above what its "
+                f"{r.bytes_per_token / 1e6:.1f} MB per step take at depth {base.depth}'s efficiency "
+                f"({base.tpot_efficiency:.0%}, here {r.tpot_efficiency:.0%}): attention's arithmetic grows with "
+                f"the depth faster than its reads; {engine_class(r.engine).depth_advice(r.flash_attn)}"
+            )
+            changed[id(r)] = replace(r, notes=(*r.notes, note), flags=(*r.flags, "attention_compute"))
+    return [changed.get(id(r), r) for r in rows]
