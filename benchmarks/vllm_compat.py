@@ -12,8 +12,9 @@ held-out windows of --text (--split confirmation):
   - where vLLM loads it, vLLM against transformers on the same artifact (`--baseline ART
     --baseline-mismatch-ok`: transformers scores the artifact as the baseline, vLLM the model):
     the KL between the two engines' next-token distributions.
-Each kind's schemes (quantkit/external/vllm_support.py) are recorded with whether vLLM served it,
-and a test holds vllm_support.SUPPORT's CPU column equal to these rows.
+Each kind's schemes are recorded as facts (quantkit/models/scheme_facts.py: weight format, bits,
+groups, scales, activations, as the artifact's quantkit.json holds them) with whether vLLM served
+it, and a test holds the CPU column of vllm_support.RULES (keyed by those facts) equal to these rows.
 
 Results go to benchmarks/results/vllm_compat.json after every kind (a rerun with --only merges its
 kinds into the file); artifacts stay in --work, and an artifact already there is reused.
@@ -21,6 +22,10 @@ kinds into the file); artifacts stay in --work, and an artifact already there is
   python benchmarks/vllm_compat.py                                  # every kind, artifacts in runs/vllm-compat
   python benchmarks/vllm_compat.py --only fp16 int4-rtn-g64 --direct int4-rtn-g64
   python benchmarks/vllm_compat.py --tabulate                       # only rewrite the tables
+
+Rows measured before the facts were recorded carry only their scheme labels; --tabulate gives them
+the facts of the recipe they were converted with (its --set included; an auto step's choices where
+the run recorded their label), read through quantkit's own recipe schema.
 """
 
 from __future__ import annotations
@@ -33,11 +38,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import QUANTKIT, RESULTS, quantkit_json, write_result
+from common import QUANTKIT, RESULTS, command, machine, quantkit_json, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 NAME = "vllm_compat"
+BEST = ("int4-spinquant-asym-auto-vllm", "int4-spinquant-asym-mixed")  # the best INT4 vLLM's CPU serves, and its rival
+MERGED = (
+    "python benchmarks/vllm_compat.py --only KIND ... [--direct KIND ...]  (several runs over subsets of the kinds, "
+    "merged)"
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,7 @@ class Kind:
     sets: tuple[str, ...] = ()
     calibrated: bool = True  # takes the small-calibration overrides
     extra_texts: tuple[str, ...] = field(default=())  # more domains for the transformers row (the best-INT4 comparison)
+    table: str = "main"  # the docs table its row is in (each table names the run that measured its rows)
 
 
 # The auto mixed precision's sensitivity pass on 2 windows of 128 tokens instead of 4 of 256 (the
@@ -136,6 +147,16 @@ KINDS: list[Kind] = [
         calibrated=False,
     ),
     Kind("fp8-w8a16", "fp8-w8a16", "FP8 weight-only", calibrated=False),
+    Kind(
+        "nvfp4-w4a16",
+        "nvfp4-w4a16",
+        "NVFP4 weight-only (FP4 E2M1, FP8 scales per 16, FP32 per tensor)",
+        calibrated=False,
+        table="fp4",
+    ),
+    Kind(
+        "mxfp4-w4a16", "mxfp4-w4a16", "MXFP4 weight-only (FP4 E2M1, E8M0 scales per 32)", calibrated=False, table="fp4"
+    ),
     Kind("bnb-nf4", "bnb-nf4", "bitsandbytes NF4", calibrated=False),
     Kind("bnb-int8", "bnb-int8", "bitsandbytes LLM.int8()", calibrated=False),
     Kind("int4-awq-g64", "int4-w4a16-awq", "INT4 W4A16 AWQ scales + RTN g64"),
@@ -240,12 +261,15 @@ def measure(kind: Kind, args) -> dict:
     if art is None:
         return rec
     meta = json.loads((art / "quantkit.json").read_text()) if (art / "quantkit.json").is_file() else {}
-    rec["schemes"] = vllm_support.schemes(meta)
+    facts = vllm_support.schemes(meta)
+    rec["schemes"] = list(dict.fromkeys(f.label for f in facts))
+    rec["facts"] = [f.as_dict() for f in facts]
     text = [args.text]
     rec["vllm"] = evaluate(art, args.model, "vllm", text, args)
     rec["served"] = "error" not in rec["vllm"]
-    # transformers against FP16: the other side of |ΔKL| where vLLM serves the artifact, or a domain the table asks for
-    if kind.recipe is not None and (rec["served"] or kind.extra_texts):
+    # transformers against FP16: the other side of |ΔKL| where vLLM serves the artifact, the artifact's own
+    # accuracy where it does not, and the domains the table asks for
+    if kind.recipe is not None:
         rec["transformers"] = evaluate(art, args.model, "transformers", text + list(kind.extra_texts), args)
     if rec["served"] and kind.recipe is not None and (args.direct is None or kind.name in args.direct):
         rec["vllm_vs_transformers"] = evaluate(art, str(art), "vllm", text, args, mismatch_ok=True)
@@ -258,11 +282,11 @@ def _text(rec: dict, key: str, label: str) -> dict:
     return ((rec.get(key) or {}).get("texts") or {}).get(label) or {}
 
 
-def main_table(kinds: dict, label: str) -> dict:
+def main_table(kinds: dict, label: str, table: str = "main") -> dict:
     rows = []
     for k in KINDS:
         rec = kinds.get(k.name)
-        if rec is None:
+        if rec is None or k.table != table:
             continue
         tf, vl, both = (
             _text(rec, "transformers", label),
@@ -304,34 +328,80 @@ def main_table(kinds: dict, label: str) -> dict:
     return {"columns": [{"key": k, "header": h, "fmt": f} for k, h, f in cols], "rows": rows}
 
 
-def support_table() -> dict:
-    """What model cards claim per device (quantkit/external/vllm_support.py), beside the measurements it is held to."""
+def row_facts(rec: dict) -> list:
+    """A row's schemes as facts (SchemeFacts): as measured, or for a row measured before facts were
+    recorded, those of the recipe it was converted with (recipe_facts)."""
+    from quantkit.models.scheme_facts import SchemeFacts
+
+    return [SchemeFacts.from_dict(d) for d in rec.get("facts") or []]
+
+
+def recipe_facts(kind: Kind, rec: dict) -> list[dict] | None:
+    """The facts of a row measured before they were recorded: its recipe's quantize step (with the
+    kind's --set) read through quantkit's recipe schema, plus each scheme an auto step may choose
+    whose label the run recorded; each label the run recorded must be accounted for."""
+    from quantkit.methods.registry import quantize_step
+    from quantkit.methods.schemes import parse_choice
+    from quantkit.models import scheme_facts
+    from quantkit.recipe.files import load_recipe
+
+    if not rec.get("schemes"):
+        return None  # not built
+    if kind.recipe is None:
+        found = [scheme_facts.DENSE]
+    else:
+        recipe = load_recipe(kind.recipe, kind.sets)
+        cfg = quantize_step(recipe.variants[0] if recipe.variants else recipe)
+        found = list(cfg.facts) if cfg is not None else [scheme_facts.DENSE]
+        auto = getattr(cfg, "auto", None)
+        for choice in auto.choices if auto is not None else ():
+            s = parse_choice(choice)
+            found.append(scheme_facts.int_weights(s.bits, s.group_size, s.symmetric))
+    found = [f for f in dict.fromkeys(found) if f.label in rec["schemes"]]
+    if {f.label for f in found} != set(rec["schemes"]):
+        raise SystemExit(f"{kind.name}: recorded schemes {rec['schemes']} are not those of its recipe")
+    return [f.as_dict() for f in found]
+
+
+def support_table(kinds: dict) -> dict:
+    """What model cards claim per device (quantkit/external/vllm_support.py RULES, keyed by facts),
+    beside the measured kinds each rule decides alone."""
     from quantkit.external import vllm_support
 
-    rows = [
-        {
-            "scheme": name,
-            "cpu": ("serves: " if s.cpu else "no: ") + s.cpu_why,
-            "gpu": ("serves: " if s.gpu else "no: ") + s.gpu_why,
-        }
-        for name, s in vllm_support.SUPPORT.items()
-    ]
+    rows = []
+    for rule in vllm_support.RULES:
+        decided = [
+            k
+            for k, rec in kinds.items()
+            if "served" in rec and row_facts(rec) and all(rule.matches(f) for f in row_facts(rec))
+        ]
+        s = rule.support
+        rows.append(
+            {
+                "scheme": rule.what,
+                "cpu": ("serves: " if s.cpu else "no: ") + s.cpu_why,
+                "measured": ", ".join(f"`{k}`" for k in decided) or "not measured",
+                "gpu": ("serves: " if s.gpu else "no: ") + s.gpu_why,
+            }
+        )
     cols = [
-        ("scheme", "schemes", "`{}`"),
+        ("scheme", "schemes (by their facts)", "{}"),
         ("cpu", "CPU (served or refused: measured; the kernel: from vLLM's source)", "{}"),
-        ("gpu", "NVIDIA GPU (read from vLLM's kernel lists, not run)", "{}"),
+        ("measured", "measured kinds", "{}"),
+        ("gpu", "NVIDIA GPU (read from vLLM's code, not run)", "{}"),
     ]
     return {
         "columns": [{"key": k, "header": h, "fmt": f} for k, h, f in cols],
         "rows": rows,
-        "note": f"vLLM {vllm_support.VLLM_VERSION}. An artifact is served on a device when every scheme in it is.",
+        "note": f"vLLM {vllm_support.VLLM_VERSION}. A scheme no rule matches is unknown, served nowhere; "
+        "an artifact is served on a device when every scheme in it is.",
     }
 
 
 def best_table(kinds: dict) -> dict:
     """The mixed INT4 vLLM's CPU serves next to the one it does not: transformers' figures per domain."""
     rows = []
-    for name in ("int4-spinquant-asym-auto-vllm", "int4-spinquant-asym-mixed"):
+    for name in BEST:
         rec = kinds.get(name)
         if not rec or "transformers" not in rec:
             continue
@@ -393,13 +463,31 @@ def main() -> None:
     if args.tabulate:
         args.only = []
     by_name = {k.name: k for k in KINDS}
+    for name, rec in kinds.items():  # rows measured before facts were recorded
+        if "facts" not in rec and name in by_name and (facts := recipe_facts(by_name[name], rec)) is not None:
+            rec["facts"], rec["facts_from"] = facts, "recipe"
     for k in [by_name[n] for n in args.only] if args.only is not None else KINDS:  # in the order given
         print(f"[{time.strftime('%H:%M:%S')}] {k.name}", file=sys.stderr, flush=True)
         kinds[k.name] = measure(k, args)
+        kinds[k.name]["run"] = {"command": command(), "machine": machine(), "date": now()}
         print(json.dumps(kinds[k.name], default=str)[:600], file=sys.stderr, flush=True)
         write(kinds, label, args)
     if args.tabulate:
         write(kinds, label, args)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def source(names: list[str], kinds: dict, earlier: dict) -> dict:
+    """The run that measured these rows ({command, machine, date}): a row keeps its own under `run`;
+    rows measured before rows recorded one are the earlier runs' (`earlier_runs`)."""
+    runs = [kinds[n].get("run") or earlier for n in names if n in kinds] or [earlier]
+    date = max(r.get("date", "") for r in runs)
+    if all((r.get("command"), r.get("machine")) == (runs[0].get("command"), runs[0].get("machine")) for r in runs):
+        return {**runs[0], "date": date}
+    return {"command": MERGED, "machine": runs[-1].get("machine", {}), "date": date}
 
 
 def write(kinds: dict, label: str, args) -> None:
@@ -413,21 +501,28 @@ def write(kinds: dict, label: str, args) -> None:
         "(`--only`), merged; a kind whose same-artifact "
         "KL is blank was not given `--direct` (its |ΔKL| stands for the agreement)."
     )
-    kept = {}
-    if (
-        args.tabulate and (RESULTS / f"{NAME}.json").is_file()
-    ):  # a re-tabulation keeps the measuring run's command and date
-        old = json.loads((RESULTS / f"{NAME}.json").read_text())
-        kept = {k: old[k] for k in ("command", "date") if k in old}
+    path = RESULTS / f"{NAME}.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    earlier = old.get("earlier_runs") or {k: old[k] for k in ("command", "machine", "date") if k in old}
+    kept = {k: old[k] for k in ("command", "machine", "date") if k in old} if args.tabulate else {}  # a re-tabulation's
+    by_table = {t: [k.name for k in KINDS if k.table == t and k.name in kinds] for t in ("main", "fp4")}
+    support = support_table(kinds)
+    fp4 = source(by_table["fp4"], kinds, earlier)
+    support["note"] += (
+        f" The CPU outcomes are those measured in the tables above; the FP4 rows' run: `{fp4.get('command')}`, "
+        f"{fp4.get('machine', {}).get('cpu', '?')}, {fp4.get('date', '?')[:10]}."
+    )
     write_result(
         NAME,
         {
             **kept,
+            "earlier_runs": earlier,
             "kinds": kinds,
             "tables": {
-                "main": {**main_table(kinds, label), "note": note},
-                "best": best_table(kinds),
-                "support": support_table(),
+                "main": {**main_table(kinds, label), "note": note, "source": source(by_table["main"], kinds, earlier)},
+                "fp4": {**main_table(kinds, label, "fp4"), "note": note, "source": fp4},
+                "best": {**best_table(kinds), "source": source(list(BEST), kinds, earlier)},
+                "support": {**support, "source": source(by_table["main"], kinds, earlier)},
             },
         },
     )

@@ -1,5 +1,6 @@
 """What the model card claims about vLLM (quantkit/external/vllm_support.py): each kind of artifact
-quantkit writes maps to its weight schemes, the CPU column is the measured compatibility table
+quantkit writes records its schemes as facts, a table of rules keyed by those facts decides where
+vLLM serves them (an unknown scheme nowhere), the CPU column is the measured compatibility table
 (benchmarks/results/vllm_compat.json), and the card claims vLLM loading per device from it."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import pytest
 
 from quantkit.artifacts.card import render_card
 from quantkit.external import vllm_support
+from quantkit.models import scheme_facts
+from quantkit.models.scheme_facts import DENSE, SchemeFacts
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "benchmarks" / "results" / "vllm_compat.json"
@@ -21,6 +24,10 @@ SMALL_CALIB = ["--set", "calibration.samples=4", "--set", "calibration.seq_len=6
 def measured() -> dict:
     """The compatibility run's kinds; a missing or unreadable file fails (the table must be committed)."""
     return json.loads(RESULT.read_text())["kinds"]
+
+
+def row_facts(row: dict) -> list[SchemeFacts]:
+    return [SchemeFacts.from_dict(d) for d in row.get("facts") or []]
 
 
 # ---- each kind of artifact, converted for real on a tiny model --------------------------------
@@ -45,6 +52,8 @@ KINDS = [
     ("int8-w8a8-smoothquant", SMALL_CALIB, ["int8-w8a8"]),
     ("fp8-w8a8-dynamic", [], ["fp8-w8a8"]),
     ("fp8-w8a16", [], ["fp8-w8a16"]),
+    ("nvfp4-w4a16", [], ["nvfp4-w4a16"]),
+    ("mxfp4-w4a16", [], ["mxfp4-w4a16"]),
     ("bnb-nf4", [], ["bitsandbytes"]),
 ]
 
@@ -70,9 +79,10 @@ def test_each_artifact_kind_names_its_schemes_and_its_card_claims_them(
     )
     assert code == 0, err
     meta = json.loads((out / "quantkit.json").read_text())
-    assert vllm_support.schemes(meta) == expected
+    found = vllm_support.schemes(meta)
+    assert [f.label for f in found] == expected and found == scheme_facts.of_checkpoint(out)
     card = (out / "README.md").read_text()
-    verdict = vllm_support.verdict(expected)
+    verdict = vllm_support.verdict(found)
     assert ("on the CPU (measured" in card) == verdict["cpu"]
     assert ("; on the CPU: " in card) == (verdict["gpu"] and not verdict["cpu"])
     assert ("does not load it" in card) == (not verdict["gpu"])
@@ -98,41 +108,74 @@ def test_an_auto_mixed_precision_counts_the_schemes_it_chose(cli, tiny_llama, ti
     assert code == 0, err
     meta = json.loads((out / "quantkit.json").read_text())
     raised = bool((meta.get("mixed_precision") or {}).get("picked"))
-    assert vllm_support.schemes(meta) == (["int4-w4a16", "int8-w8a16"] if raised else ["int4-w4a16"])
+    labels = [f.label for f in vllm_support.schemes(meta)]
+    assert labels == (["int4-w4a16", "int8-w8a16"] if raised else ["int4-w4a16"])
     assert raised, "a budget of 6 bits/weight over INT4 g64 raises at least one unit"
 
 
-def test_a_16_bit_artifact_is_served_everywhere_and_a_scheme_not_in_the_table_nowhere():
-    assert vllm_support.schemes({"quantization": None}) == ["16-bit"]
-    assert vllm_support.verdict(["16-bit"]) == {"cpu": True, "gpu": True, "unknown": []}
-    assert vllm_support.verdict(["int4-w4a16", "int2-w2a16"]) == {"cpu": False, "gpu": False, "unknown": ["int2-w2a16"]}
-    assert "does not load it" in render_card(
-        {"name": "x", "quantization": {"format": "compressed-tensors", "weight_bits": 2, "scheme": "W2A16"}}
-    )
+def test_a_16_bit_artifact_is_served_everywhere_and_a_scheme_no_rule_matches_nowhere():
+    assert vllm_support.schemes({"quantization": None}) == [DENSE]
+    assert vllm_support.verdict([DENSE]) == {"cpu": True, "gpu": True, "unknown": []}
+    int4, int2 = scheme_facts.int_weights(4, 64, True), scheme_facts.int_weights(2, 32, True)
+    assert vllm_support.verdict([int4, int2]) == {"cpu": False, "gpu": False, "unknown": ["int2-w2a16"]}
+    unrecorded = {"name": "x", "quantization": {"format": "compressed-tensors", "weight_bits": 4, "scheme": "W4A16"}}
+    assert "does not load it" in render_card(unrecorded)  # a quantkit.json without facts: nothing claimed
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        scheme_facts.unknown("gptq"),
+        SchemeFacts("compressed-tensors", "mxfp4", 4, "group", 32, False, "e8m0"),  # asymmetric: not vLLM's MXFP4
+        SchemeFacts("compressed-tensors", "nvfp4", 4, "tensor_group", 16, True, "float8_e4m3fn", "nvfp4", 4, True),
+        SchemeFacts("compressed-tensors", "int", 8, "channel", None, True, "float", "int", 8, False),  # static acts
+        SchemeFacts("gptq", "int", 4, "group", 128, True, "float"),  # the same grid in another tool's container
+    ],
+    ids=["unknown", "asymmetric-mxfp4", "nvfp4-w4a4", "static-w8a8", "other-container"],
+)
+def test_the_rules_decide_on_facts_and_claim_nothing_they_do_not_cover(facts):
+    """A scheme is decided by the first rule whose every stated fact agrees; facts no rule covers are
+    unknown and served nowhere, whatever a name would suggest."""
+    assert vllm_support.rule_for(facts) is None
+    assert vllm_support.verdict([facts]) == {"cpu": False, "gpu": False, "unknown": [facts.label]}
+
+
+def test_the_fp4_formats_are_decided_by_their_own_rules():
+    nv, mx = vllm_support.rule_for(scheme_facts.NVFP4), vllm_support.rule_for(scheme_facts.MXFP4)
+    assert nv is not mx and nv.weights == "nvfp4" and mx.weights == "mxfp4"
+    assert (nv.support.cpu, nv.support.gpu, mx.support.cpu, mx.support.gpu) == (False, True, False, True)
+    assert "sm90" in nv.support.gpu_why and "sm100" in nv.support.gpu_why and "sm90" in mx.support.gpu_why
+    card = render_card({"name": "x", "quantization": {"weights": [scheme_facts.MXFP4.as_dict()]}})
+    assert "serves it on NVIDIA GPUs" in card and "mxfp4-w4a16" in card and "no CPU entry" in card
 
 
 # ---- the table in the product is the measured one ---------------------------------------------
 
 
 def test_the_cpu_column_is_what_the_compatibility_run_measured(measured):
-    """Every measured artifact: vLLM served it on the CPU exactly when SUPPORT says all its schemes are served."""
+    """Every measured artifact: vLLM served it on the CPU exactly when the rules say all its schemes are served."""
     rows = [r for r in measured.values() if "served" in r]
     assert rows, "the compatibility run loaded no artifact in vLLM"
     for r in rows:
-        assert vllm_support.verdict(r["schemes"])["cpu"] == r["served"], (r["kind"], r["schemes"], r.get("vllm"))
+        facts = row_facts(r)
+        assert facts and list(dict.fromkeys(f.label for f in facts)) == r["schemes"], r["kind"]
+        assert vllm_support.verdict(facts)["cpu"] == r["served"], (r["kind"], r["schemes"], r.get("vllm"))
 
 
 def test_every_cpu_claim_was_measured(measured):
-    """No CPU claim is read rather than measured: a scheme SUPPORT serves on the CPU occurs alone in
-    an artifact vLLM served; every scheme measured alone has the CPU value it was measured with."""
-    alone = {
-        r["schemes"][0]: r["served"] for r in measured.values() if len(r.get("schemes") or []) == 1 and "served" in r
-    }
-    claimed = {s for s, sup in vllm_support.SUPPORT.items() if sup.cpu}
-    assert claimed <= {s for s, served in alone.items() if served}, claimed - set(alone)
-    assert all(vllm_support.SUPPORT[s].cpu == served for s, served in alone.items())
-    unmeasured = set(vllm_support.SUPPORT) - set(alone)
-    assert all("not measured" in vllm_support.SUPPORT[s].cpu_why for s in unmeasured), unmeasured
+    """No CPU claim is read rather than measured: a rule that serves on the CPU decided alone an
+    artifact vLLM served; every rule that decided an artifact alone has the CPU value it was
+    measured with; a rule no artifact exercised says so and claims nothing."""
+    alone: dict[int, set[bool]] = {}
+    for r in measured.values():
+        rules = {vllm_support.RULES.index(vllm_support.rule_for(f)) for f in row_facts(r) if vllm_support.rule_for(f)}
+        if "served" in r and len(rules) == 1:
+            alone.setdefault(rules.pop(), set()).add(r["served"])
+    for i, rule in enumerate(vllm_support.RULES):
+        if i in alone:
+            assert alone[i] == {rule.support.cpu}, (rule.what, alone[i])
+        else:
+            assert not rule.support.cpu and "not measured" in rule.support.cpu_why, rule.what
 
 
 def test_refused_kinds_carry_vllms_own_error(measured):

@@ -56,10 +56,10 @@ class SchemeFacts:
         """How tables and cards name the scheme (a label for people; decisions read the fields)."""
         if self.weights == "dense":
             return "16-bit"
-        if self.container == "bitsandbytes":
-            return "bitsandbytes"
         if not self.known:
             return f"unknown ({self.container})"
+        if self.container == "bitsandbytes":
+            return "bitsandbytes"
         kind = {"int": f"int{self.bits}", "float": f"fp{self.bits}"}.get(self.weights, self.weights)
         return f"{kind}-w{self.bits}a{self.activation_bits}"
 
@@ -121,8 +121,8 @@ def from_quantization_config(qc: dict | None) -> list[SchemeFacts]:
     method = str(qc.get("quant_method") or "unknown")
     if method == "compressed-tensors":
         groups = qc.get("config_groups") or {}
-        found = [of_config_group(g) for g in groups.values()] if isinstance(groups, dict) else []
-        return list(dict.fromkeys(found)) or [unknown(method)]
+        groups = sorted(groups.values(), key=_override) if isinstance(groups, dict) else []
+        return list(dict.fromkeys(of_config_group(g) for g in groups)) or [unknown(method)]
     if method == "bitsandbytes":
         return [_bitsandbytes(qc)]
     return [unknown(method)]
@@ -144,6 +144,13 @@ def of_meta(meta: dict) -> list[SchemeFacts]:
     if not isinstance(recorded, list) or not recorded:
         return [unknown(str(q.get("format") if isinstance(q, dict) else "") or "unrecorded")]
     return [SchemeFacts.from_dict(d) for d in recorded]
+
+
+def _override(group) -> bool:
+    """False for the base group (a class-name target such as `Linear`), True for an override (names,
+    `re:` patterns): the base scheme is listed first, as compressed-tensors' precedence ranks it last."""
+    targets = group.get("targets") if isinstance(group, dict) else None
+    return not any(isinstance(t, str) and not t.startswith("re:") and "." not in t for t in targets or [])
 
 
 def _dtype_name(value) -> str | None:
