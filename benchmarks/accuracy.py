@@ -23,6 +23,8 @@ from pathlib import Path
 
 from common import RESULTS, quantkit_json, write_result
 
+from quantkit.core.eval_results import EvalResult, TextResult
+
 
 def cpu_seconds() -> float:
     """User + system CPU time of the finished child processes so far: on a shared machine wall time
@@ -31,19 +33,20 @@ def cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def domain(ev: dict) -> dict:
+def domain(t: TextResult) -> dict:
     return {
-        "label": ev.get("label"),
-        "ppl": ev["ppl"],
-        "baseline_ppl": ev["baseline_ppl"],
-        "delta_ppl_pct": ev["delta_ppl_pct"],
-        "ci95_delta_ppl_pct": ev["ci95"]["delta_ppl_pct"],
-        "kld": ev["kld"]["mean"],
-        "ci95_kld": ev["ci95"]["kld_mean"],
-        "kld_p99": ev["kld"]["p99"],
-        "top1": ev["top1_agreement"],
-        "windows": ev["windows"]["count"],
-        "split": ev.get("split"),
+        "label": t.label,
+        "ppl": t.ppl,
+        "baseline_ppl": t.baseline_ppl,
+        "delta_ppl_pct": t.delta_ppl_pct,
+        "ci95_delta_ppl_pct": list(t.ci95.delta_ppl_pct),
+        "kld": t.kld.mean,
+        "ci95_kld": list(t.ci95.kld_mean),
+        "kld_p99": t.kld.p99,
+        "kl_kind": t.kl_kind,
+        "top1": t.top1_agreement,
+        "windows": t.windows.count,
+        "split": t.windows.get("split"),
     }
 
 
@@ -62,23 +65,26 @@ def run_one(recipe: str, args, env: dict) -> dict:
         )
     convert_cpu = cpu_seconds() - cpu
     texts = [x for t in args.text for x in ("--text", t)]
-    ev = quantkit_json(
-        [
-            "eval",
-            str(art),
-            "--baseline",
-            args.model,
-            *texts,
-            "--split",
-            args.split,
-            "--seq-len",
-            str(args.seq_len),
-            "--max-tokens",
-            str(args.max_tokens),
-        ],
-        env,
+    ev = EvalResult.from_json(
+        quantkit_json(
+            [
+                "eval",
+                str(art),
+                "--baseline",
+                args.model,
+                *texts,
+                "--split",
+                args.split,
+                "--seq-len",
+                str(args.seq_len),
+                "--max-tokens",
+                str(args.max_tokens),
+                *(["--kl", args.kl] if args.kl else []),
+            ],
+            env,
+        )
     )
-    domains = [domain(t) for t in ev.get("texts", [ev])]
+    domains = [domain(t) for t in ev.texts]
     from quantkit.models.sizes import checkpoint_sizes
 
     return {
@@ -121,8 +127,10 @@ def table(rows: list[dict], reference: str | None = None) -> dict:
             if ref_kl.get(d["label"]):
                 row[f"{d['label']}:ref"] = d["kld"] / ref_kl[d["label"]]
         flat.append(row)
+    kinds = {d.get("kl_kind", "topk-256 lower bound") for r in rows for d in r["domains"]}  # older rows: the bound
+    kl = "exact KL" if kinds == {"exact"} else "KL (" + ", ".join(sorted(kinds)) + ")"
     for label in labels:
-        cols.append({"key": label, "header": f"{label}: ΔPPL (95% CI) / KL (CI) / top-1", "fmt": "{}"})
+        cols.append({"key": label, "header": f"{label}: ΔPPL (95% CI) / {kl} (CI) / top-1", "fmt": "{}"})
         if ref_kl.get(label):
             cols.append({"key": f"{label}:ref", "header": f"{label}: KL ÷ {reference}'s", "fmt": "×{:.2f}"})
     cols += [
@@ -152,6 +160,7 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra --set for every convert")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every process (default: torch's)")
     ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--kl", choices=["exact", "topk"], help="quantkit eval --kl (default: quantkit's)")
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--eval-only", action="store_true", help="score the artifacts already in --out-dir")
     ap.add_argument(

@@ -14,7 +14,7 @@ import time
 import torch
 
 from quantkit.data.text import parse_spec
-from quantkit.evals.perplexity import cached_baseline, score, text_windows, vocab_fingerprint
+from quantkit.evals.perplexity import cached_baseline, score, text_windows, topk_references, vocab_fingerprint
 from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer
 from quantkit.models.resolve import resolve_path
 
@@ -50,7 +50,7 @@ def main() -> None:
             model(input_ids=ids.unsqueeze(0), use_cache=False)
         bare = time.perf_counter() - t
     t = time.perf_counter()
-    result = score(model, w, base)
+    result = score(model, w, topk_references(base)).figures()
     scored = time.perf_counter() - t
     print(f"{len(w.tokens)} x {args.seq_len} tokens, {args.dtype}, {torch.get_num_threads()} threads")
     print(f"baseline pass: {base_s:.1f} s ({'cached' if hit else 'computed and cached'})")

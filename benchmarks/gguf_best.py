@@ -29,6 +29,9 @@ from pathlib import Path
 
 from common import quantkit_json, write_result
 
+from quantkit.core.eval_results import EvalResult, TextResult
+from quantkit.pipeline.accuracy import kl_header
+
 SYMMETRIC = "IQ4_NL,IQ4_XS,Q5_0,Q6_K,Q8_0"  # no asymmetric 32-value blocks: see the docstring
 
 
@@ -54,7 +57,7 @@ def export(src: str, out: Path, a: argparse.Namespace, mixed: bool) -> dict:
     return quantkit_json(args + (["--mixed", "--mixed-types", a.mixed_types] if mixed else []))
 
 
-def scores(gguf: Path, src: str, split: str, a: argparse.Namespace) -> dict[str, dict]:
+def scores(gguf: Path, src: str, split: str, a: argparse.Namespace) -> dict[str, TextResult]:
     texts = [x for t in a.text for x in ("--text", t)]
     ev = quantkit_json(
         [
@@ -71,12 +74,12 @@ def scores(gguf: Path, src: str, split: str, a: argparse.Namespace) -> dict[str,
             str(a.max_tokens),
         ]
     )
-    return {t["text"]: t for t in ev["texts"]}
+    return {t.text: t for t in EvalResult.from_json(ev).texts}
 
 
-def row(name: str, rec: dict, split: str, text: str, ev: dict, anchor: dict | None, target: float) -> dict:
-    kl = ev["kld"]["mean"]
-    change = None if anchor is None else 100 * (kl / anchor["kld"]["mean"] - 1)
+def row(name: str, rec: dict, split: str, text: str, ev: TextResult, anchor: TextResult | None, target: float) -> dict:
+    kl = ev.kld.mean
+    change = None if anchor is None else 100 * (kl / anchor.kld.mean - 1)
     return {
         "gguf": name,
         "split": split,
@@ -84,10 +87,11 @@ def row(name: str, rec: dict, split: str, text: str, ev: dict, anchor: dict | No
         "mb": rec["bytes"] / 1e6,
         "bpw": rec.get("bits_per_weight_layers"),
         "kl": kl,
-        "kl_ci": (ev.get("ci95") or {}).get("kld_mean"),
-        "dppl": ev["delta_ppl_pct"],
-        "top1": ev["top1_agreement"] * 100,
-        "tokens": ev["tokens"],
+        "kl_kind": ev.kl_kind,
+        "kl_ci": list(ev.ci95.kld_mean),
+        "dppl": ev.delta_ppl_pct,
+        "top1": ev.top1_agreement * 100,
+        "tokens": ev.tokens,
         "change_pct": change,
         "target_met": None if change is None else change <= -target,
     }
@@ -189,7 +193,9 @@ def main() -> None:
         },
         "tables": {
             "main": {
-                "columns": COLUMNS,
+                "columns": [
+                    {**c, "header": kl_header(r["kl_kind"] for r in rows)} if c["key"] == "kl" else c for c in COLUMNS
+                ],
                 "rows": rows,
                 "note": (
                     "KL vs the FP16 checkpoint through llama.cpp (quantkit eval --engine "

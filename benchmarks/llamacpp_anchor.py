@@ -30,6 +30,9 @@ from pathlib import Path
 
 from common import QUANTKIT, RESULTS, quantkit_json, write_result
 
+from quantkit.core.eval_results import EvalResult
+from quantkit.pipeline.accuracy import kl_header
+
 
 def demo() -> str:
     return subprocess.run(
@@ -141,17 +144,19 @@ def eval_rows(name: str, gguf: Path, rec: dict, src: str, texts: list[str], a: a
                 str(a.max_tokens),
             ]
         )
+        t = EvalResult.from_json(ev).primary
         rows.append(
             {
                 "type": name,
                 "text": text,
                 "mb": rec["bytes"] / 1e6,
                 "bpw": rec.get("bits_per_weight_layers"),
-                "kl": ev["kld"]["mean"],
-                "kl_lo": (ev.get("ci95") or {}).get("kld_mean", [None])[0],
-                "kl_hi": (ev.get("ci95") or {}).get("kld_mean", [None, None])[1],
-                "dppl": ev["delta_ppl_pct"],
-                "top1": ev["top1_agreement"] * 100,
+                "kl": t.kld.mean,
+                "kl_kind": t.kl_kind,
+                "kl_lo": t.ci95.kld_mean[0],
+                "kl_hi": t.ci95.kld_mean[1],
+                "dppl": t.delta_ppl_pct,
+                "top1": t.top1_agreement * 100,
                 "fallbacks": len(rec.get("fallbacks") or []),
                 "fallback_types": ", ".join(f"{n} {t}" for t, n in (rec.get("fallback_types") or {}).items()) or "-",
             }
@@ -259,7 +264,9 @@ def main() -> None:
     if not a.skip_eval and a.text:
         rows = [r for t in a.types.split(",") for r in eval_rows(t, made[t][0], made[t][1], src, a.text, a)]
         tables["kquant"] = {
-            "columns": KQUANT,
+            "columns": [
+                {**c, "header": kl_header(r["kl_kind"] for r in rows)} if c["key"] == "kl" else c for c in KQUANT
+            ],
             "rows": rows,
             "note": f"KL vs the FP16 checkpoint through llama.cpp (quantkit eval "
             f"--engine llamacpp), split {a.split}, windows of {a.seq_len} "

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from common import REPO, write_result
 
+from quantkit.pipeline.accuracy import AccuracyRow, kl_header
+
 
 def cold_run(keep: bool, cold_wheel: bool) -> tuple[Path, dict]:
     work = Path(tempfile.mkdtemp(prefix="qk-quickstart-"))
@@ -92,8 +94,9 @@ def cold_run(keep: bool, cold_wheel: bool) -> tuple[Path, dict]:
 
 
 def main_table(report: dict) -> dict:
-    domains = list(dict.fromkeys(a["domain"] for a in report.get("accuracy") or []))
-    acc = {(a["name"], a["domain"]): a for a in report.get("accuracy") or []}
+    rows_acc = [AccuracyRow.from_json(a) for a in report.get("accuracy") or []]
+    domains = list(dict.fromkeys(a.domain for a in rows_acc))
+    acc = {(a.name, a.domain): a for a in rows_acc}
     baselines = {
         name for name, v in (report.get("variants") or {}).items() if not v.get("steps")
     }  # the unmodified checkpoint
@@ -111,17 +114,14 @@ def main_table(report: dict) -> dict:
         }
         for d in domains:
             a = acc.get((r["name"], d))
-            row[d] = (
-                None
-                if a is None or a.get("delta_ppl_pct") is None
-                else f"{a['delta_ppl_pct']:+.1f}% / {a['kld_mean']:.3f} / {a['top1_pct']:.1f}%"
-            )
+            row[d] = None if a is None else f"{a.delta_ppl_pct:+.1f}% / {a.kld_mean:.3f} / {a.top1_pct:.1f}%"
         rows.append(row)
     cols = [
         {"key": "variant", "header": "variant", "fmt": "{}"},
         {"key": "bits", "header": "bits/weight", "fmt": "{:.2f}"},
     ]
-    cols += [{"key": d, "header": f"{d}: ΔPPL / KL / top-1", "fmt": "{}"} for d in domains]
+    kl = kl_header(a.kl_kind for a in rows_acc)
+    cols += [{"key": d, "header": f"{d}: ΔPPL / {kl} / top-1", "fmt": "{}"} for d in domains]
     cols += [
         {"key": "mb", "header": "MB/token", "fmt": "{:.1f}"},
         {"key": "tpot", "header": "TPOT ms", "fmt": "{:.1f}"},

@@ -399,6 +399,37 @@ def test_eval_with_vllm_scores_what_the_model_computes(cli, tiny_llama, tiny_tex
     assert row["kld"]["mean"] > 0.1 and 0 <= row["top1_agreement"] <= 1  # the fake is not the tiny model
 
 
+def test_eval_with_vllm_gives_the_exact_kl_against_the_baselines_whole_rows(
+    cli, tiny_llama, tiny_text, tmp_path, monkeypatch
+):
+    """The worker gets the baseline's whole rows of its call's windows: its KL is the full-vocabulary
+    KL of the tiny model (transformers, float32) against the fake's known distribution; --kl topk
+    is the bound, no higher."""
+    from quantkit.models.checkpoint import load_model, load_tokenizer
+
+    vllm_fake.use(monkeypatch, tmp_path)
+    args = ["eval", str(tiny_llama), "--baseline", str(tiny_llama), "--engine", "vllm", "--text", f"file:{tiny_text}"]
+    args += ["--seq-len", "16", "--max-tokens", "64", "--json"]
+    code, _, err, exact = cli(*args)
+    assert code == 0, err
+    code, _, err, bound = cli(*args, "--kl", "topk")
+    assert code == 0, err
+    assert exact["kl_kind"] == "exact" and bound["kl_kind"] == "topk-256 lower bound"
+    tok, model = load_tokenizer(tiny_llama), load_model(tiny_llama, dtype="float32", device=torch.device("cpu"))
+    vocab = json.loads((tiny_llama / "config.json").read_text())["vocab_size"]
+    ids = tok(tiny_text.read_text())["input_ids"]
+    kl = []
+    with torch.inference_mode():
+        for s in exact["windows"]["window_starts"]:
+            window = ids[s : s + 16]
+            lb = torch.log_softmax(model(input_ids=torch.tensor([window])).logits[0, :-1].double(), -1)
+            rows = [[vllm_fake.logprob(prev, t, vocab) for t in range(vocab)] for prev in window[:-1]]
+            lm = torch.tensor(rows, dtype=torch.float64)
+            kl.append((lb.exp() * (lb - lm)).sum(-1))
+    assert exact["kld"]["mean"] == pytest.approx(float(torch.cat(kl).mean()), rel=1e-4)
+    assert bound["kld"]["mean"] <= exact["kld"]["mean"] and bound["ppl"] == exact["ppl"]
+
+
 def test_windows_per_call_fit_the_workers_budget():
     from quantkit.evals.scorers.vllm import BYTES_PER_ENTRY, windows_per_call
 

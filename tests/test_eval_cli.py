@@ -413,3 +413,115 @@ def test_an_auto_artifact_on_the_windows_auto_chose_on_is_refused(cli, tiny_llam
     code, _, err, data = cli(*args, "--region", "first-half", "--max-tokens", "256", "--json")
     assert code == 0 and data["overlap_check"]["overlap"] is False, err
     assert data["overlap_check"]["fitted_texts"][0]["what"] == "auto mixed precision"
+
+
+class _Captured(Exception):
+    """Raised by the stand-in for run_eval once it has the settings the command built (the command
+    then exits 1, an unexpected failure)."""
+
+
+def test_every_eval_option_reaches_the_settings_the_run_uses(cli, tiny_llama, tiny_text, monkeypatch):
+    """Walk `quantkit eval`'s options: each is a field of EvalSettings (but the models and what is
+    done with the result), and a value other than its default arrives in the settings run_eval gets."""
+    from dataclasses import fields
+
+    import click
+
+    import quantkit.evals.runner as runner
+    from quantkit.cli.evaluate import NOT_SETTINGS, eval_cmd
+    from quantkit.evals.settings import EvalSettings
+
+    settings_fields = {f.name for f in fields(EvalSettings)}
+    options = [p for p in eval_cmd.params if p.name not in NOT_SETTINGS]
+    assert {p.name for p in options} == settings_fields
+    special = {  # option -> (its value on the command line, the field's value in the settings)
+        "texts": (f"file:{tiny_text}", (f"file:{tiny_text}",)),
+        "tasks": ("qk_facts,qk_cloze", ("qk_facts", "qk_cloze")),
+        "position_buckets": ("16,32", (16, 32)),
+        "device": ("cpu", "cpu"),
+        "seq_len": ("32", 32),
+        "max_tokens": ("96", 96),
+    }
+    args, expected = [], {}
+    for p in options:
+        flag = p.opts[0]
+        if p.name in special:
+            given, want = special[p.name]
+            args += [flag, given]
+        elif p.is_flag:
+            args, want = [*args, flag], True
+        elif isinstance(p.type, click.Choice):
+            want = next(c for c in p.type.choices if c != p.default)
+            args += [flag, want]
+        else:
+            assert p.type is click.INT, f"{flag}: give the test a value for it"
+            want = (p.default or 1) + 2
+            args += [flag, str(want)]
+        expected[p.name] = want
+    seen = []
+
+    def capture(model, base, settings):
+        seen.append(settings)
+        raise _Captured
+
+    monkeypatch.setattr(runner, "run_eval", capture)
+    code, _, err, _ = cli("eval", str(tiny_llama), "--baseline", str(tiny_llama), *args)
+    assert seen and "_Captured" in err, err  # the command reached the run (and stopped there)
+    (got,) = seen
+    defaults = EvalSettings()
+    for name, want in expected.items():
+        assert getattr(got, name) == want != getattr(defaults, name), name
+
+
+def _full_vocabulary_kl(base_dir, model_dir, text, seq_len: int, max_tokens: int) -> tuple[float, list]:
+    """By hand: both models' whole log-softmax over the eval's windows, KL(base || model) per position."""
+    import torch
+
+    from quantkit.data.text import parse_spec
+    from quantkit.evals.perplexity import text_windows
+    from quantkit.models.checkpoint import load_model, load_tokenizer
+
+    tok = load_tokenizer(base_dir)
+    w = text_windows(tok, parse_spec(f"file:{text}"), seq_len=seq_len, max_tokens=max_tokens, region="first-half")
+    base = load_model(base_dir, dtype="float32", device=torch.device("cpu"))
+    model = load_model(model_dir, dtype="float32", device=torch.device("cpu"))
+    per_position = []
+    with torch.inference_mode():
+        for ids in w.tokens:
+            lb = torch.log_softmax(base(input_ids=ids[None]).logits[0, :-1].double(), -1)
+            lm = torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1].double(), -1)
+            per_position.append((lb.exp() * (lb - lm)).sum(-1))
+    kl = torch.stack(per_position)  # [windows, seq_len - 1]
+    return float(kl.mean()), kl
+
+
+def test_exact_kl_end_to_end_equals_the_full_vocabulary_kl_by_hand(cli, tiny_dir, tiny_text, tmp_path):
+    """The tiny model's vocabulary (384) is past the top-256, so the bound falls short of it."""
+    from fixtures import build_checkpoint
+
+    other = build_checkpoint(tmp_path / "other", "llama-gqa", tiny_dir / "tokenizer", seed=1)
+    base = tiny_dir / "llama-gqa"
+    args = ["eval", str(other), "--baseline", str(base), "--text", f"file:{tiny_text}", "--seq-len", "64"]
+    args += ["--max-tokens", "256", "--position-buckets", "16,32,128", "--json"]
+    code, _, err, exact = cli(*args)
+    assert code == 0, err
+    code, _, err, bound = cli(*args, "--kl", "topk")
+    assert code == 0, err
+    hand, per_position = _full_vocabulary_kl(base, other, tiny_text, 64, 256)
+    assert exact["kl_kind"] == exact["texts"][0]["kl_kind"] == "exact"
+    assert bound["kl_kind"] == bound["texts"][0]["kl_kind"] == "topk-256 lower bound"
+    assert exact["kld"]["mean"] == pytest.approx(hand, rel=1e-5)
+    assert exact["kld"]["max"] == pytest.approx(float(per_position.max()), rel=1e-5)
+    assert bound["kld"]["mean"] < exact["kld"]["mean"] and bound["ppl"] == exact["ppl"]
+    # by position: [0, 16), [16, 32), [32, 63); 128 lies past a 64-token window and is dropped, said
+    buckets = exact["positions"]
+    assert [(b["lo"], b["hi"]) for b in buckets] == [(0, 16), (16, 32), (32, 63)]
+    assert "note: --position-buckets 128: at or past the last position of a 64-token window" in err
+    for b in buckets:
+        assert b["kld"]["mean"] == pytest.approx(float(per_position[:, b["lo"] : b["hi"]].mean()), rel=1e-5)
+    assert sum(b["tokens"] for b in buckets) == exact["tokens"]
+    weighted = sum(b["tokens"] * b["kld"]["mean"] for b in buckets) / exact["tokens"]
+    assert weighted == pytest.approx(exact["kld"]["mean"], rel=1e-9)
+    code, out, err, _ = cli(*args[:-1])
+    assert code == 0 and "KL        KL(baseline || model) over the whole vocabulary (exact)" in out
+    assert "text by position in the window" in out and "     32–63 " in out

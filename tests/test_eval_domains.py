@@ -305,7 +305,7 @@ def test_update_card_lists_every_domain(cli, tiny_dir, tiny_text, tmp_path):
     assert (
         "| text: dPPL |" in card
         and "| legal: dPPL |" in card
-        and "| legal: KL divergence vs baseline (mean / p99) |" in card
+        and "| legal: KL divergence vs baseline, exact (mean / p99) |" in card
     )
     meta = json.loads((art / "quantkit.json").read_text())
     assert [t["label"] for t in meta["results"]["eval"]["texts"]] == ["text", "legal"]

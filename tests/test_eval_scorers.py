@@ -8,7 +8,15 @@ from quantkit.evals.scorers import BASELINE, SCORERS, scorer_named
 from quantkit.evals.scorers.base import Scorer
 from quantkit.evals.scorers.transformers import TransformersScorer
 
-CAPABILITIES = ("takes_checkpoint", "takes_gguf", "exports_on_the_fly", "scores_baseline", "runs_tasks", "planned")
+CAPABILITIES = (
+    "takes_checkpoint",
+    "takes_gguf",
+    "exports_on_the_fly",
+    "scores_baseline",
+    "runs_tasks",
+    "exact_kl",
+    "planned",
+)
 
 
 @pytest.mark.parametrize("key", list(SCORERS))
@@ -34,9 +42,12 @@ def test_an_unknown_engine_is_one_line_listing_the_valid_ones(name, tiny_llama, 
     line = str(exc.value)
     assert "\n" not in line and all(k in line for k in SCORERS)
     from quantkit.evals.runner import run_eval
+    from quantkit.evals.settings import EvalSettings
 
     with pytest.raises(DataError, match="unknown eval engine"):
-        run_eval(tiny_llama, tiny_llama, [f"file:{tiny_text}"], engine=name, seq_len=16, max_tokens=32)
+        run_eval(
+            tiny_llama, tiny_llama, EvalSettings(texts=(f"file:{tiny_text}",), engine=name, seq_len=16, max_tokens=32)
+        )
 
 
 def test_the_cli_offers_every_registered_engine(cli, tiny_llama):
@@ -62,6 +73,7 @@ class Partial(TransformersScorer):
 
     name = "partial"
     scores_baseline = False
+    exact_kl = False
     calls = 0
 
     def logps(self, windows):
@@ -87,32 +99,40 @@ def registered(monkeypatch):
 
 def _run(model, base, text, **kw):
     from quantkit.evals.runner import run_eval
+    from quantkit.evals.settings import EvalSettings
 
-    return run_eval(model, base, [f"file:{text}"], seq_len=32, max_tokens=128, device="cpu", **kw)
+    return run_eval(model, base, EvalSettings(texts=(f"file:{text}",), seq_len=32, max_tokens=128, device="cpu", **kw))
 
 
 def test_a_scorer_added_to_the_registry_is_run_by_the_shared_runner(registered, tiny_dir, tiny_text):
     model, base = tiny_dir / "mistral", tiny_dir / "llama-gqa"
     ref = _run(model, base, tiny_text)
     got = _run(model, base, tiny_text, engine="other")
-    assert got["engine"] == "other" and got["scorer"] == {"engine": "other", "batch_size": 1, "kernel": "other kernels"}
+    assert got.engine == "other" and got.scorer == {"engine": "other", "batch_size": 1, "kernel": "other kernels"}
     assert (
-        got["baseline_engine"] == BASELINE.name and got["texts"][0]["baseline_cached"] is True
+        got.baseline_engine == BASELINE.name and got.texts[0].baseline_cached is True
     )  # one baseline for every scorer
     for key in ("ppl", "baseline_ppl", "top1_agreement", "tokens"):
-        assert got[key] == ref[key]
-    assert got["kld"]["mean"] == pytest.approx(ref["kld"]["mean"], rel=1e-6)
+        assert getattr(got.primary, key) == getattr(ref.primary, key)
+    assert got.primary.kld.mean == pytest.approx(ref.primary.kld.mean, rel=1e-6)
+    assert ref.kl_kind == got.kl_kind == "exact"
     Partial.calls = 0
     part = _run(model, base, tiny_text, engine="partial")
-    assert Partial.calls == 1 and part["ppl"] == ref["ppl"] and part["scorer"]["engine"] == "partial"
+    assert Partial.calls == 1 and part.primary.ppl == ref.primary.ppl and part.scorer["engine"] == "partial"
+    # a scorer without the exact_kl capability gets the bound, labelled as one; --kl exact is refused for it
+    assert part.kl_kind == "topk-256 lower bound" and part.primary.kld.mean <= ref.primary.kld.mean
+    with pytest.raises(DataError, match="--kl exact: --engine partial compares with the baseline's top-256 only"):
+        _run(model, base, tiny_text, engine="partial", kl="exact")
 
 
 def test_the_same_checkpoint_shortcut_belongs_to_the_baseline_s_scorer(registered, tiny_llama, tiny_text):
     """The baseline's own pass is the exact result only for the scorer that made it; another one scores."""
     same = _run(tiny_llama, tiny_llama, tiny_text)
     other = _run(tiny_llama, tiny_llama, tiny_text, engine="other")
-    assert same["kl_method"].startswith("identical checkpoint") and same["kld"]["max"] == 0.0
-    assert other["kl_method"].startswith("top-") and other["kld"]["max"] < 1e-6 and other["top1_agreement"] == 1.0
+    assert same.kl_kind == "exact" and same.primary.kld.max == 0.0 and same.scorer == {"engine": BASELINE.name}
+    # scored for real, exactly (its rows against the baseline's recomputed ones): 0 to float rounding
+    assert other.scorer["engine"] == "other" and other.kl_kind == "exact"
+    assert other.primary.kld.max < 1e-5 and other.primary.top1_agreement == 1.0
 
 
 def test_capabilities_refuse_what_a_scorer_cannot_do_before_anything_loads(

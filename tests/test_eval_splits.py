@@ -218,3 +218,23 @@ def test_fewer_windows_than_asked_names_the_part(cli, tiny_llama, tiny_text, tmp
     lo, hi = data["texts"][0]["windows"]["token_range"]
     assert f"the {split} part of the first half of the text (tokens {lo:,} to {hi:,})" in err
     assert data["texts"][0]["windows"]["count"] == (hi - lo) // 32
+
+
+def test_the_default_domains_hold_several_8192_token_windows_in_each_part(demo_model):
+    """The demo's context is 8192 tokens: its long windows (eval --seq-len 8192, figures by position up
+    to depth 8192) need the shipped default domains to hold a few in each held-out part, apart from
+    the calibration half."""
+    from quantkit.data.text import parse_spec, read_text, tokenize_stream
+    from quantkit.evals.domains import DEFAULT_SETS
+    from quantkit.models.checkpoint import load_tokenizer
+
+    tok = load_tokenizer(demo_model)
+    assert json.loads((demo_model / "config.json").read_text())["max_position_embeddings"] >= 8192
+    for name in DEFAULT_SETS:
+        n = len(tokenize_stream(tok, read_text(parse_spec(f"set:{name}")).text))
+        parts = {s: split_windows(n, 8192, "first-half", s) for s in SPLITS}
+        assert len(parts["selection"]) >= 3 and len(parts["confirmation"]) >= 3, (name, n)
+        assert len(parts["all"]) >= len(parts["selection"]) + len(parts["confirmation"])
+        calib_lo, _ = region_range(n, "second-half")
+        sel_end = max(e for _, e in parts["selection"])
+        assert sel_end <= min(s for s, _ in parts["confirmation"]) and max(e for _, e in parts["all"]) <= calib_lo

@@ -10,6 +10,7 @@ import yaml
 
 from quantkit.artifacts.staging import read_meta
 from quantkit.core.atomic import exclusive, write_json, write_text
+from quantkit.core.eval_results import KL_EXACT, EvalResult
 from quantkit.core.integrity import record
 from quantkit.errors import QuantkitError
 from quantkit.external import vllm_support
@@ -61,24 +62,23 @@ def _fmt(v, spec: str) -> str:
 
 def results_table(results: dict) -> str:
     rows = ["| metric | value |", "| --- | --- |"]
-    ev = results.get("eval") or {}
-    texts = ev.get("texts") or (
-        [ev] if "ppl" in ev else []
-    )  # one block per evaluation domain (older results: one text)
+    ev = EvalResult.from_json(results["eval"], "quantkit.json results.eval") if results.get("eval") else None
+    texts = ev.texts if ev is not None else ()  # one block per evaluation domain
     for t in texts:
-        w, dom = t.get("windows", {}), f"{t['label']}: " if len(texts) > 1 and t.get("label") else ""
+        w, dom = t.windows, f"{t.label}: " if len(texts) > 1 else ""
+        kind = "exact" if t.kl_kind == KL_EXACT else t.kl_kind.replace("topk-", "top-")
         rows += [
-            f"| {dom}perplexity ({w.get('count')} x {w.get('seq_len')} tokens of {w.get('source', '?')}, "
-            f"{w.get('region', '')}) | {_fmt(t['ppl'], '.3f')} (baseline {_fmt(t['baseline_ppl'], '.3f')}) |",
-            f"| {dom}dPPL | {_fmt(t['delta_ppl_pct'], '+.2f')}% |",
-            f"| {dom}KL divergence vs baseline (mean / p99) | "
-            f"{_fmt(t['kld']['mean'], '.4f')} / {_fmt(t['kld']['p99'], '.3f')} |",
-            f"| {dom}top-1 agreement | {_fmt(t['top1_agreement'] * 100, '.2f')}% |",
+            f"| {dom}perplexity ({w.count} x {w.seq_len} tokens of {w.get('source', '?')}, "
+            f"{w.get('region', '')}) | {_fmt(t.ppl, '.3f')} (baseline {_fmt(t.baseline_ppl, '.3f')}) |",
+            f"| {dom}dPPL | {_fmt(t.delta_ppl_pct, '+.2f')}% |",
+            f"| {dom}KL divergence vs baseline, {kind} (mean / p99) | "
+            f"{_fmt(t.kld.mean, '.4f')} / {_fmt(t.kld.p99, '.3f')} |",
+            f"| {dom}top-1 agreement | {_fmt(t.top1_agreement * 100, '.2f')}% |",
         ]
-    for name, t in (ev.get("tasks") or {}).items():
+    for name, t in (ev.tasks if ev is not None else {}).items():
         rows.append(
-            f"| {name} {t['metric']} | {t['value']:.4f} (baseline {t['baseline']:.4f}, delta "
-            f"{t['delta']:+.4f} +- {t['delta_stderr']:.4f}) |"
+            f"| {name} {t.metric} | {t.value:.4f} (baseline {t.baseline:.4f}, delta "
+            f"{t.delta:+.4f} +- {t.delta_stderr:.4f}) |"
         )
     b = results.get("bench") or {}
     if b:

@@ -5,9 +5,16 @@ from __future__ import annotations
 import click
 
 from quantkit.cli._common import MODEL, echo_json, json_option
+from quantkit.core.eval_results import EvalResult, TextResult
 from quantkit.evals.lmeval import BACKENDS
 from quantkit.evals.scorers import SCORERS
-from quantkit.evals.splits import SPLITS
+from quantkit.evals.settings import DEFAULT_BUCKETS, KL_CHOICES, EvalSettings
+from quantkit.evals.splits import REGIONS, SPLITS
+
+DEFAULTS = EvalSettings()  # every option's default is the settings' own
+# Options of the command that are not evaluation settings: the two models (run_eval's arguments)
+# and what is done with the result. Every other option is a field of EvalSettings.
+NOT_SETTINGS = ("model", "baseline", "update_card", "plan_only", "as_json")
 
 SPLIT_USE = {
     "selection": "the first half of each text's region, where recipes, methods and layers are chosen",
@@ -19,7 +26,7 @@ def _ci(pair, fmt: str) -> str:
     return f"[{format(pair[0], fmt)}, {format(pair[1], fmt)}]"
 
 
-def domain_table(texts: list[dict]) -> list[str]:
+def domain_table(texts: tuple[TextResult, ...]) -> list[str]:
     """One row per text: PPL, its baseline's, ΔPPL and mean KL with their 95% bootstrap CIs, KL p99, top-1."""
     head = (
         f"{'domain':<20} {'windows':>9} {'PPL':>9} {'base PPL':>9} {'ΔPPL %  [95% CI]':>26} "
@@ -27,47 +34,70 @@ def domain_table(texts: list[dict]) -> list[str]:
     )
     lines = [head]
     for t in texts:
-        w, k, ci = t["windows"], t["kld"], t["ci95"]
+        w, k, ci = t.windows, t.kld, t.ci95
         lines.append(
-            f"{t['label'][:20]:<20} {w['count']:>4}x{w['seq_len']:<4} {t['ppl']:>9.4f} {t['baseline_ppl']:>9.4f} "
-            f"{t['delta_ppl_pct']:>+8.2f} {_ci(ci['delta_ppl_pct'], '+.2f'):>17} "
-            f"{k['mean']:>8.5f} {_ci(ci['kld_mean'], '.5f'):>21} {k['p99']:>7.3f} {t['top1_agreement'] * 100:>6.2f}%"
+            f"{t.label[:20]:<20} {w.count:>4}x{w.seq_len:<4} {t.ppl:>9.4f} {t.baseline_ppl:>9.4f} "
+            f"{t.delta_ppl_pct:>+8.2f} {_ci(ci.delta_ppl_pct, '+.2f'):>17} "
+            f"{k.mean:>8.5f} {_ci(ci.kld_mean, '.5f'):>21} {k.p99:>7.3f} {t.top1_agreement * 100:>6.2f}%"
         )
     return lines
 
 
-def render(result: dict) -> str:
-    dev = result.get("device") or {}
-    scorer = result.get("scorer") or {}
+def position_table(t: TextResult) -> list[str]:
+    """A text's figures by position within the window (a KV cache grows along it), one row per bucket."""
+    lines = [
+        f"  {t.label} by position in the window (whole windows resampled):",
+        f"  {'positions':>11} {'tokens':>8} {'ΔPPL %  [95% CI]':>26} {'KL mean  [95% CI]':>30} {'top-1':>7}",
+    ]
+    for b in t.positions:
+        lines.append(
+            f"  {b.label:>11} {b.tokens:>8} {b.delta_ppl_pct:>+8.2f} {_ci(b.ci95.delta_ppl_pct, '+.2f'):>17} "
+            f"{b.kld.mean:>8.5f} {_ci(b.ci95.kld_mean, '.5f'):>21} {b.top1_agreement * 100:>6.2f}%"
+        )
+    return lines
+
+
+def render(result: EvalResult) -> str:
+    dev = result.device
+    scorer = result.scorer or {}
     batch = f", {scorer['batch_size']} window(s) per forward pass" if scorer.get("batch_size") else ""
     lines = [
-        f"model     {result['model']}",
-        f"baseline  {result['baseline']}{_baseline_note(result.get('baseline_check') or {})}",
-        f"device    {dev.get('device')} ({dev.get('name')}), {result.get('dtype')}{batch}",
+        f"model     {result.model}",
+        f"baseline  {result.baseline}{_baseline_note(result.baseline_check)}",
+        f"device    {dev.get('device')} ({dev.get('name')}), {result.dtype}{batch}",
     ]
-    base_engine = result.get("baseline_engine", result.get("engine"))
-    if result.get("engine") != base_engine:  # the model under test scored by another library than the baseline
+    if result.engine != result.baseline_engine:  # the model under test scored by another library than the baseline
         threads = f", {scorer['threads']} threads" if scorer.get("threads") else ""
         lines.append(
-            f"scorer    {scorer.get('kernel', result.get('engine'))}{threads} (the "
-            f"baseline: {base_engine} on the device above)"
+            f"scorer    {scorer.get('kernel', result.engine)}{threads} (the "
+            f"baseline: {result.baseline_engine} on the device above)"
         )
-    if result.get("split", "all") != "all":
-        lines.append(f"split     {result['split']}: {SPLIT_USE[result['split']]}")
-    if result.get("texts"):
-        lines += ["", *domain_table(result["texts"]), ""]
-        lines += [
-            f"  {t['label']}: {t['text']} ({_part(t['windows'])}), {t['tokens']} scored tokens" for t in result["texts"]
-        ]
-    for name, t in result.get("tasks", {}).items():
+    if result.split != "all":
+        lines.append(f"split     {result.split}: {SPLIT_USE[result.split]}")
+    if result.kl_kind:
+        lines.append(f"KL        {kl_words(result.kl_kind)}")
+    if result.texts:
+        lines += ["", *domain_table(result.texts), ""]
+        lines += [f"  {t.label}: {t.text} ({_part(t.windows)}), {t.tokens} scored tokens" for t in result.texts]
+        for t in result.texts:
+            if len(t.positions) > 1:
+                lines += ["", *position_table(t)]
+    for name, t in result.tasks.items():
         lines.append(
-            f"task {name:<14} {t['metric']} {t['value']:.4f} (baseline {t['baseline']:.4f})  delta "
-            f"{t['delta']:+.4f} +- {t['delta_stderr']:.4f}"
+            f"task {name:<14} {t.metric} {t.value:.4f} (baseline {t.baseline:.4f})  delta "
+            f"{t.delta:+.4f} +- {t.delta_stderr:.4f}"
         )
     return "\n".join(lines)
 
 
-def _part(windows: dict) -> str:
+def kl_words(kind: str) -> str:
+    """The KL's kind in words, for a table's header line."""
+    if kind == "exact":
+        return "KL(baseline || model) over the whole vocabulary (exact)"
+    return f"KL(baseline || model), {kind}: the baseline's top tokens plus one tail bucket"
+
+
+def _part(windows) -> str:
     """The region scored, with its part and token range when a split was asked for."""
     region, split, span = windows.get("region", ""), windows.get("split", "all"), windows.get("token_range")
     if split == "all" or not span:
@@ -103,24 +133,40 @@ def _model_path(model: str, engine: str):
     "encyclopedic text) and set:shakespeare-plays "
     "(literature no calibration reads), plus set:wikitext2-valid where QUANTKIT_WIKITEXT2_VALID points at a copy.",
 )
-@click.option("--seq-len", default=512, show_default=True, type=int)
+@click.option("--seq-len", default=DEFAULTS.seq_len, show_default=True, type=int)
 @click.option(
-    "--max-tokens", default=8192, show_default=True, type=int, help="Tokens to score per text (whole windows)."
+    "--max-tokens",
+    default=DEFAULTS.max_tokens,
+    show_default=True,
+    type=int,
+    help="Tokens to score per text (whole windows).",
 )
-@click.option(
-    "--region", default="first-half", show_default=True, type=click.Choice(["first-half", "second-half", "all"])
-)
+@click.option("--region", default=DEFAULTS.region, show_default=True, type=click.Choice(REGIONS))
 @click.option(
     "--split",
-    default="all",
+    default=DEFAULTS.split,
     show_default=True,
     type=click.Choice(SPLITS),
     help="Which part of the region to score: all, selection (its first half: choose recipes, rank methods and "
     "layers here) or confirmation (its second half, which no choice saw: report these figures).",
 )
 @click.option(
+    "--kl",
+    default=DEFAULTS.kl,
+    type=click.Choice(KL_CHOICES),
+    help="exact: KL(baseline || model) over the whole vocabulary; topk: over the baseline's top-256 tokens plus "
+    "one tail bucket, a lower bound [default: exact, with every engine; the bound, said, for a baseline whose "
+    "output layer alone does not reproduce its logits].",
+)
+@click.option(
+    "--position-buckets",
+    default=None,
+    help="Edges of the positions within a window the figures are also given for (a KV cache grows along the "
+    f"window) [default: {','.join(map(str, DEFAULT_BUCKETS))}]; edges a window does not reach are dropped.",
+)
+@click.option(
     "--device",
-    default="auto",
+    default=DEFAULTS.device,
     show_default=True,
     help="auto | cpu | cuda | cuda:N (the baseline, the model and lm-eval tasks).",
 )
@@ -138,7 +184,7 @@ def _model_path(model: str, engine: str):
 )
 @click.option(
     "--engine",
-    default="transformers",
+    default=DEFAULTS.engine,
     show_default=True,
     type=click.Choice(list(SCORERS)),
     help="What scores MODEL: transformers, or llamacpp on a GGUF file (or an artifact, exported exactly on the fly). "
@@ -150,20 +196,24 @@ def _model_path(model: str, engine: str):
 @click.option("--limit", default=None, type=int, help="Examples per lm-eval task.")
 @click.option(
     "--tasks-backend",
-    default="hf",
+    default=DEFAULTS.tasks_backend,
     show_default=True,
     type=click.Choice(list(BACKENDS)),
     help="lm-eval's backend: hf (in process; data parallel under `accelerate launch`) or vllm.",
 )
 @click.option(
     "--tensor-parallel",
-    default=1,
+    default=DEFAULTS.tensor_parallel,
     show_default=True,
     type=int,
     help="vLLM tensor_parallel_size (--tasks-backend vllm).",
 )
 @click.option(
-    "--data-parallel", default=1, show_default=True, type=int, help="vLLM data_parallel_size (--tasks-backend vllm)."
+    "--data-parallel",
+    default=DEFAULTS.data_parallel,
+    show_default=True,
+    type=int,
+    help="vLLM data_parallel_size (--tasks-backend vllm).",
 )
 @click.option(
     "--allow-overlap",
@@ -185,86 +235,46 @@ def _model_path(model: str, engine: str):
     help="Print the evaluation's memory and time from the headers, then exit without loading weights.",
 )
 @json_option
-def eval_cmd(
-    model,
-    baseline,
-    texts,
-    seq_len,
-    max_tokens,
-    region,
-    split,
-    device,
-    dtype,
-    batch_size,
-    engine,
-    tasks,
-    limit,
-    tasks_backend,
-    tensor_parallel,
-    data_parallel,
-    allow_overlap,
-    baseline_mismatch_ok,
-    trust_remote_code,
-    update_card,
-    plan_only,
-    as_json,
-):
-    """Perplexity, KL divergence, top-1 agreement (one row per text domain) and
-    lm-eval deltas of MODEL against --baseline."""
+def eval_cmd(model, baseline, update_card, plan_only, as_json, **options):
+    """Perplexity, KL divergence, top-1 agreement (one row per text domain, and by position within
+    the window) and lm-eval deltas of MODEL against --baseline."""
+    from dataclasses import replace
+
     from quantkit.device import resolve
-    from quantkit.errors import DataError
     from quantkit.evals.domains import default_texts
     from quantkit.evals.lmeval import is_main_process
     from quantkit.evals.runner import run_eval
     from quantkit.models.resolve import resolve_path
 
-    task_list = tuple(t.strip() for t in tasks.split(",") if t.strip())
-    texts = list(texts) or ([] if task_list else default_texts())
-    if max_tokens < seq_len:
-        raise DataError(f"--max-tokens {max_tokens} is less than one window of --seq-len {seq_len}")
-    resolve(device)  # an unavailable device: one line, before anything loads
-    model_path, base_path = _model_path(model, engine), resolve_path(baseline)
+    settings = EvalSettings.from_cli(**options)  # every option checked here, before anything is read
+    if not settings.texts and not settings.tasks:
+        settings = replace(settings, texts=tuple(default_texts()))
+    resolve(settings.device)  # an unavailable device: one line, before anything loads
+    model_path, base_path = _model_path(model, settings.engine), resolve_path(baseline)
     if update_card:
         from quantkit.artifacts.card import check_card_updatable
 
         check_card_updatable(model_path)
-    options = dict(
-        seq_len=seq_len,
-        max_tokens=max_tokens,
-        region=region,
-        split=split,
-        tasks=task_list,
-        limit=limit,
-        dtype=dtype,
-        batch_size=batch_size,
-        engine=engine,
-        tasks_backend=tasks_backend,
-        tensor_parallel=tensor_parallel,
-        data_parallel=data_parallel,
-        allow_overlap=allow_overlap,
-        baseline_mismatch_ok=baseline_mismatch_ok,
-        trust_remote_code=trust_remote_code,
-    )
     if plan_only:  # the evaluation's own checks (evals.runner.prepare_eval), then its cost
         from quantkit.cli._plan import show
         from quantkit.plan.plans import plan_eval
 
-        return show(plan_eval(model_path, base_path, texts, device=device, **options), as_json)
+        return show(plan_eval(model_path, base_path, settings), as_json)
     from quantkit.core.distributed import session
 
     with session(
-        device
+        settings.device
     ) as group:  # under torchrun: windows split across ranks (evals/parallel.py), each rank on its device
-        result = run_eval(model_path, base_path, texts, device=group.device if group else device, **options)
-    result["world_size"] = group.world_size if group else 1
+        ranked = replace(settings, device=group.device) if group.distributed else settings
+        result = replace(run_eval(model_path, base_path, ranked), world_size=group.world_size)
     if not is_main_process():
         return  # a data-parallel rank other than 0: rank 0 reports
     if update_card:
         from quantkit.artifacts.card import update_card_results
 
-        update_card_results(model_path, {"eval": result})
+        update_card_results(model_path, {"eval": result.to_json()})
     if as_json:
-        echo_json(result)
+        echo_json(result.to_json())
     else:
         click.echo(render(result))
 

@@ -3,8 +3,13 @@
 Each window of `seq_len` tokens is scored on its positions 1..seq_len-1 (no BOS is added;
 every model sees exactly the same tokens). Only one window's logits exist at a time. The
 baseline pass stores, per position, its top-k log-probabilities (float32) with their token ids,
-its NLL of the true next token and its argmax: comparing many variants costs one baseline pass
-(as llama.cpp's --kl-divergence-base does, but compact).
+its NLL of the true next token, its argmax and the input of its output layer (`hidden`): comparing
+many variants costs one baseline pass (as llama.cpp's --kl-divergence-base does, but compact:
+hidden-size floats per position instead of vocabulary-size ones).
+
+The KL is exact (the whole vocabulary) where the model's scorer gives whole rows: the baseline's
+rows are recomputed from `hidden` by its output layer, a chunk of positions at a time
+(exact_references, stats.kl_exact); else it is the top-k bound (topk_references, stats.kl_topk).
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ from quantkit.evals.parallel import everywhere, gather, share
 from quantkit.evals.scorers.base import Scorer
 from quantkit.evals.scorers.transformers import TransformersScorer
 from quantkit.evals.splits import split_range, split_windows, where
-from quantkit.evals.stats import TOPK, summarize
+from quantkit.evals.stats import TOPK, position_buckets, summarize
 from quantkit.home import subdir
 
 REFERENCE_KEYS = ("topk_logp", "topk_idx", "nll", "argmax")  # a baseline record (stats.window_reference)
+# A pass whose output layer was checked and does not reproduce its logits (so no `hidden`): the
+# exact KL is not available from it, and the pass is not made again for asking.
+HEAD_CHECKED = "head_checked_without_hidden"
 
 
 @dataclass
@@ -85,16 +93,23 @@ def scorer_of(model, batch_size: int = 1):
 
 
 def baseline_pass(model, windows: Windows, progress=None, batch_size: int = 1) -> dict:
-    """The baseline's record of every window (stats.window_reference), stacked: the cache's content."""
+    """The baseline's record of every window (stats.window_reference), stacked: the cache's content.
+    `hidden` (the output layer's inputs, what the exact KL recomputes the baseline's rows from)
+    is kept where the baseline's scorer gives it for every window (scorers/transformers.py)."""
 
-    out: dict = {k: [] for k in REFERENCE_KEYS}
+    out: dict = {k: [] for k in (*REFERENCE_KEYS, "hidden")}
     mine = share(len(windows.tokens))  # under torchrun this rank's windows, gathered below (evals/parallel.py)
     for i, ref in zip(mine, scorer_of(model, batch_size).reference([windows.tokens[j] for j in mine], TOPK)):
         for k in out:
-            out[k].append(ref[k])
+            out[k].append(ref.get(k))
         if progress:
             progress(i + 1)
-    return {k: torch.stack(gather(v)) for k, v in out.items()}
+    gathered = {k: gather(v) for k, v in out.items()}
+    data = {k: torch.stack(gathered[k]) for k in REFERENCE_KEYS}
+    hidden = gathered["hidden"]
+    if all(h is not None for h in hidden):
+        data["hidden"] = torch.stack(hidden)
+    return data
 
 
 def cached_baseline(
@@ -106,17 +121,24 @@ def cached_baseline(
     progress=None,
     batch_size: int = 1,
     device_type: str = "cpu",
+    exact: bool = False,
 ) -> tuple[dict, bool]:
     """The baseline's per-window statistics, from disk when this exact pass was done before.
     `load_baseline` is called only on a miss. The key holds the device type: a GPU's kernels
-    round differently from the CPU's, so their passes are different baselines."""
+    round differently from the CPU's, so their passes are different baselines. `exact`: a cached
+    pass made before passes kept `hidden` (and so cannot give the exact KL) is made again."""
 
     key_dtype = dtype if device_type == "cpu" else f"{dtype}@{device_type}"  # CPU keys as before: old caches stay valid
     path = subdir("eval-cache") / f"{_cache_key(baseline_hash, windows, vocab, key_dtype)}.pt"
-    cached = everywhere(_read_cache(path, len(windows.tokens)))  # under torchrun: a hit only if every rank reads it
+    cached = _read_cache(path, len(windows.tokens))
+    if cached is not None and exact and "hidden" not in cached and HEAD_CHECKED not in cached:
+        cached = None
+    cached = everywhere(cached)  # under torchrun: a hit only if every rank reads it
     if cached is not None:
         return cached, True
     data = baseline_pass(load_baseline(), windows, progress, batch_size)
+    if "hidden" not in data:  # checked, and the output layer does not reproduce the logits: no exact KL
+        data[HEAD_CHECKED] = torch.zeros(len(windows.tokens), dtype=torch.bool)
     buf = io.BytesIO()
     torch.save(data, buf)
     write_bytes(path, buf.getvalue())  # write-then-rename: two evals of one baseline never see half a file
@@ -133,34 +155,61 @@ def _read_cache(path, n_windows: int) -> dict | None:
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
         return None
     if not isinstance(data, dict) or not all(
-        isinstance(data.get(k), torch.Tensor) and len(data[k]) == n_windows for k in REFERENCE_KEYS
+        isinstance(data.get(k), torch.Tensor) and len(data[k]) == n_windows
+        for k in (*REFERENCE_KEYS, *(k for k in ("hidden", HEAD_CHECKED) if k in data))
     ):
         return None
     return data
 
 
-def score(model, windows: Windows, base: dict, progress=None, batch_size: int = 1) -> dict:
-    """Compare `model` (a scorer, or a transformers model) with the cached baseline on the same windows."""
-    nll, kl, agree = [], [], []
+@dataclass
+class TokenStats:
+    """Per scored position of every window, back to back (window_len = seq_len - 1 each): the
+    model's NLL of the true token, the baseline's, KL(base || model), whether the argmaxes agree."""
+
+    nll: np.ndarray
+    nll_base: np.ndarray
+    kl: np.ndarray
+    agree: np.ndarray
+    window_len: int
+
+    def figures(self) -> dict:
+        return summarize(self.nll, self.nll_base, self.kl, self.agree, self.window_len)
+
+    def buckets(self, edges) -> list[dict]:
+        return position_buckets(self.nll, self.nll_base, self.kl, self.agree, self.window_len, edges)
+
+
+def topk_references(base: dict):
+    """j -> window j's record from the cached pass: what the top-k bound compares with."""
+    return lambda j: {k: base[k][j] for k in REFERENCE_KEYS}
+
+
+def exact_references(base: dict, head):
+    """j -> window j's record with `base_rows`: the baseline's whole-vocabulary rows recomputed a
+    chunk of positions at a time by its output layer `head` from the pass's `hidden`
+    (scorers/transformers.py OutputHead), which stats.window_stats turns into the exact KL."""
+    return lambda j: {**{k: base[k][j] for k in REFERENCE_KEYS}, "base_rows": head.rows(base["hidden"][j])}
+
+
+def score(model, windows: Windows, reference, progress=None, batch_size: int = 1) -> TokenStats:
+    """Compare `model` (a scorer, or a transformers model) with the baseline on the same windows;
+    `reference(j)` is window j's baseline record (topk_references, exact_references)."""
+    nll, nll_b, kl, agree = [], [], [], []
     mine = share(len(windows.tokens))  # under torchrun this rank's windows, gathered below (evals/parallel.py)
-    refs = ({k: base[k][j] for k in REFERENCE_KEYS} for j in mine)
-    for i, stats in zip(mine, scorer_of(model, batch_size).compare([windows.tokens[j] for j in mine], refs)):
+    refs = [reference(j) for j in mine]
+    for i, ref, stats in zip(mine, refs, scorer_of(model, batch_size).compare([windows.tokens[j] for j in mine], refs)):
         nll.append(stats["nll"])
+        nll_b.append(ref["nll"].numpy())
         kl.append(stats["kl"])
         agree.append(stats["agree"])
         if progress:
             progress(i + 1)
-    nll, kl, agree = gather(nll), gather(kl), gather(agree)
-    nll_m, kl_a, agree_a = np.concatenate(nll), np.concatenate(kl), np.concatenate(agree)
-    nll_b = base["nll"].reshape(-1).numpy().astype(np.float64)
-    result = summarize(nll_m.astype(np.float64), nll_b, kl_a, agree_a, windows.seq_len - 1)
-    result["kl_method"] = f"top-{TOPK} of the baseline plus one tail bucket (a lower bound of the exact KL)"
-    return result
+    nll, nll_b, kl, agree = (np.concatenate(gather(a)) for a in (nll, nll_b, kl, agree))
+    return TokenStats(nll.astype(np.float64), nll_b.astype(np.float64), kl, agree, windows.seq_len - 1)
 
 
-def self_score(base: dict, windows: Windows) -> dict:
+def self_score(base: dict, windows: Windows) -> TokenStats:
     """The baseline against itself, from its cached pass: KL 0 and agreement 1 by construction."""
     nll_b = base["nll"].reshape(-1).numpy().astype(np.float64)
-    result = summarize(nll_b, nll_b, np.zeros_like(nll_b), np.ones_like(nll_b, dtype=bool), windows.seq_len - 1)
-    result["kl_method"] = "identical checkpoint: computed from the baseline pass"
-    return result
+    return TokenStats(nll_b, nll_b, np.zeros_like(nll_b), np.ones_like(nll_b, dtype=bool), windows.seq_len - 1)

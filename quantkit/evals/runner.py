@@ -2,14 +2,22 @@
 models' identities and every text before anything loads; makes (or reads from its cache) the
 baseline's pass per text with the baseline scorer; scores the model under test with the scorer
 `--engine` names (evals/scorers), and turns the per-token statistics into figures with their
-confidence intervals, one result per text; then runs lm-eval tasks.
+confidence intervals, one result per text (and per position bucket within the window); then
+runs lm-eval tasks. It takes one EvalSettings (evals/settings.py) and returns one EvalResult
+(core/eval_results.py).
 
-It asks the scorers' capabilities (`takes_gguf`, `runs_tasks`, ...), never their names, so a new
-scorer is one module and one registry entry.
+The KL is exact where the scorer gives whole-vocabulary rows (`exact_kl`): the baseline's rows are
+recomputed from its cached pass by its output layer, a chunk of positions at a time
+(evals/perplexity.py); elsewhere, or with --kl topk, it is the top-256 lower bound. Every result
+says which (`kl_kind`).
+
+It asks the scorers' capabilities (`takes_gguf`, `runs_tasks`, `exact_kl`, ...), never their
+names, so a new scorer is one module and one registry entry.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +25,17 @@ from typing import Any
 
 from quantkit import device as devices
 from quantkit.core.distributed import together
+from quantkit.core.eval_results import (
+    KL_EXACT,
+    EvalResult,
+    Interval95,
+    KLSummary,
+    PositionBucket,
+    TaskDelta,
+    TextResult,
+    WindowsInfo,
+    topk_kind,
+)
 from quantkit.data.calib import self_text
 from quantkit.data.text import parse_spec, shortfall
 from quantkit.errors import DataError
@@ -31,18 +50,28 @@ from quantkit.evals.checks import (
 )
 from quantkit.evals.domains import labelled
 from quantkit.evals.lmeval import TaskRun, check_backend, task_deltas
-from quantkit.evals.perplexity import Windows, cached_baseline, score, self_score, text_windows
-from quantkit.evals.placement import DTYPES, default_dtype
+from quantkit.evals.perplexity import (
+    TokenStats,
+    Windows,
+    cached_baseline,
+    exact_references,
+    score,
+    self_score,
+    text_windows,
+    topk_references,
+)
+from quantkit.evals.placement import default_dtype
 from quantkit.evals.scorers import BASELINE, scorer_named
 from quantkit.evals.scorers.base import Scorer, ScorerSettings
 from quantkit.evals.scorers.transformers import load
-from quantkit.evals.splits import SPLITS
+from quantkit.evals.settings import EvalSettings
+from quantkit.evals.stats import TOPK, bucket_ranges
 from quantkit.models.checkpoint import check_remote_code, checkpoint_hash, load_tokenizer, read_config
 from quantkit.progress import bar, note
 from quantkit.quantize.preflight import check_context
 
 
-def _self_windows(base_path: Path, tok, o: "EvalOptions", base_hash: str, device) -> Windows:
+def _self_windows(base_path: Path, tok, o: EvalSettings, base_hash: str, device) -> Windows:
     """`--text self`: windows the baseline generates (data.calib.self_text), in transformers."""
 
     model = load(base_path, ScorerSettings(device, "bfloat16", o.seq_len, trust_remote_code=o.trust_remote_code))
@@ -58,38 +87,16 @@ def _self_windows(base_path: Path, tok, o: "EvalOptions", base_hash: str, device
     return Windows([s[0] for s in cs.samples], list(range(len(cs.samples))), o.seq_len, prov)
 
 
-@dataclass(frozen=True)
-class EvalOptions:
-    seq_len: int = 512
-    max_tokens: int = 8192
-    region: str = "first-half"
-    split: str = "all"  # evals/splits.py: the region, its selection half or its confirmation half
-    tasks: tuple[str, ...] = ()
-    limit: int | None = None
-    device: Any = None  # a --device spec or torch.device; None: auto
-    dtype: str | None = None  # None: placement.default_dtype(device)
-    batch_size: int | None = None  # windows per forward pass; None: placement.default_batch_size
-    engine: str = "transformers"  # the scorer of the model under test (evals/scorers SCORERS)
-    tasks_backend: str = "hf"
-    tensor_parallel: int = 1  # lm-eval's vLLM backend
-    data_parallel: int = 1
-    allow_overlap: bool = False
-    baseline_mismatch_ok: bool = False
-    trust_remote_code: bool = False
+def _check_options(o: EvalSettings) -> type[Scorer]:
+    """What the scorer cannot do with these settings, refused in one line (the settings checked
+    themselves when they were built); returns the model's scorer."""
 
-
-def _check_options(o: EvalOptions) -> type[Scorer]:
-    """Options no evaluation can run with, refused in one line; returns the model's scorer."""
-
-    if o.seq_len < 8:
-        raise DataError("--seq-len must be at least 8")
-    if o.batch_size is not None and o.batch_size < 1:
-        raise DataError(f"--batch-size {o.batch_size}: give at least 1 window per forward pass")
-    if o.dtype is not None and o.dtype not in DTYPES:
-        raise DataError(f"--dtype {o.dtype}: use one of {', '.join(DTYPES)}")
-    if o.split not in SPLITS:
-        raise DataError(f"--split {o.split}: use one of {', '.join(SPLITS)}")
     scorer = scorer_named(o.engine)
+    if o.kl == "exact" and not scorer.exact_kl:
+        raise DataError(
+            f"--kl exact: --engine {o.engine} compares with the baseline's top-{TOPK} only (its rows do not come "
+            "back whole); use --kl topk (a lower bound), or --engine transformers or llamacpp for the exact KL"
+        )
     if o.tasks and not scorer.runs_tasks:
         raise DataError(
             f"--tasks run through lm-eval (--tasks-backend hf|vllm), not {o.engine}; evaluate the model's texts "
@@ -100,7 +107,12 @@ def _check_options(o: EvalOptions) -> type[Scorer]:
     return scorer
 
 
-def _device(o: EvalOptions, scorer: type[Scorer]):
+def _kl_exact(o: EvalSettings, scorer: type[Scorer]) -> bool:
+    """--kl, or (not given) exact where the scorer gives whole rows, the bound elsewhere."""
+    return o.kl == "exact" or (o.kl is None and scorer.exact_kl)
+
+
+def _device(o: EvalSettings, scorer: type[Scorer]):
     """The resolved device: --device auto as the scorer means it; one the scorer cannot use, refused."""
 
     dev = devices.resolve(o.device)
@@ -123,7 +135,7 @@ class _Subject:
 
 
 def _subject(
-    model_path: Path, base_path: Path, o: EvalOptions, scorer: type[Scorer], dev, tok_b, base_hash: str
+    model_path: Path, base_path: Path, o: EvalSettings, scorer: type[Scorer], dev, tok_b, base_hash: str
 ) -> _Subject:
     """Every identity check (the scorer can take the model, vocabularies, the baseline is the
     model's source) before any weights load."""
@@ -139,7 +151,7 @@ def _subject(
     )
 
 
-def _gguf_subject(model_path: Path, base_path: Path, o: EvalOptions, tok_b, base_hash: str) -> _Subject:
+def _gguf_subject(model_path: Path, base_path: Path, o: EvalSettings, tok_b, base_hash: str) -> _Subject:
     """A GGUF's identity: its token list against the baseline's, its origin from its export record
     or the provenance embedded in it (evals/gguf.py)."""
 
@@ -164,7 +176,7 @@ def _windows(
     tok_b,
     base_hash: str,
     subject: _Subject,
-    o: EvalOptions,
+    o: EvalSettings,
     dev,
     planning: bool = False,
 ) -> list:
@@ -195,7 +207,20 @@ def _windows(
     return [out[label] for label, _, _ in items]
 
 
-def _say_if_short(items, o: EvalOptions) -> None:
+def _say_dropped_buckets(o: EvalSettings) -> None:
+    """--position-buckets edges no window reaches are dropped, and said (the default's, silently)."""
+    if o.position_buckets is None:
+        return
+    kept = {lo for lo, _ in bucket_ranges(o.position_buckets, o.seq_len - 1)}
+    dropped = [e for e in o.position_buckets if e not in kept]
+    if dropped:
+        note(
+            f"note: --position-buckets {','.join(map(str, dropped))}: at or past the last position of a "
+            f"{o.seq_len}-token window (row {o.seq_len - 2}); dropped (the last bucket ends with the window)"
+        )
+
+
+def _say_if_short(items, o: EvalSettings) -> None:
     """A text with fewer windows than --max-tokens asks for (its region holds no more) is said,
     not hidden; once every text has passed its checks, so a refusal stays one line."""
 
@@ -211,7 +236,7 @@ def _say_if_short(items, o: EvalOptions) -> None:
             note(f"note: {label}: {line}")
 
 
-def _settings(o: EvalOptions, dev, dtype: str, n_windows: int) -> ScorerSettings:
+def _settings(o: EvalSettings, dev, dtype: str, n_windows: int) -> ScorerSettings:
     return ScorerSettings(
         device=dev,
         dtype=dtype,
@@ -222,8 +247,21 @@ def _settings(o: EvalOptions, dev, dtype: str, n_windows: int) -> ScorerSettings
     )
 
 
-def _baselines(items: list, base_path: Path, base_hash: str, vocab: str, o: EvalOptions, dev, dtype: str) -> list:
-    """The baseline's cached pass per text; the baseline loads at most once, and only on a cache miss."""
+def _baselines(
+    items: list,
+    base_path: Path,
+    base_hash: str,
+    vocab: str,
+    o: EvalSettings,
+    dev,
+    dtype: str,
+    exact: bool,
+    want_head: bool,
+) -> tuple[list, Any]:
+    """The baseline's cached pass per text (with `exact`, one that kept what the exact KL needs), and
+    with `want_head` its output layer (what recomputes its whole rows from the pass; None where the
+    pass kept no `hidden`). The baseline loads at most once: on a cache miss, or for its output
+    layer; its other weights go before the model loads."""
     held: dict = {}
     settings = _settings(o, dev, dtype, max(len(w.tokens) for _, _, w, _ in items))
 
@@ -236,51 +274,126 @@ def _baselines(items: list, base_path: Path, base_hash: str, vocab: str, o: Eval
     try:
         for label, _, w, _ in items:
             with bar(f"baseline pass ({label})", total=len(w.tokens)) as update:
-                out.append(cached_baseline(scorer, base_hash, w, vocab, dtype, update, device_type=dev.type))
+                out.append(
+                    cached_baseline(scorer, base_hash, w, vocab, dtype, update, device_type=dev.type, exact=exact)
+                )
+        if exact and want_head and all("hidden" in base for base, _ in out):
+            head = scorer().head()
+        else:
+            head = None
     finally:
         if "s" in held:
-            held.pop("s").close()  # the baseline's weights go before the model under test loads
-    return out
+            held.pop("s").close()  # the baseline's weights (all but its output layer) go before the model loads
+            gc.collect()
+    return out, head
+
+
+def _check_head(o: EvalSettings, exact: bool, head, base_path: Path) -> None:
+    """The exact KL was asked for (or is the default) but the baseline's pass kept no `hidden`: its
+    output layer does not reproduce its logits alone (an architecture that changes them after it
+    in a way OutputHead does not know). --kl exact is refused; the default falls back to the
+    bound, and says so."""
+    if not exact or head is not None:
+        return
+    why = f"{base_path}'s output layer does not reproduce its logits from its inputs (its architecture changes them)"
+    if o.kl == "exact":
+        raise DataError(f"--kl exact: {why}; use --kl topk (a lower bound of the exact KL)")
+    note(f"note: the KL is the top-{TOPK} lower bound: {why}")
+
+
+def _text_result(
+    label: str, spec: str, w: Windows, stats: TokenStats, kind: str, o: EvalSettings, **extra
+) -> TextResult:
+    """One text's record: its figures, the same per position bucket, its windows."""
+    f = stats.figures()
+    return TextResult(
+        label=label,
+        text=spec,
+        ppl=f["ppl"],
+        baseline_ppl=f["baseline_ppl"],
+        delta_ppl_pct=f["delta_ppl_pct"],
+        kld=KLSummary(**f["kld"]),
+        kl_kind=kind,
+        top1_agreement=f["top1_agreement"],
+        ci95=_interval(f["ci95"]),
+        tokens=f["tokens"],
+        positions=tuple(_bucket(b) for b in stats.buckets(o.edges)),
+        windows=WindowsInfo(
+            seq_len=w.seq_len,
+            count=len(w.starts),
+            requested=max(1, o.max_tokens // o.seq_len),
+            window_starts=tuple(w.starts),
+            provenance=dict(w.provenance),
+        ),
+        **extra,
+    )
+
+
+def _interval(ci: dict) -> Interval95:
+    return Interval95(tuple(ci["delta_ppl_pct"]), tuple(ci["kld_mean"]))
+
+
+def _bucket(b: dict) -> PositionBucket:
+    return PositionBucket(
+        lo=b["lo"],
+        hi=b["hi"],
+        tokens=b["tokens"],
+        ppl=b["ppl"],
+        baseline_ppl=b["baseline_ppl"],
+        delta_ppl_pct=b["delta_ppl_pct"],
+        kld=KLSummary(**b["kld"]),
+        top1_agreement=b["top1_agreement"],
+        ci95=_interval(b["ci95"]),
+    )
+
+
+def _same(scorer_cls: type[Scorer], model_path: Path, base_path: Path) -> bool:
+    """The baseline's own scorer on the baseline's checkpoint: the baseline pass is its result, exactly."""
+    return scorer_cls is BASELINE and model_path.resolve() == base_path.resolve()
 
 
 def _score_texts(
     items: list,
     bases: list,
+    head,
     model_path: Path,
-    base_path: Path,
     scorer_cls: type[Scorer],
-    o: EvalOptions,
+    same: bool,
+    o: EvalSettings,
     dev,
     dtype: str,
 ):
-    """One result per text (label, figures, windows, checks), what scored them (`scorer` in the
-    result), and the loaded transformers model (lm-eval tasks reuse it) or None."""
-    # the baseline's own scorer on the baseline's checkpoint: the baseline pass is its result, exactly
-    same = scorer_cls is BASELINE and model_path.resolve() == base_path.resolve()
+    """One TextResult per text, what scored them (the scorer's describe()), and the loaded
+    transformers model (lm-eval tasks reuse it) or None. `head`: the baseline's output layer for
+    the exact KL, None for the bound; `same` (_same): no second pass, KL 0 exactly."""
     scorer = (
         None
         if same
         else scorer_cls.open(model_path, _settings(o, dev, dtype, max(len(w.tokens) for _, _, w, _ in items)))
     )
+    kind = KL_EXACT if same or head is not None else topk_kind(TOPK)
     rows = []
     try:
         for (label, spec, w, overlap), (base, hit) in zip(items, bases):
             t = time.perf_counter()
             if same:
-                figures = self_score(base, w)  # the same checkpoint in the same dtype: exact, no second pass
+                stats = self_score(base, w)  # the same checkpoint in the same dtype: exact, no second pass
             else:
+                reference = exact_references(base, head) if head is not None else topk_references(base)
                 with bar(f"scoring ({label})", total=len(w.tokens)) as update:
-                    figures = score(scorer, w, base, update)
+                    stats = score(scorer, w, reference, update)
             rows.append(
-                {
-                    "label": label,
-                    "text": spec,
-                    **figures,
-                    "score_seconds": time.perf_counter() - t,
-                    "baseline_cached": hit,
-                    "windows": {**w.describe(), "requested": max(1, o.max_tokens // o.seq_len)},
-                    "overlap_check": overlap,
-                }
+                _text_result(
+                    label,
+                    spec,
+                    w,
+                    stats,
+                    kind,
+                    o,
+                    score_seconds=time.perf_counter() - t,
+                    baseline_cached=hit,
+                    overlap_check=overlap,
+                )
             )
         described = {"engine": scorer_cls.name} if same else scorer.describe()
         model = scorer.model if scorer is not None else None
@@ -294,7 +407,7 @@ def _score_texts(
 class Prepared:
     """An evaluation checked and ready to load models: what `quantkit eval` and `eval --plan` share."""
 
-    options: EvalOptions
+    settings: EvalSettings
     device: Any  # torch.device
     dtype: str
     tok_b: Any
@@ -302,17 +415,18 @@ class Prepared:
     subject: _Subject
     items: list  # _windows' [(label, spec, Windows, overlap)]; Windows None for `self` under planning
     scorer: type[Scorer] = BASELINE  # what scores the model under test (evals/scorers)
+    exact: bool = True  # the KL asked for is the exact one (--kl, or the default where the scorer gives it)
 
 
-def prepare_eval(model_path: Path, base_path: Path, texts, planning: bool = False, **kw) -> Prepared:
-    """Every check that can refuse (options, the device, the window length against both models'
-    context, tokenizers, the baseline's identity, each text, its overlap with what the artifact was
-    fitted on), before any model is loaded. `planning` (eval --plan): `self` text, which the
-    baseline generates, is left for the evaluation itself."""
+def prepare_eval(model_path: Path, base_path: Path, settings: EvalSettings, planning: bool = False) -> Prepared:
+    """Every check that can refuse (the settings against the scorer, the device, the window length
+    against both models' context, tokenizers, the baseline's identity, each text, its overlap with
+    what the artifact was fitted on), before any model is loaded. `planning` (eval --plan): `self`
+    text, which the baseline generates, is left for the evaluation itself."""
 
-    o = EvalOptions(**kw)
+    o = settings
     scorer = _check_options(o)
-    texts = [texts] if isinstance(texts, str) else list(texts or [])
+    texts = list(o.texts)
     dev = _device(o, scorer)
     dtype = o.dtype or default_dtype(dev)
     check_remote_code(
@@ -326,71 +440,69 @@ def prepare_eval(model_path: Path, base_path: Path, texts, planning: bool = Fals
     base_hash = checkpoint_hash(base_path)
     subject = _subject(model_path, base_path, o, scorer, dev, tok_b, base_hash)
     items = _windows(texts, model_path, base_path, tok_b, base_hash, subject, o, dev, planning) if texts else []
-    return Prepared(o, dev, dtype, tok_b, base_hash, subject, items, scorer)
+    if items:
+        _say_dropped_buckets(o)
+    return Prepared(o, dev, dtype, tok_b, base_hash, subject, items, scorer, _kl_exact(o, scorer))
 
 
-def _task_loader(path: Path, o: EvalOptions, dev, dtype: str):
+def _task_loader(path: Path, o: EvalSettings, dev, dtype: str):
     """A transformers model of `path` for lm-eval's in-process backend, loaded when it asks."""
 
     return lambda: load(path, ScorerSettings(dev, dtype, o.seq_len, trust_remote_code=o.trust_remote_code))
 
 
-def run_eval(model_path: Path, base_path: Path, texts, **kw) -> dict:
-    """PPL, KL and top-1 of `model_path` against `base_path` on each text (a SPEC or a list of them;
-    one result per text, in `texts`), and lm-eval task deltas. EvalOptions' fields are the keywords.
+def run_eval(model_path: Path, base_path: Path, settings: EvalSettings) -> EvalResult:
+    """PPL, KL and top-1 of `model_path` against `base_path` on each of the settings' texts (one
+    result per text, in order, each with its position buckets), and lm-eval task deltas.
 
     prepare_eval's checks run first; under torchrun every rank makes them and rank 0 alone reports
     a refusal (distributed.together)."""
 
     t0 = time.perf_counter()
     with together("its checks"):
-        p = prepare_eval(model_path, base_path, texts, **kw)
-    o, dev, dtype, tok_b, base_hash, subject, items = (
-        p.options,
-        p.device,
-        p.dtype,
-        p.tok_b,
-        p.base_hash,
-        p.subject,
-        p.items,
-    )
-    result: dict = {
-        "model": str(model_path),
-        "baseline": str(base_path),
-        "engine": o.engine,
-        "baseline_engine": BASELINE.name,
-        "split": o.split,
-        "dtype": dtype,
-        "device": devices.describe(dev, dtype),
-        "baseline_check": subject.baseline_check,
-        "texts": [],
-        "tasks": {},
-    }
-    model = None
+        p = prepare_eval(model_path, base_path, settings)
+    o, dev, dtype, subject, items = p.settings, p.device, p.dtype, p.subject, p.items
+    texts, described, model = (), None, None
     if items:
-        bases = _baselines(items, base_path, base_hash, subject.vocab, o, dev, dtype)
-        result["texts"], result["scorer"], model = _score_texts(
-            items, bases, model_path, base_path, p.scorer, o, dev, dtype
-        )
-        result.update(
-            {k: v for k, v in result["texts"][0].items() if k not in ("label", "text")}
-        )  # the one-text format's keys
-        result["primary_text"] = result["texts"][0]["label"]
+        same = _same(p.scorer, model_path, base_path)
+        exact = p.exact and not same  # the baseline against itself: KL 0, exactly, from its pass
+        # --kl exact asked of the baseline itself still makes (and caches) a pass the exact KL can use
+        refresh = exact or (same and o.kl == "exact")
+        bases, head = _baselines(items, base_path, p.base_hash, subject.vocab, o, dev, dtype, refresh, want_head=exact)
+        _check_head(o, exact, head, base_path)
+        found, described, model = _score_texts(items, bases, head, model_path, p.scorer, same, o, dev, dtype)
+        texts = tuple(found)
+    tasks = {}
     if o.tasks:
         run = TaskRun(
             o.tasks, o.limit, dtype, dev, o.tasks_backend, o.tensor_parallel, o.data_parallel, o.trust_remote_code
         )
-        result["tasks"] = task_deltas(
+        deltas = task_deltas(
             run,
             model_path,
             base_path,
             subject.tok,
-            tok_b,
-            base_hash,
+            p.tok_b,
+            p.base_hash,
             model,
             _task_loader(model_path, o, dev, dtype),
             _task_loader(base_path, o, dev, dtype),
         )
-        result["tasks_backend"] = o.tasks_backend
-    result["seconds"] = time.perf_counter() - t0
-    return result
+        tasks = {name: TaskDelta(**t) for name, t in deltas.items()}
+    return EvalResult(
+        model=str(model_path),
+        baseline=str(base_path),
+        engine=o.engine,
+        baseline_engine=BASELINE.name,
+        split=o.split,
+        dtype=dtype,
+        device=devices.describe(dev, dtype),
+        baseline_check=subject.baseline_check,
+        kl_kind=texts[0].kl_kind if texts else None,
+        texts=texts,
+        tasks=tasks,
+        tasks_backend=o.tasks_backend if o.tasks else None,
+        scorer=described,
+        primary_text=texts[0].label if texts else None,
+        seconds=time.perf_counter() - t0,
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from quantkit.errors import DataError
 
 SPLITS = ("all", "selection", "confirmation")
+REGIONS = ("first-half", "second-half", "all")
 
 
 def region_range(n_tokens: int, region: str) -> tuple[int, int]:
@@ -23,7 +24,7 @@ def region_range(n_tokens: int, region: str) -> tuple[int, int]:
         return n_tokens // 2, n_tokens
     if region == "all":
         return 0, n_tokens
-    raise DataError(f"unknown region {region!r}; use one of all, first-half, second-half")
+    raise DataError(f"unknown region {region!r}; use one of {', '.join(REGIONS)}")
 
 
 def split_range(n_tokens: int, region: str, split: str) -> tuple[int, int]:

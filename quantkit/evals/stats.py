@@ -14,12 +14,29 @@ import torch
 # Log-probabilities the baseline pass keeps per position: the KL's head (kl_topk); the rest of the
 # vocabulary is one tail bucket.
 TOPK = 256
+# Positions whose whole-vocabulary rows exist at once in the exact KL (kl_exact): two float32 rows
+# of a 128k vocabulary are 1 MB, so a chunk's temporaries stay near 0.5 GB.
+KL_CHUNK = 512
 
 
 def kl_full(logp_base, logp_model):
     """Exact per-position KL(base || model) from full log-probability rows (torch, [..., V])."""
     p = logp_base.exp()
     return (p * (logp_base - logp_model)).sum(-1)
+
+
+def kl_exact(base_rows, logp_model, chunk: int = KL_CHUNK):
+    """Exact per-position KL(base || model) over the whole vocabulary, `chunk` positions at a time:
+    `base_rows(lo, hi)` gives the baseline's float32 log-probabilities of rows lo..hi-1 (recomputed
+    from what the baseline pass kept), `logp_model` the model's rows [positions, V]. Equals
+    kl_full on the whole arrays; only one chunk of the baseline's rows exists at a time."""
+    n = logp_model.shape[0]
+    parts = []
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        lb = base_rows(lo, hi).to(logp_model.device)
+        parts.append(kl_full(lb, logp_model[lo:hi]).clamp_min(0.0))
+    return torch.cat(parts) if parts else logp_model.new_zeros(0)
 
 
 def kl_topk(base_topk_logp, base_topk_idx, logp_model):
@@ -58,12 +75,17 @@ def window_reference(logp, target, k: int = TOPK) -> dict:
 
 def window_stats(logp, target, ref: dict) -> dict:
     """Per-token statistics of one window of the model under test against the baseline's record
-    `ref` (window_reference): its NLL of each true token, KL(base || model) on the baseline's top-k
-    plus a tail bucket (kl_topk), and whether both argmaxes agree; numpy arrays."""
+    `ref` (window_reference): its NLL of each true token, KL(base || model) and whether both
+    argmaxes agree; numpy arrays. The KL is exact (kl_exact) when `ref` carries
+    `base_rows` (the baseline's whole rows, a chunk at a time), else the top-k bound (kl_topk)."""
     dev = logp.device
+    if "base_rows" in ref:
+        kl = kl_exact(ref["base_rows"], logp)
+    else:
+        kl = kl_topk(ref["topk_logp"].to(dev), ref["topk_idx"].to(dev), logp)
     return {
         "nll": -logp.gather(-1, target[:, None])[:, 0].cpu().numpy(),
-        "kl": kl_topk(ref["topk_logp"].to(dev), ref["topk_idx"].to(dev), logp).cpu().numpy(),
+        "kl": kl.cpu().numpy(),
         "agree": (logp.argmax(-1).int().cpu() == ref["argmax"]).numpy(),
     }
 
@@ -118,3 +140,30 @@ def summarize(nll_model: np.ndarray, nll_base: np.ndarray, kl: np.ndarray, agree
         "ci95": bootstrap_ci(nll_model, nll_base, kl, window_len),
         "tokens": int(len(nll_model)),
     }
+
+
+def bucket_ranges(edges, window_len: int) -> list[tuple[int, int]]:
+    """[lo, hi) row ranges of a window of `window_len` scored positions cut at `edges` (increasing
+    upper edges): edges at or past the window's end are dropped, the last bucket ends with the
+    window, so the buckets always cover every position exactly once."""
+    cuts = [e for e in edges if 0 < e < window_len]
+    bounds = [0, *cuts, window_len]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def position_buckets(
+    nll_model: np.ndarray, nll_base: np.ndarray, kl: np.ndarray, agree: np.ndarray, window_len: int, edges
+) -> list[dict]:
+    """summarize() of each position bucket (bucket_ranges) across all windows, with `lo` and `hi`.
+    Arrays are the windows' positions back to back (window_len each); the bootstrap resamples whole
+    windows, and with one seed the same windows in every bucket."""
+    n_win = len(nll_model) // window_len
+
+    def cut(a, lo, hi):
+        return np.asarray(a)[: n_win * window_len].reshape(n_win, window_len)[:, lo:hi].reshape(-1)
+
+    out = []
+    for lo, hi in bucket_ranges(edges, window_len):
+        parts = [cut(a, lo, hi) for a in (nll_model, nll_base, kl, agree)]
+        out.append({"lo": lo, "hi": hi, **summarize(*parts, hi - lo)})
+    return out

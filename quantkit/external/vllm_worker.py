@@ -20,7 +20,9 @@ Requests ("op"):
             log-probabilities at positions prompt_len.. and the first sampled token's
   score     {"request": npz, "out": npz, "windows_per_call"} -> {"windows", "positions"}: each
             window's full-vocabulary prompt log-probabilities, reduced here to the statistics of
-            every position against the baseline's top-k (window_stats), written to `out`
+            every position against the baseline's record (window_stats), written to `out`; the
+            KL against the baseline's whole rows where the request holds them (`base_logp`: the
+            exact KL), else against its top-k (the bound)
   tasks     {"model_args", "tasks", "include_path", "include_defaults", "evaluate_args", "metrics", "threads"}
             -> {"results", "samples"}: lm-eval's simple_evaluate with lm-eval's own VLLM model class
             (lm_eval.models.vllm_causallms, built from `model_args`; it loads the model itself, so no
@@ -85,13 +87,24 @@ def full_rows(flat, positions: int):
     return ids[:, 0], vals[:, 0], full
 
 
-def window_stats(full, observed_logp, topk_logp, topk_idx, argmax_ref):
-    """Per position: NLL of the true token, KL(base || model) on the baseline's top-k plus one tail
-    bucket for the rest (a lower bound of the exact KL, exact when the top-k holds all the base's
-    mass), and whether both argmaxes agree. The same formulas as quantkit's evals/stats.py
-    (window_stats, kl_topk), in numpy."""
+def window_stats(full, observed_logp, topk_logp, topk_idx, argmax_ref, base_logp=None):
+    """Per position: NLL of the true token, KL(base || model) and whether both argmaxes agree. The
+    KL is exact over the whole vocabulary given the baseline's rows `base_logp`, else on the
+    baseline's top-k plus one tail bucket for the rest (a lower bound of the exact KL, exact when
+    the top-k holds all the base's mass). The same formulas as quantkit's evals/stats.py
+    (window_stats, kl_full, kl_topk), in numpy."""
     import numpy as np
 
+    if base_logp is not None:
+        if base_logp.shape != full.shape:
+            raise ValueError(f"the baseline's rows are {base_logp.shape[1]} tokens wide, this model's {full.shape[1]}")
+        lb = base_logp.astype(np.float64)
+        kl = (np.exp(lb) * (lb - full.astype(np.float64))).sum(-1)
+        return {
+            "nll": (-observed_logp).astype(np.float32),
+            "kl": np.clip(kl, 0.0, None).astype(np.float32),
+            "agree": full.argmax(-1) == argmax_ref,
+        }
     lb = topk_logp.astype(np.float64)
     lm = np.take_along_axis(full, topk_idx.astype(np.int64), axis=1).astype(np.float64)
     pb = np.exp(lb)
@@ -256,6 +269,7 @@ class Worker:
         self._abort()
         req = np.load(request)
         windows = req["windows"]
+        base = req["base_logp"] if "base_logp" in req.files else None
         if int(req["topk_idx"].max()) >= self.engine.model_config.get_vocab_size():
             raise ValueError("the baseline's token ids reach past this model's vocabulary")
         # every vocabulary entry per position, flat (one list, not a dict per position), ids not detokenized
@@ -269,7 +283,14 @@ class Worker:
                 observed, logp, full = full_rows(o.prompt_logprobs, len(chunk[j]) - 1)
                 if not np.array_equal(observed, chunk[j][1:]):
                     raise RuntimeError("vLLM's prompt log-probabilities are not those of the window's tokens")
-                stats = window_stats(full, logp, req["topk_logp"][i], req["topk_idx"][i], req["argmax"][i])
+                stats = window_stats(
+                    full,
+                    logp,
+                    req["topk_logp"][i],
+                    req["topk_idx"][i],
+                    req["argmax"][i],
+                    None if base is None else np.asarray(base[i]),
+                )
                 for key in result:
                     result[key].append(stats[key])
                 del observed, logp, full, o

@@ -10,9 +10,19 @@ from pathlib import Path
 from quantkit.artifacts.card import update_card_results
 from quantkit.bench.records import BenchRow
 from quantkit.core.atomic import write_json, write_text
+from quantkit.core.eval_results import EvalResult
 from quantkit.errors import QuantkitError
-from quantkit.evals.scorers import BASELINE
 from quantkit.models.sizes import checkpoint_sizes
+from quantkit.pipeline.accuracy import (
+    AccuracyRow,
+    DecodeAt,
+    PositionRow,
+    accuracy_rows,
+    accuracy_table,
+    evaluations,
+    kl_header,
+    position_table,
+)
 from quantkit.pipeline.plots import pareto, rule_check, ttft_sweep
 from quantkit.pipeline.serving import EngineBench
 from quantkit.progress import note
@@ -53,21 +63,23 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
         row.update(
             disk_mb=made["bytes"] / 1e6, bits_per_weight=made["bits_per_weight_layers"], gguf_type=made["gguf_type"]
         )
-    ev = rec.get("eval") or {}
-    if "ppl" in ev:
+    ev: EvalResult | None = rec.get("eval")
+    t = ev.primary if ev is not None else None
+    if t is not None:
         row.update(
-            ppl=ev["ppl"],
-            baseline_ppl=ev["baseline_ppl"],
-            delta_ppl_pct=ev["delta_ppl_pct"],
-            kld_mean=ev["kld"]["mean"],
-            kld_p99=ev["kld"]["p99"],
-            top1_pct=ev["top1_agreement"] * 100,
-            ci95=ev.get("ci95"),
-            domain=ev.get("primary_text"),
+            ppl=t.ppl,
+            baseline_ppl=t.baseline_ppl,
+            delta_ppl_pct=t.delta_ppl_pct,
+            kld_mean=t.kld.mean,
+            kld_p99=t.kld.p99,
+            kl_kind=t.kl_kind,
+            top1_pct=t.top1_agreement * 100,
+            ci95=t.ci95.to_json(),
+            domain=t.label,
         )
-    if ev.get("tasks"):
-        row["tasks"] = ev["tasks"]
-        row["tasks_delta"] = ", ".join(f"{n} {t['delta']:+.3f}±{t['delta_stderr']:.3f}" for n, t in ev["tasks"].items())
+    if ev is not None and ev.tasks:
+        row["tasks"] = {n: d.to_json() for n, d in ev.tasks.items()}
+        row["tasks_delta"] = ", ".join(f"{n} {d.delta:+.3f}±{d.delta_stderr:.3f}" for n, d in ev.tasks.items())
     b: BenchRow | None = (rec.get("benches") or {}).get(engine) if engine else rec.get("bench")
     if b is not None:
         row.update(
@@ -89,66 +101,36 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
     return row
 
 
-def accuracy_rows(rec: dict) -> list[dict]:
-    """The variant's accuracy on each evaluation text: a row per variant per domain (and per eval engine)."""
+def depth_pairs(buckets, bench_rows) -> list[tuple]:
+    """Each position bucket [lo, hi) with the bench rows whose KV depth lies in it: the decode time
+    at the context length where the bucket's accuracy was measured. Bench rows are read by
+    attribute and may have no `depth` (a bench without --depth): then no bucket has a pair."""
+    rows = [r for r in bench_rows if getattr(r, "depth", None) is not None]
+    return [(b, [r for r in rows if b.lo <= r.depth < b.hi]) for b in buckets]
+
+
+def position_rows(rec: dict, bench_rows) -> list[PositionRow]:
+    """A row per position bucket of each of the variant's domains, beside `bench_rows` (the
+    variant's bench rows on every engine) at the depths inside the bucket."""
     out = []
-    evals = [rec.get("eval") or {}, *(rec.get("evals") or {}).values()]
-    # a result that names no engine predates eval engines: the baseline's scorer (transformers) made it
-    for t, engine in ((t, ev.get("engine", BASELINE.name)) for ev in evals for t in ev.get("texts") or []):
-        out.append(
-            {
-                "name": rec["name"],
-                "engine": engine,
-                "domain": t["label"],
-                "text": t["text"],
-                "ppl": t["ppl"],
-                "baseline_ppl": t["baseline_ppl"],
-                "delta_ppl_pct": t["delta_ppl_pct"],
-                "ci95": t.get("ci95"),
-                "kld_mean": t["kld"]["mean"],
-                "kld_p99": t["kld"]["p99"],
-                "top1_pct": t["top1_agreement"] * 100,
-                "tokens": t["tokens"],
-                "windows": t["windows"]["count"],
-                "seq_len": t["windows"]["seq_len"],
-            }
-        )
+    for ev in evaluations(rec):
+        for t in ev.texts:
+            if len(t.positions) < 2:
+                continue  # one bucket is the domain's own row
+            for b, at in depth_pairs(t.positions, bench_rows):
+                decode = tuple(DecodeAt(r.engine, r.depth, r.tpot_ms) for r in at)
+                out.append(PositionRow(rec["name"], ev.engine, t.label, t.kl_kind, b, decode))
     return out
-
-
-def accuracy_table(rows: list[dict]) -> str:
-    """Markdown: variant, domain, PPL, ΔPPL and mean KL with their 95% bootstrap CIs, KL p99, top-1."""
-    engines = len({r.get("engine") for r in rows}) > 1  # several eval engines: the engine beside the variant
-    head = [
-        "variant",
-        *(["engine"] if engines else []),
-        "domain",
-        "PPL",
-        "ΔPPL % [95% CI]",
-        "KL mean [95% CI]",
-        "KL p99",
-        "top-1",
-        "tokens",
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        ci = r.get("ci95") or {}
-        d, k = ci.get("delta_ppl_pct") or [float("nan")] * 2, ci.get("kld_mean") or [float("nan")] * 2
-        who = f"{r['name']} | {r['engine']}" if engines else r["name"]
-        lines.append(
-            f"| {who} | {r['domain']} | {r['ppl']:.3f} | {r['delta_ppl_pct']:+.2f} [{d[0]:+.2f}, {d[1]:+.2f}] | "
-            f"{r['kld_mean']:.4f} [{k[0]:.4f}, {k[1]:.4f}] | {r['kld_p99']:.3f} | "
-            f"{r['top1_pct']:.1f}% | {r['tokens']:,} |"
-        )
-    return "\n".join(lines)
 
 
 def markdown_table(rows: list[dict], domain: str | None = None) -> str:
     """The main table; with several evaluation domains its accuracy columns are the first domain's
-    (named in their headers) and accuracy_table has them all."""
+    (named in their headers) and accuracy_table has them all. The KL column names its kind."""
     # several engines: a row per variant and engine, the engine named beside the variant
     many = len({r.get("engine") for r in rows if r.get("engine")}) > 1
-    base = [(f"{h} ({domain})" if domain and key in ACCURACY_KEYS else h, key, fmt) for h, key, fmt in COLUMNS]
+    kl = kl_header(r["kl_kind"] for r in rows if r.get("kl_kind"))
+    named = [(kl if key == "kld_mean" else h, key, fmt) for h, key, fmt in COLUMNS]
+    base = [(f"{h} ({domain})" if domain and key in ACCURACY_KEYS else h, key, fmt) for h, key, fmt in named]
     columns = [base[0], ("engine", "engine", "{}"), *base[1:]] if many else base
     first = 2 if many else 1
     lines = ["| " + " | ".join(c[0] for c in columns) + " |", "|" + "---|" * len(columns)]
@@ -253,18 +235,33 @@ def render_markdown(report: dict) -> str:
         markdown_table(r["rows"], domain=_first_domain(r)),
         "",
     ]
-    acc = r.get("accuracy") or []
-    if len({a["domain"] for a in acc}) > 1 or len({a["engine"] for a in acc}) > 1:
+    acc = [AccuracyRow.from_json(a) for a in r.get("accuracy") or []]
+    if len({a.domain for a in acc}) > 1 or len({a.engine for a in acc}) > 1:
         out += [
             "**Accuracy per domain** (each text's held-out windows; the 95% intervals resample whole windows"
             + (
                 "; llamacpp scores each variant's exact GGUF in llama.cpp against the same baseline pass"
-                if len({a["engine"] for a in acc}) > 1
+                if len({a.engine for a in acc}) > 1
                 else ""
             )
             + "):",
             "",
             accuracy_table(acc),
+            "",
+        ]
+    positions = [PositionRow.from_json(p) for p in r.get("positions") or []]
+    if positions:
+        out += [
+            "**Accuracy by position in the window** (row i predicts token i + 1 from the i + 1 tokens before it: the"
+            " KV cache's depth; whole windows resampled"
+            + (
+                "; TPOT where the bench decoded at a depth inside the bucket"
+                if any(p.decode for p in positions)
+                else ""
+            )
+            + "):",
+            "",
+            position_table(positions),
             "",
         ]
     eval_failed = [
@@ -324,20 +321,17 @@ def _bench_settings(b: dict | None) -> str:
 
 
 def _first_domain(report: dict) -> str | None:
-    domains = list(dict.fromkeys(a["domain"] for a in report.get("accuracy") or []))
+    domains = list(dict.fromkeys(AccuracyRow.from_json(a).domain for a in report.get("accuracy") or []))
     return domains[0] if len(domains) > 1 else None
 
 
 def _eval_device(report: dict) -> str:
     """Where the evaluation ran, from the first variant evaluated: device, its name, dtype."""
-    ev = next(
-        (v["eval"] for v in report["variants"].values() if isinstance(v.get("eval"), dict) and v["eval"].get("device")),
-        None,
-    )
+    evals = [EvalResult.from_json(v["eval"]) for v in report["variants"].values() if v.get("eval")]
+    ev = next((e for e in evals if e.device), None)
     if ev is None:
         return ""
-    d = ev["device"]
-    return f" (on {d.get('device')}, {d.get('name')}, {ev.get('dtype')})"
+    return f" (on {ev.device.get('device')}, {ev.device.get('name')}, {ev.dtype})"
 
 
 def _plots(runner, benches: dict[str, EngineBench], rows: list[dict]) -> list[str]:
@@ -374,8 +368,12 @@ def _plots(runner, benches: dict[str, EngineBench], rows: list[dict]) -> list[st
 
 
 def _variant_json(rec: dict) -> dict:
-    """A variant's record as report.json and its model card hold it: its bench rows as their JSON."""
+    """A variant's record as report.json and its model card hold it: its eval results and bench rows as their JSON."""
     out = dict(rec)
+    if rec.get("eval") is not None:
+        out["eval"] = rec["eval"].to_json()
+    if rec.get("evals"):
+        out["evals"] = {e: r.to_json() for e, r in rec["evals"].items()}
     if rec.get("bench") is not None:
         out["bench"] = rec["bench"].to_json()
     if rec.get("benches"):
@@ -414,7 +412,7 @@ def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
     steps_s = sum(runner.timings.values())
     report = {
         "kind": "quantkit-run",
-        "schema_version": 1,
+        "schema_version": 2,  # 2: accuracy rows name their kl_kind; positions (by position in the window)
         "recipe": runner.recipe.name,
         "model": str(runner.src),
         "model_sha256": runner.src_hash,
@@ -423,7 +421,12 @@ def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
         "eval_text": runner.eval_text,
         "eval_texts": list(getattr(runner, "eval_texts", ()) or ()),
         "calibration": runner.calib,
-        "accuracy": [a for rec in runner.variants.values() for a in accuracy_rows(rec)],
+        "accuracy": [a.to_json() for rec in runner.variants.values() for a in accuracy_rows(rec)],
+        "positions": [
+            p.to_json()
+            for rec in runner.variants.values()
+            for p in position_rows(rec, [b for eb in benches.values() for b in eb.rows if b.name == rec["name"]])
+        ],
         "bench_settings": runner.recipe.bench.model_dump(mode="json") if benches else None,
         "device": first.device.to_json() if first else None,
         "fit": first.fit.to_json() if first else None,

@@ -23,6 +23,7 @@ from pathlib import Path
 from quantkit import __version__
 from quantkit.artifacts.staging import model_inputs, read_meta, text_input, verification_problem
 from quantkit.core.atomic import exclusive, write_json
+from quantkit.core.eval_results import EvalResult
 from quantkit.core.integrity import problems, sha256_file
 from quantkit.data.calib import check_source
 from quantkit.data.text import check_readable
@@ -30,6 +31,7 @@ from quantkit.errors import QuantkitError
 from quantkit.evals.domains import default_texts, labelled
 from quantkit.evals.runner import run_eval
 from quantkit.evals.scorers import scorer_named
+from quantkit.evals.settings import EvalSettings
 from quantkit.models.checkpoint import checkpoint_hash, read_config
 from quantkit.models.resolve import resolve_path
 from quantkit.pipeline import report, serving
@@ -223,7 +225,7 @@ class Runner:
             note(f"[{v.name}] {out}: {found[0]}: converting again")
         return not found
 
-    def evaluate(self, v: Variant, path: Path, rec: dict) -> dict | None:
+    def evaluate(self, v: Variant, path: Path, rec: dict) -> EvalResult | None:
         """The first of eval.engines' result (rec["eval"]: the report's main row and the model card);
         each further engine's under rec["evals"][engine], where a failure (no llama.cpp, a grid GGUF
         cannot hold exactly) is recorded in rec["eval_errors"] and the variant goes on."""
@@ -240,7 +242,7 @@ class Runner:
                 note(f"[{v.name}] eval ({engine}) failed: {exc}")
         return result
 
-    def _evaluate(self, v: Variant, path: Path, engine: str) -> dict:
+    def _evaluate(self, v: Variant, path: Path, engine: str) -> EvalResult:
         ev = self.recipe.eval
         key = step_key(
             "eval",
@@ -254,31 +256,18 @@ class Runner:
         hit = self.cache.get(key)
         what = "eval" if len(ev.engines) == 1 else f"eval ({engine})"
         if hit is not None and not self.opts.rerun:
-            note(f"[{v.name}] {what}: reusing")
-            return hit
+            try:
+                result = EvalResult.from_json(hit)
+                note(f"[{v.name}] {what}: reusing")
+                return result
+            except QuantkitError as exc:  # a record this version cannot read: evaluate again
+                note(f"[{v.name}] {what}: the stored result does not read ({exc}); evaluating again")
         note(f"[{v.name}] {what}")
         tasks = (
             ev.tasks if scorer_named(engine, "eval.engines").runs_tasks else ()
         )  # lm-eval tasks: only where the scorer runs them (transformers)
-        result = run_eval(
-            path,
-            self.src,
-            list(self.eval_texts),
-            seq_len=ev.seq_len,
-            max_tokens=ev.max_tokens,
-            region=ev.region,
-            split=ev.split,
-            tasks=tasks,
-            limit=ev.limit,
-            device=ev.device,
-            dtype=ev.dtype,
-            batch_size=ev.batch_size,
-            engine=engine,
-            tasks_backend=ev.tasks_backend,
-            tensor_parallel=ev.tensor_parallel,
-            data_parallel=ev.data_parallel,
-        )
-        self.cache.put(key, result)
+        result = run_eval(path, self.src, EvalSettings.from_recipe(ev, engine, self.eval_texts, tasks))
+        self.cache.put(key, result.to_json())
         return result
 
     def gguf_variant(self, v: Variant, rec: dict) -> Path:

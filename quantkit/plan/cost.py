@@ -363,10 +363,12 @@ def eval_plan(
     model_bytes: int,
     first_hash: bool,
     same: bool = False,
+    exact_kl: bool = False,
 ) -> Plan:
     """Baseline pass (cached afterwards), then the model's pass: each a forward with the LM head
     over every window; one window's float32 log-probabilities at a time. `same`: the model is the
-    baseline, scored from the baseline pass alone."""
+    baseline, scored from the baseline pass alone. `exact_kl`: the baseline's rows are recomputed
+    from its pass by its LM head beside the model (one matmul per position, a chunk at a time)."""
     dense_base, dense_model = base.params * itemsize, (0 if same else model.params * itemsize)
     logits = 3 * 4 * seq_len * base.vocab  # logits, log-softmax and a top-k copy, float32
     stages = {
@@ -390,6 +392,7 @@ def eval_plan(
         "load": (base.weight_bytes + model_bytes) / LOAD_BPS + (dense_base + dense_model) / LOAD_BPS,
         "baseline_pass": fwd,
         "model_pass": 0.0 if same else fwd,
+        "exact_kl": 2.0 * base.head[0] * base.head[1] * tokens / (flops * MATMUL_EFF) if exact_kl and not same else 0.0,
     }
     plan = Plan(
         "eval",

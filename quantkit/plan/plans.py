@@ -31,6 +31,7 @@ from quantkit.device import free_bytes, name, synchronize
 from quantkit.errors import DataError, QuantkitError
 from quantkit.evals.runner import prepare_eval
 from quantkit.evals.scorers import SCORERS, scorer_named
+from quantkit.evals.settings import EvalSettings
 from quantkit.models.checkpoint import read_config
 from quantkit.models.sizes import stored_read_bytes, tensor_bytes
 from quantkit.plan.cost import (
@@ -252,19 +253,19 @@ def convert_work(job) -> ConvertWork:
     )
 
 
-def plan_eval(model_path: Path, base_path: Path, texts: list[str], **options) -> Plan:
+def plan_eval(model_path: Path, base_path: Path, settings: EvalSettings) -> Plan:
     """`eval --plan`: `eval`'s own checks (evals.runner.prepare_eval: options, device, tokenizers,
     the baseline's identity, every text read and cut into its windows, their overlap with what the
     artifact was fitted on), then the baseline pass and the model's pass over those windows."""
 
-    if not scorer_named(options.get("engine", "transformers")).planned:
+    if not scorer_named(settings.engine).planned:
         planned = ", ".join(name for name, s in SCORERS.items() if s.planned)
         raise DataError(
             f"--plan estimates the {planned} engine; llama.cpp's cost is the GGUF's size (quantkit bench --plan)"
         )
-    prep = prepare_eval(model_path, base_path, texts, planning=True, **options)
-    seq_len = prep.options.seq_len
-    windows = [len(w.tokens) if w is not None else prep.options.max_tokens // seq_len for _, _, w, _ in prep.items]
+    prep = prepare_eval(model_path, base_path, settings, planning=True)
+    seq_len = prep.settings.seq_len
+    windows = [len(w.tokens) if w is not None else prep.settings.max_tokens // seq_len for _, _, w, _ in prep.items]
     base, model = read_model(base_path), read_model(model_path)
     plan = eval_plan(
         base,
@@ -276,6 +277,7 @@ def plan_eval(model_path: Path, base_path: Path, texts: list[str], **options) ->
         model.weight_bytes,
         first_hash=True,
         same=base_path.resolve() == model_path.resolve(),
+        exact_kl=prep.exact,
     )
     plan.notes.append(
         "; ".join(
@@ -286,7 +288,7 @@ def plan_eval(model_path: Path, base_path: Path, texts: list[str], **options) ->
         if prep.items
         else "no text to score"
     )
-    if prep.options.tasks:
+    if prep.settings.tasks:
         plan.notes.append("lm-eval tasks are not estimated")
     return plan
 

@@ -6,7 +6,7 @@ must be one of 32, 64, 128 or -1``). Deeper code trusts what comes out of here.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -178,6 +178,11 @@ class EvalConfig(StrictConfig):
     # The part of the region scored (evals/splits.py): all, selection (choose recipes and methods
     # there) or confirmation (report the chosen one's figures there, where no choice was made).
     split: Literal["all", "selection", "confirmation"] = "all"
+    # exact: KL over the whole vocabulary; topk: the baseline's top-256 plus a tail bucket (a lower
+    # bound); None: exact where the engine gives whole rows (evals/settings.py)
+    kl: Literal["exact", "topk"] | None = None
+    # edges of the position buckets within a window; None: 512, 2048, 8192 (evals/settings.py)
+    position_buckets: tuple[Annotated[int, Field(strict=True, ge=1)], ...] | None = None
     tasks: tuple[str, ...] = ()
     limit: int | None = Field(None, ge=1)
     device: str = Field(
@@ -211,6 +216,8 @@ class EvalConfig(StrictConfig):
             raise ValueError("split: generated text (self) has no token positions to split; use split: all")
         if not self.engines or len(set(self.engines)) != len(self.engines):
             raise ValueError("engines: give each eval engine once, at least one")
+        if self.position_buckets is not None and list(self.position_buckets) != sorted(set(self.position_buckets)):
+            raise ValueError("position_buckets: give each edge once, in increasing order")
         if self.tasks and self.engines[0] not in TASK_ENGINES:
             raise ValueError(
                 f"tasks: lm-eval tasks run with the first eval engine, which must be {' or '.join(TASK_ENGINES)} "

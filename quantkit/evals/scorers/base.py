@@ -54,6 +54,9 @@ class Scorer:
       scores_baseline    it can make the baseline pass (full log-probabilities of a checkpoint);
                          the baseline's scorer is scorers.BASELINE
       runs_tasks         lm-eval tasks may run beside it (on the checkpoint it scores)
+      exact_kl           its rows are the whole vocabulary's, so compare() gives the exact KL when
+                         the baseline's rows come with the references (`base_rows`); else the
+                         KL is the top-k bound whatever is asked (and --kl exact is refused)
       planned            `eval --plan`'s cost model (a transformers forward per window) is its cost
     Instance attribute:
       model              the loaded transformers model lm-eval tasks may reuse, else None
@@ -66,6 +69,7 @@ class Scorer:
     devices: tuple[str, ...] = ("cpu",)
     scores_baseline = False
     runs_tasks = False
+    exact_kl = False
     planned = False
     model: Any = None
 
@@ -97,7 +101,8 @@ class Scorer:
 
     def compare(self, windows: list, references) -> Iterator[dict]:
         """Per window, its tokens' statistics against the baseline's record: stats.window_stats
-        ({"nll", "kl", "agree"} numpy arrays of seq_len - 1)."""
+        ({"nll", "kl", "agree"} numpy arrays of seq_len - 1; the KL exact where the record carries
+        the baseline's whole rows, `base_rows`)."""
 
         for ids, logp, ref in zip(windows, self.logps(windows), references):
             yield window_stats(logp, ids[1:].to(logp.device), ref)

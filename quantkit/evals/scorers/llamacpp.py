@@ -31,6 +31,7 @@ class LlamaCppScorer(Scorer):
     takes_checkpoint = True
     takes_gguf = True
     exports_on_the_fly = True
+    exact_kl = True
     devices = ("cpu", "cuda")  # cuda: a llama.cpp built with GPU offload (check)
 
     def __init__(self, engine):

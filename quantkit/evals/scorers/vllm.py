@@ -6,9 +6,12 @@ loads in a worker process there (external/vllm_worker.py). The worker scores eac
 ids offline, with the full vocabulary's prompt log-probabilities (`LLM(max_logprobs=-1,
 skip_tokenizer_init=True)`, `SamplingParams(prompt_logprobs=-1, flat_logprobs=True)`: vLLM's
 log_softmax of its logits in float32), and reduces them there to the statistics every scorer gives
-(evals/stats.py window_stats: each true token's NLL, KL(base || model) on the baseline's top-k plus a
-tail bucket, argmax agreement), given the baseline's top-k ids and log-probabilities. So per window
-only (seq_len - 1) x 3 numbers come back, and the baseline's top-k goes in, as .npz files.
+(evals/stats.py window_stats: each true token's NLL, KL(base || model), argmax agreement). For the
+exact KL the baseline's whole rows of the call's windows go in (recomputed here from its cached
+pass, evals/perplexity.py), written to a request .npz in the worker's temporary directory that
+holds only the call's windows (its budget, below, bounds them) and is replaced by the next call's;
+for the bound (--kl topk), its top-k ids and log-probabilities. Per window only (seq_len - 1) x 3
+numbers come back.
 
 Cost, measured on the demo (SmolLM2-135M, 49152-token vocabulary, 2-core CPU): the whole vocabulary
 per position is ~7x a plain prefill (28.6 vs 4.1 ms per token) and ~150 bytes per vocabulary entry
@@ -51,6 +54,7 @@ def run_dtype(source: Path, dtype: str) -> str:
 class VllmScorer(Scorer):
     name = "vllm"
     takes_checkpoint = True
+    exact_kl = True  # the worker holds the whole vocabulary's rows (prompt_logprobs=-1)
     devices = ("cpu", "cuda")
 
     def __init__(self, worker, info: dict, dtype: str, settings: ScorerSettings):
@@ -90,13 +94,19 @@ class VllmScorer(Scorer):
         for lo in range(0, len(windows), self.per_call):
             chunk = windows[lo : lo + self.per_call]
             ref = [next(refs) for _ in chunk]
+            exact = {}
+            if all("base_rows" in r for r in ref):  # the baseline's whole rows: the exact KL
+                rows = [r["base_rows"](0, len(w) - 1) for w, r in zip(chunk, ref)]
+                exact["base_logp"] = np.stack([x.float().cpu().numpy() for x in rows])
             np.savez(
                 request,
                 windows=np.stack([w.numpy() for w in chunk]).astype(np.int64),
                 topk_logp=np.stack([r["topk_logp"].float().numpy() for r in ref]),
                 topk_idx=np.stack([r["topk_idx"].numpy() for r in ref]).astype(np.int32),
                 argmax=np.stack([r["argmax"].numpy() for r in ref]).astype(np.int64),
+                **exact,
             )
+            exact.clear()
             self.worker.call("score", request=str(request), out=str(out), windows_per_call=self.per_call)
             with np.load(out) as got:
                 nll, kl, agree = got["nll"], got["kl"], got["agree"]

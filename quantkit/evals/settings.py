@@ -1,0 +1,116 @@
+"""EvalSettings: everything one evaluation runs with, as one frozen record.
+
+Built once at the edge - from `quantkit eval`'s options (`from_cli`) or from a recipe's `eval:`
+block for one of its engines (`from_recipe`, in `quantkit run`) - checked there (one line, exit 2),
+then passed whole: evals/runner.py's `prepare_eval`/`run_eval` and `eval --plan` take it as it is.
+The CLI's defaults are these fields' defaults; tests/test_eval_cli.py walks the command's options
+and checks that each one reaches the settings the run uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from quantkit.errors import DataError
+from quantkit.evals.placement import DTYPES
+from quantkit.evals.splits import REGIONS, SPLITS
+
+KL_CHOICES = ("exact", "topk")
+DEFAULT_BUCKETS = (512, 2048, 8192)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    texts: tuple[str, ...] = ()  # text SPECs, one result per text; none: the default domains (evals/domains.py)
+    seq_len: int = 512
+    max_tokens: int = 8192  # tokens per text, whole windows
+    region: str = "first-half"
+    split: str = "all"  # evals/splits.py: the region, its selection half or its confirmation half
+    # exact: KL over the whole vocabulary; topk: the baseline's top-256 plus a tail bucket (a lower
+    # bound, from the cached baseline pass). None: exact where the scorer gives whole rows, else topk
+    kl: str | None = None
+    # edges of the position buckets within a window (DEFAULT_BUCKETS: [0, 512), [512, 2048),
+    # [2048, 8192)); edges a window does not reach are dropped (said, unless these are the
+    # default's), positions past the last edge are one more bucket. None: DEFAULT_BUCKETS
+    position_buckets: tuple[int, ...] | None = None
+    tasks: tuple[str, ...] = ()
+    limit: int | None = None
+    device: Any = "auto"  # a --device spec or torch.device (under torchrun, the rank's)
+    dtype: str | None = None  # None: placement.default_dtype(device)
+    batch_size: int | None = None  # windows per forward pass; None: placement.default_batch_size
+    engine: str = "transformers"  # the scorer of the model under test (evals/scorers SCORERS)
+    tasks_backend: str = "hf"
+    tensor_parallel: int = 1  # lm-eval's vLLM backend
+    data_parallel: int = 1
+    allow_overlap: bool = False
+    baseline_mismatch_ok: bool = False
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 8:
+            raise DataError("--seq-len must be at least 8")
+        if self.max_tokens < self.seq_len:
+            raise DataError(f"--max-tokens {self.max_tokens} is less than one window of --seq-len {self.seq_len}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise DataError(f"--batch-size {self.batch_size}: give at least 1 window per forward pass")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise DataError(f"--dtype {self.dtype}: use one of {', '.join(DTYPES)}")
+        if self.region not in REGIONS:
+            raise DataError(f"--region {self.region}: use one of {', '.join(REGIONS)}")
+        if self.split not in SPLITS:
+            raise DataError(f"--split {self.split}: use one of {', '.join(SPLITS)}")
+        if self.kl is not None and self.kl not in KL_CHOICES:
+            raise DataError(f"--kl {self.kl}: use one of {', '.join(KL_CHOICES)}")
+        edges = self.position_buckets
+        if edges is None:
+            return
+        if not edges or any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in edges):
+            raise DataError(f"--position-buckets {_edges(edges)}: give positive token positions, e.g. 512,2048,8192")
+        if list(edges) != sorted(set(edges)):
+            raise DataError(f"--position-buckets {_edges(edges)}: give each edge once, in increasing order")
+
+    @property
+    def edges(self) -> tuple[int, ...]:
+        """The position buckets' edges this evaluation cuts at (stats.bucket_ranges)."""
+        return self.position_buckets or DEFAULT_BUCKETS
+
+    @classmethod
+    def from_cli(cls, **options) -> "EvalSettings":
+        """From `quantkit eval`'s options as click passes them: --text repeated, --tasks and
+        --position-buckets comma-separated (not given: None, the default buckets)."""
+        o = dict(options)
+        o["texts"] = tuple(o.get("texts") or ())
+        o["tasks"] = parse_list(o.get("tasks") or "")
+        o["position_buckets"] = parse_edges(o.get("position_buckets"))
+        return cls(**o)
+
+    @classmethod
+    def from_recipe(cls, ev, engine: str, texts, tasks) -> "EvalSettings":
+        """One engine's settings from a recipe's eval block (recipe/schema.py EvalConfig), whose
+        fields carry these names; `texts` and `tasks` as the run resolved them."""
+        own = {f.name for f in fields(cls)} - {"texts", "tasks", "engine"}
+        given = {k: v for k, v in ev.model_dump().items() if k in own}
+        return cls(**given, texts=tuple(texts), tasks=tuple(tasks), engine=engine)
+
+
+def parse_list(value: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in str(value).split(",") if t.strip())
+
+
+def parse_edges(value) -> tuple[int, ...] | None:
+    """`512,2048,8192` (or a sequence of ints) -> (512, 2048, 8192); anything else, one line."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    try:
+        return tuple(int(x) for x in parse_list(value))
+    except ValueError:
+        raise DataError(
+            f"--position-buckets {value}: give comma-separated token positions, e.g. 512,2048,8192"
+        ) from None
+
+
+def _edges(edges) -> str:
+    return ",".join(str(e) for e in edges)
