@@ -78,6 +78,17 @@ def test_a_result_round_trips_through_its_json_with_a_schema_version_and_the_one
     assert EvalResult.from_json(data) == r
 
 
+def test_a_non_finite_figure_is_null_in_the_json_and_nan_when_read():
+    from quantkit.core.atomic import strict_json
+
+    r = _result()
+    one = replace(r.texts[0], ci95=Interval95((float("nan"),) * 2, (float("nan"),) * 2))  # a single window
+    data = json.loads(strict_json(replace(r, texts=(one,)).to_json()))
+    assert data["texts"][0]["ci95"]["kld_mean"] == [None, None]
+    back = EvalResult.from_json(data).primary.ci95.kld_mean
+    assert all(v != v for v in back)  # NaN
+
+
 def test_a_schema_1_result_reads_as_a_bound_without_buckets():
     old = json.loads(V1.read_text())
     assert "schema_version" not in old and old["kl_method"].startswith("top-256")

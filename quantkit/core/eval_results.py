@@ -14,6 +14,7 @@ still reads (`migrate_v1`): its `kl_method` sentence becomes `kl_kind`, and it h
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, fields
 
@@ -39,6 +40,9 @@ def check_kl_kind(kind, what: str) -> str:
 
 
 def _number(v, what: str) -> float:
+    """A figure; null is how strict JSON holds a non-finite one (an interval of a single window: NaN)."""
+    if v is None:
+        return math.nan
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise RecordError(f"{what}: expected a number, not {type(v).__name__}")
     return float(v)
