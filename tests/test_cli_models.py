@@ -25,6 +25,7 @@ RUNS = {
     "export": ["export", "{m}", "--format", "gguf", "--out", "{tmp}/m.gguf", "--json"],
     "sensitivity": ["sensitivity", "{m}", "--budget", "4.5", "--text", "file:{tmp}/missing.txt"],
     "publish": ["publish", "{m}", "--repo", "me/m", "--dry-run"],
+    "pareto": ["pareto", "{m}", "--calib", "self", "--out", "{tmp}/front", "--plan", "--json"],
 }
 
 

@@ -477,7 +477,7 @@ def test_torchrun_refusals_are_one_line_and_exit_2_in_every_rank(tiny_llama, tin
         "a bad argument": ([*ev, str(tiny_llama), "--baseline", str(tiny_llama), "--bogus"], "No such option"),
         "a missing model": (
             [*ev, str(tmp_path / "nothing"), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}"],
-            "no such directory",
+            "no such file or directory",
         ),
         "a binary --text": (
             [*ev, str(tiny_llama), "--baseline", str(tiny_llama), "--text", f"file:{binary}"],

@@ -608,7 +608,7 @@ def test_convert_plan_refuses_a_missing_model(cli, tmp_path, tiny_text, no_weigh
             "--calib",
             f"file:{tiny_text}",
         ],
-        "no such directory",
+        "no such file or directory",
         tmp_path,
         _files(tmp_path),
     )
@@ -641,7 +641,7 @@ EVAL_REFUSALS = {
         ["{src}", "--baseline", "{src}", "--text", "file:{tmp}/short.txt"],
         "shorter than one",
     ),
-    "missing model": (["{tmp}/nothing", "--baseline", "{src}", "--text", "file:{text}"], "no such directory"),
+    "missing model": (["{tmp}/nothing", "--baseline", "{src}", "--text", "file:{text}"], "no such file or directory"),
 }
 
 
@@ -679,7 +679,7 @@ RUN_REFUSALS = {
         ["--out", "{tmp}/run", "--eval-text", "file:{text}", "--set", "eval.seq_len=2048"],
         "eval.seq_len 2048 is longer than the model's context",
     ),
-    "missing model": (["--out", "{tmp}/run", "--model", "{tmp}/nothing"], "no such directory"),
+    "missing model": (["--out", "{tmp}/run", "--model", "{tmp}/nothing"], "no such file or directory"),
 }
 
 

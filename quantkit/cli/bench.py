@@ -191,10 +191,16 @@ def _print_probe(p: dict, as_json: bool) -> None:
 def _source(ref: str, engine: str):
     """A model argument -> a checkpoint directory, or a GGUF file where the engine runs them (opened
     now: a file that is not a GGUF, or a truncated one, is one line before anything runs)."""
+    from quantkit.errors import QuantkitError
     from quantkit.gguf.read import open_reader
     from quantkit.models.resolve import resolve
 
-    found = resolve(ref, gguf=engine_class(engine).takes_gguf)
+    found = resolve(ref, gguf=True)
+    if found.gguf and not engine_class(engine).takes_gguf:
+        readers = " | ".join(n for n in ENGINES if engine_class(n).takes_gguf)
+        raise QuantkitError(
+            f"{ref}: a file; the {engine} engine benches checkpoint directories (GGUF files: --engine {readers})"
+        )
     if found.gguf:
         open_reader(found.path)
     return found.path

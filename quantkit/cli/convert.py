@@ -97,9 +97,12 @@ def convert_cmd(
         return show(plan_convert(recipe, model_ref, Path(out), opts, variant), as_json)
     from quantkit.core.distributed import session
 
-    with sigterm_as_interrupt(), session(device or recipe.calibration.device) as group:  # `kill` cleans up like Ctrl-C
-        if group is not None:  # under torchrun: every rank on its own device; rank 0 alone writes and prints
-            opts.group, opts.device = group, str(group.device)
+    with (
+        sigterm_as_interrupt(),
+        session(device or recipe.calibration.device) as runtime,
+    ):  # `kill` cleans up like Ctrl-C
+        if runtime.distributed:  # every rank on its own device; rank 0 alone writes and prints
+            opts.runtime, opts.device = runtime, str(runtime.device)
         meta = convert(recipe, model_ref, Path(out), opts, variant)
     if meta is None:  # a rank other than 0 of a torchrun conversion
         return

@@ -40,8 +40,59 @@ class DistributedError(QuantkitError):
         self.exit_code = exit_code
 
 
+class Runtime:
+    """Where a command runs: one process (OneProcess), or one rank of a torchrun job (Group). A
+    command asks its runtime (rank, world_size, writer, device, together, claimed, load, alone,
+    export) and never whether it runs under torchrun. The base methods are one process's."""
+
+    distributed = False
+
+    @property
+    def writer(self) -> bool:
+        """The process that writes, verifies and renames artifacts and prints results."""
+        return self.rank == 0
+
+    def describe(self) -> dict:
+        return {"world_size": 1}
+
+    @contextmanager
+    def together(self, what: str):
+        """A block every process runs; one error stops all of them (here: it is raised)."""
+        yield
+
+    @contextmanager
+    def claimed(self, claim):
+        """Hold `claim()` (a context manager: the lock on --out) where the writer runs."""
+        with claim():
+            yield
+
+    def load(self, shared_load, load):
+        """The source model: `load()` in one process; under torchrun `shared_load(device)` on
+        every rank, rank 0's weights shared with the others."""
+        return load()
+
+    @contextmanager
+    def alone(self):
+        """The writer works on its own (the reload check) while the others wait."""
+        yield
+
+    def export(self, save, export):
+        """Write the artifact: `export()` (save, reload, verify, rename) in one process; under
+        torchrun the writer exports and the others take part in its save (`save()`), then all
+        learn its verdict. Returns export()'s value on the writer, None elsewhere."""
+        return export()
+
+
+class OneProcess(Runtime):
+    rank, world_size, local_rank = 0, 1, 0
+    device = None  # the command's own --device
+
+
+ONE_PROCESS = OneProcess()
+
+
 @dataclass(frozen=True)
-class Group:
+class Group(Runtime):
     """This process's place in the torchrun job."""
 
     rank: int
@@ -50,11 +101,7 @@ class Group:
     backend: str
     device: object  # torch.device of this rank
     timeout_s: float
-
-    @property
-    def writer(self) -> bool:
-        """Rank 0 alone writes, verifies and renames artifacts and prints results."""
-        return self.rank == 0
+    distributed = True
 
     def describe(self) -> dict:
         return {
@@ -64,6 +111,31 @@ class Group:
             "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
             "timeout_s": self.timeout_s,
         }
+
+    def together(self, what: str):
+        return together(what)
+
+    @contextmanager
+    def claimed(self, claim):
+        with ExitStack() as stack:
+            with together("to claim --out"):
+                if self.writer:
+                    stack.enter_context(claim())
+            yield
+
+    def load(self, shared_load, load):
+        return load_shared(shared_load)
+
+    def alone(self):
+        return rank0_alone()
+
+    def export(self, save, export):
+        if self.writer:
+            with together("to verify and write the artifact"):
+                return export()
+        save()
+        agree(None, "to verify and write the artifact")
+        return None
 
 
 def launched() -> bool:
@@ -171,11 +243,11 @@ def exit_silently(code: int) -> None:
 
 @contextmanager
 def session(device_spec=None):
-    """Yield this process's Group under torchrun (None otherwise), the process group joined for
-    the command and left afterwards. NCCL for CUDA devices, gloo for the CPU. An error that
-    leaves the session is marked as raised inside the job (see error_line)."""
+    """Yield this process's runtime: its Group under torchrun, the process group joined for the
+    command and left afterwards (NCCL for CUDA devices, gloo for the CPU), else ONE_PROCESS. An
+    error that leaves the session is marked as raised inside the job (see error_line)."""
     if not launched():
-        yield None
+        yield ONE_PROCESS
         return
     limit = timeout_s()  # the same environment in every process: an error here is every rank's
     try:
@@ -238,18 +310,6 @@ def together(what: str):
     except Exception as exc:  # re-raised by agree on this rank, after the others heard of it
         error = exc
     agree(error, what)
-
-
-@contextmanager
-def claimed_by_writer(group, claim):
-    """Hold `claim()` (a context manager: the lock on --out) on rank 0 alone, or in the one
-    process outside torchrun; every rank learns whether taking it failed."""
-
-    with ExitStack() as stack:
-        with together("to claim --out"):
-            if group is None or group.writer:
-                stack.enter_context(claim())
-        yield
 
 
 def _one_line(exc: BaseException) -> str:

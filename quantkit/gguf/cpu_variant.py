@@ -3,8 +3,8 @@
 A build with ggml's run-time dispatch (GGML_BACKEND_DL, one libggml-cpu-VARIANT.so per x86 level)
 loads the variant whose `ggml_backend_score()` is highest, and that score reads CPUID alone. A VM
 can advertise what it does not execute: Intel VMs that list AMX (amx_tile, amx_int8) but trap on
-`tilezero` load `sapphirerapids` and die of SIGILL on the first matmul (llama.cpp issue 28328, the
-class "CPU feature scoring trusts CPUID"). So the variant ggml would pick is first run in a child
+`tilezero` load `sapphirerapids` and die of SIGILL on the first matmul (a known upstream
+class of fault: "CPU feature scoring trusts CPUID"). So the variant ggml would pick is first run in a child
 process (cpu_probe.py: a tiny model through the same library, prefill and decode); if it dies, the
 next-best variant is tried, and so on. The verdict is kept under QUANTKIT_HOME keyed by the CPU
 (model name and flags) and the build, so each machine pays for it once (about a second per

@@ -23,7 +23,6 @@ from quantkit.artifacts.staging import (
     tool_versions,
     write_meta,
 )
-from quantkit.core.distributed import agree, claimed_by_writer, load_shared, rank0_alone, together
 from quantkit.core.integrity import manifest
 from quantkit.data import calib
 from quantkit.data.text import shortfall
@@ -127,16 +126,17 @@ def convert(
     """Every check, load and write under an exclusive lock on --out (artifact.claim_out). Returns
     the artifact's quantkit.json (None on the ranks other than 0 of a torchrun conversion)."""
 
-    with together("its checks"):  # under torchrun every rank checks, and rank 0 alone reports
+    rt = opts.runtime
+    with rt.together("its checks"):  # under torchrun every rank checks, and rank 0 alone reports
         check_inputs(recipe, model_ref, out, opts)
-    with claimed_by_writer(opts.group, lambda: claim_out(out)):  # under torchrun rank 0 alone claims and writes --out
+    with rt.claimed(lambda: claim_out(out)):  # under torchrun rank 0 alone claims and writes --out
         return _convert(recipe, model_ref, out, opts, variant_name)
 
 
 def _convert(
     recipe: Recipe, model_ref: str | None, out: Path, opts: ConvertOptions, variant_name: str | None = None
 ) -> dict | None:
-    with together("its checks"):  # every rank checks; all stop if one refuses
+    with opts.runtime.together("its checks"):  # every rank checks; all stop if one refuses
         job = prepare(recipe, model_ref, out, opts, variant_name)
         check_free_space(out, job.disk_bytes)
         _warn_memory(job)
@@ -167,15 +167,15 @@ def _convert(
             "calibration": calib_set.manifest if calib_set else None,
             "results": {},
             **(opts.meta or {}),
-            "distributed": opts.group.describe() if opts.group is not None else {"world_size": 1},
+            "distributed": opts.runtime.describe(),
         }
         if done.mixed_precision is not None:
             meta["mixed_precision"] = done.mixed_precision
         held = {"model": model, "quant": done.quant}
         del model  # export_verified frees it before reloading the artifact
-        if opts.group is not None:  # all ranks save together (llm-compressor compresses in parallel); rank 0 writes
-            return export_together(job, held, lambda: export_verified(job, held, tok, calib_set, out, meta, t0, folder))
-        return export_verified(job, held, tok, calib_set, out, meta, t0, folder)
+        return opts.runtime.export(
+            lambda: _save_along(job, held), lambda: export_verified(job, held, tok, calib_set, out, meta, t0, folder)
+        )
 
 
 def _warn_memory(job: ConvertJob) -> None:
@@ -186,22 +186,13 @@ def _warn_memory(job: ConvertJob) -> None:
         note(line)
 
 
-def export_together(job: ConvertJob, held: dict, export):
-    """Under torchrun: rank 0 runs `export` (export_verified: save, then reload, verify and rename
-    alone); the other ranks take part in the save, whose compression llm-compressor spreads over
-    all ranks (compressed-tensors' replace_module_parallel), then wait for rank 0's verdict.
-    Returns the artifact's metadata on rank 0, None elsewhere."""
-
-    if job.opts.group.writer:
-        with together("to verify and write the artifact"):
-            return export()
+def _save_along(job: ConvertJob, held: dict) -> None:
+    """A rank other than the writer's part in the writer's save: llm-compressor spreads the
+    compression over all ranks (compressed-tensors' replace_module_parallel)."""
     model = held.pop("model")
     # llm-compressor's save_pretrained writes on the source rank only (is_source_process); a
     # path nothing can be written under, so a change upstream would fail here rather than write
     FORMATS[job.export_format].save(model, os.devnull, job.recipe.export.max_shard_size)
-    del model
-    agree(None, "to verify and write the artifact")
-    return None
 
 
 def _load(job: ConvertJob, folder: Path | None):
@@ -213,19 +204,18 @@ def _load(job: ConvertJob, folder: Path | None):
             f"loading {job.src} with offloading: {p.model_bytes / 1e9:.2f} GB of {p.dtype} weights, "
             f"{p.cpu_bytes / 1e9:.2f} GB in RAM, the rest on disk under {folder}"
         )
-    if job.opts.group is not None:  # rank 0 loads, the other ranks share its memory
-        return load_shared(
-            lambda dev: load_model(
-                job.src, dtype=job.compute_dtype, device=dev, trust_remote_code=job.opts.trust_remote_code
-            )
-        )
-    return load_model(
-        job.src,
-        dtype=job.compute_dtype,
-        device=load_device(job),
-        trust_remote_code=job.opts.trust_remote_code,
-        offload=p,
-        offload_folder=folder,
+    return job.opts.runtime.load(  # under torchrun rank 0 loads, the other ranks share its memory
+        lambda dev: load_model(
+            job.src, dtype=job.compute_dtype, device=dev, trust_remote_code=job.opts.trust_remote_code
+        ),
+        lambda: load_model(
+            job.src,
+            dtype=job.compute_dtype,
+            device=load_device(job),
+            trust_remote_code=job.opts.trust_remote_code,
+            offload=p,
+            offload_folder=folder,
+        ),
     )
 
 
@@ -292,8 +282,7 @@ def export_verified(
             check_measured(meta["mixed_precision"], tmp)
         del model
         gc.collect()
-        if job.opts.group is not None:  # the other ranks' part ends with the save: rank 0 checks alone
-            stack.enter_context(rank0_alone())
+        stack.enter_context(job.opts.runtime.alone())  # under torchrun the others' part ended with the save
         if job.offload is not None:
 
             def reload():

@@ -20,6 +20,7 @@ from huggingface_hub import constants
 from huggingface_hub.file_download import repo_folder_name
 
 from quantkit.artifacts.staging import check_out, disk_needed, estimate_bytes, guard_out, model_inputs, text_input
+from quantkit.core.distributed import ONE_PROCESS, Runtime
 from quantkit.data.calib import check_source
 from quantkit.device import resolve
 from quantkit.errors import QuantkitError, RecipeError
@@ -57,7 +58,7 @@ class ConvertOptions:
     inputs: tuple = ()  # (path, what) pairs --out must never be or contain (the recipe files, a run's eval text)
     meta: dict | None = None  # extra keys recorded in quantkit.json (a run's run_key)
     device: str | None = None  # --device: where calibration runs; None: the recipe's calibration.device
-    group: object | None = None  # distributed.Group under torchrun: every rank converts, rank 0 alone writes
+    runtime: Runtime = ONE_PROCESS  # a torchrun rank (distributed.Group): every rank converts, rank 0 alone writes
     # (job) -> a warning line or None, said before loading: the plan's memory check (plan.plans.memory_warning),
     # handed in by the commands because the plan is built on top of this module
     memory_check: Callable | None = None
@@ -277,7 +278,7 @@ def prepare(
         artifact,
         disk_needed(artifact, max(offloaded, 0)),
     )
-    if opts.group is not None:
+    if opts.runtime.distributed:
         check_torchrun(job)
     return job
 
