@@ -119,6 +119,8 @@ def test_fused_shards_need_one_scheme(cli, tiny_llama, tiny_text, tmp_path):
     for value, shards in [
         ("[{targets: ['.*self_attn\\.(k_proj|v_proj)$'], bits: 8}]", "q_proj/k_proj/v_proj"),
         ("[{targets: ['.*mlp\\.up_proj$'], bits: 8}]", "gate_proj/up_proj"),
+        # the same bits and group as the base scheme but with zero points: still another scheme to vLLM
+        ("[{targets: ['.*self_attn\\.v_proj$'], bits: 4, group_size: 64, symmetric: false}]", "q_proj/k_proj/v_proj"),
     ]:
         code, _, err, _ = convert(
             cli,

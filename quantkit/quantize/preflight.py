@@ -10,7 +10,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from quantkit.errors import DataError, ModelError, QuantkitError, RecipeError
-from quantkit.models import headers
+from quantkit.models import headers, scheme_facts
 from quantkit.models.checkpoint import check_loading_info, check_remote_code, one_line
 
 
@@ -214,11 +214,17 @@ FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("ga
 
 
 def _scheme_label(name: str, cfg) -> str:
+    """How a linear is stored, as facts (models/scheme_facts.py) told in words: two shards agree when
+    their facts do (bits, group and symmetry alike), not when a name does."""
     if is_ignored(name, tuple(getattr(cfg, "ignore", ()))):
         return "not quantized"
     ov = _override_for(name, getattr(cfg, "overrides", ()))
-    bits, gs = (ov.bits, ov.group_size) if ov is not None else (getattr(cfg, "bits", 8), getattr(cfg, "group_size", -1))
-    return f"{bits}-bit " + ("per channel" if gs == -1 else f"g{gs}")
+    if ov is not None:
+        f = scheme_facts.int_weights(ov.bits, ov.group_size, ov.symmetric)
+    else:  # the step's own scheme (a method config without facts: one unknown scheme, the same for every shard)
+        f = (getattr(cfg, "facts", None) or (scheme_facts.unknown(str(getattr(cfg, "method", "?"))),))[0]
+    group = "per channel" if f.group_size is None else f"g{f.group_size}"
+    return f"{f.label} {group}{'' if f.symmetric else ' asymmetric'}"
 
 
 def check_fused_shards(model, cfg, key: str) -> None:
