@@ -71,3 +71,24 @@ def test_run_reports_each_variant_by_position(cli, tiny_llama, tiny_text, tmp_pa
     # a re-run reuses the stored eval, read back through its record
     code, _, err, again = cli("run", str(suite), "--model", str(tiny_llama), "--out", str(out), *sets, "--json")
     assert code == 0 and "eval: reusing" in err and again["positions"] == pos
+
+
+def test_compare_names_each_run_s_kl(cli, tmp_path):
+    """A run before eval named its KL (report schema 1) held the top-256 bound: compare says so, so a
+    bound is never read beside an exact KL as the same figure."""
+    import json
+
+    for name, version, kind in (("old", 1, None), ("new", 2, "exact")):
+        d = tmp_path / name
+        d.mkdir()
+        row = {"name": "int4", "tpot_ms": 10.0, "delta_ppl_pct": 5.0, "kld_mean": 0.1, "status": "ok"}
+        report = {"kind": "quantkit-run", "recipe": "demo", "date": "d", "host": "h", "device": {}, "fit": None}
+        (d / "report.json").write_text(
+            json.dumps({**report, "schema_version": version, "rows": [{**row, **({"kl_kind": kind} if kind else {})}]})
+        )
+    code, _, err, data = cli("compare", str(tmp_path / "old"), str(tmp_path / "new"), "--json")
+    assert code == 0, err
+    (v,) = data["variants"]
+    assert v["old"]["kl_kind"] == "topk-256 lower bound" and v["new"]["kl_kind"] == "exact"
+    code, out, _, _ = cli("compare", str(tmp_path / "old"), str(tmp_path / "new"))
+    assert "old KL (top-256 lower bound)" in out and "new KL (exact)" in out

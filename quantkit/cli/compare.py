@@ -23,6 +23,29 @@ def _read(path: str) -> dict:
         raise QuantkitError(f"{f}: not valid JSON") from None
 
 
+COMPARED = (
+    "tpot_ms",
+    "ttft_ms",
+    "predicted_tpot_ms",
+    "tpot_efficiency_pct",
+    "delta_ppl_pct",
+    "kld_mean",
+    "kl_kind",
+    "top1_pct",
+    "bits_per_weight",
+    "status",
+)
+
+
+def _row(report: dict, row: dict) -> dict:
+    """A variant's compared figures; its KL's kind from a report of schema 1 (before eval named it),
+    which held the top-256 bound."""
+    out = {k: row.get(k) for k in COMPARED}
+    if out["kl_kind"] is None and out["kld_mean"] is not None and report.get("schema_version", 1) < 2:
+        out["kl_kind"] = "topk-256 lower bound"
+    return out
+
+
 def compare_runs(reports: list[dict], labels: list[str]) -> dict:
     # a run on several engines has a row per variant and engine: rows then match by both
     by_engine = any(len({row.get("engine") for row in r["rows"]}) > 1 for r in reports)
@@ -37,24 +60,7 @@ def compare_runs(reports: list[dict], labels: list[str]) -> dict:
         entry = {"variant": n}
         for label, r in zip(labels, reports):
             row = next((x for x in r["rows"] if key(x) == n), None)
-            entry[label] = (
-                None
-                if row is None
-                else {
-                    k: row.get(k)
-                    for k in (
-                        "tpot_ms",
-                        "ttft_ms",
-                        "predicted_tpot_ms",
-                        "tpot_efficiency_pct",
-                        "delta_ppl_pct",
-                        "kld_mean",
-                        "top1_pct",
-                        "bits_per_weight",
-                        "status",
-                    )
-                }
-            )
+            entry[label] = None if row is None else _row(r, row)
         table.append(entry)
     runs = [
         {
@@ -70,6 +76,12 @@ def compare_runs(reports: list[dict], labels: list[str]) -> dict:
     return {"kind": "compare", "runs": runs, "variants": table}
 
 
+def _kl(result: dict, label: str) -> str:
+    """The KL column of a run, named by the kind its rows hold: runs of different kinds do not compare."""
+    kinds = {(v[label] or {}).get("kl_kind") for v in result["variants"]} - {None}
+    return "KL" if not kinds else "KL (" + ", ".join(sorted(k.replace("topk-", "top-") for k in kinds)) + ")"
+
+
 def render(result: dict) -> str:
     labels = [r["label"] for r in result["runs"]]
     out = []
@@ -81,7 +93,7 @@ def render(result: dict) -> str:
             else "n/a"
         )
         out.append(f"- {r['label']}: {r['recipe']} on {r['device']} ({r['host']}, {r['date']}); rule fit {fit_s}")
-    head = ["variant"] + [f"{lab} {m}" for lab in labels for m in ("TPOT ms", "ΔPPL %", "KL")]
+    head = ["variant"] + [f"{lab} {m}" for lab in labels for m in ("TPOT ms", "ΔPPL %", _kl(result, lab))]
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in result["variants"]:
         cells = [v["variant"]]
