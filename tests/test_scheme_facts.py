@@ -59,7 +59,8 @@ def test_the_fp4_facts_are_what_their_formats_are():
         32,
         "e8m0",
     )
-    assert NVFP4.weight_only and MXFP4.weight_only and NVFP4.label == "nvfp4-w4a16" and MXFP4.label == "mxfp4-w4a16"
+    assert NVFP4.activations == MXFP4.activations == "16-bit"
+    assert NVFP4.label == "nvfp4-w4a16" and MXFP4.label == "mxfp4-w4a16"
 
 
 def test_every_method_config_states_the_facts_of_the_groups_it_builds():

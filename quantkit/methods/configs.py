@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from quantkit.core.kv_cache import KvCacheConfig
 from quantkit.core.yamlio import StrictConfig
 from quantkit.errors import QuantkitError
 from quantkit.methods.schemes import AutoMixed, Scheme
@@ -74,6 +75,7 @@ class WeightOnly(MethodConfig):
     # Mixed precision chosen on the model under a bits budget, instead of overrides written by hand.
     auto: AutoMixed | None = None
     chosen_on: ChosenOn | None = None  # the text `quantkit sensitivity` chose the overrides on
+    kv_cache: KvCacheConfig | None = None  # the KV cache's FP8 scales (calibrated in this pass) and llama.cpp types
 
     @model_validator(mode="after")
     def _auto(self) -> "WeightOnly":
@@ -185,6 +187,7 @@ class W8A8Config(MethodConfig):
     smoothing_strength: float = Field(0.8, gt=0, lt=1)
     dampening: float = Field(0.01, gt=0, lt=1)
     ignore: tuple[str, ...] = ("lm_head",)
+    kv_cache: KvCacheConfig | None = None
     weight_bits: ClassVar[int] = 8
     scheme: ClassVar[str] = "W8A8"  # type: ignore[assignment]
     facts: ClassVar[tuple[SchemeFacts, ...]] = (scheme_facts.int_weights(8, -1, True, ("int", 8, True)),)
@@ -262,10 +265,6 @@ class FP4Config(MethodConfig):
     ignore: tuple[str, ...] = ("lm_head",)
     weight_bits: ClassVar[int] = 4
     weight_type: ClassVar[str] = "float4_e2m1"
-
-    @property
-    def bits(self) -> int:
-        return self.weight_bits
 
     @property
     def group_size(self) -> int:

@@ -33,19 +33,13 @@ class SchemeFacts:
     container: str  # the checkpoint's quant_method: dense, compressed-tensors, bitsandbytes, or another tool's name
     weights: str  # one of WEIGHT_FORMATS: int codes on a uniform grid, float (FP8 E4M3) codes, the FP4 formats, ...
     bits: int  # bits per stored weight value (16 for a dense checkpoint)
-    strategy: (
-        str  # what one scale covers: group, tensor_group (groups and one per tensor), channel, tensor, block, none
-    )
+    strategy: str  # what a scale covers: group, tensor_group (groups + one per tensor), channel, tensor, block
     group_size: int | None  # weights per scale along a row, for the group strategies
     symmetric: bool  # no zero points
     scales: str  # the group scales' storage: float (the checkpoint's dtype), float8_e4m3fn, e8m0 (a power of two)
     activations: str = "16-bit"  # one of ACTIVATION_FORMATS: how each linear's input is rounded at run time
     activation_bits: int = 16
     dynamic: bool | None = None  # activation scales computed at run time (True) or calibrated (False); None: 16-bit
-
-    @property
-    def weight_only(self) -> bool:
-        return self.activations == "16-bit"
 
     @property
     def known(self) -> bool:
@@ -113,7 +107,7 @@ MXFP4 = SchemeFacts("compressed-tensors", "mxfp4", 4, "group", 32, True, "e8m0")
 
 
 def from_quantization_config(qc: dict | None) -> list[SchemeFacts]:
-    """Each scheme a config.json `quantization_config` declares, in its order, each once."""
+    """Each scheme a config.json `quantization_config` declares, each once, the base scheme first."""
     if not qc:
         return [DENSE]
     if not isinstance(qc, dict):
