@@ -82,6 +82,7 @@ COMMANDS = {
     "bench": [],
     "roofline": [],
     "run": [],
+    "pareto": [],
     "compare": [],
     "publish": [],
     "load": [],

@@ -39,6 +39,7 @@ def test_a_row_admits_the_types_whose_blocks_divide_it(row):
         "Q8_0": 32,
         "IQ4_NL": 32,
         "IQ4_XS": 256,
+        "Q2_K": 256,
         "Q3_K": 256,
         "Q4_K": 256,
         "Q5_K": 256,

@@ -45,6 +45,9 @@ def _read(data: dict):
         ({"name": "a", "gguf": {"type": "Q4_K_M", "imatrx": True}}, "imatrx"),
         ({"name": "a", "gguf": {"type": "Q4_K_M"}, "steps": [{"quantize": {"method": "rtn"}}]}, "takes no steps"),
         ({"name": "a", "gguf": {}}, "type"),
+        ({"name": "a", "gguf": {"type": "Q4_K_M", "mixed_types": ["Q5_0"]}}, "give it with mixed"),
+        ({"name": "a", "gguf": {"type": "Q4_K_M", "mixed": True, "mixed_types": ["Q5_0", "Q9_0"]}}, "Q9_0 is not"),
+        ({"name": "a", "gguf": {"type": "Q4_K_M", "mixed": True, "mixed_types": ["Q5_0", "q5_0"]}}, "each once"),
     ],
 )
 def test_bad_gguf_variants_are_refused_with_their_key(variant, message):

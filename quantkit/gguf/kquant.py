@@ -12,8 +12,9 @@ re-quantizing its integer grid with llama.cpp's rounding is refused.
 
 A chooser (quantize/ggufmix.py, `--mixed`) may name every decoder-layer weight's type instead of
 llama-quantize's mix: it gets the export's folder (`Made`: the F16 file, the importance matrix, and
-llama-quantize to run there) and returns the types; the file is then checked to hold exactly those
-types and to be no larger than the file `--type` alone makes.
+llama-quantize to run there) and returns the types; once llama-quantize has written them it may
+rewrite the tensors' codes in place (their types and sizes unchanged); the file is then checked to
+hold exactly those types and to be no larger than the file `--type` alone makes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Protocol
 
 import gguf
 
@@ -112,6 +113,8 @@ def type_report(tensors: list[tuple[str, tuple[int, ...], str, int]], requested:
 
     layers = [w for w in weights if LAYER_LINEAR.fullmatch(w[0])]
     return {
+        "layer_bytes": sum(b for *_, b in layers),  # the decoder layers' linears, as models/sizes.py counts them
+        "layer_weights": sum(_numel(s) for _, s, _, _ in layers),
         "requested": requested,
         "block": block,
         "tensor_types": dict(sorted(counts.items())),
@@ -197,7 +200,14 @@ class Made:
         return dst
 
 
-Chooser = Callable[[Made], dict]  # returns {"types": {tensor: ggml type}, ...its record}
+class Chooser(Protocol):
+    """Names every decoder-layer weight's type (`choose`: {"types": {tensor: ggml type}, ...its record}),
+    then may rewrite the file llama-quantize made with those types, each tensor keeping its type and size
+    (`refine`: the record, updated)."""
+
+    def choose(self, made: Made) -> dict: ...
+
+    def refine(self, made: Made, path: Path, chosen: dict) -> dict: ...
 
 
 def export_kquant(artifact: Path, out: Path | None, o: KquantOptions, chooser: Chooser | None = None) -> dict:
@@ -280,9 +290,12 @@ def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str, chooser: Choo
             (work / "calib.txt").write_text(text)
             note(f"export --type {qtype}: llama-imatrix over {manifest.get('samples')} windows")
             imat = _imatrix(work, o, manifest, f16["sha256"])
-        mixed = chooser(Made(work, artifact, f16, imat, o, qtype)) if chooser else None
+        made = Made(work, artifact, f16, imat, o, qtype)
+        mixed = chooser.choose(made) if chooser else None
         note(f"export --type {qtype}: llama-quantize")
         _quantize(work, qtype, imat, o, types=mixed and mixed["types"])
+        if chooser:
+            mixed = chooser.refine(made, work / "out.gguf", mixed)
         with staged_file(out, record_path(out)) as stage:
             os.replace(work / "out.gguf", stage.path)
             stage.record = _record(stage.path, out, qtype, f16, imat, time.perf_counter() - t0, mixed)

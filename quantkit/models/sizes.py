@@ -26,6 +26,8 @@ def checkpoint_sizes(path: Path) -> dict:
         "disk_bytes": sum(f.stat().st_size for f in path.iterdir() if f.is_file()),
         "weight_file_bytes": total_bytes,
         "bits_per_weight": 8.0 * linear_bytes / linear_weights if linear_weights else None,
+        "linear_bytes": linear_bytes,  # the decoder layers' linear weights as stored, and how many weights they hold
+        "linear_weights": linear_weights,
         "bits_per_param": 8.0 * total_bytes / shape.total_params(),
         "kv_bytes_per_token": int(kv_bytes_per_token(shape)),
     }

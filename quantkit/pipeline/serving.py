@@ -25,6 +25,7 @@ from quantkit.gguf.kquant import DEFAULT_CALIB, KquantOptions, export_kquant
 from quantkit.models.checkpoint import checkpoint_hash
 from quantkit.pipeline.cache import step_key, text_fingerprint
 from quantkit.progress import note
+from quantkit.quantize import ggufmix
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ def quantize_gguf(runner, v) -> dict:
         return hit
     note(f"[{v.name}] llama-quantize {v.gguf.type}{' with an importance matrix' if v.gguf.imatrix else ''}")
     out.parent.mkdir(exist_ok=True)
-    rec = export_kquant(runner.src, out, opts)
+    chooser = ggufmix.chooser(ggufmix.parse_types(",".join(v.gguf.mixed_types or ggufmix.DEFAULT_TYPES)))
+    rec = export_kquant(runner.src, out, opts, chooser if v.gguf.mixed else None)
     kept = {
         k: rec.get(k)
         for k in (
@@ -111,6 +113,8 @@ def quantize_gguf(runner, v) -> dict:
         )
     }
     kept["imatrix_sha256"] = (rec.get("imatrix") or {}).get("sha256")
+    if rec.get("mixed"):  # the choice's summary; every weight's type and cost stay in the GGUF's own record
+        kept["mixed"] = {k: v for k, v in rec["mixed"].items() if k not in ("weights", "windows")}
     runner.cache.put(key, kept)
     return kept
 

@@ -264,7 +264,7 @@ def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
     t = convert_time(m, w, mc)
     plan = Plan(
         "convert",
-        _model_dict(m),
+        model_dict(m),
         asdict(mc),
         stages,
         int(max(calib_peak, reload_peak, sens_peak)),
@@ -285,7 +285,7 @@ def convert_plan(m: Model, w: ConvertWork, mc: Machine) -> Plan:
             "the budget can raise at most; each from its unit's layer on), "
             f"{'on the device' if sens_on_device else 'in RAM'}"
         )
-    _check_fit(plan, mc, w)
+    check_fit(plan, mc, w)
     return plan
 
 
@@ -322,7 +322,7 @@ def convert_time(m: Model, w: ConvertWork, mc: Machine) -> dict:
     return {k: round(v, 1) for k, v in t.items()}
 
 
-def _check_fit(plan: Plan, mc: Machine, w: ConvertWork | None = None) -> None:
+def check_fit(plan: Plan, mc: Machine, w: ConvertWork | None = None) -> None:
     if plan.peak_ram > mc.ram_available:
         plan.fits = False
         plan.problems.append(
@@ -396,7 +396,7 @@ def eval_plan(
     }
     plan = Plan(
         "eval",
-        _model_dict(model),
+        model_dict(model),
         asdict(mc),
         stages,
         int(peak_ram),
@@ -406,7 +406,7 @@ def eval_plan(
         sum(t.values()),
         {k: round(v, 1) for k, v in t.items()},
     )
-    _check_fit(plan, mc)
+    check_fit(plan, mc)
     if not plan.fits and itemsize == 4:
         plan.advice.insert(0, "--dtype bfloat16 (half the memory)")
     return plan
@@ -468,7 +468,7 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
         )
     plan = Plan(
         "bench",
-        _model_dict(m),
+        model_dict(m),
         asdict(mc),
         {"largest_loaded": largest, "kv_cache": kv, "reference": max(refs)},
         int(peak_ram),
@@ -478,7 +478,7 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
         sum(t.values()),
         t,
     )
-    _check_fit(plan, mc)
+    check_fit(plan, mc)
     return plan
 
 
@@ -527,7 +527,7 @@ def combine(command: str, plans: list[Plan]) -> Plan:
     return out
 
 
-def _model_dict(m: Model) -> dict:
+def model_dict(m: Model) -> dict:
     return {
         "params": m.params,
         "weight_bytes": m.weight_bytes,

@@ -14,11 +14,16 @@ library). One forward and backward pass per window and draw measures every weigh
 where measuring each KL directly would take a forward pass per weight and type. The choice is
 quantize/mixed.py's multiple-choice knapsack over the weights' bytes, within the bytes T's own file
 gives the same weights; embeddings, the output and the norms keep T's types.
+
+Once llama-quantize has written the chosen types, each weight's codes are chosen again by GPTQ
+within the blocks' own scales (quantize/ggufgptq.py, `refine`): same types, same bytes, less error.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -31,10 +36,13 @@ from quantkit.gguf.kquant import LAYER_LINEAR
 from quantkit.gguf.read import open_reader
 from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer
 from quantkit.progress import note
+from quantkit.quantize import ggufgptq
 from quantkit.quantize.mixed import Unit, solve
+from quantkit.recipe.schema import GGUF_MIXABLE
 
-# ggml types a weight may take: llama-quantize makes each with --pure and the gguf library reads it back.
-MIXABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# ggml types a weight may take: llama-quantize makes each with --pure and the gguf library reads it back
+# (one list: recipes' `mixed_types` are checked against it when read).
+MIXABLE = GGUF_MIXABLE
 DEFAULT_TYPES = ("IQ4_NL", "IQ4_XS", "Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0")
 WINDOWS, SEQ_LEN, DRAWS = (
     4,
@@ -79,9 +87,24 @@ def kfac_cost(dw, a, g, tokens: int) -> float:
     return 0.5 * float(((g @ dw) * (dw @ a)).sum()) / tokens**2
 
 
-def chooser(types: tuple[str, ...]):
+@dataclass(frozen=True)
+class MixedChooser:
+    """kquant.Chooser: each weight's type among `types` (choose), then its codes by GPTQ (refine;
+    `gptq=False` keeps llama-quantize's own rounding)."""
+
+    types: tuple[str, ...]
+    gptq: bool = True
+
+    def choose(self, made) -> dict:
+        return choose(made, self.types)
+
+    def refine(self, made, path: Path, chosen: dict) -> dict:
+        return refine(made, path, chosen) if self.gptq else chosen
+
+
+def chooser(types: tuple[str, ...], gptq: bool = True) -> MixedChooser:
     """kquant.Chooser for these candidate types."""
-    return lambda made: choose(made, types)
+    return MixedChooser(types, gptq)
 
 
 def choose(made, candidates: tuple[str, ...]) -> dict:
@@ -115,7 +138,7 @@ def choose(made, candidates: tuple[str, ...]) -> dict:
         "candidates": list(candidates),
         "method": "K-FAC estimate of each weight's KL at each type (quantize/ggufmix.py), multiple-choice knapsack "
         "over bytes (quantize/mixed.py)",
-        "windows": manifest,
+        "windows": [manifest],  # every text the choice was fitted on; refine adds GPTQ's
         "draws": DRAWS,
         "cost_reference": sum(costs[n]["reference"] for n in weights),
         "cost_chosen": sum(costs[n]["types"][picked[n]] for n in weights),
@@ -202,16 +225,16 @@ def _measure(made, weights: dict, options: dict, ref_tensors: dict) -> tuple[dic
     return costs, manifest
 
 
-def _windows(made, model):
-    """WINDOWS windows of SEQ_LEN tokens from the export's calibration source, its seed and region."""
+def _windows(made, model, samples: int = WINDOWS, seq_len: int = SEQ_LEN):
+    """`samples` windows of `seq_len` tokens from the export's calibration source, its seed and region."""
 
     o = made.options
     cs = calib.build(
         made.artifact,
         load_tokenizer(made.artifact),
         o.calib,
-        samples=WINDOWS,
-        seq_len=SEQ_LEN,
+        samples=samples,
+        seq_len=seq_len,
         seed=o.seed,
         region=o.region,
         chat_template=False,
@@ -316,8 +339,84 @@ def _dequantized(tensor, weight: dict):
 def describe(record: dict) -> str:
     """One line for the CLI: the candidates, the budget, the estimated KL of T's types and of the choice."""
     m = record["mixed"]
-    return (
+    line = (
         f"types per tensor among {', '.join(m['candidates'])} within {m['budget_bytes'] / 1e6:.2f} MB of layers "
         f"(--type's own file {m['reference_bytes'] / 1e6:.2f} MB); estimated KL {m['cost_chosen']:.4f} "
-        f"(--type's own types {m['cost_reference']:.4f}, K-FAC over {m['windows']['samples']} windows)"
+        f"(--type's own types {m['cost_reference']:.4f}, K-FAC over {m['windows'][0]['samples']} windows)"
     )
+    g = m.get("gptq")
+    if g:
+        line += (
+            f"; codes by GPTQ over {g['windows']} windows: ‖ΔW X‖² × {g['proxy_after'] / g['proxy_before']:.2f} "
+            "of llama-quantize's rounding"
+        )
+    return line
+
+
+# ---------------------------------------------------------------- the codes (GPTQ)
+
+
+def refine(made, path: Path, chosen: dict) -> dict:
+    """GPTQ's codes for every decoder-layer weight of the file llama-quantize made with the chosen
+    types (quantize/ggufgptq.py), H over the calibration windows the importance matrix is made from."""
+    t0 = time.perf_counter()
+    o = made.options
+    weights = {t["name"]: t for t in made.f16["tensors"] if LAYER_LINEAR.fullmatch(t["name"])}
+    # bfloat16 forwards (H sums float32 products of the inputs; GPTQ damps it by 1% anyway): several times
+    # faster than float32 on CPUs with bf16 dot products, as convert calibrates 4-bit recipes
+    model = load_model(made.artifact, dtype="bfloat16", device="cpu")
+    rows, manifest = _windows(made, model, o.samples, o.seq_len)
+    modules = {n: model.get_submodule(w["source"].removesuffix(".weight")) for n, w in weights.items()}
+    f16 = {t.name: t for t in open_reader(made.work / "f16.gguf").tensors if t.name in weights}
+    per: dict = {}
+    for group in _layer_groups(modules):
+        note(f"export --mixed: inputs' second moments of {len(group)} weights over {rows.shape[0]} windows")
+        h = second_moments(model, rows, {n: modules[n] for n in group})
+        values = {n: _values(f16[n]) for n in group}
+        per |= ggufgptq.refine(path, {n: weights[n] for n in group}, values, h, _input)
+        h = values = None
+    tokens = rows.numel()
+    summary = {
+        "method": "GPTQ (Frantar et al. 2022) on each weight's own blocks, llama-quantize's scales kept "
+        "(quantize/ggufgptq.py)",
+        "windows": manifest["samples"],
+        "damp": ggufgptq.DAMP,
+        "act_order": "static",
+        "proxy_before": sum(v["proxy_before"] for v in per.values()) / tokens,
+        "proxy_after": sum(v["proxy_after"] for v in per.values()) / tokens,
+        "seconds": time.perf_counter() - t0,
+    }
+    for w in chosen["weights"]:
+        if w["tensor"] in per:
+            w["proxy_ratio"] = per[w["tensor"]]["proxy_after"] / max(per[w["tensor"]]["proxy_before"], 1e-30)
+    # every text a choice was fitted on, for eval's overlap guard (evals/checks.py reads a list of them)
+    return chosen | {"gptq": summary, "windows": [*chosen["windows"], manifest]}
+
+
+def _values(tensor) -> torch.Tensor:
+    """A 16-bit GGUF tensor's values in the file's own row order, (rows, row length)."""
+    w = np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    return torch.from_numpy(w.reshape(int(tensor.shape[1]), int(tensor.shape[0])))
+
+
+def second_moments(model, rows, modules: dict) -> dict:
+    """H[input] = Σ x xᵀ of each weight's inputs over the windows `rows` (a forward pass each, no gradient)."""
+    h = {_input(n): torch.zeros(m.in_features, m.in_features) for n, m in modules.items()}
+    owners = {_input(n): n for n in reversed(list(modules))}
+
+    def hook(name):
+        def forward(module, args, output):
+            if owners[_input(name)] == name:
+                _accumulate(h[_input(name)], args[0])
+
+        return forward
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in modules.items() if owners[_input(n)] == n]
+    try:
+        with torch.no_grad():
+            for window in rows.split(1):
+                model.model(input_ids=window, use_cache=False)  # the decoder alone: no logits are needed
+    finally:
+        for handle in handles:
+            handle.remove()
+    return h

@@ -248,6 +248,11 @@ class BenchConfig(StrictConfig):
     prompt_sweep: tuple[int, ...] = ()
     threads: int | None = Field(None, ge=1)  # CPU threads for the engine (None: the engine's default)
     self_check: bool = True  # the engine's logits against transformers' load before timing (bench/selfcheck.py)
+    # `quantkit bench --depth`: TPOT with this many tokens already in the KV cache, a row per depth
+    # (each prefilled once); with depths, prompt_len is the self-check's prompt only
+    depths: tuple[Annotated[int, Field(strict=True, ge=0)], ...] = ()
+    # `--flash-attn` of the engines that have the setting (llama.cpp); the others bench at their own attention
+    flash_attn: Literal["default", "on", "off", "both"] = "default"
 
     @model_validator(mode="before")
     @classmethod
@@ -274,6 +279,10 @@ class BenchConfig(StrictConfig):
             raise ValueError(f"unknown engine {unknown[0]!r}; valid: {', '.join(BENCH_ENGINES)}")
         if len(set(self.engines)) != len(self.engines):
             raise ValueError("engines: each engine at most once")
+        if len(set(self.depths)) != len(self.depths):
+            raise ValueError("depths: each depth at most once")
+        if self.depths and self.prompt_sweep:
+            raise ValueError("depths and prompt_sweep: each depth's prefill is its TTFT; give one of the two")
         return self
 
 
@@ -336,13 +345,20 @@ GGUF_TYPES = (
 )
 
 
+# ggml types `mixed:` may give a decoder-layer weight (quantize/ggufmix.py makes each with llama-quantize --pure).
+GGUF_MIXABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
 class GgufVariantConfig(StrictConfig):
     """A variant that llama.cpp's own tools make from the source checkpoint, as a llama.cpp user would:
     its exact F16 GGUF, then llama-quantize `type`, with an importance matrix (llama-imatrix) over the
-    text of the run's calibration windows when `imatrix` is true."""
+    text of the run's calibration windows when `imatrix` is true. `mixed`: quantkit chooses each
+    decoder-layer weight's type among `mixed_types` within `type`'s own file size (`export --mixed`)."""
 
     type: str
     imatrix: bool = True
+    mixed: bool = False
+    mixed_types: tuple[str, ...] | None = None  # None: export --mixed's default list
 
     @field_validator("type")
     @classmethod
@@ -350,6 +366,26 @@ class GgufVariantConfig(StrictConfig):
         if v.upper() not in GGUF_TYPES:
             raise ValueError(f"{v!r} is not a type quantkit makes with llama-quantize; valid: {', '.join(GGUF_TYPES)}")
         return v.upper()
+
+    @field_validator("mixed_types")
+    @classmethod
+    def _mixable(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is None:
+            return v
+        names = tuple(t.upper() for t in v)
+        bad = [t for t in names if t not in GGUF_MIXABLE]
+        if bad or not names or len(set(names)) != len(names):
+            raise ValueError(
+                f"{bad[0] + ' is ' if bad else ''}not a list of types a weight may take, each once; "
+                f"valid: {', '.join(GGUF_MIXABLE)}"
+            )
+        return names
+
+    @model_validator(mode="after")
+    def _types_with_mixed(self) -> "GgufVariantConfig":
+        if self.mixed_types is not None and not self.mixed:
+            raise ValueError("mixed_types: the types `mixed: true` chooses among; give it with mixed")
+        return self
 
 
 class Variant(StrictConfig):
@@ -387,6 +423,19 @@ def _check_steps(steps: tuple[Step, ...]) -> None:
     if kinds == ["quantize", "gqa"]:
         raise ValueError("gqa must come before quantize (a quantized model cannot be re-headed)")
     _check_transform_step(steps, kinds)
+    _check_kv_cache(steps)
+
+
+def _check_kv_cache(steps: tuple[Step, ...]) -> None:
+    """FP8 K/V scales are calibrated on the calibration windows, in the step's own pass."""
+    for s in steps:
+        kv = getattr(s.quantize, "kv_cache", None)
+        if kv is not None and kv.fp8 is not None and not METHODS[s.quantize.method].calibrates:
+            raise ValueError(
+                f"kv_cache.fp8: the K/V scales are calibrated on the calibration windows, which method "
+                f"{s.quantize.method} reads none of; use {spoken(names('calibrates'))} (kv_cache.llamacpp alone "
+                "needs no calibration)"
+            )
 
 
 def _check_transform_step(steps: tuple[Step, ...], kinds: list[str]) -> None:

@@ -1,0 +1,383 @@
+"""`quantkit pareto MODEL --calib SPEC --out DIR`: which variant to ship, as a curve of accuracy per
+bit against llama.cpp's own K-quants.
+
+The front is a built-in suite run by `quantkit run` (pipeline/run.py) in DIR/run, so a re-run reuses
+every finished point (its step cache) and every check of a run holds (the overlap guard among
+them: each choice - auto's windows, --mixed's Fisher windows, the importance matrix - is fitted
+on calibration text, and no point is scored on it). Its variants, one line each (front.LINES):
+
+- llama.cpp: `gguf: {type: T, imatrix: true}` for each anchor type T: llama-imatrix over the run's
+  calibration windows, then llama-quantize T, scored by llama.cpp;
+- quantkit GGUF: the same with `mixed: true` (export --type T --mixed: each decoder-layer weight's
+  type chosen by its estimated KL within T's own file size), scored by llama.cpp;
+- quantkit compressed-tensors: the `auto:` recipe (default int4-w4a16-gptq-g64-mixed) at
+  `budget_bits: B` for each size B, scored by transformers (the engine that serves it).
+
+Every point is scored on the same texts, windows and split (default the confirmation windows,
+where no choice was made), with the KL the eval reports (exact over the vocabulary where its
+engine allows). Then front.py compares the lines at each size and writes DIR/pareto.json, .md, .png.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from quantkit.artifacts.staging import read_meta
+from quantkit.core.atomic import exclusive, write_json, write_text
+from quantkit.errors import QuantkitError
+from quantkit.evals.splits import SPLITS
+from quantkit.gguf import tools
+from quantkit.gguf.kquant import read_types
+from quantkit.methods.schemes import Scheme
+from quantkit.models.sizes import checkpoint_sizes
+from quantkit.pipeline.front import (
+    DEFAULT_ANCHORS,
+    DEFAULT_CT_RECIPE,
+    DEFAULT_SIZES,
+    DEFAULT_TEXTS,
+    LINES,
+    LLAMACPP,
+    SIZE_RANGE,
+    DomainKL,
+    ParetoResult,
+    Point,
+    bits_per_weight,
+    compare,
+    markdown,
+    plot,
+)
+from quantkit.pipeline.run import Runner, RunOptions
+from quantkit.recipe.files import load_recipe, recipe_from_dict
+from quantkit.recipe.schema import GGUF_MIXABLE, GGUF_TYPES
+from quantkit.resources import find_recipe
+
+ACCOUNTING = (
+    "the decoder layers' linear weights as stored (GGUF: their blocks' bytes; compressed-tensors: packed "
+    "codes, scales and zero points) × 8 ÷ their weights, the same count for every tool"
+)
+
+
+@dataclass(frozen=True)
+class ParetoSettings:
+    """Everything `quantkit pareto` runs with, checked once where it is built (one line, exit 2)."""
+
+    model: str
+    out: Path
+    calib: str = "mix:default"
+    sizes: tuple[float, ...] = DEFAULT_SIZES
+    anchors: tuple[str, ...] = DEFAULT_ANCHORS
+    texts: tuple[str, ...] = DEFAULT_TEXTS
+    split: str = "confirmation"
+    calib_samples: int = 128
+    calib_seq_len: int = 512
+    seq_len: int = 512
+    max_tokens: int = 4096
+    mixed_types: tuple[str, ...] | None = None  # None: export --mixed's default list
+    ct_recipe: str = DEFAULT_CT_RECIPE
+    lines: tuple[str, ...] = tuple(LINES)
+    kl: str | None = "exact"  # the eval's --kl; None: what each engine gives
+    rerun: bool = False
+    debug: bool = False
+
+    def __post_init__(self) -> None:
+        lo, hi = SIZE_RANGE
+        if not self.sizes:
+            raise QuantkitError("--sizes: give at least one size in bits/weight, e.g. 3.5,4,4.5,5,5.5")
+        bad = [s for s in self.sizes if not lo <= s <= hi]
+        if bad:
+            raise QuantkitError(f"--sizes {bad[0]:g}: sizes are bits/weight between {lo:g} and {hi:g}")
+        if list(self.sizes) != sorted(set(self.sizes)):
+            object.__setattr__(self, "sizes", tuple(sorted(set(self.sizes))))
+        unknown = [a for a in self.anchors if a not in GGUF_TYPES]
+        if unknown or not self.anchors:
+            raise QuantkitError(
+                f"--anchors {unknown[0] if unknown else '(none)'}: not a type quantkit makes with llama-quantize; "
+                f"valid: {', '.join(GGUF_TYPES)}"
+            )
+        bad_lines = [n for n in self.lines if n not in LINES]
+        if bad_lines or not self.lines:
+            raise QuantkitError(
+                f"--lines {bad_lines[0] if bad_lines else '(none)'}: not a line of the front; valid: {', '.join(LINES)}"
+            )
+        bad_types = [t for t in self.mixed_types or () if t not in GGUF_MIXABLE]
+        if bad_types:
+            raise QuantkitError(
+                f"--mixed-types {bad_types[0]}: not a type a weight may take; valid: {', '.join(GGUF_MIXABLE)}"
+            )
+        if self.split not in SPLITS:
+            raise QuantkitError(f"--split {self.split}: use one of {', '.join(SPLITS)}")
+        if len(self.texts) < 1 or len(set(self.texts)) != len(self.texts):
+            raise QuantkitError("--text: give each text once, at least one")
+
+    @property
+    def gguf_lines(self) -> bool:
+        return any(LINES[n].format == "gguf" for n in self.lines)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        return d | {"out": str(self.out), "sizes": list(self.sizes), "anchors": list(self.anchors)}
+
+
+def check_tools(s: ParetoSettings) -> None:
+    """llama.cpp's programs and bindings, before anything is made, where a GGUF line is asked for."""
+    if not s.gguf_lines:
+        return
+    for name in ("llama-quantize", "llama-imatrix"):
+        tools.locate(name, "quantkit pareto's GGUF points")
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise QuantkitError(
+            "quantkit pareto scores its GGUF points through llama.cpp, and llama-cpp-python is not installed "
+            "(./scripts/_install.sh installs it); or leave the GGUF lines out: --lines compressed-tensors"
+        )
+
+
+# ---------------------------------------------------------------- the suite
+
+
+def _ct_step(s: ParetoSettings) -> tuple[dict, Scheme, dict]:
+    """The compressed-tensors recipe as data, its quantize step's base scheme, and its calibration."""
+    recipe = load_recipe(find_recipe(s.ct_recipe))
+    data = recipe.to_dict()
+    steps = data.get("steps") or []
+    quant = [st for st in steps if st.get("quantize")]
+    if len(quant) != 1 or not quant[0]["quantize"].get("auto"):
+        raise QuantkitError(
+            f"--ct-recipe {s.ct_recipe}: a recipe with one quantize step whose auto: chooses under a bits budget "
+            f"(as {DEFAULT_CT_RECIPE})"
+        )
+    q = quant[0]["quantize"]
+    return data, Scheme(q["bits"], q["group_size"], q["symmetric"]), data["calibration"]
+
+
+def _ct_variants(s: ParetoSettings, notes: list[str]) -> list[dict]:
+    data, base, _ = _ct_step(s)
+    variants = []
+    for size in s.sizes:
+        if size < base.nominal_bits:
+            notes.append(
+                f"compressed-tensors: no point at {size:g} bits/weight: the base scheme {base.name} alone takes "
+                f"{base.nominal_bits:.2f}"
+            )
+            continue
+        steps = []
+        for st in data["steps"]:
+            if st.get("quantize"):
+                auto = {k: v for k, v in st["quantize"]["auto"].items() if k not in ("budget_tpot_ms", "device")}
+                st = {**st, "quantize": {**st["quantize"], "auto": {**auto, "budget_bits": size, "context": 0}}}
+            steps.append({k: v for k, v in st.items() if v is not None})
+        variants.append(
+            {
+                "name": f"ct-{size:g}",
+                "description": f"{s.ct_recipe} at budget_bits {size:g}",
+                "steps": steps,
+            }
+        )
+    return variants
+
+
+def suite(s: ParetoSettings) -> tuple[dict, list[str]]:
+    """The built-in suite of the front, as recipe data, and notes on the points it leaves out."""
+    notes: list[str] = []
+    variants: list[dict] = []
+    # the compressed-tensors recipe's calibration (its compute precision) with the front's windows, for
+    # every line: the same calibration whichever lines are made, so each point's reuse key is the same
+    _, _, ct_calib = _ct_step(s)
+    calibration = {**ct_calib, "samples": s.calib_samples, "seq_len": s.calib_seq_len, "source": s.calib}
+    for t in s.anchors if LLAMACPP in s.lines else ():
+        variants.append(
+            {
+                "name": f"llamacpp-{t}",
+                "description": f"llama-quantize {t} with an importance matrix",
+                "gguf": {"type": t, "imatrix": True},
+            }
+        )
+    if "compressed-tensors" in s.lines:
+        variants += _ct_variants(s, notes)
+    for t in s.anchors if "gguf-mixed" in s.lines else ():
+        mixed = {"type": t, "imatrix": True, "mixed": True}
+        if s.mixed_types is not None:
+            mixed["mixed_types"] = list(s.mixed_types)
+        variants.append({"name": f"mixed-{t}", "description": f"export --type {t} --mixed", "gguf": mixed})
+    data = {
+        "name": "pareto",
+        "description": "quantkit pareto: quantkit's points and llama.cpp's at several sizes",
+        "calibration": calibration,
+        "variants": [{"name": "fp16", "description": "the 16-bit source (the baseline)", "baseline": True}, *variants],
+        "eval": {
+            "texts": list(s.texts),
+            "seq_len": s.seq_len,
+            "max_tokens": s.max_tokens,
+            "split": s.split,
+            "kl": s.kl,
+            "engines": ["transformers"],
+        },
+    }
+    return data, notes
+
+
+def runner(s: ParetoSettings) -> tuple[Runner, list[str]]:
+    data, notes = suite(s)
+    recipe = recipe_from_dict(data, "quantkit pareto's suite")
+    opts = RunOptions(
+        model=s.model,
+        out=s.out / "run",
+        calib=s.calib,
+        eval_text=s.texts,
+        skip_bench=True,
+        rerun=s.rerun,
+        debug=s.debug,
+    )
+    return Runner(recipe, opts), notes
+
+
+# ---------------------------------------------------------------- the points
+
+
+def _line_of(name: str) -> str:
+    if name.startswith("llamacpp-"):
+        return LLAMACPP
+    return "gguf-mixed" if name.startswith("mixed-") else "compressed-tensors"
+
+
+def _domains(ev) -> tuple[tuple[DomainKL, ...], str | None]:
+    if ev is None:
+        return (), None
+    out = tuple(
+        DomainKL(t.text, t.label, t.kld.mean, tuple(t.ci95.kld_mean), t.delta_ppl_pct, t.top1_agreement, t.tokens)
+        for t in ev.texts
+    )
+    return out, ev.kl_kind
+
+
+def point(name: str, rec: dict) -> Point:
+    """A variant's record in the run as a point of its line: its size and its KL on every domain."""
+    line = LINES[_line_of(name)]
+    domains, kind = _domains(rec.get("eval"))
+    base = dict(
+        line=line.name,
+        name=name,
+        tool=line.tool,
+        format=line.format,
+        engine=line.engine,
+        kl_kind=kind,
+        domains=domains,
+        error=rec.get("error"),
+    )
+    made = rec.get("gguf_variant")
+    if made is not None:
+        types = read_types(Path(made["gguf"]), made["gguf_type"])
+        detail = {"weight_types": types["weight_types"], "fallback_types": made.get("fallback_types") or {}}
+        if made.get("mixed"):
+            detail["mixed"] = made["mixed"]
+        return Point(
+            **base,
+            target=made["gguf_type"],
+            path=made["gguf"],
+            file_bytes=made["bytes"],
+            layer_bytes=types["layer_bytes"],
+            layer_weights=types["layer_weights"],
+            bits_per_weight=bits_per_weight(types["layer_bytes"], types["layer_weights"]),
+            detail=detail,
+        )
+    target = name.removeprefix("ct-") + " bits/weight"
+    art = rec.get("artifact")
+    if not art or rec.get("error"):
+        return Point(
+            **base, target=target, path=art, file_bytes=None, layer_bytes=None, layer_weights=None, bits_per_weight=None
+        )
+    sizes = checkpoint_sizes(Path(art))
+    return Point(
+        **base,
+        target=target,
+        path=art,
+        file_bytes=sizes["weight_file_bytes"],
+        layer_bytes=sizes["linear_bytes"],
+        layer_weights=sizes["linear_weights"],
+        bits_per_weight=bits_per_weight(sizes["linear_bytes"], sizes["linear_weights"]),
+        detail=_auto_detail(Path(art)),
+    )
+
+
+def _auto_detail(art: Path) -> dict:
+    mp = read_meta(art).get("mixed_precision") or {}
+    keep = ("budget_bits", "base", "choices", "bits_per_weight", "kl_sum", "seconds")
+    return {k: mp.get(k) for k in keep if k in mp} | {"raised": len(mp.get("picked") or [])}
+
+
+def _failed(name: str, rec: dict) -> Point:
+    line = LINES[_line_of(name)]
+    return Point(
+        line.name,
+        name,
+        name,
+        line.tool,
+        line.format,
+        line.engine,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        error=rec.get("error") or "not made",
+    )
+
+
+# ---------------------------------------------------------------- the command
+
+
+def run_pareto(s: ParetoSettings) -> ParetoResult:
+    """Run the front's suite (reusing finished points), then write DIR/pareto.json, pareto.md, pareto.png."""
+    check_tools(s)
+    r, notes = runner(s)
+    t0 = time.perf_counter()
+    s.out.mkdir(parents=True, exist_ok=True)
+    with exclusive(s.out / "pareto.json", what=f"the front in {s.out}"):
+        r.run()
+        points = []
+        for name, rec in r.variants.items():
+            if name == "fp16":
+                continue
+            try:
+                points.append(point(name, rec))
+            except (QuantkitError, OSError, KeyError) as exc:  # a made file that cannot be read: a failed point
+                points.append(_failed(name, {"error": f"{type(exc).__name__}: {exc}"}))
+        result = ParetoResult(
+            model=s.model,
+            source_sha256=r.src_hash,
+            calib=s.calib,
+            settings=s.to_json(),
+            split=s.split,
+            texts=s.texts,
+            kl_kinds=tuple(sorted({p.kl_kind for p in points if p.kl_kind})),
+            points=tuple(points),
+            comparisons=tuple(compare(points, s.sizes)),
+            accounting=ACCOUNTING,
+            notes=tuple(notes + _fallback_notes(points) + _failure_notes(points)),
+            seconds=time.perf_counter() - t0,
+        )
+        write(result, s.out)
+    return result
+
+
+def write(result: ParetoResult, out: Path) -> None:
+    write_json(out / "pareto.json", result.to_json(), indent=1)
+    write_text(out / "pareto.md", markdown(result))
+    plot(result, out / "pareto.png")
+
+
+def _fallback_notes(points: list[Point]) -> list[str]:
+    out = []
+    for p in points:
+        fb = (p.detail or {}).get("fallback_types")
+        if p.line == LLAMACPP and fb:
+            got = ", ".join(f"{n} x {t}" for t, n in sorted(fb.items()))
+            out.append(f"{p.name}: rows no multiple of {p.target}'s block; llama-quantize gave {got} instead")
+    return out
+
+
+def _failure_notes(points: list[Point]) -> list[str]:
+    return [f"{p.name}: not measured: {p.error}" for p in points if p.error]
