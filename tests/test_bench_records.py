@@ -1,5 +1,5 @@
 """The bench's typed records (bench/records.py): one JSON form each, a schema version, files of
-schema 2 still read, and a typo or a missing key refused in one line where a file is read."""
+schemas 2 and 3 still read, and a typo or a missing key refused in one line where a file is read."""
 
 import copy
 import json
@@ -20,9 +20,10 @@ def _v2() -> dict:
 def test_a_schema_2_result_still_reads():
     r = BenchResult.from_json(_v2())
     row = r.rows[0]
-    assert r.schema_version == SCHEMA_VERSION == 3 and r.kind == "bench"
+    assert r.schema_version == SCHEMA_VERSION == 4 and r.kind == "bench"
     assert row.name == "llama-gqa" and row.engine == "eager" and row.tpot_ms > 0
     assert row.depth is None and row.flash_attn is None and row.weight_bytes_by_type is None
+    assert row.kv_cache is None  # the eager engine's cache type was not recorded then
     assert row.prompt_sweep[0].prompt_len == 4 and row.prompt_sweep[0].ttft_ms["n"] >= 1
     assert r.failed[0].name == "short" and r.failed[0].self_check is None
     assert r.fit.points == 1 and r.fit.r2 is None and r.fit.measured_over_line == ()
@@ -33,7 +34,7 @@ def test_the_keys_scripts_read_stay_and_a_result_reads_back_equal():
     old = _v2()
     r = BenchResult.from_json(old)
     new = r.to_json()
-    assert new["schema_version"] == 3 and set(old["rows"][0]) <= set(new["rows"][0]) and set(old) <= set(new)
+    assert new["schema_version"] == 4 and set(old["rows"][0]) <= set(new["rows"][0]) and set(old) <= set(new)
     assert {k: new["rows"][0][k] for k in old["rows"][0]} == old["rows"][0]
     assert BenchResult.from_json(json.loads(json.dumps(new))) == r
 
@@ -45,6 +46,20 @@ def test_a_schema_2_llama_cpp_row_keeps_its_flash_attention_and_tensor_types():
     row["engine_info"] = {**row["engine_info"], "flash_attn": False}
     got = BenchResult.from_json(old).rows[0]
     assert got.flash_attn is False and got.weight_bytes_by_type == {"Q4_0": 1000, "F16": 500}
+
+
+def test_a_schema_3_row_gains_its_kv_cache_type_from_llama_cpp_engine_info():
+    v3 = BenchResult.from_json(_v2()).to_json()
+    v3["schema_version"] = 3
+    for row in v3["rows"]:
+        row.pop("kv_cache")
+    llama = copy.deepcopy(v3["rows"][0])
+    llama.update(engine="llamacpp", engine_info={**llama["engine_info"], "kv_cache_type": "F16"})
+    v3["rows"].append(llama)
+    got = BenchResult.from_json(v3)
+    assert [r.kv_cache for r in got.rows] == [None, "f16"] and got.schema_version == 4
+    with pytest.raises(RecordError, match="missing key 'kv_cache'"):  # a schema-4 row must hold it
+        BenchResult.from_json({**v3, "schema_version": 4})
 
 
 @pytest.mark.parametrize(

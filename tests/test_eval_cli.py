@@ -441,6 +441,8 @@ def test_every_eval_option_reaches_the_settings_the_run_uses(cli, tiny_llama, ti
         "device": ("cpu", "cpu"),
         "seq_len": ("32", 32),
         "max_tokens": ("96", 96),
+        "kv_cache": ("f16", "f16"),
+        "flash_attn": ("on", True),
     }
     args, expected = [], {}
     for p in options:

@@ -3,8 +3,9 @@ of its rows. Two runs with the same threads: pp = the prompt (prompt_len tokens 
 cache: what TTFT times), tg = gen_len single-token steps after prompt_len cached tokens (`-d`:
 what TPOT's steps see). A row at a KV depth (--depth) gets the tg run alone, after that depth
 (llama-bench prefills the depth once and restores it before each repetition, as quantkit does).
-Batch sizes as llama-cpp-python's defaults (n_batch = n_ubatch = 512) and flash attention as the
-row ran it (llama-cpp-python's default: off), so a gap is the build or the harness, not a setting.
+Batch sizes as llama-cpp-python's defaults (n_batch = n_ubatch = 512), flash attention and the K/V
+cache types (`-ctk`/`-ctv`) as the row ran them (llama-cpp-python's defaults: off, f16), so a gap
+is the build or the harness, not a setting.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ TOLERANCE = 0.10  # a ratio further than this from 1 is flagged: beyond the run-
 SETTINGS = ["-b", "512", "-ub", "512", "-ngl", "0"]
 
 
-def settings(flash_attn: bool) -> list[str]:
-    return [*SETTINGS, "-fa", "1" if flash_attn else "0"]
+def settings(flash_attn: bool, cache_k: str = "f16", cache_v: str = "f16") -> list[str]:
+    return [*SETTINGS, "-fa", "1" if flash_attn else "0", "-ctk", cache_k, "-ctv", cache_v]
 
 
-def _records(gguf: Path, test: list, threads: int, repeats: int, flash_attn: bool) -> list[dict]:
+def _records(gguf: Path, test: list, threads: int, repeats: int, setting: list[str]) -> list[dict]:
     proc = tools.run(
         "llama-bench",
-        ["-m", gguf, *test, "-t", threads, "-r", repeats, *settings(flash_attn), "-o", "json"],
+        ["-m", gguf, *test, "-t", threads, "-r", repeats, *setting, "-o", "json"],
         purpose="the llama-bench anchor",
     )
     try:
@@ -42,6 +43,7 @@ def parse_tg(tg: dict) -> dict:
         "tg_tokens": tg["n_gen"],
         "tg_depth": tg.get("n_depth", 0),
         "flash_attn": tg.get("flash_attn") == 1,  # llama_flash_attn_type: -1 auto, 0 off, 1 on
+        "kv_cache": f"{tg.get('type_k', 'f16')}/{tg.get('type_v', 'f16')}",
         "repeats": len(tg.get("samples_ns") or []) or None,
         "build_commit": tg.get("build_commit"),
         "build_number": tg.get("build_number"),
@@ -86,18 +88,20 @@ def measure(
     repeats: int,
     flash_attn: bool = False,
     depth: int | None = None,
+    cache: tuple[str, str] = ("f16", "f16"),
 ) -> dict:
-    """llama-bench's pp and tg on `gguf`; with `depth`, its tg alone after that many cached tokens.
-    {"error": one line} when it is not installed or fails."""
-    fa = " ".join(settings(flash_attn))
+    """llama-bench's pp and tg on `gguf`; with `depth`, its tg alone after that many cached tokens;
+    `cache`: the K and V cache types. {"error": one line} when it is not installed or fails."""
+    setting = settings(flash_attn, *cache)
+    fa = " ".join(setting)
     try:
         if depth is not None:
-            tg = _records(gguf, ["-p", 0, "-n", gen_len, "-d", depth], threads, repeats, flash_attn)
+            tg = _records(gguf, ["-p", 0, "-n", gen_len, "-d", depth], threads, repeats, setting)
             return parse_tg(tg[0]) | {
                 "command": f"llama-bench -m {gguf} -p 0 -n {gen_len} -d {depth} -t {threads} -r {repeats} {fa}"
             }
-        pp = _records(gguf, ["-p", prompt_len, "-n", 0], threads, repeats, flash_attn)
-        tg = _records(gguf, ["-p", 0, "-n", gen_len, "-d", prompt_len], threads, repeats, flash_attn)
+        pp = _records(gguf, ["-p", prompt_len, "-n", 0], threads, repeats, setting)
+        tg = _records(gguf, ["-p", 0, "-n", gen_len, "-d", prompt_len], threads, repeats, setting)
         return parse(pp[0], tg[0]) | {
             "command": f"llama-bench -m {gguf} -p {prompt_len} -n 0 / -p 0 -n {gen_len} -d {prompt_len} "
             f"-t {threads} -r {repeats} {fa}"

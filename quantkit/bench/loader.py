@@ -33,6 +33,14 @@ class BenchModel:
         return "; ".join(f"{k} x{n}" for k, n in self.kernels.items()) or "dense"
 
 
+# An FP8 KV cache scheme's scales beside each attention (compressed-tensors' kv_cache_scheme)
+KV_SCALES = re.compile(r".*\.(k|v|q)_(scale|zero_point)$")
+KV_NOTE = (
+    "the checkpoint's FP8 K/V scales (kv_cache_scheme) are not applied: this engine keeps its KV cache in "
+    "bfloat16, and the bytes per token count that cache (vLLM stores it in FP8; llama.cpp takes --kv-cache types)"
+)
+
+
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint, on the CPU: packed integers are repacked there (ATen's
     int4 packing runs on the device the layer is built for, see kernels.py)."""
@@ -170,6 +178,11 @@ def load_compressed(path: Path, device) -> BenchModel:
         bm.kernels[module.kernel] = bm.kernels.get(module.kernel, 0) + 1
         for suffix in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight", "bias"):
             sd.pop(prefix + suffix, None)
+    kv = [k for k in sd if KV_SCALES.match(k)]
+    for k in kv:
+        sd.pop(k)
+    if kv:
+        bm.notes.append(KV_NOTE)
     dense = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).to(device) for k, v in sd.items()}
     missing, unexpected = model.load_state_dict(dense, strict=False, assign=True)
     model.tie_weights()

@@ -7,7 +7,8 @@ RuleFit), the settings as they ran (BenchSettings.to_json) and the load average.
 
 `from_json` refuses unknown and missing keys with one line (core/records.py), so a typo in a
 script's result file is an error where it is read. Files of schema 2 (before depths and flash
-attention were measured) still read: `BenchResult.from_json` migrates them.
+attention were measured) and 3 (before each row named its KV cache's type) still read:
+`BenchResult.from_json` migrates them.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 from quantkit.core.records import RecordError, checked
 from quantkit.core.roofline import RuleFit
 
-SCHEMA_VERSION = 3
-READS = (2, 3)  # the schema versions from_json reads
+SCHEMA_VERSION = 4
+READS = (2, 3, 4)  # the schema versions from_json reads
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ class BenchRow:
     gen_len: int
     depth: int | None  # tokens cached when decode starts (--depth); None: a fresh prefill per repeat
     flash_attn: bool | None  # the engine's flash-attention setting, where it has the lever (llama.cpp)
+    # the KV cache's element type as the engine held it (bench/engines/base.py kv_cache_type): llama.cpp's
+    # K/V types (`q8_0`, `q8_0/f16`), `fp8_e4m3` in vLLM for a checkpoint with FP8 K/V scales, the torch
+    # engines' dtype; None in files written before it was recorded
+    kv_cache: str | None
     load_s: float
     compile_and_warmup_s: float
     warmups: int
@@ -211,6 +216,8 @@ class BenchResult:
             raise RecordError(f"bench result of schema {version!r}: this quantkit reads {', '.join(map(str, READS))}")
         if version == 2:
             data = migrate_v2(data)
+        if data.get("schema_version") == 3:
+            data = migrate_v3(data)
         d = checked(cls, data, "bench result")
         return cls(
             settings=dict(d["settings"]),
@@ -243,7 +250,7 @@ def migrate_v2(data: dict) -> dict:
     fit = data.get("fit") or {}
     return {
         **data,
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": 3,
         "rows": [row(r) for r in data.get("rows", [])],
         "failed": [{"self_check": None, **f} for f in data.get("failed", [])],
         "fit": {"slope_s_per_byte": None, "measured_over_line": [], **fit},
@@ -251,3 +258,15 @@ def migrate_v2(data: dict) -> dict:
         "ttft_plot": data.get("ttft_plot"),
         "depth_plot": None,
     }
+
+
+def migrate_v3(data: dict) -> dict:
+    """A schema-3 result as schema 4 holds it. Schema 4 added each row's `kv_cache`: llama.cpp's
+    from its engine_info (`kv_cache_type`, f16 in every schema-3 run), None for the other engines
+    (their cache type was not recorded)."""
+
+    def row(r: dict) -> dict:
+        kind = (r.get("engine_info") or {}).get("kv_cache_type")  # gguf-py's name then: "F16"
+        return {"kv_cache": kind.lower() if isinstance(kind, str) else None, **r}
+
+    return {**data, "schema_version": SCHEMA_VERSION, "rows": [row(r) for r in data.get("rows", [])]}

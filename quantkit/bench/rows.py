@@ -35,6 +35,7 @@ class Loaded:
 
     weights: dict  # engine.weight_bytes()
     kv: float  # bytes per cached token
+    kv_type: str  # the cache's element type (engine.kv_cache_type())
     info: dict  # engine.describe()
     self_check: dict
     load_s: float
@@ -107,6 +108,7 @@ def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measu
         gen_len=s.gen_len,
         depth=m.depth,
         flash_attn=eng.get("flash_attn"),
+        kv_cache=loaded.kv_type,
         load_s=loaded.load_s,
         compile_and_warmup_s=summary.pop("warmup_s"),
         warmups=summary["warmups"],
@@ -176,13 +178,13 @@ def classify(row: BenchRow, llc_bytes: int | None) -> BenchRow:
 
 def depth_notes(rows: list[BenchRow]) -> list[BenchRow]:
     """Rows at depth whose efficiency fell by more than DEPTH_EXCESS from the same model's shallowest
-    depth (same engine and flash-attention setting) get the flag `attention_compute` and a note:
+    depth (same engine, flash-attention setting and cache type) get the flag `attention_compute` and a note:
     the time their bytes do not explain, and the engine's word on what helps."""
 
     groups: dict[tuple, list[BenchRow]] = {}
     for r in rows:
         if r.depth is not None:
-            groups.setdefault((r.model, r.engine, r.flash_attn), []).append(r)
+            groups.setdefault((r.model, r.engine, r.flash_attn, r.kv_cache), []).append(r)
     changed = {}
     for group in groups.values():
         base = min(group, key=lambda r: r.depth)

@@ -19,9 +19,16 @@ from quantkit.bench.gguf_source import gguf_config, is_gguf, reference_source
 from quantkit.bench.harness import SWEEP_SAMPLES, measure, measure_depth, summarize_ms, time_prefill
 from quantkit.bench.records import BenchResult, BenchRow, DeviceBlock, FailedRow, LoadAverage, SweepPoint
 from quantkit.bench.rows import Loaded, Measured, classify, depth_notes, make_row, name_of
-from quantkit.bench.settings import BenchSettings, check_fits_bytes, check_lengths, check_settings  # noqa: F401  (re-exported)
+from quantkit.bench.settings import (  # noqa: F401  (re-exported)
+    BenchSettings,
+    check_fits_bytes,
+    check_kv_caches,
+    check_lengths,
+    check_settings,
+)
 from quantkit.bench.synthetic import Synthetic
 from quantkit.core.hardware import shape_config
+from quantkit.core.kv_cache import LlamaCache
 from quantkit.core.roofline import Shape, fit_rule, predict_ttft_s, prefill_flops
 from quantkit.errors import QuantkitError
 from quantkit.progress import bar, note
@@ -79,7 +86,9 @@ def _reference(source, cfg: dict, s: BenchSettings, ids: list[int]):
     if ref_source != source:
         cfg = _config(ref_source)
     t = time.perf_counter()
-    ref, info = selfcheck.reference_logprobs(ref_source, ids, s.prompt_len, s.device, cfg)
+    ref, info = selfcheck.reference_logprobs(
+        ref_source, ids, s.prompt_len, s.device, cfg, kv_rounding=engine_class(s.engine).applies_kv_scheme
+    )
     if ref_source != source:
         info["reference_checkpoint"] = str(ref_source)
     return ref, {**info, "reference_s": time.perf_counter() - t}
@@ -118,21 +127,23 @@ def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: f
     return out
 
 
-def bench_one(source, s: BenchSettings, figs) -> list[BenchRow]:
-    """Every row of one model: one per flash-attention setting (--flash-attn both loads it twice),
-    and with --depth one per depth of each. The self-check's reference is computed once."""
+def bench_one(source, s: BenchSettings, figs, cache: LlamaCache | None = None) -> list[BenchRow]:
+    """Every row of one model: one per flash-attention setting (--flash-attn both loads it twice)
+    and cache type (--kv-cache, or `cache`: this model's own), and with --depth one per depth of
+    each. The self-check's reference is computed once."""
 
     cfg = _config(source)
     ids = _prompt_ids(cfg["vocab_size"], s.prompt_len, s.seed)
     check_ids = ids + _prompt_ids(cfg["vocab_size"], min(selfcheck.DECODE_STEPS, s.gen_len - 1), s.seed + 1)
     ref, info = _reference(source, cfg, s, check_ids)
     rows = []
-    for flash_attn in s.flash_attn_runs:
-        rows += _bench_loaded(source, cfg, s, figs, (ref, info, check_ids), flash_attn)
+    for kv in (cache,) if cache is not None else s.kv_cache_runs:
+        for flash_attn in s.flash_attn_runs:
+            rows += _bench_loaded(source, cfg, s, figs, (ref, info, check_ids), flash_attn, kv)
     return depth_notes(rows)
 
 
-def _bench_loaded(source, cfg: dict, s: BenchSettings, figs, check, flash_attn) -> list[BenchRow]:
+def _bench_loaded(source, cfg: dict, s: BenchSettings, figs, check, flash_attn, kv_cache=None) -> list[BenchRow]:
     """Load the engine, self-check it, then its rows: the prompt's repeats, or each depth's."""
     t0 = time.perf_counter()
     es = EngineSettings(
@@ -142,6 +153,7 @@ def _bench_loaded(source, cfg: dict, s: BenchSettings, figs, check, flash_attn) 
         threads=s.threads,
         tensor_parallel=s.tensor_parallel,
         flash_attn=flash_attn,
+        kv_cache=kv_cache,
         reuse_prefix=bool(s.depths),
     )
     engine = engine_class(s.engine).load(source, es)
@@ -149,7 +161,14 @@ def _bench_loaded(source, cfg: dict, s: BenchSettings, figs, check, flash_attn) 
     try:
         ref, info, check_ids = check
         passed = _self_check(engine, ref, info, check_ids, s)
-        loaded = Loaded(engine.weight_bytes(), engine.kv_bytes_per_token(), engine.describe(), passed, load_s)
+        loaded = Loaded(
+            engine.weight_bytes(),
+            engine.kv_bytes_per_token(),
+            engine.kv_cache_type(),
+            engine.describe(),
+            passed,
+            load_s,
+        )
         if not s.depths:
             ids = check_ids[: s.prompt_len]
             timings = measure(engine, ids, s.gen_len, repeats=s.repeats, min_seconds=s.min_seconds, warmups=s.warmups)
@@ -207,16 +226,22 @@ def _device_block(s: BenchSettings, before: dict, after: dict | None, rows: list
     )
 
 
-def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None, probe=None) -> BenchResult:
+def bench_many(
+    paths: list, s: BenchSettings, names: list[str] | None = None, probe=None, caches: dict | None = None
+) -> BenchResult:
     """Bench every model in one process between two probes, so ratios between them are comparable
     and a device that changed speed during the run is flagged. `probe(device) -> dict` (default:
-    probe.run_probe) is a parameter so tests can inject one.
+    probe.run_probe) is a parameter so tests can inject one. `caches`: name -> the LlamaCache a
+    model runs with instead of the settings' (a run's variant whose recipe names its llama.cpp
+    cache types), checked against the settings' flash attention first.
 
     A model that cannot be benchmarked (no kernel for its scheme, too big, failed self-check)
     gets an error row; the others go on."""
 
     probe = probe or (lambda device: probing.run_probe(device, s.threads))
     check_settings(s)
+    caches = caches or {}
+    check_kv_caches(s, list(caches.values()), "kv_cache.llamacpp")
     names = names or [name_of(p) for p in paths]
     todo, failed = _precheck_all(paths, s, names)
     load_before = os.getloadavg()[0]
@@ -228,7 +253,7 @@ def bench_many(paths: list, s: BenchSettings, names: list[str] | None = None, pr
             note(f"bench {p} ({s.engine}, {s.device})")
             update(i, f"bench {name} ({s.engine}, {s.device})")
             try:
-                rows += [replace(r, name=name) for r in bench_one(p, s, figs)]
+                rows += [replace(r, name=name) for r in bench_one(p, s, figs, caches.get(name))]
             except SelfCheckError as exc:
                 failed.append(FailedRow(str(p), name, str(exc), exc.result))
             except QuantkitError as exc:

@@ -24,6 +24,7 @@ import torch
 from quantkit import device as devices
 from quantkit.core.roofline import Shape
 from quantkit.evals.stats import kl_full
+from quantkit.models import kv_scheme
 from quantkit.models.checkpoint import load_model
 
 THRESHOLD = 0.05
@@ -109,12 +110,15 @@ def reference_dtype(cfg: dict, device) -> str:
     return "float32" if reference_in_float32(params * 4, devices.free_bytes(device)) else "bfloat16"
 
 
-def reference_logprobs(path, ids: list[int], prompt_len: int, device, cfg: dict):
+def reference_logprobs(path, ids: list[int], prompt_len: int, device, cfg: dict, kv_rounding: bool = True):
     """transformers' own load of `path` on `device`: log-probabilities (float32, on the CPU) of the
-    next token after ids[:p + 1] for p = prompt_len - 1 .. len(ids) - 1, from one full forward."""
+    next token after ids[:p + 1] for p = prompt_len - 1 .. len(ids) - 1, from one full forward.
+    `kv_rounding` False: a checkpoint's FP8 K/V rounding switched off (the engine keeps its own
+    cache, so the check compares the weights' arithmetic, which is what it is for)."""
 
     dtype = reference_dtype(cfg, device)
     model = load_model(path, dtype=dtype, device=device)
+    rounded = kv_scheme.set_rounding(model, kv_rounding)
     try:
         with torch.inference_mode():
             logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0, prompt_len - 1 :]
@@ -127,4 +131,5 @@ def reference_logprobs(path, ids: list[int], prompt_len: int, device, cfg: dict)
     return out, {
         "reference": f"transformers {__import__('transformers').__version__} load of the checkpoint",
         "reference_dtype": dtype,
+        **({"reference_kv_cache": "FP8 K/V rounding on" if kv_rounding else "FP8 K/V rounding off"} if rounded else {}),
     }

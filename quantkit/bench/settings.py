@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit.bench.engines import ENGINES, engine_class
+from quantkit.core.kv_cache import LlamaCache, parse_llama_cache, parse_llama_caches
 from quantkit.core.roofline import Shape, kv_bytes_per_token
 from quantkit.device import free_bytes, resolve
 from quantkit.errors import QuantkitError
@@ -34,11 +35,17 @@ class BenchSettings:
     self_check: bool = True
     depths: tuple[int, ...] = ()  # --depth: decode timed with this many tokens already in the KV cache
     flash_attn: str = "default"  # a key of FLASH_ATTN
+    # --kv-cache: the K/V cache types each model is benched at (`q8_0`, `q8_0/f16`: core/kv_cache.py),
+    # on engines whose cache type is a setting (kv_cache_lever); (): the engine's own
+    kv_caches: tuple[str, ...] = ()
 
     @classmethod
     def from_recipe(cls, b: BenchConfig, engine: str) -> "BenchSettings":
         """The settings a recipe's `bench:` section means for one of its engines: every key of the
-        section that a bench takes, so `quantkit run` times what `quantkit bench` would."""
+        section that a bench takes, so `quantkit run` times what `quantkit bench` would. Depths
+        and flash attention apply where the engine has them: a torch engine of a run that asks
+        llama.cpp's flash attention benches at its own attention."""
+        lever = engine_class(engine).flash_attn_lever
         return cls(
             device=b.device,
             engine=engine,
@@ -50,6 +57,8 @@ class BenchSettings:
             prompt_sweep=b.prompt_sweep,
             threads=b.threads,
             self_check=b.self_check,
+            depths=b.depths,
+            flash_attn=b.flash_attn if lever else "default",
         )
 
     def __post_init__(self):
@@ -62,6 +71,7 @@ class BenchSettings:
         object.__setattr__(self, "device", device)
         object.__setattr__(self, "prompt_sweep", tuple(self.prompt_sweep))
         object.__setattr__(self, "depths", tuple(self.depths))
+        object.__setattr__(self, "kv_caches", tuple(c.label for c in parse_llama_caches(",".join(self.kv_caches))))
 
     @property
     def capacity(self) -> int:
@@ -77,12 +87,18 @@ class BenchSettings:
         """The flash-attention settings each model is benched at (None: the engine's default)."""
         return FLASH_ATTN[self.flash_attn]
 
+    @property
+    def kv_cache_runs(self) -> tuple[LlamaCache | None, ...]:
+        """The cache types each model is benched at (None: the engine's own)."""
+        return tuple(parse_llama_cache(c) for c in self.kv_caches) or (None,)
+
     def to_json(self) -> dict:
         return {
             **self.__dict__,
             "device": str(self.device),
             "prompt_sweep": list(self.prompt_sweep),
             "depths": list(self.depths),
+            "kv_caches": list(self.kv_caches),
         }
 
 
@@ -102,6 +118,7 @@ def check_settings(s: BenchSettings) -> None:
     if s.threads is not None and s.threads < 1:
         raise QuantkitError("--threads must be >= 1")
     _check_depths(s, engine)
+    check_kv_caches(s, [c for c in s.kv_cache_runs if c is not None], "--kv-cache")
     if s.device.type not in engine.devices:
         raise QuantkitError(
             f"--engine {s.engine} needs {' or '.join(DEVICE_WORDS.get(d, d) for d in engine.devices)}, "
@@ -132,6 +149,23 @@ def _check_depths(s: BenchSettings, engine) -> None:
             f"--depth {min(s.depths)}: the {s.engine} engine decodes after at least {engine.min_depth} cached "
             f"token(s) ({engine.min_depth_reason})"
         )
+
+
+def check_kv_caches(s: BenchSettings, caches: list[LlamaCache], where: str) -> None:
+    """Cache types only where the engine has them, and each at every flash-attention setting of the
+    run that llama.cpp runs it with (a quantized V cache needs flash attention on)."""
+    if not caches:
+        return
+    engine = engine_class(s.engine)
+    if not engine.kv_cache_lever:
+        able = " | ".join(n for n in ENGINES if engine_class(n).kv_cache_lever)
+        raise QuantkitError(
+            f"{where} {caches[0].label}: the {s.engine} engine holds its KV cache at its own type (--engine {able} "
+            "takes cache types)"
+        )
+    for cache in caches:
+        for fa in s.flash_attn_runs:
+            cache.check_flash_attn(fa, f"{where} {cache.label} with --flash-attn {s.flash_attn}")
 
 
 def check_lengths(cfg: dict, s: BenchSettings) -> None:

@@ -17,6 +17,7 @@ def table_rows(result) -> list[dict]:
     out = []
     depths = any(r.depth is not None for r in result.rows)
     levers = any(r.flash_attn is not None for r in result.rows) and len({r.flash_attn for r in result.rows}) > 1
+    caches = len({r.kv_cache for r in result.rows}) > 1
     for r in result.rows:
         check = r.self_check or {}
         out.append(
@@ -24,6 +25,7 @@ def table_rows(result) -> list[dict]:
                 "variant": r.name,
                 **({"depth": r.depth} if depths else {}),
                 **({"flash attn": "on" if r.flash_attn else "off"} if levers else {}),
+                **({"KV cache": r.kv_cache or "—"} if caches else {}),
                 "kernel": r.kernel,
                 "MB/token": round(r.bytes_per_token / 1e6, 2),
                 "KV kB/token": round(r.kv_bytes_per_token / 1e3, 2),
@@ -130,10 +132,12 @@ def render(result, fmt: str) -> str:
 def _label(r, result) -> str:
     """A row in a note: its name, and its depth and flash-attention setting where rows differ in them."""
     fa = len({x.flash_attn for x in result.rows}) > 1
+    kv = len({x.kv_cache for x in result.rows}) > 1
     return (
         r.name
         + (f" at depth {r.depth}" if r.depth is not None else "")
         + (f", flash attention {'on' if r.flash_attn else 'off'}" if fa else "")
+        + (f", {r.kv_cache} KV cache" if kv else "")
     )
 
 
@@ -246,6 +250,14 @@ def _source(ref: str, engine: str):
     help="Flash attention (--engine llamacpp): on, off, or both (a row for each); default: the engine's (off).",
 )
 @click.option(
+    "--kv-cache",
+    "kv_caches",
+    default="",
+    help="llama.cpp's K/V cache types (--engine llamacpp), comma-separated, a row for each: f16,q8_0,q4_0; K/V "
+    "differently as q8_0/f16. Flash attention is on for a quantized V cache (llama.cpp runs it only so) "
+    "[default: f16].",
+)
+@click.option(
     "--shape",
     "shapes",
     multiple=True,
@@ -305,6 +317,7 @@ def bench_cmd(
     sweep,
     depths,
     flash_attn,
+    kv_caches,
     shapes,
     shape_bits,
     tensor_parallel,
@@ -337,15 +350,16 @@ def bench_cmd(
         prompt_sweep=int_list(sweep, "--sweep"),
         depths=int_list(depths, "--depth"),
         flash_attn=flash_attn,
+        kv_caches=tuple(c for c in kv_caches.split(",") if c.strip()),
         tensor_parallel=tensor_parallel,
         threads=threads,
         self_check=self_check,
     )
     check_settings(settings)
-    if update_card and (settings.depths or len(settings.flash_attn_runs) > 1):
+    if update_card and (settings.depths or len(settings.flash_attn_runs) > 1 or len(settings.kv_cache_runs) > 1):
         raise QuantkitError(
-            "--update-card writes one row per model into its card; --depth and --flash-attn both give several: "
-            "bench without them to update the card"
+            "--update-card writes one row per model into its card; --depth, --flash-attn both and several --kv-cache "
+            "types give several: bench without them to update the card"
         )
     if probe:
         from quantkit.bench.probe import run_probe

@@ -191,6 +191,20 @@ def _model_path(model: str, engine: str):
     "The baseline is scored by transformers either way.",
 )
 @click.option(
+    "--kv-cache",
+    default=None,
+    help="The KV cache MODEL is scored with: llama.cpp's cache types with --engine llamacpp (q8_0, q4_0, ...; "
+    "K/V: q8_0/f16), or f16 in transformers (an artifact's FP8 K/V rounding off) [default: the engine's own: "
+    "transformers applies an artifact's FP8 K/V scales, llama.cpp caches in f16].",
+)
+@click.option(
+    "--flash-attn",
+    default=None,
+    type=click.Choice(["on", "off"]),
+    help="llama.cpp's flash attention (--engine llamacpp) [default: off, on for a quantized V cache, which "
+    "llama.cpp runs only with it].",
+)
+@click.option(
     "--tasks", default="", help="Comma-separated lm-eval tasks (local ones from evals/, or standard names online)."
 )
 @click.option("--limit", default=None, type=int, help="Examples per lm-eval task.")

@@ -116,10 +116,15 @@ def weight_bytes_per_token(shape: Shape, layout: Layout) -> float:
     return shape.layers * per_layer + emb_row + head + norms
 
 
-def kv_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_elem: float = 2):
+def kv_bytes(
+    layers: int, kv_heads: int, head_dim: int, bytes_per_elem: float = 2, v_bytes_per_elem: float | None = None
+):
     """Bytes one token occupies in the KV cache: K and V, every layer, one vector per KV head
-    (GQA-aware). The one place this formula is written; everything else calls it."""
-    return 2 * layers * kv_heads * head_dim * bytes_per_elem
+    (GQA-aware), each value at its cache type's bytes (core/kv_cache.py: 2 for f16, 1 for FP8,
+    34/32 for llama.cpp's q8_0); `v_bytes_per_elem` where V's type differs from K's. The one place
+    this formula is written; everything else calls it."""
+    v = bytes_per_elem if v_bytes_per_elem is None else v_bytes_per_elem
+    return 2 * layers * kv_heads * head_dim * (bytes_per_elem + v) / 2  # K and V, at the mean of their bytes
 
 
 def kv_bytes_per_token(shape: Shape, layout: Layout = Layout()) -> float:

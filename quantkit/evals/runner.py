@@ -36,6 +36,7 @@ from quantkit.core.eval_results import (
     WindowsInfo,
     topk_kind,
 )
+from quantkit.core.kv_cache import parse_llama_cache
 from quantkit.data.calib import self_text
 from quantkit.data.text import parse_spec, shortfall
 from quantkit.errors import DataError
@@ -61,7 +62,7 @@ from quantkit.evals.perplexity import (
     topk_references,
 )
 from quantkit.evals.placement import default_dtype
-from quantkit.evals.scorers import BASELINE, scorer_named
+from quantkit.evals.scorers import BASELINE, SCORERS, scorer_named
 from quantkit.evals.scorers.base import Scorer, ScorerSettings
 from quantkit.evals.scorers.transformers import load
 from quantkit.evals.settings import EvalSettings
@@ -104,7 +105,24 @@ def _check_options(o: EvalSettings) -> type[Scorer]:
         )
     if o.tasks:
         check_backend(o.tasks_backend, o.tensor_parallel, o.data_parallel)
+    _check_cache(o, scorer)
     return scorer
+
+
+def _check_cache(o: EvalSettings, scorer: type[Scorer]) -> None:
+    """--kv-cache and --flash-attn where the scorer has them, and a cache llama.cpp runs as asked."""
+    takes = scorer.kv_caches
+    if o.kv_cache is not None and takes != "any" and o.kv_cache not in takes:
+        able = " | ".join(n for n, s in SCORERS.items() if s.kv_caches == "any")
+        what = f"it takes {', '.join(takes)}" if takes else "it holds the model's cache as its engine does"
+        raise DataError(
+            f"--kv-cache {o.kv_cache}: --engine {o.engine} scores with its own KV cache ({what}); "
+            f"llama.cpp's cache types: --engine {able}"
+        )
+    if o.flash_attn is not None and not scorer.flash_attn_lever:
+        raise DataError(f"--flash-attn: --engine {o.engine} has no flash-attention setting")
+    if o.kv_cache is not None and takes == "any":
+        parse_llama_cache(o.kv_cache).check_flash_attn(o.flash_attn, f"--kv-cache {o.kv_cache} --flash-attn off")
 
 
 def _kl_exact(o: EvalSettings, scorer: type[Scorer]) -> bool:
@@ -236,7 +254,8 @@ def _say_if_short(items, o: EvalSettings) -> None:
             note(f"note: {label}: {line}")
 
 
-def _settings(o: EvalSettings, dev, dtype: str, n_windows: int) -> ScorerSettings:
+def _settings(o: EvalSettings, dev, dtype: str, n_windows: int, model: bool = False) -> ScorerSettings:
+    """What a scorer opens a model with; `model`: the model under test (its KV cache as asked)."""
     return ScorerSettings(
         device=dev,
         dtype=dtype,
@@ -244,6 +263,8 @@ def _settings(o: EvalSettings, dev, dtype: str, n_windows: int) -> ScorerSetting
         n_windows=n_windows,
         batch_size=o.batch_size,
         trust_remote_code=o.trust_remote_code,
+        kv_cache=o.kv_cache if model else None,
+        flash_attn=o.flash_attn if model else None,
     )
 
 
@@ -369,7 +390,9 @@ def _score_texts(
     scorer = (
         None
         if same
-        else scorer_cls.open(model_path, _settings(o, dev, dtype, max(len(w.tokens) for _, _, w, _ in items)))
+        else scorer_cls.open(
+            model_path, _settings(o, dev, dtype, max(len(w.tokens) for _, _, w, _ in items), model=True)
+        )
     )
     kind = KL_EXACT if same or head is not None else topk_kind(TOPK)
     rows = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from quantkit.core.kv_cache import parse_llama_cache
 from quantkit.errors import DataError
 from quantkit.evals.placement import DTYPES
 from quantkit.evals.splits import REGIONS, SPLITS
@@ -40,6 +41,13 @@ class EvalSettings:
     dtype: str | None = None  # None: placement.default_dtype(device)
     batch_size: int | None = None  # windows per forward pass; None: placement.default_batch_size
     engine: str = "transformers"  # the scorer of the model under test (evals/scorers SCORERS)
+    # The KV cache the model under test is scored with (--kv-cache), as its engine quantizes it:
+    # llama.cpp's K/V types (`q8_0`, `q8_0/f16`; core/kv_cache.py), or `f16` in transformers (an
+    # artifact's FP8 K/V rounding switched off); None: the engine's own (transformers applies the
+    # checkpoint's kv_cache_scheme, llama.cpp caches in f16). A scorer's kv_caches says what it takes.
+    kv_cache: str | None = None
+    # llama.cpp's flash attention (--flash-attn); None: off, but on for a quantized V cache
+    flash_attn: bool | None = None
     tasks_backend: str = "hf"
     tensor_parallel: int = 1  # lm-eval's vLLM backend
     data_parallel: int = 1
@@ -62,6 +70,8 @@ class EvalSettings:
             raise DataError(f"--split {self.split}: use one of {', '.join(SPLITS)}")
         if self.kl is not None and self.kl not in KL_CHOICES:
             raise DataError(f"--kl {self.kl}: use one of {', '.join(KL_CHOICES)}")
+        if self.kv_cache is not None:
+            object.__setattr__(self, "kv_cache", parse_llama_cache(self.kv_cache).label)
         edges = self.position_buckets
         if edges is None:
             return
@@ -83,13 +93,14 @@ class EvalSettings:
         o["texts"] = tuple(o.get("texts") or ())
         o["tasks"] = parse_list(o.get("tasks") or "")
         o["position_buckets"] = parse_edges(o.get("position_buckets"))
+        o["flash_attn"] = {"on": True, "off": False, None: None}[o.get("flash_attn")]
         return cls(**o)
 
     @classmethod
     def from_recipe(cls, ev, engine: str, texts, tasks) -> "EvalSettings":
         """One engine's settings from a recipe's eval block (recipe/schema.py EvalConfig), whose
         fields carry these names; `texts` and `tasks` as the run resolved them."""
-        own = {f.name for f in fields(cls)} - {"texts", "tasks", "engine"}
+        own = {f.name for f in fields(cls)} - {"texts", "tasks", "engine", "kv_cache", "flash_attn"}
         given = {k: v for k, v in ev.model_dump().items() if k in own}
         return cls(**given, texts=tuple(texts), tasks=tuple(tasks), engine=engine)
 

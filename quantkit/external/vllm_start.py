@@ -41,7 +41,8 @@ def text_config(path: Path) -> dict:
 
 
 def kv_bytes_per_token(cfg: dict, elem: float = 2) -> float:
-    """Bytes one token takes in vLLM's KV cache at 16-bit (core.roofline.kv_bytes)."""
+    """Bytes one token takes in vLLM's KV cache: `elem` bytes a value (16-bit; 1 for a checkpoint's
+    FP8 cache) (core.roofline.kv_bytes)."""
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     return kv_bytes(cfg["num_hidden_layers"], cfg.get("num_key_value_heads") or heads, head_dim, elem)

@@ -59,7 +59,7 @@ def _check_artifact(art: Artifact) -> None:
             "the 16-bit checkpoint, or convert it with an INT4/INT8 recipe (compressed-tensors) first"
         )
     q = art.quant or {}
-    for key, what in (("sparsity_config", "sparse weights"), ("kv_cache_scheme", "a quantized KV cache")):
+    for key, what in (("sparsity_config", "sparse weights"),):
         if q.get(key):
             raise ModelError(f"{art.path}: the artifact uses {what} ({key}), which llama.cpp would not apply")
     online = online_transforms(q.get("transform_config"))
@@ -91,6 +91,17 @@ def _fused_note(q: dict) -> list[str]:
         if groups
         else []
     )
+
+
+def _kv_cache_note(q: dict) -> list[str]:
+    """An FP8 KV cache scheme is the serving engine's, not the weights': the GGUF holds the weights
+    alone, and llama.cpp quantizes its cache by its own types at run time (core/kv_cache.py)."""
+    if not q.get("kv_cache_scheme"):
+        return []
+    return [
+        "the checkpoint's FP8 K/V scales (kv_cache_scheme) are not in the GGUF: llama.cpp has no FP8 cache and "
+        "quantizes K and V by its own cache types at run time (-ctk/-ctv; quantkit --kv-cache q8_0)"
+    ]
 
 
 def online_transforms(transform_config) -> list[str]:
@@ -242,7 +253,7 @@ def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Pa
             "add_bos": info.add_bos,
             "add_eos": info.add_eos,
         },
-        "notes": list(hp.notes) + _fused_note(art.quant or {}),
+        "notes": list(hp.notes) + _fused_note(art.quant or {}) + _kv_cache_note(art.quant or {}),
         "tool_versions": {"quantkit": __version__, "gguf": _version("gguf")},
         "gguf_quant_version": gguf.GGML_QUANT_VERSION,
     }

@@ -144,10 +144,31 @@ def fp4(cfg) -> list:
     return [QuantizationModifier(config_groups=fp4_groups(cfg), ignore=list(cfg.ignore))]
 
 
-def build_recipe(cfg, modifiers: Callable, transform=None) -> list:
-    """llm-compressor modifiers for a quantize step, after the rotation of a transform step if any."""
+def kv_cache_args(cfg):
+    """compressed-tensors' kv_cache_scheme for a step's `kv_cache: {fp8: tensor | head}`, or None:
+    FP8 E4M3, symmetric, one static scale per tensor or per KV head, calibrated on the windows (what
+    vLLM's CompressedTensorsKVCacheMethod loads: float, 8 bits, tensor or attn_head, symmetric)."""
+    kv = getattr(cfg, "kv_cache", None)
+    if kv is None or kv.fp8 is None:
+        return None
+    from compressed_tensors.quantization import QuantizationArgs
 
-    return [*rotation_modifiers(transform), *modifiers(cfg)]
+    return QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy=kv.strategy, dynamic=False)
+
+
+def build_recipe(cfg, modifiers: Callable, transform=None) -> list:
+    """llm-compressor modifiers for a quantize step, after the rotation of a transform step if any.
+    With FP8 K/V scales, the step's rounding modifier (the last) takes the kv_cache_scheme: its
+    observers see the keys and values of the same calibration pass (validated again, so the
+    modifier knows it needs calibration data)."""
+
+    mods = modifiers(cfg)
+    kv = kv_cache_args(cfg)
+    if kv is not None:
+        last = mods[-1]
+        given = {k: getattr(last, k) for k in last.model_fields_set}
+        mods[-1] = type(last).model_validate({**given, "kv_cache_scheme": kv})
+    return [*rotation_modifiers(transform), *mods]
 
 
 def rotate(model, transform, device=None):

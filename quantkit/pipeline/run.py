@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -156,10 +156,25 @@ class Runner:
         cfg = read_config(self.src)
         if self.eval_texts:
             check_context(cfg, self.recipe.eval.seq_len, "eval.seq_len")
+        b = self.recipe.bench
+        if b.depths and not self.opts.skip_bench:  # the deepest depth and its generated tokens fit the context
+            check_context(cfg, max(b.depths) + b.gen_len, f"bench.depths {max(b.depths)} + bench.gen_len")
+        self._check_caches()
         if any(needs_calibration(v) or (v.gguf is not None and v.gguf.imatrix) for v in self.recipe.all_variants()):
             check_context(cfg, self.recipe.calibration.seq_len, "calibration.seq_len")
             if self.calib:
                 check_source(self.calib, "--calib" if self.opts.calib else "calibration.source")
+
+    def _check_caches(self) -> None:
+        """A variant's llama.cpp cache types (its quantize step's kv_cache.llamacpp) with the flash
+        attention the bench asks of llama.cpp: a quantized V cache needs it on (core/kv_cache.py)."""
+        b = self.recipe.bench
+        for v in self.recipe.all_variants():
+            cache = v.kv_cache.llama_cache if v.kv_cache else None
+            if cache is not None and b.flash_attn in ("off", "both") and not self.opts.skip_bench:
+                cache.check_flash_attn(
+                    False, f"variant {v.name}: kv_cache.llamacpp {cache.label} with bench.flash_attn"
+                )
 
     def _eval_texts(self) -> tuple[str, ...]:
         """--eval-text, else the recipe's eval.texts, else (no tasks either) the default domains; each
@@ -252,6 +267,7 @@ class Runner:
             ev.model_dump(mode="json", exclude={"texts", "engines"} | ({"split"} if ev.split == "all" else set())),
             [(t, text_fingerprint(t)) for t in self.eval_texts],
             engine,
+            *([kv] if (kv := self._eval_cache(v, engine)) else []),
         )
         hit = self.cache.get(key)
         what = "eval" if len(ev.engines) == 1 else f"eval ({engine})"
@@ -266,9 +282,18 @@ class Runner:
         tasks = (
             ev.tasks if scorer_named(engine, "eval.engines").runs_tasks else ()
         )  # lm-eval tasks: only where the scorer runs them (transformers)
-        result = run_eval(path, self.src, EvalSettings.from_recipe(ev, engine, self.eval_texts, tasks))
+        settings = replace(
+            EvalSettings.from_recipe(ev, engine, self.eval_texts, tasks), kv_cache=self._eval_cache(v, engine)
+        )
+        result = run_eval(path, self.src, settings)
         self.cache.put(key, result.to_json())
         return result
+
+    def _eval_cache(self, v: Variant, engine: str) -> str | None:
+        """The llama.cpp cache types the variant is scored with by a scorer that takes them (its
+        kv_cache.llamacpp); None: the scorer's own cache (transformers applies the FP8 scales)."""
+        kv = v.kv_cache
+        return kv.llamacpp if kv and kv.llamacpp and scorer_named(engine, "eval.engines").kv_caches == "any" else None
 
     def gguf_variant(self, v: Variant, rec: dict) -> Path:
         """A `gguf:` variant: llama-quantize's type made from the source checkpoint (pipeline/serving.py),

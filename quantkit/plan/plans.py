@@ -325,7 +325,7 @@ def bench_work(sources: list, settings) -> tuple[Model, BenchWork]:
         kv_bytes=tuple(kv_bytes_per_token(sh) for sh in shapes),
         min_seconds=settings.min_seconds,
         ttft_samples=max(SWEEP_SAMPLES, settings.repeats),
-        loads=len(settings.flash_attn_runs),
+        loads=len(settings.flash_attn_runs) * len(settings.kv_cache_runs),
         anchored=engine.anchored,
     )
 

@@ -31,7 +31,7 @@ from quantkit.errors import DataError
 from quantkit.gqa.convert import apply_gqa
 from quantkit.methods.llmc import rotate
 from quantkit.methods.registry import runtime_meta, transform_step
-from quantkit.models import offload, scheme_facts
+from quantkit.models import kv_scheme, offload, scheme_facts
 from quantkit.models.checkpoint import cast_model, checkpoint_hash, load_model, load_tokenizer
 from quantkit.models.logits import fixed_tokens
 from quantkit.models.offload import disk_tensors
@@ -301,6 +301,7 @@ def export_verified(
                 "quantization": {
                     **fmt.describe(quant),
                     "weights": [f.as_dict() for f in scheme_facts.of_checkpoint(tmp)],
+                    "kv_cache": kv_facts.as_dict() if (kv_facts := kv_scheme.of_checkpoint(tmp)) else None,
                 }
                 if quant
                 else None,

@@ -397,6 +397,11 @@ class Variant(StrictConfig):
     steps: tuple[Step, ...] = ()
     gguf: GgufVariantConfig | None = None  # made by llama.cpp's llama-quantize instead of steps
 
+    @property
+    def kv_cache(self):
+        """Its quantize step's `kv_cache:` (core/kv_cache.py KvCacheConfig), or None."""
+        return next((s.quantize.kv_cache for s in self.steps if getattr(s.quantize, "kv_cache", None)), None)
+
     @model_validator(mode="after")
     def _not_reserved(self) -> "Variant":
         if reserved(self.name) and not self.baseline:  # `baseline: true` *is* that checkpoint: it may keep the name

@@ -143,6 +143,11 @@ class TorchEngine(Engine):
         elem = torch.finfo(self.dtype).bits // 8
         return kv_bytes(self.cfg.num_hidden_layers, self.kv_heads, self.head_dim, elem)
 
+    def kv_cache_type(self) -> str:
+        """The model's own dtype: the torch engines keep no quantized cache (an artifact's FP8 K/V
+        scales are the serving engine's; bench/loader.py says so in the notes)."""
+        return str(self.dtype).removeprefix("torch.")
+
     def describe(self) -> dict:
         return {
             "engine": self.name,

@@ -57,6 +57,7 @@ class EngineSettings:
     threads: int | None = None  # CPU threads (None: the library's default)
     tensor_parallel: int = 1  # GPUs (vLLM)
     flash_attn: bool | None = None  # engines with the setting (flash_attn_lever); None: the engine's default
+    kv_cache: Any = None  # engines with cache types (kv_cache_lever): a core.kv_cache.LlamaCache; None: the default
     reuse_prefix: bool = False  # later requests reuse an earlier one's cached prompt (decode at depth, vLLM)
 
 
@@ -78,6 +79,10 @@ class Engine:
       times_itself  it runs in another process and times its own steps there: the harness calls
                 timed_run() instead of timing prefill()/decode() across the process boundary
       flash_attn_lever  it has a flash-attention setting (EngineSettings.flash_attn; --flash-attn)
+      kv_cache_lever  its KV cache types are a setting of the run (EngineSettings.kv_cache; --kv-cache):
+                llama.cpp's; an engine without it holds the cache at its own type (kv_cache_type())
+      applies_kv_scheme  it caches K and V as a checkpoint's FP8 kv_cache_scheme says (vLLM): the
+                self-check's reference keeps that rounding; for the others it is switched off
       min_depth  the fewest cached tokens it can decode after (--depth), and min_depth_reason why
       anchored  anchor() runs the library's own benchmark beside each row
     Instance attribute:
@@ -95,6 +100,8 @@ class Engine:
     sizes_own_memory = False
     times_itself = False
     flash_attn_lever = False
+    kv_cache_lever = False
+    applies_kv_scheme = False
     min_depth = 0
     min_depth_reason = ""
     anchored = False
@@ -176,6 +183,10 @@ class Engine:
 
     def kv_bytes_per_token(self) -> float:
         """Bytes one cached token occupies in this engine's KV cache (roofline.kv_bytes at its precision)."""
+        raise NotImplementedError
+
+    def kv_cache_type(self) -> str:
+        """The cache's element type as this engine holds it (`f16`, `bfloat16`, `q8_0/f16`, `fp8_e4m3`)."""
         raise NotImplementedError
 
     def step_bytes(self, cached: int, capacity: int) -> float:

@@ -8,7 +8,9 @@ The timed calls are llama-cpp-python's own: `Llama.eval(ids)` for the prefill an
 (`llama_get_logits`), which is all a greedy loop over llama-cpp-python does; so quantkit's
 figures are those of a bare loop (benchmarks/llamacpp_overhead.py measures that they agree).
 Settings are llama-cpp-python's defaults (f16 KV cache, flash attention off, n_batch 512)
-except flash attention where --flash-attn asks (EngineSettings.flash_attn) and the threads: every
+except flash attention where --flash-attn asks (EngineSettings.flash_attn), the K and V cache
+types where --kv-cache asks (EngineSettings.kv_cache: llama-cpp-python's type_k/type_v; flash
+attention is then on unless asked off, which a quantized V cache refuses: core/kv_cache.py) and the threads: every
 core this process may run on (os.sched_getaffinity), for the prompt and for decoding, unless
 --threads says otherwise, on one persistent threadpool as llama.cpp's own programs attach
 (bench/ggml_threadpool.py). eval() returns when ggml is done: no sync.
@@ -38,6 +40,7 @@ from quantkit.bench import accounting, ggml_threadpool, llama_bench
 from quantkit.bench.engines.base import Engine as Base
 from quantkit.bench.engines.base import EngineSettings
 from quantkit.bench.gguf_source import exported_gguf, gguf_config, is_gguf, tensor_infos, weight_read_bytes
+from quantkit.core.kv_cache import LLAMACPP_TYPES, LlamaCache
 from quantkit.device import resolve
 from quantkit.errors import QuantkitError
 from quantkit.gguf import cpu_variant, tools
@@ -153,6 +156,7 @@ class Engine(Base):
     takes_gguf = True
     devices = ("cpu", "cuda")  # cuda: a build with GPU offload (check)
     flash_attn_lever = True  # Llama(flash_attn=...): off is llama-cpp-python's default
+    kv_cache_lever = True  # Llama(type_k=..., type_v=...): f16 is llama-cpp-python's default
     anchored = True  # llama-bench beside each row
 
     @classmethod
@@ -180,7 +184,9 @@ class Engine(Base):
 
     def __init__(self, llm, gguf: Path, settings: EngineSettings, threads: int, export: dict | None):
         self.llm, self.gguf, self.settings, self.threads, self.export = llm, gguf, settings, threads, export
-        self.flash_attn = bool(settings.flash_attn)  # None: llama-cpp-python's default, off
+        self.cache = settings.kv_cache or LlamaCache()
+        # None: llama-cpp-python's default, off; on for a quantized V cache (the only way llama.cpp runs one)
+        self.flash_attn = bool(self.cache.flash_attn(settings.flash_attn))
         # llama.cpp's own tools decode on one persistent threadpool; llama-cpp-python would make one per token
         self.pool = ggml_threadpool.attach(import_llama_cpp(), llm.ctx, threads)
         self.cfg = gguf_config(gguf)
@@ -219,6 +225,7 @@ class Engine(Base):
             repeats,
             flash_attn=info["flash_attn"],
             depth=depth,
+            cache=(info["kv_cache"]["k"], info["kv_cache"]["v"]),
         )
 
     # ---------------------------------------------------------------- the timed paths
@@ -303,15 +310,19 @@ class Engine(Base):
     def weight_bytes(self) -> dict:
         return dict(self._weights)
 
-    def _kv_elem_bytes(self) -> tuple[str, float]:
-        qtype = gguf.GGMLQuantizationType(int(self.llm.context_params.type_k)).name
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
-        return qtype, size / block
+    def _value_bytes(self, which: str) -> float:
+        """Bytes per cached K or V value, from the type llama.cpp's context holds (gguf-py's block sizes)."""
+        qtype = gguf.GGMLQuantizationType(int(getattr(self.llm.context_params, f"type_{which}")))
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        return size / block
 
     def kv_bytes_per_token(self) -> float:
         c = self.cfg
-        _, elem = self._kv_elem_bytes()
-        return c["num_hidden_layers"] * c["num_key_value_heads"] * (c["head_dim"] + c["value_head_dim"]) * elem
+        heads = c["num_hidden_layers"] * c["num_key_value_heads"]
+        return heads * (c["head_dim"] * self._value_bytes("k") + c["value_head_dim"] * self._value_bytes("v"))
+
+    def kv_cache_type(self) -> str:
+        return self.cache.label
 
     def step_bytes(self, cached: int, capacity: int) -> float:
         return self._weights["weight_bytes_per_token"] + accounting.kv_llamacpp(
@@ -340,7 +351,8 @@ class Engine(Base):
             "threads_available": available_cores(),
             "gguf": str(self.gguf),
             "gguf_export": self.export,
-            "kv_cache_type": self._kv_elem_bytes()[0],
+            "kv_cache_type": self.cache.label,
+            "kv_cache": {"k": self.cache.k, "v": self.cache.v},
             "n_ctx": self.kv_size,
             "n_batch": self.llm.n_batch,
             "flash_attn": self.flash_attn,
@@ -368,6 +380,8 @@ def _open(gguf: Path, settings: EngineSettings, threads: int):
     does not know) becomes one line."""
     llama_cpp = import_llama_cpp()
     gpu = settings.device.type != "cpu"
+    cache = settings.kv_cache or LlamaCache()
+    cache.check_flash_attn(settings.flash_attn, f"{gguf}")
     try:
         return llama_cpp.Llama(
             model_path=str(gguf),
@@ -378,7 +392,9 @@ def _open(gguf: Path, settings: EngineSettings, threads: int):
             main_gpu=(settings.device.index or 0) if gpu else 0,
             seed=settings.seed,
             logits_all=False,
-            flash_attn=bool(settings.flash_attn),
+            flash_attn=bool(cache.flash_attn(settings.flash_attn)),
+            type_k=LLAMACPP_TYPES[cache.k].ggml_id,
+            type_v=LLAMACPP_TYPES[cache.v].ggml_id,
             verbose=False,
         )
     except (ValueError, RuntimeError) as exc:

@@ -35,6 +35,7 @@ from quantkit.bench.engines.base import Engine as Base
 from quantkit.bench.engines.base import EngineSettings
 from quantkit.errors import QuantkitError
 from quantkit.external import vllm_env, vllm_start
+from quantkit.models import kv_scheme
 from quantkit.models.sizes import stored_read_bytes
 
 TOP_K = 20  # vLLM's default max_logprobs: the self-check compares these plus one tail bucket
@@ -48,6 +49,7 @@ class Engine(Base):
     tensor_parallel = True
     sizes_own_memory = True  # its KV pool (gpu_memory_utilization / kv_cache_memory_bytes), not the weights, must fit
     times_itself = True
+    applies_kv_scheme = True  # kv_cache_dtype "auto": FP8 with the checkpoint's scales where it declares them
     min_depth = 1
     min_depth_reason = "a vLLM request holds at least one prompt token"
 
@@ -62,6 +64,7 @@ class Engine(Base):
     def __init__(self, worker, info: dict, path: Path, settings: EngineSettings, threads: int | None):
         self.worker, self.info, self.path, self.settings, self.threads = worker, info, path, settings, threads
         self.cfg = vllm_start.text_config(path)
+        self.kv = kv_scheme.of_checkpoint(path)
         self.capacity = 0
 
     @classmethod
@@ -157,7 +160,12 @@ class Engine(Base):
         }
 
     def kv_bytes_per_token(self) -> float:
-        return vllm_start.kv_bytes_per_token(self.cfg)
+        return vllm_start.kv_bytes_per_token(self.cfg, self.kv.value_bytes if self.kv else 2)
+
+    def kv_cache_type(self) -> str:
+        """vLLM's kv_cache_dtype "auto" takes FP8 for a checkpoint with an FP8 kv_cache_scheme
+        (model_executor/layers/attention/attention.py), else the activations' bfloat16."""
+        return "fp8_e4m3" if self.kv else "bfloat16"
 
     def step_bytes(self, cached: int, capacity: int) -> float:
         # paged attention reads the live context only (accounting.kv_live)

@@ -39,6 +39,8 @@ class ScorerSettings:
     n_windows: int = 1  # the most windows one text holds (bounds a batch)
     batch_size: int | None = None  # windows per forward pass; None: the scorer's own choice
     trust_remote_code: bool = False
+    kv_cache: str | None = None  # EvalSettings.kv_cache: the KV cache the model is scored with; None: its own
+    flash_attn: bool | None = None  # llama.cpp's flash attention; None: its default for the cache
 
 
 class Scorer:
@@ -58,6 +60,9 @@ class Scorer:
                          the baseline's rows come with the references (`base_rows`); else the
                          KL is the top-k bound whatever is asked (and --kl exact is refused)
       planned            `eval --plan`'s cost model (a transformers forward per window) is its cost
+      kv_caches          the --kv-cache values it scores with ("any": every llama.cpp cache type; a
+                         tuple: those; empty: none, the model's cache as its engine holds it)
+      flash_attn_lever   it has a flash-attention setting (--flash-attn)
     Instance attribute:
       model              the loaded transformers model lm-eval tasks may reuse, else None
     """
@@ -71,6 +76,8 @@ class Scorer:
     runs_tasks = False
     exact_kl = False
     planned = False
+    kv_caches: tuple[str, ...] | str = ()
+    flash_attn_lever = False
     model: Any = None
 
     @classmethod

@@ -7,7 +7,10 @@ keeps the baseline's top-256 per position (evals/perplexity.py). The windows are
 baseline's tokenizer and fed to llama.cpp as ids, so both models see exactly the same tokens;
 llama.cpp scores each window from an empty cache with every position's logits kept, as
 llama-perplexity does (bench/engines/llamacpp.py `window_logprobs`). A checkpoint directory is
-exported exactly to GGUF first (bench/gguf_source.py).
+exported exactly to GGUF first (bench/gguf_source.py). `--kv-cache q8_0` scores with llama.cpp's
+own quantized cache (llama-cpp-python's type_k/type_v), flash attention on where the V cache is
+quantized, as llama.cpp runs it: every position's K and V are written to the cache in that type
+and read back by the attention of every later position in the window.
 """
 
 from __future__ import annotations
@@ -17,13 +20,26 @@ from pathlib import Path
 
 from quantkit.bench.engines.base import EngineSettings
 from quantkit.bench.engines.llamacpp import Engine
+from quantkit.core.kv_cache import parse_llama_cache
 from quantkit.evals.scorers.base import Scorer, ScorerSettings
 from quantkit.gguf.read import open_reader
 
 # bench's llamacpp engine (and torch with it) is imported when a model is checked or opened, so
 # reading this scorer's capabilities imports no library
 
-DESCRIBED = ("engine", "kernel", "cpu_variant", "dtype", "threads", "gguf", "gguf_export", "n_ctx", "n_batch")
+DESCRIBED = (
+    "engine",
+    "kernel",
+    "cpu_variant",
+    "dtype",
+    "threads",
+    "gguf",
+    "gguf_export",
+    "n_ctx",
+    "n_batch",
+    "kv_cache_type",
+    "flash_attn",
+)
 
 
 class LlamaCppScorer(Scorer):
@@ -33,6 +49,8 @@ class LlamaCppScorer(Scorer):
     exports_on_the_fly = True
     exact_kl = True
     devices = ("cpu", "cuda")  # cuda: a llama.cpp built with GPU offload (check)
+    kv_caches = "any"  # llama.cpp's cache types (core/kv_cache.py LLAMACPP_TYPES)
+    flash_attn_lever = True
 
     def __init__(self, engine):
         self.engine = engine
@@ -54,7 +72,11 @@ class LlamaCppScorer(Scorer):
     def open(cls, source: Path, settings: ScorerSettings) -> "LlamaCppScorer":
         """The llamacpp bench engine over the GGUF (or the artifact's exact export), its context one window."""
 
-        return cls(Engine.load(source, EngineSettings(device=settings.device, max_tokens=settings.seq_len)))
+        cache = parse_llama_cache(settings.kv_cache) if settings.kv_cache else None
+        es = EngineSettings(
+            device=settings.device, max_tokens=settings.seq_len, kv_cache=cache, flash_attn=settings.flash_attn
+        )
+        return cls(Engine.load(source, es))
 
     def logps(self, windows: list):
         for ids in windows:

@@ -7,6 +7,11 @@ floats, not vocabulary size) where that layer alone reproduces the model's logit
 (OutputHead.reproduces, checked on the first window). The exact KL then recomputes the
 baseline's whole-vocabulary rows from them with its output layer (a matmul per position, not
 a forward pass), a chunk of positions at a time, beside the model under test.
+
+An artifact with an FP8 KV cache scheme is scored with it: transformers' load rounds K and V to
+FP8 with the checkpoint's scales at every attention's cache update (models/kv_scheme.py), what
+vLLM's FP8 cache holds; `--kv-cache f16` switches that rounding off (the same weights, a 16-bit
+cache), so the cache's own cost is the difference of two scores.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch
 from quantkit.evals.placement import default_batch_size
 from quantkit.evals.scorers.base import Scorer, ScorerSettings
 from quantkit.evals.stats import TOPK, window_reference
+from quantkit.models import kv_scheme
 from quantkit.models.checkpoint import load_model
 
 # How close the output layer's own logits must be to the forward pass's: float32 differs by
@@ -46,18 +52,23 @@ class TransformersScorer(Scorer):
     runs_tasks = True
     exact_kl = True
     planned = True
+    kv_caches = ("f16",)  # the checkpoint's FP8 K/V rounding off; by default it is on where the checkpoint has it
 
-    def __init__(self, model, batch_size: int = 1):
-        self.model, self.batch_size = model, max(1, int(batch_size))
+    def __init__(self, model, batch_size: int = 1, kv_cache: str | None = None):
+        self.model, self.batch_size, self.kv_cache = model, max(1, int(batch_size)), kv_cache
 
     @classmethod
     def open(cls, source: Path, settings: ScorerSettings) -> "TransformersScorer":
         model = load(source, settings)
+        facts = kv_scheme.of_checkpoint(source)
+        if facts is not None and settings.kv_cache == "f16":
+            kv_scheme.set_rounding(model, False)
+        kv = None if facts is None else facts.label + (", rounding off: a 16-bit cache" if settings.kv_cache else "")
         # sized after the load: what is left of the device's memory is what a batch may take
         bs = settings.batch_size or default_batch_size(
             settings.device, model.config.to_dict(), settings.seq_len, settings.n_windows, settings.dtype
         )
-        return cls(model, bs)
+        return cls(model, bs, kv)
 
     def _forward(self, windows: list, hidden: bool = False):
         """Per window: its logits rows (seq_len - 1, vocab) and, with `hidden`, its output layer's
@@ -100,7 +111,8 @@ class TransformersScorer(Scorer):
         return OutputHead.of(self.model)
 
     def describe(self) -> dict:
-        return {"engine": self.name, "batch_size": self.batch_size}
+        kv = {"kv_cache_type": self.kv_cache} if self.kv_cache else {}
+        return {"engine": self.name, "batch_size": self.batch_size, **kv}
 
     def close(self) -> None:
         self.model = None
