@@ -243,7 +243,7 @@ def test_fewer_calibration_windows_than_asked_are_said(cli, tiny_llama, tmp_path
     """calibration.samples beyond what the text's region holds: the conversion calibrates on what
     there is, says how many and why, and quantkit.json records both counts."""
     text = tmp_path / "t.txt"
-    text.write_text(" ".join(f"word{i % 97} river {i}" for i in range(600)))
+    text.write_text(" ".join(f"word{i % 97} river {i}" for i in range(150)))
     out = tmp_path / "a"
     code, _, err, _ = cli(
         "convert",
