@@ -51,7 +51,27 @@ def test_shipped_gqa_suite_includes_its_recipes():
     assert r.variants[0].baseline and not any(v.baseline for v in r.variants[1:])
     assert kinds == {"fp16": [], "int4-awq-gptq-mixed": ["quantize"], "gqa": ["gqa"], "gqa-int4": ["gqa", "quantize"]}
     assert r.variants[2].steps[0].gqa.recover is not None and r.variants[1].steps[0].quantize.auto is not None
-    assert (r.bench.engine, r.bench.prompt_len, r.bench.gen_len, r.bench.repeats) == ("compiled", 1536, 64, 3)
+    assert (r.bench.engines, r.bench.gen_len, r.bench.repeats) == (("compiled", "llamacpp"), 64, 3)
+    # the depth sweep: TPOT at depth up to the demo's 8,192-token context, flash attention on in llama.cpp
+    assert r.bench.depths == (0, 1024, 4096, 8128) and max(r.bench.depths) + r.bench.gen_len == 8192
+    assert r.bench.flash_attn == "on"
+
+
+def test_shipped_long_context_suite_holds_the_kv_and_gqa_variants():
+    r = load_recipe(REPO / "quantkit" / "resources" / "recipes" / "long-context.yaml")
+    caches = {v.name: (v.kv_cache.fp8, v.kv_cache.llamacpp) if v.kv_cache else None for v in r.variants}
+    assert caches == {
+        "fp16": None,
+        "int4": None,
+        "int4-kv8": ("tensor", "q8_0"),
+        "gqa-int4": None,
+        "gqa-int4-kv8": ("tensor", "q8_0"),
+    }
+    assert [s.kind for s in r.variants[-1].steps] == ["gqa", "quantize"]
+    assert r.eval.engines == ("transformers", "llamacpp") and r.eval.seq_len == 8192
+    assert r.eval.position_buckets == (512, 4096) and r.eval.max_tokens % r.eval.seq_len == 0
+    assert r.bench.depths == (0, 4096, 8128) and max(r.bench.depths) + r.bench.gen_len == 8192
+    assert r.bench.engines == ("compiled", "llamacpp") and r.bench.flash_attn == "on"
 
 
 def test_group_size_error_names_file_and_key_path(tmp_path):

@@ -12,6 +12,7 @@ from quantkit.bench.records import BenchRow
 from quantkit.core.atomic import write_json, write_text
 from quantkit.core.eval_results import EvalResult
 from quantkit.errors import QuantkitError
+from quantkit.models.checkpoint import read_config
 from quantkit.models.sizes import checkpoint_sizes
 from quantkit.pipeline.accuracy import (
     AccuracyRow,
@@ -23,9 +24,16 @@ from quantkit.pipeline.accuracy import (
     kl_header,
     position_table,
 )
+from quantkit.pipeline.depths import (  # noqa: F401  (depth_pairs: read from here too)
+    context_rows,
+    depth_pairs,
+    depth_rows,
+    depth_sections,
+)
 from quantkit.pipeline.plots import pareto, rule_check, ttft_sweep
 from quantkit.pipeline.serving import EngineBench
 from quantkit.progress import note
+from quantkit.recipe.schema import BASELINE_NAME
 
 COLUMNS = [
     ("variant", "name", "{}"),
@@ -99,14 +107,6 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
         if failed and not row["error"]:
             row.update(status="failed", error=f"bench ({engine}): {failed}")
     return row
-
-
-def depth_pairs(buckets, bench_rows) -> list[tuple]:
-    """Each position bucket [lo, hi) with the bench rows whose KV depth lies in it: the decode time
-    at the context length where the bucket's accuracy was measured. Bench rows are read by
-    attribute and may have no `depth` (a bench without --depth): then no bucket has a pair."""
-    rows = [r for r in bench_rows if getattr(r, "depth", None) is not None]
-    return [(b, [r for r in rows if b.lo <= r.depth < b.hi]) for b in buckets]
 
 
 def position_rows(rec: dict, bench_rows) -> list[PositionRow]:
@@ -264,6 +264,7 @@ def render_markdown(report: dict) -> str:
             position_table(positions),
             "",
         ]
+    out += depth_sections(r)
     eval_failed = [
         f"- {name}: eval ({e}): {msg}"
         for name, v in r["variants"].items()
@@ -314,9 +315,11 @@ def _bench_settings(b: dict | None) -> str:
     engines = ", ".join(b.get("engines") or [b.get("engine", "?")])
     threads = f", {b['threads']} threads" if b.get("threads") else ""
     sweep = f", TTFT sweep {','.join(map(str, b['prompt_sweep']))}" if b.get("prompt_sweep") else ""
+    depths = f", KV depths {','.join(map(str, b['depths']))}" if b.get("depths") else ""
+    fa = f", flash attention {b['flash_attn']} (llama.cpp)" if b.get("flash_attn", "default") != "default" else ""
     return (
         f"{engines} on {b.get('device', 'auto')}, {b.get('prompt_len')}-token prompt, {b.get('gen_len')} generated, "
-        f"{b.get('repeats')} repeats after {b.get('warmups')} warm-ups{threads}{sweep}"
+        f"{b.get('repeats')} repeats after {b.get('warmups')} warm-ups{threads}{sweep}{depths}{fa}"
     )
 
 
@@ -410,9 +413,14 @@ def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
             except QuantkitError as exc:  # the report still gets written; the card keeps its old table
                 note(f"[{rec['name']}] model card not updated: {exc}")
     steps_s = sum(runner.timings.values())
+    bench_rows = [b for eb in benches.values() for b in eb.rows]
+    baseline = next((v.name for v in runner.recipe.all_variants() if v.baseline), BASELINE_NAME)
+    bits = {r["name"]: r.get("bits_per_weight") for r in rows}
+    context = read_config(runner.src).get("max_position_embeddings") or 0
     report = {
         "kind": "quantkit-run",
-        "schema_version": 2,  # 2: accuracy rows name their kl_kind; positions (by position in the window)
+        # 2: accuracy rows name their kl_kind; positions (by position in the window). 3: depths and long_context
+        "schema_version": 3,
         "recipe": runner.recipe.name,
         "model": str(runner.src),
         "model_sha256": runner.src_hash,
@@ -426,6 +434,12 @@ def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
             p.to_json()
             for rec in runner.variants.values()
             for p in position_rows(rec, [b for eb in benches.values() for b in eb.rows if b.name == rec["name"]])
+        ],
+        "depths": [d.to_json() for d in depth_rows(bench_rows, baseline)],
+        "long_context": [
+            c.to_json()
+            for rec in runner.variants.values()
+            for c in context_rows(rec, [b for b in bench_rows if b.name == rec["name"]], bits.get(rec["name"]), context)
         ],
         "bench_settings": runner.recipe.bench.model_dump(mode="json") if benches else None,
         "device": first.device.to_json() if first else None,

@@ -159,7 +159,15 @@ def bench_engine(runner, settings: BenchSettings, sources: dict[str, Path]) -> B
     shared = runner.recipe.bench.model_dump(
         mode="json", exclude={"engine", "engines"}
     )  # adding an engine keeps the others' results
-    key = step_key("bench", __version__, engine, sorted((n, _source_hash(p)) for n, p in sources.items()), shared)
+    caches = variant_caches(runner, settings, sources)
+    key = step_key(
+        "bench",
+        __version__,
+        engine,
+        sorted((n, _source_hash(p)) for n, p in sources.items()),
+        shared,
+        *([sorted((n, c.label) for n, c in caches.items())] if caches else []),
+    )
     hit = runner.cache.get(key)
     if hit is not None and not runner.opts.rerun:
         try:
@@ -169,10 +177,20 @@ def bench_engine(runner, settings: BenchSettings, sources: dict[str, Path]) -> B
         except QuantkitError as exc:  # a record this version cannot read: bench again
             note(f"bench ({engine}): the stored result does not read ({exc}); benchmarking again")
     note(f"bench: {len(sources)} variants in one run ({engine}, {settings.device})")
-    result = bench_many(list(sources.values()), settings, names=list(sources))
+    result = bench_many(list(sources.values()), settings, names=list(sources), caches=caches)
     if not result.failed:  # a failure (out of memory, say) may not recur: try again next run
         runner.cache.put(key, result.to_json())
     return result
+
+
+def variant_caches(runner, settings: BenchSettings, sources: dict[str, Path]) -> dict:
+    """name -> the llama.cpp cache types a variant's recipe names (its kv_cache.llamacpp), on an
+    engine whose cache types are a setting; elsewhere none (the engine holds its own)."""
+    if not engine_class(settings.engine).kv_cache_lever:
+        return {}
+    variants = {v.name: v for v in runner.recipe.all_variants()}
+    found = {n: variants[n].kv_cache.llama_cache for n in sources if n in variants and variants[n].kv_cache}
+    return {n: c for n, c in found.items() if c is not None}
 
 
 def bench_engines(runner, paths: dict[str, Path]) -> dict[str, EngineBench]:

@@ -272,6 +272,12 @@ class BenchConfig(StrictConfig):
             )
         return {**data, "engine": engines[0]}
 
+    @field_validator("flash_attn", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v: Any) -> Any:
+        """YAML reads a bare on / off as true / false."""
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
     @model_validator(mode="after")
     def _known_engines(self) -> "BenchConfig":
         unknown = [e for e in self.engines if e not in BENCH_ENGINES]

@@ -63,7 +63,7 @@ class TransformersScorer(Scorer):
         facts = kv_scheme.of_checkpoint(source)
         if facts is not None and settings.kv_cache == "f16":
             kv_scheme.set_rounding(model, False)
-        kv = None if facts is None else facts.label + (", rounding off: a 16-bit cache" if settings.kv_cache else "")
+        kv = None if facts is None else "16-bit" if settings.kv_cache else facts.label
         # sized after the load: what is left of the device's memory is what a batch may take
         bs = settings.batch_size or default_batch_size(
             settings.device, model.config.to_dict(), settings.seq_len, settings.n_windows, settings.dtype
