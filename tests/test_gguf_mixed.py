@@ -183,6 +183,7 @@ def _export(cli, src, out, tiny_text, *extra):
     [
         (["--mixed"], "give --type"),
         (["--type", "Q4_K_M", "--mixed-types", "Q5_0,Q8_0"], "--mixed-types applies with --mixed"),
+        (["--type", "Q4_K_M", "--mixed-rounding", "gptq"], "--mixed-rounding applies with --mixed"),
         (["--type", "Q4_K_M", "--mixed", "--mixed-types", "Q5_0,Q4_K_M"], "valid: Q4_0"),
     ],
 )
@@ -246,6 +247,9 @@ def test_mixed_export_holds_the_chosen_types_within_the_types_own_size(
         assert kind == w["type"] and kind in ggufmix.admissible(row, allowed) and w["cost"] >= 0
     assert rec["mixed"]["cost_chosen"] == pytest.approx(sum(w["cost"] for w in rec["mixed"]["weights"]))
     assert rec["fallbacks"] == [] and rec["mixed"]["candidates"] == list(allowed)
+    g = rec["mixed"]["gptq"]  # the codes chosen again by GPTQ: less error on the calibration inputs
+    assert 0 < g["proxy_after"] < g["proxy_before"] and g["windows"] == 4
+    assert [w["samples"] for w in rec["mixed"]["windows"]] == [4, 4]  # K-FAC's windows, then GPTQ's
     assert sorted(p.name for p in out.parent.iterdir()) == ["mixed.gguf", "mixed.quantkit.json"]  # nothing left behind
 
 
@@ -256,3 +260,13 @@ def test_candidates_too_large_for_the_types_size_are_one_line(cli, tiny_llama, t
     last = stderr.strip().splitlines()[-1]  # after the export's progress lines: one error line, before any measurement
     assert code == 2 and stderr.count("error") == 1 and "add a smaller type" in last and "Fisher" not in stderr, stderr
     assert not out.exists() and sorted(p.name for p in out.parent.iterdir()) == []
+
+
+def test_llama_quantizes_own_rounding_leaves_the_codes_as_it_made_them(cli, tiny_llama, tiny_text, tmp_path):
+    llama_tool("llama-quantize"), llama_tool("llama-imatrix")
+    out = tmp_path / "plain-codes.gguf"
+    code, _, err, rec = _export(
+        cli, tiny_llama, out, tiny_text, "--type", "Q5_0", "--mixed", "--mixed-rounding", "llama-quantize"
+    )
+    assert code == 0, err
+    assert "gptq" not in rec["mixed"] and len(rec["mixed"]["windows"]) == 1

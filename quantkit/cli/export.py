@@ -17,6 +17,7 @@ def _gguf(
     qtype: str | None = None,
     calib: dict | None = None,
     mixed: str | None = None,
+    gptq: bool = True,
     **opts,
 ) -> dict:
     from quantkit.gguf.exporter import GgufOptions, export_gguf
@@ -48,7 +49,7 @@ def _gguf(
         from quantkit.quantize.ggufmix import chooser as mixed_chooser
         from quantkit.quantize.ggufmix import parse_types
 
-        chooser = mixed_chooser(parse_types(mixed))
+        chooser = mixed_chooser(parse_types(mixed), gptq=gptq)
     return export_kquant(artifact, out, KquantOptions(qtype=qtype, force=opts["force"], **(calib or {})), chooser)
 
 
@@ -115,14 +116,22 @@ FORMATS = {"gguf": _gguf}
     "--mixed",
     is_flag=True,
     help="With --type: each decoder-layer weight gets the type, among --mixed-types, that its estimated KL "
-    "(K-FAC over 4 calibration windows of 256 tokens) and --type's own file size allow; the file is no "
-    "larger than --type alone makes.",
+    "(K-FAC over 4 calibration windows of 256 tokens) and --type's own file size allow, then its codes by "
+    "GPTQ within llama-quantize's block scales (over the --calib windows); the file is no larger than --type "
+    "alone makes.",
 )
 @click.option(
     "--mixed-types",
     default=None,
     metavar="TYPES",
     help="With --mixed: the types a weight may take, comma-separated (default: " + ",".join(DEFAULT_MIXED) + ").",
+)
+@click.option(
+    "--mixed-rounding",
+    type=click.Choice(["gptq", "llama-quantize"]),
+    default=None,
+    help="With --mixed: each weight's codes by GPTQ within llama-quantize's block scales (default), or "
+    "llama-quantize's own rounding.",
 )
 @click.option(
     "--force", is_flag=True, help="Replace an existing --out and its record, only when quantkit export wrote them."
@@ -141,6 +150,7 @@ def export_cmd(
     calib_seq_len,
     mixed,
     mixed_types,
+    mixed_rounding,
     force,
     as_json,
 ):
@@ -150,8 +160,9 @@ def export_cmd(
     An artifact quantkit converted must still match its sha256 manifest, as for publish."""
     from quantkit.models.resolve import resolve
 
-    if mixed_types is not None and not mixed:
-        raise QuantkitError("--mixed-types applies with --mixed")
+    for option, value in (("--mixed-types", mixed_types), ("--mixed-rounding", mixed_rounding)):
+        if value is not None and not mixed:
+            raise QuantkitError(f"{option} applies with --mixed")
     found = resolve(artifact, check=False)  # the export checks an artifact against its manifest first
     if out is None and found.named:  # a named model lives in the cache: its GGUF goes to the working directory
         out = Path.cwd() / f"{found.named}.{qtype or 'gguf'}{'.gguf' if qtype else ''}"
@@ -163,6 +174,7 @@ def export_cmd(
         qtype=qtype,
         calib=calib_opts,
         mixed=(mixed_types or ",".join(DEFAULT_MIXED)) if mixed else None,
+        gptq=mixed_rounding != "llama-quantize",
         embeddings=embeddings,
         allow_lossy=allow_lossy,
         force=force,

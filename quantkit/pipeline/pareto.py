@@ -194,13 +194,13 @@ def suite(s: ParetoSettings) -> tuple[dict, list[str]]:
                 "gguf": {"type": t, "imatrix": True},
             }
         )
-    if "compressed-tensors" in s.lines:
-        variants += _ct_variants(s, notes)
     for t in s.anchors if "gguf-mixed" in s.lines else ():
         mixed = {"type": t, "imatrix": True, "mixed": True}
         if s.mixed_types is not None:
             mixed["mixed_types"] = list(s.mixed_types)
         variants.append({"name": f"mixed-{t}", "description": f"export --type {t} --mixed", "gguf": mixed})
+    if "compressed-tensors" in s.lines:  # last: its converts take longest
+        variants += _ct_variants(s, notes)
     data = {
         "name": "pareto",
         "description": "quantkit pareto: quantkit's points and llama.cpp's at several sizes",

@@ -43,7 +43,7 @@ from quantkit.recipe.schema import GGUF_MIXABLE
 # ggml types a weight may take: llama-quantize makes each with --pure and the gguf library reads it back
 # (one list: recipes' `mixed_types` are checked against it when read).
 MIXABLE = GGUF_MIXABLE
-DEFAULT_TYPES = ("IQ4_NL", "IQ4_XS", "Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0")
+DEFAULT_TYPES = ("IQ4_NL", "IQ4_XS", "Q3_K", "Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0")
 WINDOWS, SEQ_LEN, DRAWS = (
     4,
     256,
