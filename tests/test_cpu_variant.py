@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from quantkit.core.signals import EngineCrash, crash_line, signal_name
 from quantkit.gguf import cpu_variant, tools
-from quantkit.gguf.cpu_variant import Choice, EngineCrash, crash_line, signal_name
+from quantkit.gguf.cpu_variant import Choice
 
 STAND_IN = r"""
 #include <signal.h>

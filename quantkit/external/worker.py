@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from quantkit.core.signals import EngineCrash, crash_line, signal_name
 from quantkit.errors import QuantkitError
 from quantkit.home import subdir
 
@@ -131,12 +132,14 @@ class Worker:
         except OSError:
             return ""
 
-    def _died(self) -> WorkerError:
+    def _died(self) -> QuantkitError:
         self.failed = True
         try:
             code = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             code = None
+        if code is not None and signal_name(code):  # killed by a signal: a fault, exit 1
+            return EngineCrash(crash_line(f"{self.what}: the worker", code, f"its log: {self.log}"))
         cause = root_cause(self._log_text()) or "no error in its log"
         return WorkerError(f"{self.what}: the worker exited (code {code}): {cause} (log: {self.log})")
 

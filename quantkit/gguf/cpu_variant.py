@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from quantkit.core.atomic import write_json
+from quantkit.core.signals import EngineCrash, crash_line, signal_name
 from quantkit.errors import QuantkitError
 from quantkit.gguf.cpu_probe import write_model
 from quantkit.home import subdir
@@ -41,47 +41,6 @@ from quantkit.home import subdir
 PROBE_TIMEOUT_S = 120.0
 SCHEMA = 1
 ENV_FORCE = "QUANTKIT_LLAMA_CPU_VARIANT"  # a variant name: use it (its probe still has to pass)
-
-
-class EngineCrash(QuantkitError):
-    """An engine or tool process killed by a signal: a fault of the program or the machine (exit 1)."""
-
-    exit_code = 1
-
-
-def signal_name(returncode: int) -> str | None:
-    """ "SIGILL" for a process that died of signal 4 (returncode -4, or 128 + 4 from a shell); None otherwise."""
-    num = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else None
-    if num is None:
-        return None
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
-# signal -> (what it usually means, what to do)
-SIGNAL_ADVICE = {
-    "SIGILL": (
-        "an instruction this CPU does not execute",
-        "rebuild llama.cpp for this machine (QUANTKIT_WITH_LLAMA_TOOLS=1 ./scripts/_install.sh); "
-        "`quantkit engines status llamacpp` shows the CPU variants tried here",
-    ),
-    "SIGKILL": (
-        "killed from outside, often by the kernel's out-of-memory killer",
-        "free memory or use a smaller model",
-    ),
-    "SIGBUS": ("a memory fault, often a model file changed or truncated while mapped", "check the model file"),
-    "SIGSEGV": ("a memory fault inside the program", "check the model file; if it recurs, report it"),
-    "SIGABRT": ("the program aborted on an internal check", "check the model file; if it recurs, report it"),
-}
-
-
-def crash_line(what: str, returncode: int, todo: str | None = None) -> str:
-    """One line for a process that died of a signal: which signal, what it usually means, what to do."""
-    sig = signal_name(returncode) or f"exit {returncode}"
-    why, advice = SIGNAL_ADVICE.get(sig, ("a fault inside the program", "if it recurs, report it"))
-    return f"{what} died of {sig} ({why}); nothing was recorded; {todo or advice}"
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from quantkit.core.signals import EngineCrash, crash_line, signal_name
 from quantkit.errors import QuantkitError
 from quantkit.gguf import cpu_variant
-from quantkit.gguf.cpu_variant import EngineCrash, crash_line
 
 TOOLS = ("llama-server", "llama-bench", "llama-quantize", "llama-imatrix", "llama-perplexity")
 ENV = "QUANTKIT_LLAMA_TOOLS"
@@ -134,7 +134,7 @@ def version(name: str) -> str:
             f"{path} does not start ({getattr(exc, 'strerror', None) or exc}); rebuild it: {INSTALL}"
         ) from None
     if proc.returncode < 0:
-        raise EngineCrash(crash_line(name, proc.returncode))
+        raise EngineCrash(crash_line(name, proc.returncode, _crash_todo(proc.returncode)))
     text = (proc.stdout + proc.stderr).strip()
     match = re.search(r"^version: (.+)$", text, re.M)
     if match:
@@ -142,6 +142,13 @@ def version(name: str) -> str:
     if re.match(r"usage: ", text):
         return f"build {(build_info() or {}).get('llama_cpp_commit', 'of unknown commit')} (no --version)"
     raise ToolError(f"{name} --version failed (exit {proc.returncode}): {telling_line(text)}")
+
+
+def _crash_todo(returncode: int) -> str | None:
+    """What to do when a tool died of `returncode`'s signal (None: the signal's own advice)."""
+    if signal_name(returncode) != "SIGILL":
+        return None
+    return f"`quantkit engines status llamacpp` shows the CPU variants tried here; rebuild the tools: {INSTALL}"
 
 
 def telling_line(text: str) -> str:
@@ -165,7 +172,7 @@ def run(name: str, args: list[str], timeout: float | None = None, purpose: str =
     except OSError as exc:  # a binary of another platform, a library it cannot load
         raise ToolError(f"{path} does not start ({exc.strerror or exc}); rebuild it: {INSTALL}") from None
     if proc.returncode < 0:  # killed by a signal: no output of it is a result
-        raise EngineCrash(crash_line(name, proc.returncode))
+        raise EngineCrash(crash_line(name, proc.returncode, _crash_todo(proc.returncode)))
     if proc.returncode != 0:
         raise ToolError(f"{name} failed (exit {proc.returncode}): {telling_line(proc.stderr + proc.stdout)}")
     return proc

@@ -25,6 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from quantkit.core.signals import EngineCrash, crash_line, signal_name
 from quantkit.load.servers import StudyError
 
 STOP_GRACE_S = 15.0  # SIGTERM, then SIGKILL after this long
@@ -109,6 +110,8 @@ def wait_ready(server: Server, path: str, timeout_s: float) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         code = server.proc.poll()
+        if code is not None and signal_name(code):
+            raise EngineCrash(crash_line("the server", code, f"its last lines: {server.tail() or '(no output)'}"))
         if code is not None:
             raise StudyError(
                 f"the server exited with code {code} before it was ready: {server.tail() or '(no output)'}"
