@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantkit.core.kv_cache import LLAMACPP_TYPES, LlamaCache, parse_llama_cache
 from quantkit.errors import QuantkitError
 from quantkit.external import vllm_env
 from quantkit.gguf import tools
@@ -31,7 +32,9 @@ class Key:
 
     help: str
     flag: str | None = None  # the command-line flag
-    style: str = "value"  # value: FLAG V | pair: FLAG / --no-FLAG | word: FLAG true/false
+    # value: FLAG V | pair: FLAG / --no-FLAG | word: FLAG true/false | onoff: FLAG on/off/V | kv, kv-id: a
+    # llama.cpp K/V spec as FLAG K ALSO V (cache type names, or their ggml type ids)
+    style: str = "value"
     body: str | None = None  # a request-body field instead of a flag (llama.cpp's cache_prompt)
     here: bool = True  # False: written for the engine's own flag, not run on this machine
     also: tuple[str, ...] = ()  # flags the engine needs beside this one for it to take effect
@@ -44,6 +47,12 @@ class Key:
             return [self.flag if value else "--no-" + self.flag.removeprefix("--")]
         if self.style == "word":
             return [self.flag, "true" if value else "false"]
+        if self.style == "onoff" and isinstance(value, bool):  # YAML reads a bare on / off as true / false
+            return [self.flag, "on" if value else "off", *self.also]
+        if self.style in ("kv", "kv-id"):  # K and V at once (flag, also[0]): `q8_0` or K/V `q8_0/f16`
+            c = parse_llama_cache(str(value))
+            k, v = (str(LLAMACPP_TYPES[t].ggml_id) if self.style == "kv-id" else t for t in (c.k, c.v))
+            return [self.flag, k, self.also[0], v]
         text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
         return [self.flag, text, *self.also]
 
@@ -63,6 +72,7 @@ class ServerKind:
     own_command: bool = False  # the study gives the command (no template) and levers add raw `args:`
     interpreter: Callable[[bool], str] | None = None  # the Python `{python}` names, when not this one
     program: Callable[[bool], str] | None = None  # the path the command's first word stands for (a built binary)
+    check: Callable[[dict, str], None] | None = None  # (settings, where): settings the engine would refuse, in one line
 
     def python(self, check: bool) -> str:
         """What `{python}` means: this Python, or the engine's own environment's (`check`: refuse,
@@ -87,6 +97,47 @@ class ServerKind:
         if name not in self.keys:
             raise StudyError(f"{where}: {self.name} has no lever {name!r}; its levers: {', '.join(sorted(self.keys))}")
         return self.keys[name]
+
+
+def _llama_cache_check(k: str, v: str, fa: str, ids: bool = False, off_unless_on: bool = False):
+    """Settings keys `k`/`v` name llama.cpp's K/V cache types (ggml type ids with `ids`), `kv_cache`
+    both at once (`q8_0`, `q8_0/f16`) and `fa` its flash attention: an unknown type, or a quantized V
+    cache with flash attention off (llama.cpp refuses the context: core/kv_cache.py; `off_unless_on`:
+    the server's default is off), is one line before any server starts."""
+    by_id = {t.ggml_id: t.name for t in LLAMACPP_TYPES.values()}
+
+    def name_of(key: str, value, where: str) -> str:
+        if ids:
+            if isinstance(value, bool) or value not in by_id:
+                valid = ", ".join(f"{i} ({n})" for i, n in sorted(by_id.items()))
+                what = "is not the ggml type id of a llama.cpp cache type"
+                raise StudyError(f"{where}.settings.{key}: {value!r} {what}; valid: {valid}")
+            return by_id[value]
+        if str(value).lower() not in LLAMACPP_TYPES:
+            valid = ", ".join(LLAMACPP_TYPES)
+            raise StudyError(f"{where}.settings.{key}: {value!r} is not a llama.cpp cache type; valid: {valid}")
+        return str(value).lower()
+
+    def check(settings: dict, where: str) -> None:
+        v_type = v_key = None
+        try:
+            if "kv_cache" in settings:
+                v_type, v_key = parse_llama_cache(str(settings["kv_cache"]), f"{where}.settings.kv_cache").v, "kv_cache"
+            for key in (k, v):
+                if key in settings:
+                    name = name_of(key, settings[key], where)
+                    v_type, v_key = (name, key) if key == v else (v_type, v_key)
+            off = settings.get(fa) in (False, "off", "false", "0", 0) or (
+                off_unless_on and settings.get(fa) is not True
+            )
+            if v_type is not None and off:
+                LlamaCache(v=v_type).check_flash_attn(False, f"{where}.settings.{v_key}")
+        except StudyError:
+            raise
+        except QuantkitError as exc:
+            raise StudyError(str(exc)) from None
+
+    return check
 
 
 def _bool(flag: str, help: str, style: str = "pair", here: bool = True) -> Key:
@@ -141,8 +192,14 @@ LLAMA_CPP_PYTHON = ServerKind(
         "cache_type": Key("ram or disk", "--cache_type"),
         "cache_size": Key("cache size in bytes", "--cache_size"),
         "flash_attn": _bool("--flash_attn", "flash attention", "word"),
-        "type_k": Key("K cache type (ggml type id)", "--type_k"),
-        "type_v": Key("V cache type (ggml type id)", "--type_v"),
+        "type_k": Key("K cache type (ggml type id: 1 f16, 8 q8_0, 2 q4_0, ...)", "--type_k"),
+        "type_v": Key("V cache type (ggml type id); a quantized V needs flash_attn", "--type_v"),
+        "kv_cache": Key(
+            "K and V cache types in one lever: q8_0, or K/V as q8_0/f16 (--type_k/--type_v)",
+            "--type_k",
+            style="kv-id",
+            also=("--type_v",),
+        ),
         "interrupt_requests": _bool(
             "--interrupt_requests", "a new request cuts the running answer short (default on)", "word"
         ),
@@ -157,6 +214,8 @@ LLAMA_CPP_PYTHON = ServerKind(
     context="n_ctx",
     context_default=2048,  # llama_cpp/server/settings.py: ModelSettings.n_ctx
     docs="https://llama-cpp-python.readthedocs.io/en/latest/server/",
+    # its flash_attn defaults to off (ModelSettings.flash_attn): only an explicit true lets a quantized V run
+    check=_llama_cache_check("type_k", "type_v", "flash_attn", ids=True, off_unless_on=True),
 )
 
 
@@ -185,9 +244,15 @@ LLAMA_SERVER = ServerKind(
         "threads": Key("threads", "--threads"),
         "batch_size": Key("logical batch size", "--batch-size"),
         "ubatch_size": Key("physical batch size", "--ubatch-size"),
-        "flash_attn": Key("flash attention: on, off, auto", "--flash-attn"),
-        "cache_type_k": Key("K cache type (f16, q8_0, ...)", "--cache-type-k"),
-        "cache_type_v": Key("V cache type", "--cache-type-v"),
+        "flash_attn": Key("flash attention: on, off, auto (default)", "--flash-attn", style="onoff"),
+        "cache_type_k": Key("K cache type (-ctk: f16, q8_0, q4_0, ...)", "--cache-type-k"),
+        "cache_type_v": Key("V cache type (-ctv); a quantized V needs flash attention on or auto", "--cache-type-v"),
+        "kv_cache": Key(
+            "K and V cache types in one lever: q8_0, or K/V as q8_0/f16 (-ctk/-ctv)",
+            "--cache-type-k",
+            style="kv",
+            also=("--cache-type-v",),
+        ),
         # A draft model alone is loaded but not used: the build's --spec-type defaults to none.
         "model_draft": Key(
             "speculative decoding: the draft model GGUF (a draft-simple speculator)",
@@ -204,6 +269,7 @@ LLAMA_SERVER = ServerKind(
     slots="parallel",  # llama-server splits --ctx-size between its slots
     docs="https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md",
     program=_llama_server,
+    check=_llama_cache_check("cache_type_k", "cache_type_v", "flash_attn"),
 )
 
 
@@ -304,6 +370,10 @@ def lever_args(kind: ServerKind, settings: dict[str, Any], where: str) -> tuple[
     """Engine settings -> (command-line args, request-body fields)."""
     args: list[str] = []
     body: dict[str, Any] = {}
+    for name in settings:
+        kind.key(name, where)  # an unknown lever first, then what the engine would refuse of the known ones
+    if kind.check is not None:
+        kind.check(settings, where)
     for name, value in settings.items():
         key = kind.key(name, where)
         if key.body:
