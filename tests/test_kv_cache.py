@@ -134,3 +134,20 @@ def test_eval_settings_hold_the_cache_as_its_spec():
     assert EvalSettings.from_cli(kv_cache="q4_0", flash_attn="on").flash_attn is True
     with pytest.raises(QuantkitError, match="not a llama.cpp cache type"):
         EvalSettings(kv_cache="fp8")
+
+
+def test_the_roofline_predicts_at_a_cache_types_bytes(cli):
+    rows = {}
+    for kv in ("f16", "fp8", "q4_0"):
+        code, _, err, out = cli(
+            "roofline", "--shape", "smollm2-135m", "--device", "h200", "--bits", "4", "--context", "8192",
+            "--kv-cache", kv, "--json",
+        )  # fmt: skip
+        assert code == 0, err
+        rows[kv] = out["rows"][0]
+    assert rows["f16"]["kv_bytes_per_token"] == 23_040 and rows["fp8"]["kv_bytes_per_token"] == 11_520
+    assert rows["q4_0"]["kv_bytes_per_token"] == 6_480
+    saved = rows["f16"]["bytes_per_token"] - rows["fp8"]["bytes_per_token"]
+    assert saved == pytest.approx(11_520 * 8193)  # the cache of 8,192 tokens and the new one, at half the bytes
+    code, _, err, _ = cli("roofline", "--shape", "smollm2-135m", "--kv-cache", "fp9")
+    assert code == 2 and "'fp9' is not a llama.cpp cache type" in err and err.strip().endswith("or fp8")

@@ -8,8 +8,17 @@ from quantkit.cli._common import echo_json, int_list, json_option
 
 
 def predict(
-    cfg: dict, device, bits_list, group_size: int, prompt_len: int, context: int, quantize_lm_head: bool
+    cfg: dict,
+    device,
+    bits_list,
+    group_size: int,
+    prompt_len: int,
+    context: int,
+    quantize_lm_head: bool,
+    kv_value_bytes: float = 2.0,
 ) -> list[dict]:
+    from dataclasses import replace
+
     from quantkit.core.roofline import (
         Shape,
         decode_bytes,
@@ -23,7 +32,7 @@ def predict(
     shape = Shape.from_config(cfg)
     rows = []
     for bits in bits_list:
-        layout = quantized_layout(bits, group_size, True, quantize_lm_head)
+        layout = replace(quantized_layout(bits, group_size, True, quantize_lm_head), kv_bytes=kv_value_bytes)
         b = decode_bytes(shape, layout, context)
         tpot = b / device.bandwidth
         ttft = predict_ttft_s(
@@ -60,12 +69,20 @@ def predict(
 @click.option("--prompt-len", default=256, show_default=True, type=int)
 @click.option("--context", default=None, type=int, help="Context length for the KV read (default: prompt length).")
 @click.option("--quantize-lm-head", is_flag=True, help="Count the lm_head at the same bits (default: kept in 16 bits).")
+@click.option(
+    "--kv-cache",
+    default="f16",
+    show_default=True,
+    help="The KV cache's type: f16, fp8 (an FP8 kv_cache_scheme), or llama.cpp's (q8_0, q4_0, ...; K/V: q8_0/f16).",
+)
 @json_option
-def roofline_cmd(shape_name, device_name, bits, group_size, prompt_len, context, quantize_lm_head, as_json):
+def roofline_cmd(shape_name, device_name, bits, group_size, prompt_len, context, quantize_lm_head, kv_cache, as_json):
     """Predicted batch-1 TPOT and TTFT floors for a model shape on a device."""
     from quantkit.core.hardware import get_device, shape_config
+    from quantkit.core.kv_cache import value_bytes
     from quantkit.errors import QuantkitError
 
+    kv_value_bytes = value_bytes(kv_cache)  # an unknown type: one line, before any probe
     bits_list = int_list(bits, "--bits")
     if any(b not in (2, 3, 4, 8, 16) for b in bits_list):
         raise QuantkitError("--bits: each width must be one of 2, 3, 4, 8, 16")
@@ -80,7 +97,14 @@ def roofline_cmd(shape_name, device_name, bits, group_size, prompt_len, context,
         device = cached_probe(resolve("auto"))  # this machine's default device, probed
     cfg = shape_config(shape_name)
     rows = predict(
-        cfg, device, bits_list, group_size, prompt_len, prompt_len if context is None else context, quantize_lm_head
+        cfg,
+        device,
+        bits_list,
+        group_size,
+        prompt_len,
+        prompt_len if context is None else context,
+        quantize_lm_head,
+        kv_value_bytes,
     )
     out = {
         "shape": shape_name,
@@ -90,6 +114,7 @@ def roofline_cmd(shape_name, device_name, bits, group_size, prompt_len, context,
         "device_source": device.source,
         "group_size": group_size,
         "prompt_len": prompt_len,
+        "kv_cache": kv_cache,
         "rows": rows,
     }
     if as_json:

@@ -114,6 +114,18 @@ def parse_llama_cache(spec: str, where: str = "--kv-cache") -> LlamaCache:
     return LlamaCache(parts[0], parts[-1])
 
 
+def value_bytes(spec: str, where: str = "--kv-cache") -> float:
+    """Bytes per cached value of a cache: `fp8` (E4M3, an FP8 kv_cache_scheme), or llama.cpp's types
+    (`q8_0`, K/V `q8_0/f16`: the mean of K's and V's, as core/roofline.kv_bytes counts a token)."""
+    if str(spec).strip().lower() == "fp8":
+        return FP8_BYTES
+    try:
+        k, v = parse_llama_cache(spec, where).value_bytes()
+    except QuantkitError as exc:
+        raise QuantkitError(f"{exc}, or fp8") from None
+    return (k + v) / 2
+
+
 def parse_llama_caches(spec: str, where: str = "--kv-cache") -> tuple[LlamaCache, ...]:
     """A comma-separated list (`f16,q8_0,q4_0`), each once."""
     caches = tuple(parse_llama_cache(s, where) for s in str(spec).split(",") if s.strip())
