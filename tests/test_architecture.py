@@ -47,7 +47,7 @@ LAYERS: dict[str, int] = {
     "evals": 5,
     "bench": 5,
     "load": 6,
-    "plan": 6,
+    "costs": 6,
     "pipeline": 7,
     "cli": 8,
     "__main__": 8,

@@ -375,7 +375,7 @@ def test_plan_predicts_a_depth_sweep_from_the_roofline_and_the_probe(cli):
         prefill_flops,
         weight_bytes_per_token,
     )
-    from quantkit.plan.cost import DECODE_EFF, MATMUL_EFF
+    from quantkit.costs.formulas import DECODE_EFF, MATMUL_EFF
 
     code, _, err, plan = cli(
         "bench", "--shape", "smollm2-135m", "--engine", "eager", "--depth", "0,1024,4096", "--plan", "--json"

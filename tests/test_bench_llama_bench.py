@@ -174,7 +174,7 @@ def test_bench_llamacpp_reports_llama_bench_beside_its_figures(cli, tiny_llama):
 
 def test_a_lossy_gguf_has_no_self_check_reference(tmp_path):
     """llama-quantize's output is lossy by design: comparing it with the checkpoint would fail every bench."""
-    from quantkit.bench.gguf_source import reference_source
+    from quantkit.bench.gguf_file import reference_source
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + bytes(60))

@@ -16,7 +16,7 @@ import torch
 
 from quantkit.bench import accounting
 from quantkit.bench.engines.llamacpp import import_llama_cpp
-from quantkit.bench.gguf_source import TensorInfo, type_bytes, weight_read_bytes
+from quantkit.bench.gguf_file import TensorInfo, type_bytes, weight_read_bytes
 from quantkit.errors import QuantkitError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,7 +165,7 @@ def ggufs(tiny_dir, tmp_path_factory):
 
 def test_bytes_per_token_of_an_exported_gguf(ggufs):
     """Hand-computed from the fixture's shapes: Q4_0 linears, F16 tied embedding, F32 norms."""
-    from quantkit.bench.gguf_source import gguf_config, tensor_infos
+    from quantkit.bench.gguf_file import gguf_config, tensor_infos
     from quantkit.gguf.read import open_reader
 
     art, path = ggufs["llama-gqa-int4"]

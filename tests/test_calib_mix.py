@@ -14,7 +14,7 @@ from quantkit.data.mix import allocate
 from quantkit.data.mixconfig import load_mix
 from quantkit.data.text import parse_spec, read_text
 from quantkit.errors import DataError
-from quantkit.gqa.mixed import heldout_counts, interleave
+from quantkit.gqa.mix_windows import heldout_counts, interleave
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "calibration.samples=12", "--set", "calibration.seq_len=32"]
@@ -371,7 +371,7 @@ def test_mix_recovery_preflight_matches_the_runtime_check(tiny_llama, tiny_text,
 
     import torch
 
-    from quantkit.gqa.mixed import mix_recovery_windows, preflight_mix_recovery
+    from quantkit.gqa.mix_windows import mix_recovery_windows, preflight_mix_recovery
     from quantkit.models.checkpoint import load_tokenizer
     from quantkit.recipe.schema import RecoverConfig
 

@@ -146,10 +146,10 @@ def test_dense_checkpoint_exports_exactly(cli, models, tmp_path, model):
 def test_logits_of_the_gguf_weights_equal_the_artifacts(artifacts, tmp_path, tiny_text):
     """Through transformers at float32, the GGUF's weights compute the artifact's logits: KL 0."""
     from quantkit.gguf.arch import hparams
+    from quantkit.gguf.artifact import Artifact
     from quantkit.gguf.exporter import GgufOptions, export_gguf
     from quantkit.gguf.fidelity import logits_kl
-    from quantkit.gguf.plan import make_plan
-    from quantkit.gguf.source import Artifact
+    from quantkit.gguf.tensor_map import make_plan
 
     art = artifacts["gptq-g64-gqa"]
     out = tmp_path / "g.gguf"

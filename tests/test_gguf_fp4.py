@@ -1,4 +1,4 @@
-"""FP4 artifacts to GGUF (gguf/grids.py, plan.py, tensors.py): MXFP4 exactly to GGUF's MXFP4 (every
+"""FP4 artifacts to GGUF (gguf/grids.py, tensor_map.py, tensors.py): MXFP4 exactly to GGUF's MXFP4 (every
 tensor dequantized by gguf-py equals the artifact's decompressed weight, max |diff| 0) and served by
 llama.cpp; NVFP4 exactly to GGUF's NVFP4 where the per-tensor global scale allows (a power of two),
 otherwise refused with what differs, or with --allow-lossy mapped as llama.cpp's own converter maps

@@ -15,7 +15,7 @@ from quantkit.bench import selfcheck
 from quantkit.bench.accounting import mean_step_bytes
 from quantkit.bench.engines import engine_class
 from quantkit.bench.engines.base import EngineSettings
-from quantkit.bench.gguf_source import gguf_config, is_gguf, reference_source
+from quantkit.bench.gguf_file import gguf_config, is_gguf, reference_source
 from quantkit.bench.harness import SWEEP_SAMPLES, measure, measure_depth, summarize_ms, time_prefill
 from quantkit.bench.records import BenchResult, BenchRow, DeviceBlock, FailedRow, LoadAverage, SweepPoint
 from quantkit.bench.rows import Loaded, Measured, classify, depth_notes, make_row, name_of

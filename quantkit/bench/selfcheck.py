@@ -99,7 +99,7 @@ def compare(ref, eng, threshold: float = THRESHOLD, partial: bool = False) -> di
 
 def reference_in_float32(float32_bytes: float, free_bytes: float) -> bool:
     """The reference runs in float32 where that takes under a third of the device's free memory,
-    else in bfloat16 (plan/cost.py's bench plan counts the same)."""
+    else in bfloat16 (costs/formulas.py's bench plan counts the same)."""
     return 3 * float32_bytes < free_bytes
 
 

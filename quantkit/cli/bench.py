@@ -375,8 +375,8 @@ def bench_cmd(
         raise QuantkitError("--shape-bits: each must be 4, 8 or 16")
     sources = [_source(m, settings.engine) for m in models] + [Synthetic(s, b) for s in shapes for b in bits]
     if plan_only:
-        from quantkit.cli._plan import show
-        from quantkit.plan.plans import plan_bench
+        from quantkit.cli._costs import show
+        from quantkit.costs.commands import plan_bench
 
         if any(isinstance(src, Path) and src.is_file() for src in sources):
             raise QuantkitError("--plan reads checkpoint headers; a GGUF file is not planned (bench it directly)")

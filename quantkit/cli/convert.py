@@ -73,8 +73,8 @@ def convert_cmd(
     """Convert a checkpoint with RECIPE into a verified, serving-ready artifact."""
     from quantkit.artifacts.staging import recipe_inputs
     from quantkit.core.atomic import sigterm_as_interrupt
+    from quantkit.costs.commands import memory_warning
     from quantkit.models.offload import parse_size
-    from quantkit.plan.plans import memory_warning
     from quantkit.quantize.convert import convert
     from quantkit.quantize.job import ConvertOptions
     from quantkit.recipe.files import load_recipe
@@ -91,8 +91,8 @@ def convert_cmd(
         memory_check=memory_warning,
     )
     if plan_only:
-        from quantkit.cli._plan import show
-        from quantkit.plan.plans import plan_convert
+        from quantkit.cli._costs import show
+        from quantkit.costs.commands import plan_convert
 
         return show(plan_convert(recipe, model_ref, Path(out), opts, variant), as_json)
     from quantkit.core.distributed import session

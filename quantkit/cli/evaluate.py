@@ -270,8 +270,8 @@ def eval_cmd(model, baseline, update_card, plan_only, as_json, **options):
 
         check_card_updatable(model_path)
     if plan_only:  # the evaluation's own checks (evals.runner.prepare_eval), then its cost
-        from quantkit.cli._plan import show
-        from quantkit.plan.plans import plan_eval
+        from quantkit.cli._costs import show
+        from quantkit.costs.commands import plan_eval
 
         return show(plan_eval(model_path, base_path, settings), as_json)
     from quantkit.core.distributed import session

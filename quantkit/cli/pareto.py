@@ -113,8 +113,8 @@ def pareto_cmd(
         debug=debug_enabled(),
     )
     if plan_only:
-        from quantkit.cli._plan import show
-        from quantkit.pipeline.pareto_plan import plan_pareto
+        from quantkit.cli._costs import show
+        from quantkit.pipeline.pareto_costs import plan_pareto
 
         return show(plan_pareto(s), as_json)
     with sigterm_as_interrupt():

@@ -56,8 +56,8 @@ def run_cmd(
         inputs=tuple(recipe_inputs(recipe_file)),
     )
     if plan_only:
-        from quantkit.cli._plan import show
-        from quantkit.pipeline.plan import plan_run
+        from quantkit.cli._costs import show
+        from quantkit.pipeline.run_costs import plan_run
 
         return show(plan_run(recipe, opts), as_json)
     runner = Runner(recipe, opts)

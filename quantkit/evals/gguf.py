@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantkit.bench.gguf_source import export_record, reference_source
+from quantkit.bench.gguf_file import export_record, reference_source
 from quantkit.errors import DataError
 from quantkit.evals.checks import artifact_meta
 from quantkit.evals.perplexity import vocab_fingerprint

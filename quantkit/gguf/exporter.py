@@ -27,10 +27,10 @@ from quantkit.core import integrity
 from quantkit.core.atomic import exclusive, sigterm_as_interrupt
 from quantkit.core.integrity import sha256_file as _sha256
 from quantkit.errors import ModelError, QuantkitError
-from quantkit.gguf import arch, plan, target
+from quantkit.gguf import arch, target, tensor_map
+from quantkit.gguf.artifact import Artifact, quant_method
 from quantkit.gguf.fidelity import logits_kl
 from quantkit.gguf.read import Origin
-from quantkit.gguf.source import Artifact, quant_method
 from quantkit.gguf.target import record_path
 from quantkit.gguf.write import staged_file, write
 from quantkit.models.checkpoint import checkpoint_hash
@@ -130,8 +130,8 @@ def online_transforms(transform_config) -> list[str]:
 
 def export_gguf(artifact: Path, out: Path | None = None, opts: GgufOptions = GgufOptions()) -> dict:
     """Export `artifact` to `out` (default: ARTIFACT.gguf beside it); returns the record."""
-    if opts.embeddings not in plan.EMBEDDING_TYPES:
-        raise QuantkitError(f"--embeddings {opts.embeddings}: use one of {', '.join(plan.EMBEDDING_TYPES)}")
+    if opts.embeddings not in tensor_map.EMBEDDING_TYPES:
+        raise QuantkitError(f"--embeddings {opts.embeddings}: use one of {', '.join(tensor_map.EMBEDDING_TYPES)}")
     with sigterm_as_interrupt():  # `kill` unwinds like Ctrl-C: the temp files and the lock go, --out stays as it was
         return _export(Path(artifact), opts, Path(out) if out is not None else default_out(artifact))
 
@@ -151,7 +151,7 @@ def _export(artifact: Path, opts: GgufOptions, out: Path) -> dict:
         )  # again under the lock: another export may have written it
         _check_artifact(art)
         hp = arch.hparams(art.path, art.config)
-        plans = plan.make_plan(art, hp, embeddings=opts.embeddings, allow_lossy=opts.allow_lossy)
+        plans = tensor_map.make_plan(art, hp, embeddings=opts.embeddings, allow_lossy=opts.allow_lossy)
         origin = _origin(art, meta)
         try:
             with staged_file(out, record_path(out)) as stage:
@@ -228,7 +228,7 @@ def _record(art: Artifact, hp: arch.Hparams, plans: list, written: dict, out: Pa
         "architecture": hp.spec.gguf_arch.lower(),
         "model_type": hp.model_type,
         "lossless": not lossy,
-        "mapping": plan.mapping_summary(plans),
+        "mapping": tensor_map.mapping_summary(plans),
         "tensor_types": {t: sum(1 for p in plans if p.qtype == t) for t in sorted({p.qtype for p in plans})},
         "tensors": [
             {"name": p.name, "source": p.source, "type": p.qtype, "exact": p.exact, "rope_permuted_heads": p.permute}

@@ -16,10 +16,10 @@ import torch
 from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
 from quantkit.errors import DataError, ModelError, VerificationError
 from quantkit.gguf.arch import Hparams
+from quantkit.gguf.artifact import Artifact
 from quantkit.gguf.grids import rope_unpermute
-from quantkit.gguf.plan import TensorPlan
 from quantkit.gguf.read import open_reader
-from quantkit.gguf.source import Artifact
+from quantkit.gguf.tensor_map import TensorPlan
 from quantkit.gguf.tensors import column_weights
 from quantkit.models.checkpoint import load_model, load_tokenizer, read_config
 from quantkit.models.logits import compare_logits, fixed_tokens, logits

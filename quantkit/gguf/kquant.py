@@ -39,10 +39,10 @@ from quantkit.core.integrity import sha256_file
 from quantkit.data import calib
 from quantkit.data.text import parse_spec
 from quantkit.errors import QuantkitError
-from quantkit.gguf import arch, plan, target, tools
+from quantkit.gguf import arch, target, tensor_map, tools
+from quantkit.gguf.artifact import Artifact
 from quantkit.gguf.exporter import GgufOptions, export_gguf
 from quantkit.gguf.read import open_reader
-from quantkit.gguf.source import Artifact
 from quantkit.gguf.target import RECORD_KIND, record_path
 from quantkit.gguf.write import staged_file
 from quantkit.home import subdir
@@ -263,7 +263,7 @@ def _exact_route(artifact: Path, qtype: str):
         grid = sorted(
             {
                 p.qtype
-                for p in plan.make_plan(art, arch.hparams(art.path, art.config))
+                for p in tensor_map.make_plan(art, arch.hparams(art.path, art.config))
                 if p.source.removesuffix(".weight") in set(art.quantized_modules())
             }
         )

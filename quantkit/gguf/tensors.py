@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from quantkit.gguf import grids
-from quantkit.gguf.plan import TensorPlan
-from quantkit.gguf.source import Artifact
+from quantkit.gguf.artifact import Artifact
+from quantkit.gguf.tensor_map import TensorPlan
 
 ROW_CHUNK_ELEMS = 1 << 24  # pack and check this many weights at a time (bounds the float32 copies)
 

@@ -13,7 +13,7 @@ from quantkit.errors import DataError, RecipeError
 from quantkit.gqa.arch import head_counts, layout_for
 from quantkit.gqa.groups import contiguous_groups, kv_bytes_per_token, search_groups
 from quantkit.gqa.layer import Stats, group_loss, merged_heads, read_heads, write_heads
-from quantkit.gqa.mixed import mix_recovery_windows, preflight_mix_recovery
+from quantkit.gqa.mix_windows import mix_recovery_windows, preflight_mix_recovery
 from quantkit.gqa.recover import distill, trained_names
 from quantkit.gqa.stats import attention_modules, moments
 from quantkit.gqa.transfer import transfer
@@ -134,7 +134,7 @@ def recovery_windows(
     the merge's calibration windows. With `self` text, the calibration samples are cut up.
     """
 
-    if spec is not None and parse_spec(spec).kind == "mix":  # every part's second half, by weight (gqa/mixed.py)
+    if spec is not None and parse_spec(spec).kind == "mix":  # every part's second half, by weight (gqa/mix_windows.py)
         return mix_recovery_windows(
             tok, parse_spec(spec).set_name, cfg, calib_set, key, model=model, model_hash=model_hash, seed=seed
         )

@@ -1,7 +1,7 @@
 """The windows GQA recovery trains and stops on, and the record of them that goes into quantkit.json.
 
 Made from one text or the calibration samples (gqa/convert.py) or from a calibration mix
-(gqa/mixed.py); used by the distillation (gqa/recover.py).
+(gqa/mix_windows.py); used by the distillation (gqa/recover.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Windows:
         """The record with the training windows actually visited in `steps` steps (they cycle)."""
         starts = self.record.get("train_starts", [])
         used = min(len(self.train), steps * batch_size)
-        if "parts" in self.record:  # a calibration mix: the windows per part (gqa/mixed.py)
+        if "parts" in self.record:  # a calibration mix: the windows per part (gqa/mix_windows.py)
             return {
                 **describe_parts(self.record, used),
                 "train": len(self.train),

@@ -54,7 +54,7 @@ class Method:
     # codes differ from one process's (each rank appears to smooth the weights they share). Not
     # tried on GPUs.
     torchrun: bool = False
-    # The plan's cost model (plan/cost.py): forwards over the calibration tokens per decoder layer
+    # The plan's cost model (costs/formulas.py): forwards over the calibration tokens per decoder layer
     # (0: costed as one elementwise pass over the weights), and whether each layer accumulates
     # GPTQ's Hessians and solves them (their memory and FLOPs).
     passes: int = 0

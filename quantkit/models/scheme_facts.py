@@ -3,7 +3,7 @@
 The facts are read from what the checkpoint itself declares, its config.json `quantization_config`
 (the dict transformers, vLLM and llama.cpp's converter read), and recorded in quantkit.json at
 conversion. Decisions about an artifact (which vLLM kernels serve it: external/vllm_support.py;
-which GGUF type holds its grid exactly: gguf/plan.py) are made on these facts, never on a scheme's
+which GGUF type holds its grid exactly: gguf/tensor_map.py) are made on these facts, never on a scheme's
 name. A format none of the readers below recognises reads as `unknown`, which no decision treats
 as supported.
 

@@ -25,6 +25,7 @@ from quantkit.artifacts.staging import model_inputs, read_meta, text_input, veri
 from quantkit.core.atomic import exclusive, write_json
 from quantkit.core.eval_results import EvalResult
 from quantkit.core.integrity import problems, sha256_file
+from quantkit.costs.commands import memory_warning
 from quantkit.data.calib import check_source
 from quantkit.data.text import check_readable
 from quantkit.errors import QuantkitError
@@ -36,7 +37,6 @@ from quantkit.models.checkpoint import checkpoint_hash, read_config
 from quantkit.models.resolve import resolve_path
 from quantkit.pipeline import report, serving
 from quantkit.pipeline.cache import StepCache, step_key, text_fingerprint
-from quantkit.plan.plans import memory_warning
 from quantkit.progress import note
 from quantkit.quantize.convert import convert
 from quantkit.quantize.job import ConvertOptions, needs_calibration

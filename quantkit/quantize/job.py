@@ -5,7 +5,7 @@
 the calibration text, the torchrun and offloading limits) and returns a `ConvertJob` that says
 what will run: the method and its registry entry, the precisions, whether it offloads, what the
 artifact will weigh. `quantkit convert` runs it (quantize/convert.py); `--plan` costs it
-(plan/plans.py) without running it.
+(costs/commands.py) without running it.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class ConvertOptions:
     meta: dict | None = None  # extra keys recorded in quantkit.json (a run's run_key)
     device: str | None = None  # --device: where calibration runs; None: the recipe's calibration.device
     runtime: Runtime = ONE_PROCESS  # a torchrun rank (distributed.Group): every rank converts, rank 0 alone writes
-    # (job) -> a warning line or None, said before loading: the plan's memory check (plan.plans.memory_warning),
+    # (job) -> a warning line or None, said before loading: the plan's memory check (costs.commands.memory_warning),
     # handed in by the commands because the plan is built on top of this module
     memory_check: Callable | None = None
 

@@ -1,7 +1,7 @@
 """The llama.cpp engine (llama-cpp-python): what a CPU user who serves with llama.cpp gets.
 
 Sources: a GGUF file, or a quantkit artifact / 16-bit checkpoint, exported exactly to GGUF first
-(quantkit.gguf, cached in QUANTKIT_HOME/gguf by content hash: bench/gguf_source.py).
+(quantkit.gguf, cached in QUANTKIT_HOME/gguf by content hash: bench/gguf_file.py).
 
 The timed calls are llama-cpp-python's own: `Llama.eval(ids)` for the prefill and
 `Llama.eval([token])` per decode step, each followed by the argmax of the last logits
@@ -39,7 +39,7 @@ from quantkit import device as devices
 from quantkit.bench import accounting, ggml_threadpool, llama_bench
 from quantkit.bench.engines.base import Engine as Base
 from quantkit.bench.engines.base import EngineSettings
-from quantkit.bench.gguf_source import exported_gguf, gguf_config, is_gguf, tensor_infos, weight_read_bytes
+from quantkit.bench.gguf_file import exported_gguf, gguf_config, is_gguf, tensor_infos, weight_read_bytes
 from quantkit.core.kv_cache import LLAMACPP_TYPES, LlamaCache
 from quantkit.device import resolve
 from quantkit.errors import QuantkitError

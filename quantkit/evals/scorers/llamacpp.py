@@ -7,7 +7,7 @@ keeps the baseline's top-256 per position (evals/perplexity.py). The windows are
 baseline's tokenizer and fed to llama.cpp as ids, so both models see exactly the same tokens;
 llama.cpp scores each window from an empty cache with every position's logits kept, as
 llama-perplexity does (bench/engines/llamacpp.py `window_logprobs`). A checkpoint directory is
-exported exactly to GGUF first (bench/gguf_source.py). `--kv-cache q8_0` scores with llama.cpp's
+exported exactly to GGUF first (bench/gguf_file.py). `--kv-cache q8_0` scores with llama.cpp's
 own quantized cache (llama-cpp-python's type_k/type_v), flash attention on where the V cache is
 quantized, as llama.cpp runs it: every position's K and V are written to the cache in that type
 and read back by the attention of every later position in the window.

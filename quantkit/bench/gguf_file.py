@@ -23,9 +23,9 @@ from quantkit import __version__
 from quantkit.core.integrity import sha256_file
 from quantkit.errors import ModelError, QuantkitError
 from quantkit.gguf.exporter import SCHEMA_VERSION, GgufOptions, export_gguf
-from quantkit.gguf.plan import NotLosslessError
 from quantkit.gguf.read import field_value, open_reader
 from quantkit.gguf.target import record_path
+from quantkit.gguf.tensor_map import NotLosslessError
 from quantkit.home import subdir
 from quantkit.models.checkpoint import checkpoint_hash
 

@@ -4,7 +4,7 @@ From config.json and the safetensors headers alone (the model's skeleton on the 
 gives the layer shapes): parameters, bytes at each stage, predicted peak RAM (and VRAM on a GPU),
 disk, whether it offloads, and a time estimate from this device's probed figures and a model of
 the work. The cost functions here are pure (numbers in, numbers out); reading headers and probing
-the device live in plan/plans.py.
+the device live in costs/commands.py.
 
 What the model counts (benchmarks/scale.py compares it with measurements):
 - GPTQ (llm-compressor's sequential pipeline): per decoder layer two forwards of the calibration

@@ -6,9 +6,9 @@ from __future__ import annotations
 import click
 
 from quantkit.cli._common import echo_json
+from quantkit.costs.commands import render
+from quantkit.costs.formulas import Plan
 from quantkit.errors import QuantkitError
-from quantkit.plan.cost import Plan
-from quantkit.plan.plans import render
 
 
 def show(plan: Plan, as_json: bool) -> None:

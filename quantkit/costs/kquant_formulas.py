@@ -1,5 +1,5 @@
 """The cost of a GGUF that llama.cpp's tools make (`export --type T`, `--mixed`), for `--plan`: pure
-numbers in, a Plan out, as plan/cost.py does for convert, eval and bench.
+numbers in, a Plan out, as costs/formulas.py does for convert, eval and bench.
 
 What it counts (gguf/kquant.py, quantize/ggufmix.py, quantize/ggufgptq.py):
 - the exact F16 GGUF of the checkpoint (read and written once);
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from quantkit.plan.cost import (
+from quantkit.costs.formulas import (
     BASE_RSS,
     LOAD_BPS,
     MATMUL_EFF,

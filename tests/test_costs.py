@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.plan.cost import (
+from quantkit.costs.formulas import (
     BASE_RSS,
     COMPILE_RSS,
     GB,
@@ -143,7 +143,7 @@ def no_weights(monkeypatch):
     import safetensors.torch
     import transformers
 
-    import quantkit.plan.plans as planner
+    import quantkit.costs.commands as planner
 
     def fail(*a, **k):
         pytest.fail("a plan loaded weights")
@@ -412,7 +412,7 @@ def test_truncated_checkpoint_is_one_line(cli, tiny_llama, tmp_path, no_weights)
 def test_recorded_probe_figures_replay(monkeypatch):
     import torch
 
-    from quantkit.plan.plans import this_machine
+    from quantkit.costs.commands import this_machine
 
     monkeypatch.setenv("QUANTKIT_PLAN_PROBE", json.dumps({"read_bps": 1e10, "bf16_flops": 2e11, "fp32_flops": 1e11}))
     mc = this_machine(torch.device("cpu", 0))
@@ -426,14 +426,14 @@ def test_recorded_probe_figures_replay(monkeypatch):
 def test_quick_probe_measures_this_device():
     import torch
 
-    from quantkit.plan.plans import quick_probe
+    from quantkit.costs.commands import quick_probe
 
     figures = quick_probe(torch.device("cpu"))
     assert set(figures) == {"read_bps", "bfloat16_flops", "float32_flops"} and all(v > 0 for v in figures.values())
 
 
 def test_convert_warns_before_loading_when_the_plan_does_not_fit(cli, tiny_llama, tmp_path, monkeypatch):
-    import quantkit.plan.cost as plan
+    import quantkit.costs.formulas as plan
 
     monkeypatch.setitem(plan.BASE_RSS, "convert", 10**15)  # a petabyte of libraries: no machine has that
     code, _, err, data = cli(
@@ -753,7 +753,7 @@ def test_sensitivity_pass_by_hand():
     """1 reference + 2 for the noise floor + units x layers at the base, and for each unit the
     budget can raise its choices and its noise check; a unit's forward runs its own layer on, so
     the base forwards cost L(L+1)/2 layers per unit and L heads, a raised unit's the average layer's."""
-    from quantkit.plan.cost import sensitivity_flops, sensitivity_forwards
+    from quantkit.costs.formulas import sensitivity_flops, sensitivity_forwards
 
     w = work(
         sensitivity_tokens=10, sensitivity_seq_len=5, sensitivity_units=4, sensitivity_schemes=2, sensitivity_raised=5

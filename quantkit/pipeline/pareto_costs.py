@@ -1,19 +1,19 @@
 """`quantkit pareto --plan`: the front's checks (those of its run: the model, --out, every text, and
 each compressed-tensors variant's convert checks), then the predicted time and memory of every
-point: its convert (plan/cost.py) or its GGUF (plan/kquant_cost.py), and its evaluation."""
+point: its convert (costs/formulas.py) or its GGUF (costs/kquant_formulas.py), and its evaluation."""
 
 from __future__ import annotations
 
 import gguf
 import torch
 
+from quantkit.costs.commands import convert_work, read_model, this_machine
+from quantkit.costs.formulas import Model, Plan, combine, convert_plan, eval_plan
+from quantkit.costs.kquant_formulas import KquantWork, kquant_plan
 from quantkit.evals.settings import EvalSettings
 from quantkit.gguf.kquant import main_type
 from quantkit.pipeline.pareto import ParetoSettings, check_tools, runner
-from quantkit.pipeline.plan import variant_job
-from quantkit.plan.cost import Model, Plan, combine, convert_plan, eval_plan
-from quantkit.plan.kquant_cost import KquantWork, kquant_plan
-from quantkit.plan.plans import convert_work, read_model, this_machine
+from quantkit.pipeline.run_costs import variant_job
 from quantkit.quantize import ggufmix
 
 

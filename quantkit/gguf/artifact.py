@@ -159,7 +159,7 @@ class Artifact:
         return self.group(module).get("format") or (self.quant or {}).get("format")
 
     def scheme(self, module: str) -> Scheme:
-        """`module`'s integer scheme, checked for export (plan.py asks only of integer weights)."""
+        """`module`'s integer scheme, checked for export (tensor_map.py asks only of integer weights)."""
         facts, fmt = self.facts(module), self._format(module)
         if facts.weights != "int":
             raise ModelError(f"{module}: {facts.label} weights are not integer codes; no integer GGUF grid holds them")

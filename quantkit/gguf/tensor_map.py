@@ -19,7 +19,7 @@ import gguf
 from quantkit.errors import ModelError, QuantkitError
 from quantkit.gguf import grids
 from quantkit.gguf.arch import Hparams
-from quantkit.gguf.source import QUANT_SUFFIXES, Artifact
+from quantkit.gguf.artifact import QUANT_SUFFIXES, Artifact
 
 # a buffer some old checkpoints saved (llama.cpp computes RoPE itself); an FP8 KV cache scheme's K/V scales,
 # which the serving engine's cache applies and llama.cpp's cache types replace (gguf/exporter.py _kv_cache_note)

@@ -1,7 +1,7 @@
 """The wiring behind `--plan`: read a command's inputs (config.json, safetensors headers, the
-meta-device skeleton), probe the device for a second, and hand numbers to quantkit.plan.cost's cost
+meta-device skeleton), probe the device for a second, and hand numbers to quantkit.costs.formulas's cost
 functions. Nothing here loads a weight. `convert --plan` costs the same prepared job `convert`
-runs (quantize/job.py); `run --plan` is pipeline/plan.py; the commands print the plan."""
+runs (quantize/job.py); `run --plan` is pipeline/run_costs.py; the commands print the plan."""
 
 from __future__ import annotations
 
@@ -27,14 +27,7 @@ from quantkit.core.roofline import (
     prefill_flops,
     weight_bytes_per_token,
 )
-from quantkit.device import free_bytes, name, synchronize
-from quantkit.errors import DataError, QuantkitError
-from quantkit.evals.runner import prepare_eval
-from quantkit.evals.scorers import SCORERS, scorer_named
-from quantkit.evals.settings import EvalSettings
-from quantkit.models.checkpoint import read_config
-from quantkit.models.sizes import stored_read_bytes, tensor_bytes
-from quantkit.plan.cost import (
+from quantkit.costs.formulas import (
     GB,
     BenchWork,
     ConvertWork,
@@ -46,6 +39,13 @@ from quantkit.plan.cost import (
     eval_plan,
     forward_flops,
 )
+from quantkit.device import free_bytes, name, synchronize
+from quantkit.errors import DataError, QuantkitError
+from quantkit.evals.runner import prepare_eval
+from quantkit.evals.scorers import SCORERS, scorer_named
+from quantkit.evals.settings import EvalSettings
+from quantkit.models.checkpoint import read_config
+from quantkit.models.sizes import stored_read_bytes, tensor_bytes
 from quantkit.quantize.auto import Search, raisable
 from quantkit.quantize.job import check_inputs, prepare
 from quantkit.quantize.preflight import check_weights, meta_model
@@ -152,7 +152,7 @@ def this_machine(device, out_dir=None, probe: bool = True) -> Machine:
         read_bps=figures["read_bps"],
         bf16_flops=figures["bfloat16_flops"],
         fp32_flops=figures["float32_flops"],
-        probe="quantkit.plan.plans.quick_probe: 256 MiB read (1 GiB on a GPU), 2048² (8192²) matmuls, best of 5",
+        probe="quantkit.costs.commands.quick_probe: 256 MiB read (1 GiB on a GPU), 2048² (8192²) matmuls, best of 5",
     )
 
 

@@ -1,14 +1,14 @@
 """`run --plan`: the run's own checks, each variant's prepared convert job, then the cost of every
-step the run would take (plan/plans.py costs each one; plan/cost.py adds them up)."""
+step the run would take (costs/commands.py costs each one; costs/formulas.py adds them up)."""
 
 from __future__ import annotations
 
 from quantkit.bench.settings import BenchSettings
+from quantkit.costs.commands import compile_seconds, convert_work, read_model, this_machine
+from quantkit.costs.formulas import BenchWork, Model, Plan, bench_plan, combine, convert_plan, eval_plan, forward_flops
 from quantkit.device import resolve
 from quantkit.errors import QuantkitError, RecipeError
 from quantkit.pipeline.run import Runner, with_baseline
-from quantkit.plan.cost import BenchWork, Model, Plan, bench_plan, combine, convert_plan, eval_plan, forward_flops
-from quantkit.plan.plans import compile_seconds, convert_work, read_model, this_machine
 from quantkit.quantize.job import check_inputs, prepare
 
 

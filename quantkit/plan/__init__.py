@@ -1,1 +1,0 @@
-"""`--plan`: pure cost functions and the wiring that feeds them a command's inputs."""
