@@ -13,6 +13,7 @@ from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 
 from quantkit.core.atomic import write_text
+from quantkit.core.integrity import sha256_file
 from quantkit.errors import ModelError
 from quantkit.home import subdir
 from quantkit.models import fp4_load_fix, headers
@@ -101,6 +102,13 @@ def checkpoint_hash(path: Path) -> str:
     digest = h.hexdigest()
     write_text(memo, digest)
     return digest
+
+
+def content_hash(path: Path) -> str:
+    """What a step's cache key names a model by: a checkpoint directory's checkpoint_hash, or a
+    file's sha256 (a GGUF variant)."""
+
+    return sha256_file(path) if path.is_file() else checkpoint_hash(path)
 
 
 def read_json(file: Path) -> dict:

@@ -24,7 +24,7 @@ from quantkit import __version__
 from quantkit.artifacts.staging import model_inputs, read_meta, text_input, verification_problem
 from quantkit.core.atomic import exclusive, write_json
 from quantkit.core.eval_results import EvalResult
-from quantkit.core.integrity import problems, sha256_file
+from quantkit.core.integrity import problems
 from quantkit.costs.commands import memory_warning
 from quantkit.data.calib import check_source
 from quantkit.data.text import check_readable
@@ -33,7 +33,7 @@ from quantkit.evals.domains import default_texts, labelled
 from quantkit.evals.runner import run_eval
 from quantkit.evals.scorers import scorer_named
 from quantkit.evals.settings import EvalSettings
-from quantkit.models.checkpoint import checkpoint_hash, read_config
+from quantkit.models.checkpoint import checkpoint_hash, content_hash, read_config
 from quantkit.models.resolve import resolve_path
 from quantkit.pipeline import report, serving
 from quantkit.pipeline.cache import StepCache, step_key, text_fingerprint
@@ -69,12 +69,6 @@ def with_baseline(recipe: Recipe) -> tuple[Variant, ...]:
 def _real(p: Path) -> Path:
     """An absolute path with its symlinks resolved (one that does not exist yet: as far as it does)."""
     return Path(os.path.abspath(Path(p).expanduser())).resolve()
-
-
-def content_hash(path: Path) -> str:
-    """A checkpoint directory's hash (models/checkpoint.py), or a file's sha256 (a GGUF variant)."""
-
-    return sha256_file(path) if path.is_file() else checkpoint_hash(path)
 
 
 def check_run_dir(run_dir: Path, src: Path, inputs) -> None:

@@ -22,7 +22,7 @@ from quantkit.errors import QuantkitError
 from quantkit.gguf.exporter import GgufOptions
 from quantkit.gguf.exporter import export_gguf as export
 from quantkit.gguf.kquant import DEFAULT_CALIB, KquantOptions, export_kquant
-from quantkit.models.checkpoint import checkpoint_hash
+from quantkit.models.checkpoint import checkpoint_hash, content_hash
 from quantkit.pipeline.cache import step_key, text_fingerprint
 from quantkit.progress import note
 from quantkit.quantize import ggufmix
@@ -139,10 +139,6 @@ def _sources(runner, engine: str, paths: dict[str, Path]) -> tuple[dict[str, Pat
     return srcs, failed
 
 
-def _source_hash(path: Path) -> str:
-    return sha256_file(path) if path.is_file() else checkpoint_hash(path)
-
-
 def engine_settings(runner, engine: str) -> BenchSettings:
     """The bench settings of `engine`, from the recipe's whole `bench:` section, checked: an engine
     that cannot run here (not installed, no such device) raises QuantkitError before any model loads."""
@@ -164,7 +160,7 @@ def bench_engine(runner, settings: BenchSettings, sources: dict[str, Path]) -> B
         "bench",
         __version__,
         engine,
-        sorted((n, _source_hash(p)) for n, p in sources.items()),
+        sorted((n, content_hash(p)) for n, p in sources.items()),
         shared,
         *([sorted((n, c.label) for n, c in caches.items())] if caches else []),
     )
