@@ -312,9 +312,9 @@ def test_unsupported_architecture(cli, tiny_llama, tiny_text, tmp_path):
 
 
 def test_failed_verification_keeps_nothing(cli, tiny_llama, tiny_text, tmp_path, monkeypatch):
-    from quantkit.artifacts import formats as export
+    from quantkit.artifacts import containers
 
-    real = export.FORMATS["compressed-tensors"]
+    real = containers.CONTAINERS["compressed-tensors"]
 
     def corrupt_load(path, dtype, device=None, **kwargs):
         model = real.load(path, dtype, device, **kwargs)
@@ -328,7 +328,9 @@ def test_failed_verification_keeps_nothing(cli, tiny_llama, tiny_text, tmp_path,
         return model
 
     monkeypatch.setitem(
-        export.FORMATS, "compressed-tensors", export.ExportFormat(real.save, corrupt_load, real.loader, real.describe)
+        containers.CONTAINERS,
+        "compressed-tensors",
+        containers.Container(real.save, corrupt_load, real.loader, real.describe),
     )
     out = tmp_path / "bad"
     code, _, err, _ = convert(cli, "int4-w4a16-rtn", tiny_llama, out, tiny_text)

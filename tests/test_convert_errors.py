@@ -173,16 +173,16 @@ def test_free_space_estimate_is_close_to_the_artifact(cli, tiny_llama, tiny_text
     ids=["ENOSPC", "safetensors"],
 )
 def test_disk_full_while_writing_is_one_line(cli, tiny_llama, tmp_path, monkeypatch, error):
-    from quantkit.artifacts import formats as export
+    from quantkit.artifacts import containers
 
-    real = export.FORMATS["compressed-tensors"]
+    real = containers.CONTAINERS["compressed-tensors"]
 
     def save(model, out, shard):
         real.save(model, out, shard)
         raise error()
 
     monkeypatch.setitem(
-        export.FORMATS, "compressed-tensors", export.ExportFormat(save, real.load, real.loader, real.describe)
+        containers.CONTAINERS, "compressed-tensors", containers.Container(save, real.load, real.loader, real.describe)
     )
     out = tmp_path / "x"
     code, _, err, _ = convert(cli, tiny_llama, out)

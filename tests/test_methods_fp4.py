@@ -157,7 +157,7 @@ def test_stored_tensors_are_the_format(fp4_arts, tiny_llama, fmt):
 def test_transformers_reload_holds_the_decoded_weights_at_the_load_dtype(fp4_arts, fmt, dtype):
     """compressed-tensors 0.19 alone decompresses FP4 to bfloat16 whatever the load dtype (the forward
     then fails); with quantkit's fix every linear holds the decoded weight in the load dtype."""
-    from quantkit.artifacts.formats import FORMATS as EXPORT
+    from quantkit.artifacts.containers import CONTAINERS as EXPORT
 
     art, _ = fp4_arts[fmt]
     model = EXPORT["compressed-tensors"].load(art, str(dtype).removeprefix("torch."), torch.device("cpu"))

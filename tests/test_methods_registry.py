@@ -42,7 +42,7 @@ def fake_int8(model, cfg, samples, src=None, device=None, transform=None):
     return model
 
 
-FAKE = Method("fake-int8", FakeInt8Config, fake_int8, export_format="dense", calibrates=False, checks_layers=True)
+FAKE = Method("fake-int8", FakeInt8Config, fake_int8, container="dense", calibrates=False, checks_layers=True)
 
 
 @pytest.fixture
@@ -78,6 +78,7 @@ def test_a_method_registered_in_one_entry_converts_end_to_end(cli, tiny_llama, t
         "weight_bits": 8,
         "ignore": ["lm_head"],
         "weights": [DENSE.as_dict()],  # what its config.json declares: dense weights (rounded, not stored quantized)
+        "kv_cache": None,  # no KV cache scheme: the cache stays 16-bit
     }
     assert meta["device"]["dtype"] == "float32"  # 8-bit weights calibrate in float32 (quantize/job.py quant_dtype)
     source, saved = load_file(next(tiny_llama.glob("*.safetensors"))), load_file(next(out.glob("*.safetensors")))
@@ -138,12 +139,12 @@ def test_without_its_entry_the_method_is_unknown(cli, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_entry_is_consistent(name):
-    """An entry's config takes its name, its export format exists, and a recipe step reads back as that config."""
-    from quantkit.artifacts.formats import FORMATS
+    """An entry's config takes its name, its container exists, and a recipe step reads back as that config."""
+    from quantkit.artifacts.containers import CONTAINERS
     from quantkit.recipe.files import recipe_from_dict
 
     m = METHODS[name]
-    assert m.name == name and m.export_format in FORMATS
+    assert m.name == name and m.container in CONTAINERS
     cfg = recipe_from_dict({"steps": [{"quantize": {"method": name}}]}).steps[0].quantize
     assert type(cfg) is m.config and cfg.method == name
     assert cfg.weight_bits in (4, 8) and cfg.scheme and isinstance(cfg.storage_group, int)

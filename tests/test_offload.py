@@ -51,7 +51,7 @@ def _convert(cli, tiny_llama, tiny_text, out, *extra, recipe="int4-w4a16-gptq-g6
 def test_convert_offloaded_to_disk_matches_in_ram(cli, tiny_llama, tiny_text, tmp_path):
     import torch
 
-    from quantkit.artifacts.formats import FORMATS
+    from quantkit.artifacts.containers import CONTAINERS
     from quantkit.quantize.verify import compare_logits, logits
 
     code, _, err, gptq = _convert(cli, tiny_llama, tiny_text, tmp_path / "gptq", "--max-memory", "100KB")
@@ -81,7 +81,7 @@ def test_convert_offloaded_to_disk_matches_in_ram(cli, tiny_llama, tiny_text, tm
     assert json.loads((tmp_path / "disk" / "quantkit.json").read_text())["offload"]["disk_tensors"] > 0
     assert not list(tmp_path.glob(".disk.offload-*")) and not list(tmp_path.glob(".disk.partial-*"))
     ids = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(0))
-    a, b = (logits(FORMATS["compressed-tensors"].load(tmp_path / n, "float16"), ids) for n in ("ram", "disk"))
+    a, b = (logits(CONTAINERS["compressed-tensors"].load(tmp_path / n, "float16"), ids) for n in ("ram", "disk"))
     assert compare_logits(a, b)["mean_kl"] < 1e-5  # RTN from fp16 weights: the same grid in fp16 or fp32
 
 

@@ -1,1 +1,1 @@
-"""What quantkit writes: staging and locking, export formats, model cards, publishing."""
+"""What quantkit writes: staging and locking, artifact containers, model cards, publishing."""

@@ -2,7 +2,7 @@
 everything the rest of quantkit asks about a method.
 
 The recipe schema validates a step's `quantize:` with the entry's config class; convert runs its
-handler and saves with its export format; preflight, torchrun, offloading and `--plan` read its
+handler and saves in its container; preflight, torchrun, offloading and `--plan` read its
 capabilities. Nothing outside this module compares method names: adding a method is a config
 class (methods/configs.py), a handler module, and one entry in METHODS.
 """
@@ -36,7 +36,7 @@ class Method:
     config: type[MethodConfig]  # the recipe's `quantize:` section for this method
     # (model, cfg, samples: list[Tensor] | None, src=, device=, transform=) -> the model, quantized in memory
     quantize: Callable
-    export_format: str  # key of artifacts.formats.FORMATS: how the quantized model is saved and reloaded
+    container: str  # key of artifacts.containers.CONTAINERS: how the quantized model is saved and reloaded
     calibrates: bool  # needs calibration windows (calibration.source or --calib)
     # Quantizes as transformers loads the checkpoint (bitsandbytes): the handler reloads the
     # source, the reload check loads onto the device, and the artifact keeps its own dtypes.
@@ -68,7 +68,7 @@ def _llmc(modifiers: Callable, **kw) -> Callable:
 
 
 # llm-compressor's methods calibrate layer by layer and save compressed-tensors.
-_LLMC = dict(export_format="compressed-tensors", layerwise=True, rotates=True, checks_layers=True)
+_LLMC = dict(container="compressed-tensors", layerwise=True, rotates=True, checks_layers=True)
 
 METHODS: dict[str, Method] = {
     "rtn": Method("rtn", RTNConfig, _llmc(llmc.rtn), calibrates=False, torchrun=True, **_LLMC),
@@ -97,7 +97,7 @@ METHODS: dict[str, Method] = {
         "bnb-nf4",
         BnbNF4Config,
         partial(bnb.quantize, config=bnb.nf4_config),
-        export_format="bitsandbytes",
+        container="bitsandbytes",
         calibrates=False,
         loads_quantized=True,
     ),
@@ -105,7 +105,7 @@ METHODS: dict[str, Method] = {
         "bnb-int8",
         BnbInt8Config,
         partial(bnb.quantize, config=bnb.int8_config),
-        export_format="bitsandbytes",
+        container="bitsandbytes",
         calibrates=False,
         loads_quantized=True,
     ),

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from quantkit.artifacts.card import write_card
-from quantkit.artifacts.formats import FORMATS
+from quantkit.artifacts.containers import CONTAINERS
 from quantkit.artifacts.staging import (
     check_free_space,
     claim_out,
@@ -192,7 +192,7 @@ def _save_along(job: ConvertJob, held: dict) -> None:
     model = held.pop("model")
     # llm-compressor's save_pretrained writes on the source rank only (is_source_process); a
     # path nothing can be written under, so a change upstream would fail here rather than write
-    FORMATS[job.export_format].save(model, os.devnull, job.recipe.export.max_shard_size)
+    CONTAINERS[job.container].save(model, os.devnull, job.recipe.export.max_shard_size)
 
 
 def _load(job: ConvertJob, folder: Path | None):
@@ -270,13 +270,13 @@ def export_verified(
     the artifact is saved, so the reload never shares memory with it. An offloaded model's
     artifact reloads with the same offloading."""
 
-    fmt = FORMATS[job.export_format]
+    container = CONTAINERS[job.container]
     model, quant = held.pop("model"), held.pop("quant", job.quant)
     ids = fixed_tokens(model.config.vocab_size, calib_set.samples if calib_set else None)
     ref_logits = logits(model, ids)
     dtype = str(next(p for p in model.parameters() if p.is_floating_point()).dtype).replace("torch.", "")
     with staged_dir(out) as tmp, ExitStack() as stack:
-        fmt.save(model, tmp, job.recipe.export.max_shard_size)
+        container.save(model, tmp, job.recipe.export.max_shard_size)
         tok.save_pretrained(str(tmp))
         if meta.get("mixed_precision") is not None:
             check_measured(meta["mixed_precision"], tmp)
@@ -291,15 +291,15 @@ def export_verified(
                     job.device,
                 )
 
-            loader = f"{fmt.loader} (offloaded as in the conversion)"
+            loader = f"{container.loader} (offloaded as in the conversion)"
         else:
-            reload, loader = reload_on_device(job, fmt, tmp, dtype), fmt.loader
+            reload, loader = reload_on_device(job, container, tmp, dtype), container.loader
         meta["verification"] = verify_reload(ref_logits, reload, ids, loader)
         meta.update(
             {
                 # what the saved config.json declares, as facts (models/scheme_facts.py): what decisions read
                 "quantization": {
-                    **fmt.describe(quant),
+                    **container.describe(quant),
                     "weights": [f.as_dict() for f in scheme_facts.of_checkpoint(tmp)],
                     "kv_cache": kv_facts.as_dict() if (kv_facts := kv_scheme.of_checkpoint(tmp)) else None,
                 }
@@ -325,15 +325,15 @@ def load_device(job: ConvertJob):
     return job.device if job.has_gqa else torch.device("cpu")
 
 
-def reload_on_device(job: ConvertJob, fmt, tmp: Path, dtype: str):
+def reload_on_device(job: ConvertJob, container, tmp: Path, dtype: str):
     """The artifact as a user loads it, its forward on the calibration device: bitsandbytes
     quantizes onto the device as it loads; other formats load into RAM and run there a layer at
     a time (offload.onload_to), so the check fits wherever the conversion did."""
 
     if job.method is not None and job.method.loads_quantized:
-        return lambda: fmt.load(tmp, dtype, job.device, trust_remote_code=job.opts.trust_remote_code)
+        return lambda: container.load(tmp, dtype, job.device, trust_remote_code=job.opts.trust_remote_code)
     return lambda: offload.onload_to(
-        fmt.load(tmp, dtype, torch.device("cpu"), trust_remote_code=job.opts.trust_remote_code), job.device
+        container.load(tmp, dtype, torch.device("cpu"), trust_remote_code=job.opts.trust_remote_code), job.device
     )
 
 

@@ -91,8 +91,8 @@ class ConvertJob:
         return any(st.gqa is not None for st in self.variant.steps)
 
     @property
-    def export_format(self) -> str:
-        return self.method.export_format if self.method is not None else "dense"
+    def container(self) -> str:
+        return self.method.container if self.method is not None else "dense"
 
     @property
     def calib_spec(self) -> str | None:

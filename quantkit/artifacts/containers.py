@@ -1,4 +1,6 @@
-"""Export formats, by name: how an in-memory model is saved, reloaded as a user would, and described."""
+"""Artifact containers, by name: how convert saves an in-memory model as its artifact, how a user
+reloads it, and how quantkit.json describes it. (Turning a saved artifact into another serving
+format is an exporter: quantkit/export/.)"""
 
 from __future__ import annotations
 
@@ -67,17 +69,17 @@ def _save_dense(model, out: Path, shard: str) -> None:
 
 
 @dataclass(frozen=True)
-class ExportFormat:
+class Container:
     save: Callable  # (model, out_dir, max_shard_size) -> None
     load: Callable  # (dir, dtype, device, trust_remote_code=False) -> model, loaded exactly as a user would
     loader: str  # what the user's loader is, for messages
     describe: Callable  # (a method's config) -> quantkit.json's `quantization`
 
 
-FORMATS: dict[str, ExportFormat] = {
-    "compressed-tensors": ExportFormat(
+CONTAINERS: dict[str, Container] = {
+    "compressed-tensors": Container(
         _save_compressed, _load_auto, "transformers + compressed-tensors", _describe("compressed-tensors")
     ),
-    "bitsandbytes": ExportFormat(_save_bnb, _load_auto, "transformers + bitsandbytes", _describe("bitsandbytes")),
-    "dense": ExportFormat(_save_dense, _load_auto, "transformers", _describe("dense")),
+    "bitsandbytes": Container(_save_bnb, _load_auto, "transformers + bitsandbytes", _describe("bitsandbytes")),
+    "dense": Container(_save_dense, _load_auto, "transformers", _describe("dense")),
 }
