@@ -152,7 +152,7 @@ def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int
 
 
 def main() -> None:
-    from quantkit.bench.engines.llamacpp import available_cores
+    from quantkit.gguf.tools import available_cores
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ggufs", nargs="+", type=Path)

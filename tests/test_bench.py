@@ -74,6 +74,15 @@ def int4_art(tiny_llama, tmp_path_factory):
 # ---- kernels and accounting ---------------------------------------------------------------
 
 
+def dense_from_int(q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, group_size: int) -> torch.Tensor:
+    """Reference dequantization w = (q - zp) * scale."""
+    n, k = q.shape
+    groups = 1 if group_size in (-1, None) else k // group_size
+    s = scale.float().reshape(n, groups, 1)
+    z = torch.zeros_like(s) if zp is None else zp.float().reshape(n, groups, 1)
+    return ((q.float().reshape(n, groups, -1) - z) * s).reshape(n, k)
+
+
 @pytest.mark.parametrize("group,asym", [(32, False), (64, True), (128, False)])
 def test_int4_kernel_matches_dense_reference(group, asym):
     torch.manual_seed(0)
@@ -82,7 +91,7 @@ def test_int4_kernel_matches_dense_reference(group, asym):
     s = torch.rand(n, k // group) * 0.05
     zp = torch.randint(-3, 3, (n, k // group), dtype=torch.int8) if asym else None
     x = torch.randn(3, k, dtype=torch.bfloat16)
-    ref = x.float() @ kernels.dense_from_int(q, s, zp, group).t()
+    ref = x.float() @ dense_from_int(q, s, zp, group).t()
     out = kernels.Int4WeightOnlyLinear(q, s, zp, group, None, torch.device("cpu"))(x).float()
     assert torch.allclose(out, ref, atol=0.05 * ref.abs().max().item(), rtol=0)
 
@@ -94,12 +103,12 @@ def test_int8_kernel_matches_dense_reference(asym):
     s = torch.rand(32, 1) * 0.01
     zp = torch.randint(-20, 20, (32, 1), dtype=torch.int8) if asym else None
     x = torch.randn(2, 64, dtype=torch.bfloat16)
-    ref = x.float() @ kernels.dense_from_int(q, s, zp, -1).t()
+    ref = x.float() @ dense_from_int(q, s, zp, -1).t()
     out = kernels.Int8WeightOnlyLinear(q, s, zp, None, "cpu:0")(x).float()
     assert torch.allclose(out, ref, atol=0.02 * ref.abs().max().item(), rtol=0)
     w8a8 = kernels.Int8DynamicActivationLinear(q, s, None, "cpu")(x).float()
     assert torch.allclose(
-        w8a8, x.float() @ kernels.dense_from_int(q, s, None, -1).t(), atol=0.05 * ref.abs().max().item(), rtol=0
+        w8a8, x.float() @ dense_from_int(q, s, None, -1).t(), atol=0.05 * ref.abs().max().item(), rtol=0
     )
 
 
@@ -214,7 +223,8 @@ def test_no_engine_names_compared_in_the_bench_path():
 
 def test_bench_runs_with_device_values(tiny_llama, int4_art):
     """The same bench path with a torch.device value and with "cpu:0"; the report names the device and dtype."""
-    from quantkit.bench.runner import BenchSettings, bench_many
+    from quantkit.bench.runner import bench_many
+    from quantkit.bench.settings import BenchSettings
 
     for dev in (torch.device("cpu"), "cpu:0"):
         s = BenchSettings(device=dev, engine="eager", prompt_len=8, gen_len=3, repeats=1, min_seconds=0, warmups=0)
@@ -262,7 +272,8 @@ def test_bench_cli_dense_and_int4_artifact(cli, tiny_llama, int4_art, tmp_path):
 def test_prefill_floor_counts_lm_head_once(tiny_llama, monkeypatch):
     """A1: the TTFT floor of the bench is the hand-computed FLOPs with the lm_head at one position
     (engines ask for logits_to_keep=1); the old count put it at every prompt position."""
-    from quantkit.bench.runner import BenchSettings, bench_many
+    from quantkit.bench.runner import bench_many
+    from quantkit.bench.settings import BenchSettings
 
     cfg = json.loads((tiny_llama / "config.json").read_text())
     P, V, h, i, L = 16, cfg["vocab_size"], 128, 256, 2

@@ -400,7 +400,7 @@ def test_a_synthetic_shape_is_refused_with_the_way_to_bench_one(cli, monkeypatch
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed")
     code, _, err, _ = cli("bench", "--engine", "llamacpp", "--shape", "smollm2-135m", *FAST)
-    assert code == 2 and "make_shaped_checkpoint.py" in err
+    assert code == 2 and "benchmarks/shaped_checkpoint.py" in err
 
 
 # ---------------------------------------------------------------- quantkit run with two engines

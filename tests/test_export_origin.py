@@ -74,8 +74,8 @@ def test_the_gguf_names_the_checkpoint_converted_from_and_the_artifact(ggufs):
 
 def test_a_moved_gguf_is_checked_from_what_it_carries(ggufs, tiny_dir, capsys):
     from quantkit.errors import DataError
+    from quantkit.evals.checks import check_baseline, fitted_texts
     from quantkit.evals.gguf import source_meta
-    from quantkit.evals.runner import check_baseline, fitted_texts
     from quantkit.models.checkpoint import checkpoint_hash
 
     beside, _, _ = source_meta(ggufs["beside"])

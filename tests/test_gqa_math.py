@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from quantkit.core.roofline import kv_bytes
 from quantkit.gqa import keys as K
 from quantkit.gqa import values as V
-from quantkit.gqa.groups import contiguous_groups, kv_bytes_per_token, query_order, search_groups
+from quantkit.gqa.groups import contiguous_groups, query_order, search_groups
 
 F64 = torch.float64
 
@@ -153,4 +154,4 @@ def test_groups_search_and_order():
 
 def test_kv_bytes_per_token():
     # SmolLM2-135M: 30 layers, head_dim 64; K and V, bf16
-    assert kv_bytes_per_token(30, 3, 64) == 23040 and kv_bytes_per_token(30, 1, 64) == 7680
+    assert kv_bytes(30, 3, 64) == 23040 and kv_bytes(30, 1, 64) == 7680

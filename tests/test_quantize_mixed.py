@@ -7,7 +7,8 @@ import random
 import pytest
 
 from quantkit.errors import QuantkitError
-from quantkit.quantize.mixed import Scheme, Unit, parse_choice, solve
+from quantkit.methods.schemes import Scheme, parse_choice
+from quantkit.quantize.mixed import Unit, solve
 
 BASE, INT8, G32 = Scheme(4, 64), Scheme(8, -1), Scheme(4, 32)
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from quantkit.core.eval_results import Interval95, KLSummary, PositionBucket
 from quantkit.pipeline.accuracy import DecodeAt, PositionRow, position_table
-from quantkit.pipeline.report import depth_pairs
+from quantkit.pipeline.depths import depth_pairs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -262,7 +262,3 @@ def verification_problem(meta: dict) -> str | None:
     if not numbers or not kl <= limit:
         return f"verification recorded mean KL {kl!r} against a threshold of {limit!r}, not a finite KL within it"
     return None
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())

@@ -243,12 +243,3 @@ class Fp8Linear(nn.Module):
             )[:rows]
         y = y.reshape(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
-
-
-def dense_from_int(q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None, group_size: int) -> torch.Tensor:
-    """Reference dequantization w = (q - zp) * scale, for tests."""
-    n, k = q.shape
-    groups = 1 if group_size in (-1, None) else k // group_size
-    s = scale.float().reshape(n, groups, 1)
-    z = torch.zeros_like(s) if zp is None else zp.float().reshape(n, groups, 1)
-    return ((q.float().reshape(n, groups, -1) - z) * s).reshape(n, k)

@@ -19,7 +19,7 @@ from quantkit.bench.gguf_file import gguf_config, is_gguf, reference_source
 from quantkit.bench.harness import SWEEP_SAMPLES, measure, measure_depth, summarize_ms, time_prefill
 from quantkit.bench.records import BenchResult, BenchRow, DeviceBlock, FailedRow, LoadAverage, SweepPoint
 from quantkit.bench.rows import Loaded, Measured, classify, depth_notes, make_row, name_of
-from quantkit.bench.settings import (  # noqa: F401  (re-exported)
+from quantkit.bench.settings import (
     BenchSettings,
     check_fits_bytes,
     check_kv_caches,

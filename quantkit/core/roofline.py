@@ -138,16 +138,6 @@ def decode_bytes(shape: Shape, layout: Layout, context_len: int) -> float:
     return weight_bytes_per_token(shape, layout) + kv * context_len + kv
 
 
-def mean_decode_bytes(shape: Shape, layout: Layout, prompt_len: int, gen_len: int) -> float:
-    """Average over the timed decode steps (context prompt_len+1 .. prompt_len+gen_len-1)."""
-    steps = range(prompt_len + 1, prompt_len + gen_len)
-    return (
-        float(np.mean([decode_bytes(shape, layout, c) for c in steps]))
-        if gen_len > 1
-        else decode_bytes(shape, layout, prompt_len)
-    )
-
-
 def prefill_flops(shape: Shape, prompt_len: int, logits_positions: int = 1) -> float:
     """2 * layer-linear parameters * prompt length, the lm_head at `logits_positions` positions,
     plus causal attention.
@@ -167,10 +157,6 @@ def prefill_flops(shape: Shape, prompt_len: int, logits_positions: int = 1) -> f
 
 def prefill_bytes(shape: Shape, layout: Layout, prompt_len: int) -> float:
     return weight_bytes_per_token(shape, layout) + kv_bytes_per_token(shape, layout) * prompt_len
-
-
-def predict_tpot_s(bytes_per_token: float, bandwidth: float) -> float:
-    return bytes_per_token / bandwidth
 
 
 def predict_ttft_s(flops: float, compute_rate: float, bytes_read: float, bandwidth: float) -> float:

@@ -455,14 +455,3 @@ def overlaps(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
         else:
             j += 1
     return False
-
-
-def compress_windows(windows: list[tuple[int, int]]) -> list[list[int]]:
-    """Merge adjacent windows into [start, end) ranges, for compact manifests."""
-    out: list[list[int]] = []
-    for s, e in sorted(windows):
-        if out and out[-1][1] == s:
-            out[-1][1] = e
-        else:
-            out.append([s, e])
-    return out

@@ -47,7 +47,6 @@ from quantkit.evals.checks import (
     check_baseline,
     check_disjoint_from_fitted,
     check_same_vocab,
-    fitted_texts,  # noqa: F401 - the fitted-text records, where callers have read them
 )
 from quantkit.evals.domains import labelled
 from quantkit.evals.lmeval import TaskRun, check_backend, task_deltas

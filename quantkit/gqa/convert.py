@@ -8,10 +8,11 @@ from contextlib import contextmanager
 
 import torch
 
+from quantkit.core.roofline import kv_bytes
 from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
 from quantkit.errors import DataError, RecipeError
 from quantkit.gqa.arch import head_counts, layout_for
-from quantkit.gqa.groups import contiguous_groups, kv_bytes_per_token, search_groups
+from quantkit.gqa.groups import contiguous_groups, search_groups
 from quantkit.gqa.layer import Stats, group_loss, merged_heads, read_heads, write_heads
 from quantkit.gqa.mix_windows import mix_recovery_windows, preflight_mix_recovery
 from quantkit.gqa.recover import distill, trained_names
@@ -236,8 +237,8 @@ def apply_gqa(model, tok, gqa, calib_set, *, src, src_hash: str = "", calib_spec
         "grouping": gqa.grouping,
         "groups": [r["groups"] for r in report],
         "relative_merge_error": [r["relative_error"] for r in report] if sigmas is not None else None,
-        "kv_bytes_per_token_before": kv_bytes_per_token(layers, n_kv, head_dim),
-        "kv_bytes_per_token_after": kv_bytes_per_token(layers, gqa.kv_heads, head_dim),
+        "kv_bytes_per_token_before": kv_bytes(layers, n_kv, head_dim),
+        "kv_bytes_per_token_after": kv_bytes(layers, gqa.kv_heads, head_dim),
         "merge_seconds": round(time.perf_counter() - t0, 1),
         "recover": None,
     }

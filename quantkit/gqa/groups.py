@@ -1,10 +1,9 @@
-"""Which KV heads merge together, the query-head order that realises it, and KV-cache bytes."""
+"""Which KV heads merge together and the query-head order that realises it (the cache's bytes:
+core/roofline.py kv_bytes)."""
 
 from __future__ import annotations
 
 import itertools
-
-from quantkit.core.roofline import kv_bytes as kv_bytes_per_token  # noqa: F401  (the one KV formula; gqa.convert reports it)
 
 
 def contiguous_groups(n_kv: int, n_groups: int) -> list[list[int]]:

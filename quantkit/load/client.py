@@ -42,10 +42,6 @@ def _chat_body(messages: Messages) -> dict:
 API_BODIES: dict[str, Callable[[Messages], dict]] = {"completions": _completions_body, "chat": _chat_body}
 
 
-def user_turn(prompt: str) -> Messages:
-    return [{"role": "user", "content": prompt}]
-
-
 def build_body(cfg: LoadConfig, messages: Messages, max_tokens: int | None = None) -> dict:
     gen_len = max_tokens or cfg.gen_len
     body = {

@@ -61,7 +61,3 @@ def restore_canonical_state(model) -> int:
             m.weight.quant_state = qs
             m.quant_state = qs
     return restored
-
-
-def is_cpu_packed(model) -> bool:
-    return any(_cpu_packed(m) for _, m in _linear4bit(model))

@@ -24,7 +24,7 @@ from quantkit.pipeline.accuracy import (
     kl_header,
     position_table,
 )
-from quantkit.pipeline.depths import (  # noqa: F401  (depth_pairs: read from here too)
+from quantkit.pipeline.depths import (
     context_rows,
     depth_pairs,
     depth_rows,

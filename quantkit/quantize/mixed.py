@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantkit.errors import QuantkitError
-from quantkit.methods.schemes import Scheme, parse_choice  # noqa: F401  (the schemes the search chooses among)
 
 RESOLUTION = 20_000  # steps of the spare budget: 120 units x 2 options x 20k = 5M updates, well under a second
 

@@ -45,7 +45,7 @@ from quantkit.device import resolve
 from quantkit.errors import QuantkitError
 from quantkit.gguf import cpu_variant, tools
 from quantkit.gguf.read import open_reader
-from quantkit.gguf.tools import available_cores  # noqa: F401  (callers import it from here: the engine's default threads)
+from quantkit.gguf.tools import available_cores
 
 INSTALL = "./scripts/_install.sh builds it (or: pip install llama-cpp-python)"
 
@@ -201,7 +201,7 @@ class Engine(Base):
             raise QuantkitError(
                 f"{getattr(source, 'label', source)}: --engine llamacpp benches GGUF files and checkpoint "
                 "directories; for a model shape, build a random-weight checkpoint with "
-                "scripts/make_shaped_checkpoint.py and bench that"
+                "benchmarks/shaped_checkpoint.py (in the source checkout) and bench that"
             )
         if settings.tensor_parallel != 1:
             raise QuantkitError("--tensor-parallel: the llamacpp engine runs on one device")
