@@ -82,8 +82,8 @@ def _mix_dir(tmp_path, monkeypatch, parts: list[dict], name="test") -> Path:
     [
         ([{"name": "a", "weight": 1}], "exactly one of: source, chat"),
         ([{"name": "a", "weight": 0, "source": "file:x.txt"}], "parts[0].weight"),
-        ([{"name": "a", "weight": 1, "source": "self"}], "source must be set:NAME or file:PATH"),
-        ([{"name": "a", "weight": 1, "source": "mix:other"}], "source must be set:NAME or file:PATH"),
+        ([{"name": "a", "weight": 1, "source": "self"}], "source must be file:PATH or set:NAME"),
+        ([{"name": "a", "weight": 1, "source": "mix:other"}], "source must be file:PATH or set:NAME"),
         ([{"name": "a", "weight": 1, "source": "file:x", "colour": "red"}], "parts[0].colour"),
         (
             [{"name": "a", "weight": 1, "source": "file:x"}, {"name": "a", "weight": 1, "source": "file:y"}],

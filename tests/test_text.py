@@ -1,8 +1,11 @@
 import codecs
 import json
+import re
+from pathlib import Path
 
 import pytest
 
+from quantkit.data.sources import SOURCES, label_of, sources_table, syntaxes
 from quantkit.data.text import overlaps, parse_spec, read_text, region_windows
 from quantkit.errors import DataError
 
@@ -13,9 +16,37 @@ def test_parse_spec():
     s = parse_spec("hf:wikitext:wikitext-2-raw-v1:validation")
     assert (s.dataset, s.config, s.split) == ("wikitext", "wikitext-2-raw-v1", "validation")
     assert parse_spec("hf:ds:train").config is None
-    for bad in ["ftp:x", "hf:onlyone", "file:"]:
+    for bad in ["ftp:x", "hf:onlyone", "file:", "set:", "self:x", "file"]:
         with pytest.raises(DataError):
             parse_spec(bad)
+    with pytest.raises(DataError, match=re.escape(f"use {', '.join(syntaxes()[:-1])} or {syntaxes()[-1]}")):
+        parse_spec("nonsense:x")
+
+
+def test_every_text_source_is_one_registry_entry_and_asked_by_its_capabilities():
+    """Each kind is a SOURCES entry whose syntax parses back to that kind; callers ask capabilities."""
+    examples = {"file": "file:a/b.txt", "hf": "hf:ds:train", "set": "set:world-factbook", "mix": "mix:default"}
+    for kind, source in SOURCES.items():
+        spec = parse_spec(examples.get(kind, source.syntax))
+        assert spec.source is SOURCES[spec.kind]
+        assert kind == "set" or spec.kind == kind  # a set resolves to the text its manifest names
+    assert [k for k, s in SOURCES.items() if s.network] == ["hf"]
+    assert [k for k, s in SOURCES.items() if s.generated] == ["self"]
+    assert [k for k, s in SOURCES.items() if s.parts] == ["mix"]
+    assert parse_spec("set:world-factbook").source.local and parse_spec("set:world-factbook").set_name
+    assert [label_of(s) for s in ("file:x/eval.txt", "set:legal", "mix:default", "hf:a/b:c", "self")] == [
+        "eval",
+        "legal",
+        "default",
+        "a-b-c",
+        "self",
+    ]
+
+
+def test_the_docs_table_of_text_sources_is_the_registry():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "EVALUATION.md").read_text()
+    table = re.search(r"<!-- text-sources: [^>]*-->\n(.*?)<!-- /text-sources -->", page, re.S)
+    assert table and table.group(1) == sources_table(), "docs/EVALUATION.md: paste sources_table()'s output"
 
 
 def test_region_windows_disjoint():

@@ -93,7 +93,7 @@ def text_input(spec: str | None, what: str) -> list[tuple[Path, str]]:
         parsed = parse_spec(str(spec))
     except QuantkitError:
         return []  # reported by the code that reads it
-    return [(_resolved(parsed.path), what)] if parsed.kind == "file" else []
+    return [(_resolved(parsed.path), what)] if parsed.source.local else []
 
 
 def recipe_inputs(path) -> list[tuple[Path, str]]:

@@ -8,6 +8,7 @@ import click
 
 from quantkit.cli._common import MODEL, echo_json, json_option, set_option
 from quantkit.cli.recipe import include_option
+from quantkit.data.sources import syntaxes
 from quantkit.methods.registry import names
 
 
@@ -24,7 +25,7 @@ from quantkit.methods.registry import names
 @click.option(
     "--calib",
     default=None,
-    help="Calibration text: file:PATH | hf:DATASET[:CONFIG]:SPLIT | self (overrides the recipe).",
+    help=f"Calibration text: {' | '.join(syntaxes())} (overrides the recipe).",
 )
 @click.option("--variant", default=None, help="Which variant of a suite recipe to convert.")
 @click.option(

@@ -6,6 +6,7 @@ import click
 
 from quantkit.cli._common import MODEL, echo_json, json_option
 from quantkit.core.eval_results import EvalResult, TextResult
+from quantkit.data.sources import syntaxes
 from quantkit.evals.lmeval import BACKENDS
 from quantkit.evals.scorers import SCORERS
 from quantkit.evals.settings import DEFAULT_BUCKETS, KL_CHOICES, EvalSettings
@@ -128,7 +129,7 @@ def _model_path(model: str, engine: str):
     "--text",
     "texts",
     multiple=True,
-    help="file:PATH | set:NAME | hf:DATASET[:CONFIG]:SPLIT | self; repeatable, one "
+    help=f"{' | '.join(syntaxes(parts=False))}; repeatable, one "
     "row per text. Default (without --tasks): set:world-factbook (held-out "
     "encyclopedic text) and set:shakespeare-plays "
     "(literature no calibration reads), plus set:wikitext2-valid where QUANTKIT_WIKITEXT2_VALID points at a copy.",

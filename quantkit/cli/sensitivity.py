@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from quantkit.cli._common import MODEL, echo_json, json_option
+from quantkit.data.sources import syntaxes
 from quantkit.methods.schemes import UNITS
 
 
@@ -236,7 +237,7 @@ def _kl(x: float) -> str:
     "--text",
     "text",
     required=True,
-    help="Calibration text SPEC (file:PATH, set:NAME, mix:NAME, hf:..., self); its second half is read.",
+    help=f"Calibration text SPEC ({', '.join(syntaxes())}); its second half is read.",
 )
 @click.option(
     "--units", "units_text", default=",".join(UNITS), show_default=True, help="Candidate units (vLLM's fused kernels)."

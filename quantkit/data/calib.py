@@ -13,7 +13,8 @@ import torch
 from quantkit.core.atomic import write_bytes
 from quantkit.data import mix
 from quantkit.data.samples import CalibrationSet, duplicate_fraction, seeded_windows, window_batch
-from quantkit.data.text import TextSpec, parse_spec, read_text, region_windows, tokenize_stream
+from quantkit.data.sources import TextSpec
+from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
 from quantkit.errors import DataError
 from quantkit.home import subdir
 
@@ -107,9 +108,9 @@ def check_source(spec_str: str | None, key: str) -> None:
             "pass --calib file:PATH (or --calib self)"
         )
     spec = parse_spec(spec_str)
-    if spec.kind == "mix":
+    if spec.source.parts:
         mix.check(spec.set_name)
-    elif spec.kind != "self":
+    elif not spec.source.generated:
         read_text(spec)
 
 
@@ -159,7 +160,7 @@ def build(
 ) -> CalibrationSet:
     """A calibration set from a text SPEC; `self` needs the loaded FP model."""
     spec = parse_spec(spec_str)
-    if spec.kind == "self":
+    if spec.source.generated:
         if model is None:
             raise DataError("the 'self' calibration source needs the source model")
         return self_text(
@@ -171,7 +172,7 @@ def build(
             chat_template=chat_template,
             model_hash=model_hash,
         )
-    if spec.kind == "mix":
+    if spec.source.parts:
         return mix.build_mix(
             tokenizer,
             spec.set_name,

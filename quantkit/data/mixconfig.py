@@ -2,7 +2,7 @@
 
 calib_data/mix/NAME.yaml lists parts, each a text SPEC (`set:NAME`, `file:PATH`) or the model's
 own chat replies (`chat:`, data/chat.py), with a weight; data/mix.py builds the calibration set.
-Apart from the text sources (data/text.py) so that `parse_spec("mix:NAME")` can check the file
+Apart from reading the texts (data/text.py) so that `parse_spec("mix:NAME")` can check the file
 without importing how a mix is built.
 """
 
@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from quantkit.core.yamlio import StrictConfig, format_validation_error
+from quantkit.data.sources import SOURCES, one_of
 from quantkit.errors import DataError
 from quantkit.resources import calib_data_dir
 
@@ -43,8 +44,9 @@ class MixPart(StrictConfig):
     def _one_source(self) -> "MixPart":
         if (self.source is None) == (self.chat is None):
             raise ValueError("a part holds exactly one of: source, chat")
-        if self.source is not None and self.source.split(":", 1)[0] not in ("set", "file"):
-            raise ValueError("source must be set:NAME or file:PATH (a mix part is a text, not self or another mix)")
+        kind = self.source.split(":", 1)[0] if self.source is not None else None
+        if kind is not None and not (kind in SOURCES and SOURCES[kind].mix_part):
+            raise ValueError(f"source must be {one_of(mix_part=True)} (a mix part is a text, not self or another mix)")
         return self
 
 

@@ -7,9 +7,9 @@ lead over RTN on legal text. So `quantkit eval` and
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from quantkit.data.sources import label_of
 from quantkit.data.text import configured, content_key, parse_spec
 from quantkit.errors import DataError
 
@@ -20,18 +20,6 @@ from quantkit.errors import DataError
 DEFAULT_SETS = ("world-factbook", "shakespeare-plays")
 CONFIGURED_SETS = ("wikitext2-valid",)
 MIN_DEFAULT_DOMAINS = 2
-
-
-def label_of(spec: str) -> str:
-    """A short, stable name for a text SPEC: the set's name, the file's stem, the dataset, `self`."""
-    spec = spec.strip()
-    if spec.startswith(("set:", "mix:")):
-        return spec[4:]
-    if spec.startswith("file:"):
-        return Path(spec[5:]).name.rsplit(".", 1)[0] or spec[5:]
-    if spec.startswith("hf:"):
-        return re.sub(r"[^A-Za-z0-9._-]+", "-", spec[3:]).strip("-")
-    return spec
 
 
 def labelled(specs, option: str = "--text") -> list[tuple[str, str]]:
@@ -72,7 +60,7 @@ def _available(name: str) -> bool:
     if not configured(name):
         return False
     spec = parse_spec(f"set:{name}")
-    return spec.kind != "file" or Path(spec.path).expanduser().is_file()
+    return not spec.source.local or Path(spec.path).expanduser().is_file()
 
 
 def default_texts() -> list[str]:

@@ -204,17 +204,17 @@ def _windows(
     items = [
         (label, spec, parse_spec(spec)) for label, spec in labelled(texts)
     ]  # a bad SPEC fails before any text is read
-    if o.split != "all" and any(parsed.kind == "self" for _, _, parsed in items):
+    if o.split != "all" and any(parsed.source.generated for _, _, parsed in items):
         raise DataError(
             f"--split {o.split}: `self` text is generated anew (independent samples, no token positions to cut "
             "in two); use --split all for it, or another text"
         )
     out = {}
-    for label, spec, parsed in sorted(items, key=lambda it: it[2].kind == "self"):
-        if parsed.kind == "self" and planning:
+    for label, spec, parsed in sorted(items, key=lambda it: it[2].source.generated):
+        if parsed.source.generated and planning:
             out[label] = (label, spec, None, None)
             continue
-        if parsed.kind == "self":
+        if parsed.source.generated:
             w = _self_windows(base_path, tok_b, o, base_hash, dev)
         else:
             w = text_windows(tok_b, parsed, seq_len=o.seq_len, max_tokens=o.max_tokens, region=o.region, split=o.split)

@@ -113,9 +113,9 @@ def preflight_recovery_text(tok, spec: str | None, cfg, calibration, key: str) -
     if spec is None:  # reported by the calibration step: no source at all
         return
     need = cfg.heldout_windows + cfg.batch_size
-    if parse_spec(spec).kind == "mix":
+    if parse_spec(spec).source.parts:
         return preflight_mix_recovery(tok, parse_spec(spec).set_name, cfg, key)
-    if parse_spec(spec).kind == "self":
+    if parse_spec(spec).source.generated:
         have = calibration.samples * (calibration.seq_len // cfg.seq_len)
         if have < need:
             raise _too_few_self(key, have, cfg)
@@ -135,11 +135,11 @@ def recovery_windows(
     the merge's calibration windows. With `self` text, the calibration samples are cut up.
     """
 
-    if spec is not None and parse_spec(spec).kind == "mix":  # every part's second half, by weight (gqa/mix_windows.py)
+    if spec is not None and parse_spec(spec).source.parts:  # every part's second half, by weight (gqa/mix_windows.py)
         return mix_recovery_windows(
             tok, parse_spec(spec).set_name, cfg, calib_set, key, model=model, model_hash=model_hash, seed=seed
         )
-    if spec is None or parse_spec(spec).kind == "self":
+    if spec is None or parse_spec(spec).source.generated:
         pieces = [
             s[:, i : i + cfg.seq_len]
             for s in (calib_set.samples if calib_set else [])
