@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 stamp=.venv/.quantkit-install
-want=$(cat pyproject.toml scripts/_install.sh scripts/build_llama_tools.sh scripts/build_llama_wheel.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml setup.py scripts/_install.sh scripts/build_llama_tools.sh scripts/build_llama_wheel.sh | sha256sum | cut -c1-16)
 # vLLM's environment is built where the caller asks for it (test.sh: QUANTKIT_WITH_VLLM=1); the
 # quickstart does not need it.
 vllm_ready() {  # not asked for, left out on purpose, or the environment the last run recorded is still there

@@ -45,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-OUT = REPO / "quantkit" / "resources" / "calib_data"
+OUT = REPO / "calib_data"
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 LICENSES = Path("/usr/share/common-licenses")
 

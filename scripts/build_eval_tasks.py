@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Generate the quantkit offline lm-eval task data (quantkit/resources/evals/data/*.jsonl).
+"""Generate the quantkit offline lm-eval task data (evals/data/*.jsonl).
 
 All item text below was written for quantkit; nothing is copied from a
 third-party dataset. The script is deterministic: the same source always
 produces byte-identical JSONL files (fixed seeds, sorted inputs, no clocks).
 
-    python scripts/build_eval_tasks.py          # rewrite quantkit/resources/evals/data/*.jsonl
+    python scripts/build_eval_tasks.py          # rewrite evals/data/*.jsonl
     python scripts/build_eval_tasks.py --check  # exit 1 if the files on disk differ
 
 Each JSONL row has: ``id``, ``category`` (sub-topic, for per-topic analysis),
@@ -22,7 +22,7 @@ import random
 import sys
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "evals" / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "evals" / "data"
 SEED = 20240601
 
 # --------------------------------------------------------------------------- helpers

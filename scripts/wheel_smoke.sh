@@ -16,9 +16,9 @@ WHEEL=$(ls "$WORK"/dist/quantkit-*.whl)
 .venv/bin/python - "$WHEEL" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-need = ["quantkit/resources/recipes/int4-w4a16-rtn.yaml", "quantkit/resources/studies/levers-llamacpp.yaml",
-        "quantkit/resources/calib_data/mix/default.yaml", "quantkit/resources/calib_data/text/world-factbook.txt",
-        "quantkit/resources/evals/data/qk_facts.jsonl"]
+need = ["quantkit/_data/recipes/int4-w4a16-rtn.yaml", "quantkit/_data/studies/levers-llamacpp.yaml",
+        "quantkit/_data/calib_data/mix/default.yaml", "quantkit/_data/calib_data/text/world-factbook.txt",
+        "quantkit/_data/evals/data/qk_facts.jsonl"]
 missing = [n for n in need if n not in names]
 sys.exit(f"the wheel lacks {missing}" if missing else 0)
 PY

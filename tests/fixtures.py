@@ -1,9 +1,18 @@
-"""Tiny random checkpoints on disk (Llama MHA/GQA, Mistral, Qwen2 with q/k/v biases) and a small tokenizer."""
+"""Tiny random checkpoints on disk (Llama MHA/GQA, Mistral, Qwen2 with q/k/v biases), a small tokenizer,
+and where the shipped data lies."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+
+from quantkit.resources import shipped_dir
+
+# The shipped recipes, studies and texts where quantkit itself finds them (quantkit/resources.py):
+# tests name them through these, never by their place in the source tree.
+RECIPES = shipped_dir("recipes")
+STUDIES = shipped_dir("studies")
+CALIB_DATA = shipped_dir("calib_data")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures import RECIPES
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"
+RECIPE = RECIPES / "int4-w4a16-rtn.yaml"
 PY = REPO / ".venv" / "bin" / "python"
 PY = str(PY if PY.exists() else sys.executable)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import RECIPES
 
 from quantkit.bench import kernels
 from quantkit.bench.accounting import kv_concat, kv_live, kv_static, mean_step_bytes, weight_read_bytes
@@ -56,7 +57,7 @@ def int4_art(tiny_llama, tmp_path_factory):
             group,
             [
                 "convert",
-                str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+                str(RECIPES / "int4-w4a16-rtn.yaml"),
                 "--model",
                 str(tiny_llama),
                 "--set",

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import RECIPES
 
 from quantkit.bench import accounting
 from quantkit.bench.engines.llamacpp import import_llama_cpp
 from quantkit.bench.gguf_file import TensorInfo, type_bytes, weight_read_bytes
 from quantkit.errors import QuantkitError
 
-REPO = Path(__file__).resolve().parents[1]
 FAST = ["--prompt-len", "12", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0", "--warmups", "0"]
 
 needs_llama_cpp = pytest.mark.skipif(
@@ -148,7 +148,7 @@ def ggufs(tiny_dir, tmp_path_factory):
         art = root / f"{arch}-int4"
         run(
             "convert",
-            str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+            str(RECIPES / "int4-w4a16-rtn.yaml"),
             "--model",
             str(tiny_dir / arch),
             "--out",

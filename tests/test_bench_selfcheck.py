@@ -1,15 +1,13 @@
 """The self-check before timing : KL against transformers' load of the artifact,
 recorded in the JSON, and no speed reported for a model that computes something else."""
 
-from pathlib import Path
-
 import pytest
 import torch
+from fixtures import RECIPES
 
 from quantkit.bench import selfcheck
 from quantkit.evals.stats import kl_full
 
-REPO = Path(__file__).resolve().parents[1]
 FAST = ["--prompt-len", "16", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0", "--warmups", "0", "--json"]
 
 
@@ -26,7 +24,7 @@ def int4_art(tiny_llama, tmp_path_factory):
             group,
             [
                 "convert",
-                str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+                str(RECIPES / "int4-w4a16-rtn.yaml"),
                 "--model",
                 str(tiny_llama),
                 "--set",

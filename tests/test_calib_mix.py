@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures import CALIB_DATA, RECIPES
 
 from quantkit.data.mix import allocate
 from quantkit.data.mixconfig import load_mix
@@ -123,15 +124,15 @@ def test_a_mix_is_not_an_evaluation_text():
 
 def test_shipped_texts_match_their_manifests_and_name_a_license():
     for name in ("python-stdlib-code", "python-reference", "world-factbook", "shakespeare-plays", "legal-licenses"):
-        manifest = yaml.safe_load((REPO / "quantkit" / "resources" / "calib_data" / f"{name}.yaml").read_text())
-        data = (REPO / "quantkit" / "resources" / "calib_data" / "text" / f"{name}.txt").read_bytes()
+        manifest = yaml.safe_load((CALIB_DATA / f"{name}.yaml").read_text())
+        data = (CALIB_DATA / "text" / f"{name}.txt").read_bytes()
         assert hashlib.sha256(data).hexdigest() == manifest["sha256"] and len(data) == manifest["bytes"]
         assert manifest["license"] and manifest["domain"]
         assert "bad_characters" not in read_text(parse_spec(f"set:{name}")).provenance
-    assert (REPO / "quantkit" / "resources" / "calib_data" / "text" / "LICENSE-PSF.txt").read_text().count(
+    assert (CALIB_DATA / "text" / "LICENSE-PSF.txt").read_text().count(
         "PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2"
     ) == 1
-    total = sum(p.stat().st_size for p in (REPO / "quantkit" / "resources" / "calib_data").rglob("*") if p.is_file())
+    total = sum(p.stat().st_size for p in (CALIB_DATA).rglob("*") if p.is_file())
     assert total < 2_500_000  # the repository stays small
 
 
@@ -186,7 +187,7 @@ def _parts(tmp_path, tiny_text) -> list[dict]:
 def _convert(cli, recipe, model, out, spec, *extra):
     return cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / recipe),
+        str(RECIPES / recipe),
         "--model",
         str(model),
         "--out",
@@ -420,9 +421,7 @@ def test_run_on_a_mix_reuses_the_artifact_until_the_mix_changes(cli, tiny_llama,
     convert step's key covers the mix file, so a changed weight re-converts."""
     root = _mix_dir(tmp_path, monkeypatch, _parts(tmp_path, tiny_text))
     suite = tmp_path / "suite.yaml"
-    (tmp_path / "gptq.yaml").write_text(
-        (REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml").read_text()
-    )
+    (tmp_path / "gptq.yaml").write_text((RECIPES / "int4-w4a16-gptq-g64.yaml").read_text())
     suite.write_text("variants:\n  - name: int4\n    recipe: gptq.yaml\n")
     args = [
         "run",

@@ -1,14 +1,10 @@
 """The CLI skeleton: recipe commands through --json, one-line errors with exit code 2."""
 
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
+from fixtures import RECIPES
 
 
 def test_recipe_validate_json(cli):
-    code, out, err, data = cli(
-        "recipe", "validate", str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"), "--json"
-    )
+    code, out, err, data = cli("recipe", "validate", str(RECIPES / "int4-w4a16-rtn.yaml"), "--json")
     assert code == 0
     assert data["valid"][0]["name"] == "int4-w4a16-rtn"
 
@@ -24,7 +20,7 @@ def test_recipe_validate_error_is_one_line_exit_2(cli, tmp_path):
 
 
 def test_recipe_list_json(cli):
-    code, _, _, data = cli("recipe", "list", "--dir", str(REPO / "quantkit" / "resources" / "recipes"), "--json")
+    code, _, _, data = cli("recipe", "list", "--dir", str(RECIPES), "--json")
     names = {r["name"] for r in data["recipes"]}
     assert {"demo", "int4-w4a16-gptq-g64", "bnb-nf4"} <= names
     assert all(r["description"] for r in data["recipes"])

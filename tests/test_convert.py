@@ -2,18 +2,17 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
+from fixtures import RECIPES
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL_CALIB = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
 
 
 def convert(cli, recipe, model, out, text, *extra):
     return cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        str(RECIPES / f"{recipe}.yaml"),
         "--model",
         str(model),
         "--out",
@@ -256,7 +255,7 @@ def test_group_size_not_dividing_is_an_error_before_work(cli, tiny_dir, tiny_tex
 def test_missing_calibration_source(cli, tiny_llama, tmp_path):
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        str(RECIPES / "int4-w4a16-gptq-g64.yaml"),
         "--model",
         str(tiny_llama),
         "--out",
@@ -270,7 +269,7 @@ def test_missing_calibration_source(cli, tiny_llama, tmp_path):
 def test_suite_recipe_needs_variant(cli, tiny_llama, tmp_path):
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "demo.yaml"),
+        str(RECIPES / "demo.yaml"),
         "--model",
         str(tiny_llama),
         "--out",
@@ -357,7 +356,7 @@ def test_bnb_nf4_cpu_repack_fault_is_caught_without_the_fix(cli, tiny_llama, tin
 def test_self_calibration_is_seeded_and_cached(cli, tiny_llama, tmp_path, quantkit_home):
     args = [
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        str(RECIPES / "int4-w4a16-gptq-g64.yaml"),
         "--model",
         str(tiny_llama),
         "--calib",
@@ -394,7 +393,7 @@ def test_hf_source_offline_is_clear(cli, tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        str(RECIPES / "int4-w4a16-gptq-g64.yaml"),
         "--model",
         str(tiny_llama),
         "--out",

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from fixtures import RECIPES, STUDIES
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "quantkit" / "resources" / "recipes"
 SMALL = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
 AUTO = "steps[0].quantize.auto={budget_bits: %s, windows: 2, seq_len: 64%s}"
 
@@ -254,10 +253,8 @@ def test_no_shipped_recipe_names_a_layer():
     import re
 
     index = re.compile(r"layers\\*\.(\(|\[?[0-9])")
-    shipped = sorted((REPO / "quantkit" / "resources").rglob("*.yaml"))  # recipes and lever studies
-    assert set((REPO / "quantkit" / "resources" / "studies").glob("*.yaml")) <= set(shipped) and set(
-        RECIPES.glob("*.yaml")
-    ) <= set(shipped)
+    shipped = sorted([*RECIPES.glob("*.yaml"), *STUDIES.glob("*.yaml")])  # recipes and lever studies
+    assert shipped
     found = [(p.name, line) for p in shipped for line in p.read_text().splitlines() if index.search(line)]
     assert not found, found
     assert index.search(r'targets: ["model\\.layers\\.(1|3)\\.self_attn"]') and index.search("model.layers.0.mlp")

@@ -3,19 +3,18 @@
 check), with `cpu`, `cpu:0` and `auto`, so a GPU run takes no code path these tests skip."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from fixtures import RECIPES
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
 
 
 def convert(cli, recipe, model, out, text, *extra):
     return cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        str(RECIPES / f"{recipe}.yaml"),
         "--model",
         str(model),
         "--out",

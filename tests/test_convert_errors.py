@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fixtures import RECIPES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -12,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 def convert(cli, model, out, *extra):
     return cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(model),
         "--out",
@@ -144,7 +145,7 @@ def test_free_space_estimate_is_close_to_the_artifact(cli, tiny_llama, tiny_text
     out = tmp_path / "x"
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        str(RECIPES / f"{recipe}.yaml"),
         "--model",
         str(tiny_llama),
         "--out",
@@ -224,7 +225,7 @@ def test_real_full_disk(tiny_llama, tmp_path):
     out = small / "art"
     script = (
         f'mount -t tmpfs -o size=200k tmpfs {small} && "$0" -c "$1" convert '
-        f"{REPO / 'quantkit' / 'resources' / 'recipes' / 'int4-w4a16-rtn.yaml'} "
+        f"{RECIPES / 'int4-w4a16-rtn.yaml'} "
         f"--model {tiny_llama} --out {out}; rc=$?; ls -A {small}; exit $rc"
     )
     r = subprocess.run(
@@ -247,7 +248,7 @@ def test_fewer_calibration_windows_than_asked_are_said(cli, tiny_llama, tmp_path
     out = tmp_path / "a"
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        str(RECIPES / "int4-w4a16-gptq-g64.yaml"),
         "--model",
         str(tiny_llama),
         "--out",

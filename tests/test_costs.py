@@ -6,6 +6,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from fixtures import RECIPES
 
 from quantkit.costs.formulas import (
     BASE_RSS,
@@ -28,7 +29,6 @@ from quantkit.costs.formulas import (
     window_bytes,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 CALIB = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
 # A layer of two linears: (out, in) = (6, 4) and (4, 6); 3 layers, hidden 4, vocab 10.
 TOY = Model(
@@ -176,7 +176,7 @@ def test_convert_plan_from_headers(cli, tiny_dir, tiny_text, tmp_path, no_weight
     extra = ["--set", "steps[0].gqa.kv_heads=1"] if recipe == "gqa" else []
     code, _, err, plan = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        str(RECIPES / f"{recipe}.yaml"),
         "--model",
         str(tiny_dir / arch),
         "--out",
@@ -202,7 +202,7 @@ def test_plan_predicts_the_artifact_size(cli, tiny_llama, tiny_text, tmp_path):
     out = tmp_path / "art"
     args = [
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(tiny_llama),
         "--out",
@@ -228,7 +228,7 @@ def test_plan_that_does_not_fit_exits_2_with_the_plan_and_one_line(
     monkeypatch.setattr(psutil, "virtual_memory", lambda: Mem())
     code, out, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        str(RECIPES / "int4-w4a16-gptq-g64.yaml"),
         "--model",
         str(tiny_llama),
         "--out",
@@ -250,7 +250,7 @@ def test_plan_on_an_unavailable_device(cli, tiny_llama, tiny_text, tmp_path, no_
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(tiny_llama),
         "--out",
@@ -265,7 +265,7 @@ def test_plan_on_an_unavailable_device(cli, tiny_llama, tiny_text, tmp_path, no_
 def test_plan_text_output(cli, tiny_llama, tiny_text, tmp_path, no_weights):
     code, out, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        str(RECIPES / "int4-w4a16-gptq-g64.yaml"),
         "--model",
         str(tiny_llama),
         "--out",
@@ -319,8 +319,8 @@ def test_run_plan(cli, tiny_llama, tiny_text, tmp_path, no_weights):
     recipe = tmp_path / "suite.yaml"
     recipe.write_text(
         f"model: {tiny_llama}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
-        "variants:\n  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml") + "\n"
-        "  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml") + "\n"
+        "variants:\n  - recipe: " + str(RECIPES / "int4-w4a16-rtn.yaml") + "\n"
+        "  - recipe: " + str(RECIPES / "int4-w4a16-gptq-g64.yaml") + "\n"
     )
     code, _, err, plan = cli(
         "run",
@@ -328,7 +328,7 @@ def test_run_plan(cli, tiny_llama, tiny_text, tmp_path, no_weights):
         "--out",
         str(tmp_path / "run"),
         "--include-dir",
-        str(REPO / "quantkit" / "resources" / "recipes"),
+        str(RECIPES),
         "--plan",
         "--json",
     )
@@ -348,7 +348,7 @@ def test_run_plan_counts_every_engine(cli, tiny_llama, tiny_text, tmp_path, no_w
         f"model: {tiny_llama}\ncalibration: {{source: 'file:{tiny_text}', samples: 8, seq_len: 64}}\n"
         f"eval: {{texts: ['file:{tiny_text}'], engines: [transformers, llamacpp]}}\n"
         "bench: {engines: [compiled, llamacpp]}\n"
-        "variants:\n  - recipe: " + str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml") + "\n"
+        "variants:\n  - recipe: " + str(RECIPES / "int4-w4a16-rtn.yaml") + "\n"
     )
     code, _, err, plan = cli(
         "run",
@@ -356,7 +356,7 @@ def test_run_plan_counts_every_engine(cli, tiny_llama, tiny_text, tmp_path, no_w
         "--out",
         str(tmp_path / "run"),
         "--include-dir",
-        str(REPO / "quantkit" / "resources" / "recipes"),
+        str(RECIPES),
         "--plan",
         "--json",
     )
@@ -373,7 +373,7 @@ def test_float32_checkpoint_counts_four_bytes(cli, tiny_dir, tiny_text, tmp_path
     src = build_checkpoint(tmp_path / "f32", "qwen2", tiny_dir / "tokenizer", dtype="float32")
     code, _, err, plan = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(src),
         "--out",
@@ -398,7 +398,7 @@ def test_truncated_checkpoint_is_one_line(cli, tiny_llama, tmp_path, no_weights)
     shard.write_bytes(shard.read_bytes()[:-100])
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(src),
         "--out",
@@ -438,7 +438,7 @@ def test_convert_warns_before_loading_when_the_plan_does_not_fit(cli, tiny_llama
     monkeypatch.setitem(plan.BASE_RSS, "convert", 10**15)  # a petabyte of libraries: no machine has that
     code, _, err, data = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(tiny_llama),
         "--out",
@@ -455,7 +455,7 @@ def test_convert_warns_before_loading_when_the_plan_does_not_fit(cli, tiny_llama
 def test_plan_says_when_it_will_offload(cli, tiny_llama, tmp_path, no_weights):
     args = [
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(tiny_llama),
         "--out",
@@ -543,7 +543,7 @@ def _binary(tmp_path) -> Path:
     return p
 
 
-GPTQ = str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml")
+GPTQ = str(RECIPES / "int4-w4a16-gptq-g64.yaml")
 
 # case -> (args after `convert RECIPE --model SRC`, a part of the refusal); {src} {tmp} {text} {binary} filled in
 CONVERT_REFUSALS = {
@@ -832,7 +832,7 @@ def test_sensitivity_pass_costs_time_and_memory_in_proportion():
 
 
 def test_convert_plan_counts_the_sensitivity_pass(cli, tiny_llama, tiny_text, tmp_path, no_weights):
-    recipe = str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml")
+    recipe = str(RECIPES / "int4-w4a16-rtn.yaml")
     base = [
         "convert",
         recipe,

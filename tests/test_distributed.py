@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures import RECIPES
 
 from quantkit.evals.parallel import everywhere, gather, share, share_bounds
 
@@ -219,7 +220,7 @@ def _quantkit(args, home: Path, launcher=(), timeout=600):
 def _convert_args(recipe: str, model: Path, out: Path, text: Path, *extra) -> list[str]:
     return [
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        str(RECIPES / f"{recipe}.yaml"),
         "--model",
         str(model),
         "--out",

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_TEXT as SHARED
 from conftest import needs_wikitext2
+from fixtures import RECIPES
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
@@ -54,7 +54,7 @@ def int4(demo_model, demo_home, tmp_path_factory) -> Path:
         group,
         [
             "convert",
-            str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+            str(RECIPES / "int4-w4a16-rtn.yaml"),
             "--model",
             str(demo_model),
             "--out",
@@ -112,7 +112,7 @@ def test_demo_gptq_w8_round_trip_accuracy(demo, cli, tmp_path):
     art = tmp_path / "int8"
     code, _, err, meta = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int8-w8a16-gptq.yaml"),
+        str(RECIPES / "int8-w8a16-gptq.yaml"),
         "--model",
         "demo",
         "--out",
@@ -137,7 +137,7 @@ def test_demo_w8a8_passes_its_reload_check(demo, cli, tmp_path):
     The calibration text does not matter here: a shipped one."""
     code, _, err, meta = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int8-w8a8-smoothquant.yaml"),
+        str(RECIPES / "int8-w8a8-smoothquant.yaml"),
         "--model",
         "demo",
         "--out",
@@ -170,7 +170,7 @@ def test_demo_gqa_to_mqa_calibrated_beats_mean(demo, cli, tmp_path):
         art = tmp_path / merge
         code, _, err, meta = cli(
             "convert",
-            str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"),
+            str(RECIPES / "gqa.yaml"),
             "--model",
             "demo",
             "--out",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SHARED_TEXT
+from fixtures import RECIPES
 
 
 def test_self_comparison_is_exact(cli, tiny_llama, tiny_text, tmp_path):
@@ -226,9 +227,8 @@ def test_update_card_on_non_artifact_fails_before_evaluating(cli, tiny_llama, ti
 
 
 def _rtn_artifact(cli, src, out):
-    from pathlib import Path
 
-    recipe = Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"
+    recipe = RECIPES / "int4-w4a16-rtn.yaml"
     code, _, err, _ = cli(
         "convert",
         str(recipe),

@@ -6,18 +6,18 @@ import os
 from pathlib import Path
 
 import pytest
+from fixtures import CALIB_DATA, RECIPES
 
 from quantkit.errors import DataError
 from quantkit.evals.domains import label_of, labelled
 
-REPO = Path(__file__).resolve().parents[1]
 ARGS = ["--seq-len", "32", "--max-tokens", "96"]
 
 
 def _other_text(tmp_path: Path) -> Path:
     """A second domain: shipped legal text, copied so the test does not depend on where it lives."""
     p = tmp_path / "legal.txt"
-    p.write_text((REPO / "quantkit" / "resources" / "calib_data" / "text" / "legal-licenses.txt").read_text()[:20000])
+    p.write_text((CALIB_DATA / "text" / "legal-licenses.txt").read_text()[:20000])
     return p
 
 
@@ -148,7 +148,7 @@ def test_each_text_is_guarded_before_any_model_loads(cli, tiny_dir, tiny_text, t
     art = tmp_path / "gptq"
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        str(RECIPES / "int4-w4a16-gptq-g64.yaml"),
         "--model",
         str(tiny_dir / "llama-gqa"),
         "--out",
@@ -219,9 +219,7 @@ SMALL = [
 def test_run_reports_a_row_per_variant_per_domain(cli, tiny_llama, tiny_text, tmp_path):
     legal = _other_text(tmp_path)
     suite = tmp_path / "suite.yaml"
-    (tmp_path / "int4-w4a16-rtn.yaml").write_text(
-        (REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text()
-    )
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text((RECIPES / "int4-w4a16-rtn.yaml").read_text())
     suite.write_text(
         "description: domains\nvariants:\n  - name: int4-rtn\n    recipe: int4-w4a16-rtn.yaml\n"
         f"eval:\n  texts: [file:{tiny_text}, file:{legal}]\n"
@@ -278,7 +276,7 @@ def test_update_card_lists_every_domain(cli, tiny_dir, tiny_text, tmp_path):
     art = tmp_path / "int4"
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(tiny_dir / "llama-gqa"),
         "--out",

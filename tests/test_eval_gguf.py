@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fixtures import CALIB_DATA, RECIPES
 
-REPO = Path(__file__).resolve().parents[1]
 ARGS = ["--seq-len", "32", "--max-tokens", "128", "--json"]
 
 needs_llama_cpp = pytest.mark.skipif(
@@ -36,7 +36,7 @@ def exported(tiny_dir, tmp_path_factory):
     art = root / "int4"
     run(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(tiny_dir / "llama-gqa"),
         "--out",
@@ -174,12 +174,8 @@ def test_run_evaluates_every_variant_on_each_eval_engine(cli, tiny_llama, tiny_t
     """`eval: {engines: [transformers, llamacpp]}`: a row per variant, engine and
     domain; one baseline pass serves both."""
     legal = tmp_path / "legal.txt"
-    legal.write_text(
-        (REPO / "quantkit" / "resources" / "calib_data" / "text" / "legal-licenses.txt").read_text()[:20000]
-    )
-    (tmp_path / "int4-w4a16-rtn.yaml").write_text(
-        (REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text()
-    )
+    legal.write_text((CALIB_DATA / "text" / "legal-licenses.txt").read_text()[:20000])
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text((RECIPES / "int4-w4a16-rtn.yaml").read_text())
     suite = tmp_path / "suite.yaml"
     suite.write_text(
         "description: engines\nvariants:\n  - name: int4-rtn\n    recipe: int4-w4a16-rtn.yaml\n"

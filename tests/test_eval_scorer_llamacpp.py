@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from fixtures import RECIPES
 from installed import needs_llama_cpp
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +18,7 @@ def int4_gguf(tiny_dir, tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("llamacpp-kl")
     env = {"QUANTKIT_HOME": str(root / "home"), "HF_HUB_OFFLINE": "1"}
-    recipe = REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"
+    recipe = RECIPES / "int4-w4a16-rtn.yaml"
     for args in (
         ["convert", str(recipe), "--model", str(tiny_dir / "llama-gqa"), "--out", str(root / "int4")],
         ["export", str(root / "int4"), "--format", "gguf", "--out", str(root / "int4.gguf")],

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fixtures import RECIPES
 from gguf_helpers import without_quantkit_keys
 from installed import needs_llama_cpp
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL_CALIB = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
 
 
@@ -33,7 +33,7 @@ def ggufs(tiny_dir, tiny_text, tmp_path_factory) -> dict[str, Path]:
 
     run(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        str(RECIPES / "int4-w4a16-gptq-g64.yaml"),
         "--model",
         str(src),
         "--out",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fixtures import RECIPES
 from gguf_helpers import flip_tensor_bytes, tree_digest, without_quantkit_keys
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +39,7 @@ def made(tiny_dir, tmp_path_factory) -> dict[str, Path]:
         group,
         [
             "convert",
-            str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+            str(RECIPES / "int4-w4a16-rtn.yaml"),
             "--model",
             str(src),
             "--out",

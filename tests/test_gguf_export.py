@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from fixtures import build_checkpoint
+from fixtures import CALIB_DATA, RECIPES, build_checkpoint
 from gguf_helpers import artifact_weights, craft_artifact, gguf_tensors, hf_name_map, rerecord
 from installed import needs_llama_cpp, require_llama_cpp
 
@@ -73,7 +73,7 @@ def artifacts(models, tiny_text, tmp_path_factory) -> dict[str, Path]:
         code, _, err, _ = run_cli(
             root / "home",
             "convert",
-            str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+            str(RECIPES / f"{recipe}.yaml"),
             "--model",
             str(models[model]),
             "--out",
@@ -308,7 +308,7 @@ def test_asymmetric_int4_maps_to_q4_1_or_says_why_not(cli, models, tiny_text, tm
     code, _, err, _ = run_cli(
         tmp_path / "home",
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(models["qwen2"]),
         "--out",
@@ -622,7 +622,7 @@ def test_llama_cpp_tokenizes_like_transformers(cli, artifacts, tmp_path, tiny_te
 # (slow: GPTQ on 135M parameters takes minutes)
 
 # English prose shipped with quantkit: the calibration text and the text llama.cpp is run on
-DEMO_TEXT = REPO / "quantkit" / "resources" / "calib_data" / "text" / "world-factbook.txt"
+DEMO_TEXT = CALIB_DATA / "text" / "world-factbook.txt"
 DEMO_RECIPES = {"int4-gptq-g64": ("int4-w4a16-gptq-g64", "Q4_0", 210), "int8-gptq": ("int8-w8a16-gptq", "Q8_0", 210)}
 
 
@@ -634,7 +634,7 @@ def demo_artifacts(demo_model, tmp_path_factory):
         code, _, err, _ = run_cli(
             root / "home",
             "convert",
-            str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+            str(RECIPES / f"{recipe}.yaml"),
             "--model",
             str(demo_model),
             "--out",

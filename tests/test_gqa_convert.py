@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import RECIPES
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "calibration.samples=8", "--set", "calibration.seq_len=64"]
 NO_RECOVER = ["--set", "steps[0].gqa.recover=null"]
 
@@ -60,7 +60,7 @@ def build(
 def convert(cli, model, out, text, *extra, recipe="gqa"):
     return cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        str(RECIPES / f"{recipe}.yaml"),
         "--model",
         str(model),
         "--out",
@@ -288,7 +288,7 @@ def test_recover_self_text_too_short(cli, tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"),
+        str(RECIPES / "gqa.yaml"),
         "--model",
         str(tiny_llama),
         "--out",

@@ -2,12 +2,10 @@
 
 import copy
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
+from fixtures import RECIPES
 
 
 def _models(tiny_llama):
@@ -74,7 +72,7 @@ def test_convert_records_the_transfer(cli, tiny_dir, tiny_text, tmp_path):
     out = tmp_path / "t"
     code, _, err, data = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"),
+        str(RECIPES / "gqa.yaml"),
         "--model",
         str(tiny_dir / "llama-mha"),
         "--out",
@@ -100,7 +98,7 @@ def test_convert_records_the_transfer(cli, tiny_dir, tiny_text, tmp_path):
 def test_transfer_steps_must_not_be_negative(cli, tiny_llama, tiny_text, tmp_path):
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "gqa.yaml"),
+        str(RECIPES / "gqa.yaml"),
         "--model",
         str(tiny_llama),
         "--out",

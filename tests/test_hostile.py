@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures import RECIPES
 
-REPO = Path(__file__).resolve().parents[1]
 RTN = ["--set", "steps[0].quantize.group_size=32"]
 
 BINARY = bytes(range(256)) * 4 + os.urandom(512)
@@ -35,7 +35,7 @@ def rtn_recipe(tmp_path: Path) -> Path:
 def convert(cli, model, out, *extra):
     return cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(model),
         "--out",
@@ -263,9 +263,7 @@ def test_names_run_gives_its_own_rows_are_refused(cli, tmp_path, name, where):
 def test_a_run_refuses_a_variant_named_baseline_before_writing(cli, tiny_llama, tmp_path):
     """The reported case: a suite whose one variant, named baseline, is INT4 RTN ran (exit 0) and
     reported the INT4 figures as "the unmodified source checkpoint"."""
-    (tmp_path / "int4-w4a16-rtn.yaml").write_text(
-        (REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text()
-    )
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text((RECIPES / "int4-w4a16-rtn.yaml").read_text())
     suite = tmp_path / "suite.yaml"
     suite.write_text("variants:\n  - name: baseline\n    recipe: int4-w4a16-rtn.yaml\n")
     out = tmp_path / "run"
@@ -518,7 +516,7 @@ def test_text_that_is_not_text_is_refused_before_any_model_loads(cli, tiny_llama
     one_line_error(code, err, str(path), message)
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        str(RECIPES / "int4-w4a16-gptq-g64.yaml"),
         "--model",
         str(tiny_llama),
         "--out",
@@ -750,7 +748,7 @@ def test_offline_hf_text_fails_before_the_model_loads(cli, tiny_llama, tmp_path,
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking the text"))
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-gptq-g64.yaml"),
+        str(RECIPES / "int4-w4a16-gptq-g64.yaml"),
         "--model",
         str(tiny_llama),
         "--out",
@@ -848,7 +846,7 @@ def test_trust_remote_code_with_other_methods(cli, tiny_dir, tiny_text, tmp_path
     model = build_custom(tmp_path / f"custom_{recipe.replace('-', '_')}", tiny_dir / "tokenizer")
     code, _, err, data = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        str(RECIPES / f"{recipe}.yaml"),
         "--model",
         str(model),
         "--out",
@@ -878,7 +876,7 @@ def test_a_quantize_step_that_ignores_every_layer_is_not_a_variant(
     monkeypatch.setattr(qc, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking"))
     code, _, err, _ = cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        str(RECIPES / f"{recipe}.yaml"),
         "--model",
         str(tiny_llama),
         "--out",

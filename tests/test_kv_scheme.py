@@ -12,8 +12,6 @@ import pytest
 import torch
 from installed import needs_llama_cpp
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "quantkit" / "resources" / "recipes"
 SMALL = ["--set", "calibration.samples=4", "--set", "calibration.seq_len=64"]
 FAST = ["--prompt-len", "12", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0", "--warmups", "0"]
 EVAL = ["--seq-len", "64", "--max-tokens", "256", "--position-buckets", "16,32", "--json"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from fixtures import STUDIES
 
 from quantkit.cli import cli
 from quantkit.load.levers_report import lever_table, prefix_reference, render_table
@@ -355,9 +356,7 @@ def test_prefix_reference_against_the_roofline(monkeypatch):
     assert "| x0.40 |" in render_table({"table": [], "prefix_reference": ref})
 
 
-@pytest.mark.parametrize(
-    "study", sorted((REPO / "quantkit" / "resources" / "studies").glob("levers-*.yaml")), ids=lambda p: p.name
-)
+@pytest.mark.parametrize("study", sorted((STUDIES).glob("levers-*.yaml")), ids=lambda p: p.name)
 def test_the_shipped_studies_validate(study, tmp_path, monkeypatch):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")

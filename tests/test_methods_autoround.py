@@ -1,18 +1,17 @@
 """methods/autoround.py: AutoRound through llm-compressor, its presets and its bad input."""
 
 import json
-from pathlib import Path
 
 import pytest
+from fixtures import RECIPES
 
-REPO = Path(__file__).resolve().parents[1]
 AUTOROUND = "steps[0].quantize={method: autoround, bits: 4, group_size: 64, iters: 10}"
 
 
 def convert(cli, model, out, text, *sets):
     return cli(
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"),
+        str(RECIPES / "int4-w4a16-rtn.yaml"),
         "--model",
         str(model),
         "--out",

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures import RECIPES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,7 +83,7 @@ cli.main(args=sys.argv[2:], prog_name="quantkit", standalone_mode=True)
 def convert_at(threads: int, recipe: str, model: Path, text: Path, out: Path, *sets: str) -> dict:
     args = [
         "convert",
-        str(REPO / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"),
+        str(RECIPES / f"{recipe}.yaml"),
         "--model",
         str(model),
         "--out",

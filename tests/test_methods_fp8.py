@@ -11,8 +11,6 @@ import torch
 
 from quantkit.bench import kernels
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "quantkit" / "resources" / "recipes"
 SCHEMES = {"w8a8": "fp8-w8a8-dynamic", "w8a16": "fp8-w8a16"}
 FAST = ["--prompt-len", "16", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0", "--warmups", "1"]
 E4M3_MAX = 448.0  # OCP FP8 E4M3's largest finite value

@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
+from fixtures import RECIPES
 
-REPO = Path(__file__).resolve().parents[1]
-RTN = str(REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml")
+RTN = str(RECIPES / "int4-w4a16-rtn.yaml")
 
 
 def _rounding_error(art: Path, src: Path) -> float:

@@ -4,6 +4,7 @@ and the per-layer onload that keeps an offloaded model's fake quantization hones
 import json
 
 import pytest
+from fixtures import RECIPES
 
 from quantkit.errors import RecipeError
 from quantkit.models.offload import OffloadPlan, parse_size, plan
@@ -27,9 +28,8 @@ def test_plan_offloads_only_what_does_not_fit():
 
 
 def _convert(cli, tiny_llama, tiny_text, out, *extra, recipe="int4-w4a16-gptq-g64"):
-    from pathlib import Path
 
-    recipe = Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "recipes" / f"{recipe}.yaml"
+    recipe = RECIPES / f"{recipe}.yaml"
     return cli(
         "convert",
         str(recipe),
@@ -86,9 +86,8 @@ def test_convert_offloaded_to_disk_matches_in_ram(cli, tiny_llama, tiny_text, tm
 
 
 def test_max_memory_refused_where_it_does_not_apply(cli, tiny_llama, tmp_path):
-    from pathlib import Path
 
-    recipe = Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "recipes" / "bnb-int8.yaml"
+    recipe = RECIPES / "bnb-int8.yaml"
     code, _, err, _ = cli(
         "convert", str(recipe), "--model", str(tiny_llama), "--out", str(tmp_path / "x"), "--max-memory", "1GB"
     )

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
+from fixtures import RECIPES
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml"
+RECIPE = RECIPES / "int4-w4a16-rtn.yaml"
 TOKEN = "hf_secret_token_value"
 
 

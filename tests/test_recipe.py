@@ -1,11 +1,10 @@
 from pathlib import Path
 
 import pytest
+from fixtures import RECIPES
 
 from quantkit.errors import RecipeError
 from quantkit.recipe.files import apply_override, load_recipe, parse_key_path, recipe_from_dict
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def write(tmp_path, text: str) -> Path:
@@ -15,7 +14,7 @@ def write(tmp_path, text: str) -> Path:
 
 
 def test_every_builtin_recipe_validates_by_path_and_by_name(cli):
-    paths = sorted((REPO / "quantkit" / "resources" / "recipes").glob("*.yaml"))
+    paths = sorted((RECIPES).glob("*.yaml"))
     assert len(paths) >= 10
     code, _, err, data = cli("recipe", "validate", *map(str, paths), "--json")
     assert code == 0, err
@@ -46,7 +45,7 @@ def test_a_recipe_name_that_is_neither_a_file_nor_builtin_is_one_line(cli, tmp_p
 
 
 def test_shipped_gqa_suite_includes_its_recipes():
-    r = load_recipe(REPO / "quantkit" / "resources" / "recipes" / "suite-gqa.yaml")
+    r = load_recipe(RECIPES / "suite-gqa.yaml")
     kinds = {v.name: [s.kind for s in v.steps] for v in r.variants}
     assert r.variants[0].baseline and not any(v.baseline for v in r.variants[1:])
     assert kinds == {"fp16": [], "int4-awq-gptq-mixed": ["quantize"], "gqa": ["gqa"], "gqa-int4": ["gqa", "quantize"]}
@@ -58,7 +57,7 @@ def test_shipped_gqa_suite_includes_its_recipes():
 
 
 def test_shipped_long_context_suite_holds_the_kv_and_gqa_variants():
-    r = load_recipe(REPO / "quantkit" / "resources" / "recipes" / "long-context.yaml")
+    r = load_recipe(RECIPES / "long-context.yaml")
     caches = {v.name: (v.kv_cache.fp8, v.kv_cache.llamacpp) if v.kv_cache else None for v in r.variants}
     assert caches == {
         "fp16": None,

@@ -5,8 +5,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fixtures import RECIPES
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = [
     "--set",
     "calibration.samples=4",
@@ -33,7 +33,7 @@ SMALL = [
 def suite(tmp_path):
     p = tmp_path / "suite.yaml"
     for name in ("int4-w4a16-rtn.yaml", "int8-w8a16-gptq.yaml"):  # includes stay in the suite's directory tree
-        (tmp_path / name).write_text((REPO / "quantkit" / "resources" / "recipes" / name).read_text())
+        (tmp_path / name).write_text((RECIPES / name).read_text())
     p.write_text(
         "description: test suite\n"
         "variants:\n"

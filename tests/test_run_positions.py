@@ -2,14 +2,13 @@
 beside the TPOT its bench measured at a KV depth inside the bucket where its rows have a depth
 (pipeline/report.py depth_pairs), the buckets alone where they have none."""
 
-from pathlib import Path
 from types import SimpleNamespace
+
+from fixtures import RECIPES
 
 from quantkit.core.eval_results import Interval95, KLSummary, PositionBucket
 from quantkit.pipeline.accuracy import DecodeAt, PositionRow, position_table
 from quantkit.pipeline.depths import depth_pairs
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _bucket(lo: int, hi: int) -> PositionBucket:
@@ -45,9 +44,7 @@ def test_the_position_table_shows_tpot_at_depth_only_where_it_was_measured():
 
 
 def test_run_reports_each_variant_by_position(cli, tiny_llama, tiny_text, tmp_path):
-    (tmp_path / "int4-w4a16-rtn.yaml").write_text(
-        (REPO / "quantkit" / "resources" / "recipes" / "int4-w4a16-rtn.yaml").read_text()
-    )
+    (tmp_path / "int4-w4a16-rtn.yaml").write_text((RECIPES / "int4-w4a16-rtn.yaml").read_text())
     suite = tmp_path / "suite.yaml"
     suite.write_text(
         "description: by position\nvariants:\n  - name: int4-rtn\n    recipe: int4-w4a16-rtn.yaml\n"

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+from fixtures import CALIB_DATA
 
 from quantkit.data.sources import SOURCES, label_of, sources_table, syntaxes
 from quantkit.data.text import overlaps, parse_spec, read_text, region_windows
@@ -127,10 +128,9 @@ def test_a_set_kept_outside_quantkit_is_read_where_its_variable_says(tmp_path, m
 
 
 def test_shipped_manifests_parse(monkeypatch, tmp_path):
-    from pathlib import Path
 
     monkeypatch.setenv("QUANTKIT_WIKITEXT2_VALID", str(tmp_path / "wiki.txt"))  # the one set kept outside quantkit
-    for m in (Path(__file__).resolve().parents[1] / "quantkit" / "resources" / "calib_data").glob("*.yaml"):
+    for m in (CALIB_DATA).glob("*.yaml"):
         assert parse_spec(f"set:{m.stem}").kind in ("file", "hf")
 
 

@@ -1,11 +1,15 @@
 """What quantkit ships besides code: built-in recipes, lever studies, calibration and evaluation
-texts, and lm-eval task definitions. Found through importlib.resources, so a wheel installed
-anywhere (pip, pipx) finds them exactly as a checkout does.
+texts, and lm-eval task definitions. They live at the top of the source tree, beside the package:
 
   recipes/     built-in recipes (`quantkit recipe list`; a RECIPE argument may name one)
   studies/     lever studies (`quantkit levers NAME`)
   calib_data/  named texts (`set:NAME`) and calibration mixes (`mix:NAME`); QUANTKIT_CALIB_DATA overrides
   evals/       quantkit's offline lm-eval tasks; QUANTKIT_EVALS_DIR overrides
+
+A wheel carries them as package data, quantkit/_data/NAME (setup.py maps each top-level directory
+there), found through importlib.resources, so a wheel installed anywhere (pip, pipx) finds them
+outside the checkout. An editable install's package is the checkout's quantkit/, beside which they
+lie: setuptools' editable finder maps only importable packages, not a data directory below one.
 """
 
 from __future__ import annotations
@@ -20,26 +24,29 @@ from quantkit.errors import QuantkitError
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-def _dir(name: str) -> Path:
+def shipped_dir(name: str) -> Path:
+    """The directory of one kind of shipped data: the wheel's quantkit/_data/NAME, or in a checkout
+    (an editable install) the top-level NAME/ beside the package."""
     # quantkit is installed as plain files (setuptools' package data, no zip), so the traversable
     # is a real directory: files beside it (includes, texts) resolve as they do in a checkout.
-    return Path(str(resources.files(__name__).joinpath(name)))
+    installed = Path(str(resources.files("quantkit").joinpath("_data", name)))
+    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / name
 
 
 def recipes_dir() -> Path:
-    return _dir("recipes")
+    return shipped_dir("recipes")
 
 
 def studies_dir() -> Path:
-    return _dir("studies")
+    return shipped_dir("studies")
 
 
 def calib_data_dir() -> Path:
-    return Path(os.environ.get("QUANTKIT_CALIB_DATA") or _dir("calib_data"))
+    return Path(os.environ.get("QUANTKIT_CALIB_DATA") or shipped_dir("calib_data"))
 
 
 def eval_tasks_dir() -> Path:
-    return Path(os.environ.get("QUANTKIT_EVALS_DIR") or _dir("evals"))
+    return Path(os.environ.get("QUANTKIT_EVALS_DIR") or shipped_dir("evals"))
 
 
 def builtin(directory: Path) -> dict[str, Path]:
