@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "bench": 5,
     "load": 6,
     "costs": 6,
+    "export": 6,
     "pipeline": 7,
     "cli": 8,
     "__main__": 8,

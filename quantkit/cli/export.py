@@ -1,4 +1,5 @@
-"""`quantkit export ARTIFACT --format gguf`: an artifact in another serving format."""
+"""`quantkit export ARTIFACT --format F`: an artifact in a serving format, by the exporter registry's
+entry for F (export/registry.py); every option reaches the exporter in one ExportSettings."""
 
 from __future__ import annotations
 
@@ -8,64 +9,36 @@ import click
 
 from quantkit.cli._common import MODEL, echo_json, json_option
 from quantkit.errors import QuantkitError
-from quantkit.quantize.ggufmix import DEFAULT_TYPES as DEFAULT_MIXED  # no torch at import: --help stays fast
+from quantkit.export.base import ExportSettings
+from quantkit.export.registry import exporter_for, formats
+from quantkit.quantize.ggufmix import DEFAULT_TYPES as DEFAULT_MIXED
 
 
-def _gguf(
-    artifact: Path,
-    out: Path | None,
-    qtype: str | None = None,
-    calib: dict | None = None,
-    mixed: str | None = None,
-    gptq: bool = True,
-    **opts,
-) -> dict:
-    from quantkit.gguf.exporter import GgufOptions, export_gguf
+class FormatChoice(click.Choice):
+    """--format's choices: the exporter registry's formats (export/registry.py) when the command runs."""
 
-    if mixed is not None and qtype is None:
-        raise QuantkitError(
-            "--mixed chooses among llama.cpp's types within --type's size; give --type (e.g. --type Q4_K_M)"
-        )
-    if qtype is None:
-        return export_gguf(artifact, out, GgufOptions(**opts))
-    from quantkit.gguf.kquant import KquantOptions, check_type, export_kquant
+    def __init__(self):
+        super().__init__(formats())
 
-    check_type(qtype)  # an unknown type is named before the other options are looked at
-    lossy = [
-        f
-        for f, v in (
-            ("--embeddings q8_0", opts["embeddings"] != "keep"),
-            ("--allow-lossy", opts["allow_lossy"]),
-            ("--kl-text", opts["kl_text"]),
-        )
-        if v
-    ]
-    if lossy:
-        raise QuantkitError(
-            f"{lossy[0]} applies to the exact export; with --type, llama-quantize chooses every tensor's type"
-        )
-    chooser = None
-    if mixed is not None:
-        from quantkit.quantize.ggufmix import chooser as mixed_chooser
-        from quantkit.quantize.ggufmix import parse_types
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(formats())
 
-        chooser = mixed_chooser(parse_types(mixed), gptq=gptq)
-    return export_kquant(artifact, out, KquantOptions(qtype=qtype, force=opts["force"], **(calib or {})), chooser)
-
-
-# Export formats by name (one entry per format; `quantkit run`'s `export: {formats: [...]}` uses the same names).
-FORMATS = {"gguf": _gguf}
+    @choices.setter
+    def choices(self, value) -> None:  # always the registry's
+        pass
 
 
 @click.command("export")
 @click.argument("artifact", type=MODEL)
-@click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), required=True, help="Format to write.")
+@click.option("--format", "fmt", type=FormatChoice(), required=True, help="Format to write.")
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     default=None,
     help="File to write, with its record NAME.quantkit.json beside it (default: ARTIFACT.gguf beside the "
-    "artifact directory); never inside the artifact or the checkpoint it was converted from.",
+    "artifact directory; for compressed-tensors, the directory ARTIFACT.compressed-tensors); never inside the "
+    "artifact or the checkpoint it was converted from.",
 )
 @click.option(
     "--embeddings",
@@ -154,8 +127,9 @@ def export_cmd(
     force,
     as_json,
 ):
-    """Export a quantkit ARTIFACT (compressed-tensors INT4/INT8 or 16-bit) for llama.cpp, exactly where grids match;
-    with --type, quantize a 16-bit checkpoint with llama.cpp's own types.
+    """Export a quantkit ARTIFACT in a serving format: gguf for llama.cpp (compressed-tensors INT4/INT8, MXFP4,
+    NVFP4 or 16-bit, exactly where grids match; with --type, a 16-bit checkpoint in llama.cpp's own types), or
+    compressed-tensors (the artifact itself, copied and checked).
 
     An artifact quantkit converted must still match its sha256 manifest, as for publish."""
     from quantkit.models.resolve import resolve
@@ -164,66 +138,30 @@ def export_cmd(
         if value is not None and not mixed:
             raise QuantkitError(f"{option} applies with --mixed")
     found = resolve(artifact, check=False)  # the export checks an artifact against its manifest first
-    if out is None and found.named:  # a named model lives in the cache: its GGUF goes to the working directory
-        out = Path.cwd() / f"{found.named}.{qtype or 'gguf'}{'.gguf' if qtype else ''}"
-    artifact = found.path
-    calib_opts = {"calib": calib, "samples": calib_samples, "seq_len": calib_seq_len}
-    record = FORMATS[fmt](
-        artifact,
-        out,
-        qtype=qtype,
-        calib=calib_opts,
-        mixed=(mixed_types or ",".join(DEFAULT_MIXED)) if mixed else None,
-        gptq=mixed_rounding != "llama-quantize",
+    settings = ExportSettings(
         embeddings=embeddings,
         allow_lossy=allow_lossy,
-        force=force,
         kl_text=kl_text,
+        qtype=qtype,
+        calib=calib,
+        samples=calib_samples,
+        seq_len=calib_seq_len,
+        mixed=(mixed_types or ",".join(DEFAULT_MIXED)) if mixed else None,
+        mixed_gptq=mixed_rounding != "llama-quantize",
+        force=force,
     )
+    exporter = exporter_for(fmt, settings)
+    exporter.check(settings)
+    if out is not None and out.is_dir() and not exporter.directory:
+        raise QuantkitError(f"--out {out} is a directory; --format {fmt} writes a file: name it")
+    if out is None and found.named:  # a named model lives in the cache: its export goes to the working directory
+        out = Path.cwd() / exporter.out_name(found.named, settings)
+    record = exporter.export(found.path, out, settings)
     if as_json:
         echo_json(record)
         return
-    if record.get("gguf_type"):
-        _echo_kquant(record)
-        return
-    click.echo(f"wrote {record['gguf']} ({record['bytes'] / 1e6:.1f} MB, {record['architecture']})")
-    for m in record["mapping"]:
-        click.echo(f"  {m['tensors']:4d} x {m['mapping']}{'' if m['exact'] else '  [not exact]'}")
-    v = record["verification"]
-    if record["lossless"]:
-        click.echo(
-            f"  lossless: {v['exact_tensors']} tensors dequantized by gguf equal the artifact's weights "
-            f"(max abs diff {v['max_abs_diff_exact']:g})"
-        )
-    else:
-        kl = record["kl_vs_artifact"]
-        click.echo(
-            f"  LOSSY: {len(record['lossy_tensors'])} tensors; KL vs the artifact {kl['mean_kl']:.3g} mean, "
-            f"{kl['max_kl']:.3g} max, top-1 {kl['top1_agreement'] * 100:.2f}% ({kl['text']})"
-        )
-    for note in record["notes"]:
-        click.echo(f"  note: {note}")
-
-
-def _echo_kquant(record: dict) -> None:
-    im = record["imatrix"]
-    click.echo(
-        f"wrote {record['gguf']} ({record['bytes'] / 1e6:.1f} MB, {record['gguf_type']}, "
-        f"{record['bits_per_weight_layers']:.2f} bits/weight in the decoder layers, "
-        f"{record['bits_per_weight']:.2f} overall)"
-    )
-    click.echo("  tensor types: " + ", ".join(f"{n} x {t}" for t, n in record["tensor_types"].items()))
-    if im:
-        click.echo(
-            f"  importance matrix: llama-imatrix over {im['calibration'].get('samples')} windows of "
-            f"{im['chunk_tokens']} tokens from {im['calibration'].get('source')} (sha256 {im['sha256'][:12]})"
-        )
-    if record.get("mixed"):
-        from quantkit.quantize.ggufmix import describe
-
-        click.echo(f"  {describe(record)}")
-    for note in record["notes"]:
-        click.echo(f"  note: {note}")
+    for line in exporter.summary(record):
+        click.echo(line)
 
 
 COMMANDS = [export_cmd]
