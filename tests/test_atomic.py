@@ -16,6 +16,8 @@ from quantkit.errors import QuantkitError
 
 
 def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    tmp_path = tmp_path / "w"  # apart from the test's quantkit home beside it
+    tmp_path.mkdir()
     f = tmp_path / "steps.json"
     atomic.write_json(f, {"a": 1})
 
@@ -29,6 +31,8 @@ def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
 
 
 def test_disk_full_is_one_clear_error(tmp_path, monkeypatch):
+    tmp_path = tmp_path / "w"  # apart from the test's quantkit home beside it
+    tmp_path.mkdir()
     f = tmp_path / "report.json"
     atomic.write_json(f, {"old": True})
 

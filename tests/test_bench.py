@@ -527,6 +527,7 @@ SETTINGS_OPTIONS = {
     "tensor_parallel": (["--tensor-parallel", "2"], "tensor_parallel", 2),
     "threads": (["--threads", "3"], "threads", 3),
     "self_check": (["--no-self-check"], "self_check", False),
+    "kv_caches": (["--kv-cache", "q8_0"], "kv_caches", ("q8_0",)),
 }
 # The options that choose what to bench, or where and how the result goes.
 NOT_SETTINGS = {

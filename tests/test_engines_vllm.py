@@ -18,9 +18,10 @@ import vllm_fake
 from quantkit.bench import accounting, harness, selfcheck
 from quantkit.bench.engines import engine_class
 from quantkit.bench.engines.base import EngineSettings
+from quantkit.core.signals import EngineCrash
 from quantkit.errors import QuantkitError
 from quantkit.external import vllm_env, vllm_worker
-from quantkit.external.worker import WorkerError, root_cause
+from quantkit.external.worker import root_cause
 
 CPU = torch.device("cpu")
 
@@ -328,7 +329,7 @@ def test_a_dead_worker_is_an_error_not_a_hang(tiny_llama, tmp_path, monkeypatch)
     e = _engine(tiny_llama)
     try:
         e.worker.proc.kill()
-        with pytest.raises(WorkerError, match=r"the worker exited \(code -9\)"):
+        with pytest.raises(EngineCrash, match=r"the worker died of SIGKILL"):
             e.timed_run([1, 2, 3], 8, 4)
     finally:
         e.close()

@@ -110,7 +110,7 @@ def test_defaults_follow_the_device():
 
 
 def test_gpu_batch_is_sized_to_free_memory(monkeypatch):
-    import quantkit.device as devices
+    import quantkit.evals.placement as devices  # placement imports free_bytes by name
 
     cfg = {
         "vocab_size": 128256,

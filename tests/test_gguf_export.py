@@ -448,7 +448,7 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(cli, artifacts, models
     }  # QuaRot's online R4
     (online / "config.json").write_text(json.dumps(cfg))
     cases["an online rotation"] = (rerecord(online), "rotates activations at run time (R4 at input")
-    cases["not a directory"] = (tmp_path / "missing", "not a directory")
+    cases["not a directory"] = (tmp_path / "missing", "no such file or directory")
     gg = tmp_path / "in.gguf"
     gg.write_bytes(b"GGUF" + bytes(60))
     cases["a GGUF as input"] = (gg, "already a GGUF file")

@@ -332,11 +332,11 @@ def test_the_lever_table_on_stored_runs():
 
 
 def test_prefix_reference_against_the_roofline(monkeypatch):
-    import quantkit.bench.probe as probe
+    import quantkit.load.levers_report as levers_report
     from quantkit.core.hardware import Device, shape_config
     from quantkit.core.roofline import Shape, prefill_flops
 
-    monkeypatch.setattr(probe, "cached_probe", lambda device: Device("test", 1e10, 1e11, "test"))
+    monkeypatch.setattr(levers_report, "cached_probe", lambda device: Device("test", 1e10, 1e11, "test"))
 
     def run(label, prefix, suffix, ttft_ms):
         return {

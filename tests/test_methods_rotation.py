@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fixtures import build_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -120,10 +121,9 @@ def test_rotation_sizes_are_checked_at_preflight(cli, tiny_llama, tiny_text, tmp
     path = recipe(tmp_path, "{method: spinquant, block_size: 96}", "{method: gptq, bits: 4, group_size: 64}")
     code, _, err, _ = convert(cli, path, tiny_llama, tmp_path / "a", tiny_text)
     assert code == 2 and "block_size: 96 does not divide the hidden size 128" in err
-    model = tmp_path / "wide96"  # a hidden size that is no power of two, as the demo's 576
-    shutil.copytree(tiny_llama, model)
-    cfg = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**cfg, "hidden_size": 96}))
+    model = build_checkpoint(  # a hidden size that is no power of two, as the demo's 576
+        tmp_path / "wide96", "llama-gqa", tiny_llama, hidden_size=96, head_dim=24
+    )
     path = recipe(tmp_path, "{method: spinquant}", "{method: gptq, bits: 4, group_size: 32}")
     code, _, err, _ = convert(cli, path, model, tmp_path / "b", tiny_text)
     assert code == 2 and "R1 needs a hadamard rotation of order 96" in err
