@@ -92,10 +92,11 @@ def pareto_cmd(
     """quantkit's points (GGUF --mixed at each anchor's size, compressed-tensors auto at each size) and
     llama.cpp's K-quants with an importance matrix, KL per bit on several domains."""
     from quantkit.core.atomic import sigterm_as_interrupt
+    from quantkit.models.resolve import resolve_path
     from quantkit.pipeline.pareto import ParetoSettings, run_pareto
 
     s = ParetoSettings(
-        model=model,
+        model=str(resolve_path(model)),  # a name, a path or an artifact, as every command takes it
         out=out,
         calib=calib,
         sizes=_floats(sizes, "--sizes"),
