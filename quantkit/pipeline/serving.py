@@ -19,6 +19,7 @@ from quantkit.bench.runner import bench_many
 from quantkit.bench.settings import BenchSettings, check_settings
 from quantkit.core.integrity import sha256_file
 from quantkit.errors import QuantkitError
+from quantkit.export.registry import EXPORTERS
 from quantkit.gguf.exporter import GgufOptions
 from quantkit.gguf.exporter import export_gguf as export
 from quantkit.gguf.kquant import DEFAULT_CALIB, KquantOptions, export_kquant
@@ -97,21 +98,7 @@ def quantize_gguf(runner, v) -> dict:
     out.parent.mkdir(exist_ok=True)
     chooser = ggufmix.chooser(ggufmix.parse_types(",".join(v.gguf.mixed_types or ggufmix.DEFAULT_TYPES)))
     rec = export_kquant(runner.src, out, opts, chooser if v.gguf.mixed else None)
-    kept = {
-        k: rec.get(k)
-        for k in (
-            "gguf",
-            "sha256",
-            "bytes",
-            "lossless",
-            "tensor_types",
-            "mapping",
-            "gguf_type",
-            "bits_per_weight",
-            "bits_per_weight_layers",
-            "fallback_types",
-        )
-    }
+    kept = EXPORTERS["gguf-kquant"].kept(rec)  # what the exporter says a run keeps of its record
     kept["imatrix_sha256"] = (rec.get("imatrix") or {}).get("sha256")
     if rec.get("mixed"):  # the choice's summary; every weight's type and cost stay in the GGUF's own record
         kept["mixed"] = {k: v for k, v in rec["mixed"].items() if k not in ("weights", "windows")}
