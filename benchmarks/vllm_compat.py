@@ -166,6 +166,20 @@ KINDS: list[Kind] = [
         "GQA 3 -> 1 KV heads (calibrated merge, short recovery), 16-bit",
         ("steps[0].gqa.recover.tokens=16384", "steps[0].gqa.recover.max_minutes=2"),
     ),
+    # the KV cache in FP8 E4M3 with scales calibrated in the INT4 pass: vLLM's kv_cache_dtype "auto" takes FP8 for it
+    Kind(
+        "int4-gptq-g64-kv-fp8",
+        "int4-w4a16-gptq-g64-kv-fp8",
+        "INT4 W4A16 GPTQ g64 + FP8 E4M3 K/V, a scale per tensor",
+        table="kv",
+    ),
+    Kind(
+        "int4-gptq-g64-kv-fp8-head",
+        "int4-w4a16-gptq-g64-kv-fp8",
+        "INT4 W4A16 GPTQ g64 + FP8 E4M3 K/V, a scale per KV head",
+        ("steps[0].quantize.kv_cache.fp8=head",),
+        table="kv",
+    ),
 ]
 
 
@@ -264,6 +278,8 @@ def measure(kind: Kind, args) -> dict:
     facts = vllm_support.schemes(meta)
     rec["schemes"] = list(dict.fromkeys(f.label for f in facts))
     rec["facts"] = [f.as_dict() for f in facts]
+    kv = vllm_support.kv_facts(meta)
+    rec["kv_cache"] = kv.as_dict() if kv else None
     text = [args.text]
     rec["vllm"] = evaluate(art, args.model, "vllm", text, args)
     rec["served"] = "error" not in rec["vllm"]
@@ -336,6 +352,13 @@ def row_facts(rec: dict) -> list:
     return [SchemeFacts.from_dict(d) for d in rec.get("facts") or []]
 
 
+def kv_of(rec: dict):
+    """A row's KV cache scheme (models/kv_scheme.py KvCacheFacts), None where it has none."""
+    from quantkit.models.kv_scheme import KvCacheFacts
+
+    return KvCacheFacts.from_dict(rec.get("kv_cache")) if rec.get("kv_cache") else None
+
+
 def recipe_facts(kind: Kind, rec: dict) -> list[dict] | None:
     """The facts of a row measured before they were recorded: its recipe's quantize step (with the
     kind's --set) read through quantkit's recipe schema, plus each scheme an auto step may choose
@@ -373,12 +396,23 @@ def support_table(kinds: dict) -> dict:
         decided = [
             k
             for k, rec in kinds.items()
-            if "served" in rec and row_facts(rec) and all(rule.matches(f) for f in row_facts(rec))
+            if "served" in rec and row_facts(rec) and all(rule.matches(f) for f in row_facts(rec)) and not kv_of(rec)
         ]
         s = rule.support
         rows.append(
             {
                 "scheme": rule.what,
+                "cpu": ("serves: " if s.cpu else "no: ") + s.cpu_why,
+                "measured": ", ".join(f"`{k}`" for k in decided) or "not measured",
+                "gpu": ("serves: " if s.gpu else "no: ") + s.gpu_why,
+            }
+        )
+    for rule in vllm_support.KV_RULES:  # the KV cache's scheme: its kinds hold weights the rules above serve
+        decided = [k for k, rec in kinds.items() if "served" in rec and kv_of(rec) and rule.matches(kv_of(rec))]
+        s = rule.support
+        rows.append(
+            {
+                "scheme": f"KV cache: {rule.what}",
                 "cpu": ("serves: " if s.cpu else "no: ") + s.cpu_why,
                 "measured": ", ".join(f"`{k}`" for k in decided) or "not measured",
                 "gpu": ("serves: " if s.gpu else "no: ") + s.gpu_why,
@@ -505,7 +539,7 @@ def write(kinds: dict, label: str, args) -> None:
     old = json.loads(path.read_text()) if path.is_file() else {}
     earlier = old.get("earlier_runs") or {k: old[k] for k in ("command", "machine", "date") if k in old}
     kept = {k: old[k] for k in ("command", "machine", "date") if k in old} if args.tabulate else {}  # a re-tabulation's
-    by_table = {t: [k.name for k in KINDS if k.table == t and k.name in kinds] for t in ("main", "fp4")}
+    by_table = {t: [k.name for k in KINDS if k.table == t and k.name in kinds] for t in ("main", "fp4", "kv")}
     support = support_table(kinds)
     fp4 = source(by_table["fp4"], kinds, earlier)
     support["note"] += (
@@ -521,6 +555,17 @@ def write(kinds: dict, label: str, args) -> None:
             "tables": {
                 "main": {**main_table(kinds, label), "note": note, "source": source(by_table["main"], kinds, earlier)},
                 "fp4": {**main_table(kinds, label, "fp4"), "note": note, "source": fp4},
+                **(
+                    {
+                        "kv": {
+                            **main_table(kinds, label, "kv"),
+                            "note": note,
+                            "source": source(by_table["kv"], kinds, earlier),
+                        }
+                    }
+                    if by_table["kv"]
+                    else {}
+                ),
                 "best": {**best_table(kinds), "source": source(list(BEST), kinds, earlier)},
                 "support": {**support, "source": source(by_table["main"], kinds, earlier)},
             },

@@ -184,3 +184,17 @@ def test_refused_kinds_carry_vllms_own_error(measured):
             assert r["vllm"]["error"] and "engines install" not in r["vllm"]["error"], (
                 r
             )  # vLLM's message, not quantkit's hint
+
+
+def test_a_kv_cache_scheme_is_decided_by_its_own_rules_and_an_unknown_one_nowhere():
+    from quantkit.models.kv_scheme import KvCacheFacts
+
+    per_tensor, per_head = KvCacheFacts("fp8_e4m3", "tensor", True, 8), KvCacheFacts("fp8_e4m3", "attn_head", True, 8)
+    assert vllm_support.kv_rule_for(per_tensor) is not vllm_support.kv_rule_for(per_head)
+    assert vllm_support.verdict([DENSE], per_tensor) == {"cpu": True, "gpu": True, "unknown": []}
+    odd = KvCacheFacts("int4", "token", False, 4)  # no rule: claimed nowhere, whatever the weights
+    assert vllm_support.kv_rule_for(odd) is None
+    assert vllm_support.verdict([DENSE], odd) == {"cpu": False, "gpu": False, "unknown": [odd.label]}
+    meta = {"quantization": {"kv_cache": per_head.as_dict()}}
+    assert vllm_support.kv_facts(meta) == per_head and vllm_support.kv_facts({"quantization": {}}) is None
+    assert vllm_support.kv_facts({"quantization": {"kv_cache": {"junk": 1}}}).known is False

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from quantkit.models import scheme_facts
+from quantkit.models.kv_scheme import KvCacheFacts
 from quantkit.models.scheme_facts import SchemeFacts
 
 VLLM_VERSION = "0.32.0"  # the release both columns describe (external/vllm_env.py installs it)
@@ -157,6 +158,66 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class KvRule:
+    """A KV cache scheme with these facts (models/kv_scheme.py; None matches any), and what vLLM does
+    with it: `kv_cache_dtype` "auto" takes FP8 for a checkpoint that declares one (and "fp8" asks for
+    it), its scales loaded by CompressedTensorsKVCacheMethod (float, 8 bits, tensor or attn_head,
+    symmetric; anything else refused)."""
+
+    what: str
+    support: Support
+    format: str | None = None
+    strategy: str | None = None
+
+    def matches(self, facts: KvCacheFacts) -> bool:
+        return all(getattr(self, k) in (None, getattr(facts, k)) for k in ("format", "strategy"))
+
+
+# GPU: the CUDA attention backends that take an FP8 cache (v1/attention/backends: flash_attn.py with
+# fa_utils.flash_attn_supports_kv_cache_dtype, flashinfer.py, triton_attn.py) in platforms/cuda.py's
+# priority order; per-head scales only where supports_per_head_quant_scales (FlashAttention 3 and up).
+KV_RULES: tuple[KvRule, ...] = (
+    KvRule(
+        "FP8 E4M3 K/V, a scale per tensor (a layer's K, its V)",
+        Support(
+            True,
+            True,
+            "CPU_ATTN with an FP8 cache (AVX-512 or AMX: cpu_attn.py _get_attn_isa; head size a multiple of 32)",
+            "FlashAttention 3 on Hopper (sm90: H100, H200), FlashInfer on Blackwell (sm100) and on Ampere/Ada "
+            "(sm80-sm89, whose FlashAttention 2 has no FP8 cache), Triton elsewhere",
+        ),
+        format="fp8_e4m3",
+        strategy="tensor",
+    ),
+    KvRule(
+        "FP8 E4M3 K/V, a scale per KV head",
+        Support(
+            True,
+            True,
+            "CPU_ATTN with an FP8 cache, the per-head scales reduced to one per layer (their largest: "
+            "CompressedTensorsKVCacheMethod.process_weights_after_loading), so each head is not rounded as calibrated",
+            "only FlashAttention 3 and up take per-head scales: Hopper (sm90: H100, H200, FA3) and Blackwell "
+            "(sm100, FA4); on Ampere/Ada no backend takes them (FlashInfer and Triton have no per-head scales)",
+        ),
+        format="fp8_e4m3",
+        strategy="attn_head",
+    ),
+)
+
+
+def kv_rule_for(facts: KvCacheFacts) -> KvRule | None:
+    """The rule that decides a KV cache scheme, or None: unknown, served nowhere."""
+    return next((r for r in KV_RULES if r.matches(facts)), None) if facts.known else None
+
+
+def kv_facts(meta: dict) -> KvCacheFacts | None:
+    """The KV cache scheme an artifact's quantkit.json records (None: none, the cache is 16-bit)."""
+    q = meta.get("quantization") if isinstance(meta, dict) else None
+    found = q.get("kv_cache") if isinstance(q, dict) else None
+    return None if found is None else KvCacheFacts.from_dict(found) or KvCacheFacts("unknown", "unreadable", True, 0)
+
+
 def rule_for(facts: SchemeFacts) -> Rule | None:
     """The rule that decides a scheme, or None: unknown, served nowhere."""
     if not facts.known:
@@ -169,24 +230,31 @@ def schemes(meta: dict) -> list[SchemeFacts]:
     return scheme_facts.of_meta(meta)
 
 
-def verdict(found: list[SchemeFacts]) -> dict:
-    """{"cpu": bool, "gpu": bool, "unknown": [labels]} for an artifact holding these schemes: served on
-    a device only when every scheme is; a scheme no rule matches is served nowhere (never claimed)."""
+def verdict(found: list[SchemeFacts], kv: KvCacheFacts | None = None) -> dict:
+    """{"cpu": bool, "gpu": bool, "unknown": [labels]} for an artifact holding these schemes (and this
+    KV cache scheme): served on a device only when every scheme is; a scheme no rule matches is
+    served nowhere (never claimed)."""
     rules = [rule_for(f) for f in found]
     unknown = [f.label for f, r in zip(found, rules) if r is None]
+    supports = [r.support for r in rules if r is not None]
+    if kv is not None:
+        kv_rule = kv_rule_for(kv)
+        unknown += [kv.label] if kv_rule is None else []
+        supports += [kv_rule.support] if kv_rule is not None else []
     return {
-        "cpu": bool(found) and not unknown and all(r.support.cpu for r in rules),
-        "gpu": bool(found) and not unknown and all(r.support.gpu for r in rules),
+        "cpu": bool(found) and not unknown and all(s.cpu for s in supports),
+        "gpu": bool(found) and not unknown and all(s.gpu for s in supports),
         "unknown": unknown,
     }
 
 
 def card_lines(meta: dict) -> list[str]:
     """The model card's sentence on vLLM: where it serves this artifact, and what the claim rests on."""
-    found = schemes(meta)
-    v = verdict(found)
-    what = ", ".join(dict.fromkeys(f.label for f in found))
+    found, kv = schemes(meta), kv_facts(meta)
+    v = verdict(found, kv)
+    what = ", ".join(dict.fromkeys([f.label for f in found] + ([kv.label] if kv else [])))
     rules = [r for r in (rule_for(f) for f in found) if r is not None]
+    rules += [r for r in ([kv_rule_for(kv)] if kv else []) if r is not None]
     if v["cpu"] and v["gpu"]:
         return [
             f"vLLM {VLLM_VERSION} serves it unchanged (`vllm serve PATH_OR_REPO`; {what}): on the CPU (measured with "
