@@ -83,6 +83,55 @@ def size_rows(front: dict, goal: float) -> list[dict]:
     return rows
 
 
+def ablation(a: argparse.Namespace, front: dict) -> list[dict]:
+    """--mixed at llama.cpp type T's size with llama-quantize's own rounding (no GPTQ), scored as the front
+    scores its points, beside the front's T and --mixed T (GPTQ): what the types alone give, what the codes add."""
+    t, s = a.ablation, front["settings"]
+    out = a.out / "ablation" / f"mixed-{t}-llama-rounding.gguf"
+    done = out.with_name(out.stem + ".eval.json")
+    record = out.with_name(out.stem + ".quantkit.json")
+    if not (
+        done.is_file()
+        and record.is_file()
+        and json.loads(done.read_text())["gguf_sha256"] == json.loads(record.read_text())["sha256"]
+    ):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        args = ["export", a.model, "--format", "gguf", "--type", t, "--mixed", "--mixed-rounding", "llama-quantize"]
+        args += ["--calib", a.calib, "--calib-samples", str(a.calib_samples), "--out", str(out), "--force"]
+        rec = quantkit_json(args + (["--mixed-types", a.mixed_types] if a.mixed_types else []))
+        texts = [x for text in front["texts"] for x in ("--text", text)]
+        ev = quantkit_json(
+            ["eval", str(out), "--engine", "llamacpp", "--baseline", a.model, *texts, "--split", front["split"]]
+            + ["--max-tokens", str(s["max_tokens"]), "--seq-len", str(s["seq_len"])]
+        )
+        done.write_text(json.dumps({"gguf_sha256": rec["sha256"], "bytes": rec["bytes"], "eval": ev}) + "\n")
+    made = json.loads(done.read_text())
+    by = {p["name"]: p for p in front["points"]}
+    anchor, gptq = by[f"llamacpp-{t}"], by[f"mixed-{t}"]
+    plain = {x["text"]: x["kld"]["mean"] for x in made["eval"]["texts"]}
+    rows = []
+    for name, kls, mb in (
+        (f"llama.cpp {t} + imatrix", {d["text"]: d["kl"] for d in anchor["domains"]}, anchor["file_bytes"]),
+        (f"--type {t} --mixed, llama-quantize's rounding", plain, made["bytes"]),
+        (f"--type {t} --mixed (GPTQ codes)", {d["text"]: d["kl"] for d in gptq["domains"]}, gptq["file_bytes"]),
+    ):
+        ref = {d["text"]: d["kl"] for d in anchor["domains"]}
+        for text in front["texts"]:
+            rows.append(
+                {"gguf": name, "text": text, "mb": mb / 1e6, "kl": kls[text], "vs": 100 * (kls[text] / ref[text] - 1)}
+            )
+    return rows
+
+
+ABLATION = [
+    {"key": "gguf", "header": "GGUF"},
+    {"key": "text", "header": "text"},
+    {"key": "mb", "header": "MB", "fmt": "{:.2f}"},
+    {"key": "kl", "header": "KL", "fmt": "{:.4f}"},
+    {"key": "vs", "header": "KL vs llama.cpp's %", "fmt": "{:+.0f}"},
+]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="demo", help="a checkpoint directory or a name quantkit knows")
@@ -96,6 +145,7 @@ def main() -> None:
     ap.add_argument("--goal-pct", type=float, default=40.0, help="quantkit's KL this much lower on every domain")
     ap.add_argument("--anchors", default=None, help="llama.cpp's types (default: the command's)")
     ap.add_argument("--text", action="append", default=[], help="evaluation text (default: the command's three)")
+    ap.add_argument("--ablation", default=None, metavar="T", help="also --mixed at T's size without GPTQ's codes")
     a = ap.parse_args()
     args = ["pareto", a.model, "--calib", a.calib, "--out", str(a.out), "--sizes", a.sizes]
     args += ["--calib-samples", str(a.calib_samples), "--max-tokens", str(a.max_tokens)]
@@ -147,6 +197,13 @@ def main() -> None:
             },
         },
     }
+    if a.ablation:
+        body["tables"]["ablation"] = {
+            "columns": ABLATION,
+            "rows": ablation(a, front),
+            "note": f"at {a.ablation}'s size, the same windows and KL as the front's points; "
+            f"--mixed among {a.mixed_types or 'the default types'}",
+        }
     provenance = Path(front["settings"]["model"]) / "offgrid.json"  # how offgrid_model.py made the checkpoint
     if provenance.is_file():
         body["offgrid"] = json.loads(provenance.read_text())
