@@ -532,8 +532,10 @@ def test_recipe_export_formats_key():
 
     steps = [{"quantize": {"method": "rtn"}}]
     assert recipe_from_dict({"steps": steps, "export": {"formats": ["gguf"]}}).export.formats == ("gguf",)
+    # a name the exporter registry does not know is refused by `run` (tests/test_export_registry.py);
+    # one that could not be a format's name (a run's directory RUN_DIR/FMT) by the recipe itself
     with pytest.raises(RecipeError, match="export.formats"):
-        recipe_from_dict({"steps": steps, "export": {"formats": ["onnx"]}})
+        recipe_from_dict({"steps": steps, "export": {"formats": ["../gguf"]}})
 
 
 # ---------------------------------------------------------------- through llama.cpp

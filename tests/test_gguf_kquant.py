@@ -196,3 +196,21 @@ def test_a_second_type_reuses_the_importance_matrix(cli, tiny_llama, tiny_text, 
         3
     ]  # other windows: computed again
     assert other["imatrix"]["reused"] is False and other["imatrix"]["calibration"]["samples"] == 3
+
+
+@pytest.mark.parametrize(
+    ("spec", "chat", "loads"),
+    [
+        ("self", False, True),  # the model writes the whole text
+        ("mix:default", True, True),  # the mix's chat part: the model's own replies
+        ("mix:default", False, False),  # no chat template: that part is left out, nothing generated
+        ("set:world-factbook", True, False),
+        ("file:x.txt", True, False),
+    ],
+)
+def test_the_model_is_loaded_only_for_text_it_writes(spec, chat, loads, monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(kquant, "load_model", lambda *a, **k: "model")
+    tok = SimpleNamespace(chat_template="{{ x }}" if chat else None)
+    assert (kquant._model_if_needed(Path("src"), spec, tok) == "model") is loads

@@ -112,7 +112,7 @@ def test_a_run_at_depths_reports_both_tables_with_the_variants_cache(cli, tiny_l
         "--json",
     )
     assert code == 0, err
-    assert rep["schema_version"] == 3 and not rep["failed"]
+    assert rep["schema_version"] == 4 and not rep["failed"]
     depths = {(d["name"], d["engine"], d["depth"]): d for d in rep["depths"]}
     assert set(depths) == {(n, e, d) for n in ("baseline", "int4-kv8") for e in ("eager", "llamacpp") for d in (0, 40)}
     deep = depths[("int4-kv8", "llamacpp", 40)]

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from quantkit.cli._common import MODEL, echo_json, json_option
+from quantkit.data.sources import syntaxes
 from quantkit.errors import QuantkitError
 from quantkit.export.base import ExportSettings
 from quantkit.export.registry import exporter_for, formats
@@ -57,7 +58,8 @@ class FormatChoice(click.Choice):
     "--kl-text",
     default=None,
     metavar="SPEC",
-    help="Text for a lossy export's KL (file:PATH, set:NAME, hf:...; default: seeded random token ids).",
+    help=f"Text for a lossy export's KL ({' | '.join(syntaxes(parts=False, generated=False))}; the first four "
+    "128-token windows of its first half; default: seeded random token ids).",
 )
 @click.option(
     "--type",

@@ -68,6 +68,12 @@ def _has_chat(tok) -> bool:
     return bool(getattr(tok, "chat_template", None))
 
 
+def writes_with(name: str, tok) -> bool:
+    """Whether mix NAME's windows need the model loaded: it has a chat part (the model's own replies)
+    and this tokenizer has the chat template that part is generated with."""
+    return _has_chat(tok) and any(p.chat is not None for p in load_mix(name).parts)
+
+
 def streams(
     mix: MixConfig, tok, *, model=None, model_hash: str = "", seed: int = 0, chat_tokens: dict[str, int] | None = None
 ) -> tuple[list[Stream], list[dict]]:

@@ -36,7 +36,7 @@ from quantkit.artifacts.staging import read_meta
 from quantkit.core import integrity
 from quantkit.core.atomic import exclusive, sigterm_as_interrupt
 from quantkit.core.integrity import sha256_file
-from quantkit.data import calib
+from quantkit.data import calib, mix
 from quantkit.data.text import parse_spec
 from quantkit.errors import QuantkitError
 from quantkit.gguf import arch, target, tensor_map, tools
@@ -170,8 +170,8 @@ def calibration_text(src: Path, o: KquantOptions) -> tuple[str, dict]:
 def _model_if_needed(src: Path, spec: str, tok):
     """The 16-bit model, only for text it writes itself (`self`, a mix's chat part)."""
 
-    kind = parse_spec(spec).kind
-    if kind == "self" or (kind == "mix" and getattr(tok, "chat_template", None)):
+    parsed = parse_spec(spec)
+    if parsed.source.generated or (parsed.source.parts and mix.writes_with(parsed.set_name, tok)):
         return load_model(src, dtype="float32", device="cpu")
     return None
 

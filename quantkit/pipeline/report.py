@@ -280,11 +280,13 @@ def render_markdown(report: dict) -> str:
         ]
     elif _fit_text(fit, "**Rule check**"):
         out.append(_fit_text(fit, "**Rule check**") + ".")
-    gguf_failed = [
-        f"- {name}: export gguf: {v['gguf_error']}" for name, v in r["variants"].items() if v.get("gguf_error")
+    export_failed = [
+        f"- {name}: export {fmt}: {msg}"
+        for name, v in r["variants"].items()
+        for fmt, msg in (v.get("export_errors") or {}).items()
     ]
-    if gguf_failed:
-        out += ["GGUF export failed:", *gguf_failed, ""]
+    if export_failed:
+        out += ["Export failed:", *export_failed, ""]
     failed = [f"- {row['name']}: {row['error']}" for row in r["rows"] if row.get("error")]
     if failed:
         out += ["Failed:", *failed, ""]
@@ -420,7 +422,8 @@ def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
     report = {
         "kind": "quantkit-run",
         # 2: accuracy rows name their kl_kind; positions (by position in the window). 3: depths and long_context
-        "schema_version": 3,
+        # 4: a variant's exports by format (exports, export_errors: FMT -> record, message; was gguf_error)
+        "schema_version": 4,
         "recipe": runner.recipe.name,
         "model": str(runner.src),
         "model_sha256": runner.src_hash,
@@ -455,7 +458,7 @@ def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
         "overhead_pct": 100.0 * max(0.0, total_s - steps_s) / total_s if total_s else 0.0,
         "failed": sorted(
             {r["name"] for r in rows if r["status"] == "failed"}
-            | {n for n, v in runner.variants.items() if v.get("gguf_error")},
+            | {n for n, v in runner.variants.items() if v.get("export_errors")},
             key=list(runner.variants).index,
         ),
     }

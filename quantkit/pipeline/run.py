@@ -33,6 +33,7 @@ from quantkit.evals.domains import default_texts, labelled
 from quantkit.evals.runner import run_eval
 from quantkit.evals.scorers import scorer_named
 from quantkit.evals.settings import EvalSettings
+from quantkit.export.registry import check_formats
 from quantkit.models.checkpoint import checkpoint_hash, content_hash, read_config
 from quantkit.models.resolve import resolve_path
 from quantkit.pipeline import report, serving
@@ -118,6 +119,7 @@ class Runner:
 
     def __init__(self, recipe: Recipe, opts: RunOptions):
         self.recipe, self.opts = recipe, opts
+        check_formats(recipe.export.formats)  # the exporter registry's formats (export/registry.py)
         ref = opts.model or recipe.model
         if not ref:
             raise QuantkitError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")
@@ -292,7 +294,7 @@ class Runner:
     def gguf_variant(self, v: Variant, rec: dict) -> Path:
         """A `gguf:` variant: llama-quantize's type made from the source checkpoint (pipeline/serving.py),
         scored by the llama.cpp scorer whatever eval.engines says (a GGUF is what it reads)."""
-        made = self._timed(f"convert:{v.name}", lambda: serving.quantize_gguf(self, v))
+        made = self._record(self._timed(f"convert:{v.name}", lambda: serving.quantize_gguf(self, v)))
         rec["gguf"] = rec["gguf_variant"] = made
         path = Path(made["gguf"])
         ev = self.recipe.eval
@@ -301,19 +303,57 @@ class Runner:
         return path
 
     def export(self, name: str, path: Path, rec: dict) -> None:
-        """`export: {formats: [gguf]}` (pipeline/serving.py); a variant GGUF
-        cannot hold exactly fails that format only."""
-        try:
-            rec["gguf"] = self._timed(f"export:{name}", lambda: serving.export_gguf(self, name, path))
-        except QuantkitError as exc:
-            rec["gguf_error"] = str(exc)
-            note(f"[{name}] export gguf failed: {exc}")
+        """Each format of `export: {formats: [...]}` by its exporter (pipeline/serving.py), its record
+        in rec["exports"][FMT] (a GGUF's also in rec["gguf"], which the llama.cpp engines bench); a
+        format that cannot hold the variant (a grid GGUF has no type for) fails that format only."""
+        for fmt in self.recipe.export.formats:
+            try:
+                made = self._record(
+                    self._timed(
+                        f"export:{name}" + (f":{fmt}" if fmt != "gguf" else ""),
+                        lambda: serving.export_format(self, fmt, name, path),
+                    )
+                )
+            except QuantkitError as exc:
+                rec.setdefault("export_errors", {})[fmt] = str(exc)
+                note(f"[{name}] export {fmt} failed: {exc}")
+                continue
+            rec.setdefault("exports", {})[fmt] = made
+            if fmt == "gguf":
+                rec["gguf"] = made
 
     def bench(self, paths: dict[str, Path]) -> dict[str, serving.EngineBench]:
         """One bench per engine of bench.engines (pipeline/serving.py): engine -> its EngineBench."""
         if self.opts.skip_bench or not paths:
             return {}
-        return serving.bench_engines(self, paths)
+        benches, store = serving.bench_engines(self, paths, self.variants)
+        for key, value in store.items():
+            self.cache.put(key, value)
+        self._record_benches(benches)  # a variant an engine failed on is a failed variant
+        return benches
+
+    def _record(self, made: serving.Made):
+        """A serving step's result, stored under its key when it has one (not reused); returns its value."""
+        if made.key is not None:
+            self.cache.put(made.key, made.value)
+        return made.value
+
+    def _record_benches(self, benches: dict[str, serving.EngineBench]) -> None:
+        """Each variant's row per engine into its record's "benches"; "bench" keeps the first
+        engine's row (model cards and single-engine readers). A variant an engine failed on is failed."""
+        engines = list(benches)
+        for engine, eb in benches.items():
+            for row in eb.rows:
+                rec = self.variants[row.name]
+                rec.setdefault("benches", {})[engine] = row
+                if engine == engines[0]:
+                    rec["bench"] = row
+            for f in eb.failed:
+                rec = self.variants[f.name]
+                rec.setdefault("bench_errors", {})[engine] = f.error
+                if len(self.recipe.bench.engines) == 1:
+                    rec.setdefault("error", f"bench: {f.error}")
+                note(f"[{f.name}] bench ({engine}) failed: {f.error}")
 
     def run(self) -> dict:
         with exclusive(self.dir, what=f"run directory {self.dir}"):
@@ -352,6 +392,5 @@ class Runner:
                 rec["traceback"] = traceback.format_exc(limit=8) if not isinstance(exc, QuantkitError) else None
                 note(f"[{v.name}] failed: {rec['error']}")
         benches = self._timed("bench", lambda: self.bench(paths))
-        serving.record_benches(self, benches)  # a variant an engine failed on is a failed variant
         total = time.perf_counter() - t0
         return self._timed("report", lambda: report.finish_run(self, benches, total))

@@ -1,6 +1,11 @@
-"""`quantkit run`'s serving side: each variant's GGUF (`export: {formats: [gguf]}`) and one bench
+"""`quantkit run`'s serving side: each variant in the recipe's serving formats (`export: {formats:
+[gguf, ...]}`, by the exporter registry), a `gguf:` variant by llama-quantize, and one bench
 per engine of `bench.engines`, so the report has a row per variant and engine and a rule-check
 fit per engine.
+
+Each step reads the runner (its recipe, run directory, step cache) and returns what it made with
+the cache key to store it under (`Made`); it never writes the runner's state: the runner alone
+records results (pipeline/run.py).
 
 Each engine is benched in its own `bench_many` (its own probes before and after, its own fit),
 one engine after the other in this process. The llama.cpp engine benches the run's GGUF when the
@@ -9,7 +14,7 @@ recipe exports one, else the artifact itself (exported into QUANTKIT_HOME's GGUF
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from quantkit import __version__
@@ -17,16 +22,23 @@ from quantkit.bench.engines import engine_class
 from quantkit.bench.records import BenchResult, BenchRow, FailedRow
 from quantkit.bench.runner import bench_many
 from quantkit.bench.settings import BenchSettings, check_settings
-from quantkit.core.integrity import sha256_file
 from quantkit.errors import QuantkitError
-from quantkit.export.registry import EXPORTERS
-from quantkit.gguf.exporter import GgufOptions
-from quantkit.gguf.exporter import export_gguf as export
+from quantkit.export.base import ExportSettings
+from quantkit.export.registry import EXPORTERS, exporter_for
 from quantkit.gguf.kquant import DEFAULT_CALIB, KquantOptions, export_kquant
-from quantkit.models.checkpoint import checkpoint_hash, content_hash
+from quantkit.models.checkpoint import content_hash
 from quantkit.pipeline.cache import step_key, text_fingerprint
 from quantkit.progress import note
 from quantkit.quantize import ggufmix
+
+
+@dataclass(frozen=True)
+class Made:
+    """What a step made (a record, a BenchResult) and the step-cache key to store it under; key is
+    None when nothing is to be stored (the step reused a stored result, or failed in a way that may not recur)."""
+
+    value: object
+    key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,27 +56,26 @@ class EngineBench:
         return self.result.rows if self.result else ()
 
 
-def export_gguf(runner, name: str, path: Path) -> dict | None:
-    """The variant's exact GGUF in RUN_DIR/gguf/NAME.gguf (its export record beside it, which lets
-    the llama.cpp self-check find the artifact); reused while the file matches the stored hash."""
-    if "gguf" not in runner.recipe.export.formats:
-        return None
+def export_format(runner, fmt: str, name: str, path: Path) -> Made:
+    """The variant in serving format `fmt` (a recipe's `export: {formats: [...]}`), by its exporter
+    (export/registry.py) into RUN_DIR/FMT/ under the exporter's name for it (GGUF: RUN_DIR/gguf/NAME.gguf,
+    its export record beside it, which lets the llama.cpp self-check find the artifact); Made's value is
+    what the exporter says a run keeps of its record. Reused while the output matches the stored hash."""
 
-    out = runner.dir / "gguf" / f"{name}.gguf"
-    key = step_key("gguf", __version__, checkpoint_hash(path), GgufOptions().__dict__)
+    settings = ExportSettings(force=True)
+    exporter = exporter_for(fmt, settings)
+    out = runner.dir / fmt / exporter.out_name(name, settings)
+    key = step_key("export", __version__, exporter.name, content_hash(path), asdict(settings))
     hit = _reusable(runner, key, out)
     if hit is not None:
-        note(f"[{name}] export gguf: reusing {out}")
-        return hit
-    note(f"[{name}] export gguf")
+        note(f"[{name}] export {fmt}: reusing {out}")
+        return Made(hit)
+    note(f"[{name}] export {fmt}")
     out.parent.mkdir(exist_ok=True)
-    rec = export(path, out, GgufOptions(force=True))
-    kept = {k: rec.get(k) for k in ("gguf", "sha256", "bytes", "lossless", "tensor_types", "mapping")}
-    runner.cache.put(key, kept)
-    return kept
+    return Made(exporter.kept(exporter.export(path, out, settings)), key)
 
 
-def quantize_gguf(runner, v) -> dict:
+def quantize_gguf(runner, v) -> Made:
     """A `gguf: {type, imatrix}` variant: RUN_DIR/gguf/NAME.gguf made by llama-quantize from the source
     checkpoint (gguf/kquant.py), the importance matrix over the run's calibration windows (its
     source, samples, seq_len, seed and region); reused while the file matches the stored hash."""
@@ -93,7 +104,7 @@ def quantize_gguf(runner, v) -> dict:
     hit = _reusable(runner, key, out)
     if hit is not None:
         note(f"[{v.name}] llama-quantize {v.gguf.type}: reusing {out}")
-        return hit
+        return Made(hit)
     note(f"[{v.name}] llama-quantize {v.gguf.type}{' with an importance matrix' if v.gguf.imatrix else ''}")
     out.parent.mkdir(exist_ok=True)
     chooser = ggufmix.chooser(ggufmix.parse_types(",".join(v.gguf.mixed_types or ggufmix.DEFAULT_TYPES)))
@@ -102,25 +113,26 @@ def quantize_gguf(runner, v) -> dict:
     kept["imatrix_sha256"] = (rec.get("imatrix") or {}).get("sha256")
     if rec.get("mixed"):  # the choice's summary; every weight's type and cost stay in the GGUF's own record
         kept["mixed"] = {k: v for k, v in rec["mixed"].items() if k not in ("weights", "windows")}
-    runner.cache.put(key, kept)
-    return kept
+    return Made(kept, key)
 
 
-def _sources(runner, engine: str, paths: dict[str, Path]) -> tuple[dict[str, Path], dict[str, str]]:
+def _sources(
+    runner, engine: str, paths: dict[str, Path], records: dict[str, dict]
+) -> tuple[dict[str, Path], dict[str, str]]:
     """What `engine` benches for each variant, and the variants it cannot (their GGUF export failed).
     An engine that runs GGUF files gets the run's GGUF, when the recipe exports one."""
 
     if not engine_class(engine).takes_gguf:  # a `gguf:` variant exists only as a GGUF
-        made = {n for n in paths if runner.variants[n].get("gguf_variant")}
+        made = {n for n in paths if records[n].get("gguf_variant")}
         return (
             {n: p for n, p in paths.items() if n not in made},
             {n: f"a llama-quantize GGUF runs on GGUF engines only, not {engine}" for n in made},
         )
     srcs, failed = {}, {}
     for name, path in paths.items():
-        rec = runner.variants[name]
-        if rec.get("gguf_error"):
-            failed[name] = f"export gguf: {rec['gguf_error']}"
+        rec = records[name]
+        if (rec.get("export_errors") or {}).get("gguf"):
+            failed[name] = f"export gguf: {rec['export_errors']['gguf']}"
         else:
             srcs[name] = Path(rec["gguf"]["gguf"]) if rec.get("gguf") else path
     return srcs, failed
@@ -135,8 +147,9 @@ def engine_settings(runner, engine: str) -> BenchSettings:
     return settings
 
 
-def bench_engine(runner, settings: BenchSettings, sources: dict[str, Path]) -> BenchResult:
-    """One engine over every variant, in one bench_many; a finished result is reused on a re-run."""
+def bench_engine(runner, settings: BenchSettings, sources: dict[str, Path]) -> Made:
+    """One engine over every variant, in one bench_many (Made's value: its BenchResult); a finished
+    result is reused on a re-run, one with a failure is not stored (it may not recur)."""
 
     engine = settings.engine
     shared = runner.recipe.bench.model_dump(
@@ -156,14 +169,12 @@ def bench_engine(runner, settings: BenchSettings, sources: dict[str, Path]) -> B
         try:
             result = BenchResult.from_json(hit)
             note(f"bench ({engine}): reusing")
-            return result
+            return Made(result)
         except QuantkitError as exc:  # a record this version cannot read: bench again
             note(f"bench ({engine}): the stored result does not read ({exc}); benchmarking again")
     note(f"bench: {len(sources)} variants in one run ({engine}, {settings.device})")
     result = bench_many(list(sources.values()), settings, names=list(sources), caches=caches)
-    if not result.failed:  # a failure (out of memory, say) may not recur: try again next run
-        runner.cache.put(key, result.to_json())
-    return result
+    return Made(result, None if result.failed else key)  # a failure (out of memory, say) may not recur
 
 
 def variant_caches(runner, settings: BenchSettings, sources: dict[str, Path]) -> dict:
@@ -176,12 +187,13 @@ def variant_caches(runner, settings: BenchSettings, sources: dict[str, Path]) ->
     return {n: c for n, c in found.items() if c is not None}
 
 
-def bench_engines(runner, paths: dict[str, Path]) -> dict[str, EngineBench]:
-    """engine -> its EngineBench. One of several engines that cannot run here at all
-    (llama-cpp-python not installed, say) gets its error and no rows: the report says so and
-    the other engines' results stand (the quickstart works without llama.cpp); a run's only engine
-    fails every variant instead. A variant an engine that runs fails on is a failed row."""
-    out = {}
+def bench_engines(runner, paths: dict[str, Path], records: dict[str, dict]) -> tuple[dict[str, EngineBench], dict]:
+    """(engine -> its EngineBench, the step-cache entries to store: key -> JSON). One of several
+    engines that cannot run here at all (llama-cpp-python not installed, say) gets its error and no
+    rows: the report says so and the other engines' results stand (the quickstart works without
+    llama.cpp); a run's only engine fails every variant instead. A variant an engine that runs
+    fails on is a failed row."""
+    out, store = {}, {}
     engines = runner.recipe.bench.engines
     for engine in engines:
         try:
@@ -195,44 +207,26 @@ def bench_engines(runner, paths: dict[str, Path]) -> dict[str, EngineBench]:
                 note(f"bench ({engine}): not run: {exc}")
                 out[engine] = EngineBench(engine, error=str(exc))
             continue
-        sources, failed = _sources(runner, engine, paths)
+        sources, failed = _sources(runner, engine, paths, records)
         try:
-            result = bench_engine(runner, settings, sources) if sources else None
+            made = bench_engine(runner, settings, sources) if sources else Made(None)
+            result = made.value
+            if made.key:
+                store[made.key] = result.to_json()
             own = result.failed if result else ()
         except QuantkitError as exc:
             result, own = None, tuple(FailedRow(str(p), n, str(exc)) for n, p in sources.items())
         out[engine] = EngineBench(engine, result, (*own, *(FailedRow(str(paths[n]), n, e) for n, e in failed.items())))
-    return out
+    return out, store
 
 
-def record_benches(runner, benches: dict[str, EngineBench]) -> None:
-    """Each variant's row per engine into runner.variants[name]["benches"]; "bench" keeps the first
-    engine's row (model cards and single-engine readers). A variant an engine failed on is failed."""
-    engines = list(benches)
-    for engine, eb in benches.items():
-        for row in eb.rows:
-            rec = runner.variants[row.name]
-            rec.setdefault("benches", {})[engine] = row
-            if engine == engines[0]:
-                rec["bench"] = row
-        for f in eb.failed:
-            rec = runner.variants[f.name]
-            rec.setdefault("bench_errors", {})[engine] = f.error
-            if len(runner.recipe.bench.engines) == 1:
-                rec.setdefault("error", f"bench: {f.error}")
-            note(f"[{f.name}] bench ({engine}) failed: {f.error}")
-
-
-def _reusable(runner, key: str, out) -> dict | None:
-    """The cached record of a GGUF step whose file is still the one it recorded (size and sha256)."""
+def _reusable(runner, key: str, out: Path) -> dict | None:
+    """The cached record of an export step whose output is still the one it recorded (a file: its
+    size, then its sha256; a directory: its checkpoint hash)."""
 
     hit = runner.cache.get(key)
-    if (
-        hit is not None
-        and not runner.opts.rerun
-        and out.is_file()
-        and out.stat().st_size == hit.get("bytes")
-        and sha256_file(out) == hit.get("sha256")
-    ):
-        return hit
-    return None
+    if hit is None or runner.opts.rerun or not out.exists():
+        return None
+    if out.is_file() and out.stat().st_size != hit.get("bytes"):
+        return None
+    return hit if content_hash(out) == hit.get("sha256") else None

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     Field,
     SerializeAsAny,
+    StringConstraints,
     ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
@@ -292,11 +293,15 @@ class BenchConfig(StrictConfig):
         return self
 
 
+FORMAT_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,49}$"  # an export format's name (a directory of the run: RUN_DIR/FMT/)
+
+
 class ExportConfig(StrictConfig):
     max_shard_size: str = "5GB"
-    # Extra serving formats written beside each variant's artifact (quantkit/cli/export.py FORMATS);
-    # "gguf" = exact GGUF for llama.cpp, refused (not approximated) where the grid has no GGUF type.
-    formats: tuple[Literal["gguf"], ...] = ()
+    # Serving formats written beside each variant's artifact, by the exporter registry
+    # (export/registry.py, a higher layer: `quantkit run` checks the names against it before anything
+    # runs); "gguf" = exact GGUF for llama.cpp, refused (not approximated) where the grid has no GGUF type.
+    formats: tuple[Annotated[str, StringConstraints(pattern=FORMAT_PATTERN)], ...] = ()
 
 
 # Names become directory names (`runs/NAME`, `runs/NAME/artifacts/VARIANT`): plain names only, so

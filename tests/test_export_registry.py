@@ -1,0 +1,106 @@
+"""The exporter registry (export/registry.py): its formats, how an exporter is picked, what each
+takes of each scheme; and that a new format is one Exporter subclass plus one registry entry, which
+`quantkit export --format` and a run's `export: {formats: [...]}` then both write."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from quantkit.errors import QuantkitError, RecipeError
+from quantkit.export import registry
+from quantkit.export.base import EXACT, REFUSED, Exporter, ExportSettings, Verdict
+from quantkit.export.registry import EXPORTERS, capability_table, check_formats, exporter_for, formats
+from quantkit.models import scheme_facts as sf
+
+
+def test_formats_and_the_pick():
+    assert formats() == ["compressed-tensors", "gguf"]
+    assert exporter_for("gguf").name == "gguf"
+    assert exporter_for("gguf", ExportSettings(qtype="Q4_K_M")).name == "gguf-kquant"  # selected by --type
+    with pytest.raises(QuantkitError, match="unknown export format 'onnx'; valid: compressed-tensors, gguf"):
+        exporter_for("onnx")
+    with pytest.raises(RecipeError, match=r"export.formats\[1\]: unknown export format 'onnx'"):
+        check_formats(["gguf", "onnx"])
+
+
+def test_capabilities_are_decided_on_scheme_facts():
+    gguf = EXPORTERS["gguf"]
+    assert gguf.takes(sf.int_weights(4, 128, True)).kind == EXACT
+    assert gguf.takes(sf.MXFP4).kind == EXACT
+    assert gguf.takes(sf.bnb_4bit("nf4", False)).kind == REFUSED
+    table = capability_table()
+    assert all(f"`{n}`" in table for n in EXPORTERS) and table.count("\n| ") >= len(registry.SCHEMES)
+
+
+class Toy(Exporter):
+    """A format written in a test only: the artifact's tensor names and shapes, as one JSON file."""
+
+    name = "toy"
+    format = "toy"
+    writes = "the tensor names and shapes, as JSON"
+    keeps = ("out", "sha256", "bytes", "tensors")
+
+    def takes(self, facts: sf.SchemeFacts) -> Verdict:
+        return Verdict(EXACT, "names and shapes only")
+
+    def out_name(self, stem: str, settings: ExportSettings) -> str:
+        return f"{stem}.toy.json"
+
+    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> dict:
+        from quantkit.models.headers import read_header
+
+        artifact = Path(artifact)
+        out = Path(out) if out is not None else artifact.parent / self.out_name(artifact.name, settings)
+        shapes = {}
+        for f in sorted(artifact.glob("*.safetensors")):
+            _, header = read_header(f)
+            shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
+        data = json.dumps(shapes, sort_keys=True).encode()
+        out.write_bytes(data)
+        return {"out": str(out), "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "tensors": len(shapes)}
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.setitem(EXPORTERS, "toy", Toy())  # the one registry line
+
+
+def test_a_new_format_is_one_class_and_one_entry(toy, cli, tiny_llama, tmp_path):
+    code, out, err, rec = cli("export", str(tiny_llama), "--format", "toy", "--out", str(tmp_path / "m.json"), "--json")
+    assert code == 0, err
+    assert rec["tensors"] > 0 and json.loads((tmp_path / "m.json").read_text())
+    assert "toy" in capability_table()
+
+
+def _recipe(tmp_path, formats) -> Path:
+    p = tmp_path / "suite.yaml"
+    p.write_text(
+        "variants:\n  - name: int4\n    steps:\n      - quantize: {method: rtn, group_size: 64}\n"
+        f"export: {{formats: [{', '.join(formats)}]}}\n"
+    )
+    return p
+
+
+def test_a_run_writes_every_format_its_recipe_names(toy, cli, tiny_llama, tmp_path):
+    args = ["run", str(_recipe(tmp_path, ["toy"])), "--model", str(tiny_llama), "--out", str(tmp_path / "r")]
+    args += ["--skip-eval", "--skip-bench", "--json"]
+    code, out, err, rep = cli(*args)
+    assert code == 0, err
+    for name in ("baseline", "int4"):
+        made = rep["variants"][name]["exports"]["toy"]
+        assert Path(made["out"]) == tmp_path / "r" / "toy" / f"{name}.toy.json" and made["tensors"] > 0
+        assert "gguf" not in rep["variants"][name]
+    code, out, err, again = cli(*args)  # unchanged: reused, as every step
+    assert code == 0 and "export toy: reusing" in err
+    assert again["variants"]["int4"]["exports"] == rep["variants"]["int4"]["exports"]
+
+
+def test_a_run_refuses_an_unknown_format_before_anything_runs(cli, tiny_llama, tmp_path):
+    args = ["run", str(_recipe(tmp_path, ["gguf", "onnx"])), "--model", str(tiny_llama), "--out", str(tmp_path / "r")]
+    code, out, err, _ = cli(*args)
+    assert code == 2 and "export.formats[1]: unknown export format 'onnx'" in err
+    assert not (tmp_path / "r").exists()
