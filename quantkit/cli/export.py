@@ -12,7 +12,7 @@ from quantkit.data.sources import syntaxes
 from quantkit.errors import QuantkitError
 from quantkit.export.base import ExportSettings
 from quantkit.export.registry import exporter_for, formats
-from quantkit.quantize.ggufmix import DEFAULT_TYPES as DEFAULT_MIXED
+from quantkit.quantize.kquant_types import DEFAULT_TYPES as DEFAULT_MIXED
 
 
 class FormatChoice(click.Choice):

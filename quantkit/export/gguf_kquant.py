@@ -1,5 +1,5 @@
 """`--format gguf --type T`: llama.cpp's own quantization of a 16-bit checkpoint (gguf/kquant.py), with
-an importance matrix from quantkit's calibration windows; `--mixed` lets quantize/ggufmix.py choose
+an importance matrix from quantkit's calibration windows; `--mixed` lets quantize/kquant_types.py choose
 each decoder-layer weight's type within T's size."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from quantkit.export.base import EXACT, LOSSY, REFUSED, Exporter, ExportSettings
 from quantkit.export.gguf_exact import GgufExact, exact_type
 from quantkit.gguf.kquant import QUANT_TYPES, KquantOptions, check_type, export_kquant
 from quantkit.models.scheme_facts import SchemeFacts
-from quantkit.quantize import ggufmix
+from quantkit.quantize import kquant_types
 
 
 def takes(facts: SchemeFacts) -> Verdict:
@@ -60,7 +60,7 @@ class GgufKquant(Exporter):
                 f"{lossy[0]} applies to the exact export; with --type, llama-quantize chooses every tensor's type"
             )
         if settings.mixed is not None:
-            ggufmix.parse_types(settings.mixed)
+            kquant_types.parse_types(settings.mixed)
 
     def out_name(self, stem: str, settings: ExportSettings) -> str:
         return f"{stem}.{settings.qtype}.gguf"
@@ -77,7 +77,9 @@ class GgufKquant(Exporter):
             imatrix=s.imatrix,
             force=s.force,
         )
-        chooser = ggufmix.chooser(ggufmix.parse_types(s.mixed), gptq=s.mixed_gptq) if s.mixed is not None else None
+        chooser = (
+            kquant_types.chooser(kquant_types.parse_types(s.mixed), gptq=s.mixed_gptq) if s.mixed is not None else None
+        )
         return export_kquant(artifact, out, opts, chooser)
 
     def kept(self, record: dict) -> dict:
@@ -103,5 +105,5 @@ class GgufKquant(Exporter):
                 f"{im['chunk_tokens']} tokens from {im['calibration'].get('source')} (sha256 {im['sha256'][:12]})"
             )
         if record.get("mixed"):
-            lines.append(f"  {ggufmix.describe(record)}")
+            lines.append(f"  {kquant_types.describe(record)}")
         return lines + [f"  note: {note}" for note in record["notes"]]

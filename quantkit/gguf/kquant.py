@@ -10,7 +10,7 @@ a folder beside --out and renamed into place with its record at the end; a failu
 it was. A compressed-tensors artifact keeps its exact path (`--type` equal to its grid's GGUF type);
 re-quantizing its integer grid with llama.cpp's rounding is refused.
 
-A chooser (quantize/ggufmix.py, `--mixed`) may name every decoder-layer weight's type instead of
+A chooser (quantize/kquant_types.py, `--mixed`) may name every decoder-layer weight's type instead of
 llama-quantize's mix: it gets the export's folder (`Made`: the F16 file, the importance matrix, and
 llama-quantize to run there) and returns the types; once llama-quantize has written them it may
 rewrite the tensors' codes in place (their types and sizes unchanged); the file is then checked to

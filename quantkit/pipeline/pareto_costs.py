@@ -14,7 +14,7 @@ from quantkit.evals.settings import EvalSettings
 from quantkit.gguf.kquant import main_type
 from quantkit.pipeline.pareto import ParetoSettings, check_tools, runner
 from quantkit.pipeline.run_costs import variant_job
-from quantkit.quantize import ggufmix
+from quantkit.quantize import kquant_types
 
 
 def _gguf_bytes(m: Model, qtype: str) -> int:
@@ -59,11 +59,11 @@ def plan_pareto(s: ParetoSettings) -> Plan:
             plans.append((v.name, evaluate(base.weight_bytes, same=True)))
         elif v.gguf is not None:
             size = _gguf_bytes(base, v.gguf.type)
-            types = v.gguf.mixed_types or ggufmix.DEFAULT_TYPES
+            types = v.gguf.mixed_types or kquant_types.DEFAULT_TYPES
             mixed = dict(
                 candidates=len(types),
-                fisher_tokens=ggufmix.WINDOWS * ggufmix.SEQ_LEN * ggufmix.DRAWS,
-                fisher_seq_len=ggufmix.SEQ_LEN,
+                fisher_tokens=kquant_types.WINDOWS * kquant_types.SEQ_LEN * kquant_types.DRAWS,
+                fisher_seq_len=kquant_types.SEQ_LEN,
                 gptq_tokens=c.samples * c.seq_len,
             )
             work = KquantWork(

@@ -29,7 +29,7 @@ from quantkit.gguf.kquant import DEFAULT_CALIB, KquantOptions, export_kquant
 from quantkit.models.checkpoint import content_hash
 from quantkit.pipeline.cache import step_key, text_fingerprint
 from quantkit.progress import note
-from quantkit.quantize import ggufmix
+from quantkit.quantize import kquant_types
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def quantize_gguf(runner, v) -> Made:
         return Made(hit)
     note(f"[{v.name}] llama-quantize {v.gguf.type}{' with an importance matrix' if v.gguf.imatrix else ''}")
     out.parent.mkdir(exist_ok=True)
-    chooser = ggufmix.chooser(ggufmix.parse_types(",".join(v.gguf.mixed_types or ggufmix.DEFAULT_TYPES)))
+    chooser = kquant_types.chooser(kquant_types.parse_types(",".join(v.gguf.mixed_types or kquant_types.DEFAULT_TYPES)))
     rec = export_kquant(runner.src, out, opts, chooser if v.gguf.mixed else None)
     kept = EXPORTERS["gguf-kquant"].kept(rec)  # what the exporter says a run keeps of its record
     kept["imatrix_sha256"] = (rec.get("imatrix") or {}).get("sha256")

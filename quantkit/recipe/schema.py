@@ -356,7 +356,7 @@ GGUF_TYPES = (
 )
 
 
-# ggml types `mixed:` may give a decoder-layer weight (quantize/ggufmix.py makes each with llama-quantize --pure).
+# ggml types `mixed:` may give a decoder-layer weight (quantize/kquant_types.py makes each with llama-quantize --pure).
 GGUF_MIXABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 

@@ -1,4 +1,4 @@
-"""quantize/ggufgptq.py: GPTQ's codes inside a block's fixed grid."""
+"""quantize/kquant_gptq.py: GPTQ's codes inside a block's fixed grid."""
 
 import gguf
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quantkit.gguf import codes
-from quantkit.quantize.ggufgptq import gptq_codes, proxy_error
+from quantkit.quantize.kquant_gptq import gptq_codes, proxy_error
 
 
 def _problem(qtype: str, seed: int = 0, out: int = 48, inn: int = 256):

@@ -16,7 +16,7 @@ quantize/mixed.py's multiple-choice knapsack over the weights' bytes, within the
 gives the same weights; embeddings, the output and the norms keep T's types.
 
 Once llama-quantize has written the chosen types, each weight's codes are chosen again by GPTQ
-within the blocks' own scales (quantize/ggufgptq.py, `refine`): same types, same bytes, less error.
+within the blocks' own scales (quantize/kquant_gptq.py, `refine`): same types, same bytes, less error.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from quantkit.gguf.kquant import LAYER_LINEAR
 from quantkit.gguf.read import open_reader
 from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer
 from quantkit.progress import note
-from quantkit.quantize import ggufgptq
+from quantkit.quantize import kquant_gptq
 from quantkit.quantize.mixed import Unit, solve
 from quantkit.recipe.schema import GGUF_MIXABLE
 
@@ -136,8 +136,8 @@ def choose(made, candidates: tuple[str, ...]) -> dict:
         "reference_bytes": ref.stat().st_size,
         "budget_bytes": budget,
         "candidates": list(candidates),
-        "method": "K-FAC estimate of each weight's KL at each type (quantize/ggufmix.py), multiple-choice knapsack "
-        "over bytes (quantize/mixed.py)",
+        "method": "K-FAC estimate of each weight's KL at each type (quantize/kquant_types.py), "
+        "multiple-choice knapsack over bytes (quantize/mixed.py)",
         "windows": [manifest],  # every text the choice was fitted on; refine adds GPTQ's
         "draws": DRAWS,
         "cost_reference": sum(costs[n]["reference"] for n in weights),
@@ -358,7 +358,7 @@ def describe(record: dict) -> str:
 
 def refine(made, path: Path, chosen: dict) -> dict:
     """GPTQ's codes for every decoder-layer weight of the file llama-quantize made with the chosen
-    types (quantize/ggufgptq.py), H over the calibration windows the importance matrix is made from."""
+    types (quantize/kquant_gptq.py), H over the calibration windows the importance matrix is made from."""
     t0 = time.perf_counter()
     o = made.options
     weights = {t["name"]: t for t in made.f16["tensors"] if LAYER_LINEAR.fullmatch(t["name"])}
@@ -373,14 +373,14 @@ def refine(made, path: Path, chosen: dict) -> dict:
         note(f"export --mixed: inputs' second moments of {len(group)} weights over {rows.shape[0]} windows")
         h = second_moments(model, rows, {n: modules[n] for n in group})
         values = {n: _values(f16[n]) for n in group}
-        per |= ggufgptq.refine(path, {n: weights[n] for n in group}, values, h, _input)
+        per |= kquant_gptq.refine(path, {n: weights[n] for n in group}, values, h, _input)
         h = values = None
     tokens = rows.numel()
     summary = {
         "method": "GPTQ (Frantar et al. 2022) on each weight's own blocks, llama-quantize's scales kept "
-        "(quantize/ggufgptq.py)",
+        "(quantize/kquant_gptq.py)",
         "windows": manifest["samples"],
-        "damp": ggufgptq.DAMP,
+        "damp": kquant_gptq.DAMP,
         "act_order": "static",
         "proxy_before": sum(v["proxy_before"] for v in per.values()) / tokens,
         "proxy_after": sum(v["proxy_after"] for v in per.values()) / tokens,
