@@ -12,6 +12,12 @@ from quantkit.models.scheme_facts import SchemeFacts
 
 GGML_BLOCK = 32  # values per scale block of Q4_0, Q4_1 and Q8_0 (ggml-common.h QK4_0, QK4_1, QK8_0)
 INT_TYPES = {(4, True): "Q4_0", (4, False): "Q4_1", (8, True): "Q8_0"}  # (bits, symmetric) -> the GGUF grid
+# The FP4 types keep the artifact's own scales (gguf/tensor_map.py); NVFP4's per-tensor scale is
+# llama.cpp's F32 multiplier beside the weight, exact where 1/g is a float32 value.
+SCALES_KEPT = {
+    "MXFP4": "codes and E8M0 block exponents kept",
+    "NVFP4": "codes and E4M3 block scales kept, the global scale as the tensor's F32 .scale",
+}
 
 
 def exact_type(facts: SchemeFacts) -> str | None:
@@ -34,7 +40,8 @@ def takes(facts: SchemeFacts) -> Verdict:
     qtype = exact_type(facts)
     if qtype is not None:
         acts = "" if facts.activations == "16-bit" else "; llama.cpp computes the activations in its own types"
-        return Verdict(EXACT, f"{facts.label} -> {qtype}, where each block's scale is an fp16 value{acts}")
+        where = SCALES_KEPT.get(qtype, "where each block's scale is an fp16 value")
+        return Verdict(EXACT, f"{facts.label} -> {qtype}, {where}{acts}")
     if facts.weights == "int" and facts.dynamic is not False and facts.strategy in ("group", "channel"):
         return Verdict(LOSSY, f"{facts.label}: no GGUF type has its grid; with --allow-lossy, rounded to ggml's")
     if facts.container == "bitsandbytes":

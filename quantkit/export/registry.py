@@ -4,8 +4,8 @@ and one line here.
 
 Several exporters may write one format: `--format gguf` is the exact export unless `--type` is
 given, which picks llama-quantize's (an exporter's `selected_by`). What each takes of each scheme is
-its `takes`; the docs table of them (docs/ARCHITECTURE.md) is `capability_table()`, rendered by
-benchmarks/render.py.
+its `takes`; the docs table of them (docs/ARCHITECTURE.md, which a test holds equal to it) is
+`capability_table()`.
 """
 
 from __future__ import annotations
