@@ -270,6 +270,11 @@ def _joined(device_spec, limit: float):
     group = Group(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), backend, dev, limit)
     try:
         yield group
+        # Every rank done before any leaves: a rank that tears its process group down while another
+        # still talks to the rendezvous store (hosted by the first node's torchrun agent) has made
+        # that other rank die of SIGABRT in c10d ("SocketImpl ... returned 0, likely a timeout"),
+        # two nodes on one loaded host once in a few runs. On an error the ranks have agreed already.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
