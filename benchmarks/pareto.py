@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--goal-pct", type=float, default=40.0, help="quantkit's KL this much lower on every domain")
     ap.add_argument("--anchors", default=None, help="llama.cpp's types (default: the command's)")
+    ap.add_argument("--lines", default=None, help="the lines of the front to make (default: the command's)")
     ap.add_argument("--text", action="append", default=[], help="evaluation text (default: the command's three)")
     ap.add_argument("--ablation", default=None, metavar="T", help="also --mixed at T's size without GPTQ's codes")
     a = ap.parse_args()
@@ -151,6 +152,7 @@ def main() -> None:
     args += ["--calib-samples", str(a.calib_samples), "--max-tokens", str(a.max_tokens)]
     args += ["--mixed-types", a.mixed_types] if a.mixed_types else []
     args += ["--anchors", a.anchors] if a.anchors else []
+    args += ["--lines", a.lines] if a.lines else []
     front = quantkit_json(args + [x for t in a.text for x in ("--text", t)])
     labels = {d["text"]: d["label"] for p in front["points"] for d in p["domains"]}
     texts = front["texts"]

@@ -23,8 +23,9 @@ KIND = "quantkit-pareto"
 
 # The command's defaults (cli/pareto.py shows them; pipeline/pareto.py ParetoSettings holds them).
 DEFAULT_SIZES = (3.5, 4.0, 4.5, 5.0, 5.5)
-# The sizes a front compares at: from about llama.cpp's Q3_K_M on a full-size model to Q6_K's 6 and a half.
-SIZE_RANGE = (3.0, 6.0)
+# The sizes a front compares at: from about llama.cpp's Q3_K_M on a full-size model to Q8_0's 8.5 (a small
+# model's rows that are no multiple of 256 fall back to larger types, so its Q6_K sits near 8).
+SIZE_RANGE = (3.0, 8.5)
 DEFAULT_ANCHORS = ("Q3_K_M", "IQ4_XS", "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K")
 DEFAULT_TEXTS = ("set:world-factbook", "set:shakespeare-plays", "set:python-stdlib-code")
 DEFAULT_CT_RECIPE = "int4-w4a16-gptq-g64-mixed"
