@@ -95,8 +95,9 @@ def pareto_cmd(
     from quantkit.models.resolve import resolve_path
     from quantkit.pipeline.pareto import ParetoSettings, run_pareto
 
+    resolve_path(model)  # a name, a path or an artifact, as every command takes it: checked here (one line, exit 2)
     s = ParetoSettings(
-        model=str(resolve_path(model)),  # a name, a path or an artifact, as every command takes it
+        model=model,  # as the user spelled it: the front's title and record name no directory of this machine
         out=out,
         calib=calib,
         sizes=_floats(sizes, "--sizes"),
