@@ -50,12 +50,17 @@ def cold_run(keep: bool, cold_wheel: bool) -> tuple[Path, dict]:
     for line in proc.stdout:
         log.append(line)
         sys.stdout.write(line)
-        if line.startswith("loading") and "pull" not in marks:  # `models pull demo` is done when run starts loading
-            marks["pull"] = time.time() - t0
-        if "installing quantkit" in line and "install_start" not in marks:
-            marks["install_start"] = time.time() - t0
-        if "models pull" in line or "building the demo model" in line:
-            marks.setdefault("install", time.time() - t0)
+        now = time.time() - t0
+        if "installing quantkit" in line:
+            marks.setdefault("install_start", now)
+        if "building llama-cpp-python" in line:
+            marks.setdefault("llamacpp_build_start", now)
+        if line.startswith("[fp16]"):  # the run's first step: install and `models pull demo` are done
+            marks.setdefault("install_and_pull_done", now)
+        if "waiting for llama.cpp's build" in line:
+            marks.setdefault("waiting_for_llamacpp", now)
+        if line.startswith("bench ("):
+            marks.setdefault("bench_start", now)
     if proc.wait() != 0:
         raise SystemExit("the quickstart failed:\n" + "".join(log[-20:]))
     total = time.time() - t0
