@@ -167,8 +167,18 @@ def main() -> None:
             )
             + "."
         )
+    m = timing.get("marks_s") or {}
+    if {"install_and_pull_done", "bench_start"} <= m.keys() and timing.get("total_s"):
+        notes.append(
+            f"Install and demo model {m['install_and_pull_done'] / 60:.1f} min; convert, score and export"
+            f" {(m['bench_start'] - m['install_and_pull_done']) / 60:.1f} min"
+            + (" while llama.cpp compiled" if "llamacpp_build_start" in m else "")
+            + f"; the llama.cpp benches {(timing['total_s'] - m['bench_start']) / 60:.1f} min."
+        )
+    else:
+        notes.append(f"`quantkit run demo` itself: {timing['run_s'] / 60:.1f} min.")
     notes.append(
-        f"`quantkit run demo` itself: {timing['run_s'] / 60:.1f} min. Accuracy: ΔPPL / KL / top-1 against FP16 on "
+        "Accuracy: ΔPPL / KL / top-1 against FP16 on "
         f"{', '.join(dict.fromkeys(a['domain'] for a in report.get('accuracy') or []))} (confirmation windows); speed: "
         "llama.cpp at batch 1, each variant's exact GGUF."
     )
