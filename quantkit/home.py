@@ -6,9 +6,14 @@ import os
 from pathlib import Path
 
 
+def home_path() -> Path:
+    """The cache root: $QUANTKIT_HOME, else ~/.cache/quantkit (not created: a check that names it)."""
+    return Path(os.environ.get("QUANTKIT_HOME") or Path.home() / ".cache" / "quantkit")
+
+
 def home() -> Path:
-    """The cache root: $QUANTKIT_HOME, else ~/.cache/quantkit. Created on first use."""
-    root = Path(os.environ.get("QUANTKIT_HOME") or Path.home() / ".cache" / "quantkit")
+    """The cache root (home_path), created on first use."""
+    root = home_path()
     root.mkdir(parents=True, exist_ok=True)
     return root
 

@@ -297,6 +297,9 @@ def _source(ref: str, engine: str):
     "--out", "out_json", default=None, type=click.Path(dir_okay=False), help="Also save the JSON result here."
 )
 @click.option(
+    "--force", is_flag=True, help="Replace an existing --out or --plot, only a bench result or plot quantkit wrote."
+)
+@click.option(
     "--update-card", is_flag=True, help="Write TTFT/TPOT into the model card of each quantkit artifact benchmarked."
 )
 @click.option(
@@ -329,6 +332,7 @@ def bench_cmd(
     as_md,
     plot,
     out_json,
+    force,
     update_card,
     plan_only,
 ):
@@ -336,7 +340,8 @@ def bench_cmd(
     from quantkit.bench.runner import bench_many
     from quantkit.bench.settings import BenchSettings, check_settings
     from quantkit.bench.synthetic import Synthetic
-    from quantkit.core.atomic import write_json
+    from quantkit.core.atomic import sigterm_as_interrupt
+    from quantkit.core.outputs import check_files, model_inputs
     from quantkit.errors import QuantkitError
 
     settings = BenchSettings(  # the one settings object of this run, passed whole
@@ -361,19 +366,20 @@ def bench_cmd(
             "--update-card writes one row per model into its card; --depth, --flash-attn both and several --kv-cache "
             "types give several: bench without them to update the card"
         )
-    if probe:
-        from quantkit.bench.probe import run_probe
-
-        p = run_probe(settings.device, settings.threads)
-        if not models and not shapes:
-            _print_probe(p, as_json)
-            return
-    if not models and not shapes:
+    if not models and not shapes and not probe:
         raise QuantkitError("nothing to bench: give model directories (or 'demo'), --shape NAME, or --probe")
     bits = int_list(shape_bits, "--shape-bits")
     if any(b not in (4, 8, 16) for b in bits):
         raise QuantkitError("--shape-bits: each must be 4, 8 or 16")
     sources = [_source(m, settings.engine) for m in models] + [Synthetic(s, b) for s in shapes for b in bits]
+    check_files(_outputs(out_json, plot, settings), inputs=model_inputs(sources), force=force)  # before any work
+    if probe:
+        from quantkit.bench.probe import run_probe
+
+        p = run_probe(settings.device, settings.threads)
+        if not sources:
+            _print_probe(p, as_json)
+            return
     if plan_only:
         from quantkit.cli._costs import show
         from quantkit.costs.commands import plan_bench
@@ -382,19 +388,58 @@ def bench_cmd(
             raise QuantkitError("--plan reads checkpoint headers; a GGUF file is not planned (bench it directly)")
 
         return show(plan_bench(sources, settings), as_json)
-    result = bench_many(sources, settings)
-    if plot and result.rows:
-        result = _plots(result, settings, Path(plot))
-    if out_json:
-        write_json(Path(out_json), result.to_json())
+    with sigterm_as_interrupt():  # `kill` stops a bench as Ctrl-C does: one line, exit 130
+        result = bench_many(sources, settings)
+    result, failure = _save(result, settings, out_json, plot)
     if update_card:
         _update_cards(sources, result.rows)
     if as_json:
         echo_json(result.to_json())
     else:
         click.echo(render(result, "csv" if as_csv else "md"))
+    if failure is not None:
+        raise failure
     if result.failed:
         raise SystemExit(1)
+
+
+def _outputs(out_json, plot, settings) -> list:
+    """The files bench writes: --out, the --plot PNG and, beside it, the sweep's and the depths' PNGs."""
+    from quantkit.core.outputs import Output
+
+    outs = [Output(Path(out_json), "--out", "json", ("bench",))] if out_json else []
+    if plot:
+        p = Path(plot)
+        outs.append(Output(p, "--plot", "png"))
+        if settings.prompt_sweep:
+            outs.append(Output(p.with_name(p.stem + "-ttft.png"), "--plot (with --sweep)", "png"))
+        if settings.depths:
+            outs.append(Output(p.with_name(p.stem + "-depth.png"), "--plot (with --depth)", "png"))
+    return outs
+
+
+def _save(result, settings, out_json, plot):
+    """The JSON first, so a plot that fails (a full disk, a library fault) never loses the
+    measurement; then the plots, and the JSON again naming them. Returns the result and the
+    plots' failure (raised once the result is printed), or None."""
+    from quantkit.core.atomic import write_json
+    from quantkit.core.outputs import OutputError
+
+    if out_json:
+        write_json(Path(out_json), result.to_json())
+    if not (plot and result.rows):
+        return result, None
+    try:
+        result = _plots(result, settings, Path(plot))
+    except Exception as exc:  # noqa: BLE001 (the measurement is kept; the failure is one line after it)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        kept = f"it is in {out_json}" if out_json else "it is printed above"
+        error = OutputError(f"--plot {plot}: the plot was not written ({first}); the measurement is kept: {kept}")
+        error.exit_code = getattr(exc, "exit_code", 1)
+        return result, error
+    if out_json:
+        write_json(Path(out_json), result.to_json())
+    return result, None
 
 
 def _plots(result, settings, plot: Path):

@@ -106,6 +106,7 @@ def render(result: dict) -> str:
 
 
 def plot_tpot(result: dict, path: Path) -> None:
+    from quantkit.core.outputs import save_png
     from quantkit.pipeline.plots import pyplot
 
     plt = pyplot()
@@ -120,7 +121,7 @@ def plot_tpot(result: dict, path: Path) -> None:
     ax.set_ylabel("TPOT (ms)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -128,12 +129,16 @@ def plot_tpot(result: dict, path: Path) -> None:
 @click.argument("runs", nargs=-1, required=True)
 @click.option("--md", "as_md", is_flag=True, help="Markdown table (the default).")
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--plot", default=None, type=click.Path(dir_okay=False))
-def compare_cmd(runs, as_md, as_json, plot):
+@click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write a PNG of TPOT per variant here.")
+@click.option("--force", is_flag=True, help="Replace an existing --plot, only a plot quantkit wrote.")
+def compare_cmd(runs, as_md, as_json, plot, force):
     """Compare run directories (or `quantkit load --out` JSON files) side by side."""
+    from quantkit.core.outputs import Output, check_files, resolved
     from quantkit.errors import QuantkitError
     from quantkit.load.compare import compare_load_runs, is_load_run, render_load_comparison
 
+    inputs = [(resolved(Path(r)), "a run this command compares") for r in runs]
+    check_files([Output(Path(plot), "--plot", "png")] if plot else [], inputs=inputs, force=force)
     data = [_read(r) for r in runs]
     kinds = {"load" if is_load_run(d) else d.get("kind") for d in data}
     if kinds == {"load"}:

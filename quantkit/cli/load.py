@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -21,18 +20,12 @@ def _write_json(path: str, data: dict) -> None:
         raise LoadError(f"--out: cannot write {path}: {exc.strerror or exc}") from None
 
 
-def check_writable(path: str | None, option: str) -> None:
-    """Refuse an output path that cannot be written before the run, not after it."""
-    if not path:
-        return
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise LoadError(f"{option}: {path} is a directory")
-    if not parent.is_dir():
-        raise LoadError(f"{option}: the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise LoadError(f"{option}: cannot write into {parent}")
+def check_writable(out: str | None, plot: str | None, force: bool) -> None:
+    """--out and --plot by the one rule of every output (core/outputs.py), before the run, not after it."""
+    from quantkit.core.outputs import Output, check_files
+
+    outs = [Output(Path(out), "--out", "json", ("load-run",))] if out else []
+    check_files(outs + ([Output(Path(plot), "--plot", "png")] if plot else []), force=force)
 
 
 def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> None:
@@ -138,8 +131,11 @@ def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> Non
 @click.option("--out", help="Save the run JSON here (input to `quantkit compare`).")
 @click.option("--keep-requests", is_flag=True, help="Include every request's timings in the run JSON.")
 @click.option("--plot", help="Write a PNG of TTFT-P99 and TPOT-P99 against achieved req/s.")
+@click.option(
+    "--force", is_flag=True, help="Replace an existing --out or --plot, only a load run or plot quantkit wrote."
+)
 @json_option
-def load_cmd(url, model, concurrency, rate, slo, no_stop, out, keep_requests, plot, as_json, **options) -> None:
+def load_cmd(url, model, concurrency, rate, slo, no_stop, out, keep_requests, plot, force, as_json, **options) -> None:
     """Raise load step by step against an OpenAI-compatible server at URL; find the knee.
 
     Per step: achieved req/s and output tokens/s; TTFT, TPOT, ITL and end-to-end latency at
@@ -158,8 +154,7 @@ def load_cmd(url, model, concurrency, rate, slo, no_stop, out, keep_requests, pl
         stop_at_saturation=not no_stop,
         **options,
     )
-    check_writable(out, "--out")
-    check_writable(plot, "--plot")
+    check_writable(out, plot, force)
     execute(cfg, as_json=as_json, out=out, plot=plot, keep_requests=keep_requests)
 
 

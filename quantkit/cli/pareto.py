@@ -93,7 +93,7 @@ def pareto_cmd(
     llama.cpp's K-quants with an importance matrix, KL per bit on several domains."""
     from quantkit.core.atomic import sigterm_as_interrupt
     from quantkit.models.resolve import resolve_path
-    from quantkit.pipeline.pareto import ParetoSettings, run_pareto
+    from quantkit.pipeline.pareto import ParetoSettings, check_out, run_pareto
 
     resolve_path(model)  # a name, a path or an artifact, as every command takes it: checked here (one line, exit 2)
     s = ParetoSettings(
@@ -114,6 +114,7 @@ def pareto_cmd(
         rerun=rerun,
         debug=debug_enabled(),
     )
+    check_out(s)  # a directory of its own, before the plan or any work
     if plan_only:
         from quantkit.cli._costs import show
         from quantkit.pipeline.pareto_costs import plan_pareto

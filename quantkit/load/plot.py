@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quantkit.core.outputs import save_png
 from quantkit.load.config import LoadError
 
 # Log scale once a curve spans more than this ratio, so the flat part before the knee stays readable.
@@ -66,7 +67,7 @@ def plot_runs(runs: list[dict], path: str | Path) -> Path:
     axes[0].legend(fontsize=8)
     out = Path(path)
     try:
-        fig.savefig(out, dpi=110)
+        save_png(fig, out, dpi=110)  # marked as quantkit's (core/outputs.py), written whole
     except OSError as exc:
         raise LoadError(f"--plot: cannot write {out}: {exc.strerror or exc}") from None
     return out

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quantkit.core.outputs import save_png
 from quantkit.core.records import RecordError, checked
 from quantkit.pipeline.plots import pyplot
 
@@ -444,6 +445,6 @@ def plot(r: ParetoResult, out: Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
+    save_png(fig, out, dpi=90)
     plt.close(fig)
     return out

@@ -21,23 +21,27 @@ engine allows). Then front.py compares the lines at each size and writes DIR/par
 from __future__ import annotations
 
 import importlib.util
+import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from quantkit.artifacts.staging import read_meta
+from quantkit.artifacts.staging import read_meta, text_input
 from quantkit.core.atomic import exclusive, write_json, write_text
+from quantkit.core.outputs import check_dir, model_inputs
 from quantkit.errors import QuantkitError
 from quantkit.evals.splits import SPLITS
 from quantkit.gguf import tools
 from quantkit.gguf.kquant import read_types
 from quantkit.methods.schemes import Scheme
+from quantkit.models.resolve import resolve_path
 from quantkit.models.sizes import checkpoint_sizes
 from quantkit.pipeline.front import (
     DEFAULT_ANCHORS,
     DEFAULT_CT_RECIPE,
     DEFAULT_SIZES,
     DEFAULT_TEXTS,
+    KIND,
     LINES,
     LLAMACPP,
     SIZE_RANGE,
@@ -329,13 +333,37 @@ def _failed(name: str, rec: dict) -> Point:
 # ---------------------------------------------------------------- the command
 
 
+def made_front(out: Path) -> bool:
+    """A directory `quantkit pareto` made: its pareto.json is a front, or (a first run stopped
+    before writing it) its run directory holds a run's steps.json."""
+    try:
+        data = json.loads((out / "pareto.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        data = None
+    if isinstance(data, dict) and data.get("kind") == KIND:
+        return True
+    return not (out / "pareto.json").exists() and (out / "run" / "steps.json").is_file()
+
+
+def check_out(s: ParetoSettings) -> None:
+    """--out is a directory of its own (core/outputs.py): never the model or a text, nor around or
+    inside one, nor inside an artifact, a run directory or another front; an existing one is empty
+    or a front pareto made (which it resumes)."""
+    inputs = [*model_inputs([resolve_path(s.model)])]
+    for spec, what in ((s.calib, "the calibration text"), *((t, "an evaluation text") for t in s.texts)):
+        inputs += text_input(spec, what)
+    check_dir(s.out, "--out", inputs=inputs, made=made_front, what="a front")
+
+
 def run_pareto(s: ParetoSettings) -> ParetoResult:
     """Run the front's suite (reusing finished points), then write DIR/pareto.json, pareto.md, pareto.png."""
+    check_out(s)
     check_tools(s)
     r, notes = runner(s)
     t0 = time.perf_counter()
     s.out.mkdir(parents=True, exist_ok=True)
     with exclusive(s.out / "pareto.json", what=f"the front in {s.out}"):
+        check_out(s)  # again under the lock
         r.run()
         points = []
         for name, rec in r.variants.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantkit.bench.records import BenchRow
+from quantkit.core.outputs import save_png
 from quantkit.core.roofline import RuleFit
 
 
@@ -76,7 +77,7 @@ def rule_check(
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    save_png(fig, out, dpi=120)
     plt.close(fig)
     return out
 
@@ -97,7 +98,7 @@ def ttft_sweep(rows: list[BenchRow], out: Path) -> Path:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    save_png(fig, out, dpi=120)
     plt.close(fig)
     return out
 
@@ -131,7 +132,7 @@ def tpot_depth(rows: list[BenchRow], fit: RuleFit, out: Path) -> Path:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    save_png(fig, out, dpi=120)
     plt.close(fig)
     return out
 
@@ -163,6 +164,6 @@ def pareto(points: list[dict], out: Path, metric: str = "kld_mean") -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    save_png(fig, out, dpi=120)
     plt.close(fig)
     return out

@@ -25,6 +25,7 @@ from quantkit.artifacts.staging import model_inputs, read_meta, text_input, veri
 from quantkit.core.atomic import exclusive, write_json
 from quantkit.core.eval_results import EvalResult
 from quantkit.core.integrity import problems
+from quantkit.core.outputs import made_above
 from quantkit.costs.commands import memory_warning
 from quantkit.data.calib import check_source
 from quantkit.data.text import check_readable
@@ -94,6 +95,12 @@ def check_run_dir(run_dir: Path, src: Path, inputs) -> None:
                 "a run directory is a new directory of its own (nothing was changed)"
             )
     check_not_inside(run_dir, src)
+    artifact = made_above(here.parent)
+    if artifact:
+        raise QuantkitError(
+            f"--out {run_dir} lies inside {artifact[1]} ({artifact[0]}); a run directory is a new directory of "
+            "its own (nothing was changed)"
+        )
     check_run_contents(run_dir)
 
 
