@@ -10,7 +10,6 @@ from quantkit.core.roofline import (
     WeightFormat,
     decode_bytes,
     efficiency,
-    fit_rule,
     kv_bytes_per_token,
     predict_ttft_s,
     prefill_flops,
@@ -118,28 +117,6 @@ def test_ttft_never_below_reading_weights():
 def test_efficiency_flags_impossible():
     assert efficiency(1.0, 2.0) == (0.5, False)
     assert efficiency(2.0, 1.0) == (2.0, True)
-
-
-def test_fit_recovers_line():
-    bw, overhead = 10e9, 0.002
-    xs = [1e8, 2e8, 3e8]
-    fit = fit_rule(xs, [overhead + x / bw for x in xs])
-    assert fit.effective_gbps == pytest.approx(10.0)
-    assert fit.overhead_ms == pytest.approx(2.0)
-    assert fit.r2 == pytest.approx(1.0)
-    assert fit.measured_over_line == pytest.approx((1.0, 1.0, 1.0))
-    assert fit.line_s(4e8) == pytest.approx(overhead + 4e8 / bw)
-    assert fit_rule([1e8], [0.01]).r2 is None and fit_rule([1e8], [0.01]).line_s(1e8) is None
-
-
-def test_fit_names_each_point_above_the_line():
-    """Each point's TPOT over the line's: the one slower than the others' rule stands out above 1."""
-    xs = [1e8, 2e8, 3e8, 4e8]
-    ys = [0.002 + x / 10e9 for x in xs]
-    ys[3] *= 1.5
-    fit = fit_rule(xs, ys)
-    assert fit.measured_over_line[3] > 1.1 and all(r < 1.0 for r in fit.measured_over_line[1:3])
-    assert type(fit).from_json(fit.to_json()) == fit
 
 
 def test_roofline_cli_json(cli):

@@ -26,6 +26,7 @@ from quantkit.errors import QuantkitError
 from quantkit.home import subdir
 
 DRIFT_LIMIT = 0.15  # before/after change that makes every efficiency figure of the run uncertain
+MATMUL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def spread(samples_s: list[float], work: float, scale: float) -> dict:
@@ -81,9 +82,13 @@ def probe(device, buffer_bytes: int = 1 << 30, repeats: int = 7) -> dict:
     copy = spread(_times(lambda a=a, b=b: b.copy_(a), sync, repeats), buffer_bytes, 1e9)
     del a, b
     n = 4096 if device.type == "cuda" else 1536
-    x = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    y = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    mm = spread(_times(lambda: x @ y, sync, repeats), 2 * n**3, 1e12)
+    rates = {}
+    for dtype in MATMUL_DTYPES:
+        x = torch.randn(n, n, dtype=dtype, device=device)
+        y = torch.randn(n, n, dtype=dtype, device=device)
+        rates[str(dtype).removeprefix("torch.")] = spread(_times(lambda x=x, y=y: x @ y, sync, repeats), 2 * n**3, 1e12)
+        del x, y
+    mm = rates["bfloat16"]
     return {
         "device": str(device),
         "name": devices.name(device),
@@ -91,12 +96,14 @@ def probe(device, buffer_bytes: int = 1 << 30, repeats: int = 7) -> dict:
         "read_gbps": read["best"],
         "copy_gbps": copy["best"],
         "bf16_matmul_tflops": mm["best"],
+        # each dtype's matmul: a CPU without native bf16/fp16 arithmetic runs them far below float32
+        "matmul_tflops": {k: v["best"] for k, v in rates.items()},
         "spread": {"read_gbps": read, "copy_gbps": copy, "bf16_matmul_tflops": mm},
         "llc_bytes": last_level_cache_bytes(device),
         "buffer_bytes": buffer_bytes,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "method": "best of %d: fp32 sum over %d MiB (read), copy_ (bytes copied), %dx%d bf16 matmul"
-        % (repeats, buffer_bytes >> 20, n, n),
+        "method": "best of %d: fp32 sum over %d MiB (read), copy_ (bytes copied), %dx%d matmul in %s"
+        % (repeats, buffer_bytes >> 20, n, n, ", ".join(rates)),
     }
 
 
@@ -144,12 +151,22 @@ def load_probe(device) -> dict:
     return run_probe(device)
 
 
+def best_matmul(p: dict) -> tuple[str, float]:
+    """The dtype whose matmul ran fastest and its TFLOP/s: the compute floor of a prefill is the
+    device's fastest arithmetic (probes before the dtypes were measured: bf16)."""
+    rates = p.get("matmul_tflops") or {"bfloat16": p["bf16_matmul_tflops"]}
+    dtype = max(rates, key=rates.get)
+    return dtype, rates[dtype]
+
+
 def as_device(p: dict) -> Device:
-    """A probe's figures in the shape of a datasheet entry (hardware.Device)."""
+    """A probe's figures in the shape of a datasheet entry (hardware.Device): the read bandwidth and
+    the fastest matmul the probe measured."""
+    _, tflops = best_matmul(p)
     return Device(
         f"this machine ({p['name']}, {p['device']}, probed)",
         p["read_gbps"] * 1e9,
-        p["bf16_matmul_tflops"] * 1e12,
+        tflops * 1e12,
         f"quantkit bench --probe, {p['measured_at']}: {p['method']}",
     )
 

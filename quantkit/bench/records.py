@@ -13,13 +13,15 @@ attention were measured) and 3 (before each row named its KV cache's type) still
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from quantkit.core.attribution import Attribution
+from quantkit.core.fits import PrefillFit, RuleFit, fit_rule
 from quantkit.core.records import RecordError, checked
-from quantkit.core.roofline import RuleFit
 
-SCHEMA_VERSION = 4
-READS = (2, 3, 4)  # the schema versions from_json reads
+SCHEMA_VERSION = 5
+READS = (2, 3, 4, 5)  # the schema versions from_json reads
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,12 @@ class BenchRow:
     flags: tuple[str, ...] = ()
     fits_in_cache: bool = False
     accounting_error: bool = False
+    # TPOT split into its causes (core/attribution.py); None where a term could not be measured on
+    # this engine, `attribution_missing` saying why (and which terms a present one lacks)
+    attribution: Attribution | None = None
+    attribution_missing: tuple[str, ...] = ()
+    disturbed: tuple[str, ...] = ()  # why another process seems to have taken the cores (rows.disturbance)
+    prefill_fit: PrefillFit | None = None  # TTFT over the --sweep's prompt lengths: a + b*P + c*P^2
 
     def to_json(self) -> dict:
         return {
@@ -102,6 +110,10 @@ class BenchRow:
             "prompt_sweep": [p.to_json() for p in self.prompt_sweep],
             "notes": list(self.notes),
             "flags": list(self.flags),
+            "attribution": self.attribution.to_json() if self.attribution else None,
+            "attribution_missing": list(self.attribution_missing),
+            "disturbed": list(self.disturbed),
+            "prefill_fit": self.prefill_fit.to_json() if self.prefill_fit else None,
         }
 
     @classmethod
@@ -113,6 +125,10 @@ class BenchRow:
                 "prompt_sweep": tuple(SweepPoint.from_json(p) for p in d["prompt_sweep"]),
                 "notes": tuple(d["notes"]),
                 "flags": tuple(d["flags"]),
+                "attribution": Attribution.from_json(d["attribution"]) if d["attribution"] else None,
+                "attribution_missing": tuple(d["attribution_missing"]),
+                "disturbed": tuple(d["disturbed"]),
+                "prefill_fit": PrefillFit.from_json(d["prefill_fit"]) if d["prefill_fit"] else None,
             }
         )
 
@@ -218,6 +234,8 @@ class BenchResult:
             data = migrate_v2(data)
         if data.get("schema_version") == 3:
             data = migrate_v3(data)
+        if data.get("schema_version") == 4:
+            data = migrate_v4(data)
         d = checked(cls, data, "bench result")
         return cls(
             settings=dict(d["settings"]),
@@ -269,4 +287,27 @@ def migrate_v3(data: dict) -> dict:
         kind = (r.get("engine_info") or {}).get("kv_cache_type")  # gguf-py's name then: "F16"
         return {"kv_cache": kind.lower() if isinstance(kind, str) else None, **r}
 
-    return {**data, "schema_version": SCHEMA_VERSION, "rows": [row(r) for r in data.get("rows", [])]}
+    return {**data, "schema_version": 4, "rows": [row(r) for r in data.get("rows", [])]}
+
+
+def migrate_v4(data: dict) -> dict:
+    """A schema-4 result as schema 5 holds it. Schema 5 added each row's `attribution` (None: it
+    was not measured then), `attribution_missing`, `disturbed` (nothing was checked then: empty)
+    and `prefill_fit` (None), and replaced the rule check's one-term line, whose intercept could
+    be negative, by the non-negative fit (core/fits.py): refitted here from the rows' bytes, the
+    only terms a schema-4 row holds."""
+    missing = ["measured by a quantkit that did not attribute TPOT"]
+    rows = [
+        {"attribution": None, "attribution_missing": missing, "disturbed": [], "prefill_fit": None, **r}
+        for r in data.get("rows", [])
+    ]
+    keys = ("weight_bytes_per_token", "kv_bytes_per_step", "tpot_ms")
+    if any(not isinstance(r, dict) or not all(_number(r.get(k)) for k in keys) for r in rows):
+        raise RecordError(f"bench result of schema 4: a row lacks a finite {', '.join(keys)}")
+    points = [{"weight_bytes": r["weight_bytes_per_token"], "kv_bytes": r["kv_bytes_per_step"]} for r in rows]
+    tpots = [r["tpot_ms"] / 1e3 for r in rows]
+    return {**data, "schema_version": SCHEMA_VERSION, "rows": rows, "fit": fit_rule(points, tpots).to_json()}
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -21,12 +21,20 @@ from quantkit.bench.harness import Timings
 from quantkit.bench.llama_bench import compare
 from quantkit.bench.records import BenchRow, SweepPoint
 from quantkit.bench.settings import BenchSettings
+from quantkit.core.attribution import FixedCosts, attribute
+from quantkit.core.fits import fit_prefill
 from quantkit.core.roofline import Shape, efficiency, predict_ttft_s, prefill_flops
 
 # A row whose efficiency is below (1 - DEPTH_EXCESS) x that of the same model's shallowest depth
 # says why: on the demo, llama.cpp without flash attention keeps 53% of its depth-0 efficiency at
 # depth 4096 (8.6 -> 28.9 ms/token for 1.8x the bytes; llama-bench), 63% with it (24.0 ms).
 DEPTH_EXCESS = 0.25
+# A row is disturbed (another process took the cores) when its repeats' TPOT spread past this
+# (P90 over the best), its steps' P90 passes STEP_TAIL x their median, or llama-bench beside it
+# differs by more than WITNESS: a quiet machine repeats within a few percent.
+DISTURBED_SPREAD = 0.20
+STEP_TAIL = 1.5
+WITNESS = 0.25
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,9 @@ class Loaded:
     info: dict  # engine.describe()
     self_check: dict
     load_s: float
+    kernels: tuple | None = None  # engine.weight_kernels(): core/attribution.KernelTime per format
+    fixed: FixedCosts | None = None  # the engine's fixed costs, from the model's twin (bench/twin.py)
+    missing: tuple[str, ...] = ()  # why a term of the attribution was not measured
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,8 @@ def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measu
         pred_ttft = predict_ttft_s(flops_s, 1.0, weights + kv * m.prompt_len, bandwidth)
     notes = list(eng.pop("notes", []))
     anchor = _anchor(s, eng, ttft, tpot * 1e3, notes, m)
+    attribution = _attribution(loaded, m, weights, kv, tpot * 1e3, figs.bandwidth, eng)
+    prefill = fit_prefill([p.prompt_len for p in m.sweep], [p.ttft_ms["median"] for p in m.sweep])
     if summary["warmups"] > s.warmups:
         notes.append(
             f"--warmups {s.warmups} raised to {summary['warmups']}: the {s.engine} engine compiles on its first "
@@ -135,6 +148,39 @@ def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measu
         notes=tuple(notes),
         anchor=anchor,
         bench_wall_s=time.perf_counter() - m.started,
+        attribution=attribution,
+        attribution_missing=loaded.missing,
+        prefill_fit=prefill,
+    )
+
+
+def _attribution(loaded: Loaded, m: Measured, weights: float, kv: float, tpot_ms: float, bandwidth: float, eng: dict):
+    """The row's TPOT split into its causes (core/attribution.py), None where the engine's kernels
+    were not timed (Loaded.missing says why)."""
+    if loaded.kernels is None:
+        return None
+    kv_step = m.step_bytes - weights
+    sources = [
+        "weights_ms: the weights' bytes at the device probe's streaming read rate",
+        "compute_ms: the engine's kernels on the model's weights, one row each, beyond that rate",
+    ]
+    if loaded.fixed is not None:
+        sources += [
+            "kv_ms: the engine's time per cached cell, from the model's twin at two cache sizes",
+            "overhead_ms: the twin's time per step less its cells and weights",
+        ]
+    else:
+        sources.append("kv_ms: the cache's bytes at the streaming rate (no twin: " + "; ".join(loaded.missing) + ")")
+    return attribute(
+        tpot_ms,
+        weights,
+        kv_step,
+        kv_step / kv if kv else 0.0,
+        bandwidth,
+        loaded.kernels,
+        loaded.fixed,
+        tuple(sources),
+        {"flash_attn": eng.get("flash_attn"), "kv_cache": loaded.kv_type},
     )
 
 
@@ -158,10 +204,34 @@ def _anchor(s: BenchSettings, eng: dict, ttft_s: float | None, tpot_ms: float, n
     return result
 
 
-def classify(row: BenchRow, llc_bytes: int | None) -> BenchRow:
+def disturbance(row: BenchRow, drift: dict | None) -> tuple[str, ...]:
+    """Why a row's timings say another process took the cores while it was measured (empty: none):
+    its repeats disagree, its steps have a long tail, the device probe moved during the run, or
+    llama-bench run beside it (the witness) disagrees by far more than engines differ."""
+    out = []
+    tpot = row.stats.get("tpot_ms") or {}
+    if tpot.get("n", 0) > 1 and tpot.get("min"):
+        spread = (tpot["p90"] - tpot["min"]) / tpot["min"]
+        if spread > DISTURBED_SPREAD:
+            out.append(f"its repeats' TPOT spread {spread:.0%} (P90 {tpot['p90']:.2f} ms, best {tpot['min']:.2f} ms)")
+    steps = row.stats.get("step_ms") or {}
+    if steps.get("median") and steps["p90"] > STEP_TAIL * steps["median"]:
+        out.append(f"its steps' P90 is {steps['p90'] / steps['median']:.1f}x their median")
+    if drift and drift.get("flagged"):
+        w = drift["worst"]
+        out.append(f"the device probe moved {drift['change'][w]:+.0%} in {w} during the run")
+    ratio = (row.anchor or {}).get("ratio_tpot")
+    if isinstance(ratio, (int, float)) and abs(ratio - 1) > WITNESS:
+        out.append(f"llama-bench beside it measured a TPOT {1 / ratio:.2f}x the row's")
+    return tuple(out)
+
+
+def classify(row: BenchRow, llc_bytes: int | None, drift: dict | None = None) -> BenchRow:
     """Flags of a row (kept: those depth_notes set). Efficiency above 100% is an accounting error,
     unless the bytes of a step fit in the last-level cache: then the weights need not stream from
-    memory at all and beating a streaming read is expected ("fits in cache")."""
+    memory at all and beating a streaming read is expected ("fits in cache"). A disturbed row
+    (`disturbance`) is flagged and kept out of every fit; an attribution whose terms do not sum to
+    the measured TPOT within its tolerance is flagged."""
     fits = bool(llc_bytes and row.bytes_per_token <= llc_bytes)
     flags = [*row.flags, *(["fits_in_cache"] if fits else [])]
     if row.tpot_efficiency > 1.0 and not fits:
@@ -172,8 +242,30 @@ def classify(row: BenchRow, llc_bytes: int | None) -> BenchRow:
         flags.append("warmups_raised")
     if row.emulated:  # not the stored format's speed: another format was timed (row.emulated says which)
         flags.append("emulated")
+    disturbed = disturbance(row, drift)
+    if disturbed:
+        flags.append("disturbed")
+    if row.attribution is not None and not row.attribution.holds:
+        flags.append("attribution_mismatch")
     bad = {"tpot_above_roofline", "ttft_above_roofline"}
-    return replace(row, flags=tuple(flags), fits_in_cache=fits, accounting_error=bool(bad & set(flags)))
+    return replace(
+        row, flags=tuple(flags), fits_in_cache=fits, accounting_error=bool(bad & set(flags)), disturbed=disturbed
+    )
+
+
+def fit_points(rows: list[BenchRow]) -> tuple[list[dict], list[float]]:
+    """The rule check's points: each undisturbed row's weight bytes, KV bytes per step and its
+    arithmetic beyond the bytes as its attribution measured it (kernels beyond the streaming rate,
+    attention beyond its reads; 0 without an attribution), and its TPOT in seconds."""
+    kept = [r for r in rows if not r.disturbed]
+    return [point_of(r) for r in kept], [r.tpot_ms / 1e3 for r in kept]
+
+
+def point_of(r: BenchRow) -> dict:
+    """A row's regressors in the rule check (core/fits.py TERMS)."""
+    a = r.attribution
+    compute = (a.compute_ms + max(0.0, a.kv_ms - a.kv_read_ms)) / 1e3 if a else 0.0
+    return {"weight_bytes": r.weight_bytes_per_token, "kv_bytes": r.kv_bytes_per_step, "compute_s": compute}
 
 
 def depth_notes(rows: list[BenchRow]) -> list[BenchRow]:

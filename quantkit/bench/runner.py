@@ -18,7 +18,7 @@ from quantkit.bench.engines.base import EngineSettings
 from quantkit.bench.gguf_file import gguf_config, is_gguf, reference_source
 from quantkit.bench.harness import SWEEP_SAMPLES, measure, measure_depth, summarize_ms, time_prefill
 from quantkit.bench.records import BenchResult, BenchRow, DeviceBlock, FailedRow, LoadAverage, SweepPoint
-from quantkit.bench.rows import Loaded, Measured, classify, depth_notes, make_row, name_of
+from quantkit.bench.rows import Loaded, Measured, classify, depth_notes, fit_points, make_row, name_of
 from quantkit.bench.settings import (
     BenchSettings,
     check_fits_bytes,
@@ -27,9 +27,11 @@ from quantkit.bench.settings import (
     check_settings,
 )
 from quantkit.bench.synthetic import Synthetic
+from quantkit.bench.twin import Twins, twin_depths
+from quantkit.core.fits import fit_rule
 from quantkit.core.hardware import shape_config
 from quantkit.core.kv_cache import LlamaCache
-from quantkit.core.roofline import Shape, fit_rule, predict_ttft_s, prefill_flops
+from quantkit.core.roofline import Shape, predict_ttft_s, prefill_flops
 from quantkit.errors import QuantkitError
 from quantkit.progress import bar, note
 
@@ -127,24 +129,27 @@ def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: f
     return out
 
 
-def bench_one(source, s: BenchSettings, figs, cache: LlamaCache | None = None) -> list[BenchRow]:
+def bench_one(source, s: BenchSettings, figs, cache: LlamaCache | None = None, twins: Twins | None = None):
     """Every row of one model: one per flash-attention setting (--flash-attn both loads it twice)
     and cache type (--kv-cache, or `cache`: this model's own), and with --depth one per depth of
-    each. The self-check's reference is computed once."""
+    each. The self-check's reference is computed once; `twins` keeps the engine's fixed costs
+    measured in this run."""
 
     cfg = _config(source)
+    twins = twins if twins is not None else Twins()
     ids = _prompt_ids(cfg["vocab_size"], s.prompt_len, s.seed)
     check_ids = ids + _prompt_ids(cfg["vocab_size"], min(selfcheck.DECODE_STEPS, s.gen_len - 1), s.seed + 1)
     ref, info = _reference(source, cfg, s, check_ids)
     rows = []
     for kv in (cache,) if cache is not None else s.kv_cache_runs:
         for flash_attn in s.flash_attn_runs:
-            rows += _bench_loaded(source, cfg, s, figs, (ref, info, check_ids), flash_attn, kv)
+            rows += _bench_loaded(source, cfg, s, figs, (ref, info, check_ids), flash_attn, kv, twins)
     return depth_notes(rows)
 
 
-def _bench_loaded(source, cfg: dict, s: BenchSettings, figs, check, flash_attn, kv_cache=None) -> list[BenchRow]:
-    """Load the engine, self-check it, then its rows: the prompt's repeats, or each depth's."""
+def _bench_loaded(source, cfg: dict, s: BenchSettings, figs, check, flash_attn, kv_cache, twins) -> list[BenchRow]:
+    """Load the engine, self-check it, then its rows: the prompt's repeats, or each depth's; then
+    what each row's attribution needs from this engine (its kernels on the weights, its twin)."""
     t0 = time.perf_counter()
     es = EngineSettings(
         device=s.device,
@@ -161,6 +166,17 @@ def _bench_loaded(source, cfg: dict, s: BenchSettings, figs, check, flash_attn, 
     try:
         ref, info, check_ids = check
         passed = _self_check(engine, ref, info, check_ids, s)
+        if not s.depths:
+            ids = check_ids[: s.prompt_len]
+            timings = measure(engine, ids, s.gen_len, repeats=s.repeats, min_seconds=s.min_seconds, warmups=s.warmups)
+            sweep = _sweep(
+                engine, cfg, s, figs, engine.weight_bytes()["weight_bytes_per_token"], engine.kv_bytes_per_token()
+            )
+            step = mean_step_bytes(lambda c: engine.step_bytes(c, s.capacity), s.prompt_len, s.gen_len)
+            measured = [Measured(s.prompt_len, None, s.capacity, timings, engine.step_note, step, tuple(sweep), t0)]
+        else:
+            measured = [_at_depth(engine, cfg, s, d) for d in s.depths]
+        kernels, fixed, missing = _attribution_inputs(engine, es, s, cfg, twins)
         loaded = Loaded(
             engine.weight_bytes(),
             engine.kv_bytes_per_token(),
@@ -168,17 +184,36 @@ def _bench_loaded(source, cfg: dict, s: BenchSettings, figs, check, flash_attn, 
             engine.describe(),
             passed,
             load_s,
+            kernels,
+            fixed,
+            missing,
         )
-        if not s.depths:
-            ids = check_ids[: s.prompt_len]
-            timings = measure(engine, ids, s.gen_len, repeats=s.repeats, min_seconds=s.min_seconds, warmups=s.warmups)
-            sweep = _sweep(engine, cfg, s, figs, loaded.weights["weight_bytes_per_token"], loaded.kv)
-            step = mean_step_bytes(lambda c: engine.step_bytes(c, s.capacity), s.prompt_len, s.gen_len)
-            m = Measured(s.prompt_len, None, s.capacity, timings, engine.step_note, step, tuple(sweep), t0)
-            return [make_row(source, cfg, s, figs, loaded, m)]
-        return [make_row(source, cfg, s, figs, loaded, _at_depth(engine, cfg, s, d)) for d in s.depths]
+        return [make_row(source, cfg, s, figs, loaded, m) for m in measured]
     finally:
         engine.close()
+
+
+def _attribution_inputs(engine, es: EngineSettings, s: BenchSettings, cfg: dict, twins: Twins):
+    """The engine's kernel times on this model's weights and its fixed costs (from the twin), or why
+    not: (kernels or None, fixed or None, reasons)."""
+    if not engine.attributes:
+        return None, None, (engine.attribution_missing,)
+    why: list[str] = []
+    try:
+        kernels = engine.weight_kernels()
+    except QuantkitError as exc:
+        return None, None, (f"the weights' kernels could not be timed: {exc}",)
+    depths = twin_depths(
+        engine_class(s.engine), list(s.depths or [s.prompt_len]), cfg.get("max_position_embeddings"), s.gen_len
+    )
+    fixed = None
+    if depths is None:
+        why.append("the model's context leaves no room for the twin's two cache sizes")
+    else:
+        fixed, reason = twins.fixed(engine, es, depths, s.gen_len, s.repeats)
+        if reason:
+            why.append(f"no fixed costs: {reason}")
+    return kernels, fixed, tuple(why)
 
 
 def _at_depth(engine, cfg: dict, s: BenchSettings, depth: int) -> Measured:
@@ -248,12 +283,13 @@ def bench_many(
     before = probe(s.device)
     figs = probing.as_device(before)
     rows: list[BenchRow] = []
+    twins = Twins()
     with bar(f"bench ({s.engine}, {s.device})", total=len(todo)) as update:
         for i, (p, name) in enumerate(todo):
             note(f"bench {p} ({s.engine}, {s.device})")
             update(i, f"bench {name} ({s.engine}, {s.device})")
             try:
-                rows += [replace(r, name=name) for r in bench_one(p, s, figs, caches.get(name))]
+                rows += [replace(r, name=name) for r in bench_one(p, s, figs, caches.get(name), twins)]
             except SelfCheckError as exc:
                 failed.append(FailedRow(str(p), name, str(exc), exc.result))
             except QuantkitError as exc:
@@ -262,12 +298,13 @@ def bench_many(
     if not rows and not any(f.self_check is not None for f in failed):
         raise QuantkitError(failed[0].error)  # nothing ran: one line, as for any user error
     after = probe(s.device)
-    rows = [classify(r, before.get("llc_bytes")) for r in rows]
+    drift = probing.drift(before, after)
+    rows = [classify(r, before.get("llc_bytes"), drift) for r in rows]
     return BenchResult(
         settings=s.to_json(),
         device=_device_block(s, before, after, rows),
         rows=tuple(rows),
         failed=tuple(failed),
-        fit=fit_rule([r.bytes_per_token for r in rows], [r.tpot_ms / 1e3 for r in rows]),
+        fit=fit_rule(*fit_points(rows)),
         load_average=LoadAverage(load_before, os.getloadavg()[0], os.cpu_count()),
     )

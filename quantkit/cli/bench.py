@@ -9,7 +9,9 @@ from pathlib import Path
 import click
 
 from quantkit.bench.engines import ENGINES, engine_class
+from quantkit.bench.probe import best_matmul
 from quantkit.cli._common import MODEL, echo_json, int_list
+from quantkit.core.fits import describe_fit
 
 
 def table_rows(result) -> list[dict]:
@@ -39,12 +41,28 @@ def table_rows(result) -> list[dict]:
                 "TTFT eff": f"{r.ttft_efficiency * 100:.0f}%" + (" (!)" if "ttft_above_roofline" in r.flags else "")
                 if r.ttft_efficiency is not None
                 else "—",
+                **attribution_cells(r),
                 "self-check KL": f"{check['mean_kl']:.2g}"
                 if check.get("mean_kl") is not None
                 else check.get("status", "—"),
             }
         )
     return out
+
+
+def attribution_cells(r) -> dict:
+    """Where the row's TPOT goes: each term's share of the attributed step, what bounds it, and the
+    attributed prediction beside the measurement."""
+    a = r.attribution
+    if a is None:
+        return {"TPOT goes to": "—", "bound": "—", "attributed ms": "—"}
+    sh = a.shares()
+    return {
+        "TPOT goes to": f"weights {sh['weights']:.0%} · compute {sh['compute']:.0%} · KV {sh['kv']:.0%} · "
+        f"overhead {sh['overhead']:.0%}",
+        "bound": a.bound,
+        "attributed ms": f"{a.total_ms:.2f} ({a.explained:.0%})" + ("" if a.holds else " (!)"),
+    }
 
 
 def markdown(rows: list[dict]) -> str:
@@ -59,10 +77,11 @@ def markdown(rows: list[dict]) -> str:
 def _device_lines(d) -> list[str]:
     sp = (d.probe.get("spread") or {}).get("read_gbps")
     spread = f", spread {sp['spread_pct']:.0f}% over repeats (median {sp['median']:.1f})" if sp else ""
+    dtype, _ = best_matmul(d.probe)
     lines = [
         f"device: {d.device} ({d.device_name or d.name}), dtype {d.dtype or '?'}, "
         f"{d.threads} threads: {d.bandwidth_gbps:.1f} GB/s read{spread}, "
-        f"{d.compute_tflops:.2f} TFLOP/s bf16 ({d.source})"
+        f"{d.compute_tflops:.2f} TFLOP/s {dtype} matmul ({d.source})"
     ]
     drift = d.drift
     if drift and drift.get("worst"):
@@ -78,18 +97,10 @@ def _device_lines(d) -> list[str]:
 
 
 def _fit_line(fit, n_rows: int) -> list[str]:
-    if fit.effective_gbps:
-        return [
-            f"rule check: TPOT = {fit.overhead_ms:.2f} ms + bytes / {fit.effective_gbps:.2f} GB/s  (R² "
-            f"{fit.r2:.3f}, {fit.points} points)"
-        ]
-    if fit.r2 is not None:
-        return [
-            "rule check: TPOT does not grow with bytes/token here (slope "
-            f"{fit.slope_s_per_byte * 1e9:.3g} ms/GB, R² {fit.r2:.3f}): "
-            "decode is overhead-bound, not bandwidth-bound, on this engine"
-        ]
-    return ["rule check: not enough distinct byte counts to fit"] if n_rows > 1 else []
+    line = describe_fit(fit)
+    if line:
+        return [line]
+    return ["rule check: fewer than two undisturbed points to fit"] if n_rows > 1 else []
 
 
 def render(result, fmt: str) -> str:
@@ -119,14 +130,49 @@ def render(result, fmt: str) -> str:
                 "the streaming-read roofline (fits in cache)"
             )
         lines += _anchor_lines(r)
+        lines += _attribution_lines(r, label)
         per_step = r.stats.get("per_step") or {}
         if per_step.get("measured") is False:
             lines.append(f"note: {label}: no per-step statistics: {per_step['reason']}")
     for f in result.failed:
         lines.append(f"not benchmarked: {f.name}: {f.error}")
-    if any(r.accounting_error for r in result.rows):
-        lines.append("(!) efficiency above 100%: the byte/FLOP accounting or the probed device figures are wrong")
+    above = [f"{_label(r, result)} ({_above(r)})" for r in result.rows if r.accounting_error]
+    if above:
+        lines.append(
+            "(!) efficiency above 100% for " + "; ".join(above) + ": the byte/FLOP accounting or the probed "
+            "device figures are wrong there"
+        )
     return "\n".join(lines)
+
+
+def _above(r) -> str:
+    return ", ".join(w for w, f in (("TPOT", "tpot_above_roofline"), ("TTFT", "ttft_above_roofline")) if f in r.flags)
+
+
+def _attribution_lines(r, label: str) -> list[str]:
+    """The row's attribution in words (its lever), why terms are missing, and a disturbed row's reasons."""
+    out = []
+    a = r.attribution
+    if a is not None:
+        out.append(f"where TPOT goes: {label}: {a.lever}")
+        if not a.holds:
+            out.append(
+                f"note: {label}: the attributed terms sum to {a.total_ms:.2f} ms, {a.explained:.0%} of the measured "
+                f"{a.measured_ms:.2f} ms: beyond ±10%, a cost no term models or a disturbed measurement"
+            )
+    out += [f"note: {label}: attribution: {m}" for m in r.attribution_missing]
+    if r.disturbed:
+        out.append(f"warning: {label}: disturbed ({'; '.join(r.disturbed)}): kept out of the rule check")
+    if r.prefill_fit is not None:
+        f = r.prefill_fit
+        cross = (
+            f", attention passes the weights' part at {f.crossover_tokens:,.0f} tokens" if f.crossover_tokens else ""
+        )
+        out.append(
+            f"prefill: {label}: TTFT = {f.fixed_ms:.1f} ms + {f.per_token_ms:.3f} ms x P "
+            f"+ {f.per_token2_ms:.2e} ms x P² (R² {f.r2:.3f}){cross}"
+        )
+    return out
 
 
 def _label(r, result) -> str:

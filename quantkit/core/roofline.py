@@ -3,16 +3,13 @@
 Decode at batch 1 reads every weight once per token, so TPOT >= bytes / bandwidth.
 Prefill is a matmul over the prompt, so TTFT >= FLOPs / compute rate (and never below the
 time to read the weights once). Efficiency = predicted / measured: above 100% means the
-byte or FLOP accounting is wrong, and is flagged.
+byte or FLOP accounting is wrong, and is flagged. The fits over measured points (the rule check,
+the prefill split) are core/fits.py; a row's TPOT split into its causes, core/attribution.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-
-import numpy as np
-
-from quantkit.core.records import checked
 
 
 @dataclass(frozen=True)
@@ -167,52 +164,6 @@ def efficiency(predicted: float, measured: float) -> tuple[float, bool]:
     """predicted / measured, and whether it is impossible (> 100%: an accounting error)."""
     eff = predicted / measured if measured > 0 else float("nan")
     return eff, bool(eff > 1.0)
-
-
-@dataclass(frozen=True)
-class RuleFit:
-    """The rule check: least squares TPOT = overhead + bytes / bandwidth_eff over a run's points
-    (its variants, and each variant's depths). No line (None) below two distinct byte counts."""
-
-    effective_gbps: float | None  # 1 / slope; None where the slope is not positive
-    overhead_ms: float | None  # the intercept: time per step that no byte explains
-    r2: float | None
-    points: int
-    slope_s_per_byte: float | None = None
-    measured_over_line: tuple[float, ...] = ()  # each point's TPOT over the line's, in the order fitted
-
-    def line_s(self, bytes_per_token: float) -> float | None:
-        """The line's TPOT at `bytes_per_token` (None without a line)."""
-        if self.slope_s_per_byte is None or self.overhead_ms is None:
-            return None
-        return self.overhead_ms / 1e3 + self.slope_s_per_byte * bytes_per_token
-
-    def to_json(self) -> dict:
-        return {**self.__dict__, "measured_over_line": list(self.measured_over_line)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "RuleFit":
-        d = checked(cls, data, "rule-check fit")
-        return cls(**{**d, "measured_over_line": tuple(d["measured_over_line"])})
-
-
-def fit_rule(bytes_per_token: list[float], tpot_s: list[float]) -> RuleFit:
-    """Least squares TPOT = overhead + bytes / bw_eff; effective GB/s, overhead, R^2 and each
-    point's TPOT over the line's (above 1: slower than the rule predicts)."""
-    x, y = np.asarray(bytes_per_token, float), np.asarray(tpot_s, float)
-    if len(x) < 2 or np.ptp(x) == 0:
-        return RuleFit(None, None, None, int(len(x)))
-    slope, intercept = np.polyfit(x, y, 1)
-    pred = slope * x + intercept
-    ss_res, ss_tot = float(((y - pred) ** 2).sum()), float(((y - y.mean()) ** 2).sum())
-    return RuleFit(
-        effective_gbps=(1.0 / slope) / 1e9 if slope > 0 else None,
-        overhead_ms=float(intercept) * 1e3,
-        r2=1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
-        points=int(len(x)),
-        slope_s_per_byte=float(slope),
-        measured_over_line=tuple(float(m / p) if p > 0 else float("nan") for m, p in zip(y, pred)),
-    )
 
 
 def linear_bits_for_tpot(

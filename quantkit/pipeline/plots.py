@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantkit.bench.records import BenchRow
+from quantkit.bench.rows import point_of
+from quantkit.core.fits import RuleFit
 from quantkit.core.outputs import save_png
-from quantkit.core.roofline import RuleFit
 
 
 def pyplot():
@@ -29,7 +30,7 @@ def rule_check(
     fits: dict[str, RuleFit] | None = None,
     bandwidths: dict[str, float] | None = None,
 ) -> Path:
-    """TPOT against bytes read per token: the points, the least-squares fit and the roofline.
+    """TPOT against bytes read per token: the points, the rule check's model of each (x) and the roofline.
     With `fits` (engine -> fit), one series per engine: its points, its fit and the roofline of its
     own probe (`bandwidths`, engine -> GB/s)."""
     plt = pyplot()
@@ -57,14 +58,14 @@ def rule_check(
                 alpha=0.7,
                 label=f"roofline{'' if engine is None else f' ({engine} probe)'}: bytes / {bw:.1f} GB/s",
             )
-        if f and f.effective_gbps:
-            ax.plot(
-                grid,
-                [f.overhead_ms + g * 1e6 / (f.effective_gbps * 1e9) * 1e3 for g in grid],
+        model = [f.model_s(point_of(r)) for r in mine] if f else []
+        if model and None not in model:
+            ax.scatter(
+                px,
+                [m * 1e3 for m in model],
+                marker="x",
                 color=color,
-                label=f"{'fit' if engine is None else engine + ' fit'}: {f.overhead_ms:.2f} ms "
-                f"+ bytes / {f.effective_gbps:.1f} GB/s "
-                f"(R² {f.r2:.3f})",
+                label=f"{'' if engine is None else engine + ' '}rule check (non-negative terms, R² {f.r2:.3f})",
             )
     ax.set_xlabel("bytes read per decode token (MB)")
     ax.set_ylabel("TPOT (ms)")
@@ -105,7 +106,7 @@ def ttft_sweep(rows: list[BenchRow], out: Path) -> Path:
 
 def tpot_depth(rows: list[BenchRow], fit: RuleFit, out: Path) -> Path:
     """TPOT against the KV depth, a series per model (and flash-attention setting): measured (o, solid),
-    the roofline's prediction (dotted) and the rule-check fit's line through its bytes (dashed)."""
+    the roofline's prediction (dotted) and the rule check's model of each point (dashed)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series: dict[tuple, list[BenchRow]] = {}
@@ -122,8 +123,8 @@ def tpot_depth(rows: list[BenchRow], fit: RuleFit, out: Path) -> Path:
         line = ax.plot(xs, [r.tpot_ms for r in rs], "o-", label=f"{label} measured")
         color = line[0].get_color()
         ax.plot(xs, [r.predicted_tpot_ms for r in rs], ":", color=color, label=f"{label} roofline")
-        fitted = [fit.line_s(r.bytes_per_token) for r in rs]
-        if None not in fitted:
+        fitted = [fit.model_s(point_of(r)) for r in rs]
+        if fitted and None not in fitted:
             ax.plot(xs, [f * 1e3 for f in fitted], "--", color=color, alpha=0.6, label=f"{label} rule-check fit")
     ax.set_xlabel("KV depth (tokens in the cache when decode starts)")
     ax.set_ylabel("TPOT (ms)")

@@ -12,6 +12,8 @@ so SDPA reads each K/V head once, mask or not. Prefill goes through transformers
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 
 import torch
 import torch.nn.functional as F
@@ -21,11 +23,29 @@ from quantkit.bench import accounting
 from quantkit.bench.engines.base import Engine, EngineSettings
 from quantkit.bench.loader import load_for_bench
 from quantkit.bench.synthetic import Synthetic, load_synthetic
+from quantkit.bench.weight_timing import time_torch_weights
+from quantkit.core.atomic import write_json
+from quantkit.core.attribution import TWIN_WIDTH
 from quantkit.core.hardware import shape_config
 from quantkit.core.roofline import kv_bytes
 from quantkit.errors import QuantkitError
+from quantkit.home import subdir
 
 ATTENTION = "quantkit_gqa_decode"
+# config keys that describe the checkpoint's stored form, not the architecture a twin shares
+NOT_TWINNED = ("quantization_config", "_name_or_path", "architectures", "torch_dtype", "dtype", "transformers_version")
+
+
+def twin_config(cfg: dict) -> dict:
+    """A config of the same architecture with the hidden and feed-forward widths cut to TWIN_WIDTH;
+    layers, heads, head size, vocabulary and context kept (the head size written out, since
+    transformers would otherwise derive it from the hidden width)."""
+    heads = cfg["num_attention_heads"]
+    out = {k: v for k, v in cfg.items() if k not in NOT_TWINNED}
+    out["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    out["num_key_value_heads"] = cfg.get("num_key_value_heads") or heads
+    out["hidden_size"] = out["intermediate_size"] = TWIN_WIDTH
+    return out
 
 
 def gqa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -69,6 +89,8 @@ def load_model(source, device, seed: int):
 
 class TorchEngine(Engine):
     """Shared by eager and compiled; subclasses own the KV cache (reset) and step_bytes."""
+
+    attributes = True
 
     def __init__(self, bm, settings: EngineSettings):
         self.bm, self.model, self.device = bm, bm.model, settings.device
@@ -159,6 +181,23 @@ class TorchEngine(Engine):
             **devices.describe(self.device, self.dtype),
             "threads": torch.get_num_threads(),
         }
+
+    def weight_kernels(self) -> tuple:
+        return time_torch_weights(self.model, self.dtype, self.device, self.sync)
+
+    def twin_source(self):
+        """A random-weight model of this one's layers, heads, head size and vocabulary at twin widths
+        (a config.json under QUANTKIT_HOME, read as a Synthetic shape)."""
+        cfg = twin_config(self.cfg.to_dict())
+        text = json.dumps(cfg, sort_keys=True)
+        where = subdir("twins") / hashlib.sha256(text.encode()).hexdigest()[:16]
+        path = where / "config.json"
+        if not path.is_file():
+            write_json(path, cfg)
+        return Synthetic(str(path), 16), (
+            f"twin: {cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']}/{cfg['num_key_value_heads']} "
+            f"heads of {cfg['head_dim']}, widths {TWIN_WIDTH}, random {self.dtype} weights"
+        )
 
     def close(self) -> None:
         self.cache = self.model = self.bm = None

@@ -85,6 +85,8 @@ class Engine:
                 self-check's reference keeps that rounding; for the others it is switched off
       min_depth  the fewest cached tokens it can decode after (--depth), and min_depth_reason why
       anchored  anchor() runs the library's own benchmark beside each row
+      attributes  weight_kernels() and twin_source() measure the terms of each row's attribution
+                (core/attribution.py) on this engine; where False, `attribution_missing` says why
     Instance attribute:
       step_note None while every decode() call produced exactly one token; else the reason the
                 per-step times are not per-token times (the runner then reports no per-step
@@ -105,6 +107,8 @@ class Engine:
     min_depth = 0
     min_depth_reason = ""
     anchored = False
+    attributes = False
+    attribution_missing = "this engine does not time its kernels apart"
     step_note: str | None = None
 
     @classmethod
@@ -203,6 +207,17 @@ class Engine:
 
     def describe(self) -> dict:
         """{"engine", "kernel", "dtype", "threads", "device", "device_name", ...} for the report."""
+        raise NotImplementedError
+
+    def weight_kernels(self) -> tuple:
+        """The loaded model's weights through this engine's own kernels, one row each, timed per
+        storage format (core/attribution.KernelTime; bench/weight_timing.py). Engines that attribute."""
+        raise NotImplementedError
+
+    def twin_source(self) -> tuple[Any, str]:
+        """A source this engine loads as the model's twin (its layers, heads, head size and
+        vocabulary at tiny widths: bench/twin.py) and a line saying what it is; QuantkitError with
+        the reason where the model has none. Engines that attribute."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -39,13 +39,17 @@ from quantkit import device as devices
 from quantkit.bench import accounting, ggml_threadpool, llama_bench
 from quantkit.bench.engines.base import Engine as Base
 from quantkit.bench.engines.base import EngineSettings
+from quantkit.bench.ggml_probe import time_gguf_weights
 from quantkit.bench.gguf_file import exported_gguf, gguf_config, is_gguf, tensor_infos, weight_read_bytes
+from quantkit.core.attribution import TWIN_WIDTH
 from quantkit.core.kv_cache import LLAMACPP_TYPES, LlamaCache
 from quantkit.device import resolve
 from quantkit.errors import QuantkitError
 from quantkit.gguf import cpu_variant, tools
 from quantkit.gguf.read import open_reader
 from quantkit.gguf.tools import available_cores
+from quantkit.gguf.twin import write_twin
+from quantkit.home import subdir
 
 INSTALL = "./scripts/_install.sh builds it (or: pip install llama-cpp-python)"
 
@@ -158,6 +162,7 @@ class Engine(Base):
     flash_attn_lever = True  # Llama(flash_attn=...): off is llama-cpp-python's default
     kv_cache_lever = True  # Llama(type_k=..., type_v=...): f16 is llama-cpp-python's default
     anchored = True  # llama-bench beside each row
+    attributes = True  # ggml's kernels on the file's weights (bench/ggml_probe.py), the GGUF's twin
 
     @classmethod
     def check(cls, device) -> None:
@@ -363,6 +368,17 @@ class Engine(Base):
             ),
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
         }
+
+    def weight_kernels(self) -> tuple:
+        return time_gguf_weights(self.gguf, self.settings.device, self.threads, import_llama_cpp().llama_cpp._lib)
+
+    def twin_source(self):
+        path = write_twin(self.gguf, subdir("twins"))
+        c = self.cfg
+        return path, (
+            f"twin GGUF: {c['num_hidden_layers']} layers, {c['num_attention_heads']}/{c['num_key_value_heads']} heads "
+            f"of {c['head_dim']}, widths {TWIN_WIDTH}, random F16 weights"
+        )
 
     def close(self) -> None:
         if self.pool is not None:

@@ -52,6 +52,10 @@ class Engine(Base):
     applies_kv_scheme = True  # kv_cache_dtype "auto": FP8 with the checkpoint's scales where it declares them
     min_depth = 1
     min_depth_reason = "a vLLM request holds at least one prompt token"
+    attribution_missing = (
+        "vLLM runs its kernels in its own process, which quantkit does not time apart: its rows split TPOT "
+        "into the bytes' share and the rest"
+    )
 
     @classmethod
     def check(cls, device) -> None:

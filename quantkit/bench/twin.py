@@ -1,0 +1,111 @@
+"""The engine's fixed costs, measured on the model's twin: the same engine, threads, attention
+setting and cache type, the model's layers, heads, head size and vocabulary, tiny widths
+(gguf/twin.py for a GGUF; a twin config for the torch engines). Its decode at two cache sizes gives
+the time per cached cell (the slope) and the fixed time per step (what is left at the smaller size
+once the cells and the twin's own few weight bytes are taken off): core/attribution.fixed_costs.
+
+Measured once per bench run for each (engine settings, model geometry, depths): a run's variants
+of one model share the twin (Twins keeps them for the run; nothing is kept across runs, since the
+machine's state is part of what is measured).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from quantkit.bench.engines import engine_class
+from quantkit.bench.engines.base import EngineSettings
+from quantkit.bench.harness import measure_depth
+from quantkit.core.attribution import fixed_costs
+from quantkit.errors import QuantkitError
+
+TWIN_DEEP = 1024  # the deeper of the twin's two cache sizes is at least this many tokens
+TWIN_MIN_SECONDS = 0.5  # measured per cache size
+
+
+def twin_depths(engine_cls, depths: list[int], limit: int | None, gen_len: int) -> tuple[int, int] | None:
+    """The twin's two depths: the engine's shallowest, and the deepest the rows decode at (at least
+    TWIN_DEEP), within the model's context; None where the two cannot differ."""
+    lo = engine_cls.min_depth
+    hi = max([*depths, TWIN_DEEP])
+    if limit:
+        hi = min(hi, limit - gen_len)
+    return (lo, hi) if hi > lo else None
+
+
+def _cells(engine, depth: int, gen_len: int) -> float:
+    """Cells one timed step reads on average at `depth` (the step's KV bytes over one token's)."""
+    weights = engine.weight_bytes()["weight_bytes_per_token"]
+    kv = engine.kv_bytes_per_token()
+    steps = range(depth, depth + gen_len - 1)
+    return sum((engine.step_bytes(c, depth + gen_len) - weights) / kv for c in steps) / len(steps)
+
+
+def measure_twin(engine_cls, twin_source, es: EngineSettings, depths: tuple[int, int], gen_len: int, repeats: int):
+    """The twin's decode TPOT (ms) and cells per step at each depth, and its weights' kernel time (ms)."""
+    es = replace(es, max_tokens=max(depths) + gen_len, reuse_prefix=True)
+    engine = engine_cls.load(twin_source, es)
+    try:
+        gen = torch.Generator().manual_seed(es.seed + 7)
+        n_vocab = _vocab(engine)
+        cells, tpot = [], []
+        for d in depths:
+            ids = torch.randint(0, n_vocab, (max(d, 1),), generator=gen).tolist()
+            t = measure_depth(
+                engine, ids, d, gen_len, repeats=repeats, min_seconds=TWIN_MIN_SECONDS, warmups=1 if d else 2
+            )
+            per_repeat = [sum(s) / len(s) for s in t.step_s if s]
+            tpot.append(sorted(per_repeat)[len(per_repeat) // 2] * 1e3)
+            cells.append(_cells(engine, d, gen_len))
+        weights_ms = sum(k.seconds for k in engine.weight_kernels()) * 1e3
+    finally:
+        engine.close()
+    return tuple(cells), tuple(tpot), weights_ms
+
+
+def _vocab(engine) -> int:
+    n = getattr(engine, "n_vocab", None) or getattr(getattr(engine, "cfg", None), "vocab_size", None)
+    if not n:
+        raise QuantkitError(f"{engine.name}: the twin's vocabulary size is unknown")
+    return int(n)
+
+
+@dataclass
+class Twins:
+    """The fixed costs measured in one bench run, by what determines them."""
+
+    found: dict = field(default_factory=dict)
+    failed: dict = field(default_factory=dict)
+
+    def fixed(self, engine, es: EngineSettings, depths: tuple[int, int], gen_len: int, repeats: int):
+        """The loaded `engine`'s fixed costs (its twin measured now, or earlier in this run), or
+        (None, why)."""
+        try:
+            twin_source, about = engine.twin_source()
+        except QuantkitError as exc:
+            return None, str(exc)
+        key = json.dumps(
+            [engine.name, str(es.device), es.threads, es.flash_attn, getattr(es.kv_cache, "label", None), about, depths]
+        )
+        if key in self.found:
+            return self.found[key], None
+        if key in self.failed:
+            return None, self.failed[key]
+        t = time.perf_counter()
+        try:
+            cells, tpot, weights_ms = measure_twin(engine_class(engine.name), twin_source, es, depths, gen_len, repeats)
+        except (QuantkitError, RuntimeError, ValueError) as exc:
+            self.failed[key] = f"the twin did not run: {exc}"
+            return None, self.failed[key]
+        fixed = fixed_costs(
+            cells,
+            tpot,
+            weights_ms,
+            f"{about}; decoded at depths {depths[0]} and {depths[1]} in {time.perf_counter() - t:.1f} s",
+        )
+        self.found[key] = fixed
+        return fixed, None
