@@ -290,7 +290,20 @@ def test_damaged_records_redo_their_step(cli, tiny_llama, tiny_text, tmp_path):
         data = json.loads((out / "steps.json").read_text())
         (out / "steps.json").write_text(json.dumps({k: "garbage" for k in data}))
 
+    def stored_eval(edit):
+        def damage():
+            data = json.loads((out / "steps.json").read_text())
+            for rec in data.values():
+                if rec.get("kind") == "quantkit-eval":
+                    edit(rec["texts"][0]["kld"])
+            (out / "steps.json").write_text(json.dumps(data))
+
+        return damage
+
+    redo = "the stored result does not read"
     damages = {
+        "a negative KL": (stored_eval(lambda k: k.__setitem__("mean", -0.5)), redo, "eval"),
+        "a KL that is null": (stored_eval(lambda k: k.__setitem__("mean", None)), redo, "eval"),
         "emptied steps.json": (lambda: (out / "steps.json").write_text(""), "steps.json is damaged", "eval"),
         "binary steps.json": (
             lambda: (out / "steps.json").write_bytes(b"\x00\xff\xfe{"),

@@ -18,7 +18,22 @@ from dataclasses import dataclass, field
 
 from quantkit.core.attribution import Attribution
 from quantkit.core.fits import PrefillFit, RuleFit, fit_rule
-from quantkit.core.records import RecordError, checked
+from quantkit.core.records import (
+    COUNT,
+    COUNT_OR_NONE,
+    FLAG_OR_NONE,
+    LIST,
+    NONNEG,
+    NONNEG_OR_NONE,
+    OBJECT,
+    POSITIVE,
+    POSITIVE_OR_NONE,
+    TEXT,
+    RecordError,
+    Whole,
+    check_values,
+    checked,
+)
 
 SCHEMA_VERSION = 5
 READS = (2, 3, 4, 5)  # the schema versions from_json reads
@@ -38,6 +53,30 @@ class SweepPoint:
     @classmethod
     def from_json(cls, data: dict) -> "SweepPoint":
         return cls(**checked(cls, data, "bench row's prompt_sweep point"))
+
+
+# A row's values as read back (core/records.py): times above 0, byte counts and efficiencies not
+# negative, lengths and depths whole numbers, so a damaged or edited result is one line where it is
+# read (a run then benches again), never a negative TPOT in a report.
+ROW_VALUES = {
+    **dict.fromkeys(("model", "name", "kind", "kernel", "engine", "device"), TEXT),
+    **dict.fromkeys(("engine_info", "self_check", "stats"), OBJECT),
+    **dict.fromkeys(("prompt_sweep", "notes", "flags"), LIST),
+    "prompt_len": Whole(1),
+    "gen_len": Whole(1),
+    "depth": COUNT_OR_NONE,
+    "threads": COUNT_OR_NONE,
+    "flash_attn": FLAG_OR_NONE,
+    "warmups": COUNT,
+    "warmups_requested": COUNT,
+    "kv_cache_tokens": COUNT,
+    **dict.fromkeys(("load_s", "compile_and_warmup_s", "bench_wall_s", "tpot_efficiency"), NONNEG),
+    **dict.fromkeys(("weight_bytes_per_token", "kv_bytes_per_token", "bytes_per_token"), NONNEG),
+    **dict.fromkeys(("kv_bytes_per_step", "ideal_bytes_per_token", "predicted_tpot_ms"), NONNEG),
+    **dict.fromkeys(("predicted_ttft_ms", "ttft_efficiency"), NONNEG_OR_NONE),
+    "tpot_ms": POSITIVE,
+    "ttft_ms": POSITIVE_OR_NONE,
+}
 
 
 @dataclass(frozen=True)
@@ -118,7 +157,8 @@ class BenchRow:
 
     @classmethod
     def from_json(cls, data: dict) -> "BenchRow":
-        d = checked(cls, data, f"bench row {data.get('name', '?')!r}" if isinstance(data, dict) else "bench row")
+        what = f"bench row {data.get('name', '?')!r}" if isinstance(data, dict) else "bench row"
+        d = check_values(checked(cls, data, what), ROW_VALUES, what)
         return cls(
             **{
                 **d,
@@ -230,6 +270,7 @@ class BenchResult:
         version = data.get("schema_version")
         if version not in READS:
             raise RecordError(f"bench result of schema {version!r}: this quantkit reads {', '.join(map(str, READS))}")
+        check_values(data, {"rows": LIST, "failed": LIST, "settings": OBJECT}, "bench result")
         if version == 2:
             data = migrate_v2(data)
         if data.get("schema_version") == 3:

@@ -18,7 +18,21 @@ import math
 import re
 from dataclasses import dataclass, field, fields
 
-from quantkit.core.records import RecordError, checked
+from quantkit.core.records import (
+    COUNT,
+    FRACTION,
+    NONNEG,
+    OBJECT,
+    OBJECT_OR_NONE,
+    POSITIVE,
+    TEXT,
+    TEXT_OR_NONE,
+    Num,
+    RecordError,
+    Whole,
+    check_values,
+    checked,
+)
 
 SCHEMA_VERSION = 2
 READS = (1, 2)
@@ -60,6 +74,18 @@ def _pair(v, what: str) -> tuple[float, float]:
     return (_number(v[0], what), _number(v[1], what))
 
 
+# The figures of a text or a position bucket, as read back (a stored result can be damaged or
+# edited): perplexities above 0, ΔPPL above -100%, top-1 agreement a fraction, tokens counted;
+# the KL's own rule is in KLSummary (never negative: each token's KL is clamped at 0).
+FIGURES = {
+    "ppl": POSITIVE,
+    "baseline_ppl": POSITIVE,
+    "delta_ppl_pct": Num(low=-100, above=True),
+    "top1_agreement": FRACTION,
+    "tokens": Whole(1),
+}
+
+
 @dataclass(frozen=True)
 class KLSummary:
     """Per-token KL(base || model) over the scored positions."""
@@ -74,8 +100,8 @@ class KLSummary:
 
     @classmethod
     def from_json(cls, data, what: str = "kld") -> "KLSummary":
-        d = checked(cls, data, what)
-        return cls(**{k: _number(v, f"{what}.{k}") for k, v in d.items()})
+        d = check_values(checked(cls, data, what), dict.fromkeys(("mean", "median", "p99", "max"), NONNEG), what)
+        return cls(**{k: float(v) for k, v in d.items()})
 
 
 @dataclass(frozen=True)
@@ -124,7 +150,9 @@ class PositionBucket:
 
     @classmethod
     def from_json(cls, data, what: str = "positions[]") -> "PositionBucket":
-        d = checked(cls, data, what)
+        d = check_values(checked(cls, data, what), FIGURES | {"lo": COUNT, "hi": Whole(1)}, what)
+        if d["lo"] >= d["hi"]:
+            raise RecordError(f"{what}: lo {d['lo']} is not below hi {d['hi']}")
         return cls(
             lo=_integer(d["lo"], f"{what}.lo"),
             hi=_integer(d["hi"], f"{what}.hi"),
@@ -225,6 +253,14 @@ class TextResult:
         d = checked(cls, data, what)
         if not isinstance(d["positions"], list):
             raise RecordError(f"{what}.positions: expected a list")
+        rules = {
+            "label": TEXT,
+            "text": TEXT,
+            "score_seconds": NONNEG,
+            "windows": OBJECT,
+            "overlap_check": OBJECT_OR_NONE,
+        }
+        check_values(d, FIGURES | rules, what)
         return cls(
             label=str(d["label"]),
             text=str(d["text"]),
@@ -344,6 +380,14 @@ class EvalResult:
         d = checked(cls, body, what)
         if not isinstance(d["texts"], list) or not isinstance(d["tasks"], dict):
             raise RecordError(f"{what}: texts must be a list and tasks an object")
+        names = ("model", "baseline", "engine", "baseline_engine", "split", "dtype")
+        rules = dict.fromkeys(names, TEXT) | {
+            "device": OBJECT_OR_NONE,
+            "baseline_check": OBJECT_OR_NONE,
+            "seconds": NONNEG,
+        }
+        rules |= {"tasks_backend": TEXT_OR_NONE, "scorer": OBJECT_OR_NONE, "primary_text": TEXT_OR_NONE}
+        check_values(d, rules | {"world_size": Whole(1)}, what)
         return cls(
             model=str(d["model"]),
             baseline=str(d["baseline"]),

@@ -4,7 +4,8 @@ never a column that silently goes missing further on."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+import math
+from dataclasses import dataclass, fields
 
 from quantkit.errors import QuantkitError
 
@@ -25,3 +26,87 @@ def checked(cls, data, what: str) -> dict:
     if missing:
         raise RecordError(f"{what}: missing key {missing[0]!r}")
     return dict(data)
+
+
+# ---- values: a record read back from disk is checked by value too (finite, in range, the right
+# type), so a damaged or hand-edited file is one line where it is read, never a negative TPOT in a
+# report, a NaN that silently drops a point, or a TypeError deep inside a run.
+
+
+@dataclass(frozen=True)
+class Num:
+    """A finite number (never a boolean) of at least `low` (above it when `above`), at most `high`;
+    None only where `none`."""
+
+    low: float | None = None
+    high: float | None = None
+    above: bool = False
+    none: bool = False
+
+    def __call__(self, v, what: str):
+        if v is None and self.none:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise RecordError(f"{what}: {v!r} is not a finite number")
+        if self.low is not None and (v <= self.low if self.above else v < self.low):
+            raise RecordError(f"{what}: {v!r} is not {'above' if self.above else 'at least'} {self.low:g}")
+        if self.high is not None and v > self.high:
+            raise RecordError(f"{what}: {v!r} is above {self.high:g}")
+        return v
+
+
+@dataclass(frozen=True)
+class Whole:
+    """A whole number (never a boolean) of at least `low`; None only where `none`."""
+
+    low: int = 0
+    none: bool = False
+
+    def __call__(self, v, what: str):
+        if v is None and self.none:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < self.low:
+            raise RecordError(f"{what}: {v!r} is not a whole number of at least {self.low}")
+        return v
+
+
+@dataclass(frozen=True)
+class Of:
+    """A value of JSON type `kind` (str, bool, dict, list); None only where `none`."""
+
+    kind: type
+    none: bool = False
+
+    def __call__(self, v, what: str):
+        if (v is None and self.none) or (isinstance(v, self.kind) and (self.kind is bool or not isinstance(v, bool))):
+            return v
+        raise RecordError(f"{what}: expected {_JSON_NAMES[self.kind]}, not {_json_name(v)}")
+
+
+_JSON_NAMES = {str: "a string", bool: "true or false", dict: "an object", list: "a list", int: "a whole number"}
+
+
+def _json_name(v) -> str:
+    return "null" if v is None else _JSON_NAMES.get(type(v), type(v).__name__)
+
+
+COUNT = Whole()
+COUNT_OR_NONE = Whole(none=True)
+NONNEG = Num(low=0)
+NONNEG_OR_NONE = Num(low=0, none=True)
+POSITIVE = Num(low=0, above=True)
+POSITIVE_OR_NONE = Num(low=0, above=True, none=True)
+FRACTION = Num(low=0, high=1)
+TEXT = Of(str)
+TEXT_OR_NONE = Of(str, none=True)
+FLAG_OR_NONE = Of(bool, none=True)
+OBJECT = Of(dict)
+OBJECT_OR_NONE = Of(dict, none=True)
+LIST = Of(list)
+
+
+def check_values(d: dict, rules: dict, what: str) -> dict:
+    """`d` after each key that `rules` names passed its rule (Num, Whole, Of); RecordError names the key."""
+    for key, rule in rules.items():
+        rule(d[key], f"{what}.{key}")
+    return d

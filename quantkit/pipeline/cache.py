@@ -14,6 +14,7 @@ from pathlib import Path
 
 from quantkit.core.atomic import write_json
 from quantkit.data.mix import fingerprint
+from quantkit.errors import QuantkitError
 from quantkit.progress import note
 
 
@@ -60,6 +61,20 @@ class StepCache:
     def get(self, key: str):
         hit = self.data.get(key)
         return hit if isinstance(hit, dict) else None  # a damaged record: redo the step
+
+    def read(self, key: str, reader, what: str):
+        """The record stored under `key` as its typed `reader` (a from_json, which checks its keys
+        and values) reads it; None when there is none, or when it does not read (a damaged or edited
+        record: the step is done again, with a note naming what was wrong)."""
+        hit = self.get(key)
+        if hit is None:
+            return None
+        try:
+            return reader(hit)
+        except (QuantkitError, TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+            first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+            note(f"{what}: the stored result does not read ({first}); doing it again")
+            return None
 
     def put(self, key: str, value) -> None:
         self.data[key] = value

@@ -272,15 +272,11 @@ class Runner:
             engine,
             *([kv] if (kv := self._eval_cache(v, engine)) else []),
         )
-        hit = self.cache.get(key)
         what = "eval" if len(ev.engines) == 1 else f"eval ({engine})"
-        if hit is not None and not self.opts.rerun:
-            try:
-                result = EvalResult.from_json(hit)
-                note(f"[{v.name}] {what}: reusing")
-                return result
-            except QuantkitError as exc:  # a record this version cannot read: evaluate again
-                note(f"[{v.name}] {what}: the stored result does not read ({exc}); evaluating again")
+        result = None if self.opts.rerun else self.cache.read(key, EvalResult.from_json, f"[{v.name}] {what}")
+        if result is not None:
+            note(f"[{v.name}] {what}: reusing")
+            return result
         note(f"[{v.name}] {what}")
         tasks = (
             ev.tasks if scorer_named(engine, "eval.engines").runs_tasks else ()

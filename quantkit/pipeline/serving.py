@@ -22,6 +22,7 @@ from quantkit.bench.engines import engine_class
 from quantkit.bench.records import BenchResult, BenchRow, FailedRow
 from quantkit.bench.runner import bench_many
 from quantkit.bench.settings import BenchSettings, check_settings
+from quantkit.core.records import COUNT, OBJECT_OR_NONE, TEXT, check_values
 from quantkit.errors import QuantkitError
 from quantkit.export.base import ExportSettings
 from quantkit.export.registry import EXPORTERS, exporter_for
@@ -164,14 +165,10 @@ def bench_engine(runner, settings: BenchSettings, sources: dict[str, Path]) -> M
         shared,
         *([sorted((n, c.label) for n, c in caches.items())] if caches else []),
     )
-    hit = runner.cache.get(key)
-    if hit is not None and not runner.opts.rerun:
-        try:
-            result = BenchResult.from_json(hit)
-            note(f"bench ({engine}): reusing")
-            return Made(result)
-        except QuantkitError as exc:  # a record this version cannot read: bench again
-            note(f"bench ({engine}): the stored result does not read ({exc}); benchmarking again")
+    hit = None if runner.opts.rerun else runner.cache.read(key, BenchResult.from_json, f"bench ({engine})")
+    if hit is not None:
+        note(f"bench ({engine}): reusing")
+        return Made(hit)
     note(f"bench: {len(sources)} variants in one run ({engine}, {settings.device})")
     result = bench_many(list(sources.values()), settings, names=list(sources), caches=caches)
     return Made(result, None if result.failed else key)  # a failure (out of memory, say) may not recur
@@ -220,12 +217,20 @@ def bench_engines(runner, paths: dict[str, Path], records: dict[str, dict]) -> t
     return out, store
 
 
+def made_record(hit: dict) -> dict:
+    """An export or llama-quantize step's stored record, checked by value where a run reads it: the
+    file's sha256 and bytes, its path and type (core/records.py)."""
+    rules = {"sha256": TEXT, "bytes": COUNT}
+    rules |= {k: TEXT for k in ("gguf", "gguf_type") if k in hit}
+    return check_values(hit, rules | ({"fallback_types": OBJECT_OR_NONE} if "fallback_types" in hit else {}), "record")
+
+
 def _reusable(runner, key: str, out: Path) -> dict | None:
     """The cached record of an export step whose output is still the one it recorded (a file: its
     size, then its sha256; a directory: its checkpoint hash)."""
 
-    hit = runner.cache.get(key)
-    if hit is None or runner.opts.rerun or not out.exists():
+    hit = None if runner.opts.rerun else runner.cache.read(key, made_record, f"{out.name}")
+    if hit is None or not out.exists():
         return None
     if out.is_file() and out.stat().st_size != hit.get("bytes"):
         return None
