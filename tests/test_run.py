@@ -260,6 +260,7 @@ def test_damaged_records_redo_their_step(cli, tiny_llama, tiny_text, tmp_path):
     """An emptied or garbled steps.json, an emptied artifact quantkit.json, truncated weights: each
     step is done again, with a note; the run never aborts (and never rewrites an artifact in place)."""
     from quantkit.core.integrity import check
+    from quantkit.pipeline.run_report import read_report
 
     out = tmp_path / "r"
     args = [
@@ -282,6 +283,7 @@ def test_damaged_records_redo_their_step(cli, tiny_llama, tiny_text, tmp_path):
     assert meta["run_key"]
     check(art, meta)  # the run's key and the card's results went in without breaking the sha256 manifest
     kld = rep["rows"][1]["kld_mean"]
+    read_report(json.loads((out / "report.json").read_text()), "report.json")  # compare reads what a run writes
 
     def steps_not_object():
         (out / "steps.json").write_text("[1, 2]")

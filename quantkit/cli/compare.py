@@ -10,7 +10,8 @@ import click
 from quantkit.cli._common import echo_json
 
 
-def _read(path: str) -> dict:
+def _read(path: str) -> tuple[Path, object]:
+    """The JSON file a RUN argument names (a run directory's report.json, or the file) and its data."""
     from quantkit.errors import QuantkitError
 
     p = Path(path)
@@ -18,9 +19,11 @@ def _read(path: str) -> dict:
     if not f.is_file():
         raise QuantkitError(f"{path}: not a run directory (no report.json) or a JSON result file")
     try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError:
+        return f, json.loads(f.read_bytes())
+    except (UnicodeDecodeError, ValueError):
         raise QuantkitError(f"{f}: not valid JSON") from None
+    except RecursionError:
+        raise QuantkitError(f"{f}: not a result file (JSON nested too deeply to read)") from None
 
 
 COMPARED = (
@@ -136,11 +139,18 @@ def compare_cmd(runs, as_md, as_json, plot, force):
     from quantkit.core.outputs import Output, check_files, resolved
     from quantkit.errors import QuantkitError
     from quantkit.load.compare import compare_load_runs, is_load_run, render_load_comparison
+    from quantkit.pipeline.run_report import KIND, read_report
 
     inputs = [(resolved(Path(r)), "a run this command compares") for r in runs]
     check_files([Output(Path(plot), "--plot", "png")] if plot else [], inputs=inputs, force=force)
-    data = [_read(r) for r in runs]
-    kinds = {"load" if is_load_run(d) else d.get("kind") for d in data}
+    files = [_read(r) for r in runs]
+    data = [d for _, d in files]
+    kinds = {"load" if is_load_run(d) else d.get("kind") if isinstance(d, dict) else None for d in data}
+    odd = next(
+        (f for f, d in files if not is_load_run(d) and not (isinstance(d, dict) and d.get("kind") == KIND)), None
+    )
+    if odd is not None:
+        raise QuantkitError(f"{odd}: not a run report (kind {KIND}) or a load run (quantkit load --out)")
     if kinds == {"load"}:
         result = compare_load_runs(data)
         if plot:
@@ -153,6 +163,7 @@ def compare_cmd(runs, as_md, as_json, plot, force):
         raise QuantkitError(
             "compare takes run directories (quantkit run) or load-run JSON files (quantkit load --out), not a mix"
         )
+    data = [read_report(d, str(f)) for f, d in files]
     labels = [Path(r).name if Path(r).name != "report.json" else Path(r).parent.name for r in runs]
     if len(set(labels)) != len(labels):
         labels = [f"{i + 1}:{lab}" for i, lab in enumerate(labels)]
