@@ -89,6 +89,49 @@ def test_the_verdict_is_kept_per_machine_and_build(tmp_path, fresh_home, stubbed
     assert len(stubbed) > n, "another CPU is tried anew"
 
 
+RECORD_DAMAGES = {
+    "a list": lambda rec: [rec],
+    "null": lambda rec: None,
+    "a variant the build lacks": lambda rec: {
+        **rec,
+        "variant": "zen9",
+        "trials": [{"variant": "zen9", "score": 9, "ok": True, "result": "ran"}],
+    },
+    "trials that ran but no choice": lambda rec: {**rec, "variant": None, "dir": None},
+    "a choice no trial ran": lambda rec: {**rec, "variant": "amx"},
+    "its directory gone": lambda rec: {**rec, "dir": "/nonexistent/llama-cpu"},
+    "another library": lambda rec: {**rec, "library": "/elsewhere/build"},
+    "no dispatch for a build with variants": lambda rec: {**rec, "dispatch": False},
+    "a trial that is text": lambda rec: {**rec, "trials": ["haswell ran"]},
+    "ok as text": lambda rec: {**rec, "trials": [{**t, "ok": "yes"} for t in rec["trials"]]},
+    "an unknown key": lambda rec: {**rec, "surprise": 1},
+    "schema 2": lambda rec: {**rec, "schema": 2},
+}
+
+
+@pytest.mark.parametrize("damage", RECORD_DAMAGES, ids=list(RECORD_DAMAGES))
+def test_a_record_that_does_not_match_the_build_is_tried_again(tmp_path, fresh_home, stubbed, damage):
+    """A parsable verdict that does not describe the build on disk (or is not a verdict at all) never
+    disables llama.cpp: it is ignored, the variants are tried again and a good verdict replaces it."""
+    build = fake_build(tmp_path)
+    first = cpu_variant.choose(build)
+    (record,) = (fresh_home / "llama-cpu").glob("*.json")
+    record.write_text(json.dumps(RECORD_DAMAGES[damage](first.to_json())))
+    n = len(stubbed)
+    where, again = cpu_variant.runnable_dir(build)
+    assert len(stubbed) > n and again == first and again.variant == "haswell"
+    assert Choice.from_json(json.loads(record.read_text())) == first
+
+
+def test_a_directory_in_the_records_place_is_replaced(tmp_path, fresh_home, stubbed):
+    build = fake_build(tmp_path)
+    first = cpu_variant.choose(build)
+    (record,) = (fresh_home / "llama-cpu").glob("*.json")
+    record.unlink()
+    (record / "inside").mkdir(parents=True)
+    assert cpu_variant.choose(build) == first and record.is_file()
+
+
 def test_ggmls_own_choice_is_used_as_built_when_it_runs(tmp_path, monkeypatch):
     build = fake_build(tmp_path)
     monkeypatch.setattr(cpu_variant, "scores", lambda d: {"x64": 1, "haswell": 64, "amx": 4032})

@@ -32,7 +32,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from quantkit.core.atomic import write_json
+from quantkit.core.atomic import remove, write_json
+from quantkit.core.records import FLAG, LIST, TEXT, TEXT_OR_NONE, Num, RecordError, check_values, checked
 from quantkit.core.signals import EngineCrash, crash_line, signal_name
 from quantkit.errors import QuantkitError
 from quantkit.gguf.cpu_probe import write_model
@@ -68,11 +69,41 @@ class Choice:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> Choice:
-        if data.get("schema") != SCHEMA:
-            raise ValueError(f"cpu-variant record of schema {data.get('schema')}, not {SCHEMA}")
-        trials = tuple(Trial(**t) for t in data.get("trials", ()))
-        return cls(**{**data, "trials": trials})
+    def from_json(cls, data) -> Choice:
+        """A verdict as its record holds it, checked by key and value (RecordError otherwise)."""
+        d = checked(cls, data, "cpu-variant record")
+        if d["schema"] != SCHEMA:
+            raise RecordError(f"cpu-variant record of schema {d['schema']!r}, not {SCHEMA}")
+        rules = {"library": TEXT, "dispatch": FLAG, "variant": TEXT_OR_NONE, "dir": TEXT_OR_NONE, "fallback": FLAG}
+        check_values(d, rules | {"trials": LIST, "machine": TEXT}, "cpu-variant record")
+        trial_rules = {"variant": TEXT, "score": Num(none=True), "ok": FLAG, "result": TEXT}
+        trials = tuple(
+            Trial(**check_values(checked(Trial, t, "cpu-variant trial"), trial_rules, "cpu-variant trial"))
+            for t in d["trials"]
+        )
+        return cls(**{**d, "trials": trials})
+
+    def mismatch(self, lib_dir: Path | None) -> str | None:
+        """Why this verdict does not describe `lib_dir`'s build as it is on disk now, or None: another
+        library, variants the build does not have, trials that say one ran while none is chosen (or the
+        reverse), a directory that is gone or lacks the chosen variant, another machine."""
+        variants = variants_of(lib_dir) if lib_dir is not None else []
+        name = str(lib_dir) if lib_dir is not None else "llama-cpp-python's wheel"
+        ran = [t.variant for t in self.trials if t.ok]
+        if self.library != name or self.dispatch != bool(variants) or self.machine != machine_key():
+            return "another build or machine"
+        if not self.trials or any(t.variant not in (variants or ["build"]) for t in self.trials):
+            return "a variant the build does not have"
+        if not self.dispatch:  # one build: tried once, loaded from where it is
+            same = self.variant is None and self.dir == (str(lib_dir) if lib_dir is not None else None)
+            return None if same and len(self.trials) == 1 else "its trials and its choice disagree"
+        if (self.variant is None) != (self.dir is None) or (self.variant is not None and self.variant not in ran):
+            return "its trials and its choice disagree"
+        if self.variant is None and ran:
+            return "its trials and its choice disagree"
+        if self.dir is not None and not (Path(self.dir) / f"libggml-cpu-{self.variant}.so").exists():
+            return "its directory is gone or lacks its variant"
+        return None
 
     def describe(self) -> str:
         if not self.dispatch:
@@ -231,10 +262,12 @@ def choose(lib_dir: Path | None) -> Choice:
     record = subdir("llama-cpu") / f"{key}.json"
     try:
         choice = Choice.from_json(json.loads(record.read_text()))
-        if choice.dir is None or Path(choice.dir).is_dir():
+        if choice.mismatch(lib_dir) is None:
             return choice
-    except (OSError, ValueError, TypeError, KeyError):
-        pass
+    except (OSError, ValueError, RecursionError, QuantkitError):
+        pass  # missing, unreadable or not this build's verdict: try the variants again, and record them
+    if os.path.lexists(record) and not record.is_file():
+        remove(record)  # quantkit's own cache: a directory or a link in the record's place goes
     model = subdir("llama-cpu") / "probe.gguf"
     if not model.is_file():
         tmp = model.with_name(f".probe.{os.getpid()}.gguf")
