@@ -49,6 +49,36 @@ def test_a_quantized_v_cache_runs_only_with_flash_attention():
     assert str(info.value).startswith("--kv-cache q4_0 --flash-attn off: ") and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("head", [20, 24, 40, 48, 80, 96])
+@pytest.mark.parametrize("name", [n for n, t in LLAMACPP_TYPES.items() if t.quantized])
+@pytest.mark.parametrize("flash_attn", [None, False, True])
+def test_a_quantized_cache_holds_whole_blocks_of_each_head(head, name, flash_attn):
+    """llama-context.cpp refuses a K (V) type whose block does not divide the head with flash
+    attention; without it ggml aborts on the K cache's view of each head (GGML_ASSERT view_src)."""
+    block = LLAMACPP_TYPES[name].block
+    for cache, part in ((LlamaCache(name, "f16"), "K"), (LlamaCache("f16", name), "V")):
+        if part == "V" and flash_attn is False:
+            with pytest.raises(QuantkitError, match="only with flash attention"):
+                cache.check_heads(head, head, flash_attn, "here")
+            continue
+        if head % block == 0:
+            cache.check_heads(head, head, flash_attn, "here")
+            continue
+        with pytest.raises(QuantkitError) as info:
+            cache.check_heads(head, head, flash_attn, "m.gguf: --kv-cache x")
+        line = str(info.value)
+        assert line.startswith("m.gguf: --kv-cache x: ") and "\n" not in line
+        assert f"a {name} {part} cache holds whole blocks of {block} values" in line and f"heads hold {head}" in line
+    for name16 in ("f16", "bf16", "f32"):
+        LlamaCache(name16, name16).check_heads(head, head, flash_attn, "here")  # no blocks: any head
+
+
+def test_k_and_v_heads_are_checked_apart():
+    LlamaCache("q8_0", "f16").check_heads(64, 24, True, "here")  # a V head of 24 in f16: fine
+    with pytest.raises(QuantkitError, match="q8_0 V cache"):
+        LlamaCache("f16", "q8_0").check_heads(64, 24, True, "here")
+
+
 def test_kv_bytes_per_token_at_each_cache_types_bytes():
     assert kv_bytes_per_token(DEMO) == 23_040  # 2 x 30 x 3 x 64 x 2 bytes: the demo's f16 cache
     q8, q4 = LLAMACPP_TYPES["q8_0"].bytes_per_value, LLAMACPP_TYPES["q4_0"].bytes_per_value

@@ -23,6 +23,7 @@ from quantkit.bench.settings import (
     BenchSettings,
     check_fits_bytes,
     check_kv_caches,
+    check_kv_heads,
     check_lengths,
     check_settings,
 )
@@ -67,6 +68,7 @@ def precheck(source, s: BenchSettings) -> None:
 
     cfg = _config(source)
     check_lengths(cfg, s)
+    check_kv_heads(cfg, s, str(getattr(source, "label", source)))  # llama.cpp's cache types for these heads
     if isinstance(source, Synthetic):
         check_fits_bytes(Shape.from_config(cfg).total_params() * source.bits / 8, cfg, s, source.label)
     elif not engine_class(s.engine).sizes_own_memory:

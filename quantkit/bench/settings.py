@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit.bench.engines import ENGINES, engine_class
-from quantkit.core.kv_cache import LlamaCache, parse_llama_cache, parse_llama_caches
+from quantkit.core.kv_cache import LlamaCache, head_dims, parse_llama_cache, parse_llama_caches
 from quantkit.core.roofline import Shape, kv_bytes_per_token
 from quantkit.device import free_bytes, resolve
 from quantkit.errors import QuantkitError
@@ -166,6 +166,16 @@ def check_kv_caches(s: BenchSettings, caches: list[LlamaCache], where: str) -> N
     for cache in caches:
         for fa in s.flash_attn_runs:
             cache.check_flash_attn(fa, f"{where} {cache.label} with --flash-attn {s.flash_attn}")
+
+
+def check_kv_heads(cfg: dict, s: BenchSettings, where: str) -> None:
+    """Each cache type of the run holds this model's attention heads in llama.cpp at each
+    flash-attention setting (core/kv_cache.py check_heads), before the device probe or a load."""
+    if not engine_class(s.engine).kv_cache_lever:
+        return
+    for cache in (c or LlamaCache() for c in s.kv_cache_runs):
+        for fa in s.flash_attn_runs:
+            cache.check_heads(*head_dims(cfg), fa, f"{where}: --kv-cache {cache.label}")
 
 
 def check_lengths(cfg: dict, s: BenchSettings) -> None:

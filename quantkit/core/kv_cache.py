@@ -12,6 +12,13 @@ Two kinds of quantized cache exist, one per serving stack:
   run, not of the file; blocks of 32 values with an fp16 scale each (ggml-common.h), computed as
   the cache is written. llama.cpp runs a quantized V cache only with flash attention
   (llama-context.cpp refuses the context otherwise; measured: "Failed to create llama_context").
+  A quantized K or V cache holds whole blocks of each attention head (llama 0.3.36's
+  llama-context.cpp refuses a K type whose block does not divide n_embd_head_k, and a V type
+  whose block does not divide n_embd_head_v, when flash attention is on; without it, the K
+  cache is read per head through a view of ggml_row_size(type, n_embd_head_k) bytes
+  (llama-kv-cache.cpp get_k), which for a head of 24 values and a block of 32 is no whole row
+  and ggml aborts the process: ggml.c `GGML_ASSERT(view_src == NULL || ... <= ggml_nbytes(view_src))`).
+  So `check_heads` refuses both before the context is made.
 """
 
 from __future__ import annotations
@@ -99,6 +106,27 @@ class LlamaCache:
                 f"{where}: a {self.v} V cache runs in llama.cpp only with flash attention (llama.cpp refuses the "
                 "context without it); use flash attention on, or a 16-bit V cache (K alone may be quantized)"
             )
+
+    def check_heads(self, head_k: int, head_v: int, asked: bool | None, where: str) -> None:
+        """One line, naming the rule, for a cache llama.cpp cannot hold for these heads: a quantized
+        type holds whole blocks of each head (llama-context.cpp; without flash attention ggml aborts
+        on the K cache's view instead), and a quantized V cache needs flash attention."""
+        self.check_flash_attn(self.flash_attn(asked), where)
+        for part, name, head in (("K", self.k, head_k), ("V", self.v, head_v)):
+            block = LLAMACPP_TYPES[name].block
+            if head % block:
+                raise QuantkitError(
+                    f"{where}: a {name} {part} cache holds whole blocks of {block} values per attention head, and "
+                    f"this model's heads hold {head}, not a multiple of {block} (llama.cpp refuses that with flash "
+                    f"attention and aborts without it); keep {part} in f16 or bf16"
+                )
+
+
+def head_dims(cfg: dict) -> tuple[int, int]:
+    """Values per attention head of K and of V from a model's config (a GGUF's: key_length and
+    value_length), where a config names none: hidden size / heads."""
+    default = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return int(default), int(cfg.get("value_head_dim") or default)
 
 
 def parse_llama_cache(spec: str, where: str = "--kv-cache") -> LlamaCache:

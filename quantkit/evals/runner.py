@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import device as devices
+from quantkit.bench.gguf_file import gguf_config
 from quantkit.core.distributed import together
 from quantkit.core.eval_results import (
     KL_EXACT,
@@ -36,7 +37,7 @@ from quantkit.core.eval_results import (
     WindowsInfo,
     topk_kind,
 )
-from quantkit.core.kv_cache import parse_llama_cache
+from quantkit.core.kv_cache import head_dims, parse_llama_cache
 from quantkit.data.calib import self_text
 from quantkit.data.text import parse_spec, shortfall
 from quantkit.errors import DataError
@@ -157,6 +158,11 @@ def _subject(
     """Every identity check (the scorer can take the model, vocabularies, the baseline is the
     model's source) before any weights load."""
     scorer.check(model_path, dev)
+    if o.kv_cache is not None and scorer.kv_caches == "any":  # llama.cpp's cache types hold these heads
+        cfg = gguf_config(model_path) if not model_path.is_dir() else read_config(model_path)
+        parse_llama_cache(o.kv_cache).check_heads(
+            *head_dims(cfg), o.flash_attn, f"{model_path}: --kv-cache {o.kv_cache}"
+        )
     if scorer.takes_gguf and not model_path.is_dir():  # a GGUF file (a missing one: "no such GGUF file")
         return _gguf_subject(model_path, base_path, o, tok_b, base_hash)
     check_remote_code(model_path, read_config(model_path), o.trust_remote_code)

@@ -84,17 +84,24 @@ def _scores(lib_dir: Path) -> dict:
     return out
 
 
-def _run(lib_dir: Path | None, model: Path) -> dict:
-    """Load the library (llama-cpp-python's own when lib_dir is None), its CPU backend, the model;
-    prefill 16 tokens and decode 4 on 2 threads."""
+def open_library(lib_dir: Path | None):
+    """llama_cpp with the library in `lib_dir` (llama-cpp-python's own when None) and its CPU
+    backends loaded: in a child process only (this one, trial.py's)."""
     if lib_dir is not None:
         os.environ[LIB_ENV] = str(lib_dir)
-    import llama_cpp  # heavy and optional: only this child imports it
+    import llama_cpp  # heavy and optional: only a child imports it
 
     if lib_dir is not None and (lib_dir / "libggml.so").is_file() and list(lib_dir.glob("libggml-cpu-*.so")):
         ggml = ctypes.CDLL(str(lib_dir / "libggml.so"))
         if ggml.ggml_backend_reg_count() == 0:
             ggml.ggml_backend_load_all_from_path(str(lib_dir).encode())
+    return llama_cpp
+
+
+def _run(lib_dir: Path | None, model: Path) -> dict:
+    """Load the library (llama-cpp-python's own when lib_dir is None), its CPU backend, the model;
+    prefill 16 tokens and decode 4 on 2 threads."""
+    llama_cpp = open_library(lib_dir)
     llm = llama_cpp.Llama(model_path=str(model), n_ctx=CTX, n_batch=32, n_threads=2, verbose=False)
     llm.eval(list(range(3, 19)))
     for tok in (20, 21, 22, 23):

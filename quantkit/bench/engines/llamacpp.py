@@ -42,10 +42,10 @@ from quantkit.bench.engines.base import EngineSettings
 from quantkit.bench.ggml_probe import time_gguf_weights
 from quantkit.bench.gguf_file import exported_gguf, gguf_config, is_gguf, tensor_infos, weight_read_bytes
 from quantkit.core.attribution import TWIN_WIDTH
-from quantkit.core.kv_cache import LLAMACPP_TYPES, LlamaCache
+from quantkit.core.kv_cache import LLAMACPP_TYPES, LlamaCache, head_dims
 from quantkit.device import resolve
 from quantkit.errors import QuantkitError
-from quantkit.gguf import cpu_variant, tools
+from quantkit.gguf import cpu_variant, tools, trial
 from quantkit.gguf.read import open_reader
 from quantkit.gguf.tools import available_cores
 from quantkit.gguf.twin import write_twin
@@ -397,7 +397,12 @@ def _open(gguf: Path, settings: EngineSettings, threads: int):
     llama_cpp = import_llama_cpp()
     gpu = settings.device.type != "cpu"
     cache = settings.kv_cache or LlamaCache()
-    cache.check_flash_attn(settings.flash_attn, f"{gguf}")
+    cache.check_heads(*head_dims(gguf_config(gguf)), settings.flash_attn, f"{gguf}: --kv-cache {cache.label}")
+    flash_attn = bool(cache.flash_attn(settings.flash_attn))
+    types = LLAMACPP_TYPES[cache.k].ggml_id, LLAMACPP_TYPES[cache.v].ggml_id
+    trial.check_runs(
+        gguf, types, flash_attn, gpu, f"--kv-cache {cache.label}, flash attention {'on' if flash_attn else 'off'}"
+    )
     try:
         return llama_cpp.Llama(
             model_path=str(gguf),
@@ -408,9 +413,9 @@ def _open(gguf: Path, settings: EngineSettings, threads: int):
             main_gpu=(settings.device.index or 0) if gpu else 0,
             seed=settings.seed,
             logits_all=False,
-            flash_attn=bool(cache.flash_attn(settings.flash_attn)),
-            type_k=LLAMACPP_TYPES[cache.k].ggml_id,
-            type_v=LLAMACPP_TYPES[cache.v].ggml_id,
+            flash_attn=flash_attn,
+            type_k=types[0],
+            type_v=types[1],
             verbose=False,
         )
     except (ValueError, RuntimeError) as exc:
