@@ -132,3 +132,16 @@ def test_a_real_abort_of_llama_cpp_is_caught_in_the_child(head24, tmp_path):
 def test_the_child_is_a_module_that_runs():
     proc = subprocess.run([sys.executable, "-c", "import quantkit.gguf.trial"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_run_refuses_a_variants_cache_the_heads_cannot_hold(cli, head24, tmp_path):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "variants:\n  - name: int8-kv\n    steps:\n"
+        "      - quantize: {method: rtn, bits: 8, group_size: -1, kv_cache: {llamacpp: q8_0/f16}}\n"
+        "bench:\n  engines: [llamacpp]\n  flash_attn: both\n"
+    )
+    out = tmp_path / "run"
+    code, _, err, _ = cli("run", str(suite), "--model", str(head24[0]), "--out", str(out), "--skip-eval")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and not out.exists(), err
+    assert "variant int8-kv: kv_cache.llamacpp q8_0/f16" in err and "a q8_0 K cache holds whole blocks of 32" in err

@@ -22,9 +22,11 @@ from pathlib import Path
 
 from quantkit import __version__
 from quantkit.artifacts.staging import model_inputs, read_meta, text_input, verification_problem
+from quantkit.bench.settings import FLASH_ATTN
 from quantkit.core.atomic import exclusive, write_json
 from quantkit.core.eval_results import EvalResult
 from quantkit.core.integrity import problems
+from quantkit.core.kv_cache import head_dims
 from quantkit.core.outputs import made_above
 from quantkit.costs.commands import memory_warning
 from quantkit.data.calib import check_source
@@ -162,21 +164,24 @@ class Runner:
         b = self.recipe.bench
         if b.depths and not self.opts.skip_bench:  # the deepest depth and its generated tokens fit the context
             check_context(cfg, max(b.depths) + b.gen_len, f"bench.depths {max(b.depths)} + bench.gen_len")
-        self._check_caches()
+        self._check_caches(cfg)
         if any(needs_calibration(v) or (v.gguf is not None and v.gguf.imatrix) for v in self.recipe.all_variants()):
             check_context(cfg, self.recipe.calibration.seq_len, "calibration.seq_len")
             if self.calib:
                 check_source(self.calib, "--calib" if self.opts.calib else "calibration.source")
 
-    def _check_caches(self) -> None:
+    def _check_caches(self, cfg: dict) -> None:
         """A variant's llama.cpp cache types (its quantize step's kv_cache.llamacpp) with the flash
-        attention the bench asks of llama.cpp: a quantized V cache needs it on (core/kv_cache.py)."""
+        attention the bench asks of llama.cpp: a quantized V cache needs it on, and a quantized type
+        holds whole blocks of each attention head (core/kv_cache.py check_heads)."""
         b = self.recipe.bench
         for v in self.recipe.all_variants():
             cache = v.kv_cache.llama_cache if v.kv_cache else None
-            if cache is not None and b.flash_attn in ("off", "both") and not self.opts.skip_bench:
-                cache.check_flash_attn(
-                    False, f"variant {v.name}: kv_cache.llamacpp {cache.label} with bench.flash_attn"
+            if cache is None:
+                continue
+            for fa in FLASH_ATTN[b.flash_attn] if not self.opts.skip_bench else (None,):
+                cache.check_heads(
+                    *head_dims(cfg), fa, f"variant {v.name}: kv_cache.llamacpp {cache.label} with bench.flash_attn"
                 )
 
     def _eval_texts(self) -> tuple[str, ...]:
