@@ -62,7 +62,7 @@ def test_closed_loop_finds_the_knee_of_a_two_slot_server(server, tmp_path):
         "two-slot",
     )
     assert code == 0, output
-    assert run["kind"] == "load-run" and run["schema_version"] == 1 and run["label"] == "two-slot"
+    assert run["kind"] == "load-run" and run["schema_version"] == 2 and run["label"] == "two-slot"
     assert run["stopped"] == "saturation" and len(run["steps"]) == 3  # stopped before 8
     assert run["analysis"]["knee"]["offered"] == 2
     assert run["analysis"]["degraded_first"]["first"] == "ttft"

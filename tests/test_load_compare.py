@@ -57,16 +57,25 @@ def test_more_slots_move_the_knee(tmp_path):
     assert base["knee_offered"] == 1 and other["knee_offered"] == 4
     assert other["knee_qps_ratio"] > 2.5  # ideal: x4
     assert [level["offered"] for level in result["matched_levels"]] == [1, 2]  # both stopped by then
-    assert "knee moved from" in result["verdicts"][0]
+    # no SLO: the saturation knees are shown, but a move is not judged without an interval
+    assert "cannot judge a move (the runs share no SLO)" in result["verdicts"][0]
     text = render_load_comparison(result)
-    assert text.startswith("| run | knee at |") and "| 4 slots | concurrency=4 |" in text
+    assert text.startswith("| run | SLO knee [95%] |") and "| 4 slots | - | concurrency=4 |" in text
     assert "At matched offered load" in text
     png = plot_runs([one, four], tmp_path / "both.png")
     assert png.stat().st_size > 1000
 
 
 def _stub(label, knee, peak=10.0, mode="concurrency"):
-    step = {"offered": 1, "achieved_qps": peak, "ttft_ms": {"p99": 10.0}, "tpot_ms": {"p99": 1.0}}
+    step = {
+        "offered": 1,
+        "requests": 4,
+        "completed": 4,
+        "error_count": 0,
+        "achieved_qps": peak,
+        "ttft_ms": {"p99": 10.0},
+        "tpot_ms": {"p99": 1.0},
+    }
     return {
         "kind": "load-run",
         "schema_version": 1,
@@ -93,7 +102,7 @@ def _stub(label, knee, peak=10.0, mode="concurrency"):
 def test_runs_without_a_knee_and_mixed_modes():
     result = compare_load_runs([_stub("a", 5.0), _stub("b", None, peak=12.0, mode="rate")])
     assert result["matched_levels"] == []
-    assert "no knee within its bounds" in result["verdicts"][0] and "x2.40 or more" in result["verdicts"][0]
+    assert "cannot judge a move" in result["verdicts"][0] and "peaks 10.00 -> 12.00" in result["verdicts"][0]
     assert result["runs"][1]["peak_qps_ratio"] == pytest.approx(1.2)
     render_load_comparison(result)
 
@@ -102,8 +111,12 @@ def test_rejects_files_that_are_not_load_runs():
     assert is_load_run(_stub("a", 1.0)) and not is_load_run({"kind": "bench"}) and not is_load_run([])
     with pytest.raises(LoadError, match="run 2 is not a quantkit load run"):
         compare_load_runs([_stub("a", 1.0), {"kind": "bench"}])
-    with pytest.raises(LoadError, match="schema_version 2"):
-        compare_load_runs([_stub("a", 1.0), {**_stub("b", 1.0), "schema_version": 2}])
+    with pytest.raises(LoadError, match="schema_version 3"):
+        compare_load_runs([_stub("a", 1.0), {**_stub("b", 1.0), "schema_version": 3}])
+    bad = _stub("b", 1.0)
+    bad["steps"][0]["offered"] = "lots"
+    with pytest.raises(LoadError, match=r"run 2: steps\[0\]\.offered"):
+        compare_load_runs([_stub("a", 1.0), bad])
     with pytest.raises(LoadError, match="at least two"):
         compare_load_runs([_stub("a", 1.0)])
 

@@ -119,17 +119,17 @@ def test_a_server_that_dies_mid_run_stops_the_staircase_and_keeps_the_data(tmp_p
 
 
 def test_a_fault_inside_quantkit_still_writes_what_was_measured(tmp_path, monkeypatch):
-    import quantkit.load.runner as runner
+    import quantkit.load.search as search
 
     calls = []
 
     def broken(steps, patience):
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == 1:  # the saturation check after the second step
             raise RuntimeError("a bug in the analysis")
         return False
 
-    monkeypatch.setattr(runner, "should_stop", broken)
+    monkeypatch.setattr(search, "should_stop", broken)
     server = FakeOpenAI(**FAST).start()
     out = tmp_path / "run.json"
     try:

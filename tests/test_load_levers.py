@@ -90,7 +90,7 @@ def test_a_study_moves_the_knee_and_stops_its_servers(tmp_path):
         assert json.loads((out / run["file"]).read_text())["server"]["command"] == server["command"]
         assert (out / server["log"]).exists()
     assert study["runs"][1]["server"]["command"][-2:] == ["--slots", "4"]
-    assert study["comparison"]["verdicts"] and "knee moved from" in study["comparison"]["verdicts"][0]
+    assert study["comparison"]["verdicts"] and "the SLO knee moved" in study["comparison"]["verdicts"][0]
     assert (out / "levers.png").read_bytes()[:4] == b"\x89PNG"
     assert "| four-slots | --slots 4 | concurrency=4 |" in (out / "levers.md").read_text()
     assert "| one-slot | baseline |" in stdout

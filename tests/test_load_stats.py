@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from quantkit.load.config import Slo
+from quantkit.load.degrade import degraded_first
 from quantkit.load.records import RequestRecord
 from quantkit.load.stats import (
     analyze,
-    degraded_first,
     find_knee,
     is_saturated,
     max_qps_within_slo,
@@ -125,11 +125,11 @@ def test_stop_after_patience_saturated_steps():
 def test_which_latency_degraded_first():
     first = degraded_first(SATURATING)
     assert first["first"] == "ttft" and first["ttft_step"] == 2 and first["tpot_step"] is None
-    assert "queueing" in first["meaning"]
-    bandwidth = [_step(1, 10, 50, 10), _step(2, 19, 55, 16), _step(4, 30, 90, 30)]
-    first = degraded_first(bandwidth)
+    assert first["cause"] == "unknown" and "not split" in first["meaning"]  # hand-made steps carry no parts
+    tpot_first = [_step(1, 10, 50, 10), _step(2, 19, 55, 16), _step(4, 30, 90, 30)]
+    first = degraded_first(tpot_first)
     assert first["first"] == "tpot" and first["tpot_step"] == 1 and first["ttft_step"] == 2
-    assert "bandwidth" in first["meaning"]
+    assert first["cause"] == "unknown" and "bandwidth" not in first["meaning"]  # never by default
     same_step = [_step(1, 10, 50, 10), _step(2, 12, 200, 16)]
     assert degraded_first(same_step)["first"] == "ttft"  # x4 beats x1.6
     assert degraded_first([_step(1, 10, 50, 10), _step(2, 20, 52, 11)])["first"] is None

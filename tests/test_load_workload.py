@@ -149,6 +149,7 @@ def test_shared_prefix_is_served_from_the_cache():
         "prompt_len": {"low": 16, "high": 16, "long_fraction": 0.0, "long_factor": 1.0},
         "shared_prefix": 64,
         "turns": 1,
+        "name": "synthetic",
         "prompt_len_spec": "16",
     }
     for step in run["steps"]:

@@ -30,7 +30,7 @@ def check_writable(out: str | None, plot: str | None, force: bool) -> None:
 
 def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> None:
     from quantkit.load.plot import plot_runs
-    from quantkit.load.report import render_table, summary_lines
+    from quantkit.load.terminal import render_table, summary_lines
 
     if out:
         _write_json(out, run)
@@ -41,7 +41,7 @@ def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> Non
         return
     screen = console(stderr=False)
     if not screen.is_terminal:
-        screen.width = 170  # piped or captured: keep the table on one line per step
+        screen.width = 200  # piped or captured: keep the table on one line per step
     screen.print(render_table(run))
     for line in summary_lines(run):
         screen.print(line, highlight=False)
@@ -127,6 +127,58 @@ def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> Non
 @click.option("--patience", default=1, show_default=True, help="Stop after this many saturated steps in a row.")
 @click.option("--no-stop", is_flag=True, help="Climb every level even past saturation.")
 @click.option("--seed", default=0, show_default=True, help="Seed for prompts and arrival times.")
+@click.option(
+    "--workload",
+    metavar="NAME[:KEY=VALUE,...]",
+    help="A built-in workload of real text instead of --prompt-len: agent (multi-turn sessions, --api chat), "
+    "long-short (short prompts and a fraction 16x longer; statistics per class), copy (answers that repeat "
+    "the prompt).",
+)
+@click.option(
+    "--search",
+    is_flag=True,
+    help="Find the highest load that meets --slo between the two levels given (--concurrency LO,HI or "
+    "--rate LO,HI) by bracketing and bisection, instead of climbing every level.",
+)
+@click.option(
+    "--repeats",
+    default=1,
+    show_default=True,
+    help="Steps per level (with --search: at the two levels around the knee); the knee's and each P99's "
+    "95%% interval come from them.",
+)
+@click.option(
+    "--attribution",
+    metavar="BENCH.json[#ROW]",
+    help="A quantkit bench result of the served model on this device: its attribution.bound names what a "
+    "decode step is bound by, when TPOT degrades first.",
+)
+@click.option(
+    "--admission",
+    type=int,
+    metavar="N",
+    help="Admission gate (--rate only): at most N requests in flight; arrivals beyond it are rejected at "
+    "once and counted (kind `rejected`).",
+)
+@click.option(
+    "--class-priority",
+    metavar="CLASS=N,...",
+    help="Send vLLM's request priority per workload class (long-short: short=0,long=1; lower is served "
+    "first under --scheduling-policy priority).",
+)
+@click.option(
+    "--rerun-disturbed",
+    default=0,
+    show_default=True,
+    metavar="K",
+    help="Measure a step again, up to K times, when other processes used the cores during it.",
+)
+@click.option(
+    "--server-pid",
+    type=int,
+    metavar="PID",
+    help="The server's process, for its cores and CPU [default: the process listening on a loopback URL's port].",
+)
 @click.option("--label", help="Name of this run in tables, plots and comparisons.")
 @click.option("--out", help="Save the run JSON here (input to `quantkit compare`).")
 @click.option("--keep-requests", is_flag=True, help="Include every request's timings in the run JSON.")
@@ -139,13 +191,18 @@ def load_cmd(url, model, concurrency, rate, slo, no_stop, out, keep_requests, pl
     """Raise load step by step against an OpenAI-compatible server at URL; find the knee.
 
     Per step: achieved req/s and output tokens/s; TTFT, TPOT, ITL and end-to-end latency at
-    P50/P90/P99; errors and timeouts; goodput under --slo. Stops when throughput flattens while
-    TTFT-P99 keeps rising, marks the knee, and says whether TTFT (queueing) or TPOT (bandwidth)
-    degraded first. Ctrl-C keeps what was measured so far.
+    P50/P90/P99; TTFT split into queue, prefill and the rest where the server reports them;
+    errors and timeouts; goodput under --slo; the client's and the server's CPU. Stops when
+    throughput flattens while TTFT-P99 keeps rising (or, with --search, finds the highest load that
+    meets --slo), gives the knee with a 95% interval, and says which latency degraded first and
+    why. Ctrl-C keeps what was measured so far.
     """
+    from quantkit.load.attribution import read_attribution
     from quantkit.load.config import build_config
 
+    attribution = options.pop("attribution")
     cfg = build_config(
+        attribution=read_attribution(attribution) if attribution else None,
         url=url,
         model=model,
         concurrency=concurrency,

@@ -17,6 +17,8 @@ from collections.abc import Callable
 import aiohttp
 
 from quantkit.load.config import APIS, ENGINES, LoadConfig, LoadError, ServerUnreachable
+from quantkit.load.metrics import Histogram, parse_histograms
+from quantkit.load.parts import VLLM_PREFILL, VLLM_QUEUE, VLLM_TTFT
 from quantkit.load.records import RequestRecord
 from quantkit.load.sse import DONE, LineSplitter, MalformedChunk, apply_chunk, finish_record, parse_line
 
@@ -42,7 +44,7 @@ def _chat_body(messages: Messages) -> dict:
 API_BODIES: dict[str, Callable[[Messages], dict]] = {"completions": _completions_body, "chat": _chat_body}
 
 
-def build_body(cfg: LoadConfig, messages: Messages, max_tokens: int | None = None) -> dict:
+def build_body(cfg: LoadConfig, messages: Messages, max_tokens: int | None = None, cls: str | None = None) -> dict:
     gen_len = max_tokens or cfg.gen_len
     body = {
         "model": cfg.model,
@@ -54,6 +56,8 @@ def build_body(cfg: LoadConfig, messages: Messages, max_tokens: int | None = Non
     body.update(API_BODIES[cfg.api](messages))
     body.update(ENGINES[cfg.engine].fields(gen_len))
     body.update(cfg.extra_body)
+    if cls in cfg.class_priority:  # vLLM's request priority (lower first) under --scheduling-policy priority
+        body["priority"] = cfg.class_priority[cls]
     return body
 
 
@@ -149,7 +153,7 @@ async def stream_request(
     headers: dict | None = None,
 ) -> RequestRecord:
     """Send one streaming request and fill `rec`; every failure becomes a counted error kind."""
-    body = build_body(cfg, messages, max_tokens)
+    body = build_body(cfg, messages, max_tokens, rec.cls)
     rec.t_send = time.perf_counter()
     try:
         await asyncio.wait_for(_stream(http, cfg, body, rec, keep_text, headers), cfg.timeout_s)
@@ -214,6 +218,26 @@ async def server_context(http: aiohttp.ClientSession, cfg: LoadConfig) -> tuple[
         if tokens:
             return tokens, name
     return None, None
+
+
+# A /metrics page larger than this is not read (vLLM's is about 100 KB).
+METRICS_BYTES = 8 << 20
+
+
+async def server_metrics(http: aiohttp.ClientSession, cfg: LoadConfig) -> dict[str, Histogram] | None:
+    """The server's queue, prefill and TTFT histograms from its /metrics (vLLM's names, parts.py), or
+    None when it exposes none of them (llama.cpp's server splits TTFT per answer instead)."""
+    try:
+        async with http.get(
+            cfg.url + "/metrics", timeout=aiohttp.ClientTimeout(total=cfg.connect_timeout_s)
+        ) as response:
+            if response.status != 200:
+                return None
+            text = (await response.content.read(METRICS_BYTES)).decode("utf-8", "replace")
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return None
+    found = {name: h for name, h in parse_histograms(text).items() if name in (VLLM_QUEUE, VLLM_PREFILL, VLLM_TTFT)}
+    return found if VLLM_QUEUE in found else None
 
 
 async def warm_up(http: aiohttp.ClientSession, cfg: LoadConfig, messages: Messages) -> RequestRecord:

@@ -1,13 +1,19 @@
 """How far the knee moved between load runs (e.g. FP16 vs INT4, or batching off vs on).
 
 `quantkit compare` calls these when the files it is given are load-run JSONs. The first run is
-the baseline; every ratio is other / baseline.
+the baseline; every ratio is other / baseline. A knee "moved" only when the 95% interval of its
+ratio excludes 1 (intervals.shift): the knee of the SLO (the highest load that meets it) from each
+run's recorded requests. Without an SLO, or from runs that kept no requests (schema 1), the table
+shows both knees and says the move cannot be judged; at matched levels a P99 "moved" only when the
+interval of its difference excludes 0.
 """
 
 from __future__ import annotations
 
-from quantkit.load.config import LoadError
+from quantkit.load.config import LoadError, Slo
+from quantkit.load.intervals import by_level, knee_draws, p99_difference, shift
 from quantkit.load.report import KIND, SCHEMA_VERSION
+from quantkit.load.runfile import LoadRun
 
 
 def is_load_run(data: object) -> bool:
@@ -15,26 +21,22 @@ def is_load_run(data: object) -> bool:
     return isinstance(data, dict) and data.get("kind") == KIND
 
 
-def _check(run: dict, position: int) -> None:
-    if not is_load_run(run):
-        raise LoadError(f'run {position + 1} is not a quantkit load run (no "kind": "{KIND}")')
-    if run.get("schema_version") != SCHEMA_VERSION:
-        raise LoadError(
-            f"run {position + 1} ({run.get('label')}): schema_version {run.get('schema_version')!r}, "
-            f"this quantkit reads {SCHEMA_VERSION}"
-        )
-
-
 def _ratio(new: float | None, old: float | None) -> float | None:
     return new / old if new is not None and old else None
 
 
-def _row(run: dict) -> dict:
-    analysis = run["analysis"]
+def _slo(run: LoadRun) -> Slo:
+    slo = run.config.get("slo") or {}
+    return Slo(ttft_ms=slo.get("ttft_ms"), tpot_ms=slo.get("tpot_ms"))
+
+
+def _row(run: LoadRun) -> dict:
+    analysis = run.analysis
     knee, peak, slo = analysis["knee"] or {}, analysis["peak"] or {}, analysis["max_qps_within_slo"] or {}
+    slo_knee = analysis.get("slo_knee") or {}
     return {
-        "label": run["label"],
-        "mode": run["config"]["mode"],
+        "label": run.label,
+        "mode": run.config["mode"],
         "knee_offered": knee.get("offered"),
         "knee_qps": knee.get("achieved_qps"),
         "knee_tokens_per_s": knee.get("output_tokens_per_s"),
@@ -44,68 +46,100 @@ def _row(run: dict) -> dict:
         "peak_qps": peak.get("achieved_qps"),
         "peak_tokens_per_s": peak.get("output_tokens_per_s"),
         "max_qps_within_slo": slo.get("achieved_qps"),
+        "slo_knee": slo_knee.get("knee"),
+        "slo_knee_ci95": slo_knee.get("ci95"),
+        "slo_knee_censored": slo_knee.get("censored"),
+        "slo_knee_bound": slo_knee.get("bound"),
+        "slo_knee_qps": slo_knee.get("knee_qps"),
         "degraded_first": analysis["degraded_first"]["first"],
-        "stopped": run["stopped"],
+        "cause": analysis["degraded_first"].get("cause"),
+        "stopped": run.stopped,
     }
 
 
-def _matched(runs: list[dict]) -> list[dict]:
-    """P99s at each offered level every run measured (same mode only)."""
-    if len({run["config"]["mode"] for run in runs}) != 1:
+def _sampled(run: LoadRun) -> bool:
+    return any(step.get("samples") for step in run.steps)
+
+
+def knee_shift(base: LoadRun, other: LoadRun, seed: int = 0) -> dict:
+    """The SLO knee's ratio other / base with its 95% interval; why not, when it cannot be judged."""
+    if _slo(base) != _slo(other) or _slo(base).ttft_ms is None and _slo(base).tpot_ms is None:
+        return {"ratio": None, "ci95": None, "moved": None, "why": "the runs share no SLO"}
+    if base.config["mode"] != other.config["mode"]:
+        return {"ratio": None, "ci95": None, "moved": None, "why": "closed and open loop do not compare"}
+    if not (_sampled(base) and _sampled(other)):
+        return {"ratio": None, "ci95": None, "moved": None, "why": "a run kept no per-request samples"}
+    found = shift(knee_draws(base.steps, _slo(base), seed=seed), knee_draws(other.steps, _slo(other), seed=seed + 7))
+    return found
+
+
+def _matched(runs: list[LoadRun]) -> list[dict]:
+    """P99s at each offered level every run measured (same mode only), each against the baseline's
+    with the interval of the difference where the runs kept their requests."""
+    if len({run.config["mode"] for run in runs}) != 1:
         return []
-    by_run = [{s["offered"]: s for s in run["steps"] if not s.get("partial")} for run in runs]
+    by_run = [{s["offered"]: s for s in run.levels if not s.get("partial")} for run in runs]
+    steps = [by_level(run.steps) for run in runs]
     common = sorted(set.intersection(*(set(d) for d in by_run)))
-    return [
-        {
-            "offered": level,
-            "runs": [
-                {
-                    "achieved_qps": d[level]["achieved_qps"],
-                    "ttft_p99_ms": d[level]["ttft_ms"]["p99"],
-                    "tpot_p99_ms": d[level]["tpot_ms"]["p99"],
-                }
-                for d in by_run
-            ],
-        }
-        for level in common
-    ]
+    out = []
+    for level in common:
+        entries = []
+        for i, d in enumerate(by_run):
+            entry = {
+                "achieved_qps": d[level]["achieved_qps"],
+                "ttft_p99_ms": d[level]["ttft_ms"]["p99"],
+                "tpot_p99_ms": d[level]["tpot_ms"]["p99"],
+            }
+            if i and level in steps[0] and level in steps[i]:
+                for metric in ("ttft_ms", "tpot_ms"):
+                    entry[f"{metric[:4]}_p99_vs_base"] = p99_difference(steps[0][level], steps[i][level], metric)
+            entries.append(entry)
+        out.append({"offered": level, "runs": entries})
+    return out
 
 
-def _verdict(base: dict, row: dict) -> str:
-    name, knee, base_knee, peak = row["label"], row["knee_qps"], base["knee_qps"], row["peak_qps"] or 0.0
+def _verdict(base: dict, row: dict, moved: dict) -> str:
+    name = row["label"]
+    if moved.get("ci95"):
+        low, high = moved["ci95"]
+        word = "moved" if moved["moved"] else "did not move (the interval includes no change)"
+        return (
+            f"{name}: the SLO knee {word}: {row['mode']} {base['slo_knee']:.2f} -> {row['slo_knee']:.2f}, "
+            f"x{moved['ratio']:.2f} [{low:.2f}, {high:.2f}] (95%)"
+        )
+    if base["slo_knee_censored"] or row["slo_knee_censored"]:
+        where = {"below": "below", "above": "above", None: "at"}
+        return (
+            f"{name}: SLO knee {where[row['slo_knee_censored']]} {row['mode']} "
+            f"{row['slo_knee'] or row['slo_knee_bound']:g}, baseline {where[base['slo_knee_censored']]} "
+            f"{base['slo_knee'] or base['slo_knee_bound']:g}: a knee outside the levels measured; widen them"
+        )
+    knee, base_knee = row["knee_qps"], base["knee_qps"]
+    head = f"{name}: cannot judge a move ({moved.get('why')})"
     if knee is not None and base_knee is not None:
-        return (
-            f"{name}: knee moved from {base_knee:.2f} req/s ({base['mode']}={base['knee_offered']:g}) "
-            f"to {knee:.2f} req/s ({row['mode']}={row['knee_offered']:g}), x{knee / base_knee:.2f}"
-        )
-    if knee is None and base_knee is not None:
-        return (
-            f"{name}: no knee within its bounds, so the knee moved past {peak:.2f} req/s "
-            f"(baseline knee {base_knee:.2f} req/s, x{peak / base_knee:.2f} or more)"
-        )
-    if knee is not None:
-        return f"{name}: knee at {knee:.2f} req/s; the baseline found no knee within its bounds"
-    return f"{name}: neither run reached its knee; compare peaks ({peak:.2f} vs {base['peak_qps'] or 0:.2f} req/s)"
+        return f"{head}; saturation knee {base_knee:.2f} -> {knee:.2f} req/s (x{knee / base_knee:.2f}, no interval)"
+    return f"{head}; peaks {base['peak_qps'] or 0:.2f} -> {row['peak_qps'] or 0:.2f} req/s"
 
 
-def compare_load_runs(runs: list[dict]) -> dict:
+def compare_load_runs(runs: list[dict | LoadRun]) -> dict:
     if len(runs) < 2:
         raise LoadError("compare needs at least two load runs")
-    for i, run in enumerate(runs):
-        _check(run, i)
+    runs = [r if isinstance(r, LoadRun) else LoadRun.from_json(r, f"run {i + 1}") for i, r in enumerate(runs)]
     rows = [_row(run) for run in runs]
     base = rows[0]
-    for row in rows:
+    moves = [None] + [knee_shift(runs[0], run) for run in runs[1:]]
+    for row, move in zip(rows, moves):
         row["knee_qps_ratio"] = _ratio(row["knee_qps"], base["knee_qps"])
         row["peak_qps_ratio"] = _ratio(row["peak_qps"], base["peak_qps"])
         row["peak_tokens_ratio"] = _ratio(row["peak_tokens_per_s"], base["peak_tokens_per_s"])
+        row["slo_knee_shift"] = move
     return {
         "kind": "load-comparison",
         "schema_version": SCHEMA_VERSION,
         "baseline": base["label"],
         "runs": rows,
         "matched_levels": _matched(runs),
-        "verdicts": [_verdict(base, row) for row in rows[1:]],
+        "verdicts": [_verdict(base, row, move) for row, move in zip(rows[1:], moves[1:])],
     }
 
 
@@ -117,33 +151,54 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"x{value:.2f}"
 
 
+def _knee_cell(row: dict) -> str:
+    if row["slo_knee_censored"]:
+        return f"{'<' if row['slo_knee_censored'] == 'below' else '>'} {row['slo_knee_bound']:g}"
+    if row["slo_knee"] is None:
+        return "-"
+    ci = row["slo_knee_ci95"] or [None, None]
+    return f"{row['slo_knee']:.2f} [{_f(ci[0])}, {_f(ci[1])}]"
+
+
+def _diff_cell(diff: dict | None) -> str:
+    if not diff or diff.get("difference_ms") is None:
+        return ""
+    low, high = diff["ci95"]
+    return f" ({diff['difference_ms']:+.0f} [{low:+.0f}, {high:+.0f}]{' moved' if diff['moved'] else ''})"
+
+
 def render_load_comparison(result: dict) -> str:
     """Markdown: one row per run, the P99s at matched load levels, then one verdict per run."""
     lines = [
-        "| run | knee at | knee req/s | knee TTFT-P99 ms | knee TPOT-P99 ms | peak req/s | peak out tok/s "
+        "| run | SLO knee [95%] | knee (saturation) | knee req/s | peak req/s | peak out tok/s "
         "| req/s in SLO | degraded first | knee vs baseline | peak vs baseline |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["runs"]:
         knee_at = "-" if row["knee_offered"] is None else f"{row['mode']}={row['knee_offered']:g}"
+        first = row["degraded_first"] or "-"
+        if row.get("cause"):
+            first += f" ({row['cause']})"
         lines.append(
-            f"| {row['label']} | {knee_at} | {_f(row['knee_qps'])} | {_f(row['knee_ttft_p99_ms'], 0)} "
-            f"| {_f(row['knee_tpot_p99_ms'], 1)} | {_f(row['peak_qps'])} | {_f(row['peak_tokens_per_s'], 1)} "
-            f"| {_f(row['max_qps_within_slo'])} | {row['degraded_first'] or '-'} "
+            f"| {row['label']} | {_knee_cell(row)} | {knee_at} | {_f(row['knee_qps'])} | {_f(row['peak_qps'])} "
+            f"| {_f(row['peak_tokens_per_s'], 1)} | {_f(row['max_qps_within_slo'])} | {first} "
             f"| {_x(row['knee_qps_ratio'])} | {_x(row['peak_qps_ratio'])} |"
         )
     if result["matched_levels"]:
         labels = [row["label"] for row in result["runs"]]
         lines += [
             "",
-            "At matched offered load (req/s, TTFT-P99 ms, TPOT-P99 ms):",
+            "At matched offered load (req/s, TTFT-P99 ms, TPOT-P99 ms; against the baseline: the P99 "
+            "difference and its 95% interval):",
             "",
             "| offered | " + " | ".join(labels) + " |",
             "|---|" + "---|" * len(labels),
         ]
         for level in result["matched_levels"]:
             cells = [
-                f"{_f(r['achieved_qps'])}, {_f(r['ttft_p99_ms'], 0)}, {_f(r['tpot_p99_ms'], 1)}" for r in level["runs"]
+                f"{_f(r['achieved_qps'])}, {_f(r['ttft_p99_ms'], 0)}{_diff_cell(r.get('ttft_p99_vs_base'))}, "
+                f"{_f(r['tpot_p99_ms'], 1)}{_diff_cell(r.get('tpot_p99_vs_base'))}"
+                for r in level["runs"]
             ]
             lines.append(f"| {level['offered']:g} | " + " | ".join(cells) + " |")
     lines += [""] + [f"- {verdict}" for verdict in result["verdicts"]]

@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
 from quantkit.errors import QuantkitError
-from quantkit.load.workload import Workload, build_workload
+from quantkit.load.degrade import DeviceBound
+from quantkit.load.named import parse_named
+from quantkit.load.workload import Workload, WorkloadError, build_workload
 
 
 class LoadError(QuantkitError):
@@ -98,10 +100,20 @@ class LoadConfig:
     context_len: int | None = None  # the server's context in tokens, when given (else asked from it)
     headers: dict = field(default_factory=dict)  # sent with every request (a gateway's API key)
     session_header: str | None = None  # a header naming each request's conversation (session affinity)
+    # search.py: the highest load that meets the SLO, by bracketing and bisection between the two
+    # levels given, instead of climbing every level
+    search: bool = False
+    repeats: int = 1  # steps per level (search: at the two levels around the knee), for intervals
+    attribution: DeviceBound | None = None  # the device's batch-1 bound, for "TPOT degraded first"
+    admission: int | None = None  # admission gate: most requests in flight, the rest rejected at once
+    class_priority: dict = field(default_factory=dict)  # request `priority` per workload class (vLLM)
+    rerun_disturbed: int = 0  # times a step that other processes disturbed is measured again
+    server_pid: int | None = None  # the server's process, for its cores and CPU (else found by port)
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["workload"] = self.workload.to_dict()
+        data["attribution"] = self.attribution.to_json() if self.attribution else None
         data["headers"] = {name: "<not recorded>" for name in self.headers}  # keys stay out of run files
         return data
 
@@ -175,6 +187,35 @@ def _session_header(name: str | None) -> str | None:
     return name
 
 
+def parse_class_priority(spec: str | None) -> dict[str, int]:
+    """`"short=0,long=1"` -> {"short": 0, "long": 1}: vLLM's request `priority` per workload class
+    (lower is served first under --scheduling-policy priority)."""
+    if not spec:
+        return {}
+    out = {}
+    for part in spec.split(","):
+        name, sep, value = part.partition("=")
+        try:
+            out[name.strip()] = int(value)
+        except ValueError:
+            raise LoadError(f"--class-priority: expected CLASS=INT,..., got {spec!r}") from None
+        if not sep or not name.strip():
+            raise LoadError(f"--class-priority: expected CLASS=INT,..., got {spec!r}")
+    return out
+
+
+def _workload(name: str | None, prompt_len, shared_prefix: int, turns: int, api: str):
+    """--workload NAME, or the --prompt-len / --shared-prefix / --turns shape (not both)."""
+    if not name:
+        return build_workload(prompt_len, shared_prefix, turns, api)
+    if str(prompt_len) != "128" or shared_prefix or turns != 1:
+        raise WorkloadError("give either --workload or --prompt-len/--shared-prefix/--turns, not both")
+    workload = parse_named(name)
+    if workload.api and workload.api != api:
+        raise WorkloadError(f"--workload {workload.name} is a conversation of messages: use --api {workload.api}")
+    return workload
+
+
 def check_choice(value: str, registry: dict, option: str) -> str:
     if value not in registry:
         raise LoadError(f"{option}: unknown {value!r}; choose one of {', '.join(sorted(registry))}")
@@ -201,6 +242,12 @@ def build_config(
     context_len: int | None = None,
     headers: tuple[str, ...] = (),
     session_header: str | None = None,
+    workload: str | None = None,
+    class_priority: str | None = None,
+    repeats: int = 1,
+    search: bool = False,
+    admission: int | None = None,
+    rerun_disturbed: int = 0,
     **rest,
 ) -> LoadConfig:
     """The CLI's raw values -> a LoadConfig, or one LoadError naming the offending option."""
@@ -222,6 +269,21 @@ def build_config(
             raise LoadError(f"{option} must be positive, got {value:g}")
     if patience < 1:
         raise LoadError(f"--patience must be at least 1, got {patience}")
+    if repeats < 1:
+        raise LoadError(f"--repeats must be at least 1, got {repeats}")
+    if admission is not None and admission < 1:
+        raise LoadError(f"--admission must be at least 1 request in flight, got {admission}")
+    if admission is not None and not rate:
+        # a closed loop never has more in flight than its concurrency: a gate below it would only
+        # turn workers into a loop of rejections
+        raise LoadError("--admission gates arrivals: use it with --rate (open loop)")
+    if rerun_disturbed < 0:
+        raise LoadError(f"--rerun-disturbed must be 0 or more, got {rerun_disturbed}")
+    if search:
+        if len(levels) != 2:
+            raise LoadError("--search takes the two bounds of the load to search between, e.g. --concurrency 1,16")
+        if not slo:
+            raise LoadError("--search finds the highest load that meets the SLO: give --slo")
     api = check_choice(api, APIS, "--api")
     return LoadConfig(
         url=normalize_url(url),
@@ -230,7 +292,12 @@ def build_config(
         levels=levels,
         api=api,
         engine=check_choice(engine, ENGINES, "--engine"),
-        workload=build_workload(prompt_len, shared_prefix, turns, api),
+        workload=_workload(workload, prompt_len, shared_prefix, turns, api),
+        class_priority=parse_class_priority(class_priority),
+        repeats=repeats,
+        search=search,
+        admission=admission,
+        rerun_disturbed=rerun_disturbed,
         gen_len=gen_len,
         context_len=context_len,
         headers=parse_headers(headers),

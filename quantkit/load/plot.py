@@ -1,4 +1,5 @@
-"""PNG of TTFT-P99 and TPOT-P99 against achieved QPS, one line per load run, knees circled.
+"""PNG of TTFT-P99 and TPOT-P99 against achieved QPS, one line per load run, knees circled; and,
+where the server split TTFT, its parts (mean queue, prefill, other) stacked against the offered load.
 
 Uses matplotlib's object API with the Agg canvas: no pyplot global state, no display needed.
 """
@@ -25,14 +26,46 @@ def _series(run: dict, metric: str) -> tuple[list[float], list[float], list[floa
     return xs, ys, levels
 
 
+PART_COLORS = {"queue_ms": "#d62728", "prefill_ms": "#1f77b4", "other_ms": "#7f7f7f"}
+
+
+def _parts(run: dict) -> list[tuple[float, dict]]:
+    levels = run.get("levels") or run.get("steps") or []
+    return [(s["offered"], s["ttft_parts"]) for s in levels if not (s.get("ttft_parts") or {"absent": 1}).get("absent")]
+
+
+def _plot_parts(ax, runs: list[dict]) -> None:
+    """Mean queue, prefill and other per offered level, stacked; one bar per run at each level."""
+    offered = sorted({level for run in runs for level, _ in _parts(run)})
+    width = 0.8 / max(1, len(runs))
+    for k, run in enumerate(runs):
+        by_level = dict(_parts(run))
+        xs = [i + k * width for i, level in enumerate(offered) if level in by_level]
+        bottom = [0.0] * len(xs)
+        for name, color in PART_COLORS.items():
+            heights = [max(0.0, by_level[lv][name]["mean"] or 0.0) for lv in offered if lv in by_level]
+            label = name[:-3] if k == 0 else None
+            ax.bar(xs, heights, width, bottom=bottom, color=color, label=label, hatch=["", "//", "..", "xx"][k % 4])
+            bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xticks([i + width * (len(runs) - 1) / 2 for i in range(len(offered))], [f"{lv:g}" for lv in offered])
+    ax.set_title("TTFT parts (means; one bar per run, hatched in run order)")
+    ax.set_xlabel(f"offered load ({runs[0]['config']['mode']})")
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+
+
 def plot_runs(runs: list[dict], path: str | Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    with_parts = any(_parts(run) for run in runs) and len({run["config"]["mode"] for run in runs}) == 1
+    fig = Figure(figsize=(16.5 if with_parts else 11, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2)
-    for ax, metric, title in zip(axes, ("ttft_ms", "tpot_ms"), ("TTFT P99", "TPOT P99")):
+    axes = fig.subplots(1, 3 if with_parts else 2)
+    if with_parts:
+        _plot_parts(axes[2], runs)
+    for ax, metric, title in zip(axes[:2], ("ttft_ms", "tpot_ms"), ("TTFT P99", "TPOT P99")):
         top = []
         for k, run in enumerate(runs):
             xs, ys, levels = _series(run, metric)

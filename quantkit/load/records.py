@@ -10,8 +10,9 @@ from dataclasses import asdict, dataclass, field, fields
 # Error kinds counted per step (none of them stops the run). `truncated`: the response started
 # but the stream ended (closed, or the connection dropped) before [DONE] or a finish_reason.
 # `stream_error`: an in-stream error object, or a chunk that breaks the protocol (not JSON, wrong
-# types, data after [DONE], not an event stream).
-ERROR_KINDS = ("http_4xx", "http_5xx", "timeout", "connection", "truncated", "stream_error")
+# types, data after [DONE], not an event stream). `rejected`: never sent, refused by the admission
+# gate (config.Admission) because too many requests were already in flight.
+ERROR_KINDS = ("http_4xx", "http_5xx", "timeout", "connection", "truncated", "stream_error", "rejected")
 
 
 @dataclass
@@ -27,6 +28,11 @@ class RequestRecord:
     # (llama.cpp's timings.draft_n / draft_n_accepted)
     draft_tokens: int | None = None
     draft_accepted: int | None = None
+    # the server's own clock, where its answer carries it (llama.cpp's timings): prompt_ms from the
+    # slot starting the prompt to its first token, predicted_ms from the first token to the last
+    server_prompt_ms: float | None = None
+    server_predicted_ms: float | None = None
+    cls: str | None = None  # the workload's class of this request (long-short: "short" or "long")
     tokens_from_usage: bool = False
     finish_reason: str | None = None  # the last choice's finish_reason, as the server sent it
     done: bool = False  # the stream ended with `data: [DONE]`

@@ -160,6 +160,16 @@ def _choices_text(payload: dict, api: str, rec: RequestRecord) -> str:
     return text
 
 
+def _ms(obj: dict, key: str, where: str) -> float | None:
+    """A duration in milliseconds: a finite non-negative number or absent; anything else is malformed."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise MalformedChunk(f"{where}.{key} is {value!r:.40}, not a duration in milliseconds")
+    return float(value)
+
+
 def _fold_usage(payload: dict, rec: RequestRecord) -> None:
     usage = _object(payload, "usage", "chunk")
     # llama.cpp's server: timings.cache_n prompt tokens reused from the slot's cache, prompt_n processed
@@ -181,6 +191,9 @@ def _fold_usage(payload: dict, rec: RequestRecord) -> None:
         drafted, accepted = _count(timings, "draft_n", "timings"), _count(timings, "draft_n_accepted", "timings")
         if drafted is not None:
             rec.draft_tokens, rec.draft_accepted = drafted, accepted
+        prompt_ms, predicted_ms = _ms(timings, "prompt_ms", "timings"), _ms(timings, "predicted_ms", "timings")
+        if prompt_ms is not None and predicted_ms is not None:
+            rec.server_prompt_ms, rec.server_predicted_ms = prompt_ms, predicted_ms
     if prompt is not None:
         rec.prompt_tokens = prompt
     if cached is not None:

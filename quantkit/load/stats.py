@@ -14,7 +14,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from quantkit.load import parts
 from quantkit.load.config import Slo
+from quantkit.load.degrade import DeviceBound, degraded_first
+from quantkit.load.metrics import Histogram
 from quantkit.load.records import ERROR_KINDS, RequestRecord
 
 PERCENTILES = (50, 90, 99)
@@ -24,16 +27,6 @@ FLAT_FRACTION = 0.5
 # ... while its TTFT-P99 rose by more than this factor. Both are judgment calls, set well above the
 # +-10-20% step-to-step jitter of the loaded 2-core machine the runs in docs/LOAD.md come from.
 TTFT_RISE = 1.25
-# A latency "degrades" once its P99 exceeds this multiple of the first (lightest) step's P99.
-DEGRADE_RATIO = 1.5
-
-MEANINGS = {
-    "ttft": "TTFT degraded first: requests wait for a slot or for prefill (queueing and scheduling); "
-    "more batch slots, chunked prefill or admission control move this knee",
-    "tpot": "TPOT degraded first: every decode step slows as the batch grows (memory-bandwidth "
-    "saturation); smaller weights and KV cache or faster memory move this knee",
-    None: f"neither TTFT-P99 nor TPOT-P99 exceeded {DEGRADE_RATIO:g}x the first step's within the bounds",
-}
 
 
 def percentiles(values: Iterable[float], scale: float = 1000.0) -> dict:
@@ -128,6 +121,51 @@ def _client_overhead(records: Sequence[RequestRecord], cpu_s: float | None, dura
     }
 
 
+def _samples(ok: Sequence[RequestRecord]) -> dict:
+    """Each answered request's TTFT, TPOT and E2E in ms (and its class): what an interval over
+    requests resamples (intervals.py), kept with the step so that stored runs can be compared."""
+    return {
+        "ttft_ms": [round(1e3 * ttft_s(r), 3) for r in ok],
+        "tpot_ms": [None if (t := tpot_s(r)) is None else round(1e3 * t, 3) for r in ok],
+        "e2e_ms": [round(1e3 * e2e_s(r), 3) for r in ok],
+        "cls": [r.cls for r in ok] if any(r.cls for r in ok) else None,
+    }
+
+
+def _latencies(records: Sequence[RequestRecord], ok: Sequence[RequestRecord], slo: Slo) -> dict:
+    """Per class of the workload (long-short): the same latency percentiles and goodput fraction."""
+    good = sum(meets_slo(r, slo) for r in records) if not slo.empty else None
+    return {
+        "requests": len(records),
+        "completed": len(ok),
+        "ttft_ms": percentiles(ttft_s(r) for r in ok),
+        "tpot_ms": percentiles(t for t in (tpot_s(r) for r in ok) if t is not None),
+        "e2e_ms": percentiles(e2e_s(r) for r in ok),
+        "goodput_fraction": (good / len(records)) if good is not None and records else None,
+    }
+
+
+def _classes(records: Sequence[RequestRecord], slo: Slo) -> dict | None:
+    names = sorted({r.cls for r in records if r.cls})
+    if not names:
+        return None
+    out = {}
+    for name in names:
+        mine = [r for r in records if r.cls == name]
+        ok = [r for r in mine if r.ok]
+        out[name] = {**_latencies(mine, ok, slo), "ttft_parts": parts.from_records(ok) or parts.absent()}
+    return out
+
+
+def ttft_parts(ok: Sequence[RequestRecord], ttft_ms: dict, server_delta: dict[str, Histogram] | None) -> dict:
+    """The step's TTFT parts: per request from the answers' timings, else from the server's
+    histograms over the step, else absent with the reason."""
+    found = parts.from_records(ok)
+    if found is None and server_delta:
+        found = parts.from_histograms(server_delta, ttft_ms, len(ok))
+    return found or parts.absent()
+
+
 def summarize_step(
     records: Sequence[RequestRecord],
     *,
@@ -138,21 +176,24 @@ def summarize_step(
     cpu_s: float | None = None,
     partial: bool = False,
     t_stop: float | None = None,
+    duration: float | None = None,
+    server_delta: dict[str, Histogram] | None = None,
 ) -> dict:
-    """One staircase step: throughput, latency percentiles, errors, goodput, client overhead.
+    """One staircase step: throughput, latency percentiles, TTFT parts, errors, goodput, client overhead.
 
     A step cut short (`partial`, with `t_stop` when it was cut) ran from `t_start` to `t_stop`:
     its throughput is what it completed over that time, and requests still in flight then are
-    counted as `unfinished` (neither completed nor failed)."""
+    counted as `unfinished` (neither completed nor failed). `duration` overrides the wall time
+    (a level pooled over repeats: the sum of its steps'). `server_delta`: the server's /metrics
+    histograms' change over the step (vLLM's queue and prefill times)."""
     ok = [r for r in records if r.ok]
     ends = [r.t_end for r in records if r.t_end is not None]
-    if t_stop is not None:
-        duration = t_stop - t_start
-    else:
-        duration = (max(ends) - t_start) if ends else 0.0
+    if duration is None:
+        duration = (t_stop - t_start) if t_stop is not None else ((max(ends) - t_start) if ends else 0.0)
     per_s = (lambda n: n / duration) if duration > 0 else (lambda n: None)
     out_tokens = sum(r.output_tokens or 0 for r in ok)
     errors = count_errors(records)
+    latencies = _latencies(records, ok, slo)
     step = {
         "mode": mode,
         "offered": offered,
@@ -171,12 +212,15 @@ def summarize_step(
         **prompt_cache(ok),
         **speculation(ok),
         "tokens_from_usage": bool(ok) and all(r.tokens_from_usage for r in ok),
-        "ttft_ms": percentiles(ttft_s(r) for r in ok),
-        "tpot_ms": percentiles(t for t in (tpot_s(r) for r in ok) if t is not None),
+        "ttft_ms": latencies["ttft_ms"],
+        "tpot_ms": latencies["tpot_ms"],
         "itl_ms": percentiles(gap for r in ok for gap in itls_s(r)),
-        "e2e_ms": percentiles(e2e_s(r) for r in ok),
+        "e2e_ms": latencies["e2e_ms"],
+        "ttft_parts": ttft_parts(ok, latencies["ttft_ms"], server_delta),
+        "classes": _classes(records, slo),
         "goodput": None,
         "client": _client_overhead(records, cpu_s, duration),
+        "samples": _samples(ok),
     }
     if not slo.empty:
         good = sum(meets_slo(r, slo) for r in records)
@@ -230,39 +274,6 @@ def find_knee(steps: Sequence[dict]) -> dict | None:
     }
 
 
-def _first_degraded(steps: Sequence[dict], metric: str) -> tuple[int | None, float | None]:
-    base = _p99(steps[0], metric)
-    if not base:
-        return None, None
-    for i, step in enumerate(steps[1:], start=1):
-        value = _p99(step, metric)
-        if value is None or value > DEGRADE_RATIO * base:
-            return i, (value / base if value is not None else None)
-    return None, None
-
-
-def degraded_first(steps: Sequence[dict]) -> dict:
-    """Which P99 left its unloaded value first: TTFT (queueing) or TPOT (bandwidth)."""
-    ttft_step, ttft_ratio = _first_degraded(steps, "ttft_ms") if steps else (None, None)
-    tpot_step, tpot_ratio = _first_degraded(steps, "tpot_ms") if steps else (None, None)
-    if ttft_step is None and tpot_step is None:
-        first = None
-    elif tpot_step is None or (ttft_step is not None and ttft_step < tpot_step):
-        first = "ttft"
-    elif ttft_step is None or tpot_step < ttft_step:
-        first = "tpot"
-    else:  # same step: the one that moved further from its baseline
-        first = "ttft" if (ttft_ratio or float("inf")) >= (tpot_ratio or float("inf")) else "tpot"
-    return {
-        "first": first,
-        "ttft_step": ttft_step,
-        "ttft_ratio": ttft_ratio,
-        "tpot_step": tpot_step,
-        "tpot_ratio": tpot_ratio,
-        "meaning": MEANINGS[first],
-    }
-
-
 def max_qps_within_slo(steps: Sequence[dict], slo: Slo) -> dict | None:
     """The highest achieved QPS among steps whose TTFT-P99 and TPOT-P99 met the SLO."""
     if slo.empty:
@@ -286,7 +297,7 @@ def max_qps_within_slo(steps: Sequence[dict], slo: Slo) -> dict | None:
     return best
 
 
-def analyze(steps: Sequence[dict], slo: Slo) -> dict:
+def analyze(steps: Sequence[dict], slo: Slo, attribution: DeviceBound | None = None) -> dict:
     """The knee, saturation and what degraded first come from the full steps (a cut-short step
     cannot be judged against the one before); the peak and the best req/s within the SLO count a
     partial step too, at the throughput it kept up until it was cut (summarize_step's t_stop)."""
@@ -305,6 +316,6 @@ def analyze(steps: Sequence[dict], slo: Slo) -> dict:
             "partial": bool(steps[peak].get("partial")),
         },
         "saturated_steps": [i for i, flag in enumerate(saturated_flags(full)) if flag],
-        "degraded_first": degraded_first(full),
+        "degraded_first": degraded_first(full, attribution),
         "max_qps_within_slo": max_qps_within_slo(steps, slo),
     }

@@ -84,12 +84,19 @@ def parse_prompt_len(spec: str | int) -> LengthSpec:
 
 @dataclass(frozen=True)
 class Workload:
+    """Random common words of the lengths --prompt-len gives (named.py: the built-in named workloads)."""
+
     prompt_len: LengthSpec = field(default_factory=lambda: LengthSpec(128, 128))
     shared_prefix: int = 0
     turns: int = 1
+    name = "synthetic"
+    api = None  # either API (turns above 1 need chat: build_workload)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "prompt_len_spec": self.prompt_len.describe()}
+        return {**asdict(self), "name": self.name, "prompt_len_spec": self.prompt_len.describe()}
+
+    def source(self, seed: int) -> "RequestSource":
+        return RequestSource(self, seed)
 
     def longest_prompt(self, gen_len: int) -> int:
         """About how many tokens the longest request's prompt has (the last turn of a conversation
@@ -104,6 +111,7 @@ class Workload:
 
 
 def build_workload(prompt_len: str | int, shared_prefix: int, turns: int, api: str) -> Workload:
+    """The --prompt-len / --shared-prefix / --turns shape, checked."""
     if shared_prefix < 0:
         raise WorkloadError(f"--shared-prefix must be 0 or more tokens, got {shared_prefix}")
     if turns < 1:
@@ -113,14 +121,21 @@ def build_workload(prompt_len: str | int, shared_prefix: int, turns: int, api: s
     return Workload(parse_prompt_len(prompt_len), shared_prefix, turns)
 
 
-def check_fits(workload: Workload, gen_len: int, context: int | None, source: str | None) -> None:
+def check_fits(workload, gen_len: int, context: int | None, source: str | None) -> None:
     """Refuse a workload that cannot fit the server's context (when the context is known)."""
     if not context:
         return
     where = f"the server's context ({context} tokens, {source})"
+    longest = workload.longest_prompt(gen_len)
+    if not isinstance(workload, Workload):
+        if longest + gen_len > context:
+            raise WorkloadError(
+                f"the longest request of --workload {workload.describe()} (about {longest} prompt tokens) "
+                f"plus --gen-len {gen_len} does not fit {where}"
+            )
+        return
     if workload.shared_prefix >= context:
         raise WorkloadError(f"--shared-prefix {workload.shared_prefix} is longer than {where}")
-    longest = workload.longest_prompt(gen_len)
     if longest + gen_len > context:
         raise WorkloadError(
             f"the longest request (about {longest} prompt tokens: prefix {workload.shared_prefix}, "
@@ -144,6 +159,7 @@ class Turn:
     messages: list[dict]
     turn: int
     words: int  # words the client sent (about the prompt's tokens, before a chat template)
+    cls: str | None = None  # the workload's class of this request (long-short: short or long)
 
 
 class RequestSource:

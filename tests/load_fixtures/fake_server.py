@@ -7,7 +7,9 @@ HTTP 500 and every `hang_every`-th sends headers, then nothing for 30 s (a timeo
 load_fixtures/hostile.py). `context` is reported as vLLM does (`/v1/models` max_model_len) or, with
 `context_at="props"`, as llama.cpp's server does (`/props` n_ctx). `cache="usage"` reports the words a
 prompt shares with the best earlier prompt as `usage.prompt_tokens_details.cached_tokens`,
-`cache="timings"` as llama.cpp's `timings.cache_n`/`prompt_n`. Stdlib only.
+`cache="timings"` as llama.cpp's `timings.cache_n`/`prompt_n`. `timings=True` sends llama.cpp's clock
+(`timings.prompt_ms` from taking a slot to the first token, `predicted_ms` from there to the last),
+`metrics=True` keeps vLLM's queue, prefill and TTFT histograms at /metrics. Stdlib only.
 
     python tests/load_fixtures/fake_server.py --slots 2   # prints the port, serves until killed
 """
@@ -20,6 +22,13 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+HISTOGRAMS = (
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:time_to_first_token_seconds",
+)
+BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, float("inf"))
 
 
 class FakeOpenAI(ThreadingHTTPServer):
@@ -40,6 +49,8 @@ class FakeOpenAI(ThreadingHTTPServer):
         context_at="models",
         cache=None,
         done=True,
+        timings=False,
+        metrics=False,
         port=0,
     ):
         super().__init__(("127.0.0.1", port), _Handler)
@@ -48,6 +59,10 @@ class FakeOpenAI(ThreadingHTTPServer):
         self.fail_every, self.hang_every = fail_every, hang_every
         self.misbehave, self.bad_every = misbehave, bad_every
         self.context, self.context_at, self.cache, self.done = context, context_at, cache, done
+        self.timings, self.metrics = timings, metrics
+        self.lock = threading.Lock()
+        # vLLM's histograms (seconds): name -> [(bound, count)...], sum, count
+        self.histograms = {name: ([0] * len(BUCKETS), [0.0, 0]) for name in HISTOGRAMS}
         self.counter = itertools.count(1)
         self.bodies: list[dict] = []
         self.headers_seen: list[dict] = []
@@ -75,6 +90,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             return self._reply(200, {"status": "ok"})
+        if self.path == "/metrics":
+            if not self.server.metrics:
+                return self._reply(404, {"detail": "Not Found"})
+            return self._text(self._metrics_page())
         context = self.server.context
         if self.path == "/props":
             if self.server.context_at != "props":
@@ -82,6 +101,35 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(200, {"default_generation_settings": {"n_ctx": context}, "total_slots": 1})
         stated = {"max_model_len": context} if context and self.server.context_at == "models" else {}
         self._reply(200, {"object": "list", "data": [{"id": "m", "object": "model", **stated}]})
+
+    def _metrics_page(self) -> str:
+        lines = ["# HELP vllm:num_requests_running Number of requests running.", "vllm:num_requests_running 0.0"]
+        with self.server.lock:
+            for name, (counts, (total, n)) in self.server.histograms.items():
+                lines.append(f"# TYPE {name} histogram")
+                cumulative = 0
+                for bound, count in zip(BUCKETS, counts):
+                    cumulative += count
+                    le = "+Inf" if bound == float("inf") else f"{bound}"
+                    lines.append(f'{name}_bucket{{engine="0",le="{le}",model_name="m"}} {float(cumulative)}')
+                lines.append(f'{name}_sum{{engine="0",model_name="m"}} {total}')
+                lines.append(f'{name}_count{{engine="0",model_name="m"}} {float(n)}')
+        return "\n".join(lines) + "\n"
+
+    def _observe(self, name: str, seconds: float) -> None:
+        with self.server.lock:
+            counts, totals = self.server.histograms[name]
+            counts[next(i for i, b in enumerate(BUCKETS) if seconds <= b)] += 1
+            totals[0] += seconds
+            totals[1] += 1
+
+    def _text(self, text: str) -> None:
+        data = text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _reply(self, status: int, payload: dict) -> None:
         data = json.dumps(payload).encode()
@@ -108,8 +156,9 @@ class _Handler(BaseHTTPRequestHandler):
             from load_fixtures.hostile import MISBEHAVIOURS
 
             return MISBEHAVIOURS[self.server.misbehave](self, body)
+        arrived = time.perf_counter()
         with self.server.slots:
-            self._stream(body, chat=self.path.endswith("chat/completions"))
+            self._stream(body, chat=self.path.endswith("chat/completions"), arrived=arrived)
 
     def _chunk(self, payload: dict) -> None:
         self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
@@ -121,13 +170,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
 
-    def _stream(self, body: dict, chat: bool, *, tokens: int | None = None, extra=None, done=None) -> None:
+    def _stream(
+        self, body: dict, chat: bool, *, tokens: int | None = None, extra=None, done=None, arrived=None
+    ) -> None:
         """A well-formed stream; `tokens` stops it early (no finish, no [DONE]); `extra` is a list of
         (position, chunk) to insert; `done=False` leaves out [DONE]."""
+        started = time.perf_counter()  # the slot is taken: the prompt starts
         self._headers()
         n_tokens = int(body.get("max_tokens") or 16)
         extra = dict(extra or [])
         time.sleep(self.server.prefill_s)
+        first = time.perf_counter()
+        if arrived is not None and self.server.metrics:
+            self._observe(HISTOGRAMS[0], started - arrived)
+            self._observe(HISTOGRAMS[1], first - started)
+            self._observe(HISTOGRAMS[2], first - arrived)
         if chat:
             self._chunk({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
         for i in range(n_tokens if tokens is None else tokens):
@@ -140,7 +197,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunk({"choices": [choice]})
         if tokens is not None:
             return
+        last = time.perf_counter()
         final = {"choices": [{"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}]}
+        if self.server.timings:  # llama.cpp's clock: the prompt from its slot, the tokens after the first
+            final["timings"] = {
+                "prompt_n": 16,
+                "prompt_ms": 1e3 * (first - started),
+                "predicted_ms": 1e3 * (last - first),
+            }
         if self.server.usage:
             final["usage"] = self._usage(body, n_tokens)
             if self.server.cache == "timings":  # llama.cpp: usage without details, timings beside it

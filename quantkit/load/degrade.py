@@ -1,0 +1,138 @@
+"""Which latency degraded first under load, and why: decided from the parts the server reports.
+
+The latency: the first step whose TTFT-P99, or TPOT-P99, passes DEGRADE_RATIO times the lightest
+step's (when both pass at the same step, the one that moved further). The cause:
+
+- TTFT first: the TTFT parts (parts.py) of the lightest step against the degraded one. The part
+  whose mean grew most names the cause: queue_ms -> scheduling (requests wait for a slot or a
+  batch: slots, priority, admission control), prefill_ms -> compute contention (prefills share the
+  device with other requests' work: chunked prefill, prefix caching, fewer concurrent prefills),
+  other_ms -> the server's front end or the network. Without parts: unknown, and the reason.
+- TPOT first: each decode step slows as the batch grows; what it is bound by is the device's,
+  named by the batch-1 attribution of a `quantkit bench` result on that device (`attribution.bound`:
+  bandwidth, compute or overhead). Without one: unknown. Never bandwidth by default: a CPU's
+  decode is often compute-bound, a GPU's at small batch bandwidth-bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from quantkit.load.parts import PARTS, mean_of
+
+# A latency "degrades" once its P99 exceeds this multiple of the first (lightest) step's P99.
+DEGRADE_RATIO = 1.5
+
+PART_CAUSE = {
+    "queue_ms": "scheduling",
+    "prefill_ms": "compute contention",
+    "other_ms": "front end",
+}
+CAUSE_TEXT = {
+    "scheduling": "requests wait for a slot or a batch (queueing); more slots, priority for short "
+    "prompts or admission control move this knee",
+    "compute contention": "prefills share the device with other requests' work; chunked prefill, "
+    "prefix caching or fewer concurrent prefills move this knee",
+    "front end": "the time outside the engine grew (HTTP, tokenizing, the network)",
+    "bandwidth": "decode steps are bound by memory bandwidth (the batch-1 attribution); smaller "
+    "weights and KV cache, i.e. quantization, or faster memory move this knee",
+    "compute": "decode steps are bound by compute (the batch-1 attribution); a larger batch makes "
+    "every step slower; threads, kernels with native arithmetic or a faster device move this knee",
+    "overhead": "decode steps are bound by fixed per-step costs (the batch-1 attribution); a larger "
+    "batch spreads them, fewer layers or a leaner runtime move this knee",
+}
+
+
+@dataclass(frozen=True)
+class DeviceBound:
+    """The resource a decode step is bound by on this device, and where that was read."""
+
+    bound: str  # one of core.attribution.RESOURCES: bandwidth, compute, overhead
+    source: str  # e.g. "bench.json row demo-int4 (attribution.bound)"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _p99(step: dict, metric: str) -> float | None:
+    return (step.get(metric) or {}).get("p99")
+
+
+def _first_degraded(steps: Sequence[dict], metric: str) -> tuple[int | None, float | None]:
+    base = _p99(steps[0], metric)
+    if not base:
+        return None, None
+    for i, step in enumerate(steps[1:], start=1):
+        value = _p99(step, metric)
+        if value is None or value > DEGRADE_RATIO * base:
+            return i, (value / base if value is not None else None)
+    return None, None
+
+
+def _ttft_cause(base: dict, step: dict, index: int) -> tuple[str, str, dict | None]:
+    """(cause, evidence, growth of each part's mean in ms) from the two steps' TTFT parts."""
+    before, after = base.get("ttft_parts"), step.get("ttft_parts")
+    growth = {}
+    for name in PARTS:
+        a, b = mean_of(before, name), mean_of(after, name)
+        if a is None or b is None:
+            reason = (after or before or {}).get("absent") or "the steps carry no TTFT parts"
+            return "unknown", f"TTFT is not split: {reason}", None
+        growth[name] = b - a
+    largest = max(growth, key=growth.get)
+    share = ((after.get("share") or {}).get("queue"), (before.get("share") or {}).get("queue"))
+    evidence = (
+        f"from the lightest step to step {index}: queue +{growth['queue_ms']:.0f} ms, "
+        f"prefill {growth['prefill_ms']:+.0f} ms, other {growth['other_ms']:+.0f} ms (means)"
+    )
+    if share[0] is not None and share[1] is not None:
+        evidence += f"; queue share {100 * share[1]:.0f}% -> {100 * share[0]:.0f}%"
+    return PART_CAUSE[largest], evidence, growth
+
+
+def degraded_first(steps: Sequence[dict], attribution: DeviceBound | None = None) -> dict:
+    """Which P99 left its unloaded value first, and the cause the server's parts (TTFT) or the
+    device's batch-1 attribution (TPOT) name."""
+    ttft_step, ttft_ratio = _first_degraded(steps, "ttft_ms") if steps else (None, None)
+    tpot_step, tpot_ratio = _first_degraded(steps, "tpot_ms") if steps else (None, None)
+    if ttft_step is None and tpot_step is None:
+        first = None
+    elif tpot_step is None or (ttft_step is not None and ttft_step < tpot_step):
+        first = "ttft"
+    elif ttft_step is None or tpot_step < ttft_step:
+        first = "tpot"
+    else:  # same step: the one that moved further from its baseline
+        first = "ttft" if (ttft_ratio or float("inf")) >= (tpot_ratio or float("inf")) else "tpot"
+    out = {
+        "first": first,
+        "ttft_step": ttft_step,
+        "ttft_ratio": ttft_ratio,
+        "tpot_step": tpot_step,
+        "tpot_ratio": tpot_ratio,
+        "cause": None,
+        "evidence": None,
+        "part_growth_ms": None,
+    }
+    if first == "ttft":
+        out["cause"], out["evidence"], out["part_growth_ms"] = _ttft_cause(steps[0], steps[ttft_step], ttft_step)
+    elif first == "tpot":
+        out["cause"] = attribution.bound if attribution else "unknown"
+        out["evidence"] = (
+            f"the device's batch-1 attribution: {attribution.source}"
+            if attribution
+            else "no batch-1 attribution of this device was given (--attribution BENCH.json)"
+        )
+    out["meaning"] = meaning(out)
+    return out
+
+
+def meaning(result: dict) -> str:
+    """One line: which latency degraded first and what that points at."""
+    first, cause = result["first"], result["cause"]
+    if first is None:
+        return f"neither TTFT-P99 nor TPOT-P99 exceeded {DEGRADE_RATIO:g}x the first step's within the bounds"
+    head = "TTFT degraded first" if first == "ttft" else "TPOT degraded first"
+    if cause == "unknown":
+        return f"{head}; its cause is unknown: {result['evidence']}"
+    return f"{head}: {cause}: {CAUSE_TEXT[cause]} ({result['evidence']})"

@@ -1,0 +1,123 @@
+"""A load run's file (`quantkit load --out`, a lever study's NN-LEVER.json) read back: checked and
+brought to the current schema, so that compare and the lever table read one shape.
+
+Schema 2 added per step: `ttft_parts`, `classes`, `samples` (each answered request's latencies,
+for intervals), `phase`, `repeat`, `cpu`; per run: `levels` (steps pooled per level), `discarded`,
+`cpu`, `p99_requests_needed`, and `analysis.slo_knee`. A schema-1 file reads with its steps as its
+levels, its parts absent ("recorded before ..."), and no samples (so no intervals).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from quantkit.load.config import LoadError
+from quantkit.load.report import KIND, SCHEMA_VERSION
+
+_NUMBER = (int, float)
+# keys every step of every schema has, with their types (None allowed where measured values may be missing)
+_STEP_KEYS = {
+    "offered": _NUMBER,
+    "requests": int,
+    "completed": int,
+    "error_count": int,
+    "ttft_ms": dict,
+    "tpot_ms": dict,
+}
+_ABSENT_V1 = "recorded before quantkit split TTFT (a schema-1 run file)"
+
+
+@dataclass(frozen=True)
+class LoadRun:
+    label: str
+    config: dict
+    steps: list[dict]
+    levels: list[dict]
+    analysis: dict
+    stopped: str | None
+    schema_version: int = SCHEMA_VERSION
+    created: str | None = None
+    stop_detail: str | None = None
+    interrupted: bool = False
+    prompt_tokens_reported: int | None = None
+    server_context: dict | None = None
+    discarded: list[dict] = field(default_factory=list)
+    cpu: dict | None = None
+    p99_requests_needed: int | None = None
+    client_overhead: dict | None = None
+    tool: dict | None = None
+    requests: list | None = None  # --keep-requests
+    server: dict | None = None  # a lever study's: the server it started
+    file: str | None = None  # a lever study's: the run's file name
+    kind: str = KIND
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        return {k: v for k, v in data.items() if v is not None or k not in ("requests", "server", "file")}
+
+    @classmethod
+    def from_json(cls, data, where: str) -> "LoadRun":
+        """A run file's JSON, checked (one LoadError naming what is wrong) and migrated."""
+        if not isinstance(data, dict) or data.get("kind") != KIND:
+            raise LoadError(f'{where} is not a quantkit load run (no "kind": "{KIND}")')
+        version = data.get("schema_version")
+        if version not in (1, SCHEMA_VERSION):
+            raise LoadError(f"{where} ({data.get('label')}): schema_version {version!r}, this quantkit reads 1 and 2")
+        data = _migrate(dict(data)) if version == 1 else dict(data)
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise LoadError(f"{where}: unknown key {unknown[0]!r} in a load run")
+        for key in ("label", "config", "steps", "levels", "analysis"):
+            if key not in data:
+                raise LoadError(f"{where}: missing key {key!r} in a load run")
+        if not isinstance(data["config"], dict) or data["config"].get("mode") not in ("concurrency", "rate"):
+            raise LoadError(f"{where}: config.mode must be concurrency or rate")
+        for name in ("steps", "levels"):
+            if not isinstance(data[name], list):
+                raise LoadError(f"{where}: {name} must be a list")
+            for i, step in enumerate(data[name]):
+                _check_step(step, f"{where}: {name}[{i}]")
+        if not isinstance(data["analysis"], dict):
+            raise LoadError(f"{where}: analysis must be an object")
+        return cls(**data)
+
+
+def _check_step(step, where: str) -> None:
+    if not isinstance(step, dict):
+        raise LoadError(f"{where} is not an object")
+    for key, kind in _STEP_KEYS.items():
+        value = step.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise LoadError(f"{where}.{key} is {value!r:.40}, not a {getattr(kind, '__name__', 'number')}")
+    if not math.isfinite(step["offered"]) or step["offered"] <= 0:
+        raise LoadError(f"{where}.offered must be a positive number")
+    samples = step.get("samples")
+    if samples is not None:
+        if not isinstance(samples, dict) or not all(isinstance(samples.get(k), list) for k in ("ttft_ms", "tpot_ms")):
+            raise LoadError(f"{where}.samples must hold ttft_ms and tpot_ms lists")
+        for key in ("ttft_ms", "tpot_ms"):
+            bad = [v for v in samples[key] if v is not None and (not isinstance(v, _NUMBER) or not math.isfinite(v))]
+            if bad:
+                raise LoadError(f"{where}.samples.{key} holds {bad[0]!r:.40}, not a time in ms")
+
+
+def _migrate(data: dict) -> dict:
+    """Schema 1 -> 2: what a schema-1 run did not record is absent, never invented."""
+    steps = []
+    for step in data.get("steps") or []:
+        if isinstance(step, dict):
+            step = {
+                "ttft_parts": {"absent": _ABSENT_V1},
+                "classes": None,
+                "samples": None,
+                "phase": None,
+                "repeat": 0,
+                "cpu": None,
+                **step,
+            }
+        steps.append(step)
+    analysis = dict(data.get("analysis") or {})
+    analysis.setdefault("slo_knee", None)
+    return {**data, "schema_version": SCHEMA_VERSION, "steps": steps, "levels": steps, "analysis": analysis}

@@ -1,0 +1,102 @@
+"""TTFT under load split into queue, prefill and the rest, from the server's own timings: per request
+(llama.cpp's `timings`), per step (vLLM's /metrics histograms), or absent with the reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from load_fixtures.fake_server import FakeOpenAI
+
+from quantkit.cli import cli
+from quantkit.load import parts
+from quantkit.load.metrics import Histogram
+from quantkit.load.records import RequestRecord
+
+# one slot: requests past the first wait for it; 60 ms of prefill, 8 tokens 5 ms apart
+ONE_SLOT = {"slots": 1, "prefill_s": 0.06, "token_s": 0.005}
+ARGS = ["--model", "m", "--gen-len", "8", "--prompt-len", "16", "--max-requests", "16", "--step-seconds", "20"]
+
+
+def _load(server: FakeOpenAI, *extra: str) -> dict:
+    result = CliRunner().invoke(
+        cli, ["load", server.url, *ARGS, "--concurrency", "1,2,4", "--no-stop", *extra, "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_parts_of_one_request_by_hand():
+    # sent at 0, first token at 300 ms, end at 500 ms; the server: 100 ms of prompt, 195 ms of decode
+    rec = RequestRecord(t_send=0.0, t_first=0.3, t_end=0.5, chunk_times=[0.3, 0.5], output_tokens=2)
+    rec.server_prompt_ms, rec.server_predicted_ms = 100.0, 195.0
+    queue, prefill, other = parts.request_parts(rec)
+    assert (queue, prefill, other) == pytest.approx((205.0, 100.0, -5.0))  # 500 - 100 - 195; 300 - 205 - 100
+    assert queue + prefill + other == pytest.approx(300.0)
+    step = parts.from_records([rec])
+    assert step["check"]["mismatched"] == 0 and step["check"]["worst_pct"] == pytest.approx(100 * 5 / 300)
+    # a decode the server timed 30 ms shorter than the client saw it: the parts miss TTFT by 10%
+    rec.server_predicted_ms = 170.0
+    assert parts.from_records([rec])["check"]["mismatched"] == 1
+    assert parts.request_parts(RequestRecord(t_send=0.0, t_first=0.1, t_end=0.2)) is None  # no timings
+
+
+def test_parts_from_histograms_by_hand():
+    queue = Histogram(((0.1, 2.0), (0.5, 6.0), (float("inf"), 8.0)), sum=1.6, count=8.0)
+    prefill = Histogram(((0.1, 8.0), (float("inf"), 8.0)), sum=0.4, count=8.0)
+    found = parts.from_histograms({parts.VLLM_QUEUE: queue, parts.VLLM_PREFILL: prefill}, {"mean": 300.0}, 8)
+    assert found["queue_ms"]["mean"] == pytest.approx(200.0) and found["prefill_ms"]["mean"] == pytest.approx(50.0)
+    assert found["other_ms"]["mean"] == pytest.approx(50.0) and found["check"]["requests_match"]
+    # P50: rank 4 of 8 falls in (0.1, 0.5] holding ranks 3..6: 0.1 + 0.4 * (4 - 2) / 4
+    assert found["queue_ms"]["p50"] == pytest.approx(300.0) and found["queue_ms"]["p50_bucket_ms"] == [100.0, 500.0]
+    assert found["share"] == pytest.approx({"queue": 2 / 3, "prefill": 1 / 6, "other": 1 / 6})
+
+
+def test_a_server_with_timings_one_slot_queue_grows_prefill_stays():
+    server = FakeOpenAI(timings=True, **ONE_SLOT).start()
+    try:
+        run = _load(server)
+    finally:
+        server.stop()
+    steps = run["steps"]
+    found = [s["ttft_parts"] for s in steps]
+    assert all(p["per_request"] and p["n"] == p["of"] == 16 for p in found)
+    assert "timings.prompt_ms" in found[0]["source"]["prefill_ms"]
+    queue = [p["queue_ms"]["p50"] for p in found]
+    prefill = [p["prefill_ms"]["p50"] for p in found]
+    assert queue[0] < 20 and queue[1] > 40 and queue[2] > 2 * queue[1]  # waits for the one slot
+    assert max(prefill) < 1.5 * min(prefill) and min(prefill) >= 55  # the prefill itself does not move
+    # the parts add up to each TTFT within 5% (one request a step may lose a few ms to the stub's
+    # thread, which shares this process with the client)
+    assert all(p["check"]["mismatched"] <= 1 and abs(p["other_ms"]["p50"]) < 2 for p in found)
+    assert found[2]["share"]["queue"] > 0.5 > found[0]["share"]["queue"]
+    first = run["analysis"]["degraded_first"]
+    assert first["first"] == "ttft" and first["cause"] == "scheduling" and "queue" in first["evidence"]
+
+
+def test_a_server_without_timings_leaves_the_parts_absent_and_says_why():
+    server = FakeOpenAI(**ONE_SLOT).start()
+    try:
+        run = _load(server)
+    finally:
+        server.stop()
+    assert all(set(s["ttft_parts"]) == {"absent"} for s in run["steps"])
+    assert "neither per-request timings" in run["steps"][0]["ttft_parts"]["absent"]
+    first = run["analysis"]["degraded_first"]
+    assert first["first"] == "ttft" and first["cause"] == "unknown" and "not split" in first["meaning"]
+
+
+def test_a_server_with_vllm_histograms_splits_each_step():
+    server = FakeOpenAI(metrics=True, **ONE_SLOT).start()
+    try:
+        run = _load(server)
+    finally:
+        server.stop()
+    found = [s["ttft_parts"] for s in run["steps"]]
+    assert all(not p["per_request"] and "vllm:request_queue_time_seconds" in p["source"]["queue_ms"] for p in found)
+    assert all(p["check"]["requests_match"] and p["n"] == 16 for p in found)  # the warm-up is not in a step
+    assert found[0]["queue_ms"]["mean"] < 20 < found[1]["queue_ms"]["mean"] < found[2]["queue_ms"]["mean"]
+    assert all(p["prefill_ms"]["mean"] == pytest.approx(60, abs=15) for p in found)
+    assert all(p["prefill_ms"]["p99_bucket_ms"] == [50.0, 100.0] for p in found)  # 60 ms: the (50, 100] bucket
+    assert run["analysis"]["degraded_first"]["cause"] == "scheduling"
