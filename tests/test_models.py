@@ -172,3 +172,50 @@ def test_what_an_interrupted_build_left_is_removed_by_the_next_pull(cli, fake_de
     code, _, err, _ = cli("models", "pull", "demo", "--json")
     assert code == 0, err
     assert not left.exists() and f"removed {left}" in err and len(fake_demo) == 1
+
+
+def test_a_config_without_its_context_has_transformers_default():
+    """What transformers (and a GGUF export, which reads its config) assume where config.json names
+    no max_position_embeddings: the config class's default, never "no limit"."""
+    from quantkit.models.checkpoint import context_length, context_source
+
+    assert context_length({"model_type": "llama"}) == 2048
+    assert context_length({"model_type": "llama", "max_position_embeddings": 1024}) == 1024
+    assert context_length({"text_config": {"model_type": "llama", "n_positions": 512}}) == 512
+    assert context_length({"model_type": "no-such-model"}) is None
+    assert "transformers' default for llama" in context_source({"model_type": "llama"})
+
+
+@pytest.fixture
+def no_context(tiny_llama, tmp_path):
+    import shutil
+
+    m = tmp_path / "nopos"
+    shutil.copytree(tiny_llama, m)
+    cfg = json.loads((m / "config.json").read_text())
+    del cfg["max_position_embeddings"]
+    (m / "config.json").write_text(json.dumps(cfg))
+    return m
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["bench", "{m}", "--engine", "eager", "--depth", "4000"], "exceed the model's context (2048; transformers"),
+        (["bench", "{m}", "--depth", "20000000", "--plan"], "exceed the model's context (2048; transformers"),
+        (["bench", "{m}", "--prompt-len", "3000", "--plan"], "exceed the model's context (2048; transformers"),
+        (
+            ["eval", "{m}", "--baseline", "{m}", "--text", "file:{t}", "--seq-len", "4096"],
+            "--seq-len 4096 is longer than the model's context of 2048 tokens (transformers' default",
+        ),
+    ],
+)
+def test_every_command_holds_a_config_without_a_context_to_the_default(
+    cli, no_context, tiny_text, monkeypatch, args, says
+):
+    def boom(*a, **k):
+        raise AssertionError("work started before the context check")
+
+    monkeypatch.setattr("quantkit.bench.probe.run_probe", boom)
+    code, _, err, _ = cli(*(a.format(m=no_context, t=tiny_text) for a in args))
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err

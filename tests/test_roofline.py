@@ -131,3 +131,47 @@ def test_roofline_cli_bad_input(cli):
     assert code == 2 and "unknown shape" in err
     code, _, err, _ = cli("roofline", "--shape", "llama3-8b", "--device", "tpu9")
     assert code == 2 and "unknown device" in err
+
+
+@pytest.mark.parametrize("group", [-7, -2, 2.5, True, "128", None])
+def test_a_weight_format_with_no_real_group_size_is_refused(group):
+    """A group size no format has would count fewer bytes than the weights hold (-7: 2.58 GB for an
+    8B model at 4 bits, below its own weights)."""
+    from quantkit.errors import QuantkitError
+
+    with pytest.raises(QuantkitError, match="group size"):
+        WeightFormat(4.0, group)
+
+
+@pytest.mark.parametrize("bits", [2.0, 3.0, 4.0, 8.0])
+def test_quantized_weights_always_carry_scales(bits):
+    from quantkit.errors import QuantkitError
+
+    with pytest.raises(QuantkitError, match="quantized weights carry scales"):
+        WeightFormat(bits, 0)
+    per_channel, grouped = WeightFormat(bits, -1), WeightFormat(bits, 32)
+    assert grouped.bytes_for(64, 256) > per_channel.bytes_for(64, 256) > 64 * 256 * bits / 8
+
+
+@pytest.mark.parametrize("bad", [("bits", -4.0), ("bits", float("nan")), ("scale_bytes", -2), ("zero_bits", True)])
+def test_a_weight_format_counts_no_negative_or_missing_bytes(bad):
+    from quantkit.errors import QuantkitError
+
+    with pytest.raises(QuantkitError, match=bad[0]):
+        WeightFormat(**{"bits": 4.0, "group_size": 128, bad[0]: bad[1]})
+
+
+@pytest.mark.parametrize("group", ["-7", "0", "-2", "-100000"])
+def test_roofline_refuses_a_group_size_before_any_probe(cli, monkeypatch, group):
+    def boom(*a, **k):
+        raise AssertionError("probed before the check")
+
+    monkeypatch.setattr("quantkit.bench.probe.cached_probe", boom)
+    code, _, err, _ = cli("roofline", "--shape", "llama3-8b", "--bits", "4", "--group-size", group)
+    assert code == 2 and f"--group-size {group}" in err and len(err.strip().splitlines()) == 1
+
+
+def test_roofline_says_fp8_is_no_half_of_a_k_v_pair(cli):
+    for spec in ("fp8/f16", "f16/fp8", "FP8/q8_0"):
+        code, _, err, _ = cli("roofline", "--shape", "llama3-8b", "--device", "h200", "--kv-cache", spec)
+        assert code == 2 and "fp8 is one cache for K and V together" in err and "or fp8" not in err, err

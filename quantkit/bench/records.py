@@ -62,7 +62,7 @@ ROW_VALUES = {
     **dict.fromkeys(("model", "name", "kind", "kernel", "engine", "device"), TEXT),
     **dict.fromkeys(("engine_info", "self_check", "stats"), OBJECT),
     **dict.fromkeys(("prompt_sweep", "notes", "flags"), LIST),
-    "prompt_len": Whole(1),
+    "prompt_len": COUNT,  # 0 in a row at depth 0: nothing prefilled
     "gen_len": Whole(1),
     "depth": COUNT_OR_NONE,
     "threads": COUNT_OR_NONE,

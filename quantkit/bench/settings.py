@@ -12,6 +12,7 @@ from quantkit.core.kv_cache import LlamaCache, head_dims, parse_llama_cache, par
 from quantkit.core.roofline import Shape, kv_bytes_per_token
 from quantkit.device import free_bytes, resolve
 from quantkit.errors import QuantkitError
+from quantkit.models.checkpoint import context_length, context_source
 from quantkit.recipe.schema import BenchConfig
 
 DEVICE_WORDS = {"cuda": "a CUDA GPU (--device cuda)", "cpu": "the CPU (--device cpu)"}
@@ -179,15 +180,17 @@ def check_kv_heads(cfg: dict, s: BenchSettings, where: str) -> None:
 
 
 def check_lengths(cfg: dict, s: BenchSettings) -> None:
-    limit = cfg.get("max_position_embeddings")
+    """The longest sequence of the run within the model's context (a config that names none: what
+    transformers and the exported GGUF assume, models/checkpoint.py context_length)."""
+    limit = context_length(cfg)
     if not limit or s.max_tokens <= limit:
         return
     deepest = max(s.depths, default=0)
+    source = context_source(cfg)
+    where = f"the model's context ({limit}" + ("" if source.startswith("config.json") else f"; {source}") + ")"
     if deepest + s.gen_len == s.max_tokens:
-        raise QuantkitError(
-            f"--depth {deepest} + {s.gen_len} generated tokens ({s.max_tokens}) exceed the model's context ({limit})"
-        )
-    raise QuantkitError(f"prompt + generated tokens ({s.max_tokens}) exceed the model's context ({limit})")
+        raise QuantkitError(f"--depth {deepest} + {s.gen_len} generated tokens ({s.max_tokens}) exceed {where}")
+    raise QuantkitError(f"prompt + generated tokens ({s.max_tokens}) exceed {where}")
 
 
 def check_fits_bytes(weights: float, cfg: dict, s: BenchSettings, what: str) -> None:

@@ -88,6 +88,10 @@ def roofline_cmd(shape_name, device_name, bits, group_size, prompt_len, context,
         raise QuantkitError("--bits: each width must be one of 2, 3, 4, 8, 16")
     if prompt_len <= 0 or (context is not None and context < 0):
         raise QuantkitError("--prompt-len must be positive and --context non-negative")
+    if group_size == 0 or group_size < -1:
+        raise QuantkitError(
+            f"--group-size {group_size}: -1 (one scale per output channel) or a positive number of weights per scale"
+        )
     if device_name:
         device = get_device(device_name)
     else:

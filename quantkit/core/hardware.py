@@ -41,7 +41,8 @@ DEVICES: dict[str, Device] = {
     "mi300x": Device("AMD MI300X", 5.3 * TB, 1307 * TF, "AMD MI300X datasheet (5.3 TB/s, 1,307 TFLOPS bf16 dense)"),
 }
 
-# Public config.json figures of common models (hidden, intermediate, layers, heads, kv heads, head dim, vocab, tied).
+# Public config.json figures of common models (hidden, intermediate, layers, heads, kv heads, head dim, vocab, tied,
+# context: max_position_embeddings, which bench's context check reads).
 SHAPES: dict[str, dict] = {
     "llama3-8b": dict(
         hidden_size=4096,
@@ -52,6 +53,7 @@ SHAPES: dict[str, dict] = {
         head_dim=128,
         vocab_size=128256,
         tie_word_embeddings=False,
+        max_position_embeddings=8192,
     ),
     "llama3-70b": dict(
         hidden_size=8192,
@@ -62,6 +64,7 @@ SHAPES: dict[str, dict] = {
         head_dim=128,
         vocab_size=128256,
         tie_word_embeddings=False,
+        max_position_embeddings=8192,
     ),
     "llama2-7b": dict(
         hidden_size=4096,
@@ -72,6 +75,7 @@ SHAPES: dict[str, dict] = {
         head_dim=128,
         vocab_size=32000,
         tie_word_embeddings=False,
+        max_position_embeddings=4096,
     ),
     "mistral-7b": dict(
         hidden_size=4096,
@@ -82,6 +86,7 @@ SHAPES: dict[str, dict] = {
         head_dim=128,
         vocab_size=32768,
         tie_word_embeddings=False,
+        max_position_embeddings=32768,
     ),
     "qwen2.5-7b": dict(
         hidden_size=3584,
@@ -92,6 +97,7 @@ SHAPES: dict[str, dict] = {
         head_dim=128,
         vocab_size=152064,
         tie_word_embeddings=False,
+        max_position_embeddings=32768,
     ),
     "llama3.2-1b": dict(
         hidden_size=2048,
@@ -102,6 +108,7 @@ SHAPES: dict[str, dict] = {
         head_dim=64,
         vocab_size=128256,
         tie_word_embeddings=True,
+        max_position_embeddings=131072,
     ),
     "qwen2.5-0.5b": dict(
         hidden_size=896,
@@ -112,6 +119,7 @@ SHAPES: dict[str, dict] = {
         head_dim=64,
         vocab_size=151936,
         tie_word_embeddings=True,
+        max_position_embeddings=32768,
     ),
     "smollm2-135m": dict(
         hidden_size=576,
@@ -122,6 +130,7 @@ SHAPES: dict[str, dict] = {
         head_dim=64,
         vocab_size=49152,
         tie_word_embeddings=True,
+        max_position_embeddings=8192,
     ),
 }
 SHAPE_ARCH = {"qwen2.5-7b": "qwen2", "qwen2.5-0.5b": "qwen2", "mistral-7b": "mistral"}

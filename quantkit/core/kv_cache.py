@@ -147,6 +147,11 @@ def value_bytes(spec: str, where: str = "--kv-cache") -> float:
     (`q8_0`, K/V `q8_0/f16`: the mean of K's and V's, as core/roofline.kv_bytes counts a token)."""
     if str(spec).strip().lower() == "fp8":
         return FP8_BYTES
+    if "fp8" in [p.strip().lower() for p in str(spec).split("/")]:
+        raise QuantkitError(
+            f"{where} {spec!r}: fp8 is one cache for K and V together (an FP8 kv_cache_scheme); a K/V pair "
+            f"takes llama.cpp's types: {', '.join(LLAMACPP_TYPES)}"
+        )
     try:
         k, v = parse_llama_cache(spec, where).value_bytes()
     except QuantkitError as exc:

@@ -9,7 +9,10 @@ the prefill split) are core/fits.py; a row's TPOT split into its causes, core/at
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+
+from quantkit.errors import QuantkitError
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,22 @@ class WeightFormat:
     group_size: int = -1  # -1: one scale per output channel; 0: no scales (plain float)
     scale_bytes: int = 2
     zero_bits: float = 0.0  # 0 when symmetric
+
+    def __post_init__(self) -> None:
+        """A geometry that stores something: any other group size (-7) would count fewer bytes than
+        the weights hold, quietly."""
+        g = self.group_size
+        if isinstance(g, bool) or not isinstance(g, int) or g < -1:
+            raise QuantkitError(f"group size {g!r}: -1 (one scale per output channel) or a number of weights per scale")
+        if g == 0 and 0 < self.bits < 16:
+            raise QuantkitError(
+                f"group size 0 at {self.bits:g} bits: quantized weights carry scales; -1 (per output channel) or a "
+                "positive group size"
+            )
+        for name in ("bits", "scale_bytes", "zero_bits"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise QuantkitError(f"{name} {v!r}: a finite number of at least 0")
 
     def bytes_for(self, out_features: int, in_features: int) -> float:
         n = out_features * in_features

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import pickle
@@ -130,6 +131,44 @@ def read_json(file: Path) -> dict:
 
 def read_config(path: Path) -> dict:
     return read_json(path / "config.json")
+
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def context_length(cfg: dict) -> int | None:
+    """The longest sequence the model was built for: its config's own key, else what transformers
+    assumes for its model type (the config class's default, which a GGUF export writes too: Llama's
+    2048); None where neither says."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    for key in CONTEXT_KEYS:
+        value = text.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return default_context(text.get("model_type"))
+
+
+def context_source(cfg: dict) -> str:
+    """Where context_length's figure comes from, for a message."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    key = next((k for k in CONTEXT_KEYS if k in text), None)
+    if key:
+        return f"config.json {key}"
+    return f"transformers' default for {text.get('model_type')}: config.json names no max_position_embeddings"
+
+
+@functools.cache
+def default_context(model_type) -> int | None:
+    """The context transformers' config class for `model_type` assumes when a config names none."""
+    if not isinstance(model_type, str):
+        return None
+    from transformers import AutoConfig  # heavy: only for a config without its context
+
+    try:
+        value = getattr(AutoConfig.for_model(model_type), "max_position_embeddings", None)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 # The sizes every code path reads (preflight's skeleton, roofline, bench, GQA), under their names in

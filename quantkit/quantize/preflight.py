@@ -11,7 +11,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from quantkit.errors import DataError, ModelError, QuantkitError, RecipeError
 from quantkit.models import headers, scheme_facts
-from quantkit.models.checkpoint import check_loading_info, check_remote_code, one_line
+from quantkit.models.checkpoint import check_loading_info, check_remote_code, context_length, context_source, one_line
 
 
 def meta_model(config_dict: dict, trust_remote_code: bool = False, path: Path | None = None):
@@ -100,24 +100,14 @@ def _renamed_on_load(skeleton, table) -> bool:
     return bool(get_model_conversion_mapping(skeleton, add_legacy=False))
 
 
-def context_length(cfg: dict) -> int | None:
-    """The longest sequence the model was built for (config.json), or None where it does not say."""
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = text.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def check_context(cfg: dict, seq_len: int, what: str) -> None:
     """A window longer than the model's context: positions it never learned (or, with learned
     position embeddings, an index error), so its figures would describe a model nobody runs."""
     limit = context_length(cfg)
     if limit is not None and seq_len > limit:
         raise DataError(
-            f"{what} {seq_len} is longer than the model's context of {limit} tokens "
-            "(config.json max_position_embeddings); use at most that"
+            f"{what} {seq_len} is longer than the model's context of {limit} tokens ({context_source(cfg)}); "
+            "use at most that"
         )
 
 
