@@ -215,3 +215,72 @@ def test_a_torch_engine_times_its_own_16_bit_cache_and_says_so(cli, kv_arts):
     assert any("FP8 K/V scales (kv_cache_scheme) are not applied" in n for n in row["notes"])
     # its self-check compares the weights' arithmetic: the reference's rounding is off, as the engine's cache
     assert row["self_check"]["reference_kv_cache"] == "FP8 K/V rounding off" and row["self_check"]["passed"]
+
+
+def _with_scales(tiny_llama: Path, out: Path, strategy: str = "tensor", edit=None) -> Path:
+    """The tiny Llama declaring an FP8 KV cache scheme, with a k_scale and v_scale per layer (as
+    llm-compressor saves them); `edit(tensors)` damages them."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny_llama, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {},
+        "kv_cache_scheme": {"type": "float", "num_bits": 8, "strategy": strategy, "symmetric": True, "dynamic": False},
+    }
+    (out / "config.json").write_text(json.dumps(cfg))
+    t = load_file(str(out / "model.safetensors"))
+    per = cfg["num_key_value_heads"] if strategy == "attn_head" else 1
+    for layer in range(cfg["num_hidden_layers"]):
+        for kind in ("k", "v"):
+            t[f"model.layers.{layer}.self_attn.{kind}_scale"] = torch.full((per,), 0.02, dtype=torch.float32)
+    if edit:
+        edit(t)
+    save_file(t, str(out / "model.safetensors"))
+    return out
+
+
+def _set(name, value):
+    return lambda t: t.__setitem__(name, value)
+
+
+K0 = "model.layers.0.self_attn.k_scale"
+SCALE_DAMAGES = {
+    "a zero scale": (_set(K0, torch.tensor([0.0])), "a scale of 0"),
+    "a negative scale": (_set(K0, torch.tensor([-1.0])), "a scale of -1"),
+    "a scale of 60,000": (_set(K0, torch.tensor([60000.0])), "a scale of 60000"),
+    "a NaN scale": (_set(K0, torch.tensor([float("nan")])), "a scale of nan"),
+    "an infinite scale": (_set(K0, torch.tensor([float("inf")])), "a scale of inf"),
+    "a vanishing scale": (_set(K0, torch.tensor([1e-30])), "a scale of 1e-30"),
+    "two values per tensor": (_set(K0, torch.tensor([0.02, 0.02])), "shape [2], 2 values; a per-tensor scale holds 1"),
+    "an integer scale": (_set(K0, torch.tensor([1], dtype=torch.int32)), "a scale of dtype I32"),
+    "a missing v_scale": (lambda t: t.pop("model.layers.1.self_attn.v_scale"), "1 v_scale tensors for 2 layers"),
+}
+
+
+@pytest.mark.parametrize("damage", SCALE_DAMAGES, ids=list(SCALE_DAMAGES))
+def test_kv_scales_are_checked_where_the_artifact_is_read(cli, tiny_llama, tiny_text, tmp_path, damage):
+    """A scale of the wrong shape, dtype or value is one line where the checkpoint is read (exit 2),
+    never a RuntimeError at eval nor a KL computed with a scale of 0 or 60,000."""
+    edit, says = SCALE_DAMAGES[damage]
+    art = _with_scales(tiny_llama, tmp_path / "art", edit=edit)
+    code, _, err, _ = cli(
+        "eval", str(art), "--baseline", str(tiny_llama), "--text", f"file:{tiny_text}", "--seq-len", "32",
+        "--max-tokens", "64", "--baseline-mismatch-ok",
+    )  # fmt: skip
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and says in lines[0] and "k_scale" in err + "v_scale", err
+
+
+def test_per_head_scales_hold_one_value_per_kv_head(tiny_llama, tmp_path):
+    from quantkit.errors import ModelError
+    from quantkit.models.checkpoint import check_checkpoint
+
+    check_checkpoint(_with_scales(tiny_llama, tmp_path / "good", "attn_head"))
+    check_checkpoint(_with_scales(tiny_llama, tmp_path / "tensor", "tensor"))
+    one = _with_scales(tiny_llama, tmp_path / "one", "attn_head", _set(K0, torch.tensor([0.02])))
+    with pytest.raises(ModelError, match="a per-head scale holds one per KV head, 2"):
+        check_checkpoint(one)

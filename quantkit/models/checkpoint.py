@@ -17,7 +17,7 @@ from quantkit.core.atomic import write_text
 from quantkit.core.integrity import sha256_file
 from quantkit.errors import ModelError
 from quantkit.home import subdir
-from quantkit.models import fp4_load_fix, headers
+from quantkit.models import fp4_load_fix, headers, kv_scheme
 from quantkit.models import offload as offloading
 
 
@@ -42,10 +42,10 @@ def check_checkpoint(path: Path, *, allow_pickle: bool = False) -> None:
         raise ModelError(f"{path}: no *.safetensors weights")
     cfg = read_config(path)
     check_config(cfg, path / "config.json")
-    table: dict[str, headers.Entry] = {}
-    for shard in shards:
-        table.update(check_safetensors_file(shard))
+    tables = [(shard, check_safetensors_file(shard)) for shard in shards]
+    table: dict[str, headers.Entry] = {name: e for _, t in tables for name, e in t.items()}
     check_against_weights(cfg, table, path / "config.json")
+    kv_scheme.check_scales(cfg, tables)  # an FP8 KV cache's k_scale/v_scale: shape, dtype, values
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json(index).get("weight_map")

@@ -17,10 +17,15 @@ division. A hook on k_proj/v_proj would round the keys before RoPE, which no cac
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from quantkit.core.kv_cache import FP8_BYTES
+from quantkit.errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,74 @@ def of_checkpoint(path: Path) -> KvCacheFacts | None:
         return None
     cfg = json.loads(config.read_text())
     return of_quantization_config(cfg.get("quantization_config"))
+
+
+E4M3_MAX = 448.0  # FP8 E4M3's largest finite value
+# A scale s stores K and V values up to 448·s. Within these bounds that largest value lies between
+# F16's smallest normal and its largest value, the range a 16-bit model's activations have: a
+# larger scale (60,000) leaves every activation a few of FP8's codes (most round to 0), a smaller
+# one clamps every activation to ±448·s; 0, a negative or a non-finite scale is no scale at all.
+SCALE_RANGE = (2.0**-14 / E4M3_MAX, 65504.0 / E4M3_MAX)
+SCALE_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_SCALE = re.compile(r"(.*)\.([kv])_scale$")
+
+
+def check_scales(cfg: dict, shards: list[tuple[Path, dict]]) -> None:
+    """The K and V scales of a checkpoint that declares an FP8 KV cache scheme, checked where it is
+    read (ModelError, one line naming the tensor): a k_scale and a v_scale for every layer, each of
+    the shape its strategy gives (one value per tensor, one per KV head), in F32, F16 or BF16, and
+    every value finite and within SCALE_RANGE. `shards`: (file, its header entries)."""
+    facts = of_quantization_config(cfg.get("quantization_config"))
+    if facts is None or not facts.known:
+        return
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    kv_heads = text.get("num_key_value_heads") or text.get("num_attention_heads")
+    per = kv_heads if facts.strategy == "attn_head" else 1
+    found: dict[str, set[str]] = {}
+    for path, table in shards:
+        for name, e in table.items():
+            m = _SCALE.fullmatch(name)
+            if m is None:
+                continue
+            found.setdefault(m.group(2), set()).add(m.group(1))
+            where = f"{path}: {name} ({facts.label})"
+            if e.dtype not in SCALE_DTYPES:
+                raise ModelError(f"{where}: a scale of dtype {e.dtype}; expected F32, F16 or BF16")
+            if math.prod(e.shape) != per:
+                raise ModelError(
+                    f"{where}: shape {list(e.shape)}, {math.prod(e.shape)} values; a "
+                    + (
+                        "per-head scale holds one per KV head, "
+                        if facts.strategy == "attn_head"
+                        else "per-tensor scale holds "
+                    )
+                    + str(per)
+                )
+            _check_scale_values(path, name, e, where)
+    layers = text.get("num_hidden_layers")
+    for kind in ("k", "v"):
+        have = found.get(kind, set())
+        if isinstance(layers, int) and len(have) != layers:
+            other = "v" if kind == "k" else "k"
+            raise ModelError(
+                f"{shards[0][0].parent}: {len(have)} {kind}_scale tensors for {layers} layers ({facts.label}); "
+                f"every attention layer carries its {kind}_scale"
+                + (f" (the {other}_scales are {len(found.get(other, set()))})" if found.get(other) else "")
+            )
+
+
+def _check_scale_values(path: Path, name: str, e, where: str) -> None:
+    with open(path, "rb") as fh:
+        fh.seek(e.start)
+        raw = fh.read(e.end - e.start)
+    values = torch.frombuffer(bytearray(raw), dtype=SCALE_DTYPES[e.dtype]).float() if raw else torch.empty(0)
+    lo, hi = SCALE_RANGE
+    bad = values[~(torch.isfinite(values) & (values >= lo) & (values <= hi))]
+    if bad.numel():
+        raise ModelError(
+            f"{where}: a scale of {float(bad[0]):g}; an FP8 E4M3 scale is finite and between {lo:.3g} and {hi:.3g} "
+            f"(so that 448 × scale, the largest value it stores, is within a 16-bit activation's range)"
+        )
 
 
 def rounding_modules(model) -> list:
