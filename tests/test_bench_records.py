@@ -20,13 +20,14 @@ def _v2() -> dict:
 def test_a_schema_2_result_still_reads():
     r = BenchResult.from_json(_v2())
     row = r.rows[0]
-    assert r.schema_version == SCHEMA_VERSION == 4 and r.kind == "bench"
+    assert r.schema_version == SCHEMA_VERSION == 5 and r.kind == "bench"
     assert row.name == "llama-gqa" and row.engine == "eager" and row.tpot_ms > 0
     assert row.depth is None and row.flash_attn is None and row.weight_bytes_by_type is None
     assert row.kv_cache is None  # the eager engine's cache type was not recorded then
     assert row.prompt_sweep[0].prompt_len == 4 and row.prompt_sweep[0].ttft_ms["n"] >= 1
     assert r.failed[0].name == "short" and r.failed[0].self_check is None
-    assert r.fit.points == 1 and r.fit.r2 is None and r.fit.measured_over_line == ()
+    assert r.fit.points == 1 and r.fit.r2 is None and r.fit.measured_over_model == ()  # refitted: one row
+    assert row.attribution is None and row.attribution_missing and row.disturbed == ()
     assert r.device.bandwidth_gbps > 0 and r.load_average.cpus and r.plot is None
 
 
@@ -34,7 +35,7 @@ def test_the_keys_scripts_read_stay_and_a_result_reads_back_equal():
     old = _v2()
     r = BenchResult.from_json(old)
     new = r.to_json()
-    assert new["schema_version"] == 4 and set(old["rows"][0]) <= set(new["rows"][0]) and set(old) <= set(new)
+    assert new["schema_version"] == 5 and set(old["rows"][0]) <= set(new["rows"][0]) and set(old) <= set(new)
     assert {k: new["rows"][0][k] for k in old["rows"][0]} == old["rows"][0]
     assert BenchResult.from_json(json.loads(json.dumps(new))) == r
 
@@ -51,13 +52,16 @@ def test_a_schema_2_llama_cpp_row_keeps_its_flash_attention_and_tensor_types():
 def test_a_schema_3_row_gains_its_kv_cache_type_from_llama_cpp_engine_info():
     v3 = BenchResult.from_json(_v2()).to_json()
     v3["schema_version"] = 3
+    v3["fit"] = {"effective_gbps": None, "overhead_ms": None, "r2": None, "points": 1, "slope_s_per_byte": None,
+                 "measured_over_line": []}  # fmt: skip
     for row in v3["rows"]:
-        row.pop("kv_cache")
+        for key in ("kv_cache", "attribution", "attribution_missing", "disturbed", "prefill_fit"):
+            row.pop(key)
     llama = copy.deepcopy(v3["rows"][0])
     llama.update(engine="llamacpp", engine_info={**llama["engine_info"], "kv_cache_type": "F16"})
     v3["rows"].append(llama)
     got = BenchResult.from_json(v3)
-    assert [r.kv_cache for r in got.rows] == [None, "f16"] and got.schema_version == 4
+    assert [r.kv_cache for r in got.rows] == [None, "f16"] and got.schema_version == 5
     with pytest.raises(RecordError, match="missing key 'kv_cache'"):  # a schema-4 row must hold it
         BenchResult.from_json({**v3, "schema_version": 4})
 

@@ -331,22 +331,36 @@ def migrate_v3(data: dict) -> dict:
     return {**data, "schema_version": 4, "rows": [row(r) for r in data.get("rows", [])]}
 
 
+# the rule check's fields up to schema 4: a line TPOT = overhead + bytes / bandwidth
+V4_FIT = ("effective_gbps", "overhead_ms", "r2", "points", "slope_s_per_byte", "measured_over_line")
+
+
 def migrate_v4(data: dict) -> dict:
     """A schema-4 result as schema 5 holds it. Schema 5 added each row's `attribution` (None: it
     was not measured then), `attribution_missing`, `disturbed` (nothing was checked then: empty)
     and `prefill_fit` (None), and replaced the rule check's one-term line, whose intercept could
     be negative, by the non-negative fit (core/fits.py): refitted here from the rows' bytes, the
-    only terms a schema-4 row holds."""
+    only terms a schema-4 row holds (no fit where a row lacks them: the row's own check says why)."""
+    fit = data.get("fit")
+    if isinstance(fit, dict):
+        unknown = [k for k in fit if k not in V4_FIT]
+        if unknown:
+            raise RecordError(f"rule-check fit: unknown key {unknown[0]!r} (known: {', '.join(V4_FIT)})")
     missing = ["measured by a quantkit that did not attribute TPOT"]
     rows = [
         {"attribution": None, "attribution_missing": missing, "disturbed": [], "prefill_fit": None, **r}
-        for r in data.get("rows", [])
+        if isinstance(r, dict)
+        else r
+        for r in data.get("rows") or []
     ]
     keys = ("weight_bytes_per_token", "kv_bytes_per_step", "tpot_ms")
-    if any(not isinstance(r, dict) or not all(_number(r.get(k)) for k in keys) for r in rows):
-        raise RecordError(f"bench result of schema 4: a row lacks a finite {', '.join(keys)}")
-    points = [{"weight_bytes": r["weight_bytes_per_token"], "kv_bytes": r["kv_bytes_per_step"]} for r in rows]
-    tpots = [r["tpot_ms"] / 1e3 for r in rows]
+    whole = all(isinstance(r, dict) and all(_number(r.get(k)) for k in keys) for r in rows)
+    points = (
+        [{"weight_bytes": r["weight_bytes_per_token"], "kv_bytes": r["kv_bytes_per_step"]} for r in rows]
+        if whole
+        else []
+    )
+    tpots = [r["tpot_ms"] / 1e3 for r in rows] if whole else []
     return {**data, "schema_version": SCHEMA_VERSION, "rows": rows, "fit": fit_rule(points, tpots).to_json()}
 
 

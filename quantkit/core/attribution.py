@@ -178,7 +178,12 @@ def attribute(
 ) -> Attribution:
     """A row's attribution from its bytes, the device's streaming rate, its weights' kernel times
     and its engine's fixed costs (None: not measured, then kv_ms is the cache's bytes alone and no
-    overhead is claimed). `context` (flash_attn, kv_cache, engine) only shapes the lever's words."""
+    overhead is claimed). `context` (flash_attn, kv_cache, engine) only shapes the lever's words.
+
+    The streaming rate is the device probe's read rate, or a kernel's where one streamed its bytes
+    faster: then the probe's read was not the device's limit, and bytes at the probe's rate would
+    claim more time than the kernel took."""
+    stream_bps = max([stream_bps, *(k.bytes / k.seconds for k in kernels if k.seconds > 0)])
     weights_ms = weight_bytes / stream_bps * 1e3
     kernel_ms = sum(k.seconds for k in kernels) * 1e3
     kernel_bytes_ms = sum(k.bytes for k in kernels) / stream_bps * 1e3

@@ -70,6 +70,9 @@ class RuleFit:
     bound: str | None = None  # bandwidth | compute | overhead
     bytes_only_overhead_ms: float | None = None
     bytes_only_gbps: float | None = None
+    # terms that did not vary but took time at every point (one model's weight bytes at several depths):
+    # the constant holds their time too, so it is not the overhead alone
+    constant_holds: tuple[str, ...] = ()
 
     @property
     def overhead_ms(self) -> float | None:
@@ -109,6 +112,7 @@ class RuleFit:
         return {
             **self.__dict__,
             "measured_over_model": list(self.measured_over_model),
+            "constant_holds": list(self.constant_holds),
             **{k: getattr(self, k) for k in DERIVED},
         }
 
@@ -121,7 +125,13 @@ class RuleFit:
             for t, v in d["coef"].items()
         ):
             raise RecordError(f"rule-check fit: coefficients must be finite and >= 0 per term of {TERMS}")
-        return cls(**{**d, "measured_over_model": tuple(d["measured_over_model"])})
+        return cls(
+            **{
+                **d,
+                "measured_over_model": tuple(d["measured_over_model"]),
+                "constant_holds": tuple(d["constant_holds"]),
+            }
+        )
 
 
 DERIVED = ("overhead_ms", "effective_gbps", "kv_gbps", "worst_deviation", "holds")
@@ -134,22 +144,28 @@ def describe_fit(fit: RuleFit) -> str | None:
         return None
     terms = []
     if "overhead" in fit.coef:
-        terms.append(f"{fit.overhead_ms:.2f} ms")
+        held = " and ".join(t.replace("_", " ") for t in fit.constant_holds)
+        terms.append(f"{fit.overhead_ms:.2f} ms" + (f" (fixed, with the {held}' time)" if held else ""))
     if fit.effective_gbps:
         terms.append(f"weight bytes / {fit.effective_gbps:.1f} GB/s")
     if fit.kv_gbps:
         terms.append(f"KV bytes / {fit.kv_gbps:.1f} GB/s")
     if fit.coef.get("compute_s"):
         terms.append(f"{fit.coef['compute_s']:.2f} x the measured arithmetic")
-    absent = [t for t in TERMS if t not in fit.coef]
+    absent = [t for t in TERMS if t not in fit.coef and t not in fit.constant_holds]
     line = (
         f"rule check over {fit.points} points (non-negative terms): TPOT = {' + '.join(terms) or '0'}; "
         f"R² {fit.r2:.3f}, every point within {fit.worst_deviation:.0%} of the model"
     )
     if fit.shares and fit.bound:
         line += f"; bound by {fit.bound} ({by_resource(fit.shares)[fit.bound]:.0%} of the modelled time)"
+    if fit.constant_holds:
+        line += (
+            f"; {', '.join(fit.constant_holds)} did not vary across the points, so the constant holds their time and "
+            "no resource is named: bench several variants to separate them"
+        )
     if absent:
-        line += f"; {', '.join(absent)} did not vary across the points"
+        line += f"; {', '.join(absent)} did not vary across the points (or moved with another term)"
     if fit.bytes_only_overhead_ms is not None and fit.bytes_only_overhead_ms < 0:
         line += (
             f"; a bytes-only line would need {fit.bytes_only_overhead_ms:.2f} ms per step, which no step can take: "
@@ -176,6 +192,11 @@ def fit_rule(points: list[dict], tpot_s: list[float]) -> RuleFit:
         return RuleFit(points=n, coef={}, r2=None)
     cols = [np.ones(n)] + [np.asarray([p.get(t, 0.0) for p in points], float) for t in TERMS[1:]]
     kept = _independent(cols)
+    held = tuple(
+        TERMS[i]
+        for i in range(1, len(TERMS))
+        if i not in kept and np.abs(cols[i]).max() > 0 and np.ptp(cols[i]) <= 1e-9 * np.abs(cols[i]).max()
+    )
     x = np.column_stack([cols[i] for i in kept])
     beta = nonneg_lstsq(x, y)
     model = x @ beta
@@ -192,9 +213,10 @@ def fit_rule(points: list[dict], tpot_s: list[float]) -> RuleFit:
         r2=1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
         measured_over_model=tuple(float(m / p) if p > 0 else float("nan") for m, p in zip(y, model)),
         shares=shares,
-        bound=resource_of(shares) if shares else None,
+        bound=resource_of(shares) if shares and not held else None,
         bytes_only_overhead_ms=only_overhead,
         bytes_only_gbps=only_gbps,
+        constant_holds=held,
     )
 
 

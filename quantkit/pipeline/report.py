@@ -11,6 +11,8 @@ from quantkit.artifacts.card import update_card_results
 from quantkit.bench.records import BenchRow
 from quantkit.core.atomic import write_json, write_text
 from quantkit.core.eval_results import EvalResult
+from quantkit.core.fits import RuleFit, describe_fit
+from quantkit.core.records import RecordError
 from quantkit.errors import QuantkitError
 from quantkit.models.checkpoint import read_config
 from quantkit.models.sizes import checkpoint_sizes
@@ -44,6 +46,8 @@ COLUMNS = [
     ("TPOT ms", "tpot_ms", "{:.2f}"),
     ("pred TPOT ms", "predicted_tpot_ms", "{:.2f}"),
     ("efficiency", "tpot_efficiency_pct", "{:.0f}%"),
+    ("TPOT goes to", "time_split", "{}"),
+    ("bound", "bound", "{}"),
     ("ΔPPL %", "delta_ppl_pct", "{:+.2f}"),
     ("KL", "kld_mean", "{:.4f}"),
     ("top-1", "top1_pct", "{:.1f}%"),
@@ -100,7 +104,18 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
             accounting_error=b.accounting_error,
             engine=b.engine,
             threads=b.threads,
+            disturbed=list(b.disturbed),
         )
+        a = b.attribution
+        if a is not None:
+            sh = a.shares()
+            row.update(
+                attribution=a.to_json(),
+                time_split=f"weights {sh['weights']:.0%} · compute {sh['compute']:.0%} · KV {sh['kv']:.0%} · "
+                f"overhead {sh['overhead']:.0%}" + ("" if a.holds else f" (sums to {a.explained:.0%})"),
+                bound=a.bound,
+                lever=a.lever,
+            )
     if engine:
         row["engine"] = engine
         failed = (rec.get("bench_errors") or {}).get(engine)
@@ -169,18 +184,28 @@ def fastest(rows: list[dict]) -> dict:
 
 
 def _fit_text(fit: dict, what: str) -> str | None:
-    if fit.get("effective_gbps"):
-        return (
-            f"{what} (TPOT = overhead + bytes/token ÷ bandwidth, least squares over {fit['points']} variants): "
-            f"effective {fit['effective_gbps']:.2f} GB/s, fixed overhead "
-            f"{fit['overhead_ms']:.2f} ms per step, R² {fit['r2']:.3f}"
-        )
-    if fit.get("r2") is not None:
-        return (
-            f"{what}: TPOT does not grow with bytes per token here (R² "
-            f"{fit['r2']:.3f}); decode is overhead-bound on this engine"
-        )
-    return None
+    """The rule check's line (core/fits.describe_fit) of a report's fit, prefixed by `what`."""
+    if not fit:
+        return None
+    try:
+        line = describe_fit(RuleFit.from_json(fit))
+    except RecordError as exc:
+        return f"{what}: not shown ({exc})"
+    return f"{what}: {line.removeprefix('rule check ')}" if line else None
+
+
+def lever_lines(rows: list[dict]) -> list[str]:
+    """Where each variant's decode time goes and what presses its largest term down."""
+    out = []
+    for r in rows:
+        if r.get("lever"):
+            engine = f" ({r['engine']})" if r.get("engine") else ""
+            out.append(f"- {r['name']}{engine}: {r['lever']}")
+        if r.get("disturbed"):
+            out.append(f"- {r['name']}: disturbed ({'; '.join(r['disturbed'])}): kept out of the rule check")
+    return (
+        ["**Where TPOT goes** (each row's attribution, and the lever for its largest term):", *out, ""] if out else []
+    )
 
 
 def engine_lines(report: dict) -> list[str]:
@@ -264,6 +289,7 @@ def render_markdown(report: dict) -> str:
             position_table(positions),
             "",
         ]
+    out += lever_lines(r["rows"])
     out += depth_sections(r)
     eval_failed = [
         f"- {name}: eval ({e}): {msg}"
@@ -290,8 +316,12 @@ def render_markdown(report: dict) -> str:
     failed = [f"- {row['name']}: {row['error']}" for row in r["rows"] if row.get("error")]
     if failed:
         out += ["Failed:", *failed, ""]
-    if any(row.get("accounting_error") for row in r["rows"]):
-        out.append("\n(!) An efficiency above 100% means the byte accounting or the probed bandwidth is wrong.")
+    above = [row["name"] for row in r["rows"] if row.get("accounting_error")]
+    if above:
+        out.append(
+            f"\n(!) {', '.join(above)}: an efficiency above 100% (TPOT or TTFT against its floor) means the byte or "
+            "FLOP accounting, or the probed device figures, are wrong there."
+        )
     kernels = [
         f"- {row['name']}{' (' + row['engine'] + ')' if r.get('engines') and len(r['engines']) > 1 else ''}: "
         f"{row['kernel']}"
