@@ -540,6 +540,7 @@ NOT_SETTINGS = {
     "as_md",
     "plot",
     "out_json",
+    "force",
     "update_card",
     "plan_only",
 }

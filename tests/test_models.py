@@ -219,3 +219,18 @@ def test_every_command_holds_a_config_without_a_context_to_the_default(
     monkeypatch.setattr("quantkit.bench.probe.run_probe", boom)
     code, _, err, _ = cli(*(a.format(m=no_context, t=tiny_text) for a in args))
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_kl_is_never_negative(seed):
+    """The same logits shifted (log_softmax's rounding differs) give per-position sums a little below
+    0 (-3e-8 for seed 1): float rounding, counted as 0, so no KL quantkit records is negative (an
+    NVFP4 export with --allow-lossy recorded -2.5e-08)."""
+    import torch
+
+    from quantkit.models.logits import compare_logits
+
+    torch.manual_seed(seed)
+    ref = torch.randn(8, 5000) * 4
+    out = compare_logits(ref, ref + 300.0)
+    assert 0.0 <= out["mean_kl"] <= out["max_kl"] < 1e-5 and out["finite"]

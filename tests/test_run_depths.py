@@ -142,7 +142,7 @@ def test_a_run_at_depths_reports_both_tables_with_the_variants_cache(cli, tiny_l
     "flash_attn, depths, needle",
     [
         ("off", "0, 40", "variant int4-kv8: kv_cache.llamacpp q8_0 with bench.flash_attn: a q8_0 V cache runs"),
-        ("on", "0, 1021", "bench.depths 1021 + bench.gen_len 1025 is longer than the model's context of 1024"),
+        ("on", "0, 1021", "bench.depths 1021 + bench.gen_len 4 = 1025 is longer than the model's context of 1024"),
     ],
 )
 def test_a_run_no_engine_can_keep_is_refused_before_any_work(

@@ -22,6 +22,7 @@ import torch
 from quantkit import device as devices
 from quantkit.core.atomic import write_json
 from quantkit.core.hardware import Device
+from quantkit.core.signals import EngineCrash, crash_line, signal_name
 from quantkit.errors import QuantkitError
 from quantkit.home import subdir
 
@@ -135,7 +136,10 @@ def run_probe(device, threads: int | None = None) -> dict:
     argv = [sys.executable, "-m", "quantkit.bench.probe", str(device), *([str(threads)] if threads else [])]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise QuantkitError(f"device probe failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        if signal_name(proc.returncode):  # the probe's child died of a signal: a fault, one line (exit 1)
+            raise EngineCrash(crash_line(f"the device probe ({device})", proc.returncode))
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}, no message"])[-1]
+        raise QuantkitError(f"device probe failed: {last}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     write_json(subdir("probe") / f"{_key(device)}.json", result)
     return result

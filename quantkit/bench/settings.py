@@ -12,6 +12,7 @@ from quantkit.core.kv_cache import LlamaCache, head_dims, parse_llama_cache, par
 from quantkit.core.roofline import Shape, kv_bytes_per_token
 from quantkit.device import free_bytes, resolve
 from quantkit.errors import QuantkitError
+from quantkit.gguf.tools import available_cores
 from quantkit.models.checkpoint import context_length, context_source
 from quantkit.recipe.schema import BenchConfig
 
@@ -118,6 +119,11 @@ def check_settings(s: BenchSettings) -> None:
         raise QuantkitError(f"--tensor-parallel must be >= 1, and above 1 only with --engine {able}")
     if s.threads is not None and s.threads < 1:
         raise QuantkitError("--threads must be >= 1")
+    if s.threads is not None and s.threads > available_cores():
+        raise QuantkitError(
+            f"--threads {s.threads}: this process may run on {available_cores()} CPUs; give at most that many "
+            "(more threads than CPUs only wait for each other, and the device probe would not measure them)"
+        )
     _check_depths(s, engine)
     check_kv_caches(s, [c for c in s.kv_cache_runs if c is not None], "--kv-cache")
     if s.device.type not in engine.devices:

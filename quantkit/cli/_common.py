@@ -49,11 +49,17 @@ def debug_enabled() -> bool:
     return bool(root and root.obj and root.obj.get("debug"))
 
 
-def int_list(text: str, option: str) -> tuple[int, ...]:
-    """`16,8,4` -> (16, 8, 4); anything else is a one-line error naming the option."""
+def int_list(text: str | None, option: str) -> tuple[int, ...]:
+    """`16,8,4` -> (16, 8, 4); None (the option not given) -> (); anything else, an empty text or
+    an empty item (`0,,4`) included, is a one-line error naming the option."""
     from quantkit.errors import QuantkitError
 
+    if text is None:
+        return ()
+    items = [x.strip() for x in text.split(",")]
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        if not all(items):
+            raise ValueError
+        return tuple(int(x) for x in items)
     except ValueError:
         raise QuantkitError(f"{option} {text!r}: expected comma-separated integers, e.g. 16,8,4") from None

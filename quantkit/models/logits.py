@@ -47,7 +47,9 @@ def compare_logits(ref, new) -> dict:
             "top1_agreement": 0.0,
         }
     ref_logp, new_logp = torch.log_softmax(ref, -1), torch.log_softmax(new, -1)
-    kl = F.kl_div(new_logp, ref_logp, reduction="none", log_target=True).sum(-1)  # sum p_ref (log p_ref - log p_new)
+    # sum p_ref (log p_ref - log p_new) per position; KL is never negative, so a negative sum is float
+    # rounding (identical weights in another order give -3e-8) and counts as 0, as eval's KL does
+    kl = F.kl_div(new_logp, ref_logp, reduction="none", log_target=True).sum(-1).clamp_min(0.0)
     agree = (ref.argmax(-1) == new.argmax(-1)).float().mean()
     mean, worst = float(kl.mean()), float(kl.max())
     return {

@@ -163,7 +163,7 @@ class Runner:
             check_context(cfg, self.recipe.eval.seq_len, "eval.seq_len")
         b = self.recipe.bench
         if b.depths and not self.opts.skip_bench:  # the deepest depth and its generated tokens fit the context
-            check_context(cfg, max(b.depths) + b.gen_len, f"bench.depths {max(b.depths)} + bench.gen_len")
+            check_context(cfg, max(b.depths) + b.gen_len, f"bench.depths {max(b.depths)} + bench.gen_len {b.gen_len} =")
         self._check_caches(cfg)
         if any(needs_calibration(v) or (v.gguf is not None and v.gguf.imatrix) for v in self.recipe.all_variants()):
             check_context(cfg, self.recipe.calibration.seq_len, "calibration.seq_len")

@@ -188,9 +188,14 @@ def check_group_sizes(linears: dict[str, tuple[int, int]], cfg, key: str) -> Non
         return
     gs, layers = next(iter(bad.items()))
     name, cols = layers[0]
+    more = f" (and {len(layers) - 1} more layers)" if len(layers) > 1 else ""
+    if "group_size" not in getattr(type(cfg), "model_fields", {"group_size": 0}):  # a block the format fixes (FP4)
+        raise RecipeError(
+            f"{key}: the {gs}-value blocks of {getattr(cfg, 'scheme', 'this format')} do not divide the {cols} input "
+            f"columns of {name}{more}; the format fixes its block size: add those layers to ignore"
+        )
     widths = sorted({c for _, c in linears.values()})
     work = [g for g in (32, 64, 128) if all(w % g == 0 for w in widths)]
-    more = f" (and {len(layers) - 1} more layers)" if len(layers) > 1 else ""
     raise RecipeError(
         f"{key}: group_size {gs} does not divide the {cols} input columns of {name}{more}; "
         f"sizes that work for every layer: {', '.join(map(str, work + [-1]))} (-1 = "
