@@ -139,6 +139,7 @@ def compare_cmd(runs, as_md, as_json, plot, force):
     from quantkit.core.outputs import Output, check_files, resolved
     from quantkit.errors import QuantkitError
     from quantkit.load.compare import compare_load_runs, is_load_run, render_load_comparison
+    from quantkit.load.runfile import LoadRun
     from quantkit.pipeline.run_report import KIND, read_report
 
     inputs = [(resolved(Path(r)), "a run this command compares") for r in runs]
@@ -152,11 +153,12 @@ def compare_cmd(runs, as_md, as_json, plot, force):
     if odd is not None:
         raise QuantkitError(f"{odd}: not a run report (kind {KIND}) or a load run (quantkit load --out)")
     if kinds == {"load"}:
-        result = compare_load_runs(data)
+        loaded = [LoadRun.from_json(d, str(f)) for f, d in files]  # checked where read: one line naming the file
+        result = compare_load_runs(loaded)
         if plot:
             from quantkit.load.plot import plot_runs
 
-            plot_runs(data, Path(plot))
+            plot_runs([r.to_json() for r in loaded], Path(plot))
         echo_json(result) if as_json else click.echo(render_load_comparison(result))
         return
     if kinds != {"quantkit-run"}:

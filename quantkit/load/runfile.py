@@ -64,6 +64,11 @@ class LoadRun:
         version = data.get("schema_version")
         if version not in (1, SCHEMA_VERSION):
             raise LoadError(f"{where} ({data.get('label')}): schema_version {version!r}, this quantkit reads 1 and 2")
+        for key, kind in (("steps", list), ("analysis", dict), ("config", dict)):  # before a migration fills them
+            if key not in data:
+                raise LoadError(f"{where}: missing key {key!r} in a load run")
+            if not isinstance(data[key], kind):
+                raise LoadError(f"{where}: {key} must be {'a list' if kind is list else 'an object'}")
         data = _migrate(dict(data)) if version == 1 else dict(data)
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(data) - known)
@@ -81,7 +86,18 @@ class LoadRun:
                 _check_step(step, f"{where}: {name}[{i}]")
         if not isinstance(data["analysis"], dict):
             raise LoadError(f"{where}: analysis must be an object")
+        _check_analysis(data["analysis"], f"{where}: analysis")
         return cls(**data)
+
+
+def _check_analysis(analysis: dict, where: str) -> None:
+    """What compare reads of it: the knee, the peak and the SLO's best level (objects, or null where
+    none was found), and which latency degraded first."""
+    for key in ("knee", "peak", "max_qps_within_slo"):
+        if key not in analysis or not isinstance(analysis[key], (dict, type(None))):
+            raise LoadError(f"{where}.{key} must be an object or null")
+    if not isinstance(analysis.get("degraded_first"), dict) or "first" not in analysis["degraded_first"]:
+        raise LoadError(f"{where}.degraded_first must be an object with its 'first'")
 
 
 def _check_step(step, where: str) -> None:
