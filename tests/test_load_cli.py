@@ -185,3 +185,31 @@ def test_ctrl_c_writes_what_was_measured(server, tmp_path):
     run = json.loads(out.read_text())
     assert run["interrupted"] and run["stopped"] == "interrupted" and json.loads(stdout)["interrupted"]
     assert run["steps"][0]["partial"] and run["steps"][0]["completed"] > 0
+
+
+@pytest.mark.parametrize("server", [{"slots": 1, "prefill_s": 0.03, "token_s": 0.002}], indirect=True)
+def test_search_finds_the_highest_load_within_the_slo_with_an_interval(server):
+    # one slot, ~45 ms a request: TTFT ~45 ms per request ahead, so an SLO of 120 ms holds near 2 in flight
+    code, run, output = _load(
+        server.url, "--model", "m", "--gen-len", "8", "--prompt-len", "16", "--step-seconds", "30",
+        "--max-requests", "40", "--concurrency", "1,16", "--search", "--repeats", "2", "--slo", "ttft=120",
+    )  # fmt: skip
+    assert code == 0, output
+    assert run["stopped"] == "search"
+    phases = [s["phase"] for s in run["steps"]]
+    assert phases[0] == "bracket" and "measure" in phases and len(run["steps"]) <= 10
+    knee = run["analysis"]["slo_knee"]
+    assert knee["censored"] is None and 1 <= knee["knee"] < 4
+    low, high = knee["ci95"]
+    assert low is None or low <= knee["knee"]
+    assert high is None or knee["knee"] <= high
+    around = [lv for lv in knee["levels"] if lv["steps"] == 2]
+    assert len(around) == 2 and [lv["meets_slo"] for lv in around] == [True, False]
+    assert all(lv["p99_is_near_max"] for lv in knee["levels"])  # 40 or 80 requests: below 102
+
+
+def test_search_needs_bounds_and_an_slo(server):
+    code, _, output = _load(server.url, *QUICK, "--concurrency", "1,2,4", "--search", "--slo", "ttft=100")
+    assert code == 2 and "two bounds" in output
+    code, _, output = _load(server.url, *QUICK, "--concurrency", "1,4", "--search")
+    assert code == 2 and "--slo" in output

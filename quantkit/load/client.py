@@ -55,6 +55,7 @@ def build_body(cfg: LoadConfig, messages: Messages, max_tokens: int | None = Non
     }
     body.update(API_BODIES[cfg.api](messages))
     body.update(ENGINES[cfg.engine].fields(gen_len))
+    body.update(cfg.workload.body)
     body.update(cfg.extra_body)
     if cls in cfg.class_priority:  # vLLM's request priority (lower first) under --scheduling-policy priority
         body["priority"] = cfg.class_priority[cls]

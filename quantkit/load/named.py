@@ -11,8 +11,8 @@
                 with its typos fixed, quote it): prompt-lookup (n-gram) speculation can be accepted.
 
 `--workload NAME[:KEY=VALUE,...]` (e.g. `long-short:short=64,factor=16,fraction=0.1`). Lengths are
-in tokens, approximate: a passage of N tokens is N / WORDS_TO_TOKENS words of real English; the
-run records the server's own count. Texts: `set:world-factbook` (public domain),
+in tokens, approximate: a passage of N tokens is N / TOKENS_PER_WORD words of its text; the run
+records the server's own count. Texts: `set:world-factbook` (public domain),
 `set:python-reference` (PSF License), read as every other shipped text is (sha256 checked).
 """
 
@@ -27,9 +27,9 @@ from functools import cache
 from quantkit.data.text import parse_spec, read_text
 from quantkit.load.workload import TEMPLATE_TOKENS_PER_MESSAGE, Conversation, Turn, WorkloadError
 
-# Tokens per English word in the BPE vocabularies of Llama, Qwen and SmolLM (punctuation and
-# subwords included), measured on the World Factbook with the demo's tokenizer: about 1.3.
-WORDS_TO_TOKENS = 1.3
+# Tokens per whitespace-separated word of each text (punctuation and subwords included), measured
+# with the demo's tokenizer (SmolLM2) on the first 200 kB of each; Llama's and Qwen's are close.
+TOKENS_PER_WORD = {"world-factbook": 1.48, "python-reference": 1.67}
 
 
 @cache
@@ -51,10 +51,10 @@ def factbook() -> tuple[tuple[str, str], ...]:
     return tuple((name, " ".join(notes)) for name, notes in entries if notes)
 
 
-def _words(text: str, tokens: int, rng: random.Random) -> str:
+def _words(text: str, tokens: int, rng: random.Random, per_word: float = TOKENS_PER_WORD["world-factbook"]) -> str:
     """About `tokens` tokens of `text`, starting at a sentence start picked by `rng`."""
     words = text.split()
-    n = max(1, round(tokens / WORDS_TO_TOKENS))
+    n = max(1, round(tokens / per_word))
     starts = [i + 1 for i, w in enumerate(words[: max(1, len(words) - n)]) if w.endswith(".")] or [0]
     start = rng.choice(starts)
     return " ".join(words[start : start + n])
@@ -64,13 +64,9 @@ def _passage(tokens: int, rng: random.Random) -> str:
     """About `tokens` tokens of one Factbook entry (entries joined when one is too short)."""
     entries = factbook()
     text = ""
-    while len(text.split()) * WORDS_TO_TOKENS < tokens * 1.2:
+    while len(text.split()) * TOKENS_PER_WORD["world-factbook"] < tokens * 1.2:
         text += " " + entries[rng.randrange(len(entries))][1]
     return _words(text, tokens, rng)
-
-
-def _estimate(text: str) -> int:
-    return round(len(text.split()) * WORDS_TO_TOKENS)
 
 
 class _Source:
@@ -125,6 +121,7 @@ class Agent(_Named):
     turns: int = 4
     name = "agent"
     api = "chat"  # a conversation of messages
+    body = {}
 
     def longest_prompt(self, gen_len: int) -> int:
         per_turn = self.tool + 24 + TEMPLATE_TOKENS_PER_MESSAGE
@@ -142,7 +139,7 @@ class _AgentSource(_Source):
         super().__init__(seed)
         self.spec = spec
         fixed = random.Random(f"{seed}:agent-system")  # one system prompt for every session
-        docs = _words(_text("python-reference"), spec.system, fixed)
+        docs = _words(_text("python-reference"), spec.system, fixed, TOKENS_PER_WORD["python-reference"])
         shots = []
         for i in range(spec.shots):
             country, notes = factbook()[fixed.randrange(len(factbook()))]
@@ -192,6 +189,7 @@ class LongShort(_Named):
     fraction: float = 0.1
     name = "long-short"
     api = None  # either API
+    body = {}
 
     def longest_prompt(self, gen_len: int) -> int:
         return self.short * self.factor + 32 + TEMPLATE_TOKENS_PER_MESSAGE
@@ -247,9 +245,12 @@ class Copy(_Named):
     passage: int = 128
     name = "copy"
     api = None
+    # greedy decoding: the answer is the passage, token for token, so drafts taken from the prompt
+    # are accepted for a reason (a sampled answer strays from it)
+    body = {"temperature": 0}
 
     def longest_prompt(self, gen_len: int) -> int:
-        return self.passage + 24 + TEMPLATE_TOKENS_PER_MESSAGE
+        return round(1.25 * self.passage) + 32 + TEMPLATE_TOKENS_PER_MESSAGE  # typos tokenize longer
 
     def source(self, seed: int) -> "_CopySource":
         return _CopySource(self, seed)

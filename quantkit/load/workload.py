@@ -91,6 +91,7 @@ class Workload:
     turns: int = 1
     name = "synthetic"
     api = None  # either API (turns above 1 need chat: build_workload)
+    body = {}  # request-body fields the workload needs (named.Copy: greedy decoding)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "name": self.name, "prompt_len_spec": self.prompt_len.describe()}
