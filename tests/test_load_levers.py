@@ -33,6 +33,7 @@ LOAD = {
     "max_requests": 12,
     "slo": "ttft=150",
     "timeout": 20,
+    "repeats": 2,
 }
 
 
@@ -91,6 +92,9 @@ def test_a_study_moves_the_knee_and_stops_its_servers(tmp_path):
         assert (out / server["log"]).exists()
     assert study["runs"][1]["server"]["command"][-2:] == ["--slots", "4"]
     assert study["comparison"]["verdicts"] and "the SLO knee moved" in study["comparison"]["verdicts"][0]
+    assert four["slo_knee_shift"]["moved"] and four["slo_knee_shift"]["ci95"][0] > 1.5
+    steps = study["runs"][0]["steps"]  # two passes over the levels the first pass reached
+    assert sorted((s["offered"], s["repeat"]) for s in steps) == [(lv, r) for lv in (1, 2) for r in (0, 1)]
     assert (out / "levers.png").read_bytes()[:4] == b"\x89PNG"
     assert "| four-slots | --slots 4 | concurrency=4 |" in (out / "levers.md").read_text()
     assert "| one-slot | baseline |" in stdout
@@ -462,3 +466,24 @@ def test_a_study_whose_first_server_never_came_up_can_be_run_again(tmp_path):
         code, _, stderr = _trusted(failing, "--out", out)
         assert code == 2 and "earlier study" not in stderr, stderr
         assert not (out / "study.json").exists() and list(out.glob("*.server.log"))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin client and server apart")
+def test_server_and_client_are_pinned_apart(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))
+    path = _fake_study(tmp_path, levers=[{"name": "only"}], cpus=str(cores[0]))
+    data = yaml.safe_load(path.read_text())
+    data["client_cpus"] = str(cores[1])
+    data["load"].update(concurrency="1", max_requests=3, repeats=1)
+    path.write_text(yaml.safe_dump(data))
+    before = os.sched_getaffinity(0)
+    code, _, stderr = _trusted(path, "--out", tmp_path / "o")
+    assert code == 0, stderr
+    placement = json.loads((tmp_path / "o" / "00-only.json").read_text())["cpu"]
+    assert placement["server_cores"] == cores[:1] and placement["client_cores"] == cores[1:2]
+    assert placement["shared_cores"] == [] and "warning" not in placement
+    assert os.sched_getaffinity(0) == before  # the client's cores are given back after the study
+    data["server"]["cpus"] = "99"
+    path.write_text(yaml.safe_dump(data))
+    code, _, stderr = _trusted(path, "--out", tmp_path / "o2")
+    assert code == 2 and "cores [99] are not available" in stderr

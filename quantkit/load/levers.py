@@ -8,7 +8,9 @@ lever table (levers_report.py), rewritten after every lever.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import os
 import shlex
 import signal
 from collections.abc import Callable
@@ -21,7 +23,7 @@ from quantkit.load.process import free_port, running
 from quantkit.load.report import build_run
 from quantkit.load.runner import Progress, Terminated, run
 from quantkit.load.servers import StudyError, fill, lever_args, not_here, server_kind
-from quantkit.load.study import Lever, Study, check_trusted, expand, load_config, server_model
+from quantkit.load.study import Lever, Study, check_trusted, expand, load_config, parse_cores, server_model
 
 KIND = "lever-study"
 SCHEMA_VERSION = 1
@@ -107,6 +109,7 @@ def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) 
     _guard_sigterm()
     log(f"[{lever.name}] starting: {shlex.join(plan['command'])}")
     progress, failure = Progress(), None
+    cores = parse_cores(study.server.cpus) if study.server.cpus else None
     with running(
         plan["command"],
         plan["cfg"].url,
@@ -114,10 +117,13 @@ def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) 
         study.server.env,
         ready,
         study.server.ready_timeout_s,
+        cores,
     ) as server:
         log(f"[{lever.name}] ready in {server.ready_s:.0f} s")
+        # the server's process tree (the supervisor and what it started): its cores and CPU per step
+        cfg = dataclasses.replace(plan["cfg"], server_pid=server.proc.pid)
         try:
-            run(plan["cfg"], progress, log=lambda line: log(f"[{lever.name}] {line}"))
+            run(cfg, progress, log=lambda line: log(f"[{lever.name}] {line}"))
         except QuantkitError as exc:
             if not progress.started:  # the warm-up failed: nothing measured, say which lever
                 raise StudyError(f"levers[{index}] ({lever.name}): {exc}") from None
@@ -126,7 +132,7 @@ def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) 
             failure = exc
         finally:
             _guard_sigterm()
-        result = build_run(plan["cfg"], progress)
+        result = build_run(cfg, progress)
     result["server"] = {
         "engine": plan["engine"],
         "command": plan["command"],
@@ -168,6 +174,9 @@ def run_study(
     if sink is not None:
         sink["result"] = result
     previous = signal.getsignal(signal.SIGTERM)
+    affinity = os.sched_getaffinity(0) if study.client_cpus else None
+    if study.client_cpus:
+        os.sched_setaffinity(0, parse_cores(study.client_cpus))  # the client's core, for the whole study
     try:
         for index in range(len(study.levers)):
             run_json, failure = _run_lever(study, index, out, log)
@@ -195,4 +204,6 @@ def run_study(
             signal.signal(signal.SIGTERM, previous)
         except (ValueError, TypeError):
             pass
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
     return result

@@ -17,6 +17,7 @@ from quantkit.load.study import reference_shape
 
 
 def _p(step: dict, metric: str, q: str = "p50") -> float | None:
+    """A step's percentile of one metric, None where it was not measured."""
     return ((step or {}).get(metric) or {}).get(q)
 
 
@@ -24,11 +25,33 @@ def _ratio(new, old):
     return new / old if new is not None and old else None
 
 
+def _share(step: dict, part: str) -> float | None:
+    found = step.get("ttft_parts") or {}
+    return None if found.get("absent") else (found.get("share") or {}).get(part)
+
+
+def _classes(levels: list[dict], metric: str = "ttft_ms") -> dict | None:
+    """Each class's P99 of `metric` per level (long-short: the short prompts' TTFT-P99 is the lever's)."""
+    out: dict = {}
+    for level in levels:
+        for name, cls in (level.get("classes") or {}).items():
+            out.setdefault(name, {})[f"{level['offered']:g}"] = cls[metric]["p99"]
+    return out or None
+
+
+def _cpu_max(run: dict, who: str) -> float | None:
+    values = [(s.get("cpu") or {}).get(who) for s in run["steps"]]
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
 def lever_row(run: dict) -> dict:
     analysis = run["analysis"]
     knee, peak = analysis["knee"] or {}, analysis["peak"] or {}
-    first = run["steps"][0] if run["steps"] else {}
-    goodputs = [s["goodput"]["qps"] for s in run["steps"] if (s.get("goodput") or {}).get("qps") is not None]
+    levels = [s for s in (run.get("levels") or run["steps"]) if not s.get("partial")]
+    first, last = (levels[0], levels[-1]) if levels else ({}, {})
+    goodputs = [s["goodput"]["qps"] for s in levels if (s.get("goodput") or {}).get("qps") is not None]
+    slo_knee = analysis.get("slo_knee") or {}
     return {
         "lever": run["label"],
         "changes": (run.get("server") or {}).get("changes"),
@@ -46,14 +69,37 @@ def lever_row(run: dict) -> dict:
         "first_tpot_p50_ms": _p(first, "tpot_ms"),
         "first_cache_hit": first.get("cache_hit_fraction"),
         "first_draft_acceptance": first.get("draft_acceptance"),  # speculative decoding: the share of drafts kept
+        "last_offered": last.get("offered"),
+        "last_tpot_p50_ms": _p(last, "tpot_ms"),
+        "last_ttft_p99_ms": _p(last, "ttft_ms", "p99"),
+        "last_draft_acceptance": last.get("draft_acceptance"),
+        "first_queue_share": _share(first, "queue"),
+        "last_queue_share": _share(last, "queue"),
+        "first_prefill_ms": ((first.get("ttft_parts") or {}).get("prefill_ms") or {}).get("mean"),
+        "last_prefill_ms": ((last.get("ttft_parts") or {}).get("prefill_ms") or {}).get("mean"),
+        "cause": analysis["degraded_first"].get("cause"),
+        "slo_knee": slo_knee.get("knee"),
+        "slo_knee_ci95": slo_knee.get("ci95"),
+        "slo_knee_censored": slo_knee.get("censored"),
+        "slo_knee_bound": slo_knee.get("bound"),
+        "slo_knee_qps": slo_knee.get("knee_qps"),
+        "slo_knee_qps_ci95": slo_knee.get("knee_qps_ci95"),
+        "class_ttft_p99_ms": _classes(levels),
+        "requests_per_level": [s["requests"] for s in levels],
+        "rejected": sum(s["errors"].get("rejected", 0) for s in run["steps"]),
+        "client_cpu_max": _cpu_max(run, "client"),
+        "others_cpu_max": _cpu_max(run, "others"),
+        "discarded_steps": len(run.get("discarded") or []),
         "errors": sum(s["error_count"] for s in run["steps"]),
         "stopped": run["stopped"],
     }
 
 
-def lever_table(runs: list[dict]) -> list[dict]:
+def lever_table(runs: list[dict], comparison: dict | None = None) -> list[dict]:
     rows = [lever_row(run) for run in runs]
     base = rows[0]
+    for row, compared in zip(rows, (comparison or {}).get("runs") or []):
+        row["slo_knee_shift"] = compared.get("slo_knee_shift")
     for row in rows:
         for key in (
             "knee_qps",
@@ -67,28 +113,47 @@ def lever_table(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def _lightest(run: dict) -> dict:
+    levels = [s for s in (run.get("levels") or run["steps"]) if not s.get("partial")]
+    return levels[0] if levels else {}
+
+
+def _cached_tokens(run: dict) -> tuple[int, int, str] | None:
+    """(cached, the rest of the prompt, how counted) at the lightest level: the server's own count of
+    prompt tokens served from its cache where it reports one, else the workload's shared prefix."""
+    first = _lightest(run)
+    cached, prompt = first.get("cached_tokens_mean"), first.get("prompt_tokens_mean")
+    if cached and prompt:
+        return round(cached), round(prompt - cached), "the server's cached tokens"
+    workload = run["config"]["workload"]
+    if workload.get("shared_prefix") and first:
+        return workload["shared_prefix"], workload["prompt_len"]["low"], "the workload's shared prefix"
+    return None
+
+
 def prefix_reference(shape_path: str, runs: list[dict], base: int = 0) -> dict:
     """The roofline's prefill time for each run's shared prefix, next to the TTFT-P50 it saved
     against the baseline run (`base`: the prefix prefilled every time) at the lightest step:
     prefill(P+S) - prefill(S), at the probed compute."""
 
     shape, device = Shape.from_config(shape_config(shape_path)), cached_probe(torch.device("cpu"))
-    base_ttft = _p(runs[base]["steps"][0] if runs[base]["steps"] else {}, "ttft_ms")
+    base_ttft = _p(_lightest(runs[base]), "ttft_ms")
     rows = []
     for run in runs:
-        workload = run["config"]["workload"]
-        prefix, suffix = workload["shared_prefix"], workload["prompt_len"]["low"]
-        if not prefix or not run["steps"]:
+        found = _cached_tokens(run)
+        if found is None:
             continue
+        prefix, suffix, counted = found
         estimate = 1e3 * (prefill_flops(shape, prefix + suffix) - prefill_flops(shape, suffix)) / device.compute
         total = 1e3 * prefill_flops(shape, prefix + suffix) / device.compute
-        ttft = _p(run["steps"][0], "ttft_ms")
+        ttft = _p(_lightest(run), "ttft_ms")
         saved = base_ttft - ttft if base_ttft is not None and ttft is not None else None
         rows.append(
             {
                 "lever": run["label"],
                 "prefix_tokens": prefix,
                 "suffix_tokens": suffix,
+                "counted": counted,
                 "roofline_prefix_prefill_ms": estimate,
                 "roofline_prefill_ms": total,
                 "prefix_share": estimate / total,
@@ -112,9 +177,10 @@ def prefix_reference(shape_path: str, runs: list[dict], base: int = 0) -> dict:
 
 
 def summarize(study, runs: list[dict]) -> dict:
-    out = {"table": lever_table(runs)}
-    if len(runs) > 1:
-        out["comparison"] = compare_load_runs(runs)
+    comparison = compare_load_runs(runs) if len(runs) > 1 else None
+    out = {"table": lever_table(runs, comparison)}
+    if comparison:
+        out["comparison"] = comparison
     labels = [run["label"] for run in runs]
     base = study.reference.baseline if study.reference else None
     if study.reference and runs and (base is None or base in labels):  # not before the baseline has run

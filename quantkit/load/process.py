@@ -84,7 +84,14 @@ class Server:
         return " | ".join(kept)[-600:]
 
 
-def start(command: list[str], url: str, log: Path, env: dict[str, str]) -> Server:
+def _pinned(cores: tuple[int, ...] | None):
+    """The child's cores, set before it runs anything (inherited by the server and all it starts)."""
+    if not cores:
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def start(command: list[str], url: str, log: Path, env: dict[str, str], cores: tuple[int, ...] | None = None) -> Server:
     full_env = {**os.environ, **env}
     if shutil.which(command[0], path=full_env.get("PATH")) is None:  # refused here, not in the log
         raise StudyError(f"cannot start the server ({command[0]}: not found or not executable)")
@@ -99,6 +106,7 @@ def start(command: list[str], url: str, log: Path, env: dict[str, str]) -> Serve
                 stdin=subprocess.DEVNULL,
                 env=full_env,
                 start_new_session=True,
+                preexec_fn=_pinned(cores),  # started from the main thread, before any event loop
             )
         except OSError as exc:
             raise StudyError(f"cannot start the server ({command[0]}: {exc.strerror or exc})") from None
@@ -151,9 +159,18 @@ def stop(server: Server) -> int | None:
 
 
 @contextlib.contextmanager
-def running(command: list[str], url: str, log: Path, env: dict[str, str], ready: str, timeout_s: float):
-    """A started, ready server for the `with` block; stopped on the way out, whatever happens."""
-    server = start(command, url, log, env)
+def running(
+    command: list[str],
+    url: str,
+    log: Path,
+    env: dict[str, str],
+    ready: str,
+    timeout_s: float,
+    cores: tuple[int, ...] | None = None,
+):
+    """A started, ready server for the `with` block (on `cores` when given); stopped on the way out,
+    whatever happens."""
+    server = start(command, url, log, env, cores)
     try:
         server.ready_s = wait_ready(server, ready, timeout_s)
         yield server

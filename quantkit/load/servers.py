@@ -262,6 +262,17 @@ LLAMA_SERVER = ServerKind(
         ),
         "draft_max": Key("speculative decoding: most draft tokens per step", "--spec-draft-n-max"),
         "draft_min": Key("speculative decoding: fewest draft tokens per step", "--spec-draft-n-min"),
+        # speculation without a draft model: drafts looked up in the request's own tokens
+        "spec_type": Key(
+            "speculative decoding without a draft model: ngram-simple (prompt lookup), ngram-map-k, ngram-mod, "
+            "ngram-cache",
+            "--spec-type",
+        ),
+        "spec_ngram_n": Key("ngram-simple: the n-gram looked up in the tokens so far", "--spec-ngram-simple-size-n"),
+        "spec_ngram_m": Key("ngram-simple: most draft tokens after a match", "--spec-ngram-simple-size-m"),
+        "cache_ram": Key(
+            "host-memory prompt cache in MiB (-1 no limit, 0 off): prompts kept past their slot", "--cache-ram"
+        ),
     },
     ready="/health",
     load_engine="llamacpp",
@@ -300,6 +311,10 @@ VLLM = ServerKind(
         "enable_prefix_caching": _bool("--enable-prefix-caching", "automatic prefix caching"),
         "enable_chunked_prefill": _bool("--enable-chunked-prefill", "chunked prefill"),
         "max_num_seqs": Key("most sequences per batch (continuous batching width)", "--max-num-seqs"),
+        "scheduling_policy": Key(
+            "fcfs (default) or priority: the waiting queue ordered by each request's `priority` (load.class_priority)",
+            "--scheduling-policy",
+        ),
         "max_num_batched_tokens": Key("token budget per scheduler step", "--max-num-batched-tokens"),
         "max_model_len": Key("context length", "--max-model-len"),
         "dtype": Key("activation dtype (auto, bfloat16, float16, float32)", "--dtype"),

@@ -38,6 +38,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from quantkit.core.hardware import shape_config
 from quantkit.core.yamlio import NoAliasLoader, StrictConfig, format_validation_error
 from quantkit.errors import QuantkitError
+from quantkit.load.attribution import read_attribution
 from quantkit.load.config import build_config
 from quantkit.load.servers import StudyError, server_kind
 from quantkit.load.workload import WorkloadError, check_fits
@@ -70,6 +71,14 @@ class ServerSpec(StrictConfig):
     env: dict[str, str] = {}
     ready: str | None = None  # the readiness path; default: the engine's
     ready_timeout_s: float = Field(300.0, gt=0)
+    cpus: str | None = None  # the cores the server runs on (taskset's list: "0", "0-1", "0,2")
+
+    @field_validator("cpus")
+    @classmethod
+    def _cores(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_cores(value)
+        return value
 
     @field_validator("ready")
     @classmethod
@@ -78,6 +87,20 @@ class ServerSpec(StrictConfig):
         if value is not None and not re.fullmatch(r"/[^\s@]*", value):
             raise ValueError(f"a path on the server, starting with / (got {value!r})")
         return value
+
+
+def parse_cores(spec: str) -> tuple[int, ...]:
+    """taskset's list syntax ("0", "0-1", "0,2-3") -> the cores, or ValueError."""
+    cores: set[int] = set()
+    for part in str(spec).split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise ValueError(f"a list of cores as taskset takes it (0, 0-1, 0,2), got {spec!r}")
+        cores.update(range(int(low), int(high or low) + 1))
+    available = set(range(os.cpu_count() or 1))
+    if not cores <= available:
+        raise ValueError(f"cores {sorted(cores - available)} are not available here (the machine has {len(available)})")
+    return tuple(sorted(cores))
 
 
 class LoadSpec(StrictConfig):
@@ -100,6 +123,13 @@ class LoadSpec(StrictConfig):
     seed: int = 0
     context_len: int | None = None
     session_header: str | None = None
+    workload: str | None = None  # a named workload (agent, long-short, copy) instead of prompt_len
+    search: bool = False
+    repeats: int = 3  # steps per level around the knee: a 95% interval on the knee and on each P99
+    class_priority: str | None = None
+    admission: int | None = None
+    rerun_disturbed: int = 0
+    attribution: str | None = None  # a bench result of the served model on this device (BENCH.json[#ROW])
 
 
 class Lever(StrictConfig):
@@ -121,6 +151,15 @@ class Reference(StrictConfig):
 class Study(StrictConfig):
     name: str = Field(pattern=PLAIN)
     description: str | None = None
+    client_cpus: str | None = None  # the cores quantkit's client runs on while the study runs
+
+    @field_validator("client_cpus")
+    @classmethod
+    def _client_cores(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_cores(value)
+        return value
+
     server: ServerSpec
     load: LoadSpec = LoadSpec()
     levers: tuple[Lever, ...] = Field(min_length=1)
@@ -304,6 +343,7 @@ def load_config(
     opts = study.load_options(lever)
     engine = opts.pop("engine") or server_kind(study.server.engine).load_engine
     timeout, no_stop = opts.pop("timeout"), opts.pop("no_stop")
+    attribution = opts.pop("attribution")
     served = study.server.served_model or model or study.server.model
     try:
         return build_config(
@@ -314,6 +354,7 @@ def load_config(
             stop_at_saturation=not no_stop,
             label=lever.name,
             extra_body=extra_body or {},
+            attribution=read_attribution(expand(attribution, "load.attribution")) if attribution else None,
             **opts,
         )
     except QuantkitError as exc:
