@@ -37,14 +37,17 @@ NOT_TWINNED = ("quantization_config", "_name_or_path", "architectures", "torch_d
 
 
 def twin_config(cfg: dict) -> dict:
-    """A config of the same architecture with the hidden and feed-forward widths cut to TWIN_WIDTH;
+    """A config of the same architecture with the hidden and feed-forward widths cut to TWIN_WIDTH
+    (the hidden width to the next multiple of the query heads);
     layers, heads, head size, vocabulary and context kept (the head size written out, since
     transformers would otherwise derive it from the hidden width)."""
     heads = cfg["num_attention_heads"]
     out = {k: v for k, v in cfg.items() if k not in NOT_TWINNED}
     out["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // heads
     out["num_key_value_heads"] = cfg.get("num_key_value_heads") or heads
-    out["hidden_size"] = out["intermediate_size"] = TWIN_WIDTH
+    # transformers requires the hidden width to be a multiple of the query heads, head size or not
+    out["hidden_size"] = heads * -(-TWIN_WIDTH // heads)
+    out["intermediate_size"] = TWIN_WIDTH
     return out
 
 
@@ -196,7 +199,8 @@ class TorchEngine(Engine):
             write_json(path, cfg)
         return Synthetic(str(path), 16), (
             f"twin: {cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']}/{cfg['num_key_value_heads']} "
-            f"heads of {cfg['head_dim']}, widths {TWIN_WIDTH}, random {self.dtype} weights"
+            f"heads of {cfg['head_dim']}, widths {cfg['hidden_size']}/{cfg['intermediate_size']}, random "
+            f"{str(self.dtype).removeprefix('torch.')} weights"
         )
 
     def close(self) -> None:
