@@ -80,3 +80,22 @@ def test_p99_difference_at_one_level():
     assert diff["difference_ms"] < -15 and diff["moved"] and diff["ci95"][1] < 0
     same = p99_difference(_steps(2, 80, 6), _steps(2, 80, 6, seed=5), "ttft_ms", draws=300)
     assert not same["moved"]
+
+
+def test_a_class_slo_judges_the_knee_on_that_class_alone():
+    from quantkit.load.config import LoadError, parse_slo
+
+    assert parse_slo("ttft=100,class=short") == Slo(ttft_ms=100, cls="short")
+    with pytest.raises(LoadError, match="needs a ttft or tpot"):
+        parse_slo("class=short")
+    steps = []
+    for level, short, long in ((1, 50, 400), (2, 80, 700), (4, 140, 1300)):
+        for step in _steps(level, short, 4):
+            n = len(step["samples"]["ttft_ms"])  # every tenth request long, eight times slower
+            step["samples"]["cls"] = ["long" if i % 10 == 0 else "short" for i in range(n)]
+            step["samples"]["ttft_ms"] = [long if i % 10 == 0 else v for i, v in enumerate(step["samples"]["ttft_ms"])]
+            steps.append(step)
+    every = slo_knee(steps, Slo(ttft_ms=100), draws=100)
+    short = slo_knee(steps, Slo(ttft_ms=100, cls="short"), draws=100)
+    assert every["censored"] == "below"  # the long prompts miss 100 ms at every level
+    assert short["censored"] is None and 2 < short["knee"] < 2.5 and short["slo"]["class"] == "short"

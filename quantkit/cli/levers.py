@@ -56,10 +56,14 @@ def _print_plan(study, plans: list[dict], reasons: list[str], as_json: bool) -> 
         return
     for plan in plans:
         env = [f"{name}={value}" for name, value in plan["env"].items()]
+        cores = f"  on cores {plan['server_cpus']}" if plan.get("server_cpus") else ""
         click.echo(
             f"{plan['lever']}: {shlex.join(['env', *env, *plan['command']] if env else plan['command'])}"
             + (f"  body {plan['body_fields']}" if plan["body_fields"] else "")
+            + cores
         )
+    if study.client_cpus:
+        click.echo(f"the client on cores {study.client_cpus}")
     if reasons:
         click.echo(f"runs only with --trust-study: {'; '.join(reasons)}")
 

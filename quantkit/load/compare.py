@@ -27,7 +27,7 @@ def _ratio(new: float | None, old: float | None) -> float | None:
 
 def _slo(run: LoadRun) -> Slo:
     slo = run.config.get("slo") or {}
-    return Slo(ttft_ms=slo.get("ttft_ms"), tpot_ms=slo.get("tpot_ms"))
+    return Slo(ttft_ms=slo.get("ttft_ms"), tpot_ms=slo.get("tpot_ms"), cls=slo.get("cls"))
 
 
 def _row(run: LoadRun) -> dict:
@@ -93,6 +93,12 @@ def _matched(runs: list[LoadRun]) -> list[dict]:
             if i and level in steps[0] and level in steps[i]:
                 for metric in ("ttft_ms", "tpot_ms"):
                     entry[f"{metric[:4]}_p99_vs_base"] = p99_difference(steps[0][level], steps[i][level], metric)
+                cls = _slo(runs[0]).cls
+                if cls:  # the class the SLO is judged on: its own TTFT-P99 against the baseline's
+                    entry["class_ttft_p99_vs_base"] = {
+                        "class": cls,
+                        **p99_difference(steps[0][level], steps[i][level], "ttft_ms", cls=cls),
+                    }
             entries.append(entry)
         out.append({"offered": level, "runs": entries})
     return out
@@ -198,6 +204,11 @@ def render_load_comparison(result: dict) -> str:
             cells = [
                 f"{_f(r['achieved_qps'])}, {_f(r['ttft_p99_ms'], 0)}{_diff_cell(r.get('ttft_p99_vs_base'))}, "
                 f"{_f(r['tpot_p99_ms'], 1)}{_diff_cell(r.get('tpot_p99_vs_base'))}"
+                + (
+                    f"; {r['class_ttft_p99_vs_base']['class']} TTFT-P99{_diff_cell(r['class_ttft_p99_vs_base'])}"
+                    if r.get("class_ttft_p99_vs_base")
+                    else ""
+                )
                 for r in level["runs"]
             ]
             lines.append(f"| {level['offered']:g} | " + " | ".join(cells) + " |")

@@ -71,6 +71,9 @@ class Slo:
 
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+    # the workload class whose requests the knee is judged on (long-short: `short`, the class a
+    # lever such as chunked prefill is for); None: every request
+    cls: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -148,15 +151,20 @@ def parse_levels(spec: str, *, integer: bool, option: str) -> tuple[float, ...]:
 
 
 def parse_slo(spec: str | None) -> Slo:
-    """`"ttft=500,tpot=50"` (milliseconds) -> Slo. Either key may be left out."""
+    """`"ttft=500,tpot=50"` (milliseconds) -> Slo. Either key may be left out; `class=NAME` judges
+    the knee on one workload class's requests."""
     if not spec:
         return Slo()
     found: dict[str, float] = {}
+    cls = None
     for part in spec.split(","):
         key, sep, value = part.partition("=")
         key = key.strip().lower()
+        if key == "class" and sep and value.strip():
+            cls = value.strip()
+            continue
         if not sep or key not in ("ttft", "tpot"):
-            raise LoadError(f"--slo: expected ttft=MS,tpot=MS, got {spec!r}")
+            raise LoadError(f"--slo: expected ttft=MS,tpot=MS[,class=NAME], got {spec!r}")
         try:
             number = float(value.rstrip("ms").strip())
         except ValueError:
@@ -164,7 +172,9 @@ def parse_slo(spec: str | None) -> Slo:
         if not math.isfinite(number) or number <= 0:
             raise LoadError(f"--slo: {key} must be positive, got {value!r}")
         found[key] = number
-    return Slo(ttft_ms=found.get("ttft"), tpot_ms=found.get("tpot"))
+    if cls and not found:
+        raise LoadError(f"--slo: class={cls} needs a ttft or tpot objective, got {spec!r}")
+    return Slo(ttft_ms=found.get("ttft"), tpot_ms=found.get("tpot"), cls=cls)
 
 
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110, 5.6.2)

@@ -30,8 +30,13 @@ MAX_FAILED = 0.01  # a level whose requests failed more often than this does not
 P99_NOT_MAX = 102  # the P99's upper order statistic is below the maximum from 102 requests on
 
 
-def _arrays(step: dict, metric: str) -> np.ndarray:
-    return np.asarray([v for v in step["samples"][metric] if v is not None], dtype=float)
+def _arrays(step: dict, metric: str, cls: str | None = None) -> np.ndarray:
+    """A step's answered requests' values of `metric` (ms), of one workload class when `cls` is given."""
+    samples = step["samples"]
+    classes = samples.get("cls") or [None] * len(samples[metric])
+    return np.asarray(
+        [v for v, c in zip(samples[metric], classes) if v is not None and (cls is None or c == cls)], dtype=float
+    )
 
 
 def by_level(steps: Sequence[dict]) -> dict[float, list[dict]]:
@@ -75,17 +80,17 @@ def crossing(levels: Sequence[float], ratios: Sequence[float]) -> tuple[float, s
     return levels[-1], "above"
 
 
-def _resample(rng: np.random.Generator, steps: Sequence[dict], metric: str) -> np.ndarray:
+def _resample(rng: np.random.Generator, steps: Sequence[dict], metric: str, cls: str | None = None) -> np.ndarray:
     chosen = rng.integers(len(steps), size=len(steps))
     parts = []
     for j in chosen:
-        values = _arrays(steps[j], metric)
+        values = _arrays(steps[j], metric, cls)
         parts.append(values[rng.integers(values.size, size=values.size)] if values.size else values)
     return np.concatenate(parts) if parts else np.empty(0)
 
 
-def _draw_p99s(rng: np.random.Generator, steps: Sequence[dict]) -> tuple[float, float]:
-    return _p99(_resample(rng, steps, "ttft_ms")), _p99(_resample(rng, steps, "tpot_ms"))
+def _draw_p99s(rng: np.random.Generator, steps: Sequence[dict], cls: str | None = None) -> tuple[float, float]:
+    return _p99(_resample(rng, steps, "ttft_ms", cls)), _p99(_resample(rng, steps, "tpot_ms", cls))
 
 
 def _interval(draws: np.ndarray, censored_low: np.ndarray, censored_high: np.ndarray) -> list:
@@ -116,7 +121,9 @@ def knee_draws(steps: Sequence[dict], slo: Slo, draws: int = DRAWS, seed: int = 
     rng = np.random.default_rng(seed)
     knees, low, high = np.empty(draws), np.zeros(draws, bool), np.zeros(draws, bool)
     for b in range(draws):
-        ratios = [np.inf if failed[i] else _ratio(*_draw_p99s(rng, grouped[lv]), slo) for i, lv in enumerate(levels)]
+        ratios = [
+            np.inf if failed[i] else _ratio(*_draw_p99s(rng, grouped[lv], slo.cls), slo) for i, lv in enumerate(levels)
+        ]
         knees[b], censored = crossing(levels, ratios)
         low[b], high[b] = censored == "below", censored == "above"
     return {"knees": knees, "below": low, "above": high}
@@ -126,15 +133,15 @@ def meets(steps: Sequence[dict], slo: Slo) -> bool:
     """Whether one level's steps, pooled, meet the SLO: P99s within it and few failures."""
     if _failed(steps):
         return False
-    ttft = np.concatenate([_arrays(s, "ttft_ms") for s in steps])
-    tpot = np.concatenate([_arrays(s, "tpot_ms") for s in steps])
+    ttft = np.concatenate([_arrays(s, "ttft_ms", slo.cls) for s in steps])
+    tpot = np.concatenate([_arrays(s, "tpot_ms", slo.cls) for s in steps])
     return ttft.size > 0 and _ratio(_p99(ttft), _p99(tpot), slo) <= 1
 
 
 def _level_row(level: float, steps: Sequence[dict], slo: Slo, rng: np.random.Generator, draws: int) -> dict:
-    ttft = np.concatenate([_arrays(s, "ttft_ms") for s in steps])
-    tpot = np.concatenate([_arrays(s, "tpot_ms") for s in steps])
-    reps = np.array([_draw_p99s(rng, steps) for _ in range(draws)])
+    ttft = np.concatenate([_arrays(s, "ttft_ms", slo.cls) for s in steps])
+    tpot = np.concatenate([_arrays(s, "tpot_ms", slo.cls) for s in steps])
+    reps = np.array([_draw_p99s(rng, steps, slo.cls) for _ in range(draws)])
     duration = sum(s["duration_s"] for s in steps)
     completed = sum(s["completed"] for s in steps)
 
@@ -174,7 +181,7 @@ def slo_knee(steps: Sequence[dict], slo: Slo, draws: int = DRAWS, seed: int = 0)
     qps = [r["achieved_qps"] for r in rows]
     qps_draws = np.array([_qps_at(k, levels, qps) or np.nan for k in reps["knees"]])
     return {
-        "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
+        "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "class": slo.cls},
         "knee": None if censored else knee,
         "censored": censored,
         "bound": knee if censored else None,
@@ -203,15 +210,20 @@ def shift(base: dict, other: dict) -> dict:
     return {"ratio": float(np.median(ratios)), "ci95": [low, high], "moved": not (low <= 1.0 <= high), "why": None}
 
 
-def p99_difference(base: Sequence[dict], other: Sequence[dict], metric: str, draws: int = DRAWS, seed: int = 0) -> dict:
-    """other - base of one level's P99 (steps of that level in each run), with its interval."""
+def p99_difference(
+    base: Sequence[dict], other: Sequence[dict], metric: str, draws: int = DRAWS, seed: int = 0, cls: str | None = None
+) -> dict:
+    """other - base of one level's P99 (steps of that level in each run, one class's requests when
+    `cls` is given), with its interval."""
     rng = np.random.default_rng(seed)
-    diffs = np.array([_p99(_resample(rng, other, metric)) - _p99(_resample(rng, base, metric)) for _ in range(draws)])
+    diffs = np.array(
+        [_p99(_resample(rng, other, metric, cls)) - _p99(_resample(rng, base, metric, cls)) for _ in range(draws)]
+    )
     diffs = diffs[diffs == diffs]
     if not diffs.size:
         return {"difference_ms": None, "ci95": None, "moved": None}
-    point = _p99(np.concatenate([_arrays(s, metric) for s in other])) - _p99(
-        np.concatenate([_arrays(s, metric) for s in base])
+    point = _p99(np.concatenate([_arrays(s, metric, cls) for s in other])) - _p99(
+        np.concatenate([_arrays(s, metric, cls) for s in base])
     )
     low, high = (float(x) for x in np.percentile(diffs, [2.5, 97.5]))
     return {"difference_ms": point, "ci95": [low, high], "moved": not (low <= 0.0 <= high)}

@@ -64,6 +64,8 @@ def lever_plan(study: Study, index: int, port: int | None = None, check: bool = 
         "env": dict(study.server.env),
         "body_fields": body,
         "not_run_here": not_here(kind, settings),
+        "server_cpus": study.server.cpus,
+        "client_cpus": study.client_cpus,
         "cfg": load_config(study, lever, url=url, model=model, extra_body=body),
     }
 

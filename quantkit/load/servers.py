@@ -311,6 +311,11 @@ VLLM = ServerKind(
         "enable_prefix_caching": _bool("--enable-prefix-caching", "automatic prefix caching"),
         "enable_chunked_prefill": _bool("--enable-chunked-prefill", "chunked prefill"),
         "max_num_seqs": Key("most sequences per batch (continuous batching width)", "--max-num-seqs"),
+        "custom_histogram_buckets": Key(
+            'bounds of /metrics histograms as JSON, e.g. {"request_latency": [0.01, 0.02, ...]}: finer buckets for '
+            "the queue and prefill times TTFT is split with",
+            "--custom-histogram-buckets",
+        ),
         "scheduling_policy": Key(
             "fcfs (default) or priority: the waiting queue ordered by each request's `priority` (load.class_priority)",
             "--scheduling-policy",
