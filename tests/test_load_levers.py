@@ -377,7 +377,7 @@ def test_the_shipped_studies_validate(study, tmp_path, monkeypatch):
             }
         )
     )
-    for name in ("QK_DEMO_F16", "QK_DEMO_Q4_0", "QK_GGUF", "QK_DRAFT_GGUF"):
+    for name in ("QK_DEMO_F16", "QK_DEMO_Q4_0", "QK_GGUF", "QK_DRAFT_GGUF", "QK_DRAFT_MODEL"):
         monkeypatch.setenv(name, str(gguf))
     monkeypatch.setenv("QK_DEMO_MODEL", str(model))
     monkeypatch.setenv("QK_HF_MODEL", "org/model")

@@ -40,7 +40,7 @@ def lever_plan(study: Study, index: int, port: int | None = None, check: bool = 
     where = f"levers[{index}] ({lever.name})"
     model = server_model(lever.model or study.server.model, f"{where}: model" if lever.model else "server.model")
     settings = {
-        name: expand(value, f"{where}.settings.{name}") if isinstance(value, str) else value
+        name: _expanded(value, f"{where}.settings.{name}")
         for name, value in {**study.server.settings, **lever.settings}.items()
     }
     for name, value in settings.items():
@@ -68,6 +68,17 @@ def lever_plan(study: Study, index: int, port: int | None = None, check: bool = 
         "client_cpus": study.client_cpus,
         "cfg": load_config(study, lever, url=url, model=model, extra_body=body),
     }
+
+
+def _expanded(value, where: str):
+    """Environment variables in a setting, also inside a JSON value (vLLM's speculative_config)."""
+    if isinstance(value, str):
+        return expand(value, where)
+    if isinstance(value, dict):
+        return {k: _expanded(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expanded(v, where) for v in value]
+    return value
 
 
 def _changes(lever: Lever, model: str, settings: dict, kind) -> str:

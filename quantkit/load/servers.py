@@ -333,9 +333,9 @@ VLLM = ServerKind(
         ),
         "kv_cache_dtype": Key("KV cache dtype (auto, fp8, ...)", "--kv-cache-dtype", here=False),
         "speculative_config": Key(
-            'speculative decoding, as JSON: {"model": DRAFT, "num_speculative_tokens": N} or {"method": "ngram", ...}',
+            'speculative decoding, as JSON: {"model": DRAFT, "num_speculative_tokens": N} or {"method": "ngram", ...} '
+            "(vLLM's CPU build runs both)",
             "--speculative-config",
-            here=False,
         ),
         "quantization": Key("weight quantization method", "--quantization", here=False),
         "tensor_parallel_size": Key("GPUs per replica", "--tensor-parallel-size", here=False),
