@@ -161,3 +161,25 @@ def test_the_runner_never_compares_scorer_names():
     compare = re.compile(rf'(==|!=|\bin)\s*\(?\s*"({names})"|"({names})"\s*(==|!=)')
     for module in (runner, cli_eval, perplexity):
         assert not compare.search(inspect.getsource(module)), module.__name__
+
+
+def test_the_output_layers_check_compares_a_chunk_of_positions_at_a_time(monkeypatch):
+    """OutputHead.reproduces holds one chunk's comparison at a time (the whole window's held five
+    vocabulary-sized arrays beside its logits: 11.4 GB at a 262,144 vocabulary and 2,048 positions),
+    and still finds a mismatch in any chunk, the last included."""
+    import torch
+
+    from quantkit.evals.scorers import transformers as scorer
+
+    monkeypatch.setattr(scorer, "KL_CHUNK", 3)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=False)
+    hidden = torch.randn(10, 8)
+    out = scorer.OutputHead(head, None)
+    logits = head(hidden).detach()
+    assert out.reproduces(hidden, logits)
+    for row in (0, 4, 9):
+        bad = logits.clone()
+        bad[row, 7] += 1.0
+        assert not out.reproduces(hidden, bad), row
+    assert not out.reproduces(hidden[:9], logits)  # positions that differ in number

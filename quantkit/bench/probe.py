@@ -11,6 +11,7 @@ its timings and flags a drift above DRIFT_LIMIT.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -28,6 +29,13 @@ from quantkit.home import subdir
 
 DRIFT_LIMIT = 0.15  # before/after change that makes every efficiency figure of the run uncertain
 MATMUL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+PROBE_MIB = 1024  # a real probe's read buffer (and the copy's destination): beyond any last-level cache
+MATMUL_N = {"cpu": 1536, "cuda": 4096}  # the probe's square matmuls
+
+
+def buffer_bytes() -> int:
+    """The probe's buffer: QUANTKIT_PROBE_MIB MiB where set (tests use a small one), else PROBE_MIB."""
+    return int(os.environ.get("QUANTKIT_PROBE_MIB", PROBE_MIB)) << 20
 
 
 def spread(samples_s: list[float], work: float, scale: float) -> dict:
@@ -82,7 +90,7 @@ def probe(device, buffer_bytes: int = 1 << 30, repeats: int = 7) -> dict:
     read = spread(_times(lambda a=a: a.sum(), sync, repeats), buffer_bytes, 1e9)
     copy = spread(_times(lambda a=a, b=b: b.copy_(a), sync, repeats), buffer_bytes, 1e9)
     del a, b
-    n = 4096 if device.type == "cuda" else 1536
+    n = MATMUL_N["cuda" if device.type == "cuda" else "cpu"]
     rates = {}
     for dtype in MATMUL_DTYPES:
         x = torch.randn(n, n, dtype=dtype, device=device)
@@ -180,12 +188,10 @@ def cached_probe(device) -> Device:
 
 
 if __name__ == "__main__":
-    import os
     import sys
 
     import torch
 
-    mib = int(os.environ.get("QUANTKIT_PROBE_MIB", "1024"))  # tests use a small buffer; real probes must exceed the LLC
     if len(sys.argv) > 2:
         torch.set_num_threads(int(sys.argv[2]))
-    print(json.dumps(probe(torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu"), buffer_bytes=mib << 20)))
+    print(json.dumps(probe(torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu"), buffer_bytes=buffer_bytes())))

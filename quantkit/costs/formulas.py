@@ -29,9 +29,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from quantkit.bench import probe
 from quantkit.bench.harness import prefill_samples
 from quantkit.bench.selfcheck import reference_in_float32
 from quantkit.core.roofline import predict_ttft_s
+from quantkit.evals.stats import KL_CHUNK
 from quantkit.quantize.sensitivity import working_set_bytes
 
 GB = 1e9
@@ -65,6 +67,11 @@ DECODE_EFF = 0.5
 # counted on the CPU, where the compiled engine runs its model
 COMPILE_RSS = 2.4 * GB
 PROBE_S = 8.0  # `bench`'s device probe, run before and after the timings
+# The device probe is a process of its own (bench/probe.py), torch imported (0.232 GB measured:
+# `/usr/bin/time -v python -c "import torch"`) with its read buffer, the copy's destination and two
+# square matmul operands: 2.39 GB peak at its 1 GiB buffer, 0.375 GB at 64 MiB (/usr/bin/time -v
+# python -m quantkit.bench.probe cpu); the peak of a bench of a small model is the probe's.
+PROBE_BASE_RSS = 0.24 * GB
 # --depth on an engine that compiles: each depth is a new static-cache size, so decode compiles again
 # (the decode graph with its warm-ups: 7.5-16 s at 135M-1.2B on 2 CPU cores; benchmarks/scale.py)
 DEPTH_COMPILE_S = 10.0
@@ -353,6 +360,17 @@ def check_fit(plan: Plan, mc: Machine, w: ConvertWork | None = None) -> None:
 # ---------------------------------------------------------------- eval and bench
 
 
+def window_vocab_bytes(seq_len: int, vocab: int, itemsize: int) -> int:
+    """The vocabulary-sized arrays of one scored window at once: its logits in the model's dtype, a
+    float32 copy where that dtype is 16-bit, their log-softmax, and four float32 arrays of
+    KL_CHUNK positions (the exact KL's baseline rows, their exp and two products; the baseline
+    pass's check of its output layer, a chunk at a time too). Measured at a 262,144 vocabulary,
+    float32 on the CPU, peak RSS in process (resource.getrusage): 7.22 GB at 2,048 positions and
+    3.99 GB at 512 for an INT4 artifact of a 16.9M-parameter model, against 7.34 and 4.1 GB."""
+    rows = seq_len * vocab
+    return rows * itemsize + (rows * 4 if itemsize != 4 else 0) + rows * 4 + 4 * min(seq_len, KL_CHUNK) * vocab * 4
+
+
 def eval_plan(
     base: Model,
     model: Model,
@@ -370,7 +388,7 @@ def eval_plan(
     baseline, scored from the baseline pass alone. `exact_kl`: the baseline's rows are recomputed
     from its pass by its LM head beside the model (one matmul per position, a chunk at a time)."""
     dense_base, dense_model = base.params * itemsize, (0 if same else model.params * itemsize)
-    logits = 3 * 4 * seq_len * base.vocab  # logits, log-softmax and a top-k copy, float32
+    logits = window_vocab_bytes(seq_len, base.vocab, itemsize)
     stages = {
         "source": base.weight_bytes,
         "baseline_loaded": dense_base,
@@ -436,6 +454,14 @@ class BenchWork:
         return max((self.prompt_len, *self.depths)) + self.gen_len
 
 
+def probe_bytes(device_type: str) -> tuple[int, int]:
+    """(RAM, device memory) of the device probe's process at its peak (PROBE_BASE_RSS)."""
+    n = probe.MATMUL_N["cuda" if device_type == "cuda" else "cpu"]
+    arrays = 2 * probe.buffer_bytes() + 2 * n * n * 4  # float32: the largest of its matmul dtypes
+    on_device = device_type != "cpu"
+    return int(PROBE_BASE_RSS + (0 if on_device else arrays)), (arrays if on_device else 0)
+
+
 def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     """Models are benchmarked one after another: the peak is the largest one loaded; the time is
     each one's load, its warm-ups and repeats of a prefill and `gen_len` decode steps."""
@@ -452,7 +478,8 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     ]
     compiling = COMPILE_RSS if w.compile_s else 0
     held = max(max(loaded + ref, (1 + RETAINED) * loaded + kv + compiling) for loaded, ref in zip(w.loaded_bytes, refs))
-    peak_ram = BASE_RSS["bench"] + (0 if on_device else held)
+    probe_ram, probe_vram = probe_bytes(mc.device_type)
+    peak_ram = max(BASE_RSS["bench"] + (0 if on_device else held), probe_ram)  # the probe runs before and after
     t = {"startup": STARTUP_S["bench"], "probes": 2 * PROBE_S}
     for i, (b, loaded, fl, ref) in enumerate(zip(w.bytes_per_token, w.loaded_bytes, w.prefill_flops, refs)):
         prefill = fl / (mc.bf16_flops * MATMUL_EFF)
@@ -470,9 +497,9 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
         "bench",
         model_dict(m),
         asdict(mc),
-        {"largest_loaded": largest, "kv_cache": kv, "reference": max(refs)},
+        {"largest_loaded": largest, "kv_cache": kv, "reference": max(refs), "device_probe": probe_ram + probe_vram},
         int(peak_ram),
-        int(max(largest + kv, max(refs))) if on_device else None,
+        int(max(largest + kv, max(refs), probe_vram)) if on_device else None,
         0,
         False,
         sum(t.values()),
