@@ -150,8 +150,10 @@ def test_disturbance_names_each_witness():
     assert disturbance(_row(), None) == ()
     assert "spread" in disturbance(_row({"n": 5, "min": 10.0, "p90": 13.0}), None)[0]
     assert "P90" in disturbance(_row(steps={"median": 25.6, "p90": 169.0}), None)[0]
-    drift = {"flagged": True, "worst": "read_gbps", "change": {"read_gbps": -0.3}}
-    assert "probe moved" in disturbance(_row(), drift)[0]
+    drift = {"flagged": True, "worst": "read_gbps", "change": {"read_gbps": -0.3}, "limit": 0.15}
+    assert "read bandwidth moved" in disturbance(_row(), drift)[0]
+    matmul = {"flagged": True, "worst": "bf16_matmul_tflops", "change": {"read_gbps": 0.05, "bf16_matmul_tflops": 1.3}}
+    assert disturbance(_row(), {**matmul, "limit": 0.15}) == ()  # a matmul's drift is the prefill's, not decode's
     assert "llama-bench" in disturbance(_row(anchor={"ratio_tpot": 1.7}), None)[0]
     assert disturbance(_row(anchor={"ratio_tpot": 1.05}), None) == ()
 
@@ -159,12 +161,12 @@ def test_disturbance_names_each_witness():
 def test_a_schema_4_result_is_refitted_without_a_negative_overhead():
     """A file written before attribution: its one-term fit with a negative intercept is replaced by
     the non-negative fit over its rows' bytes."""
-    from quantkit.bench.records import BenchResult, migrate_v2, migrate_v3
+    from quantkit.bench.records import SCHEMA_VERSION, BenchResult, migrate_v2, migrate_v3
 
     data = migrate_v3(migrate_v2(json.loads((Path(__file__).parent / "bench_v2.json").read_text())))
     assert data["schema_version"] == 4
     data["fit"] = {**data["fit"], "overhead_ms": -9.4}
     out = BenchResult.from_json(data)
-    assert out.schema_version == 5
+    assert out.schema_version == SCHEMA_VERSION
     assert all(v >= 0 for v in out.fit.coef.values())
     assert all(r.attribution is None and r.attribution_missing for r in out.rows)

@@ -22,7 +22,7 @@ import ctypes
 
 import numpy as np
 
-from quantkit.bench.weight_timing import median_seconds
+from quantkit.bench.weight_timing import interleaved_passes
 from quantkit.core.attribution import KernelTime
 from quantkit.errors import QuantkitError
 from quantkit.gguf.read import open_reader
@@ -136,6 +136,9 @@ class Backend:
                 return dev, buft
         raise QuantkitError("no ggml buffer type takes a weight of this model")
 
+    def sync(self) -> None:
+        self.g.backend_synchronize(self.ptr)
+
     def close(self) -> None:
         self.g.backend_free(self.ptr)
 
@@ -183,21 +186,26 @@ def _groups(g: Ggml, be: Backend, items: list) -> dict[tuple[str, str], list]:
 
 
 def time_gguf_weights(path, device, threads: int, llama_lib) -> tuple[KernelTime, ...]:
-    """Each (tensor type, buffer type)'s products of one decode step, timed on ggml's backend."""
+    """Each (tensor type, buffer type)'s products of one decode step, timed on ggml's backend: every
+    group's graph in turn, pass after pass, so each is timed with the others' bytes streamed between
+    its passes as in a decode step (bench/weight_timing.interleaved_passes)."""
     reader = open_reader(path)
     g = Ggml(llama_lib)
     be = Backend(g, device, threads)
     base, size = reader.data.ctypes.data, int(reader.data.nbytes)
     mapped = g.backend_dev_buffer_from_host_ptr(be.dev, base, size, size) if be.cpu else None
     plain = be.bufts[-1][1]
+    groups: list[Group] = []
     try:
-        out = []
         for (qtype, buft), items in _groups(g, be, matvec_items(reader)).items():
             host = mapped if buft == plain and mapped else None
             label = qtype if buft == plain else f"{qtype} ({g.backend_buft_name(buft).decode()})"
-            out.append(_time_group(g, be, label, items, base, buft, host))
-        return tuple(out)
+            groups.append(Group(g, be, label, items, base, buft, host))
+        times = interleaved_passes([gr.run for gr in groups], [gr.label for gr in groups], be.sync)
+        return tuple(KernelTime(gr.label, gr.bytes, gr.flops, times[gr.label] * gr.scale) for gr in groups)
     finally:
+        for gr in groups:
+            gr.free()
         if mapped:
             g.backend_buffer_free(mapped)
         be.close()
@@ -216,42 +224,52 @@ def _kept(items: list) -> tuple[list, float]:
     return kept, total / acc
 
 
-def _time_group(g: Ggml, be: Backend, label: str, items: list, base: int, buft, host) -> KernelTime:
-    total_bytes = sum(_bytes(op, t, ne1) for _, op, _, ne1, t in items)
-    total_flops = sum(2.0 * ne0 * (1 if op == "get_rows" else ne1) for _, op, ne0, ne1, _ in items)
-    scale = 1.0
-    if host is None:
-        items, scale = _kept(items)
-    n = len(items)
-    mem = g.tensor_overhead() * (4 * n + 8) + g.graph_overhead_custom(4 * n + 8, False)
-    ctx_w, ctx_c = g.init(_InitParams(mem, None, True)), g.init(_InitParams(mem, None, True))
-    buffers = []
-    try:
+class Group:
+    """One (tensor type, buffer type)'s products as a ggml graph, its weights placed, ready to run."""
+
+    def __init__(self, g: Ggml, be: Backend, label: str, items: list, base: int, buft, host):
+        self.g, self.be, self.label = g, be, label
+        self.bytes = float(sum(_bytes(op, t, ne1) for _, op, _, ne1, t in items))
+        self.flops = float(sum(2.0 * ne0 * (1 if op == "get_rows" else ne1) for _, op, ne0, ne1, _ in items))
+        self.scale = 1.0
+        if host is None:
+            items, self.scale = _kept(items)
+        n = len(items)
+        mem = g.tensor_overhead() * (4 * n + 8) + g.graph_overhead_custom(4 * n + 8, False)
+        self.ctx_w, self.ctx_c = g.init(_InitParams(mem, None, True)), g.init(_InitParams(mem, None, True))
+        self.buffers: list = []
+        try:
+            self._build(items, base, buft, host)
+        except BaseException:
+            self.free()
+            raise
+
+    def _build(self, items: list, base: int, buft, host) -> None:
+        g, be = self.g, self.be
         weights, ys, xs, rows = {}, [], {}, []
         for name, op, ne0, ne1, t in items:
             if name not in weights:
-                weights[name] = (g.new_tensor_2d(ctx_w, int(t.tensor_type), ne0, ne1), t)
+                weights[name] = (g.new_tensor_2d(self.ctx_w, int(t.tensor_type), ne0, ne1), t)
             w = weights[name][0]
             if op == "get_rows":
-                idx = g.new_tensor_1d(ctx_c, GGML_TYPE_I32, 1)
-                rows.append(idx)
-                ys.append(g.get_rows(ctx_c, w, idx))
+                rows.append(g.new_tensor_1d(self.ctx_c, GGML_TYPE_I32, 1))
+                ys.append(g.get_rows(self.ctx_c, w, rows[-1]))
             else:
-                xs.setdefault(ne0, g.new_tensor_2d(ctx_c, GGML_TYPE_F32, ne0, 1))
-                ys.append(g.mul_mat(ctx_c, w, xs[ne0]))
-        graph = g.new_graph_custom(ctx_c, 4 * n + 8, False)
+                xs.setdefault(ne0, g.new_tensor_2d(self.ctx_c, GGML_TYPE_F32, ne0, 1))
+                ys.append(g.mul_mat(self.ctx_c, w, xs[ne0]))
+        self.graph = g.new_graph_custom(self.ctx_c, 4 * len(items) + 8, False)
         for y in ys:
-            g.build_forward_expand(graph, y)
+            g.build_forward_expand(self.graph, y)
         if host is not None:  # the file's own pages
             for w, t in weights.values():
                 if g.backend_tensor_alloc(host, w, base + int(t.data_offset)) != 0:
                     raise QuantkitError(f"ggml could not place tensor {t.name} in the mapped file")
         else:  # copied into the buffer type (which repacks where it is a repacking one)
-            buffers.append(g.backend_alloc_ctx_tensors_from_buft(ctx_w, buft))
+            self.buffers.append(g.backend_alloc_ctx_tensors_from_buft(self.ctx_w, buft))
             for w, t in weights.values():
                 data = np.ascontiguousarray(t.data)
                 g.backend_tensor_set(w, data.ctypes.data, 0, g.nbytes(w))
-        buffers.append(g.backend_alloc_ctx_tensors(ctx_c, be.ptr))
+        self.buffers.append(g.backend_alloc_ctx_tensors(self.ctx_c, be.ptr))
         rng = np.random.default_rng(0)
         zero = np.zeros(1, np.int32)
         for idx in rows:
@@ -260,15 +278,14 @@ def _time_group(g: Ggml, be: Backend, label: str, items: list, base: int, buft, 
             v = rng.standard_normal(ne0, dtype=np.float32)
             g.backend_tensor_set(x, v.ctypes.data, 0, v.nbytes)
 
-        def run():
-            if g.backend_graph_compute(be.ptr, graph) != 0:
-                raise QuantkitError(f"ggml failed to compute the {label} probe graph")
+    def run(self) -> None:
+        if self.g.backend_graph_compute(self.be.ptr, self.graph) != 0:
+            raise QuantkitError(f"ggml failed to compute the {self.label} probe graph")
 
-        seconds = median_seconds(run, lambda: g.backend_synchronize(be.ptr)) * scale
-        return KernelTime(label, float(total_bytes), float(total_flops), seconds)
-    finally:
-        for b in buffers:
+    def free(self) -> None:
+        for b in self.buffers:
             if b:
-                g.backend_buffer_free(b)
-        g.free(ctx_c)
-        g.free(ctx_w)
+                self.g.backend_buffer_free(b)
+        self.buffers = []
+        self.g.free(self.ctx_c)
+        self.g.free(self.ctx_w)

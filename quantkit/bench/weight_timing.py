@@ -10,7 +10,6 @@ its matrices, so the bytes streamed are the model's own, at the bench's threads.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -19,22 +18,6 @@ from quantkit.core.attribution import KernelTime
 
 MIN_SECONDS = 0.25  # per format: passes are repeated until this much was timed
 MIN_PASSES = 5
-
-
-def median_seconds(run: Callable[[], None], sync: Callable[[], None], min_seconds: float = MIN_SECONDS) -> float:
-    """The median time of `run` after one untimed call, over at least MIN_PASSES calls and `min_seconds`."""
-    run()
-    sync()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < MIN_PASSES or time.perf_counter() - start < min_seconds:
-        t = time.perf_counter()
-        run()
-        sync()
-        times.append(time.perf_counter() - t)
-        if len(times) >= 200:
-            break
-    return float(np.median(times))
 
 
 def _own_bytes(module: torch.nn.Module) -> int:
@@ -68,21 +51,42 @@ def linear_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def time_torch_weights(model: torch.nn.Module, dtype: torch.dtype, device, sync) -> tuple[KernelTime, ...]:
-    """Each format's matrices of `model`, one row through each, timed as one pass per format."""
-    groups: dict[str, list[torch.nn.Module]] = {}
-    for m in linear_modules(model):
-        groups.setdefault(_format(m), []).append(m)
-    out = []
+    """The model's matrices in the model's order, one row through each, each call timed; per format
+    the median over passes of its calls' sum. A pass reads every weight, as a decode step does, so a
+    format's matrices are timed with the others' bytes streamed between them (timing one format
+    alone would let a small one stay in the last-level cache, which a real step does not)."""
+    mods = linear_modules(model)
+    formats = [_format(m) for m in mods]
     with torch.inference_mode():
-        for fmt, mods in groups.items():
-            xs = [torch.randn(1, 1, m.in_features, dtype=dtype, device=device) for m in mods]
-
-            def run(mods=mods, xs=xs):
-                for m, x in zip(mods, xs):
-                    m(x)
-
-            seconds = median_seconds(run, sync)
-            nbytes = sum(_own_bytes(m) for m in mods)
-            flops = sum(2.0 * m.in_features * m.out_features for m in mods)
-            out.append(KernelTime(fmt, float(nbytes), flops, seconds))
+        xs = [torch.randn(1, 1, m.in_features, dtype=dtype, device=device) for m in mods]
+        passes = interleaved_passes([lambda m=m, x=x: m(x) for m, x in zip(mods, xs)], formats, sync)
+    out = []
+    for fmt in dict.fromkeys(formats):
+        mine = [m for m, f in zip(mods, formats) if f == fmt]
+        nbytes = sum(_own_bytes(m) for m in mine)
+        flops = sum(2.0 * m.in_features * m.out_features for m in mine)
+        out.append(KernelTime(fmt, float(nbytes), flops, passes[fmt]))
     return tuple(out)
+
+
+def interleaved_passes(calls: list, labels: list[str], sync, min_seconds: float = MIN_SECONDS) -> dict[str, float]:
+    """Run `calls` in order, each timed, pass after pass (after one untimed pass) for at least
+    MIN_PASSES passes and `min_seconds`; per label, the median over passes of its calls' summed time."""
+    for c in calls:
+        c()
+    sync()
+    sums: dict[str, list[float]] = {lab: [] for lab in labels}
+    start, n = time.perf_counter(), 0
+    while n < MIN_PASSES or time.perf_counter() - start < min_seconds:
+        acc = dict.fromkeys(sums, 0.0)
+        for c, lab in zip(calls, labels):
+            t = time.perf_counter()
+            c()
+            sync()
+            acc[lab] += time.perf_counter() - t
+        for lab, v in acc.items():
+            sums[lab].append(v)
+        n += 1
+        if n >= 200:
+            break
+    return {lab: float(np.median(v)) for lab, v in sums.items()}
