@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -18,6 +19,8 @@ from quantkit.bench.engines import engine_class
 from quantkit.bench.harness import SWEEP_SAMPLES
 from quantkit.bench.runner import precheck
 from quantkit.bench.synthetic import Synthetic
+from quantkit.bench.twin import TWIN_DEEP
+from quantkit.core.attribution import TWIN_WIDTH
 from quantkit.core.hardware import shape_config
 from quantkit.core.roofline import (
     Layout,
@@ -327,7 +330,16 @@ def bench_work(sources: list, settings) -> tuple[Model, BenchWork]:
         ttft_samples=max(SWEEP_SAMPLES, settings.repeats),
         loads=len(settings.flash_attn_runs) * len(settings.kv_cache_runs),
         anchored=engine.anchored,
+        twin_prefill_flops=_twin_flops(shapes, settings),
+        attributes=engine.attributes,
     )
+
+
+def _twin_flops(shapes: list[Shape], settings) -> float:
+    """The twin's prefill of its deeper cache size: attention over it (its widths are tiny)."""
+    sh = max(shapes, key=lambda s: s.layers * s.heads * s.head_dim)
+    deep = max([*settings.depths, settings.prompt_len, TWIN_DEEP])
+    return prefill_flops(replace(sh, hidden=TWIN_WIDTH, intermediate=TWIN_WIDTH), deep)
 
 
 def _text_config(src) -> dict:

@@ -448,6 +448,10 @@ class BenchWork:
     ttft_samples: int = 1  # at most this many prefills per depth
     loads: int = 1  # --flash-attn both: each model is loaded and measured twice
     anchored: bool = False  # the engine's own benchmark (llama-bench) runs at each depth too
+    # the attribution (bench/twin.py): the twin's prefill of its deeper cache size, once per load
+    # setting (models of one geometry share it), and each model's weights through its kernels
+    twin_prefill_flops: float = 0.0
+    attributes: bool = False
 
     @property
     def max_tokens(self) -> int:
@@ -493,6 +497,8 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
         t[f"model_{i}"] = round(
             (loaded + ref) / LOAD_BPS + w.compile_s + (w.runs + (1 if ref else 0)) * prefill + w.runs * decode, 1
         )
+    if w.attributes:
+        t["attribution"] = round(attribution_seconds(w, mc), 1)
     plan = Plan(
         "bench",
         model_dict(m),
@@ -507,6 +513,19 @@ def bench_plan(m: Model, w: BenchWork, mc: Machine) -> Plan:
     )
     check_fit(plan, mc)
     return plan
+
+
+KERNEL_PASSES = 6  # the kernel probe's passes over every weight (at least; bench/weight_timing.py)
+
+
+def attribution_seconds(w: BenchWork, mc: Machine) -> float:
+    """The attribution's measurements: per load setting the twin (its deeper prefill, attention at
+    the probed matmul rate, and two cache sizes' decode runs; an engine that compiles compiles the
+    twin at each size), per model and load the passes of its kernels over its weights."""
+    twin = w.twin_prefill_flops / (mc.bf16_flops * MATMUL_EFF) + 2 * w.runs * w.gen_len * 0.005
+    twin += 2 * w.compile_s if w.compile_s else 0.0
+    kernels = sum(KERNEL_PASSES * b / (mc.read_bps * DECODE_EFF) + 0.25 for b in w.bytes_per_token)
+    return w.loads * (twin + kernels)
 
 
 def depth_prefill_s(mc: Machine, weight_bytes: float, kv: float, depth: int, flops: float) -> float:
