@@ -172,7 +172,9 @@ def test_a_directory_output_may_be_new_empty_or_made(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "made").mkdir()
     (tmp_path / "made" / "pareto.md").write_text("ours")
-    for d in ("new", "empty", "made"):
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / ".pareto.json.lock").write_text("123")  # quantkit's own lock, taken before the check
+    for d in ("new", "empty", "made", "locked"):
         check_dir(tmp_path / d, "--out", made=lambda p: p.name == "made", what="a front")
     assert made_above(tmp_path / "made") is None
 

@@ -187,6 +187,11 @@ def written_png(path: Path) -> bool:
         return False
 
 
+def _lock_file(p: Path) -> bool:
+    """A lock quantkit takes inside a directory it writes (core/atomic.py lock_path: `.NAME.lock`)."""
+    return p.name.startswith(".") and p.name.endswith(".lock") and p.is_file()
+
+
 def save_png(fig, path: Path, dpi: int) -> None:
     """A matplotlib figure as a PNG marked as quantkit's, written whole (temp file, fsync, rename)."""
     buf = io.BytesIO()
@@ -221,7 +226,7 @@ def check_dir(
             f"{option} {path} lies inside {outer[1]} ({outer[0]}); {what} is a directory of its own: "
             "choose another (nothing was changed)"
         )
-    if path.is_dir() and not made(path) and any(path.iterdir()):
+    if path.is_dir() and not made(path) and any(not _lock_file(p) for p in path.iterdir()):
         raise QuantkitError(
             f"{option} {path} is not empty and is not {what} quantkit made; choose another directory, "
             "or empty it yourself (nothing was changed)"
