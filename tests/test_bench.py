@@ -3,6 +3,7 @@ Timings are never asserted; the measurement fixes are checked through what the
 JSON says about them."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,13 @@ REPO = Path(__file__).resolve().parents[1]
 FAST = ["--prompt-len", "16", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0", "--warmups", "1"]
 
 
-def fake_probe(read_gbps=(20.0,), tflops=(1.0,), llc=None):
+# a CPU with native bf16 arithmetic (AMX, AVX512-BF16): its bf16 matmul well above its float32
+NATIVE_BF16 = {"bfloat16": 1.0, "float16": 0.15, "float32": 0.15}
+# a CPU without it (AVX-512 VNNI, no BF16/AMX): bf16 emulated, an order of magnitude below float32
+EMULATED_BF16 = {"bfloat16": 0.054, "float16": 0.01, "float32": 0.6}
+
+
+def fake_probe(read_gbps=(20.0,), tflops=(1.0,), llc=None, matmul=NATIVE_BF16):
     """A probe(device) that returns the given figures in turn (before the timings, after them)."""
     calls = []
 
@@ -31,6 +38,7 @@ def fake_probe(read_gbps=(20.0,), tflops=(1.0,), llc=None):
             "read_gbps": read_gbps[i],
             "copy_gbps": read_gbps[i] / 2,
             "bf16_matmul_tflops": tflops[min(i, len(tflops) - 1)],
+            "matmul_tflops": {**matmul, "bfloat16": tflops[min(i, len(tflops) - 1)] * matmul["bfloat16"]},
             "llc_bytes": llc,
             "measured_at": "now",
             "method": "injected",
@@ -183,7 +191,7 @@ def test_compressed_loader_builds_on_the_device(int4_art, device):
     "cpu": `load_for_bench(path, "cpu:0")` raised "Cannot copy out of meta tensor"."""
     from quantkit.bench.loader import load_for_bench
 
-    bm = load_for_bench(int4_art, device)
+    bm = load_for_bench(int4_art, device, torch.float32)
     assert all(t.device.type == "cpu" for t in [*bm.model.parameters(), *bm.model.buffers()])
     assert "int4pack" in bm.kernel
 
@@ -234,6 +242,30 @@ def test_bench_runs_with_device_values(tiny_llama, int4_art):
         assert d.type == "cpu" and d.dtype == "bfloat16" and d.device_name == "fake cpu"
         assert row.device == str(torch.device(dev)) and row.dtype == "bfloat16" and row.device_name
         assert res.settings["device"] == str(torch.device(dev))
+
+
+@pytest.mark.parametrize("matmul, asked, want", [(NATIVE_BF16, None, "bfloat16"), (EMULATED_BF16, None, "float32"),
+                                                 (EMULATED_BF16, "bfloat16", "bfloat16")])  # fmt: skip
+def test_the_torch_engines_compute_in_the_dtype_the_probe_chooses(tiny_llama, int4_art, matmul, asked, want):
+    """bf16 where the probe's bf16 matmul is at least float32's; float32 on a CPU whose bf16 is emulated
+    (that CPU's figures, faked); --dtype over both. The row names the dtype, why, and ATen's CPU kernels;
+    the twin the attribution measures is built in the same dtype."""
+    from quantkit.bench.runner import bench_many
+    from quantkit.bench.settings import BenchSettings
+
+    s = BenchSettings(device="cpu", engine="eager", prompt_len=8, gen_len=3, repeats=1, min_seconds=0, warmups=0)
+    res = bench_many([tiny_llama, int4_art], replace(s, dtype=asked), probe=fake_probe(matmul=matmul))
+    for row in res.rows:
+        assert row.dtype == want and row.kv_cache == want, row.name
+        assert row.cpu_variant == f"ATen {torch.backends.cpu.get_cpu_capability()}"
+        assert ("asked for" if asked else "probed") in row.engine_info["dtype_reason"]
+        assert row.attribution is not None and f"random {want} weights" in row.attribution.fixed.twin
+
+
+def test_dtype_is_a_torch_engines_setting(cli, tiny_llama):
+    code, _, err, _ = cli("bench", str(tiny_llama), "--engine", "llamacpp", "--dtype", "float32", *FAST)
+    assert code == 2 and "--dtype float32: the llamacpp engine computes in its own types" in err
+    assert "--engine eager | compiled take a dtype" in err and "\n" not in err.strip()
 
 
 # ---- the CLI end to end --------------------------------------------------------------------
@@ -528,6 +560,7 @@ SETTINGS_OPTIONS = {
     "threads": (["--threads", "3"], "threads", 3),
     "self_check": (["--no-self-check"], "self_check", False),
     "kv_caches": (["--kv-cache", "q8_0"], "kv_caches", ("q8_0",)),
+    "dtype": (["--dtype", "float16"], "dtype", "float16"),
 }
 # The options that choose what to bench, or where and how the result goes.
 NOT_SETTINGS = {

@@ -11,6 +11,7 @@ import torch
 from quantkit.bench import harness
 from quantkit.bench.engines import ENGINES, engine_class
 from quantkit.bench.engines.base import Engine, EngineSettings
+from quantkit.core.precision import Precision
 from quantkit.errors import QuantkitError
 
 
@@ -154,7 +155,8 @@ def test_gqa_decode_attention_equals_repeat_kv_without_copying(monkeypatch, fill
 def test_torch_engines_use_the_gqa_attention(tiny_llama):
     from quantkit.bench.engines._torch import ATTENTION
 
-    e = engine_class("eager").load(tiny_llama, EngineSettings(device=torch.device("cpu", 0), max_tokens=32))
+    bf16 = Precision("bfloat16", "asked for", asked=True)
+    e = engine_class("eager").load(tiny_llama, EngineSettings(torch.device("cpu", 0), max_tokens=32, precision=bf16))
     try:
         assert e.model.config._attn_implementation == ATTENTION
         e.reset(20)

@@ -33,6 +33,43 @@ def test_probe_runs_and_reports_spread(monkeypatch):
     assert probe.load_probe(torch.device("cpu")) == p  # one cache file per device type for the CPU
 
 
+def test_a_dtype_the_cpu_only_emulates_costs_the_probe_one_product():
+    """Repeats stop once a dtype's timed products pass the budget; a warm-up slower than the budget
+    is the one timing (an emulated float16 product took over 7 s: eight were a minute a probe)."""
+    import time
+
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.03)
+
+    assert len(probe._times(slow, lambda: None, 7, budget_s=0.01)) == 1 and len(calls) == 1
+    calls.clear()
+    assert len(probe._times(slow, lambda: None, 7, budget_s=0.07)) == 3 and len(calls) == 4  # warm-up + 3
+    calls.clear()
+    assert len(probe._times(slow, lambda: None, 2)) == 2 and len(calls) == 3  # no budget: every repeat
+
+
+def test_the_cached_probe_is_measured_again_when_it_lacks_the_dtypes_or_is_another_cpus(monkeypatch):
+    """A probe from before the per-dtype rates, or one another CPU wrote into a shared home, is not
+    the one the dtype is chosen from."""
+    from quantkit.core.atomic import write_json
+    from quantkit.home import subdir
+
+    measured = []
+    fresh = {"name": probe.devices.name(torch.device("cpu")), "matmul_tflops": {"bfloat16": 0.05, "float32": 0.5}}
+    monkeypatch.setattr(probe, "run_probe", lambda device, threads=None: measured.append(device) or fresh)
+    cached = subdir("probe") / "cpu.json"
+    for stale in ({"name": fresh["name"], "bf16_matmul_tflops": 1.0}, {**fresh, "name": "another CPU"}):
+        write_json(cached, stale)
+        assert probe.load_probe(torch.device("cpu")) == fresh
+    write_json(cached, fresh)
+    assert probe.load_probe(torch.device("cpu")) == fresh and len(measured) == 2  # a current one is read
+    assert probe.compute_precision(torch.device("cpu")).dtype == "float32"  # bf16 a tenth of float32
+    assert probe.compute_precision(torch.device("cpu"), "bfloat16").dtype == "bfloat16"  # unless asked
+
+
 def test_cli_probe_prints_spread(cli, monkeypatch):
     fake = {
         "device": "cpu",

@@ -1,5 +1,5 @@
 """The bench's typed records (bench/records.py): one JSON form each, a schema version, files of
-schemas 2 and 3 still read, and a typo or a missing key refused in one line where a file is read."""
+schemas 2 to 5 still read, and a typo or a missing key refused in one line where a file is read."""
 
 import copy
 import json
@@ -20,7 +20,7 @@ def _v2() -> dict:
 def test_a_schema_2_result_still_reads():
     r = BenchResult.from_json(_v2())
     row = r.rows[0]
-    assert r.schema_version == SCHEMA_VERSION == 5 and r.kind == "bench"
+    assert r.schema_version == SCHEMA_VERSION == 6 and r.kind == "bench"
     assert row.name == "llama-gqa" and row.engine == "eager" and row.tpot_ms > 0
     assert row.depth is None and row.flash_attn is None and row.weight_bytes_by_type is None
     assert row.kv_cache is None  # the eager engine's cache type was not recorded then
@@ -28,6 +28,7 @@ def test_a_schema_2_result_still_reads():
     assert r.failed[0].name == "short" and r.failed[0].self_check is None
     assert r.fit.points == 1 and r.fit.r2 is None and r.fit.measured_over_model == ()  # refitted: one row
     assert row.attribution is None and row.attribution_missing and row.disturbed == ()
+    assert row.cpu_variant is None  # the eager engine's CPU kernels were not recorded then
     assert r.device.bandwidth_gbps > 0 and r.load_average.cpus and r.plot is None
 
 
@@ -35,7 +36,7 @@ def test_the_keys_scripts_read_stay_and_a_result_reads_back_equal():
     old = _v2()
     r = BenchResult.from_json(old)
     new = r.to_json()
-    assert new["schema_version"] == 5 and set(old["rows"][0]) <= set(new["rows"][0]) and set(old) <= set(new)
+    assert new["schema_version"] == 6 and set(old["rows"][0]) <= set(new["rows"][0]) and set(old) <= set(new)
     assert {k: new["rows"][0][k] for k in old["rows"][0]} == old["rows"][0]
     assert BenchResult.from_json(json.loads(json.dumps(new))) == r
 
@@ -61,9 +62,29 @@ def test_a_schema_3_row_gains_its_kv_cache_type_from_llama_cpp_engine_info():
     llama.update(engine="llamacpp", engine_info={**llama["engine_info"], "kv_cache_type": "F16"})
     v3["rows"].append(llama)
     got = BenchResult.from_json(v3)
-    assert [r.kv_cache for r in got.rows] == [None, "f16"] and got.schema_version == 5
+    assert [r.kv_cache for r in got.rows] == [None, "f16"] and got.schema_version == 6
     with pytest.raises(RecordError, match="missing key 'kv_cache'"):  # a schema-4 row must hold it
         BenchResult.from_json({**v3, "schema_version": 4})
+
+
+def test_a_schema_5_row_gains_the_cpu_variant_llama_cpp_recorded():
+    """Schema 6 names each row's CPU variant; a schema-5 llama.cpp row recorded it in engine_info
+    (the verdict as one line), the torch engines did not."""
+    v5 = BenchResult.from_json(_v2()).to_json()
+    v5["schema_version"] = 5
+    for row in v5["rows"]:
+        row.pop("cpu_variant")
+    llama = copy.deepcopy(v5["rows"][0])
+    info = {"cpu_variant": "zen4 (fallback); sapphirerapids died of SIGILL"}
+    llama.update(engine="llamacpp", engine_info={**llama["engine_info"], **info})
+    wheel = copy.deepcopy(llama)
+    wheel["engine_info"]["cpu_variant"] = "one CPU build (no run-time dispatch)"
+    v5["rows"] += [llama, wheel]
+    got = BenchResult.from_json(v5)
+    assert [r.cpu_variant for r in got.rows] == [None, "zen4", "one CPU build"] and got.schema_version == 6
+    assert got.rows[1].engine_info["cpu_variant"] == info["cpu_variant"]  # the whole verdict stays
+    with pytest.raises(RecordError, match="missing key 'cpu_variant'"):  # a schema-6 row must hold it
+        BenchResult.from_json({**v5, "schema_version": 6})
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,11 @@ def test_bad_batch_size_is_one_line(cli, other, tiny_dir, tiny_text):
 def test_defaults_follow_the_device():
     assert default_dtype(torch.device("cpu")) == "float32"
     assert default_dtype(torch.device("cpu", 0)) == "float32"
-    assert default_dtype(torch.device("cuda", 0)) == "bfloat16"  # a value: no GPU needed to check the rule
+    # a GPU's from its probed matmul rates (values: no GPU needed to check the rule)
+    assert default_dtype(torch.device("cuda", 0), {"bfloat16": 700.0, "float32": 60.0}) == "bfloat16"
+    assert default_dtype(torch.device("cuda", 0), {"bfloat16": 20.0, "float32": 14.0}) == "bfloat16"
+    assert default_dtype(torch.device("cuda", 0), {"bfloat16": 2.0, "float32": 14.0}) == "float32"  # no bf16 units
+    assert default_dtype(torch.device("cpu"), {"bfloat16": 9.0, "float32": 1.0}) == "float32"  # the CPU: float32
 
 
 def test_gpu_batch_is_sized_to_free_memory(monkeypatch):

@@ -208,7 +208,7 @@ def test_bench_counts_each_cache_types_bytes_and_names_it(cli, kv_arts):
 
 def test_a_torch_engine_times_its_own_16_bit_cache_and_says_so(cli, kv_arts):
     art, _ = kv_arts["int4-kv"]
-    code, _, err, res = cli("bench", str(art), "--engine", "eager", *FAST, "--json")
+    code, _, err, res = cli("bench", str(art), "--engine", "eager", "--dtype", "bfloat16", *FAST, "--json")
     assert code == 0, err
     (row,) = res["rows"]
     assert row["kv_cache"] == "bfloat16" and row["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 2

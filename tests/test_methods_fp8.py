@@ -245,6 +245,7 @@ def _fake_probe(device, threads=None):
         "read_gbps": 20.0,
         "copy_gbps": 10.0,
         "bf16_matmul_tflops": 1.0,
+        "matmul_tflops": {"bfloat16": 1.0, "float32": 0.2},  # a CPU with bf16 arithmetic: the engine runs bf16
         "llc_bytes": None,
         "measured_at": "now",
         "method": "injected",
@@ -263,8 +264,10 @@ def test_bench_on_cpu_states_what_it_times_and_counts_those_bytes(cli, fp8_arts,
     dense, *fp8 = data["rows"]
     assert dense["emulated"] is None and "emulated" not in dense["flags"]
     for row in fp8:
-        assert "no FP8" in row["emulated"] and "dequantized to bf16" in row["emulated"] and "emulated" in row["flags"]
-        assert row["emulated"] in row["notes"] and "bf16 weights dequantized from FP8" in row["kernel"]
+        assert (
+            "no FP8" in row["emulated"] and "dequantized to bfloat16" in row["emulated"] and "emulated" in row["flags"]
+        )
+        assert row["emulated"] in row["notes"] and "bfloat16 weights dequantized from FP8" in row["kernel"]
         assert row["weight_bytes_per_token"] == dense["weight_bytes_per_token"]  # bf16's 2 bytes a weight, as timed
         assert row["predicted_tpot_ms"] == pytest.approx(dense["predicted_tpot_ms"])
         assert row["self_check"]["status"] == "passed"

@@ -187,9 +187,9 @@ class Fp8Linear(nn.Module):
     FP8 per token at run time (FP8_DYNAMIC), else activations left in 16 bits (w8a16).
 
     Where the device has an FP8 matmul the weights stay FP8 and torch._scaled_mm multiplies. Where
-    it has none (`emulated` says why) the weights are dequantized to bf16 once, at load, and a bf16
-    GEMM runs on the FP8-rounded activations: the arithmetic transformers does on such a device,
-    timed at bf16's two bytes per weight, which is what the bytes per token then count. Only the
+    it has none (`emulated` says why) the weights are dequantized to `dtype` (the engine's) once, at
+    load, and a GEMM in it runs on the FP8-rounded activations: the arithmetic transformers does on
+    such a device, timed at that dtype's bytes per weight, which is what the bytes per token then count. Only the
     stored weight and the matmul call differ between the two; `use_kernel` forces the choice (tests)."""
 
     def __init__(
@@ -218,7 +218,7 @@ class Fp8Linear(nn.Module):
             )  # column-major, as _scaled_mm takes its second operand
             self.register_buffer("scales", scale.reshape(1, -1).float().to(device))
         else:
-            self.kernel = "F.linear on bf16 weights dequantized from FP8" + (
+            self.kernel = f"F.linear on {str(dtype).removeprefix('torch.')} weights dequantized from FP8" + (
                 " (activations rounded to FP8 per token)" if dynamic else ""
             )
             self.register_buffer("weight", (q.float() * scale.float().reshape(-1, 1)).to(dtype).to(device))

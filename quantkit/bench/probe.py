@@ -23,12 +23,17 @@ import torch
 from quantkit import device as devices
 from quantkit.core.atomic import write_json
 from quantkit.core.hardware import Device
+from quantkit.core.precision import Precision, choose
 from quantkit.core.signals import EngineCrash, crash_line, signal_name
 from quantkit.errors import QuantkitError
 from quantkit.home import subdir
 
 DRIFT_LIMIT = 0.15  # before/after change that makes every efficiency figure of the run uncertain
 MATMUL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Seconds of timed matmuls per dtype, beyond which the repeats stop: a dtype a CPU only emulates is
+# known from one product (float16 on an AVX-512 CPU without FP16 ran a 1536^3 product in over 7 s,
+# 8 of them a minute of every probe; bf16 without BF16/AMX, over 0.1 s).
+MATMUL_BUDGET_S = 1.0
 PROBE_MIB = 1024  # a real probe's read buffer (and the copy's destination): beyond any last-level cache
 MATMUL_N = {"cpu": 1536, "cuda": 4096}  # the probe's square matmuls
 
@@ -52,15 +57,24 @@ def spread(samples_s: list[float], work: float, scale: float) -> dict:
     }
 
 
-def _times(fn, sync, repeats: int) -> list[float]:
+def _times(fn, sync, repeats: int, budget_s: float | None = None) -> list[float]:
+    """`repeats` timings of `fn` after an untimed one; with `budget_s`, fewer once the timed ones
+    passed it (at least one), and a warm-up slower than the budget is the one timing (the first
+    call's own overhead is small beside a product that slow)."""
+    t = time.perf_counter()
     fn()
     sync()
+    first = time.perf_counter() - t
+    if budget_s is not None and first > budget_s:
+        return [first]
     out = []
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
         sync()
         out.append(time.perf_counter() - t)
+        if budget_s is not None and sum(out) > budget_s:
+            break
     return out
 
 
@@ -95,7 +109,8 @@ def probe(device, buffer_bytes: int = 1 << 30, repeats: int = 7) -> dict:
     for dtype in MATMUL_DTYPES:
         x = torch.randn(n, n, dtype=dtype, device=device)
         y = torch.randn(n, n, dtype=dtype, device=device)
-        rates[str(dtype).removeprefix("torch.")] = spread(_times(lambda x=x, y=y: x @ y, sync, repeats), 2 * n**3, 1e12)
+        times = _times(lambda x=x, y=y: x @ y, sync, repeats, MATMUL_BUDGET_S)
+        rates[str(dtype).removeprefix("torch.")] = spread(times, 2 * n**3, 1e12)
         del x, y
     mm = rates["bfloat16"]
     return {
@@ -111,8 +126,8 @@ def probe(device, buffer_bytes: int = 1 << 30, repeats: int = 7) -> dict:
         "llc_bytes": last_level_cache_bytes(device),
         "buffer_bytes": buffer_bytes,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "method": "best of %d: fp32 sum over %d MiB (read), copy_ (bytes copied), %dx%d matmul in %s"
-        % (repeats, buffer_bytes >> 20, n, n, ", ".join(rates)),
+        "method": "best of %d: fp32 sum over %d MiB (read), copy_ (bytes copied), %dx%d matmul in %s (each "
+        "within %.0f s of repeats)" % (repeats, buffer_bytes >> 20, n, n, ", ".join(rates), MATMUL_BUDGET_S),
     }
 
 
@@ -154,13 +169,26 @@ def run_probe(device, threads: int | None = None) -> dict:
 
 
 def load_probe(device) -> dict:
+    """This device's last probe, or a new one where there is none, it is damaged, it lacks the
+    per-dtype matmul rates (a probe from before they were kept) or another device made it (a home
+    shared between machines)."""
     path = subdir("probe") / f"{_key(device)}.json"
     if path.is_file():
         try:
-            return json.loads(path.read_text())
+            p = json.loads(path.read_text())
         except json.JSONDecodeError:
-            pass  # a damaged cache is probed again
+            p = None  # a damaged cache is probed again
+        if isinstance(p, dict) and isinstance(p.get("matmul_tflops"), dict) and p.get("name") == devices.name(device):
+            return p
     return run_probe(device)
+
+
+def compute_precision(device, asked: str | None = None, p: dict | None = None) -> Precision:
+    """The dtype torch computes in on `device` (core/precision.py's rule): `asked` where given, else
+    from `p`'s matmul rates (default: this device's cached probe, probed once where there is none)."""
+    if asked is not None:
+        return choose(None, asked)
+    return choose((p if p is not None else load_probe(device)).get("matmul_tflops"))
 
 
 def best_matmul(p: dict) -> tuple[str, float]:
@@ -171,10 +199,11 @@ def best_matmul(p: dict) -> tuple[str, float]:
     return dtype, rates[dtype]
 
 
-def as_device(p: dict) -> Device:
+def as_device(p: dict, dtype: str | None = None) -> Device:
     """A probe's figures in the shape of a datasheet entry (hardware.Device): the read bandwidth and
-    the fastest matmul the probe measured."""
-    _, tflops = best_matmul(p)
+    the matmul rate of `dtype` (what the engine computes in), else the fastest the probe measured."""
+    rates = p.get("matmul_tflops") or {}
+    _, tflops = (dtype, rates[dtype]) if dtype in rates else best_matmul(p)
     return Device(
         f"this machine ({p['name']}, {p['device']}, probed)",
         p["read_gbps"] * 1e9,

@@ -7,8 +7,9 @@ RuleFit), the settings as they ran (BenchSettings.to_json) and the load average.
 
 `from_json` refuses unknown and missing keys with one line (core/records.py), so a typo in a
 script's result file is an error where it is read. Files of schema 2 (before depths and flash
-attention were measured) and 3 (before each row named its KV cache's type) still read:
-`BenchResult.from_json` migrates them.
+attention were measured), 3 (before each row named its KV cache's type), 4 (before TPOT was
+attributed) and 5 (before each row named its CPU variant) still read: `BenchResult.from_json`
+migrates them.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from quantkit.core.records import (
     POSITIVE,
     POSITIVE_OR_NONE,
     TEXT,
+    TEXT_OR_NONE,
     RecordError,
     Whole,
     check_values,
     checked,
 )
 
-SCHEMA_VERSION = 5
-READS = (2, 3, 4, 5)  # the schema versions from_json reads
+SCHEMA_VERSION = 6
+READS = (2, 3, 4, 5, 6)  # the schema versions from_json reads
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class SweepPoint:
 # read (a run then benches again), never a negative TPOT in a report.
 ROW_VALUES = {
     **dict.fromkeys(("model", "name", "kind", "kernel", "engine", "device"), TEXT),
+    "cpu_variant": TEXT_OR_NONE,
     **dict.fromkeys(("engine_info", "self_check", "stats"), OBJECT),
     **dict.fromkeys(("prompt_sweep", "notes", "flags"), LIST),
     "prompt_len": COUNT,  # 0 in a row at depth 0: nothing prefilled
@@ -97,6 +100,9 @@ class BenchRow:
     device: str
     device_name: str | None
     dtype: str | None
+    # the CPU code the row ran (variant_name): ggml's variant (`zen4`), `one CPU build` for a library
+    # without run-time dispatch, ATen's kernels (`ATen AVX512`) in the torch engines; None on a GPU
+    cpu_variant: str | None
     threads: int | None
     engine_info: dict
     prompt_len: int
@@ -277,6 +283,8 @@ class BenchResult:
             data = migrate_v3(data)
         if data.get("schema_version") == 4:
             data = migrate_v4(data)
+        if data.get("schema_version") == 5:
+            data = migrate_v5(data)
         d = checked(cls, data, "bench result")
         return cls(
             settings=dict(d["settings"]),
@@ -361,7 +369,28 @@ def migrate_v4(data: dict) -> dict:
         else []
     )
     tpots = [r["tpot_ms"] / 1e3 for r in rows] if whole else []
-    return {**data, "schema_version": SCHEMA_VERSION, "rows": rows, "fit": fit_rule(points, tpots).to_json()}
+    return {**data, "schema_version": 5, "rows": rows, "fit": fit_rule(points, tpots).to_json()}
+
+
+def variant_name(described) -> str | None:
+    """The CPU variant's name from an engine's description of it (llama.cpp's `zen4 (fallback);
+    sapphirerapids died of SIGILL` -> `zen4`, `one CPU build (no run-time dispatch)` -> `one CPU build`)."""
+    if not isinstance(described, str) or not described.strip():
+        return None
+    return described.split(";")[0].split(" (")[0].strip()
+
+
+def migrate_v5(data: dict) -> dict:
+    """A schema-5 result as schema 6 holds it. Schema 6 added each row's `cpu_variant`: from its
+    engine_info where llama.cpp recorded the variant it chose, None for the others (not recorded)."""
+
+    def row(r):
+        if not isinstance(r, dict):
+            return r
+        info = r.get("engine_info")
+        return {"cpu_variant": variant_name(info.get("cpu_variant") if isinstance(info, dict) else None), **r}
+
+    return {**data, "schema_version": SCHEMA_VERSION, "rows": [row(r) for r in data.get("rows") or []]}
 
 
 def _number(x) -> bool:

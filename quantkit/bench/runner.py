@@ -26,6 +26,7 @@ from quantkit.bench.settings import (
     check_kv_heads,
     check_lengths,
     check_settings,
+    run_precision,
 )
 from quantkit.bench.synthetic import Synthetic
 from quantkit.bench.twin import Twins, twin_depths
@@ -131,11 +132,13 @@ def _sweep(engine, cfg: dict, s: BenchSettings, figs, weight_bytes: float, kv: f
     return out
 
 
-def bench_one(source, s: BenchSettings, figs, cache: LlamaCache | None = None, twins: Twins | None = None):
+def bench_one(
+    source, s: BenchSettings, figs, cache: LlamaCache | None = None, twins: Twins | None = None, precision=None
+):
     """Every row of one model: one per flash-attention setting (--flash-attn both loads it twice)
     and cache type (--kv-cache, or `cache`: this model's own), and with --depth one per depth of
     each. The self-check's reference is computed once; `twins` keeps the engine's fixed costs
-    measured in this run."""
+    measured in this run; `precision`: what a torch engine computes in (settings.run_precision)."""
 
     cfg = _config(source)
     twins = twins if twins is not None else Twins()
@@ -145,11 +148,13 @@ def bench_one(source, s: BenchSettings, figs, cache: LlamaCache | None = None, t
     rows = []
     for kv in (cache,) if cache is not None else s.kv_cache_runs:
         for flash_attn in s.flash_attn_runs:
-            rows += _bench_loaded(source, cfg, s, figs, (ref, info, check_ids), flash_attn, kv, twins)
+            rows += _bench_loaded(source, cfg, s, figs, (ref, info, check_ids), flash_attn, kv, twins, precision)
     return depth_notes(rows)
 
 
-def _bench_loaded(source, cfg: dict, s: BenchSettings, figs, check, flash_attn, kv_cache, twins) -> list[BenchRow]:
+def _bench_loaded(
+    source, cfg: dict, s: BenchSettings, figs, check, flash_attn, kv_cache, twins, precision=None
+) -> list[BenchRow]:
     """Load the engine, self-check it, then its rows: the prompt's repeats, or each depth's; then
     what each row's attribution needs from this engine (its kernels on the weights, its twin)."""
     t0 = time.perf_counter()
@@ -162,6 +167,7 @@ def _bench_loaded(source, cfg: dict, s: BenchSettings, figs, check, flash_attn, 
         flash_attn=flash_attn,
         kv_cache=kv_cache,
         reuse_prefix=bool(s.depths),
+        precision=precision,
     )
     engine = engine_class(s.engine).load(source, es)
     load_s = time.perf_counter() - t0
@@ -283,7 +289,8 @@ def bench_many(
     todo, failed = _precheck_all(paths, s, names)
     load_before = os.getloadavg()[0]
     before = probe(s.device)
-    figs = probing.as_device(before)
+    precision = run_precision(s, before)  # a torch engine's dtype, from this probe unless --dtype
+    figs = probing.as_device(before, precision.dtype if precision else None)
     rows: list[BenchRow] = []
     twins = Twins()
     with bar(f"bench ({s.engine}, {s.device})", total=len(todo)) as update:
@@ -291,7 +298,7 @@ def bench_many(
             note(f"bench {p} ({s.engine}, {s.device})")
             update(i, f"bench {name} ({s.engine}, {s.device})")
             try:
-                rows += [replace(r, name=name) for r in bench_one(p, s, figs, caches.get(name), twins)]
+                rows += [replace(r, name=name) for r in bench_one(p, s, figs, caches.get(name), twins, precision)]
             except SelfCheckError as exc:
                 failed.append(FailedRow(str(p), name, str(exc), exc.result))
             except QuantkitError as exc:

@@ -9,6 +9,7 @@ from typing import Any
 
 from quantkit.bench.engines import ENGINES, engine_class
 from quantkit.core.kv_cache import LlamaCache, head_dims, parse_llama_cache, parse_llama_caches
+from quantkit.core.precision import DTYPES, Precision, choose
 from quantkit.core.roofline import Shape, kv_bytes_per_token
 from quantkit.device import free_bytes, resolve
 from quantkit.errors import QuantkitError
@@ -40,6 +41,9 @@ class BenchSettings:
     # --kv-cache: the K/V cache types each model is benched at (`q8_0`, `q8_0/f16`: core/kv_cache.py),
     # on engines whose cache type is a setting (kv_cache_lever); (): the engine's own
     kv_caches: tuple[str, ...] = ()
+    # --dtype: what the torch engines compute in (computes_in_dtype); None: chosen from the device's
+    # probe at the start of the run (core/precision.py: no bf16 where the device has no bf16 arithmetic)
+    dtype: str | None = None
 
     @classmethod
     def from_recipe(cls, b: BenchConfig, engine: str) -> "BenchSettings":
@@ -61,6 +65,7 @@ class BenchSettings:
             self_check=b.self_check,
             depths=b.depths,
             flash_attn=b.flash_attn if lever else "default",
+            dtype=b.dtype if engine_class(engine).computes_in_dtype else None,
         )
 
     def __post_init__(self):
@@ -117,6 +122,14 @@ def check_settings(s: BenchSettings) -> None:
     if s.tensor_parallel < 1 or (s.tensor_parallel > 1 and not engine.tensor_parallel):
         able = " | ".join(n for n in ENGINES if engine_class(n).tensor_parallel)
         raise QuantkitError(f"--tensor-parallel must be >= 1, and above 1 only with --engine {able}")
+    if s.dtype is not None and s.dtype not in DTYPES:
+        raise QuantkitError(f"--dtype {s.dtype}: one of {', '.join(DTYPES)}")
+    if s.dtype is not None and not engine.computes_in_dtype:
+        able = " | ".join(n for n in ENGINES if engine_class(n).computes_in_dtype)
+        raise QuantkitError(
+            f"--dtype {s.dtype}: the {s.engine} engine computes in its own types (a GGUF's, vLLM's); "
+            f"--engine {able} take a dtype"
+        )
     if s.threads is not None and s.threads < 1:
         raise QuantkitError("--threads must be >= 1")
     if s.threads is not None and s.threads > available_cores():
@@ -156,6 +169,15 @@ def _check_depths(s: BenchSettings, engine) -> None:
             f"--depth {min(s.depths)}: the {s.engine} engine decodes after at least {engine.min_depth} cached "
             f"token(s) ({engine.min_depth_reason})"
         )
+
+
+def run_precision(s: BenchSettings, probe: dict) -> Precision | None:
+    """What the run's engine computes in: --dtype where given, else the faster of bf16 and float32
+    in `probe` (the run's own probe of the device, bench/probe.py); None for an engine that computes
+    in its own types."""
+    if not engine_class(s.engine).computes_in_dtype:
+        return None
+    return choose(probe.get("matmul_tflops"), s.dtype)
 
 
 def check_kv_caches(s: BenchSettings, caches: list[LlamaCache], where: str) -> None:

@@ -29,6 +29,7 @@ def table_rows(result) -> list[dict]:
                 **({"flash attn": "on" if r.flash_attn else "off"} if levers else {}),
                 **({"KV cache": r.kv_cache or "—"} if caches else {}),
                 "kernel": r.kernel,
+                "runs on": runs_on(r),
                 "MB/token": round(r.bytes_per_token / 1e6, 2),
                 "KV kB/token": round(r.kv_bytes_per_token / 1e3, 2),
                 "TTFT ms": round(r.ttft_ms, 1) if r.ttft_ms is not None else "—",
@@ -48,6 +49,11 @@ def table_rows(result) -> list[dict]:
             }
         )
     return out
+
+
+def runs_on(r) -> str:
+    """The CPU variant (ggml's, or ATen's kernels) and the dtype a row ran, in one cell."""
+    return " · ".join(str(x) for x in (r.cpu_variant, r.dtype) if x) or "—"
 
 
 def attribution_cells(r) -> dict:
@@ -317,6 +323,13 @@ def _source(ref: str, engine: str):
 )
 @click.option("--tensor-parallel", default=1, show_default=True, type=int, help="GPUs per model (--engine vllm).")
 @click.option(
+    "--dtype",
+    type=click.Choice(["bfloat16", "float32", "float16"]),
+    default=None,
+    help="What the torch engines (eager, compiled) compute in [default: the faster of bfloat16 and float32 in "
+    "the run's probe of the device: float32 on a CPU without bf16 arithmetic].",
+)
+@click.option(
     "--threads",
     default=None,
     type=int,
@@ -370,6 +383,7 @@ def bench_cmd(
     shapes,
     shape_bits,
     tensor_parallel,
+    dtype,
     threads,
     self_check,
     probe,
@@ -405,6 +419,7 @@ def bench_cmd(
         tensor_parallel=tensor_parallel,
         threads=threads,
         self_check=self_check,
+        dtype=dtype,
     )
     check_settings(settings)
     if update_card and (settings.depths or len(settings.flash_attn_runs) > 1 or len(settings.kv_cache_runs) > 1):

@@ -1,11 +1,14 @@
 """Where an evaluation runs: its device, the precision it loads models in, windows per forward pass.
 
-bfloat16 on a GPU (what users serve there, half the memory of float32); float32 on the CPU, where
-bf16 matmuls are emulated on most cores and its rounding would add to the deltas being measured.
+float32 on the CPU: every CPU computes it natively (bf16 is emulated on those without bf16
+arithmetic, an order of magnitude slower there), and bf16's rounding would add to the deltas being
+measured. On a GPU, bfloat16 (what users serve there, half the memory of float32) where the
+device's probe shows bf16 arithmetic at least as fast as float32's (core/precision.py), else float32.
 """
 
 from __future__ import annotations
 
+from quantkit.core.precision import choose
 from quantkit.device import free_bytes
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -14,8 +17,9 @@ BATCH_MEMORY_SHARE = 0.4
 MAX_BATCH = {"cuda": 32, "cpu": 1}
 
 
-def default_dtype(device) -> str:
-    return "float32" if device.type == "cpu" else "bfloat16"
+def default_dtype(device, rates: dict | None = None) -> str:
+    """float32 on the CPU; elsewhere the probe's choice from its matmul `rates` (dtype -> TFLOP/s)."""
+    return "float32" if device.type == "cpu" else choose(rates).dtype
 
 
 def window_bytes(config: dict, seq_len: int, dtype: str) -> int:

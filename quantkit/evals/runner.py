@@ -25,6 +25,7 @@ from typing import Any
 
 from quantkit import device as devices
 from quantkit.bench.gguf_file import gguf_config
+from quantkit.bench.probe import load_probe
 from quantkit.core.distributed import together
 from quantkit.core.eval_results import (
     KL_EXACT,
@@ -72,10 +73,11 @@ from quantkit.progress import bar, note
 from quantkit.quantize.preflight import check_context
 
 
-def _self_windows(base_path: Path, tok, o: EvalSettings, base_hash: str, device) -> Windows:
-    """`--text self`: windows the baseline generates (data.calib.self_text), in transformers."""
+def _self_windows(base_path: Path, tok, o: EvalSettings, base_hash: str, device, dtype: str) -> Windows:
+    """`--text self`: windows the baseline generates (data.calib.self_text), in transformers, in the
+    evaluation's dtype (float32 on every CPU: no emulated bf16, and the same text on each)."""
 
-    model = load(base_path, ScorerSettings(device, "bfloat16", o.seq_len, trust_remote_code=o.trust_remote_code))
+    model = load(base_path, ScorerSettings(device, dtype, o.seq_len, trust_remote_code=o.trust_remote_code))
     n = max(1, o.max_tokens // o.seq_len)
     cs = self_text(model, tok, samples=n, seq_len=o.seq_len, seed=SELF_SEED, chat_template=False, model_hash=base_hash)
     prov = {
@@ -201,6 +203,7 @@ def _windows(
     subject: _Subject,
     o: EvalSettings,
     dev,
+    dtype: str,
     planning: bool = False,
 ) -> list:
     """[(label, spec, Windows, overlap check)] for every text, in the order given; every text is read,
@@ -221,7 +224,7 @@ def _windows(
             out[label] = (label, spec, None, None)
             continue
         if parsed.source.generated:
-            w = _self_windows(base_path, tok_b, o, base_hash, dev)
+            w = _self_windows(base_path, tok_b, o, base_hash, dev, dtype)
         else:
             w = text_windows(tok_b, parsed, seq_len=o.seq_len, max_tokens=o.max_tokens, region=o.region, split=o.split)
         overlap = {"allowed": True} if o.allow_overlap else check_disjoint_from_fitted(model_path, subject.meta, w)
@@ -456,7 +459,7 @@ def prepare_eval(model_path: Path, base_path: Path, settings: EvalSettings, plan
     scorer = _check_options(o)
     texts = list(o.texts)
     dev = _device(o, scorer)
-    dtype = o.dtype or default_dtype(dev)
+    dtype = o.dtype or default_dtype(dev, None if dev.type == "cpu" else load_probe(dev).get("matmul_tflops"))
     check_remote_code(
         base_path, read_config(base_path), o.trust_remote_code
     )  # before any tokenizer or model code is imported
@@ -467,7 +470,7 @@ def prepare_eval(model_path: Path, base_path: Path, settings: EvalSettings, plan
     tok_b = load_tokenizer(base_path, o.trust_remote_code)
     base_hash = checkpoint_hash(base_path)
     subject = _subject(model_path, base_path, o, scorer, dev, tok_b, base_hash)
-    items = _windows(texts, model_path, base_path, tok_b, base_hash, subject, o, dev, planning) if texts else []
+    items = _windows(texts, model_path, base_path, tok_b, base_hash, subject, o, dev, dtype, planning) if texts else []
     if items:
         _say_dropped_buckets(o)
     return Prepared(o, dev, dtype, tok_b, base_hash, subject, items, scorer, _kl_exact(o, scorer))

@@ -254,6 +254,8 @@ class BenchConfig(StrictConfig):
     depths: tuple[Annotated[int, Field(strict=True, ge=0)], ...] = ()
     # `--flash-attn` of the engines that have the setting (llama.cpp); the others bench at their own attention
     flash_attn: Literal["default", "on", "off", "both"] = "default"
+    # what the torch engines compute in (`quantkit bench --dtype`); None: chosen from the device's probe
+    dtype: Literal["bfloat16", "float32", "float16"] | None = None
 
     @model_validator(mode="before")
     @classmethod

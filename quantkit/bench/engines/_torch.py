@@ -22,11 +22,13 @@ from quantkit import device as devices
 from quantkit.bench import accounting
 from quantkit.bench.engines.base import Engine, EngineSettings
 from quantkit.bench.loader import load_for_bench
+from quantkit.bench.probe import compute_precision
 from quantkit.bench.synthetic import Synthetic, load_synthetic
 from quantkit.bench.weight_timing import time_torch_weights
 from quantkit.core.atomic import write_json
 from quantkit.core.attribution import TWIN_WIDTH
 from quantkit.core.hardware import shape_config
+from quantkit.core.precision import Precision
 from quantkit.core.roofline import kv_bytes
 from quantkit.errors import QuantkitError
 from quantkit.home import subdir
@@ -49,6 +51,12 @@ def twin_config(cfg: dict) -> dict:
     out["hidden_size"] = heads * -(-TWIN_WIDTH // heads)
     out["intermediate_size"] = TWIN_WIDTH
     return out
+
+
+def cpu_variant(device) -> str | None:
+    """The CPU kernels torch runs here: ATen's vectorized kernels dispatch by the CPU's capability
+    (AVX512, AVX2, ...; ATEN_CPU_CAPABILITY caps it), as ggml loads a variant. None on a GPU."""
+    return f"ATen {torch.backends.cpu.get_cpu_capability()}" if device.type == "cpu" else None
 
 
 def gqa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -80,23 +88,30 @@ def use_gqa_attention(model) -> None:
         model.set_attn_implementation(ATTENTION)
 
 
-def load_model(source, device, seed: int):
-    """A checkpoint directory or a Synthetic spec -> BenchModel on `device`."""
+def load_model(source, device, seed: int, dtype: torch.dtype):
+    """A checkpoint directory or a Synthetic spec -> BenchModel on `device`, computing in `dtype`."""
 
     if isinstance(source, Synthetic):
-        return load_synthetic(source, shape_config(source.shape), device, seed)
+        return load_synthetic(source, shape_config(source.shape), device, seed, dtype)
     if str(source).endswith(".gguf"):
         raise QuantkitError(f"{source}: a GGUF file is read by the llama.cpp engine, not the torch engines")
-    return load_for_bench(source, device)
+    return load_for_bench(source, device, dtype)
+
+
+def precision_of(settings: EngineSettings) -> Precision:
+    """The run's precision, or (an engine loaded outside a bench run) the one this device's probe chooses."""
+    return settings.precision if settings.precision is not None else compute_precision(settings.device)
 
 
 class TorchEngine(Engine):
     """Shared by eager and compiled; subclasses own the KV cache (reset) and step_bytes."""
 
     attributes = True
+    computes_in_dtype = True
 
     def __init__(self, bm, settings: EngineSettings):
         self.bm, self.model, self.device = bm, bm.model, settings.device
+        self.precision = precision_of(settings)
         self.cache = None
         self.capacity = 0
         self._weights = None
@@ -120,7 +135,8 @@ class TorchEngine(Engine):
             )
         if settings.threads and settings.device.type == "cpu":
             torch.set_num_threads(settings.threads)
-        return cls(load_model(source, settings.device, settings.seed), settings)
+        dtype = getattr(torch, precision_of(settings).dtype)
+        return cls(load_model(source, settings.device, settings.seed, dtype), settings)
 
     def prepare(self, ids: list[int]):
         return torch.tensor([ids], dtype=torch.long, device=self.device)
@@ -182,6 +198,8 @@ class TorchEngine(Engine):
             "emulated": self.bm.emulated,
             "attention": f"sdpa; decode at the KV heads' width ({ATTENTION})",
             **devices.describe(self.device, self.dtype),
+            "dtype_reason": self.precision.reason,
+            "cpu_variant": cpu_variant(self.device),
             "threads": torch.get_num_threads(),
         }
 

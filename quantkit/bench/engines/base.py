@@ -59,6 +59,9 @@ class EngineSettings:
     flash_attn: bool | None = None  # engines with the setting (flash_attn_lever); None: the engine's default
     kv_cache: Any = None  # engines with cache types (kv_cache_lever): a core.kv_cache.LlamaCache; None: the default
     reuse_prefix: bool = False  # later requests reuse an earlier one's cached prompt (decode at depth, vLLM)
+    # engines that compute in a torch dtype (computes_in_dtype): a core.precision.Precision, the run's
+    # (asked for, or chosen from the device's probe); None: chosen from this device's cached probe
+    precision: Any = None
 
 
 class Engine:
@@ -85,6 +88,9 @@ class Engine:
                 self-check's reference keeps that rounding; for the others it is switched off
       min_depth  the fewest cached tokens it can decode after (--depth), and min_depth_reason why
       anchored  anchor() runs the library's own benchmark beside each row
+      computes_in_dtype  its weights and activations are in a torch dtype it is given
+                (EngineSettings.precision; --dtype), chosen from the device's probe unless asked;
+                the others compute in their own types (a GGUF's, vLLM's)
       attributes  weight_kernels() and twin_source() measure the terms of each row's attribution
                 (core/attribution.py) on this engine; where False, `attribution_missing` says why
     Instance attribute:
@@ -107,6 +113,7 @@ class Engine:
     min_depth = 0
     min_depth_reason = ""
     anchored = False
+    computes_in_dtype = False
     attributes = False
     attribution_missing = "this engine does not time its kernels apart"
     step_note: str | None = None
