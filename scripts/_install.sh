@@ -60,6 +60,17 @@ fi
 # entirely (quantkit works without it; `--engine llamacpp` then says how to install it).
 LLAMA_CPP_VERSION=0.3.36
 wheelhouse=${QUANTKIT_WHEELHOUSE:-$HOME/.cache/quantkit/wheels}
+# vLLM's environment (below) is mostly downloading and unpacking 2.5 GB, the tools' build is compiling:
+# where both are to be built, vLLM's goes in the background first, beside the compile, and is waited for below.
+vllm_job=
+if [ "${QUANTKIT_WITH_VLLM:-0}" = 1 ] && [ "${QUANTKIT_SKIP_VLLM:-0}" != 1 ] && [ -z "${QUANTKIT_VLLM_VENV:-}" ] \
+    && [ "${QUANTKIT_WITH_LLAMA_TOOLS:-0}" = 1 ] && [ "${QUANTKIT_SKIP_LLAMA_TOOLS:-0}" != 1 ] \
+    && [ "${QUANTKIT_SKIP_LLAMACPP:-0}" != 1 ] && ! bash scripts/build_llama_tools.sh --built "$LLAMA_CPP_VERSION" "$wheelhouse"; then
+  vllm_log=$(mktemp)
+  echo "==> building vLLM's environment in the background, beside llama.cpp's compile (log: $vllm_log)"
+  .venv/bin/quantkit engines install vllm >"$vllm_log" 2>&1 &
+  vllm_job=$!
+fi
 if [ "${QUANTKIT_SKIP_LLAMACPP:-0}" = 1 ] || [ "${QUANTKIT_SKIP_LLAMA_TOOLS:-0}" = 1 ]; then
   rm -f .venv/.quantkit-llama-tools
   touch .venv/.quantkit-without-llama-tools
@@ -75,6 +86,7 @@ installed() { .venv/bin/python -c "import importlib.util, sys; sys.exit(importli
 if [ "${QUANTKIT_SKIP_LLAMACPP:-0}" != 1 ] && ! installed; then
   kind=full
   [ -f .venv/.quantkit-llama-tools ] && kind=nolib
+  minutes=$(( (420 / $(nproc) + 59) / 60 ))  # the full wheel's compile: ~420 CPU seconds (2 idle cores: 3.5 min)
   if [ -f "$pending" ]; then  # started by an earlier call (the quickstart's first): wait for it
     read -r pid log < "$pending"
     if kill -0 "$pid" 2>/dev/null; then
@@ -84,15 +96,16 @@ if [ "${QUANTKIT_SKIP_LLAMACPP:-0}" != 1 ] && ! installed; then
     rm -f "$pending"
   fi
   if [ "$kind" = full ] && [ "${QUANTKIT_LLAMACPP_BACKGROUND:-0}" = 1 ] \
-      && [ -z "$(find "$wheelhouse/full" -maxdepth 1 -name "llama_cpp_python-$LLAMA_CPP_VERSION-*.whl" 2>/dev/null)" ]; then
+      && ! bash scripts/build_llama_wheel.sh --built "$LLAMA_CPP_VERSION" "$wheelhouse" full; then
     log=$(mktemp)
-    minutes=$(( (420 / $(nproc) + 59) / 60 ))  # ~420 CPU seconds of compiling (2 cores, idle: 3.5 min)
-    echo "==> building llama-cpp-python $LLAMA_CPP_VERSION in the background (compiles llama.cpp once: about $minutes min on $(nproc) cores when idle, longer beside other work; log: $log)"
-    nohup bash scripts/build_llama_wheel.sh "$LLAMA_CPP_VERSION" "$wheelhouse" full .venv/bin/python >"$log" 2>&1 &
+    echo "==> building llama-cpp-python $LLAMA_CPP_VERSION in the background (compiles llama.cpp once: about $minutes min of $(nproc) idle cores, at the lowest priority, so it takes what the demo's torch steps leave; log: $log)"
+    # nice 19: the compile never starves the torch steps (their threads wait for each other, so a core
+    # taken from one stalls all), it fills the gaps they leave and has the machine once they are done
+    nohup nice -n 19 bash scripts/build_llama_wheel.sh "$LLAMA_CPP_VERSION" "$wheelhouse" full .venv/bin/python >"$log" 2>&1 &
     echo "$! $log" > "$pending"
   else
-    [ "$kind" = full ] && ! find "$wheelhouse/full" -maxdepth 1 -name "llama_cpp_python-$LLAMA_CPP_VERSION-*.whl" 2>/dev/null | grep -q . \
-      && echo "==> building llama-cpp-python $LLAMA_CPP_VERSION (compiles llama.cpp once, 3-8 minutes on 2 cores; the wheel is kept in $wheelhouse)"
+    [ "$kind" = full ] && ! bash scripts/build_llama_wheel.sh --built "$LLAMA_CPP_VERSION" "$wheelhouse" full \
+      && echo "==> building llama-cpp-python $LLAMA_CPP_VERSION (compiles llama.cpp once: about $minutes min on $(nproc) idle cores; the wheel is kept in $wheelhouse)"
     if ! whl=$(bash scripts/build_llama_wheel.sh "$LLAMA_CPP_VERSION" "$wheelhouse" "$kind" .venv/bin/python); then
       echo "install failed: llama-cpp-python did not build; set QUANTKIT_SKIP_LLAMACPP=1 to install without llama.cpp" >&2
       exit 1
@@ -121,7 +134,14 @@ if [ "${QUANTKIT_SKIP_VLLM:-0}" = 1 ]; then
   rm -f .venv/.quantkit-vllm
   touch .venv/.quantkit-without-vllm
 elif [ "${QUANTKIT_WITH_VLLM:-0}" = 1 ]; then
-  if [ -z "${QUANTKIT_VLLM_VENV:-}" ] && ! .venv/bin/quantkit engines install vllm; then
+  if [ -n "$vllm_job" ]; then  # started above, beside the tools' compile
+    echo "==> waiting for vLLM's environment (log: $vllm_log)"
+    if ! wait "$vllm_job"; then
+      tail -3 "$vllm_log" >&2
+      echo "install failed: vLLM's environment did not build; set QUANTKIT_SKIP_VLLM=1 to install without vLLM" >&2
+      exit 1
+    fi
+  elif [ -z "${QUANTKIT_VLLM_VENV:-}" ] && ! .venv/bin/quantkit engines install vllm; then
     echo "install failed: vLLM's environment did not build; set QUANTKIT_SKIP_VLLM=1 to install without vLLM" >&2
     exit 1
   fi

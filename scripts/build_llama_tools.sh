@@ -5,6 +5,7 @@
 # and the flags, so another list or other flags build anew. Prints the tools' directory on its last line.
 #
 #   scripts/build_llama_tools.sh VERSION DIR [PYTHON]
+#   scripts/build_llama_tools.sh --built VERSION DIR   # exit 0 when that build is there (nothing is built)
 #
 # CPU code is picked at run time (ggml's backend loading: GGML_BACKEND_DL, one libggml-cpu-*.so per
 # x86 variant, the best the CPU supports is loaded), never -march=native: the same build runs fast on
@@ -12,6 +13,8 @@
 # backend; KEEP_VARIANTS cuts the list, in the build's own copy of the sources, to those that cover
 # today's CPUs (ggml's CMake has no option for a subset), so the build fits a 2-core CI machine.
 set -euo pipefail
+check_only=0
+if [ "${1:-}" = --built ]; then check_only=1; shift; fi
 VERSION=${1:?usage: build_llama_tools.sh VERSION DIR [PYTHON]}
 DIR=${2:?usage: build_llama_tools.sh VERSION DIR [PYTHON]}
 PY=${3:-python3}
@@ -28,9 +31,10 @@ CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL
 key=$(printf '%s\n' "${TOOLS[*]}" "$KEEP_VARIANTS" "${CMAKE_FLAGS[*]}" | sha256sum | cut -c1-12)
 dest="$DIR/llama.cpp-tools-$VERSION-$key"
 if [ -f "$dest/BUILD.json" ]; then
-  echo "$dest"
+  [ "$check_only" = 1 ] || echo "$dest"
   exit 0
 fi
+[ "$check_only" = 0 ] || exit 1
 mkdir -p "$DIR"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -48,7 +52,11 @@ if [ ${#need[@]} -gt 0 ]; then
   "$PY" -m pip install -q "${need[@]}" >&2
 fi
 
-echo "==> building llama.cpp's tools from llama-cpp-python $VERSION's sources (once; kept in $dest)" >&2
+# The compile's CPU seconds, measured (BUILD.json's cpu_seconds of this list and these flags on a 2-core
+# Xeon): the wait on N idle cores is about that over N; other work on the machine lengthens it.
+CPU_SECONDS=1300
+minutes=$(( (CPU_SECONDS / $(nproc) + 59) / 60 ))
+echo "==> building llama.cpp's tools from llama-cpp-python $VERSION's sources: about $minutes min on $(nproc) idle cores (once; kept in $dest)" >&2
 start=$(date +%s)
 "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$work" 2>&1 | { grep -v "^WARNING: Location" || true; } >&2
 tar -xzf "$work/llama_cpp_python-$VERSION.tar.gz" -C "$work" "llama_cpp_python-$VERSION/vendor/llama.cpp"
@@ -72,8 +80,10 @@ mkdir -p "$stage"
 for t in "${TOOLS[@]}"; do cp "$work/build/bin/$t" "$stage/"; done
 cp -P "$work/build/bin/"lib*.so* "$stage/"
 seconds=$(( $(date +%s) - start ))
-# CPU seconds of the compilers (bash's `times`, children's line): the build's cost on a machine of its own
-cpu=$(times | tail -1 | awk '{split($1, u, "m"); split($2, s, "m"); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2]}')
+# CPU seconds of the compilers (bash's `times`, children's line): the build's cost on a machine of its own.
+# `times` runs in this shell (a $(...) around it would report that subshell's children: none)
+times >"$work/times"
+cpu=$(tail -1 "$work/times" | awk '{split($1, u, "m"); split($2, s, "m"); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2]}')
 commit=$(sed -n 's/^-- ggml commit: *//p' "$log" | head -1)  # what ggml's CMake read from the sources
 printf '{"llama_cpp_python": "%s", "llama_cpp_commit": "%s", "tools": "%s", "cpu_variants": "%s", "cmake_flags": "%s", "build_seconds": %d, "cpu_seconds": %d, "cores": %d, "built": "%s"}\n' \
   "$VERSION" "${commit:-unknown}" "${TOOLS[*]}" "${built_variants% }" "${CMAKE_FLAGS[*]}" "$seconds" "$cpu" "$(nproc)" "$(date -u +%FT%TZ)" > "$stage/BUILD.json"

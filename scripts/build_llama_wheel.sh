@@ -2,7 +2,9 @@
 # Build llama-cpp-python VERSION's wheel once into DIR/KIND and print its path on the last line.
 #
 #   scripts/build_llama_wheel.sh VERSION DIR KIND [PYTHON]
+#   scripts/build_llama_wheel.sh --built VERSION DIR KIND   # exit 0 when that wheel is there (nothing is built)
 #
+# The wheel is kept in DIR/KIND-KEY, KEY hashing the CMake arguments: other flags build anew.
 # KIND full: the wheel compiles its own libllama (PyPI carries only the source): portable CPU flags
 # (AVX2 level, never -march=native: a native build died with an illegal instruction on another CPU
 # of the same workplace), without the multimodal library (mtmd), which quantkit never loads.
@@ -13,6 +15,8 @@
 # pip's own cache is bypassed: it keys a built wheel by the source, not by CMAKE_ARGS, and would hand
 # one kind's wheel to the other.
 set -euo pipefail
+check_only=0
+if [ "${1:-}" = --built ]; then check_only=1; shift; fi
 VERSION=${1:?usage: build_llama_wheel.sh VERSION DIR KIND [PYTHON]}
 DIR=${2:?usage: build_llama_wheel.sh VERSION DIR KIND [PYTHON]}
 KIND=${3:?usage: build_llama_wheel.sh VERSION DIR KIND [PYTHON]}
@@ -22,13 +26,14 @@ case "$KIND" in
   nolib) args="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" ;;
   *) echo "KIND must be full or nolib" >&2; exit 2 ;;
 esac
-dest="$DIR/$KIND"
-mkdir -p "$dest"
-whl=$(find "$dest" -maxdepth 1 -name "llama_cpp_python-$VERSION-*.whl" -print -quit)
+dest="$DIR/$KIND-$(printf '%s' "$args" | sha256sum | cut -c1-12)"
+whl=$(find "$dest" -maxdepth 1 -name "llama_cpp_python-$VERSION-*.whl" -print -quit 2>/dev/null || true)
 if [ -n "$whl" ]; then
-  echo "$whl"
+  [ "$check_only" = 1 ] || echo "$whl"
   exit 0
 fi
+[ "$check_only" = 0 ] || exit 1
+mkdir -p "$dest"
 stage=$(mktemp -d "$dest/.build.XXXXXX")
 log="$stage/build.log"
 trap 'rm -rf "$stage"' EXIT
