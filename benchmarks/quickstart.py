@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
-"""The quickstart as a new user meets it: a fresh clone, `./scripts/quickstart.sh`, the main table.
+"""The quickstart as a new user meets it: a fresh clone, `./scripts/quickstart.sh`, the main table;
+and the full install (llama.cpp's tools and vLLM's environment) the same way.
 
 Clones the repository's HEAD into a temp dir and runs its quickstart there with a new .venv and an
 empty QUANTKIT_HOME (so the demo model is built as on a new machine). llama-cpp-python's wheel is
 compiled once per machine and kept in a wheelhouse (scripts/_install.sh): by default the run reuses
 this machine's, as every install after the first does; --cold-wheel starts from an empty one, so
-llama.cpp is compiled too. pip's own download cache is shared either way. Before the run,
-`quantkit run demo --plan` predicts its time; after it, the install, the demo pull and the run are
-timed apart from the log's own marks. Writes benchmarks/results/quickstart.json: the wall times,
-the prediction and the run's table (accuracy on each domain, llama.cpp's TTFT/TPOT, the rule check).
+llama.cpp is compiled too. pip's own download cache is shared either way. The stages are timed from
+the lines the quickstart prints (install and demo model, the torch steps, the wait for llama.cpp,
+the benches) and the run's own step times. Writes benchmarks/results/NAME.json (--name: one file
+per CPU kind, `quickstart` for the one the README's table comes from): the wall times, the CPU
+(model, SIMD levels, the llama.cpp variant and the torch dtypes it ran), the run's table, and a
+table of every CPU kind's quickstart*.json.
 
-  python benchmarks/quickstart.py                  # the cold run
+--install times `QUANTKIT_WITH_LLAMA_TOOLS=1 QUANTKIT_WITH_VLLM=1 ./scripts/_install.sh` in a fresh
+clone with an empty home and wheelhouse (llama.cpp's tools compiled, vLLM's environment built) and
+writes results/install.json.
+
+  python benchmarks/quickstart.py --cold-wheel     # the cold run
+  python benchmarks/quickstart.py --install        # the full install
   python benchmarks/quickstart.py --run-dir runs/demo --no-clone   # only tabulate a finished run
 """
 
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,15 +35,53 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, write_result
+from common import REPO, RESULTS, write_result
 
 from quantkit.pipeline.accuracy import AccuracyRow, kl_header
 
+# a line the quickstart prints -> the mark it sets (the first time it appears)
+MARKS = (
+    ("installing quantkit", "install_start"),
+    ("building llama-cpp-python", "llamacpp_build_start"),
+    ("[fp16]", "install_and_pull_done"),  # the run's first step: install and `models pull demo` are done
+    ("waiting for llama.cpp's build", "waiting_for_llamacpp"),
+    ("bench (", "bench_start"),
+)
+INSTALL_MARKS = (
+    ("installing quantkit", "install_start"),
+    ("building vLLM's environment", "vllm_start"),
+    ("building llama.cpp's tools", "tools_start"),
+    ("llama.cpp's tools built", "tools_done"),
+    ("waiting for vLLM's environment", "vllm_wait"),
+)
+
+
+def clone() -> tuple[Path, Path]:
+    work = Path(tempfile.mkdtemp(prefix="qk-quickstart-"))
+    subprocess.run(["git", "clone", "-q", str(REPO), str(work / "quantkit")], check=True)
+    return work, work / "quantkit"
+
+
+def follow(argv: list[str], cwd: Path, env: dict, marks, on_line=None) -> tuple[dict, float]:
+    """Run `argv`, echo its output, and time the first line holding each mark's text."""
+    found, t0 = {}, time.time()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = []
+    for line in proc.stdout:
+        log.append(line)
+        sys.stdout.write(line)
+        for text, mark in marks:
+            if text in line if not text.startswith("[") else line.startswith(text):
+                found.setdefault(mark, time.time() - t0)
+        if on_line is not None:
+            on_line(line)
+    if proc.wait() != 0:
+        raise SystemExit(f"{argv[0]} failed:\n" + "".join(log[-20:]))
+    return found, time.time() - t0
+
 
 def cold_run(keep: bool, cold_wheel: bool) -> tuple[Path, dict]:
-    work = Path(tempfile.mkdtemp(prefix="qk-quickstart-"))
-    clone = work / "quantkit"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    work, repo = clone()
     wheelhouse = (
         work / "wheels"
         if cold_wheel
@@ -42,60 +89,58 @@ def cold_run(keep: bool, cold_wheel: bool) -> tuple[Path, dict]:
     )
     env = dict(os.environ, QUANTKIT_HOME=str(work / "home"), QUANTKIT_WHEELHOUSE=str(wheelhouse))
     env.pop("VIRTUAL_ENV", None)
-    marks, t0 = {}, time.time()
-    proc = subprocess.Popen(
-        ["./scripts/quickstart.sh"], cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    log = []
-    for line in proc.stdout:
-        log.append(line)
-        sys.stdout.write(line)
-        now = time.time() - t0
-        if "installing quantkit" in line:
-            marks.setdefault("install_start", now)
-        if "building llama-cpp-python" in line:
-            marks.setdefault("llamacpp_build_start", now)
-        if line.startswith("[fp16]"):  # the run's first step: install and `models pull demo` are done
-            marks.setdefault("install_and_pull_done", now)
-        if "waiting for llama.cpp's build" in line:
-            marks.setdefault("waiting_for_llamacpp", now)
-        if line.startswith("bench ("):
-            marks.setdefault("bench_start", now)
-    if proc.wait() != 0:
-        raise SystemExit("the quickstart failed:\n" + "".join(log[-20:]))
-    total = time.time() - t0
-    plan = subprocess.run(
-        [
-            str(clone / ".venv" / "bin" / "quantkit"),
-            "run",
-            "demo",
-            "--model",
-            "demo",
-            "--calib",
-            "mix:default",
-            "--out",
-            str(work / "plan-only"),
-            "--plan",
-            "--json",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    predicted = json.loads(plan.stdout).get("time_s") if plan.returncode == 0 else None
+    report = repo / "runs" / "demo" / "report.json"
+    torch_report = work / "report-torch-steps.json"
+
+    def keep_first_report(line: str) -> None:  # the --skip-bench run's report, before the second run rewrites it
+        if "reusing" in line and report.is_file() and not torch_report.is_file():
+            shutil.copy(report, torch_report)
+
+    marks, total = follow(["./scripts/quickstart.sh"], repo, env, MARKS, keep_first_report)
     run_dir = work / "run"
-    shutil.copytree(clone / "runs" / "demo", run_dir)
+    shutil.copytree(repo / "runs" / "demo", run_dir)
     timing = {
         "total_s": round(total),
         "marks_s": {k: round(v) for k, v in marks.items()},
-        "plan_predicted_run_s": predicted,
         "llamacpp_wheel": "compiled in the run"
         if cold_wheel
         else "this machine's wheelhouse (compiled once per machine)",
+        "torch_steps_s": _steps(torch_report if torch_report.is_file() else report),
     }
     if not keep:
-        shutil.rmtree(clone, ignore_errors=True)
+        shutil.rmtree(repo, ignore_errors=True)
     return run_dir, timing
+
+
+def _steps(report: Path) -> dict:
+    """Each step's seconds as the run timed it (convert, eval, export per variant)."""
+    timings = json.loads(report.read_text()).get("timings") or {}
+    return {k: round(v, 1) for k, v in timings.items() if k != "bench" and v >= 0.05}
+
+
+def install_run(keep: bool) -> dict:
+    """The full install in a fresh clone: empty home (vLLM's environment) and wheelhouse (llama.cpp)."""
+    work, repo = clone()
+    env = dict(
+        os.environ,
+        QUANTKIT_HOME=str(work / "home"),
+        QUANTKIT_WHEELHOUSE=str(work / "wheels"),
+        QUANTKIT_WITH_LLAMA_TOOLS="1",
+        QUANTKIT_WITH_VLLM="1",
+    )
+    env.pop("VIRTUAL_ENV", None)
+    marks, total = follow(["./scripts/_install.sh"], repo, env, INSTALL_MARKS)
+    built = next((work / "wheels").glob("llama.cpp-tools-*/BUILD.json"), None)
+    vllm = work / "home" / "engines" / "vllm" / "venv" / ".quantkit-engine.json"
+    out = {
+        "total_s": round(total),
+        "marks_s": {k: round(v) for k, v in marks.items()},
+        "tools_build": json.loads(built.read_text()) if built else None,
+        "vllm_env": json.loads(vllm.read_text()) if vllm.is_file() else None,
+    }
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
 
 
 def main_table(report: dict) -> dict:
@@ -137,13 +182,127 @@ def main_table(report: dict) -> dict:
     return {"columns": cols, "rows": rows}
 
 
+def cpu_kind(report: dict, run_dir: Path) -> dict:
+    """What this CPU ran: llama.cpp's variant (the bench rows'), the precision each torch step
+    computed in (the artifacts' calibration, the evaluation), and torch's matmul rates that chose them."""
+    rows = report.get("rows") or []
+    variants = sorted({r.get("cpu_variant") for r in _bench_rows(report) if r.get("cpu_variant")})
+    calib = sorted(
+        {
+            json.loads(m.read_text()).get("device", {}).get("dtype")
+            for m in (run_dir / "artifacts").glob("*/quantkit.json")
+        }
+        - {None}
+    )
+    evals = sorted({(v.get("eval") or {}).get("dtype") for v in (report.get("variants") or {}).values()} - {None})
+    probe = ((report.get("engines") or {}).get("llamacpp") or {}).get("device", {}).get("probe") or {}
+    return {
+        "llamacpp_variant": ", ".join(variants) or None,
+        "calibration_dtype": ", ".join(calib) or None,
+        "eval_dtype": ", ".join(evals) or None,
+        "matmul_tflops": probe.get("matmul_tflops"),
+        "rows": len(rows),
+    }
+
+
+def _bench_rows(report: dict) -> list[dict]:
+    return [v["bench"] for v in (report.get("variants") or {}).values() if isinstance(v.get("bench"), dict)]
+
+
+def stages(timing: dict) -> dict:
+    """Minutes of each stage, from the marks: install and demo model; the torch steps (convert, score,
+    export) while llama.cpp compiled beside them; the wait for the compile; the benches."""
+    m, total = timing.get("marks_s") or {}, timing.get("total_s")
+    if not total or not {"install_and_pull_done", "bench_start"} <= m.keys():
+        return {}
+    torch_end = m.get("waiting_for_llamacpp", m["bench_start"])
+    return {
+        "install_and_demo_min": m["install_and_pull_done"] / 60,
+        "torch_steps_min": (torch_end - m["install_and_pull_done"]) / 60,
+        "llamacpp_wait_min": (m["bench_start"] - torch_end) / 60,
+        "benches_min": (total - m["bench_start"]) / 60,
+        "total_min": total / 60,
+    }
+
+
+def kinds_table(current: dict, name: str) -> dict:
+    """One row per CPU kind's quickstart*.json (this run's in place of its file's)."""
+    files = {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS.glob("quickstart*.json"))}
+    files[name] = current
+    rows = []
+    for stem, r in sorted(files.items()):
+        m, t = r.get("machine") or {}, r.get("timing") or {}
+        flags = "/".join(f.upper().replace("_", "-") for f in m.get("cpu_flags", []) if f.startswith(("avx512", "amx")))
+        rows.append(
+            {
+                "cpu": f"{m.get('cpu', '?')} ({flags or 'no AVX-512'}), {m.get('cores', '?')} cores",
+                "ran": f"llama.cpp {r.get('cpu_kind', {}).get('llamacpp_variant') or '?'}; calibration "
+                f"{r.get('cpu_kind', {}).get('calibration_dtype') or '?'}",
+                **stages(t),
+                "llamacpp_wheel": t.get("llamacpp_wheel"),
+                "date": (r.get("date") or "?")[:10],
+                "file": f"{stem}.json",
+            }
+        )
+    return {
+        "columns": [
+            {"key": "cpu", "header": "CPU", "fmt": "{}"},
+            {"key": "ran", "header": "ran", "fmt": "{}"},
+            {"key": "total_min", "header": "fresh clone to table, min", "fmt": "{:.1f}"},
+            {"key": "install_and_demo_min", "header": "install + demo model", "fmt": "{:.1f}"},
+            {"key": "torch_steps_min", "header": "convert, score, export", "fmt": "{:.1f}"},
+            {"key": "llamacpp_wait_min", "header": "waiting for llama.cpp", "fmt": "{:.1f}"},
+            {"key": "benches_min", "header": "benches", "fmt": "{:.1f}"},
+            {"key": "date", "header": "date", "fmt": "{}"},
+        ],
+        "rows": rows,
+        "note": "Each CPU kind's `python benchmarks/quickstart.py --cold-wheel --name quickstart-KIND` "
+        "(benchmarks/results/quickstart*.json): a fresh clone with an empty home, llama.cpp compiled in the run "
+        "at the lowest priority beside the torch steps; minutes from the lines the quickstart prints.",
+    }
+
+
+def install_table(r: dict) -> dict:
+    m, tools, vllm = r["marks_s"], r.get("tools_build") or {}, r.get("vllm_env") or {}
+    rows = [
+        {"stage": "quantkit and its libraries into .venv", "min": m.get("tools_start", m.get("vllm_start", 0)) / 60},
+        {
+            "stage": f"llama.cpp's tools ({len(tools.get('cpu_variants', '').split())} CPU variants), compiled",
+            "min": (tools.get("build_seconds") or 0) / 60,
+            "cpu": tools.get("cpu_seconds"),
+        },
+        {"stage": "vLLM's environment, beside the compile", "min": (vllm.get("build_s") or 0) / 60},
+        {"stage": "the whole install", "min": r["total_s"] / 60},
+    ]
+    return {
+        "columns": [
+            {"key": "stage", "header": "stage", "fmt": "{}"},
+            {"key": "min", "header": "minutes", "fmt": "{:.1f}"},
+            {"key": "cpu", "header": "CPU seconds", "fmt": "{:.0f}"},
+        ],
+        "rows": rows,
+        "note": "`QUANTKIT_WITH_LLAMA_TOOLS=1 QUANTKIT_WITH_VLLM=1 ./scripts/_install.sh` in a fresh clone, with an "
+        "empty home and wheelhouse (pip's download cache shared): vLLM's environment (mostly downloading and "
+        "unpacking) is built in the background while llama.cpp's tools compile.",
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run-dir", default=None, help="tabulate this finished run instead of running a cold quickstart")
     ap.add_argument("--no-clone", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the clone (its .venv) after the run")
     ap.add_argument("--cold-wheel", action="store_true", help="an empty wheelhouse: llama.cpp is compiled in the run")
+    ap.add_argument("--install", action="store_true", help="time the full install instead (results/install.json)")
+    ap.add_argument("--name", default="quickstart", help="the result file's name: one per CPU kind (quickstart-KIND)")
     args = ap.parse_args()
+    if not re.fullmatch(r"(quickstart|install)[A-Za-z0-9_-]*", args.name):
+        raise SystemExit("--name: quickstart or install, then letters, digits, - or _")
+    if args.install:
+        r = install_run(args.keep)
+        name = args.name if args.name != "quickstart" else "install"
+        print(write_result(name, {"timing": r, "tables": {"main": install_table(r)}}))
+        return
     if args.no_clone:
         run_dir, timing = Path(args.run_dir or "runs/demo"), {}
     else:
@@ -153,46 +312,46 @@ def main() -> None:
         timing = json.loads((run_dir / "timing.json").read_text())
     report = json.loads((run_dir / "report.json").read_text())
     timing["run_s"] = round(report.get("wall_seconds") or 0)
-    fit = report.get("rule_check") or {}
     table = main_table(report)
+    kind = cpu_kind(report, run_dir)
+    st = stages(timing)
     notes = []
-    if timing.get("total_s"):
-        build = "llama.cpp's build included" if args.cold_wheel else "llama.cpp's wheel from the machine's wheelhouse"
+    if st:
         notes.append(
-            f"Fresh clone to table: {timing['total_s'] / 60:.1f} min on this machine (install included; {build})"
-            + (
-                f" (`quantkit run --plan` predicted {timing['plan_predicted_run_s'] / 60:.1f} min for the run itself)"
-                if timing.get("plan_predicted_run_s")
-                else ""
-            )
-            + "."
-        )
-    m = timing.get("marks_s") or {}
-    if {"install_and_pull_done", "bench_start"} <= m.keys() and timing.get("total_s"):
-        notes.append(
-            f"Install and demo model {m['install_and_pull_done'] / 60:.1f} min; convert, score and export"
-            f" {(m['bench_start'] - m['install_and_pull_done']) / 60:.1f} min"
-            + (" while llama.cpp compiled" if "llamacpp_build_start" in m else "")
-            + f"; the llama.cpp benches {(timing['total_s'] - m['bench_start']) / 60:.1f} min."
+            f"Fresh clone to table: {st['total_min']:.1f} min (install included; "
+            + ("llama.cpp's build included" if args.cold_wheel else "llama.cpp's wheel from the machine's wheelhouse")
+            + f"): install and demo model {st['install_and_demo_min']:.1f} min; convert, score and export "
+            f"{st['torch_steps_min']:.1f} min while llama.cpp compiled at the lowest priority; waiting for it "
+            f"{st['llamacpp_wait_min']:.1f} min; the llama.cpp benches {st['benches_min']:.1f} min."
         )
     else:
         notes.append(f"`quantkit run demo` itself: {timing['run_s'] / 60:.1f} min.")
     notes.append(
         "Accuracy: ΔPPL / KL / top-1 against FP16 on "
-        f"{', '.join(dict.fromkeys(a['domain'] for a in report.get('accuracy') or []))} (confirmation windows); speed: "
-        "llama.cpp at batch 1, each variant's exact GGUF."
+        f"{', '.join(dict.fromkeys(a['domain'] for a in report.get('accuracy') or []))} (confirmation windows), "
+        f"calibrated and scored in {kind['calibration_dtype'] or '?'} / {kind['eval_dtype'] or '?'}; speed: "
+        f"llama.cpp at batch 1 ({kind['llamacpp_variant'] or '?'} variant), each variant's exact GGUF."
     )
     table["note"] = " ".join(notes)
-    path = write_result(
-        "quickstart",
-        {
-            "timing": timing,
-            "rule_check": fit,
-            "report": {k: report.get(k) for k in ("rows", "accuracy", "engines")},
-            "tables": {"main": table},
-        },
-    )
-    print(path)
+    body = {
+        "timing": timing,
+        "cpu_kind": kind,
+        "rule_check": report.get("fit") or {},
+        "report": {k: report.get(k) for k in ("rows", "accuracy", "engines")},
+        "tables": {"main": table},
+    }
+    body["tables"]["kinds"] = kinds_table({"machine": _machine(), "date": _now(), **body}, args.name)
+    print(write_result(args.name, body))
+
+
+def _machine() -> dict:
+    from common import machine
+
+    return machine()
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 if __name__ == "__main__":
