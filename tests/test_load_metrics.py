@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from quantkit.load.metrics import Histogram, deltas, parse_histograms
+from quantkit.load.metrics import Histogram, Scrape, parse_counters, parse_histograms
 
 PAGE = """# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.
 # TYPE vllm:request_queue_time_seconds histogram
@@ -53,8 +53,23 @@ def test_a_step_is_the_difference_of_two_scrapes():
         "q": Histogram(((0.3, 6.0), (math.inf, 9.0)), 3.0, 9.0),
         "new": Histogram(((1.0, 1.0), (math.inf, 1.0)), 0.5, 1.0),
     }
-    step = deltas(after, before)
-    assert step["q"] == Histogram(((0.3, 2.0), (math.inf, 4.0)), 2.0, 4.0) and step["q"].mean == 0.5
-    assert step["new"] == after["new"]
+    step = Scrape(after, {"drafts_total": 30.0}).minus(Scrape(before, {"drafts_total": 10.0}))
+    assert (
+        step.histograms["q"] == Histogram(((0.3, 2.0), (math.inf, 4.0)), 2.0, 4.0) and step.histograms["q"].mean == 0.5
+    )
+    assert step.histograms["new"] == after["new"] and step.counters == {"drafts_total": 20.0}
     restarted = {"q": Histogram(((0.1, 1.0), (math.inf, 1.0)), 0.05, 1.0)}  # other buckets: taken whole
-    assert deltas(restarted, before)["q"] == restarted["q"]
+    assert Scrape(restarted, {}).minus(Scrape(before, {})).histograms["q"] == restarted["q"]
+
+
+def test_counters_are_summed_over_label_sets():
+    page = (
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0\n'
+        'vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 8.0\n'
+        "vllm:spec_decode_num_accepted_tokens_total 30\n"
+        "# TYPE x counter\nvllm:num_requests_running 2\nbad_total nan\n"
+    )
+    assert parse_counters(page) == {
+        "vllm:spec_decode_num_draft_tokens_total": 48.0,
+        "vllm:spec_decode_num_accepted_tokens_total": 30.0,
+    }

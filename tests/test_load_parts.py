@@ -88,7 +88,7 @@ def test_a_server_without_timings_leaves_the_parts_absent_and_says_why():
 
 
 def test_a_server_with_vllm_histograms_splits_each_step():
-    server = FakeOpenAI(metrics=True, **ONE_SLOT).start()
+    server = FakeOpenAI(metrics=True, drafts=(8, 6), **ONE_SLOT).start()
     try:
         run = _load(server)
     finally:
@@ -100,3 +100,5 @@ def test_a_server_with_vllm_histograms_splits_each_step():
     assert all(p["prefill_ms"]["mean"] == pytest.approx(60, abs=15) for p in found)
     assert all(p["prefill_ms"]["p99_bucket_ms"] == [50.0, 100.0] for p in found)  # 60 ms: the (50, 100] bucket
     assert run["analysis"]["degraded_first"]["cause"] == "scheduling"
+    # speculative decoding from the server's counters over each step (vLLM reports none per answer)
+    assert all(s["draft_acceptance"] == pytest.approx(0.75) and s["draft_tokens_mean"] == 8 for s in run["steps"])

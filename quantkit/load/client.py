@@ -17,10 +17,11 @@ from collections.abc import Callable
 import aiohttp
 
 from quantkit.load.config import APIS, ENGINES, LoadConfig, LoadError, ServerUnreachable
-from quantkit.load.metrics import Histogram, parse_histograms
+from quantkit.load.metrics import Scrape, parse_counters, parse_histograms
 from quantkit.load.parts import VLLM_PREFILL, VLLM_QUEUE, VLLM_TTFT
 from quantkit.load.records import RequestRecord
 from quantkit.load.sse import DONE, LineSplitter, MalformedChunk, apply_chunk, finish_record, parse_line
+from quantkit.load.stats import VLLM_ACCEPTED, VLLM_DRAFTED
 
 # After [DONE] the stream should end at once; wait this long for it, so data sent after [DONE]
 # is caught, without holding a worker on a server that keeps the response open.
@@ -225,9 +226,10 @@ async def server_context(http: aiohttp.ClientSession, cfg: LoadConfig) -> tuple[
 METRICS_BYTES = 8 << 20
 
 
-async def server_metrics(http: aiohttp.ClientSession, cfg: LoadConfig) -> dict[str, Histogram] | None:
-    """The server's queue, prefill and TTFT histograms from its /metrics (vLLM's names, parts.py), or
-    None when it exposes none of them (llama.cpp's server splits TTFT per answer instead)."""
+async def server_metrics(http: aiohttp.ClientSession, cfg: LoadConfig) -> Scrape | None:
+    """The server's queue, prefill and TTFT histograms (vLLM's names, parts.py) and its speculative
+    decoding counters from its /metrics, or None when it has no queue histogram (llama.cpp's server
+    splits TTFT per answer instead)."""
     try:
         async with http.get(
             cfg.url + "/metrics", timeout=aiohttp.ClientTimeout(total=cfg.connect_timeout_s)
@@ -238,7 +240,8 @@ async def server_metrics(http: aiohttp.ClientSession, cfg: LoadConfig) -> dict[s
     except (aiohttp.ClientError, OSError, TimeoutError):
         return None
     found = {name: h for name, h in parse_histograms(text).items() if name in (VLLM_QUEUE, VLLM_PREFILL, VLLM_TTFT)}
-    return found if VLLM_QUEUE in found else None
+    counters = {name: v for name, v in parse_counters(text).items() if name in (VLLM_DRAFTED, VLLM_ACCEPTED)}
+    return Scrape(found, counters) if VLLM_QUEUE in found else None
 
 
 async def warm_up(http: aiohttp.ClientSession, cfg: LoadConfig, messages: Messages) -> RequestRecord:

@@ -1,4 +1,5 @@
-"""Prometheus histograms a server exposes at /metrics: parsed, subtracted over a step, read as quantiles.
+"""Prometheus histograms and counters a server exposes at /metrics: parsed, subtracted over a step,
+histograms read as quantiles.
 
 vLLM's OpenAI server exposes, per request that finished, how long it waited in the scheduler's
 queue and how long its prefill took (`vllm:request_queue_time_seconds`,
@@ -98,6 +99,29 @@ def parse_histograms(text: str) -> dict[str, Histogram]:
     }
 
 
-def deltas(after: dict[str, Histogram], before: dict[str, Histogram]) -> dict[str, Histogram]:
-    """Each histogram's observations between two scrapes (a histogram new in `after` counts whole)."""
-    return {name: (h.minus(before[name]) if name in before else h) for name, h in after.items()}
+def parse_counters(text: str) -> dict[str, float]:
+    """Every counter (a `NAME_total` sample) in a /metrics page, summed over its label sets."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line) if line and not line.startswith("#") else None
+        if match and match.group(1).endswith("_total"):
+            value = _value(match.group(3))
+            if value is not None and math.isfinite(value):
+                out[match.group(1)] = out.get(match.group(1), 0.0) + value
+    return out
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """What one read of /metrics held (or its change over a step: `minus`)."""
+
+    histograms: dict[str, Histogram]
+    counters: dict[str, float]
+
+    def minus(self, before: "Scrape") -> "Scrape":
+        """The observations between `before` and this scrape (a histogram or counter new here counts whole)."""
+        histograms = {
+            n: (h.minus(before.histograms[n]) if n in before.histograms else h) for n, h in self.histograms.items()
+        }
+        counters = {n: v - before.counters.get(n, 0.0) for n, v in self.counters.items()}
+        return Scrape(histograms, counters)

@@ -25,7 +25,7 @@ import aiohttp
 from quantkit.load import cpu
 from quantkit.load.client import check_reachable, make_http, server_context, server_metrics, stream_request, warm_up
 from quantkit.load.config import LoadConfig
-from quantkit.load.metrics import Histogram, deltas
+from quantkit.load.metrics import Scrape
 from quantkit.load.records import RequestRecord
 from quantkit.load.search import next_level
 from quantkit.load.stats import should_stop, summarize_step
@@ -74,7 +74,7 @@ class Progress:
         self.watch = cpu.Watch(server).start()
         return self.current
 
-    def end(self, cfg: LoadConfig, partial: bool = False, server_delta: dict[str, Histogram] | None = None) -> dict:
+    def end(self, cfg: LoadConfig, partial: bool = False, server_delta: Scrape | None = None) -> dict:
         step = summarize_step(
             self.current,
             mode=cfg.mode,
@@ -244,7 +244,7 @@ def _failing(step: dict) -> str | None:
     return f"no request succeeded at {step['mode']}={step['offered']:g} ({kinds})"
 
 
-async def _scrape(http: aiohttp.ClientSession, cfg: LoadConfig, on: bool) -> dict[str, Histogram] | None:
+async def _scrape(http: aiohttp.ClientSession, cfg: LoadConfig, on: bool) -> Scrape | None:
     return await server_metrics(http, cfg) if on else None
 
 
@@ -254,7 +254,7 @@ async def _step(http, cfg: LoadConfig, progress: Progress, level: float, phase: 
     sink = progress.begin(level, phase)
     await STEP_RUNNERS[cfg.mode](http, cfg, level, source, sink)
     after = await _scrape(http, cfg, progress.metrics)
-    return progress.end(cfg, server_delta=deltas(after, before) if after and before else None)
+    return progress.end(cfg, server_delta=after.minus(before) if after and before else None)
 
 
 def _stopped(cfg: LoadConfig, progress: Progress) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 from quantkit.load import parts
 from quantkit.load.config import Slo
 from quantkit.load.degrade import DeviceBound, degraded_first
-from quantkit.load.metrics import Histogram
+from quantkit.load.metrics import Scrape
 from quantkit.load.records import ERROR_KINDS, RequestRecord
 
 PERCENTILES = (50, 90, 99)
@@ -99,12 +99,24 @@ def prompt_cache(ok: Sequence[RequestRecord]) -> dict:
     }
 
 
-def speculation(ok: Sequence[RequestRecord]) -> dict:
-    """Where the server decodes speculatively and says so: draft tokens per request and the share it kept."""
+# vLLM's speculative decoding counters (vllm/v1/spec_decode/metrics.py)
+VLLM_DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
+VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+
+
+def speculation(ok: Sequence[RequestRecord], counters: dict[str, float] | None = None) -> dict:
+    """Where the server decodes speculatively and says so: draft tokens per request and the share it
+    kept, per answer (llama.cpp's timings) or from the server's counters over the step (vLLM's)."""
     both = [
         (r.draft_tokens, r.draft_accepted) for r in ok if r.draft_tokens is not None and r.draft_accepted is not None
     ]
     drafted = sum(d for d, _ in both)
+    if not both and counters and counters.get(VLLM_DRAFTED):
+        drafted = counters[VLLM_DRAFTED]
+        return {
+            "draft_tokens_mean": drafted / len(ok) if ok else None,
+            "draft_acceptance": counters.get(VLLM_ACCEPTED, 0.0) / drafted,
+        }
     return {
         "draft_tokens_mean": (drafted / len(both)) if both else None,
         # accepted / drafted tokens, summed over the requests that report both
@@ -157,12 +169,12 @@ def _classes(records: Sequence[RequestRecord], slo: Slo) -> dict | None:
     return out
 
 
-def ttft_parts(ok: Sequence[RequestRecord], ttft_ms: dict, server_delta: dict[str, Histogram] | None) -> dict:
+def ttft_parts(ok: Sequence[RequestRecord], ttft_ms: dict, server_delta: Scrape | None) -> dict:
     """The step's TTFT parts: per request from the answers' timings, else from the server's
     histograms over the step, else absent with the reason."""
     found = parts.from_records(ok)
     if found is None and server_delta:
-        found = parts.from_histograms(server_delta, ttft_ms, len(ok))
+        found = parts.from_histograms(server_delta.histograms, ttft_ms, len(ok))
     return found or parts.absent()
 
 
@@ -177,7 +189,7 @@ def summarize_step(
     partial: bool = False,
     t_stop: float | None = None,
     duration: float | None = None,
-    server_delta: dict[str, Histogram] | None = None,
+    server_delta: Scrape | None = None,
 ) -> dict:
     """One staircase step: throughput, latency percentiles, TTFT parts, errors, goodput, client overhead.
 
@@ -185,7 +197,7 @@ def summarize_step(
     its throughput is what it completed over that time, and requests still in flight then are
     counted as `unfinished` (neither completed nor failed). `duration` overrides the wall time
     (a level pooled over repeats: the sum of its steps'). `server_delta`: the server's /metrics
-    histograms' change over the step (vLLM's queue and prefill times)."""
+    metrics' change over the step (vLLM's queue and prefill times, its speculative decoding counters)."""
     ok = [r for r in records if r.ok]
     ends = [r.t_end for r in records if r.t_end is not None]
     if duration is None:
@@ -210,7 +222,7 @@ def summarize_step(
         "output_tokens_per_s": per_s(out_tokens),
         "output_tokens_mean": (out_tokens / len(ok)) if ok else None,
         **prompt_cache(ok),
-        **speculation(ok),
+        **speculation(ok, server_delta.counters if server_delta else None),
         "tokens_from_usage": bool(ok) and all(r.tokens_from_usage for r in ok),
         "ttft_ms": latencies["ttft_ms"],
         "tpot_ms": latencies["tpot_ms"],

@@ -51,6 +51,7 @@ class FakeOpenAI(ThreadingHTTPServer):
         done=True,
         timings=False,
         metrics=False,
+        drafts=None,
         port=0,
     ):
         super().__init__(("127.0.0.1", port), _Handler)
@@ -60,6 +61,8 @@ class FakeOpenAI(ThreadingHTTPServer):
         self.misbehave, self.bad_every = misbehave, bad_every
         self.context, self.context_at, self.cache, self.done = context, context_at, cache, done
         self.timings, self.metrics = timings, metrics
+        self.drafts = drafts  # (drafted, accepted) per answer: vLLM's speculative decoding counters
+        self.drafted = self.accepted = 0
         self.lock = threading.Lock()
         # vLLM's histograms (seconds): name -> [(bound, count)...], sum, count
         self.histograms = {name: ([0] * len(BUCKETS), [0.0, 0]) for name in HISTOGRAMS}
@@ -114,6 +117,9 @@ class _Handler(BaseHTTPRequestHandler):
                     lines.append(f'{name}_bucket{{engine="0",le="{le}",model_name="m"}} {float(cumulative)}')
                 lines.append(f'{name}_sum{{engine="0",model_name="m"}} {total}')
                 lines.append(f'{name}_count{{engine="0",model_name="m"}} {float(n)}')
+            if self.server.drafts:
+                lines.append(f"vllm:spec_decode_num_draft_tokens_total {float(self.server.drafted)}")
+                lines.append(f"vllm:spec_decode_num_accepted_tokens_total {float(self.server.accepted)}")
         return "\n".join(lines) + "\n"
 
     def _observe(self, name: str, seconds: float) -> None:
@@ -181,6 +187,10 @@ class _Handler(BaseHTTPRequestHandler):
         extra = dict(extra or [])
         time.sleep(self.server.prefill_s)
         first = time.perf_counter()
+        if arrived is not None and self.server.drafts:
+            with self.server.lock:
+                self.server.drafted += self.server.drafts[0]
+                self.server.accepted += self.server.drafts[1]
         if arrived is not None and self.server.metrics:
             self._observe(HISTOGRAMS[0], started - arrived)
             self._observe(HISTOGRAMS[1], first - started)
