@@ -341,7 +341,8 @@ def device_meta(job: ConvertJob) -> dict:
     """Where the conversion ran (quantkit.json's `device`): the device, its name and the precision."""
 
     dtype = job.quant_dtype if job.quant is not None else job.compute_dtype
-    return describe(job.device, getattr(torch_module(), dtype))
+    why = {"dtype_reason": job.precision.reason} if job.precision is not None else {}
+    return {**describe(job.device, getattr(torch_module(), dtype)), **why}
 
 
 def torch_module():

@@ -20,7 +20,9 @@ from huggingface_hub import constants
 from huggingface_hub.file_download import repo_folder_name
 
 from quantkit.artifacts.staging import check_out, disk_needed, estimate_bytes, guard_out, model_inputs, text_input
+from quantkit.bench.probe import compute_precision
 from quantkit.core.distributed import ONE_PROCESS, Runtime
+from quantkit.core.precision import Precision
 from quantkit.data.calib import check_source
 from quantkit.device import resolve
 from quantkit.errors import QuantkitError, RecipeError
@@ -81,6 +83,9 @@ class ConvertJob:
     offload: object | None  # models.offload.OffloadPlan when the model does not fit in RAM
     artifact_bytes: int  # the artifact's estimated size
     disk_bytes: int  # what --out's disk must hold: the artifact, headroom, offloaded weights
+    # the calibration precision where the recipe leaves it to quantkit (`compute_dtype: auto`, below
+    # 8 bits) and why (calib_precision); None where the recipe or the 8-bit rule decides it
+    precision: Precision | None = None
 
     @property
     def method(self) -> Method | None:
@@ -114,7 +119,7 @@ class ConvertJob:
 
     @property
     def quant_dtype(self) -> str:
-        return quant_dtype(self.recipe, self.quant, self.offload)
+        return quant_dtype(self.recipe, self.quant, self.offload, self.precision)
 
     @property
     def compute_dtype(self) -> str:
@@ -260,7 +265,8 @@ def prepare(
     check_recovery(recipe, variant, key, src, opts)
     quant = quantize_step(variant)
     params = sum(p.numel() for p in skeleton.parameters())
-    offload = offload_plan(recipe, variant, key, cfg, quant, opts, params)
+    precision = calib_precision(recipe, quant, dev)
+    offload = offload_plan(recipe, variant, key, cfg, quant, opts, params, precision)
     artifact = artifact_bytes(skeleton, cfg, quant)
     offloaded = offload.model_bytes - offload.cpu_bytes if offload is not None else 0
     job = ConvertJob(
@@ -277,6 +283,7 @@ def prepare(
         offload,
         artifact,
         disk_needed(artifact, max(offloaded, 0)),
+        precision,
     )
     if opts.runtime.distributed:
         check_torchrun(job)
@@ -284,7 +291,14 @@ def prepare(
 
 
 def offload_plan(
-    recipe: Recipe, variant: Variant, key: str, cfg: dict, quant: MethodConfig | None, opts: ConvertOptions, params: int
+    recipe: Recipe,
+    variant: Variant,
+    key: str,
+    cfg: dict,
+    quant: MethodConfig | None,
+    opts: ConvertOptions,
+    params: int,
+    precision: Precision | None = None,
 ):
     """Offload to disk when a layer-by-layer method's model would not fit in the
     RAM budget at its calibration precision."""
@@ -298,7 +312,8 @@ def offload_plan(
             )
         return None
     src = str(source_dtype(cfg)).replace("torch.", "")
-    p = offload.plan(params, quant_dtype(recipe, quant, None), src, opts.max_memory, offload.available_bytes())
+    dtype = quant_dtype(recipe, quant, None, precision)
+    p = offload.plan(params, dtype, src, opts.max_memory, offload.available_bytes())
     if p is not None and getattr(quant, "auto", None) is not None:
         raise RecipeError(
             f"{key}.auto: mixed precision runs a forward of the whole model per unit and choice, which a model "
@@ -330,16 +345,35 @@ def artifact_bytes(skeleton, cfg: dict, quant: MethodConfig | None) -> int:
     )
 
 
-def quant_dtype(recipe: Recipe, quant: MethodConfig | None, offload) -> str:
-    """Calibration precision: bf16 forwards are ~3x faster on AMX/AVX512-BF16 cores, but bf16
-    rounding of the weights (8 mantissa bits) is comparable to INT8's own error, so 8-bit
-    weights calibrate in float32 (measured on the demo: W8 GPTQ dPPL +0.38% in bf16)."""
+def quant_dtype(recipe: Recipe, quant: MethodConfig | None, offload, precision: Precision | None = None) -> str:
+    """Calibration precision: the recipe's `compute_dtype`; `auto`: float32 for 8-bit weights (bf16
+    rounding of the weights, 8 mantissa bits, is comparable to INT8's own error: measured on the
+    demo, W8 GPTQ dPPL +0.38% in bf16), else `precision` (calib_precision)."""
     if offload is not None:
         return offload.dtype
     choice = recipe.calibration.compute_dtype
     if choice != "auto":
         return choice
-    return "float32" if quant is not None and quant.weight_bits == 8 else "bfloat16"
+    if quant is not None and quant.weight_bits == 8:
+        return "float32"
+    return precision.dtype if precision is not None else "float32"
+
+
+def calib_precision(recipe: Recipe, quant: MethodConfig | None, device) -> Precision | None:
+    """The precision of a calibration the recipe leaves to quantkit (`compute_dtype: auto`) below 8
+    bits: float32 on the CPU; on a GPU the faster of bf16 and float32 in its probe (core/precision.py).
+
+    On the CPU, float32 is both the fast choice and the reproducible one. Where the CPU has no bf16
+    arithmetic, bf16 runs an order of magnitude below float32; where it has, each kind's bf16 kernels
+    (AMX tiles, AVX512-BF16 dot products, emulation) round differently, and GPTQ carries those
+    differences from layer to layer and into the sampled chat part of the calibration text, so the
+    same recipe and seed gave another artifact on each CPU kind. In float32 they agree (docs/RECIPES.md,
+    measured with each kind's kernels on one CPU). None: nothing for the rule to decide."""
+    if quant is None or recipe.calibration.compute_dtype != "auto" or quant.weight_bits == 8:
+        return None
+    if device.type == "cpu":
+        return Precision("float32", "float32 on the CPU: native on every CPU kind, and the same arithmetic on each")
+    return compute_precision(device)
 
 
 def source_dtype(cfg: dict):
