@@ -218,7 +218,7 @@ def _attribution_inputs(engine, es: EngineSettings, s: BenchSettings, cfg: dict,
     if depths is None:
         why.append("the model's context leaves no room for the twin's two cache sizes")
     else:
-        fixed, reason = twins.fixed(engine, es, depths, s.gen_len, s.repeats)
+        fixed, reason = twins.fixed(engine, es, depths, s.gen_len, s.repeats, cfg["vocab_size"])
         if reason:
             why.append(f"no fixed costs: {reason}")
     return kernels, fixed, tuple(why)

@@ -15,6 +15,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from quantkit.bench.engines import engine_class
@@ -45,33 +46,25 @@ def _cells(engine, depth: int, gen_len: int) -> float:
     return sum((engine.step_bytes(c, depth + gen_len) - weights) / kv for c in steps) / len(steps)
 
 
-def measure_twin(engine_cls, twin_source, es: EngineSettings, depths: tuple[int, int], gen_len: int, repeats: int):
+def measure_twin(engine_cls, twin_source, es: EngineSettings, depths: tuple[int, int], gen_len: int, repeats: int,
+                 vocab: int):  # fmt: skip
     """The twin's decode TPOT (ms) and cells per step at each depth, and its weights' kernel time (ms)."""
     es = replace(es, max_tokens=max(depths) + gen_len, reuse_prefix=True)
     engine = engine_cls.load(twin_source, es)
     try:
         gen = torch.Generator().manual_seed(es.seed + 7)
-        n_vocab = _vocab(engine)
         cells, tpot = [], []
         for d in depths:
-            ids = torch.randint(0, n_vocab, (max(d, 1),), generator=gen).tolist()
+            ids = torch.randint(0, vocab, (max(d, 1),), generator=gen).tolist()
             t = measure_depth(
                 engine, ids, d, gen_len, repeats=repeats, min_seconds=TWIN_MIN_SECONDS, warmups=1 if d else 2
             )
-            per_repeat = [sum(s) / len(s) for s in t.step_s if s]
-            tpot.append(sorted(per_repeat)[len(per_repeat) // 2] * 1e3)
+            tpot.append(float(np.median([np.mean(s) for s in t.step_s if s])) * 1e3)
             cells.append(_cells(engine, d, gen_len))
         weights_ms = sum(k.seconds for k in engine.weight_kernels()) * 1e3
     finally:
         engine.close()
     return tuple(cells), tuple(tpot), weights_ms
-
-
-def _vocab(engine) -> int:
-    n = getattr(engine, "n_vocab", None) or getattr(getattr(engine, "cfg", None), "vocab_size", None)
-    if not n:
-        raise QuantkitError(f"{engine.name}: the twin's vocabulary size is unknown")
-    return int(n)
 
 
 @dataclass
@@ -81,9 +74,9 @@ class Twins:
     found: dict = field(default_factory=dict)
     failed: dict = field(default_factory=dict)
 
-    def fixed(self, engine, es: EngineSettings, depths: tuple[int, int], gen_len: int, repeats: int):
-        """The loaded `engine`'s fixed costs (its twin measured now, or earlier in this run), or
-        (None, why)."""
+    def fixed(self, engine, es: EngineSettings, depths: tuple[int, int], gen_len: int, repeats: int, vocab: int):
+        """The loaded `engine`'s fixed costs (its twin, of the model's `vocab`, measured now or earlier
+        in this run), or (None, why)."""
         try:
             twin_source, about = engine.twin_source()
         except QuantkitError as exc:
@@ -97,7 +90,9 @@ class Twins:
             return None, self.failed[key]
         t = time.perf_counter()
         try:
-            cells, tpot, weights_ms = measure_twin(engine_class(engine.name), twin_source, es, depths, gen_len, repeats)
+            cells, tpot, weights_ms = measure_twin(
+                engine_class(engine.name), twin_source, es, depths, gen_len, repeats, vocab
+            )
         except Exception as exc:  # the twin is a side measurement: whatever stops it, the rows go on without it
             self.failed[key] = f"the twin did not run: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
             return None, self.failed[key]
