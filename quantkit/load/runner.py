@@ -31,6 +31,10 @@ from quantkit.load.search import next_level
 from quantkit.load.stats import should_stop, summarize_step
 from quantkit.load.workload import check_fits
 
+# Before a disturbed step is measured again: wait, in windows of QUIET_WINDOW_S, until other
+# processes use less than cpu.DISTURBED cores, or QUIET_WAIT_S have passed.
+QUIET_WINDOW_S = 2.0
+QUIET_WAIT_S = 120.0
 # A step ends early once this many requests in a row could not connect (at least 2 per worker):
 # the server is gone, and a closed loop would otherwise spin on refused connections.
 DOWN_AFTER = 20
@@ -257,6 +261,19 @@ async def _step(http, cfg: LoadConfig, progress: Progress, level: float, phase: 
     return progress.end(cfg, server_delta=after.minus(before) if after and before else None)
 
 
+async def _wait_quiet(progress: Progress, log: Callable[[str], None]) -> None:
+    """Let what disturbed a step pass before it is measured again (others' CPU below cpu.DISTURBED)."""
+    server = (progress.placement or {}).get("server_pid")
+    deadline = time.perf_counter() + QUIET_WAIT_S
+    while time.perf_counter() < deadline:
+        watch = cpu.Watch(server).start()
+        await asyncio.sleep(QUIET_WINDOW_S)
+        others = watch.shares()["others"]
+        if others is None or others <= cpu.DISTURBED:
+            return
+    log(f"other processes still busy after {QUIET_WAIT_S:g} s; measuring anyway")
+
+
 def _stopped(cfg: LoadConfig, progress: Progress) -> str:
     if cfg.search:
         return "search"
@@ -294,6 +311,7 @@ async def run_staircase(
                 reruns -= 1
                 progress.discard_last()
                 log(f"disturbed: other processes used {step['cpu']['others']:.2f} cores; measuring it again")
+                await _wait_quiet(progress, log)
                 continue
             reruns = cfg.rerun_disturbed
             if checkpoint:
