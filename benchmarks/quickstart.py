@@ -330,7 +330,7 @@ def main() -> None:
         "Accuracy: ΔPPL / KL / top-1 against FP16 on "
         f"{', '.join(dict.fromkeys(a['domain'] for a in report.get('accuracy') or []))} (confirmation windows), "
         f"calibrated and scored in {kind['calibration_dtype'] or '?'} / {kind['eval_dtype'] or '?'}; speed: "
-        f"llama.cpp at batch 1 ({kind['llamacpp_variant'] or '?'} variant), each variant's exact GGUF."
+        f"llama.cpp at batch 1 ({_variant(kind['llamacpp_variant'])}), each variant's exact GGUF."
     )
     table["note"] = " ".join(notes)
     body = {
@@ -342,6 +342,10 @@ def main() -> None:
     }
     body["tables"]["kinds"] = kinds_table({"machine": _machine(), "date": _now(), **body}, args.name)
     print(write_result(args.name, body))
+
+
+def _variant(name: str | None) -> str:
+    return "its one CPU build, no run-time dispatch" if name == "one CPU build" else f"its {name or '?'} CPU variant"
 
 
 def _machine() -> dict:

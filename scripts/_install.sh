@@ -27,9 +27,31 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c "im
 fi
 
 pending=.venv/.quantkit-llamacpp-building  # a llama-cpp-python build running in the background: its pid and log
+LLAMA_CPP_VERSION=0.3.36
+wheelhouse=${QUANTKIT_WHEELHOUSE:-$HOME/.cache/quantkit/wheels}
+WHEEL_CPU_SECONDS=420  # the full wheel's compile, measured (2 idle cores: 3.5 min)
+minutes=$(( (WHEEL_CPU_SECONDS / $(nproc) + 59) / 60 ))
+installed() { .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llama_cpp') is None)"; }
+started_here=0
+# The quickstart's llama.cpp (QUANTKIT_LLAMACPP_BACKGROUND=1: no tools asked or built) compiles in the
+# background from the moment .venv can run pip, beside the installs (mostly unpacking) and the demo's
+# torch steps; the caller's next call waits for it and installs it.
+background_build() {
+  [ "${QUANTKIT_LLAMACPP_BACKGROUND:-0}" = 1 ] && [ "${QUANTKIT_SKIP_LLAMACPP:-0}" != 1 ] \
+    && [ "${QUANTKIT_WITH_LLAMA_TOOLS:-0}" != 1 ] && [ ! -f .venv/.quantkit-llama-tools ] && [ ! -f "$pending" ] \
+    && ! installed && ! bash scripts/build_llama_wheel.sh --built "$LLAMA_CPP_VERSION" "$wheelhouse" full || return 0
+  log=$(mktemp)
+  echo "==> building llama-cpp-python $LLAMA_CPP_VERSION in the background (compiles llama.cpp once: about $minutes min of $(nproc) idle cores, at the lowest priority, so it takes what the other steps leave; log: $log)"
+  # nice 19: the compile never starves the torch steps (their threads wait for each other, so a core
+  # taken from one stalls all), it fills the gaps they leave and has the machine once they are done
+  nohup nice -n 19 bash scripts/build_llama_wheel.sh "$LLAMA_CPP_VERSION" "$wheelhouse" full .venv/bin/python >"$log" 2>&1 &
+  echo "$! $log" > "$pending"
+  started_here=1
+}
 if [ ! -f "$pending" ]; then  # else an earlier call installed the rest and left llama.cpp building
 echo "==> installing quantkit into .venv (first run takes a few minutes)"
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+background_build
 # torch first, pinned: the CPU build of 2.13.0 lies on this machine's disk, and a looser pin
 # would make pip fetch a multi-GB CUDA build. A GPU user installs the torch of their platform
 # into .venv before running this script; an importable torch is kept as it is.
@@ -58,8 +80,6 @@ fi
 # wheelhouse). QUANTKIT_SKIP_LLAMA_TOOLS=1 (or QUANTKIT_SKIP_LLAMACPP=1) leaves the tools out on
 # purpose, as a file beside the stamp records; QUANTKIT_SKIP_LLAMACPP=1 leaves llama.cpp out
 # entirely (quantkit works without it; `--engine llamacpp` then says how to install it).
-LLAMA_CPP_VERSION=0.3.36
-wheelhouse=${QUANTKIT_WHEELHOUSE:-$HOME/.cache/quantkit/wheels}
 # vLLM's environment (below) is mostly downloading and unpacking 2.5 GB, the tools' build is compiling:
 # where both are to be built, vLLM's goes in the background first, beside the compile, and is waited for below.
 vllm_job=
@@ -82,12 +102,10 @@ elif [ "${QUANTKIT_WITH_LLAMA_TOOLS:-0}" = 1 ]; then
   echo "${tools##*$'\n'}" > .venv/.quantkit-llama-tools
   rm -f .venv/.quantkit-without-llama-tools
 fi
-installed() { .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llama_cpp') is None)"; }
 if [ "${QUANTKIT_SKIP_LLAMACPP:-0}" != 1 ] && ! installed; then
   kind=full
   [ -f .venv/.quantkit-llama-tools ] && kind=nolib
-  minutes=$(( (420 / $(nproc) + 59) / 60 ))  # the full wheel's compile: ~420 CPU seconds (2 idle cores: 3.5 min)
-  if [ -f "$pending" ]; then  # started by an earlier call (the quickstart's first): wait for it
+  if [ -f "$pending" ] && [ "$started_here" = 0 ]; then  # started by an earlier call (the quickstart's first): wait for it
     read -r pid log < "$pending"
     if kill -0 "$pid" 2>/dev/null; then
       echo "==> waiting for llama.cpp's build, started in the background (log: $log)"
@@ -95,15 +113,8 @@ if [ "${QUANTKIT_SKIP_LLAMACPP:-0}" != 1 ] && ! installed; then
     fi
     rm -f "$pending"
   fi
-  if [ "$kind" = full ] && [ "${QUANTKIT_LLAMACPP_BACKGROUND:-0}" = 1 ] \
-      && ! bash scripts/build_llama_wheel.sh --built "$LLAMA_CPP_VERSION" "$wheelhouse" full; then
-    log=$(mktemp)
-    echo "==> building llama-cpp-python $LLAMA_CPP_VERSION in the background (compiles llama.cpp once: about $minutes min of $(nproc) idle cores, at the lowest priority, so it takes what the demo's torch steps leave; log: $log)"
-    # nice 19: the compile never starves the torch steps (their threads wait for each other, so a core
-    # taken from one stalls all), it fills the gaps they leave and has the machine once they are done
-    nohup nice -n 19 bash scripts/build_llama_wheel.sh "$LLAMA_CPP_VERSION" "$wheelhouse" full .venv/bin/python >"$log" 2>&1 &
-    echo "$! $log" > "$pending"
-  else
+  background_build  # where the early start did not apply (an import that failed since, say)
+  if [ ! -f "$pending" ]; then  # else it builds in the background: the next call installs it
     [ "$kind" = full ] && ! bash scripts/build_llama_wheel.sh --built "$LLAMA_CPP_VERSION" "$wheelhouse" full \
       && echo "==> building llama-cpp-python $LLAMA_CPP_VERSION (compiles llama.cpp once: about $minutes min on $(nproc) idle cores; the wheel is kept in $wheelhouse)"
     if ! whl=$(bash scripts/build_llama_wheel.sh "$LLAMA_CPP_VERSION" "$wheelhouse" "$kind" .venv/bin/python); then

@@ -4,8 +4,9 @@
 # `demo` suite and print its table. A second run reuses every step.
 # Extra arguments go to `quantkit run`, e.g. --skip-bench or --set bench.repeats=5.
 #
-# On a fresh machine llama.cpp (llama-cpp-python, source only on PyPI) compiles in the background
-# while the demo is built, converted and scored with torch; the llama.cpp benches wait for it.
+# On a fresh machine llama.cpp (llama-cpp-python, source only on PyPI) compiles in the background, at
+# the lowest priority, from the moment .venv exists, while the rest installs and the demo is built,
+# converted and scored with torch; the llama.cpp benches wait for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUANTKIT_LLAMACPP_BACKGROUND=1 bash scripts/_install.sh
@@ -18,7 +19,10 @@ Q=.venv/bin/quantkit
 # half of the encyclopedic text and literature that no calibration reads.
 run=("$Q" run demo --model demo --calib mix:default --out runs/demo)
 if [ -f .venv/.quantkit-llamacpp-building ]; then
-  "${run[@]}" --skip-bench "$@" >/dev/null  # the torch steps, while llama.cpp compiles; the run below reuses them
+  # The torch steps, while llama.cpp compiles at the lowest priority; the run below reuses them. torch's
+  # threads sleep when they have no work (OMP_WAIT_POLICY=PASSIVE) instead of spinning for it, so the
+  # compile gets the cores they leave (spinning, they left it little: it then kept the benches waiting).
+  OMP_WAIT_POLICY=PASSIVE "${run[@]}" --skip-bench "$@" >/dev/null
   bash scripts/_install.sh                   # waits for llama.cpp's build and installs it
 fi
 "${run[@]}" "$@"

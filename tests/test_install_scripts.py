@@ -42,6 +42,10 @@ def test_the_tools_build_is_found_by_its_inputs_without_building(tmp_path):
 def test_each_long_step_says_its_wait_and_the_compile_leaves_the_torch_steps_alone():
     install = (SCRIPTS / "_install.sh").read_text()
     assert "nohup nice -n 19 bash scripts/build_llama_wheel.sh" in install  # the quickstart's background compile
+    # it starts as soon as .venv runs pip, before torch and quantkit's libraries install
+    assert install.index("\nbackground_build\n") < install.index('pip install -q "$wheels"/torch-*.whl')
+    quickstart = (SCRIPTS / "quickstart.sh").read_text()
+    assert 'OMP_WAIT_POLICY=PASSIVE "${run[@]}" --skip-bench' in quickstart  # torch's idle threads sleep
     assert install.count("about $minutes min") == 2  # the wheel's compile, in the background or not
     # vLLM's environment goes in the background before the tools' compile, and is waited for after it
     assert install.index(".venv/bin/quantkit engines install vllm >") < install.index('build_llama_tools.sh "$LLAMA')
