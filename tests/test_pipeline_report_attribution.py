@@ -35,7 +35,9 @@ def test_each_variant_says_where_its_time_goes():
     assert slow["bound"] == "compute" and "Q4_0" in slow["lever"]
     assert "weights" in fast["time_split"] and "overhead" in fast["time_split"]
     lines = lever_lines([fast, slow])
-    assert lines[0].startswith("**Where TPOT goes**") and any(line.startswith("- fp16 (eager): compute") for line in lines)
+    assert lines[0].startswith("**Where TPOT goes**") and any(
+        line.startswith("- fp16 (eager): compute") for line in lines
+    )
 
 
 def test_a_disturbed_row_is_named_in_the_report():
