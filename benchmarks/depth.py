@@ -156,7 +156,7 @@ def main() -> None:
         f"one prefill of each depth, {a.threads} threads; llama-bench: `-p 0 -n {a.gen_len} -d DEPTH -fa 0|1`. "
         "weights: the weights' bytes at the streaming rate; compute: the engine's kernels on the weights beyond "
         "it; KV: the engine's time per cached cell (the model's twin at two cache sizes) times the cells read; "
-        "overhead: the twin's fixed time per step. " + " ".join(lines)
+        "overhead: the twin's fixed time per step. " + " ".join(f"{line}." for line in lines)
     )
     path = write_result(
         a.name,
