@@ -161,9 +161,10 @@ def overrides(a) -> list[str]:
 def quantkit_convert(a, out: Path, env: dict) -> tuple[dict, float, float | None]:
     art = out / "gptq"
     sets = [x for o in overrides(a) for x in ("--set", o)]
+    progress = {k: v for k, v in env.items() if k != "QUANTKIT_NO_PROGRESS"}  # its calibration's plain lines
     proc, seconds = run(
         [*QUANTKIT, "convert", RECIPE, "--model", "demo", "--out", str(art), "--force", *sets, "--json"],
-        env,
+        progress,
         "quantkit convert",
     )
     m = LAYER_LINE.search(proc.stderr)
