@@ -9,7 +9,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from quantkit.bench.rows import disturbance
+from quantkit.bench.rows import disturbance, sweep_disturbed
 from quantkit.core.attribution import TWIN_WIDTH
 from quantkit.errors import QuantkitError
 from quantkit.gguf.twin import twin_shapes, write_twin
@@ -170,3 +170,25 @@ def test_a_schema_4_result_is_refitted_without_a_negative_overhead():
     assert out.schema_version == SCHEMA_VERSION
     assert all(v >= 0 for v in out.fit.coef.values())
     assert all(r.attribution is None and r.attribution_missing for r in out.rows)
+
+
+def test_a_sweep_length_is_disturbed_as_a_row_is():
+    from types import SimpleNamespace
+
+    def point(lo, p90, n=5):
+        return SimpleNamespace(prompt_len=512, ttft_ms={"n": n, "min": lo, "p90": p90, "median": lo})
+
+    assert not sweep_disturbed(point(462.6, 520.0))
+    assert sweep_disturbed(point(1678.3, 2619.0))  # another process took the cores in some prefills
+    assert not sweep_disturbed(point(1678.3, 2619.0, n=1))  # one prefill has no spread to judge
+
+
+def test_the_twin_decodes_at_each_depth_the_rows_read():
+    from quantkit.bench.engines import engine_class
+    from quantkit.bench.twin import TWIN_DEEP, twin_depths
+
+    eng = engine_class("llamacpp")
+    assert twin_depths(eng, [0, 2048, 8000], 8192, 32) == (eng.min_depth, 2048, 8000)
+    assert twin_depths(eng, [0], 8192, 32) == (eng.min_depth, TWIN_DEEP)
+    assert twin_depths(eng, [0, 2048, 8000], 4096, 32) == (eng.min_depth, 2048, 4064)  # within the context
+    assert twin_depths(eng, [0], 16, 32) is None

@@ -99,3 +99,25 @@ def test_prefill_never_negative_and_needs_three_lengths():
     assert min(f.fixed_ms, f.per_token_ms, f.per_token2_ms) >= 0
     linear = fit_prefill([100, 200, 300], [10.0, 20.0, 30.0])
     assert linear.crossover_tokens is None or math.isinf(linear.crossover_tokens) or linear.per_token2_ms < 1e-9
+
+
+def test_prefill_fits_short_prompts_as_well_as_long_ones():
+    # noise of a few percent on every length: an absolute fit lets the 8k prompt's error decide the
+    # fixed part of the 128-token one; each point weighs by its relative error instead
+    ps = [128, 256, 512, 1024, 2048, 4096, 8064]
+    noise = [1.03, 0.97, 1.02, 0.98, 1.03, 0.97, 1.02]
+    y = [(20.0 + 1.8 * p + 6e-4 * p * p) * e for p, e in zip(ps, noise)]
+    f = fit_prefill(ps, y)
+    assert all(abs(r - 1) < 0.06 for r in f.measured_over_model)
+
+
+def test_prefill_keeps_disturbed_lengths_out():
+    ps = [128, 256, 512, 1024, 2048]
+    y = [5.0 + 0.4 * p for p in ps]
+    y[2] *= 3  # another process took the cores during this length's prefills
+    f = fit_prefill(ps, y, [False, False, True, False, False])
+    assert f.excluded == (512,) and f.points == 4
+    assert f.per_token_ms == pytest.approx(0.4, rel=1e-5)
+    assert fit_prefill(ps, y, [True, True, True, False, False]) is None  # fewer than three left
+    old = {k: v for k, v in f.to_json().items() if k != "excluded"}  # a file written before the field
+    assert PrefillFit.from_json(old).excluded == ()

@@ -99,7 +99,9 @@ def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measu
     notes = list(eng.pop("notes", []))
     anchor = _anchor(s, eng, ttft, tpot * 1e3, notes, m)
     attribution = _attribution(loaded, m, weights, kv, tpot * 1e3, figs.bandwidth, eng)
-    prefill = fit_prefill([p.prompt_len for p in m.sweep], [p.ttft_ms["median"] for p in m.sweep])
+    prefill = fit_prefill(
+        [p.prompt_len for p in m.sweep], [p.ttft_ms["median"] for p in m.sweep], [sweep_disturbed(p) for p in m.sweep]
+    )
     if summary["warmups"] > s.warmups:
         notes.append(
             f"--warmups {s.warmups} raised to {summary['warmups']}: the {s.engine} engine compiles on its first "
@@ -203,6 +205,13 @@ def _anchor(s: BenchSettings, eng: dict, ttft_s: float | None, tpot_ms: float, n
             f"llama-bench runs llama.cpp's own build ({result.get('backends')})"
         )
     return result
+
+
+def sweep_disturbed(point) -> bool:
+    """A sweep length's prefills disagree as a disturbed row's repeats do (their P90 past the best
+    by DISTURBED_SPREAD): another process took the cores during some of them."""
+    t = point.ttft_ms
+    return t.get("n", 0) > 1 and bool(t.get("min")) and (t["p90"] - t["min"]) / t["min"] > DISTURBED_SPREAD
 
 
 def disturbance(row: BenchRow, drift: dict | None) -> tuple[str, ...]:

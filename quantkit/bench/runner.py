@@ -216,7 +216,7 @@ def _attribution_inputs(engine, es: EngineSettings, s: BenchSettings, cfg: dict,
     )
     fixed = None
     if depths is None:
-        why.append("the model's context leaves no room for the twin's two cache sizes")
+        why.append("the model's context leaves no room for two cache sizes of the twin")
     else:
         fixed, reason = twins.fixed(engine, es, depths, s.gen_len, s.repeats, cfg["vocab_size"])
         if reason:

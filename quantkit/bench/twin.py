@@ -1,8 +1,9 @@
 """The engine's fixed costs, measured on the model's twin: the same engine, threads, attention
 setting and cache type, the model's layers, heads, head size and vocabulary, tiny widths
-(gguf/twin.py for a GGUF; a twin config for the torch engines). Its decode at two cache sizes gives
-the time per cached cell (the slope) and the fixed time per step (what is left at the smaller size
-once the cells and the twin's own few weight bytes are taken off): core/attribution.fixed_costs.
+(gguf/twin.py for a GGUF; a twin config for the torch engines). Its decode at the engine's shallowest
+cache, at each depth the rows decode at and at a deep one gives the cache's time per step between
+those sizes and the fixed time per step (what is left at the smallest size once the cells and the
+twin's own few weight bytes are taken off): core/attribution.fixed_costs.
 
 Measured once per bench run for each (engine settings, model geometry, depths): a run's variants
 of one model share the twin (Twins keeps them for the run; nothing is kept across runs, since the
@@ -24,18 +25,21 @@ from quantkit.bench.harness import measure_depth
 from quantkit.core.attribution import fixed_costs
 from quantkit.errors import QuantkitError
 
-TWIN_DEEP = 1024  # the deeper of the twin's two cache sizes is at least this many tokens
+TWIN_DEEP = 1024  # the twin's deepest cache size is at least this many tokens
 TWIN_MIN_SECONDS = 0.5  # measured per cache size
 
 
-def twin_depths(engine_cls, depths: list[int], limit: int | None, gen_len: int) -> tuple[int, int] | None:
-    """The twin's two depths: the engine's shallowest, and the deepest the rows decode at (at least
-    TWIN_DEEP), within the model's context; None where the two cannot differ."""
+def twin_depths(engine_cls, depths: list[int], limit: int | None, gen_len: int) -> tuple[int, ...] | None:
+    """The twin's cache sizes: the engine's shallowest, each depth the rows decode at, and the deepest
+    of them (at least TWIN_DEEP), within the model's context; None where no two can differ. A row's
+    cache time then comes from a size measured at its own depth, not a line through two."""
     lo = engine_cls.min_depth
     hi = max([*depths, TWIN_DEEP])
     if limit:
         hi = min(hi, limit - gen_len)
-    return (lo, hi) if hi > lo else None
+    if hi <= lo:
+        return None
+    return (lo, *sorted({d for d in depths if lo < d < hi}), hi)
 
 
 def _cells(engine, depth: int, gen_len: int) -> float:
@@ -46,7 +50,7 @@ def _cells(engine, depth: int, gen_len: int) -> float:
     return sum((engine.step_bytes(c, depth + gen_len) - weights) / kv for c in steps) / len(steps)
 
 
-def measure_twin(engine_cls, twin_source, es: EngineSettings, depths: tuple[int, int], gen_len: int, repeats: int,
+def measure_twin(engine_cls, twin_source, es: EngineSettings, depths: tuple[int, ...], gen_len: int, repeats: int,
                  vocab: int):  # fmt: skip
     """The twin's decode TPOT (ms) and cells per step at each depth, and its weights' kernel time (ms)."""
     es = replace(es, max_tokens=max(depths) + gen_len, reuse_prefix=True)
@@ -74,7 +78,7 @@ class Twins:
     found: dict = field(default_factory=dict)
     failed: dict = field(default_factory=dict)
 
-    def fixed(self, engine, es: EngineSettings, depths: tuple[int, int], gen_len: int, repeats: int, vocab: int):
+    def fixed(self, engine, es: EngineSettings, depths: tuple[int, ...], gen_len: int, repeats: int, vocab: int):
         """The loaded `engine`'s fixed costs (its twin, of the model's `vocab`, measured now or earlier
         in this run), or (None, why)."""
         try:
@@ -100,7 +104,8 @@ class Twins:
             cells,
             tpot,
             weights_ms,
-            f"{about}; decoded at depths {depths[0]} and {depths[1]} in {time.perf_counter() - t:.1f} s",
+            f"{about}; decoded at depths {', '.join(map(str, depths[:-1]))} and {depths[-1]} in "
+            f"{time.perf_counter() - t:.1f} s",
         )
         self.found[key] = fixed
         return fixed, None

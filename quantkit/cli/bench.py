@@ -174,9 +174,22 @@ def _attribution_lines(r, label: str) -> list[str]:
         cross = (
             f", attention passes the weights' part at {f.crossover_tokens:,.0f} tokens" if f.crossover_tokens else ""
         )
+        kept_out = (
+            f"; prompt lengths {', '.join(map(str, f.excluded))} kept out: their prefills were disturbed"
+            if f.excluded
+            else ""
+        )
         out.append(
             f"prefill: {label}: TTFT = {f.fixed_ms:.1f} ms + {f.per_token_ms:.3f} ms x P "
-            f"+ {f.per_token2_ms:.2e} ms x P² (R² {f.r2:.3f}){cross}"
+            f"+ {f.per_token2_ms:.2e} ms x P² (R² {f.r2:.3f}){cross}{kept_out}"
+        )
+    elif len({p.prompt_len for p in r.prompt_sweep}) >= 3:
+        from quantkit.bench.rows import sweep_disturbed
+
+        bad = [str(p.prompt_len) for p in r.prompt_sweep if sweep_disturbed(p)]
+        out.append(
+            f"warning: {label}: no prefill split: the prefills at prompt lengths {', '.join(bad)} were disturbed "
+            "(their spread passed 20%), fewer than three lengths are left: run again on quiet cores"
         )
     return out
 

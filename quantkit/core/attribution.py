@@ -18,7 +18,8 @@ that term down, with the figures that decide it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from quantkit.core.records import RecordError, checked
 
@@ -58,15 +59,37 @@ class KernelTime:
 @dataclass(frozen=True)
 class FixedCosts:
     """The engine's own costs that do not scale with the weights, from its twin (the model's layers,
-    heads and cache with tiny widths) decoding at two cache sizes: time per cached cell (every
-    layer: reading K and V and attending) and the fixed time per step."""
+    heads and cache with tiny widths) decoding at two or more cache sizes: the cache's time per step
+    (every layer: reading K and V and attending), piecewise linear between the sizes, and the fixed
+    time per step."""
 
     overhead_ms: float
-    kv_ms_per_cell: float
-    cells: tuple[float, float]  # the two cache sizes the twin decoded at (cells a step read, on average)
-    twin_tpot_ms: tuple[float, float]
+    kv_ms_per_cell: float  # the mean slope, the smallest cache size to the largest
+    cells: tuple[float, ...]  # the cache sizes the twin decoded at (cells a step read, on average), ascending
+    twin_tpot_ms: tuple[float, ...]
     twin_weights_ms: float  # the twin's own weights through the engine's kernels (subtracted)
     twin: str  # what the twin was
+
+    def slopes(self) -> list[float]:
+        """Time per cell between consecutive cache sizes, each clamped at 0 (a twin faster deeper in
+        its cache measured noise, not a negative cost)."""
+        c, t = self.cells, self.twin_tpot_ms
+        return [max(0.0, (t[i + 1] - t[i]) / (c[i + 1] - c[i])) if c[i + 1] != c[i] else 0.0 for i in range(len(c) - 1)]
+
+    def kv_ms(self, cells: float) -> float:
+        """The cache's time per step at `cells`: the twin's decode time, piecewise linear between its
+        cache sizes (the end segments' slopes beyond them), from none at no cell. An engine's time
+        per cell need not be constant in the depth (flash attention's tiles, the cache leaving the
+        last-level cache): a size measured near the row's depth follows it."""
+        c, s = self.cells, self.slopes()
+        if cells <= c[0]:
+            return s[0] * cells
+        at = s[0] * c[0]
+        for i, slope in enumerate(s):
+            if cells <= c[i + 1] or i == len(s) - 1:
+                return at + slope * (cells - c[i])
+            at += slope * (c[i + 1] - c[i])
+        return at
 
     def to_json(self) -> dict:
         return {**self.__dict__, "cells": list(self.cells), "twin_tpot_ms": list(self.twin_tpot_ms)}
@@ -75,17 +98,27 @@ class FixedCosts:
     def from_json(cls, data: dict) -> "FixedCosts":
         d = checked(cls, data, "fixed costs")
         _finite_nonneg(d, ("overhead_ms", "kv_ms_per_cell", "twin_weights_ms"), "fixed costs")
-        return cls(**{**d, "cells": tuple(d["cells"]), "twin_tpot_ms": tuple(d["twin_tpot_ms"])})
+        cells, tpot = d["cells"], d["twin_tpot_ms"]
+        if not (isinstance(cells, list) and isinstance(tpot, list) and len(cells) == len(tpot) >= 2):
+            raise RecordError("fixed costs: cells and twin_tpot_ms must be lists of one length, at least 2")
+        for v in (*cells, *tpot):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise RecordError(f"fixed costs: cells and twin_tpot_ms must be finite and >= 0, got {v!r}")
+        if any(b < a for a, b in zip(cells, cells[1:])):
+            raise RecordError("fixed costs: cells must ascend")
+        return cls(**{**d, "cells": tuple(cells), "twin_tpot_ms": tuple(tpot)})
 
 
-def fixed_costs(cells: tuple[float, float], tpot_ms: tuple[float, float], weights_ms: float, twin: str) -> FixedCosts:
-    """The twin's two decode timings as a time per cell (the slope) and a fixed time per step (the
-    intercept, less the twin's own weights), each clamped at 0: a twin faster deeper in its cache
-    measured noise, not a negative cost."""
-    (c1, c2), (t1, t2) = cells, tpot_ms
-    per_cell = max(0.0, (t2 - t1) / (c2 - c1)) if c2 != c1 else 0.0
-    overhead = max(0.0, t1 - per_cell * c1 - weights_ms)
-    return FixedCosts(overhead, per_cell, (c1, c2), (t1, t2), weights_ms, twin)
+def fixed_costs(cells: tuple[float, ...], tpot_ms: tuple[float, ...], weights_ms: float, twin: str) -> FixedCosts:
+    """The twin's decode timings at two or more cache sizes as the cache's time per step (FixedCosts.kv_ms)
+    and a fixed time per step (at the smallest size, less its cells at the first slope and the twin's
+    own weights), each clamped at 0."""
+    pairs = sorted(zip(cells, tpot_ms))
+    c, t = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+    per_cell = max(0.0, (t[-1] - t[0]) / (c[-1] - c[0])) if c[-1] != c[0] else 0.0
+    f = FixedCosts(0.0, per_cell, c, t, weights_ms, twin)
+    first = f.slopes()[0]
+    return replace(f, overhead_ms=max(0.0, t[0] - first * c[0] - weights_ms))
 
 
 @dataclass(frozen=True)
@@ -189,7 +222,7 @@ def attribute(
     kernel_bytes_ms = sum(k.bytes for k in kernels) / stream_bps * 1e3
     compute_ms = max(0.0, kernel_ms - kernel_bytes_ms)
     kv_read_ms = kv_step_bytes / stream_bps * 1e3
-    kv_ms = fixed.kv_ms_per_cell * cells if fixed else kv_read_ms
+    kv_ms = fixed.kv_ms(cells) if fixed else kv_read_ms
     overhead_ms = fixed.overhead_ms if fixed else 0.0
     total = weights_ms + compute_ms + kv_ms + overhead_ms
     by = resource_times(weights_ms, compute_ms, kv_ms, kv_read_ms, overhead_ms)

@@ -237,7 +237,8 @@ def resource_of(shares: dict) -> str:
 
 @dataclass(frozen=True)
 class PrefillFit:
-    """TTFT = a + b*P + c*P^2 over a prompt sweep, each term >= 0 (ms, ms per token, ms per token²)."""
+    """TTFT = a + b*P + c*P^2 over a prompt sweep, each term >= 0 (ms, ms per token, ms per token²);
+    `excluded` the prompt lengths kept out of it (their prefills were disturbed)."""
 
     fixed_ms: float
     per_token_ms: float
@@ -246,26 +247,32 @@ class PrefillFit:
     r2: float | None
     crossover_tokens: float | None  # P where c*P^2 passes b*P (None: no quadratic part measured)
     measured_over_model: tuple[float, ...] = ()
+    excluded: tuple[int, ...] = ()
 
     def model_ms(self, prompt_len: float) -> float:
         return self.fixed_ms + self.per_token_ms * prompt_len + self.per_token2_ms * prompt_len**2
 
     def to_json(self) -> dict:
-        return {**self.__dict__, "measured_over_model": list(self.measured_over_model)}
+        return {**self.__dict__, "measured_over_model": list(self.measured_over_model), "excluded": list(self.excluded)}
 
     @classmethod
     def from_json(cls, data: dict) -> "PrefillFit":
-        d = checked(cls, data, "prefill fit")
-        return cls(**{**d, "measured_over_model": tuple(d["measured_over_model"])})
+        d = checked(cls, {"excluded": [], **data} if isinstance(data, dict) else data, "prefill fit")
+        return cls(**{**d, "measured_over_model": tuple(d["measured_over_model"]), "excluded": tuple(d["excluded"])})
 
 
-def fit_prefill(prompt_lens: list[int], ttft_ms: list[float]) -> PrefillFit | None:
-    """The prefill split over at least three distinct prompt lengths (None with fewer)."""
-    p, y = np.asarray(prompt_lens, float), np.asarray(ttft_ms, float)
-    if len(set(prompt_lens)) < 3:
+def fit_prefill(prompt_lens: list[int], ttft_ms: list[float], disturbed: list[bool] | None = None) -> PrefillFit | None:
+    """The prefill split over at least three distinct undisturbed prompt lengths (None with fewer).
+    Each point weighs by its relative error: a sweep spans two or three orders of magnitude, and an
+    absolute fit would let the longest prompt decide the fixed part of the shortest."""
+    bad = list(disturbed or [False] * len(prompt_lens))
+    kept = [i for i, b in enumerate(bad) if not b]
+    if len({prompt_lens[i] for i in kept}) < 3:
         return None
+    p = np.asarray([prompt_lens[i] for i in kept], float)
+    y = np.asarray([ttft_ms[i] for i in kept], float)
     x = np.column_stack([np.ones_like(p), p, p**2])
-    a, b, c = nonneg_lstsq(x, y)
+    a, b, c = nonneg_lstsq(x / y[:, None], np.ones_like(y))
     model = x @ np.array([a, b, c])
     ss_res, ss_tot = float(((y - model) ** 2).sum()), float(((y - y.mean()) ** 2).sum())
     return PrefillFit(
@@ -276,4 +283,5 @@ def fit_prefill(prompt_lens: list[int], ttft_ms: list[float]) -> PrefillFit | No
         r2=1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
         crossover_tokens=float(b / c) if c > 0 else None,
         measured_over_model=tuple(float(m / q) if q > 0 else float("nan") for m, q in zip(y, model)),
+        excluded=tuple(int(prompt_lens[i]) for i, b in enumerate(bad) if b),
     )

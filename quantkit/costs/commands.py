@@ -19,7 +19,7 @@ from quantkit.bench.engines import engine_class
 from quantkit.bench.harness import SWEEP_SAMPLES
 from quantkit.bench.runner import precheck
 from quantkit.bench.synthetic import Synthetic
-from quantkit.bench.twin import TWIN_DEEP
+from quantkit.bench.twin import twin_depths
 from quantkit.core.attribution import TWIN_WIDTH
 from quantkit.core.hardware import shape_config
 from quantkit.core.roofline import (
@@ -330,16 +330,22 @@ def bench_work(sources: list, settings) -> tuple[Model, BenchWork]:
         ttft_samples=max(SWEEP_SAMPLES, settings.repeats),
         loads=len(settings.flash_attn_runs) * len(settings.kv_cache_runs),
         anchored=engine.anchored,
-        twin_prefill_flops=_twin_flops(shapes, settings),
+        twin_prefill_flops=_twin_flops(shapes, settings, engine),
+        twin_sizes=len(_twin_sizes(settings, engine)),
         attributes=engine.attributes,
     )
 
 
-def _twin_flops(shapes: list[Shape], settings) -> float:
-    """The twin's prefill of its deeper cache size: attention over it (its widths are tiny)."""
+def _twin_sizes(settings, engine) -> tuple[int, ...]:
+    """The twin's cache sizes as the bench picks them (bench/twin.twin_depths), the context aside."""
+    return twin_depths(engine, list(settings.depths or [settings.prompt_len]), None, settings.gen_len) or (0,)
+
+
+def _twin_flops(shapes: list[Shape], settings, engine) -> float:
+    """The twin's prefills of its cache sizes: attention over each (its widths are tiny)."""
     sh = max(shapes, key=lambda s: s.layers * s.heads * s.head_dim)
-    deep = max([*settings.depths, settings.prompt_len, TWIN_DEEP])
-    return prefill_flops(replace(sh, hidden=TWIN_WIDTH, intermediate=TWIN_WIDTH), deep)
+    tiny = replace(sh, hidden=TWIN_WIDTH, intermediate=TWIN_WIDTH)
+    return sum(prefill_flops(tiny, d) for d in _twin_sizes(settings, engine) if d)
 
 
 def _text_config(src) -> dict:

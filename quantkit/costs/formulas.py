@@ -448,9 +448,10 @@ class BenchWork:
     ttft_samples: int = 1  # at most this many prefills per depth
     loads: int = 1  # --flash-attn both: each model is loaded and measured twice
     anchored: bool = False  # the engine's own benchmark (llama-bench) runs at each depth too
-    # the attribution (bench/twin.py): the twin's prefill of its deeper cache size, once per load
+    # the attribution (bench/twin.py): the twin's prefills of its cache sizes, once per load
     # setting (models of one geometry share it), and each model's weights through its kernels
     twin_prefill_flops: float = 0.0
+    twin_sizes: int = 2  # the cache sizes the twin decodes at
     attributes: bool = False
 
     @property
@@ -519,11 +520,11 @@ KERNEL_PASSES = 6  # the kernel probe's passes over every weight (at least; benc
 
 
 def attribution_seconds(w: BenchWork, mc: Machine) -> float:
-    """The attribution's measurements: per load setting the twin (its deeper prefill, attention at
-    the probed matmul rate, and two cache sizes' decode runs; an engine that compiles compiles the
+    """The attribution's measurements: per load setting the twin (its prefills, attention at the
+    probed matmul rate, and each cache size's decode runs; an engine that compiles compiles the
     twin at each size), per model and load the passes of its kernels over its weights."""
-    twin = w.twin_prefill_flops / (mc.bf16_flops * MATMUL_EFF) + 2 * w.runs * w.gen_len * 0.005
-    twin += 2 * w.compile_s if w.compile_s else 0.0
+    twin = w.twin_prefill_flops / (mc.bf16_flops * MATMUL_EFF) + w.twin_sizes * w.runs * w.gen_len * 0.005
+    twin += w.twin_sizes * w.compile_s if w.compile_s else 0.0
     kernels = sum(KERNEL_PASSES * b / (mc.read_bps * DECODE_EFF) + 0.25 for b in w.bytes_per_token)
     return w.loads * (twin + kernels)
 
