@@ -161,6 +161,7 @@ def main_table(report: dict) -> dict:
             "speedup": fp16 / r["tpot_ms"] if fp16 and r.get("tpot_ms") else None,
             "ttft": r.get("ttft_ms"),
             "eff": r.get("tpot_efficiency_pct"),
+            "split": r.get("time_split"),
         }
         for d in domains:
             a = acc.get((r["name"], d))
@@ -178,6 +179,7 @@ def main_table(report: dict) -> dict:
         {"key": "speedup", "header": "vs FP16", "fmt": "{:.2f}×"},
         {"key": "ttft", "header": "TTFT ms", "fmt": "{:.0f}"},
         {"key": "eff", "header": "roofline eff.", "fmt": "{:.0f}%"},
+        {"key": "split", "header": "TPOT goes to", "fmt": "{}"},
     ]
     return {"columns": cols, "rows": rows}
 
