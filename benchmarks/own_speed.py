@@ -34,11 +34,14 @@ import sys
 import time
 from pathlib import Path
 
-from common import QUANTKIT, write_result
+from common import QUANTKIT, RESULTS, write_result
 
 LAYER_LINE = re.compile(r"calibrating: done (\d+)/(\d+) in (\d+) s")
-# llama_perf_context_print: prompt eval time = 10.00 ms / 512 tokens
-PROMPT_EVAL = re.compile(r"prompt eval time =\s+([\d.]+) ms /\s+(\d+) tokens")
+# llama-perplexity's log (stderr, each line stamped minutes.seconds.ms.us since its start): the line
+# that starts its passes, after loading the model and tokenizing the text
+PASSES_START = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) I (?:perplexity: calculating|kl_divergence: computing)", re.M)
+# its KL statistics (stdout): "Mean    KLD:   0.213000 ±   0.001000"
+MEAN_KLD = re.compile(r"^Mean\s+KLD:\s+([\d.]+)", re.M)
 
 
 def run(args: list[str], env: dict, what: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -83,20 +86,40 @@ def perplexity(args: list[str], env: dict, what: str) -> dict:
 
     exe = tools.locate("llama-perplexity", "the eval comparison")
     proc, seconds = run([str(exe), *args], env, what)
-    m = PROMPT_EVAL.search(proc.stderr + proc.stdout)
-    return {"wall_s": seconds, "compute_s": float(m.group(1)) / 1e3 if m else None, "log": proc.stderr[-2000:]}
+    return {
+        "wall_s": seconds,
+        "startup_s": passes_start(proc.stderr),
+        "mean_kld": mean_kld(proc.stdout),
+        "log": proc.stderr[-1500:],
+        "stdout": proc.stdout[-1500:],
+    }
+
+
+def passes_start(stderr: str) -> float | None:
+    """Seconds from llama-perplexity's start to its first pass (loading and tokenizing), from its log."""
+    m = PASSES_START.search(stderr)
+    if m is None:
+        return None
+    minutes, secs, ms, us = (int(g) for g in m.groups())
+    return minutes * 60 + secs + ms / 1e3 + us / 1e6
+
+
+def mean_kld(stdout: str) -> float | None:
+    m = MEAN_KLD.search(stdout)
+    return float(m.group(1)) if m else None
 
 
 def eval_table(a, out: Path, env: dict) -> dict:
     from quantkit.gguf.tools import available_cores
 
     f16, q4 = out / "demo-f16.gguf", out / "demo-q4_0.gguf"
-    run([*QUANTKIT, "export", "demo", "--format", "gguf", "--out", str(f16), "--force", "--json"], env, "F16 export")
-    run(
-        [*QUANTKIT, "export", "demo", "--format", "gguf", "--type", "Q4_0", "--out", str(q4), "--force", "--json"],
-        env,
-        "Q4_0 export",
-    )
+    for gguf, kind in ((f16, []), (q4, ["--type", "Q4_0"])):  # untimed: kept in --out for the next run
+        if not (gguf.is_file() and gguf.with_suffix(".quantkit.json").is_file()):
+            run(
+                [*QUANTKIT, "export", "demo", "--format", "gguf", *kind, "--out", str(gguf), "--force", "--json"],
+                env,
+                "export",
+            )
     text = text_file(out, a.text)
     first, first_s = quantkit_eval(q4, text, a, env)  # the baseline pass made and cached, then the GGUF scored
     again, again_s = quantkit_eval(q4, text, a, env)  # the baseline from the cache
@@ -134,21 +157,30 @@ def eval_table(a, out: Path, env: dict) -> dict:
         r["ratio"] = r["quantkit_tps"] / r["anchor_tps"]
     scorer = again.get("scorer") or {}
     note = (
-        f"{windows} windows of {a.seq_len} tokens of {a.text} from its start, {threads} threads, llama.cpp's "
-        f"{scorer.get('cpu_variant', '?')} variant for both. Tokens/s over the tokens each pass runs through the "
-        "model; llama-perplexity scores the second half of each chunk (its context's first half only conditions), "
-        f"quantkit every position. Seconds: quantkit's scoring pass as it times it (its {t['score_seconds']:.1f} s, "
-        f"the whole command {again_s:.1f} s with loads and checks); its baseline pass as the first run's extra time "
-        "over the second; llama-perplexity's whole process (its own prompt-eval time: "
-        f"{base['compute_s'] or 0:.1f} s and {model['compute_s'] or 0:.1f} s). Ratio: quantkit's tokens/s over "
-        "llama-perplexity's. KL of the Q4_0 GGUF: quantkit "
-        f"{t['kld']['mean']:.4f} (every position), llama-perplexity's own figure in its log."
+        f"{windows} windows of {a.seq_len} tokens of {a.text} from its start, {threads} threads, the same llama.cpp "
+        f"CPU variant for both ({scorer.get('cpu_variant', '?')}). Tokens/s over the tokens each pass runs through "
+        "the model; llama-perplexity scores the second half of each chunk (its context's first half only "
+        "conditions), quantkit every position. Seconds: quantkit's scoring pass as it times it (the whole command "
+        f"{again_s:.1f} s with its loads and checks); its baseline pass as the first run's extra time over the "
+        f"second; llama-perplexity's whole process (of which loading and tokenizing {_s(base['startup_s'])} and "
+        f"{_s(model['startup_s'])}). Ratio: quantkit's tokens/s over llama-perplexity's. Mean KL of the Q4_0 GGUF: "
+        f"quantkit {t['kld']['mean']:.4f} (every position), llama-perplexity {_f(model['mean_kld'])} (the second "
+        "half of each chunk)."
     )
     return {
         "rows": rows,
         "note": note,
+        "kld": {"quantkit": t["kld"]["mean"], "llama_perplexity": model["mean_kld"]},
         "runs": {"quantkit_first_s": first_s, "quantkit_again_s": again_s, "llama_perplexity": [base, model]},
     }
+
+
+def _s(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds:.1f} s"
+
+
+def _f(value: float | None) -> str:
+    return "?" if value is None else f"{value:.4f}"
 
 
 RECIPE = "int4-w4a16-gptq-g64"
@@ -297,7 +329,24 @@ def main() -> None:
     env = home_env(a.out / "home")
     ev = eval_table(a, a.out, env) if a.only in (None, "eval") else None
     cv = convert_table(a, a.out, env) if a.only in (None, "convert") else None
-    print(write_result("own_speed", {"eval": ev, "convert": cv, "tables": tables(ev, cv)}))
+    body = {"eval": ev, "convert": cv, "tables": tables(ev, cv)}
+    if a.only is not None:
+        body = keep_other(body, a.only, RESULTS / "own_speed.json")
+    print(write_result("own_speed", body))
+
+
+def keep_other(body: dict, only: str, path: Path) -> dict:
+    """--only PART: the other part's data and table from the file an earlier run wrote, its table
+    naming that run (render.py's `source`)."""
+    if not path.is_file():
+        return body
+    old = json.loads(path.read_text())
+    other = "convert" if only == "eval" else "eval"
+    if not old.get(other) or other not in old.get("tables", {}):
+        return body
+    table = dict(old["tables"][other])
+    table.setdefault("source", {k: old.get(k) for k in ("command", "machine", "date")})
+    return {**body, other: old[other], "tables": {**body["tables"], other: table}}
 
 
 if __name__ == "__main__":
