@@ -155,7 +155,7 @@ def main() -> None:
         f"batch 1, {a.gen_len} generated tokens per repeat ({a.gen_len - 1} timed steps), {a.repeats} repeats after "
         f"one prefill of each depth, {a.threads} threads; llama-bench: `-p 0 -n {a.gen_len} -d DEPTH -fa 0|1`. "
         "weights: the weights' bytes at the streaming rate; compute: the engine's kernels on the weights beyond "
-        "it; KV: the engine's time per cached cell (the model's twin at two cache sizes) times the cells read; "
+        "it; KV: the engine's time for the cells read (the model's twin decoding at each row's depth); "
         "overhead: the twin's fixed time per step. " + " ".join(f"{line}." for line in lines)
     )
     path = write_result(
