@@ -45,6 +45,7 @@ NAME = "peer_agreement"
 WITHIN = 0.10  # the agreement asked for: within 10% at every level
 DRAWS = 1000
 PROMPT_EVAL = re.compile(r"prompt eval time =\s*([0-9.]+) ms")
+DECODE_EVAL = re.compile(r"\|\s+eval time =\s*([0-9.]+) ms /\s*(\d+) tokens")
 RERUNS = 2  # times a tool's run that other processes disturbed (others > DISTURBED cores) is measured again
 QUIET_WAIT_S = 120.0  # before that: wait until the others leave the cores
 
@@ -218,19 +219,22 @@ def compare(level: int, ours: dict, peer: dict) -> list[dict]:
     return rows
 
 
-def server_prefill(ran: list[dict], log: str, requests: int) -> None:
-    """Each run's prompt times as llama-server logged them (`prompt eval time`, one line a request, in
-    the order served): a run is its warm-up and its requests, so the log splits by count. Where the
-    count differs (an error, a line lost), no run gets the server's figures."""
-    times = [float(m.group(1)) for m in PROMPT_EVAL.finditer(log)]
-    if len(times) != len(ran) * (1 + requests):
+def server_timings(ran: list[dict], log: str, requests: int) -> None:
+    """Each run's prompt time and decode time per token as llama-server logged them (`prompt eval
+    time`, `eval time`: a line each per request, in the order served): a run is its warm-up and its
+    requests, so the log splits by count. Where the count differs (an error, a line lost), no run
+    gets the server's figures."""
+    prompt = [float(m.group(1)) for m in PROMPT_EVAL.finditer(log)]
+    decode = [float(ms) / int(n) for ms, n in DECODE_EVAL.findall(log) if int(n)]
+    if len(prompt) != len(ran) * (1 + requests) or len(decode) != len(prompt):
         print(
-            f"server log: {len(times)} prompt lines for {len(ran)} runs of 1 + {requests}: not split", file=sys.stderr
+            f"server log: {len(prompt)} prompt lines for {len(ran)} runs of 1 + {requests}: not split", file=sys.stderr
         )
         return
     for i, run in enumerate(ran):
         start = i * (1 + requests) + 1  # after the run's warm-up
-        run["server_prefill_ms"] = times[start : start + requests]
+        run["server_prefill_ms"] = prompt[start : start + requests]
+        run["server_decode_ms"] = decode[start : start + requests]
 
 
 def measure(args, work: Path) -> dict:
@@ -262,7 +266,7 @@ def measure(args, work: Path) -> dict:
                     print(f"  disturbed: others used {found[tool]['others_cpu_share']:.2f} cores", file=sys.stderr)
                     _wait_quiet(server.proc.pid)
             raw["levels"][str(level)] = {"order": list(order), **found}
-    server_prefill(ran, (work / "server.log").read_text(errors="replace"), args.requests)
+    server_timings(ran, (work / "server.log").read_text(errors="replace"), args.requests)
     (work / "raw.json").write_text(json.dumps(raw))
     return raw
 
@@ -284,6 +288,8 @@ def tabulate(raw: dict, args) -> dict:
                     "others_cpu_share": f["others_cpu_share"],
                     "server_prefill_p50": _p(f["server_prefill_ms"], 50) if f.get("server_prefill_ms") else None,
                     "server_prefill_p99": _p(f["server_prefill_ms"], 99) if f.get("server_prefill_ms") else None,
+                    "server_decode_p50": _p(f["server_decode_ms"], 50) if f.get("server_decode_ms") else None,
+                    "server_decode_p99": _p(f["server_decode_ms"], 99) if f.get("server_decode_ms") else None,
                     "runs": f.get("attempts", 1),
                     "disturbed": "yes" if f["others_cpu_share"] > DISTURBED else "no",
                 }
@@ -318,6 +324,8 @@ def tabulate(raw: dict, args) -> dict:
         {"key": "others_cpu_share", "header": "others' CPU (cores)", "fmt": "{:.2f}"},
         {"key": "server_prefill_p50", "header": "server's prefill P50 ms (its log)", "fmt": "{:.0f}"},
         {"key": "server_prefill_p99", "header": "server's prefill P99 ms", "fmt": "{:.0f}"},
+        {"key": "server_decode_p50", "header": "server's decode P50 ms/token", "fmt": "{:.1f}"},
+        {"key": "server_decode_p99", "header": "server's decode P99 ms/token", "fmt": "{:.1f}"},
         {"key": "runs", "header": "runs (disturbed ones measured again)", "fmt": "{}"},
         {"key": "disturbed", "header": f"kept run disturbed (others > {DISTURBED} cores)", "fmt": "{}"},
     ]
@@ -356,6 +364,9 @@ def main() -> None:
     args.tokenizer = demo.strip()
     if args.tabulate:
         raw = json.loads((work / "raw.json").read_text())
+        ran = [raw["levels"][level][tool] for level in raw["levels"] for tool in raw["levels"][level]["order"]]
+        if all(run.get("attempts", 1) == 1 for run in ran):  # the log's runs in order: split it again
+            server_timings(ran, (work / "server.log").read_text(errors="replace"), int(args.requests))
     else:
         if not args.model:
             args.model = work / "demo-f16.gguf"

@@ -103,17 +103,19 @@ def test_tabulate_reports_each_clients_share_and_the_verdict():
 def _log(ms):
     return "".join(
         f"slot print_timing: id  0 | task {i} | prompt eval time =  {v:8.2f} ms /   129 tokens\n"
+        f"slot print_timing: id  0 | task {i} |        eval time =  {v / 2:8.2f} ms /    15 tokens\n"
         for i, v in enumerate(ms)
     )
 
 
 def test_the_servers_prompt_times_split_by_run_after_each_warm_up():
     ran = [{}, {}]
-    peer_agreement.server_prefill(ran, _log([900.0, 400.0, 410.0, 800.0, 420.0, 430.0]), requests=2)
+    peer_agreement.server_timings(ran, _log([900.0, 400.0, 410.0, 800.0, 420.0, 430.0]), requests=2)
     assert ran[0]["server_prefill_ms"] == [400.0, 410.0] and ran[1]["server_prefill_ms"] == [420.0, 430.0]
+    assert ran[1]["server_decode_ms"] == pytest.approx([210.0 / 15, 215.0 / 15])
 
 
 def test_a_log_that_does_not_count_up_gives_no_run_the_servers_figures():
     ran = [{}, {}]
-    peer_agreement.server_prefill(ran, _log([900.0, 400.0, 410.0, 800.0, 420.0]), requests=2)
+    peer_agreement.server_timings(ran, _log([900.0, 400.0, 410.0, 800.0, 420.0]), requests=2)
     assert ran == [{}, {}]
