@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,16 @@ GGUF_MAGIC = b"GGUF"
 READ_ERRORS = (ValueError, IndexError, KeyError, OverflowError, MemoryError, UnicodeDecodeError)
 
 
+# A model's GGUF takes gguf.GGUFReader a second or more to parse (its tokenizer's tens of
+# thousands of strings, field by field), and one bench reads each file many times (the precheck,
+# the roofline's config, the engine, the twin, the attribution): a file at least this large is
+# parsed once per process, its reader kept while the file is the same one (path, inode, size,
+# modification and change times). Readers are read-only memory maps.
+KEEP_READER_BYTES = 16 << 20
+_READERS: dict[tuple, object] = {}
+_READERS_MAX = 8
+
+
 def open_reader(path: Path):
     """A gguf.GGUFReader over `path`, or ModelError naming what is wrong with the file."""
 
@@ -29,17 +40,25 @@ def open_reader(path: Path):
         raise ModelError(f"{path}: no such GGUF file")
     with open(path, "rb") as fh:
         head = fh.read(4)
+        st = os.fstat(fh.fileno())
     if head != GGUF_MAGIC:
         raise ModelError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
+    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key in _READERS:
+        return _READERS[key]
     try:
         reader = gguf.GGUFReader(str(path))
     except READ_ERRORS as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         raise ModelError(f"{path}: corrupt or truncated GGUF file ({first})") from None
-    size = path.stat().st_size
+    size = st.st_size
     for t in reader.tensors:
         if int(t.data_offset) + int(t.n_bytes) > size:
             raise ModelError(f"{path}: truncated GGUF file (tensor {t.name} ends past the end of the file)")
+    if size >= KEEP_READER_BYTES:
+        while len(_READERS) >= _READERS_MAX:
+            _READERS.pop(next(iter(_READERS)))
+        _READERS[key] = reader
     return reader
 
 
