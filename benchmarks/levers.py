@@ -16,6 +16,7 @@ A study takes 15 to 40 minutes on 2 cores: run them one at a time, each under th
   python benchmarks/levers.py --engine llama-server --study agent
   python benchmarks/levers.py --engine vllm --study copy
   python benchmarks/levers.py --engine llama-server --tabulate      # the tables of the finished studies
+  python benchmarks/levers.py --engine llama-server --study copy --load repeats=2 --load max_requests=20   # smaller
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
 from common import QUANTKIT, REPO, command, machine, write_result
 from lever_tables import study_table, summary
 
@@ -60,7 +62,23 @@ def prepare(work: Path, demo: str) -> dict[str, str]:
     return {"QK_GGUF": str(f16.resolve()), "QK_DRAFT_GGUF": str(q4_0.resolve())}
 
 
-def measure(engine: str, kind: str, work: Path) -> None:
+def scaled(study: Path, overrides: list[str], work: Path) -> Path:
+    """The study with some of its `load:` keys changed (--load KEY=VALUE, a YAML value each), written
+    into WORK: a smaller run of the same levers, its sizes named in the command that made it."""
+    if not overrides:
+        return study
+    spec = yaml.safe_load(study.read_text())
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or key not in spec["load"]:
+            raise SystemExit(f"--load {item}: KEY=VALUE with a key of the study's load ({', '.join(spec['load'])})")
+        spec["load"][key] = yaml.safe_load(value)
+    out = work / study.name
+    out.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return out
+
+
+def measure(engine: str, kind: str, work: Path, overrides: list[str]) -> None:
     demo = subprocess.run(QUANTKIT + ["models", "path", "demo"], capture_output=True, text=True, check=True)
     env = {**os.environ, "QK_DEMO_MODEL": demo.stdout.strip()}
     if engine == "llama-server":
@@ -71,7 +89,7 @@ def measure(engine: str, kind: str, work: Path) -> None:
             _run(["convert", "int4-w4a16-rtn", "--model", "demo", "--out", str(draft)])
         env["QK_DRAFT_MODEL"] = str(draft.resolve())
     out = work / kind
-    study = REPO / "studies" / STUDY_FILE[engine].format(kind)
+    study = scaled(REPO / "studies" / STUDY_FILE[engine].format(kind), overrides, work)
     _run(["levers", str(study), "--out", str(out), "--force"], env=env)
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # which run measured it: its table's source
     (out / "measured.json").write_text(json.dumps({"command": command(), "machine": machine(), "date": date}))
@@ -104,13 +122,14 @@ def main() -> None:
     ap.add_argument("--work", help="the GGUFs and each study's output [default: runs/levers-ENGINE]")
     ap.add_argument("--study", action="append", default=[], help="measure this study (repeatable)")
     ap.add_argument("--tabulate", action="store_true", help="only tabulate the finished studies in WORK")
+    ap.add_argument("--load", action="append", default=[], metavar="KEY=VALUE", help="change a load key of the study")
     args = ap.parse_args()
     work = Path(args.work or f"runs/levers-{args.engine}")
     unknown = set(args.study) - set(KINDS[args.engine])
     if unknown:
         ap.error(f"--study {sorted(unknown)[0]}: {args.engine} has {', '.join(KINDS[args.engine])}")
     for kind in [] if args.tabulate else (args.study or list(KINDS[args.engine])):
-        measure(args.engine, kind, work)
+        measure(args.engine, kind, work, args.load)
     found = tabulate(args.engine, work)
     if not found["tables"]:
         raise SystemExit(f"no finished study in {work}")
