@@ -120,10 +120,10 @@ def test_bench_failure_fails_its_variant(cli, tiny_llama, tmp_path, monkeypatch)
 
     real = runner.bench_one
 
-    def bench_one(path, s, figs, cache=None, twins=None):
+    def bench_one(path, s, figs, cache=None, twins=None, precision=None):
         if Path(path).name == "int4":
             raise runner.QuantkitError("no kernel for this scheme on cpu")
-        return real(path, s, figs, cache, twins)
+        return real(path, s, figs, cache, twins, precision)
 
     monkeypatch.setattr(runner, "bench_one", bench_one)
     p = tmp_path / "s.yaml"
