@@ -35,7 +35,7 @@ def main() -> None:
 
     import torch
 
-    from quantkit.cli.sensitivity import _search
+    from quantkit.cli.sensitivity_cmd import _search
     from quantkit.data import calib
     from quantkit.methods.schemes import UNITS
     from quantkit.models.checkpoint import load_model, load_tokenizer, read_config

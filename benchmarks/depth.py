@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common import RESULTS, quantkit_json, write_result
 
-from quantkit.bench.records import BenchResult
+from quantkit.bench.bench_records import BenchResult
 from quantkit.bench.rows import point_of
 from quantkit.core.fits import GOOD_FIT, describe_fit
 

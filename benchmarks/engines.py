@@ -19,7 +19,7 @@ import time
 
 from common import quantkit_json, write_result
 
-from quantkit.bench.records import BenchResult
+from quantkit.bench.bench_records import BenchResult
 
 ENGINES = ("compiled", "llamacpp", "vllm")
 

@@ -133,7 +133,7 @@ def main() -> None:
     )
     a = ap.parse_args()
     if a.mixed_types == "all":
-        from quantkit.quantize.kquant_types import DEFAULT_TYPES
+        from quantkit.quantize.kquant_chooser import DEFAULT_TYPES
 
         a.mixed_types = ",".join(DEFAULT_TYPES)
     if not a.text:

@@ -70,7 +70,7 @@ def kl_rows(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
 
 
 def llama_cpp_logits(gguf_path: Path, ids: list[int], threads: int, **settings) -> torch.Tensor:
-    from quantkit.bench.engines.llamacpp import import_llama_cpp
+    from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
 
     llama_cpp = import_llama_cpp()
 
@@ -100,7 +100,7 @@ def tokens(artifact: Path, text_spec: str, n: int) -> list[int]:
 
 
 def tokenizations_agree(artifact: Path, gguf_path: Path, text: str) -> bool:
-    from quantkit.bench.engines.llamacpp import import_llama_cpp
+    from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
 
     llama_cpp = import_llama_cpp()
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from common import RESULTS, quantkit_json, write_result
 
-from quantkit.bench.records import BenchResult
+from quantkit.bench.bench_records import BenchResult
 from quantkit.core.eval_results import EvalResult
 
 RECIPE = "int4-w4a16-gptq-g64-kv-fp8"

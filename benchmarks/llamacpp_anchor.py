@@ -52,8 +52,8 @@ def bench_once(gguf: Path, a: argparse.Namespace) -> dict:
     """quantkit's bench between two llama-bench runs (one before it, and the one `bench` runs after
     it): its ratios are to their mean, so a machine whose speed drifts linearly over the three
     runs moves both sides alike."""
+    from quantkit.bench.bench_records import BenchResult
     from quantkit.bench.llama_bench import compare, measure
-    from quantkit.bench.records import BenchResult
     from quantkit.gguf.tools import available_cores
 
     threads = a.threads or available_cores()

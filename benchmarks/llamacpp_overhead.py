@@ -2,7 +2,7 @@
 """Does quantkit's llama.cpp harness add anything? Its figures against a bare timing loop over
 llama-cpp-python, interleaved in one process, on the same GGUF with the same threads and lengths.
 
-For each GGUF: quantkit's engine (quantkit.bench.engines.llamacpp, timed by the shared harness
+For each GGUF: quantkit's engine (quantkit.bench.engines.llamacpp_engine, timed by the shared harness
 exactly as `quantkit bench --engine llamacpp` times it) and a separately loaded bare
 `llama_cpp.Llama` (the same n_ctx and threads) each get warm-ups, then --rounds rounds of one
 repeat each, the order alternating every round (ABBA) so that drift of a shared machine falls on
@@ -33,7 +33,7 @@ from common import write_result  # noqa: E402
 
 
 def bare_repeat(llm, ids: list[int], gen_len: int) -> tuple[float, list[float], dict]:
-    from quantkit.bench.engines.llamacpp import import_llama_cpp
+    from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
 
     llama_cpp = import_llama_cpp()
 
@@ -60,7 +60,7 @@ def bare_repeat(llm, ids: list[int], gen_len: int) -> tuple[float, list[float], 
 
 def quantkit_repeat(engine, ids: list[int], gen_len: int) -> tuple[float, list[float], dict]:
     """One repeat through the shared harness, with llama.cpp's own counters of the same calls."""
-    from quantkit.bench.engines.llamacpp import import_llama_cpp
+    from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
 
     llama_cpp = import_llama_cpp()
 
@@ -75,7 +75,7 @@ def _internal(llm) -> dict:
     """llama.cpp's own timing of the calls since the last reset (llama_perf_context): the prompt's
     decode, and each one-token decode from its start to the synchronisation that hands the logits
     over - what llama-bench's tg times per token, without a line of Python."""
-    from quantkit.bench.engines.llamacpp import import_llama_cpp
+    from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
 
     llama_cpp = import_llama_cpp()
 
@@ -89,13 +89,13 @@ def _internal(llm) -> dict:
 
 
 def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int, threads: int) -> dict:
-    from quantkit.bench.engines.llamacpp import import_llama_cpp
+    from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
 
     llama_cpp = import_llama_cpp()
     import torch
 
-    from quantkit.bench.engines.base import EngineSettings
-    from quantkit.bench.engines.llamacpp import Engine
+    from quantkit.bench.engines.engine import EngineSettings
+    from quantkit.bench.engines.llamacpp_engine import Engine
 
     n_ctx = prompt_len + gen_len
     engine = Engine.load(path, EngineSettings(device=torch.device("cpu"), max_tokens=n_ctx, threads=threads))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from common import RESULTS, quantkit_json, write_result
 
-from quantkit.bench.records import BenchResult
+from quantkit.bench.bench_records import BenchResult
 
 COLUMNS = [
     {"key": "engine", "header": "engine"},

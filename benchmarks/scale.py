@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from quantkit.bench.records import BenchResult
+from quantkit.bench.bench_records import BenchResult
 
 REPO = Path(__file__).resolve().parents[1]
 PY = str(REPO / ".venv" / "bin" / "python")

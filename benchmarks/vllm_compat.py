@@ -363,7 +363,7 @@ def recipe_facts(kind: Kind, rec: dict) -> list[dict] | None:
     """The facts of a row measured before they were recorded: its recipe's quantize step (with the
     kind's --set) read through quantkit's recipe schema, plus each scheme an auto step may choose
     whose label the run recorded; each label the run recorded must be accounted for."""
-    from quantkit.methods.registry import quantize_step
+    from quantkit.methods.method_registry import quantize_step
     from quantkit.methods.schemes import parse_choice
     from quantkit.models import scheme_facts
     from quantkit.recipe.files import load_recipe

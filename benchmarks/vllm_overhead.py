@@ -3,7 +3,7 @@
 (`LLM.generate`, benchmarks/vllm_bare.py) on the same checkpoint, prompt and lengths, in one run.
 
 Both sides load the model in vLLM's environment with the same engine arguments and threads
-(quantkit's: bench/engines/vllm.py and external/vllm_start.py; eager, bfloat16, no prefix caching,
+(quantkit's: bench/engines/vllm_engine.py and external/vllm_start.py; eager, bfloat16, no prefix caching,
 the engine core in the loading process) and stay loaded; after warm-ups, --rounds rounds of one
 repeat each alternate the order every round (ABBA), so drift of a shared machine falls on both.
 quantkit's side is the bench harness itself (harness.measure: the worker steps the engine and
@@ -80,8 +80,8 @@ def quantkit_repeat(engine, ids: list[int], gen_len: int) -> tuple[float, float]
 def compare(path: Path, prompt_len: int, gen_len: int, rounds: int, warmups: int) -> dict:
     import torch
 
-    from quantkit.bench.engines.base import EngineSettings
-    from quantkit.bench.engines.vllm import TOP_K, Engine
+    from quantkit.bench.engines.engine import EngineSettings
+    from quantkit.bench.engines.vllm_engine import TOP_K, Engine
     from quantkit.external import vllm_env, vllm_start
 
     cpu = torch.device("cpu")

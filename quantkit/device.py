@@ -14,7 +14,7 @@ import torch
 from quantkit.errors import QuantkitError
 
 
-def resolve(spec=None):
+def resolve_device(spec=None):
     """`auto` (or None): the first CUDA GPU if there is one, else the CPU. An unavailable device is
     a one-line user error, raised before any weights load."""
 

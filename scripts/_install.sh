@@ -132,7 +132,7 @@ elif [ ! -f "$pending" ]; then
   rm -f .venv/.quantkit-without-llamacpp
   # imports through quantkit: it points llama-cpp-python at the library to run and tries that
   # library's CPU variants on this machine first (quantkit/gguf/cpu_variant.py)
-  .venv/bin/python -c "from quantkit.bench.engines.llamacpp import import_llama_cpp; import_llama_cpp()" >/dev/null \
+  .venv/bin/python -c "from quantkit.bench.engines.llamacpp_engine import import_llama_cpp; import_llama_cpp()" >/dev/null \
     || { echo "install failed: llama-cpp-python does not load; set QUANTKIT_SKIP_LLAMACPP=1 to install without llama.cpp" >&2; exit 1; }
 fi
 # vLLM, in an environment of its own (its pins clash with quantkit's: vLLM CPU 0.32 pins

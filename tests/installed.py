@@ -41,7 +41,7 @@ def require_llama_cpp() -> None:
     """llama-cpp-python must load as quantkit loads it (the library it points it at, a CPU variant
     tried on this machine); a failure for another reason than absence is an error."""
     if importlib.util.find_spec("llama_cpp") is not None:
-        from quantkit.bench.engines.llamacpp import import_llama_cpp
+        from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
 
         import_llama_cpp()
         return

@@ -329,3 +329,14 @@ def test_an_import_from_a_higher_layer_is_found(tmp_path):
     found = pkg.upward({"low": 0, "high": 1})
     assert len(found) == 1 and "pkg.low.m -> pkg.high.n" in found[0] and "pkg/low/m.py:2" in found[0]
     assert pkg.upward({"low": 1, "high": 1}) == []
+
+
+def test_module_names_are_unique():
+    """A module's name says what it holds without its folder: no two modules share a basename
+    (a package's __init__.py and the entry point's __main__.py aside)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    twins = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twins, f"module names used more than once: {twins}"

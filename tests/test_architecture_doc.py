@@ -67,6 +67,6 @@ def test_the_tests_it_cites_exist(claim):
 
 
 def test_the_capability_table_is_the_registrys():
-    from quantkit.export.registry import capability_table
+    from quantkit.export.export_registry import capability_table
 
     assert capability_table() in DOC, "docs/ARCHITECTURE.md's capability table differs from capability_table()"

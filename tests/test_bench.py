@@ -204,7 +204,7 @@ def test_no_device_strings_compared_in_the_bench_path():
     files = [
         *(REPO / "quantkit" / "bench").rglob("*.py"),
         REPO / "quantkit" / "core" / "roofline.py",
-        REPO / "quantkit" / "cli" / "bench.py",
+        REPO / "quantkit" / "cli" / "bench_cmd.py",
     ]
     pattern = re.compile(r"""(==|!=)\s*["'](cpu|cuda)["']|["'](cpu|cuda)["']\s*(==|!=)|in\s*\(\s*["'](cpu|cuda)["']""")
     hits = [
@@ -223,7 +223,7 @@ def test_no_engine_names_compared_in_the_bench_path():
 
     from quantkit.bench.engines import ENGINES
 
-    files = [*(REPO / "quantkit" / "bench").rglob("*.py"), REPO / "quantkit" / "cli" / "bench.py"]
+    files = [*(REPO / "quantkit" / "bench").rglob("*.py"), REPO / "quantkit" / "cli" / "bench_cmd.py"]
     names = "|".join(ENGINES)
     pattern = re.compile(rf"""(==|!=)\s*["']({names})["']|["']({names})["']\s*(==|!=)|\bin\s*\(\s*["']({names})["']""")
     hits = [f"{f.name}: {line.strip()}" for f in files for line in f.read_text().splitlines() if pattern.search(line)]
@@ -232,8 +232,8 @@ def test_no_engine_names_compared_in_the_bench_path():
 
 def test_bench_runs_with_device_values(tiny_llama, int4_art):
     """The same bench path with a torch.device value and with "cpu:0"; the report names the device and dtype."""
-    from quantkit.bench.runner import bench_many
-    from quantkit.bench.settings import BenchSettings
+    from quantkit.bench.bench_runner import bench_many
+    from quantkit.bench.bench_settings import BenchSettings
 
     for dev in (torch.device("cpu"), "cpu:0"):
         s = BenchSettings(device=dev, engine="eager", prompt_len=8, gen_len=3, repeats=1, min_seconds=0, warmups=0)
@@ -250,8 +250,8 @@ def test_the_torch_engines_compute_in_the_dtype_the_probe_chooses(tiny_llama, in
     """bf16 where the probe's bf16 matmul is at least float32's; float32 on a CPU whose bf16 is emulated
     (that CPU's figures, faked); --dtype over both. The row names the dtype, why, and ATen's CPU kernels;
     the twin the attribution measures is built in the same dtype."""
-    from quantkit.bench.runner import bench_many
-    from quantkit.bench.settings import BenchSettings
+    from quantkit.bench.bench_runner import bench_many
+    from quantkit.bench.bench_settings import BenchSettings
 
     s = BenchSettings(device="cpu", engine="eager", prompt_len=8, gen_len=3, repeats=1, min_seconds=0, warmups=0)
     res = bench_many([tiny_llama, int4_art], replace(s, dtype=asked), probe=fake_probe(matmul=matmul))
@@ -305,8 +305,8 @@ def test_bench_cli_dense_and_int4_artifact(cli, tiny_llama, int4_art, tmp_path):
 def test_prefill_floor_counts_lm_head_once(tiny_llama, monkeypatch):
     """A1: the TTFT floor of the bench is the hand-computed FLOPs with the lm_head at one position
     (engines ask for logits_to_keep=1); the old count put it at every prompt position."""
-    from quantkit.bench.runner import bench_many
-    from quantkit.bench.settings import BenchSettings
+    from quantkit.bench.bench_runner import bench_many
+    from quantkit.bench.bench_settings import BenchSettings
 
     cfg = json.loads((tiny_llama / "config.json").read_text())
     P, V, h, i, L = 16, cfg["vocab_size"], 128, 256, 2
@@ -582,9 +582,9 @@ NOT_SETTINGS = {
 def test_every_bench_option_reaches_the_settings_the_run_uses(cli, tiny_llama, monkeypatch):
     """Walk the command's options: each is either a setting, and then the BenchSettings that
     bench_many receives holds it, or one of NOT_SETTINGS; a new option must be one or the other."""
-    import quantkit.bench.runner as runner
-    import quantkit.bench.settings as settings
-    from quantkit.cli.bench import bench_cmd
+    import quantkit.bench.bench_runner as runner
+    import quantkit.bench.bench_settings as settings
+    from quantkit.cli.bench_cmd import bench_cmd
     from quantkit.errors import QuantkitError
 
     assert {p.name for p in bench_cmd.params} == set(SETTINGS_OPTIONS) | NOT_SETTINGS

@@ -12,7 +12,7 @@ import pytest
 from quantkit.bench.rows import disturbance, sweep_disturbed
 from quantkit.core.attribution import TWIN_WIDTH
 from quantkit.errors import QuantkitError
-from quantkit.gguf.twin import twin_shapes, write_twin
+from quantkit.gguf.gguf_twin import twin_shapes, write_twin
 
 FAST = ["--prompt-len", "12", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0", "--warmups", "0"]
 needs_llama_cpp = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="no llama-cpp-python")
@@ -85,14 +85,14 @@ def test_a_tensor_of_unknown_role_has_no_twin():
 @pytest.mark.parametrize("name", ["llama-gqa", "q4"])
 def test_ggml_times_every_weight_once(ggufs, name):
     """The probe's bytes are the step's weight bytes without the 1-D norms, each type apart."""
-    from quantkit.bench.engines.llamacpp import import_llama_cpp
+    from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
     from quantkit.bench.ggml_probe import time_gguf_weights
     from quantkit.bench.gguf_file import tensor_infos, weight_read_bytes
-    from quantkit.device import resolve
+    from quantkit.device import resolve_device
     from quantkit.gguf.read import open_reader
 
     path = ggufs[name]
-    kt = time_gguf_weights(path, resolve("cpu"), 2, import_llama_cpp().llama_cpp._lib)
+    kt = time_gguf_weights(path, resolve_device("cpu"), 2, import_llama_cpp().llama_cpp._lib)
     infos = tensor_infos(open_reader(path))
     one_d = sum(int(t.shape[0]) * 4 for t in infos if len(t.shape) == 1)
     w = weight_read_bytes(infos)
@@ -161,7 +161,7 @@ def test_disturbance_names_each_witness():
 def test_a_schema_4_result_is_refitted_without_a_negative_overhead():
     """A file written before attribution: its one-term fit with a negative intercept is replaced by
     the non-negative fit over its rows' bytes."""
-    from quantkit.bench.records import SCHEMA_VERSION, BenchResult, migrate_v2, migrate_v3
+    from quantkit.bench.bench_records import SCHEMA_VERSION, BenchResult, migrate_v2, migrate_v3
 
     data = migrate_v3(migrate_v2(json.loads((Path(__file__).parent / "bench_v2.json").read_text())))
     assert data["schema_version"] == 4
@@ -185,7 +185,7 @@ def test_a_sweep_length_is_disturbed_as_a_row_is():
 
 def test_the_twin_decodes_at_each_depth_the_rows_read():
     from quantkit.bench.engines import engine_class
-    from quantkit.bench.twin import TWIN_DEEP, twin_depths
+    from quantkit.bench.twin_timing import TWIN_DEEP, twin_depths
 
     eng = engine_class("llamacpp")
     assert twin_depths(eng, [0, 2048, 8000], 8192, 32) == (eng.min_depth, 2048, 8000)

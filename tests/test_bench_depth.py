@@ -14,9 +14,9 @@ from installed import needs_llama_cpp
 
 from quantkit.bench import harness
 from quantkit.bench.accounting import kv_concat, kv_llamacpp, kv_static, mean_step_bytes
+from quantkit.bench.bench_records import BenchResult
 from quantkit.bench.engines import engine_class
-from quantkit.bench.engines.base import Engine, EngineSettings
-from quantkit.bench.records import BenchResult
+from quantkit.bench.engines.engine import Engine, EngineSettings
 from quantkit.bench.rows import DEPTH_EXCESS, depth_notes
 
 FAST = ["--gen-len", "4", "--repeats", "2", "--min-seconds", "0", "--warmups", "1", "--no-self-check"]
@@ -173,7 +173,7 @@ def test_llama_cpp_rewinds_its_cache_to_the_depth(tiny_gguf):
 
 @needs_llama_cpp
 def test_flash_attention_reaches_llama_cpp(tiny_gguf):
-    from quantkit.bench.engines.llamacpp import import_llama_cpp
+    from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
 
     lc = import_llama_cpp()
     for fa, want in ((True, lc.LLAMA_FLASH_ATTN_TYPE_ENABLED), (None, lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)):

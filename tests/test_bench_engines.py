@@ -10,7 +10,7 @@ import torch
 
 from quantkit.bench import harness
 from quantkit.bench.engines import ENGINES, engine_class
-from quantkit.bench.engines.base import Engine, EngineSettings
+from quantkit.bench.engines.engine import Engine, EngineSettings
 from quantkit.core.precision import Precision
 from quantkit.errors import QuantkitError
 
@@ -69,7 +69,7 @@ def test_every_engine_carries_its_capabilities(name):
 def test_settings_refuse_by_capability(name, monkeypatch):
     """--tensor-parallel above 1 and a device outside the engine's list are refused in one line that
     names the engines able to; the engine's own availability check runs before anything loads."""
-    from quantkit.bench.settings import BenchSettings, check_settings
+    from quantkit.bench.bench_settings import BenchSettings, check_settings
 
     cls = engine_class(name)
     monkeypatch.setattr(cls, "check", classmethod(lambda c, device: None))  # as if its library were installed
@@ -168,8 +168,8 @@ def test_torch_engines_use_the_gqa_attention(tiny_llama):
 
 
 def test_interface_doc_names_every_method():
-    """The llama.cpp engine will be written against base.py: its doc lists what the harness calls."""
-    doc = textwrap.dedent(sys.modules["quantkit.bench.engines.base"].__doc__)
+    """The llama.cpp engine will be written against engine.py: its doc lists what the harness calls."""
+    doc = textwrap.dedent(sys.modules["quantkit.bench.engines.engine"].__doc__)
     for method in (
         "load",
         "logprobs",

@@ -61,7 +61,7 @@ def test_a_probe_that_dies_of_a_signal_is_one_line_exit_1(monkeypatch, returncod
 
     monkeypatch.setattr(probe.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, returncode, "", ""))
     with pytest.raises(kind) as info:
-        probe.run_probe(probe.devices.resolve("cpu"), 2)
+        probe.run_probe(probe.devices.resolve_device("cpu"), 2)
     line = str(info.value)
     assert info.value.exit_code == 1 and "the device probe (cpu) died of SIG" in line and "?" not in line
 
@@ -72,7 +72,7 @@ def test_a_probe_that_fails_silently_says_its_exit_code(monkeypatch):
 
     monkeypatch.setattr(probe.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 3, "", ""))
     with pytest.raises(QuantkitError, match=r"device probe failed: exit 3, no message"):
-        probe.run_probe(probe.devices.resolve("cpu"), 2)
+        probe.run_probe(probe.devices.resolve_device("cpu"), 2)
 
 
 def test_sigterm_stops_a_bench_with_one_line_and_130(tiny_llama, tmp_path):

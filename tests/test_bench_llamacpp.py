@@ -16,7 +16,7 @@ import torch
 from fixtures import RECIPES
 
 from quantkit.bench import accounting
-from quantkit.bench.engines.llamacpp import import_llama_cpp
+from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
 from quantkit.bench.gguf_file import TensorInfo, type_bytes, weight_read_bytes
 from quantkit.errors import QuantkitError
 
@@ -289,8 +289,8 @@ def test_kv_cells_read_match_llama_cpps_graph(ggufs):
 
 @needs_llama_cpp
 def test_window_logprobs_equal_the_step_by_step_ones(ggufs):
-    from quantkit.bench.engines.base import EngineSettings
-    from quantkit.bench.engines.llamacpp import Engine
+    from quantkit.bench.engines.engine import EngineSettings
+    from quantkit.bench.engines.llamacpp_engine import Engine
 
     engine = Engine.load(ggufs["llama-gqa-f16"][1], EngineSettings(device=torch.device("cpu"), max_tokens=64))
     try:
@@ -310,8 +310,8 @@ def test_window_logprobs_equal_the_step_by_step_ones(ggufs):
 def test_the_engine_decodes_on_one_persistent_threadpool_as_llama_cpps_tools(ggufs):
     """bench/ggml_threadpool.py: a pool of n threads is made once and attached; the logits are those
     of llama-cpp-python's per-graph pool; close detaches and frees it, once."""
-    from quantkit.bench.engines.base import EngineSettings
-    from quantkit.bench.engines.llamacpp import Engine, _open
+    from quantkit.bench.engines.engine import EngineSettings
+    from quantkit.bench.engines.llamacpp_engine import Engine, _open
 
     gguf = ggufs["llama-gqa-int4"][1]
     settings = EngineSettings(device=torch.device("cpu"), max_tokens=64, threads=2)
@@ -383,8 +383,8 @@ def test_missing_llama_cpp_is_one_line_exit_2(cli, tiny_llama, monkeypatch):
 
 
 def test_a_gpu_needs_a_llama_cpp_built_for_one(monkeypatch):
-    import quantkit.bench.engines.llamacpp as lc
-    from quantkit.bench.settings import BenchSettings
+    import quantkit.bench.engines.llamacpp_engine as lc
+    from quantkit.bench.bench_settings import BenchSettings
 
     fake = type(sys)("llama_cpp")
     fake.llama_supports_gpu_offload = lambda: False

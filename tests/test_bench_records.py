@@ -1,4 +1,4 @@
-"""The bench's typed records (bench/records.py): one JSON form each, a schema version, files of
+"""The bench's typed records (bench/bench_records.py): one JSON form each, a schema version, files of
 schemas 2 to 5 still read, and a typo or a missing key refused in one line where a file is read."""
 
 import copy
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.bench.records import SCHEMA_VERSION, BenchResult, BenchRow
-from quantkit.core.records import RecordError
+from quantkit.bench.bench_records import SCHEMA_VERSION, BenchResult, BenchRow
+from quantkit.core.record_checks import RecordError
 
 V2 = Path(__file__).with_name("bench_v2.json")  # what `quantkit bench --json` wrote at schema 2 (a tiny Llama, eager)
 

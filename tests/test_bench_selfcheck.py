@@ -6,7 +6,7 @@ import torch
 from fixtures import RECIPES
 
 from quantkit.bench import selfcheck
-from quantkit.evals.stats import kl_full
+from quantkit.evals.accuracy_stats import kl_full
 
 FAST = ["--prompt-len", "16", "--gen-len", "4", "--repeats", "1", "--min-seconds", "0", "--warmups", "0", "--json"]
 

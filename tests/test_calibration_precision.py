@@ -4,7 +4,7 @@ float32 on every CPU below 8 bits (the same arithmetic on each CPU kind), the pr
 import torch
 
 from quantkit.core.precision import Precision
-from quantkit.methods.registry import quantize_step
+from quantkit.methods.method_registry import quantize_step
 from quantkit.quantize import job
 from quantkit.recipe.files import load_recipe
 

@@ -12,7 +12,7 @@ import pytest
 
 from quantkit.cli import cli as group
 from quantkit.cli._common import ModelArg
-from quantkit.models import named, resolve
+from quantkit.models import named_models, resolve
 
 MODEL_WORDS = ("model", "models", "baseline", "artifact")
 # each command with its model arguments given the named model, and the rest it needs to get past
@@ -64,16 +64,16 @@ def named_tiny(monkeypatch, tiny_llama):
         shutil.copytree(tiny_llama, dest)
         return dest
 
-    entry = dataclasses.replace(named.NAMED_MODELS["demo"], name="tinynamed", build=build)
-    monkeypatch.setitem(named.NAMED_MODELS, "tinynamed", entry)
+    entry = dataclasses.replace(named_models.NAMED_MODELS["demo"], name="tinynamed", build=build)
+    monkeypatch.setitem(named_models.NAMED_MODELS, "tinynamed", entry)
     seen = []
-    real = resolve.resolve
+    real = resolve.resolve_model
 
     def spy(ref, **kw):
         seen.append(str(ref))
         return real(ref, **kw)
 
-    monkeypatch.setattr(resolve, "resolve", spy)
+    monkeypatch.setattr(resolve, "resolve_model", spy)
     return seen
 
 

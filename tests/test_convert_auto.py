@@ -265,7 +265,7 @@ def test_no_shipped_recipe_names_a_layer():
 
 
 def test_the_mixed_recipes_choose_on_the_model():
-    from quantkit.methods.registry import quantize_step
+    from quantkit.methods.method_registry import quantize_step
     from quantkit.recipe.files import load_recipe
 
     mixed = sorted(RECIPES.glob("int4-*-mixed.yaml")) + [RECIPES / "int4-w4a16-spinquant-gptq-asym-auto-vllm.yaml"]

@@ -11,7 +11,7 @@ from quantkit.core.attribution import (
     attribute,
     fixed_costs,
 )
-from quantkit.core.records import RecordError
+from quantkit.core.record_checks import RecordError
 
 
 def test_fixed_costs_from_the_twin():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from quantkit.core.fits import GOOD_FIT, PrefillFit, RuleFit, describe_fit, fit_prefill, fit_rule
-from quantkit.core.records import RecordError
+from quantkit.core.record_checks import RecordError
 
 
 def _points(n=12, seed=0):

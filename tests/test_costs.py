@@ -60,8 +60,8 @@ def machine(ram=100 * GB, device_free=None, disk=1000 * GB, device_type="cpu") -
 
 
 def costs(method: str) -> dict:
-    """The cost constants of a registered method (methods/registry.py), as the plan reads them."""
-    from quantkit.methods.registry import METHODS
+    """The cost constants of a registered method (methods/method_registry.py), as the plan reads them."""
+    from quantkit.methods.method_registry import METHODS
 
     m = METHODS[method]
     return dict(calibrates=m.calibrates, passes=m.passes, hessians=m.hessians, layerwise=m.layerwise)

@@ -79,7 +79,7 @@ def test_torchrun_check_refuses_what_runs_in_one_process(monkeypatch):
     from types import SimpleNamespace
 
     from quantkit.errors import QuantkitError
-    from quantkit.methods.registry import METHODS
+    from quantkit.methods.method_registry import METHODS
     from quantkit.quantize.job import check_torchrun
 
     def job(method="gptq", gqa=False, offload=None, auto=None):

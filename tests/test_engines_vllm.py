@@ -17,7 +17,7 @@ import vllm_fake
 
 from quantkit.bench import accounting, harness, selfcheck
 from quantkit.bench.engines import engine_class
-from quantkit.bench.engines.base import EngineSettings
+from quantkit.bench.engines.engine import EngineSettings
 from quantkit.core.signals import EngineCrash
 from quantkit.errors import QuantkitError
 from quantkit.external import vllm_env, vllm_worker
@@ -340,8 +340,8 @@ def test_a_dead_worker_is_an_error_not_a_hang(tiny_llama, tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_workers_statistics_are_quantkits(seed):
-    """The worker's numpy window_stats against evals/stats.py on random rows and a random baseline."""
-    from quantkit.evals.stats import window_reference, window_stats
+    """The worker's numpy window_stats against evals/accuracy_stats.py on random rows and a random baseline."""
+    from quantkit.evals.accuracy_stats import window_reference, window_stats
 
     g = torch.Generator().manual_seed(seed)
     vocab, positions = 300, 12
@@ -364,7 +364,7 @@ def test_the_workers_statistics_are_quantkits(seed):
 @pytest.mark.parametrize("budget", [None, 1])
 def test_eval_with_vllm_scores_what_the_model_computes(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, budget):
     """The fake model's NLL is known token by token: the result must be it, whatever windows a call takes."""
-    from quantkit.evals.scorers import vllm as scorer
+    from quantkit.evals.scorers import vllm_scorer as scorer
     from quantkit.models.checkpoint import load_tokenizer
 
     vllm_fake.use(monkeypatch, tmp_path)
@@ -432,7 +432,7 @@ def test_eval_with_vllm_gives_the_exact_kl_against_the_baselines_whole_rows(
 
 
 def test_windows_per_call_fit_the_workers_budget():
-    from quantkit.evals.scorers.vllm import BYTES_PER_ENTRY, windows_per_call
+    from quantkit.evals.scorers.vllm_scorer import BYTES_PER_ENTRY, windows_per_call
 
     assert windows_per_call(49152, 512) == 1  # the demo: one 512-token window is ~3.7 GB of Python lists
     for vocab, seq_len in ((384, 16), (32000, 128), (151936, 2048)):

@@ -217,7 +217,7 @@ def test_unknown_task(cli, tiny_llama):
 
 
 def test_update_card_on_non_artifact_fails_before_evaluating(cli, tiny_llama, tiny_text, monkeypatch):
-    import quantkit.evals.runner as runner
+    import quantkit.evals.eval_runner as runner
 
     monkeypatch.setattr(runner, "run_eval", lambda *a, **k: pytest.fail("evaluated before refusing --update-card"))
     code, _, err, _ = cli(
@@ -427,9 +427,9 @@ def test_every_eval_option_reaches_the_settings_the_run_uses(cli, tiny_llama, ti
 
     import click
 
-    import quantkit.evals.runner as runner
-    from quantkit.cli.evaluate import NOT_SETTINGS, eval_cmd
-    from quantkit.evals.settings import EvalSettings
+    import quantkit.evals.eval_runner as runner
+    from quantkit.cli.eval_cmd import NOT_SETTINGS, eval_cmd
+    from quantkit.evals.eval_settings import EvalSettings
 
     settings_fields = {f.name for f in fields(EvalSettings)}
     options = [p for p in eval_cmd.params if p.name not in NOT_SETTINGS]

@@ -29,7 +29,7 @@ def _eval(cli, other, tiny_dir, tiny_text, *extra):
 def test_every_cpu_spelling_gives_the_same_figures_and_reports_the_device(
     cli, other, tiny_dir, tiny_text, device, monkeypatch
 ):
-    import quantkit.evals.scorers.transformers as hf
+    import quantkit.evals.scorers.transformers_scorer as hf
 
     seen = []
     real = hf.load_model
@@ -74,8 +74,8 @@ def test_dtype_override_and_its_own_baseline_cache(cli, other, tiny_dir, tiny_te
 def test_an_unavailable_device_is_one_line_before_anything_loads(
     cli, other, tiny_dir, tiny_text, device, needle, monkeypatch
 ):
-    import quantkit.evals.runner as runner
-    import quantkit.evals.scorers.transformers as hf
+    import quantkit.evals.eval_runner as runner
+    import quantkit.evals.scorers.transformers_scorer as hf
 
     if torch.cuda.is_available() and device.startswith("cuda"):
         pytest.skip("this machine has a GPU")

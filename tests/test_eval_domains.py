@@ -84,7 +84,7 @@ def test_different_texts_with_one_name_are_two_domains(tmp_path, tiny_text):
 
 @pytest.mark.parametrize("way", ["symlink", "copy"])
 def test_eval_refuses_one_text_twice_before_loading(cli, tiny_llama, tiny_text, tmp_path, monkeypatch, way):
-    import quantkit.evals.scorers.transformers as hf
+    import quantkit.evals.scorers.transformers_scorer as hf
 
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking the texts"))
     first, second = _same_text_ways(tmp_path, Path(tiny_text))[way]
@@ -143,7 +143,7 @@ def test_one_row_per_text_each_equal_to_its_single_text_run(cli, tiny_dir, tiny_
 
 def test_each_text_is_guarded_before_any_model_loads(cli, tiny_dir, tiny_text, tmp_path, monkeypatch):
     """A bad second text, or one overlapping the artifact's calibration, refuses the whole eval up front."""
-    import quantkit.evals.scorers.transformers as hf
+    import quantkit.evals.scorers.transformers_scorer as hf
 
     art = tmp_path / "gptq"
     code, _, err, _ = cli(

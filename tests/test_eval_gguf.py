@@ -112,7 +112,7 @@ def test_an_artifact_directory_is_exported_on_the_fly(cli, exported, tiny_dir, t
 
 @needs_llama_cpp
 def test_bad_ggufs_are_one_line_exit_2(cli, exported, tiny_dir, tiny_text, tmp_path, monkeypatch):
-    import quantkit.evals.scorers.transformers as hf
+    import quantkit.evals.scorers.transformers_scorer as hf
 
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded the baseline for a bad GGUF"))
     junk = tmp_path / "junk.gguf"

@@ -20,7 +20,7 @@ from quantkit.core.eval_results import (
     WindowsInfo,
     topk_kind,
 )
-from quantkit.core.records import RecordError
+from quantkit.core.record_checks import RecordError
 
 V1 = Path(__file__).with_name("eval_v1.json")  # `quantkit run`'s eval of the demo's INT4 GPTQ g64, before schema 2
 

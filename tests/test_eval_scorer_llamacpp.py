@@ -31,8 +31,8 @@ def int4_gguf(tiny_dir, tmp_path_factory) -> Path:
 
 @needs_llama_cpp
 def test_llamacpp_exact_kl_equals_the_full_vocabulary_kl_by_hand(cli, int4_gguf, tiny_dir, tiny_text):
-    from quantkit.bench.engines.base import EngineSettings
-    from quantkit.bench.engines.llamacpp import Engine
+    from quantkit.bench.engines.engine import EngineSettings
+    from quantkit.bench.engines.llamacpp_engine import Engine
     from quantkit.data.text import parse_spec
     from quantkit.evals.perplexity import text_windows
     from quantkit.models.checkpoint import load_model, load_tokenizer

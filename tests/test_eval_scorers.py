@@ -5,8 +5,8 @@ import pytest
 
 from quantkit.errors import DataError
 from quantkit.evals.scorers import BASELINE, SCORERS, scorer_named
-from quantkit.evals.scorers.base import Scorer
-from quantkit.evals.scorers.transformers import TransformersScorer
+from quantkit.evals.scorers.scorer import Scorer
+from quantkit.evals.scorers.transformers_scorer import TransformersScorer
 
 CAPABILITIES = (
     "takes_checkpoint",
@@ -41,8 +41,8 @@ def test_an_unknown_engine_is_one_line_listing_the_valid_ones(name, tiny_llama, 
         scorer_named(name)
     line = str(exc.value)
     assert "\n" not in line and all(k in line for k in SCORERS)
-    from quantkit.evals.runner import run_eval
-    from quantkit.evals.settings import EvalSettings
+    from quantkit.evals.eval_runner import run_eval
+    from quantkit.evals.eval_settings import EvalSettings
 
     with pytest.raises(DataError, match="unknown eval engine"):
         run_eval(
@@ -98,8 +98,8 @@ def registered(monkeypatch):
 
 
 def _run(model, base, text, **kw):
-    from quantkit.evals.runner import run_eval
-    from quantkit.evals.settings import EvalSettings
+    from quantkit.evals.eval_runner import run_eval
+    from quantkit.evals.eval_settings import EvalSettings
 
     return run_eval(model, base, EvalSettings(texts=(f"file:{text}",), seq_len=32, max_tokens=128, device="cpu", **kw))
 
@@ -138,7 +138,7 @@ def test_the_same_checkpoint_shortcut_belongs_to_the_baseline_s_scorer(registere
 def test_capabilities_refuse_what_a_scorer_cannot_do_before_anything_loads(
     registered, tiny_llama, tiny_text, monkeypatch
 ):
-    import quantkit.evals.scorers.transformers as hf
+    import quantkit.evals.scorers.transformers_scorer as hf
 
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model before refusing"))
     with pytest.raises(DataError, match="--tasks run through lm-eval.*not other"):
@@ -153,9 +153,9 @@ def test_the_runner_never_compares_scorer_names():
     import inspect
     import re
 
-    import quantkit.cli.evaluate as cli_eval
+    import quantkit.cli.eval_cmd as cli_eval
+    import quantkit.evals.eval_runner as runner
     import quantkit.evals.perplexity as perplexity
-    import quantkit.evals.runner as runner
 
     names = "|".join(re.escape(n) for n in SCORERS)
     compare = re.compile(rf'(==|!=|\bin)\s*\(?\s*"({names})"|"({names})"\s*(==|!=)')
@@ -169,7 +169,7 @@ def test_the_output_layers_check_compares_a_chunk_of_positions_at_a_time(monkeyp
     and still finds a mismatch in any chunk, the last included."""
     import torch
 
-    from quantkit.evals.scorers import transformers as scorer
+    from quantkit.evals.scorers import transformers_scorer as scorer
 
     monkeypatch.setattr(scorer, "KL_CHUNK", 3)
     torch.manual_seed(0)

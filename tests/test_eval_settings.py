@@ -1,4 +1,4 @@
-"""EvalSettings (evals/settings.py): one record built from the command line or a recipe's eval
+"""EvalSettings (evals/eval_settings.py): one record built from the command line or a recipe's eval
 block, checked where it is built (one line, exit 2)."""
 
 from dataclasses import fields
@@ -6,7 +6,7 @@ from dataclasses import fields
 import pytest
 
 from quantkit.errors import DataError
-from quantkit.evals.settings import DEFAULT_BUCKETS, EvalSettings
+from quantkit.evals.eval_settings import DEFAULT_BUCKETS, EvalSettings
 from quantkit.recipe.schema import EvalConfig
 
 

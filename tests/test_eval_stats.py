@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from quantkit.evals.stats import (
+from quantkit.evals.accuracy_stats import (
     bootstrap_ci,
     bucket_ranges,
     kl_exact,
@@ -111,7 +111,7 @@ def test_exact_kl_of_a_toy_model_equals_the_hand_computed_full_vocabulary_kl():
     from its pass's hidden states by its output layer) is the hand value; the bound, whose tail
     bucket is exact here (both tails uniform), is no higher."""
     from quantkit.evals.perplexity import baseline_pass, exact_references, score, topk_references
-    from quantkit.evals.scorers.transformers import OutputHead
+    from quantkit.evals.scorers.transformers_scorer import OutputHead
 
     V, n, p = 1024, 8, 0.3
     windows = _toy_windows(n)

@@ -1,4 +1,4 @@
-"""The exporter registry (export/registry.py): its formats, how an exporter is picked, what each
+"""The exporter registry (export/export_registry.py): its formats, how an exporter is picked, what each
 takes of each scheme; and that a new format is one Exporter subclass plus one registry entry, which
 `quantkit export --format` and a run's `export: {formats: [...]}` then both write."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from quantkit.errors import QuantkitError, RecipeError
-from quantkit.export import registry
-from quantkit.export.base import EXACT, REFUSED, Exporter, ExportSettings, Verdict
-from quantkit.export.registry import EXPORTERS, capability_table, check_formats, exporter_for, formats
+from quantkit.export import export_registry
+from quantkit.export.export_registry import EXPORTERS, capability_table, check_formats, exporter_for, formats
+from quantkit.export.exporter import EXACT, REFUSED, Exporter, ExportSettings, Verdict
 from quantkit.models import scheme_facts as sf
 
 
@@ -33,7 +33,7 @@ def test_capabilities_are_decided_on_scheme_facts():
     assert gguf.takes(sf.MXFP4).kind == EXACT
     assert gguf.takes(sf.bnb_4bit("nf4", False)).kind == REFUSED
     table = capability_table()
-    assert all(f"`{n}`" in table for n in EXPORTERS) and table.count("\n| ") >= len(registry.SCHEMES)
+    assert all(f"`{n}`" in table for n in EXPORTERS) and table.count("\n| ") >= len(export_registry.SCHEMES)
 
 
 class Toy(Exporter):

@@ -145,10 +145,10 @@ def test_dense_checkpoint_exports_exactly(cli, models, tmp_path, model):
 
 def test_logits_of_the_gguf_weights_equal_the_artifacts(artifacts, tmp_path, tiny_text):
     """Through transformers at float32, the GGUF's weights compute the artifact's logits: KL 0."""
-    from quantkit.gguf.arch import hparams
     from quantkit.gguf.artifact import Artifact
-    from quantkit.gguf.exporter import GgufOptions, export_gguf
+    from quantkit.gguf.artifact_to_gguf import GgufOptions, export_gguf
     from quantkit.gguf.fidelity import logits_kl
+    from quantkit.gguf.gguf_arch import hparams
     from quantkit.gguf.tensor_map import make_plan
 
     art = artifacts["gptq-g64-gqa"]
@@ -693,7 +693,7 @@ def test_demo_artifacts_export_exactly(cli, demo_artifacts, tmp_path, name):
     ],
 )
 def test_only_fused_rotations_export(config, online):
-    from quantkit.gguf.exporter import online_transforms
+    from quantkit.gguf.artifact_to_gguf import online_transforms
 
     assert online_transforms(config) == online
 

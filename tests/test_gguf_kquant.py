@@ -9,7 +9,7 @@ import pytest
 from installed import llama_tool
 
 from quantkit.errors import QuantkitError
-from quantkit.gguf import kquant
+from quantkit.gguf import llama_quantize
 
 
 def _t(name, row, rows, qtype):
@@ -27,7 +27,7 @@ def test_type_report_counts_types_bits_and_the_rows_no_block_divides():
         _t("output.weight", 512, 8, "Q6_K"),
         _t("blk.0.attn_norm.weight", 576, 1, "F32"),
     ]
-    r = kquant.type_report(tensors, "Q4_K_M")
+    r = llama_quantize.type_report(tensors, "Q4_K_M")
     assert r["block"] == 256 and r["tensor_types"] == {"F32": 1, "Q4_K": 1, "Q5_0": 1, "Q6_K": 1, "Q8_0": 1}
     assert [f["tensor"] for f in r["fallbacks"]] == ["blk.0.attn_q.weight", "blk.0.attn_v.weight"]
     assert r["fallback_types"] == {"Q5_0": 1, "Q8_0": 1} and {f["row"] for f in r["fallbacks"]} == {576}
@@ -36,16 +36,21 @@ def test_type_report_counts_types_bits_and_the_rows_no_block_divides():
     assert r["bits_per_weight_2d"] == pytest.approx(8 * sum(t[3] for t in weights) / elems)
     assert r["bits_per_weight"] == pytest.approx(8 * sum(t[3] for t in tensors) / (elems + 576))
     # Q4_K: 144 bytes per 256 weights = 4.5 bits; Q8_0: 34 per 32 = 8.5 bits
-    assert kquant.type_report([_t("a", 256, 4, "Q4_K")], "Q4_K_M")["bits_per_weight"] == pytest.approx(4.5)
-    assert kquant.type_report([_t("a", 64, 4, "Q8_0")], "Q4_0")["fallbacks"] == []  # Q4_0's block is 32: 64 fits
+    assert llama_quantize.type_report([_t("a", 256, 4, "Q4_K")], "Q4_K_M")["bits_per_weight"] == pytest.approx(4.5)
+    assert (
+        llama_quantize.type_report([_t("a", 64, 4, "Q8_0")], "Q4_0")["fallbacks"] == []
+    )  # Q4_0's block is 32: 64 fits
 
 
 @pytest.mark.parametrize(
     "qtype, block", [("Q4_K_M", 256), ("Q6_K", 256), ("IQ4_XS", 256), ("Q4_0", 32), ("IQ4_NL", 32)]
 )
 def test_each_type_is_checked_against_its_own_block(qtype, block):
-    assert kquant.type_report([_t("w", block, 2, "F32")], qtype)["fallbacks"] == []
-    assert len(kquant.type_report([_t("w", block + 32 if block == 256 else 48, 2, "F32")], qtype)["fallbacks"]) == 1
+    assert llama_quantize.type_report([_t("w", block, 2, "F32")], qtype)["fallbacks"] == []
+    assert (
+        len(llama_quantize.type_report([_t("w", block + 32 if block == 256 else 48, 2, "F32")], qtype)["fallbacks"])
+        == 1
+    )
 
 
 @pytest.mark.parametrize("bad", ["Q9_Z", "q4", "F16", "COPY", "Q4_K_M ", ""])
@@ -59,9 +64,9 @@ def test_unknown_types_are_one_line_listing_the_valid_ones(cli, tiny_llama, tmp_
 
 
 def test_type_names_are_case_insensitive():
-    assert kquant.check_type("q4_k_m") == "Q4_K_M"
+    assert llama_quantize.check_type("q4_k_m") == "Q4_K_M"
     with pytest.raises(QuantkitError):
-        kquant.check_type("Q4_K_MM")
+        llama_quantize.check_type("Q4_K_MM")
 
 
 @pytest.mark.parametrize("flag", [["--embeddings", "q8_0"], ["--allow-lossy"], ["--kl-text", "set:shakespeare-plays"]])
@@ -118,7 +123,7 @@ def test_kquant_export_reports_what_each_tensor_got(cli, tiny_llama, tiny_text, 
     got = {t.name: t.tensor_type.name for t in reader.tensors}
     assert {t["name"]: t["type"] for t in rec["tensors"]} == got  # the record is what the file holds
     assert rec["gguf_type"] == qtype and rec["lossless"] is False
-    block = kquant.ggml_block(qtype)
+    block = llama_quantize.ggml_block(qtype)
     for t in reader.tensors:  # every 2-D weight whose rows the block does not divide is reported as a fallback
         if len(t.shape) == 2 and int(t.shape[0]) % block:
             assert t.name in {f["tensor"] for f in rec["fallbacks"]}
@@ -211,6 +216,6 @@ def test_a_second_type_reuses_the_importance_matrix(cli, tiny_llama, tiny_text, 
 def test_the_model_is_loaded_only_for_text_it_writes(spec, chat, loads, monkeypatch):
     from types import SimpleNamespace
 
-    monkeypatch.setattr(kquant, "load_model", lambda *a, **k: "model")
+    monkeypatch.setattr(llama_quantize, "load_model", lambda *a, **k: "model")
     tok = SimpleNamespace(chat_template="{{ x }}" if chat else None)
-    assert (kquant._model_if_needed(Path("src"), spec, tok) == "model") is loads
+    assert (llama_quantize._model_if_needed(Path("src"), spec, tok) == "model") is loads

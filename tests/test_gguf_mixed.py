@@ -1,5 +1,5 @@
 """quantkit export --format gguf --type T --mixed: each decoder-layer weight's llama.cpp type chosen by
-its K-FAC estimated KL within the bytes of T's own file (quantize/kquant_types.py, gguf/kquant.py). The
+its K-FAC estimated KL within the bytes of T's own file (quantize/kquant_chooser.py, gguf/llama_quantize.py). The
 math and the choice on any machine; the whole export with llama.cpp's tools where the install built them."""
 
 import re
@@ -9,8 +9,8 @@ import torch
 from installed import llama_tool
 
 from quantkit.errors import QuantkitError
-from quantkit.gguf import kquant
-from quantkit.quantize import kquant_types
+from quantkit.gguf import llama_quantize
+from quantkit.quantize import kquant_chooser
 
 
 @pytest.mark.parametrize("rows, cols", [(3, 5), (8, 8), (6, 2)])
@@ -24,13 +24,13 @@ def test_kfac_cost_is_the_kronecker_quadratic_form(rows, cols):
     a, g, tokens = x.T @ x, y.T @ y, 7
     vec = dw.T.reshape(-1)  # column-major vec: vec(G dW A) = (A ⊗ G) vec(dW) for symmetric A
     want = 0.5 * float(vec @ torch.kron(a, g) @ vec) / tokens**2
-    assert kquant_types.kfac_cost(dw, a, g, tokens) == pytest.approx(want, rel=1e-10)
-    assert kquant_types.kfac_cost(torch.zeros_like(dw), a, g, tokens) == 0.0
+    assert kquant_chooser.kfac_cost(dw, a, g, tokens) == pytest.approx(want, rel=1e-10)
+    assert kquant_chooser.kfac_cost(torch.zeros_like(dw), a, g, tokens) == 0.0
 
 
 @pytest.mark.parametrize("row", [32, 96, 128, 256, 576, 1536])
 def test_a_row_admits_the_types_whose_blocks_divide_it(row):
-    got = kquant_types.admissible(row, kquant_types.MIXABLE)
+    got = kquant_chooser.admissible(row, kquant_chooser.MIXABLE)
     blocks = {
         "Q4_0": 32,
         "Q4_1": 32,
@@ -45,23 +45,23 @@ def test_a_row_admits_the_types_whose_blocks_divide_it(row):
         "Q5_K": 256,
         "Q6_K": 256,
     }
-    assert got == [t for t in kquant_types.MIXABLE if row % blocks[t] == 0]
+    assert got == [t for t in kquant_chooser.MIXABLE if row % blocks[t] == 0]
 
 
 def test_type_lists_are_read_case_insensitively_once_each():
-    assert kquant_types.parse_types("q5_0, Q8_0,q5_0,iq4_nl") == ("Q5_0", "Q8_0", "IQ4_NL")
+    assert kquant_chooser.parse_types("q5_0, Q8_0,q5_0,iq4_nl") == ("Q5_0", "Q8_0", "IQ4_NL")
 
 
 @pytest.mark.parametrize("bad", ["Q9_Z", "", ",", "Q4_K_M", "F16", "Q5_0,BF16"])
 def test_other_type_lists_are_one_line_naming_the_valid_ones(bad):
     with pytest.raises(QuantkitError, match="valid: Q4_0") as err:
-        kquant_types.parse_types(bad)
+        kquant_chooser.parse_types(bad)
     assert "\n" not in str(err.value)
 
 
 def test_each_tensor_type_pattern_matches_its_own_name_only():
     names = ["blk.1.attn_q.weight", "blk.11.attn_q.weight", "blk.1.attn_q_norm.weight", "token_embd.weight"]
-    lines = kquant.type_lines({"blk.1.attn_q.weight": "Q8_0", "token_embd.weight": "Q5_0"}).splitlines()
+    lines = llama_quantize.type_lines({"blk.1.attn_q.weight": "Q8_0", "token_embd.weight": "Q5_0"}).splitlines()
     assert lines == ["^blk\\.1\\.attn_q\\.weight$=q8_0", "^token_embd\\.weight$=q5_0"]
     for line in lines:
         pattern, _ = line.rsplit("=", 1)
@@ -89,12 +89,12 @@ def test_the_choice_never_passes_the_budget_and_spends_it_on_cost(seed):
     least = sum(min(c["bytes"].values()) for c in costs.values())
     most = sum(max(c["bytes"].values()) for c in costs.values())
     for budget in (least, (least + most) // 2, most):
-        picked = kquant_types._solve(weights, costs, budget)
+        picked = kquant_chooser._solve(weights, costs, budget)
         assert sum(costs[n]["bytes"][t] for n, t in picked.items()) <= budget
     # room for all (the knapsack rounds each choice's bytes up to a step of the spare budget: 1% covers it)
-    assert set(kquant_types._solve(weights, costs, most * 101 // 100).values()) == {"Q8_0"}
-    assert set(kquant_types._solve(weights, costs, least).values()) == {"IQ4_NL"}
-    mid = kquant_types._solve(weights, costs, (least + most) // 2)
+    assert set(kquant_chooser._solve(weights, costs, most * 101 // 100).values()) == {"Q8_0"}
+    assert set(kquant_chooser._solve(weights, costs, least).values()) == {"IQ4_NL"}
+    mid = kquant_chooser._solve(weights, costs, (least + most) // 2)
     assert sum(costs[n]["types"][t] for n, t in mid.items()) < sum(c["types"]["IQ4_NL"] for c in costs.values())
 
 
@@ -107,9 +107,9 @@ def test_a_budget_below_every_smallest_type_is_refused_before_measuring(seed):
     floor = sum(
         -(-min(c["bytes"].values()) // 32) * 32 for c in costs.values()
     )  # each tensor's data padded to 32 bytes
-    kquant_types._check_floor(options, floor)
+    kquant_chooser._check_floor(options, floor)
     with pytest.raises(QuantkitError, match="add a smaller type") as err:
-        kquant_types._check_floor(options, floor - 1)
+        kquant_chooser._check_floor(options, floor - 1)
     assert "\n" not in str(err.value)
 
 
@@ -118,8 +118,8 @@ def test_the_windows_the_choice_is_made_on_are_recorded_for_evals_overlap_check(
     does: eval refuses to score the GGUF on them (evals/checks.py reads `mixed.windows`)."""
     from quantkit.data.text import parse_spec, read_text
 
-    o = kquant.KquantOptions("Q4_K_M", calib=f"file:{tiny_text}", seed=3, region="second-half")
-    rows, manifest = kquant_types._windows(kquant.Made(tmp_path, tiny_llama, {}, None, o, "Q4_K_M"), None)
+    o = llama_quantize.KquantOptions("Q4_K_M", calib=f"file:{tiny_text}", seed=3, region="second-half")
+    rows, manifest = kquant_chooser._windows(llama_quantize.Made(tmp_path, tiny_llama, {}, None, o, "Q4_K_M"), None)
     assert manifest["sha256"] == read_text(parse_spec(f"file:{tiny_text}")).provenance["sha256"]
     assert (
         len(manifest["window_starts"]) == rows.shape[0] == manifest["samples"] and manifest["seq_len"] == rows.shape[1]
@@ -147,7 +147,7 @@ def test_fisher_sums_each_inputs_second_moment_once_and_averages_the_draws(tiny_
             model(input_ids=w, use_cache=False)
     for h in hooks:
         h.remove()
-    a, g = kquant_types.fisher(model, rows, mods)
+    a, g = kquant_chooser.fisher(model, rows, mods)
     for key, inputs in (("blk.0.attn_in", seen["q"]), ("blk.0.attn_output", seen["o"])):
         x = torch.cat([t.reshape(-1, t.shape[-1]) for t in inputs])
         assert torch.allclose(a[key], x.T @ x, rtol=1e-4, atol=1e-4)  # once, though q and k both read it
@@ -155,7 +155,7 @@ def test_fisher_sums_each_inputs_second_moment_once_and_averages_the_draws(tiny_
     for name, m in mods.items():
         assert g[name].shape == (m.out_features, m.out_features) and torch.allclose(g[name], g[name].T, atol=1e-6)
         assert float(torch.linalg.eigvalsh(g[name].double()).min()) > -1e-6 * float(g[name].abs().max())
-    again = kquant_types.fisher(model, rows, mods)[1]  # seeded draws: the same statistics twice
+    again = kquant_chooser.fisher(model, rows, mods)[1]  # seeded draws: the same statistics twice
     assert all(torch.equal(g[n], again[n]) for n in mods)
 
 
@@ -233,18 +233,18 @@ def test_mixed_export_holds_the_chosen_types_within_the_types_own_size(
         cli, tiny_llama, out, tiny_text, "--type", qtype, "--mixed", *(["--mixed-types", types] if types else [])
     )
     assert code == 0, stderr
-    allowed = kquant_types.parse_types(types) if types else kquant_types.DEFAULT_TYPES
+    allowed = kquant_chooser.parse_types(types) if types else kquant_chooser.DEFAULT_TYPES
     assert out.stat().st_size <= min(plain.stat().st_size, rec["mixed"]["reference_bytes"])
     # the export's own --type file is the plain one but for llama-quantize's header key naming the importance
     # matrix's path
     assert abs(rec["mixed"]["reference_bytes"] - plain.stat().st_size) <= 64
     got = {t.name: (t.tensor_type.name, int(t.shape[0])) for t in gguf.GGUFReader(str(out)).tensors}
     assert {t["name"]: t["type"] for t in rec["tensors"]} == {n: t for n, (t, _) in got.items()}
-    layers = [n for n in got if kquant.LAYER_LINEAR.fullmatch(n)]
+    layers = [n for n in got if llama_quantize.LAYER_LINEAR.fullmatch(n)]
     assert sorted(w["tensor"] for w in rec["mixed"]["weights"]) == sorted(layers)
     for w in rec["mixed"]["weights"]:  # each weight: the chosen type, one of the candidates its rows admit
         kind, row = got[w["tensor"]]
-        assert kind == w["type"] and kind in kquant_types.admissible(row, allowed) and w["cost"] >= 0
+        assert kind == w["type"] and kind in kquant_chooser.admissible(row, allowed) and w["cost"] >= 0
     assert rec["mixed"]["cost_chosen"] == pytest.approx(sum(w["cost"] for w in rec["mixed"]["weights"]))
     assert rec["fallbacks"] == [] and rec["mixed"]["candidates"] == list(allowed)
     g = rec["mixed"]["gptq"]  # the codes chosen again by GPTQ: less error on the calibration inputs

@@ -117,7 +117,7 @@ def test_eval_refuses_a_cache_the_heads_cannot_hold(cli, head24, tiny_text):
 @needs_llama_cpp
 def test_a_real_abort_of_llama_cpp_is_caught_in_the_child(head24, tmp_path):
     """What the rule prevents, run anyway: llama.cpp aborts in the child, quantkit says one line."""
-    from quantkit.bench.engines.llamacpp import import_llama_cpp
+    from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
 
     import_llama_cpp()  # the library this process would load, which the child loads too
     gguf = tmp_path / "hd24.gguf"

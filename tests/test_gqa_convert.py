@@ -310,7 +310,7 @@ def test_recovery_text_preflight_matches_the_runtime_count(tiny_llama, tiny_text
     from types import SimpleNamespace
 
     from quantkit.errors import DataError
-    from quantkit.gqa.convert import preflight_recovery_text, recovery_windows
+    from quantkit.gqa.gqa_step import preflight_recovery_text, recovery_windows
     from quantkit.models.checkpoint import load_tokenizer
     from quantkit.recipe.schema import CalibrationConfig, RecoverConfig
 

@@ -3,9 +3,9 @@
 import torch
 
 from quantkit.gqa import keys as K
-from quantkit.gqa.arch import LAYOUTS
+from quantkit.gqa.gqa_layouts import LAYOUTS
 from quantkit.gqa.layer import Heads, read_heads, write_heads
-from quantkit.gqa.stats import attention_modules
+from quantkit.gqa.merge_stats import attention_modules
 from quantkit.models.checkpoint import load_model
 
 

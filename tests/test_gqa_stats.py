@@ -2,8 +2,8 @@
 
 import torch
 
-from quantkit.gqa.arch import LAYOUTS
-from quantkit.gqa.stats import _attended_values, attention_modules, moments
+from quantkit.gqa.gqa_layouts import LAYOUTS
+from quantkit.gqa.merge_stats import _attended_values, attention_modules, moments
 from quantkit.models.checkpoint import load_model
 
 

@@ -498,7 +498,7 @@ TEXTS = {  # file name -> (bytes, or None for a parquet table built in the test;
 
 @pytest.mark.parametrize("name", list(TEXTS))
 def test_text_that_is_not_text_is_refused_before_any_model_loads(cli, tiny_llama, tmp_path, monkeypatch, name):
-    import quantkit.evals.scorers.transformers as hf
+    import quantkit.evals.scorers.transformers_scorer as hf
     import quantkit.quantize.convert as qc
 
     content, message = TEXTS[name]

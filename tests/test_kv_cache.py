@@ -5,11 +5,11 @@ the settings of bench and eval that carry them, refused in one line where no eng
 
 import pytest
 
-from quantkit.bench.settings import BenchSettings, check_settings
+from quantkit.bench.bench_settings import BenchSettings, check_settings
 from quantkit.core.kv_cache import LLAMACPP_TYPES, KvCacheConfig, LlamaCache, parse_llama_cache, parse_llama_caches
 from quantkit.core.roofline import Shape, kv_bytes, kv_bytes_per_token
 from quantkit.errors import QuantkitError, RecipeError
-from quantkit.evals.settings import EvalSettings
+from quantkit.evals.eval_settings import EvalSettings
 from quantkit.recipe.files import recipe_from_dict
 
 # SmolLM2-135M, the demo: 30 layers, 9 query / 3 KV heads of 64

@@ -166,7 +166,7 @@ def test_llama_cpp_scores_the_exact_gguf_with_its_own_cache_types(cli, kv_arts, 
 @needs_llama_cpp
 def test_llama_cpp_itself_refuses_a_quantized_v_cache_without_flash_attention(cli, kv_arts, tmp_path):
     """What the one-line refusal stands for: llama.cpp will not make the context (a K cache alone may be quantized)."""
-    from quantkit.bench.engines.llamacpp import import_llama_cpp
+    from quantkit.bench.engines.llamacpp_engine import import_llama_cpp
     from quantkit.core.kv_cache import LLAMACPP_TYPES
 
     art, _ = kv_arts["int4-kv"]

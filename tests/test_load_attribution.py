@@ -1,4 +1,4 @@
-"""quantkit.load.attribution: the device's bound read from a bench result's rows (`--attribution`)."""
+"""quantkit.load.bench_bound: the device's bound read from a bench result's rows (`--attribution`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.bench.records import BenchResult
+from quantkit.bench.bench_records import BenchResult
 from quantkit.core.attribution import FixedCosts, KernelTime, attribute
-from quantkit.load.attribution import read_attribution
+from quantkit.load.bench_bound import read_attribution
 from quantkit.load.config import LoadError
 
 V2 = Path(__file__).parent / "bench_v2.json"

@@ -10,7 +10,7 @@ import pytest
 from quantkit.load.client import build_body
 from quantkit.load.config import LoadConfig, LoadError, Slo, build_config, normalize_url, parse_levels, parse_slo
 from quantkit.load.prompts import make_prompt
-from quantkit.load.records import RequestRecord
+from quantkit.load.request_timings import RequestRecord
 from quantkit.load.sse import DONE, MalformedChunk, apply_chunk, finish_record, parse_line
 
 

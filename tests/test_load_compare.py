@@ -12,8 +12,8 @@ from load_fixtures.fake_server import FakeOpenAI
 from quantkit.cli import cli
 from quantkit.load.compare import compare_load_runs, is_load_run, render_load_comparison
 from quantkit.load.config import LoadError, Slo
+from quantkit.load.load_stats import analyze
 from quantkit.load.plot import plot_runs
-from quantkit.load.stats import analyze
 
 FIXTURES = Path(__file__).parent / "load_fixtures"
 

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 from installed import llama_tool
 
 from quantkit.cli import cli
-from quantkit.load.records import RequestRecord
+from quantkit.load.load_stats import speculation
+from quantkit.load.request_timings import RequestRecord
 from quantkit.load.servers import SERVERS, lever_args
 from quantkit.load.sse import MalformedChunk, apply_chunk, finish_record
-from quantkit.load.stats import speculation
 
 # ---------------------------------------------------------------- a server that drops its connections
 

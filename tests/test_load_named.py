@@ -1,4 +1,4 @@
-"""quantkit.load.named: the built-in workloads (agent, long-short, copy) from the shipped texts, their
+"""quantkit.load.named_workloads: the built-in workloads (agent, long-short, copy) from the shipped texts, their
 specs, and what the client sends for each; statistics per class; the admission gate; priorities."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from load_fixtures.fake_server import FakeOpenAI
 
 from quantkit.cli import cli
-from quantkit.load.named import Agent, Copy, LongShort, factbook, parse_named
+from quantkit.load.named_workloads import Agent, Copy, LongShort, factbook, parse_named
 from quantkit.load.workload import WorkloadError
 
 FAST = {"prefill_s": 0.01, "token_s": 0.002}

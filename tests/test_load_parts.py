@@ -12,7 +12,7 @@ from load_fixtures.fake_server import FakeOpenAI
 from quantkit.cli import cli
 from quantkit.load import parts
 from quantkit.load.metrics import Histogram
-from quantkit.load.records import RequestRecord
+from quantkit.load.request_timings import RequestRecord
 
 # one slot: requests past the first wait for it; 60 ms of prefill, 8 tokens 5 ms apart
 ONE_SLOT = {"slots": 1, "prefill_s": 0.06, "token_s": 0.005}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from load_fixtures.hostile import MALFORMED_CHUNKS
 
-from quantkit.load.records import RequestRecord
+from quantkit.load.request_timings import RequestRecord
 from quantkit.load.sse import DONE, LineSplitter, MalformedChunk, apply_chunk, finish_record, parse_line
 
 

@@ -1,4 +1,4 @@
-"""quantkit.load.stats on hand-made timings (values computed by hand) and on recorded ones."""
+"""quantkit.load.load_stats on hand-made timings (values computed by hand) and on recorded ones."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 
 from quantkit.load.config import Slo
 from quantkit.load.degrade import degraded_first
-from quantkit.load.records import RequestRecord
-from quantkit.load.stats import (
+from quantkit.load.load_stats import (
     analyze,
     find_knee,
     is_saturated,
@@ -19,6 +18,7 @@ from quantkit.load.stats import (
     should_stop,
     summarize_step,
 )
+from quantkit.load.request_timings import RequestRecord
 
 RECORDED = Path(__file__).parent / "load_fixtures" / "recorded_transformers_serve.json"
 

@@ -1,4 +1,4 @@
-"""methods/registry.py: one entry per method carries everything the rest of quantkit asks about it.
+"""methods/method_registry.py: one entry per method carries everything the rest of quantkit asks about it.
 
 A method that exists only as a registry entry (a config class and a handler defined here, the entry
 put in METHODS for the test) validates, plans, converts, verifies and is described in quantkit.json
@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 import pytest
 
 from quantkit.methods.configs import MethodConfig
-from quantkit.methods.registry import METHODS, Method
+from quantkit.methods.method_registry import METHODS, Method
 from quantkit.models.scheme_facts import DENSE
 
 

@@ -57,7 +57,7 @@ def test_a_forward_from_the_units_layer_equals_a_full_forward(tiny_dir):
     unit rounded in layer 1 is the full forward's (evals.stats.kl_full), on every architecture's layers."""
     import torch
 
-    from quantkit.evals.stats import kl_full
+    from quantkit.evals.accuracy_stats import kl_full
     from quantkit.quantize.sensitivity import Reference, decoder_layers, fake_quant, unit_modules
 
     for arch in ("llama-gqa", "qwen2"):
@@ -395,7 +395,7 @@ def test_units_at_noise_level_are_tied_flagged_and_never_picked(cli, tiny_dir, t
 
 def test_negative_kl_is_rounding_and_counts_as_zero(tiny_llama):
     """KL >= 0: a negative measured figure sets the noise floor and is never shown or ranked as a value."""
-    from quantkit.cli.sensitivity import render
+    from quantkit.cli.sensitivity_cmd import render
     from quantkit.quantize.sensitivity import Reference, decoder_layers, noise_floor, ranked
 
     model, rows = _model(tiny_llama), _rows()
@@ -488,7 +488,7 @@ def test_fewer_windows_than_asked_are_said(cli, tiny_llama, tiny_text):
 
 def test_cli_defaults_are_autos():
     """Without options, `quantkit sensitivity` measures what a recipe's bare `auto:` measures."""
-    from quantkit.cli.sensitivity import sensitivity_cmd
+    from quantkit.cli.sensitivity_cmd import sensitivity_cmd
     from quantkit.methods.schemes import AutoMixed
 
     opts = {p.name: p.default for p in sensitivity_cmd.params}

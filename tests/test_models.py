@@ -134,7 +134,7 @@ def fake_demo(monkeypatch, tiny_llama):
     import shutil
 
     from quantkit.core.atomic import swap_in
-    from quantkit.models import named
+    from quantkit.models import named_models
 
     builds = []
 
@@ -145,7 +145,9 @@ def fake_demo(monkeypatch, tiny_llama):
         swap_in(staged, dest)
         return dest
 
-    monkeypatch.setitem(named.NAMED_MODELS, "demo", dataclasses.replace(named.NAMED_MODELS["demo"], build=build))
+    monkeypatch.setitem(
+        named_models.NAMED_MODELS, "demo", dataclasses.replace(named_models.NAMED_MODELS["demo"], build=build)
+    )
     return builds
 
 
@@ -163,7 +165,7 @@ def test_a_named_model_is_built_once_then_found(cli, fake_demo, quantkit_home):
 
 
 def test_what_an_interrupted_build_left_is_removed_by_the_next_pull(cli, fake_demo, quantkit_home):
-    from quantkit.models.named import named_model_dir
+    from quantkit.models.named_models import named_model_dir
 
     dest = named_model_dir("demo")
     left = dest.parent / f".{dest.name}.partial-dead0000"

@@ -104,7 +104,7 @@ def test_offloaded_fake_quant_runs_quantized_weights(tiny_llama, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from quantkit.methods.registry import METHODS
+    from quantkit.methods.method_registry import METHODS
     from quantkit.models.offload import load
     from quantkit.quantize.verify import logits  # runs the forward inside offload.layer_at_a_time
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from quantkit.bench.records import BenchResult
+from quantkit.bench.bench_records import BenchResult
 from quantkit.core.outputs import Output, check_dir, check_files, made_above, save_png, written_png
 from quantkit.errors import QuantkitError
 
@@ -189,11 +189,11 @@ def no_work(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("work started before the output check")
 
-    monkeypatch.setattr("quantkit.bench.runner.bench_many", boom)
+    monkeypatch.setattr("quantkit.bench.bench_runner.bench_many", boom)
     monkeypatch.setattr("quantkit.bench.probe.run_probe", boom)
-    monkeypatch.setattr("quantkit.load.runner.run", boom)
+    monkeypatch.setattr("quantkit.load.load_steps.run", boom)
     monkeypatch.setattr("quantkit.pipeline.pareto.run_pareto", boom)
-    monkeypatch.setattr("quantkit.cli.compare.plot_tpot", boom)
+    monkeypatch.setattr("quantkit.cli.compare_cmd.plot_tpot", boom)
 
 
 def _report(d: Path) -> Path:
@@ -247,7 +247,7 @@ def test_a_plot_that_fails_after_the_work_keeps_the_measurement(tiny_llama, tmp_
     from quantkit.cli import cli as group
 
     result = replace(BenchResult.from_json(json.loads(V2.read_text())), failed=())
-    monkeypatch.setattr("quantkit.bench.runner.bench_many", lambda *a, **k: result)
+    monkeypatch.setattr("quantkit.bench.bench_runner.bench_many", lambda *a, **k: result)
 
     def fails(*a, **k):
         raise ValueError("Format 'png' is not supported (a library fault)")
@@ -266,7 +266,7 @@ def test_bench_rewrites_its_own_result_with_force(tiny_llama, tmp_path, monkeypa
     from quantkit.cli import cli as group
 
     result = replace(BenchResult.from_json(json.loads(V2.read_text())), failed=())
-    monkeypatch.setattr("quantkit.bench.runner.bench_many", lambda *a, **k: result)
+    monkeypatch.setattr("quantkit.bench.bench_runner.bench_many", lambda *a, **k: result)
     out, plot = tmp_path / "res.json", tmp_path / "rule.png"
     args = ["bench", str(tiny_llama), "--out", str(out), "--plot", str(plot), "--json"]
     assert CliRunner().invoke(group, args).exit_code == 0

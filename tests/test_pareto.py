@@ -7,7 +7,7 @@ import json
 import pytest
 from installed import llama_tool, needs_llama_cpp
 
-from quantkit.core.records import RecordError
+from quantkit.core.record_checks import RecordError
 from quantkit.pipeline.front import DomainKL, ParetoResult, Point, bits_per_weight, compare
 
 T1, T2 = "set:a", "set:b"

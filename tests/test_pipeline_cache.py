@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.bench.records import BenchResult
+from quantkit.bench.bench_records import BenchResult
 from quantkit.core.eval_results import EvalResult
-from quantkit.core.records import RecordError
+from quantkit.core.record_checks import RecordError
 from quantkit.pipeline.cache import StepCache
 from quantkit.pipeline.serving import made_record
 

@@ -4,7 +4,7 @@ bench rows' attribution; its rule check line never shows a negative time per ste
 import json
 from pathlib import Path
 
-from quantkit.bench.records import BenchResult
+from quantkit.bench.bench_records import BenchResult
 from quantkit.core.attribution import FixedCosts, KernelTime, attribute
 from quantkit.core.fits import fit_rule
 from quantkit.pipeline.report import _fit_text, lever_lines, variant_row

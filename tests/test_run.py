@@ -116,7 +116,7 @@ def test_failed_variant_reported_others_go_on(cli, tiny_llama, tiny_text, tmp_pa
 
 
 def test_bench_failure_fails_its_variant(cli, tiny_llama, tmp_path, monkeypatch):
-    import quantkit.bench.runner as runner
+    import quantkit.bench.bench_runner as runner
 
     real = runner.bench_one
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.core.records import RecordError
+from quantkit.core.record_checks import RecordError
 from quantkit.pipeline.run_report import read_report
 
 ROW = {

@@ -252,7 +252,7 @@ def test_the_worker_channel_carries_lm_evals_own_error(cli, tiny_llama, tmp_path
 
 
 def test_without_vllms_environment_it_is_one_line_before_any_model_loads(cli, tiny_llama, monkeypatch):
-    import quantkit.evals.scorers.transformers as hf
+    import quantkit.evals.scorers.transformers_scorer as hf
 
     monkeypatch.delenv("QUANTKIT_VLLM_VENV", raising=False)
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("loaded a model before checking the backend"))

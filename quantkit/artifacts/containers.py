@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from quantkit.device import resolve
+from quantkit.device import resolve_device
 from quantkit.methods.bnb_cpu_fix import restore_canonical_state
 from quantkit.models import fp4_load_fix
 
@@ -21,7 +21,7 @@ def _load_auto(path: Path, dtype: str = "bfloat16", device=None, trust_remote_co
     from transformers import AutoModelForCausalLM
 
     fp4_load_fix.install()  # FP4 weights decompress at the model's dtype (compressed-tensors 0.19 fault)
-    device = resolve(device)
+    device = resolve_device(device)
     return AutoModelForCausalLM.from_pretrained(
         str(path), dtype=getattr(torch, dtype), device_map=device, trust_remote_code=trust_remote_code
     ).eval()

@@ -22,7 +22,7 @@ import gguf
 from quantkit import __version__
 from quantkit.core.integrity import sha256_file
 from quantkit.errors import ModelError, QuantkitError
-from quantkit.gguf.exporter import SCHEMA_VERSION, GgufOptions, export_gguf
+from quantkit.gguf.artifact_to_gguf import SCHEMA_VERSION, GgufOptions, export_gguf
 from quantkit.gguf.read import field_value, open_reader
 from quantkit.gguf.target import record_path
 from quantkit.gguf.tensor_map import NotLosslessError

@@ -1,4 +1,4 @@
-"""The timing harness, shared by every engine (engines/base.py): warm up, then time TTFT and every
+"""The timing harness, shared by every engine (engines/engine.py): warm up, then time TTFT and every
 decode step, N repeats plus a minimum duration; the TTFT sweep over prompt lengths; and decode at
 a KV depth (measure_depth: one prefill of the depth, then every repeat decodes from it).
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from quantkit.bench.accounting import kv_live, mean_step_bytes
+from quantkit.bench.bench_records import BenchRow, SweepPoint, variant_name
+from quantkit.bench.bench_settings import BenchSettings
 from quantkit.bench.engines import engine_class
 from quantkit.bench.harness import Timings
 from quantkit.bench.llama_bench import compare
-from quantkit.bench.records import BenchRow, SweepPoint, variant_name
-from quantkit.bench.settings import BenchSettings
 from quantkit.core.attribution import FixedCosts, attribute
 from quantkit.core.fits import fit_prefill
 from quantkit.core.roofline import Shape, efficiency, predict_ttft_s, prefill_flops
@@ -48,7 +48,7 @@ class Loaded:
     self_check: dict
     load_s: float
     kernels: tuple | None = None  # engine.weight_kernels(): core/attribution.KernelTime per format
-    fixed: FixedCosts | None = None  # the engine's fixed costs, from the model's twin (bench/twin.py)
+    fixed: FixedCosts | None = None  # the engine's fixed costs, from the model's twin (bench/twin_timing.py)
     missing: tuple[str, ...] = ()  # why a term of the attribution was not measured
 
 

@@ -23,7 +23,7 @@ import torch
 
 from quantkit import device as devices
 from quantkit.core.roofline import Shape
-from quantkit.evals.stats import kl_full
+from quantkit.evals.accuracy_stats import kl_full
 from quantkit.models import kv_scheme
 from quantkit.models.checkpoint import load_model
 

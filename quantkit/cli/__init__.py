@@ -12,21 +12,21 @@ import sys
 import click
 
 from quantkit.cli import (
-    bench,
-    compare,
-    convert,
-    engines,
-    evaluate,
-    export,
-    levers,
-    load,
-    models,
-    pareto,
-    publish,
-    recipe,
-    roofline,
-    run,
-    sensitivity,
+    bench_cmd,
+    compare_cmd,
+    convert_cmd,
+    engines_cmd,
+    eval_cmd,
+    export_cmd,
+    levers_cmd,
+    load_cmd,
+    models_cmd,
+    pareto_cmd,
+    publish_cmd,
+    recipe_cmd,
+    roofline_cmd,
+    run_cmd,
+    sensitivity_cmd,
 )
 from quantkit.errors import QuantkitError
 
@@ -118,21 +118,21 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 for _module in (
-    models,
-    recipe,
-    convert,
-    export,
-    evaluate,
-    bench,
-    roofline,
-    run,
-    pareto,
-    compare,
-    publish,
-    load,
-    levers,
-    sensitivity,
-    engines,
+    models_cmd,
+    recipe_cmd,
+    convert_cmd,
+    export_cmd,
+    eval_cmd,
+    bench_cmd,
+    roofline_cmd,
+    run_cmd,
+    pareto_cmd,
+    compare_cmd,
+    publish_cmd,
+    load_cmd,
+    levers_cmd,
+    sensitivity_cmd,
+    engines_cmd,
 ):
     for _command in _module.COMMANDS:
         cli.add_command(_command)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from quantkit.core.records import RecordError, checked
+from quantkit.core.record_checks import RecordError, checked
 
 ATTRIBUTION_TOLERANCE = 0.10  # |sum / measured - 1| above this: the attribution does not explain the row
 TWIN_WIDTH = 64  # hidden and feed-forward width of a model's twin (a multiple of every block size up to 64)

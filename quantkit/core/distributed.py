@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from quantkit.device import resolve
+from quantkit.device import resolve_device
 from quantkit.errors import QuantkitError
 
 ENV_TIMEOUT = "QUANTKIT_DIST_TIMEOUT"  # seconds a rank waits in one collective for the others
@@ -169,7 +169,7 @@ def rank_device(spec=None):
     """This rank's torch.device: a CUDA request means the GPU whose index is LOCAL_RANK (one
     process per GPU, as torchrun --nproc-per-node N expects); the CPU stays the CPU."""
 
-    dev = resolve(spec)
+    dev = resolve_device(spec)
     if dev.type != "cuda":
         return dev
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -178,7 +178,7 @@ def rank_device(spec=None):
             f"--device {spec}: under torchrun each process takes the GPU of its LOCAL_RANK; "
             "pass --device cuda (or auto) and choose GPUs with CUDA_VISIBLE_DEVICES"
         )
-    return resolve(torch.device("cuda", local))
+    return resolve_device(torch.device("cuda", local))
 
 
 # ---------------------------------------------------------------- who reports an error

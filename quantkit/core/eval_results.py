@@ -18,7 +18,7 @@ import math
 import re
 from dataclasses import dataclass, field, fields
 
-from quantkit.core.records import (
+from quantkit.core.record_checks import (
     COUNT,
     FRACTION,
     NONNEG,

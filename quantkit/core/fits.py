@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
-from quantkit.core.records import RecordError, checked
+from quantkit.core.record_checks import RecordError, checked
 
 # Regressors of the rule check, in the order they are tried (a later one joins only if it adds rank).
 TERMS = ("overhead", "weight_bytes", "kv_bytes", "compute_s")

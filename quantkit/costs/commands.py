@@ -15,11 +15,11 @@ from pathlib import Path
 import psutil
 import torch
 
+from quantkit.bench.bench_runner import precheck
 from quantkit.bench.engines import engine_class
 from quantkit.bench.harness import SWEEP_SAMPLES
-from quantkit.bench.runner import precheck
 from quantkit.bench.synthetic import Synthetic
-from quantkit.bench.twin import twin_depths
+from quantkit.bench.twin_timing import twin_depths
 from quantkit.core.attribution import TWIN_WIDTH
 from quantkit.core.hardware import shape_config
 from quantkit.core.roofline import (
@@ -44,9 +44,9 @@ from quantkit.costs.formulas import (
 )
 from quantkit.device import free_bytes, name, synchronize
 from quantkit.errors import DataError, QuantkitError
-from quantkit.evals.runner import prepare_eval
+from quantkit.evals.eval_runner import prepare_eval
+from quantkit.evals.eval_settings import EvalSettings
 from quantkit.evals.scorers import SCORERS, scorer_named
-from quantkit.evals.settings import EvalSettings
 from quantkit.models.checkpoint import read_config
 from quantkit.models.sizes import stored_read_bytes, tensor_bytes
 from quantkit.quantize.auto import Search, raisable

@@ -33,7 +33,7 @@ from quantkit.bench import probe
 from quantkit.bench.harness import prefill_samples
 from quantkit.bench.selfcheck import reference_in_float32
 from quantkit.core.roofline import predict_ttft_s
-from quantkit.evals.stats import KL_CHUNK
+from quantkit.evals.accuracy_stats import KL_CHUNK
 from quantkit.quantize.sensitivity import working_set_bytes
 
 GB = 1e9
@@ -189,7 +189,7 @@ class ConvertWork:
     offload_cpu_bytes: int | None  # the RAM budget when the model is offloaded to disk
     layerwise: bool  # llm-compressor's pipeline: weights stay in RAM, one layer on the device
     first_hash: bool  # the checkpoint's sha256 is not memoized yet
-    # What the method costs (methods/registry.py: calibrates, passes, hessians); a gqa step costs
+    # What the method costs (methods/method_registry.py: calibrates, passes, hessians); a gqa step costs
     # its statistics pass and its recovery instead.
     calibrates: bool = False  # keeps calibration activations (llm-compressor's cache, a window in flight)
     passes: int = 0  # forwards over the calibration tokens per layer; 0: one elementwise pass over the weights
@@ -448,7 +448,7 @@ class BenchWork:
     ttft_samples: int = 1  # at most this many prefills per depth
     loads: int = 1  # --flash-attn both: each model is loaded and measured twice
     anchored: bool = False  # the engine's own benchmark (llama-bench) runs at each depth too
-    # the attribution (bench/twin.py): the twin's prefills of its cache sizes, once per load
+    # the attribution (bench/twin_timing.py): the twin's prefills of its cache sizes, once per load
     # setting (models of one geometry share it), and each model's weights through its kernels
     twin_prefill_flops: float = 0.0
     twin_sizes: int = 2  # the cache sizes the twin decodes at

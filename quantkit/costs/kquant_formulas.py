@@ -1,7 +1,7 @@
 """The cost of a GGUF that llama.cpp's tools make (`export --type T`, `--mixed`), for `--plan`: pure
 numbers in, a Plan out, as costs/formulas.py does for convert, eval and bench.
 
-What it counts (gguf/kquant.py, quantize/kquant_types.py, quantize/kquant_gptq.py):
+What it counts (gguf/llama_quantize.py, quantize/kquant_chooser.py, quantize/kquant_gptq.py):
 - the exact F16 GGUF of the checkpoint (read and written once);
 - llama-imatrix: a forward of the calibration tokens through llama.cpp at F16 (once per checkpoint
   and calibration: kept in QUANTKIT_HOME/imatrix, so the front's first GGUF pays it);
@@ -79,7 +79,7 @@ def kquant_time(m: Model, w: KquantWork, mc: Machine) -> dict:
 
 def kquant_plan(m: Model, w: KquantWork, mc: Machine) -> Plan:
     """Memory: the F16 file is mapped by the tools, not held; --mixed holds the float32 model and the
-    K-FAC statistics of a group of layers (at most 2 GiB, quantize/kquant_types.py STATS_BYTES). Disk: the
+    K-FAC statistics of a group of layers (at most 2 GiB, quantize/kquant_chooser.py STATS_BYTES). Disk: the
     F16 file, the file, and with --mixed T's own file and one file per candidate, in a folder beside it."""
     stats = min(2 << 30, 4 * m.layers * sum(o * o + i * i for o, i in m.layer_linears))
     held = m.params * 4 + stats if w.candidates else m.params * 2

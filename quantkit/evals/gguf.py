@@ -1,7 +1,7 @@
 """The identity of a GGUF under evaluation (`quantkit eval --engine llamacpp FILE.gguf`): its
 vocabulary against the baseline's, id for id, and where it came from (the checkpoint it was
 exported from, the texts its artifact was fitted on), read from its export record or from the
-provenance quantkit export embedded in it. The scoring itself: scorers/llamacpp.py.
+provenance quantkit export embedded in it. The scoring itself: scorers/llamacpp_scorer.py.
 """
 
 from __future__ import annotations

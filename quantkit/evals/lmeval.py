@@ -34,7 +34,7 @@ import yaml
 
 from quantkit.core.atomic import write_json
 from quantkit.errors import DataError
-from quantkit.evals.scorers.vllm import run_dtype
+from quantkit.evals.scorers.vllm_scorer import run_dtype
 from quantkit.external import vllm_env, vllm_tasks
 from quantkit.home import subdir
 from quantkit.resources import eval_tasks_dir

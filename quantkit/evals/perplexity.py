@@ -26,11 +26,11 @@ import torch
 from quantkit.core.atomic import write_bytes
 from quantkit.data.text import read_text, tokenize_stream
 from quantkit.errors import DataError
+from quantkit.evals.accuracy_stats import TOPK, position_buckets, summarize
 from quantkit.evals.parallel import everywhere, gather, share
-from quantkit.evals.scorers.base import Scorer
-from quantkit.evals.scorers.transformers import TransformersScorer
+from quantkit.evals.scorers.scorer import Scorer
+from quantkit.evals.scorers.transformers_scorer import TransformersScorer
 from quantkit.evals.splits import split_range, split_windows, where
-from quantkit.evals.stats import TOPK, position_buckets, summarize
 from quantkit.home import subdir
 
 REFERENCE_KEYS = ("topk_logp", "topk_idx", "nll", "argmax")  # a baseline record (stats.window_reference)
@@ -95,7 +95,7 @@ def scorer_of(model, batch_size: int = 1):
 def baseline_pass(model, windows: Windows, progress=None, batch_size: int = 1) -> dict:
     """The baseline's record of every window (stats.window_reference), stacked: the cache's content.
     `hidden` (the output layer's inputs, what the exact KL recomputes the baseline's rows from)
-    is kept where the baseline's scorer gives it for every window (scorers/transformers.py)."""
+    is kept where the baseline's scorer gives it for every window (scorers/transformers_scorer.py)."""
 
     out: dict = {k: [] for k in (*REFERENCE_KEYS, "hidden")}
     mine = share(len(windows.tokens))  # under torchrun this rank's windows, gathered below (evals/parallel.py)
@@ -188,7 +188,7 @@ def topk_references(base: dict):
 def exact_references(base: dict, head):
     """j -> window j's record with `base_rows`: the baseline's whole-vocabulary rows recomputed a
     chunk of positions at a time by its output layer `head` from the pass's `hidden`
-    (scorers/transformers.py OutputHead), which stats.window_stats turns into the exact KL."""
+    (scorers/transformers_scorer.py OutputHead), which stats.window_stats turns into the exact KL."""
     return lambda j: {**{k: base[k][j] for k in REFERENCE_KEYS}, "base_rows": head.rows(base["hidden"][j])}
 
 

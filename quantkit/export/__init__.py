@@ -1,1 +1,1 @@
-"""Exporters: an artifact written in a serving format (export/base.py), by name (export/registry.py)."""
+"""Exporters: an artifact written in a serving format (export/exporter.py), by name (export/export_registry.py)."""

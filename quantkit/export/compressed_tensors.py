@@ -11,7 +11,7 @@ from pathlib import Path
 from quantkit.artifacts.staging import META, check_out, claim_out, guard_out, read_meta, staged_dir
 from quantkit.core import integrity
 from quantkit.errors import QuantkitError
-from quantkit.export.base import EXACT, REFUSED, Exporter, ExportSettings, Verdict, judge
+from quantkit.export.exporter import EXACT, REFUSED, Exporter, ExportSettings, Verdict, judge
 from quantkit.gguf.target import protected
 from quantkit.models.checkpoint import checkpoint_hash
 from quantkit.models.scheme_facts import SchemeFacts, of_meta

@@ -1,4 +1,4 @@
-"""`--format gguf`: the artifact's own grid in one GGUF file for llama.cpp (gguf/exporter.py), exact
+"""`--format gguf`: the artifact's own grid in one GGUF file for llama.cpp (gguf/artifact_to_gguf.py), exact
 where a GGUF type holds it, refused (or, with --allow-lossy, rounded and its KL measured) where not."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
-from quantkit.export.base import EXACT, LOSSY, REFUSED, Exporter, ExportSettings, Verdict
-from quantkit.gguf.exporter import GgufOptions, export_gguf
+from quantkit.export.exporter import EXACT, LOSSY, REFUSED, Exporter, ExportSettings, Verdict
+from quantkit.gguf.artifact_to_gguf import GgufOptions, export_gguf
 from quantkit.models.scheme_facts import SchemeFacts
 
 GGML_BLOCK = 32  # values per scale block of Q4_0, Q4_1 and Q8_0 (ggml-common.h QK4_0, QK4_1, QK8_0)

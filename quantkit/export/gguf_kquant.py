@@ -1,5 +1,5 @@
-"""`--format gguf --type T`: llama.cpp's own quantization of a 16-bit checkpoint (gguf/kquant.py), with
-an importance matrix from quantkit's calibration windows; `--mixed` lets quantize/kquant_types.py choose
+"""`--format gguf --type T`: llama.cpp's own quantization of a 16-bit checkpoint (gguf/llama_quantize.py), with
+an importance matrix from quantkit's calibration windows; `--mixed` lets quantize/kquant_chooser.py choose
 each decoder-layer weight's type within T's size."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
-from quantkit.export.base import EXACT, LOSSY, REFUSED, Exporter, ExportSettings, Verdict
+from quantkit.export.exporter import EXACT, LOSSY, REFUSED, Exporter, ExportSettings, Verdict
 from quantkit.export.gguf_exact import GgufExact, exact_type
-from quantkit.gguf.kquant import QUANT_TYPES, KquantOptions, check_type, export_kquant
+from quantkit.gguf.llama_quantize import QUANT_TYPES, KquantOptions, check_type, export_kquant
 from quantkit.models.scheme_facts import SchemeFacts
-from quantkit.quantize import kquant_types
+from quantkit.quantize import kquant_chooser
 
 
 def takes(facts: SchemeFacts) -> Verdict:
@@ -60,7 +60,7 @@ class GgufKquant(Exporter):
                 f"{lossy[0]} applies to the exact export; with --type, llama-quantize chooses every tensor's type"
             )
         if settings.mixed is not None:
-            kquant_types.parse_types(settings.mixed)
+            kquant_chooser.parse_types(settings.mixed)
 
     def out_name(self, stem: str, settings: ExportSettings) -> str:
         return f"{stem}.{settings.qtype}.gguf"
@@ -78,7 +78,9 @@ class GgufKquant(Exporter):
             force=s.force,
         )
         chooser = (
-            kquant_types.chooser(kquant_types.parse_types(s.mixed), gptq=s.mixed_gptq) if s.mixed is not None else None
+            kquant_chooser.chooser(kquant_chooser.parse_types(s.mixed), gptq=s.mixed_gptq)
+            if s.mixed is not None
+            else None
         )
         return export_kquant(artifact, out, opts, chooser)
 
@@ -105,5 +107,5 @@ class GgufKquant(Exporter):
                 f"{im['chunk_tokens']} tokens from {im['calibration'].get('source')} (sha256 {im['sha256'][:12]})"
             )
         if record.get("mixed"):
-            lines.append(f"  {kquant_types.describe(record)}")
+            lines.append(f"  {kquant_chooser.describe(record)}")
         return lines + [f"  note: {note}" for note in record["notes"]]

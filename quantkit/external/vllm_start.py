@@ -1,5 +1,5 @@
 """Starting a vLLM worker (vllm_worker.py, in vLLM's environment) with a model loaded on a device:
-what the bench engine (bench/engines/vllm.py) and the eval scorer (evals/scorers/vllm.py) share.
+what the bench engine (bench/engines/vllm_engine.py) and the eval scorer (evals/scorers/vllm_scorer.py) share.
 
 On the CPU: eager mode (no torch.compile), a KV cache sized to the run (`kv_cache_memory_bytes`;
 vLLM's default would take 4 GiB or a share of RAM), and OpenMP threads, by default every usable

@@ -36,7 +36,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TINY = 1.1754944e-38  # float32's smallest normal, the tail bucket's guard (as quantkit's evals/stats.py)
+TINY = 1.1754944e-38  # float32's smallest normal, the tail bucket's guard (as quantkit's evals/accuracy_stats.py)
 
 
 def protocol_channel():
@@ -91,7 +91,7 @@ def window_stats(full, observed_logp, topk_logp, topk_idx, argmax_ref, base_logp
     """Per position: NLL of the true token, KL(base || model) and whether both argmaxes agree. The
     KL is exact over the whole vocabulary given the baseline's rows `base_logp`, else on the
     baseline's top-k plus one tail bucket for the rest (a lower bound of the exact KL, exact when
-    the top-k holds all the base's mass). The same formulas as quantkit's evals/stats.py
+    the top-k holds all the base's mass). The same formulas as quantkit's evals/accuracy_stats.py
     (window_stats, kl_full, kl_topk), in numpy."""
     import numpy as np
 

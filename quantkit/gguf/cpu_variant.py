@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from quantkit.core.atomic import remove, write_json
-from quantkit.core.records import FLAG, LIST, TEXT, TEXT_OR_NONE, Num, RecordError, check_values, checked
+from quantkit.core.record_checks import FLAG, LIST, TEXT, TEXT_OR_NONE, Num, RecordError, check_values, checked
 from quantkit.core.signals import EngineCrash, crash_line, signal_name
 from quantkit.errors import QuantkitError
 from quantkit.gguf.cpu_probe import write_model

@@ -15,8 +15,8 @@ import torch
 
 from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_stream
 from quantkit.errors import DataError, ModelError, VerificationError
-from quantkit.gguf.arch import Hparams
 from quantkit.gguf.artifact import Artifact
+from quantkit.gguf.gguf_arch import Hparams
 from quantkit.gguf.grids import rope_unpermute
 from quantkit.gguf.read import open_reader
 from quantkit.gguf.tensor_map import TensorPlan

@@ -18,11 +18,11 @@ import gguf
 
 from quantkit.errors import ModelError, QuantkitError
 from quantkit.gguf import grids
-from quantkit.gguf.arch import Hparams
 from quantkit.gguf.artifact import QUANT_SUFFIXES, Artifact
+from quantkit.gguf.gguf_arch import Hparams
 
 # a buffer some old checkpoints saved (llama.cpp computes RoPE itself); an FP8 KV cache scheme's K/V scales,
-# which the serving engine's cache applies and llama.cpp's cache types replace (gguf/exporter.py _kv_cache_note)
+# which the serving engine's cache applies and llama.cpp's cache types replace (gguf/artifact_to_gguf.py _kv_cache_note)
 SKIP = re.compile(r".*rotary_emb\.inv_freq$|.*\.(k|v|q)_(scale|zero_point)$")
 EMBEDDING_TYPES = ("keep", "q8_0")
 

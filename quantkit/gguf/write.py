@@ -21,8 +21,8 @@ import numpy as np
 
 from quantkit import __version__
 from quantkit.core.atomic import file_mode, fsync_dir, signals_deferred, strict_json
-from quantkit.gguf.arch import Hparams, add_hparams, extra_tensors
 from quantkit.gguf.artifact import Artifact
+from quantkit.gguf.gguf_arch import Hparams, add_hparams, extra_tensors
 from quantkit.gguf.read import Origin, open_reader
 from quantkit.gguf.tensor_map import TensorPlan, file_type, mapping_summary
 from quantkit.gguf.tensors import tensor_bytes

@@ -32,7 +32,7 @@ class Stats:
     sigma: torch.Tensor  # (n+1, n+1) float64; its last row is E[[x, 1]]
     inv_freq: torch.Tensor | None  # (d/2,) rotary frequencies
     context: int  # tokens per calibration window: the query-key distances the merge averages over
-    values: torch.Tensor | None = None  # (G d, G d) E[z z^T] of attention-averaged values (stats.moments)
+    values: torch.Tensor | None = None  # (G d, G d) E[z z^T] of attention-averaged values (merge_stats.moments)
 
 
 @dataclass

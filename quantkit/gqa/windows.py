@@ -1,6 +1,6 @@
 """The windows GQA recovery trains and stops on, and the record of them that goes into quantkit.json.
 
-Made from one text or the calibration samples (gqa/convert.py) or from a calibration mix
+Made from one text or the calibration samples (gqa/gqa_step.py) or from a calibration mix
 (gqa/mix_windows.py); used by the distillation (gqa/recover.py).
 """
 

@@ -4,7 +4,7 @@ Per request it stamps the send, every chunk that carries generated text (the fir
 TTFT point), and the end; it takes token counts from the server's `usage` where present, and it
 times its own parsing and bookkeeping so the report can show the client's overhead. Whatever the
 server sends, a request ends as a record: HTTP errors, timeouts, dropped connections, truncated
-streams and malformed chunks are counted kinds of failure (records.ERROR_KINDS), never a crash.
+streams and malformed chunks are counted kinds of failure (request_timings.ERROR_KINDS), never a crash.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from collections.abc import Callable
 import aiohttp
 
 from quantkit.load.config import APIS, ENGINES, LoadConfig, LoadError, ServerUnreachable
+from quantkit.load.load_stats import VLLM_ACCEPTED, VLLM_DRAFTED
 from quantkit.load.metrics import Scrape, parse_counters, parse_histograms
 from quantkit.load.parts import VLLM_PREFILL, VLLM_QUEUE, VLLM_TTFT
-from quantkit.load.records import RequestRecord
+from quantkit.load.request_timings import RequestRecord
 from quantkit.load.sse import DONE, LineSplitter, MalformedChunk, apply_chunk, finish_record, parse_line
-from quantkit.load.stats import VLLM_ACCEPTED, VLLM_DRAFTED
 
 # After [DONE] the stream should end at once; wait this long for it, so data sent after [DONE]
 # is caught, without holding a worker on a server that keeps the response open.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from quantkit.load.config import LoadError, Slo
 from quantkit.load.intervals import by_level, knee_draws, p99_difference, shift
-from quantkit.load.report import KIND, SCHEMA_VERSION
+from quantkit.load.load_run import KIND, SCHEMA_VERSION
 from quantkit.load.runfile import LoadRun
 
 

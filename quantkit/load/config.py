@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 from quantkit.errors import QuantkitError
 from quantkit.load.degrade import DeviceBound
-from quantkit.load.named import parse_named
+from quantkit.load.named_workloads import parse_named
 from quantkit.load.workload import Workload, WorkloadError, build_workload
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from quantkit.core.atomic import json_safe, write_json
 from quantkit.errors import QuantkitError
 from quantkit.load.levers_report import summarize
+from quantkit.load.load_run import build_run
+from quantkit.load.load_steps import Progress, Terminated, run
 from quantkit.load.process import free_port, running
-from quantkit.load.report import build_run
-from quantkit.load.runner import Progress, Terminated, run
 from quantkit.load.servers import StudyError, fill, lever_args, not_here, server_kind
 from quantkit.load.study import Lever, Study, check_trusted, expand, load_config, parse_cores, server_model
 

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from quantkit.load.metrics import Histogram
-from quantkit.load.records import RequestRecord
+from quantkit.load.request_timings import RequestRecord
 
 PARTS = ("queue_ms", "prefill_ms", "other_ms")
 # A request's parts must add up to its TTFT within this fraction; above it, "other" is no longer

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from quantkit.load.config import LoadError
-from quantkit.load.report import KIND, SCHEMA_VERSION
+from quantkit.load.load_run import KIND, SCHEMA_VERSION
 
 _NUMBER = (int, float)
 # keys every step of every schema has, with their types (None allowed where measured values may be missing)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from quantkit.load.config import LoadConfig
 from quantkit.load.intervals import by_level, meets
-from quantkit.load.stats import should_stop
+from quantkit.load.load_stats import should_stop
 
 RATE_TOL = 0.15  # rate search: stop when the bracket's ends are within 15% of each other
 MAX_STEPS = 24  # a search never measures more steps than this

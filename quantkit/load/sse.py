@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Callable
 
-from quantkit.load.records import RequestRecord
+from quantkit.load.request_timings import RequestRecord
 
 DONE = "[DONE]"
 # One SSE line longer than this is refused: a streamed chunk is a token or a few, and an unbounded

@@ -38,7 +38,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from quantkit.core.hardware import shape_config
 from quantkit.core.yamlio import NoAliasLoader, StrictConfig, format_validation_error
 from quantkit.errors import QuantkitError
-from quantkit.load.attribution import read_attribution
+from quantkit.load.bench_bound import read_attribution
 from quantkit.load.config import build_config
 from quantkit.load.servers import StudyError, server_kind
 from quantkit.load.workload import WorkloadError, check_fits

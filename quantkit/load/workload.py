@@ -84,14 +84,14 @@ def parse_prompt_len(spec: str | int) -> LengthSpec:
 
 @dataclass(frozen=True)
 class Workload:
-    """Random common words of the lengths --prompt-len gives (named.py: the built-in named workloads)."""
+    """Random common words of the lengths --prompt-len gives (named_workloads.py: the built-in named workloads)."""
 
     prompt_len: LengthSpec = field(default_factory=lambda: LengthSpec(128, 128))
     shared_prefix: int = 0
     turns: int = 1
     name = "synthetic"
     api = None  # either API (turns above 1 need chat: build_workload)
-    body = {}  # request-body fields the workload needs (named.Copy: greedy decoding)
+    body = {}  # request-body fields the workload needs (named_workloads.Copy: greedy decoding)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "name": self.name, "prompt_len_spec": self.prompt_len.describe()}

@@ -1,6 +1,6 @@
 """The recipe's `quantize:` section of each method: frozen, validated pydantic models.
 
-The recipe schema finds the class for a step through the method registry (methods/registry.py),
+The recipe schema finds the class for a step through the method registry (methods/method_registry.py),
 so a method's config lives here and nowhere else names it. Every config carries what the export
 and the plan need to know about the stored weights: `weight_bits`, `storage_group` (the group its
 scales cover, -1 per output channel) and `scheme` (how quantkit.json names it).

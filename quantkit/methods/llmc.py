@@ -85,7 +85,7 @@ def fp4_groups(cfg) -> dict:
 
 
 # Each method's llm-compressor modifiers, in the order they run: (cfg) -> list of modifiers. The
-# registry (methods/registry.py) hands one of these to `quantize`.
+# registry (methods/method_registry.py) hands one of these to `quantize`.
 
 
 def rtn(cfg) -> list:

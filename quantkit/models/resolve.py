@@ -20,7 +20,7 @@ from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, Repo
 
 from quantkit.errors import ModelError, OfflineError
 from quantkit.models.checkpoint import check_checkpoint
-from quantkit.models.named import NAMED_MODELS, is_complete, named_model_dir, pull_named
+from quantkit.models.named_models import NAMED_MODELS, is_complete, named_model_dir, pull_named
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 GGUF_MAGIC = b"GGUF"
@@ -42,7 +42,7 @@ class ModelRef:
         return not self.gguf and (self.path / META).is_file()
 
 
-def resolve(
+def resolve_model(
     ref: str | os.PathLike, *, gguf: bool = False, pull: bool = True, allow_pickle: bool = False, check: bool = True
 ) -> ModelRef:
     """A model argument -> a ModelRef, or one line saying why it names no model. `gguf`: the
@@ -71,7 +71,7 @@ def resolve(
 
 
 def resolve_path(ref: str | os.PathLike, **kw) -> Path:
-    return resolve(ref, **kw).path
+    return resolve_model(ref, **kw).path
 
 
 def _gguf_file(path: Path, given: str, takes_gguf: bool) -> Path:

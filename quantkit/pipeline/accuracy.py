@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from quantkit.core.eval_results import EvalResult, Interval95, PositionBucket, TextResult, check_kl_kind
-from quantkit.core.records import checked
+from quantkit.core.record_checks import checked
 
 
 def kl_header(kinds) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from quantkit.bench.engines import engine_class
 from quantkit.core.eval_results import EvalResult, PositionBucket
-from quantkit.core.records import checked
+from quantkit.core.record_checks import checked
 from quantkit.evals.scorers import scorer_named
 from quantkit.pipeline.accuracy import DecodeAt, evaluations, kl_header
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantkit.core.outputs import save_png
-from quantkit.core.records import RecordError, checked
+from quantkit.core.record_checks import RecordError, checked
 from quantkit.pipeline.plots import pyplot
 
 SCHEMA_VERSION = 1
 KIND = "quantkit-pareto"
 
-# The command's defaults (cli/pareto.py shows them; pipeline/pareto.py ParetoSettings holds them).
+# The command's defaults (cli/pareto_cmd.py shows them; pipeline/pareto.py ParetoSettings holds them).
 DEFAULT_SIZES = (3.5, 4.0, 4.5, 5.0, 5.5)
 # The sizes a front compares at: from about llama.cpp's Q3_K_M on a full-size model to Q8_0's 8.5 (a small
 # model's rows that are no multiple of 256 fall back to larger types, so its Q6_K sits near 8).

@@ -32,7 +32,7 @@ from quantkit.core.outputs import check_dir, model_inputs
 from quantkit.errors import QuantkitError
 from quantkit.evals.splits import SPLITS
 from quantkit.gguf import tools
-from quantkit.gguf.kquant import read_types
+from quantkit.gguf.llama_quantize import read_types
 from quantkit.methods.schemes import Scheme
 from quantkit.models.resolve import resolve_path
 from quantkit.models.sizes import checkpoint_sizes

@@ -10,11 +10,11 @@ import torch
 from quantkit.costs.commands import convert_work, read_model, this_machine
 from quantkit.costs.formulas import Model, Plan, combine, convert_plan, eval_plan
 from quantkit.costs.kquant_formulas import KquantWork, kquant_plan
-from quantkit.evals.settings import EvalSettings
-from quantkit.gguf.kquant import main_type
+from quantkit.evals.eval_settings import EvalSettings
+from quantkit.gguf.llama_quantize import main_type
 from quantkit.pipeline.pareto import ParetoSettings, check_tools, runner
 from quantkit.pipeline.run_costs import variant_job
-from quantkit.quantize import kquant_types
+from quantkit.quantize import kquant_chooser
 
 
 def _gguf_bytes(m: Model, qtype: str) -> int:
@@ -59,11 +59,11 @@ def plan_pareto(s: ParetoSettings) -> Plan:
             plans.append((v.name, evaluate(base.weight_bytes, same=True)))
         elif v.gguf is not None:
             size = _gguf_bytes(base, v.gguf.type)
-            types = v.gguf.mixed_types or kquant_types.DEFAULT_TYPES
+            types = v.gguf.mixed_types or kquant_chooser.DEFAULT_TYPES
             mixed = dict(
                 candidates=len(types),
-                fisher_tokens=kquant_types.WINDOWS * kquant_types.SEQ_LEN * kquant_types.DRAWS,
-                fisher_seq_len=kquant_types.SEQ_LEN,
+                fisher_tokens=kquant_chooser.WINDOWS * kquant_chooser.SEQ_LEN * kquant_chooser.DRAWS,
+                fisher_seq_len=kquant_chooser.SEQ_LEN,
                 gptq_tokens=c.samples * c.seq_len,
             )
             work = KquantWork(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantkit.bench.records import BenchRow
+from quantkit.bench.bench_records import BenchRow
 from quantkit.bench.rows import point_of
 from quantkit.core.fits import RuleFit
 from quantkit.core.outputs import save_png

@@ -8,11 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from quantkit.artifacts.card import update_card_results
-from quantkit.bench.records import BenchRow
+from quantkit.bench.bench_records import BenchRow
 from quantkit.core.atomic import write_json, write_text
 from quantkit.core.eval_results import EvalResult
 from quantkit.core.fits import RuleFit, describe_fit
-from quantkit.core.records import RecordError
+from quantkit.core.record_checks import RecordError
 from quantkit.errors import QuantkitError
 from quantkit.models.checkpoint import read_config
 from quantkit.models.sizes import checkpoint_sizes

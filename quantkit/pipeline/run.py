@@ -22,7 +22,7 @@ from pathlib import Path
 
 from quantkit import __version__
 from quantkit.artifacts.staging import model_inputs, read_meta, text_input, verification_problem
-from quantkit.bench.settings import FLASH_ATTN
+from quantkit.bench.bench_settings import FLASH_ATTN
 from quantkit.core.atomic import exclusive, write_json
 from quantkit.core.eval_results import EvalResult
 from quantkit.core.integrity import problems
@@ -33,10 +33,10 @@ from quantkit.data.calib import check_source
 from quantkit.data.text import check_readable
 from quantkit.errors import QuantkitError
 from quantkit.evals.domains import default_texts, labelled
-from quantkit.evals.runner import run_eval
+from quantkit.evals.eval_runner import run_eval
+from quantkit.evals.eval_settings import EvalSettings
 from quantkit.evals.scorers import scorer_named
-from quantkit.evals.settings import EvalSettings
-from quantkit.export.registry import check_formats
+from quantkit.export.export_registry import check_formats
 from quantkit.models.checkpoint import checkpoint_hash, content_hash, read_config
 from quantkit.models.resolve import resolve_path
 from quantkit.pipeline import report, serving
@@ -128,7 +128,7 @@ class Runner:
 
     def __init__(self, recipe: Recipe, opts: RunOptions):
         self.recipe, self.opts = recipe, opts
-        check_formats(recipe.export.formats)  # the exporter registry's formats (export/registry.py)
+        check_formats(recipe.export.formats)  # the exporter registry's formats (export/export_registry.py)
         ref = opts.model or recipe.model
         if not ref:
             raise QuantkitError(f"{recipe.name}: no model: pass --model or set `model:` in the recipe")

@@ -3,10 +3,10 @@ step the run would take (costs/commands.py costs each one; costs/formulas.py add
 
 from __future__ import annotations
 
-from quantkit.bench.settings import BenchSettings
+from quantkit.bench.bench_settings import BenchSettings
 from quantkit.costs.commands import compile_seconds, convert_work, read_model, this_machine
 from quantkit.costs.formulas import BenchWork, Model, Plan, bench_plan, combine, convert_plan, eval_plan, forward_flops
-from quantkit.device import resolve
+from quantkit.device import resolve_device
 from quantkit.errors import QuantkitError, RecipeError
 from quantkit.pipeline.run import Runner, with_baseline
 from quantkit.quantize.job import check_inputs, prepare
@@ -92,4 +92,4 @@ def _bench_plans(recipe, shapes) -> list[Plan]:
 
 
 def _device(spec):
-    return resolve(spec)
+    return resolve_device(spec)

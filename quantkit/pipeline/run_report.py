@@ -9,7 +9,7 @@ where not measured), its KL's kind and status text; the device and the fit as ob
 
 from __future__ import annotations
 
-from quantkit.core.records import (
+from quantkit.core.record_checks import (
     LIST,
     NONNEG_OR_NONE,
     OBJECT_OR_NONE,

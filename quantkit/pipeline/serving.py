@@ -18,19 +18,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from quantkit import __version__
+from quantkit.bench.bench_records import BenchResult, BenchRow, FailedRow
+from quantkit.bench.bench_runner import bench_many
+from quantkit.bench.bench_settings import BenchSettings, check_settings
 from quantkit.bench.engines import engine_class
-from quantkit.bench.records import BenchResult, BenchRow, FailedRow
-from quantkit.bench.runner import bench_many
-from quantkit.bench.settings import BenchSettings, check_settings
-from quantkit.core.records import COUNT, OBJECT_OR_NONE, TEXT, check_values
+from quantkit.core.record_checks import COUNT, OBJECT_OR_NONE, TEXT, check_values
 from quantkit.errors import QuantkitError
-from quantkit.export.base import ExportSettings
-from quantkit.export.registry import EXPORTERS, exporter_for
-from quantkit.gguf.kquant import DEFAULT_CALIB, KquantOptions, export_kquant
+from quantkit.export.export_registry import EXPORTERS, exporter_for
+from quantkit.export.exporter import ExportSettings
+from quantkit.gguf.llama_quantize import DEFAULT_CALIB, KquantOptions, export_kquant
 from quantkit.models.checkpoint import content_hash
 from quantkit.pipeline.cache import step_key, text_fingerprint
 from quantkit.progress import note
-from quantkit.quantize import kquant_types
+from quantkit.quantize import kquant_chooser
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class EngineBench:
 
 def export_format(runner, fmt: str, name: str, path: Path) -> Made:
     """The variant in serving format `fmt` (a recipe's `export: {formats: [...]}`), by its exporter
-    (export/registry.py) into RUN_DIR/FMT/ under the exporter's name for it (GGUF: RUN_DIR/gguf/NAME.gguf,
+    (export/export_registry.py) into RUN_DIR/FMT/ under the exporter's name for it (GGUF: RUN_DIR/gguf/NAME.gguf,
     its export record beside it, which lets the llama.cpp self-check find the artifact); Made's value is
     what the exporter says a run keeps of its record. Reused while the output matches the stored hash."""
 
@@ -78,7 +78,7 @@ def export_format(runner, fmt: str, name: str, path: Path) -> Made:
 
 def quantize_gguf(runner, v) -> Made:
     """A `gguf: {type, imatrix}` variant: RUN_DIR/gguf/NAME.gguf made by llama-quantize from the source
-    checkpoint (gguf/kquant.py), the importance matrix over the run's calibration windows (its
+    checkpoint (gguf/llama_quantize.py), the importance matrix over the run's calibration windows (its
     source, samples, seq_len, seed and region); reused while the file matches the stored hash."""
 
     c = runner.recipe.calibration
@@ -108,7 +108,9 @@ def quantize_gguf(runner, v) -> Made:
         return Made(hit)
     note(f"[{v.name}] llama-quantize {v.gguf.type}{' with an importance matrix' if v.gguf.imatrix else ''}")
     out.parent.mkdir(exist_ok=True)
-    chooser = kquant_types.chooser(kquant_types.parse_types(",".join(v.gguf.mixed_types or kquant_types.DEFAULT_TYPES)))
+    chooser = kquant_chooser.chooser(
+        kquant_chooser.parse_types(",".join(v.gguf.mixed_types or kquant_chooser.DEFAULT_TYPES))
+    )
     rec = export_kquant(runner.src, out, opts, chooser if v.gguf.mixed else None)
     kept = EXPORTERS["gguf-kquant"].kept(rec)  # what the exporter says a run keeps of its record
     kept["imatrix_sha256"] = (rec.get("imatrix") or {}).get("sha256")
@@ -219,7 +221,7 @@ def bench_engines(runner, paths: dict[str, Path], records: dict[str, dict]) -> t
 
 def made_record(hit: dict) -> dict:
     """An export or llama-quantize step's stored record, checked by value where a run reads it: the
-    file's sha256 and bytes, its path and type (core/records.py)."""
+    file's sha256 and bytes, its path and type (core/record_checks.py)."""
     rules = {"sha256": TEXT, "bytes": COUNT}
     rules |= {k: TEXT for k in ("gguf", "gguf_type") if k in hit}
     return check_values(hit, rules | ({"fallback_types": OBJECT_OR_NONE} if "fallback_types" in hit else {}), "record")

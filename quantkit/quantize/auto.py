@@ -29,7 +29,7 @@ from quantkit.data import calib
 from quantkit.data.text import shortfall
 from quantkit.device import free_bytes
 from quantkit.errors import QuantkitError, RecipeError, VerificationError
-from quantkit.methods.registry import transform_step
+from quantkit.methods.method_registry import transform_step
 from quantkit.methods.schemes import UNITS, Scheme
 from quantkit.models.sizes import checkpoint_sizes
 from quantkit.progress import bar, note
@@ -309,7 +309,7 @@ def lazy_choice(model, rows, layers, pairs, spec: Search, progress=None):
 # ---------------------------------------------------------------- in a conversion
 
 
-def resolve(job, model, sens) -> tuple[object, dict]:
+def choose_overrides(job, model, sens) -> tuple[object, dict]:
     """Before the quantize step: measure and choose on the loaded model, on the windows `windows`
     built (`sens`), and return the step's config with the chosen overrides (auto cleared) and the
     record for quantkit.json."""

@@ -28,15 +28,15 @@ from quantkit.data import calib
 from quantkit.data.text import shortfall
 from quantkit.device import describe
 from quantkit.errors import DataError
-from quantkit.gqa.convert import apply_gqa
+from quantkit.gqa.gqa_step import apply_gqa
 from quantkit.methods.llmc import rotate
-from quantkit.methods.registry import runtime_meta, transform_step
+from quantkit.methods.method_registry import runtime_meta, transform_step
 from quantkit.models import kv_scheme, offload, scheme_facts
 from quantkit.models.checkpoint import cast_model, checkpoint_hash, load_model, load_tokenizer
 from quantkit.models.logits import fixed_tokens
 from quantkit.models.offload import disk_tensors
 from quantkit.progress import note
-from quantkit.quantize.auto import check_measured, resolve, windows
+from quantkit.quantize.auto import check_measured, choose_overrides, windows
 from quantkit.quantize.job import ConvertJob, ConvertOptions, check_inputs, prepare, source_dtype
 from quantkit.quantize.verify import check_finite, logits, verify_reload
 from quantkit.recipe.schema import Recipe
@@ -107,7 +107,7 @@ def apply_steps(job: ConvertJob, model, tok, calib_set, src_hash: str):
                 if transform is not None:
                     note(f"transform: {transform.method} {', '.join(transform.rotations)} fused into the weights")
                     model, transform = rotate(model, transform, job.device), None
-                done.quant, done.mixed_precision = resolve(job, model, sens)
+                done.quant, done.mixed_precision = choose_overrides(job, model, sens)
             note(f"quantize: {job.quant.method}")
             model = job.method.quantize(
                 model,

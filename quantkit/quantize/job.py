@@ -24,15 +24,15 @@ from quantkit.bench.probe import compute_precision
 from quantkit.core.distributed import ONE_PROCESS, Runtime
 from quantkit.core.precision import Precision
 from quantkit.data.calib import check_source
-from quantkit.device import resolve
+from quantkit.device import resolve_device
 from quantkit.errors import QuantkitError, RecipeError
-from quantkit.gqa.convert import preflight_gqa, preflight_recovery_text
+from quantkit.gqa.gqa_step import preflight_gqa, preflight_recovery_text
 from quantkit.methods.configs import MethodConfig
-from quantkit.methods.registry import Method, method_of, names, quantize_step
-from quantkit.methods.registry import preflight as method_preflight
+from quantkit.methods.method_registry import Method, method_of, names, quantize_step
+from quantkit.methods.method_registry import preflight as method_preflight
 from quantkit.models import offload
 from quantkit.models.checkpoint import load_tokenizer, read_config
-from quantkit.models.named import NAMED_MODELS, named_model_dir
+from quantkit.models.named_models import NAMED_MODELS, named_model_dir
 from quantkit.models.resolve import resolve_path
 from quantkit.quantize.auto import Search, check
 from quantkit.quantize.preflight import (
@@ -232,9 +232,9 @@ def check_recovery(recipe: Recipe, variant: Variant, key: str, src: Path, opts: 
 
 
 def calibration_device(recipe: Recipe, opts: ConvertOptions):
-    """--device, else the recipe's calibration.device, as a torch.device (device.resolve's errors)."""
+    """--device, else the recipe's calibration.device, as a torch.device (device.resolve_device's errors)."""
 
-    return resolve(opts.device or recipe.calibration.device)
+    return resolve_device(opts.device or recipe.calibration.device)
 
 
 def prepare(

@@ -19,7 +19,7 @@ from pydantic import (
 
 from quantkit.core.yamlio import StrictConfig
 from quantkit.methods.configs import MethodConfig
-from quantkit.methods.registry import METHODS, names, spoken
+from quantkit.methods.method_registry import METHODS, names, spoken
 
 SCHEMA_VERSION = 1
 
@@ -111,7 +111,7 @@ class TransformStepConfig(StrictConfig):
 class Step(StrictConfig):
     """One step: exactly one of `quantize`, `gqa` or `transform`."""
 
-    # The method's own config class (methods/registry.py METHODS[method].config); serialized as that class.
+    # The method's own config class (methods/method_registry.py METHODS[method].config); serialized as that class.
     quantize: SerializeAsAny[MethodConfig] | None = None
     gqa: GqaConfig | None = None
     transform: TransformStepConfig | None = None
@@ -180,9 +180,9 @@ class EvalConfig(StrictConfig):
     # there) or confirmation (report the chosen one's figures there, where no choice was made).
     split: Literal["all", "selection", "confirmation"] = "all"
     # exact: KL over the whole vocabulary; topk: the baseline's top-256 plus a tail bucket (a lower
-    # bound); None: exact where the engine gives whole rows (evals/settings.py)
+    # bound); None: exact where the engine gives whole rows (evals/eval_settings.py)
     kl: Literal["exact", "topk"] | None = None
-    # edges of the position buckets within a window; None: 512, 2048, 8192 (evals/settings.py)
+    # edges of the position buckets within a window; None: 512, 2048, 8192 (evals/eval_settings.py)
     position_buckets: tuple[Annotated[int, Field(strict=True, ge=1)], ...] | None = None
     tasks: tuple[str, ...] = ()
     limit: int | None = Field(None, ge=1)
@@ -301,7 +301,7 @@ FORMAT_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,49}$"  # an export format's name (a di
 class ExportConfig(StrictConfig):
     max_shard_size: str = "5GB"
     # Serving formats written beside each variant's artifact, by the exporter registry
-    # (export/registry.py, a higher layer: `quantkit run` checks the names against it before anything
+    # (export/export_registry.py, a higher layer: `quantkit run` checks the names against it before anything
     # runs); "gguf" = exact GGUF for llama.cpp, refused (not approximated) where the grid has no GGUF type.
     formats: tuple[Annotated[str, StringConstraints(pattern=FORMAT_PATTERN)], ...] = ()
 
@@ -328,7 +328,7 @@ def reserved(name: str) -> str | None:
 
 # llama-quantize's target types quantkit makes (tools/quantize/quantize.cpp QUANT_OPTIONS of the
 # llama.cpp llama-cpp-python vendors): every quantizing type but the ternary and MoE-only ones and
-# the 1-bit ones. quantkit/gguf/kquant.py makes them; named here so a recipe is checked when read.
+# the 1-bit ones. quantkit/gguf/llama_quantize.py makes them; named here so a recipe is checked when read.
 GGUF_TYPES = (
     "Q4_0",
     "Q4_1",
@@ -358,7 +358,8 @@ GGUF_TYPES = (
 )
 
 
-# ggml types `mixed:` may give a decoder-layer weight (quantize/kquant_types.py makes each with llama-quantize --pure).
+# ggml types `mixed:` may give a decoder-layer weight (quantize/kquant_chooser.py makes each with
+# llama-quantize --pure).
 GGUF_MIXABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 

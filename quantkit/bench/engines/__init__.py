@@ -1,4 +1,4 @@
-"""Bench engines by name: one module each, one `Engine` class per module (interface: base.py).
+"""Bench engines by name: one module each, one `Engine` class per module (interface: engine.py).
 
 - eager: transformers with its dynamic cache, no compilation.
 - compiled: transformers with a static KV cache and the decode step under torch.compile (CUDA
@@ -9,7 +9,7 @@
 
 Modules are imported when their engine is asked for, so an optional engine's library is only
 needed by those who use it. What an engine can do is a class attribute of its `Engine`
-(base.py: compiles, takes_gguf, devices, tensor_parallel, sizes_own_memory...): callers ask
+(engine.py: compiles, takes_gguf, devices, tensor_parallel, sizes_own_memory...): callers ask
 `engine_class(name).takes_gguf`, never compare names.
 """
 
@@ -20,10 +20,10 @@ import importlib
 from quantkit.errors import QuantkitError
 
 ENGINES: dict[str, str] = {
-    "eager": "quantkit.bench.engines.eager",
-    "compiled": "quantkit.bench.engines.compiled",
-    "vllm": "quantkit.bench.engines.vllm",
-    "llamacpp": "quantkit.bench.engines.llamacpp",
+    "eager": "quantkit.bench.engines.eager_engine",
+    "compiled": "quantkit.bench.engines.compiled_engine",
+    "vllm": "quantkit.bench.engines.vllm_engine",
+    "llamacpp": "quantkit.bench.engines.llamacpp_engine",
 }
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from quantkit import device as devices
 from quantkit.bench import accounting
-from quantkit.bench.engines.base import Engine, EngineSettings
+from quantkit.bench.engines.engine import Engine, EngineSettings
 from quantkit.bench.loader import load_for_bench
 from quantkit.bench.probe import compute_precision
 from quantkit.bench.synthetic import Synthetic, load_synthetic

@@ -1,5 +1,5 @@
 """Eval scorers by `--engine` name: one module each, one `Scorer` subclass per module (interface:
-base.py).
+scorer.py).
 
 - transformers: the checkpoint as transformers loads it, on the CPU or a GPU; it also makes every
   baseline pass.
@@ -15,10 +15,10 @@ scorers and reading their capabilities costs nothing.
 from __future__ import annotations
 
 from quantkit.errors import DataError
-from quantkit.evals.scorers.base import Scorer
-from quantkit.evals.scorers.llamacpp import LlamaCppScorer
-from quantkit.evals.scorers.transformers import TransformersScorer
-from quantkit.evals.scorers.vllm import VllmScorer
+from quantkit.evals.scorers.llamacpp_scorer import LlamaCppScorer
+from quantkit.evals.scorers.scorer import Scorer
+from quantkit.evals.scorers.transformers_scorer import TransformersScorer
+from quantkit.evals.scorers.vllm_scorer import VllmScorer
 
 SCORERS: dict[str, type[Scorer]] = {
     "transformers": TransformersScorer,

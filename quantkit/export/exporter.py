@@ -1,0 +1,90 @@
+"""What an exporter is: one serving format an artifact is written in (`quantkit export ARTIFACT
+--format F`, a recipe's `export: {formats: [F]}`), with what it takes stated as data.
+
+An exporter says, for each scheme an artifact may hold (models/scheme_facts.py), whether it writes
+it exactly, lossily, or refuses it, and why (`takes`); checks its settings before anything is read
+(`check`); names its output (`out_name`); writes it and returns its record (`export`: a dict
+holding at least `sha256` and `bytes` of what it wrote, which `quantkit run` reuses it by); says
+what of the record a run keeps (`kept`); and puts the record in a few lines for the terminal
+(`summary`). The registry is export/export_registry.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantkit.gguf.llama_quantize import DEFAULT_CALIB
+from quantkit.models.scheme_facts import SchemeFacts
+
+EXACT, LOSSY, REFUSED = "exact", "lossy", "refused"
+_RANK = {EXACT: 0, LOSSY: 1, REFUSED: 2}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What an exporter does with a scheme: exact, lossy or refused, and why in a few words."""
+
+    kind: str  # EXACT | LOSSY | REFUSED
+    reason: str
+
+
+def judge(verdicts) -> Verdict:
+    """An artifact's verdict from its schemes' verdicts: the worst kind, with each reason for it once."""
+    verdicts = list(verdicts)
+    worst = max((v.kind for v in verdicts), key=_RANK.__getitem__)
+    return Verdict(worst, "; ".join(dict.fromkeys(v.reason for v in verdicts if v.kind == worst)))
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """Everything an export was asked, in one record: `quantkit export`'s options, or what a run's
+    recipe gives (its `gguf:` variants' type, its calibration). An exporter reads the fields it uses
+    and refuses in `check` the ones that do not apply to it."""
+
+    embeddings: str = "keep"  # GGUF token_embd/output: keep | q8_0
+    allow_lossy: bool = False  # GGUF exact: map grids it cannot hold with ggml's rounding, and report the KL
+    kl_text: str | None = None  # the text SPEC a lossy GGUF's KL is measured on
+    qtype: str | None = None  # --type: llama-quantize's type (selects the K-quant exporter)
+    calib: str = DEFAULT_CALIB  # --type: the importance matrix's calibration text and windows
+    samples: int = 128
+    seq_len: int = 512
+    seed: int = 0
+    region: str = "second-half"
+    imatrix: bool = True
+    mixed: str | None = None  # --mixed: the types a weight may take, comma-separated; None: llama-quantize's mix
+    mixed_gptq: bool = True  # --mixed: each weight's codes by GPTQ within the block scales
+    force: bool = False  # replace an --out that quantkit export wrote
+
+
+class Exporter:
+    """One serving format. Subclasses set the attributes and implement the methods."""
+
+    name: str  # the registry key
+    format: str  # what `--format` and a recipe's export.formats call it
+    writes: str  # what it writes, in words (the docs table)
+    directory: bool = False  # writes a directory (else one file, with whatever record it keeps beside it)
+    selected_by: str | None = None  # the ExportSettings field that, when set, picks this exporter for its format
+    keeps: tuple[str, ...] = ("sha256", "bytes")  # the record's keys a run keeps in its variant's record
+
+    def takes(self, facts: SchemeFacts) -> Verdict:
+        raise NotImplementedError
+
+    def check(self, settings: ExportSettings) -> None:
+        """QuantkitError (one line) for a setting that does not apply, before anything is read."""
+
+    def out_name(self, stem: str, settings: ExportSettings) -> str:
+        """The output's file (or directory) name for an artifact named `stem`."""
+        raise NotImplementedError
+
+    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> dict:
+        """Write `out` (None: `out_name` beside the artifact); returns the record."""
+        raise NotImplementedError
+
+    def kept(self, record: dict) -> dict:
+        """What a run keeps of the record in its variant's record (and its step cache)."""
+        return {k: record.get(k) for k in self.keeps}
+
+    def summary(self, record: dict) -> list[str]:
+        """The record as the terminal shows it."""
+        return [f"wrote {record.get('out')} ({record['bytes'] / 1e6:.1f} MB)"]
