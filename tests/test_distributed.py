@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 from fixtures import RECIPES
 
-from quantkit.evals.parallel import everywhere, gather, share, share_bounds
+from quantkit.core.distributed import ONE_PROCESS, share_bounds
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [
@@ -46,10 +47,22 @@ def test_shares_cover_windows_in_order(n, world):
 
 
 def test_one_process_is_the_identity():
-    assert list(share(5)) == [0, 1, 2, 3, 4]
+    assert list(ONE_PROCESS.share(5)) == [0, 1, 2, 3, 4]
     items = [object(), object()]
-    assert gather(items) is items
-    assert everywhere(None) is None and everywhere(items) is items
+    assert ONE_PROCESS.gather(items) is items
+    assert ONE_PROCESS.everywhere(None) is None and ONE_PROCESS.everywhere(items) is items
+    assert ONE_PROCESS.device_spec("auto") == "auto" and ONE_PROCESS.writer and ONE_PROCESS.world_size == 1
+    ONE_PROCESS.check_job(lambda: pytest.fail("a check for torchrun ran in one process"))
+
+
+def test_one_process_leaves_llm_compressor_as_it_is(monkeypatch):
+    """The barrier patch and the sample partition are torchrun's: one process's calibration gets
+    every sample, and llm-compressor is not touched."""
+    import quantkit.core.distributed as distributed
+
+    monkeypatch.setattr(distributed, "llmcompressor_qparams_barrier", lambda: pytest.fail("patched in one process"))
+    samples = [1, 2, 3]
+    assert ONE_PROCESS.calibration(samples) is samples
 
 
 def test_calibration_share_and_agree_outside_torchrun():
@@ -82,9 +95,10 @@ def test_torchrun_check_refuses_what_runs_in_one_process(monkeypatch):
     from quantkit.methods.method_registry import METHODS
     from quantkit.quantize.job import check_torchrun
 
-    def job(method="gptq", gqa=False, offload=None, auto=None):
+    def job(method="gptq", gqa=False, offload=None, auto=None, machines=1):
         return SimpleNamespace(
             key="steps",
+            opts=SimpleNamespace(runtime=SimpleNamespace(machines=machines)),
             has_gqa=gqa,
             quant=SimpleNamespace(method=method) if method else None,
             method=METHODS[method] if method else None,
@@ -92,8 +106,6 @@ def test_torchrun_check_refuses_what_runs_in_one_process(monkeypatch):
             auto=auto,
         )
 
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert {"rtn", "gptq"} <= {n for n, m in METHODS.items() if m.torchrun} and not METHODS["bnb-nf4"].torchrun
     for name, method in METHODS.items():
         if method.torchrun:
@@ -110,9 +122,8 @@ def test_torchrun_check_refuses_what_runs_in_one_process(monkeypatch):
     ):
         with pytest.raises(QuantkitError, match=match):
             check_torchrun(bad)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 2 machines x 2 processes
     with pytest.raises(QuantkitError, match="one machine"):
-        check_torchrun(job())
+        check_torchrun(job(machines=2))  # 2 machines x 2 processes
 
 
 @pytest.fixture
@@ -194,6 +205,27 @@ def test_who_prints_an_error_inside_the_job(monkeypatch):
     assert error_line(caught["alone"], "error: this rank's device") == "error: rank 1: this rank's device"
     monkeypatch.delenv("TORCHELASTIC_RUN_ID")
     assert error_line(before, "error: bad argument") == "error: bad argument"  # outside torchrun: always printed
+
+
+def test_a_group_shares_windows_and_runs_torchruns_checks(monkeypatch):
+    """A joined group (gloo, one process): each runtime method as the eval and convert use it."""
+    import socket
+
+    from quantkit.core.distributed import session
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"TORCHELASTIC_RUN_ID": "t", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
+    for key, value in {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    checked = []
+    with session("cpu") as runtime:
+        assert runtime.device_spec("auto") == "cpu" and runtime.writer
+        assert list(runtime.share(3)) == [0, 1, 2] and runtime.gather([1, 2]) == [1, 2]
+        assert runtime.everywhere(None) is None and runtime.everywhere("hit") == "hit"
+        runtime.check_job(lambda: checked.append(True))
+    assert checked == [True]
 
 
 def test_other_commands_refused_under_torchrun(cli, monkeypatch):
@@ -575,3 +607,16 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_only_the_runtime_reads_the_launch():
+    """Convert and eval learn where they run from the Runtime they are given: no module but
+    core/distributed.py imports torch.distributed or reads the launcher's environment."""
+    root = REPO / "quantkit"
+    launch = re.compile(r"torch\.distributed|\b(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|TORCHELASTIC_RUN_ID)\b")
+    readers = [
+        str(p.relative_to(root))
+        for p in sorted(root.rglob("*.py"))
+        if p != root / "core" / "distributed.py" and launch.search(p.read_text())
+    ]
+    assert readers == []

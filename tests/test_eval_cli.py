@@ -462,7 +462,7 @@ def test_every_eval_option_reaches_the_settings_the_run_uses(cli, tiny_llama, ti
         expected[p.name] = want
     seen = []
 
-    def capture(model, base, settings):
+    def capture(model, base, settings, runtime):
         seen.append(settings)
         raise _Captured
 

@@ -36,8 +36,7 @@ def test_hf_under_accelerate_launch_loads_by_path_for_data_parallel(monkeypatch,
     """lm-eval's HFLM runs data parallel only when it loads the model itself (by path)."""
     seen = []
     _fake_module(monkeypatch, "lm_eval.models.huggingface", "HFLM", seen)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    run = TaskRun(("qk_facts",), 8, "bfloat16", torch.device("cuda", 0), "hf")
+    run = TaskRun(("qk_facts",), 8, "bfloat16", torch.device("cuda", 0), "hf", processes=2)
     _hf_lm(run, tmp_path / "artifact", lambda: pytest.fail("a pre-loaded model disables lm-eval's data parallel"), None)
     assert seen == [
         {
@@ -47,7 +46,6 @@ def test_hf_under_accelerate_launch_loads_by_path_for_data_parallel(monkeypatch,
             "trust_remote_code": False,
         }
     ]
-    monkeypatch.setenv("WORLD_SIZE", "1")
     seen.clear()
     model = types.SimpleNamespace(config=types.SimpleNamespace(max_position_embeddings=512))
     _hf_lm(TaskRun(("qk_facts",), 8, "float32", torch.device("cpu", 0), "hf"), tmp_path, lambda: model, "tok")
@@ -57,11 +55,22 @@ def test_hf_under_accelerate_launch_loads_by_path_for_data_parallel(monkeypatch,
 
 
 def test_only_rank_0_reports(cli, tiny_dir, monkeypatch):
-    """A data-parallel rank other than 0 computes its share and prints nothing."""
+    """A data-parallel rank other than 0 computes its share and prints nothing: eval asks its
+    runtime (core/distributed.py), here a stand-in for rank 1 of 2."""
+    from contextlib import contextmanager
+
+    import quantkit.core.distributed as distributed
     import quantkit.evals.lmeval as lmeval
 
+    class Rank1(distributed.OneProcess):
+        rank, world_size = 1, 2
+
+    @contextmanager
+    def session(device_spec=None):
+        yield Rank1()
+
     monkeypatch.setattr(lmeval, "_evaluate", lambda *a, **k: None)  # lm-eval returns no results off rank 0
-    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(distributed, "session", session)
     code, out, err, _ = cli(
         "eval",
         str(tiny_dir / "llama-mha"),

@@ -102,8 +102,8 @@ def convert_cmd(
         sigterm_as_interrupt(),
         session(device or recipe.calibration.device) as runtime,
     ):  # `kill` cleans up like Ctrl-C
-        if runtime.distributed:  # every rank on its own device; rank 0 alone writes and prints
-            opts.runtime, opts.device = runtime, str(runtime.device)
+        # under torchrun every rank on its own device; rank 0 alone writes and prints
+        opts.runtime, opts.device = runtime, runtime.device_spec(opts.device)
         meta = convert(recipe, model_ref, Path(out), opts, variant)
     if meta is None:  # a rank other than 0 of a torchrun conversion
         return

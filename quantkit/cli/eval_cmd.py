@@ -258,7 +258,6 @@ def eval_cmd(model, baseline, update_card, plan_only, as_json, **options):
     from quantkit.device import resolve_device
     from quantkit.evals.domains import default_texts
     from quantkit.evals.eval_runner import run_eval
-    from quantkit.evals.lmeval import is_main_process
     from quantkit.models.resolve import resolve_path
 
     settings = EvalSettings.from_cli(**options)  # every option checked here, before anything is read
@@ -277,13 +276,10 @@ def eval_cmd(model, baseline, update_card, plan_only, as_json, **options):
         return show(plan_eval(model_path, base_path, settings), as_json)
     from quantkit.core.distributed import session
 
-    with session(
-        settings.device
-    ) as group:  # under torchrun: windows split across ranks (evals/parallel.py), each rank on its device
-        ranked = replace(settings, device=group.device) if group.distributed else settings
-        result = replace(run_eval(model_path, base_path, ranked), world_size=group.world_size)
-    if not is_main_process():
-        return  # a data-parallel rank other than 0: rank 0 reports
+    with session(settings.device) as runtime:  # under torchrun: each rank its share of the windows, on its device
+        result = run_eval(model_path, base_path, settings, runtime)
+    if not runtime.writer:
+        return  # a rank other than 0: rank 0 reports
     if update_card:
         from quantkit.artifacts.card import update_card_results
 

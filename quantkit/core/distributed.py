@@ -5,7 +5,7 @@ processes, on one machine or several (--nnodes, --rdzv-*), and kills the others 
 llm-compressor 0.14 partitions the calibration samples and reduces the statistics
 (compressed-tensors' `is_distributed` paths: GPTQ's Hessians are summed onto the rank that
 solves each layer, the results shared back); `quantkit eval` splits its windows across ranks
-(evals/parallel.py). What is here: joining the group (gloo on CPUs, NCCL on CUDA GPUs, a
+(Runtime.share, Runtime.gather). What is here: joining the group (gloo on CPUs, NCCL on CUDA GPUs, a
 timeout on every collective so a lost rank cannot hang the rest), the device of each rank, one
 verdict for all ranks when a step fails on one, and two narrow workarounds for faults of
 llm-compressor 0.14's distributed calibration (below).
@@ -42,18 +42,46 @@ class DistributedError(QuantkitError):
 
 class Runtime:
     """Where a command runs: one process (OneProcess), or one rank of a torchrun job (Group). A
-    command asks its runtime (rank, world_size, writer, device, together, claimed, load, alone,
-    export) and never whether it runs under torchrun. The base methods are one process's."""
-
-    distributed = False
+    command asks its runtime (rank, world_size, writer, device_spec, together, claimed, load, alone,
+    export, calibration, share, gather, everywhere, check_job) and never whether it runs under
+    torchrun. The base methods are one process's."""
 
     @property
     def writer(self) -> bool:
         """The process that writes, verifies and renames artifacts and prints results."""
         return self.rank == 0
 
+    machines = 1  # the machines the processes run on
+
     def describe(self) -> dict:
         return {"world_size": 1}
+
+    def device_spec(self, spec):
+        """The --device this process runs with: the command's own in one process, this rank's
+        device under torchrun."""
+        return spec
+
+    def check_job(self, check) -> None:
+        """Run `check()`, the refusals of what does not run across processes (convert's
+        check_torchrun), where it applies: under torchrun; one process runs everything."""
+
+    def calibration(self, samples):
+        """This process's calibration windows, llm-compressor made ready for them: in one process
+        all of them, and llm-compressor as it is."""
+        return samples
+
+    def share(self, n: int) -> range:
+        """The indices of this process's windows, out of `n` (eval splits them across ranks)."""
+        return range(n)
+
+    def gather(self, items: list) -> list:
+        """Every process's per-window list, concatenated in window order, in every process."""
+        return items
+
+    def everywhere(self, value):
+        """`value` if no process has None (a cache every process could read), else None in every
+        process: then all of them make it together, and none waits for one that skipped it."""
+        return value
 
     @contextmanager
     def together(self, what: str):
@@ -101,7 +129,11 @@ class Group(Runtime):
     backend: str
     device: object  # torch.device of this rank
     timeout_s: float
-    distributed = True
+    local_world_size: int = 0  # processes on this machine (torchrun's LOCAL_WORLD_SIZE; 0: not given)
+
+    @property
+    def machines(self) -> int:
+        return self.world_size // self.local_world_size if self.local_world_size else 1
 
     def describe(self) -> dict:
         return {
@@ -111,6 +143,30 @@ class Group(Runtime):
             "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
             "timeout_s": self.timeout_s,
         }
+
+    def device_spec(self, spec):
+        return str(self.device)
+
+    def check_job(self, check) -> None:
+        check()
+
+    def calibration(self, samples):
+        # two faults of llm-compressor's distributed calibration (below)
+        llmcompressor_qparams_barrier()
+        return calibration_share(samples)
+
+    def share(self, n: int) -> range:
+        return range(*share_bounds(n, self.rank, self.world_size))
+
+    def gather(self, items: list) -> list:
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, items)
+        return [x for part in parts for x in part]
+
+    def everywhere(self, value):
+        flags: list = [None] * self.world_size
+        dist.all_gather_object(flags, value is not None)
+        return value if all(flags) else None
 
     def together(self, what: str):
         return together(what)
@@ -136,6 +192,17 @@ class Group(Runtime):
         save()
         agree(None, "to verify and write the artifact")
         return None
+
+
+def share_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
+    """Windows [start, end) of `rank`: contiguous and as even as they can be (the first n % world
+    ranks one more), so concatenating the ranks' shares in rank order restores window order. Each
+    window is scored alone by the same code, so eval's figures (PPL, KL, top-1, the bootstrap CIs,
+    which resample whole windows with a fixed seed) equal one process's up to the kernels' own
+    reduction order."""
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
 
 
 def launched() -> bool:
@@ -267,7 +334,8 @@ def _joined(device_spec, limit: float):
     dist.init_process_group(
         backend, timeout=datetime.timedelta(seconds=limit), device_id=dev if dev.type == "cuda" else None
     )
-    group = Group(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), backend, dev, limit)
+    local = (int(os.environ.get(k, "0")) for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+    group = Group(dist.get_rank(), dist.get_world_size(), next(local), backend, dev, limit, next(local))
     try:
         yield group
         # Every rank done before any leaves: a rank that tears its process group down while another

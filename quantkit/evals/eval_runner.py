@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from quantkit import device as devices
 from quantkit.bench.gguf_file import gguf_config
 from quantkit.bench.probe import load_probe
-from quantkit.core.distributed import together
+from quantkit.core.distributed import ONE_PROCESS, Runtime
 from quantkit.core.eval_results import (
     KL_EXACT,
     EvalResult,
@@ -286,6 +286,7 @@ def _baselines(
     dtype: str,
     exact: bool,
     want_head: bool,
+    runtime: Runtime,
 ) -> tuple[list, Any]:
     """The baseline's cached pass per text (with `exact`, one that kept what the exact KL needs), and
     with `want_head` its output layer (what recomputes its whole rows from the pass; None where the
@@ -304,7 +305,9 @@ def _baselines(
         for label, _, w, _ in items:
             with bar(f"baseline pass ({label})", total=len(w.tokens)) as update:
                 out.append(
-                    cached_baseline(scorer, base_hash, w, vocab, dtype, update, device_type=dev.type, exact=exact)
+                    cached_baseline(
+                        scorer, base_hash, w, vocab, dtype, update, device_type=dev.type, exact=exact, runtime=runtime
+                    )
                 )
         if exact and want_head and all("hidden" in base for base, _ in out):
             head = scorer().head()
@@ -391,6 +394,7 @@ def _score_texts(
     o: EvalSettings,
     dev,
     dtype: str,
+    runtime: Runtime,
 ):
     """One TextResult per text, what scored them (the scorer's describe()), and the loaded
     transformers model (lm-eval tasks reuse it) or None. `head`: the baseline's output layer for
@@ -412,7 +416,7 @@ def _score_texts(
             else:
                 reference = exact_references(base, head) if head is not None else topk_references(base)
                 with bar(f"scoring ({label})", total=len(w.tokens)) as update:
-                    stats = score(scorer, w, reference, update)
+                    stats = score(scorer, w, reference, update, runtime=runtime)
             rows.append(
                 _text_result(
                     label,
@@ -482,16 +486,17 @@ def _task_loader(path: Path, o: EvalSettings, dev, dtype: str):
     return lambda: load(path, ScorerSettings(dev, dtype, o.seq_len, trust_remote_code=o.trust_remote_code))
 
 
-def run_eval(model_path: Path, base_path: Path, settings: EvalSettings) -> EvalResult:
+def run_eval(model_path: Path, base_path: Path, settings: EvalSettings, runtime: Runtime = ONE_PROCESS) -> EvalResult:
     """PPL, KL and top-1 of `model_path` against `base_path` on each of the settings' texts (one
     result per text, in order, each with its position buckets), and lm-eval task deltas.
 
-    prepare_eval's checks run first; under torchrun every rank makes them and rank 0 alone reports
-    a refusal (distributed.together)."""
+    `runtime`: where it runs (core/distributed.py). prepare_eval's checks run first; under torchrun
+    every rank makes them on its own device and rank 0 alone reports a refusal (Runtime.together),
+    then each rank scores its share of the windows."""
 
     t0 = time.perf_counter()
-    with together("its checks"):
-        p = prepare_eval(model_path, base_path, settings)
+    with runtime.together("its checks"):
+        p = prepare_eval(model_path, base_path, replace(settings, device=runtime.device_spec(settings.device)))
     o, dev, dtype, subject, items = p.settings, p.device, p.dtype, p.subject, p.items
     texts, described, model = (), None, None
     if items:
@@ -499,14 +504,24 @@ def run_eval(model_path: Path, base_path: Path, settings: EvalSettings) -> EvalR
         exact = p.exact and not same  # the baseline against itself: KL 0, exactly, from its pass
         # --kl exact asked of the baseline itself still makes (and caches) a pass the exact KL can use
         refresh = exact or (same and o.kl == "exact")
-        bases, head = _baselines(items, base_path, p.base_hash, subject.vocab, o, dev, dtype, refresh, want_head=exact)
+        bases, head = _baselines(
+            items, base_path, p.base_hash, subject.vocab, o, dev, dtype, refresh, want_head=exact, runtime=runtime
+        )
         _check_head(o, exact, head, base_path)
-        found, described, model = _score_texts(items, bases, head, model_path, p.scorer, same, o, dev, dtype)
+        found, described, model = _score_texts(items, bases, head, model_path, p.scorer, same, o, dev, dtype, runtime)
         texts = tuple(found)
     tasks = {}
     if o.tasks:
         run = TaskRun(
-            o.tasks, o.limit, dtype, dev, o.tasks_backend, o.tensor_parallel, o.data_parallel, o.trust_remote_code
+            o.tasks,
+            o.limit,
+            dtype,
+            dev,
+            o.tasks_backend,
+            o.tensor_parallel,
+            o.data_parallel,
+            o.trust_remote_code,
+            processes=runtime.world_size,
         )
         deltas = task_deltas(
             run,
@@ -536,4 +551,5 @@ def run_eval(model_path: Path, base_path: Path, settings: EvalSettings) -> EvalR
         scorer=described,
         primary_text=texts[0].label if texts else None,
         seconds=time.perf_counter() - t0,
+        world_size=runtime.world_size,
     )

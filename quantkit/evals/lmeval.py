@@ -4,10 +4,10 @@ deltas against the baseline.
 Backends (`--tasks-backend`, recipe `eval.tasks_backend`), all lm-eval's own:
 - `hf`, one process: the model quantkit loaded (on `--device`, in its dtype) is handed to lm-eval's
   HFLM in process, so an artifact is evaluated exactly as it loads.
-- `hf` under `accelerate launch` (WORLD_SIZE > 1): HFLM loads the checkpoint by path and lm-eval's
-  Accelerator runs data parallel, one model copy per process (lm-eval refuses a pre-loaded model
-  there: "Please do not launch via accelerate ... if passing an existing model"); rank 0 gets the
-  results, writes the cache and reports.
+- `hf` under `accelerate launch` (more than one process in eval's runtime, `TaskRun.processes`):
+  HFLM loads the checkpoint by path and lm-eval's Accelerator runs data parallel, one model copy per
+  process (lm-eval refuses a pre-loaded model there: "Please do not launch via accelerate ... if
+  passing an existing model"); rank 0 gets the results, writes the cache and reports.
 - `vllm`: lm-eval's VLLM wrapper with `tensor_parallel_size` / `data_parallel_size`; vLLM loads
   compressed-tensors artifacts natively. It runs in vLLM's own environment (`quantkit engines
   install vllm`, which puts quantkit's lm-eval there too), in a worker process (external/vllm_tasks.py)
@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -62,18 +61,7 @@ class TaskRun:
     tensor_parallel: int = 1
     data_parallel: int = 1
     trust_remote_code: bool = False
-
-
-def world_size() -> int:
-    """Processes launched together (torchrun / accelerate launch set WORLD_SIZE)."""
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
-
-
-def is_main_process() -> bool:
-    return os.environ.get("RANK", "0") in ("0", "")
+    processes: int = 1  # launched together (the eval's runtime: torchrun, accelerate launch)
 
 
 def check_backend(backend: str, tensor_parallel: int, data_parallel: int) -> None:
@@ -129,7 +117,7 @@ def _hf_lm(run: TaskRun, path: Path, model, tok):
     from lm_eval.models.huggingface import HFLM
 
     batch = 8 if run.device.type == "cpu" else "auto"  # lm-eval's own batch-size probe on a GPU
-    if world_size() > 1:
+    if run.processes > 1:
         return HFLM(pretrained=str(path), dtype=run.dtype, batch_size=batch, trust_remote_code=run.trust_remote_code)
     model = model()
     return HFLM(

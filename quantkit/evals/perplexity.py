@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from quantkit.core.atomic import write_bytes
+from quantkit.core.distributed import ONE_PROCESS, Runtime
 from quantkit.data.text import read_text, tokenize_stream
 from quantkit.errors import DataError
 from quantkit.evals.accuracy_stats import TOPK, position_buckets, summarize
-from quantkit.evals.parallel import everywhere, gather, share
 from quantkit.evals.scorers.scorer import Scorer
 from quantkit.evals.scorers.transformers_scorer import TransformersScorer
 from quantkit.evals.splits import split_range, split_windows, where
@@ -92,19 +92,20 @@ def scorer_of(model, batch_size: int = 1):
     return model if isinstance(model, Scorer) else TransformersScorer(model, batch_size)
 
 
-def baseline_pass(model, windows: Windows, progress=None, batch_size: int = 1) -> dict:
+def baseline_pass(model, windows: Windows, progress=None, batch_size: int = 1, runtime: Runtime = ONE_PROCESS) -> dict:
     """The baseline's record of every window (stats.window_reference), stacked: the cache's content.
     `hidden` (the output layer's inputs, what the exact KL recomputes the baseline's rows from)
-    is kept where the baseline's scorer gives it for every window (scorers/transformers_scorer.py)."""
+    is kept where the baseline's scorer gives it for every window (scorers/transformers_scorer.py).
+    Under torchrun (`runtime`) each rank passes its share of the windows, gathered in window order."""
 
     out: dict = {k: [] for k in (*REFERENCE_KEYS, "hidden")}
-    mine = share(len(windows.tokens))  # under torchrun this rank's windows, gathered below (evals/parallel.py)
+    mine = runtime.share(len(windows.tokens))
     for i, ref in zip(mine, scorer_of(model, batch_size).reference([windows.tokens[j] for j in mine], TOPK)):
         for k in out:
             out[k].append(ref.get(k))
         if progress:
             progress(i + 1)
-    gathered = {k: gather(v) for k, v in out.items()}
+    gathered = {k: runtime.gather(v) for k, v in out.items()}
     data = {k: torch.stack(gathered[k]) for k in REFERENCE_KEYS}
     hidden = gathered["hidden"]
     if all(h is not None for h in hidden):
@@ -122,6 +123,7 @@ def cached_baseline(
     batch_size: int = 1,
     device_type: str = "cpu",
     exact: bool = False,
+    runtime: Runtime = ONE_PROCESS,
 ) -> tuple[dict, bool]:
     """The baseline's per-window statistics, from disk when this exact pass was done before.
     `load_baseline` is called only on a miss. The key holds the device type: a GPU's kernels
@@ -133,10 +135,10 @@ def cached_baseline(
     cached = _read_cache(path, len(windows.tokens))
     if cached is not None and exact and "hidden" not in cached and HEAD_CHECKED not in cached:
         cached = None
-    cached = everywhere(cached)  # under torchrun: a hit only if every rank reads it
+    cached = runtime.everywhere(cached)  # under torchrun: a hit only if every rank reads it
     if cached is not None:
         return cached, True
-    data = baseline_pass(load_baseline(), windows, progress, batch_size)
+    data = baseline_pass(load_baseline(), windows, progress, batch_size, runtime)
     if "hidden" not in data:  # checked, and the output layer does not reproduce the logits: no exact KL
         data[HEAD_CHECKED] = torch.zeros(len(windows.tokens), dtype=torch.bool)
     buf = io.BytesIO()
@@ -192,11 +194,14 @@ def exact_references(base: dict, head):
     return lambda j: {**{k: base[k][j] for k in REFERENCE_KEYS}, "base_rows": head.rows(base["hidden"][j])}
 
 
-def score(model, windows: Windows, reference, progress=None, batch_size: int = 1) -> TokenStats:
+def score(
+    model, windows: Windows, reference, progress=None, batch_size: int = 1, runtime: Runtime = ONE_PROCESS
+) -> TokenStats:
     """Compare `model` (a scorer, or a transformers model) with the baseline on the same windows;
-    `reference(j)` is window j's baseline record (topk_references, exact_references)."""
+    `reference(j)` is window j's baseline record (topk_references, exact_references). Under torchrun
+    (`runtime`) each rank scores its share of the windows, gathered in window order."""
     nll, nll_b, kl, agree = [], [], [], []
-    mine = share(len(windows.tokens))  # under torchrun this rank's windows, gathered below (evals/parallel.py)
+    mine = runtime.share(len(windows.tokens))
     refs = [reference(j) for j in mine]
     for i, ref, stats in zip(mine, refs, scorer_of(model, batch_size).compare([windows.tokens[j] for j in mine], refs)):
         nll.append(stats["nll"])
@@ -205,7 +210,7 @@ def score(model, windows: Windows, reference, progress=None, batch_size: int = 1
         agree.append(stats["agree"])
         if progress:
             progress(i + 1)
-    nll, nll_b, kl, agree = (np.concatenate(gather(a)) for a in (nll, nll_b, kl, agree))
+    nll, nll_b, kl, agree = (np.concatenate(runtime.gather(a)) for a in (nll, nll_b, kl, agree))
     return TokenStats(nll.astype(np.float64), nll_b.astype(np.float64), kl, agree, windows.seq_len - 1)
 
 

@@ -8,7 +8,6 @@ from typing import Callable
 
 import torch
 
-from quantkit.core.distributed import calibration_share, llmcompressor_qparams_barrier
 from quantkit.methods.patches import llmcompressor_awq_float64_loss, llmcompressor_cpu_pin_memory, quiet_llmcompressor
 from quantkit.methods.rotation import modifiers as rotation_modifiers
 from quantkit.models.offload import calibration_device
@@ -252,9 +251,6 @@ def quantize(
     if tuning is not None:
         samples = tuning(cfg, samples)
 
-    # under torchrun: two faults of llm-compressor's distributed calibration (distributed.py)
-    llmcompressor_qparams_barrier()
-    samples = calibration_share(samples)  # this rank's part (all of them in one process)
     recipe = build_recipe(cfg, modifiers, transform)
     kwargs = {}
     if samples:

@@ -109,10 +109,12 @@ def apply_steps(job: ConvertJob, model, tok, calib_set, src_hash: str):
                     model, transform = rotate(model, transform, job.device), None
                 done.quant, done.mixed_precision = choose_overrides(job, model, sens)
             note(f"quantize: {job.quant.method}")
+            # under torchrun this rank's part of the windows, llm-compressor made ready for it (Runtime.calibration)
+            samples = job.opts.runtime.calibration(calib_set.samples if calib_set else None)
             model = job.method.quantize(
                 model,
                 done.quant,
-                calib_set.samples if calib_set else None,
+                samples,
                 src=job.src,
                 device=job.device,
                 transform=transform,

@@ -10,7 +10,6 @@ artifact will weigh. `quantkit convert` runs it (quantize/convert.py); `--plan` 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -285,8 +284,7 @@ def prepare(
         disk_needed(artifact, max(offloaded, 0)),
         precision,
     )
-    if opts.runtime.distributed:
-        check_torchrun(job)
+    opts.runtime.check_job(lambda: check_torchrun(job))
     return job
 
 
@@ -401,11 +399,11 @@ def check_torchrun(job: ConvertJob) -> None:
             f"{job.key}: auto mixed precision measures the units in one process; run this conversion without "
             "torchrun, or put the overrides `quantkit sensitivity` prints in the recipe"
         )
-    local, world = int(os.environ.get("LOCAL_WORLD_SIZE", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if local and local != world:
+    machines = job.opts.runtime.machines
+    if machines > 1:
         # compressed-tensors 0.19's DistributedCPUCache shares rank 0's weights through a
         # shared-memory file (`_share_filename_cpu_`) that exists on rank 0's machine only
         raise QuantkitError(
             f"{job.key}: llm-compressor's distributed calibration shares the model through one machine's "
-            f"shared memory; run the conversion on one machine (torchrun --nnodes 1, here {world // local} nodes)"
+            f"shared memory; run the conversion on one machine (torchrun --nnodes 1, here {machines} nodes)"
         )
