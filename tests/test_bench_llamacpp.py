@@ -446,7 +446,7 @@ def test_run_with_two_engines_has_a_row_and_a_fit_per_engine(cli, tiny_llama, tm
         lc = rep["variants"][name]["benches"]["llamacpp"]
         assert Path(lc["model"]) == (out / "gguf" / f"{name}.gguf").resolve() and lc["self_check"]["status"] == "passed"
         assert rep["fastest"][name]["tpot"] in ("eager", "llamacpp")
-    assert rep["variants"]["int4"]["gguf"]["lossless"] and (out / "gguf" / "int4.quantkit.json").is_file()
+    assert rep["variants"]["int4"]["exports"]["gguf"]["lossless"] and (out / "gguf" / "int4.quantkit.json").is_file()
     md = (out / "report.md").read_text()
     assert (
         "| variant | engine | size MB |" in md and "Rule check per engine" in md and "Fastest engine per variant" in md

@@ -9,6 +9,7 @@ from installed import llama_tool, needs_llama_cpp
 
 from quantkit.core.record_checks import RecordError
 from quantkit.pipeline.front import DomainKL, ParetoResult, Point, bits_per_weight, compare
+from quantkit.pipeline.variant_record import VariantRecord
 
 T1, T2 = "set:a", "set:b"
 
@@ -218,8 +219,9 @@ def test_bits_per_weight_are_counted_alike_for_a_gguf_and_a_compressed_tensors_a
         "--json",
     )
     assert code == 0, err
-    ct = point("ct-4.5", {"artifact": str(art)})
-    gg = point("llamacpp-Q4_0", {"gguf_variant": {"gguf": str(gguf), "gguf_type": "Q4_0", "bytes": rec["bytes"]}})
+    ct = point("ct-4.5", VariantRecord("ct-4.5", artifact=str(art)))
+    made = {"gguf": str(gguf), "gguf_type": "Q4_0", "bytes": rec["bytes"]}
+    gg = point("llamacpp-Q4_0", VariantRecord("llamacpp-Q4_0", gguf_variant=made))
     assert (
         ct.layer_weights
         == gg.layer_weights

@@ -8,6 +8,7 @@ from quantkit.bench.bench_records import BenchResult
 from quantkit.core.attribution import FixedCosts, KernelTime, attribute
 from quantkit.core.fits import fit_rule
 from quantkit.pipeline.report import _fit_text, lever_lines, variant_row
+from quantkit.pipeline.variant_record import VariantRecord
 
 V2 = Path(__file__).with_name("bench_v2.json")
 
@@ -29,8 +30,8 @@ def _bench_row(measured_ms: float, kernel_s: float):
 
 
 def test_each_variant_says_where_its_time_goes():
-    fast = variant_row({"name": "int4", "bench": _bench_row(10.5, 0.0085)})
-    slow = variant_row({"name": "fp16", "bench": _bench_row(40.0, 0.037)})
+    fast = variant_row(VariantRecord("int4", bench=_bench_row(10.5, 0.0085)))
+    slow = variant_row(VariantRecord("fp16", bench=_bench_row(40.0, 0.037)))
     assert fast["bound"] == "bandwidth" and "quantization" in fast["lever"]
     assert slow["bound"] == "compute" and "Q4_0" in slow["lever"]
     assert "weights" in fast["time_split"] and "overhead" in fast["time_split"]
@@ -43,7 +44,7 @@ def test_each_variant_says_where_its_time_goes():
 def test_a_disturbed_row_is_named_in_the_report():
     from dataclasses import replace
 
-    row = variant_row({"name": "x", "bench": replace(_bench_row(10.5, 0.0085), disturbed=("its repeats spread",))})
+    row = variant_row(VariantRecord("x", bench=replace(_bench_row(10.5, 0.0085), disturbed=("its repeats spread",))))
     assert any("disturbed (its repeats spread)" in line for line in lever_lines([row]))
 
 

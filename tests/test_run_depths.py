@@ -11,6 +11,7 @@ from installed import needs_llama_cpp
 
 from quantkit.core.eval_results import Interval95, KLSummary, PositionBucket
 from quantkit.pipeline.depths import ContextRow, DepthRow, context_rows, context_table, depth_rows, depth_table
+from quantkit.pipeline.variant_record import VariantRecord
 
 
 def _row(name, engine, depth, tpot, mb, kv_cache="f16", flash_attn=True):
@@ -60,13 +61,13 @@ def _eval(engine, buckets):
 
 
 def test_the_long_context_row_pairs_each_engine_with_the_eval_that_runs_it_so():
-    rec = {
-        "name": "int4-kv8",
-        "eval": _eval("transformers", [_bucket(0, 512, 0.1), _bucket(512, 4096, 0.2), _bucket(4096, 8192, 0.3)]),
-        "evals": {
+    rec = VariantRecord(
+        "int4-kv8",
+        eval=_eval("transformers", [_bucket(0, 512, 0.1), _bucket(512, 4096, 0.2), _bucket(4096, 8192, 0.3)]),
+        evals={
             "llamacpp": _eval("llamacpp", [_bucket(0, 512, 0.11), _bucket(512, 4096, 0.21), _bucket(4096, 8192, 0.31)])
         },
-    }
+    )
     bench = [_row("int4-kv8", "llamacpp", d, 8.0 + d / 1000, 120.0, "q8_0") for d in (0, 4096, 8128)]
     bench += [_row("int4-kv8", "compiled", d, 20.0, 300.0, "bfloat16", None) for d in (0, 4096)]
     got = {c.engine: c for c in context_rows(rec, bench, 4.5, 8192)}
@@ -112,7 +113,7 @@ def test_a_run_at_depths_reports_both_tables_with_the_variants_cache(cli, tiny_l
         "--json",
     )
     assert code == 0, err
-    assert rep["schema_version"] == 4 and not rep["failed"]
+    assert rep["schema_version"] == 5 and not rep["failed"]
     depths = {(d["name"], d["engine"], d["depth"]): d for d in rep["depths"]}
     assert set(depths) == {(n, e, d) for n in ("baseline", "int4-kv8") for e in ("eager", "llamacpp") for d in (0, 40)}
     deep = depths[("int4-kv8", "llamacpp", 40)]

@@ -61,7 +61,7 @@ def test_run_reports_each_variant_by_position(cli, tiny_llama, tiny_text, tmp_pa
     assert all(p["decode"] == [] and p["kl_kind"] == "exact" for p in pos)  # no bench: the buckets alone
     ev = rep["variants"]["int4-rtn"]["eval"]
     assert ev["schema_version"] == 2 and [b["lo"] for b in ev["texts"][0]["positions"]] == [0, 16, 32]
-    assert all(a["kl_kind"] == "exact" for a in rep["accuracy"]) and rep["schema_version"] == 4
+    assert all(a["kl_kind"] == "exact" for a in rep["accuracy"]) and rep["schema_version"] == 5
     md = (out / "report.md").read_text()
     assert "**Accuracy by position in the window**" in md and "| int4-rtn | text | 32–63 |" in md
     assert "TPOT ms at depth" not in md and "KL (exact)" in md

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from quantkit.core.eval_results import EvalResult, Interval95, PositionBucket, TextResult, check_kl_kind
+from quantkit.core.eval_results import Interval95, PositionBucket, TextResult, check_kl_kind
 from quantkit.core.record_checks import checked
+from quantkit.pipeline.variant_record import VariantRecord
 
 
 def kl_header(kinds) -> str:
@@ -124,14 +125,9 @@ class PositionRow:
         )
 
 
-def evaluations(rec: dict) -> list[EvalResult]:
-    """A variant's eval results: the first engine's (rec["eval"]) and each further one's."""
-    return [ev for ev in (rec.get("eval"), *(rec.get("evals") or {}).values()) if ev is not None]
-
-
-def accuracy_rows(rec: dict) -> list[AccuracyRow]:
+def accuracy_rows(rec: VariantRecord) -> list[AccuracyRow]:
     """The variant's accuracy on each evaluation text: a row per variant per domain (and per eval engine)."""
-    return [AccuracyRow.of(rec["name"], ev.engine, t) for ev in evaluations(rec) for t in ev.texts]
+    return [AccuracyRow.of(rec.name, ev.engine, t) for ev in rec.evaluations() for t in ev.texts]
 
 
 def accuracy_table(rows: list[AccuracyRow]) -> str:

@@ -15,7 +15,8 @@ from quantkit.bench.engines import engine_class
 from quantkit.core.eval_results import EvalResult, PositionBucket
 from quantkit.core.record_checks import checked
 from quantkit.evals.scorers import scorer_named
-from quantkit.pipeline.accuracy import DecodeAt, evaluations, kl_header
+from quantkit.pipeline.accuracy import DecodeAt, kl_header
+from quantkit.pipeline.variant_record import VariantRecord
 
 
 def depth_pairs(buckets, bench_rows) -> list[tuple]:
@@ -131,16 +132,16 @@ class ContextRow:
         )
 
 
-def paired_eval(rec: dict, bench_engine: str) -> EvalResult | None:
+def paired_eval(rec: VariantRecord, bench_engine: str) -> EvalResult | None:
     """The evaluation that scored the variant as `bench_engine` runs it: a GGUF engine's by a scorer
     of GGUF files (llama.cpp's cache types), the others' by the first eval engine (transformers,
     which applies the checkpoint's FP8 K/V scales)."""
-    evals = evaluations(rec)
+    evals = rec.evaluations()
     gguf = engine_class(bench_engine).takes_gguf
     return next((ev for ev in evals if scorer_named(ev.engine).takes_gguf == gguf), evals[0] if evals else None)
 
 
-def context_rows(rec: dict, bench_rows, bits: float | None, context: int) -> list[ContextRow]:
+def context_rows(rec: VariantRecord, bench_rows, bits: float | None, context: int) -> list[ContextRow]:
     """The variant's ContextRow on each engine that benched it at depths (its rows in `bench_rows`)."""
     out = []
     for engine in dict.fromkeys(r.engine for r in bench_rows if r.depth is not None):
@@ -153,7 +154,7 @@ def context_rows(rec: dict, bench_rows, bits: float | None, context: int) -> lis
         first = rows[0]
         out.append(
             ContextRow(
-                name=rec["name"],
+                name=rec.name,
                 engine=engine,
                 bits_per_weight=bits,
                 kv_cache=first.kv_cache,

@@ -54,6 +54,7 @@ from quantkit.pipeline.front import (
     plot,
 )
 from quantkit.pipeline.run import Runner, RunOptions
+from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.recipe.files import load_recipe, recipe_from_dict
 from quantkit.recipe.schema import GGUF_MIXABLE, GGUF_TYPES
 from quantkit.resources import find_recipe
@@ -256,10 +257,10 @@ def _domains(ev) -> tuple[tuple[DomainKL, ...], str | None]:
     return out, ev.kl_kind
 
 
-def point(name: str, rec: dict) -> Point:
+def point(name: str, rec: VariantRecord) -> Point:
     """A variant's record in the run as a point of its line: its size and its KL on every domain."""
     line = LINES[_line_of(name)]
-    domains, kind = _domains(rec.get("eval"))
+    domains, kind = _domains(rec.eval)
     base = dict(
         line=line.name,
         name=name,
@@ -268,9 +269,9 @@ def point(name: str, rec: dict) -> Point:
         engine=line.engine,
         kl_kind=kind,
         domains=domains,
-        error=rec.get("error"),
+        error=rec.error,
     )
-    made = rec.get("gguf_variant")
+    made = rec.gguf_variant
     if made is not None:
         types = read_types(Path(made["gguf"]), made["gguf_type"])
         detail = {"weight_types": types["weight_types"], "fallback_types": made.get("fallback_types") or {}}
@@ -287,8 +288,8 @@ def point(name: str, rec: dict) -> Point:
             detail=detail,
         )
     target = name.removeprefix("ct-") + " bits/weight"
-    art = rec.get("artifact")
-    if not art or rec.get("error"):
+    art = rec.artifact
+    if not art or rec.error:
         return Point(
             **base, target=target, path=art, file_bytes=None, layer_bytes=None, layer_weights=None, bits_per_weight=None
         )
@@ -311,7 +312,7 @@ def _auto_detail(art: Path) -> dict:
     return {k: mp.get(k) for k in keep if k in mp} | {"raised": len(mp.get("picked") or [])}
 
 
-def _failed(name: str, rec: dict) -> Point:
+def _failed(name: str, error: str | None) -> Point:
     line = LINES[_line_of(name)]
     return Point(
         line.name,
@@ -326,7 +327,7 @@ def _failed(name: str, rec: dict) -> Point:
         None,
         None,
         None,
-        error=rec.get("error") or "not made",
+        error=error or "not made",
     )
 
 
@@ -372,7 +373,7 @@ def run_pareto(s: ParetoSettings) -> ParetoResult:
             try:
                 points.append(point(name, rec))
             except (QuantkitError, OSError, KeyError) as exc:  # a made file that cannot be read: a failed point
-                points.append(_failed(name, {"error": f"{type(exc).__name__}: {exc}"}))
+                points.append(_failed(name, f"{type(exc).__name__}: {exc}"))
         result = ParetoResult(
             model=s.model,
             source_sha256=r.src_hash,

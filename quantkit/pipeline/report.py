@@ -10,7 +10,6 @@ from pathlib import Path
 from quantkit.artifacts.card import update_card_results
 from quantkit.bench.bench_records import BenchRow
 from quantkit.core.atomic import write_json, write_text
-from quantkit.core.eval_results import EvalResult
 from quantkit.core.fits import RuleFit, describe_fit
 from quantkit.core.record_checks import RecordError
 from quantkit.errors import QuantkitError
@@ -22,7 +21,6 @@ from quantkit.pipeline.accuracy import (
     PositionRow,
     accuracy_rows,
     accuracy_table,
-    evaluations,
     kl_header,
     position_table,
 )
@@ -34,6 +32,7 @@ from quantkit.pipeline.depths import (
 )
 from quantkit.pipeline.plots import pareto, rule_check, ttft_sweep
 from quantkit.pipeline.serving import EngineBench
+from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.progress import note
 from quantkit.recipe.schema import BASELINE_NAME
 
@@ -58,24 +57,24 @@ COLUMNS = [
 ACCURACY_KEYS = ("delta_ppl_pct", "kld_mean", "top1_pct")
 
 
-def variant_row(rec: dict, engine: str | None = None) -> dict:
+def variant_row(rec: VariantRecord, engine: str | None = None) -> dict:
     """The variant's figures; with `engine`, its bench figures on that engine (a run's row per engine)."""
-    row: dict = {"name": rec["name"], "status": "failed" if rec.get("error") else "ok", "error": rec.get("error")}
-    if rec.get("artifact"):
-        sizes = checkpoint_sizes(Path(rec["artifact"]))
+    row: dict = {"name": rec.name, "status": "failed" if rec.error else "ok", "error": rec.error}
+    if rec.artifact:
+        sizes = checkpoint_sizes(Path(rec.artifact))
         row.update(
             disk_mb=sizes["disk_bytes"] / 1e6,
             bits_per_weight=sizes["bits_per_weight"],
             kv_bytes_per_token=sizes["kv_bytes_per_token"],
         )
-    elif rec.get(
-        "gguf_variant"
+    elif (
+        rec.gguf_variant
     ):  # llama-quantize's GGUF: its file, its decoder layers' bits (as sizes.py counts a checkpoint's)
-        made = rec["gguf_variant"]
+        made = rec.gguf_variant
         row.update(
             disk_mb=made["bytes"] / 1e6, bits_per_weight=made["bits_per_weight_layers"], gguf_type=made["gguf_type"]
         )
-    ev: EvalResult | None = rec.get("eval")
+    ev = rec.eval
     t = ev.primary if ev is not None else None
     if t is not None:
         row.update(
@@ -92,7 +91,7 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
     if ev is not None and ev.tasks:
         row["tasks"] = {n: d.to_json() for n, d in ev.tasks.items()}
         row["tasks_delta"] = ", ".join(f"{n} {d.delta:+.3f}±{d.delta_stderr:.3f}" for n, d in ev.tasks.items())
-    b: BenchRow | None = (rec.get("benches") or {}).get(engine) if engine else rec.get("bench")
+    b: BenchRow | None = rec.benches.get(engine) if engine else rec.bench
     if b is not None:
         row.update(
             ttft_ms=b.ttft_ms,
@@ -118,23 +117,23 @@ def variant_row(rec: dict, engine: str | None = None) -> dict:
             )
     if engine:
         row["engine"] = engine
-        failed = (rec.get("bench_errors") or {}).get(engine)
+        failed = rec.bench_errors.get(engine)
         if failed and not row["error"]:
             row.update(status="failed", error=f"bench ({engine}): {failed}")
     return row
 
 
-def position_rows(rec: dict, bench_rows) -> list[PositionRow]:
+def position_rows(rec: VariantRecord, bench_rows) -> list[PositionRow]:
     """A row per position bucket of each of the variant's domains, beside `bench_rows` (the
     variant's bench rows on every engine) at the depths inside the bucket."""
     out = []
-    for ev in evaluations(rec):
+    for ev in rec.evaluations():
         for t in ev.texts:
             if len(t.positions) < 2:
                 continue  # one bucket is the domain's own row
             for b, at in depth_pairs(t.positions, bench_rows):
                 decode = tuple(DecodeAt(r.engine, r.depth, r.tpot_ms) for r in at)
-                out.append(PositionRow(rec["name"], ev.engine, t.label, t.kl_kind, b, decode))
+                out.append(PositionRow(rec.name, ev.engine, t.label, t.kl_kind, b, decode))
     return out
 
 
@@ -291,11 +290,8 @@ def render_markdown(report: dict) -> str:
         ]
     out += lever_lines(r["rows"])
     out += depth_sections(r)
-    eval_failed = [
-        f"- {name}: eval ({e}): {msg}"
-        for name, v in r["variants"].items()
-        for e, msg in (v.get("eval_errors") or {}).items()
-    ]
+    variants = [VariantRecord.from_json(v, f"variants.{n}") for n, v in r["variants"].items()]
+    eval_failed = [f"- {v.name}: eval ({e}): {msg}" for v in variants for e, msg in v.eval_errors.items()]
     if eval_failed:
         out += ["Evaluation failed on an engine:", *eval_failed, ""]
     if len(r.get("engines") or {}) > 1:
@@ -306,11 +302,7 @@ def render_markdown(report: dict) -> str:
         ]
     elif _fit_text(fit, "**Rule check**"):
         out.append(_fit_text(fit, "**Rule check**") + ".")
-    export_failed = [
-        f"- {name}: export {fmt}: {msg}"
-        for name, v in r["variants"].items()
-        for fmt, msg in (v.get("export_errors") or {}).items()
-    ]
+    export_failed = [f"- {v.name}: export {fmt}: {msg}" for v in variants for fmt, msg in v.export_errors.items()]
     if export_failed:
         out += ["Export failed:", *export_failed, ""]
     failed = [f"- {row['name']}: {row['error']}" for row in r["rows"] if row.get("error")]
@@ -362,7 +354,8 @@ def _first_domain(report: dict) -> str | None:
 
 def _eval_device(report: dict) -> str:
     """Where the evaluation ran, from the first variant evaluated: device, its name, dtype."""
-    evals = [EvalResult.from_json(v["eval"]) for v in report["variants"].values() if v.get("eval")]
+    variants = (VariantRecord.from_json(v, f"variants.{n}") for n, v in report["variants"].items())
+    evals = [v.eval for v in variants if v.eval is not None]
     ev = next((e for e in evals if e.device), None)
     if ev is None:
         return ""
@@ -402,20 +395,6 @@ def _plots(runner, benches: dict[str, EngineBench], rows: list[dict]) -> list[st
     return plots
 
 
-def _variant_json(rec: dict) -> dict:
-    """A variant's record as report.json and its model card hold it: its eval results and bench rows as their JSON."""
-    out = dict(rec)
-    if rec.get("eval") is not None:
-        out["eval"] = rec["eval"].to_json()
-    if rec.get("evals"):
-        out["evals"] = {e: r.to_json() for e, r in rec["evals"].items()}
-    if rec.get("bench") is not None:
-        out["bench"] = rec["bench"].to_json()
-    if rec.get("benches"):
-        out["benches"] = {e: r.to_json() for e, r in rec["benches"].items()}
-    return out
-
-
 def _engine_json(eb: EngineBench) -> dict:
     res = eb.result
     return {
@@ -435,15 +414,16 @@ def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
     plots = _plots(runner, benches, rows)
     first = next((eb.result for eb in benches.values() if eb.rows), None)
     for rec in runner.variants.values():
-        art = Path(rec.get("artifact", ""))
+        art = Path(rec.artifact or "")
         made_here = (
             art.is_relative_to(runner.dir) and art.resolve() != Path(runner.src).resolve()
         )  # never write into the source
-        if rec.get("artifact") and (art / "quantkit.json").is_file() and made_here:
+        if rec.artifact and (art / "quantkit.json").is_file() and made_here:
+            results = {"eval": rec.eval, "bench": rec.bench}
             try:
-                update_card_results(art, {k: v for k, v in _variant_json(rec).items() if k in ("eval", "bench") and v})
+                update_card_results(art, {k: v.to_json() for k, v in results.items() if v is not None})
             except QuantkitError as exc:  # the report still gets written; the card keeps its old table
-                note(f"[{rec['name']}] model card not updated: {exc}")
+                note(f"[{rec.name}] model card not updated: {exc}")
     steps_s = sum(runner.timings.values())
     bench_rows = [b for eb in benches.values() for b in eb.rows]
     baseline = next((v.name for v in runner.recipe.all_variants() if v.baseline), BASELINE_NAME)
@@ -453,7 +433,9 @@ def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
         "kind": "quantkit-run",
         # 2: accuracy rows name their kl_kind; positions (by position in the window). 3: depths and long_context
         # 4: a variant's exports by format (exports, export_errors: FMT -> record, message; was gguf_error)
-        "schema_version": 4,
+        # 5: a variant is a VariantRecord's JSON (pipeline/variant_record.py): every key written, null or
+        # empty where nothing; its GGUF held once (gguf_variant or exports.gguf: no `gguf` key)
+        "schema_version": 5,
         "recipe": runner.recipe.name,
         "model": str(runner.src),
         "model_sha256": runner.src_hash,
@@ -466,13 +448,13 @@ def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
         "positions": [
             p.to_json()
             for rec in runner.variants.values()
-            for p in position_rows(rec, [b for eb in benches.values() for b in eb.rows if b.name == rec["name"]])
+            for p in position_rows(rec, [b for eb in benches.values() for b in eb.rows if b.name == rec.name])
         ],
         "depths": [d.to_json() for d in depth_rows(bench_rows, baseline)],
         "long_context": [
             c.to_json()
             for rec in runner.variants.values()
-            for c in context_rows(rec, [b for b in bench_rows if b.name == rec["name"]], bits.get(rec["name"]), context)
+            for c in context_rows(rec, [b for b in bench_rows if b.name == rec.name], bits.get(rec.name), context)
         ],
         "bench_settings": runner.recipe.bench.model_dump(mode="json") if benches else None,
         "device": first.device.to_json() if first else None,
@@ -480,7 +462,7 @@ def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
         "engines": {e: _engine_json(eb) for e, eb in benches.items()},
         "fastest": fastest(rows),
         "rows": rows,
-        "variants": {n: _variant_json(rec) for n, rec in runner.variants.items()},
+        "variants": {n: rec.to_json() for n, rec in runner.variants.items()},
         "plots": plots,
         "timings": runner.timings,
         "wall_seconds": total_s,
@@ -488,7 +470,7 @@ def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
         "overhead_pct": 100.0 * max(0.0, total_s - steps_s) / total_s if total_s else 0.0,
         "failed": sorted(
             {r["name"] for r in rows if r["status"] == "failed"}
-            | {n for n, v in runner.variants.items() if v.get("export_errors")},
+            | {n for n, v in runner.variants.items() if v.export_errors},
             key=list(runner.variants).index,
         ),
     }

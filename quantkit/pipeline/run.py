@@ -41,6 +41,7 @@ from quantkit.models.checkpoint import checkpoint_hash, content_hash, read_confi
 from quantkit.models.resolve import resolve_path
 from quantkit.pipeline import report, serving
 from quantkit.pipeline.cache import StepCache, step_key, text_fingerprint
+from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.progress import note
 from quantkit.quantize.convert import convert
 from quantkit.quantize.job import ConvertOptions, needs_calibration
@@ -141,7 +142,7 @@ class Runner:
         self._check_windows()
         check_run_dir(self.dir, self.src, self.inputs())
         self.timings: dict[str, float] = {}
-        self.variants: dict[str, dict] = {}
+        self.variants: dict[str, VariantRecord] = {}
 
     @cached_property
     def src_hash(self) -> str:
@@ -248,10 +249,10 @@ class Runner:
             note(f"[{v.name}] {out}: {found[0]}: converting again")
         return not found
 
-    def evaluate(self, v: Variant, path: Path, rec: dict) -> EvalResult | None:
-        """The first of eval.engines' result (rec["eval"]: the report's main row and the model card);
-        each further engine's under rec["evals"][engine], where a failure (no llama.cpp, a grid GGUF
-        cannot hold exactly) is recorded in rec["eval_errors"] and the variant goes on."""
+    def evaluate(self, v: Variant, path: Path, rec: VariantRecord) -> EvalResult | None:
+        """The first of eval.engines' result (rec.eval: the report's main row and the model card);
+        each further engine's in rec.evals[engine], where a failure (no llama.cpp, a grid GGUF
+        cannot hold exactly) is recorded in rec.eval_errors and the variant goes on."""
         ev = self.recipe.eval
         if self.opts.skip_eval or (not self.eval_texts and not ev.tasks):
             return None
@@ -259,9 +260,9 @@ class Runner:
         result = self._evaluate(v, path, first)
         for engine in more:
             try:
-                rec.setdefault("evals", {})[engine] = self._evaluate(v, path, engine)
+                rec.evals[engine] = self._evaluate(v, path, engine)
             except QuantkitError as exc:
-                rec.setdefault("eval_errors", {})[engine] = str(exc)
+                rec.eval_errors[engine] = str(exc)
                 note(f"[{v.name}] eval ({engine}) failed: {exc}")
         return result
 
@@ -299,20 +300,20 @@ class Runner:
         kv = v.kv_cache
         return kv.llamacpp if kv and kv.llamacpp and scorer_named(engine, "eval.engines").kv_caches == "any" else None
 
-    def gguf_variant(self, v: Variant, rec: dict) -> Path:
+    def gguf_variant(self, v: Variant, rec: VariantRecord) -> Path:
         """A `gguf:` variant: llama-quantize's type made from the source checkpoint (pipeline/serving.py),
         scored by the llama.cpp scorer whatever eval.engines says (a GGUF is what it reads)."""
         made = self._record(self._timed(f"convert:{v.name}", lambda: serving.quantize_gguf(self, v)))
-        rec["gguf"] = rec["gguf_variant"] = made
+        rec.gguf_variant = made
         path = Path(made["gguf"])
         ev = self.recipe.eval
         if not self.opts.skip_eval and (self.eval_texts or ev.tasks):
-            rec["eval"] = self._timed(f"eval:{v.name}", lambda: self._evaluate(v, path, "llamacpp"))
+            rec.eval = self._timed(f"eval:{v.name}", lambda: self._evaluate(v, path, "llamacpp"))
         return path
 
-    def export(self, name: str, path: Path, rec: dict) -> None:
+    def export(self, name: str, path: Path, rec: VariantRecord) -> None:
         """Each format of `export: {formats: [...]}` by its exporter (pipeline/serving.py), its record
-        in rec["exports"][FMT] (a GGUF's also in rec["gguf"], which the llama.cpp engines bench); a
+        in rec.exports[FMT] (a GGUF's is what the llama.cpp engines bench: rec.gguf); a
         format that cannot hold the variant (a grid GGUF has no type for) fails that format only."""
         for fmt in self.recipe.export.formats:
             try:
@@ -323,12 +324,10 @@ class Runner:
                     )
                 )
             except QuantkitError as exc:
-                rec.setdefault("export_errors", {})[fmt] = str(exc)
+                rec.export_errors[fmt] = str(exc)
                 note(f"[{name}] export {fmt} failed: {exc}")
                 continue
-            rec.setdefault("exports", {})[fmt] = made
-            if fmt == "gguf":
-                rec["gguf"] = made
+            rec.exports[fmt] = made
 
     def bench(self, paths: dict[str, Path]) -> dict[str, serving.EngineBench]:
         """One bench per engine of bench.engines (pipeline/serving.py): engine -> its EngineBench."""
@@ -347,20 +346,20 @@ class Runner:
         return made.value
 
     def _record_benches(self, benches: dict[str, serving.EngineBench]) -> None:
-        """Each variant's row per engine into its record's "benches"; "bench" keeps the first
-        engine's row (model cards and single-engine readers). A variant an engine failed on is failed."""
+        """Each variant's row per engine into its record's benches; bench keeps the first engine's
+        row (model cards and single-engine readers). A variant an engine failed on is failed."""
         engines = list(benches)
         for engine, eb in benches.items():
             for row in eb.rows:
                 rec = self.variants[row.name]
-                rec.setdefault("benches", {})[engine] = row
+                rec.benches[engine] = row
                 if engine == engines[0]:
-                    rec["bench"] = row
+                    rec.bench = row
             for f in eb.failed:
                 rec = self.variants[f.name]
-                rec.setdefault("bench_errors", {})[engine] = f.error
-                if len(self.recipe.bench.engines) == 1:
-                    rec.setdefault("error", f"bench: {f.error}")
+                rec.bench_errors[engine] = f.error
+                if len(self.recipe.bench.engines) == 1 and rec.error is None:
+                    rec.error = f"bench: {f.error}"
                 note(f"[{f.name}] bench ({engine}) failed: {f.error}")
 
     def run(self) -> dict:
@@ -378,27 +377,28 @@ class Runner:
         for v in with_baseline(self.recipe):
             rec = self.variants.setdefault(
                 v.name,
-                {
-                    "name": v.name,
-                    "description": v.description,
-                    "steps": [s.model_dump(mode="json", exclude_none=True) for s in v.steps],
-                },
+                VariantRecord(
+                    v.name, v.description, tuple(s.model_dump(mode="json", exclude_none=True) for s in v.steps)
+                ),
             )
             try:
                 if v.gguf is not None:
                     paths[v.name] = self.gguf_variant(v, rec)
                     continue
                 path = self._timed(f"convert:{v.name}", lambda: self.convert(v))
-                rec["artifact"] = str(path)
-                rec["eval"] = self._timed(f"eval:{v.name}", lambda: self.evaluate(v, path, rec))
+                rec.artifact = str(path)
+                rec.eval = self._timed(f"eval:{v.name}", lambda: self.evaluate(v, path, rec))
                 paths[v.name] = path
                 self.export(v.name, path, rec)
             except Exception as exc:  # a failed variant is reported; the others go on
                 if self.opts.debug:
                     raise
-                rec["error"] = str(exc) if isinstance(exc, QuantkitError) else f"{type(exc).__name__}: {exc}"
-                rec["traceback"] = traceback.format_exc(limit=8) if not isinstance(exc, QuantkitError) else None
-                note(f"[{v.name}] failed: {rec['error']}")
+                user = isinstance(exc, QuantkitError)
+                rec.failed(
+                    str(exc) if user else f"{type(exc).__name__}: {exc}",
+                    None if user else traceback.format_exc(limit=8),
+                )
+                note(f"[{v.name}] failed: {rec.error}")
         benches = self._timed("bench", lambda: self.bench(paths))
         total = time.perf_counter() - t0
         return self._timed("report", lambda: report.finish_run(self, benches, total))

@@ -29,6 +29,7 @@ from quantkit.export.exporter import ExportSettings
 from quantkit.gguf.llama_quantize import DEFAULT_CALIB, KquantOptions, export_kquant
 from quantkit.models.checkpoint import content_hash
 from quantkit.pipeline.cache import step_key, text_fingerprint
+from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.progress import note
 from quantkit.quantize import kquant_chooser
 
@@ -120,13 +121,13 @@ def quantize_gguf(runner, v) -> Made:
 
 
 def _sources(
-    runner, engine: str, paths: dict[str, Path], records: dict[str, dict]
+    runner, engine: str, paths: dict[str, Path], records: dict[str, VariantRecord]
 ) -> tuple[dict[str, Path], dict[str, str]]:
     """What `engine` benches for each variant, and the variants it cannot (their GGUF export failed).
     An engine that runs GGUF files gets the run's GGUF, when the recipe exports one."""
 
     if not engine_class(engine).takes_gguf:  # a `gguf:` variant exists only as a GGUF
-        made = {n for n in paths if records[n].get("gguf_variant")}
+        made = {n for n in paths if records[n].gguf_variant}
         return (
             {n: p for n, p in paths.items() if n not in made},
             {n: f"a llama-quantize GGUF runs on GGUF engines only, not {engine}" for n in made},
@@ -134,10 +135,10 @@ def _sources(
     srcs, failed = {}, {}
     for name, path in paths.items():
         rec = records[name]
-        if (rec.get("export_errors") or {}).get("gguf"):
-            failed[name] = f"export gguf: {rec['export_errors']['gguf']}"
+        if rec.export_errors.get("gguf"):
+            failed[name] = f"export gguf: {rec.export_errors['gguf']}"
         else:
-            srcs[name] = Path(rec["gguf"]["gguf"]) if rec.get("gguf") else path
+            srcs[name] = Path(rec.gguf["gguf"]) if rec.gguf else path
     return srcs, failed
 
 
@@ -186,7 +187,9 @@ def variant_caches(runner, settings: BenchSettings, sources: dict[str, Path]) ->
     return {n: c for n, c in found.items() if c is not None}
 
 
-def bench_engines(runner, paths: dict[str, Path], records: dict[str, dict]) -> tuple[dict[str, EngineBench], dict]:
+def bench_engines(
+    runner, paths: dict[str, Path], records: dict[str, VariantRecord]
+) -> tuple[dict[str, EngineBench], dict]:
     """(engine -> its EngineBench, the step-cache entries to store: key -> JSON). One of several
     engines that cannot run here at all (llama-cpp-python not installed, say) gets its error and no
     rows: the report says so and the other engines' results stand (the quickstart works without
