@@ -1,4 +1,4 @@
-"""quantkit/_quiet.py: library chatter kept off the terminal, and only the chatter that says nothing."""
+"""quantkit/quiet.py: library chatter kept off the terminal, and only the chatter that says nothing."""
 
 import logging
 
@@ -29,7 +29,7 @@ def test_compressed_tensors_false_unmatched_warning_is_dropped(caplog):
     logger = logging.getLogger("compressed_tensors.utils.match")
     logger.removeFilter(_spurious_unmatched_target)
     # compressed-tensors as it is: `re:.*fc$` matches `fc`, yet it warns (if this fails, the fault is fixed upstream
-    # and the filter in _quiet.py can go)
+    # and the filter in quiet.py can go)
     assert _unmatched_warnings(caplog, ["Linear", "re:.*fc$"]) == ["Could not match `re:.*fc$` in instance of _Two"]
     quiet_libraries()
     try:
