@@ -4,6 +4,7 @@ that is not a report at all) is one line naming the file and the key, exit 2, ne
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,20 @@ def test_a_good_report_compares(cli, tmp_path):
 def test_the_reader_names_where_it_read():
     with pytest.raises(RecordError, match="^somewhere: expected a JSON object"):
         read_report([], "somewhere")
+
+
+def test_compare_reads_the_report_as_records():
+    """cli/compare_cmd.py takes RunReports (their rows as ReportRows): no report key read from the JSON."""
+    source = (Path(__file__).resolve().parents[1] / "quantkit" / "cli" / "compare_cmd.py").read_text()
+    assert not re.search(
+        r"""\[\s*["'](rows|name|engine|schema_version)["']\s*\]|\.get\(\s*["'](rows|name|engine|schema_version)["']""",
+        source,
+    )
+
+
+def test_a_schema_1_row_holds_the_bound():
+    report = read_report(
+        {"kind": "quantkit-run", "recipe": "r", "date": "d", "host": "h", "rows": [{"name": "a", "kld_mean": 0.1}]}, "r"
+    )
+    assert report.schema_version == 1 and report.rows[0].kl_kind == "topk-256 lower bound"
+    assert report.rows[0].figures()["kld_mean"] == 0.1

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from quantkit.cli._common import echo_json
+from quantkit.pipeline.run_report import ReportRow, RunReport
 
 
 def _read(path: str) -> tuple[Path, object]:
@@ -26,54 +27,23 @@ def _read(path: str) -> tuple[Path, object]:
         raise QuantkitError(f"{f}: not a result file (JSON nested too deeply to read)") from None
 
 
-COMPARED = (
-    "tpot_ms",
-    "ttft_ms",
-    "predicted_tpot_ms",
-    "tpot_efficiency_pct",
-    "delta_ppl_pct",
-    "kld_mean",
-    "kl_kind",
-    "top1_pct",
-    "bits_per_weight",
-    "status",
-)
-
-
-def _row(report: dict, row: dict) -> dict:
-    """A variant's compared figures; its KL's kind from a report of schema 1 (before eval named it),
-    which held the top-256 bound."""
-    out = {k: row.get(k) for k in COMPARED}
-    if out["kl_kind"] is None and out["kld_mean"] is not None and report.get("schema_version", 1) < 2:
-        out["kl_kind"] = "topk-256 lower bound"
-    return out
-
-
-def compare_runs(reports: list[dict], labels: list[str]) -> dict:
+def compare_runs(reports: list[RunReport], labels: list[str]) -> dict:
     # a run on several engines has a row per variant and engine: rows then match by both
-    by_engine = any(len({row.get("engine") for row in r["rows"]}) > 1 for r in reports)
-    key = (lambda row: f"{row['name']} ({row.get('engine')})") if by_engine else (lambda row: row["name"])
-    names: list[str] = []
-    for r in reports:
-        for row in r["rows"]:
-            if key(row) not in names:
-                names.append(key(row))
+    by_engine = any(len({row.engine for row in r.rows}) > 1 for r in reports)
+
+    def key(row: ReportRow) -> str:
+        return f"{row.name} ({row.engine})" if by_engine else row.name
+
+    names = list(dict.fromkeys(key(row) for r in reports for row in r.rows))
     table = []
     for n in names:
         entry = {"variant": n}
         for label, r in zip(labels, reports):
-            row = next((x for x in r["rows"] if key(x) == n), None)
-            entry[label] = None if row is None else _row(r, row)
+            row = next((x for x in r.rows if key(x) == n), None)
+            entry[label] = None if row is None else row.figures()
         table.append(entry)
     runs = [
-        {
-            "label": lab,
-            "recipe": r["recipe"],
-            "date": r["date"],
-            "host": r["host"],
-            "device": (r.get("device") or {}).get("name"),
-            "fit": r.get("fit"),
-        }
+        {"label": lab, "recipe": r.recipe, "date": r.date, "host": r.host, "device": r.device_name, "fit": r.fit}
         for lab, r in zip(labels, reports)
     ]
     return {"kind": "compare", "runs": runs, "variants": table}

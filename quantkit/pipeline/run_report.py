@@ -4,10 +4,14 @@ file and the key (exit 2), never a KeyError or a TypeError further on.
 What is checked: the kind and the schema version (a whole number this quantkit reads, never `"4"`
 or `true`), no key that no schema wrote, and the values `compare` shows: the recipe, date and host
 as text; the rows as a list of objects, each with its name, and its figures finite numbers (or null
-where not measured), its KL's kind and status text; the device and the fit as objects.
+where not measured), its KL's kind and status text; the device and the fit as objects. What
+compare reads of it is a RunReport: its rows as ReportRows, their figures as attributes (a row of
+schema 1, written before eval named its KL, holds the top-256 bound: its kind is filled in here).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
 
 from quantkit.core.record_checks import (
     LIST,
@@ -47,7 +51,49 @@ ROW_VALUES = {
 FIT_VALUES = {"effective_gbps": NUMBER_OR_NONE, "overhead_ms": NUMBER_OR_NONE, "r2": NUMBER_OR_NONE}
 
 
-def read_report(data, where: str) -> dict:
+@dataclass(frozen=True)
+class ReportRow:
+    """A report row's name and engine, and the figures compare sets side by side (None: not measured)."""
+
+    name: str
+    engine: str | None = None
+    tpot_ms: float | None = None
+    ttft_ms: float | None = None
+    predicted_tpot_ms: float | None = None
+    tpot_efficiency_pct: float | None = None
+    delta_ppl_pct: float | None = None
+    kld_mean: float | None = None
+    kl_kind: str | None = None
+    top1_pct: float | None = None
+    bits_per_weight: float | None = None
+    status: str | None = None
+
+    def figures(self) -> dict:
+        """The compared figures by name (compare's JSON)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("name", "engine")}
+
+    @classmethod
+    def from_json(cls, row: dict, version: int) -> ReportRow:
+        kept = {f.name: row.get(f.name) for f in fields(cls)}
+        if kept["kl_kind"] is None and kept["kld_mean"] is not None and version < 2:
+            kept["kl_kind"] = "topk-256 lower bound"
+        return cls(**kept)
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """A run's report.json as compare reads it: where and when it ran, and its rows."""
+
+    schema_version: int
+    recipe: str
+    date: str
+    host: str
+    device_name: str | None
+    fit: dict | None  # the rule check's fit as report.json holds it (core/fits.py RuleFit)
+    rows: tuple[ReportRow, ...]
+
+
+def read_report(data, where: str) -> RunReport:
     """`data` (a parsed report.json) after its checks; RecordError names `where` and the key."""
     if not isinstance(data, dict):
         raise RecordError(f"{where}: expected a JSON object, not {type(data).__name__}")
@@ -63,7 +109,8 @@ def read_report(data, where: str) -> dict:
     if missing:
         raise RecordError(f"{where}: missing key {missing[0]!r} in a run report")
     rules = dict.fromkeys(("recipe", "date", "host"), TEXT) | {"rows": LIST}
-    check_values(data, rules | {"device": OBJECT_OR_NONE, "fit": OBJECT_OR_NONE}, where)
+    optional = {k: OBJECT_OR_NONE for k in ("device", "fit") if k in data}  # a schema-1 report may have neither
+    check_values(data, rules | optional, where)
     if data.get("device"):
         check_values(data["device"], {"name": TEXT_OR_NONE} if "name" in data["device"] else {}, f"{where}: device")
     fit = data.get("fit") or {}
@@ -77,4 +124,12 @@ def read_report(data, where: str) -> dict:
         if "name" not in row:
             raise RecordError(f"{what}: missing key 'name'")
         check_values(row, {"name": TEXT} | {k: r for k, r in ROW_VALUES.items() if k in row}, what)
-    return data
+    return RunReport(
+        schema_version=version,
+        recipe=data["recipe"],
+        date=data["date"],
+        host=data["host"],
+        device_name=(data.get("device") or {}).get("name"),
+        fit=data.get("fit"),
+        rows=tuple(ReportRow.from_json(row, version) for row in data["rows"]),
+    )
