@@ -47,11 +47,15 @@ def test_round_trip_holds_every_field():
 
 
 def test_the_gguf_is_held_once():
-    made = {"gguf": "/run/gguf/q4.gguf", "gguf_type": "Q4_K_M", "bytes": 9}
-    assert VariantRecord("q4", gguf_variant=made).gguf is made
-    assert VariantRecord("int4", exports={"gguf": GGUF}).gguf is GGUF
+    made = {"gguf": "/run/gguf/q4.gguf", "gguf_type": "Q4_K_M", "bytes": 9, "fallback_types": {"Q5_0": 2}}
+    q4 = VariantRecord("q4", gguf_variant=made).gguf
+    assert (q4.path, q4.gguf_type, q4.bytes, q4.fallback_types) == (Path("/run/gguf/q4.gguf"), "Q4_K_M", 9, {"Q5_0": 2})
+    exact = VariantRecord("int4", exports={"gguf": GGUF}).gguf
+    assert (exact.path, exact.gguf_type, exact.sha256) == (Path(GGUF["gguf"]), None, "ab")
     assert VariantRecord("int4", exports={"compressed-tensors": {"sha256": "cd"}}).gguf is None
     assert "gguf" not in VariantRecord("int4", exports={"gguf": GGUF}).to_json()
+    with pytest.raises(RecordError, match="names its file"):
+        VariantRecord("bad", gguf_variant={"bytes": 9}).gguf
 
 
 def test_older_reports_read_into_the_fields_that_hold_them_now():
@@ -61,7 +65,7 @@ def test_older_reports_read_into_the_fields_that_hold_them_now():
     assert VariantRecord.from_json(failed).export_errors == {"gguf": "no GGUF type"}
     schema4 = {"name": "q4", "steps": [], "gguf": {"gguf": "/q4.gguf"}, "gguf_variant": {"gguf": "/q4.gguf"}}
     rec = VariantRecord.from_json(schema4)
-    assert rec.gguf == {"gguf": "/q4.gguf"} and rec.exports == {}
+    assert rec.gguf.path == Path("/q4.gguf") and rec.gguf_variant == {"gguf": "/q4.gguf"} and rec.exports == {}
 
 
 @pytest.mark.parametrize(
@@ -82,6 +86,21 @@ def test_no_module_reads_a_variant_by_key():
         f"{p.relative_to(ROOT)}:{i}"
         for p in sorted(ROOT.rglob("*.py"))
         if p.name != "variant_record.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if read.search(line)
+    ]
+    assert found == []
+
+
+def test_the_run_reads_an_export_record_as_a_record():
+    """What a run keeps of a GGUF export is read through export/gguf_kept.py: pipeline/ and cli/
+    take its fields as attributes."""
+    keys = "gguf_type|bits_per_weight_layers|lossless|imatrix_sha256"
+    read = re.compile(rf"""\[\s*["']({keys})["']\s*\](?!\s*=[^=])|\.get\(\s*["']({keys})["']""")  # not a write
+    found = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for folder in ("pipeline", "cli")
+        for p in sorted((ROOT / folder).rglob("*.py"))
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if read.search(line)
     ]

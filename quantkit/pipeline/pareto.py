@@ -271,17 +271,17 @@ def point(name: str, rec: VariantRecord) -> Point:
         domains=domains,
         error=rec.error,
     )
-    made = rec.gguf_variant
-    if made is not None:
-        types = read_types(Path(made["gguf"]), made["gguf_type"])
-        detail = {"weight_types": types["weight_types"], "fallback_types": made.get("fallback_types") or {}}
-        if made.get("mixed"):
-            detail["mixed"] = made["mixed"]
+    if rec.gguf_variant is not None:
+        made = rec.gguf
+        types = read_types(made.path, made.gguf_type)
+        detail = {"weight_types": types["weight_types"], "fallback_types": made.fallback_types}
+        if made.mixed:
+            detail["mixed"] = made.mixed
         return Point(
             **base,
-            target=made["gguf_type"],
-            path=made["gguf"],
-            file_bytes=made["bytes"],
+            target=made.gguf_type,
+            path=str(made.path),
+            file_bytes=made.bytes,
             layer_bytes=types["layer_bytes"],
             layer_weights=types["layer_weights"],
             bits_per_weight=bits_per_weight(types["layer_bytes"], types["layer_weights"]),

@@ -70,10 +70,8 @@ def variant_row(rec: VariantRecord, engine: str | None = None) -> dict:
     elif (
         rec.gguf_variant
     ):  # llama-quantize's GGUF: its file, its decoder layers' bits (as sizes.py counts a checkpoint's)
-        made = rec.gguf_variant
-        row.update(
-            disk_mb=made["bytes"] / 1e6, bits_per_weight=made["bits_per_weight_layers"], gguf_type=made["gguf_type"]
-        )
+        made = rec.gguf
+        row.update(disk_mb=made.bytes / 1e6, bits_per_weight=made.bits_per_weight_layers, gguf_type=made.gguf_type)
     ev = rec.eval
     t = ev.primary if ev is not None else None
     if t is not None:

@@ -305,7 +305,7 @@ class Runner:
         scored by the llama.cpp scorer whatever eval.engines says (a GGUF is what it reads)."""
         made = self._record(self._timed(f"convert:{v.name}", lambda: serving.quantize_gguf(self, v)))
         rec.gguf_variant = made
-        path = Path(made["gguf"])
+        path = rec.gguf.path
         ev = self.recipe.eval
         if not self.opts.skip_eval and (self.eval_texts or ev.tasks):
             rec.eval = self._timed(f"eval:{v.name}", lambda: self._evaluate(v, path, "llamacpp"))

@@ -138,7 +138,7 @@ def _sources(
         if rec.export_errors.get("gguf"):
             failed[name] = f"export gguf: {rec.export_errors['gguf']}"
         else:
-            srcs[name] = Path(rec.gguf["gguf"]) if rec.gguf else path
+            srcs[name] = rec.gguf.path if rec.gguf else path
     return srcs, failed
 
 

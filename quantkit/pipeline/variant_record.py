@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from quantkit.bench.bench_records import BenchRow
 from quantkit.core.eval_results import EvalResult
 from quantkit.core.record_checks import RecordError
+from quantkit.export.gguf_kept import GgufKept
 
 # the keys report.json's variants have held, by what each schema added (pipeline/report.py)
 KEYS = frozenset(
@@ -48,9 +49,10 @@ class VariantRecord:
     traceback: str | None = None  # where a fault (not a user error) came from
 
     @property
-    def gguf(self) -> dict | None:
-        """The variant's GGUF record: llama-quantize's for a `gguf:` variant, else its `gguf` export's."""
-        return self.gguf_variant if self.gguf_variant is not None else self.exports.get("gguf")
+    def gguf(self) -> GgufKept | None:
+        """The variant's GGUF: llama-quantize's for a `gguf:` variant, else its `gguf` export's."""
+        kept = self.gguf_variant if self.gguf_variant is not None else self.exports.get("gguf")
+        return GgufKept.from_json(kept, f"{self.name}'s GGUF") if kept is not None else None
 
     def evaluations(self) -> list[EvalResult]:
         """Its eval results: the first engine's, then each further one's."""
