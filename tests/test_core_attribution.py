@@ -100,3 +100,10 @@ def test_round_trip_and_checks():
         Attribution.from_json(bad)
     with pytest.raises(RecordError, match="bound"):
         Attribution.from_json({**a.to_json(), "bound": "luck"})
+
+
+def test_depths_padded_to_one_cache_size_are_one_size():
+    # llama.cpp pads its cache to 256 cells: depths 0 and 64 read the same 257 cells
+    f = fixed_costs((257.0, 257.0, 1281.0), (2.8, 2.8, 3.824), 0.5, "twin")
+    assert f.cells == (257.0, 1281.0)
+    assert f.kv_ms(257.0) == pytest.approx(0.257)

@@ -184,7 +184,7 @@ def test_the_llamacpp_engine_runs_the_tools_cpu_variant(tmp_path):
     if tools.dispatch_library() is None:
         pytest.skip("the tools are not a run-time dispatch build of the installed llama-cpp-python's llama.cpp")
     code = (
-        "from quantkit.bench.engines import llamacpp as e; m = e.import_llama_cpp(); print(e.library()); "
+        "from quantkit.bench.engines import llamacpp_engine as e; m = e.import_llama_cpp(); print(e.library()); "
         "print(m.llama_print_system_info().decode())"
     )
     env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}

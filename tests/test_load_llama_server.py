@@ -359,24 +359,3 @@ def test_no_prefix_reference_before_its_baseline_has_run(tmp_path, monkeypatch):
     assert "prefix_reference" not in summarize(study, runs)
     runs.append({**runs[0], "label": "no-prompt-cache"})
     assert summarize(study, runs)["prefix_reference"]["baseline"] == "no-prompt-cache"
-
-
-def test_the_benchmark_study_validates(tmp_path, monkeypatch):
-    """benchmarks/llama_server_levers.yaml: four levers that each change one thing, the speculator
-    with its draft, the prefix set against the cache-off lever; the workload fits four slots."""
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF")
-    _study(tmp_path, "x")  # writes tmp_path/shape/config.json
-    for name in ("QK_DEMO_F16", "QK_DEMO_Q4_0"):
-        monkeypatch.setenv(name, str(gguf))
-    monkeypatch.setenv("QK_DEMO_MODEL", str(tmp_path / "shape"))
-    study = Path(__file__).resolve().parents[1] / "benchmarks" / "llama_server_levers.yaml"
-    result = CliRunner().invoke(cli, ["levers", str(study), "--dry-run", "--json"])
-    assert result.exit_code == 0, result.output
-    plans = {plan["lever"]: plan for plan in json.loads(result.stdout)["levers"]}
-    assert list(plans) == ["one-slot", "four-slots", "no-prompt-cache", "speculative"]
-    assert plans["four-slots"]["command"][-2:] == ["--parallel", "4"] and plans["no-prompt-cache"]["body_fields"] == {
-        "cache_prompt": False
-    }
-    assert plans["speculative"]["command"][-2:] == ["--spec-type", "draft-simple"]
-    assert yaml.safe_load(study.read_text())["reference"]["baseline"] == "no-prompt-cache"

@@ -145,10 +145,9 @@ def test_a_weight_format_with_no_real_group_size_is_refused(group):
 
 @pytest.mark.parametrize("bits", [2.0, 3.0, 4.0, 8.0])
 def test_quantized_weights_always_carry_scales(bits):
-    from quantkit.errors import QuantkitError
-
-    with pytest.raises(QuantkitError, match="quantized weights carry scales"):
-        WeightFormat(bits, 0)
+    # group size 0 is an all-in rate (bits already counts the scales: the TPOT budget's inverse);
+    # roofline's --group-size 0 is refused where the option is read
+    assert WeightFormat(bits, 0).bytes_for(64, 256) == 64 * 256 * bits / 8
     per_channel, grouped = WeightFormat(bits, -1), WeightFormat(bits, 32)
     assert grouped.bytes_for(64, 256) > per_channel.bytes_for(64, 256) > 64 * 256 * bits / 8
 

@@ -113,7 +113,12 @@ def fixed_costs(cells: tuple[float, ...], tpot_ms: tuple[float, ...], weights_ms
     """The twin's decode timings at two or more cache sizes as the cache's time per step (FixedCosts.kv_ms)
     and a fixed time per step (at the smallest size, less its cells at the first slope and the twin's
     own weights), each clamped at 0."""
-    pairs = sorted(zip(cells, tpot_ms))
+    by_cells: dict[float, list[float]] = {}
+    for c_, t_ in zip(cells, tpot_ms):  # depths an engine pads to one cache size are one size
+        by_cells.setdefault(c_, []).append(t_)
+    if len(by_cells) < 2:
+        by_cells = {c_: [t_] for c_, t_ in zip(cells, tpot_ms)}
+    pairs = sorted((c_, sum(ts) / len(ts)) for c_, ts in by_cells.items())
     c, t = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
     per_cell = max(0.0, (t[-1] - t[0]) / (c[-1] - c[0])) if c[-1] != c[0] else 0.0
     f = FixedCosts(0.0, per_cell, c, t, weights_ms, twin)

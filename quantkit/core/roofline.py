@@ -72,7 +72,7 @@ class WeightFormat:
     """How linear weights are stored: bits per weight plus per-group scale (and zero) bytes."""
 
     bits: float = 16.0
-    group_size: int = -1  # -1: one scale per output channel; 0: no scales (plain float)
+    group_size: int = -1  # -1: one scale per output channel; 0: no separate scales (bits is the all-in rate)
     scale_bytes: int = 2
     zero_bits: float = 0.0  # 0 when symmetric
 
@@ -82,11 +82,6 @@ class WeightFormat:
         g = self.group_size
         if isinstance(g, bool) or not isinstance(g, int) or g < -1:
             raise QuantkitError(f"group size {g!r}: -1 (one scale per output channel) or a number of weights per scale")
-        if g == 0 and 0 < self.bits < 16:
-            raise QuantkitError(
-                f"group size 0 at {self.bits:g} bits: quantized weights carry scales; -1 (per output channel) or a "
-                "positive group size"
-            )
         for name in ("bits", "scale_bytes", "zero_bits"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
