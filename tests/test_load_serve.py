@@ -167,7 +167,8 @@ def test_chat_endpoint_streams_too(served):
 def test_wrong_model_name_is_a_clear_error(served):
     url, _ = served
     result = CliRunner().invoke(cli, ["load", url, "--model", "not-this-one", "--engine", "transformers", "--json"])
-    assert result.exit_code == 2 and result.output.count("\n") == 1
+    errors = [line for line in result.output.splitlines() if not line.startswith("warning:")]
+    assert result.exit_code == 2 and len(errors) == 1  # a warning on shared cores may come first
     assert "warm-up request" in result.output and "HTTP 400" in result.output
 
 
