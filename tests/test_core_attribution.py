@@ -107,3 +107,5 @@ def test_depths_padded_to_one_cache_size_are_one_size():
     f = fixed_costs((257.0, 257.0, 1281.0), (2.8, 2.8, 3.824), 0.5, "twin")
     assert f.cells == (257.0, 1281.0)
     assert f.kv_ms(257.0) == pytest.approx(0.257)
+    with pytest.raises(ValueError, match="same cells"):
+        fixed_costs((257.0, 257.0), (2.8, 2.9), 0.5, "twin")

@@ -100,6 +100,9 @@ class Twins:
         except Exception as exc:  # the twin is a side measurement: whatever stops it, the rows go on without it
             self.failed[key] = f"the twin did not run: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
             return None, self.failed[key]
+        if len(set(cells)) < 2:
+            self.failed[key] = "the twin's cache sizes read the same cells (the engine pads its cache to one size)"
+            return None, self.failed[key]
         fixed = fixed_costs(
             cells,
             tpot,

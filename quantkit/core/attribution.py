@@ -117,7 +117,7 @@ def fixed_costs(cells: tuple[float, ...], tpot_ms: tuple[float, ...], weights_ms
     for c_, t_ in zip(cells, tpot_ms):  # depths an engine pads to one cache size are one size
         by_cells.setdefault(c_, []).append(t_)
     if len(by_cells) < 2:
-        by_cells = {c_: [t_] for c_, t_ in zip(cells, tpot_ms)}
+        raise ValueError("the twin's cache sizes read the same cells: no time per cell to take")
     pairs = sorted((c_, sum(ts) / len(ts)) for c_, ts in by_cells.items())
     c, t = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
     per_cell = max(0.0, (t[-1] - t[0]) / (c[-1] - c[0])) if c[-1] != c[0] else 0.0
