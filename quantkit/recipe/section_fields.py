@@ -20,7 +20,7 @@ def section_model(name: str, settings_cls: type, base: type) -> type:
     for f in option_fields(settings_cls):
         s = spec(f)
         if s.recipe:
-            scalar_ge = None if _is_tuple(hints[f.name]) else s.ge
+            scalar_ge = None if _is_tuple(_without_none(hints[f.name])[0]) else s.ge
             found[f.name] = (
                 _recipe_type(hints[f.name], s),
                 Field(default_of(f), ge=scalar_ge, pattern=s.pattern, description=s.help or None),
@@ -32,12 +32,18 @@ def _is_tuple(hint: Any) -> bool:
     return get_origin(hint) is tuple
 
 
+def _without_none(hint: Any) -> tuple[Any, bool]:
+    """`X | None` -> (X, True); X -> (X, False)."""
+    args = get_args(hint)
+    if get_origin(hint) in (Union, types.UnionType) and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return hint, False
+
+
 def _recipe_type(hint: Any, s: Option) -> Any:
     """The field's type as a recipe reads it: its choices as a Literal, a tuple's items each bounded
     (strictly: a YAML `true` or "1" is not a depth), Any (a value built later) as text."""
-    args = get_args(hint)
-    optional = get_origin(hint) in (Union, types.UnionType) and type(None) in args
-    base = next(a for a in args if a is not type(None)) if optional else hint
+    base, optional = _without_none(hint)
     if _is_tuple(base):
         item = _item_type(get_args(base)[0], s)
         base = tuple[item, ...]
