@@ -37,8 +37,8 @@ class ParetoSettings:
     split: str = option(
         "confirmation", help="The held-out windows scored (confirmation: where no choice was made).", choices=SPLITS
     )
-    calib_samples: int = option(128, ge=1)
-    calib_seq_len: int = option(512, ge=8)
+    calib_samples: int = option(128, help="Calibration windows of every choice.", ge=1)
+    calib_seq_len: int = option(512, help="Tokens per calibration window.", ge=8)
     seq_len: int = option(512, help="Tokens per eval window.", ge=8)
     max_tokens: int = option(4096, help="Tokens per text.", ge=8)
     # None: export --mixed's default list
