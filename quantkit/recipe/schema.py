@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from quantkit.core.engine_registry import ENGINES as BENCH_ENGINES
 from quantkit.core.yamlio import StrictConfig
 from quantkit.methods.configs import MethodConfig
 from quantkit.methods.method_registry import METHODS, names, spoken
@@ -161,12 +162,12 @@ class CalibrationConfig(StrictConfig):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda)(:[0-9]+)?$")
 
 
-# The engine names a recipe may use. The recipe is read below the packages that implement them
-# (bench/engines ENGINES, evals/scorers SCORERS), so it names them here; tests/test_recipe.py
-# checks that these are exactly the registries' names, so a new engine is refused nowhere.
+# The eval engine names a recipe may use. The recipe is read below the package that implements
+# them (evals/scorers SCORERS), so it names them here; tests/test_recipe.py checks that these are
+# exactly the registry's names, so a new scorer is refused nowhere. The bench engines' registry is
+# data below the recipe (core/engine_registry.py), read here as it is when a recipe is checked.
 EVAL_ENGINES = ("transformers", "llamacpp", "vllm")
 TASK_ENGINES = ("transformers",)  # the eval engines lm-eval tasks run beside (a scorer's runs_tasks)
-BENCH_ENGINES = ("eager", "compiled", "vllm", "llamacpp")
 
 
 class EvalConfig(StrictConfig):
