@@ -32,9 +32,8 @@ class Column:
     fmt: str = "{}"  # REPORT: how a present value is written
     key: str = ""  # REPORT: the report row's key (empty: the field's name)
     cell: Callable[[Any], Any] | None = None  # the cell from the whole row (a derived one); None: the field's value
-    shown: Callable[[list], bool] | None = (
-        None  # BENCH: shown only where this holds of the rows (a setting that varies)
-    )
+    # BENCH: shown only where this holds of the table's rows (a setting that varies among them)
+    shown: Callable[[list], bool] | None = None
     name: str = ""  # the field it belongs to (filled in by `columns`)
 
     @property
@@ -81,7 +80,7 @@ def table_rows(rows: list, record: type) -> list[dict]:
 def report_cells(row, record: type) -> dict:
     """The REPORT columns' values of a row, by their report keys (those with a value)."""
     out = {c.key: c.value(row) for c in columns(record, REPORT)}
-    return {k: v for k, v in out.items() if v is not MISSING and v is not None}
+    return {k: v for k, v in out.items() if v is not None and v != MISSING}
 
 
 # ---------------------------------------------------------------- derived cells
@@ -96,8 +95,17 @@ def any_depth(rows: list) -> bool:
     return any(r.depth is not None for r in rows)
 
 
-def flash_attn_varies(rows: list) -> bool:
+def levers_vary(rows: list) -> bool:
+    """The rows differ in their flash-attention setting."""
     return any(r.flash_attn is not None for r in rows) and varies("flash_attn")(rows)
+
+
+def depth(r):
+    return r.depth
+
+
+def on_off(r) -> str:
+    return "on" if r.flash_attn else "off"
 
 
 def runs_on(r) -> str:
@@ -113,22 +121,31 @@ def tpot_eff(r) -> str:
     )
 
 
+def tpot_pct(r) -> float:
+    return r.tpot_efficiency * 100
+
+
 def ttft_eff(r) -> str:
     if r.ttft_efficiency is None:
         return MISSING
     return f"{r.ttft_efficiency * 100:.0f}%" + (" (!)" if "ttft_above_roofline" in r.flags else "")
 
 
-def split(r, with_sum: bool = False) -> str | None:
-    """Where the row's TPOT goes: each term's share of the attributed step (None: no attribution)."""
+def split(r) -> str:
+    """Where the row's TPOT goes: each term's share of the attributed step."""
     a = r.attribution
     if a is None:
-        return None
+        return MISSING
     sh = a.shares()
-    text = (
+    return (
         f"weights {sh['weights']:.0%} · compute {sh['compute']:.0%} · KV {sh['kv']:.0%} · overhead {sh['overhead']:.0%}"
     )
-    return text + ("" if a.holds or not with_sum else f" (sums to {a.explained:.0%})")
+
+
+def split_summed(r) -> str:
+    """`split`, and what the terms sum to where that is not the measured TPOT."""
+    a = r.attribution
+    return split(r) + ("" if a is None or a.holds else f" (sums to {a.explained:.0%})")
 
 
 def attributed(r) -> str:
@@ -136,8 +153,8 @@ def attributed(r) -> str:
     return MISSING if a is None else f"{a.total_ms:.2f} ({a.explained:.0%})"
 
 
-def bound(r) -> str | None:
-    return None if r.attribution is None else r.attribution.bound
+def bound(r) -> str:
+    return MISSING if r.attribution is None else r.attribution.bound
 
 
 def self_check_kl(r):

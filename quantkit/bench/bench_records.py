@@ -112,14 +112,10 @@ class BenchRow:
     engine_info: dict
     prompt_len: int
     gen_len: int
-    depth: int | None = shown_as(
-        Column(BENCH, "depth", place=10, cell=lambda r: r.depth, shown=bc.any_depth)
-    )  # tokens cached when decode starts (--depth); None: a fresh prefill per repeat
-    flash_attn: bool | None = shown_as(
-        Column(
-            BENCH, "flash attn", place=20, cell=lambda r: "on" if r.flash_attn else "off", shown=bc.flash_attn_varies
-        )
-    )  # the engine's flash-attention setting, where it has the lever (llama.cpp)
+    # tokens cached when decode starts (--depth); None: a fresh prefill per repeat
+    depth: int | None = shown_as(Column(BENCH, "depth", place=10, cell=bc.depth, shown=bc.any_depth))
+    # the engine's flash-attention setting, where it has the lever (llama.cpp)
+    flash_attn: bool | None = shown_as(Column(BENCH, "flash attn", place=20, cell=bc.on_off, shown=bc.levers_vary))
     # the KV cache's element type as the engine held it (bench/engines/engine.py kv_cache_type): llama.cpp's
     # K/V types (`q8_0`, `q8_0/f16`), `fp8_e4m3` in vLLM for a checkpoint with FP8 K/V scales, the torch
     # engines' dtype; None in files written before it was recorded
@@ -137,7 +133,8 @@ class BenchRow:
     bytes_per_token: float = shown_as(Column(BENCH, "MB/token", place=60, digits=2, divisor=1e6))
     kv_bytes_per_step: float
     ideal_bytes_per_token: float
-    ttft_ms: float | None = shown_as(  # None at depth 0: nothing to prefill
+    # None at depth 0: nothing to prefill
+    ttft_ms: float | None = shown_as(
         Column(BENCH, "TTFT", "ms", place=80, digits=1), Column(REPORT, "TTFT", "ms", place=10, fmt="{:.1f}")
     )
     tpot_ms: float = shown_as(
@@ -149,14 +146,7 @@ class BenchRow:
     predicted_ttft_ms: float | None = shown_as(Column(BENCH, "pred TTFT", "ms", place=100, digits=1))
     tpot_efficiency: float = shown_as(
         Column(BENCH, "TPOT eff", place=120, cell=bc.tpot_eff),
-        Column(
-            REPORT,
-            "efficiency",
-            place=40,
-            fmt="{:.0f}%",
-            key="tpot_efficiency_pct",
-            cell=lambda r: r.tpot_efficiency * 100,
-        ),
+        Column(REPORT, "efficiency", place=40, fmt="{:.0f}%", key="tpot_efficiency_pct", cell=bc.tpot_pct),
     )
     ttft_efficiency: float | None = shown_as(Column(BENCH, "TTFT eff", place=130, cell=bc.ttft_eff))
     ttft_bound: str | None
@@ -172,11 +162,11 @@ class BenchRow:
     # TPOT split into its causes (core/attribution.py); None where a term could not be measured on
     # this engine, `attribution_missing` saying why (and which terms a present one lacks)
     attribution: Attribution | None = shown_as(
-        Column(BENCH, "TPOT goes to", place=140, cell=lambda r: bc.split(r) or bc.MISSING),
-        Column(BENCH, "bound", place=150, cell=lambda r: bc.bound(r) or bc.MISSING),
+        Column(BENCH, "TPOT goes to", place=140, cell=bc.split),
+        Column(BENCH, "bound", place=150, cell=bc.bound),
         Column(BENCH, "attributed ms", place=160, cell=bc.attributed),
-        Column(REPORT, "TPOT goes to", place=50, key="time_split", cell=lambda r: bc.split(r, with_sum=True)),
-        Column(REPORT, "bound", place=60, key="bound", cell=bc.bound),
+        Column(REPORT, "TPOT goes to", place=50, key="time_split", cell=bc.split_summed),
+        Column(REPORT, "bound", place=60, cell=bc.bound),
         default=None,
     )
     attribution_missing: tuple[str, ...] = ()
