@@ -1,5 +1,5 @@
 """Bench engines by name: one module each, one `Engine` class per module (interface: engine.py),
-registered in core/engine_registry.py `ENGINES` (the module's path and a summary per name).
+registered in core/engine_registry.py `ENGINES` (the module of each name).
 
 Modules are imported when their engine is asked for, so an optional engine's library is only
 needed by those who use it. What an engine can do is a class attribute of its `Engine`
