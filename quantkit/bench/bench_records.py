@@ -166,7 +166,7 @@ class BenchRow:
         Column(BENCH, "bound", place=150, cell=bc.bound),
         Column(BENCH, "attributed ms", place=160, cell=bc.attributed),
         Column(REPORT, "TPOT goes to", place=50, key="time_split", cell=bc.split_summed),
-        Column(REPORT, "bound", place=60, cell=bc.bound),
+        Column(REPORT, "bound", place=60, key="bound", cell=bc.bound),
         default=None,
     )
     attribution_missing: tuple[str, ...] = ()
