@@ -69,4 +69,4 @@ def test_the_tests_it_cites_exist(claim):
 def test_the_capability_table_is_the_registrys():
     from quantkit.export.export_registry import capability_table
 
-    assert capability_table() in DOC, "docs/ARCHITECTURE.md's capability table differs from capability_table()"
+    assert capability_table() in DOC, "docs/ARCHITECTURE.md's capability table is stale: run scripts/render_docs.py"

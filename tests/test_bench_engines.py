@@ -39,9 +39,10 @@ class CountingEngine(Engine):
 
 
 def test_registry_is_explicit_and_lazy():
-    assert list(ENGINES) == ["eager", "compiled", "vllm", "llamacpp"]
+    assert {"eager", "compiled", "vllm", "llamacpp"} <= set(ENGINES)
+    assert all(e.module.startswith("quantkit.bench.engines.") for e in ENGINES.values())
     assert engine_class("eager").name == "eager" and engine_class("compiled").compiles
-    with pytest.raises(QuantkitError, match="unknown engine 'llama'; valid: eager, compiled, vllm, llamacpp"):
+    with pytest.raises(QuantkitError, match=f"unknown engine 'llama'; valid: {', '.join(ENGINES)}$"):
         engine_class("llama")
 
 
@@ -187,3 +188,52 @@ def test_interface_doc_names_every_method():
         "close",
     ):
         assert f"{method}(" in doc and callable(getattr(Engine, method))
+
+
+TOY_ENGINE = '''
+"""A bench engine written in a test only: the eager engine under another name."""
+
+from quantkit.bench.engines.eager_engine import Engine as Eager
+
+
+class Engine(Eager):
+    name = "toy"
+'''
+
+
+def test_a_new_engine_is_one_module_and_one_entry(cli, tiny_llama, tmp_path, monkeypatch):
+    """An engine is its module and one registry entry: `quantkit bench --engine` runs it and a recipe
+    takes its name, with nothing else told of it."""
+    import quantkit.bench.probe as probing
+    from quantkit.core.engine_registry import EngineEntry
+    from quantkit.recipe.files import recipe_from_dict
+
+    (tmp_path / "toy_bench_engine.py").write_text(TOY_ENGINE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(ENGINES, "toy", EngineEntry("toy_bench_engine"))  # its registry line
+    monkeypatch.setattr(probing, "run_probe", _probe)
+    fast = ["--prompt-len", "8", "--gen-len", "3", "--repeats", "1", "--min-seconds", "0", "--warmups", "0"]
+    code, _, err, data = cli("bench", str(tiny_llama), "--engine", "toy", "--device", "cpu", *fast, "--json")
+    assert code == 0, err
+    (row,) = data["rows"]
+    assert row["engine"] == "toy" and row["tpot_ms"] > 0 and data["settings"]["engine"] == "toy"
+    assert row["self_check"]["status"] == "passed"
+    bench = recipe_from_dict({"steps": [{"quantize": {"method": "rtn"}}], "bench": {"engines": ["toy", "eager"]}})
+    assert bench.bench.engines == ("toy", "eager")
+
+
+def _probe(device, threads=None) -> dict:
+    """The device probe's figures, fixed (a test times nothing it asserts)."""
+    return {
+        "device": str(device),
+        "name": "fake cpu",
+        "threads": 2,
+        "read_gbps": 20.0,
+        "copy_gbps": 10.0,
+        "bf16_matmul_tflops": 1.0,
+        "matmul_tflops": {"bfloat16": 1.0, "float16": 0.15, "float32": 0.15},
+        "llc_bytes": None,
+        "measured_at": "now",
+        "method": "injected",
+        "spread": {"read_gbps": {"best": 20.0, "median": 20.0, "worst": 20.0, "spread_pct": 0.0}},
+    }

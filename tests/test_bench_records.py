@@ -114,3 +114,34 @@ def test_a_row_is_frozen():
     with pytest.raises(AttributeError):
         row.tpot_ms = 1.0
     assert BenchRow.from_json(row.to_json()) == row
+
+
+def test_a_new_column_is_its_field(monkeypatch):
+    """A figure that is a BenchRow field carrying its columns shows in quantkit bench's table and CSV
+    and in the run report's table, and travels in both JSON files, with nothing else told of it."""
+    from dataclasses import make_dataclass, replace
+
+    from quantkit.bench import bench_records
+    from quantkit.bench.bench_columns import BENCH, REPORT, Column, shown_as
+    from quantkit.cli.bench_cmd import render
+    from quantkit.pipeline.report import markdown_table, variant_row
+    from quantkit.pipeline.variant_record import VariantRecord
+
+    toy = shown_as(Column(BENCH, "toy", "µs", digits=3), Column(REPORT, "toy", "µs", fmt="{:.3f}"), default=0.0)
+    row_type = make_dataclass("BenchRow", [("toy_us", float, toy)], bases=(BenchRow,), frozen=True)
+    result = BenchResult.from_json(_v2())  # a file from before the field (reading it would be a migration's work)
+    monkeypatch.setattr(bench_records, "BenchRow", row_type)  # the field, on the record
+    result = replace(result, rows=tuple(row_type(**r.__dict__, toy_us=1.23456) for r in result.rows))
+    again = BenchResult.from_json(json.loads(json.dumps(result.to_json())))
+    assert again.rows[0].toy_us == 1.23456 and again == result
+
+    table = render(result, "md").splitlines()
+    header = next(line for line in table if line.startswith("| variant"))
+    assert header.endswith("| toy µs |") and table[table.index(header) + 2].endswith("| 1.235 |")
+    csv_head, csv_row = render(result, "csv").splitlines()[:2]
+    assert csv_head.endswith(",toy µs") and csv_row.endswith(",1.235")
+
+    row = variant_row(VariantRecord("int4", bench=result.rows[0]))
+    assert row["toy_us"] == 1.23456
+    header, _, line = markdown_table([row]).splitlines()
+    assert "| bound | toy µs | ΔPPL % |" in header and "| 1.235 |" in line

@@ -13,15 +13,15 @@ import pytest
 from quantkit.errors import QuantkitError, RecipeError
 from quantkit.export import export_registry
 from quantkit.export.export_registry import EXPORTERS, capability_table, check_formats, exporter_for, formats
-from quantkit.export.exporter import EXACT, REFUSED, Exporter, ExportSettings, Verdict
+from quantkit.export.exporter import EXACT, LOSSY, REFUSED, Exporter, ExportSettings, Verdict
 from quantkit.models import scheme_facts as sf
 
 
 def test_formats_and_the_pick():
-    assert formats() == ["compressed-tensors", "gguf"]
+    assert {"compressed-tensors", "gguf"} <= set(formats()) and formats() == sorted(set(formats()))
     assert exporter_for("gguf").name == "gguf"
     assert exporter_for("gguf", ExportSettings(qtype="Q4_K_M")).name == "gguf-kquant"  # selected by --type
-    with pytest.raises(QuantkitError, match="unknown export format 'onnx'; valid: compressed-tensors, gguf"):
+    with pytest.raises(QuantkitError, match=f"unknown export format 'onnx'; valid: {', '.join(formats())}$"):
         exporter_for("onnx")
     with pytest.raises(RecipeError, match=r"export.formats\[1\]: unknown export format 'onnx'"):
         check_formats(["gguf", "onnx"])
@@ -47,6 +47,10 @@ class Toy(Exporter):
     def takes(self, facts: sf.SchemeFacts) -> Verdict:
         return Verdict(EXACT, "names and shapes only")
 
+    def check(self, settings: ExportSettings) -> None:
+        if settings.qtype is not None:
+            raise QuantkitError("--type applies to --format gguf; toy writes names and shapes")
+
     def out_name(self, stem: str, settings: ExportSettings) -> str:
         return f"{stem}.toy.json"
 
@@ -70,10 +74,34 @@ def toy(monkeypatch):
 
 
 def test_a_new_format_is_one_class_and_one_entry(toy, cli, tiny_llama, tmp_path):
+    """Listed (--format's choices, the refusal of an unknown format, the capability table), written,
+    and refused where its check says, with nothing but the class and its registry line."""
+    code, out, err, _ = cli("export", "--help")
+    assert code == 0 and "toy" in out
+    with pytest.raises(QuantkitError, match="valid: compressed-tensors, gguf, toy$"):
+        exporter_for("onnx")
+    assert "| `toy` | `toy` | the tensor names and shapes, as JSON |" in capability_table()
     code, out, err, rec = cli("export", str(tiny_llama), "--format", "toy", "--out", str(tmp_path / "m.json"), "--json")
     assert code == 0, err
     assert rec["tensors"] > 0 and json.loads((tmp_path / "m.json").read_text())
-    assert "toy" in capability_table()
+    code, out, err, _ = cli(
+        "export", str(tiny_llama), "--format", "toy", "--type", "Q4_K_M", "--out", str(tmp_path / "t")
+    )
+    assert code == 2 and "error: --type applies to --format gguf; toy writes names and shapes" in err
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("name", list(EXPORTERS))
+def test_every_exporter_states_what_it_is(name):
+    """Each registered exporter names its format, what it writes, a verdict with a reason on every
+    scheme the docs table shows, and an output name."""
+    e = EXPORTERS[name]
+    assert e.name == name and e.format in formats() and e.writes
+    assert e.selected_by is None or e.selected_by in ExportSettings.__dataclass_fields__
+    for _, facts in export_registry.SCHEMES:
+        v = e.takes(facts)
+        assert v.kind in (EXACT, LOSSY, REFUSED) and v.reason
+    assert e.out_name("m", ExportSettings())
 
 
 def _recipe(tmp_path, formats) -> Path:

@@ -225,13 +225,13 @@ def test_unknown_method_lists_autoround(tmp_path):
 
 
 def test_the_engine_names_a_recipe_takes_are_the_registries():
-    """The recipe names the bench engines and eval scorers it accepts (it is read below their
-    packages); they must be exactly the registered ones, capabilities included."""
+    """The recipe names the eval scorers it accepts (it is read below their package): they must be
+    exactly the registered ones, capabilities included. Its bench engines are the registry itself."""
     from quantkit.bench.engines import ENGINES
     from quantkit.evals.scorers import SCORERS
     from quantkit.recipe.schema import BENCH_ENGINES, EVAL_ENGINES, TASK_ENGINES
 
-    assert BENCH_ENGINES == tuple(ENGINES)
+    assert BENCH_ENGINES is ENGINES
     assert EVAL_ENGINES == tuple(SCORERS)
     assert TASK_ENGINES == tuple(name for name, scorer in SCORERS.items() if scorer.runs_tasks)
     for name in ENGINES:

@@ -10,6 +10,9 @@ script's result file is an error where it is read. Files of schema 2 (before dep
 attention were measured), 3 (before each row named its KV cache's type), 4 (before TPOT was
 attributed) and 5 (before each row named its CPU variant) still read: `BenchResult.from_json`
 migrates them.
+
+A BenchRow field that shows in a table carries its columns (bench_columns.py) as its metadata:
+`quantkit bench`'s table and CSV, the run report's table and the plots' axes read them from there.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from quantkit.bench import bench_columns as bc
+from quantkit.bench.bench_columns import BENCH, REPORT, Column, shown_as
 from quantkit.core.attribution import Attribution
 from quantkit.core.fits import PrefillFit, RuleFit, fit_rule
 from quantkit.core.record_checks import (
@@ -92,9 +97,9 @@ class BenchRow:
     decodes from it, the cache restored to the depth between repeats."""
 
     model: str
-    name: str
+    name: str = shown_as(Column(BENCH, "variant", place=0))
     kind: str
-    kernel: str
+    kernel: str = shown_as(Column(BENCH, "kernel", place=40))
     emulated: str | None
     engine: str
     device: str
@@ -102,17 +107,19 @@ class BenchRow:
     dtype: str | None
     # the CPU code the row ran (variant_name): ggml's variant (`zen4`), `one CPU build` for a library
     # without run-time dispatch, ATen's kernels (`ATen AVX512`) in the torch engines; None on a GPU
-    cpu_variant: str | None
+    cpu_variant: str | None = shown_as(Column(BENCH, "runs on", place=50, cell=bc.runs_on))
     threads: int | None
     engine_info: dict
     prompt_len: int
     gen_len: int
-    depth: int | None  # tokens cached when decode starts (--depth); None: a fresh prefill per repeat
-    flash_attn: bool | None  # the engine's flash-attention setting, where it has the lever (llama.cpp)
+    # tokens cached when decode starts (--depth); None: a fresh prefill per repeat
+    depth: int | None = shown_as(Column(BENCH, "depth", place=10, cell=bc.depth, shown=bc.any_depth))
+    # the engine's flash-attention setting, where it has the lever (llama.cpp)
+    flash_attn: bool | None = shown_as(Column(BENCH, "flash attn", place=20, cell=bc.on_off, shown=bc.levers_vary))
     # the KV cache's element type as the engine held it (bench/engines/engine.py kv_cache_type): llama.cpp's
     # K/V types (`q8_0`, `q8_0/f16`), `fp8_e4m3` in vLLM for a checkpoint with FP8 K/V scales, the torch
     # engines' dtype; None in files written before it was recorded
-    kv_cache: str | None
+    kv_cache: str | None = shown_as(Column(BENCH, "KV cache", place=30, shown=bc.varies("kv_cache")))
     load_s: float
     compile_and_warmup_s: float
     warmups: int
@@ -121,19 +128,29 @@ class BenchRow:
     stored_weight_bytes: int | None
     tied_lm_head: bool | None
     weight_bytes_by_type: dict | None  # GGUF tensor type -> bytes (llama.cpp)
-    kv_bytes_per_token: float
+    kv_bytes_per_token: float = shown_as(Column(BENCH, "KV", "kB/token", place=70, digits=2, divisor=1e3))
     kv_cache_tokens: int
-    bytes_per_token: float
+    bytes_per_token: float = shown_as(Column(BENCH, "MB/token", place=60, digits=2, divisor=1e6))
     kv_bytes_per_step: float
     ideal_bytes_per_token: float
-    ttft_ms: float | None  # None at depth 0: nothing to prefill
-    tpot_ms: float
-    predicted_tpot_ms: float
-    predicted_ttft_ms: float | None
-    tpot_efficiency: float
-    ttft_efficiency: float | None
+    # None at depth 0: nothing to prefill
+    ttft_ms: float | None = shown_as(
+        Column(BENCH, "TTFT", "ms", place=80, digits=1), Column(REPORT, "TTFT", "ms", place=10, fmt="{:.1f}")
+    )
+    tpot_ms: float = shown_as(
+        Column(BENCH, "TPOT", "ms", place=90, digits=2), Column(REPORT, "TPOT", "ms", place=20, fmt="{:.2f}")
+    )
+    predicted_tpot_ms: float = shown_as(
+        Column(BENCH, "pred TPOT", "ms", place=110, digits=2), Column(REPORT, "pred TPOT", "ms", place=30, fmt="{:.2f}")
+    )
+    predicted_ttft_ms: float | None = shown_as(Column(BENCH, "pred TTFT", "ms", place=100, digits=1))
+    tpot_efficiency: float = shown_as(
+        Column(BENCH, "TPOT eff", place=120, cell=bc.tpot_eff),
+        Column(REPORT, "efficiency", place=40, fmt="{:.0f}%", key="tpot_efficiency_pct", cell=bc.tpot_pct),
+    )
+    ttft_efficiency: float | None = shown_as(Column(BENCH, "TTFT eff", place=130, cell=bc.ttft_eff))
     ttft_bound: str | None
-    self_check: dict
+    self_check: dict = shown_as(Column(BENCH, "self-check KL", place=170, cell=bc.self_check_kl))
     stats: dict
     prompt_sweep: tuple[SweepPoint, ...]
     notes: tuple[str, ...]
@@ -144,7 +161,14 @@ class BenchRow:
     accounting_error: bool = False
     # TPOT split into its causes (core/attribution.py); None where a term could not be measured on
     # this engine, `attribution_missing` saying why (and which terms a present one lacks)
-    attribution: Attribution | None = None
+    attribution: Attribution | None = shown_as(
+        Column(BENCH, "TPOT goes to", place=140, cell=bc.split),
+        Column(BENCH, "bound", place=150, cell=bc.bound),
+        Column(BENCH, "attributed ms", place=160, cell=bc.attributed),
+        Column(REPORT, "TPOT goes to", place=50, key="time_split", cell=bc.split_summed),
+        Column(REPORT, "bound", place=60, key="bound", cell=bc.bound),
+        default=None,
+    )
     attribution_missing: tuple[str, ...] = ()
     disturbed: tuple[str, ...] = ()  # why another process seems to have taken the cores (rows.disturbance)
     prefill_fit: PrefillFit | None = None  # TTFT over the --sweep's prompt lengths: a + b*P + c*P^2
@@ -177,6 +201,26 @@ class BenchRow:
                 "prefill_fit": PrefillFit.from_json(d["prefill_fit"]) if d["prefill_fit"] else None,
             }
         )
+
+
+def bench_table(rows) -> list[dict]:
+    """quantkit bench's table (and --csv) of `rows`: header -> cell, from BenchRow's columns."""
+    return bc.table_rows(list(rows), BenchRow)
+
+
+def report_columns() -> list[Column]:
+    """The bench columns of the run report's table, from BenchRow's fields."""
+    return bc.columns(BenchRow, REPORT)
+
+
+def report_cells(row: BenchRow) -> dict:
+    """The values of the run report's bench columns for `row`, by their report keys."""
+    return bc.report_cells(row, BenchRow)
+
+
+def axis(name: str) -> str:
+    """A plot's axis for the BenchRow field `name` (its first column's header and unit)."""
+    return next(c.axis for c in bc.columns(BenchRow, BENCH) if c.name == name)
 
 
 @dataclass(frozen=True)

@@ -8,69 +8,13 @@ from pathlib import Path
 
 import click
 
+from quantkit.bench.bench_records import bench_table
 from quantkit.bench.engines import ENGINES, engine_class
 from quantkit.bench.probe import best_matmul
 from quantkit.cli._common import MODEL, echo_json, int_list
 from quantkit.cli._options import settings_from_cli, settings_options
 from quantkit.core.fits import describe_fit
 from quantkit.recipe.bench_options import BenchOptions
-
-
-def table_rows(result) -> list[dict]:
-    """The table of a BenchResult (bench/bench_records.py): one line per row."""
-    out = []
-    depths = any(r.depth is not None for r in result.rows)
-    levers = any(r.flash_attn is not None for r in result.rows) and len({r.flash_attn for r in result.rows}) > 1
-    caches = len({r.kv_cache for r in result.rows}) > 1
-    for r in result.rows:
-        check = r.self_check or {}
-        out.append(
-            {
-                "variant": r.name,
-                **({"depth": r.depth} if depths else {}),
-                **({"flash attn": "on" if r.flash_attn else "off"} if levers else {}),
-                **({"KV cache": r.kv_cache or "—"} if caches else {}),
-                "kernel": r.kernel,
-                "runs on": runs_on(r),
-                "MB/token": round(r.bytes_per_token / 1e6, 2),
-                "KV kB/token": round(r.kv_bytes_per_token / 1e3, 2),
-                "TTFT ms": round(r.ttft_ms, 1) if r.ttft_ms is not None else "—",
-                "TPOT ms": round(r.tpot_ms, 2),
-                "pred TTFT ms": round(r.predicted_ttft_ms, 1) if r.predicted_ttft_ms is not None else "—",
-                "pred TPOT ms": round(r.predicted_tpot_ms, 2),
-                "TPOT eff": f"{r.tpot_efficiency * 100:.0f}%"
-                + (" (!)" if "tpot_above_roofline" in r.flags else "")
-                + (" (fits in cache)" if r.fits_in_cache and r.tpot_efficiency > 1 else ""),
-                "TTFT eff": f"{r.ttft_efficiency * 100:.0f}%" + (" (!)" if "ttft_above_roofline" in r.flags else "")
-                if r.ttft_efficiency is not None
-                else "—",
-                **attribution_cells(r),
-                "self-check KL": f"{check['mean_kl']:.2g}"
-                if check.get("mean_kl") is not None
-                else check.get("status", "—"),
-            }
-        )
-    return out
-
-
-def runs_on(r) -> str:
-    """The CPU variant (ggml's, or ATen's kernels) and the dtype a row ran, in one cell."""
-    return " · ".join(str(x) for x in (r.cpu_variant, r.dtype) if x) or "—"
-
-
-def attribution_cells(r) -> dict:
-    """Where the row's TPOT goes: each term's share of the attributed step, what bounds it, and the
-    attributed prediction beside the measurement."""
-    a = r.attribution
-    if a is None:
-        return {"TPOT goes to": "—", "bound": "—", "attributed ms": "—"}
-    sh = a.shares()
-    return {
-        "TPOT goes to": f"weights {sh['weights']:.0%} · compute {sh['compute']:.0%} · KV {sh['kv']:.0%} · "
-        f"overhead {sh['overhead']:.0%}",
-        "bound": a.bound,
-        "attributed ms": f"{a.total_ms:.2f} ({a.explained:.0%})",
-    }
 
 
 def markdown(rows: list[dict]) -> str:
@@ -112,7 +56,7 @@ def _fit_line(fit, n_rows: int) -> list[str]:
 
 
 def render(result, fmt: str) -> str:
-    rows = table_rows(result)
+    rows = bench_table(result.rows)
     if fmt == "csv":
         if not rows:
             return ""

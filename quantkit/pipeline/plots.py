@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantkit.bench.bench_records import BenchRow
+from quantkit.bench.bench_records import BenchRow, axis
 from quantkit.bench.rows import point_of
 from quantkit.core.fits import RuleFit
 from quantkit.core.outputs import save_png
@@ -68,7 +68,7 @@ def rule_check(
                 label=f"{'' if engine is None else engine + ' '}rule check (non-negative terms, R² {f.r2:.3f})",
             )
     ax.set_xlabel("bytes read per decode token (MB)")
-    ax.set_ylabel("TPOT (ms)")
+    ax.set_ylabel(axis("tpot_ms"))
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.set_title(
@@ -94,7 +94,7 @@ def ttft_sweep(rows: list[BenchRow], out: Path) -> Path:
         line = ax.plot(ls, [p.ttft_ms["median"] for p in sw], "o-", label=f"{r.name} measured")
         ax.plot(ls, [p.predicted_ttft_ms for p in sw], ":", color=line[0].get_color(), label=f"{r.name} roofline")
     ax.set_xlabel("prompt length (tokens)")
-    ax.set_ylabel("TTFT (ms)")
+    ax.set_ylabel(axis("ttft_ms"))
     ax.set_title("TTFT against prompt length (batch 1)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
@@ -127,7 +127,7 @@ def tpot_depth(rows: list[BenchRow], fit: RuleFit, out: Path) -> Path:
         if fitted and None not in fitted:
             ax.plot(xs, [f * 1e3 for f in fitted], "--", color=color, alpha=0.6, label=f"{label} rule-check fit")
     ax.set_xlabel("KV depth (tokens in the cache when decode starts)")
-    ax.set_ylabel("TPOT (ms)")
+    ax.set_ylabel(axis("tpot_ms"))
     ax.set_ylim(bottom=0)
     ax.set_title("TPOT against KV depth (batch 1)")
     ax.legend(fontsize=7)

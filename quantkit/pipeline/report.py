@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from quantkit.artifacts.card import update_card_results
-from quantkit.bench.bench_records import BenchRow
+from quantkit.bench.bench_records import BenchRow, report_cells, report_columns
 from quantkit.core.atomic import write_json, write_text
 from quantkit.core.fits import RuleFit, describe_fit
 from quantkit.core.record_checks import RecordError
@@ -36,22 +36,26 @@ from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.progress import note
 from quantkit.recipe.schema import BASELINE_NAME
 
-COLUMNS = [
+# The table's columns around the bench's: the bench columns between them are BenchRow's own
+# (bench/bench_records.py report_columns), so a new bench figure shows here without a line here.
+SIZE_COLUMNS = [
     ("variant", "name", "{}"),
     ("size MB", "disk_mb", "{:.1f}"),
     ("bits/weight", "bits_per_weight", "{:.2f}"),
     ("KV B/token", "kv_bytes_per_token", "{:,}"),
-    ("TTFT ms", "ttft_ms", "{:.1f}"),
-    ("TPOT ms", "tpot_ms", "{:.2f}"),
-    ("pred TPOT ms", "predicted_tpot_ms", "{:.2f}"),
-    ("efficiency", "tpot_efficiency_pct", "{:.0f}%"),
-    ("TPOT goes to", "time_split", "{}"),
-    ("bound", "bound", "{}"),
+]
+ACCURACY_COLUMNS = [
     ("ΔPPL %", "delta_ppl_pct", "{:+.2f}"),
     ("KL", "kld_mean", "{:.4f}"),
     ("top-1", "top1_pct", "{:.1f}%"),
     ("lm-eval Δ", "tasks_delta", "{}"),
 ]
+
+
+def table_columns() -> list[tuple[str, str, str]]:
+    """The report table's columns: (header, the row's key, the format of a present value)."""
+    bench = [(c.title, c.key, c.fmt) for c in report_columns()]
+    return [*SIZE_COLUMNS, *bench, *ACCURACY_COLUMNS]
 
 
 ACCURACY_KEYS = ("delta_ppl_pct", "kld_mean", "top1_pct")
@@ -103,16 +107,9 @@ def variant_row(rec: VariantRecord, engine: str | None = None) -> dict:
             threads=b.threads,
             disturbed=list(b.disturbed),
         )
-        a = b.attribution
-        if a is not None:
-            sh = a.shares()
-            row.update(
-                attribution=a.to_json(),
-                time_split=f"weights {sh['weights']:.0%} · compute {sh['compute']:.0%} · KV {sh['kv']:.0%} · "
-                f"overhead {sh['overhead']:.0%}" + ("" if a.holds else f" (sums to {a.explained:.0%})"),
-                bound=a.bound,
-                lever=a.lever,
-            )
+        if b.attribution is not None:
+            row.update(attribution=b.attribution.to_json(), lever=b.attribution.lever)
+        row.update({k: v for k, v in report_cells(b).items() if k not in row})  # the table's bench columns
     if engine:
         row["engine"] = engine
         failed = rec.bench_errors.get(engine)
@@ -141,7 +138,7 @@ def markdown_table(rows: list[dict], domain: str | None = None) -> str:
     # several engines: a row per variant and engine, the engine named beside the variant
     many = len({r.get("engine") for r in rows if r.get("engine")}) > 1
     kl = kl_header(r["kl_kind"] for r in rows if r.get("kl_kind"))
-    named = [(kl if key == "kld_mean" else h, key, fmt) for h, key, fmt in COLUMNS]
+    named = [(kl if key == "kld_mean" else h, key, fmt) for h, key, fmt in table_columns()]
     base = [(f"{h} ({domain})" if domain and key in ACCURACY_KEYS else h, key, fmt) for h, key, fmt in named]
     columns = [base[0], ("engine", "engine", "{}"), *base[1:]] if many else base
     first = 2 if many else 1

@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import Field, dataclass, fields
 from typing import Any, Callable
 
+from quantkit.core.engine_registry import ENGINES as ENGINE_REGISTRY
 from quantkit.core.option_fields import INTS, SWITCH, WORDS, flag, option
 from quantkit.core.precision import DTYPES
 
-# The bench engines' names (bench/engines ENGINES, which tests/test_recipe.py checks them against):
-# the recipe and these options name them below the package that implements them.
-BENCH_ENGINES = ("eager", "compiled", "vllm", "llamacpp")
+# The bench engines by name: the registry's data (core/engine_registry.py), below the recipe and
+# these options, which read it; bench/engines imports each one's module when it is asked for.
+BENCH_ENGINES = ENGINE_REGISTRY
 # --flash-attn: the engine's own default, on, off, or both (each model benched once per setting)
 FLASH_ATTN = {"default": (None,), "on": (True,), "off": (False,), "both": (False, True)}
 DEVICE_PATTERN = r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$"  # a recipe's --device values; resolved when the bench starts

@@ -167,10 +167,11 @@ class CalibrationConfig(StrictConfig):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda)(:[0-9]+)?$")
 
 
-# The engine names a recipe may use. The recipe is read below the packages that implement them
-# (bench/engines ENGINES, evals/scorers SCORERS), so it names them beside their options
-# (recipe/bench_options.py BENCH_ENGINES, recipe/eval_options.py EVAL_ENGINES); tests/test_recipe.py
-# checks that these are exactly the registries' names, so a new engine is refused nowhere.
+# The engine names a recipe may use. The recipe is read below the packages that implement them:
+# the bench engines' registry is data below it (core/engine_registry.py, read through
+# recipe/bench_options.py BENCH_ENGINES); the eval scorers (evals/scorers SCORERS) are named beside
+# their options (recipe/eval_options.py EVAL_ENGINES), and tests/test_recipe.py checks that these
+# are exactly the registry's names, so a new engine is refused nowhere.
 TASK_ENGINES = ("transformers",)  # the eval engines lm-eval tasks run beside (a scorer's runs_tasks)
 
 
