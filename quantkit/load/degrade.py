@@ -107,9 +107,10 @@ def _ttft_cause(base: Step, step: Step, index: int) -> tuple[str, str, dict | No
         growth[name] = b - a
     largest = max(growth, key=growth.get)
     share = (after.share.queue, before.share.queue)
+    queue, prefill, other = (growth[name] for name in PARTS)
     evidence = (
-        f"from the lightest step to step {index}: queue +{growth['queue_ms']:.0f} ms, "
-        f"prefill {growth['prefill_ms']:+.0f} ms, other {growth['other_ms']:+.0f} ms (means)"
+        f"from the lightest step to step {index}: queue +{queue:.0f} ms, "
+        f"prefill {prefill:+.0f} ms, other {other:+.0f} ms (means)"
     )
     if share[0] is not None and share[1] is not None:
         evidence += f"; queue share {100 * share[1]:.0f}% -> {100 * share[0]:.0f}%"
