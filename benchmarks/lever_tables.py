@@ -1,5 +1,5 @@
 """Tables of a finished lever study (`quantkit levers ... --out DIR`, its study.json), for the result
-files of llama_server_levers.py and vllm_levers.py: one table per study, the columns its lever acts on.
+files of levers.py: one table per study, the columns its lever acts on.
 
 Every interval is a 95% bootstrap interval (quantkit/load/intervals.py); "moved" only when it
 excludes no change. A table carries its own command, machine and date (`source`), so that a result

@@ -7,7 +7,8 @@ achieved req/s and output tokens/s, the client's CPU per request and per streame
 client's and the stub's CPU share (1.0 = one core busy), and the latency the client + loopback
 add on their own (TTFT and TPOT against a server that takes no time).
 
-    python benchmarks/load_client.py --concurrency 1,4,16,64,256 --gen-len 64 --step-seconds 10
+    python benchmarks/load_client.py --concurrency 1,4,16,64,256 --rate 100,400 --gen-len 64 --step-seconds 10
+Writes benchmarks/results/NAME.json (--name, default load-client): the levels' table and the ceiling.
 
 The client is the bottleneck when its CPU share nears 1.0 (one asyncio loop, one core). Its
 ceiling on one core is 1 / (client CPU per request); on a shared machine, read the CPU figures,
@@ -25,8 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
+from common import REPO, write_result
+from render import cell
 
 # ---------------------------------------------------------------- the instant stub (separate process)
 
@@ -163,20 +164,28 @@ def _one_level(url: str, mode: str, level: float, args, stub) -> dict:
     }
 
 
+COLUMNS = [
+    {"key": "load", "header": "load", "fmt": "{}"},
+    {"key": "req_per_s", "header": "req/s", "fmt": "{:.0f}"},
+    {"key": "tokens_per_s", "header": "tokens/s", "fmt": "{:.0f}"},
+    {"key": "client_cpu_share", "header": "client CPU (cores)", "fmt": "{:.2f}"},
+    {"key": "client_cpu_ms_per_request", "header": "client CPU ms/request", "fmt": "{:.2f}"},
+    {"key": "client_cpu_us_per_token", "header": "client CPU µs/token", "fmt": "{:.1f}"},
+    {"key": "stub_cpu_share", "header": "stub CPU (cores)", "fmt": "{:.2f}"},
+    {"key": "ttft", "header": "TTFT P50 / P99 ms", "fmt": "{0:.1f} / {1:.1f}"},
+    {"key": "send_lag_ms_p99", "header": "send lag P99 ms", "fmt": "{:.1f}"},
+]
+
+
+def _row(r: dict) -> dict:
+    return {**r, "load": f"{r['mode']}={r['level']:g}", "ttft": [r["ttft_ms_p50"], r["ttft_ms_p99"]]}
+
+
 def _table(rows: list[dict]) -> str:
-    lines = [
-        "| load | req/s | tokens/s | client CPU (cores) | client CPU ms/request | client CPU µs/token "
-        "| stub CPU (cores) | TTFT P50 / P99 ms | send lag P99 ms |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lag = "-" if r["send_lag_ms_p99"] is None else f"{r['send_lag_ms_p99']:.1f}"
-        lines.append(
-            f"| {r['mode']}={r['level']:g} | {r['req_per_s']:.0f} | "
-            f"{r['tokens_per_s']:.0f} | {r['client_cpu_share']:.2f} "
-            f"| {r['client_cpu_ms_per_request']:.2f} | {r['client_cpu_us_per_token']:.1f} | {r['stub_cpu_share']:.2f} "
-            f"| {r['ttft_ms_p50']:.1f} / {r['ttft_ms_p99']:.1f} | {lag} |"
-        )
+    lines = ["| " + " | ".join(c["header"] for c in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in map(_row, rows):
+        cells = ["-" if r[c["key"]] is None else cell(r[c["key"]], c["fmt"]) for c in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -198,7 +207,7 @@ def main() -> None:
         help="the stub's gap between tokens (0: all at once; > 0: each token arrives on its own, "
         "as from a real server, and TTFT is still instant)",
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the figures here")
+    parser.add_argument("--name", default="load-client", help="the result's name: benchmarks/results/NAME.json")
     parser.add_argument(
         "--quantkit",
         metavar="DIR",
@@ -226,29 +235,30 @@ def main() -> None:
         proc.kill()
         proc.wait()
     best = max(rows, key=lambda r: r["req_per_s"])
-    summary = {
-        "machine": {"cpus": os.cpu_count(), "loadavg_1min_before": load_before[0], "loadavg_1min_after": load_after[0]},
-        "settings": vars(args) | {"serve": None},
-        "levels": rows,
-        "ceiling": {
-            "measured_req_per_s": best["req_per_s"],
-            "measured_tokens_per_s": best["tokens_per_s"],
-            "at": f"{best['mode']}={best['level']:g}",
-            # one core fully busy with the client: 1 / (CPU per request) at the busiest level
-            "one_core_req_per_s": 1e3 / best["client_cpu_ms_per_request"],
-            "one_core_tokens_per_s": 1e6 / best["client_cpu_us_per_token"],
-        },
+    ceiling = {
+        "measured_req_per_s": best["req_per_s"],
+        "measured_tokens_per_s": best["tokens_per_s"],
+        "at": f"{best['mode']}={best['level']:g}",
+        # one core fully busy with the client: 1 / (CPU per request) at the busiest level
+        "one_core_req_per_s": 1e3 / best["client_cpu_ms_per_request"],
+        "one_core_tokens_per_s": 1e6 / best["client_cpu_us_per_token"],
     }
-    print(_table(rows))
-    c = summary["ceiling"]
-    print(
-        f"\nceiling: {c['measured_req_per_s']:.0f} req/s, {c['measured_tokens_per_s']:.0f} tokens/s measured "
-        f"({c['at']}); one client core: {c['one_core_req_per_s']:.0f} req/s, "
-        f"{c['one_core_tokens_per_s']:.0f} tokens/s at {args.gen_len} tokens per answer"
+    note = (
+        f"Ceiling: {ceiling['measured_req_per_s']:.0f} req/s and {ceiling['measured_tokens_per_s']:.0f} streamed "
+        f"tokens/s measured ({ceiling['at']}); one client core: {ceiling['one_core_req_per_s']:.0f} req/s, "
+        f"{ceiling['one_core_tokens_per_s']:.0f} tokens/s at {args.gen_len} tokens per answer. Load average "
+        f"(1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} CPUs."
     )
-    print(f"load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after, on {os.cpu_count()} CPUs")
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    print(_table(rows))
+    print("\n" + note)
+    body = {
+        "settings": vars(args) | {"serve": None},
+        "load_average": {"before": load_before[0], "after": load_after[0], "cpus": os.cpu_count()},
+        "levels": rows,
+        "ceiling": ceiling,
+        "tables": {"levels": {"columns": COLUMNS, "rows": [_row(r) for r in rows], "note": note}},
+    }
+    print(write_result(args.name, body), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run `quantkit convert ARGS...` in this process while sampling its resident set size every
 50 ms; prints one JSON line on stderr at exit: the peak, the phase it fell in, and the RSS at
-each progress note (load, quantize, export, reload check). Used by benchmarks/offload.py.
+each progress note (load, quantize, export, reload check). Used by benchmarks/scale.py.
 
   python benchmarks/rss.py int4-w4a16-rtn --model M --out O
 """

@@ -9,8 +9,11 @@ memory and bytes carry over. Each model's commands run under one hold of a CPU l
 jobs that take the same lock wait), with a fresh QUANTKIT_HOME and inductor cache (cold caches, as
 on a first run). Time figures on a shared machine are noisy: the raw JSON keeps every measurement.
 
-  python benchmarks/scale.py --text TEXT.txt --out scale.json
-  python benchmarks/scale.py --plot-only --out scale.json     # redraw scale.png
+  python benchmarks/scale.py --text TEXT.txt --models demo qwen2.5-0.5b
+  python benchmarks/scale.py --plot-only     # redraw the plot and the result from the working file
+The working file (--out, kept between runs so that a model can be measured alone) holds every
+measurement; benchmarks/results/NAME.json (--name, default scale) is written from it with the table
+of each step's measured and predicted time and peak memory.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import write_result
 
 from quantkit.bench.bench_records import BenchResult
 
@@ -281,7 +286,8 @@ def save(results: dict, out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--text", default=str(REPO.parent / "shared" / "data" / "wikitext2-valid.txt"))
-    ap.add_argument("--out", type=Path, default=REPO / "docs" / "scale.json")
+    ap.add_argument("--out", type=Path, default=Path("runs/scale/scale.json"), help="the working file")
+    ap.add_argument("--name", default="scale", help="the result: benchmarks/results/NAME.json")
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument(
         "--steps",
@@ -328,9 +334,12 @@ def main() -> None:
             run_model(name, args, args.work, results)
     if args.replan:
         replan(results, args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     save(results, args.out)
     plot(results, args.out.with_suffix(".png"))
     print(markdown(results) if args.markdown else table(results))
+    if rows(results):
+        print(write_result(args.name, {**results, "tables": {"steps": steps_table(results)}}), file=sys.stderr)
 
 
 def replan(results: dict, args) -> None:
@@ -402,6 +411,43 @@ def table(results: dict) -> str:
             f"{r['peak_mb']:.0f} | {r['pred_mb'] or 0:.0f} | {ms} |"
         )
     return "\n".join(lines)
+
+
+def steps_table(results: dict) -> dict:
+    """The rendered table: each timed step's measured and predicted time and peak memory."""
+    cols = [
+        ("model", "model", "{}"),
+        ("params_b", "params (B)", "{:.3f}"),
+        ("step", "step", "{}"),
+        ("tokens", "calib tokens", "{}"),
+        ("wall_s", "wall s", "{:.0f}"),
+        ("pred_s", "--plan s", "{:.0f}"),
+        ("time_ratio", "plan / measured time", "{:.2f}"),
+        ("peak_mb", "peak RSS MB", "{:.0f}"),
+        ("pred_mb", "--plan MB", "{:.0f}"),
+        ("mem_ratio", "plan / measured memory", "{:.2f}"),
+        ("load", "load before", "{:.1f}"),
+    ]
+    out = []
+    for r in rows(results):
+        if not r["timed"]:
+            continue
+        out.append(
+            {
+                **r,
+                "params_b": r["params"] / 1e9 if r["params"] else None,
+                "tokens": r["tokens"] or None,
+                "time_ratio": r["pred_s"] / r["wall_s"] if r["pred_s"] and r["wall_s"] else None,
+                "mem_ratio": r["pred_mb"] / r["peak_mb"] if r["pred_mb"] and r["peak_mb"] else None,
+            }
+        )
+    note = (
+        "Each step's wall time and peak RSS (its whole process tree) against `--plan`'s prediction made just "
+        "before it, on the same machine, cold caches (a fresh QUANTKIT_HOME and inductor cache). The 0.5B and "
+        "1.2B models are random-weight checkpoints in Qwen2.5-0.5B's and Llama-3.2-1B's shapes: only time, "
+        "memory and bytes carry over. `load before`: the 1-minute load average when the step started."
+    )
+    return {"columns": [{"key": k, "header": h, "fmt": f} for k, h, f in cols], "rows": out, "note": note}
 
 
 # rss.py's phases -> the plan's time_breakdown keys they cover

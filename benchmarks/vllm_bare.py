@@ -15,7 +15,7 @@ import time
 
 
 def main():
-    # the script's own directory holds the benchmarks (kernels.py, ...): none may shadow vLLM's imports
+    # the script's own directory holds the benchmarks (common.py, render.py, ...): none may shadow vLLM's imports
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     cfg = json.loads(sys.argv[1])

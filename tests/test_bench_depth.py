@@ -201,7 +201,7 @@ def _no_load(monkeypatch):
     "args, needle",
     [
         (["--depth", "0,1021"], "--depth 1021 + 4 generated tokens (1025) exceed the model's context (1024)"),
-        (["--depth", "-1"], "--depth: depths must be >= 0"),
+        (["--depth", "-1"], "--depth -1: each must be at least 0"),
         (["--depth", "8,8"], "--depth: each depth at most once"),
         (["--depth", "8", "--sweep", "16"], "--sweep and --depth"),
         (["--depth", "x"], "--depth 'x': expected comma-separated integers"),

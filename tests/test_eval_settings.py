@@ -45,15 +45,16 @@ def test_every_recipe_eval_key_reaches_the_settings_of_each_engine():
 @pytest.mark.parametrize(
     "kw, needle",
     [
-        ({"seq_len": 4}, "--seq-len must be at least 8"),
+        ({"seq_len": 4}, "--seq-len must be at least 8, not 4"),
         ({"seq_len": 512, "max_tokens": 256}, "--max-tokens 256 is less than one window of --seq-len 512"),
         ({"kl": "full"}, "--kl full: use one of exact, topk"),
         ({"position_buckets": (2048, 512)}, "--position-buckets 2048,512: give each edge once, in increasing order"),
-        ({"position_buckets": (0, 512)}, "--position-buckets 0,512: give positive token positions"),
+        ({"position_buckets": (0, 512)}, "--position-buckets 0,512: each must be at least 1"),
         ({"position_buckets": ()}, "give positive token positions"),
         ({"split": "half"}, "--split half: use one of all, selection, confirmation"),
         ({"region": "middle"}, "--region middle"),
-        ({"batch_size": 0}, "--batch-size 0"),
+        ({"batch_size": 0}, "--batch-size must be at least 1, not 0"),
+        ({"limit": 0}, "--limit must be at least 1, not 0"),
     ],
 )
 def test_impossible_settings_are_one_line(kw, needle):
@@ -63,7 +64,10 @@ def test_impossible_settings_are_one_line(kw, needle):
 
 
 def test_position_buckets_from_the_command_line():
-    assert EvalSettings.from_cli(position_buckets="16, 64,256").position_buckets == (16, 64, 256)
-    assert EvalSettings.from_cli(position_buckets=None).edges == DEFAULT_BUCKETS == (512, 2048, 8192)
-    with pytest.raises(DataError, match="--position-buckets 1k,2k: give comma-separated token positions"):
-        EvalSettings.from_cli(position_buckets="1k,2k")
+    from quantkit.cli._options import settings_from_cli
+    from quantkit.errors import QuantkitError
+
+    assert settings_from_cli(EvalSettings, {"position_buckets": "16, 64,256"}).position_buckets == (16, 64, 256)
+    assert settings_from_cli(EvalSettings, {"position_buckets": None}).edges == DEFAULT_BUCKETS == (512, 2048, 8192)
+    with pytest.raises(QuantkitError, match="--position-buckets '1k,2k': expected comma-separated integers"):
+        settings_from_cli(EvalSettings, {"position_buckets": "1k,2k"})

@@ -161,7 +161,9 @@ def test_bench_recipe_settings_carry_depths_and_flash_attention_to_the_engine_th
 
 def test_eval_settings_hold_the_cache_as_its_spec():
     assert EvalSettings(kv_cache="Q8_0/F16").kv_cache == "q8_0/f16" and EvalSettings().kv_cache is None
-    assert EvalSettings.from_cli(kv_cache="q4_0", flash_attn="on").flash_attn is True
+    from quantkit.cli._options import settings_from_cli
+
+    assert settings_from_cli(EvalSettings, {"kv_cache": "q4_0", "flash_attn": "on"}).flash_attn is True
     with pytest.raises(QuantkitError, match="not a llama.cpp cache type"):
         EvalSettings(kv_cache="fp8")
 

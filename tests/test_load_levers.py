@@ -494,3 +494,18 @@ def test_server_and_client_are_pinned_apart(tmp_path):
     path.write_text(yaml.safe_dump(data))
     code, _, stderr = _trusted(path, "--out", tmp_path / "o2")
     assert code == 2 and "cores [99] are not available" in stderr
+
+
+@pytest.mark.parametrize("load", [{"concurrency": 4}, {"rate": 0.5}, {"concurrency": True}])
+def test_one_level_may_be_written_as_a_number(load):
+    from pydantic import ValidationError
+
+    from quantkit.load.study import LoadSpec
+
+    if isinstance(next(iter(load.values())), bool):  # a YAML `yes` is not a level
+        with pytest.raises(ValidationError):
+            LoadSpec(**load)
+        return
+    spec = LoadSpec(**load)
+    key, value = next(iter(load.items()))
+    assert getattr(spec, key) == str(value)

@@ -121,7 +121,7 @@ def _pareto(cli, tiny_llama, tiny_text, out, *extra):
         (["--anchors", "Q4_K_M,Q9_K"], "--anchors Q9_K: not a type"),
         (["--sizes", "2.5,4"], "--sizes 2.5: sizes are bits/weight between 3 and 8.5"),
         (["--sizes", "9"], "between 3 and 8.5"),
-        (["--sizes", "four"], "expected comma-separated bits/weight"),
+        (["--sizes", "four"], "--sizes 'four': expected comma-separated numbers"),
         (["--lines", "llamacpp,exllama"], "--lines exllama: not a line"),
         (["--mixed-types", "Q4_K,Q9_0"], "--mixed-types Q9_0"),
     ],

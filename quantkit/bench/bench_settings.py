@@ -5,45 +5,26 @@ model's config but no weights."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from quantkit.bench.engines import ENGINES, engine_class
 from quantkit.core.kv_cache import LlamaCache, head_dims, parse_llama_cache, parse_llama_caches
-from quantkit.core.precision import DTYPES, Precision, choose
+from quantkit.core.option_fields import bound_error, option_fields, spec
+from quantkit.core.precision import Precision, choose
 from quantkit.core.roofline import Shape, kv_bytes_per_token
 from quantkit.device import free_bytes, resolve_device
 from quantkit.errors import QuantkitError
 from quantkit.gguf.tools import available_cores
 from quantkit.models.checkpoint import context_length, context_source
+from quantkit.recipe.bench_options import FLASH_ATTN, BenchOptions, combination_error
 from quantkit.recipe.schema import BenchConfig
 
 DEVICE_WORDS = {"cuda": "a CUDA GPU (--device cuda)", "cpu": "the CPU (--device cpu)"}
-# --flash-attn: the engine's own default, on, off, or both (each model benched once per setting)
-FLASH_ATTN = {"default": (None,), "on": (True,), "off": (False,), "both": (False, True)}
 
 
 @dataclass(frozen=True)
-class BenchSettings:
-    device: Any = "auto"  # any --device spec; a torch.device once built (quantkit.device.resolve_device)
-    engine: str = "compiled"
-    prompt_len: int = 256
-    gen_len: int = 64
-    repeats: int = 5
-    min_seconds: float = 2.0
-    warmups: int = 2
-    prompt_sweep: tuple[int, ...] = ()
-    seed: int = 0
-    tensor_parallel: int = 1
-    threads: int | None = None
-    self_check: bool = True
-    depths: tuple[int, ...] = ()  # --depth: decode timed with this many tokens already in the KV cache
-    flash_attn: str = "default"  # a key of FLASH_ATTN
-    # --kv-cache: the K/V cache types each model is benched at (`q8_0`, `q8_0/f16`: core/kv_cache.py),
-    # on engines whose cache type is a setting (kv_cache_lever); (): the engine's own
-    kv_caches: tuple[str, ...] = ()
-    # --dtype: what the torch engines compute in (computes_in_dtype); None: chosen from the device's
-    # probe at the start of the run (core/precision.py: no bf16 where the device has no bf16 arithmetic)
-    dtype: str | None = None
+class BenchSettings(BenchOptions):
+    """BenchOptions' fields (recipe/bench_options.py: each one's default, help and bound), built: the
+    device resolved, the engine's threads filled in, the K/V cache types spelled one way."""
 
     @classmethod
     def from_recipe(cls, b: BenchConfig, engine: str) -> "BenchSettings":
@@ -52,20 +33,14 @@ class BenchSettings:
         and flash attention apply where the engine has them: a torch engine of a run that asks
         llama.cpp's flash attention benches at its own attention."""
         lever = engine_class(engine).flash_attn_lever
+        given = {f.name: getattr(b, f.name) for f in option_fields(BenchOptions) if spec(f).recipe}
         return cls(
-            device=b.device,
-            engine=engine,
-            prompt_len=b.prompt_len,
-            gen_len=b.gen_len,
-            repeats=b.repeats,
-            min_seconds=b.min_seconds,
-            warmups=b.warmups,
-            prompt_sweep=b.prompt_sweep,
-            threads=b.threads,
-            self_check=b.self_check,
-            depths=b.depths,
-            flash_attn=b.flash_attn if lever else "default",
-            dtype=b.dtype if engine_class(engine).computes_in_dtype else None,
+            **{
+                **given,
+                "engine": engine,
+                "flash_attn": b.flash_attn if lever else "default",
+                "dtype": b.dtype if engine_class(engine).computes_in_dtype else None,
+            }
         )
 
     def __post_init__(self):
@@ -113,25 +88,18 @@ def check_settings(s: BenchSettings) -> None:
     """Settings that no model can be timed with: rejected before any loading or probing."""
 
     engine = engine_class(s.engine)
-    if s.prompt_len <= 0 or s.gen_len <= 1:
-        raise QuantkitError("--prompt-len must be > 0 and --gen-len > 1")
-    if s.repeats < 1 or s.warmups < 0 or not 0 <= s.min_seconds < float("inf"):  # NaN fails every comparison
-        raise QuantkitError("--repeats must be >= 1, --warmups >= 0 and --min-seconds a finite number >= 0")
-    if any(x <= 0 for x in s.prompt_sweep):
-        raise QuantkitError("--sweep: prompt lengths must be positive")
-    if s.tensor_parallel < 1 or (s.tensor_parallel > 1 and not engine.tensor_parallel):
+    error = bound_error(s) or combination_error(s)  # each option's values and bound (recipe/bench_options.py)
+    if error:
+        raise QuantkitError(error)
+    if s.tensor_parallel > 1 and not engine.tensor_parallel:
         able = " | ".join(n for n in ENGINES if engine_class(n).tensor_parallel)
-        raise QuantkitError(f"--tensor-parallel must be >= 1, and above 1 only with --engine {able}")
-    if s.dtype is not None and s.dtype not in DTYPES:
-        raise QuantkitError(f"--dtype {s.dtype}: one of {', '.join(DTYPES)}")
+        raise QuantkitError(f"--tensor-parallel above 1 only with --engine {able}")
     if s.dtype is not None and not engine.computes_in_dtype:
         able = " | ".join(n for n in ENGINES if engine_class(n).computes_in_dtype)
         raise QuantkitError(
             f"--dtype {s.dtype}: the {s.engine} engine computes in its own types (a GGUF's, vLLM's); "
             f"--engine {able} take a dtype"
         )
-    if s.threads is not None and s.threads < 1:
-        raise QuantkitError("--threads must be >= 1")
     if s.threads is not None and s.threads > available_cores():
         raise QuantkitError(
             f"--threads {s.threads}: this process may run on {available_cores()} CPUs; give at most that many "
@@ -149,22 +117,12 @@ def check_settings(s: BenchSettings) -> None:
 
 def _check_depths(s: BenchSettings, engine) -> None:
     """--depth and --flash-attn: depths the engine can decode at, flash attention where it has the setting."""
-    if s.flash_attn not in FLASH_ATTN:
-        raise QuantkitError(f"--flash-attn {s.flash_attn!r}: one of {', '.join(FLASH_ATTN)}")
     if s.flash_attn != "default" and not engine.flash_attn_lever:
         able = " | ".join(n for n in ENGINES if engine_class(n).flash_attn_lever)
         raise QuantkitError(
             f"--flash-attn {s.flash_attn}: the {s.engine} engine has no flash-attention setting (--engine {able} has)"
         )
-    if not s.depths:
-        return
-    if s.prompt_sweep:
-        raise QuantkitError("--sweep and --depth: each depth's prefill is its TTFT; give one of the two")
-    if len(set(s.depths)) != len(s.depths):
-        raise QuantkitError("--depth: each depth at most once")
-    if min(s.depths) < 0:
-        raise QuantkitError("--depth: depths must be >= 0")
-    if min(s.depths) < engine.min_depth:
+    if s.depths and min(s.depths) < engine.min_depth:
         raise QuantkitError(
             f"--depth {min(s.depths)}: the {s.engine} engine decodes after at least {engine.min_depth} cached "
             f"token(s) ({engine.min_depth_reason})"

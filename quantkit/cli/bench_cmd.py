@@ -11,7 +11,9 @@ import click
 from quantkit.bench.engines import ENGINES, engine_class
 from quantkit.bench.probe import best_matmul
 from quantkit.cli._common import MODEL, echo_json, int_list
+from quantkit.cli._options import settings_from_cli, settings_options
 from quantkit.core.fits import describe_fit
+from quantkit.recipe.bench_options import BenchOptions
 
 
 def table_rows(result) -> list[dict]:
@@ -277,51 +279,7 @@ def _source(ref: str, engine: str):
 
 @click.command("bench")
 @click.argument("models", nargs=-1, type=MODEL)
-@click.option(
-    "--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one)."
-)
-@click.option("--engine", default="compiled", show_default=True, help=" | ".join(ENGINES))
-@click.option("--prompt-len", default=256, show_default=True, type=int)
-@click.option("--gen-len", default=64, show_default=True, type=int)
-@click.option("--repeats", default=5, show_default=True, type=int)
-@click.option(
-    "--min-seconds",
-    default=2.0,
-    show_default=True,
-    type=float,
-    help="Keep repeating until this much time was measured.",
-)
-@click.option(
-    "--warmups",
-    default=2,
-    show_default=True,
-    type=int,
-    help="Untimed runs first (engines that compile always get at least 1).",
-)
-@click.option("--sweep", default=None, help="Comma-separated prompt lengths for a TTFT sweep, e.g. 64,128,256,512.")
-@click.option(
-    "--depth",
-    "depths",
-    default=None,
-    help="Comma-separated KV depths, e.g. 0,1024,4096: TPOT with that many tokens already cached (each "
-    "depth prefilled once, its TTFT timed), a row per depth, the rule check across models and depths.",
-)
-@click.option(
-    "--flash-attn",
-    "flash_attn",
-    type=click.Choice(["default", "on", "off", "both"]),
-    default="default",
-    show_default=True,
-    help="Flash attention (--engine llamacpp): on, off, or both (a row for each); default: the engine's (off).",
-)
-@click.option(
-    "--kv-cache",
-    "kv_caches",
-    default="",
-    help="llama.cpp's K/V cache types (--engine llamacpp), comma-separated, a row for each: f16,q8_0,q4_0; K/V "
-    "differently as q8_0/f16. Flash attention is on for a quantized V cache (llama.cpp runs it only so) "
-    "[default: f16].",
-)
+@settings_options(BenchOptions)  # every option of the measurement: recipe/bench_options.py
 @click.option(
     "--shape",
     "shapes",
@@ -333,27 +291,6 @@ def _source(ref: str, engine: str):
     default="16",
     show_default=True,
     help="Bit widths for --shape models, e.g. 16,8,4 (RTN-style random integers).",
-)
-@click.option("--tensor-parallel", default=1, show_default=True, type=int, help="GPUs per model (--engine vllm).")
-@click.option(
-    "--dtype",
-    type=click.Choice(["bfloat16", "float32", "float16"]),
-    default=None,
-    help="What the torch engines (eager, compiled) compute in [default: the faster of bfloat16 and float32 in "
-    "the run's probe of the device: float32 on a CPU without bf16 arithmetic].",
-)
-@click.option(
-    "--threads",
-    default=None,
-    type=int,
-    help="CPU threads for the engine (default: the library's; llamacpp: every core this process may use).",
-)
-@click.option(
-    "--self-check/--no-self-check",
-    default=True,
-    show_default=True,
-    help="Compare the engine's next-token logits with transformers' load of the "
-    "checkpoint before timing; refuse a mismatch.",
 )
 @click.option("--probe", is_flag=True, help="Measure this device's bandwidth and matmul rate (cached) and print them.")
 @click.option("--json", "as_json", is_flag=True)
@@ -381,33 +318,7 @@ def _source(ref: str, engine: str):
     help="Print the run's memory and time from the headers, then exit without loading weights.",
 )
 def bench_cmd(
-    models,
-    device,
-    engine,
-    prompt_len,
-    gen_len,
-    repeats,
-    min_seconds,
-    warmups,
-    sweep,
-    depths,
-    flash_attn,
-    kv_caches,
-    shapes,
-    shape_bits,
-    tensor_parallel,
-    dtype,
-    threads,
-    self_check,
-    probe,
-    as_json,
-    as_csv,
-    as_md,
-    plot,
-    out_json,
-    force,
-    update_card,
-    plan_only,
+    models, shapes, shape_bits, probe, as_json, as_csv, as_md, plot, out_json, force, update_card, plan_only, **options
 ):
     """Measure batch-1 TTFT and TPOT of MODELS beside the roofline and fit TPOT against bytes/token."""
     from quantkit.bench.bench_runner import bench_many
@@ -417,23 +328,7 @@ def bench_cmd(
     from quantkit.core.outputs import check_files, model_inputs
     from quantkit.errors import QuantkitError
 
-    settings = BenchSettings(  # the one settings object of this run, passed whole
-        device=device,
-        engine=engine,
-        prompt_len=prompt_len,
-        gen_len=gen_len,
-        repeats=repeats,
-        min_seconds=min_seconds,
-        warmups=warmups,
-        prompt_sweep=int_list(sweep, "--sweep"),
-        depths=int_list(depths, "--depth"),
-        flash_attn=flash_attn,
-        kv_caches=tuple(c for c in kv_caches.split(",") if c.strip()),
-        tensor_parallel=tensor_parallel,
-        threads=threads,
-        self_check=self_check,
-        dtype=dtype,
-    )
+    settings = settings_from_cli(BenchSettings, options)  # the one settings object of this run, passed whole
     check_settings(settings)
     if update_card and (settings.depths or len(settings.flash_attn_runs) > 1 or len(settings.kv_cache_runs) > 1):
         raise QuantkitError(

@@ -5,14 +5,11 @@ from __future__ import annotations
 import click
 
 from quantkit.cli._common import MODEL, echo_json, json_option
+from quantkit.cli._options import settings_from_cli, settings_options
 from quantkit.core.eval_results import EvalResult, TextResult
-from quantkit.data.sources import syntaxes
-from quantkit.evals.eval_settings import DEFAULT_BUCKETS, KL_CHOICES, EvalSettings
-from quantkit.evals.lmeval import BACKENDS
+from quantkit.evals.eval_settings import EvalSettings
 from quantkit.evals.scorers import SCORERS
-from quantkit.evals.splits import REGIONS, SPLITS
 
-DEFAULTS = EvalSettings()  # every option's default is the settings' own
 # Options of the command that are not evaluation settings: the two models (run_eval's arguments)
 # and what is done with the result. Every other option is a field of EvalSettings.
 NOT_SETTINGS = ("model", "baseline", "update_card", "plan_only", "as_json")
@@ -125,123 +122,7 @@ def _model_path(model: str, engine: str):
 @click.option(
     "--baseline", "baseline", required=True, type=MODEL, help="The original model (directory, hub id or 'demo')."
 )
-@click.option(
-    "--text",
-    "texts",
-    multiple=True,
-    help=f"{' | '.join(syntaxes(parts=False))}; repeatable, one "
-    "row per text. Default (without --tasks): set:world-factbook (held-out "
-    "encyclopedic text) and set:shakespeare-plays "
-    "(literature no calibration reads), plus set:wikitext2-valid where QUANTKIT_WIKITEXT2_VALID points at a copy.",
-)
-@click.option("--seq-len", default=DEFAULTS.seq_len, show_default=True, type=int)
-@click.option(
-    "--max-tokens",
-    default=DEFAULTS.max_tokens,
-    show_default=True,
-    type=int,
-    help="Tokens to score per text (whole windows).",
-)
-@click.option("--region", default=DEFAULTS.region, show_default=True, type=click.Choice(REGIONS))
-@click.option(
-    "--split",
-    default=DEFAULTS.split,
-    show_default=True,
-    type=click.Choice(SPLITS),
-    help="Which part of the region to score: all, selection (its first half: choose recipes, rank methods and "
-    "layers here) or confirmation (its second half, which no choice saw: report these figures).",
-)
-@click.option(
-    "--kl",
-    default=DEFAULTS.kl,
-    type=click.Choice(KL_CHOICES),
-    help="exact: KL(baseline || model) over the whole vocabulary; topk: over the baseline's top-256 tokens plus "
-    "one tail bucket, a lower bound [default: exact, with every engine; the bound, said, for a baseline whose "
-    "output layer alone does not reproduce its logits].",
-)
-@click.option(
-    "--position-buckets",
-    default=None,
-    help="Edges of the positions within a window the figures are also given for (a KV cache grows along the "
-    f"window) [default: {','.join(map(str, DEFAULT_BUCKETS))}]; edges a window does not reach are dropped.",
-)
-@click.option(
-    "--device",
-    default=DEFAULTS.device,
-    show_default=True,
-    help="auto | cpu | cuda | cuda:N (the baseline, the model and lm-eval tasks).",
-)
-@click.option(
-    "--dtype",
-    default=None,
-    type=click.Choice(["float32", "bfloat16", "float16"]),
-    help="Precision the models load in [default: bfloat16 on a GPU, float32 on the CPU].",
-)
-@click.option(
-    "--batch-size",
-    default=None,
-    type=int,
-    help="Windows per forward pass [default: 1 on the CPU; on a GPU, what fits 40% of its free memory, up to 32].",
-)
-@click.option(
-    "--engine",
-    default=DEFAULTS.engine,
-    show_default=True,
-    type=click.Choice(list(SCORERS)),
-    help="What scores MODEL: transformers, or llamacpp on a GGUF file (or an artifact, exported exactly on the fly). "
-    "The baseline is scored by transformers either way.",
-)
-@click.option(
-    "--kv-cache",
-    default=None,
-    help="The KV cache MODEL is scored with: llama.cpp's cache types with --engine llamacpp (q8_0, q4_0, ...; "
-    "K/V: q8_0/f16), or f16 in transformers (an artifact's FP8 K/V rounding off) [default: the engine's own: "
-    "transformers applies an artifact's FP8 K/V scales, llama.cpp caches in f16].",
-)
-@click.option(
-    "--flash-attn",
-    default=None,
-    type=click.Choice(["on", "off"]),
-    help="llama.cpp's flash attention (--engine llamacpp) [default: off, on for a quantized V cache, which "
-    "llama.cpp runs only with it].",
-)
-@click.option(
-    "--tasks", default="", help="Comma-separated lm-eval tasks (local ones from evals/, or standard names online)."
-)
-@click.option("--limit", default=None, type=int, help="Examples per lm-eval task.")
-@click.option(
-    "--tasks-backend",
-    default=DEFAULTS.tasks_backend,
-    show_default=True,
-    type=click.Choice(list(BACKENDS)),
-    help="lm-eval's backend: hf (in process; data parallel under `accelerate launch`) or vllm.",
-)
-@click.option(
-    "--tensor-parallel",
-    default=DEFAULTS.tensor_parallel,
-    show_default=True,
-    type=int,
-    help="vLLM tensor_parallel_size (--tasks-backend vllm).",
-)
-@click.option(
-    "--data-parallel",
-    default=DEFAULTS.data_parallel,
-    show_default=True,
-    type=int,
-    help="vLLM data_parallel_size (--tasks-backend vllm).",
-)
-@click.option(
-    "--allow-overlap",
-    is_flag=True,
-    help="Allow evaluation windows that overlap text the artifact was fitted on (calibration, GQA recovery).",
-)
-@click.option(
-    "--baseline-mismatch-ok",
-    is_flag=True,
-    help="Compare with a --baseline other than the checkpoint the artifact "
-    "was converted from (its quantkit.json source.sha256).",
-)
-@click.option("--trust-remote-code", is_flag=True, help="Allow model code from the checkpoints (off by default).")
+@settings_options(EvalSettings)  # every option of the evaluation: recipe/eval_options.py
 @click.option("--update-card", is_flag=True, help="Write the figures into the artifact's model card.")
 @click.option(
     "--plan",
@@ -260,7 +141,7 @@ def eval_cmd(model, baseline, update_card, plan_only, as_json, **options):
     from quantkit.evals.eval_runner import run_eval
     from quantkit.models.resolve import resolve_path
 
-    settings = EvalSettings.from_cli(**options)  # every option checked here, before anything is read
+    settings = settings_from_cli(EvalSettings, options)  # every option checked here, before anything is read
     if not settings.texts and not settings.tasks:
         settings = replace(settings, texts=tuple(default_texts()))
     resolve_device(settings.device)  # an unavailable device: one line, before anything loads

@@ -11,7 +11,6 @@ from __future__ import annotations
 from quantkit.core.precision import choose
 from quantkit.device import free_bytes
 
-DTYPES = ("float32", "bfloat16", "float16")
 # The share of the device's free memory (after the model is loaded) a batch of windows may take.
 BATCH_MEMORY_SHARE = 0.4
 MAX_BATCH = {"cuda": 32, "cpu": 1}

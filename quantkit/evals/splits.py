@@ -11,9 +11,7 @@ half, which no choice saw. `all` is the whole region, as before the parts existe
 from __future__ import annotations
 
 from quantkit.errors import DataError
-
-SPLITS = ("all", "selection", "confirmation")
-REGIONS = ("first-half", "second-half", "all")
+from quantkit.recipe.eval_options import REGIONS, SPLITS
 
 
 def region_range(n_tokens: int, region: str) -> tuple[int, int]:

@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from quantkit.core.option_fields import FLAG, bound_error, option
+from quantkit.data.sources import syntaxes
+from quantkit.errors import QuantkitError
 from quantkit.gguf.llama_quantize import DEFAULT_CALIB
 from quantkit.models.scheme_facts import SchemeFacts
 
@@ -38,23 +41,60 @@ def judge(verdicts) -> Verdict:
 
 @dataclass(frozen=True)
 class ExportSettings:
-    """Everything an export was asked, in one record: `quantkit export`'s options, or what a run's
-    recipe gives (its `gguf:` variants' type, its calibration). An exporter reads the fields it uses
-    and refuses in `check` the ones that do not apply to it."""
+    """Everything an export was asked, in one record: `quantkit export`'s options (made from these
+    fields, cli/_options.py), or what a run's recipe gives (its `gguf:` variants' type, its
+    calibration). An exporter reads the fields it uses and refuses in `check` the ones that do not
+    apply to it."""
 
-    embeddings: str = "keep"  # GGUF token_embd/output: keep | q8_0
-    allow_lossy: bool = False  # GGUF exact: map grids it cannot hold with ggml's rounding, and report the KL
-    kl_text: str | None = None  # the text SPEC a lossy GGUF's KL is measured on
-    qtype: str | None = None  # --type: llama-quantize's type (selects the K-quant exporter)
-    calib: str = DEFAULT_CALIB  # --type: the importance matrix's calibration text and windows
-    samples: int = 128
-    seq_len: int = 512
-    seed: int = 0
-    region: str = "second-half"
-    imatrix: bool = True
-    mixed: str | None = None  # --mixed: the types a weight may take, comma-separated; None: llama-quantize's mix
-    mixed_gptq: bool = True  # --mixed: each weight's codes by GPTQ within the block scales
-    force: bool = False  # replace an --out that quantkit export wrote
+    embeddings: str = option(
+        "keep",
+        help="token_embd/output: keep their 16 bits, or Q8_0 (lossy; its KL is measured).",
+        choices=("keep", "q8_0"),
+    )
+    allow_lossy: bool = option(
+        False,
+        help="Map grids GGUF cannot hold exactly (group sizes not a multiple of 32, permuted act-order groups, "
+        "scales that are not fp16 values) with ggml's rounding, and report the KL instead of refusing.",
+        cli=FLAG,
+    )
+    kl_text: str | None = option(
+        None,
+        help=f"Text for a lossy export's KL ({' | '.join(syntaxes(parts=False, generated=False))}; the first four "
+        "128-token windows of its first half; default: seeded random token ids).",
+        metavar="SPEC",
+    )
+    # llama-quantize's type (selects the K-quant exporter)
+    qtype: str | None = option(
+        None,
+        help="llama.cpp's own quantization of a 16-bit checkpoint (Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, Q4_0, ...): the "
+        "exact F16 GGUF, an importance matrix from --calib's windows (llama-imatrix), then llama-quantize. "
+        "Needs llama.cpp's tools (QUANTKIT_WITH_LLAMA_TOOLS=1 ./scripts/_install.sh).",
+        flag="--type",
+        metavar="TYPE",
+    )
+    calib: str = option(
+        DEFAULT_CALIB,
+        help="With --type: the calibration text whose windows make the importance matrix (as convert's --calib).",
+        metavar="SPEC",
+    )
+    samples: int = option(128, help="With --type: windows.", flag="--calib-samples", ge=1)
+    seq_len: int = option(512, help="With --type: tokens per window.", flag="--calib-seq-len", ge=8)
+    # what a run's recipe gives (its calibration): no option of `quantkit export`
+    seed: int = option(0, cli=None)
+    region: str = option("second-half", cli=None)
+    imatrix: bool = option(True, cli=None)
+    # --mixed: the types a weight may take, comma-separated; None: llama-quantize's mix (the command
+    # reads --mixed and --mixed-types into it)
+    mixed: str | None = option(None, cli=None)
+    mixed_gptq: bool = option(True, cli=None)  # each weight's codes by GPTQ within the block scales (--mixed-rounding)
+    force: bool = option(
+        False, help="Replace an existing --out and its record, only when quantkit export wrote them.", cli=FLAG
+    )
+
+    def __post_init__(self) -> None:
+        error = bound_error(self)
+        if error:
+            raise QuantkitError(error)
 
 
 class Exporter:

@@ -131,6 +131,12 @@ class LoadSpec(StrictConfig):
     rerun_disturbed: int = 0
     attribution: str | None = None  # a bench result of the served model on this device (BENCH.json[#ROW])
 
+    @field_validator("concurrency", "rate", mode="before")
+    @classmethod
+    def _one_level(cls, value: Any) -> Any:
+        """One level written as a number (`concurrency: 4`, `rate: 0.5`) is that level's spec."""
+        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
 
 class Lever(StrictConfig):
     name: str = Field(pattern=PLAIN)

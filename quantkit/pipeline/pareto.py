@@ -23,28 +23,22 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from quantkit.artifacts.staging import read_meta, text_input
 from quantkit.core.atomic import exclusive, write_json, write_text
 from quantkit.core.outputs import check_dir, model_inputs
 from quantkit.errors import QuantkitError
-from quantkit.evals.splits import SPLITS
 from quantkit.gguf import tools
 from quantkit.gguf.llama_quantize import read_types
 from quantkit.methods.schemes import Scheme
 from quantkit.models.resolve import resolve_path
 from quantkit.models.sizes import checkpoint_sizes
 from quantkit.pipeline.front import (
-    DEFAULT_ANCHORS,
     DEFAULT_CT_RECIPE,
-    DEFAULT_SIZES,
-    DEFAULT_TEXTS,
     KIND,
     LINES,
     LLAMACPP,
-    SIZE_RANGE,
     DomainKL,
     ParetoResult,
     Point,
@@ -53,77 +47,16 @@ from quantkit.pipeline.front import (
     markdown,
     plot,
 )
+from quantkit.pipeline.pareto_settings import ParetoSettings
 from quantkit.pipeline.run import Runner, RunOptions
 from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.recipe.files import load_recipe, recipe_from_dict
-from quantkit.recipe.schema import GGUF_MIXABLE, GGUF_TYPES
 from quantkit.resources import find_recipe
 
 ACCOUNTING = (
     "the decoder layers' linear weights as stored (GGUF: their blocks' bytes; compressed-tensors: packed "
     "codes, scales and zero points) × 8 ÷ their weights, the same count for every tool"
 )
-
-
-@dataclass(frozen=True)
-class ParetoSettings:
-    """Everything `quantkit pareto` runs with, checked once where it is built (one line, exit 2)."""
-
-    model: str
-    out: Path
-    calib: str = "mix:default"
-    sizes: tuple[float, ...] = DEFAULT_SIZES
-    anchors: tuple[str, ...] = DEFAULT_ANCHORS
-    texts: tuple[str, ...] = DEFAULT_TEXTS
-    split: str = "confirmation"
-    calib_samples: int = 128
-    calib_seq_len: int = 512
-    seq_len: int = 512
-    max_tokens: int = 4096
-    mixed_types: tuple[str, ...] | None = None  # None: export --mixed's default list
-    ct_recipe: str = DEFAULT_CT_RECIPE
-    lines: tuple[str, ...] = tuple(LINES)
-    kl: str | None = "exact"  # the eval's --kl; None: what each engine gives
-    rerun: bool = False
-    debug: bool = False
-
-    def __post_init__(self) -> None:
-        lo, hi = SIZE_RANGE
-        if not self.sizes:
-            raise QuantkitError("--sizes: give at least one size in bits/weight, e.g. 3.5,4,4.5,5,5.5")
-        bad = [s for s in self.sizes if not lo <= s <= hi]
-        if bad:
-            raise QuantkitError(f"--sizes {bad[0]:g}: sizes are bits/weight between {lo:g} and {hi:g}")
-        if list(self.sizes) != sorted(set(self.sizes)):
-            object.__setattr__(self, "sizes", tuple(sorted(set(self.sizes))))
-        unknown = [a for a in self.anchors if a not in GGUF_TYPES]
-        if unknown or not self.anchors:
-            raise QuantkitError(
-                f"--anchors {unknown[0] if unknown else '(none)'}: not a type quantkit makes with llama-quantize; "
-                f"valid: {', '.join(GGUF_TYPES)}"
-            )
-        bad_lines = [n for n in self.lines if n not in LINES]
-        if bad_lines or not self.lines:
-            raise QuantkitError(
-                f"--lines {bad_lines[0] if bad_lines else '(none)'}: not a line of the front; valid: {', '.join(LINES)}"
-            )
-        bad_types = [t for t in self.mixed_types or () if t not in GGUF_MIXABLE]
-        if bad_types:
-            raise QuantkitError(
-                f"--mixed-types {bad_types[0]}: not a type a weight may take; valid: {', '.join(GGUF_MIXABLE)}"
-            )
-        if self.split not in SPLITS:
-            raise QuantkitError(f"--split {self.split}: use one of {', '.join(SPLITS)}")
-        if len(self.texts) < 1 or len(set(self.texts)) != len(self.texts):
-            raise QuantkitError("--text: give each text once, at least one")
-
-    @property
-    def gguf_lines(self) -> bool:
-        return any(LINES[n].format == "gguf" for n in self.lines)
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        return d | {"out": str(self.out), "sizes": list(self.sizes), "anchors": list(self.anchors)}
 
 
 def check_tools(s: ParetoSettings) -> None:

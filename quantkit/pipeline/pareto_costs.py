@@ -12,7 +12,8 @@ from quantkit.costs.formulas import Model, Plan, combine, convert_plan, eval_pla
 from quantkit.costs.kquant_formulas import KquantWork, kquant_plan
 from quantkit.evals.eval_settings import EvalSettings
 from quantkit.gguf.llama_quantize import main_type
-from quantkit.pipeline.pareto import ParetoSettings, check_tools, runner
+from quantkit.pipeline.pareto import check_tools, runner
+from quantkit.pipeline.pareto_settings import ParetoSettings
 from quantkit.pipeline.run_costs import variant_job
 from quantkit.quantize import kquant_chooser
 

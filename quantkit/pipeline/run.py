@@ -23,7 +23,6 @@ from pathlib import Path
 from quantkit import __version__
 from quantkit.artifacts.card import update_card_results
 from quantkit.artifacts.staging import model_inputs, read_meta, text_input, verification_problem
-from quantkit.bench.bench_settings import FLASH_ATTN
 from quantkit.core.atomic import exclusive, write_json, write_text
 from quantkit.core.eval_results import EvalResult
 from quantkit.core.integrity import problems
@@ -47,6 +46,7 @@ from quantkit.progress import note
 from quantkit.quantize.convert import convert
 from quantkit.quantize.job import ConvertOptions, needs_calibration
 from quantkit.quantize.preflight import check_context, check_not_inside
+from quantkit.recipe.bench_options import FLASH_ATTN
 from quantkit.recipe.schema import BASELINE_NAME, Recipe, Variant
 
 

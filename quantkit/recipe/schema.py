@@ -17,11 +17,17 @@ from pydantic import (
     model_validator,
 )
 
+from quantkit.core.option_fields import defaults
 from quantkit.core.yamlio import StrictConfig
 from quantkit.methods.configs import MethodConfig
 from quantkit.methods.method_registry import METHODS, names, spoken
+from quantkit.recipe.bench_options import BENCH_ENGINES, BenchOptions, combination_error
+from quantkit.recipe.eval_options import EVAL_ENGINES, EvalOptions, buckets_error
+from quantkit.recipe.section_fields import section_model
 
 SCHEMA_VERSION = 1
+BENCH_DEFAULTS = defaults(BenchOptions)
+EVAL_DEFAULTS = defaults(EvalOptions)
 
 
 # ---------------------------------------------------------------- gqa
@@ -162,41 +168,21 @@ class CalibrationConfig(StrictConfig):
 
 
 # The engine names a recipe may use. The recipe is read below the packages that implement them
-# (bench/engines ENGINES, evals/scorers SCORERS), so it names them here; tests/test_recipe.py
+# (bench/engines ENGINES, evals/scorers SCORERS), so it names them beside their options
+# (recipe/bench_options.py BENCH_ENGINES, recipe/eval_options.py EVAL_ENGINES); tests/test_recipe.py
 # checks that these are exactly the registries' names, so a new engine is refused nowhere.
-EVAL_ENGINES = ("transformers", "llamacpp", "vllm")
 TASK_ENGINES = ("transformers",)  # the eval engines lm-eval tasks run beside (a scorer's runs_tasks)
-BENCH_ENGINES = ("eager", "compiled", "vllm", "llamacpp")
 
 
-class EvalConfig(StrictConfig):
-    # `texts: [...]`: one report row per variant per text (domain); `text: X` is the one-text shorthand.
-    # None of them (and no tasks): the default domains (quantkit/evals/domains.py), at least two.
-    texts: tuple[str, ...] = ()
-    seq_len: int = Field(512, ge=8)
-    max_tokens: int = Field(8192, ge=8)
-    region: Literal["all", "first-half", "second-half"] = "first-half"
-    # The part of the region scored (evals/splits.py): all, selection (choose recipes and methods
-    # there) or confirmation (report the chosen one's figures there, where no choice was made).
-    split: Literal["all", "selection", "confirmation"] = "all"
-    # exact: KL over the whole vocabulary; topk: the baseline's top-256 plus a tail bucket (a lower
-    # bound); None: exact where the engine gives whole rows (evals/eval_settings.py)
-    kl: Literal["exact", "topk"] | None = None
-    # edges of the position buckets within a window; None: 512, 2048, 8192 (evals/eval_settings.py)
-    position_buckets: tuple[Annotated[int, Field(strict=True, ge=1)], ...] | None = None
-    tasks: tuple[str, ...] = ()
-    limit: int | None = Field(None, ge=1)
-    device: str = Field(
-        "auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$"
-    )  # --device's values; resolved when the eval starts
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: bfloat16 on a GPU, float32 on the CPU
-    batch_size: int | None = Field(None, ge=1)  # windows per forward pass; None: sized to the device
-    tasks_backend: Literal["hf", "vllm"] = "hf"
-    tensor_parallel: int = Field(1, ge=1)  # lm-eval's vLLM backend
-    data_parallel: int = Field(1, ge=1)
+class EvalConfig(section_model("EvalOptionKeys", EvalOptions, StrictConfig)):
+    """`eval:`: every option of `quantkit eval` that a recipe sets, with its default, values and
+    bound (recipe/eval_options.py, where they are declared once), then the engines. `texts: [...]`:
+    one report row per variant per text (domain); `text: X` is the one-text shorthand. None of them
+    (and no tasks): the default domains (quantkit/evals/domains.py), at least two."""
+
     # What scores each variant (EVAL_ENGINES): `[transformers, llamacpp]` gives every variant a row
     # per engine and domain; llamacpp scores the variant's exact GGUF (exported on the fly).
-    engines: tuple[Literal[EVAL_ENGINES], ...] = ("transformers",)
+    engines: tuple[Literal[EVAL_ENGINES], ...] = (EVAL_DEFAULTS["engine"],)
 
     @model_validator(mode="before")
     @classmethod
@@ -217,8 +203,9 @@ class EvalConfig(StrictConfig):
             raise ValueError("split: generated text (self) has no token positions to split; use split: all")
         if not self.engines or len(set(self.engines)) != len(self.engines):
             raise ValueError("engines: give each eval engine once, at least one")
-        if self.position_buckets is not None and list(self.position_buckets) != sorted(set(self.position_buckets)):
-            raise ValueError("position_buckets: give each edge once, in increasing order")
+        error = buckets_error(self, lambda f: f.name)  # as `quantkit eval` checks its options
+        if error:
+            raise ValueError(error)
         if self.tasks and self.engines[0] not in TASK_ENGINES:
             raise ValueError(
                 f"tasks: lm-eval tasks run with the first eval engine, which must be {' or '.join(TASK_ENGINES)} "
@@ -232,30 +219,17 @@ class EvalConfig(StrictConfig):
         return self.texts[0] if self.texts else None
 
 
-class BenchConfig(StrictConfig):
+class _EngineKeys(StrictConfig):
     # `engines: [compiled, llamacpp]` benches every variant on each engine (a row per engine in the
     # report, a rule-check fit per engine); `engine: X` is the one-engine shorthand, and names the
     # first engine either way.
-    engine: str = "compiled"
+    engine: str = BENCH_DEFAULTS["engine"]
     engines: tuple[str, ...] = ()
-    device: str = Field(
-        "auto", pattern=r"^(auto|cpu(:0)?|cuda(:[0-9]+)?)$"
-    )  # --device's values; resolved when the bench starts
-    prompt_len: int = Field(256, ge=1)
-    gen_len: int = Field(64, ge=2)
-    repeats: int = Field(5, ge=1)
-    min_seconds: float = Field(2.0, ge=0)
-    warmups: int = Field(2, ge=0)  # untimed runs first (an engine that compiles always gets at least one)
-    prompt_sweep: tuple[int, ...] = ()
-    threads: int | None = Field(None, ge=1)  # CPU threads for the engine (None: the engine's default)
-    self_check: bool = True  # the engine's logits against transformers' load before timing (bench/selfcheck.py)
-    # `quantkit bench --depth`: TPOT with this many tokens already in the KV cache, a row per depth
-    # (each prefilled once); with depths, prompt_len is the self-check's prompt only
-    depths: tuple[Annotated[int, Field(strict=True, ge=0)], ...] = ()
-    # `--flash-attn` of the engines that have the setting (llama.cpp); the others bench at their own attention
-    flash_attn: Literal["default", "on", "off", "both"] = "default"
-    # what the torch engines compute in (`quantkit bench --dtype`); None: chosen from the device's probe
-    dtype: Literal["bfloat16", "float32", "float16"] | None = None
+
+
+class BenchConfig(section_model("BenchOptionKeys", BenchOptions, _EngineKeys)):
+    """`bench:`: the engines, then every option of `quantkit bench` that a recipe sets, with its
+    default, values and bound (recipe/bench_options.py, where they are declared once)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -265,7 +239,7 @@ class BenchConfig(StrictConfig):
         engine, engines = data.get("engine"), data.get("engines")
         if not isinstance(engines, (list, tuple)):
             return (
-                {**data, "engines": (engine or "compiled",)} if engines is None else data
+                {**data, "engines": (engine or BENCH_DEFAULTS["engine"],)} if engines is None else data
             )  # the field reports a non-list
         if not engines:
             raise ValueError("engines: give at least one engine")
@@ -288,10 +262,9 @@ class BenchConfig(StrictConfig):
             raise ValueError(f"unknown engine {unknown[0]!r}; valid: {', '.join(BENCH_ENGINES)}")
         if len(set(self.engines)) != len(self.engines):
             raise ValueError("engines: each engine at most once")
-        if len(set(self.depths)) != len(self.depths):
-            raise ValueError("depths: each depth at most once")
-        if self.depths and self.prompt_sweep:
-            raise ValueError("depths and prompt_sweep: each depth's prefill is its TTFT; give one of the two")
+        error = combination_error(self, lambda f: f.name)  # as `quantkit bench` checks its options
+        if error:
+            raise ValueError(error)
         return self
 
 
