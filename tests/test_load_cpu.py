@@ -24,7 +24,7 @@ def _spawn(command: list[str], cores: list[int]) -> subprocess.Popen:
 def test_shared_cores_are_warned_about():
     proc = _spawn(["sleep", "30"], CORES)
     try:
-        found = cpu.placement(proc.pid)
+        found = cpu.placement(proc.pid).to_json()
     finally:
         proc.kill()
         proc.wait()
@@ -37,7 +37,7 @@ def test_cores_pinned_apart_are_not():
     old = os.sched_getaffinity(0)
     os.sched_setaffinity(0, CORES[1:])
     try:
-        found = cpu.placement(proc.pid)
+        found = cpu.placement(proc.pid).to_json()
     finally:
         os.sched_setaffinity(0, old)
         proc.kill()
@@ -46,8 +46,8 @@ def test_cores_pinned_apart_are_not():
 
 
 def test_an_unknown_server_is_said_so():
-    assert "unknown" in cpu.placement(None)["warning"]
-    assert cpu.placement(os.getpid())["server_pid"] is None  # a stub inside the client's own process
+    assert "unknown" in cpu.placement(None).warning
+    assert cpu.placement(os.getpid()).server_pid is None  # a stub inside the client's own process
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -63,7 +63,7 @@ def test_the_servers_cpu_during_a_step():
         start, before = time.perf_counter(), _proc_cpu_s(proc.pid)
         watch = cpu.Watch(proc.pid).start()
         time.sleep(1.5)
-        shares = watch.shares()
+        shares = watch.shares().to_json()
         expected = (_proc_cpu_s(proc.pid) - before) / (time.perf_counter() - start)
     finally:
         proc.kill()

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from quantkit.load.degrade import DeviceBound, degraded_first
+from quantkit.load.degrade import DeviceBound
+from quantkit.load.degrade import degraded_first as _degraded_first
+from quantkit.load.step_record import Step
+
+
+def degraded_first(steps, bound=None) -> dict:
+    return _degraded_first([Step.from_json(s) for s in steps], bound).to_json()
 
 
 def _step(ttft_p99, tpot_p99, queue=None, prefill=None, other=1.0):
-    step = {"ttft_ms": {"p99": ttft_p99}, "tpot_ms": {"p99": tpot_p99}}
+    step = {"offered": 1, "ttft_ms": {"p99": ttft_p99}, "tpot_ms": {"p99": tpot_p99}}
     if queue is None:
         step["ttft_parts"] = {"absent": "no timings"}
     else:

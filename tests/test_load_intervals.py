@@ -6,8 +6,33 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from quantkit.load import intervals
 from quantkit.load.config import Slo
-from quantkit.load.intervals import P99_NOT_MAX, crossing, knee_draws, p99_difference, shift, slo_knee
+from quantkit.load.intervals import P99_NOT_MAX, crossing
+from quantkit.load.step_record import Step
+
+# the steps are written here as their JSON; each call reads them as records and answers in JSON
+
+
+def _typed(steps: list[dict]) -> list[Step]:
+    return [Step.from_json(s) for s in steps]
+
+
+def slo_knee(steps, slo, **kw):
+    found = intervals.slo_knee(_typed(steps), slo, **kw)
+    return found.to_json() if found else None
+
+
+def knee_draws(steps, slo, **kw):
+    return intervals.knee_draws(_typed(steps), slo, **kw)
+
+
+def p99_difference(base, other, metric, **kw):
+    return intervals.p99_difference(_typed(base), _typed(other), metric, **kw).to_json()
+
+
+def shift(base, other):
+    return intervals.shift(base, other).to_json()
 
 
 def _steps(level: float, center: float, spread: float, n: int = 150, repeats: int = 3, seed: int = 0) -> list[dict]:

@@ -20,7 +20,10 @@ from click.testing import CliRunner
 from fixtures import STUDIES
 
 from quantkit.cli import cli
+from quantkit.load.lever_records import LeverStudy
 from quantkit.load.levers_report import lever_table, prefix_reference, render_table
+from quantkit.load.runfile import LoadRun
+from quantkit.load.step_record import Latency, Step
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE = str(REPO / "tests" / "load_fixtures" / "fake_server.py")
@@ -325,13 +328,17 @@ def test_ctrl_c_and_sigterm_stop_the_server_and_keep_the_runs(tmp_path, sig, cod
 
 
 def test_the_lever_table_on_stored_runs():
-    runs = [json.loads((FIXTURES / f"attribution_{name}.json").read_text()) for name in ("nocb", "cb")]
-    rows = lever_table(runs)
+    runs = [
+        LoadRun.from_json(json.loads((FIXTURES / f"attribution_{name}.json").read_text()), name)
+        for name in ("nocb", "cb")
+    ]
+    table = lever_table(runs)
+    rows = [row.to_json() for row in table]
     assert rows[0]["knee_qps_ratio"] == 1.0 and rows[1]["peak_qps_ratio"] == pytest.approx(1.33, abs=0.01)
     assert rows[1]["goodput_qps"] == pytest.approx(0.69, abs=0.01) and rows[0]["degraded_first"] == "ttft"
-    assert rows[0]["first_ttft_p50_ms"] == pytest.approx(runs[0]["steps"][0]["ttft_ms"]["p50"])
+    assert rows[0]["first_ttft_p50_ms"] == pytest.approx(runs[0].steps[0].ttft_ms.p50)
     assert rows[1]["knee_tpot_p99_ms_ratio"] == pytest.approx(160.5 / 174.8, abs=0.01)  # docs/LOAD.md's runs
-    text = render_table({"table": rows})
+    text = render_table(LeverStudy(name="t", source="t.yaml", created="", study={}, table=table))
     assert text.count("\n") == 4 and "| transformers serve (no CB) |" in text
 
 
@@ -343,21 +350,21 @@ def test_prefix_reference_against_the_roofline(monkeypatch):
     monkeypatch.setattr(levers_report, "cached_probe", lambda device: Device("test", 1e10, 1e11, "test"))
 
     def run(label, prefix, suffix, ttft_ms):
-        return {
-            "label": label,
-            "config": {"workload": {"shared_prefix": prefix, "prompt_len": {"low": suffix}}},
-            "steps": [{"ttft_ms": {"p50": ttft_ms}}],
-        }
+        workload = {"shared_prefix": prefix, "prompt_len": {"low": suffix}}
+        steps = [Step(offered=1, ttft_ms=Latency(p50=ttft_ms))]
+        config = {"mode": "concurrency", "workload": workload}
+        return LoadRun(label=label, config=config, steps=steps, levels=[], analysis=None, stopped=None)
 
     ref = prefix_reference("smollm2-135m", [run("off", 0, 160, 100.0), run("on", 128, 32, 40.0)])
-    (row,) = ref["levers"]
+    (row,) = ref.to_json()["levers"]
     shape = Shape.from_config(shape_config("smollm2-135m"))
     expected = 1e3 * (prefill_flops(shape, 160) - prefill_flops(shape, 32)) / 1e11
     assert row["roofline_prefix_prefill_ms"] == pytest.approx(expected)
     assert row["saved_ms"] == pytest.approx(60.0) and row["saved_vs_roofline"] == pytest.approx(60.0 / expected)
     assert row["ttft_ratio"] == pytest.approx(0.4) and 0.7 < row["prefix_share"] < 0.85
     assert row["roofline_ttft_ratio"] == pytest.approx(1 - row["prefix_share"])
-    assert "| x0.40 |" in render_table({"table": [], "prefix_reference": ref})
+    study = LeverStudy(name="t", source="t.yaml", created="", study={}, table=[], prefix_reference=ref)
+    assert "| x0.40 |" in render_table(study)
 
 
 @pytest.mark.parametrize("study", sorted((STUDIES).glob("levers-*.yaml")), ids=lambda p: p.name)

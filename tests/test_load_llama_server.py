@@ -16,10 +16,13 @@ from click.testing import CliRunner
 from installed import llama_tool
 
 from quantkit.cli import cli
+from quantkit.load.lever_records import LeverStudy
 from quantkit.load.load_stats import speculation
 from quantkit.load.request_timings import RequestRecord
+from quantkit.load.runfile import LoadRun
 from quantkit.load.servers import SERVERS, lever_args
 from quantkit.load.sse import MalformedChunk, apply_chunk, finish_record
+from quantkit.load.step_record import Latency, Step
 
 # ---------------------------------------------------------------- a server that drops its connections
 
@@ -283,12 +286,10 @@ def test_a_lever_study_against_llama_server(tiny_gguf, tmp_path):
 # ---------------------------------------------------------------- the prefix reference against a cache-off lever
 
 
-def _run(label: str, prefix: int, ttft_ms: float) -> dict:
-    return {
-        "label": label,
-        "config": {"workload": {"shared_prefix": prefix, "prompt_len": {"low": 32}}},
-        "steps": [{"ttft_ms": {"p50": ttft_ms}}],
-    }
+def _run(label: str, prefix: int, ttft_ms: float) -> LoadRun:
+    config = {"mode": "concurrency", "workload": {"shared_prefix": prefix, "prompt_len": {"low": 32}}}
+    steps = [Step(offered=1, ttft_ms=Latency(p50=ttft_ms))]
+    return LoadRun(label=label, config=config, steps=steps, levels=[], analysis=None, stopped=None)
 
 
 def test_the_prefix_is_set_against_the_lever_that_turns_the_cache_off(monkeypatch):
@@ -300,7 +301,7 @@ def test_the_prefix_is_set_against_the_lever_that_turns_the_cache_off(monkeypatc
 
     monkeypatch.setattr(probe, "cached_probe", lambda device: Device("test", 1e10, 1e11, "test"))
     runs = [_run("one-slot", 256, 50.0), _run("four-slots", 256, 60.0), _run("no-prompt-cache", 256, 200.0)]
-    ref = prefix_reference("smollm2-135m", runs, base=2)
+    ref = prefix_reference("smollm2-135m", runs, base=2).to_json()
     rows = {row["lever"]: row for row in ref["levers"]}
     assert ref["baseline"] == "no-prompt-cache" and rows["no-prompt-cache"]["ttft_ratio"] == 1.0
     assert rows["one-slot"]["ttft_ratio"] == pytest.approx(0.25) and rows["one-slot"]["saved_ms"] == pytest.approx(
@@ -356,6 +357,13 @@ def test_no_prefix_reference_before_its_baseline_has_run(tmp_path, monkeypatch):
     runs = [json.loads((Path(__file__).parent / "load_fixtures" / "attribution_nocb.json").read_text())]
     runs[0]["label"] = "one-slot"
     runs[0]["config"]["workload"] = {"shared_prefix": 256, "prompt_len": {"low": 32}}
-    assert "prefix_reference" not in summarize(study, runs)
+
+    def summarized(runs: list[dict]) -> dict:
+        result = LeverStudy(name=study.name, source="study.yaml", created="", study={})
+        result.runs = [LoadRun.from_json(run, run["label"]) for run in runs]
+        summarize(study, result)
+        return result.to_json()
+
+    assert "prefix_reference" not in summarized(runs)
     runs.append({**runs[0], "label": "no-prompt-cache"})
-    assert summarize(study, runs)["prefix_reference"]["baseline"] == "no-prompt-cache"
+    assert summarized(runs)["prefix_reference"]["baseline"] == "no-prompt-cache"

@@ -34,18 +34,18 @@ def test_parts_of_one_request_by_hand():
     queue, prefill, other = parts.request_parts(rec)
     assert (queue, prefill, other) == pytest.approx((205.0, 100.0, -5.0))  # 500 - 100 - 195; 300 - 205 - 100
     assert queue + prefill + other == pytest.approx(300.0)
-    step = parts.from_records([rec])
+    step = parts.from_records([rec]).to_json()
     assert step["check"]["mismatched"] == 0 and step["check"]["worst_pct"] == pytest.approx(100 * 5 / 300)
     # a decode the server timed 30 ms shorter than the client saw it: the parts miss TTFT by 10%
     rec.server_predicted_ms = 170.0
-    assert parts.from_records([rec])["check"]["mismatched"] == 1
+    assert parts.from_records([rec]).check.mismatched == 1
     assert parts.request_parts(RequestRecord(t_send=0.0, t_first=0.1, t_end=0.2)) is None  # no timings
 
 
 def test_parts_from_histograms_by_hand():
     queue = Histogram(((0.1, 2.0), (0.5, 6.0), (float("inf"), 8.0)), sum=1.6, count=8.0)
     prefill = Histogram(((0.1, 8.0), (float("inf"), 8.0)), sum=0.4, count=8.0)
-    found = parts.from_histograms({parts.VLLM_QUEUE: queue, parts.VLLM_PREFILL: prefill}, {"mean": 300.0}, 8)
+    found = parts.from_histograms({parts.VLLM_QUEUE: queue, parts.VLLM_PREFILL: prefill}, 300.0, 8).to_json()
     assert found["queue_ms"]["mean"] == pytest.approx(200.0) and found["prefill_ms"]["mean"] == pytest.approx(50.0)
     assert found["other_ms"]["mean"] == pytest.approx(50.0) and found["check"]["requests_match"]
     # P50: rank 4 of 8 falls in (0.1, 0.5] holding ranks 3..6: 0.1 + 0.4 * (4 - 2) / 4

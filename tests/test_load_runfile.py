@@ -17,8 +17,8 @@ def test_a_schema_1_run_reads_with_its_parts_absent():
     data = json.loads((FIXTURES / "attribution_cb.json").read_text())
     assert data["schema_version"] == 1
     run = LoadRun.from_json(data, "attribution_cb.json")
-    assert run.schema_version == 2 and run.levels == run.steps and run.analysis["slo_knee"] is None
-    assert all("schema-1" in s["ttft_parts"]["absent"] and s["samples"] is None for s in run.steps)
+    assert run.schema_version == 2 and run.levels == run.steps and run.analysis.slo_knee is None
+    assert all("schema-1" in s.ttft_parts.absent and s.samples is None for s in run.steps)
     assert LoadRun.from_json(run.to_json(), "again") == run
 
 

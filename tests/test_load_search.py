@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from quantkit.load import search
 from quantkit.load.config import build_config
-from quantkit.load.search import next_level
+from quantkit.load.step_record import Step
+
+
+def next_level(cfg, steps: list[dict]):
+    """search.next_level on steps written as their JSON."""
+    return search.next_level(cfg, [Step.from_json(s) for s in steps])
 
 
 def _cfg(levels: str, repeats: int = 1, search: bool = True, rate: bool = False, slo: str = "ttft=100"):

@@ -1,19 +1,26 @@
-"""`quantkit run`'s steps read the runner and return what they made; the runner alone records it
-(pipeline/run.py). Checked on the source (no step writes through a `runner` argument) and by
-running a step against a runner that cannot be written."""
+"""`quantkit run`'s steps take their inputs and return what they made; the runner alone records it
+and writes the report (pipeline/run.py). Checked on the source (the serving steps and the report
+take no runner; no step writes through a `runner` argument) and by running a step against a step
+cache that cannot be written."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-from types import MappingProxyType, SimpleNamespace
 
 import pytest
 
 from quantkit.pipeline import serving
 
 PIPELINE = Path(__file__).resolve().parents[1] / "quantkit" / "pipeline"
-STEPS = ("serving.py", "report.py", "run_costs.py", "pareto_costs.py", "pareto.py")  # functions taking a runner
+STEPS = (
+    "serving.py",
+    "report.py",
+    "report_data.py",
+    "run_costs.py",
+    "pareto_costs.py",
+    "pareto.py",
+)  # functions taking a runner
 WRITES = {"put", "setdefault", "update", "append", "extend", "pop", "clear", "__setitem__"}
 
 
@@ -45,6 +52,28 @@ def test_the_check_sees_a_write():
     assert writes_through_runner("def f(runner):\n    x = runner.cache.get(1)\n    x['a'] = 2\n") == []
 
 
+def _takes_a_runner(source: str) -> list[str]:
+    """The functions that have a parameter named `runner`."""
+    return [
+        node.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef) and any(a.arg == "runner" for a in node.args.args + node.args.kwonlyargs)
+    ]
+
+
+@pytest.mark.parametrize("name", ("serving.py", "report.py", "report_data.py"))
+def test_the_serving_steps_and_the_report_take_their_inputs_not_the_runner(name):
+    assert _takes_a_runner((PIPELINE / name).read_text()) == [], f"pipeline/{name}: a step takes the runner"
+
+
+@pytest.mark.parametrize("name", ("report.py", "report_data.py"))
+def test_the_report_writes_no_file(name):
+    """report.json, report.md and the model cards are the runner's to write (Runner._finish)."""
+    source = (PIPELINE / name).read_text()
+    assert "write_json(" not in source and "write_text(" not in source and "update_card_results(" not in source
+    assert ".mkdir(" not in source
+
+
 @pytest.mark.parametrize("name", STEPS)
 def test_no_step_writes_the_runner(name):
     assert writes_through_runner((PIPELINE / name).read_text()) == [], f"pipeline/{name} writes the runner's state"
@@ -65,16 +94,12 @@ class ReadOnlyCache:
 
 
 def test_an_export_step_returns_what_it_made(tiny_llama, tmp_path):
-    recipe = SimpleNamespace(export=SimpleNamespace(formats=("gguf",)))
-    runner = SimpleNamespace(
-        recipe=recipe,
-        dir=tmp_path,
-        cache=ReadOnlyCache({}),
-        opts=SimpleNamespace(rerun=False),
-        variants=MappingProxyType({}),
-    )
-    made = serving.export_format(runner, "gguf", "base", tiny_llama)
-    assert made.key and Path(made.value["gguf"]) == tmp_path / "gguf" / "base.gguf" and made.value["sha256"]
-    runner.cache = ReadOnlyCache({made.key: made.value})  # stored by the runner: the step now reuses it
-    again = serving.export_format(runner, "gguf", "base", tiny_llama)
+    out = tmp_path / "gguf"
+    out.mkdir()
+    made = serving.export_format("gguf", "base", tiny_llama, out_dir=out, stored=serving.Stored(ReadOnlyCache({})))
+    assert made.key and Path(made.value["gguf"]) == out / "base.gguf" and made.value["sha256"]
+    stored = serving.Stored(ReadOnlyCache({made.key: made.value}))  # stored by the runner: the step now reuses it
+    again = serving.export_format("gguf", "base", tiny_llama, out_dir=out, stored=stored)
     assert again.key is None and again.value == made.value
+    rerun = serving.export_format("gguf", "base", tiny_llama, out_dir=out, stored=serving.Stored(stored.cache, True))
+    assert rerun.key == made.key  # --rerun: the stored result is not read

@@ -108,8 +108,8 @@ def compare_cmd(runs, as_md, as_json, plot, force):
     """Compare run directories (or `quantkit load --out` JSON files) side by side."""
     from quantkit.core.outputs import Output, check_files, resolved
     from quantkit.errors import QuantkitError
-    from quantkit.load.compare import compare_load_runs, is_load_run, render_load_comparison
-    from quantkit.load.runfile import LoadRun
+    from quantkit.load.compare import compare_load_runs, render_load_comparison
+    from quantkit.load.runfile import LoadRun, is_load_run
     from quantkit.pipeline.run_report import KIND, read_report
 
     inputs = [(resolved(Path(r)), "a run this command compares") for r in runs]
@@ -128,8 +128,8 @@ def compare_cmd(runs, as_md, as_json, plot, force):
         if plot:
             from quantkit.load.plot import plot_runs
 
-            plot_runs([r.to_json() for r in loaded], Path(plot))
-        echo_json(result) if as_json else click.echo(render_load_comparison(result))
+            plot_runs(loaded, Path(plot))
+        echo_json(result.to_json()) if as_json else click.echo(render_load_comparison(result))
         return
     if kinds != {"quantkit-run"}:
         raise QuantkitError(

@@ -41,25 +41,21 @@ def _installed(name: str) -> str:
 def _plan(study, check: bool = False) -> list[dict]:
     from quantkit.load.levers import lever_plan
 
-    plans = []
-    for i in range(len(study.levers)):
-        plan = lever_plan(study, i, check=check)
-        plan["load"] = plan.pop("cfg").to_dict()
-        plans.append(plan)
-    return plans
+    return [lever_plan(study, i, check=check) for i in range(len(study.levers))]
 
 
-def _print_plan(study, plans: list[dict], reasons: list[str], as_json: bool) -> None:
+def _print_plan(study, plans: list, reasons: list[str], as_json: bool) -> None:
     """Everything a run would start: per lever, what it adds to the environment and the command."""
     if as_json:
-        echo_json({"kind": "lever-plan", "name": study.name, "needs_trust": reasons, "levers": plans})
+        levers = [plan.to_json() for plan in plans]
+        echo_json({"kind": "lever-plan", "name": study.name, "needs_trust": reasons, "levers": levers})
         return
     for plan in plans:
-        env = [f"{name}={value}" for name, value in plan["env"].items()]
-        cores = f"  on cores {plan['server_cpus']}" if plan.get("server_cpus") else ""
+        env = [f"{name}={value}" for name, value in plan.env.items()]
+        cores = f"  on cores {plan.server_cpus}" if plan.server_cpus else ""
         click.echo(
-            f"{plan['lever']}: {shlex.join(['env', *env, *plan['command']] if env else plan['command'])}"
-            + (f"  body {plan['body_fields']}" if plan["body_fields"] else "")
+            f"{plan.lever}: {shlex.join(['env', *env, *plan.command] if env else plan.command)}"
+            + (f"  body {plan.body_fields}" if plan.body_fields else "")
             + cores
         )
     if study.client_cpus:
@@ -68,20 +64,20 @@ def _print_plan(study, plans: list[dict], reasons: list[str], as_json: bool) -> 
         click.echo(f"runs only with --trust-study: {'; '.join(reasons)}")
 
 
-def _finish(result: dict, out: Path) -> None:
+def _finish(result, out: Path) -> None:
     """levers.md and levers.png beside study.json, from whatever levers ran."""
     from quantkit.core.atomic import write_text
     from quantkit.load.compare import render_load_comparison
     from quantkit.load.levers_report import render_table
     from quantkit.load.plot import plot_runs
 
-    if not result["runs"]:
+    if not result.runs:
         return
-    text = f"# Lever study: {result['name']}\n\n" + render_table(result)
-    if result.get("comparison"):
-        text += "\n" + render_load_comparison(result["comparison"])
+    text = f"# Lever study: {result.name}\n\n" + render_table(result)
+    if result.comparison:
+        text += "\n" + render_load_comparison(result.comparison)
     write_text(out / "levers.md", text)
-    plot_runs(result["runs"], out / "levers.png")
+    plot_runs(result.runs, out / "levers.png")
 
 
 @click.command("levers")
@@ -162,7 +158,7 @@ def levers_cmd(study_file, out, force, dry_run, trust_study, engines, as_json) -
     if failure is not None:
         raise failure
     if as_json:
-        echo_json(result)
+        echo_json(result.to_json())
         return
     from quantkit.load.levers_report import render_table
 

@@ -28,16 +28,16 @@ def check_writable(out: str | None, plot: str | None, force: bool) -> None:
     check_files(outs + ([Output(Path(plot), "--plot", "png")] if plot else []), force=force)
 
 
-def _emit(run: dict, *, as_json: bool, out: str | None, plot: str | None) -> None:
+def _emit(run, *, as_json: bool, out: str | None, plot: str | None) -> None:
     from quantkit.load.plot import plot_runs
     from quantkit.load.terminal import render_table, summary_lines
 
     if out:
-        _write_json(out, run)
-    if plot and run["steps"]:
+        _write_json(out, run.to_json())
+    if plot and run.steps:
         plot_runs([run], plot)
     if as_json:
-        echo_json(run)
+        echo_json(run.to_json())
         return
     screen = console(stderr=False)
     if not screen.is_terminal:
@@ -215,7 +215,7 @@ def load_cmd(url, model, concurrency, rate, slo, no_stop, out, keep_requests, pl
     execute(cfg, as_json=as_json, out=out, plot=plot, keep_requests=keep_requests)
 
 
-def execute(cfg, *, as_json: bool, out: str | None, plot: str | None, keep_requests: bool) -> dict:
+def execute(cfg, *, as_json: bool, out: str | None, plot: str | None, keep_requests: bool):
     """Run the staircase and report it. Once the warm-up passed, what was measured is always
     written: after every step (so a kill -9 loses at most one step), and on Ctrl-C, SIGTERM or a
     fault, before the error is raised."""
@@ -225,7 +225,7 @@ def execute(cfg, *, as_json: bool, out: str | None, plot: str | None, keep_reque
     progress, failure = Progress(), None
 
     def checkpoint(progress: Progress) -> None:
-        _write_json(out, build_run(cfg, progress, keep_requests=keep_requests))
+        _write_json(out, build_run(cfg, progress, keep_requests=keep_requests).to_json())
 
     try:
         run(cfg, progress, log=lambda line: click.echo(line, err=True), checkpoint=checkpoint if out else None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from urllib.parse import urlparse
 
 import psutil
@@ -23,6 +23,46 @@ import psutil
 # flagged disturbed: a quarter core, well above the kernel's and the shell's own background.
 DISTURBED = 0.25
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+@dataclass(frozen=True)
+class CpuShares:
+    """Cores busy during a step (CPU seconds per wall second), per party; `disturbed` when the
+    others held more than DISTURBED. None where a party could not be measured."""
+
+    client: float | None = None
+    server: float | None = None
+    machine: float | None = None
+    others: float | None = None
+    disturbed: bool | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CpuShares":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The client's and the server's cores, which they share, and a warning about either."""
+
+    client_cores: list[int] | None = None
+    server_pid: int | None = None
+    server_cores: list[int] | None = None
+    shared_cores: list[int] | None = None
+    warning: str | None = None
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        if self.warning is None:
+            del data["warning"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Placement":
+        return cls(**data)
 
 
 def _busy_s() -> float:
@@ -79,25 +119,25 @@ def cores_of(pid: int | None) -> list[int] | None:
     return sorted(cores) or None
 
 
-def placement(server_pid: int | None) -> dict:
+def placement(server_pid: int | None) -> Placement:
     """The client's and the server's cores, and a warning when they share any."""
     if server_pid == os.getpid():  # a server inside the client's own process (a test's stub)
         server_pid = None
     client = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     server = cores_of(server_pid)
     shared = sorted(set(client) & set(server)) if client and server else None
-    out = {"client_cores": client, "server_pid": server_pid, "server_cores": server, "shared_cores": shared}
+    warning = None
     if server is None:
-        out["warning"] = (
+        warning = (
             "the server's process is unknown (not on loopback, or not visible): client and server "
             "cores not checked, other processes' CPU not measured"
         )
     elif shared:
-        out["warning"] = (
+        warning = (
             f"client and server share cores {','.join(map(str, shared))}: the client's CPU is taken from the "
             "server's; pin them apart (taskset -c) for a clean measurement"
         )
-    return out
+    return Placement(client, server_pid, server, shared, warning)
 
 
 @dataclass
@@ -115,19 +155,13 @@ class Watch:
         self.server, self.busy = _tree_cpu_s(self.server_pid), _busy_s()
         return self
 
-    def shares(self) -> dict:
+    def shares(self) -> CpuShares:
         wall = time.perf_counter() - self.wall
         if wall <= 0:
-            return {"client": None, "server": None, "machine": None, "others": None, "disturbed": None}
+            return CpuShares()
         client = (time.process_time() - self.client) / wall
         now = _tree_cpu_s(self.server_pid)
         server = (now - self.server) / wall if now is not None and self.server is not None else None
         machine = (_busy_s() - self.busy) / wall
         others = max(0.0, machine - client - server) if server is not None else None
-        return {
-            "client": client,
-            "server": server,
-            "machine": machine,
-            "others": others,
-            "disturbed": None if others is None else others > DISTURBED,
-        }
+        return CpuShares(client, server, machine, others, None if others is None else others > DISTURBED)

@@ -17,9 +17,10 @@ step's (when both pass at the same step, the one that moved further). The cause:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from quantkit.load.parts import PARTS, mean_of
+from quantkit.load.step_record import Step
 
 # A latency "degrades" once its P99 exceeds this multiple of the first (lightest) step's P99.
 DEGRADE_RATIO = 1.5
@@ -55,43 +56,68 @@ class DeviceBound:
         return asdict(self)
 
 
-def _p99(step: dict, metric: str) -> float | None:
-    return (step.get(metric) or {}).get("p99")
+@dataclass(frozen=True)
+class DegradedFirst:
+    """Which P99 left its unloaded value first (`first`: "ttft", "tpot" or None), at which step and
+    by how much, and the cause the server's parts or the device's attribution name."""
+
+    first: str | None
+    ttft_step: int | None = None
+    ttft_ratio: float | None = None
+    tpot_step: int | None = None
+    tpot_ratio: float | None = None
+    cause: str | None = None
+    evidence: str | None = None
+    part_growth_ms: dict | None = None
+    meaning: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "DegradedFirst":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r} in degraded_first")
+        return cls(**data)
 
 
-def _first_degraded(steps: Sequence[dict], metric: str) -> tuple[int | None, float | None]:
-    base = _p99(steps[0], metric)
+def _first_degraded(steps: Sequence[Step], metric: str) -> tuple[int | None, float | None]:
+    base = steps[0].latency(metric).p99
     if not base:
         return None, None
     for i, step in enumerate(steps[1:], start=1):
-        value = _p99(step, metric)
+        value = step.latency(metric).p99
         if value is None or value > DEGRADE_RATIO * base:
             return i, (value / base if value is not None else None)
     return None, None
 
 
-def _ttft_cause(base: dict, step: dict, index: int) -> tuple[str, str, dict | None]:
+def _ttft_cause(base: Step, step: Step, index: int) -> tuple[str, str, dict | None]:
     """(cause, evidence, growth of each part's mean in ms) from the two steps' TTFT parts."""
-    before, after = base.get("ttft_parts"), step.get("ttft_parts")
+    before, after = base.ttft_parts, step.ttft_parts
     growth = {}
     for name in PARTS:
         a, b = mean_of(before, name), mean_of(after, name)
         if a is None or b is None:
-            reason = (after or before or {}).get("absent") or "the steps carry no TTFT parts"
-            return "unknown", f"TTFT is not split: {reason}", None
+            told = after if after is not None else before
+            reason = told.absent if told is not None else None
+            return "unknown", f"TTFT is not split: {reason or 'the steps carry no TTFT parts'}", None
         growth[name] = b - a
     largest = max(growth, key=growth.get)
-    share = ((after.get("share") or {}).get("queue"), (before.get("share") or {}).get("queue"))
+    share = (after.share.queue, before.share.queue)
+    queue, prefill, other = (growth[name] for name in PARTS)
     evidence = (
-        f"from the lightest step to step {index}: queue +{growth['queue_ms']:.0f} ms, "
-        f"prefill {growth['prefill_ms']:+.0f} ms, other {growth['other_ms']:+.0f} ms (means)"
+        f"from the lightest step to step {index}: queue +{queue:.0f} ms, "
+        f"prefill {prefill:+.0f} ms, other {other:+.0f} ms (means)"
     )
     if share[0] is not None and share[1] is not None:
         evidence += f"; queue share {100 * share[1]:.0f}% -> {100 * share[0]:.0f}%"
     return PART_CAUSE[largest], evidence, growth
 
 
-def degraded_first(steps: Sequence[dict], attribution: DeviceBound | None = None) -> dict:
+def degraded_first(steps: Sequence[Step], attribution: DeviceBound | None = None) -> DegradedFirst:
     """Which P99 left its unloaded value first, and the cause the server's parts (TTFT) or the
     device's batch-1 attribution (TPOT) name."""
     ttft_step, ttft_ratio = _first_degraded(steps, "ttft_ms") if steps else (None, None)
@@ -104,35 +130,34 @@ def degraded_first(steps: Sequence[dict], attribution: DeviceBound | None = None
         first = "tpot"
     else:  # same step: the one that moved further from its baseline
         first = "ttft" if (ttft_ratio or float("inf")) >= (tpot_ratio or float("inf")) else "tpot"
-    out = {
-        "first": first,
-        "ttft_step": ttft_step,
-        "ttft_ratio": ttft_ratio,
-        "tpot_step": tpot_step,
-        "tpot_ratio": tpot_ratio,
-        "cause": None,
-        "evidence": None,
-        "part_growth_ms": None,
-    }
+    cause = evidence = growth = None
     if first == "ttft":
-        out["cause"], out["evidence"], out["part_growth_ms"] = _ttft_cause(steps[0], steps[ttft_step], ttft_step)
+        cause, evidence, growth = _ttft_cause(steps[0], steps[ttft_step], ttft_step)
     elif first == "tpot":
-        out["cause"] = attribution.bound if attribution else "unknown"
-        out["evidence"] = (
+        cause = attribution.bound if attribution else "unknown"
+        evidence = (
             f"the device's batch-1 attribution: {attribution.source}"
             if attribution
             else "no batch-1 attribution of this device was given (--attribution BENCH.json)"
         )
-    out["meaning"] = meaning(out)
-    return out
+    return DegradedFirst(
+        first=first,
+        ttft_step=ttft_step,
+        ttft_ratio=ttft_ratio,
+        tpot_step=tpot_step,
+        tpot_ratio=tpot_ratio,
+        cause=cause,
+        evidence=evidence,
+        part_growth_ms=growth,
+        meaning=meaning(first, cause, evidence),
+    )
 
 
-def meaning(result: dict) -> str:
+def meaning(first: str | None, cause: str | None, evidence: str | None) -> str:
     """One line: which latency degraded first and what that points at."""
-    first, cause = result["first"], result["cause"]
     if first is None:
         return f"neither TTFT-P99 nor TPOT-P99 exceeded {DEGRADE_RATIO:g}x the first step's within the bounds"
     head = "TTFT degraded first" if first == "ttft" else "TPOT degraded first"
     if cause == "unknown":
-        return f"{head}; its cause is unknown: {result['evidence']}"
-    return f"{head}: {cause}: {CAUSE_TEXT[cause]} ({result['evidence']})"
+        return f"{head}; its cause is unknown: {evidence}"
+    return f"{head}: {cause}: {CAUSE_TEXT[cause]} ({evidence})"

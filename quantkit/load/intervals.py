@@ -20,30 +20,122 @@ says so (`p99_is_near_max`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
 from quantkit.load.config import Slo
+from quantkit.load.step_record import Step
 
 DRAWS = 1000
 MAX_FAILED = 0.01  # a level whose requests failed more often than this does not meet the SLO
 P99_NOT_MAX = 102  # the P99's upper order statistic is below the maximum from 102 requests on
 
 
-def _arrays(step: dict, metric: str, cls: str | None = None) -> np.ndarray:
+def _known(cls, data: dict, what: str) -> dict:
+    unknown = sorted(set(data) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r} in {what}")
+    return data
+
+
+@dataclass(frozen=True)
+class SloLevel:
+    """One level's steps pooled: its P99s with their 95% intervals, and whether it meets the SLO."""
+
+    offered: float
+    steps: int
+    requests: int
+    completed: int
+    achieved_qps: float | None
+    ttft_p99_ms: float | None
+    ttft_p99_ci95: list | None
+    tpot_p99_ms: float | None
+    tpot_p99_ci95: list | None
+    p99_is_near_max: bool
+    meets_slo: bool
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SloLevel":
+        return cls(**_known(cls, data, "a level of the SLO knee"))
+
+
+@dataclass(frozen=True)
+class SloKnee:
+    """The highest load that meets the SLO, with its interval (or `censored` below or above the
+    levels measured, with that level as `bound`), and every level's P99s."""
+
+    slo: dict  # the SLO it was judged on: ttft_ms, tpot_ms, class
+    knee: float | None
+    censored: str | None
+    bound: float | None
+    ci95: list | None
+    knee_qps: float | None
+    knee_qps_ci95: list | None
+    censored_draws: float
+    levels: list[SloLevel]
+    bootstrap: dict  # draws, seed, method
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "levels": [level.to_json() for level in self.levels]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SloKnee":
+        data = _known(cls, data, "the SLO knee")
+        return cls(**{**data, "levels": [SloLevel.from_json(level) for level in data["levels"]]})
+
+
+@dataclass(frozen=True)
+class KneeShift:
+    """The SLO knee's ratio other / base with its 95% interval; `why` when it cannot be judged."""
+
+    ratio: float | None
+    ci95: list | None
+    moved: bool | None
+    why: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "KneeShift":
+        return cls(**_known(cls, data, "a knee's shift"))
+
+
+@dataclass(frozen=True)
+class P99Difference:
+    """other - base of one level's P99 (ms) with its 95% interval; of one class where `cls` is set."""
+
+    difference_ms: float | None
+    ci95: list | None
+    moved: bool | None
+    cls: str | None = None
+
+    def to_json(self) -> dict:
+        out = {"difference_ms": self.difference_ms, "ci95": self.ci95, "moved": self.moved}
+        return {"class": self.cls, **out} if self.cls is not None else out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "P99Difference":
+        data = dict(data)
+        return cls(cls=data.pop("class", None), **_known(cls, data, "a P99 difference"))
+
+
+def _arrays(step: Step, metric: str, cls: str | None = None) -> np.ndarray:
     """A step's answered requests' values of `metric` (ms), of one workload class when `cls` is given."""
-    samples = step["samples"]
-    classes = samples.get("cls") or [None] * len(samples[metric])
-    return np.asarray(
-        [v for v, c in zip(samples[metric], classes) if v is not None and (cls is None or c == cls)], dtype=float
-    )
+    values = step.samples.of(metric)
+    classes = step.samples.cls or [None] * len(values)
+    return np.asarray([v for v, c in zip(values, classes) if v is not None and (cls is None or c == cls)], dtype=float)
 
 
-def by_level(steps: Sequence[dict]) -> dict[float, list[dict]]:
-    out: dict[float, list[dict]] = {}
+def by_level(steps: Sequence[Step]) -> dict[float, list[Step]]:
+    out: dict[float, list[Step]] = {}
     for step in steps:
-        if not step.get("partial") and step.get("samples"):
-            out.setdefault(step["offered"], []).append(step)
+        if not step.partial and step.samples:
+            out.setdefault(step.offered, []).append(step)
     return dict(sorted(out.items()))
 
 
@@ -51,9 +143,9 @@ def _p99(values: np.ndarray) -> float:
     return float(np.percentile(values, 99)) if values.size else float("nan")
 
 
-def _failed(steps: Sequence[dict]) -> bool:
-    sent = sum(s["requests"] for s in steps)
-    return not sent or sum(s["error_count"] for s in steps) > MAX_FAILED * sent
+def _failed(steps: Sequence[Step]) -> bool:
+    sent = sum(s.requests for s in steps)
+    return not sent or sum(s.error_count for s in steps) > MAX_FAILED * sent
 
 
 def _ratio(ttft: float, tpot: float, slo: Slo) -> float:
@@ -80,7 +172,7 @@ def crossing(levels: Sequence[float], ratios: Sequence[float]) -> tuple[float, s
     return levels[-1], "above"
 
 
-def _resample(rng: np.random.Generator, steps: Sequence[dict], metric: str, cls: str | None = None) -> np.ndarray:
+def _resample(rng: np.random.Generator, steps: Sequence[Step], metric: str, cls: str | None = None) -> np.ndarray:
     chosen = rng.integers(len(steps), size=len(steps))
     parts = []
     for j in chosen:
@@ -89,7 +181,7 @@ def _resample(rng: np.random.Generator, steps: Sequence[dict], metric: str, cls:
     return np.concatenate(parts) if parts else np.empty(0)
 
 
-def _draw_p99s(rng: np.random.Generator, steps: Sequence[dict], cls: str | None = None) -> tuple[float, float]:
+def _draw_p99s(rng: np.random.Generator, steps: Sequence[Step], cls: str | None = None) -> tuple[float, float]:
     return _p99(_resample(rng, steps, "ttft_ms", cls)), _p99(_resample(rng, steps, "tpot_ms", cls))
 
 
@@ -113,7 +205,7 @@ def _qps_at(knee: float, levels: Sequence[float], qps: Sequence[float | None]) -
     return float(np.interp(knee, xs, ys))
 
 
-def knee_draws(steps: Sequence[dict], slo: Slo, draws: int = DRAWS, seed: int = 0) -> dict:
+def knee_draws(steps: Sequence[Step], slo: Slo, draws: int = DRAWS, seed: int = 0) -> dict:
     """The knee's bootstrap replicates: knees, and which were censored below or above."""
     grouped = by_level(steps)
     levels = list(grouped)
@@ -129,7 +221,7 @@ def knee_draws(steps: Sequence[dict], slo: Slo, draws: int = DRAWS, seed: int = 
     return {"knees": knees, "below": low, "above": high}
 
 
-def meets(steps: Sequence[dict], slo: Slo) -> bool:
+def meets(steps: Sequence[Step], slo: Slo) -> bool:
     """Whether one level's steps, pooled, meet the SLO: P99s within it and few failures."""
     if _failed(steps):
         return False
@@ -138,76 +230,71 @@ def meets(steps: Sequence[dict], slo: Slo) -> bool:
     return ttft.size > 0 and _ratio(_p99(ttft), _p99(tpot), slo) <= 1
 
 
-def _level_row(level: float, steps: Sequence[dict], slo: Slo, rng: np.random.Generator, draws: int) -> dict:
+def _level_row(level: float, steps: Sequence[Step], slo: Slo, rng: np.random.Generator, draws: int) -> SloLevel:
     ttft = np.concatenate([_arrays(s, "ttft_ms", slo.cls) for s in steps])
     tpot = np.concatenate([_arrays(s, "tpot_ms", slo.cls) for s in steps])
     reps = np.array([_draw_p99s(rng, steps, slo.cls) for _ in range(draws)])
-    duration = sum(s["duration_s"] for s in steps)
-    completed = sum(s["completed"] for s in steps)
+    duration = sum(s.duration_s for s in steps)
+    completed = sum(s.completed for s in steps)
 
     def ci(col: np.ndarray) -> list | None:
         col = col[col == col]
         return [float(x) for x in np.percentile(col, [2.5, 97.5])] if col.size else None
 
-    return {
-        "offered": level,
-        "steps": len(steps),
-        "requests": sum(s["requests"] for s in steps),
-        "completed": completed,
-        "achieved_qps": completed / duration if duration > 0 else None,
-        "ttft_p99_ms": _p99(ttft) if ttft.size else None,
-        "ttft_p99_ci95": ci(reps[:, 0]),
-        "tpot_p99_ms": _p99(tpot) if tpot.size else None,
-        "tpot_p99_ci95": ci(reps[:, 1]),
-        "p99_is_near_max": int(ttft.size) < P99_NOT_MAX,
-        "meets_slo": meets(steps, slo),
-    }
+    return SloLevel(
+        offered=level,
+        steps=len(steps),
+        requests=sum(s.requests for s in steps),
+        completed=completed,
+        achieved_qps=completed / duration if duration > 0 else None,
+        ttft_p99_ms=_p99(ttft) if ttft.size else None,
+        ttft_p99_ci95=ci(reps[:, 0]),
+        tpot_p99_ms=_p99(tpot) if tpot.size else None,
+        tpot_p99_ci95=ci(reps[:, 1]),
+        p99_is_near_max=int(ttft.size) < P99_NOT_MAX,
+        meets_slo=meets(steps, slo),
+    )
 
 
-def slo_knee(steps: Sequence[dict], slo: Slo, draws: int = DRAWS, seed: int = 0) -> dict | None:
+def slo_knee(steps: Sequence[Step], slo: Slo, draws: int = DRAWS, seed: int = 0) -> SloKnee | None:
     """The knee (highest load meeting the SLO) with its interval, and every level's P99s with theirs."""
     grouped = by_level(steps)
     if slo.empty or not grouped:
         return None
     rng = np.random.default_rng(seed + 1)
     rows = [_level_row(level, mine, slo, rng, draws) for level, mine in grouped.items()]
-    levels = [r["offered"] for r in rows]
+    levels = [r.offered for r in rows]
     ratios = [
-        np.inf if _failed(grouped[lv]) else _ratio(r["ttft_p99_ms"] or np.nan, r["tpot_p99_ms"] or np.nan, slo)
+        np.inf if _failed(grouped[lv]) else _ratio(r.ttft_p99_ms or np.nan, r.tpot_p99_ms or np.nan, slo)
         for lv, r in zip(levels, rows)
     ]
     knee, censored = crossing(levels, ratios)
     reps = knee_draws(steps, slo, draws, seed)
-    qps = [r["achieved_qps"] for r in rows]
+    qps = [r.achieved_qps for r in rows]
     qps_draws = np.array([_qps_at(k, levels, qps) or np.nan for k in reps["knees"]])
-    return {
-        "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "class": slo.cls},
-        "knee": None if censored else knee,
-        "censored": censored,
-        "bound": knee if censored else None,
-        "ci95": None if censored else _interval(reps["knees"], reps["below"], reps["above"]),
-        "knee_qps": None if censored else _qps_at(knee, levels, qps),
-        "knee_qps_ci95": None if censored else _interval(qps_draws, reps["below"], reps["above"]),
-        "censored_draws": float((reps["below"] | reps["above"]).mean()),
-        "levels": rows,
-        "bootstrap": {"draws": draws, "seed": seed, "method": "hierarchical: a level's steps, then requests"},
-    }
+    return SloKnee(
+        slo={"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "class": slo.cls},
+        knee=None if censored else knee,
+        censored=censored,
+        bound=knee if censored else None,
+        ci95=None if censored else _interval(reps["knees"], reps["below"], reps["above"]),
+        knee_qps=None if censored else _qps_at(knee, levels, qps),
+        knee_qps_ci95=None if censored else _interval(qps_draws, reps["below"], reps["above"]),
+        censored_draws=float((reps["below"] | reps["above"]).mean()),
+        levels=rows,
+        bootstrap={"draws": draws, "seed": seed, "method": "hierarchical: a level's steps, then requests"},
+    )
 
 
-def shift(base: dict, other: dict) -> dict:
+def shift(base: dict, other: dict) -> KneeShift:
     """The knee's ratio other / base from two runs' bootstrap replicates (knee_draws), with its
     interval; `moved` only when the interval excludes 1 (no change)."""
     ok = ~(base["below"] | base["above"] | other["below"] | other["above"])
     if ok.mean() < 0.95:
-        return {
-            "ratio": None,
-            "ci95": None,
-            "moved": None,
-            "why": "a knee outside its run's levels in over 5% of draws",
-        }
+        return KneeShift(None, None, None, "a knee outside its run's levels in over 5% of draws")
     ratios = other["knees"][ok] / base["knees"][ok]
     low, high = (float(x) for x in np.percentile(ratios, [2.5, 97.5]))
-    return {"ratio": float(np.median(ratios)), "ci95": [low, high], "moved": not (low <= 1.0 <= high), "why": None}
+    return KneeShift(float(np.median(ratios)), [low, high], not (low <= 1.0 <= high), None)
 
 
 def p99_difference(
@@ -221,9 +308,9 @@ def p99_difference(
     )
     diffs = diffs[diffs == diffs]
     if not diffs.size:
-        return {"difference_ms": None, "ci95": None, "moved": None}
+        return P99Difference(None, None, None, cls)
     point = _p99(np.concatenate([_arrays(s, metric, cls) for s in other])) - _p99(
         np.concatenate([_arrays(s, metric, cls) for s in base])
     )
     low, high = (float(x) for x in np.percentile(diffs, [2.5, 97.5]))
-    return {"difference_ms": point, "ci95": [low, high], "moved": not (low <= 0.0 <= high)}
+    return P99Difference(point, [low, high], not (low <= 0.0 <= high), cls)

@@ -14,23 +14,49 @@ import os
 import shlex
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.core.atomic import json_safe, write_json
 from quantkit.errors import QuantkitError
+from quantkit.load.config import LoadConfig
+from quantkit.load.lever_records import LeverStudy
 from quantkit.load.levers_report import summarize
 from quantkit.load.load_run import build_run
 from quantkit.load.load_steps import Progress, Terminated, run
 from quantkit.load.process import free_port, running
+from quantkit.load.runfile import LeverServer, LoadRun
 from quantkit.load.servers import StudyError, fill, lever_args, not_here, server_kind
 from quantkit.load.study import Lever, Study, check_trusted, expand, load_config, parse_cores, server_model
 
-KIND = "lever-study"
-SCHEMA_VERSION = 1
 HOST = "127.0.0.1"
 
 
-def lever_plan(study: Study, index: int, port: int | None = None, check: bool = False) -> dict:
+@dataclass(frozen=True)
+class LeverPlan:
+    """What one lever runs: the exact command and what it adds to the environment, the request-body
+    fields, the model, the load config."""
+
+    lever: str
+    engine: str
+    model: str
+    settings: dict
+    changes: str
+    command: list[str]
+    env: dict
+    body_fields: dict
+    not_run_here: object
+    server_cpus: str | None
+    client_cpus: str | None
+    cfg: LoadConfig
+
+    def to_json(self) -> dict:
+        """The plan as `quantkit levers --dry-run --json` shows it (the load config as `load`)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "cfg"}
+        return {**out, "load": self.cfg.to_dict()}
+
+
+def lever_plan(study: Study, index: int, port: int | None = None, check: bool = False) -> LeverPlan:
     """What one lever runs: the exact command and what it adds to the environment, the request-body
     fields, the model, the load config. With a port (a lever about to start) or `check`, an engine
     that is not installed (vLLM's environment, the llama-server binary) is one line here."""
@@ -54,20 +80,20 @@ def lever_plan(study: Study, index: int, port: int | None = None, check: bool = 
     if kind.program and not study.server.command:  # the built binary, not whatever PATH holds
         command[0] = kind.program(check)
     url = f"http://{HOST}:{port}" if port else "http://127.0.0.1:1"
-    return {
-        "lever": lever.name,
-        "engine": kind.name,
-        "model": model,
-        "settings": settings,
-        "changes": _changes(lever, model, {name: settings[name] for name in lever.settings}, kind),
-        "command": command,
-        "env": dict(study.server.env),
-        "body_fields": body,
-        "not_run_here": not_here(kind, settings),
-        "server_cpus": study.server.cpus,
-        "client_cpus": study.client_cpus,
-        "cfg": load_config(study, lever, url=url, model=model, extra_body=body),
-    }
+    return LeverPlan(
+        lever=lever.name,
+        engine=kind.name,
+        model=model,
+        settings=settings,
+        changes=_changes(lever, model, {name: settings[name] for name in lever.settings}, kind),
+        command=command,
+        env=dict(study.server.env),
+        body_fields=body,
+        not_run_here=not_here(kind, settings),
+        server_cpus=study.server.cpus,
+        client_cpus=study.client_cpus,
+        cfg=load_config(study, lever, url=url, model=model, extra_body=body),
+    )
 
 
 def _expanded(value, where: str):
@@ -90,9 +116,9 @@ def _changes(lever: Lever, model: str, settings: dict, kind) -> str:
     return ", ".join(parts) or "baseline"
 
 
-def _write(out: Path, name: str, data: dict) -> None:
+def _write(out: Path, name: str, data: LoadRun | LeverStudy) -> None:
     try:
-        write_json(out / name, json_safe(data))
+        write_json(out / name, json_safe(data.to_json()))
     except OSError as exc:
         raise StudyError(f"--out: cannot write {out / name}: {exc.strerror or exc}") from None
 
@@ -111,7 +137,7 @@ def _guard_sigterm() -> None:
         pass
 
 
-def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) -> tuple[dict, BaseException | None]:
+def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) -> tuple[LoadRun, BaseException | None]:
     """One lever: start, wait, staircase, stop. Returns the run JSON (also written to out) and what
     cut it short (Ctrl-C, SIGTERM, a fault), if anything did."""
     lever, kind = study.levers[index], server_kind(study.server.engine)
@@ -120,12 +146,12 @@ def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) 
     slug = f"{index:02d}-{lever.name}"
     ready = study.server.ready or kind.ready
     _guard_sigterm()
-    log(f"[{lever.name}] starting: {shlex.join(plan['command'])}")
+    log(f"[{lever.name}] starting: {shlex.join(plan.command)}")
     progress, failure = Progress(), None
     cores = parse_cores(study.server.cpus) if study.server.cpus else None
     with running(
-        plan["command"],
-        plan["cfg"].url,
+        plan.command,
+        plan.cfg.url,
         out / f"{slug}.server.log",
         study.server.env,
         ready,
@@ -134,7 +160,7 @@ def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) 
     ) as server:
         log(f"[{lever.name}] ready in {server.ready_s:.0f} s")
         # the server's process tree (the supervisor and what it started): its cores and CPU per step
-        cfg = dataclasses.replace(plan["cfg"], server_pid=server.proc.pid)
+        cfg = dataclasses.replace(plan.cfg, server_pid=server.proc.pid)
         try:
             run(cfg, progress, log=lambda line: log(f"[{lever.name}] {line}"))
         except QuantkitError as exc:
@@ -146,27 +172,27 @@ def _run_lever(study: Study, index: int, out: Path, log: Callable[[str], None]) 
         finally:
             _guard_sigterm()
         result = build_run(cfg, progress)
-    result["server"] = {
-        "engine": plan["engine"],
-        "command": plan["command"],
-        "model": plan["model"],
-        "settings": plan["settings"],
-        "body_fields": plan["body_fields"],
-        "env": study.server.env,
-        "changes": plan["changes"],
-        "ready_s": server.ready_s,
-        "pid": server.proc.pid,
-        "exit_code": server.proc.returncode,
-        "log": f"{slug}.server.log",
-    }
-    result["file"] = f"{slug}.json"
-    _write(out, result["file"], result)
+    started = LeverServer(
+        engine=plan.engine,
+        command=plan.command,
+        model=plan.model,
+        settings=plan.settings,
+        body_fields=plan.body_fields,
+        env=study.server.env,
+        changes=plan.changes,
+        ready_s=server.ready_s,
+        pid=server.proc.pid,
+        exit_code=server.proc.returncode,
+        log=f"{slug}.server.log",
+    )
+    result = dataclasses.replace(result, server=started, file=f"{slug}.json")
+    _write(out, result.file, result)
     return result, failure
 
 
 def run_study(
     study: Study, out: Path, *, source: str, log: Callable[[str], None], sink: dict | None = None, trusted: bool = False
-) -> dict:
+) -> LeverStudy:
     """Every lever in order; `study.json` is rewritten after each, and on the way out of a failure
     once a lever has run.
     `sink["result"]` holds the result as it grows, for a caller that is interrupted. A study that
@@ -174,16 +200,12 @@ def run_study(
 
     check_trusted(study, source, trusted)
 
-    result = {
-        "kind": KIND,
-        "schema_version": SCHEMA_VERSION,
-        "name": study.name,
-        "source": source,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "study": study.model_dump(),
-        "runs": [],
-        "stopped": None,
-    }
+    result = LeverStudy(
+        name=study.name,
+        source=source,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        study=study.model_dump(),
+    )
     if sink is not None:
         sink["result"] = result
     previous = signal.getsignal(signal.SIGTERM)
@@ -192,26 +214,26 @@ def run_study(
         os.sched_setaffinity(0, parse_cores(study.client_cpus))  # the client's core, for the whole study
     try:
         for index in range(len(study.levers)):
-            run_json, failure = _run_lever(study, index, out, log)
-            result["runs"].append(run_json)
+            lever_run, failure = _run_lever(study, index, out, log)
+            result.runs.append(lever_run)
             if failure is not None:
                 raise failure
-            result.update(summarize(study, result["runs"]))
+            summarize(study, result)
             _write(out, "study.json", result)
-        result["stopped"] = "done"
+        result.stopped = "done"
     except KeyboardInterrupt:
-        result["stopped"] = "interrupted"
+        result.stopped = "interrupted"
         raise
     except Terminated:
-        result["stopped"] = "terminated"
+        result.stopped = "terminated"
         raise
     except Exception as exc:
-        result["stopped"] = "error"
-        result["error"] = str(exc)[:400]
+        result.stopped = "error"
+        result.error = str(exc)[:400]
         raise
     finally:
-        if result["runs"]:  # a study no lever ran in leaves no study.json: the same command runs it again
-            result.update(summarize(study, result["runs"]))
+        if result.runs:  # a study no lever ran in leaves no study.json: the same command runs it again
+            summarize(study, result)
             _write(out, "study.json", result)
         try:
             signal.signal(signal.SIGTERM, previous)

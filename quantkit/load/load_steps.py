@@ -18,7 +18,7 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 
@@ -29,6 +29,7 @@ from quantkit.load.load_stats import should_stop, summarize_step
 from quantkit.load.metrics import Scrape
 from quantkit.load.request_timings import RequestRecord
 from quantkit.load.search import next_level
+from quantkit.load.step_record import Step
 from quantkit.load.workload import check_fits
 
 # Before a disturbed step is measured again: wait, in windows of QUIET_WINDOW_S, until other
@@ -48,7 +49,7 @@ class Terminated(Exception):
 class Progress:
     """What has been measured so far: finished steps, plus the records of the step in progress."""
 
-    steps: list[dict] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
     step_records: list[list[RequestRecord]] = field(default_factory=list)
     step_starts: list[float] = field(default_factory=list)
     current: list[RequestRecord] | None = None
@@ -59,9 +60,9 @@ class Progress:
     watch: cpu.Watch | None = None
     probe: RequestRecord | None = None
     context: dict | None = None  # the server's context length and where it came from
-    placement: dict | None = None  # the client's and the server's cores (cpu.placement)
+    placement: cpu.Placement | None = None  # the client's and the server's cores
     metrics: bool = False  # whether the server's /metrics has histograms to split TTFT with
-    discarded: list[dict] = field(default_factory=list)  # steps others disturbed, measured again
+    discarded: list[Step] = field(default_factory=list)  # steps others disturbed, measured again
     # "saturation", "bounds", "search", "failing", "interrupted", "terminated" or "error"
     stopped: str | None = None
     stop_detail: str | None = None
@@ -74,11 +75,11 @@ class Progress:
     def begin(self, level: float, phase: str | None = None) -> list[RequestRecord]:
         self.current, self.current_level, self.current_phase = [], level, phase
         self.current_start, self.current_cpu = time.perf_counter(), time.process_time()
-        server = (self.placement or {}).get("server_pid")
+        server = self.placement.server_pid if self.placement else None
         self.watch = cpu.Watch(server).start()
         return self.current
 
-    def end(self, cfg: LoadConfig, partial: bool = False, server_delta: Scrape | None = None) -> dict:
+    def end(self, cfg: LoadConfig, partial: bool = False, server_delta: Scrape | None = None) -> Step:
         step = summarize_step(
             self.current,
             mode=cfg.mode,
@@ -91,21 +92,24 @@ class Progress:
             t_stop=time.perf_counter() if partial else None,
             server_delta=server_delta,
         )
-        step["phase"] = self.current_phase
-        step["repeat"] = sum(s["offered"] == self.current_level and not s["partial"] for s in self.steps)
-        step["cpu"] = self.watch.shares() if self.watch else None
+        step = replace(
+            step,
+            phase=self.current_phase,
+            repeat=sum(s.offered == self.current_level and not s.partial for s in self.steps),
+            cpu=self.watch.shares() if self.watch else None,
+        )
         self.steps.append(step)
         self.step_records.append(self.current)
         self.step_starts.append(self.current_start)
         self.current = None
         return step
 
-    def discard_last(self) -> dict:
+    def discard_last(self) -> Step:
         """Set the last step aside (disturbed): it is kept in the run as discarded, out of every statistic."""
         step = self.steps.pop()
         self.step_records.pop()
         self.step_starts.pop()
-        self.discarded.append({k: v for k, v in step.items() if k != "samples"})
+        self.discarded.append(replace(step, samples=None))
         return step
 
     def stop(self, cfg: LoadConfig, reason: str, detail: str | None = None) -> None:
@@ -199,19 +203,19 @@ async def _open_step(http: aiohttp.ClientSession, cfg: LoadConfig, level: float,
 STEP_RUNNERS: dict[str, Callable] = {"concurrency": _closed_step, "rate": _open_step}
 
 
-def _describe(step: dict) -> str:
-    ttft, tpot = step["ttft_ms"]["p99"], step["tpot_ms"]["p99"]
-    qps = step["achieved_qps"]
+def _describe(step: Step) -> str:
+    ttft, tpot = step.ttft_ms.p99, step.tpot_ms.p99
+    qps = step.achieved_qps
     text = (
-        f"{step['mode']}={step['offered']:g}: {step['completed']}/{step['requests']} ok, "
+        f"{step.mode}={step.offered:g}: {step.completed}/{step.requests} ok, "
         f"{qps or 0:.2f} req/s, TTFT-P99 {ttft or float('nan'):.0f} ms, TPOT-P99 {tpot or float('nan'):.1f} ms, "
-        f"{step['error_count']} errors ({step['phase']})"
+        f"{step.error_count} errors ({step.phase})"
     )
-    shares = step.get("cpu") or {}
-    if shares.get("client") is not None:
-        text += f"; CPU client {shares['client']:.2f}"
-        if shares.get("server") is not None:
-            text += f", server {shares['server']:.2f}, others {shares['others']:.2f}"
+    shares = step.cpu or cpu.CpuShares()
+    if shares.client is not None:
+        text += f"; CPU client {shares.client:.2f}"
+        if shares.server is not None:
+            text += f", server {shares.server:.2f}, others {shares.others:.2f}"
     return text
 
 
@@ -240,19 +244,19 @@ async def _context(http: aiohttp.ClientSession, cfg: LoadConfig) -> dict:
     return {"tokens": tokens, "source": source}
 
 
-def _failing(step: dict) -> str | None:
+def _failing(step: Step) -> str | None:
     """Why the staircase cannot learn more by climbing, or None."""
-    if step["completed"] or not step["requests"]:
+    if step.completed or not step.requests:
         return None
-    kinds = ", ".join(f"{n} {kind}" for kind, n in step["errors"].items() if n)
-    return f"no request succeeded at {step['mode']}={step['offered']:g} ({kinds})"
+    kinds = ", ".join(f"{n} {kind}" for kind, n in (step.errors or {}).items() if n)
+    return f"no request succeeded at {step.mode}={step.offered:g} ({kinds})"
 
 
 async def _scrape(http: aiohttp.ClientSession, cfg: LoadConfig, on: bool) -> Scrape | None:
     return await server_metrics(http, cfg) if on else None
 
 
-async def _step(http, cfg: LoadConfig, progress: Progress, level: float, phase: str, source) -> dict:
+async def _step(http, cfg: LoadConfig, progress: Progress, level: float, phase: str, source) -> Step:
     """One step at `level`: its requests, and the server's histograms' change over it."""
     before = await _scrape(http, cfg, progress.metrics)
     sink = progress.begin(level, phase)
@@ -263,12 +267,12 @@ async def _step(http, cfg: LoadConfig, progress: Progress, level: float, phase: 
 
 async def _wait_quiet(progress: Progress, log: Callable[[str], None]) -> None:
     """Let what disturbed a step pass before it is measured again (others' CPU below cpu.DISTURBED)."""
-    server = (progress.placement or {}).get("server_pid")
+    server = progress.placement.server_pid if progress.placement else None
     deadline = time.perf_counter() + QUIET_WAIT_S
     while time.perf_counter() < deadline:
         watch = cpu.Watch(server).start()
         await asyncio.sleep(QUIET_WINDOW_S)
-        others = watch.shares()["others"]
+        others = watch.shares().others
         if others is None or others <= cpu.DISTURBED:
             return
     log(f"other processes still busy after {QUIET_WAIT_S:g} s; measuring anyway")
@@ -277,7 +281,7 @@ async def _wait_quiet(progress: Progress, log: Callable[[str], None]) -> None:
 def _stopped(cfg: LoadConfig, progress: Progress) -> str:
     if cfg.search:
         return "search"
-    first = [s for s in progress.steps if s["repeat"] == 0 and not s["partial"]]
+    first = [s for s in progress.steps if s.repeat == 0 and not s.partial]
     return "saturation" if cfg.stop_at_saturation and should_stop(first, cfg.patience) else "bounds"
 
 
@@ -296,8 +300,8 @@ async def run_staircase(
         progress.context = await _context(http, cfg)
         check_fits(cfg.workload, cfg.gen_len, progress.context["tokens"], progress.context["source"])
         progress.placement = cpu.placement(cfg.server_pid or cpu.listening_pid(cfg.url))
-        if progress.placement.get("warning"):
-            log(f"warning: {progress.placement['warning']}")
+        if progress.placement.warning:
+            log(f"warning: {progress.placement.warning}")
         # The warm-up has the workload's shape (its shared prefix too: steady state for a prefix cache).
         progress.probe = await warm_up(http, cfg, source.warm_up())
         progress.metrics = bool(await server_metrics(http, cfg))
@@ -307,10 +311,10 @@ async def run_staircase(
         while (planned := next_level(cfg, progress.steps)) is not None:
             step = await _step(http, cfg, progress, *planned, source)
             log(_describe(step))
-            if (step["cpu"] or {}).get("disturbed") and reruns > 0:
+            if step.cpu and step.cpu.disturbed and reruns > 0:
                 reruns -= 1
                 progress.discard_last()
-                log(f"disturbed: other processes used {step['cpu']['others']:.2f} cores; measuring it again")
+                log(f"disturbed: other processes used {step.cpu.others:.2f} cores; measuring it again")
                 await _wait_quiet(progress, log)
                 continue
             reruns = cfg.rerun_disturbed

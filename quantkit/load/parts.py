@@ -25,6 +25,7 @@ Means are exact (sum / count); P50/P99 are known to a bucket and carry its bound
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -56,6 +57,115 @@ ABSENT = (
 )
 
 
+@dataclass(frozen=True)
+class PartStats:
+    """One part's statistics over a step's requests (ms); a histogram's quantiles carry their bucket."""
+
+    n: int | None = None
+    mean: float | None = None
+    p50: float | None = None
+    p99: float | None = None
+    p50_bucket_ms: list | None = None
+    p99_bucket_ms: list | None = None
+    bucketed: bool = False  # whether the JSON holds the bucket keys (a histogram's parts)
+
+    def to_json(self) -> dict:
+        out = {"n": self.n, "mean": self.mean, "p50": self.p50, "p99": self.p99}
+        if self.bucketed:
+            out.update(p50_bucket_ms=self.p50_bucket_ms, p99_bucket_ms=self.p99_bucket_ms)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PartStats":
+        return cls(**data, bucketed="p50_bucket_ms" in data)
+
+
+@dataclass(frozen=True)
+class PartShares:
+    """Each part's share of TTFT."""
+
+    queue: float | None = None
+    prefill: float | None = None
+    other: float | None = None
+
+    def to_json(self) -> dict:
+        return {"queue": self.queue, "prefill": self.prefill, "other": self.other}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PartShares":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class PartsCheck:
+    """Whether the parts describe what the client measured: how it was checked, how many requests
+    (or steps) did not fit, and what the source adds (the worst mismatch, the server's own TTFT)."""
+
+    kind: str
+    mismatched: int
+    more: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, **self.more, "mismatched": self.mismatched}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PartsCheck":
+        more = {k: v for k, v in data.items() if k not in ("kind", "mismatched")}
+        return cls(kind=data["kind"], mismatched=data["mismatched"], more=more)
+
+
+@dataclass(frozen=True)
+class TtftParts:
+    """A step's TTFT split into queue, prefill and other, or `absent` with the reason."""
+
+    absent: str | None = None
+    source: dict | None = None  # part -> where its numbers come from
+    per_request: bool = False
+    n: int = 0
+    of: int = 0
+    queue_ms: PartStats = PartStats()
+    prefill_ms: PartStats = PartStats()
+    other_ms: PartStats = PartStats()
+    share: PartShares = PartShares()
+    check: PartsCheck | None = None
+
+    def part(self, name: str) -> PartStats:
+        """One of PARTS by its name."""
+        return getattr(self, name)
+
+    def source_of(self, name: str) -> str | None:
+        return (self.source or {}).get(name)
+
+    def to_json(self) -> dict:
+        if self.absent is not None:
+            return {"absent": self.absent}
+        return {
+            "source": self.source,
+            "per_request": self.per_request,
+            "n": self.n,
+            "of": self.of,
+            **{name: self.part(name).to_json() for name in PARTS},
+            "share": self.share.to_json(),
+            "check": self.check.to_json() if self.check else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> "TtftParts":
+        if not data:
+            return cls(absent=ABSENT)
+        if "absent" in data:
+            return cls(absent=data["absent"])
+        return cls(
+            source=data.get("source"),
+            per_request=data.get("per_request", False),
+            n=data.get("n", 0),
+            of=data.get("of", 0),
+            **{name: PartStats.from_json(data.get(name) or {}) for name in PARTS},
+            share=PartShares.from_json(data.get("share") or {}),
+            check=PartsCheck.from_json(data["check"]) if data.get("check") else None,
+        )
+
+
 def request_parts(rec: RequestRecord) -> tuple[float, float, float] | None:
     """(queue_ms, prefill_ms, other_ms) of one answered request whose server sent its timings."""
     if not rec.ok or rec.server_prompt_ms is None or rec.server_predicted_ms is None:
@@ -65,95 +175,104 @@ def request_parts(rec: RequestRecord) -> tuple[float, float, float] | None:
     return queue, rec.server_prompt_ms, ttft - queue - rec.server_prompt_ms
 
 
-def _stats(values: Sequence[float]) -> dict:
+def _stats(values: Sequence[float]) -> PartStats:
     arr = np.asarray(values, dtype=float)
-    return {
-        "n": int(arr.size),
-        "mean": float(arr.mean()),
-        "p50": float(np.percentile(arr, 50)),
-        "p99": float(np.percentile(arr, 99)),
-    }
+    return PartStats(
+        n=int(arr.size), mean=float(arr.mean()), p50=float(np.percentile(arr, 50)), p99=float(np.percentile(arr, 99))
+    )
 
 
-def from_records(ok: Sequence[RequestRecord]) -> dict | None:
+def from_records(ok: Sequence[RequestRecord]) -> TtftParts | None:
     """The step's parts from per-request server timings; None when no request carried them."""
     rows = [(parts, 1e3 * (r.t_first - r.t_send)) for r in ok if (parts := request_parts(r)) is not None]
     if not rows:
         return None
-    out: dict = {"source": LLAMA_SOURCE, "per_request": True, "n": len(rows), "of": len(ok)}
-    for i, name in enumerate(PARTS):
-        out[name] = _stats([parts[i] for parts, _ in rows])
+    stats = {name: _stats([parts[i] for parts, _ in rows]) for i, name in enumerate(PARTS)}
     # the mean over requests of each part's share of that request's TTFT
-    out["share"] = {name[:-3]: float(np.mean([p[i] / t for p, t in rows if t > 0])) for i, name in enumerate(PARTS)}
+    share = {name[:-3]: float(np.mean([p[i] / t for p, t in rows if t > 0])) for i, name in enumerate(PARTS)}
     errors = [abs(p[2]) / t for p, t in rows if t > 0]
-    out["check"] = {
-        "kind": "per request: |other_ms| within 5% of TTFT",
-        "mismatched": sum(e > MISMATCH for e in errors),
-        "worst_pct": 100 * max(errors) if errors else None,
-    }
-    return out
+    check = PartsCheck(
+        kind="per request: |other_ms| within 5% of TTFT",
+        mismatched=sum(e > MISMATCH for e in errors),
+        more={"worst_pct": 100 * max(errors) if errors else None},
+    )
+    return TtftParts(
+        source=LLAMA_SOURCE, per_request=True, n=len(rows), of=len(ok), **stats, share=PartShares(**share), check=check
+    )
 
 
-def _bucketed(h: Histogram) -> dict:
+def _bucketed(h: Histogram) -> PartStats:
     """Mean (exact) and P50/P99 (within a bucket, with its bounds) of a histogram in seconds, in ms."""
-    out = {"n": int(round(h.count)), "mean": 1e3 * h.mean if h.mean is not None else None}
-    for q in (50, 99):
-        found = h.quantile(q / 100)
-        out[f"p{q}"] = 1e3 * found[0] if found else None
-        out[f"p{q}_bucket_ms"] = [1e3 * found[1], 1e3 * found[2]] if found else None
-    return out
+    found = {q: h.quantile(q / 100) for q in (50, 99)}
+    return PartStats(
+        n=int(round(h.count)),
+        mean=1e3 * h.mean if h.mean is not None else None,
+        p50=1e3 * found[50][0] if found[50] else None,
+        p99=1e3 * found[99][0] if found[99] else None,
+        p50_bucket_ms=[1e3 * found[50][1], 1e3 * found[50][2]] if found[50] else None,
+        p99_bucket_ms=[1e3 * found[99][1], 1e3 * found[99][2]] if found[99] else None,
+        bucketed=True,
+    )
 
 
-def from_histograms(delta: dict[str, Histogram], ttft_ms: dict, completed: int) -> dict | None:
+def from_histograms(delta: dict[str, Histogram], client: float | None, completed: int) -> TtftParts | None:
     """The step's parts from vLLM's histograms over the step; None when the server has none of them.
-    `ttft_ms` is the client's TTFT summary of the same step (stats.percentiles)."""
+    `client` is the client's mean TTFT (ms) over the same step."""
     queue, prefill = delta.get(VLLM_QUEUE), delta.get(VLLM_PREFILL)
-    if queue is None or prefill is None or not queue.count or ttft_ms.get("mean") is None:
+    if queue is None or prefill is None or not queue.count or client is None:
         return None
-    out: dict = {"source": VLLM_SOURCE, "per_request": False, "n": int(round(queue.count)), "of": completed}
-    out["queue_ms"], out["prefill_ms"] = _bucketed(queue), _bucketed(prefill)
-    client = ttft_ms["mean"]
-    other = client - out["queue_ms"]["mean"] - out["prefill_ms"]["mean"]
-    out["other_ms"] = {"n": out["n"], "mean": other, "p50": None, "p99": None}
-    out["share"] = {
-        "queue": out["queue_ms"]["mean"] / client,
-        "prefill": out["prefill_ms"]["mean"] / client,
-        "other": other / client,
-    }
+    n = int(round(queue.count))
+    queue_ms, prefill_ms = _bucketed(queue), _bucketed(prefill)
+    other = client - queue_ms.mean - prefill_ms.mean
     server_ttft = delta.get(VLLM_TTFT)
-    out["check"] = {
-        "kind": "step means: the server's requests are the client's, and queue + prefill fit in TTFT",
-        # a count that differs: requests of another client, or of the warm-up, are in the histograms
-        "requests_match": int(round(queue.count)) == completed,
-        "server_ttft_mean_ms": 1e3 * server_ttft.mean if server_ttft is not None and server_ttft.mean else None,
-        "mismatched": int(other < -MISMATCH * client),
-    }
-    return out
+    check = PartsCheck(
+        kind="step means: the server's requests are the client's, and queue + prefill fit in TTFT",
+        mismatched=int(other < -MISMATCH * client),
+        more={
+            # a count that differs: requests of another client, or of the warm-up, are in the histograms
+            "requests_match": n == completed,
+            "server_ttft_mean_ms": 1e3 * server_ttft.mean if server_ttft is not None and server_ttft.mean else None,
+        },
+    )
+    return TtftParts(
+        source=VLLM_SOURCE,
+        per_request=False,
+        n=n,
+        of=completed,
+        queue_ms=queue_ms,
+        prefill_ms=prefill_ms,
+        other_ms=PartStats(n=n, mean=other),
+        share=PartShares(queue=queue_ms.mean / client, prefill=prefill_ms.mean / client, other=other / client),
+        check=check,
+    )
 
 
-def absent() -> dict:
-    return {"absent": ABSENT}
+def absent() -> TtftParts:
+    return TtftParts(absent=ABSENT)
 
 
-def mean_of(parts: dict | None, name: str) -> float | None:
+def mean_of(parts: TtftParts | None, name: str) -> float | None:
     """A part's step mean, or None when the step has no parts."""
-    if not parts or parts.get("absent"):
+    if parts is None or parts.absent is not None:
         return None
-    return (parts.get(name) or {}).get("mean")
+    return parts.part(name).mean
 
 
-def pool(steps_parts: Sequence[dict]) -> dict:
+def pool(steps_parts: Sequence[TtftParts | None]) -> TtftParts:
     """One level's parts from its steps' histogram parts: means weighted by their requests (a
     histogram quantile does not pool; per-request parts are pooled from the requests instead)."""
-    found = [p for p in steps_parts if p and not p.get("absent")]
+    found = [p for p in steps_parts if p is not None and p.absent is None]
     if not found:
         return absent()
-    n = sum(p["n"] for p in found)
-    out: dict = {"source": found[0]["source"], "per_request": False, "n": n, "of": sum(p["of"] for p in found)}
-    for name in PARTS:
-        mean = sum(p[name]["mean"] * p["n"] for p in found) / n if n else None
-        out[name] = {"n": n, "mean": mean, "p50": None, "p99": None}
-    total = sum(out[name]["mean"] or 0.0 for name in PARTS)
-    out["share"] = {name[:-3]: (out[name]["mean"] / total if total else None) for name in PARTS}
-    out["check"] = {"kind": "pooled step means", "mismatched": sum(p["check"]["mismatched"] for p in found)}
-    return out
+    n = sum(p.n for p in found)
+    means = {name: (sum(p.part(name).mean * p.n for p in found) / n if n else None) for name in PARTS}
+    total = sum(m or 0.0 for m in means.values())
+    return TtftParts(
+        source=found[0].source,
+        per_request=False,
+        n=n,
+        of=sum(p.of for p in found),
+        **{name: PartStats(n=n, mean=mean) for name, mean in means.items()},
+        share=PartShares(**{name[:-3]: (mean / total if total else None) for name, mean in means.items()}),
+        check=PartsCheck(kind="pooled step means", mismatched=sum(p.check.mismatched for p in found)),
+    )

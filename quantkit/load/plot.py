@@ -10,31 +10,32 @@ from pathlib import Path
 
 from quantkit.core.outputs import save_png
 from quantkit.load.config import LoadError
+from quantkit.load.parts import PARTS, TtftParts
+from quantkit.load.runfile import LoadRun
 
 # Log scale once a curve spans more than this ratio, so the flat part before the knee stays readable.
 LOG_SPAN = 20.0
 
 
-def _series(run: dict, metric: str) -> tuple[list[float], list[float], list[float]]:
+def _series(run: LoadRun, metric: str) -> tuple[list[float], list[float], list[float]]:
     xs, ys, levels = [], [], []
-    for step in run["steps"]:
-        qps, p99 = step.get("achieved_qps"), (step.get(metric) or {}).get("p99")
+    for step in run.steps:
+        qps, p99 = step.achieved_qps, step.latency(metric).p99
         if qps and p99 is not None:
             xs.append(qps)
             ys.append(p99)
-            levels.append(step["offered"])
+            levels.append(step.offered)
     return xs, ys, levels
 
 
-PART_COLORS = {"queue_ms": "#d62728", "prefill_ms": "#1f77b4", "other_ms": "#7f7f7f"}
+PART_COLORS = dict(zip(PARTS, ("#d62728", "#1f77b4", "#7f7f7f")))
 
 
-def _parts(run: dict) -> list[tuple[float, dict]]:
-    levels = run.get("levels") or run.get("steps") or []
-    return [(s["offered"], s["ttft_parts"]) for s in levels if not (s.get("ttft_parts") or {"absent": 1}).get("absent")]
+def _parts(run: LoadRun) -> list[tuple[float, TtftParts]]:
+    return [(s.offered, s.parts) for s in (run.levels or run.steps) if s.parts is not None]
 
 
-def _plot_parts(ax, runs: list[dict]) -> None:
+def _plot_parts(ax, runs: list[LoadRun]) -> None:
     """Mean queue, prefill and other per offered level, stacked; one bar per run at each level."""
     offered = sorted({level for run in runs for level, _ in _parts(run)})
     width = 0.8 / max(1, len(runs))
@@ -43,23 +44,23 @@ def _plot_parts(ax, runs: list[dict]) -> None:
         xs = [i + k * width for i, level in enumerate(offered) if level in by_level]
         bottom = [0.0] * len(xs)
         for name, color in PART_COLORS.items():
-            heights = [max(0.0, by_level[lv][name]["mean"] or 0.0) for lv in offered if lv in by_level]
+            heights = [max(0.0, by_level[lv].part(name).mean or 0.0) for lv in offered if lv in by_level]
             label = name[:-3] if k == 0 else None
             ax.bar(xs, heights, width, bottom=bottom, color=color, label=label, hatch=["", "//", "..", "xx"][k % 4])
             bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set_xticks([i + width * (len(runs) - 1) / 2 for i in range(len(offered))], [f"{lv:g}" for lv in offered])
     ax.set_title("TTFT parts (means; one bar per run, hatched in run order)")
-    ax.set_xlabel(f"offered load ({runs[0]['config']['mode']})")
+    ax.set_xlabel(f"offered load ({runs[0].settings.mode})")
     ax.set_ylabel("ms")
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
 
 
-def plot_runs(runs: list[dict], path: str | Path) -> Path:
+def plot_runs(runs: list[LoadRun], path: str | Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    with_parts = any(_parts(run) for run in runs) and len({run["config"]["mode"] for run in runs}) == 1
+    with_parts = any(_parts(run) for run in runs) and len({run.settings.mode for run in runs}) == 1
     fig = Figure(figsize=(16.5 if with_parts else 11, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3 if with_parts else 2)
@@ -71,20 +72,20 @@ def plot_runs(runs: list[dict], path: str | Path) -> Path:
             xs, ys, levels = _series(run, metric)
             if not xs:
                 continue
-            (line,) = ax.plot(xs, ys, marker="o", label=run.get("label", "run"))
+            (line,) = ax.plot(xs, ys, marker="o", label=run.label)
             top.extend(ys)
             for x, y, level in zip(xs, ys, levels):
                 ax.annotate(f"{level:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-            knee = (run.get("analysis") or {}).get("knee")
-            if knee and knee.get("achieved_qps"):
-                y = knee["ttft_p99_ms" if metric == "ttft_ms" else "tpot_p99_ms"]
+            knee = run.analysis.knee
+            if knee and knee.achieved_qps:
+                y = knee.ttft_p99_ms if metric == "ttft_ms" else knee.tpot_p99_ms
                 if y is not None:
                     ax.plot(
-                        [knee["achieved_qps"]], [y], marker="o", markersize=16, fillstyle="none", color=line.get_color()
+                        [knee.achieved_qps], [y], marker="o", markersize=16, fillstyle="none", color=line.get_color()
                     )
                     ax.annotate(
                         "knee",
-                        (knee["achieved_qps"], y),
+                        (knee.achieved_qps, y),
                         textcoords="offset points",
                         xytext=(8, -14 - 12 * k),
                         color=line.get_color(),

@@ -23,13 +23,14 @@ from collections.abc import Sequence
 from quantkit.load.config import LoadConfig
 from quantkit.load.intervals import by_level, meets
 from quantkit.load.load_stats import should_stop
+from quantkit.load.step_record import Step
 
 RATE_TOL = 0.15  # rate search: stop when the bracket's ends are within 15% of each other
 MAX_STEPS = 24  # a search never measures more steps than this
 
 
-def _pooled(steps: Sequence[dict], level: float) -> list[dict]:
-    return [s for s in steps if s["offered"] == level and not s.get("partial")]
+def _pooled(steps: Sequence[Step], level: float) -> list[Step]:
+    return [s for s in steps if s.offered == level and not s.partial]
 
 
 def _midpoint(low: float, high: float, integer: bool) -> float | None:
@@ -39,7 +40,7 @@ def _midpoint(low: float, high: float, integer: bool) -> float | None:
     return None if high / low <= 1 + RATE_TOL else math.sqrt(low * high)
 
 
-def search_next(cfg: LoadConfig, steps: Sequence[dict]) -> tuple[float, str] | None:
+def search_next(cfg: LoadConfig, steps: Sequence[Step]) -> tuple[float, str] | None:
     """The next (level, phase) of the SLO search, or None when it is done."""
     lo, hi = cfg.levels
     integer = cfg.mode == "concurrency"
@@ -67,28 +68,28 @@ def search_next(cfg: LoadConfig, steps: Sequence[dict]) -> tuple[float, str] | N
     return _repeat(steps, [low, high], cfg.repeats)
 
 
-def _repeat(steps: Sequence[dict], levels: list[float], repeats: int) -> tuple[float, str] | None:
+def _repeat(steps: Sequence[Step], levels: list[float], repeats: int) -> tuple[float, str] | None:
     for level in levels:
         if len(_pooled(steps, level)) < repeats:
             return level, "measure"
     return None
 
 
-def staircase_next(cfg: LoadConfig, steps: Sequence[dict], climbing: bool) -> tuple[float, str] | None:
+def staircase_next(cfg: LoadConfig, steps: Sequence[Step], climbing: bool) -> tuple[float, str] | None:
     """The next (level, phase) of the staircase: climb, then repeat the levels reached."""
-    done = [s for s in steps if not s.get("partial")]
-    first = [s for s in done if s.get("repeat", 0) == 0]
+    done = [s for s in steps if not s.partial]
+    first = [s for s in done if (s.repeat or 0) == 0]
     if climbing:
         saturated = len(first) > 1 and cfg.stop_at_saturation and should_stop(first, cfg.patience)
         if len(first) < len(cfg.levels) and not saturated:
             return cfg.levels[len(first)], "climb"
-    reached = [s["offered"] for s in first]
+    reached = [s.offered for s in first]
     for repeat in range(1, cfg.repeats):
         for level in reached:
-            if not any(s["offered"] == level and s.get("repeat") == repeat for s in done):
+            if not any(s.offered == level and s.repeat == repeat for s in done):
                 return level, "repeat"
     return None
 
 
-def next_level(cfg: LoadConfig, steps: Sequence[dict], climbing: bool = True) -> tuple[float, str] | None:
+def next_level(cfg: LoadConfig, steps: Sequence[Step], climbing: bool = True) -> tuple[float, str] | None:
     return search_next(cfg, steps) if cfg.search else staircase_next(cfg, steps, climbing)

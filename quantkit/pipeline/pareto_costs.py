@@ -76,7 +76,7 @@ def plan_pareto(s: ParetoSettings) -> Plan:
             imatrix_made = imatrix_made or v.gguf.imatrix
             plans += [(v.name, kquant_plan(base, work, cpu)), (v.name, evaluate(size))]
         else:
-            job = variant_job(r, v)
+            job = variant_job(r.conversion(v), v.name)
             model = read_model(job.src, skeleton=job.skeleton)
             made = convert_plan(model, convert_work(job), this_machine(job.device, r.dir))
             plans += [(v.name, made), (v.name, evaluate(job.artifact_bytes))]

@@ -2,39 +2,28 @@
 
 from __future__ import annotations
 
-import platform
-import time
 from dataclasses import replace
 from pathlib import Path
 
-from quantkit.artifacts.card import update_card_results
 from quantkit.bench.bench_records import BenchRow, report_cells, report_columns
-from quantkit.core.atomic import write_json, write_text
 from quantkit.core.fits import RuleFit, describe_fit
 from quantkit.core.record_checks import RecordError
-from quantkit.errors import QuantkitError
-from quantkit.models.checkpoint import read_config
 from quantkit.models.sizes import checkpoint_sizes
 from quantkit.pipeline.accuracy import (
     AccuracyRow,
     DecodeAt,
     PositionRow,
-    accuracy_rows,
     accuracy_table,
     kl_header,
     position_table,
 )
 from quantkit.pipeline.depths import (
-    context_rows,
     depth_pairs,
-    depth_rows,
     depth_sections,
 )
 from quantkit.pipeline.plots import pareto, rule_check, ttft_sweep
 from quantkit.pipeline.serving import EngineBench
 from quantkit.pipeline.variant_record import VariantRecord
-from quantkit.progress import note
-from quantkit.recipe.schema import BASELINE_NAME
 
 # The table's columns around the bench's: the bench columns between them are BenchRow's own
 # (bench/bench_records.py report_columns), so a new bench figure shows here without a line here.
@@ -357,16 +346,21 @@ def _eval_device(report: dict) -> str:
     return f" (on {ev.device.get('device')}, {ev.device.get('name')}, {ev.dtype})"
 
 
-def _plots(runner, benches: dict[str, EngineBench], rows: list[dict]) -> list[str]:
-    """The rule check (one series and fit per engine), accuracy against TPOT, TTFT against prompt length."""
+def has_plots(benches: dict[str, EngineBench]) -> bool:
+    """Whether a run's report has plots (an engine that benched a variant): then it gets RUN_DIR/plots."""
+    return any(eb.rows for eb in benches.values())
+
+
+def make_plots(folder: Path, benches: dict[str, EngineBench], rows: list[dict]) -> list[str]:
+    """The rule check (one series and fit per engine), accuracy against TPOT, TTFT against prompt
+    length, drawn into `folder`."""
 
     ran = {e: eb.result for e, eb in benches.items() if eb.rows}
     if not ran:
         return []
     many = len(benches) > 1
     bench_rows = [replace(b, name=f"{b.name} ({e})") if many else b for e, res in ran.items() for b in res.rows]
-    d = runner.dir / "plots"
-    d.mkdir(exist_ok=True)
+    d = folder
     first = next(iter(ran.values()))
     fits = {e: res.fit for e, res in ran.items()} if many else None
     bandwidths = {e: res.device.bandwidth_gbps for e, res in ran.items()}
@@ -388,87 +382,3 @@ def _plots(runner, benches: dict[str, EngineBench], rows: list[dict]) -> list[st
     if any(b.prompt_sweep for b in bench_rows):
         plots.append(str(ttft_sweep(bench_rows, d / "ttft_vs_prompt.png")))
     return plots
-
-
-def _engine_json(eb: EngineBench) -> dict:
-    res = eb.result
-    return {
-        "device": res.device.to_json() if res else None,
-        "fit": res.fit.to_json() if res else None,
-        "settings": res.settings if res else None,
-        "load_average": res.load_average.to_json() if res else None,
-        "error": eb.error,
-    }
-
-
-def finish_run(runner, benches: dict[str, EngineBench], total_s: float) -> dict:
-    """`benches`: engine -> its EngineBench (serving.bench_engines); empty when the bench was skipped."""
-
-    engines = [e for e, eb in benches.items() if not eb.error] or [None]  # an engine that could not run has no rows
-    rows = [variant_row(rec, e) for rec in runner.variants.values() for e in engines]
-    plots = _plots(runner, benches, rows)
-    first = next((eb.result for eb in benches.values() if eb.rows), None)
-    for rec in runner.variants.values():
-        art = Path(rec.artifact or "")
-        made_here = (
-            art.is_relative_to(runner.dir) and art.resolve() != Path(runner.src).resolve()
-        )  # never write into the source
-        if rec.artifact and (art / "quantkit.json").is_file() and made_here:
-            results = {"eval": rec.eval, "bench": rec.bench}
-            try:
-                update_card_results(art, {k: v.to_json() for k, v in results.items() if v is not None})
-            except QuantkitError as exc:  # the report still gets written; the card keeps its old table
-                note(f"[{rec.name}] model card not updated: {exc}")
-    steps_s = sum(runner.timings.values())
-    bench_rows = [b for eb in benches.values() for b in eb.rows]
-    baseline = next((v.name for v in runner.recipe.all_variants() if v.baseline), BASELINE_NAME)
-    bits = {r["name"]: r.get("bits_per_weight") for r in rows}
-    context = read_config(runner.src).get("max_position_embeddings") or 0
-    report = {
-        "kind": "quantkit-run",
-        # 2: accuracy rows name their kl_kind; positions (by position in the window). 3: depths and long_context
-        # 4: a variant's exports by format (exports, export_errors: FMT -> record, message; was gguf_error)
-        # 5: a variant is a VariantRecord's JSON (pipeline/variant_record.py): every key written, null or
-        # empty where nothing; its GGUF held once (gguf_variant or exports.gguf: no `gguf` key)
-        "schema_version": 5,
-        "recipe": runner.recipe.name,
-        "model": str(runner.src),
-        "model_sha256": runner.src_hash,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "host": platform.node(),
-        "eval_text": runner.eval_text,
-        "eval_texts": list(getattr(runner, "eval_texts", ()) or ()),
-        "calibration": runner.calib,
-        "accuracy": [a.to_json() for rec in runner.variants.values() for a in accuracy_rows(rec)],
-        "positions": [
-            p.to_json()
-            for rec in runner.variants.values()
-            for p in position_rows(rec, [b for eb in benches.values() for b in eb.rows if b.name == rec.name])
-        ],
-        "depths": [d.to_json() for d in depth_rows(bench_rows, baseline)],
-        "long_context": [
-            c.to_json()
-            for rec in runner.variants.values()
-            for c in context_rows(rec, [b for b in bench_rows if b.name == rec.name], bits.get(rec.name), context)
-        ],
-        "bench_settings": runner.recipe.bench.model_dump(mode="json") if benches else None,
-        "device": first.device.to_json() if first else None,
-        "fit": first.fit.to_json() if first else None,
-        "engines": {e: _engine_json(eb) for e, eb in benches.items()},
-        "fastest": fastest(rows),
-        "rows": rows,
-        "variants": {n: rec.to_json() for n, rec in runner.variants.items()},
-        "plots": plots,
-        "timings": runner.timings,
-        "wall_seconds": total_s,
-        "steps_seconds": steps_s,
-        "overhead_pct": 100.0 * max(0.0, total_s - steps_s) / total_s if total_s else 0.0,
-        "failed": sorted(
-            {r["name"] for r in rows if r["status"] == "failed"}
-            | {n for n, v in runner.variants.items() if v.export_errors},
-            key=list(runner.variants).index,
-        ),
-    }
-    write_json(runner.dir / "report.json", report, default=str)
-    write_text(runner.dir / "report.md", render_markdown(report))
-    return report

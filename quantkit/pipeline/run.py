@@ -21,8 +21,9 @@ from functools import cached_property
 from pathlib import Path
 
 from quantkit import __version__
+from quantkit.artifacts.card import update_card_results
 from quantkit.artifacts.staging import model_inputs, read_meta, text_input, verification_problem
-from quantkit.core.atomic import exclusive, write_json
+from quantkit.core.atomic import exclusive, write_json, write_text
 from quantkit.core.eval_results import EvalResult
 from quantkit.core.integrity import problems
 from quantkit.core.kv_cache import head_dims
@@ -38,7 +39,7 @@ from quantkit.evals.scorers import scorer_named
 from quantkit.export.export_registry import check_formats
 from quantkit.models.checkpoint import checkpoint_hash, content_hash, read_config
 from quantkit.models.resolve import resolve_path
-from quantkit.pipeline import report, serving
+from quantkit.pipeline import report, report_data, serving
 from quantkit.pipeline.cache import StepCache, step_key, text_fingerprint
 from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.progress import note
@@ -300,10 +301,26 @@ class Runner:
         kv = v.kv_cache
         return kv.llamacpp if kv and kv.llamacpp and scorer_named(engine, "eval.engines").kv_caches == "any" else None
 
+    @property
+    def stored(self) -> serving.Stored:
+        """The step cache as the steps see it: read only, empty on --rerun."""
+        return serving.Stored(self.cache, self.opts.rerun)
+
+    def _folder(self, name: str) -> Path:
+        """RUN_DIR/NAME, made: where a serving step writes its file."""
+        out = self.dir / name
+        out.mkdir(exist_ok=True)
+        return out
+
     def gguf_variant(self, v: Variant, rec: VariantRecord) -> Path:
         """A `gguf:` variant: llama-quantize's type made from the source checkpoint (pipeline/serving.py),
         scored by the llama.cpp scorer whatever eval.engines says (a GGUF is what it reads)."""
-        made = self._record(self._timed(f"convert:{v.name}", lambda: serving.quantize_gguf(self, v)))
+        source = serving.GgufSource(self.src, self.src_hash, self.recipe.calibration, self.calib)
+
+        def step() -> serving.Made:
+            return serving.quantize_gguf(v, source, out_dir=self._folder("gguf"), stored=self.stored)
+
+        made = self._record(self._timed(f"convert:{v.name}", step))
         rec.gguf_variant = made
         path = rec.gguf.path
         ev = self.recipe.eval
@@ -320,7 +337,7 @@ class Runner:
                 made = self._record(
                     self._timed(
                         f"export:{name}" + (f":{fmt}" if fmt != "gguf" else ""),
-                        lambda: serving.export_format(self, fmt, name, path),
+                        lambda: serving.export_format(fmt, name, path, out_dir=self._folder(fmt), stored=self.stored),
                     )
                 )
             except QuantkitError as exc:
@@ -333,7 +350,8 @@ class Runner:
         """One bench per engine of bench.engines (pipeline/serving.py): engine -> its EngineBench."""
         if self.opts.skip_bench or not paths:
             return {}
-        benches, store = serving.bench_engines(self, paths, self.variants)
+        variants = self.recipe.all_variants()
+        benches, store = serving.bench_engines(self.recipe.bench, variants, paths, self.variants, self.stored)
         for key, value in store.items():
             self.cache.put(key, value)
         self._record_benches(benches)  # a variant an engine failed on is a failed variant
@@ -401,4 +419,23 @@ class Runner:
                 note(f"[{v.name}] failed: {rec.error}")
         benches = self._timed("bench", lambda: self.bench(paths))
         total = time.perf_counter() - t0
-        return self._timed("report", lambda: report.finish_run(self, benches, total))
+        return self._timed("report", lambda: self._finish(benches, total))
+
+    def _finish(self, benches: dict[str, serving.EngineBench], total_s: float) -> dict:
+        """The report (pipeline/report_data.py, pipeline/report.py) written: report.json, report.md, its plots, and each
+        artifact's model card made in this run updated with its results."""
+        rows = report_data.report_rows(self.variants, benches)
+        plots = report.make_plots(self._folder("plots"), benches, rows) if report.has_plots(benches) else []
+        for rec in self.variants.values():
+            art = Path(rec.artifact or "")
+            made_here = art.is_relative_to(self.dir) and art.resolve() != Path(self.src).resolve()  # never the source
+            if rec.artifact and (art / "quantkit.json").is_file() and made_here:
+                try:
+                    update_card_results(art, report_data.card_results(rec))
+                except QuantkitError as exc:  # the report still gets written; the card keeps its old table
+                    note(f"[{rec.name}] model card not updated: {exc}")
+        facts = report_data.run_facts(self.recipe, self.src, self.src_hash, self.eval_texts, self.calib, self.timings)
+        data = report_data.build_report(facts, self.variants, benches, rows, plots, total_s)
+        write_json(self.dir / "report.json", data, default=str)
+        write_text(self.dir / "report.md", report.render_markdown(data))
+        return data

@@ -21,7 +21,7 @@ def plan_run(recipe, opts) -> Plan:
     plans, shapes = [], []
     for v in with_baseline(recipe):
         if v.steps:
-            job = variant_job(runner, v)
+            job = variant_job(runner.conversion(v), v.name)
             model = read_model(job.src, skeleton=job.skeleton)
             plans.append(convert_plan(model, convert_work(job), this_machine(job.device, runner.dir)))
             shapes.append((model, job.artifact_bytes))
@@ -54,17 +54,18 @@ def plan_run(recipe, opts) -> Plan:
     return combine("run", plans)
 
 
-def variant_job(runner, v):
-    """The checks `run` has `convert` make for variant `v`. A variant that fails them is reported
-    failed by the run, which goes on with the others; its plan stops here, naming it."""
+def variant_job(conversion: tuple, name: str):
+    """The checks `run` has `convert` make for variant `name`, on what convert gets for it
+    (Runner.conversion: the one-variant recipe, source, artifact directory, options). A variant that
+    fails them is reported failed by the run, which goes on with the others; its plan stops here."""
 
-    single, src, out, opts = runner.conversion(v)
+    single, src, out, opts = conversion
     try:
         check_inputs(single, src, out, opts)
-        return prepare(single, src, out, opts, v.name)
+        return prepare(single, src, out, opts, name)
     except QuantkitError as exc:
         raise QuantkitError(
-            f"variant {v.name} would fail: {exc} (the run reports it failed and goes on with the others)"
+            f"variant {name} would fail: {exc} (the run reports it failed and goes on with the others)"
         ) from None
 
 

@@ -26,7 +26,7 @@ from quantkit.core.record_checks import (
 
 KIND = "quantkit-run"
 READS = (1, 2, 3, 4, 5)  # report.py's schema versions; a file without one is schema 1
-# every top-level key a report of any schema holds (pipeline/report.py finish_run)
+# every top-level key a report of any schema holds (pipeline/report.py build_report)
 KEYS = frozenset(
     (
         "kind schema_version recipe model model_sha256 date host eval_text eval_texts calibration accuracy "

@@ -3,9 +3,10 @@
 per engine of `bench.engines`, so the report has a row per variant and engine and a rule-check
 fit per engine.
 
-Each step reads the runner (its recipe, run directory, step cache) and returns what it made with
-the cache key to store it under (`Made`); it never writes the runner's state: the runner alone
-records results (pipeline/run.py).
+Each step takes the few inputs it uses (the run directory it writes its file into, the step cache
+as a read-only `Stored`, the recipe's section it reads) and returns what it made with the cache key
+to store it under (`Made`); it never sees the runner: the runner alone records results
+(pipeline/run.py).
 
 Each engine is benched in its own `bench_many` (its own probes before and after, its own fit),
 one engine after the other in this process. The llama.cpp engine benches the run's GGUF when the
@@ -28,10 +29,33 @@ from quantkit.export.export_registry import EXPORTERS, exporter_for
 from quantkit.export.exporter import ExportSettings
 from quantkit.gguf.llama_quantize import DEFAULT_CALIB, KquantOptions, export_kquant
 from quantkit.models.checkpoint import content_hash
-from quantkit.pipeline.cache import step_key, text_fingerprint
+from quantkit.pipeline.cache import StepCache, step_key, text_fingerprint
 from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.progress import note
 from quantkit.quantize import kquant_chooser
+from quantkit.recipe.schema import BenchConfig, CalibrationConfig, Variant
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The step cache as a step sees it: read only, and empty on --rerun (every step done again)."""
+
+    cache: StepCache
+    rerun: bool = False
+
+    def read(self, key: str, reader, what: str):
+        return None if self.rerun else self.cache.read(key, reader, what)
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    """What llama-quantize makes a `gguf:` variant from: the source checkpoint and its hash, and the
+    run's calibration (its settings and text) for an importance matrix."""
+
+    src: Path
+    src_hash: str
+    calibration: CalibrationConfig
+    calib: str | None
 
 
 @dataclass(frozen=True)
@@ -58,7 +82,7 @@ class EngineBench:
         return self.result.rows if self.result else ()
 
 
-def export_format(runner, fmt: str, name: str, path: Path) -> Made:
+def export_format(fmt: str, name: str, path: Path, *, out_dir: Path, stored: Stored) -> Made:
     """The variant in serving format `fmt` (a recipe's `export: {formats: [...]}`), by its exporter
     (export/export_registry.py) into RUN_DIR/FMT/ under the exporter's name for it (GGUF: RUN_DIR/gguf/NAME.gguf,
     its export record beside it, which lets the llama.cpp self-check find the artifact); Made's value is
@@ -66,24 +90,23 @@ def export_format(runner, fmt: str, name: str, path: Path) -> Made:
 
     settings = ExportSettings(force=True)
     exporter = exporter_for(fmt, settings)
-    out = runner.dir / fmt / exporter.out_name(name, settings)
+    out = out_dir / exporter.out_name(name, settings)
     key = step_key("export", __version__, exporter.name, content_hash(path), asdict(settings))
-    hit = _reusable(runner, key, out)
+    hit = _reusable(stored, key, out)
     if hit is not None:
         note(f"[{name}] export {fmt}: reusing {out}")
         return Made(hit)
     note(f"[{name}] export {fmt}")
-    out.parent.mkdir(exist_ok=True)
     return Made(exporter.kept(exporter.export(path, out, settings)), key)
 
 
-def quantize_gguf(runner, v) -> Made:
+def quantize_gguf(v: Variant, source: GgufSource, *, out_dir: Path, stored: Stored) -> Made:
     """A `gguf: {type, imatrix}` variant: RUN_DIR/gguf/NAME.gguf made by llama-quantize from the source
     checkpoint (gguf/llama_quantize.py), the importance matrix over the run's calibration windows (its
     source, samples, seq_len, seed and region); reused while the file matches the stored hash."""
 
-    c = runner.recipe.calibration
-    calib = runner.calib or DEFAULT_CALIB
+    c = source.calibration
+    calib = source.calib or DEFAULT_CALIB
     opts = KquantOptions(
         qtype=v.gguf.type,
         imatrix=v.gguf.imatrix,
@@ -94,25 +117,24 @@ def quantize_gguf(runner, v) -> Made:
         region=c.region,
         force=True,
     )
-    out = runner.dir / "gguf" / f"{v.name}.gguf"
+    out = out_dir / f"{v.name}.gguf"
     key = step_key(
         "gguf-quantize",
         __version__,
-        runner.src_hash,
+        source.src_hash,
         v.gguf.model_dump(mode="json"),
         c.model_dump(mode="json") if v.gguf.imatrix else None,
         text_fingerprint(calib) if v.gguf.imatrix else None,
     )
-    hit = _reusable(runner, key, out)
+    hit = _reusable(stored, key, out)
     if hit is not None:
         note(f"[{v.name}] llama-quantize {v.gguf.type}: reusing {out}")
         return Made(hit)
     note(f"[{v.name}] llama-quantize {v.gguf.type}{' with an importance matrix' if v.gguf.imatrix else ''}")
-    out.parent.mkdir(exist_ok=True)
     chooser = kquant_chooser.chooser(
         kquant_chooser.parse_types(",".join(v.gguf.mixed_types or kquant_chooser.DEFAULT_TYPES))
     )
-    rec = export_kquant(runner.src, out, opts, chooser if v.gguf.mixed else None)
+    rec = export_kquant(source.src, out, opts, chooser if v.gguf.mixed else None)
     kept = EXPORTERS["gguf-kquant"].kept(rec)  # what the exporter says a run keeps of its record
     kept["imatrix_sha256"] = (rec.get("imatrix") or {}).get("sha256")
     if rec.get("mixed"):  # the choice's summary; every weight's type and cost stay in the GGUF's own record
@@ -121,7 +143,7 @@ def quantize_gguf(runner, v) -> Made:
 
 
 def _sources(
-    runner, engine: str, paths: dict[str, Path], records: dict[str, VariantRecord]
+    engine: str, paths: dict[str, Path], records: dict[str, VariantRecord]
 ) -> tuple[dict[str, Path], dict[str, str]]:
     """What `engine` benches for each variant, and the variants it cannot (their GGUF export failed).
     An engine that runs GGUF files gets the run's GGUF, when the recipe exports one."""
@@ -142,24 +164,29 @@ def _sources(
     return srcs, failed
 
 
-def engine_settings(runner, engine: str) -> BenchSettings:
+def engine_settings(bench: BenchConfig, engine: str) -> BenchSettings:
     """The bench settings of `engine`, from the recipe's whole `bench:` section, checked: an engine
     that cannot run here (not installed, no such device) raises QuantkitError before any model loads."""
 
-    settings = BenchSettings.from_recipe(runner.recipe.bench, engine)
+    settings = BenchSettings.from_recipe(bench, engine)
     check_settings(settings)
     return settings
 
 
-def bench_engine(runner, settings: BenchSettings, sources: dict[str, Path]) -> Made:
+def bench_engine(
+    settings: BenchSettings,
+    sources: dict[str, Path],
+    *,
+    bench: BenchConfig,
+    variants: tuple[Variant, ...],
+    stored: Stored,
+) -> Made:
     """One engine over every variant, in one bench_many (Made's value: its BenchResult); a finished
     result is reused on a re-run, one with a failure is not stored (it may not recur)."""
 
     engine = settings.engine
-    shared = runner.recipe.bench.model_dump(
-        mode="json", exclude={"engine", "engines"}
-    )  # adding an engine keeps the others' results
-    caches = variant_caches(runner, settings, sources)
+    shared = bench.model_dump(mode="json", exclude={"engine", "engines"})  # adding an engine keeps the others' results
+    caches = variant_caches(settings, sources, variants)
     key = step_key(
         "bench",
         __version__,
@@ -168,7 +195,7 @@ def bench_engine(runner, settings: BenchSettings, sources: dict[str, Path]) -> M
         shared,
         *([sorted((n, c.label) for n, c in caches.items())] if caches else []),
     )
-    hit = None if runner.opts.rerun else runner.cache.read(key, BenchResult.from_json, f"bench ({engine})")
+    hit = stored.read(key, BenchResult.from_json, f"bench ({engine})")
     if hit is not None:
         note(f"bench ({engine}): reusing")
         return Made(hit)
@@ -177,18 +204,22 @@ def bench_engine(runner, settings: BenchSettings, sources: dict[str, Path]) -> M
     return Made(result, None if result.failed else key)  # a failure (out of memory, say) may not recur
 
 
-def variant_caches(runner, settings: BenchSettings, sources: dict[str, Path]) -> dict:
+def variant_caches(settings: BenchSettings, sources: dict[str, Path], variants: tuple[Variant, ...]) -> dict:
     """name -> the llama.cpp cache types a variant's recipe names (its kv_cache.llamacpp), on an
     engine whose cache types are a setting; elsewhere none (the engine holds its own)."""
     if not engine_class(settings.engine).kv_cache_lever:
         return {}
-    variants = {v.name: v for v in runner.recipe.all_variants()}
+    variants = {v.name: v for v in variants}
     found = {n: variants[n].kv_cache.llama_cache for n in sources if n in variants and variants[n].kv_cache}
     return {n: c for n, c in found.items() if c is not None}
 
 
 def bench_engines(
-    runner, paths: dict[str, Path], records: dict[str, VariantRecord]
+    bench: BenchConfig,
+    variants: tuple[Variant, ...],
+    paths: dict[str, Path],
+    records: dict[str, VariantRecord],
+    stored: Stored,
 ) -> tuple[dict[str, EngineBench], dict]:
     """(engine -> its EngineBench, the step-cache entries to store: key -> JSON). One of several
     engines that cannot run here at all (llama-cpp-python not installed, say) gets its error and no
@@ -196,10 +227,10 @@ def bench_engines(
     llama.cpp); a run's only engine fails every variant instead. A variant an engine that runs
     fails on is a failed row."""
     out, store = {}, {}
-    engines = runner.recipe.bench.engines
+    engines = bench.engines
     for engine in engines:
         try:
-            settings = engine_settings(runner, engine)
+            settings = engine_settings(bench, engine)
         except QuantkitError as exc:
             if len(engines) == 1:
                 out[engine] = EngineBench(
@@ -209,9 +240,13 @@ def bench_engines(
                 note(f"bench ({engine}): not run: {exc}")
                 out[engine] = EngineBench(engine, error=str(exc))
             continue
-        sources, failed = _sources(runner, engine, paths, records)
+        sources, failed = _sources(engine, paths, records)
         try:
-            made = bench_engine(runner, settings, sources) if sources else Made(None)
+            made = (
+                bench_engine(settings, sources, bench=bench, variants=variants, stored=stored)
+                if sources
+                else Made(None)
+            )
             result = made.value
             if made.key:
                 store[made.key] = result.to_json()
@@ -230,11 +265,11 @@ def made_record(hit: dict) -> dict:
     return check_values(hit, rules | ({"fallback_types": OBJECT_OR_NONE} if "fallback_types" in hit else {}), "record")
 
 
-def _reusable(runner, key: str, out: Path) -> dict | None:
+def _reusable(stored: Stored, key: str, out: Path) -> dict | None:
     """The cached record of an export step whose output is still the one it recorded (a file: its
     size, then its sha256; a directory: its checkpoint hash)."""
 
-    hit = None if runner.opts.rerun else runner.cache.read(key, made_record, f"{out.name}")
+    hit = stored.read(key, made_record, f"{out.name}")
     if hit is None or not out.exists():
         return None
     if out.is_file() and out.stat().st_size != hit.get("bytes"):
