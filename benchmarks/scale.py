@@ -314,6 +314,7 @@ def main() -> None:
     )
     ap.add_argument("--markdown", action="store_true", help="print the docs tables (with --plot-only: no measurements)")
     args = ap.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     results = json.loads(args.out.read_text()) if args.out.is_file() else {}
     if not args.plot_only and not args.replan:
         args.text = str(Path(args.text).resolve())
@@ -334,7 +335,6 @@ def main() -> None:
             run_model(name, args, args.work, results)
     if args.replan:
         replan(results, args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     save(results, args.out)
     plot(results, args.out.with_suffix(".png"))
     print(markdown(results) if args.markdown else table(results))
