@@ -41,6 +41,7 @@ class Option:
     metavar: str | None = None
     show_default: bool = True
     pattern: str | None = None  # the recipe's spelling of a text value (a regular expression)
+    key: str | None = None  # its key in a recipe section or study file; None: the field's name
 
 
 def option(default: Any = MISSING, *, default_factory: Any = MISSING, **spec: Any) -> Any:
@@ -71,6 +72,12 @@ def flag(f: Field) -> str:
     """The field's command-line flag."""
     s = spec(f)
     return (s and s.flag) or "--" + f.name.replace("_", "-")
+
+
+def section_key(f: Field) -> str:
+    """The field's key in a recipe section or study file."""
+    s = spec(f)
+    return (s and s.key) or f.name
 
 
 def bound_error(settings: Any, name: Callable[[Field], str] = flag) -> str | None:
