@@ -2,7 +2,9 @@
 click options (cli/_options.py) and the recipe section (recipe/section_fields.py) are made from
 them. For every command with a settings record: its options are the record's fields (names,
 flags, defaults), its recipe section's keys are too (types, defaults, values), and a value other
-than the default reaches the settings the command builds, from the command line and from a recipe."""
+than the default reaches the settings the command builds, from the command line and from a recipe.
+`quantkit load` parses its options into the LoadConfig it runs, and a lever study's `load:` section
+is made from the same options but for the differences it declares: both reach that LoadConfig."""
 
 from __future__ import annotations
 

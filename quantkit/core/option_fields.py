@@ -2,10 +2,11 @@
 
 A command's settings are a frozen dataclass; each field that a user sets is made with `option()`,
 which records in the field's metadata what the two edges need: the help, the flag (when it is not
-`--field-name`), the values it takes, and its lower bound. `quantkit.cli._options` turns these
-fields into click options and reads them back into the settings; `quantkit.recipe.section_fields`
-turns them into the fields of a recipe section (as vLLM derives its CLI from EngineArgs'
-fields). So a default, a help text or a bound is written in one place.
+`--field-name`), the values it takes, its lower bound, and its key where a section spells it
+otherwise. `quantkit.cli._options` turns these fields into click options and reads them back into
+the settings; `quantkit.recipe.section_fields` turns them into the fields of a recipe section (as
+vLLM derives its CLI from EngineArgs' fields). So a default, a help text or a bound is written in
+one place.
 """
 
 from __future__ import annotations
