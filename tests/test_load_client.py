@@ -9,6 +9,7 @@ import pytest
 
 from quantkit.load.client import build_body
 from quantkit.load.config import LoadConfig, LoadError, Slo, build_config, normalize_url, parse_levels, parse_slo
+from quantkit.load.load_options import LoadOptions
 from quantkit.load.prompts import make_prompt
 from quantkit.load.request_timings import RequestRecord
 from quantkit.load.sse import DONE, MalformedChunk, apply_chunk, finish_record, parse_line
@@ -45,27 +46,19 @@ def test_normalize_url():
 
 
 def test_build_config_rejects_bad_combinations():
-    common = dict(
-        url="http://h:1",
-        model="m",
-        slo=None,
-        api="completions",
-        engine="openai",
-        prompt_len=8,
-        gen_len=8,
-        step_seconds=1.0,
-        max_requests=None,
-        timeout_s=5.0,
-        patience=1,
-    )
-    assert build_config(concurrency=None, rate=None, **common).levels == (1, 2, 4, 8, 16, 32)
-    assert build_config(concurrency=None, rate="0.5,1", **common).mode == "rate"
+    common = dict(prompt_len=8, gen_len=8, step_seconds=1.0, timeout_s=5.0)
+
+    def build(**kw):
+        return build_config(LoadOptions(**{**common, **kw}), url="http://h:1", model="m")
+
+    assert build().levels == (1, 2, 4, 8, 16, 32)
+    assert build(rate="0.5,1").mode == "rate"
     with pytest.raises(LoadError, match="not both"):
-        build_config(concurrency="1", rate="1", **common)
+        build(concurrency="1", rate="1")
     with pytest.raises(LoadError, match="--engine: unknown 'tgi'; choose one of llama-cpp-python, llamacpp, openai"):
-        build_config(concurrency="1", rate=None, **{**common, "engine": "tgi"})
+        build(concurrency="1", engine="tgi")
     with pytest.raises(LoadError, match="--max-requests must be positive"):
-        build_config(concurrency="1", rate=None, **{**common, "max_requests": 0})
+        build(concurrency="1", max_requests=0)
 
 
 def test_request_bodies_per_api_and_engine():

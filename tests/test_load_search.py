@@ -6,6 +6,7 @@ import numpy as np
 
 from quantkit.load import search
 from quantkit.load.config import build_config
+from quantkit.load.load_options import LoadOptions
 from quantkit.load.step_record import Step
 
 
@@ -15,23 +16,18 @@ def next_level(cfg, steps: list[dict]):
 
 
 def _cfg(levels: str, repeats: int = 1, search: bool = True, rate: bool = False, slo: str = "ttft=100"):
-    return build_config(
-        url="http://127.0.0.1:1",
-        model="m",
+    options = LoadOptions(
         concurrency=None if rate else levels,
         rate=levels if rate else None,
         slo=slo,
-        api="completions",
-        engine="openai",
         prompt_len=16,
         gen_len=8,
         step_seconds=1,
-        max_requests=None,
         timeout_s=10,
-        patience=1,
         repeats=repeats,
         search=search,
     )
+    return build_config(options, url="http://127.0.0.1:1", model="m")
 
 
 def _step(level: float, ttft_ms: float, n: int = 120, errors: int = 0) -> dict:

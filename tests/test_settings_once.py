@@ -2,7 +2,9 @@
 click options (cli/_options.py) and the recipe section (recipe/section_fields.py) are made from
 them. For every command with a settings record: its options are the record's fields (names,
 flags, defaults), its recipe section's keys are too (types, defaults, values), and a value other
-than the default reaches the settings the command builds, from the command line and from a recipe."""
+than the default reaches the settings the command builds, from the command line and from a recipe.
+`quantkit load` parses its options into the LoadConfig it runs, and a lever study's `load:` section
+is made from the same options but for the differences it declares: both reach that LoadConfig."""
 
 from __future__ import annotations
 
@@ -16,10 +18,28 @@ from pydantic import ValidationError
 
 from quantkit.bench.bench_settings import BenchSettings
 from quantkit.cli._options import cli_fields
-from quantkit.core.option_fields import FLAG, FLOATS, INTS, MANY, ONOFF, SWITCH, WORDS, default_of, flag, spec
+from quantkit.core.option_fields import (
+    FLAG,
+    FLOATS,
+    INTS,
+    MANY,
+    ONOFF,
+    SWITCH,
+    WORDS,
+    default_of,
+    defaults,
+    flag,
+    section_key,
+    spec,
+)
 from quantkit.errors import QuantkitError
 from quantkit.evals.eval_settings import EvalSettings
 from quantkit.export.exporter import ExportSettings
+from quantkit.load.config import LoadConfig, Slo, build_config
+from quantkit.load.load_options import LoadOptions
+from quantkit.load.named_workloads import parse_named
+from quantkit.load.study import STUDY_LOAD_DEFAULTS, LoadSpec, Study, load_config
+from quantkit.load.workload import LengthSpec, Workload
 from quantkit.pipeline.pareto_settings import ParetoSettings
 from quantkit.recipe.bench_options import BenchOptions
 from quantkit.recipe.eval_options import EvalOptions
@@ -121,6 +141,16 @@ COMMANDS = [
     ),
 ]
 IDS = [c.name for c in COMMANDS]
+# `quantkit load` parses its options into the LoadConfig it runs (levels, workload, SLO), so its
+# options reach that record by the table below (test_every_load_option_reaches_the_config_it_runs)
+LOAD = Command(
+    "load",
+    LoadOptions,
+    ("quantkit.cli.load_cmd", "execute"),
+    lambda cfg, **kw: cfg,
+    lambda model, tmp: ["http://127.0.0.1:1", "--model", "m"],
+    frozenset({"url", "model", "out", "keep_requests", "plot", "force", "as_json"}),
+)
 
 
 def _command(name: str) -> click.Command:
@@ -129,7 +159,7 @@ def _command(name: str) -> click.Command:
     return group.commands[name]
 
 
-@pytest.mark.parametrize("c", COMMANDS, ids=IDS)
+@pytest.mark.parametrize("c", [*COMMANDS, LOAD], ids=[*IDS, LOAD.name])
 def test_the_options_are_the_settings_fields(c):
     """Each field that is an option is a click option of the command under the field's name and
     flag, with the field's default; every other option is one the command lists as no setting, and
@@ -201,6 +231,136 @@ def test_every_option_reaches_the_settings_the_command_builds(cli, tiny_llama, t
         assert getattr(got, f.name) == want != getattr(base, f.name), f.name
         moved = {g.name for g in fields(got) if g.name != f.name and getattr(got, g.name) != getattr(base, g.name)}
         assert moved <= (c.moves or {}).get(f.name, set()), (f.name, moved)  # nothing else moved
+
+
+# load's options -> (command-line words, words the value needs beside it, the LoadConfig fields it
+# sets and their values) where the field is not one of LoadConfig's of the same name at a generic
+# value; whatever else differs from a run with only the words beside it is a failure.
+LOAD_VALUES = {
+    "concurrency": (["--concurrency", "2,4"], [], {"levels": (2, 4)}),
+    "rate": (["--rate", "0.5,1"], [], {"mode": "rate", "levels": (0.5, 1.0)}),
+    "prompt_len": (["--prompt-len", "64"], [], {"workload": Workload(LengthSpec(64, 64))}),
+    "shared_prefix": (["--shared-prefix", "16"], [], {"workload": Workload(shared_prefix=16)}),
+    "turns": (["--turns", "2"], ["--api", "chat"], {"workload": Workload(turns=2)}),
+    "headers": (["--header", "X-Key: v"], [], {"headers": {"X-Key": "v"}}),
+    "session_header": (["--session-header", "x-session-id"], [], {"session_header": "x-session-id"}),
+    "slo": (["--slo", "ttft=500"], [], {"slo": Slo(ttft_ms=500)}),
+    "api": (["--api", "chat"], [], {"api": "chat"}),
+    "engine": (["--engine", "vllm"], [], {"engine": "vllm"}),
+    "no_stop": (["--no-stop"], [], {"stop_at_saturation": False}),
+    "workload": (["--workload", "copy"], [], {"workload": parse_named("copy")}),
+    "search": (["--search"], ["--concurrency", "1,4", "--slo", "ttft=100"], {"search": True}),
+    "attribution": (["--attribution", "b.json"], [], {"attribution": "bound of b.json"}),
+    "admission": (["--admission", "2"], ["--rate", "1"], {"admission": 2}),
+    "class_priority": (["--class-priority", "short=0,long=1"], [], {"class_priority": {"short": 0, "long": 1}}),
+    "label": (["--label", "run-a"], [], {"label": "run-a"}),
+}
+
+
+def test_every_load_option_reaches_the_config_it_runs(cli, monkeypatch):
+    """Each of load's options at a value other than its default, one at a time: the LoadConfig the
+    command runs holds it, and nothing else moved."""
+    seen = []
+
+    def capture(cfg, **kwargs):
+        seen.append(cfg)
+        raise Captured("captured")
+
+    monkeypatch.setattr("quantkit.cli.load_cmd.execute", capture)
+    monkeypatch.setattr("quantkit.load.bench_bound.read_attribution", lambda path: f"bound of {path}")
+    params = {p.name: p for p in _command("load").params}
+    config_fields = {g.name for g in fields(LoadConfig)}
+
+    def run(*words: str) -> LoadConfig:
+        code, _, err, _ = cli("load", *LOAD.args(None, None), *words)
+        assert code == 2 and "captured" in err, (words, err)
+        return seen[-1]
+
+    for f in cli_fields(LoadOptions):
+        if f.name in LOAD_VALUES:
+            words, also, want = LOAD_VALUES[f.name]
+        else:
+            assert f.name in config_fields, f"{f.name}: give LOAD_VALUES its value"
+            words, value = _value(f, params[f.name], {})
+            also, want = [], {f.name: value}
+        base, got = run(*also), run(*also, *words)
+        assert {name: getattr(got, name) for name in want} == want, f.name
+        assert all(getattr(base, name) != value for name, value in want.items()), f.name
+        moved = {g for g in config_fields - set(want) if getattr(got, g) != getattr(base, g)}
+        assert not moved, (f.name, moved)
+
+
+def test_a_load_option_not_given_is_the_fields_default():
+    """LoadConfig's defaults are what build_config makes of LoadOptions' (those of a field of the
+    option's name are the option's own)."""
+    built = build_config(LoadOptions(), url="http://127.0.0.1:1", model="m")
+    assert built == LoadConfig(url="http://127.0.0.1:1", model="m", mode="concurrency", levels=built.levels)
+    option_defaults = defaults(LoadOptions)
+    parsed = {"workload", "headers", "slo", "attribution", "class_priority"}  # read into other types
+    for g in fields(LoadConfig):
+        if g.name in option_defaults and g.name not in parsed:
+            assert default_of(g) == option_defaults[g.name], g.name
+
+
+def test_a_studys_load_section_is_the_load_options():
+    """A lever study's `load:` keys are load's options a study sets, under their keys, with their
+    defaults but the study's declared own (STUDY_LOAD_DEFAULTS)."""
+    keyed = {section_key(f): f for f in fields(LoadOptions) if spec(f).recipe}
+    assert list(LoadSpec.model_fields) == list(keyed)
+    renamed = {f.name: key for key, f in keyed.items() if key != f.name}
+    assert renamed == {"timeout_s": "timeout"}  # the study's spelling
+    for key, f in keyed.items():
+        want = STUDY_LOAD_DEFAULTS.get(f.name, default_of(f))
+        assert LoadSpec.model_fields[key].default == want, key
+    assert set(STUDY_LOAD_DEFAULTS) <= {f.name for f in keyed.values()}
+    assert {f.name for f in fields(LoadOptions) if not spec(f).recipe} == {"headers", "server_pid", "label"}
+
+
+# A study's load keys -> (its value in the YAML, values beside it, the LoadConfig fields it sets).
+STUDY_VALUES = {
+    "concurrency": ("2,4", {}, {"levels": (2, 4)}),
+    "rate": (0.5, {}, {"mode": "rate", "levels": (0.5,)}),
+    "prompt_len": (64, {}, {"workload": Workload(LengthSpec(64, 64))}),
+    "shared_prefix": (16, {}, {"workload": Workload(shared_prefix=16)}),
+    "turns": (2, {"api": "chat"}, {"workload": Workload(turns=2)}),
+    "session_header": ("x-session-id", {}, {"session_header": "x-session-id"}),
+    "slo": ("ttft=500", {}, {"slo": Slo(ttft_ms=500)}),
+    "api": ("chat", {}, {"api": "chat"}),
+    "engine": ("vllm", {}, {"engine": "vllm"}),  # not llama-server's own, llamacpp
+    "timeout": (5.0, {}, {"timeout_s": 5.0}),
+    "no_stop": (True, {}, {"stop_at_saturation": False}),
+    "workload": ("copy", {}, {"workload": parse_named("copy")}),
+    "search": (True, {"concurrency": "1,4", "slo": "ttft=100"}, {"search": True}),
+    "attribution": ("b.json", {}, {"attribution": "bound of b.json"}),
+    "admission": (2, {"rate": "1"}, {"admission": 2}),
+    "class_priority": ("short=0", {}, {"class_priority": {"short": 0}}),
+}
+
+
+def test_every_study_load_key_reaches_the_config_it_runs(monkeypatch):
+    """Each key of a study's `load:` at a value other than its default: the lever's LoadConfig
+    holds it, and nothing else moved."""
+    monkeypatch.setattr("quantkit.load.study.read_attribution", lambda path: f"bound of {path}")
+    config_fields = {g.name for g in fields(LoadConfig)}
+
+    def config(load: dict) -> LoadConfig:
+        study = Study.model_validate(
+            {"name": "s", "server": {"engine": "llama-server", "model": "m"}, "load": load, "levers": [{"name": "a"}]}
+        )
+        return load_config(study, study.levers[0])
+
+    for key, info in LoadSpec.model_fields.items():
+        if key in STUDY_VALUES:
+            value, also, want = STUDY_VALUES[key]
+        else:
+            assert key in config_fields, f"{key}: give STUDY_VALUES its value"
+            value = (info.default or 0) + (1 if info.annotation in (int, int | None) else 0.5)
+            also, want = {}, {key: value}
+        base, got = config(also), config({**also, key: value})
+        assert {name: getattr(got, name) for name in want} == want, key
+        assert all(getattr(base, name) != v for name, v in want.items()), key
+        moved = {g for g in config_fields - set(want) if getattr(got, g) != getattr(base, g)}
+        assert not moved, (key, moved)
 
 
 @pytest.mark.parametrize(

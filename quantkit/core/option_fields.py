@@ -2,10 +2,11 @@
 
 A command's settings are a frozen dataclass; each field that a user sets is made with `option()`,
 which records in the field's metadata what the two edges need: the help, the flag (when it is not
-`--field-name`), the values it takes, and its lower bound. `quantkit.cli._options` turns these
-fields into click options and reads them back into the settings; `quantkit.recipe.section_fields`
-turns them into the fields of a recipe section (as vLLM derives its CLI from EngineArgs'
-fields). So a default, a help text or a bound is written in one place.
+`--field-name`), the values it takes, its lower bound, and its key where a section spells it
+otherwise. `quantkit.cli._options` turns these fields into click options and reads them back into
+the settings; `quantkit.recipe.section_fields` turns them into the fields of a recipe section (as
+vLLM derives its CLI from EngineArgs' fields). So a default, a help text or a bound is written in
+one place.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Option:
     metavar: str | None = None
     show_default: bool = True
     pattern: str | None = None  # the recipe's spelling of a text value (a regular expression)
+    key: str | None = None  # its key in a recipe section or study file; None: the field's name
 
 
 def option(default: Any = MISSING, *, default_factory: Any = MISSING, **spec: Any) -> Any:
@@ -71,6 +73,12 @@ def flag(f: Field) -> str:
     """The field's command-line flag."""
     s = spec(f)
     return (s and s.flag) or "--" + f.name.replace("_", "-")
+
+
+def section_key(f: Field) -> str:
+    """The field's key in a recipe section or study file."""
+    s = spec(f)
+    return (s and s.key) or f.name
 
 
 def bound_error(settings: Any, name: Callable[[Field], str] = flag) -> str | None:

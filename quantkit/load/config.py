@@ -12,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
+from quantkit.core.option_fields import defaults
 from quantkit.errors import QuantkitError
 from quantkit.load.degrade import DeviceBound
+from quantkit.load.load_options import DEFAULT_CONCURRENCY, LoadOptions
 from quantkit.load.named_workloads import parse_named
 from quantkit.load.workload import Workload, WorkloadError, build_workload
 
@@ -56,8 +58,6 @@ ENGINES: dict[str, Engine] = {
     ),
 }
 
-DEFAULT_CONCURRENCY = "1,2,4,8,16,32"
-
 # Request path per API; the body builder lives in client.py.
 APIS: dict[str, str] = {
     "completions": "/v1/completions",
@@ -80,38 +80,44 @@ class Slo:
         return self.ttft_ms is None and self.tpot_ms is None
 
 
+_OPTION = defaults(LoadOptions)  # what a run that was not given an option gets (load/load_options.py)
+
+
 @dataclass(frozen=True)
 class LoadConfig:
+    """A run's settings: LoadOptions parsed and checked (build_config); a field of the same name
+    has the option's default."""
+
     url: str
     model: str
     mode: str  # "concurrency" (closed loop) or "rate" (open loop, Poisson arrivals)
     levels: tuple[float, ...]
-    api: str = "completions"
-    engine: str = "openai"
+    api: str = _OPTION["api"]
+    engine: str = _OPTION["engine"]
     workload: Workload = field(default_factory=Workload)
-    gen_len: int = 64
-    step_seconds: float = 30.0
-    max_requests: int | None = None
-    timeout_s: float = 60.0
+    gen_len: int = _OPTION["gen_len"]
+    step_seconds: float = _OPTION["step_seconds"]
+    max_requests: int | None = _OPTION["max_requests"]
+    timeout_s: float = _OPTION["timeout_s"]
     connect_timeout_s: float = 5.0
     slo: Slo = field(default_factory=Slo)
-    seed: int = 0
-    patience: int = 1
-    stop_at_saturation: bool = True
-    label: str | None = None
+    seed: int = _OPTION["seed"]
+    patience: int = _OPTION["patience"]
+    stop_at_saturation: bool = not _OPTION["no_stop"]
+    label: str | None = _OPTION["label"]
     extra_body: dict = field(default_factory=dict)  # fields added to every request body (lever studies)
-    context_len: int | None = None  # the server's context in tokens, when given (else asked from it)
+    context_len: int | None = _OPTION["context_len"]  # the server's context in tokens, when given (else asked from it)
     headers: dict = field(default_factory=dict)  # sent with every request (a gateway's API key)
-    session_header: str | None = None  # a header naming each request's conversation (session affinity)
+    session_header: str | None = _OPTION["session_header"]  # a header naming each request's conversation
     # search.py: the highest load that meets the SLO, by bracketing and bisection between the two
     # levels given, instead of climbing every level
-    search: bool = False
-    repeats: int = 1  # steps per level (search: at the two levels around the knee), for intervals
+    search: bool = _OPTION["search"]
+    repeats: int = _OPTION["repeats"]  # steps per level (search: at the two levels around the knee), for intervals
     attribution: DeviceBound | None = None  # the device's batch-1 bound, for "TPOT degraded first"
-    admission: int | None = None  # admission gate: most requests in flight, the rest rejected at once
+    admission: int | None = _OPTION["admission"]  # admission gate: most requests in flight, the rest rejected at once
     class_priority: dict = field(default_factory=dict)  # request `priority` per workload class (vLLM)
-    rerun_disturbed: int = 0  # times a step that other processes disturbed is measured again
-    server_pid: int | None = None  # the server's process, for its cores and CPU (else found by port)
+    rerun_disturbed: int = _OPTION["rerun_disturbed"]  # times a step other processes disturbed is measured again
+    server_pid: int | None = _OPTION["server_pid"]  # the server's process, for its cores and CPU (else found by port)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -214,14 +220,15 @@ def parse_class_priority(spec: str | None) -> dict[str, int]:
     return out
 
 
-def _workload(name: str | None, prompt_len, shared_prefix: int, turns: int, api: str):
+def _workload(o: LoadOptions):
     """--workload NAME, or the --prompt-len / --shared-prefix / --turns shape (not both)."""
-    if not name:
-        return build_workload(prompt_len, shared_prefix, turns, api)
-    if str(prompt_len) != "128" or shared_prefix or turns != 1:
+    if not o.workload:
+        return build_workload(o.prompt_len, o.shared_prefix, o.turns, o.api)
+    shape = (str(o.prompt_len), o.shared_prefix, o.turns)
+    if shape != (str(_OPTION["prompt_len"]), _OPTION["shared_prefix"], _OPTION["turns"]):
         raise WorkloadError("give either --workload or --prompt-len/--shared-prefix/--turns, not both")
-    workload = parse_named(name)
-    if workload.api and workload.api != api:
+    workload = parse_named(o.workload)
+    if workload.api and workload.api != o.api:
         raise WorkloadError(f"--workload {workload.name} is a conversation of messages: use --api {workload.api}")
     return workload
 
@@ -233,89 +240,80 @@ def check_choice(value: str, registry: dict, option: str) -> str:
 
 
 def build_config(
+    o: LoadOptions,
     *,
     url: str,
     model: str,
-    concurrency: str | None,
-    rate: str | None,
-    slo: str | None,
-    api: str,
-    engine: str,
-    prompt_len: str | int,
-    gen_len: int,
-    step_seconds: float,
-    max_requests: int | None,
-    timeout_s: float,
-    patience: int,
-    shared_prefix: int = 0,
-    turns: int = 1,
-    context_len: int | None = None,
-    headers: tuple[str, ...] = (),
-    session_header: str | None = None,
-    workload: str | None = None,
-    class_priority: str | None = None,
-    repeats: int = 1,
-    search: bool = False,
-    admission: int | None = None,
-    rerun_disturbed: int = 0,
-    **rest,
+    attribution: DeviceBound | None = None,
+    extra_body: dict | None = None,
 ) -> LoadConfig:
-    """The CLI's raw values -> a LoadConfig, or one LoadError naming the offending option."""
-    if concurrency and rate:
+    """The options as given -> a LoadConfig, or one LoadError naming the offending option. The
+    attribution is `o.attribution` read by the caller (a study expands its path first)."""
+    if o.concurrency and o.rate:
         raise LoadError("give either --concurrency (closed loop) or --rate (open loop), not both")
-    if rate:
-        mode, levels = "rate", parse_levels(rate, integer=False, option="--rate")
+    if o.rate:
+        mode, levels = "rate", parse_levels(o.rate, integer=False, option="--rate")
     else:
-        spec = concurrency or DEFAULT_CONCURRENCY
+        spec = o.concurrency or DEFAULT_CONCURRENCY
         mode, levels = "concurrency", parse_levels(spec, integer=True, option="--concurrency")
-    for option, value in (
-        ("--gen-len", gen_len),
-        ("--step-seconds", step_seconds),
-        ("--timeout", timeout_s),
-        ("--max-requests", max_requests),
-        ("--context-len", context_len),
-    ):
-        if value is not None and not value > 0:
-            raise LoadError(f"{option} must be positive, got {value:g}")
-    if patience < 1:
-        raise LoadError(f"--patience must be at least 1, got {patience}")
-    if repeats < 1:
-        raise LoadError(f"--repeats must be at least 1, got {repeats}")
-    if admission is not None and admission < 1:
-        raise LoadError(f"--admission must be at least 1 request in flight, got {admission}")
-    if admission is not None and not rate:
-        # a closed loop never has more in flight than its concurrency: a gate below it would only
-        # turn workers into a loop of rejections
-        raise LoadError("--admission gates arrivals: use it with --rate (open loop)")
-    if rerun_disturbed < 0:
-        raise LoadError(f"--rerun-disturbed must be 0 or more, got {rerun_disturbed}")
-    if search:
-        if len(levels) != 2:
-            raise LoadError("--search takes the two bounds of the load to search between, e.g. --concurrency 1,16")
-        if not slo:
-            raise LoadError("--search finds the highest load that meets the SLO: give --slo")
-    api = check_choice(api, APIS, "--api")
+    _check(o, levels)
+    api = check_choice(o.api, APIS, "--api")
     return LoadConfig(
         url=normalize_url(url),
         model=model,
         mode=mode,
         levels=levels,
         api=api,
-        engine=check_choice(engine, ENGINES, "--engine"),
-        workload=_workload(workload, prompt_len, shared_prefix, turns, api),
-        class_priority=parse_class_priority(class_priority),
-        repeats=repeats,
-        search=search,
-        admission=admission,
-        rerun_disturbed=rerun_disturbed,
-        gen_len=gen_len,
-        context_len=context_len,
-        headers=parse_headers(headers),
-        session_header=_session_header(session_header),
-        step_seconds=step_seconds,
-        max_requests=max_requests,
-        timeout_s=timeout_s,
-        slo=parse_slo(slo),
-        patience=patience,
-        **rest,
+        engine=check_choice(o.engine, ENGINES, "--engine"),
+        workload=_workload(o),
+        class_priority=parse_class_priority(o.class_priority),
+        repeats=o.repeats,
+        search=o.search,
+        admission=o.admission,
+        rerun_disturbed=o.rerun_disturbed,
+        gen_len=o.gen_len,
+        context_len=o.context_len,
+        headers=parse_headers(o.headers),
+        session_header=_session_header(o.session_header),
+        step_seconds=o.step_seconds,
+        max_requests=o.max_requests,
+        timeout_s=o.timeout_s,
+        slo=parse_slo(o.slo),
+        seed=o.seed,
+        patience=o.patience,
+        stop_at_saturation=not o.no_stop,
+        label=o.label,
+        extra_body=extra_body or {},
+        attribution=attribution,
+        server_pid=o.server_pid,
     )
+
+
+def _check(o: LoadOptions, levels: tuple[float, ...]) -> None:
+    """The options' bounds and combinations, each refused in one line naming its flag."""
+    for option, value in (
+        ("--gen-len", o.gen_len),
+        ("--step-seconds", o.step_seconds),
+        ("--timeout", o.timeout_s),
+        ("--max-requests", o.max_requests),
+        ("--context-len", o.context_len),
+    ):
+        if value is not None and not value > 0:
+            raise LoadError(f"{option} must be positive, got {value:g}")
+    if o.patience < 1:
+        raise LoadError(f"--patience must be at least 1, got {o.patience}")
+    if o.repeats < 1:
+        raise LoadError(f"--repeats must be at least 1, got {o.repeats}")
+    if o.admission is not None and o.admission < 1:
+        raise LoadError(f"--admission must be at least 1 request in flight, got {o.admission}")
+    if o.admission is not None and not o.rate:
+        # a closed loop never has more in flight than its concurrency: a gate below it would only
+        # turn workers into a loop of rejections
+        raise LoadError("--admission gates arrivals: use it with --rate (open loop)")
+    if o.rerun_disturbed < 0:
+        raise LoadError(f"--rerun-disturbed must be 0 or more, got {o.rerun_disturbed}")
+    if o.search:
+        if len(levels) != 2:
+            raise LoadError("--search takes the two bounds of the load to search between, e.g. --concurrency 1,16")
+        if not o.slo:
+            raise LoadError("--search finds the highest load that meets the SLO: give --slo")

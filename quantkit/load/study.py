@@ -40,8 +40,10 @@ from quantkit.core.yamlio import NoAliasLoader, StrictConfig, format_validation_
 from quantkit.errors import QuantkitError
 from quantkit.load.bench_bound import read_attribution
 from quantkit.load.config import build_config
+from quantkit.load.load_options import LoadOptions
 from quantkit.load.servers import StudyError, server_kind
 from quantkit.load.workload import WorkloadError, check_fits
+from quantkit.recipe.section_fields import section_model, section_values
 
 MAX_STUDY_BYTES = 1 << 20
 PLAIN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # lever and study names name files
@@ -103,33 +105,14 @@ def parse_cores(spec: str) -> tuple[int, ...]:
     return tuple(sorted(cores))
 
 
-class LoadSpec(StrictConfig):
-    """The staircase, as `quantkit load` options (same names, same validation)."""
+# Where a study's `load:` differs from `quantkit load` (the rest is load/load_options.py's fields):
+# three steps per level around the knee, for a 95% interval on the knee and on each P99; and the
+# request fields of the engine the study's server runs, unless it names one.
+STUDY_LOAD_DEFAULTS = {"repeats": 3, "engine": None}
 
-    concurrency: str | None = None
-    rate: str | None = None
-    prompt_len: str | int = "128"
-    shared_prefix: int = 0
-    turns: int = 1
-    gen_len: int = 64
-    step_seconds: float = 30.0
-    max_requests: int | None = None
-    timeout: float = 60.0
-    slo: str | None = None
-    api: str = "completions"
-    engine: str | None = None  # request-body fields; default: the server engine's
-    patience: int = 1
-    no_stop: bool = False
-    seed: int = 0
-    context_len: int | None = None
-    session_header: str | None = None
-    workload: str | None = None  # a named workload (agent, long-short, copy) instead of prompt_len
-    search: bool = False
-    repeats: int = 3  # steps per level around the knee: a 95% interval on the knee and on each P99
-    class_priority: str | None = None
-    admission: int | None = None
-    rerun_disturbed: int = 0
-    attribution: str | None = None  # a bench result of the served model on this device (BENCH.json[#ROW])
+
+class LoadSpec(section_model("LoadKeys", LoadOptions, StrictConfig, defaults=STUDY_LOAD_DEFAULTS)):
+    """The staircase, as `quantkit load` options (same names but `timeout`, same validation)."""
 
     @field_validator("concurrency", "rate", mode="before")
     @classmethod
@@ -196,9 +179,6 @@ class Study(StrictConfig):
                 f"reference.baseline: no lever is named {self.reference.baseline!r}; levers: {', '.join(names)}"
             )
         return self
-
-    def load_options(self, lever: Lever) -> dict:
-        return _merged_load(self.load, lever, "load").model_dump()
 
 
 def untrusted(study: Study) -> list[str]:
@@ -346,22 +326,17 @@ def load_config(
     extra_body: dict | None = None,
 ):
     """The `quantkit load` config of one lever (a placeholder URL when only validating)."""
-    opts = study.load_options(lever)
-    engine = opts.pop("engine") or server_kind(study.server.engine).load_engine
-    timeout, no_stop = opts.pop("timeout"), opts.pop("no_stop")
-    attribution = opts.pop("attribution")
+    given = section_values(_merged_load(study.load, lever, "load"), LoadOptions)
+    engine = given.pop("engine") or server_kind(study.server.engine).load_engine
+    attribution = given["attribution"]
     served = study.server.served_model or model or study.server.model
     try:
         return build_config(
+            LoadOptions(**given, engine=engine, label=lever.name),
             url=url,
             model=served,
-            engine=engine,
-            timeout_s=timeout,
-            stop_at_saturation=not no_stop,
-            label=lever.name,
-            extra_body=extra_body or {},
+            extra_body=extra_body,
             attribution=read_attribution(expand(attribution, "load.attribution")) if attribution else None,
-            **opts,
         )
     except QuantkitError as exc:
         raise StudyError(str(exc)) from None
