@@ -66,11 +66,10 @@ def build_config(shape: str, tokenizer):
     from transformers import AutoConfig
 
     extras = {k: v for k, v in ARCH_EXTRAS.get(shape, {}).items() if k != "hub_id"}
-    dims = dict(SHAPES[shape])
+    params = {**SHAPES[shape], **extras}  # the public config's figures over the shape table's (e.g. the context)
     return AutoConfig.for_model(
         SHAPE_ARCH.get(shape, "llama"),
-        **dims,
-        **extras,
+        **params,
         dtype="bfloat16",
         initializer_range=0.02,
         bos_token_id=tokenizer.bos_token_id,
