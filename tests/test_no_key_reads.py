@@ -38,7 +38,6 @@ NOT_YET = {
     "quantkit.pipeline.pareto": 7,
     "quantkit.bench.bench_runner": 5,
     "quantkit.cli.compare_cmd": 5,
-    "quantkit.cli.eval_cmd": 2,
 }
 
 

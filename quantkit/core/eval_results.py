@@ -216,6 +216,21 @@ class WindowsInfo:
             return getattr(self, key)
         return self.provenance.get(key, default)
 
+    @property
+    def region(self) -> str:
+        """The region of the text the windows were drawn from ('' where the source records none)."""
+        return self.provenance.get("region", "")
+
+    @property
+    def split(self) -> str:
+        """The part of the region scored: 'all', 'selection' or 'confirmation'."""
+        return self.provenance.get("split", "all")
+
+    @property
+    def token_range(self) -> list[int] | None:
+        """The [first, last) tokens of the part scored, where a split was asked for."""
+        return self.provenance.get("token_range")
+
 
 @dataclass(frozen=True)
 class TextResult:
@@ -329,6 +344,11 @@ class EvalResult:
     world_size: int = 1
     kind: str = field(default=KIND, init=False)
     schema_version: int = field(default=SCHEMA_VERSION, init=False)
+
+    @property
+    def device_label(self) -> str:
+        """Where it ran, as device.describe recorded it: 'cuda:0 (NVIDIA H100 80GB HBM3)'."""
+        return f"{self.device.get('device')} ({self.device.get('name')})"
 
     @property
     def primary(self) -> TextResult | None:
