@@ -192,6 +192,10 @@ class Engine:
         """{"weight_bytes_per_token", "stored_weight_bytes", "tied_lm_head"} of the loaded model."""
         raise NotImplementedError
 
+    def weight_bytes_per_token(self) -> float:
+        """The bytes of weights one decode step reads (weight_bytes()'s first figure)."""
+        return self.weight_bytes()["weight_bytes_per_token"]
+
     def kv_bytes_per_token(self) -> float:
         """Bytes one cached token occupies in this engine's KV cache (roofline.kv_bytes at its precision)."""
         raise NotImplementedError
