@@ -36,7 +36,6 @@ NOT_YET = {
     "quantkit.pipeline.plots": 10,
     "quantkit.artifacts.card": 7,
     "quantkit.pipeline.pareto": 7,
-    "quantkit.cli.compare_cmd": 5,
 }
 
 

@@ -93,6 +93,11 @@ class RunReport:
     rows: tuple[ReportRow, ...]
 
 
+def is_run_report(data: object) -> bool:
+    """Whether parsed JSON says it is a run report (its kind), before its checks."""
+    return isinstance(data, dict) and data.get("kind") == KIND
+
+
 def read_report(data, where: str) -> RunReport:
     """`data` (a parsed report.json) after its checks; RecordError names `where` and the key."""
     if not isinstance(data, dict):
