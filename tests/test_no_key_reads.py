@@ -30,7 +30,6 @@ READS_EXTERNAL = {
 
 NOT_YET = {
     "quantkit.pipeline.report": 75,
-    "quantkit.pipeline.report_data": 3,
     "quantkit.bench.rows": 19,
     "quantkit.evals.eval_runner": 18,
     "quantkit.pipeline.plots": 10,
