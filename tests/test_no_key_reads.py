@@ -34,7 +34,6 @@ NOT_YET = {
     "quantkit.evals.eval_runner": 18,
     "quantkit.pipeline.plots": 10,
     "quantkit.artifacts.card": 7,
-    "quantkit.pipeline.pareto": 7,
 }
 
 
