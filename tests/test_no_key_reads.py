@@ -32,7 +32,6 @@ NOT_YET = {
     "quantkit.pipeline.report": 75,
     "quantkit.bench.rows": 19,
     "quantkit.evals.eval_runner": 18,
-    "quantkit.pipeline.plots": 10,
     "quantkit.artifacts.card": 7,
 }
 

@@ -73,7 +73,8 @@ class ReportRow:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("name", "engine")}
 
     @classmethod
-    def from_json(cls, row: dict, version: int) -> ReportRow:
+    def from_json(cls, row: dict, version: int = READS[-1]) -> ReportRow:
+        """A row of a report of schema `version` (by default the schema this quantkit writes)."""
         kept = {f.name: row.get(f.name) for f in fields(cls)}
         if kept["kl_kind"] is None and kept["kld_mean"] is not None and version < 2:
             kept["kl_kind"] = "topk-256 lower bound"
