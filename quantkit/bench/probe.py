@@ -202,16 +202,18 @@ def best_matmul(p: dict) -> tuple[str, float]:
 
 @dataclass(frozen=True)
 class ProbeFacts:
-    """What a bench result takes from a probe besides its rates (as_device): the device's name,
-    the CPU threads it ran with and the last-level cache's size, where the probe found them."""
+    """What a bench result takes from a probe besides its rates (as_device): the device's name and
+    its torch name, the CPU threads it ran with and the last-level cache's size, where the probe
+    found them."""
 
     name: str | None
+    device: str | None
     threads: int | None
     llc_bytes: int | None
 
 
 def facts(p: dict) -> ProbeFacts:
-    return ProbeFacts(p.get("name"), p.get("threads"), p.get("llc_bytes"))
+    return ProbeFacts(p.get("name"), p.get("device"), p.get("threads"), p.get("llc_bytes"))
 
 
 def as_device(p: dict, dtype: str | None = None) -> Device:
