@@ -31,7 +31,6 @@ READS_EXTERNAL = {
 NOT_YET = {
     "quantkit.pipeline.report": 75,
     "quantkit.bench.rows": 19,
-    "quantkit.evals.eval_runner": 18,
     "quantkit.artifacts.card": 7,
 }
 
