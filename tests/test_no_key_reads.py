@@ -30,7 +30,6 @@ READS_EXTERNAL = {
 
 NOT_YET = {
     "quantkit.pipeline.report": 75,
-    "quantkit.bench.rows": 19,
     "quantkit.artifacts.card": 7,
 }
 

@@ -24,7 +24,7 @@ from quantkit.bench.bench_settings import (
     run_precision,
 )
 from quantkit.bench.engines import engine_class
-from quantkit.bench.engines.engine import EngineSettings
+from quantkit.bench.engines.engine import EngineSettings, WeightBytes
 from quantkit.bench.gguf_file import gguf_config, is_gguf, reference_source
 from quantkit.bench.harness import SWEEP_SAMPLES, measure, measure_depth, summarize_ms, time_prefill
 from quantkit.bench.rows import Loaded, Measured, classify, depth_notes, fit_points, make_row, name_of
@@ -184,7 +184,7 @@ def _bench_loaded(
             measured = [_at_depth(engine, cfg, s, d) for d in s.depths]
         kernels, fixed, missing = _attribution_inputs(engine, es, s, cfg, twins)
         loaded = Loaded(
-            engine.weight_bytes(),
+            WeightBytes.of(engine.weight_bytes()),
             engine.kv_bytes_per_token(),
             engine.kv_cache_type(),
             engine.describe(),

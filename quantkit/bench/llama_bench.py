@@ -80,6 +80,11 @@ def compare(ttft_ms: float | None, tpot_ms: float, anchor: dict, tolerance: floa
     }
 
 
+def failure(found: dict) -> str | None:
+    """Why measure() found no anchor (its {"error": ...}), or None where it found one."""
+    return found.get("error")
+
+
 def anchor_lines(name: str, depth: int | None, a: dict) -> list[str]:
     """A row's anchor (compare's output, or {}) as its note: llama-bench's figures, quantkit's ratio to them."""
     if "tpot_ms" in a and depth is not None:
