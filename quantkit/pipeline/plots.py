@@ -139,16 +139,16 @@ def tpot_depth(rows: list[BenchRow], fit: RuleFit, out: Path) -> Path:
     return out
 
 
-def pareto(rows: list[dict], out: Path, metric: str = "kld_mean") -> Path:
-    """Accuracy loss against TPOT; the front is the set no other variant beats on both. `rows`: the
-    report's rows; `metric`: a ReportRow figure (kld_mean, delta_ppl_pct)."""
+def pareto(rows: list[ReportRow], out: Path, metric: str = "kld_mean") -> Path:
+    """Accuracy loss against TPOT; the front is the set no other variant beats on both. `metric`:
+    a ReportRow figure (kld_mean, delta_ppl_pct)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
 
     def y(r: ReportRow):
         return getattr(r, metric)
 
-    pts = [r for r in map(ReportRow.from_json, rows) if y(r) is not None and r.tpot_ms is not None]
+    pts = [r for r in rows if y(r) is not None and r.tpot_ms is not None]
     front = [
         p
         for p in pts

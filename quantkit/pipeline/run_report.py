@@ -51,9 +51,26 @@ ROW_VALUES = {
 FIT_VALUES = {"effective_gbps": NUMBER_OR_NONE, "overhead_ms": NUMBER_OR_NONE, "r2": NUMBER_OR_NONE}
 
 
+# A report row's figures that compare sets side by side, in its JSON's order.
+FIGURES = (
+    "tpot_ms",
+    "ttft_ms",
+    "predicted_tpot_ms",
+    "tpot_efficiency_pct",
+    "delta_ppl_pct",
+    "kld_mean",
+    "kl_kind",
+    "top1_pct",
+    "bits_per_weight",
+    "status",
+)
+
+
 @dataclass(frozen=True)
 class ReportRow:
-    """A report row's name and engine, and the figures compare sets side by side (None: not measured)."""
+    """A report row's name and engine, the figures compare sets side by side (None: not measured),
+    and what the report's text says of the row beside its table (its error, kernel, lever,
+    disturbances, accounting error)."""
 
     name: str
     engine: str | None = None
@@ -67,10 +84,15 @@ class ReportRow:
     top1_pct: float | None = None
     bits_per_weight: float | None = None
     status: str | None = None
+    error: str | None = None
+    kernel: str | None = None
+    lever: str | None = None
+    disturbed: list[str] | None = None
+    accounting_error: bool | None = None
 
     def figures(self) -> dict:
         """The compared figures by name (compare's JSON)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("name", "engine")}
+        return {name: getattr(self, name) for name in FIGURES}
 
     @classmethod
     def from_json(cls, row: dict, version: int = READS[-1]) -> ReportRow:
