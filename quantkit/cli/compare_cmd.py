@@ -87,7 +87,7 @@ def plot_tpot(result: dict, labels: list[str], path: Path) -> None:
     variants = [v["variant"] for v in result["variants"]]
     width = 0.8 / max(1, len(labels))
     for i, lab in enumerate(labels):
-        ys = [((v[lab] or {}).get("tpot_ms") or 0) for v in result["variants"]]
+        ys = [ReportRow(v["variant"], **(v[lab] or {})).tpot_ms or 0 for v in result["variants"]]
         ax.bar([j + i * width for j in range(len(variants))], ys, width, label=lab)
     ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(variants))], variants, rotation=20, fontsize=8)
     ax.set_ylabel("TPOT (ms)")

@@ -366,9 +366,19 @@ class EvalResult:
     schema_version: int = field(default=SCHEMA_VERSION, init=False)
 
     @property
+    def device_id(self) -> str | None:
+        """The torch device it ran on, as device.describe recorded it ('cuda:0'); None where not recorded."""
+        return self.device.get("device")
+
+    @property
+    def device_name(self) -> str | None:
+        """That device's name ('NVIDIA H100 80GB HBM3'); None where not recorded."""
+        return self.device.get("name")
+
+    @property
     def device_label(self) -> str:
-        """Where it ran, as device.describe recorded it: 'cuda:0 (NVIDIA H100 80GB HBM3)'."""
-        return f"{self.device.get('device')} ({self.device.get('name')})"
+        """Where it ran: 'cuda:0 (NVIDIA H100 80GB HBM3)'."""
+        return f"{self.device_id} ({self.device_name})"
 
     @property
     def primary(self) -> TextResult | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from quantkit.bench.bench_records import BenchRow, report_cells, report_columns
+from quantkit.bench.bench_records import BenchRow, DeviceBlock, report_cells, report_columns
 from quantkit.core.fits import RuleFit, describe_fit
 from quantkit.core.record_checks import RecordError
 from quantkit.models.sizes import checkpoint_sizes
@@ -22,7 +22,7 @@ from quantkit.pipeline.depths import (
     depth_sections,
 )
 from quantkit.pipeline.plots import pareto, rule_check, ttft_sweep
-from quantkit.pipeline.run_report import ReportRow
+from quantkit.pipeline.run_report import EngineSection, Fastest, ReportRow
 from quantkit.pipeline.serving import EngineBench
 from quantkit.pipeline.variant_record import VariantRecord
 
@@ -103,7 +103,7 @@ def variant_row(rec: VariantRecord, engine: str | None = None) -> dict:
     if engine:
         row["engine"] = engine
         failed = rec.bench_errors.get(engine)
-        if failed and not row["error"]:
+        if failed and not rec.error:
             row.update(status="failed", error=f"bench ({engine}): {failed}")
     return row
 
@@ -158,13 +158,13 @@ def fastest(rows: list[dict]) -> dict:
             continue
         tpot, ttft = min(rs, key=lambda r: r.tpot_ms), min(rs, key=lambda r: r.ttft_ms)
         slowest = max(r.tpot_ms for r in rs)
-        out[name] = {
-            "tpot": tpot.engine,
-            "ttft": ttft.engine,
-            "tpot_speedup": slowest / tpot.tpot_ms,
-            "tpot_ms": {r.engine: r.tpot_ms for r in rs},
-            "ttft_ms": {r.engine: r.ttft_ms for r in rs},
-        }
+        out[name] = Fastest(
+            tpot=tpot.engine,
+            ttft=ttft.engine,
+            tpot_speedup=slowest / tpot.tpot_ms,
+            tpot_ms={r.engine: r.tpot_ms for r in rs},
+            ttft_ms={r.engine: r.ttft_ms for r in rs},
+        ).to_json()
     return out
 
 
@@ -196,30 +196,30 @@ def lever_lines(rows: list[dict]) -> list[str]:
 def engine_lines(report: dict) -> list[str]:
     """A run on several engines: each engine's probe and rule check, and the fastest engine per variant."""
     out = []
-    for name, e in (report.get("engines") or {}).items():
-        dev = e.get("device") or {}
-        if e.get("error"):
-            out.append(f"- **{name}**: not benchmarked: {e['error']}")
+    for name, section in (report.get("engines") or {}).items():
+        e = EngineSection.from_json(section, f"engines.{name}")
+        if e.error:
+            out.append(f"- **{name}**: not benchmarked: {e.error}")
             continue
-        probe = (
-            f"{dev.get('threads')} threads, probed {dev.get('bandwidth_gbps', 0):.1f} GB/s read" if dev else "no probe"
-        )
+        dev = DeviceBlock.from_json(e.device) if e.device else None
+        probe = f"{dev.threads} threads, probed {dev.bandwidth_gbps:.1f} GB/s read" if dev else "no probe"
         effs = [
             row.tpot_efficiency_pct
             for row in map(ReportRow.from_json, report["rows"])
             if row.engine == name and row.tpot_efficiency_pct is not None
         ]
         eff = f"; TPOT efficiency {min(effs):.0f}–{max(effs):.0f}% of the roofline" if effs else ""
-        fit = _fit_text(e.get("fit") or {}, "rule check")
+        fit = _fit_text(e.fit or {}, "rule check")
         out.append(f"- **{name}** ({probe}{eff}): {fit or 'rule check: not enough variants to fit'}.")
     fastest = report.get("fastest") or {}
     if fastest:
         out += ["", "**Fastest engine per variant** (batch-1 TPOT):"]
-        for name, f in fastest.items():
-            ms = ", ".join(f"{e} {t:.2f} ms" for e, t in sorted(f["tpot_ms"].items(), key=lambda kv: kv[1]))
-            ttft = ", ".join(f"{e} {t:.1f} ms" for e, t in sorted(f["ttft_ms"].items(), key=lambda kv: kv[1]))
+        for name, figures in fastest.items():
+            f = Fastest.from_json(figures, f"fastest.{name}")
+            ms = ", ".join(f"{e} {t:.2f} ms" for e, t in sorted(f.tpot_ms.items(), key=lambda kv: kv[1]))
+            ttft = ", ".join(f"{e} {t:.1f} ms" for e, t in sorted(f.ttft_ms.items(), key=lambda kv: kv[1]))
             out.append(
-                f"- {name}: **{f['tpot']}**, {f['tpot_speedup']:.2f}x faster per token "
+                f"- {name}: **{f.tpot}**, {f.tpot_speedup:.2f}x faster per token "
                 f"than the slowest (TPOT {ms}; TTFT {ttft})"
             )
     return out
@@ -345,7 +345,7 @@ def _eval_device(report: dict) -> str:
     ev = next((e for e in evals if e.device), None)
     if ev is None:
         return ""
-    return f" (on {ev.device.get('device')}, {ev.device.get('name')}, {ev.dtype})"
+    return f" (on {ev.device_id}, {ev.device_name}, {ev.dtype})"
 
 
 def has_plots(benches: dict[str, EngineBench]) -> bool:

@@ -13,7 +13,7 @@ from quantkit.models.checkpoint import read_config
 from quantkit.pipeline.accuracy import accuracy_rows
 from quantkit.pipeline.depths import context_rows, depth_rows
 from quantkit.pipeline.report import fastest, position_rows, variant_row
-from quantkit.pipeline.run_report import ReportRow
+from quantkit.pipeline.run_report import EngineSection, ReportRow
 from quantkit.pipeline.serving import EngineBench
 from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.recipe.schema import BASELINE_NAME
@@ -23,13 +23,13 @@ SCHEMA_VERSION = 5  # report.json's schema: build_report says what each version 
 
 def _engine_json(eb: EngineBench) -> dict:
     res = eb.result
-    return {
-        "device": res.device.to_json() if res else None,
-        "fit": res.fit.to_json() if res else None,
-        "settings": res.settings if res else None,
-        "load_average": res.load_average.to_json() if res else None,
-        "error": eb.error,
-    }
+    return EngineSection(
+        device=res.device.to_json() if res else None,
+        fit=res.fit.to_json() if res else None,
+        settings=res.settings if res else None,
+        load_average=res.load_average.to_json() if res else None,
+        error=eb.error,
+    ).to_json()
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from quantkit.core.record_checks import (
     Num,
     RecordError,
     check_values,
+    checked,
 )
 
 KIND = "quantkit-run"
@@ -101,6 +102,45 @@ class ReportRow:
         if kept["kl_kind"] is None and kept["kld_mean"] is not None and version < 2:
             kept["kl_kind"] = "topk-256 lower bound"
         return cls(**kept)
+
+
+@dataclass(frozen=True)
+class Fastest:
+    """A variant's fastest engine by TPOT and by TTFT among those that benched it (report.json
+    `fastest.VARIANT`), the slowest engine's TPOT over the fastest's, and each engine's figures."""
+
+    tpot: str
+    ttft: str
+    tpot_speedup: float
+    tpot_ms: dict  # engine -> ms
+    ttft_ms: dict
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data, what: str = "fastest") -> Fastest:
+        return cls(**checked(cls, data, what))
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    """An engine's part of a run (report.json `engines.ENGINE`): its device probe and rule-check fit
+    (bench_records.DeviceBlock and core/fits.RuleFit as JSON), its settings and the machine's load,
+    all None with the error where it did not run."""
+
+    device: dict | None
+    fit: dict | None
+    settings: dict | None
+    load_average: dict | None
+    error: str | None
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data, what: str = "engines[]") -> EngineSection:
+        return cls(**checked(cls, data, what))
 
 
 @dataclass(frozen=True)
