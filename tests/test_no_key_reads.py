@@ -29,16 +29,8 @@ READS_EXTERNAL = {
 }
 
 NOT_YET = {
-    "quantkit.pipeline.report": 75,
-    "quantkit.pipeline.report_data": 3,
-    "quantkit.bench.rows": 19,
-    "quantkit.evals.eval_runner": 18,
-    "quantkit.pipeline.plots": 10,
+    "quantkit.pipeline.report": 23,
     "quantkit.artifacts.card": 7,
-    "quantkit.pipeline.pareto": 7,
-    "quantkit.bench.bench_runner": 5,
-    "quantkit.cli.compare_cmd": 5,
-    "quantkit.cli.eval_cmd": 2,
 }
 
 

@@ -235,6 +235,14 @@ def write_meta(path: Path, meta: dict) -> None:
     write_json(Path(path) / META, meta, default=str)
 
 
+def recorded_name(path: Path) -> str | None:
+    """The name an artifact's quantkit.json records; None where it records none or is not JSON."""
+    try:
+        return json.loads((Path(path) / META).read_text()).get("name")
+    except json.JSONDecodeError:
+        return None
+
+
 def read_meta(path: Path) -> dict:
     """An artifact's quantkit.json; {} when missing; QuantkitError when damaged."""
     f = Path(path) / META

@@ -24,7 +24,7 @@ from quantkit.bench.bench_settings import (
     run_precision,
 )
 from quantkit.bench.engines import engine_class
-from quantkit.bench.engines.engine import EngineSettings
+from quantkit.bench.engines.engine import EngineSettings, WeightBytes
 from quantkit.bench.gguf_file import gguf_config, is_gguf, reference_source
 from quantkit.bench.harness import SWEEP_SAMPLES, measure, measure_depth, summarize_ms, time_prefill
 from quantkit.bench.rows import Loaded, Measured, classify, depth_notes, fit_points, make_row, name_of
@@ -177,16 +177,14 @@ def _bench_loaded(
         if not s.depths:
             ids = check_ids[: s.prompt_len]
             timings = measure(engine, ids, s.gen_len, repeats=s.repeats, min_seconds=s.min_seconds, warmups=s.warmups)
-            sweep = _sweep(
-                engine, cfg, s, figs, engine.weight_bytes()["weight_bytes_per_token"], engine.kv_bytes_per_token()
-            )
+            sweep = _sweep(engine, cfg, s, figs, engine.weight_bytes_per_token(), engine.kv_bytes_per_token())
             step = mean_step_bytes(lambda c: engine.step_bytes(c, s.capacity), s.prompt_len, s.gen_len)
             measured = [Measured(s.prompt_len, None, s.capacity, timings, engine.step_note, step, tuple(sweep), t0)]
         else:
             measured = [_at_depth(engine, cfg, s, d) for d in s.depths]
         kernels, fixed, missing = _attribution_inputs(engine, es, s, cfg, twins)
         loaded = Loaded(
-            engine.weight_bytes(),
+            WeightBytes.of(engine.weight_bytes()),
             engine.kv_bytes_per_token(),
             engine.kv_cache_type(),
             engine.describe(),
@@ -251,18 +249,18 @@ def _precheck_all(paths: list, s: BenchSettings, names: list[str]):
 
 
 def _device_block(s: BenchSettings, before: dict, after: dict | None, rows: list[BenchRow]) -> DeviceBlock:
-    figs = probing.as_device(before)
+    figs, seen = probing.as_device(before), probing.facts(before)
     return DeviceBlock(
         device=str(s.device),
         type=s.device.type,
         name=figs.name,
-        device_name=before.get("name"),
+        device_name=seen.name,
         dtype=rows[0].dtype if rows else None,
-        threads=before.get("threads"),
+        threads=seen.threads,
         bandwidth_gbps=figs.bandwidth / 1e9,
         compute_tflops=figs.compute / 1e12,
         source=figs.source,
-        llc_bytes=before.get("llc_bytes"),
+        llc_bytes=seen.llc_bytes,
         probe=before,
         probe_after=after,
         drift=probing.drift(before, after) if after else None,
@@ -308,7 +306,7 @@ def bench_many(
         raise QuantkitError(failed[0].error)  # nothing ran: one line, as for any user error
     after = probe(s.device)
     drift = probing.drift(before, after)
-    rows = [classify(r, before.get("llc_bytes"), drift) for r in rows]
+    rows = [classify(r, probing.facts(before).llc_bytes, drift) for r in rows]
     return BenchResult(
         settings=s.to_json(),
         device=_device_block(s, before, after, rows),

@@ -66,6 +66,20 @@ class Timings:
         }
 
 
+@dataclass(frozen=True)
+class Spreads:
+    """A summary()'s distributions (summarize_ms's dicts; None where not measured or not recorded)."""
+
+    ttft_ms: dict | None
+    tpot_ms: dict | None
+    step_ms: dict | None
+
+
+def spreads(summary: dict) -> Spreads:
+    """The distributions of a Timings.summary() (a BenchRow's `stats`)."""
+    return Spreads(summary.get("ttft_ms"), summary.get("tpot_ms"), summary.get("step_ms"))
+
+
 class Clock:
     """Wall clock read after the engine's synchronisation (CUDA events would also do; a sync is simpler)."""
 

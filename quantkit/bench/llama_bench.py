@@ -80,6 +80,29 @@ def compare(ttft_ms: float | None, tpot_ms: float, anchor: dict, tolerance: floa
     }
 
 
+def failure(found: dict) -> str | None:
+    """Why measure() found no anchor (its {"error": ...}), or None where it found one."""
+    return found.get("error")
+
+
+def anchor_lines(name: str, depth: int | None, a: dict) -> list[str]:
+    """A row's anchor (compare's output, or {}) as its note: llama-bench's figures, quantkit's ratio to them."""
+    if "tpot_ms" in a and depth is not None:
+        return [
+            f"anchor: {name} at depth {depth}: llama-bench TPOT {a['tpot_ms']:.2f} ms "
+            f"({a['tg_tokens_per_s']:.1f} tok/s, -d {a['tg_depth']}, flash attention "
+            f"{'on' if a['flash_attn'] else 'off'}); quantkit/llama-bench {a['ratio_tpot']:.2f}"
+            + ("  (!)" if a["disagree"] else "")
+        ]
+    if "ttft_ms" not in a:
+        return []
+    return [
+        f"anchor: {name}: llama-bench TTFT {a['ttft_ms']:.1f} ms ({a['pp_tokens_per_s']:.0f} tok/s), "
+        f"TPOT {a['tpot_ms']:.2f} ms ({a['tg_tokens_per_s']:.1f} tok/s); quantkit/llama-bench "
+        f"{a['ratio_ttft']:.2f} / {a['ratio_tpot']:.2f}" + ("  (!)" if a["disagree"] else "")
+    ]
+
+
 def measure(
     gguf: Path,
     prompt_len: int,

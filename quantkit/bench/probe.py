@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +198,22 @@ def best_matmul(p: dict) -> tuple[str, float]:
     rates = p.get("matmul_tflops") or {"bfloat16": p["bf16_matmul_tflops"]}
     dtype = max(rates, key=rates.get)
     return dtype, rates[dtype]
+
+
+@dataclass(frozen=True)
+class ProbeFacts:
+    """What a bench result takes from a probe besides its rates (as_device): the device's name and
+    its torch name, the CPU threads it ran with and the last-level cache's size, where the probe
+    found them."""
+
+    name: str | None
+    device: str | None
+    threads: int | None
+    llc_bytes: int | None
+
+
+def facts(p: dict) -> ProbeFacts:
+    return ProbeFacts(p.get("name"), p.get("device"), p.get("threads"), p.get("llc_bytes"))
 
 
 def as_device(p: dict, dtype: str | None = None) -> Device:

@@ -10,17 +10,18 @@ so, with the setting that helps where the engine has one (llama.cpp: flash atten
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from quantkit.artifacts.staging import META, recorded_name
 from quantkit.bench.accounting import kv_live, mean_step_bytes
 from quantkit.bench.bench_records import BenchRow, SweepPoint, variant_name
 from quantkit.bench.bench_settings import BenchSettings
 from quantkit.bench.engines import engine_class
-from quantkit.bench.harness import Timings
-from quantkit.bench.llama_bench import compare
+from quantkit.bench.engines.engine import Described, WeightBytes
+from quantkit.bench.harness import Timings, spreads
+from quantkit.bench.llama_bench import compare, failure
 from quantkit.core.attribution import FixedCosts, attribute
 from quantkit.core.fits import fit_prefill
 from quantkit.core.roofline import Shape, efficiency, predict_ttft_s, prefill_flops
@@ -41,7 +42,7 @@ WITNESS = 0.25
 class Loaded:
     """What a loaded engine says about itself, the same for each of its rows."""
 
-    weights: dict  # engine.weight_bytes()
+    weights: WeightBytes
     kv: float  # bytes per cached token
     kv_type: str  # the cache's element type (engine.kv_cache_type())
     info: dict  # engine.describe()
@@ -73,38 +74,36 @@ def name_of(path) -> str:
         return path.label
     if path.is_file():  # a GGUF
         return path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.name
-    meta = path / "quantkit.json"
-    if meta.is_file():
-        try:
-            return json.loads(meta.read_text()).get("name") or path.name
-        except json.JSONDecodeError:
-            return path.name
+    if (path / META).is_file():
+        return recorded_name(path) or path.name
     return path.name
 
 
 def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measured) -> BenchRow:
     eng = dict(loaded.info)
+    described = Described.of(eng)
     summary = m.timings.summary(m.step_note)
-    weights = loaded.weights["weight_bytes_per_token"]
+    dists = spreads(summary)
+    weights = loaded.weights.per_token
     kv = loaded.kv
     ideal = mean_step_bytes(lambda c: weights + kv_live(kv, c), m.prompt_len, s.gen_len)
     bandwidth = figs.bandwidth * s.tensor_parallel  # tensor parallel: each GPU reads its 1/N shard
     pred_tpot = m.step_bytes / bandwidth
-    tpot = summary["tpot_ms"]["median"] / 1e3
-    ttft = summary["ttft_ms"]["median"] / 1e3 if summary["ttft_ms"] else None
+    tpot = dists.tpot_ms["median"] / 1e3
+    ttft = dists.ttft_ms["median"] / 1e3 if dists.ttft_ms else None
     flops_s = pred_ttft = None
     if m.prompt_len:  # depth 0 prefills nothing
         flops_s = prefill_flops(Shape.from_config(cfg), m.prompt_len) / (figs.compute * s.tensor_parallel)
         pred_ttft = predict_ttft_s(flops_s, 1.0, weights + kv * m.prompt_len, bandwidth)
     notes = list(eng.pop("notes", []))
     anchor = _anchor(s, eng, ttft, tpot * 1e3, notes, m)
-    attribution = _attribution(loaded, m, weights, kv, tpot * 1e3, figs.bandwidth, eng)
+    attribution = _attribution(loaded, m, weights, kv, tpot * 1e3, figs.bandwidth, described.flash_attn)
     prefill = fit_prefill(
         [p.prompt_len for p in m.sweep], [p.ttft_ms["median"] for p in m.sweep], [sweep_disturbed(p) for p in m.sweep]
     )
-    if summary["warmups"] > s.warmups:
+    if m.timings.warmups > s.warmups:
         notes.append(
-            f"--warmups {s.warmups} raised to {summary['warmups']}: the {s.engine} engine compiles on its first "
+            f"--warmups {s.warmups} raised to {m.timings.warmups}: the {s.engine} engine compiles on its first "
             "calls, and compilation is not decode"
         )
     return BenchRow(
@@ -115,24 +114,24 @@ def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measu
         emulated=eng.pop("emulated", None),
         engine=s.engine,
         device=str(s.device),
-        device_name=eng.get("name"),
-        dtype=eng.get("dtype"),
-        cpu_variant=variant_name(eng.get("cpu_variant")),
-        threads=eng.get("threads"),
+        device_name=described.name,
+        dtype=described.dtype,
+        cpu_variant=variant_name(described.cpu_variant),
+        threads=described.threads,
         engine_info=eng,
         prompt_len=m.prompt_len,
         gen_len=s.gen_len,
         depth=m.depth,
-        flash_attn=eng.get("flash_attn"),
+        flash_attn=described.flash_attn,
         kv_cache=loaded.kv_type,
         load_s=loaded.load_s,
         compile_and_warmup_s=summary.pop("warmup_s"),
-        warmups=summary["warmups"],
+        warmups=m.timings.warmups,
         warmups_requested=s.warmups,
         weight_bytes_per_token=weights,
-        stored_weight_bytes=loaded.weights["stored_weight_bytes"],
-        tied_lm_head=loaded.weights["tied_lm_head"],
-        weight_bytes_by_type=loaded.weights.get("weight_bytes_by_type"),
+        stored_weight_bytes=loaded.weights.stored,
+        tied_lm_head=loaded.weights.tied_lm_head,
+        weight_bytes_by_type=loaded.weights.by_type,
         kv_bytes_per_token=kv,
         kv_cache_tokens=m.capacity,
         bytes_per_token=m.step_bytes,
@@ -157,7 +156,9 @@ def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measu
     )
 
 
-def _attribution(loaded: Loaded, m: Measured, weights: float, kv: float, tpot_ms: float, bandwidth: float, eng: dict):
+def _attribution(
+    loaded: Loaded, m: Measured, weights: float, kv: float, tpot_ms: float, bandwidth: float, flash_attn: bool | None
+):
     """The row's TPOT split into its causes (core/attribution.py), None where the engine's kernels
     were not timed (Loaded.missing says why)."""
     if loaded.kernels is None:
@@ -183,7 +184,7 @@ def _attribution(loaded: Loaded, m: Measured, weights: float, kv: float, tpot_ms
         loaded.kernels,
         loaded.fixed,
         tuple(sources),
-        {"flash_attn": eng.get("flash_attn"), "kv_cache": loaded.kv_type},
+        {"flash_attn": flash_attn, "kv_cache": loaded.kv_type},
     )
 
 
@@ -194,8 +195,8 @@ def _anchor(s: BenchSettings, eng: dict, ttft_s: float | None, tpot_ms: float, n
     found = engine_class(s.engine).anchor(eng, m.prompt_len, s.gen_len, s.repeats, depth=m.depth)
     if found is None:
         return None
-    if "error" in found:
-        notes.append(f"no anchor: {found['error']}")
+    if failure(found) is not None:
+        notes.append(f"no anchor: {failure(found)}")
         return found
     result = compare(ttft_s * 1e3 if ttft_s is not None and m.depth is None else None, tpot_ms, found)
     for what in result["disagree"]:
@@ -219,12 +220,13 @@ def disturbance(row: BenchRow, drift: dict | None) -> tuple[str, ...]:
     its repeats disagree, its steps have a long tail, the device probe moved during the run, or
     llama-bench run beside it (the witness) disagrees by far more than engines differ."""
     out = []
-    tpot = row.stats.get("tpot_ms") or {}
+    dists = spreads(row.stats)
+    tpot = dists.tpot_ms or {}
     if tpot.get("n", 0) > 1 and tpot.get("min"):
         spread = (tpot["p90"] - tpot["min"]) / tpot["min"]
         if spread > DISTURBED_SPREAD:
             out.append(f"its repeats' TPOT spread {spread:.0%} (P90 {tpot['p90']:.2f} ms, best {tpot['min']:.2f} ms)")
-    steps = row.stats.get("step_ms") or {}
+    steps = dists.step_ms or {}
     if steps.get("median") and steps["p90"] > STEP_TAIL * steps["median"]:
         out.append(f"its steps' P90 is {steps['p90'] / steps['median']:.1f}x their median")
     read = (drift or {}).get("change", {}).get("read_gbps")

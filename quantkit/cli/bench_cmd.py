@@ -10,7 +10,8 @@ import click
 
 from quantkit.bench.bench_records import bench_table
 from quantkit.bench.engines import ENGINES, engine_class
-from quantkit.bench.probe import best_matmul
+from quantkit.bench.llama_bench import anchor_lines
+from quantkit.bench.probe import best_matmul, facts
 from quantkit.cli._common import MODEL, echo_json, int_list
 from quantkit.cli._options import settings_from_cli, settings_options
 from quantkit.core.fits import describe_fit
@@ -81,7 +82,7 @@ def render(result, fmt: str) -> str:
                 f"({result.device.llc_bytes / 1e6:.1f} MB): it may beat "
                 "the streaming-read roofline (fits in cache)"
             )
-        lines += _anchor_lines(r)
+        lines += anchor_lines(r.name, r.depth, r.anchor or {})
         lines += _attribution_lines(r, label)
         per_step = r.stats.get("per_step") or {}
         if per_step.get("measured") is False:
@@ -152,24 +153,6 @@ def _label(r, result) -> str:
     )
 
 
-def _anchor_lines(r) -> list[str]:
-    a = r.anchor or {}
-    if "tpot_ms" in a and r.depth is not None:
-        return [
-            f"anchor: {r.name} at depth {r.depth}: llama-bench TPOT {a['tpot_ms']:.2f} ms "
-            f"({a['tg_tokens_per_s']:.1f} tok/s, -d {a['tg_depth']}, flash attention "
-            f"{'on' if a['flash_attn'] else 'off'}); quantkit/llama-bench {a['ratio_tpot']:.2f}"
-            + ("  (!)" if a["disagree"] else "")
-        ]
-    if "ttft_ms" not in a:
-        return []
-    return [
-        f"anchor: {r.name}: llama-bench TTFT {a['ttft_ms']:.1f} ms ({a['pp_tokens_per_s']:.0f} tok/s), "
-        f"TPOT {a['tpot_ms']:.2f} ms ({a['tg_tokens_per_s']:.1f} tok/s); quantkit/llama-bench "
-        f"{a['ratio_ttft']:.2f} / {a['ratio_tpot']:.2f}" + ("  (!)" if a["disagree"] else "")
-    ]
-
-
 def _update_cards(sources: list, rows) -> None:
     """Each benchmarked artifact gets its row in its model card; other models have no card to update."""
     from quantkit.artifacts.card import is_artifact, update_card_results
@@ -195,9 +178,10 @@ def _print_probe(p: dict, as_json: bool) -> None:
         x = sp.get(key)
         return f"{p[key]:.3g} {unit}" + (f" (median {x['median']:.3g}, spread {x['spread_pct']:.0f}%)" if x else "")
 
-    llc = f", last-level cache {p['llc_bytes'] / 1e6:.1f} MB" if p.get("llc_bytes") else ""
+    seen = facts(p)
+    llc = f", last-level cache {seen.llc_bytes / 1e6:.1f} MB" if seen.llc_bytes else ""
     click.echo(
-        f"{p['name']} ({p['device']}, {p['threads']} threads): read "
+        f"{seen.name} ({seen.device}, {seen.threads} threads): read "
         f"{fig('read_gbps', 'GB/s')}, copy {fig('copy_gbps', 'GB/s')}, "
         f"bf16 matmul {fig('bf16_matmul_tflops', 'TFLOP/s')}{llc}"
     )

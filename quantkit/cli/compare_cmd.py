@@ -55,17 +55,17 @@ def _kl(result: dict, label: str) -> str:
     return "KL" if not kinds else "KL (" + ", ".join(sorted(k.replace("topk-", "top-") for k in kinds)) + ")"
 
 
-def render(result: dict) -> str:
-    labels = [r["label"] for r in result["runs"]]
+def render(result: dict, reports: list[RunReport], labels: list[str]) -> str:
+    """compare_runs' table as Markdown, under a line per run (`reports`, named by `labels`)."""
     out = []
-    for r in result["runs"]:
-        fit = r.get("fit") or {}
+    for label, r in zip(labels, reports):
+        fit = r.fit or {}
         fit_s = (
             f"{fit['effective_gbps']:.2f} GB/s + {fit['overhead_ms']:.2f} ms (R² {fit['r2']:.3f})"
             if fit.get("effective_gbps")
             else "n/a"
         )
-        out.append(f"- {r['label']}: {r['recipe']} on {r['device']} ({r['host']}, {r['date']}); rule fit {fit_s}")
+        out.append(f"- {label}: {r.recipe} on {r.device_name} ({r.host}, {r.date}); rule fit {fit_s}")
     head = ["variant"] + [f"{lab} {m}" for lab in labels for m in ("TPOT ms", "ΔPPL %", _kl(result, lab))]
     out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in result["variants"]:
@@ -78,17 +78,16 @@ def render(result: dict) -> str:
     return "\n".join(out)
 
 
-def plot_tpot(result: dict, path: Path) -> None:
+def plot_tpot(result: dict, labels: list[str], path: Path) -> None:
     from quantkit.core.outputs import save_png
     from quantkit.pipeline.plots import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    labels = [r["label"] for r in result["runs"]]
     variants = [v["variant"] for v in result["variants"]]
     width = 0.8 / max(1, len(labels))
     for i, lab in enumerate(labels):
-        ys = [((v[lab] or {}).get("tpot_ms") or 0) for v in result["variants"]]
+        ys = [ReportRow(v["variant"], **(v[lab] or {})).tpot_ms or 0 for v in result["variants"]]
         ax.bar([j + i * width for j in range(len(variants))], ys, width, label=lab)
     ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(variants))], variants, rotation=20, fontsize=8)
     ax.set_ylabel("TPOT (ms)")
@@ -110,19 +109,17 @@ def compare_cmd(runs, as_md, as_json, plot, force):
     from quantkit.errors import QuantkitError
     from quantkit.load.compare import compare_load_runs, render_load_comparison
     from quantkit.load.runfile import LoadRun, is_load_run
-    from quantkit.pipeline.run_report import KIND, read_report
+    from quantkit.pipeline.run_report import KIND, is_run_report, read_report
 
     inputs = [(resolved(Path(r)), "a run this command compares") for r in runs]
     check_files([Output(Path(plot), "--plot", "png")] if plot else [], inputs=inputs, force=force)
     files = [_read(r) for r in runs]
     data = [d for _, d in files]
-    kinds = {"load" if is_load_run(d) else d.get("kind") if isinstance(d, dict) else None for d in data}
-    odd = next(
-        (f for f, d in files if not is_load_run(d) and not (isinstance(d, dict) and d.get("kind") == KIND)), None
-    )
+    odd = next((f for f, d in files if not is_load_run(d) and not is_run_report(d)), None)
     if odd is not None:
         raise QuantkitError(f"{odd}: not a run report (kind {KIND}) or a load run (quantkit load --out)")
-    if kinds == {"load"}:
+    loads = [is_load_run(d) for d in data]
+    if all(loads):
         loaded = [LoadRun.from_json(d, str(f)) for f, d in files]  # checked where read: one line naming the file
         result = compare_load_runs(loaded)
         if plot:
@@ -131,7 +128,7 @@ def compare_cmd(runs, as_md, as_json, plot, force):
             plot_runs(loaded, Path(plot))
         echo_json(result.to_json()) if as_json else click.echo(render_load_comparison(result))
         return
-    if kinds != {"quantkit-run"}:
+    if any(loads):
         raise QuantkitError(
             "compare takes run directories (quantkit run) or load-run JSON files (quantkit load --out), not a mix"
         )
@@ -141,8 +138,8 @@ def compare_cmd(runs, as_md, as_json, plot, force):
         labels = [f"{i + 1}:{lab}" for i, lab in enumerate(labels)]
     result = compare_runs(data, labels)
     if plot:
-        plot_tpot(result, Path(plot))
-    echo_json(result) if as_json else click.echo(render(result))
+        plot_tpot(result, labels, Path(plot))
+    echo_json(result) if as_json else click.echo(render(result, data, labels))
 
 
 COMMANDS = [compare_cmd]

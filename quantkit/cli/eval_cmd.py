@@ -56,13 +56,12 @@ def position_table(t: TextResult) -> list[str]:
 
 
 def render(result: EvalResult) -> str:
-    dev = result.device
     scorer = result.scorer or {}
     batch = f", {scorer['batch_size']} window(s) per forward pass" if scorer.get("batch_size") else ""
     lines = [
         f"model     {result.model}",
         f"baseline  {result.baseline}{_baseline_note(result.baseline_check)}",
-        f"device    {dev.get('device')} ({dev.get('name')}), {result.dtype}{batch}",
+        f"device    {result.device_label}, {result.dtype}{batch}",
     ]
     if result.engine != result.baseline_engine:  # the model under test scored by another library than the baseline
         threads = f", {scorer['threads']} threads" if scorer.get("threads") else ""
@@ -97,7 +96,7 @@ def kl_words(kind: str) -> str:
 
 def _part(windows) -> str:
     """The region scored, with its part and token range when a split was asked for."""
-    region, split, span = windows.get("region", ""), windows.get("split", "all"), windows.get("token_range")
+    region, split, span = windows.region, windows.split, windows.token_range
     if split == "all" or not span:
         return region
     return f"{region}, {split}: tokens {span[0]:,} to {span[1]:,}"

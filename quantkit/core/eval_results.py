@@ -120,6 +120,21 @@ class Interval95:
         return cls(_pair(d["delta_ppl_pct"], f"{what}.delta_ppl_pct"), _pair(d["kld_mean"], f"{what}.kld_mean"))
 
 
+def figures_of(f: dict) -> dict:
+    """The record fields of accuracy_stats.summarize()'s figures (the same names; kld and ci95 as
+    records), for a TextResult or a PositionBucket being built from a fresh score."""
+    ci = f["ci95"]
+    return {
+        "ppl": f["ppl"],
+        "baseline_ppl": f["baseline_ppl"],
+        "delta_ppl_pct": f["delta_ppl_pct"],
+        "kld": KLSummary(**f["kld"]),
+        "top1_agreement": f["top1_agreement"],
+        "ci95": Interval95(tuple(ci["delta_ppl_pct"]), tuple(ci["kld_mean"])),
+        "tokens": f["tokens"],
+    }
+
+
 @dataclass(frozen=True)
 class PositionBucket:
     """The figures of the positions [lo, hi) of every window: row i predicts token i + 1 from the
@@ -164,6 +179,11 @@ class PositionBucket:
             top1_agreement=_number(d["top1_agreement"], f"{what}.top1_agreement"),
             ci95=Interval95.from_json(d["ci95"], f"{what}.ci95"),
         )
+
+    @classmethod
+    def from_figures(cls, b: dict) -> "PositionBucket":
+        """A bucket of accuracy_stats.position_buckets: its range and its figures (figures_of)."""
+        return cls(lo=b["lo"], hi=b["hi"], **figures_of(b))
 
     @property
     def label(self) -> str:
@@ -215,6 +235,21 @@ class WindowsInfo:
         if key in WINDOW_KEYS:
             return getattr(self, key)
         return self.provenance.get(key, default)
+
+    @property
+    def region(self) -> str:
+        """The region of the text the windows were drawn from ('' where the source records none)."""
+        return self.provenance.get("region", "")
+
+    @property
+    def split(self) -> str:
+        """The part of the region scored: 'all', 'selection' or 'confirmation'."""
+        return self.provenance.get("split", "all")
+
+    @property
+    def token_range(self) -> list[int] | None:
+        """The [first, last) tokens of the part scored, where a split was asked for."""
+        return self.provenance.get("token_range")
 
 
 @dataclass(frozen=True)
@@ -329,6 +364,21 @@ class EvalResult:
     world_size: int = 1
     kind: str = field(default=KIND, init=False)
     schema_version: int = field(default=SCHEMA_VERSION, init=False)
+
+    @property
+    def device_id(self) -> str | None:
+        """The torch device it ran on, as device.describe recorded it ('cuda:0'); None where not recorded."""
+        return self.device.get("device")
+
+    @property
+    def device_name(self) -> str | None:
+        """That device's name ('NVIDIA H100 80GB HBM3'); None where not recorded."""
+        return self.device.get("name")
+
+    @property
+    def device_label(self) -> str:
+        """Where it ran: 'cuda:0 (NVIDIA H100 80GB HBM3)'."""
+        return f"{self.device_id} ({self.device_name})"
 
     @property
     def primary(self) -> TextResult | None:

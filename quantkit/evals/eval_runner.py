@@ -30,12 +30,11 @@ from quantkit.core.distributed import ONE_PROCESS, Runtime
 from quantkit.core.eval_results import (
     KL_EXACT,
     EvalResult,
-    Interval95,
-    KLSummary,
     PositionBucket,
     TaskDelta,
     TextResult,
     WindowsInfo,
+    figures_of,
     topk_kind,
 )
 from quantkit.core.kv_cache import head_dims, parse_llama_cache
@@ -337,19 +336,12 @@ def _text_result(
     label: str, spec: str, w: Windows, stats: TokenStats, kind: str, o: EvalSettings, **extra
 ) -> TextResult:
     """One text's record: its figures, the same per position bucket, its windows."""
-    f = stats.figures()
     return TextResult(
         label=label,
         text=spec,
-        ppl=f["ppl"],
-        baseline_ppl=f["baseline_ppl"],
-        delta_ppl_pct=f["delta_ppl_pct"],
-        kld=KLSummary(**f["kld"]),
+        **figures_of(stats.figures()),
         kl_kind=kind,
-        top1_agreement=f["top1_agreement"],
-        ci95=_interval(f["ci95"]),
-        tokens=f["tokens"],
-        positions=tuple(_bucket(b) for b in stats.buckets(o.edges)),
+        positions=tuple(PositionBucket.from_figures(b) for b in stats.buckets(o.edges)),
         windows=WindowsInfo(
             seq_len=w.seq_len,
             count=len(w.starts),
@@ -358,24 +350,6 @@ def _text_result(
             provenance=dict(w.provenance),
         ),
         **extra,
-    )
-
-
-def _interval(ci: dict) -> Interval95:
-    return Interval95(tuple(ci["delta_ppl_pct"]), tuple(ci["kld_mean"]))
-
-
-def _bucket(b: dict) -> PositionBucket:
-    return PositionBucket(
-        lo=b["lo"],
-        hi=b["hi"],
-        tokens=b["tokens"],
-        ppl=b["ppl"],
-        baseline_ppl=b["baseline_ppl"],
-        delta_ppl_pct=b["delta_ppl_pct"],
-        kld=KLSummary(**b["kld"]),
-        top1_agreement=b["top1_agreement"],
-        ci95=_interval(b["ci95"]),
     )
 
 

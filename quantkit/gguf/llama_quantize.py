@@ -127,6 +127,11 @@ def type_report(tensors: list[tuple[str, tuple[int, ...], str, int]], requested:
     }
 
 
+def layer_sizes(report: dict) -> tuple[int, int]:
+    """A type_report's decoder-layer linears: (their bytes, their weights)."""
+    return report["layer_bytes"], report["layer_weights"]
+
+
 def _numel(shape) -> int:
     n = 1
     for d in shape:

@@ -275,6 +275,11 @@ def _verdict(size: float, sides: dict, qk: str | None, anchor: Point | None) -> 
     )
 
 
+def is_front(data: object) -> bool:
+    """Whether parsed JSON says it is a front (its kind), before its checks."""
+    return isinstance(data, dict) and data.get("kind") == KIND
+
+
 @dataclass(frozen=True)
 class ParetoResult:
     """DIR/pareto.json: the settings, every point, the comparison at each size."""

@@ -30,13 +30,12 @@ from quantkit.core.atomic import exclusive, write_json, write_text
 from quantkit.core.outputs import check_dir, model_inputs
 from quantkit.errors import QuantkitError
 from quantkit.gguf import tools
-from quantkit.gguf.llama_quantize import read_types
+from quantkit.gguf.llama_quantize import layer_sizes, read_types
 from quantkit.methods.schemes import Scheme
 from quantkit.models.resolve import resolve_path
 from quantkit.models.sizes import checkpoint_sizes
 from quantkit.pipeline.front import (
     DEFAULT_CT_RECIPE,
-    KIND,
     LINES,
     LLAMACPP,
     DomainKL,
@@ -44,6 +43,7 @@ from quantkit.pipeline.front import (
     Point,
     bits_per_weight,
     compare,
+    is_front,
     markdown,
     plot,
 )
@@ -75,23 +75,22 @@ def check_tools(s: ParetoSettings) -> None:
 # ---------------------------------------------------------------- the suite
 
 
-def _ct_step(s: ParetoSettings) -> tuple[dict, Scheme, dict]:
-    """The compressed-tensors recipe as data, its quantize step's base scheme, and its calibration."""
+def _ct_step(s: ParetoSettings) -> tuple[list[dict], Scheme, dict]:
+    """The compressed-tensors recipe's steps as data, its quantize step's base scheme, and its calibration."""
     recipe = load_recipe(find_recipe(s.ct_recipe))
-    data = recipe.to_dict()
-    steps = data.get("steps") or []
-    quant = [st for st in steps if st.get("quantize")]
-    if len(quant) != 1 or not quant[0]["quantize"].get("auto"):
+    quant = [st.quantize for st in recipe.steps if st.quantize]
+    if len(quant) != 1 or not getattr(quant[0], "auto", None):
         raise QuantkitError(
             f"--ct-recipe {s.ct_recipe}: a recipe with one quantize step whose auto: chooses under a bits budget "
             f"(as {DEFAULT_CT_RECIPE})"
         )
-    q = quant[0]["quantize"]
-    return data, Scheme(q["bits"], q["group_size"], q["symmetric"]), data["calibration"]
+    q = quant[0]
+    steps = [st.model_dump(mode="json") for st in recipe.steps]
+    return steps, Scheme(q.bits, q.group_size, q.symmetric), recipe.calibration.model_dump(mode="json")
 
 
 def _ct_variants(s: ParetoSettings, notes: list[str]) -> list[dict]:
-    data, base, _ = _ct_step(s)
+    recipe_steps, base, _ = _ct_step(s)
     variants = []
     for size in s.sizes:
         if size < base.nominal_bits:
@@ -101,7 +100,7 @@ def _ct_variants(s: ParetoSettings, notes: list[str]) -> list[dict]:
             )
             continue
         steps = []
-        for st in data["steps"]:
+        for st in recipe_steps:
             if st.get("quantize"):
                 auto = {k: v for k, v in st["quantize"]["auto"].items() if k not in ("budget_tpot_ms", "device")}
                 st = {**st, "quantize": {**st["quantize"], "auto": {**auto, "budget_bits": size, "context": 0}}}
@@ -207,6 +206,7 @@ def point(name: str, rec: VariantRecord) -> Point:
     if rec.gguf_variant is not None:
         made = rec.gguf
         types = read_types(made.path, made.gguf_type)
+        layer_bytes, layer_weights = layer_sizes(types)
         detail = {"weight_types": types["weight_types"], "fallback_types": made.fallback_types}
         if made.mixed:
             detail["mixed"] = made.mixed
@@ -215,9 +215,9 @@ def point(name: str, rec: VariantRecord) -> Point:
             target=made.gguf_type,
             path=str(made.path),
             file_bytes=made.bytes,
-            layer_bytes=types["layer_bytes"],
-            layer_weights=types["layer_weights"],
-            bits_per_weight=bits_per_weight(types["layer_bytes"], types["layer_weights"]),
+            layer_bytes=layer_bytes,
+            layer_weights=layer_weights,
+            bits_per_weight=bits_per_weight(layer_bytes, layer_weights),
             detail=detail,
         )
     target = name.removeprefix("ct-") + " bits/weight"
@@ -274,7 +274,7 @@ def made_front(out: Path) -> bool:
         data = json.loads((out / "pareto.json").read_text())
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         data = None
-    if isinstance(data, dict) and data.get("kind") == KIND:
+    if is_front(data):
         return True
     return not (out / "pareto.json").exists() and (out / "run" / "steps.json").is_file()
 

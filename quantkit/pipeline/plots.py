@@ -9,6 +9,7 @@ from quantkit.bench.bench_records import BenchRow, axis
 from quantkit.bench.rows import point_of
 from quantkit.core.fits import RuleFit
 from quantkit.core.outputs import save_png
+from quantkit.pipeline.run_report import ReportRow
 
 
 def pyplot():
@@ -138,27 +139,29 @@ def tpot_depth(rows: list[BenchRow], fit: RuleFit, out: Path) -> Path:
     return out
 
 
-def pareto(points: list[dict], out: Path, metric: str = "kld_mean") -> Path:
-    """Accuracy loss against TPOT; the front is the set no other variant beats on both."""
+def pareto(rows: list[ReportRow], out: Path, metric: str = "kld_mean") -> Path:
+    """Accuracy loss against TPOT; the front is the set no other variant beats on both. `metric`:
+    a ReportRow figure (kld_mean, delta_ppl_pct)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    pts = [p for p in points if p.get(metric) is not None and p.get("tpot_ms") is not None]
+
+    def y(r: ReportRow):
+        return getattr(r, metric)
+
+    pts = [r for r in rows if y(r) is not None and r.tpot_ms is not None]
     front = [
         p
         for p in pts
         if not any(
-            q["tpot_ms"] <= p["tpot_ms"]
-            and q[metric] <= p[metric]
-            and q is not p
-            and (q["tpot_ms"] < p["tpot_ms"] or q[metric] < p[metric])
+            q.tpot_ms <= p.tpot_ms and y(q) <= y(p) and q is not p and (q.tpot_ms < p.tpot_ms or y(q) < y(p))
             for q in pts
         )
     ]
-    ax.scatter([p["tpot_ms"] for p in pts], [p[metric] for p in pts], zorder=3)
+    ax.scatter([p.tpot_ms for p in pts], [y(p) for p in pts], zorder=3)
     for p in pts:
-        ax.annotate(p["name"], (p["tpot_ms"], p[metric]), textcoords="offset points", xytext=(5, 4), fontsize=8)
-    front.sort(key=lambda p: p["tpot_ms"])
-    ax.plot([p["tpot_ms"] for p in front], [p[metric] for p in front], "-", alpha=0.5, label="Pareto front")
+        ax.annotate(p.name, (p.tpot_ms, y(p)), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    front.sort(key=lambda p: p.tpot_ms)
+    ax.plot([p.tpot_ms for p in front], [y(p) for p in front], "-", alpha=0.5, label="Pareto front")
     ax.set_xlabel("TPOT (ms, batch 1)")
     ax.set_ylabel({"kld_mean": "mean KL divergence vs baseline", "delta_ppl_pct": "ΔPPL (%)"}.get(metric, metric))
     ax.set_title("Accuracy against decode speed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from quantkit.bench.bench_records import BenchRow, report_cells, report_columns
+from quantkit.bench.bench_records import BenchRow, DeviceBlock, report_cells, report_columns
 from quantkit.core.fits import RuleFit, describe_fit
 from quantkit.core.record_checks import RecordError
 from quantkit.models.sizes import checkpoint_sizes
@@ -22,6 +22,7 @@ from quantkit.pipeline.depths import (
     depth_sections,
 )
 from quantkit.pipeline.plots import pareto, rule_check, ttft_sweep
+from quantkit.pipeline.run_report import EngineSection, Fastest, ReportRow
 from quantkit.pipeline.serving import EngineBench
 from quantkit.pipeline.variant_record import VariantRecord
 
@@ -102,7 +103,7 @@ def variant_row(rec: VariantRecord, engine: str | None = None) -> dict:
     if engine:
         row["engine"] = engine
         failed = rec.bench_errors.get(engine)
-        if failed and not row["error"]:
+        if failed and not rec.error:
             row.update(status="failed", error=f"bench ({engine}): {failed}")
     return row
 
@@ -125,20 +126,21 @@ def markdown_table(rows: list[dict], domain: str | None = None) -> str:
     """The main table; with several evaluation domains its accuracy columns are the first domain's
     (named in their headers) and accuracy_table has them all. The KL column names its kind."""
     # several engines: a row per variant and engine, the engine named beside the variant
-    many = len({r.get("engine") for r in rows if r.get("engine")}) > 1
-    kl = kl_header(r["kl_kind"] for r in rows if r.get("kl_kind"))
+    typed = [ReportRow.from_json(r) for r in rows]
+    many = len({t.engine for t in typed if t.engine}) > 1
+    kl = kl_header(t.kl_kind for t in typed if t.kl_kind)
     named = [(kl if key == "kld_mean" else h, key, fmt) for h, key, fmt in table_columns()]
     base = [(f"{h} ({domain})" if domain and key in ACCURACY_KEYS else h, key, fmt) for h, key, fmt in named]
     columns = [base[0], ("engine", "engine", "{}"), *base[1:]] if many else base
     first = 2 if many else 1
     lines = ["| " + " | ".join(c[0] for c in columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
+    for r, t in zip(rows, typed):
         cells = []
-        for _, key, fmt in columns:
+        for _, key, fmt in columns:  # the table's columns, by the names report_columns gives them
             v = r.get(key)
             cells.append("—" if v is None else fmt.format(v))
-        if r.get("error"):
-            cells[first:] = [f"failed: {r['error'][:80]}"] + [""] * (len(columns) - first - 1)
+        if t.error:
+            cells[first:] = [f"failed: {t.error[:80]}"] + [""] * (len(columns) - first - 1)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -146,23 +148,23 @@ def markdown_table(rows: list[dict], domain: str | None = None) -> str:
 def fastest(rows: list[dict]) -> dict:
     """variant -> the engine with the lowest TPOT and the one with the lowest TTFT, with each
     engine's figures, among the engines that benched it."""
-    by_variant: dict[str, list[dict]] = {}
-    for r in rows:
-        if r.get("tpot_ms") is not None and r.get("engine"):
-            by_variant.setdefault(r["name"], []).append(r)
+    by_variant: dict[str, list[ReportRow]] = {}
+    for r in map(ReportRow.from_json, rows):
+        if r.tpot_ms is not None and r.engine:
+            by_variant.setdefault(r.name, []).append(r)
     out = {}
     for name, rs in by_variant.items():
         if len(rs) < 2:
             continue
-        tpot, ttft = min(rs, key=lambda r: r["tpot_ms"]), min(rs, key=lambda r: r["ttft_ms"])
-        slowest = max(r["tpot_ms"] for r in rs)
-        out[name] = {
-            "tpot": tpot["engine"],
-            "ttft": ttft["engine"],
-            "tpot_speedup": slowest / tpot["tpot_ms"],
-            "tpot_ms": {r["engine"]: r["tpot_ms"] for r in rs},
-            "ttft_ms": {r["engine"]: r["ttft_ms"] for r in rs},
-        }
+        tpot, ttft = min(rs, key=lambda r: r.tpot_ms), min(rs, key=lambda r: r.ttft_ms)
+        slowest = max(r.tpot_ms for r in rs)
+        out[name] = Fastest(
+            tpot=tpot.engine,
+            ttft=ttft.engine,
+            tpot_speedup=slowest / tpot.tpot_ms,
+            tpot_ms={r.engine: r.tpot_ms for r in rs},
+            ttft_ms={r.engine: r.ttft_ms for r in rs},
+        ).to_json()
     return out
 
 
@@ -180,12 +182,12 @@ def _fit_text(fit: dict, what: str) -> str | None:
 def lever_lines(rows: list[dict]) -> list[str]:
     """Where each variant's decode time goes and what presses its largest term down."""
     out = []
-    for r in rows:
-        if r.get("lever"):
-            engine = f" ({r['engine']})" if r.get("engine") else ""
-            out.append(f"- {r['name']}{engine}: {r['lever']}")
-        if r.get("disturbed"):
-            out.append(f"- {r['name']}: disturbed ({'; '.join(r['disturbed'])}): kept out of the rule check")
+    for r in map(ReportRow.from_json, rows):
+        if r.lever:
+            engine = f" ({r.engine})" if r.engine else ""
+            out.append(f"- {r.name}{engine}: {r.lever}")
+        if r.disturbed:
+            out.append(f"- {r.name}: disturbed ({'; '.join(r.disturbed)}): kept out of the rule check")
     return (
         ["**Where TPOT goes** (each row's attribution, and the lever for its largest term):", *out, ""] if out else []
     )
@@ -194,30 +196,30 @@ def lever_lines(rows: list[dict]) -> list[str]:
 def engine_lines(report: dict) -> list[str]:
     """A run on several engines: each engine's probe and rule check, and the fastest engine per variant."""
     out = []
-    for name, e in (report.get("engines") or {}).items():
-        dev = e.get("device") or {}
-        if e.get("error"):
-            out.append(f"- **{name}**: not benchmarked: {e['error']}")
+    for name, section in (report.get("engines") or {}).items():
+        e = EngineSection.from_json(section, f"engines.{name}")
+        if e.error:
+            out.append(f"- **{name}**: not benchmarked: {e.error}")
             continue
-        probe = (
-            f"{dev.get('threads')} threads, probed {dev.get('bandwidth_gbps', 0):.1f} GB/s read" if dev else "no probe"
-        )
+        dev = DeviceBlock.from_json(e.device) if e.device else None
+        probe = f"{dev.threads} threads, probed {dev.bandwidth_gbps:.1f} GB/s read" if dev else "no probe"
         effs = [
-            row["tpot_efficiency_pct"]
-            for row in report["rows"]
-            if row.get("engine") == name and row.get("tpot_efficiency_pct") is not None
+            row.tpot_efficiency_pct
+            for row in map(ReportRow.from_json, report["rows"])
+            if row.engine == name and row.tpot_efficiency_pct is not None
         ]
         eff = f"; TPOT efficiency {min(effs):.0f}–{max(effs):.0f}% of the roofline" if effs else ""
-        fit = _fit_text(e.get("fit") or {}, "rule check")
+        fit = _fit_text(e.fit or {}, "rule check")
         out.append(f"- **{name}** ({probe}{eff}): {fit or 'rule check: not enough variants to fit'}.")
     fastest = report.get("fastest") or {}
     if fastest:
         out += ["", "**Fastest engine per variant** (batch-1 TPOT):"]
-        for name, f in fastest.items():
-            ms = ", ".join(f"{e} {t:.2f} ms" for e, t in sorted(f["tpot_ms"].items(), key=lambda kv: kv[1]))
-            ttft = ", ".join(f"{e} {t:.1f} ms" for e, t in sorted(f["ttft_ms"].items(), key=lambda kv: kv[1]))
+        for name, figures in fastest.items():
+            f = Fastest.from_json(figures, f"fastest.{name}")
+            ms = ", ".join(f"{e} {t:.2f} ms" for e, t in sorted(f.tpot_ms.items(), key=lambda kv: kv[1]))
+            ttft = ", ".join(f"{e} {t:.1f} ms" for e, t in sorted(f.ttft_ms.items(), key=lambda kv: kv[1]))
             out.append(
-                f"- {name}: **{f['tpot']}**, {f['tpot_speedup']:.2f}x faster per token "
+                f"- {name}: **{f.tpot}**, {f.tpot_speedup:.2f}x faster per token "
                 f"than the slowest (TPOT {ms}; TTFT {ttft})"
             )
     return out
@@ -289,20 +291,20 @@ def render_markdown(report: dict) -> str:
     export_failed = [f"- {v.name}: export {fmt}: {msg}" for v in variants for fmt, msg in v.export_errors.items()]
     if export_failed:
         out += ["Export failed:", *export_failed, ""]
-    failed = [f"- {row['name']}: {row['error']}" for row in r["rows"] if row.get("error")]
+    rows = [ReportRow.from_json(row) for row in r["rows"]]
+    failed = [f"- {row.name}: {row.error}" for row in rows if row.error]
     if failed:
         out += ["Failed:", *failed, ""]
-    above = [row["name"] for row in r["rows"] if row.get("accounting_error")]
+    above = [row.name for row in rows if row.accounting_error]
     if above:
         out.append(
             f"\n(!) {', '.join(above)}: an efficiency above 100% (TPOT or TTFT against its floor) means the byte or "
             "FLOP accounting, or the probed device figures, are wrong there."
         )
     kernels = [
-        f"- {row['name']}{' (' + row['engine'] + ')' if r.get('engines') and len(r['engines']) > 1 else ''}: "
-        f"{row['kernel']}"
-        for row in r["rows"]
-        if row.get("kernel")
+        f"- {row.name}{' (' + row.engine + ')' if r.get('engines') and len(r['engines']) > 1 else ''}: {row.kernel}"
+        for row in rows
+        if row.kernel
     ]
     if kernels:
         out += ["", "Kernels that ran:", *kernels]
@@ -343,7 +345,7 @@ def _eval_device(report: dict) -> str:
     ev = next((e for e in evals if e.device), None)
     if ev is None:
         return ""
-    return f" (on {ev.device.get('device')}, {ev.device.get('name')}, {ev.dtype})"
+    return f" (on {ev.device_id}, {ev.device_name}, {ev.dtype})"
 
 
 def has_plots(benches: dict[str, EngineBench]) -> bool:
@@ -376,8 +378,9 @@ def make_plots(folder: Path, benches: dict[str, EngineBench], rows: list[dict]) 
             )
         )
     ]
-    points = [{**r, "name": f"{r['name']} ({r['engine']})"} for r in rows] if many else rows
-    if any(r.get("kld_mean") is not None and r.get("tpot_ms") is not None for r in points):
+    typed = [ReportRow.from_json(r) for r in rows]
+    points = [replace(r, name=f"{r.name} ({r.engine})") for r in typed] if many else typed
+    if any(r.kld_mean is not None and r.tpot_ms is not None for r in points):
         plots.append(str(pareto(points, d / "accuracy_vs_tpot.png")))
     if any(b.prompt_sweep for b in bench_rows):
         plots.append(str(ttft_sweep(bench_rows, d / "ttft_vs_prompt.png")))

@@ -13,20 +13,23 @@ from quantkit.models.checkpoint import read_config
 from quantkit.pipeline.accuracy import accuracy_rows
 from quantkit.pipeline.depths import context_rows, depth_rows
 from quantkit.pipeline.report import fastest, position_rows, variant_row
+from quantkit.pipeline.run_report import EngineSection, ReportRow
 from quantkit.pipeline.serving import EngineBench
 from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.recipe.schema import BASELINE_NAME
 
+SCHEMA_VERSION = 5  # report.json's schema: build_report says what each version added
+
 
 def _engine_json(eb: EngineBench) -> dict:
     res = eb.result
-    return {
-        "device": res.device.to_json() if res else None,
-        "fit": res.fit.to_json() if res else None,
-        "settings": res.settings if res else None,
-        "load_average": res.load_average.to_json() if res else None,
-        "error": eb.error,
-    }
+    return EngineSection(
+        device=res.device.to_json() if res else None,
+        fit=res.fit.to_json() if res else None,
+        settings=res.settings if res else None,
+        load_average=res.load_average.to_json() if res else None,
+        error=eb.error,
+    ).to_json()
 
 
 @dataclass(frozen=True)
@@ -85,14 +88,15 @@ def build_report(
     first = next((eb.result for eb in benches.values() if eb.rows), None)
     steps_s = sum(facts.timings.values())
     bench_rows = [b for eb in benches.values() for b in eb.rows]
-    bits = {r["name"]: r.get("bits_per_weight") for r in rows}
+    typed = [ReportRow.from_json(r, SCHEMA_VERSION) for r in rows]
+    bits = {r.name: r.bits_per_weight for r in typed}
     return {
         "kind": "quantkit-run",
         # 2: accuracy rows name their kl_kind; positions (by position in the window). 3: depths and long_context
         # 4: a variant's exports by format (exports, export_errors: FMT -> record, message; was gguf_error)
         # 5: a variant is a VariantRecord's JSON (pipeline/variant_record.py): every key written, null or
         # empty where nothing; its GGUF held once (gguf_variant or exports.gguf: no `gguf` key)
-        "schema_version": 5,
+        "schema_version": SCHEMA_VERSION,
         "recipe": facts.recipe,
         "model": str(facts.model),
         "model_sha256": facts.model_sha256,
@@ -126,7 +130,7 @@ def build_report(
         "steps_seconds": steps_s,
         "overhead_pct": 100.0 * max(0.0, total_s - steps_s) / total_s if total_s else 0.0,
         "failed": sorted(
-            {r["name"] for r in rows if r["status"] == "failed"} | {n for n, v in variants.items() if v.export_errors},
+            {r.name for r in typed if r.status == "failed"} | {n for n, v in variants.items() if v.export_errors},
             key=list(variants).index,
         ),
     }

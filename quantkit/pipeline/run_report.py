@@ -22,6 +22,7 @@ from quantkit.core.record_checks import (
     Num,
     RecordError,
     check_values,
+    checked,
 )
 
 KIND = "quantkit-run"
@@ -51,9 +52,26 @@ ROW_VALUES = {
 FIT_VALUES = {"effective_gbps": NUMBER_OR_NONE, "overhead_ms": NUMBER_OR_NONE, "r2": NUMBER_OR_NONE}
 
 
+# A report row's figures that compare sets side by side, in its JSON's order.
+FIGURES = (
+    "tpot_ms",
+    "ttft_ms",
+    "predicted_tpot_ms",
+    "tpot_efficiency_pct",
+    "delta_ppl_pct",
+    "kld_mean",
+    "kl_kind",
+    "top1_pct",
+    "bits_per_weight",
+    "status",
+)
+
+
 @dataclass(frozen=True)
 class ReportRow:
-    """A report row's name and engine, and the figures compare sets side by side (None: not measured)."""
+    """A report row's name and engine, the figures compare sets side by side (None: not measured),
+    and what the report's text says of the row beside its table (its error, kernel, lever,
+    disturbances, accounting error)."""
 
     name: str
     engine: str | None = None
@@ -67,17 +85,62 @@ class ReportRow:
     top1_pct: float | None = None
     bits_per_weight: float | None = None
     status: str | None = None
+    error: str | None = None
+    kernel: str | None = None
+    lever: str | None = None
+    disturbed: list[str] | None = None
+    accounting_error: bool | None = None
 
     def figures(self) -> dict:
         """The compared figures by name (compare's JSON)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("name", "engine")}
+        return {name: getattr(self, name) for name in FIGURES}
 
     @classmethod
-    def from_json(cls, row: dict, version: int) -> ReportRow:
+    def from_json(cls, row: dict, version: int = READS[-1]) -> ReportRow:
+        """A row of a report of schema `version` (by default the schema this quantkit writes)."""
         kept = {f.name: row.get(f.name) for f in fields(cls)}
         if kept["kl_kind"] is None and kept["kld_mean"] is not None and version < 2:
             kept["kl_kind"] = "topk-256 lower bound"
         return cls(**kept)
+
+
+@dataclass(frozen=True)
+class Fastest:
+    """A variant's fastest engine by TPOT and by TTFT among those that benched it (report.json
+    `fastest.VARIANT`), the slowest engine's TPOT over the fastest's, and each engine's figures."""
+
+    tpot: str
+    ttft: str
+    tpot_speedup: float
+    tpot_ms: dict  # engine -> ms
+    ttft_ms: dict
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data, what: str = "fastest") -> Fastest:
+        return cls(**checked(cls, data, what))
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    """An engine's part of a run (report.json `engines.ENGINE`): its device probe and rule-check fit
+    (bench_records.DeviceBlock and core/fits.RuleFit as JSON), its settings and the machine's load,
+    all None with the error where it did not run."""
+
+    device: dict | None
+    fit: dict | None
+    settings: dict | None
+    load_average: dict | None
+    error: str | None
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data, what: str = "engines[]") -> EngineSection:
+        return cls(**checked(cls, data, what))
 
 
 @dataclass(frozen=True)
@@ -91,6 +154,11 @@ class RunReport:
     device_name: str | None
     fit: dict | None  # the rule check's fit as report.json holds it (core/fits.py RuleFit)
     rows: tuple[ReportRow, ...]
+
+
+def is_run_report(data: object) -> bool:
+    """Whether parsed JSON says it is a run report (its kind), before its checks."""
+    return isinstance(data, dict) and data.get("kind") == KIND
 
 
 def read_report(data, where: str) -> RunReport:

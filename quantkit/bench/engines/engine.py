@@ -64,6 +64,38 @@ class EngineSettings:
     precision: Any = None
 
 
+@dataclass(frozen=True)
+class WeightBytes:
+    """Engine.weight_bytes() of a loaded model: the bytes one decode step reads, the bytes stored,
+    whether the output layer shares the embedding's, and (llama.cpp) the bytes per GGUF tensor type."""
+
+    per_token: float
+    stored: int | None
+    tied_lm_head: bool | None
+    by_type: dict | None
+
+    @classmethod
+    def of(cls, d: dict) -> WeightBytes:
+        return cls(
+            d["weight_bytes_per_token"], d["stored_weight_bytes"], d["tied_lm_head"], d.get("weight_bytes_by_type")
+        )
+
+
+@dataclass(frozen=True)
+class Described:
+    """What a row takes from Engine.describe() besides what it pops (kind, kernel, emulated, notes)."""
+
+    name: str | None
+    dtype: str | None
+    threads: int | None
+    flash_attn: bool | None
+    cpu_variant: str | None
+
+    @classmethod
+    def of(cls, d: dict) -> Described:
+        return cls(d.get("name"), d.get("dtype"), d.get("threads"), d.get("flash_attn"), d.get("cpu_variant"))
+
+
 class Engine:
     """Batch-1 greedy generation behind the few calls the harness makes.
 
@@ -191,6 +223,10 @@ class Engine:
     def weight_bytes(self) -> dict:
         """{"weight_bytes_per_token", "stored_weight_bytes", "tied_lm_head"} of the loaded model."""
         raise NotImplementedError
+
+    def weight_bytes_per_token(self) -> float:
+        """The bytes of weights one decode step reads (weight_bytes()'s first figure)."""
+        return self.weight_bytes()["weight_bytes_per_token"]
 
     def kv_bytes_per_token(self) -> float:
         """Bytes one cached token occupies in this engine's KV cache (roofline.kv_bytes at its precision)."""
