@@ -339,7 +339,13 @@ def main() -> None:
     plot(results, args.out.with_suffix(".png"))
     print(markdown(results) if args.markdown else table(results))
     if rows(results):
-        print(write_result(args.name, {**results, "tables": {"steps": steps_table(results)}}), file=sys.stderr)
+        # the machine's own paths out of the published file: the text read and the work folder
+        body = json.loads(
+            json.dumps({**results, "tables": {"steps": steps_table(results)}})
+            .replace(str(Path(args.text).resolve()), "TEXT.txt")
+            .replace(str(args.work.resolve()), "WORK")
+        )
+        print(write_result(args.name, body), file=sys.stderr)
 
 
 def replan(results: dict, args) -> None:

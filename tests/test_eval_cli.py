@@ -443,6 +443,7 @@ def test_every_eval_option_reaches_the_settings_the_run_uses(cli, tiny_llama, ti
         "max_tokens": ("96", 96),
         "kv_cache": ("f16", "f16"),
         "flash_attn": ("on", True),
+        "engine": ("llamacpp", "llamacpp"),
     }
     args, expected = [], {}
     for p in options:

@@ -100,7 +100,7 @@ def test_bad_batch_size_is_one_line(cli, other, tiny_dir, tiny_text):
         "--batch-size",
         "0",
     )
-    assert code == 2 and "--batch-size 0" in err
+    assert code == 2 and "--batch-size must be at least 1, not 0" in err
 
 
 def test_defaults_follow_the_device():

@@ -988,7 +988,7 @@ def test_a_run_directory_is_known_as_one_from_its_start(cli, tiny_llama, tmp_pat
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
 def test_bench_seconds_must_be_a_finite_number(cli, tiny_llama, value):
     code, _, err, _ = cli("bench", str(tiny_llama), "--min-seconds", value, "--engine", "eager", "--plan")
-    one_line_error(code, err, "--min-seconds a finite number >= 0")
+    one_line_error(code, err, "--min-seconds must be a finite number, at least 0")
 
 
 # ---------------------------------------------------------------- held: special files, tags, self-inclusion

@@ -106,6 +106,7 @@ COMMANDS = [
             "tasks": ("qk_facts,qk_cloze", ("qk_facts", "qk_cloze")),
             "device": ("cpu", "cpu"),
             "kv_cache": ("f16", "f16"),
+            "engine": ("llamacpp", "llamacpp"),
         },
         moves={"tasks": {"texts"}},  # the default texts are read where no tasks are given
     ),

@@ -8,7 +8,7 @@ from quantkit.cli._common import MODEL, echo_json, json_option
 from quantkit.cli._options import settings_from_cli, settings_options
 from quantkit.core.eval_results import EvalResult, TextResult
 from quantkit.evals.eval_settings import EvalSettings
-from quantkit.evals.scorers import SCORERS
+from quantkit.evals.scorers import scorer_named
 
 # Options of the command that are not evaluation settings: the two models (run_eval's arguments)
 # and what is done with the result. Every other option is a field of EvalSettings.
@@ -113,7 +113,7 @@ def _model_path(model: str, engine: str):
     takes them (checked as a GGUF later, in one line)."""
     from quantkit.models.resolve import resolve_path
 
-    return resolve_path(model, gguf=SCORERS[engine].takes_gguf)
+    return resolve_path(model, gguf=scorer_named(engine).takes_gguf)  # an unknown engine: one line
 
 
 @click.command("eval")

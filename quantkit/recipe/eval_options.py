@@ -85,9 +85,10 @@ class EvalOptions:
     # the scorer of the model under test; a recipe names its engines in `engines:` (recipe/schema.py)
     engine: str = option(
         "transformers",
-        help="What scores MODEL: transformers, or llamacpp on a GGUF file (or an artifact, exported exactly on the "
-        "fly). The baseline is scored by transformers either way.",
-        choices=EVAL_ENGINES,
+        help=f"What scores MODEL: {' | '.join(EVAL_ENGINES)} (llamacpp on a GGUF file, or an artifact exported "
+        "exactly on the fly). The baseline is scored by transformers either way.",
+        # no fixed choices: the scorer registry (evals/scorers SCORERS) checks the name when the run
+        # is built, so a scorer added to it is taken here without a line here
         recipe=False,
     )
     # The KV cache the model under test is scored with, as its engine quantizes it: llama.cpp's K/V
