@@ -111,3 +111,12 @@ def check_values(d: dict, rules: dict, what: str) -> dict:
     for key, rule in rules.items():
         rule(d[key], f"{what}.{key}")
     return d
+
+
+def known_keys(cls, data: dict, what: str) -> dict:
+    """`data` (a copy) when every key is a field of the dataclass `cls`; else ValueError naming the
+    first unknown key and `what` held it."""
+    unknown = sorted(set(data) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r} in {what}")
+    return dict(data)

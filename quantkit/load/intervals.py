@@ -20,23 +20,17 @@ says so (`p99_is_near_max`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from quantkit.core.record_checks import known_keys
 from quantkit.load.config import Slo
 from quantkit.load.step_record import Step
 
 DRAWS = 1000
 MAX_FAILED = 0.01  # a level whose requests failed more often than this does not meet the SLO
 P99_NOT_MAX = 102  # the P99's upper order statistic is below the maximum from 102 requests on
-
-
-def _known(cls, data: dict, what: str) -> dict:
-    unknown = sorted(set(data) - {f.name for f in fields(cls)})
-    if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r} in {what}")
-    return data
 
 
 @dataclass(frozen=True)
@@ -60,7 +54,7 @@ class SloLevel:
 
     @classmethod
     def from_json(cls, data: dict) -> "SloLevel":
-        return cls(**_known(cls, data, "a level of the SLO knee"))
+        return cls(**known_keys(cls, data, "a level of the SLO knee"))
 
 
 @dataclass(frozen=True)
@@ -84,7 +78,7 @@ class SloKnee:
 
     @classmethod
     def from_json(cls, data: dict) -> "SloKnee":
-        data = _known(cls, data, "the SLO knee")
+        data = known_keys(cls, data, "the SLO knee")
         return cls(**{**data, "levels": [SloLevel.from_json(level) for level in data["levels"]]})
 
 
@@ -102,7 +96,7 @@ class KneeShift:
 
     @classmethod
     def from_json(cls, data: dict) -> "KneeShift":
-        return cls(**_known(cls, data, "a knee's shift"))
+        return cls(**known_keys(cls, data, "a knee's shift"))
 
 
 @dataclass(frozen=True)
@@ -121,7 +115,7 @@ class P99Difference:
     @classmethod
     def from_json(cls, data: dict) -> "P99Difference":
         data = dict(data)
-        return cls(cls=data.pop("class", None), **_known(cls, data, "a P99 difference"))
+        return cls(cls=data.pop("class", None), **known_keys(cls, data, "a P99 difference"))
 
 
 def _arrays(step: Step, metric: str, cls: str | None = None) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from quantkit.core.record_checks import known_keys
 from quantkit.load.intervals import KneeShift
 from quantkit.load.load_comparison import LoadComparison
 from quantkit.load.runfile import LoadRun
@@ -14,13 +15,6 @@ KIND = "lever-study"
 SCHEMA_VERSION = 1
 # the figures a lever's row holds a ratio against the baseline's of (`NAME_ratio`)
 RATIOS = ("knee_qps", "peak_qps", "goodput_qps", "knee_tpot_p99_ms", "first_ttft_p50_ms", "first_tpot_p50_ms")
-
-
-def _known(cls, data: dict, what: str) -> dict:
-    unknown = sorted(set(data) - {f.name for f in fields(cls)})
-    if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r} in {what}")
-    return dict(data)
 
 
 @dataclass(frozen=True)
@@ -83,7 +77,7 @@ class LeverRow:
     def from_json(cls, data: dict) -> "LeverRow":
         data = dict(data)
         ratios = {name: data.pop(f"{name}_ratio") for name in RATIOS if f"{name}_ratio" in data}
-        data = _known(cls, data, "a lever's row")
+        data = known_keys(cls, data, "a lever's row")
         shift = data.pop("slo_knee_shift", None)
         return cls(**data, slo_knee_shift=KneeShift.from_json(shift) if shift else None, ratios=ratios)
 
@@ -111,7 +105,7 @@ class PrefixRow:
 
     @classmethod
     def from_json(cls, data: dict) -> "PrefixRow":
-        return cls(**_known(cls, data, "a prefix reference's row"))
+        return cls(**known_keys(cls, data, "a prefix reference's row"))
 
 
 @dataclass(frozen=True)
@@ -128,7 +122,7 @@ class PrefixReference:
 
     @classmethod
     def from_json(cls, data: dict) -> "PrefixReference":
-        data = _known(cls, data, "the prefix reference")
+        data = known_keys(cls, data, "the prefix reference")
         return cls(**{**data, "levers": [PrefixRow.from_json(r) for r in data["levers"]]})
 
 
@@ -173,7 +167,7 @@ class LeverStudy:
 
     @classmethod
     def from_json(cls, data: dict) -> "LeverStudy":
-        data = _known(cls, data, "a lever study")
+        data = known_keys(cls, data, "a lever study")
         table, comparison, reference = (data.get(k) for k in ("table", "comparison", "prefix_reference"))
         return cls(
             **{

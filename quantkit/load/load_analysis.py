@@ -4,18 +4,11 @@ the SLO (load_stats.py), what degraded first (degrade.py) and the SLO's knee wit
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
+from quantkit.core.record_checks import known_keys
 from quantkit.load.degrade import DegradedFirst
 from quantkit.load.intervals import SloKnee
-
-
-def _known(cls, data: dict, what: str) -> dict:
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r} in {what}")
-    return data
 
 
 @dataclass(frozen=True)
@@ -35,7 +28,7 @@ class Knee:
 
     @classmethod
     def from_json(cls, data: dict) -> "Knee":
-        return cls(**_known(cls, data, "the knee"))
+        return cls(**known_keys(cls, data, "the knee"))
 
 
 @dataclass(frozen=True)
@@ -53,7 +46,7 @@ class Peak:
 
     @classmethod
     def from_json(cls, data: dict) -> "Peak":
-        return cls(**_known(cls, data, "the peak"))
+        return cls(**known_keys(cls, data, "the peak"))
 
 
 @dataclass(frozen=True)
@@ -70,7 +63,7 @@ class SloBest:
 
     @classmethod
     def from_json(cls, data: dict) -> "SloBest":
-        return cls(**_known(cls, data, "max_qps_within_slo"))
+        return cls(**known_keys(cls, data, "max_qps_within_slo"))
 
 
 @dataclass(frozen=True)
@@ -97,7 +90,7 @@ class Analysis:
 
     @classmethod
     def from_json(cls, data: dict) -> "Analysis":
-        data = _known(cls, data, "the analysis")
+        data = known_keys(cls, data, "the analysis")
         knee, peak, best, slo_knee = (data.get(k) for k in ("knee", "peak", "max_qps_within_slo", "slo_knee"))
         return cls(
             knee=Knee.from_json(knee) if knee else None,

@@ -3,19 +3,13 @@ P99s at the levels every run measured, the verdicts. A lever study keeps it in i
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
+from quantkit.core.record_checks import known_keys
 from quantkit.load.intervals import KneeShift, P99Difference
 from quantkit.load.runfile import SCHEMA_VERSION
 
 KIND = "load-comparison"
-
-
-def _known(cls, data: dict, what: str) -> dict:
-    unknown = sorted(set(data) - {f.name for f in fields(cls)})
-    if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r} in {what}")
-    return dict(data)
 
 
 @dataclass(frozen=True)
@@ -52,7 +46,7 @@ class CompareRow:
 
     @classmethod
     def from_json(cls, data: dict) -> "CompareRow":
-        data = _known(cls, data, "a compared run")
+        data = known_keys(cls, data, "a compared run")
         shift = data.get("slo_knee_shift")
         return cls(**{**data, "slo_knee_shift": KneeShift.from_json(shift) if shift else None})
 
@@ -82,7 +76,7 @@ class MatchedEntry:
 
     @classmethod
     def from_json(cls, data: dict) -> "MatchedEntry":
-        data = _known(cls, data, "a matched level's run")
+        data = known_keys(cls, data, "a matched level's run")
         for name in _VERSUS:
             if data.get(name) is not None:
                 data[name] = P99Difference.from_json(data[name])
@@ -99,7 +93,7 @@ class MatchedLevel:
 
     @classmethod
     def from_json(cls, data: dict) -> "MatchedLevel":
-        data = _known(cls, data, "a matched level")
+        data = known_keys(cls, data, "a matched level")
         return cls(offered=data["offered"], runs=[MatchedEntry.from_json(r) for r in data["runs"]])
 
 
@@ -124,7 +118,7 @@ class LoadComparison:
 
     @classmethod
     def from_json(cls, data: dict) -> "LoadComparison":
-        data = _known(cls, data, "a load comparison")
+        data = known_keys(cls, data, "a load comparison")
         return cls(
             baseline=data["baseline"],
             runs=[CompareRow.from_json(r) for r in data["runs"]],
