@@ -89,7 +89,7 @@ def run_one(recipe: str, args, env: dict) -> dict:
 
     return {
         "recipe": Path(recipe).stem,
-        "bits_per_weight": checkpoint_sizes(art)["bits_per_weight"],
+        "bits_per_weight": checkpoint_sizes(art).bits_per_weight,
         "convert_s": meta.get("wall_seconds"),
         "convert_cpu_s": round(convert_cpu, 1) if convert_cpu > 1 else None,
         "peak_rss_gb": (meta.get("peak_rss_mb") or 0) / 1024,

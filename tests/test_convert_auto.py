@@ -50,7 +50,7 @@ def test_the_artifact_takes_the_predicted_bits_within_the_budget(
     code, _, err, data = convert(cli, "int4-w4a16-rtn", src, out, tiny_text, "--set", AUTO % (budget, ""))
     assert code == 0, err
     mp = data["mixed_precision"]
-    measured = checkpoint_sizes(out)["bits_per_weight"]
+    measured = checkpoint_sizes(out).bits_per_weight
     assert mp["measured_bits_per_weight"] == measured and measured == pytest.approx(mp["bits_per_weight"], abs=1e-6)
     assert measured <= float(budget) and mp["picked"] and data["verification"]["status"] == "passed"
     assert data["quantization"]["overrides"] == mp["overrides"] and "auto" not in data["quantization"]

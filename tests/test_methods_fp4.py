@@ -182,7 +182,7 @@ def test_sizes_count_the_formats_bits_per_weight(fp4_arts, tiny_llama, fmt):
     shapes = [v.shape for k, v in source.items() if ".layers." in k and k.endswith("proj.weight")]
     weights = sum(r * c for r, c in shapes)
     bits = 4 * weights + 8 * weights // BLOCK[fmt] + (32 * len(shapes) if fmt == "nvfp4" else 0)
-    assert checkpoint_sizes(art)["bits_per_weight"] == pytest.approx(bits / weights, rel=1e-12)
+    assert checkpoint_sizes(art).bits_per_weight == pytest.approx(bits / weights, rel=1e-12)
     assert bits / weights == pytest.approx(4.25 if fmt == "mxfp4" else 4.5, abs=2e-3)
 
 

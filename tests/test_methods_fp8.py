@@ -208,7 +208,7 @@ def test_sizes_count_one_byte_per_weight_plus_channel_scales(fp8_arts, scheme):
         * sum(fmt.bytes_for(o, i) for o, i in shape.linears().values())
         / (shape.layers * shape.layer_linear_params())
     )
-    bits = checkpoint_sizes(art)["bits_per_weight"]
+    bits = checkpoint_sizes(art).bits_per_weight
     assert bits == pytest.approx(expected, rel=1e-12) and 8.0 < bits < 8.2
 
 

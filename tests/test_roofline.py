@@ -79,7 +79,7 @@ def test_one_kv_formula_everywhere(tmp_path):
     assert not hasattr(accounting, "kv_bytes_per_token")
     cfg = {**SHAPES["smollm2-135m"], "max_position_embeddings": 2048}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert checkpoint_sizes(tmp_path)["kv_bytes_per_token"] == kv_bytes_per_token(Shape.from_config(cfg)) == 23040
+    assert checkpoint_sizes(tmp_path).kv_bytes_per_token == kv_bytes_per_token(Shape.from_config(cfg)) == 23040
     repo = Path(__file__).resolve().parents[1] / "quantkit"
     written = [
         f.relative_to(repo).as_posix()

@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 from fixtures import RECIPES
 
+from quantkit.pipeline.report import render_markdown
+from quantkit.pipeline.report_content import ReportContent
+
 SMALL = [
     "--set",
     "calibration.samples=4",
@@ -74,6 +77,10 @@ def test_run_report_and_reuse(cli, suite, tiny_llama, tiny_text, tmp_path):
     assert "| variant | size MB | bits/weight | KV B/token | TTFT ms | TPOT ms | pred TPOT ms |" in md
     bench_line = next(line for line in md.splitlines() if line.startswith("- eval:"))
     assert "{" not in bench_line and "-token prompt" in bench_line  # the settings in words, not a dict
+    written = json.loads((out / "report.json").read_text())
+    content = ReportContent.from_json(written)  # report.json is one record: its JSON back, report.md from it
+    assert content.to_json() == written and render_markdown(content) == md
+    assert content.rows[1]["name"] == "int4-rtn" and content.bench_settings.gen_len == 4
     card = (out / "artifacts" / "int4-rtn" / "README.md").read_text()
     assert "KL divergence vs baseline" in card and "TPOT (batch 1)" in card
     # the figures agree with quantkit eval run by hand

@@ -64,11 +64,11 @@ def run_cmd(
     with sigterm_as_interrupt():  # `kill` unwinds like Ctrl-C: a conversion's staging dir is removed
         report = runner.run()
     if as_json:
-        echo_json(report)
+        echo_json(report.to_json())
     else:
         click.echo((runner.dir / "report.md").read_text())
         click.echo(f"report: {runner.dir / 'report.md'}")
-    if report["failed"]:
+    if report.failed:
         raise SystemExit(1)
 
 

@@ -212,10 +212,9 @@ def context_table(rows: list[ContextRow]) -> str:
     return "\n".join(lines)
 
 
-def depth_sections(report: dict) -> list[str]:
+def depth_sections(context: tuple[ContextRow, ...], depths: tuple[DepthRow, ...]) -> list[str]:
     """The long-context table and TPOT at each depth against the baseline, where the bench measured depths."""
     out = []
-    context = [ContextRow.from_json(c) for c in report.get("long_context") or []]
     if context:
         out += [
             "**Long context** (each variant as each engine runs it: its KV cache's type and bytes, the cache at the "
@@ -223,16 +222,15 @@ def depth_sections(report: dict) -> list[str]:
             "bench depth, scored by the eval engine that runs it so: llama.cpp with its cache types, transformers "
             "with the checkpoint's FP8 K/V rounding):",
             "",
-            context_table(context),
+            context_table(list(context)),
             "",
         ]
-    depths = [DepthRow.from_json(d) for d in report.get("depths") or []]
     if any(d.reference for d in depths):
         out += [
             "**TPOT at depth against the baseline** (measured TPOT ÷ the baseline's on the same engine and depth, "
             "beside the roofline's prediction: the bytes each step reads ÷ the baseline's):",
             "",
-            depth_table(depths),
+            depth_table(list(depths)),
             "",
         ]
     return out

@@ -231,10 +231,10 @@ def point(name: str, rec: VariantRecord) -> Point:
         **base,
         target=target,
         path=art,
-        file_bytes=sizes["weight_file_bytes"],
-        layer_bytes=sizes["linear_bytes"],
-        layer_weights=sizes["linear_weights"],
-        bits_per_weight=bits_per_weight(sizes["linear_bytes"], sizes["linear_weights"]),
+        file_bytes=sizes.weight_file_bytes,
+        layer_bytes=sizes.linear_bytes,
+        layer_weights=sizes.linear_weights,
+        bits_per_weight=bits_per_weight(sizes.linear_bytes, sizes.linear_weights),
         detail=_auto_detail(Path(art)),
     )
 

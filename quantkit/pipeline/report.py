@@ -10,7 +10,6 @@ from quantkit.core.fits import RuleFit, describe_fit
 from quantkit.core.record_checks import RecordError
 from quantkit.models.sizes import checkpoint_sizes
 from quantkit.pipeline.accuracy import (
-    AccuracyRow,
     DecodeAt,
     PositionRow,
     accuracy_table,
@@ -22,9 +21,11 @@ from quantkit.pipeline.depths import (
     depth_sections,
 )
 from quantkit.pipeline.plots import pareto, rule_check, ttft_sweep
-from quantkit.pipeline.run_report import EngineSection, Fastest, ReportRow
+from quantkit.pipeline.report_content import ReportContent
+from quantkit.pipeline.run_report import Fastest, ReportRow
 from quantkit.pipeline.serving import EngineBench
 from quantkit.pipeline.variant_record import VariantRecord
+from quantkit.recipe.schema import BenchConfig
 
 # The table's columns around the bench's: the bench columns between them are BenchRow's own
 # (bench/bench_records.py report_columns), so a new bench figure shows here without a line here.
@@ -57,9 +58,9 @@ def variant_row(rec: VariantRecord, engine: str | None = None) -> dict:
     if rec.artifact:
         sizes = checkpoint_sizes(Path(rec.artifact))
         row.update(
-            disk_mb=sizes["disk_bytes"] / 1e6,
-            bits_per_weight=sizes["bits_per_weight"],
-            kv_bytes_per_token=sizes["kv_bytes_per_token"],
+            disk_mb=sizes.disk_bytes / 1e6,
+            bits_per_weight=sizes.bits_per_weight,
+            kv_bytes_per_token=sizes.kv_bytes_per_token,
         )
     elif (
         rec.gguf_variant
@@ -145,7 +146,7 @@ def markdown_table(rows: list[dict], domain: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def fastest(rows: list[dict]) -> dict:
+def fastest(rows: list[dict]) -> dict[str, Fastest]:
     """variant -> the engine with the lowest TPOT and the one with the lowest TTFT, with each
     engine's figures, among the engines that benched it."""
     by_variant: dict[str, list[ReportRow]] = {}
@@ -164,7 +165,7 @@ def fastest(rows: list[dict]) -> dict:
             tpot_speedup=slowest / tpot.tpot_ms,
             tpot_ms={r.engine: r.tpot_ms for r in rs},
             ttft_ms={r.engine: r.ttft_ms for r in rs},
-        ).to_json()
+        )
     return out
 
 
@@ -193,29 +194,23 @@ def lever_lines(rows: list[dict]) -> list[str]:
     )
 
 
-def engine_lines(report: dict) -> list[str]:
+def engine_lines(report: ReportContent) -> list[str]:
     """A run on several engines: each engine's probe and rule check, and the fastest engine per variant."""
     out = []
-    for name, section in (report.get("engines") or {}).items():
-        e = EngineSection.from_json(section, f"engines.{name}")
+    rows = report.typed_rows()
+    for name, e in report.engines.items():
         if e.error:
             out.append(f"- **{name}**: not benchmarked: {e.error}")
             continue
         dev = DeviceBlock.from_json(e.device) if e.device else None
         probe = f"{dev.threads} threads, probed {dev.bandwidth_gbps:.1f} GB/s read" if dev else "no probe"
-        effs = [
-            row.tpot_efficiency_pct
-            for row in map(ReportRow.from_json, report["rows"])
-            if row.engine == name and row.tpot_efficiency_pct is not None
-        ]
+        effs = [row.tpot_efficiency_pct for row in rows if row.engine == name and row.tpot_efficiency_pct is not None]
         eff = f"; TPOT efficiency {min(effs):.0f}–{max(effs):.0f}% of the roofline" if effs else ""
         fit = _fit_text(e.fit or {}, "rule check")
         out.append(f"- **{name}** ({probe}{eff}): {fit or 'rule check: not enough variants to fit'}.")
-    fastest = report.get("fastest") or {}
-    if fastest:
+    if report.fastest:
         out += ["", "**Fastest engine per variant** (batch-1 TPOT):"]
-        for name, figures in fastest.items():
-            f = Fastest.from_json(figures, f"fastest.{name}")
+        for name, f in report.fastest.items():
             ms = ", ".join(f"{e} {t:.2f} ms" for e, t in sorted(f.tpot_ms.items(), key=lambda kv: kv[1]))
             ttft = ", ".join(f"{e} {t:.1f} ms" for e, t in sorted(f.ttft_ms.items(), key=lambda kv: kv[1]))
             out.append(
@@ -225,27 +220,25 @@ def engine_lines(report: dict) -> list[str]:
     return out
 
 
-def render_markdown(report: dict) -> str:
-    r, fit = report, report.get("fit") or {}
-    dev = r.get("device") or {}
+def render_markdown(r: ReportContent) -> str:
+    dev = r.device
     out = [
-        f"# quantkit run: {r['recipe']}",
+        f"# quantkit run: {r.recipe}",
         "",
-        f"- model: `{r['model']}` (sha256 {r['model_sha256'][:12]}…)",
-        f"- date: {r['date']}, host: {r['host']}",
+        f"- model: `{r.model}` (sha256 {r.model_sha256[:12]}…)",
+        f"- date: {r.date}, host: {r.host}",
         (
-            f"- device: {dev.get('name', 'n/a')} — {dev.get('bandwidth_gbps', 0):.1f} GB/s read, "
-            f"{dev.get('compute_tflops', 0):.2f} TFLOP/s bf16 (probed in this run)"
+            f"- device: {dev.name} — {dev.bandwidth_gbps:.1f} GB/s read, "
+            f"{dev.compute_tflops:.2f} TFLOP/s bf16 (probed in this run)"
             if dev
             else "- device: not probed (no bench in this run)"
         ),
-        f"- eval: {r.get('eval_text') or 'skipped'}{_eval_device(r)}; "
-        f"bench: {_bench_settings(r.get('bench_settings'))}",
+        f"- eval: {r.eval_text or 'skipped'}{_eval_device(r)}; bench: {_bench_settings(r.bench_settings)}",
         "",
-        markdown_table(r["rows"], domain=_first_domain(r)),
+        markdown_table(list(r.rows), domain=_first_domain(r)),
         "",
     ]
-    acc = [AccuracyRow.from_json(a) for a in r.get("accuracy") or []]
+    acc = r.accuracy
     if len({a.domain for a in acc}) > 1 or len({a.engine for a in acc}) > 1:
         out += [
             "**Accuracy per domain** (each text's held-out windows; the 95% intervals resample whole windows"
@@ -256,42 +249,42 @@ def render_markdown(report: dict) -> str:
             )
             + "):",
             "",
-            accuracy_table(acc),
+            accuracy_table(list(acc)),
             "",
         ]
-    positions = [PositionRow.from_json(p) for p in r.get("positions") or []]
-    if positions:
+    if r.positions:
         out += [
             "**Accuracy by position in the window** (row i predicts token i + 1 from the i + 1 tokens before it: the"
             " KV cache's depth; whole windows resampled"
             + (
                 "; TPOT where the bench decoded at a depth inside the bucket"
-                if any(p.decode for p in positions)
+                if any(p.decode for p in r.positions)
                 else ""
             )
             + "):",
             "",
-            position_table(positions),
+            position_table(list(r.positions)),
             "",
         ]
-    out += lever_lines(r["rows"])
-    out += depth_sections(r)
-    variants = [VariantRecord.from_json(v, f"variants.{n}") for n, v in r["variants"].items()]
+    out += lever_lines(list(r.rows))
+    out += depth_sections(r.long_context, r.depths)
+    variants = list(r.variants.values())
     eval_failed = [f"- {v.name}: eval ({e}): {msg}" for v in variants for e, msg in v.eval_errors.items()]
     if eval_failed:
         out += ["Evaluation failed on an engine:", *eval_failed, ""]
-    if len(r.get("engines") or {}) > 1:
+    fit = _fit_text(r.fit.to_json() if r.fit else None, "**Rule check**")
+    if len(r.engines) > 1:
         out += [
             "**Rule check per engine**, each against its own probe of the device in this run:",
             *engine_lines(r),
             "",
         ]
-    elif _fit_text(fit, "**Rule check**"):
-        out.append(_fit_text(fit, "**Rule check**") + ".")
+    elif fit:
+        out.append(fit + ".")
     export_failed = [f"- {v.name}: export {fmt}: {msg}" for v in variants for fmt, msg in v.export_errors.items()]
     if export_failed:
         out += ["Export failed:", *export_failed, ""]
-    rows = [ReportRow.from_json(row) for row in r["rows"]]
+    rows = r.typed_rows()
     failed = [f"- {row.name}: {row.error}" for row in rows if row.error]
     if failed:
         out += ["Failed:", *failed, ""]
@@ -301,47 +294,42 @@ def render_markdown(report: dict) -> str:
             f"\n(!) {', '.join(above)}: an efficiency above 100% (TPOT or TTFT against its floor) means the byte or "
             "FLOP accounting, or the probed device figures, are wrong there."
         )
-    kernels = [
-        f"- {row.name}{' (' + row.engine + ')' if r.get('engines') and len(r['engines']) > 1 else ''}: {row.kernel}"
-        for row in rows
-        if row.kernel
-    ]
+    many = len(r.engines) > 1
+    kernels = [f"- {row.name}{' (' + row.engine + ')' if many else ''}: {row.kernel}" for row in rows if row.kernel]
     if kernels:
         out += ["", "Kernels that ran:", *kernels]
     out += [
         "",
-        f"Plots: {', '.join(r.get('plots', [])) or 'none'}",
-        f"Wall time {r['wall_seconds']:.0f} s; steps {r['steps_seconds']:.0f} "
-        f"s; run overhead {r['overhead_pct']:.1f}%.",
+        f"Plots: {', '.join(r.plots) or 'none'}",
+        f"Wall time {r.wall_seconds:.0f} s; steps {r.steps_seconds:.0f} s; run overhead {r.overhead_pct:.1f}%.",
         "",
     ]
     return "\n".join(out)
 
 
-def _bench_settings(b: dict | None) -> str:
+def _bench_settings(b: BenchConfig | None) -> str:
     """The bench settings in words: engines, device, prompt and generated tokens, repeats, threads."""
-    if not b:
+    if b is None:
         return "skipped"
-    engines = ", ".join(b.get("engines") or [b.get("engine", "?")])
-    threads = f", {b['threads']} threads" if b.get("threads") else ""
-    sweep = f", TTFT sweep {','.join(map(str, b['prompt_sweep']))}" if b.get("prompt_sweep") else ""
-    depths = f", KV depths {','.join(map(str, b['depths']))}" if b.get("depths") else ""
-    fa = f", flash attention {b['flash_attn']} (llama.cpp)" if b.get("flash_attn", "default") != "default" else ""
+    engines = ", ".join(b.engines or [b.engine])
+    threads = f", {b.threads} threads" if b.threads else ""
+    sweep = f", TTFT sweep {','.join(map(str, b.prompt_sweep))}" if b.prompt_sweep else ""
+    depths = f", KV depths {','.join(map(str, b.depths))}" if b.depths else ""
+    fa = f", flash attention {b.flash_attn} (llama.cpp)" if b.flash_attn != "default" else ""
     return (
-        f"{engines} on {b.get('device', 'auto')}, {b.get('prompt_len')}-token prompt, {b.get('gen_len')} generated, "
-        f"{b.get('repeats')} repeats after {b.get('warmups')} warm-ups{threads}{sweep}{depths}{fa}"
+        f"{engines} on {b.device}, {b.prompt_len}-token prompt, {b.gen_len} generated, "
+        f"{b.repeats} repeats after {b.warmups} warm-ups{threads}{sweep}{depths}{fa}"
     )
 
 
-def _first_domain(report: dict) -> str | None:
-    domains = list(dict.fromkeys(AccuracyRow.from_json(a).domain for a in report.get("accuracy") or []))
+def _first_domain(report: ReportContent) -> str | None:
+    domains = list(dict.fromkeys(a.domain for a in report.accuracy))
     return domains[0] if len(domains) > 1 else None
 
 
-def _eval_device(report: dict) -> str:
+def _eval_device(report: ReportContent) -> str:
     """Where the evaluation ran, from the first variant evaluated: device, its name, dtype."""
-    variants = (VariantRecord.from_json(v, f"variants.{n}") for n, v in report["variants"].items())
-    evals = [v.eval for v in variants if v.eval is not None]
+    evals = [v.eval for v in report.variants.values() if v.eval is not None]
     ev = next((e for e in evals if e.device), None)
     if ev is None:
         return ""

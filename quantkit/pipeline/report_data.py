@@ -1,6 +1,6 @@
-"""report.json's content: the run as a whole (RunFacts, from the runner), each variant's rows
-(pipeline/report.py's), the engines, the plots, the timings. The runner writes it, and report.md
-from it (Runner._finish)."""
+"""report.json's content built (pipeline/report_content.py's record): the run as a whole (RunFacts,
+from the runner), each variant's rows (pipeline/report.py's), the engines, the plots, the timings.
+The runner writes it, and report.md from it (Runner._finish)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ from quantkit.models.checkpoint import read_config
 from quantkit.pipeline.accuracy import accuracy_rows
 from quantkit.pipeline.depths import context_rows, depth_rows
 from quantkit.pipeline.report import fastest, position_rows, variant_row
+from quantkit.pipeline.report_content import SCHEMA_VERSION, ReportContent
 from quantkit.pipeline.run_report import EngineSection, ReportRow
 from quantkit.pipeline.serving import EngineBench
 from quantkit.pipeline.variant_record import VariantRecord
-from quantkit.recipe.schema import BASELINE_NAME
-
-SCHEMA_VERSION = 5  # report.json's schema: build_report says what each version added
+from quantkit.recipe.schema import BASELINE_NAME, BenchConfig
 
 
-def _engine_json(eb: EngineBench) -> dict:
+def _engine_section(eb: EngineBench) -> EngineSection:
     res = eb.result
     return EngineSection(
         device=res.device.to_json() if res else None,
@@ -29,7 +28,7 @@ def _engine_json(eb: EngineBench) -> dict:
         settings=res.settings if res else None,
         load_average=res.load_average.to_json() if res else None,
         error=eb.error,
-    ).to_json()
+    )
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class RunFacts:
     eval_text: str | None
     eval_texts: tuple[str, ...]
     calibration: str | None
-    bench_settings: dict
+    bench_settings: BenchConfig
     baseline: str
     context: int
     timings: dict[str, float]
@@ -57,7 +56,7 @@ def run_facts(recipe, src: Path, src_hash: str, eval_texts: tuple, calib: str | 
         eval_text=", ".join(eval_texts) or None,
         eval_texts=tuple(eval_texts),
         calibration=calib,
-        bench_settings=recipe.bench.model_dump(mode="json"),
+        bench_settings=recipe.bench,
         baseline=next((v.name for v in recipe.all_variants() if v.baseline), BASELINE_NAME),
         context=read_config(src).get("max_position_embeddings") or 0,
         timings=timings,
@@ -83,54 +82,48 @@ def build_report(
     rows: list[dict],
     plots: list[str],
     total_s: float,
-) -> dict:
-    """report.json's content (the runner writes it, and report.md from it)."""
+) -> ReportContent:
+    """report.json's record (the runner writes its JSON, and report.md from it)."""
     first = next((eb.result for eb in benches.values() if eb.rows), None)
     steps_s = sum(facts.timings.values())
     bench_rows = [b for eb in benches.values() for b in eb.rows]
     typed = [ReportRow.from_json(r, SCHEMA_VERSION) for r in rows]
     bits = {r.name: r.bits_per_weight for r in typed}
-    return {
-        "kind": "quantkit-run",
-        # 2: accuracy rows name their kl_kind; positions (by position in the window). 3: depths and long_context
-        # 4: a variant's exports by format (exports, export_errors: FMT -> record, message; was gguf_error)
-        # 5: a variant is a VariantRecord's JSON (pipeline/variant_record.py): every key written, null or
-        # empty where nothing; its GGUF held once (gguf_variant or exports.gguf: no `gguf` key)
-        "schema_version": SCHEMA_VERSION,
-        "recipe": facts.recipe,
-        "model": str(facts.model),
-        "model_sha256": facts.model_sha256,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "host": platform.node(),
-        "eval_text": facts.eval_text,
-        "eval_texts": list(facts.eval_texts),
-        "calibration": facts.calibration,
-        "accuracy": [a.to_json() for rec in variants.values() for a in accuracy_rows(rec)],
-        "positions": [
-            p.to_json()
-            for rec in variants.values()
-            for p in position_rows(rec, [b for b in bench_rows if b.name == rec.name])
-        ],
-        "depths": [d.to_json() for d in depth_rows(bench_rows, facts.baseline)],
-        "long_context": [
-            c.to_json()
-            for rec in variants.values()
-            for c in context_rows(rec, [b for b in bench_rows if b.name == rec.name], bits.get(rec.name), facts.context)
-        ],
-        "bench_settings": facts.bench_settings if benches else None,
-        "device": first.device.to_json() if first else None,
-        "fit": first.fit.to_json() if first else None,
-        "engines": {e: _engine_json(eb) for e, eb in benches.items()},
-        "fastest": fastest(rows),
-        "rows": rows,
-        "variants": {n: rec.to_json() for n, rec in variants.items()},
-        "plots": plots,
-        "timings": facts.timings,
-        "wall_seconds": total_s,
-        "steps_seconds": steps_s,
-        "overhead_pct": 100.0 * max(0.0, total_s - steps_s) / total_s if total_s else 0.0,
-        "failed": sorted(
-            {r.name for r in typed if r.status == "failed"} | {n for n, v in variants.items() if v.export_errors},
-            key=list(variants).index,
+
+    def of(rec: VariantRecord) -> list:  # a variant's bench rows on every engine
+        return [b for b in bench_rows if b.name == rec.name]
+
+    return ReportContent(
+        recipe=facts.recipe,
+        model=str(facts.model),
+        model_sha256=facts.model_sha256,
+        date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        host=platform.node(),
+        eval_text=facts.eval_text,
+        eval_texts=facts.eval_texts,
+        calibration=facts.calibration,
+        accuracy=tuple(a for rec in variants.values() for a in accuracy_rows(rec)),
+        positions=tuple(p for rec in variants.values() for p in position_rows(rec, of(rec))),
+        depths=tuple(depth_rows(bench_rows, facts.baseline)),
+        long_context=tuple(
+            c for rec in variants.values() for c in context_rows(rec, of(rec), bits.get(rec.name), facts.context)
         ),
-    }
+        bench_settings=facts.bench_settings if benches else None,
+        device=first.device if first else None,
+        fit=first.fit if first else None,
+        engines={e: _engine_section(eb) for e, eb in benches.items()},
+        fastest=fastest(rows),
+        rows=tuple(rows),
+        variants=dict(variants),
+        plots=tuple(plots),
+        timings=dict(facts.timings),
+        wall_seconds=total_s,
+        steps_seconds=steps_s,
+        overhead_pct=100.0 * max(0.0, total_s - steps_s) / total_s if total_s else 0.0,
+        failed=tuple(
+            sorted(
+                {r.name for r in typed if r.status == "failed"} | {n for n, v in variants.items() if v.export_errors},
+                key=list(variants).index,
+            )
+        ),
+    )

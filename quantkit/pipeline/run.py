@@ -41,6 +41,7 @@ from quantkit.models.checkpoint import checkpoint_hash, content_hash, read_confi
 from quantkit.models.resolve import resolve_path
 from quantkit.pipeline import report, report_data, serving
 from quantkit.pipeline.cache import StepCache, step_key, text_fingerprint
+from quantkit.pipeline.report_content import ReportContent
 from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.progress import note
 from quantkit.quantize.convert import convert
@@ -380,7 +381,7 @@ class Runner:
                     rec.error = f"bench: {f.error}"
                 note(f"[{f.name}] bench ({engine}) failed: {f.error}")
 
-    def run(self) -> dict:
+    def run(self) -> ReportContent:
         with exclusive(self.dir, what=f"run directory {self.dir}"):
             check_run_contents(self.dir)  # again under the lock
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -389,7 +390,7 @@ class Runner:
                 write_json(self.cache.path, {})
             return self._run()
 
-    def _run(self) -> dict:
+    def _run(self) -> ReportContent:
         t0 = time.perf_counter()
         paths: dict[str, Path] = {}
         for v in with_baseline(self.recipe):
@@ -421,7 +422,7 @@ class Runner:
         total = time.perf_counter() - t0
         return self._timed("report", lambda: self._finish(benches, total))
 
-    def _finish(self, benches: dict[str, serving.EngineBench], total_s: float) -> dict:
+    def _finish(self, benches: dict[str, serving.EngineBench], total_s: float) -> ReportContent:
         """The report (pipeline/report_data.py, pipeline/report.py) written: report.json, report.md, its plots, and each
         artifact's model card made in this run updated with its results."""
         rows = report_data.report_rows(self.variants, benches)
@@ -435,7 +436,7 @@ class Runner:
                 except QuantkitError as exc:  # the report still gets written; the card keeps its old table
                     note(f"[{rec.name}] model card not updated: {exc}")
         facts = report_data.run_facts(self.recipe, self.src, self.src_hash, self.eval_texts, self.calib, self.timings)
-        data = report_data.build_report(facts, self.variants, benches, rows, plots, total_s)
-        write_json(self.dir / "report.json", data, default=str)
-        write_text(self.dir / "report.md", report.render_markdown(data))
-        return data
+        content = report_data.build_report(facts, self.variants, benches, rows, plots, total_s)
+        write_json(self.dir / "report.json", content.to_json(), default=str)
+        write_text(self.dir / "report.md", report.render_markdown(content))
+        return content

@@ -420,7 +420,7 @@ def check_measured(record: dict, artifact: Path) -> None:
     """The saved artifact's bits per weight (models/sizes.py, from its headers) against the budget
     and the solver's prediction; over the budget, the artifact is not written."""
 
-    measured = checkpoint_sizes(artifact)["bits_per_weight"]
+    measured = checkpoint_sizes(artifact).bits_per_weight
     record["measured_bits_per_weight"] = measured
     if measured > record["budget_bits"] + 1e-9:
         raise VerificationError(
