@@ -3,6 +3,8 @@ on the demo model, on the CPU. Where the install script built vLLM (tests/instal
 does not start fails these tests; they skip only where vLLM was left out (QUANTKIT_SKIP_VLLM=1) or
 never installed by the script. Few and slow: each starts vLLM (~30 s on 2 idle cores)."""
 
+import re
+
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -113,3 +115,23 @@ def test_the_compatibility_table_holds_on_a_tiny_model(cli, tiny_llama, tiny_tex
         assert code == 2 and "Traceback" not in err, err
         (line,) = [x for x in err.splitlines() if x.startswith("error:")]
         assert "uint8b128" in line, line  # vLLM's reason: CPUWNA16 takes uint4 and uint4b8 only
+
+
+def test_every_vllm_lever_is_a_flag_of_the_installed_server(real_vllm):
+    """A study's vLLM settings become flags (load/servers.py): each one, and the --no- form of an
+    on/off one, is a flag the installed vLLM's OpenAI server takes, so no lever fails at start-up
+    for a flag this vLLM does not have."""
+    import subprocess
+
+    from quantkit.external import vllm_env
+    from quantkit.load.servers import SERVERS
+
+    cmd = [str(vllm_env.python()), "-m", "vllm.entrypoints.openai.api_server", "--help=all"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    flags = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", done.stdout))
+    keys = SERVERS["vllm"].keys
+    wanted = {k.flag for k in keys.values() if k.flag} | {
+        "--no-" + k.flag.removeprefix("--") for k in keys.values() if k.flag and k.style == "pair"
+    }
+    assert wanted <= flags, sorted(wanted - flags)

@@ -429,6 +429,10 @@ def test_how_settings_become_flags_and_body_fields():
         SERVERS["vllm"], {"enable_prefix_caching": False, "speculative_config": {"method": "ngram"}}, "x"
     )
     assert args == ["--no-enable-prefix-caching", "--speculative-config", '{"method": "ngram"}']
+    assert lever_args(SERVERS["vllm"], {"enable_prompt_tokens_details": True}, "x") == (
+        ["--enable-prompt-tokens-details"],
+        {},
+    )
     assert lever_args(SERVERS["llama-server"], {"cache_prompt": False}, "x") == ([], {"cache_prompt": False})
     with pytest.raises(StudyError, match="llama-cpp-python has no lever 'parallel'"):
         lever_args(SERVERS["llama-cpp-python"], {"parallel": 4}, "levers[1]")

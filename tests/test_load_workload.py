@@ -80,7 +80,7 @@ def test_lengths_follow_the_distribution():
 
 
 def test_requests_are_reproducible_and_share_exactly_the_prefix():
-    workload = Workload(LengthSpec(8, 32), shared_prefix=50)
+    workload = Workload(LengthSpec(8, 32), shared_prefix=50, turns=1)
     a, b = RequestSource(workload, 7), RequestSource(workload, 7)
     first = [a.next().messages for _ in range(20)]
     assert first == [b.next().messages for _ in range(20)]
@@ -93,7 +93,7 @@ def test_requests_are_reproducible_and_share_exactly_the_prefix():
 
 
 def test_conversations_resend_everything_and_end_after_k_turns():
-    source = RequestSource(Workload(LengthSpec(4, 4), turns=3), 0)
+    source = RequestSource(Workload(LengthSpec(4, 4), shared_prefix=0, turns=3), 0)
     t1 = source.next()
     assert t1.turn == 1 and [m["role"] for m in t1.messages] == ["user"]
     source.answered(t1, True, "answer one")

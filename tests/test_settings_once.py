@@ -8,7 +8,7 @@ is made from the same options but for the differences it declares: both reach th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Literal, get_args, get_origin
 
 import click
@@ -35,7 +35,7 @@ from quantkit.core.option_fields import (
 from quantkit.errors import QuantkitError
 from quantkit.evals.eval_settings import EvalSettings
 from quantkit.export.exporter import ExportSettings
-from quantkit.load.config import LoadConfig, Slo, build_config
+from quantkit.load.config import LoadConfig, Slo, build_config, default_workload
 from quantkit.load.load_options import LoadOptions
 from quantkit.load.named_workloads import parse_named
 from quantkit.load.study import STUDY_LOAD_DEFAULTS, LoadSpec, Study, load_config
@@ -234,15 +234,20 @@ def test_every_option_reaches_the_settings_the_command_builds(cli, tiny_llama, t
         assert moved <= (c.moves or {}).get(f.name, set()), (f.name, moved)  # nothing else moved
 
 
+def _workload(**changed) -> Workload:
+    """The workload that load's option defaults build (load/load_options.py, their one place), with `changed`."""
+    return replace(default_workload(), **changed)
+
+
 # load's options -> (command-line words, words the value needs beside it, the LoadConfig fields it
 # sets and their values) where the field is not one of LoadConfig's of the same name at a generic
 # value; whatever else differs from a run with only the words beside it is a failure.
 LOAD_VALUES = {
     "concurrency": (["--concurrency", "2,4"], [], {"levels": (2, 4)}),
     "rate": (["--rate", "0.5,1"], [], {"mode": "rate", "levels": (0.5, 1.0)}),
-    "prompt_len": (["--prompt-len", "64"], [], {"workload": Workload(LengthSpec(64, 64))}),
-    "shared_prefix": (["--shared-prefix", "16"], [], {"workload": Workload(shared_prefix=16)}),
-    "turns": (["--turns", "2"], ["--api", "chat"], {"workload": Workload(turns=2)}),
+    "prompt_len": (["--prompt-len", "64"], [], {"workload": _workload(prompt_len=LengthSpec(64, 64))}),
+    "shared_prefix": (["--shared-prefix", "16"], [], {"workload": _workload(shared_prefix=16)}),
+    "turns": (["--turns", "2"], ["--api", "chat"], {"workload": _workload(turns=2)}),
     "headers": (["--header", "X-Key: v"], [], {"headers": {"X-Key": "v"}}),
     "session_header": (["--session-header", "x-session-id"], [], {"session_header": "x-session-id"}),
     "slo": (["--slo", "ttft=500"], [], {"slo": Slo(ttft_ms=500)}),
@@ -321,9 +326,9 @@ def test_a_studys_load_section_is_the_load_options():
 STUDY_VALUES = {
     "concurrency": ("2,4", {}, {"levels": (2, 4)}),
     "rate": (0.5, {}, {"mode": "rate", "levels": (0.5,)}),
-    "prompt_len": (64, {}, {"workload": Workload(LengthSpec(64, 64))}),
-    "shared_prefix": (16, {}, {"workload": Workload(shared_prefix=16)}),
-    "turns": (2, {"api": "chat"}, {"workload": Workload(turns=2)}),
+    "prompt_len": (64, {}, {"workload": _workload(prompt_len=LengthSpec(64, 64))}),
+    "shared_prefix": (16, {}, {"workload": _workload(shared_prefix=16)}),
+    "turns": (2, {"api": "chat"}, {"workload": _workload(turns=2)}),
     "session_header": ("x-session-id", {}, {"session_header": "x-session-id"}),
     "slo": ("ttft=500", {}, {"slo": Slo(ttft_ms=500)}),
     "api": ("chat", {}, {"api": "chat"}),

@@ -83,6 +83,11 @@ class Slo:
 _OPTION = defaults(LoadOptions)  # what a run that was not given an option gets (load/load_options.py)
 
 
+def default_workload() -> Workload:
+    """The workload of load's option defaults (load/load_options.py, the one place they are written)."""
+    return build_workload(_OPTION["prompt_len"], _OPTION["shared_prefix"], _OPTION["turns"], _OPTION["api"])
+
+
 @dataclass(frozen=True)
 class LoadConfig:
     """A run's settings: LoadOptions parsed and checked (build_config); a field of the same name
@@ -94,7 +99,7 @@ class LoadConfig:
     levels: tuple[float, ...]
     api: str = _OPTION["api"]
     engine: str = _OPTION["engine"]
-    workload: Workload = field(default_factory=Workload)
+    workload: Workload = field(default_factory=default_workload)
     gen_len: int = _OPTION["gen_len"]
     step_seconds: float = _OPTION["step_seconds"]
     max_requests: int | None = _OPTION["max_requests"]

@@ -310,6 +310,10 @@ VLLM = ServerKind(
     keys={
         "enable_prefix_caching": _bool("--enable-prefix-caching", "automatic prefix caching"),
         "enable_chunked_prefill": _bool("--enable-chunked-prefill", "chunked prefill"),
+        "enable_prompt_tokens_details": _bool(
+            "--enable-prompt-tokens-details",
+            "usage.prompt_tokens_details in each answer: its cached prompt tokens (prefix-cache hits per request)",
+        ),
         "max_num_seqs": Key("most sequences per batch (continuous batching width)", "--max-num-seqs"),
         "custom_histogram_buckets": Key(
             'bounds of /metrics histograms as JSON, e.g. {"request_latency": [0.01, 0.02, ...]}: finer buckets for '

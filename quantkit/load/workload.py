@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import re
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from quantkit.errors import QuantkitError
 from quantkit.load.prompts import make_prompt, make_words
@@ -84,11 +84,12 @@ def parse_prompt_len(spec: str | int) -> LengthSpec:
 
 @dataclass(frozen=True)
 class Workload:
-    """Random common words of the lengths --prompt-len gives (named_workloads.py: the built-in named workloads)."""
+    """Random common words of the lengths --prompt-len gives (named_workloads.py: the built-in named
+    workloads). No defaults here: they are load's options' (load/load_options.py), built by build_workload."""
 
-    prompt_len: LengthSpec = field(default_factory=lambda: LengthSpec(128, 128))
-    shared_prefix: int = 0
-    turns: int = 1
+    prompt_len: LengthSpec
+    shared_prefix: int
+    turns: int
     name = "synthetic"
     api = None  # either API (turns above 1 need chat: build_workload)
     body = {}  # request-body fields the workload needs (named_workloads.Copy: greedy decoding)
