@@ -106,6 +106,7 @@ def table(run: dict) -> dict:
                 "answered": step["completed"],
                 "ttft_p50": step["ttft_ms"]["p50"],
                 "ttft_p99": step["ttft_ms"]["p99"],
+                "queue_mean": p["queue_ms"]["mean"],
                 "queue_p50": p["queue_ms"]["p50"],
                 "queue_p99": p["queue_ms"]["p99"],
                 "prefill_p50": p["prefill_ms"]["p50"],
@@ -120,6 +121,7 @@ def table(run: dict) -> dict:
                 "tpot_p50": step["tpot_ms"]["p50"],
                 "others_cpu": (step.get("cpu") or {}).get("others"),
                 "prefill_bucket": _bucket(p["prefill_ms"], "p50") if not p["per_request"] else None,
+                "scheduler_queue": p["check"].get("scheduler_queue_mean_ms"),  # vLLM: its scheduler's own
             }
         )
     cols = [
@@ -127,6 +129,7 @@ def table(run: dict) -> dict:
         ("answered", "answered", "{}"),
         ("ttft_p50", "TTFT-P50 ms", "{:.0f}"),
         ("ttft_p99", "TTFT-P99 ms", "{:.0f}"),
+        ("queue_mean", "queue mean ms", "{:.0f}"),
         ("queue_p50", "queue P50 ms", "{:.0f}"),
         ("queue_p99", "queue P99 ms", "{:.0f}"),
         ("prefill_p50", "prefill P50 ms", "{:.0f}"),
@@ -137,6 +140,8 @@ def table(run: dict) -> dict:
         ("tpot_p50", "TPOT-P50 ms", "{:.1f}"),
         ("others_cpu", "others' CPU (cores)", "{:.2f}"),
     ]
+    if any(r.get("scheduler_queue") is not None for r in rows):
+        cols.append(("scheduler_queue", "scheduler's queue mean ms", "{:.0f}"))
     if any(r.get("prefill_bucket") for r in rows):
         cols.append(("prefill_bucket", "prefill P50's bucket ms", "{}"))
     first = run["analysis"]["degraded_first"]

@@ -114,12 +114,18 @@ def run_quantkit(url: str, level: int, args, out: Path) -> dict:
     }
 
 
-def run_aiperf(url: str, level: int, args, work: Path, server_pid: int) -> dict:
-    """AIPerf with quantkit's prompts; its per-request records, its own summary, its CPU."""
-    data = work / f"prompts-{level}.jsonl"
-    data.write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts(args.prompt_len, level, args.requests)))
-    out = work / f"aiperf-{level}"
-    cmd = [
+# AIPerf 0.13 given only --concurrency runs its request-rate scheduler with a zero gap
+# (timing/intervals.py CONCURRENCY_BURST): while every slot is busy its loop retries without
+# sleeping (timing/strategies/request_rate.py execute_phase), so its timing process spins a whole
+# core for the run, and on two vCPUs that share a physical core it slows the server beside it. A
+# rate far above what the server serves keeps --concurrency the cap and lets the loop sleep between
+# ticks: at most 1 ms before a freed slot is refilled (about 0.1% of a request here).
+AIPERF_TICKS_PER_S = 1000
+
+
+def aiperf_command(url: str, level: int, args, data: Path, out: Path) -> list[str]:
+    """The `aiperf profile` command for one level: quantkit's prompts, the same lengths, one core."""
+    return [
         args.aiperf, "profile", "--model", "m", "--url", url, "--endpoint-type", "completions", "--streaming",
         "--input-file", str(data), "--custom-dataset-type", "single_turn", "--dataset-sampling-strategy",
         "sequential", "--concurrency", str(level), "--request-count", str(args.requests), "--warmup-request-count",
@@ -129,7 +135,16 @@ def run_aiperf(url: str, level: int, args, work: Path, server_pid: int) -> dict:
         # its processes share one core: one worker and one record processor carry 4 requests in flight,
         # and nothing it polls (llama-server has no /metrics unless asked; there is no GPU)
         "--workers-max", "1", "--record-processors", "1", "--no-server-metrics", "--no-gpu-telemetry",
+        "--request-rate", str(AIPERF_TICKS_PER_S), "--arrival-pattern", "constant",  # no spinning (above)
     ]  # fmt: skip
+
+
+def run_aiperf(url: str, level: int, args, work: Path, server_pid: int) -> dict:
+    """AIPerf with quantkit's prompts; its per-request records, its own summary, its CPU."""
+    data = work / f"prompts-{level}.jsonl"
+    data.write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts(args.prompt_len, level, args.requests)))
+    out = work / f"aiperf-{level}"
+    cmd = aiperf_command(url, level, args, data, out)
     server = psutil.Process(server_pid)
     busy, served, start, before = _busy_s(), _cpu_s(server), time.perf_counter(), _children_cpu_s()
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

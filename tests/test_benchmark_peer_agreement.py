@@ -119,3 +119,31 @@ def test_a_log_that_does_not_count_up_gives_no_run_the_servers_figures():
     ran = [{}, {}]
     peer_agreement.server_timings(ran, _log([900.0, 400.0, 410.0, 800.0, 420.0]), requests=2)
     assert ran == [{}, {}]
+
+
+def test_aiperf_is_given_a_rate_so_its_scheduler_sleeps(tmp_path):
+    """AIPerf 0.13 with only --concurrency spins a core while every slot is busy (its timing loop
+    retries without sleeping): the command caps concurrency and gives a constant 1000/s rate."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(aiperf="aiperf", requests=100, gen_len=16, tokenizer="tok")
+    cmd = peer_agreement.aiperf_command("http://h", 4, args, tmp_path / "p.jsonl", tmp_path / "o")
+    pairs = dict(zip(cmd, cmd[1:]))
+    assert pairs["--concurrency"] == "4" and pairs["--request-rate"] == "1000"
+    assert pairs["--arrival-pattern"] == "constant" and pairs["--request-count"] == "100"
+
+
+AIPERF = Path.home() / ".cache" / "qk-peers" / "aiperf" / "bin" / "aiperf"
+
+
+@pytest.mark.skipif(not AIPERF.is_file(), reason="AIPerf is not installed (python3 -m venv ~/.cache/qk-peers/aiperf)")
+def test_the_installed_aiperf_takes_every_option_the_command_gives(tmp_path):
+    import re
+    import subprocess
+    from types import SimpleNamespace
+
+    done = subprocess.run([str(AIPERF), "profile", "--help"], capture_output=True, text=True, timeout=300)
+    flags = set(re.findall(r"--[a-z0-9][a-z0-9-]*", done.stdout))
+    args = SimpleNamespace(aiperf=str(AIPERF), requests=1, gen_len=1, tokenizer="t")
+    given = {w for w in peer_agreement.aiperf_command("http://h", 1, args, tmp_path, tmp_path) if w.startswith("--")}
+    assert given <= flags, sorted(given - flags)

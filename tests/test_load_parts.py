@@ -53,6 +53,24 @@ def test_parts_from_histograms_by_hand():
     assert found["share"] == pytest.approx({"queue": 2 / 3, "prefill": 1 / 6, "other": 1 / 6})
 
 
+def test_vllms_queue_runs_from_its_arrival_not_from_its_schedulers_stamp():
+    """vLLM stamps a request QUEUED only when its engine loop next takes requests in, between
+    steps: a request that arrives during another's 400 ms prefill waits about 200 ms that its
+    scheduler's queue (0 here) does not hold, but its own TTFT (from arrival) does. That wait is
+    queue, not the front end; other is the client's TTFT beyond vLLM's."""
+    queue = Histogram(((0.01, 4.0), (float("inf"), 4.0)), sum=0.0, count=4.0)
+    prefill = Histogram(((0.5, 4.0), (float("inf"), 4.0)), sum=1.6, count=4.0)  # 400 ms each
+    ttft = Histogram(((1.0, 4.0), (float("inf"), 4.0)), sum=2.4, count=4.0)  # 600 ms from arrival
+    found = parts.from_histograms(
+        {parts.VLLM_QUEUE: queue, parts.VLLM_PREFILL: prefill, parts.VLLM_TTFT: ttft}, 610.0, 4
+    )
+    assert found.queue_ms.mean == pytest.approx(200.0) and found.prefill_ms.mean == pytest.approx(400.0)
+    assert found.other_ms.mean == pytest.approx(10.0) and found.check.more["scheduler_queue_mean_ms"] == 0.0
+    assert parts.VLLM_TTFT in found.source["queue_ms"] and found.check.more["server_ttft_mean_ms"] == pytest.approx(
+        600.0
+    )
+
+
 def test_a_server_with_timings_one_slot_queue_grows_prefill_stays():
     server = FakeOpenAI(timings=True, **ONE_SLOT).start()
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from quantkit.artifacts.card_views import BenchFigures, CalibrationFigures, MixedPrecisionFigures
 from quantkit.artifacts.staging import read_meta
 from quantkit.core.atomic import exclusive, write_json, write_text
 from quantkit.core.eval_results import KL_EXACT, EvalResult
@@ -80,15 +81,13 @@ def results_table(results: dict) -> str:
             f"| {name} {t.metric} | {t.value:.4f} (baseline {t.baseline:.4f}, delta "
             f"{t.delta:+.4f} +- {t.delta_stderr:.4f}) |"
         )
-    b = results.get("bench") or {}
-    if b:
+    if results.get("bench"):
+        b = BenchFigures.from_json(results["bench"])
         rows += [
-            f"| TTFT ({b.get('prompt_len')}-token prompt, {b.get('device')}, "
-            f"{b.get('engine')}) | {_fmt(b.get('ttft_ms'), '.1f')} ms |",
-            f"| TPOT (batch 1) | {_fmt(b.get('tpot_ms'), '.2f')} ms (roofline "
-            f"{_fmt(b.get('predicted_tpot_ms'), '.2f')} ms) |",
-            f"| bytes read per token | {_fmt((b.get('bytes_per_token') or 0) / 1e6, '.1f')} MB |",
-            f"| kernel | {b.get('kernel', 'n/a')} |",
+            f"| TTFT ({b.prompt_len}-token prompt, {b.device}, {b.engine}) | {_fmt(b.ttft_ms, '.1f')} ms |",
+            f"| TPOT (batch 1) | {_fmt(b.tpot_ms, '.2f')} ms (roofline {_fmt(b.predicted_tpot_ms, '.2f')} ms) |",
+            f"| bytes read per token | {_fmt((b.bytes_per_token or 0) / 1e6, '.1f')} MB |",
+            f"| kernel | {b.kernel or 'n/a'} |",
         ]
     if len(rows) == 2:
         return (
@@ -131,17 +130,17 @@ def _body(meta: dict) -> str:
     lines += vllm_support.card_lines(meta) + [""]  # per device: measured on the CPU, read from vLLM's kernels for GPUs
     lines += ["## Provenance", "", f"- source checkpoint sha256: `{meta.get('source', {}).get('sha256', 'n/a')}`"]
     if calib:
+        c = CalibrationFigures.from_json(calib)
         lines.append(
-            f"- calibration: {calib.get('source')} ({calib.get('samples')} x "
-            f"{calib.get('seq_len')} tokens, seed {calib.get('seed')}, "
-            f"duplicate windows {calib.get('duplicate_fraction', 0) * 100:.1f}%)"
+            f"- calibration: {c.text} ({c.samples} x {c.seq_len} tokens, seed {c.seed}, "
+            f"duplicate windows {(c.duplicate_fraction or 0) * 100:.1f}%)"
         )
-        if isinstance(calib.get("domains"), dict):  # a calibration mix (data/mix.py): samples per domain
-            left = [p.get("name") for p in calib.get("left_out") or [] if isinstance(p, dict)]
+        if c.domains is not None:  # a calibration mix (data/mix.py): samples per domain
+            left = c.left_out_names()
             lines.append(
                 "  - samples per domain: "
-                + ", ".join(f"{d} {n}" for d, n in calib["domains"].items())
-                + (f" (left out, absent here: {', '.join(map(str, left))})" if left else "")
+                + ", ".join(f"{d} {n}" for d, n in c.domains.items())
+                + (f" (left out, absent here: {', '.join(left)})" if left else "")
             )
     lines += [
         f"- verification: {meta.get('verification', {}).get('status', 'n/a')}",
@@ -158,36 +157,33 @@ def _text_label(source) -> str:
     return f"file:{Path(source[5:]).name}" if source.startswith("file:") else source
 
 
-def mixed_precision_table(mp: dict) -> list[str]:
+def mixed_precision_table(record: dict) -> list[str]:
     """How many units took each scheme and in which layers (quantkit.json's `mixed_precision`)."""
-    ranking = mp.get("ranking") or []
-    windows, text = mp.get("windows") or {}, (mp.get("windows") or {}).get("text") or {}
-    bits = mp.get("measured_bits_per_weight", mp.get("bits_per_weight"))
+    mp = MixedPrecisionFigures.from_json(record)
     lines = [
         "## Mixed precision",
         "",
-        f"Chosen on this model: {len(mp.get('picked') or [])} of {len(ranking)} "
-        f"units raised above {mp.get('base')} within "
-        f"{mp.get('budget_bits')} bits/weight ({_fmt(bits, '.4f')} stored), by "
+        f"Chosen on this model: {mp.raised} of {len(mp.ranking)} "
+        f"units raised above {mp.base} within "
+        f"{mp.budget_bits} bits/weight ({_fmt(mp.bits_per_weight, '.4f')} stored), by "
         "the KL each unit's rounding alone costs on "
-        f"{windows.get('used')} x {windows.get('seq_len')} tokens of {_text_label(text.get('source'))}. "
+        f"{mp.windows_used} x {mp.windows_seq_len} tokens of {_text_label(mp.text_source)}. "
         "Per-unit figures: `quantkit.json` (`mixed_precision`).",
         "",
         "| scheme | units | layers |",
         "| --- | --- | --- |",
     ]
-    for scheme in [mp.get("base"), *(mp.get("choices") or [])]:
-        took = [r for r in ranking if r.get("chosen") == scheme]
+    for scheme in [mp.base, *mp.choices]:
+        took = [u for u in mp.ranking if u.chosen == scheme]
         where = (
             "; ".join(
-                f"{unit}: "
-                f"{', '.join(str(r['layer']) for r in sorted(took, key=lambda r: r['layer']) if r['unit'] == unit)}"
-                for unit in dict.fromkeys(r["unit"] for r in took)
+                f"{unit}: {', '.join(str(u.layer) for u in sorted(took, key=lambda u: u.layer) if u.unit == unit)}"
+                for unit in dict.fromkeys(u.unit for u in took)
             )
-            if scheme != mp.get("base")
+            if scheme != mp.base
             else "the others"
         )
-        lines.append(f"| {scheme}{' (base)' if scheme == mp.get('base') else ''} | {len(took)} | {where or '-'} |")
+        lines.append(f"| {scheme}{' (base)' if scheme == mp.base else ''} | {len(took)} | {where or '-'} |")
     return lines
 
 

@@ -16,10 +16,22 @@ the last):
                  server's clock and the client's describe the same request; a request whose
                  |other_ms| passes MISMATCH of its TTFT is counted as mismatched
 
-Per step, from vLLM's /metrics (metrics.py: the histograms' change over the step): the scheduler's
-queue time (`vllm:request_queue_time_seconds`) and prefill time (`..._prefill_time_seconds`), and
-other = the client's mean TTFT - their means (the front end: tokenizing, detokenizing, HTTP).
-Means are exact (sum / count); P50/P99 are known to a bucket and carry its bounds.
+Per step, from vLLM's /metrics (metrics.py: the histograms' change over the step):
+
+    prefill_ms = vllm:request_prefill_time_seconds (scheduled to first token)
+    queue_ms   = vllm:time_to_first_token_seconds - prefill: from the request's arrival in vLLM's
+                 front end to its prefill's start. vLLM's own queue time
+                 (vllm:request_queue_time_seconds) starts later: a request is stamped QUEUED when
+                 the engine loop next takes new requests in, between two steps (vllm/v1/engine/
+                 core.py run_busy_loop), so the wait for the step in progress lies before it; with
+                 the front end's templating and tokenizing it is time the server held the request
+                 without working on it, as llama-server's queue_ms above counts it. The scheduler's
+                 own queue time is kept beside it (check: scheduler_queue_mean_ms).
+    other_ms   = the client's mean TTFT - vLLM's: HTTP, loopback and the first chunk's way out.
+
+Without vLLM's TTFT histogram, queue_ms is the scheduler's queue time and other_ms the rest of the
+client's TTFT. Means are exact (sum / count); the scheduler's P50/P99 are known to a bucket and
+carry its bounds; the arrival-based queue has a mean only.
 """
 
 from __future__ import annotations
@@ -50,6 +62,12 @@ VLLM_SOURCE = {
     "queue_ms": f"vLLM /metrics {VLLM_QUEUE}, its change over the step",
     "prefill_ms": f"vLLM /metrics {VLLM_PREFILL}, its change over the step",
     "other_ms": "client mean TTFT - the mean queue and prefill (step means)",
+}
+VLLM_ARRIVAL_SOURCE = {
+    "queue_ms": f"vLLM /metrics {VLLM_TTFT} - {VLLM_PREFILL} (step means): arrival in vLLM to prefill start, "
+    f"the wait for the step in progress before its scheduler's queue ({VLLM_QUEUE}) included",
+    "prefill_ms": VLLM_SOURCE["prefill_ms"],
+    "other_ms": f"client mean TTFT - vLLM's ({VLLM_TTFT}): HTTP, loopback, the first chunk's way out",
 }
 ABSENT = (
     "the server reported neither per-request timings (llama.cpp's `timings`) nor queue and "
@@ -222,20 +240,26 @@ def from_histograms(delta: dict[str, Histogram], client: float | None, completed
     if queue is None or prefill is None or not queue.count or client is None:
         return None
     n = int(round(queue.count))
-    queue_ms, prefill_ms = _bucketed(queue), _bucketed(prefill)
-    other = client - queue_ms.mean - prefill_ms.mean
+    scheduler, prefill_ms = _bucketed(queue), _bucketed(prefill)
     server_ttft = delta.get(VLLM_TTFT)
+    server_ms = 1e3 * server_ttft.mean if server_ttft is not None and server_ttft.count and server_ttft.mean else None
+    if server_ms is not None:  # arrival in vLLM to prefill start (the module's docstring says why)
+        queue_ms, source = PartStats(n=n, mean=max(0.0, server_ms - prefill_ms.mean)), VLLM_ARRIVAL_SOURCE
+    else:
+        queue_ms, source = scheduler, VLLM_SOURCE
+    other = client - queue_ms.mean - prefill_ms.mean
     check = PartsCheck(
         kind="step means: the server's requests are the client's, and queue + prefill fit in TTFT",
         mismatched=int(other < -MISMATCH * client),
         more={
             # a count that differs: requests of another client, or of the warm-up, are in the histograms
             "requests_match": n == completed,
-            "server_ttft_mean_ms": 1e3 * server_ttft.mean if server_ttft is not None and server_ttft.mean else None,
+            "server_ttft_mean_ms": server_ms,
+            "scheduler_queue_mean_ms": scheduler.mean,
         },
     )
     return TtftParts(
-        source=VLLM_SOURCE,
+        source=source,
         per_request=False,
         n=n,
         of=completed,
