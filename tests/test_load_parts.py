@@ -120,3 +120,25 @@ def test_a_server_with_vllm_histograms_splits_each_step():
     assert run["analysis"]["degraded_first"]["cause"] == "scheduling"
     # speculative decoding from the server's counters over each step (vLLM reports none per answer)
     assert all(s["draft_acceptance"] == pytest.approx(0.75) and s["draft_tokens_mean"] == 8 for s in run["steps"])
+
+
+def test_a_levels_repeats_pool_the_servers_speculation_counters():
+    """vLLM counts drafts over a step (/metrics), not per answer: a level measured twice keeps the
+    share of drafts kept, its drafted and accepted tokens summed over the repeats (weighted by
+    how many each step drafted, not a mean of the shares)."""
+    from dataclasses import replace
+
+    from quantkit.load.load_run import _pooled_speculation
+    from quantkit.load.step_record import Step
+
+    server = FakeOpenAI(metrics=True, drafts=(8, 6), **ONE_SLOT).start()
+    try:
+        run = _load(server, "--repeats", "2")
+    finally:
+        server.stop()
+    assert all(lv["draft_acceptance"] == pytest.approx(0.75) and lv["draft_tokens_mean"] == 8 for lv in run["levels"])
+    step = Step.from_json(run["steps"][0])
+    a = replace(step, completed=10, draft_tokens_mean=10.0, draft_acceptance=0.5)  # 100 drafted, 50 kept
+    b = replace(step, completed=10, draft_tokens_mean=30.0, draft_acceptance=0.9)  # 300 drafted, 270 kept
+    assert _pooled_speculation([a, b]) == {"draft_tokens_mean": 20.0, "draft_acceptance": pytest.approx(0.8)}
+    assert _pooled_speculation([replace(step, draft_tokens_mean=None, draft_acceptance=None)]) == {}

@@ -53,6 +53,23 @@ def _pooled_cpu(steps: list[Step]) -> CpuShares | None:
     return CpuShares(**pooled, disturbed=any(c.disturbed for c, _ in shares) if wall else None)
 
 
+def _pooled_speculation(steps: list[Step]) -> dict:
+    """Speculative decoding a server counts over each step (vLLM's /metrics): the level's drafted and
+    accepted tokens are the steps' sums; nothing where no step counted any."""
+    known = [
+        (s.draft_tokens_mean * s.completed, s.draft_acceptance)
+        for s in steps
+        if s.draft_tokens_mean is not None and s.draft_acceptance is not None and s.completed
+    ]
+    drafted = sum(d for d, _ in known)
+    if not drafted:
+        return {}
+    return {
+        "draft_tokens_mean": drafted / sum(s.completed for s in steps),
+        "draft_acceptance": sum(d * a for d, a in known) / drafted,
+    }
+
+
 def pooled_levels(cfg: LoadConfig, progress: Progress) -> list[Step]:
     """One summary per level, its full steps' requests pooled (the repeats of a level are one
     sample; their wall times add up); a cut-short step stays on its own."""
@@ -76,6 +93,8 @@ def pooled_levels(cfg: LoadConfig, progress: Progress) -> list[Step]:
         )
         if not any(s.ttft_parts and s.ttft_parts.per_request for s in steps):
             pooled = replace(pooled, ttft_parts=parts.pool([s.ttft_parts for s in steps]))
+        if pooled.draft_acceptance is None:  # the server's counters over each step (vLLM's), not per answer
+            pooled = replace(pooled, **_pooled_speculation(steps))
         cpu = _pooled_cpu(steps)
         client = replace(pooled.client, cpu_share=cpu.client if cpu else None)
         # the steps keep the samples
