@@ -35,6 +35,8 @@ from lever_tables import study_table, summary
 
 from quantkit.external import vllm_env
 from quantkit.gguf import tools
+from quantkit.load.plot import plot_runs
+from quantkit.load.runfile import LoadRun
 
 KINDS = {
     "llama-server": ("agent", "long-short", "admission", "copy"),
@@ -96,6 +98,8 @@ def measure(engine: str, kind: str, work: Path, overrides: list[str]) -> None:
 
 
 def tabulate(engine: str, work: Path) -> dict:
+    """Each finished study's table, and its plot drawn into docs/images/levers-ENGINE-KIND.png
+    (quantkit's own plot of a study's runs: the knees with their intervals, TTFT's parts)."""
     tables, studies = {}, {}
     for kind in KINDS[engine]:
         path = work / kind / "study.json"
@@ -106,6 +110,8 @@ def tabulate(engine: str, work: Path) -> dict:
         table["source"] = json.loads((work / kind / "measured.json").read_text())
         tables[kind.replace("-", "_")] = table
         studies[kind] = summary(study, REPO)
+        runs = [LoadRun.from_json(run, f"{path}: runs[{i}]") for i, run in enumerate(study["runs"])]
+        plot_runs(runs, REPO / "docs" / "images" / f"levers-{engine}-{kind}.png")
     return {"tables": tables, "studies": studies}
 
 
