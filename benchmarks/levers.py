@@ -9,7 +9,7 @@ machine and date that measured it, so that studies measured by separate runs sha
     GGUF; `copy`'s draft model is the Q4_0 GGUF of the demo's INT4 RTN g32 artifact (exact), made by
       quantkit convert int4-w4a16-rtn --model demo --set steps[0].quantize.group_size=32 --out WORK/demo-int4-g32
       quantkit export WORK/demo-int4-g32 --format gguf --out WORK/demo-q4_0.gguf
-  vllm: studies/levers-vllm-cpu-{agent,long-short,copy}.yaml, vLLM's CPU build on the demo checkpoint;
+  vllm: studies/levers-vllm-cpu-{agent,long-short,admission,copy}.yaml, vLLM's CPU build on the demo checkpoint;
     `copy`'s draft model is the demo's INT4 W4A16 RTN artifact (quantkit convert int4-w4a16-rtn).
 
 A study takes 15 to 40 minutes on 2 cores: run them one at a time, each under the machine's lock.
@@ -40,7 +40,7 @@ from quantkit.load.runfile import LoadRun
 
 KINDS = {
     "llama-server": ("agent", "long-short", "admission", "copy"),
-    "vllm": ("agent", "long-short", "copy"),
+    "vllm": ("agent", "long-short", "admission", "copy"),
 }
 STUDY_FILE = {"llama-server": "levers-llama-server-{}.yaml", "vllm": "levers-vllm-cpu-{}.yaml"}
 
