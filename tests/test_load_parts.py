@@ -126,10 +126,8 @@ def test_a_levels_repeats_pool_the_servers_speculation_counters():
     """vLLM counts drafts over a step (/metrics), not per answer: a level measured twice keeps the
     share of drafts kept, its drafted and accepted tokens summed over the repeats (weighted by
     how many each step drafted, not a mean of the shares)."""
-    from dataclasses import replace
-
-    from quantkit.load.load_run import _pooled_speculation
-    from quantkit.load.step_record import Step
+    from quantkit.load.load_stats import VLLM_ACCEPTED, VLLM_DRAFTED, speculation
+    from quantkit.load.metrics import Scrape
 
     server = FakeOpenAI(metrics=True, drafts=(8, 6), **ONE_SLOT).start()
     try:
@@ -137,8 +135,11 @@ def test_a_levels_repeats_pool_the_servers_speculation_counters():
     finally:
         server.stop()
     assert all(lv["draft_acceptance"] == pytest.approx(0.75) and lv["draft_tokens_mean"] == 8 for lv in run["levels"])
-    step = Step.from_json(run["steps"][0])
-    a = replace(step, completed=10, draft_tokens_mean=10.0, draft_acceptance=0.5)  # 100 drafted, 50 kept
-    b = replace(step, completed=10, draft_tokens_mean=30.0, draft_acceptance=0.9)  # 300 drafted, 270 kept
-    assert _pooled_speculation([a, b]) == {"draft_tokens_mean": 20.0, "draft_acceptance": pytest.approx(0.8)}
-    assert _pooled_speculation([replace(step, draft_tokens_mean=None, draft_acceptance=None)]) == {}
+    # the TTFT parts pool the same way: both repeats' histograms summed, the server's count the client's
+    assert all(lv["ttft_parts"]["n"] == 32 and lv["ttft_parts"]["check"]["requests_match"] for lv in run["levels"])
+    records = [RequestRecord(t_send=0.0, t_first=0.1, t_end=0.2)] * 20
+    a = Scrape({}, {VLLM_DRAFTED: 100.0, VLLM_ACCEPTED: 50.0})  # 100 drafted, 50 kept
+    b = Scrape({}, {VLLM_DRAFTED: 300.0, VLLM_ACCEPTED: 270.0})  # 300 drafted, 270 kept
+    pooled = speculation(records, Scrape.total([a, b]).counters)
+    assert pooled == {"draft_tokens_mean": 20.0, "draft_acceptance": pytest.approx(0.8)}
+    assert Scrape.total([a, None]) is None  # a step the server did not report: no pooled counters

@@ -39,6 +39,7 @@ def _progress(repeats: int = 2) -> tuple[LoadConfig, Progress]:
             step = summarize_step(records, mode="concurrency", offered=reported["offered"], t_start=0.0, slo=cfg.slo)
             progress.steps.append(replace(step, phase="climb" if not repeat else "repeat", repeat=repeat))
             progress.step_records.append(records)
+            progress.step_deltas.append(None)  # a recorded run: no /metrics
             progress.step_starts.append(0.0)
     progress.stopped = "bounds"
     return cfg, progress

@@ -8,12 +8,12 @@ import platform
 from dataclasses import replace
 from importlib import metadata
 
-from quantkit.load import parts
 from quantkit.load.config import LoadConfig
 from quantkit.load.cpu import CpuShares
 from quantkit.load.intervals import P99_NOT_MAX, slo_knee
 from quantkit.load.load_stats import analyze, percentiles, summarize_step
 from quantkit.load.load_steps import Progress
+from quantkit.load.metrics import Scrape
 from quantkit.load.runfile import KIND, SCHEMA_VERSION, LoadRun, RunClient
 from quantkit.load.step_record import Step
 
@@ -53,26 +53,10 @@ def _pooled_cpu(steps: list[Step]) -> CpuShares | None:
     return CpuShares(**pooled, disturbed=any(c.disturbed for c, _ in shares) if wall else None)
 
 
-def _pooled_speculation(steps: list[Step]) -> dict:
-    """Speculative decoding a server counts over each step (vLLM's /metrics): the level's drafted and
-    accepted tokens are the steps' sums; nothing where no step counted any."""
-    known = [
-        (s.draft_tokens_mean * s.completed, s.draft_acceptance)
-        for s in steps
-        if s.draft_tokens_mean is not None and s.draft_acceptance is not None and s.completed
-    ]
-    drafted = sum(d for d, _ in known)
-    if not drafted:
-        return {}
-    return {
-        "draft_tokens_mean": drafted / sum(s.completed for s in steps),
-        "draft_acceptance": sum(d * a for d, a in known) / drafted,
-    }
-
-
 def pooled_levels(cfg: LoadConfig, progress: Progress) -> list[Step]:
     """One summary per level, its full steps' requests pooled (the repeats of a level are one
-    sample; their wall times add up); a cut-short step stays on its own."""
+    sample; their wall times add up, and the server's /metrics changes over them are summed, so
+    vLLM's TTFT parts and speculation counters pool with them); a cut-short step stays on its own."""
     by_level: dict[float, list[int]] = {}
     for i, step in enumerate(progress.steps):
         if not step.partial:
@@ -90,11 +74,8 @@ def pooled_levels(cfg: LoadConfig, progress: Progress) -> list[Step]:
             t_start=0.0,
             slo=cfg.slo,
             duration=sum(s.duration_s for s in steps),
+            server_delta=Scrape.total([progress.step_deltas[i] for i in indices]),
         )
-        if not any(s.ttft_parts and s.ttft_parts.per_request for s in steps):
-            pooled = replace(pooled, ttft_parts=parts.pool([s.ttft_parts for s in steps]))
-        if pooled.draft_acceptance is None:  # the server's counters over each step (vLLM's), not per answer
-            pooled = replace(pooled, **_pooled_speculation(steps))
         cpu = _pooled_cpu(steps)
         client = replace(pooled.client, cpu_share=cpu.client if cpu else None)
         # the steps keep the samples

@@ -51,6 +51,7 @@ class Progress:
 
     steps: list[Step] = field(default_factory=list)
     step_records: list[list[RequestRecord]] = field(default_factory=list)
+    step_deltas: list[Scrape | None] = field(default_factory=list)  # each step's /metrics change (vLLM's)
     step_starts: list[float] = field(default_factory=list)
     current: list[RequestRecord] | None = None
     current_level: float | None = None
@@ -100,6 +101,7 @@ class Progress:
         )
         self.steps.append(step)
         self.step_records.append(self.current)
+        self.step_deltas.append(server_delta)
         self.step_starts.append(self.current_start)
         self.current = None
         return step
@@ -108,6 +110,7 @@ class Progress:
         """Set the last step aside (disturbed): it is kept in the run as discarded, out of every statistic."""
         step = self.steps.pop()
         self.step_records.pop()
+        self.step_deltas.pop()
         self.step_starts.pop()
         self.discarded.append(replace(step, samples=None))
         return step

@@ -37,6 +37,13 @@ class Histogram:
         buckets = tuple((le, now - then) for (le, now), (_, then) in zip(self.buckets, before.buckets))
         return Histogram(buckets, self.sum - before.sum, self.count - before.count)
 
+    def plus(self, other: "Histogram") -> "Histogram | None":
+        """Both histograms' observations together (a level's repeats); None where their bounds differ."""
+        if [b for b, _ in other.buckets] != [b for b, _ in self.buckets]:
+            return None
+        buckets = tuple((le, a + b) for (le, a), (_, b) in zip(self.buckets, other.buckets))
+        return Histogram(buckets, self.sum + other.sum, self.count + other.count)
+
     @property
     def mean(self) -> float | None:
         return self.sum / self.count if self.count > 0 else None
@@ -125,3 +132,19 @@ class Scrape:
         }
         counters = {n: v - before.counters.get(n, 0.0) for n, v in self.counters.items()}
         return Scrape(histograms, counters)
+
+    @staticmethod
+    def total(changes: list["Scrape | None"]) -> "Scrape | None":
+        """Several steps' changes as one (a level's repeats: their histograms and counters summed);
+        None unless every step has one, so the pooled figures cover the same requests."""
+        if not changes or any(c is None for c in changes):
+            return None
+        histograms = {}
+        for name in set.intersection(*(set(c.histograms) for c in changes)):
+            summed = changes[0].histograms[name]
+            for c in changes[1:]:
+                summed = summed.plus(c.histograms[name]) if summed else None
+            if summed:
+                histograms[name] = summed
+        names = set().union(*(c.counters for c in changes))
+        return Scrape(histograms, {n: sum(c.counters.get(n, 0.0) for c in changes) for n in names})

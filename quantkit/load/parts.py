@@ -280,23 +280,3 @@ def mean_of(parts: TtftParts | None, name: str) -> float | None:
     if parts is None or parts.absent is not None:
         return None
     return parts.part(name).mean
-
-
-def pool(steps_parts: Sequence[TtftParts | None]) -> TtftParts:
-    """One level's parts from its steps' histogram parts: means weighted by their requests (a
-    histogram quantile does not pool; per-request parts are pooled from the requests instead)."""
-    found = [p for p in steps_parts if p is not None and p.absent is None]
-    if not found:
-        return absent()
-    n = sum(p.n for p in found)
-    means = {name: (sum(p.part(name).mean * p.n for p in found) / n if n else None) for name in PARTS}
-    total = sum(m or 0.0 for m in means.values())
-    return TtftParts(
-        source=found[0].source,
-        per_request=False,
-        n=n,
-        of=sum(p.of for p in found),
-        **{name: PartStats(n=n, mean=mean) for name, mean in means.items()},
-        share=PartShares(**{name[:-3]: (mean / total if total else None) for name, mean in means.items()}),
-        check=PartsCheck(kind="pooled step means", mismatched=sum(p.check.mismatched for p in found)),
-    )
