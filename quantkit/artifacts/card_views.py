@@ -9,7 +9,7 @@ missing one None (an artifact written by an older quantkit), a value of the wron
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 from quantkit.core.record_checks import RecordError
 
@@ -36,7 +36,7 @@ class BenchFigures:
     kernel: str | None = None
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data) -> BenchFigures:
@@ -81,7 +81,7 @@ class UnitChoice:
     chosen: str | None = None
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data) -> UnitChoice:
@@ -105,11 +105,7 @@ class MixedPrecisionFigures:
     text_source: str | None
 
     def to_json(self) -> dict:
-        return {
-            **{f.name: getattr(self, f.name) for f in fields(self)},
-            "choices": list(self.choices),
-            "ranking": [u.to_json() for u in self.ranking],
-        }
+        return {**asdict(self), "choices": list(self.choices), "ranking": [u.to_json() for u in self.ranking]}
 
     @classmethod
     def from_json(cls, data) -> MixedPrecisionFigures:

@@ -21,9 +21,11 @@ LOG_SPAN = 20.0
 
 
 def _p99(step, metric: str, cls: str | None) -> float | None:
-    """A level's P99 of `metric`, of the class `cls` where the SLO names one and the step split it."""
-    if cls and step.classes and cls in step.classes:
-        return getattr(step.classes[cls], metric).p99
+    """A level's P99 of `metric`; of the class `cls` where the SLO names one (None where the level
+    has no such class: never the whole level's figure in its place)."""
+    if cls:
+        found = (step.classes or {}).get(cls)
+        return getattr(found, metric).p99 if found else None
     return step.latency(metric).p99
 
 
