@@ -156,7 +156,10 @@ class Worker:
                 self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream and not stream.closed:
-                stream.close()
+                try:  # closing flushes what a dead worker never read: a broken pipe here is expected
+                    stream.close()
+                except BrokenPipeError:
+                    pass
         shutil.rmtree(self.tmp, ignore_errors=True)
         if not self.failed:
             self.log.unlink(missing_ok=True)
