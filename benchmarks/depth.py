@@ -24,6 +24,7 @@ from pathlib import Path
 from common import RESULTS, quantkit_json, write_result
 
 from quantkit.bench.bench_records import BenchResult
+from quantkit.bench.row_parts import Anchor
 from quantkit.bench.rows import point_of
 from quantkit.core.fits import GOOD_FIT, describe_fit
 
@@ -57,8 +58,7 @@ def rows_of(engine: str, res: BenchResult) -> list[dict]:
     out = []
     fitted = iter(res.fit.measured_over_model)
     for r in res.rows:
-        lb = r.anchor if r.anchor and "tpot_ms" in r.anchor else {}
-        ratio = lb.get("ratio_tpot")
+        ratio = r.anchor.ratio_tpot if isinstance(r.anchor, Anchor) else None
         a = r.attribution
         model = res.fit.model_s(point_of(r))
         out.append(
@@ -69,8 +69,8 @@ def rows_of(engine: str, res: BenchResult) -> list[dict]:
                 "flash_attn": "-" if r.flash_attn is None else ("on" if r.flash_attn else "off"),
                 "ttft_ms": r.ttft_ms,
                 "tpot_ms": r.tpot_ms,
-                "tpot_p90_ms": r.stats["tpot_ms"]["p90"],
-                "repeats": r.stats["repeats"],
+                "tpot_p90_ms": r.stats.tpot_ms.p90,
+                "repeats": r.stats.repeats,
                 "predicted_tpot_ms": r.predicted_tpot_ms,
                 "efficiency_pct": r.tpot_efficiency * 100,
                 "mb_per_token": r.bytes_per_token / 1e6,
@@ -83,7 +83,7 @@ def rows_of(engine: str, res: BenchResult) -> list[dict]:
                 "fit_ms": model * 1e3 if model is not None and not r.disturbed else None,
                 "measured_over_fit": next(fitted) if not r.disturbed and res.fit.coef else None,
                 "disturbed": "; ".join(r.disturbed) or None,
-                "lb_tpot_ms": lb.get("tpot_ms"),
+                "lb_tpot_ms": r.anchor.tpot_ms if isinstance(r.anchor, Anchor) else None,
                 "ratio_lb": ratio,
                 "within_5pct": None if ratio is None else abs(ratio - 1) <= LB_TOLERANCE,
                 "notes": list(r.notes),

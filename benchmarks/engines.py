@@ -20,6 +20,7 @@ import time
 from common import quantkit_json, write_result
 
 from quantkit.bench.bench_records import BenchResult
+from quantkit.bench.row_parts import Anchor
 
 ENGINES = ("compiled", "llamacpp", "vllm")
 
@@ -47,7 +48,7 @@ def cell(path: str, engine: str, args) -> dict:
     except RuntimeError as exc:
         return {"error": str(exc)}
     row = BenchResult.from_json(out).rows[0]
-    anchor = row.anchor or {}
+    anchor = row.anchor if isinstance(row.anchor, Anchor) else None
     return {
         k: getattr(row, k)
         for k in (
@@ -63,9 +64,9 @@ def cell(path: str, engine: str, args) -> dict:
             "notes",
         )
     } | {
-        "llama_bench_tpot_ms": anchor.get("tpot_ms"),
-        "llama_bench_tpot_ratio": anchor.get("ratio_tpot"),
-        "llama_bench_ttft_ratio": anchor.get("ratio_ttft"),
+        "llama_bench_tpot_ms": anchor.tpot_ms if anchor else None,
+        "llama_bench_tpot_ratio": anchor.ratio_tpot if anchor else None,
+        "llama_bench_ttft_ratio": anchor.ratio_ttft if anchor else None,
         "wall_s": round(time.monotonic() - t0, 1),
     }
 

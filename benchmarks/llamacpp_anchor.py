@@ -54,6 +54,7 @@ def bench_once(gguf: Path, a: argparse.Namespace) -> dict:
     runs moves both sides alike."""
     from quantkit.bench.bench_records import BenchResult
     from quantkit.bench.llama_bench import compare, measure
+    from quantkit.bench.row_parts import Anchor
     from quantkit.gguf.tools import available_cores
 
     threads = a.threads or available_cores()
@@ -75,12 +76,13 @@ def bench_once(gguf: Path, a: argparse.Namespace) -> dict:
         ]
     )
     result = BenchResult.from_json(res)
+    anchor = result.rows[0].anchor
     row = result.rows[0].to_json()
-    after = row["anchor"] or {}
-    if "ttft_ms" in before and "ttft_ms" in after:
+    if "ttft_ms" in before and isinstance(anchor, Anchor) and anchor.ttft_ms is not None:
+        after = anchor.figures()
         mean = {k: (before[k] + after[k]) / 2 for k in ("ttft_ms", "tpot_ms")}
         row["anchor"] = {
-            **compare(row["ttft_ms"], row["tpot_ms"], {**after, **mean}),
+            **compare(row["ttft_ms"], row["tpot_ms"], {**after, **mean}).to_json(),
             "before": {k: before[k] for k in mean},
             "after": {k: after[k] for k in mean},
         }

@@ -36,7 +36,7 @@ def rows_of(engine: str, res: BenchResult) -> tuple[list[dict], dict]:
         {
             "engine": engine,
             "prompt_len": p.prompt_len,
-            "ttft_ms": p.ttft_ms["median"],
+            "ttft_ms": p.ttft_ms.median,
             "model_ms": f.model_ms(p.prompt_len) if f else None,
             "linear_ms": f.per_token_ms * p.prompt_len if f else None,
             "quadratic_ms": f.per_token2_ms * p.prompt_len**2 if f else None,

@@ -179,7 +179,8 @@ def test_kv_step_formulas_by_hand():
 
 def test_summary_stats():
     s = summarize_ms([0.001, 0.002, 0.003])
-    assert s["median"] == pytest.approx(2.0) and s["n"] == 3 and s["min"] == pytest.approx(1.0)
+    assert s.median == pytest.approx(2.0) and s.n == 3 and s.min == pytest.approx(1.0)
+    assert s.spread == pytest.approx((s.p90 - 1.0) / 1.0) and summarize_ms([0.002]).spread is None
 
 
 # ---- devices -----------------------------------------------------------------
@@ -241,7 +242,7 @@ def test_bench_runs_with_device_values(tiny_llama, int4_art):
         row, d = res.rows[0], res.device
         assert d.type == "cpu" and d.dtype == "bfloat16" and d.device_name == "fake cpu"
         assert row.device == str(torch.device(dev)) and row.dtype == "bfloat16" and row.device_name
-        assert res.settings["device"] == str(torch.device(dev))
+        assert res.settings.device == str(torch.device(dev))
 
 
 @pytest.mark.parametrize("matmul, asked, want", [(NATIVE_BF16, None, "bfloat16"), (EMULATED_BF16, None, "float32"),

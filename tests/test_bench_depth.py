@@ -82,7 +82,7 @@ def test_depth_zero_prefills_nothing_and_feeds_a_first_token():
     e = DepthEngine()
     t = harness.measure_depth(e, [7, 8], 0, 3, repeats=2, min_seconds=0, warmups=0)
     assert not [c for c in e.calls if c[0] == "prefill"] and t.ttft_s == []
-    assert t.summary()["ttft_ms"] is None and t.summary()["repeats"] == 2
+    assert t.summary().ttft_ms is None and t.summary().repeats == 2
     assert [c[1] for c in e.calls if c[0] == "decode"][:2] == [0, 1]
 
 
@@ -230,10 +230,10 @@ def test_torch_engines_give_a_row_per_depth(cli, tiny_llama, tmp_path, name):
     )
     assert code == 0, err
     res = BenchResult.from_json(data)  # the JSON reads back as the record it was written from
-    assert [r.depth for r in res.rows] == [0, 8, 40] and res.settings["depths"] == [0, 8, 40]
+    assert [r.depth for r in res.rows] == [0, 8, 40] and res.settings.depths == (0, 8, 40)
     for r in res.rows:
-        assert r.prompt_len == r.depth and r.kv_cache_tokens == r.depth + 4 and r.stats["repeats"] >= 2
-        assert r.tpot_ms > 0 and len(r.stats["step_times_ms"][0]) == 3
+        assert r.prompt_len == r.depth and r.kv_cache_tokens == r.depth + 4 and r.stats.repeats >= 2
+        assert r.tpot_ms > 0 and len(r.stats.step_times_ms[0]) == 3
         kv, w = r.kv_bytes_per_token, r.weight_bytes_per_token
         if name == "compiled":  # the static cache is sized per depth and read whole by every step
             assert r.bytes_per_token == w + kv_static(kv, r.depth + 4)

@@ -110,7 +110,7 @@ def test_harness_drives_any_engine():
     assert t.warmups == 1 and len(t.ttft_s) == 2 and all(len(s) == 3 for s in t.step_s)
     # each repeat: a cache for prompt + generated tokens, prefill, decode at positions 3, 4, 5
     assert e.calls[:5] == [("reset", 7), ("prefill", 3), ("decode", 3), ("decode", 4), ("decode", 5)]
-    assert t.summary()["per_step"] == {"measured": True}
+    assert t.summary().per_step.to_json() == {"measured": True}
 
 
 def test_compiling_engine_gets_a_warmup():
@@ -130,9 +130,9 @@ def test_sweep_warms_each_length_then_samples():
 def test_summary_without_per_step_times_says_why():
     t = harness.Timings(ttft_s=[0.1, 0.2], step_s=[[0.01, 0.03], [0.02, 0.02]], warmups=1)
     s = t.summary("vLLM delivered 2 tokens from one engine step")
-    assert s["step_ms"] is None and s["step_times_ms"] is None
-    assert s["per_step"] == {"measured": False, "reason": "vLLM delivered 2 tokens from one engine step"}
-    assert s["tpot_ms"]["median"] == pytest.approx(20.0)  # decode time / tokens, measured either way
+    assert s.step_ms is None and s.step_times_ms is None
+    assert s.to_json()["per_step"] == {"measured": False, "reason": "vLLM delivered 2 tokens from one engine step"}
+    assert s.tpot_ms.median == pytest.approx(20.0)  # decode time / tokens, measured either way
 
 
 @pytest.mark.parametrize("filled", [7, 12])

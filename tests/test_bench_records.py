@@ -24,7 +24,7 @@ def test_a_schema_2_result_still_reads():
     assert row.name == "llama-gqa" and row.engine == "eager" and row.tpot_ms > 0
     assert row.depth is None and row.flash_attn is None and row.weight_bytes_by_type is None
     assert row.kv_cache is None  # the eager engine's cache type was not recorded then
-    assert row.prompt_sweep[0].prompt_len == 4 and row.prompt_sweep[0].ttft_ms["n"] >= 1
+    assert row.prompt_sweep[0].prompt_len == 4 and row.prompt_sweep[0].ttft_ms.n >= 1
     assert r.failed[0].name == "short" and r.failed[0].self_check is None
     assert r.fit.points == 1 and r.fit.r2 is None and r.fit.measured_over_model == ()  # refitted: one row
     assert row.attribution is None and row.attribution_missing and row.disturbed == ()

@@ -258,8 +258,8 @@ def test_several_tokens_from_one_step_give_no_per_step_statistics(tiny_llama, tm
         s = t.summary(e.step_note)
         assert (
             len(t.step_s[0]) == 5
-            and s["per_step"]["measured"] is False
-            and "2 tokens from one engine step" in s["per_step"]["reason"]
+            and s.per_step.measured is False
+            and "2 tokens from one engine step" in s.per_step.reason
         )
     finally:
         e.close()

@@ -26,6 +26,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "quantkit"
 
 READS_EXTERNAL = {
     "quantkit.load.runfile": "a load-run file's raw JSON, checked and migrated before its records are built",
+    "quantkit.bench.llama_bench": "llama-bench's own JSON, whose figures the Anchor record it builds is named after",
 }
 
 NOT_YET: dict[str, int] = {}

@@ -158,5 +158,5 @@ def bound(r) -> str:
 
 
 def self_check_kl(r):
-    check = r.self_check or {}
-    return f"{check['mean_kl']:.2g}" if check.get("mean_kl") is not None else check.get("status", MISSING)
+    check = r.self_check
+    return f"{check.mean_kl:.2g}" if check.mean_kl is not None else check.status

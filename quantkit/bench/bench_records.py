@@ -2,8 +2,10 @@
 
 A bench result (BenchResult) holds a row per measurement (BenchRow: one model on one engine, at
 one flash-attention setting and, with --depth, one KV depth), the models that could not be
-benchmarked (FailedRow), the probed device (DeviceBlock), the rule-check fit (core/roofline.py
-RuleFit), the settings as they ran (BenchSettings.to_json) and the load average.
+benchmarked (FailedRow), the probed device (DeviceBlock), the rule-check fit (core/fits.py
+RuleFit), the options as they ran (recipe/bench_options.py BenchOptions, its device by name) and
+the load average. A row's timings, self-check and anchor are typed parts of their own
+(row_parts.py).
 
 `from_json` refuses unknown and missing keys with one line (core/record_checks.py), so a typo in a
 script's result file is an error where it is read. Files of schema 2 (before depths and flash
@@ -18,12 +20,14 @@ A BenchRow field that shows in a table carries its columns (bench_columns.py) as
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from quantkit.bench import bench_columns as bc
 from quantkit.bench.bench_columns import BENCH, REPORT, Column, shown_as
+from quantkit.bench.row_parts import Anchor, Distribution, NoAnchor, SelfCheck, TimingStats, anchor_from_json
 from quantkit.core.attribution import Attribution
 from quantkit.core.fits import PrefillFit, RuleFit, fit_rule
+from quantkit.core.option_fields import bound_error, defaults
 from quantkit.core.record_checks import (
     COUNT,
     COUNT_OR_NONE,
@@ -41,6 +45,7 @@ from quantkit.core.record_checks import (
     check_values,
     checked,
 )
+from quantkit.recipe.bench_options import BenchOptions
 
 SCHEMA_VERSION = 6
 READS = (2, 3, 4, 5, 6)  # the schema versions from_json reads
@@ -51,15 +56,17 @@ class SweepPoint:
     """TTFT at one prompt length of --sweep (the median of its samples) and the roofline's floor."""
 
     prompt_len: int
-    ttft_ms: dict  # harness.summarize_ms
+    ttft_ms: Distribution
     predicted_ttft_ms: float
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        return {**self.__dict__, "ttft_ms": self.ttft_ms.to_json()}
 
     @classmethod
     def from_json(cls, data: dict) -> "SweepPoint":
-        return cls(**checked(cls, data, "bench row's prompt_sweep point"))
+        what = "bench row's prompt_sweep point"
+        d = checked(cls, data, what)
+        return cls(**{**d, "ttft_ms": Distribution.from_json(d["ttft_ms"], f"{what}.ttft_ms")})
 
 
 # A row's values as read back (core/record_checks.py): times above 0, byte counts and efficiencies not
@@ -68,7 +75,7 @@ class SweepPoint:
 ROW_VALUES = {
     **dict.fromkeys(("model", "name", "kind", "kernel", "engine", "device"), TEXT),
     "cpu_variant": TEXT_OR_NONE,
-    **dict.fromkeys(("engine_info", "self_check", "stats"), OBJECT),
+    "engine_info": OBJECT,
     **dict.fromkeys(("prompt_sweep", "notes", "flags"), LIST),
     "prompt_len": COUNT,  # 0 in a row at depth 0: nothing prefilled
     "gen_len": Whole(1),
@@ -150,11 +157,11 @@ class BenchRow:
     )
     ttft_efficiency: float | None = shown_as(Column(BENCH, "TTFT eff", place=130, cell=bc.ttft_eff))
     ttft_bound: str | None
-    self_check: dict = shown_as(Column(BENCH, "self-check KL", place=170, cell=bc.self_check_kl))
-    stats: dict
+    self_check: SelfCheck = shown_as(Column(BENCH, "self-check KL", place=170, cell=bc.self_check_kl))
+    stats: TimingStats
     prompt_sweep: tuple[SweepPoint, ...]
     notes: tuple[str, ...]
-    anchor: dict | None
+    anchor: Anchor | NoAnchor | None  # the engine's own benchmark beside the row (None: it has none)
     bench_wall_s: float
     flags: tuple[str, ...] = ()
     fits_in_cache: bool = False
@@ -176,6 +183,9 @@ class BenchRow:
     def to_json(self) -> dict:
         return {
             **self.__dict__,
+            "self_check": self.self_check.to_json(),
+            "stats": self.stats.to_json(),
+            "anchor": self.anchor.to_json() if self.anchor else None,
             "prompt_sweep": [p.to_json() for p in self.prompt_sweep],
             "notes": list(self.notes),
             "flags": list(self.flags),
@@ -192,6 +202,9 @@ class BenchRow:
         return cls(
             **{
                 **d,
+                "self_check": SelfCheck.from_json(d["self_check"], f"{what}.self_check"),
+                "stats": TimingStats.from_json(d["stats"], f"{what}.stats"),
+                "anchor": anchor_from_json(d["anchor"], f"{what}.anchor"),
                 "prompt_sweep": tuple(SweepPoint.from_json(p) for p in d["prompt_sweep"]),
                 "notes": tuple(d["notes"]),
                 "flags": tuple(d["flags"]),
@@ -230,14 +243,17 @@ class FailedRow:
     model: str
     name: str
     error: str
-    self_check: dict | None = None
+    self_check: SelfCheck | None = None
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        return {**self.__dict__, "self_check": self.self_check.to_json() if self.self_check else None}
 
     @classmethod
     def from_json(cls, data: dict) -> "FailedRow":
-        return cls(**checked(cls, data, "bench failed entry"))
+        what = "bench failed entry"
+        d = checked(cls, data, what)
+        check = d["self_check"]
+        return cls(**{**d, "self_check": None if check is None else SelfCheck.from_json(check, f"{what}.self_check")})
 
 
 @dataclass(frozen=True)
@@ -286,7 +302,7 @@ class LoadAverage:
 class BenchResult:
     """One `quantkit bench` run: every row between two probes of the device, and the fit across them."""
 
-    settings: dict  # BenchSettings.to_json(): what ran, readable on any machine
+    settings: BenchOptions  # what ran, its device as it was asked (readable on any machine): ran_options()
     device: DeviceBlock
     rows: tuple[BenchRow, ...]
     failed: tuple[FailedRow, ...]
@@ -302,7 +318,7 @@ class BenchResult:
         return {
             "kind": self.kind,
             "schema_version": self.schema_version,
-            "settings": self.settings,
+            "settings": options_json(self.settings),
             "device": self.device.to_json(),
             "rows": [r.to_json() for r in self.rows],
             "failed": [f.to_json() for f in self.failed],
@@ -331,7 +347,7 @@ class BenchResult:
             data = migrate_v5(data)
         d = checked(cls, data, "bench result")
         return cls(
-            settings=dict(d["settings"]),
+            settings=options_from_json(d["settings"]),
             device=DeviceBlock.from_json(d["device"]),
             rows=tuple(BenchRow.from_json(r) for r in d["rows"]),
             failed=tuple(FailedRow.from_json(f) for f in d["failed"]),
@@ -341,6 +357,37 @@ class BenchResult:
             ttft_plot=d["ttft_plot"],
             depth_plot=d["depth_plot"],
         )
+
+
+def ran_options(settings: BenchOptions) -> BenchOptions:
+    """The options a bench ran with, as a result keeps them: a built BenchSettings' device as its
+    name, so the result reads back on a machine without that device."""
+    given = {f.name: getattr(settings, f.name) for f in fields(BenchOptions)}
+    return BenchOptions(**{**given, "device": str(settings.device)})
+
+
+def options_json(o: BenchOptions) -> dict:
+    return {
+        **{f.name: getattr(o, f.name) for f in fields(BenchOptions)},
+        "device": str(o.device),
+        **{f.name: list(getattr(o, f.name)) for f in fields(BenchOptions) if isinstance(getattr(o, f.name), tuple)},
+    }
+
+
+# bench options that files written before them lack: read as their defaults, which is what ran
+ADDED_OPTIONS = ("depths", "flash_attn", "kv_caches", "dtype")
+
+
+def options_from_json(data) -> BenchOptions:
+    what = "bench result's settings"
+    given = {k: list(v) if isinstance(v, tuple) else v for k, v in defaults(BenchOptions).items() if k in ADDED_OPTIONS}
+    d = checked(BenchOptions, {**given, **data} if isinstance(data, dict) else data, what)
+    check_values(d, {"device": TEXT, "engine": TEXT, "prompt_sweep": LIST, "depths": LIST, "kv_caches": LIST}, what)
+    o = BenchOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    error = bound_error(o, lambda f: f"{what}.{f.name}")
+    if error:
+        raise RecordError(error)
+    return o
 
 
 def migrate_v2(data: dict) -> dict:

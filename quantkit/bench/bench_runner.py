@@ -13,7 +13,15 @@ import torch
 from quantkit.bench import probe as probing
 from quantkit.bench import selfcheck
 from quantkit.bench.accounting import mean_step_bytes
-from quantkit.bench.bench_records import BenchResult, BenchRow, DeviceBlock, FailedRow, LoadAverage, SweepPoint
+from quantkit.bench.bench_records import (
+    BenchResult,
+    BenchRow,
+    DeviceBlock,
+    FailedRow,
+    LoadAverage,
+    SweepPoint,
+    ran_options,
+)
 from quantkit.bench.bench_settings import (
     BenchSettings,
     check_fits_bytes,
@@ -27,6 +35,7 @@ from quantkit.bench.engines import engine_class
 from quantkit.bench.engines.engine import EngineSettings, WeightBytes
 from quantkit.bench.gguf_file import gguf_config, is_gguf, reference_source
 from quantkit.bench.harness import SWEEP_SAMPLES, measure, measure_depth, summarize_ms, time_prefill
+from quantkit.bench.row_parts import SelfCheck
 from quantkit.bench.rows import Loaded, Measured, classify, depth_notes, fit_points, make_row, name_of
 from quantkit.bench.synthetic import Synthetic
 from quantkit.bench.twin_timing import Twins, twin_depths
@@ -41,7 +50,7 @@ from quantkit.progress import bar, note
 class SelfCheckError(QuantkitError):
     """The engine's logits disagree with the reference load: no speed is reported."""
 
-    def __init__(self, message: str, result: dict):
+    def __init__(self, message: str, result: SelfCheck):
         super().__init__(message)
         self.result = result
 
@@ -81,13 +90,13 @@ def _reference(source, cfg: dict, s: BenchSettings, ids: list[int]):
     """The self-check's reference rows, computed before the engine loads (one model in memory at a time)."""
 
     if not s.self_check:
-        return None, {"status": "skipped", "reason": "--no-self-check"}
+        return None, SelfCheck.skipped("--no-self-check")
     if isinstance(source, Synthetic):
-        return None, {"status": "skipped", "reason": "random weights (speed only): no checkpoint to compare with"}
+        return None, SelfCheck.skipped("random weights (speed only): no checkpoint to compare with")
 
     ref_source, why = reference_source(source)  # a GGUF: the artifact it was exported from, when known
     if ref_source is None:
-        return None, {"status": "skipped", "reason": why}
+        return None, SelfCheck.skipped(why)
     if ref_source != source:
         cfg = _config(ref_source)
     t = time.perf_counter()
@@ -99,19 +108,20 @@ def _reference(source, cfg: dict, s: BenchSettings, ids: list[int]):
     return ref, {**info, "reference_s": time.perf_counter() - t}
 
 
-def _self_check(engine, ref, info: dict, ids: list[int], s: BenchSettings) -> dict:
+def _self_check(engine, ref, info, ids: list[int], s: BenchSettings) -> SelfCheck:
+    """The engine against the reference (`info`: what computed it), or `info` where none ran (skipped)."""
     if ref is None:
         return info
     t = time.perf_counter()
-    result = {
+    result = SelfCheck(
         **info,
         **selfcheck.compare(ref, engine.logprobs(ids, s.prompt_len, s.capacity), partial=not engine.full_logprobs),
-        "check_s": time.perf_counter() - t,
-    }
-    if not result["passed"]:
+        check_s=time.perf_counter() - t,
+    )
+    if not result.passed:
         raise SelfCheckError(
-            f"self-check failed: next-token mean KL {result['mean_kl']:.3g} against {result['reference']} "
-            f"(threshold {result['threshold']:g}; bf16 noise is ~3e-3): the bench model does not compute what the "
+            f"self-check failed: next-token mean KL {result.mean_kl:.3g} against {result.reference} "
+            f"(threshold {result.threshold:g}; bf16 noise is ~3e-3): the bench model does not compute what the "
             "checkpoint means, so no speed is reported (--no-self-check times it anyway)",
             result,
         )
@@ -308,7 +318,7 @@ def bench_many(
     drift = probing.drift(before, after)
     rows = [classify(r, probing.facts(before).llc_bytes, drift) for r in rows]
     return BenchResult(
-        settings=s.to_json(),
+        settings=ran_options(s),
         device=_device_block(s, before, after, rows),
         rows=tuple(rows),
         failed=tuple(failed),

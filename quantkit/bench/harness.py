@@ -20,20 +20,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from quantkit.bench.row_parts import Distribution, PerStep, TimingStats
+
 SWEEP_SAMPLES = 5  # TTFT samples per sweep length, at least (a median of 2 was a coin toss)
 
 
-def summarize_ms(samples_s: list[float]) -> dict:
+def summarize_ms(samples_s: list[float]) -> Distribution:
     a = np.asarray(samples_s, dtype=np.float64) * 1e3
-    return {
-        "median": float(np.median(a)),
-        "mean": float(a.mean()),
-        "p90": float(np.percentile(a, 90)),
-        "p99": float(np.percentile(a, 99)),
-        "std": float(a.std(ddof=1)) if len(a) > 1 else 0.0,
-        "min": float(a.min()),
-        "n": int(len(a)),
-    }
+    return Distribution(
+        median=float(np.median(a)),
+        mean=float(a.mean()),
+        p90=float(np.percentile(a, 90)),
+        p99=float(np.percentile(a, 99)),
+        std=float(a.std(ddof=1)) if len(a) > 1 else 0.0,
+        min=float(a.min()),
+        n=int(len(a)),
+    )
 
 
 @dataclass
@@ -43,41 +45,21 @@ class Timings:
     warmup_s: float = 0.0
     warmups: int = 0
 
-    def summary(self, step_note: str | None = None) -> dict:
+    def summary(self, step_note: str | None = None) -> TimingStats:
         """Statistics; with a `step_note` (an engine's per-step times are not per-token times) the
         per-step distribution is left out and the note says why. TPOT is the same either way:
         the measured decode time of a repeat divided by its tokens."""
         per_repeat_tpot = [float(np.mean(rep)) for rep in self.step_s if rep]
-        out = {
-            "ttft_ms": summarize_ms(self.ttft_s) if self.ttft_s else None,  # none at depth 0: no prompt
-            "tpot_ms": summarize_ms(per_repeat_tpot),
-            "repeats": len(self.step_s),
-            "warmups": self.warmups,
-            "warmup_s": self.warmup_s,
-        }
-        if step_note:
-            return {**out, "step_ms": None, "step_times_ms": None, "per_step": {"measured": False, "reason": step_note}}
-        steps = [t for rep in self.step_s for t in rep]
-        return {
-            **out,
-            "step_ms": summarize_ms(steps),
-            "per_step": {"measured": True},
-            "step_times_ms": [[round(t * 1e3, 4) for t in rep] for rep in self.step_s],
-        }
-
-
-@dataclass(frozen=True)
-class Spreads:
-    """A summary()'s distributions (summarize_ms's dicts; None where not measured or not recorded)."""
-
-    ttft_ms: dict | None
-    tpot_ms: dict | None
-    step_ms: dict | None
-
-
-def spreads(summary: dict) -> Spreads:
-    """The distributions of a Timings.summary() (a BenchRow's `stats`)."""
-    return Spreads(summary.get("ttft_ms"), summary.get("tpot_ms"), summary.get("step_ms"))
+        measured = step_note is None
+        return TimingStats(
+            ttft_ms=summarize_ms(self.ttft_s) if self.ttft_s else None,  # none at depth 0: no prompt
+            tpot_ms=summarize_ms(per_repeat_tpot),
+            repeats=len(self.step_s),
+            warmups=self.warmups,
+            step_ms=summarize_ms([t for rep in self.step_s for t in rep]) if measured else None,
+            per_step=PerStep(measured, step_note),
+            step_times_ms=tuple(tuple(round(t * 1e3, 4) for t in rep) for rep in self.step_s) if measured else None,
+        )
 
 
 class Clock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from quantkit.bench.row_parts import Anchor, NoAnchor
 from quantkit.gguf import tools
 
 TOLERANCE = 0.10  # a ratio further than this from 1 is flagged: beyond the run-to-run spread of a quiet machine
@@ -65,19 +66,19 @@ def parse(pp: dict, tg: dict) -> dict:
     }
 
 
-def compare(ttft_ms: float | None, tpot_ms: float, anchor: dict, tolerance: float = TOLERANCE) -> dict:
-    """quantkit's figures over llama-bench's (TPOT alone where either side has no TTFT: a depth's
-    row); `disagree` names each beyond `tolerance`."""
+def compare(ttft_ms: float | None, tpot_ms: float, anchor: dict, tolerance: float = TOLERANCE) -> Anchor:
+    """quantkit's figures over llama-bench's (`anchor`: measure()'s figures; TPOT alone where either
+    side has no TTFT: a depth's row); `disagree` names each beyond `tolerance`."""
     ratios = {"tpot": tpot_ms / anchor["tpot_ms"]}
     if ttft_ms is not None and anchor.get("ttft_ms"):
         ratios = {"ttft": ttft_ms / anchor["ttft_ms"], **ratios}
-    return {
+    return Anchor(
         **anchor,
-        "ratio_ttft": ratios.get("ttft"),
-        "ratio_tpot": ratios["tpot"],
-        "disagree": [k for k, r in ratios.items() if abs(r - 1) > tolerance],
-        "tolerance": tolerance,
-    }
+        ratio_ttft=ratios.get("ttft"),
+        ratio_tpot=ratios["tpot"],
+        disagree=tuple(k for k, r in ratios.items() if abs(r - 1) > tolerance),
+        tolerance=tolerance,
+    )
 
 
 def failure(found: dict) -> str | None:
@@ -85,21 +86,23 @@ def failure(found: dict) -> str | None:
     return found.get("error")
 
 
-def anchor_lines(name: str, depth: int | None, a: dict) -> list[str]:
-    """A row's anchor (compare's output, or {}) as its note: llama-bench's figures, quantkit's ratio to them."""
-    if "tpot_ms" in a and depth is not None:
+def anchor_lines(name: str, depth: int | None, a: Anchor | NoAnchor | None) -> list[str]:
+    """A row's anchor as its note: llama-bench's figures, quantkit's ratio to them (none where it did not run)."""
+    if not isinstance(a, Anchor):
+        return []
+    flag = "  (!)" if a.disagree else ""
+    if depth is not None:
         return [
-            f"anchor: {name} at depth {depth}: llama-bench TPOT {a['tpot_ms']:.2f} ms "
-            f"({a['tg_tokens_per_s']:.1f} tok/s, -d {a['tg_depth']}, flash attention "
-            f"{'on' if a['flash_attn'] else 'off'}); quantkit/llama-bench {a['ratio_tpot']:.2f}"
-            + ("  (!)" if a["disagree"] else "")
+            f"anchor: {name} at depth {depth}: llama-bench TPOT {a.tpot_ms:.2f} ms "
+            f"({a.tg_tokens_per_s:.1f} tok/s, -d {a.tg_depth}, flash attention "
+            f"{'on' if a.flash_attn else 'off'}); quantkit/llama-bench {a.ratio_tpot:.2f}" + flag
         ]
-    if "ttft_ms" not in a:
+    if a.ttft_ms is None or a.ratio_ttft is None:
         return []
     return [
-        f"anchor: {name}: llama-bench TTFT {a['ttft_ms']:.1f} ms ({a['pp_tokens_per_s']:.0f} tok/s), "
-        f"TPOT {a['tpot_ms']:.2f} ms ({a['tg_tokens_per_s']:.1f} tok/s); quantkit/llama-bench "
-        f"{a['ratio_ttft']:.2f} / {a['ratio_tpot']:.2f}" + ("  (!)" if a["disagree"] else "")
+        f"anchor: {name}: llama-bench TTFT {a.ttft_ms:.1f} ms ({a.pp_tokens_per_s:.0f} tok/s), "
+        f"TPOT {a.tpot_ms:.2f} ms ({a.tg_tokens_per_s:.1f} tok/s); quantkit/llama-bench "
+        f"{a.ratio_ttft:.2f} / {a.ratio_tpot:.2f}" + flag
     ]
 
 

@@ -20,8 +20,9 @@ from quantkit.bench.bench_records import BenchRow, SweepPoint, variant_name
 from quantkit.bench.bench_settings import BenchSettings
 from quantkit.bench.engines import engine_class
 from quantkit.bench.engines.engine import Described, WeightBytes
-from quantkit.bench.harness import Timings, spreads
+from quantkit.bench.harness import Timings
 from quantkit.bench.llama_bench import compare, failure
+from quantkit.bench.row_parts import Anchor, NoAnchor, SelfCheck
 from quantkit.core.attribution import FixedCosts, attribute
 from quantkit.core.fits import fit_prefill
 from quantkit.core.roofline import Shape, efficiency, predict_ttft_s, prefill_flops
@@ -46,7 +47,7 @@ class Loaded:
     kv: float  # bytes per cached token
     kv_type: str  # the cache's element type (engine.kv_cache_type())
     info: dict  # engine.describe()
-    self_check: dict
+    self_check: SelfCheck
     load_s: float
     kernels: tuple | None = None  # engine.weight_kernels(): core/attribution.KernelTime per format
     fixed: FixedCosts | None = None  # the engine's fixed costs, from the model's twin (bench/twin_timing.py)
@@ -83,14 +84,13 @@ def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measu
     eng = dict(loaded.info)
     described = Described.of(eng)
     summary = m.timings.summary(m.step_note)
-    dists = spreads(summary)
     weights = loaded.weights.per_token
     kv = loaded.kv
     ideal = mean_step_bytes(lambda c: weights + kv_live(kv, c), m.prompt_len, s.gen_len)
     bandwidth = figs.bandwidth * s.tensor_parallel  # tensor parallel: each GPU reads its 1/N shard
     pred_tpot = m.step_bytes / bandwidth
-    tpot = dists.tpot_ms["median"] / 1e3
-    ttft = dists.ttft_ms["median"] / 1e3 if dists.ttft_ms else None
+    tpot = summary.tpot_ms.median / 1e3
+    ttft = summary.ttft_ms.median / 1e3 if summary.ttft_ms else None
     flops_s = pred_ttft = None
     if m.prompt_len:  # depth 0 prefills nothing
         flops_s = prefill_flops(Shape.from_config(cfg), m.prompt_len) / (figs.compute * s.tensor_parallel)
@@ -99,7 +99,7 @@ def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measu
     anchor = _anchor(s, eng, ttft, tpot * 1e3, notes, m)
     attribution = _attribution(loaded, m, weights, kv, tpot * 1e3, figs.bandwidth, described.flash_attn)
     prefill = fit_prefill(
-        [p.prompt_len for p in m.sweep], [p.ttft_ms["median"] for p in m.sweep], [sweep_disturbed(p) for p in m.sweep]
+        [p.prompt_len for p in m.sweep], [p.ttft_ms.median for p in m.sweep], [sweep_disturbed(p) for p in m.sweep]
     )
     if m.timings.warmups > s.warmups:
         notes.append(
@@ -125,7 +125,7 @@ def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measu
         flash_attn=described.flash_attn,
         kv_cache=loaded.kv_type,
         load_s=loaded.load_s,
-        compile_and_warmup_s=summary.pop("warmup_s"),
+        compile_and_warmup_s=m.timings.warmup_s,
         warmups=m.timings.warmups,
         warmups_requested=s.warmups,
         weight_bytes_per_token=weights,
@@ -188,7 +188,9 @@ def _attribution(
     )
 
 
-def _anchor(s: BenchSettings, eng: dict, ttft_s: float | None, tpot_ms: float, notes: list[str], m: Measured):
+def _anchor(
+    s: BenchSettings, eng: dict, ttft_s: float | None, tpot_ms: float, notes: list[str], m: Measured
+) -> Anchor | NoAnchor | None:
     """The engine's own benchmark beside quantkit's figures (llama.cpp: llama-bench, at the row's
     depth and flash-attention setting), a note where they disagree."""
 
@@ -197,13 +199,15 @@ def _anchor(s: BenchSettings, eng: dict, ttft_s: float | None, tpot_ms: float, n
         return None
     if failure(found) is not None:
         notes.append(f"no anchor: {failure(found)}")
-        return found
+        return NoAnchor(failure(found))
     result = compare(ttft_s * 1e3 if ttft_s is not None and m.depth is None else None, tpot_ms, found)
-    for what in result["disagree"]:
+    figures = {"ttft": (result.ratio_ttft, result.ttft_ms), "tpot": (result.ratio_tpot, result.tpot_ms)}
+    for what in result.disagree:
+        ratio, theirs = figures[what]
         notes.append(
-            f"{what.upper()} {result['ratio_' + what]:.2f}x llama-bench's ({result[what + '_ms']:.2f} ms"
-            f"{'' if m.depth is None else f' at depth {m.depth}'}): beyond {result['tolerance']:.0%}; "
-            f"llama-bench runs llama.cpp's own build ({result.get('backends')})"
+            f"{what.upper()} {ratio:.2f}x llama-bench's ({theirs:.2f} ms"
+            f"{'' if m.depth is None else f' at depth {m.depth}'}): beyond {result.tolerance:.0%}; "
+            f"llama-bench runs llama.cpp's own build ({result.backends})"
         )
     return result
 
@@ -211,8 +215,8 @@ def _anchor(s: BenchSettings, eng: dict, ttft_s: float | None, tpot_ms: float, n
 def sweep_disturbed(point) -> bool:
     """A sweep length's prefills disagree as a disturbed row's repeats do (their P90 past the best
     by DISTURBED_SPREAD): another process took the cores during some of them."""
-    t = point.ttft_ms
-    return t.get("n", 0) > 1 and bool(t.get("min")) and (t["p90"] - t["min"]) / t["min"] > DISTURBED_SPREAD
+    spread = point.ttft_ms.spread
+    return spread is not None and spread > DISTURBED_SPREAD
 
 
 def disturbance(row: BenchRow, drift: dict | None) -> tuple[str, ...]:
@@ -220,20 +224,17 @@ def disturbance(row: BenchRow, drift: dict | None) -> tuple[str, ...]:
     its repeats disagree, its steps have a long tail, the device probe moved during the run, or
     llama-bench run beside it (the witness) disagrees by far more than engines differ."""
     out = []
-    dists = spreads(row.stats)
-    tpot = dists.tpot_ms or {}
-    if tpot.get("n", 0) > 1 and tpot.get("min"):
-        spread = (tpot["p90"] - tpot["min"]) / tpot["min"]
-        if spread > DISTURBED_SPREAD:
-            out.append(f"its repeats' TPOT spread {spread:.0%} (P90 {tpot['p90']:.2f} ms, best {tpot['min']:.2f} ms)")
-    steps = dists.step_ms or {}
-    if steps.get("median") and steps["p90"] > STEP_TAIL * steps["median"]:
-        out.append(f"its steps' P90 is {steps['p90'] / steps['median']:.1f}x their median")
+    tpot = row.stats.tpot_ms
+    if tpot.spread is not None and tpot.spread > DISTURBED_SPREAD:
+        out.append(f"its repeats' TPOT spread {tpot.spread:.0%} (P90 {tpot.p90:.2f} ms, best {tpot.min:.2f} ms)")
+    steps = row.stats.step_ms
+    if steps is not None and steps.median and steps.p90 > STEP_TAIL * steps.median:
+        out.append(f"its steps' P90 is {steps.p90 / steps.median:.1f}x their median")
     read = (drift or {}).get("change", {}).get("read_gbps")
     if read is not None and abs(read) > drift["limit"]:  # the rate decode streams at (a matmul's drift is TTFT's)
         out.append(f"the device probe's read bandwidth moved {read:+.0%} during the run")
-    ratio = (row.anchor or {}).get("ratio_tpot")
-    if isinstance(ratio, (int, float)) and abs(ratio - 1) > WITNESS:
+    ratio = row.anchor.ratio_tpot if isinstance(row.anchor, Anchor) else None
+    if ratio is not None and abs(ratio - 1) > WITNESS:
         out.append(f"llama-bench beside it measured a TPOT {1 / ratio:.2f}x the row's")
     return tuple(out)
 

@@ -82,11 +82,10 @@ def render(result, fmt: str) -> str:
                 f"({result.device.llc_bytes / 1e6:.1f} MB): it may beat "
                 "the streaming-read roofline (fits in cache)"
             )
-        lines += anchor_lines(r.name, r.depth, r.anchor or {})
+        lines += anchor_lines(r.name, r.depth, r.anchor)
         lines += _attribution_lines(r, label)
-        per_step = r.stats.get("per_step") or {}
-        if per_step.get("measured") is False:
-            lines.append(f"note: {label}: no per-step statistics: {per_step['reason']}")
+        if not r.stats.per_step.measured:
+            lines.append(f"note: {label}: no per-step statistics: {r.stats.per_step.reason}")
     for f in result.failed:
         lines.append(f"not benchmarked: {f.name}: {f.error}")
     above = [f"{_label(r, result)} ({_above(r)})" for r in result.rows if r.accounting_error]

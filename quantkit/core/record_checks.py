@@ -36,16 +36,19 @@ def checked(cls, data, what: str) -> dict:
 @dataclass(frozen=True)
 class Num:
     """A finite number (never a boolean) of at least `low` (above it when `above`), at most `high`;
-    None only where `none`."""
+    None only where `none`; +infinity only where `infinite` (a figure that could not be computed)."""
 
     low: float | None = None
     high: float | None = None
     above: bool = False
     none: bool = False
+    infinite: bool = False
 
     def __call__(self, v, what: str):
         if v is None and self.none:
             return None
+        if self.infinite and v == math.inf and not isinstance(v, bool):
+            return v
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise RecordError(f"{what}: {v!r} is not a finite number")
         if self.low is not None and (v <= self.low if self.above else v < self.low):

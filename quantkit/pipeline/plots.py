@@ -92,7 +92,7 @@ def ttft_sweep(rows: list[BenchRow], out: Path) -> Path:
         if not sw:
             continue
         ls = [p.prompt_len for p in sw]
-        line = ax.plot(ls, [p.ttft_ms["median"] for p in sw], "o-", label=f"{r.name} measured")
+        line = ax.plot(ls, [p.ttft_ms.median for p in sw], "o-", label=f"{r.name} measured")
         ax.plot(ls, [p.predicted_ttft_ms for p in sw], ":", color=line[0].get_color(), label=f"{r.name} roofline")
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel(axis("ttft_ms"))

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from quantkit.bench.bench_records import options_json
 from quantkit.models.checkpoint import read_config
 from quantkit.pipeline.accuracy import accuracy_rows
 from quantkit.pipeline.depths import context_rows, depth_rows
@@ -25,7 +26,7 @@ def _engine_section(eb: EngineBench) -> EngineSection:
     return EngineSection(
         device=res.device.to_json() if res else None,
         fit=res.fit.to_json() if res else None,
-        settings=res.settings if res else None,
+        settings=options_json(res.settings) if res else None,
         load_average=res.load_average.to_json() if res else None,
         error=eb.error,
     )
