@@ -259,7 +259,7 @@ def test_the_torch_engines_compute_in_the_dtype_the_probe_chooses(tiny_llama, in
     for row in res.rows:
         assert row.dtype == want and row.kv_cache == want, row.name
         assert row.cpu_variant == f"ATen {torch.backends.cpu.get_cpu_capability()}"
-        assert ("asked for" if asked else "probed") in row.engine_info["dtype_reason"]
+        assert ("asked for" if asked else "probed") in row.engine_info.own["dtype_reason"]
         assert row.attribution is not None and f"random {want} weights" in row.attribution.fixed.twin
 
 

@@ -82,7 +82,7 @@ def test_a_schema_5_row_gains_the_cpu_variant_llama_cpp_recorded():
     v5["rows"] += [llama, wheel]
     got = BenchResult.from_json(v5)
     assert [r.cpu_variant for r in got.rows] == [None, "zen4", "one CPU build"] and got.schema_version == 6
-    assert got.rows[1].engine_info["cpu_variant"] == info["cpu_variant"]  # the whole verdict stays
+    assert got.rows[1].engine_info.own["cpu_variant"] == info["cpu_variant"]  # the whole verdict stays
     with pytest.raises(RecordError, match="missing key 'cpu_variant'"):  # a schema-6 row must hold it
         BenchResult.from_json({**v5, "schema_version": 6})
 

@@ -9,7 +9,15 @@ import pytest
 from quantkit.bench.bench_records import ADDED_OPTIONS, options_from_json, options_json, ran_options
 from quantkit.bench.harness import Timings, summarize_ms
 from quantkit.bench.llama_bench import anchor_lines, compare
-from quantkit.bench.row_parts import Anchor, Distribution, NoAnchor, SelfCheck, TimingStats, anchor_from_json
+from quantkit.bench.row_parts import (
+    Anchor,
+    Distribution,
+    EngineInfo,
+    NoAnchor,
+    SelfCheck,
+    TimingStats,
+    anchor_from_json,
+)
 from quantkit.core.record_checks import RecordError
 from quantkit.recipe.bench_options import BenchOptions
 
@@ -100,3 +108,21 @@ def test_settings_read_back_and_an_older_file_gets_the_options_it_lacked_at_thei
         options_from_json({**options_json(o), "repeatz": 3})
     with pytest.raises(RecordError, match=r"settings.repeats must be at least 1, not 0"):
         options_from_json({**options_json(o), "repeats": 0})
+
+
+def test_engine_info_keeps_the_engines_own_keys_as_it_gave_them():
+    given = {
+        "engine": "llamacpp",
+        "device": "cpu",
+        "type": "cpu",
+        "name": "a CPU",
+        "dtype": "Q4_0",
+        "gguf_export": None,
+    }
+    info = EngineInfo.from_json({**given, "n_ctx": 512})
+    assert info.dtype == "Q4_0" and info.own == {"gguf_export": None, "n_ctx": 512}
+    assert info.to_json() == {**given, "n_ctx": 512} and EngineInfo.from_json(info.to_json()) == info
+    with pytest.raises(RecordError, match="engine_info: missing key 'device'"):
+        EngineInfo.from_json({"engine": "eager", "type": "cpu"})
+    with pytest.raises(RecordError, match="engine_info.dtype: expected a string, not a whole number"):
+        EngineInfo.from_json({**given, "dtype": 16})

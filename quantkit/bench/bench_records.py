@@ -24,7 +24,15 @@ from dataclasses import dataclass, field, fields
 
 from quantkit.bench import bench_columns as bc
 from quantkit.bench.bench_columns import BENCH, REPORT, Column, shown_as
-from quantkit.bench.row_parts import Anchor, Distribution, NoAnchor, SelfCheck, TimingStats, anchor_from_json
+from quantkit.bench.row_parts import (
+    Anchor,
+    Distribution,
+    EngineInfo,
+    NoAnchor,
+    SelfCheck,
+    TimingStats,
+    anchor_from_json,
+)
 from quantkit.core.attribution import Attribution
 from quantkit.core.fits import PrefillFit, RuleFit, fit_rule
 from quantkit.core.option_fields import bound_error, defaults
@@ -75,7 +83,6 @@ class SweepPoint:
 ROW_VALUES = {
     **dict.fromkeys(("model", "name", "kind", "kernel", "engine", "device"), TEXT),
     "cpu_variant": TEXT_OR_NONE,
-    "engine_info": OBJECT,
     **dict.fromkeys(("prompt_sweep", "notes", "flags"), LIST),
     "prompt_len": COUNT,  # 0 in a row at depth 0: nothing prefilled
     "gen_len": Whole(1),
@@ -116,7 +123,7 @@ class BenchRow:
     # without run-time dispatch, ATen's kernels (`ATen AVX512`) in the torch engines; None on a GPU
     cpu_variant: str | None = shown_as(Column(BENCH, "runs on", place=50, cell=bc.runs_on))
     threads: int | None
-    engine_info: dict
+    engine_info: EngineInfo
     prompt_len: int
     gen_len: int
     # tokens cached when decode starts (--depth); None: a fresh prefill per repeat
@@ -183,6 +190,7 @@ class BenchRow:
     def to_json(self) -> dict:
         return {
             **self.__dict__,
+            "engine_info": self.engine_info.to_json(),
             "self_check": self.self_check.to_json(),
             "stats": self.stats.to_json(),
             "anchor": self.anchor.to_json() if self.anchor else None,
@@ -202,6 +210,7 @@ class BenchRow:
         return cls(
             **{
                 **d,
+                "engine_info": EngineInfo.from_json(d["engine_info"], f"{what}.engine_info"),
                 "self_check": SelfCheck.from_json(d["self_check"], f"{what}.self_check"),
                 "stats": TimingStats.from_json(d["stats"], f"{what}.stats"),
                 "anchor": anchor_from_json(d["anchor"], f"{what}.anchor"),

@@ -1,6 +1,7 @@
-"""The typed parts a bench row holds: a distribution of times (Distribution), what a row's timings
-reduce to (TimingStats), the self-check against the checkpoint (SelfCheck) and the engine's own
-benchmark beside the row (Anchor, or NoAnchor where it could not run).
+"""The typed parts a bench row holds: what the engine said about itself (EngineInfo), a
+distribution of times (Distribution), what a row's timings reduce to (TimingStats), the
+self-check against the checkpoint (SelfCheck) and the engine's own benchmark beside the row
+(Anchor, or NoAnchor where it could not run).
 
 Each has one JSON form, the one bench results have always held (bench_records.py migrates what
 older files lack), and a `from_json` that refuses unknown, missing and ill-typed keys with one
@@ -10,7 +11,10 @@ depth's anchor no prefill) writes only the fields it has: `_present`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import Any
 
 from quantkit.core.record_checks import (
     COUNT,
@@ -49,6 +53,52 @@ def _sparse(cls, data, what: str) -> dict:
         raise RecordError(f"{what}: expected a JSON object, not {type(data).__name__}")
     optional = {f.name for f in fields(cls) if f.default is None}
     return checked(cls, {**dict.fromkeys(optional), **data}, what)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the engine said about itself (Engine.describe) beyond what the row holds in columns of
+    its own: the device it ran on, and the engine's own keys (`own`: llama.cpp's GGUF, context,
+    batch and threadpool; vLLM's tensor parallelism; the torch engines' attention and why their
+    dtype), which that engine alone writes and this record keeps as it gave them."""
+
+    engine: str
+    device: str
+    type: str  # the device's type (torch.device.type)
+    name: str | None  # the device's name
+    dtype: str | None
+    own: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, described: dict) -> "EngineInfo":
+        """An engine's describe() dict (less what the row takes into its own columns) as the record."""
+        d = dict(described)
+        common = {f: d.pop(f, None) for f in ("engine", "device", "type", "name", "dtype")}
+        return cls(**common, own=MappingProxyType(d))
+
+    def to_json(self) -> dict:
+        return {
+            "engine": self.engine,
+            "device": self.device,
+            "type": self.type,
+            "name": self.name,
+            "dtype": self.dtype,
+            **self.own,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, what: str = "engine_info") -> "EngineInfo":
+        if not isinstance(data, dict):
+            raise RecordError(f"{what}: expected a JSON object, not {type(data).__name__}")
+        missing = [k for k in ("engine", "device", "type") if k not in data]
+        if missing:
+            raise RecordError(f"{what}: missing key {missing[0]!r}")
+        check_values(
+            {"name": None, "dtype": None, **data},
+            {**dict.fromkeys(("engine", "device", "type"), TEXT), **dict.fromkeys(("name", "dtype"), TEXT_OR_NONE)},
+            what,
+        )
+        return cls.of(data)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from quantkit.bench.engines import engine_class
 from quantkit.bench.engines.engine import Described, WeightBytes
 from quantkit.bench.harness import Timings
 from quantkit.bench.llama_bench import compare, failure
-from quantkit.bench.row_parts import Anchor, NoAnchor, SelfCheck
+from quantkit.bench.row_parts import Anchor, EngineInfo, NoAnchor, SelfCheck
 from quantkit.core.attribution import FixedCosts, attribute
 from quantkit.core.fits import fit_prefill
 from quantkit.core.roofline import Shape, efficiency, predict_ttft_s, prefill_flops
@@ -118,7 +118,7 @@ def make_row(source, cfg: dict, s: BenchSettings, figs, loaded: Loaded, m: Measu
         dtype=described.dtype,
         cpu_variant=variant_name(described.cpu_variant),
         threads=described.threads,
-        engine_info=eng,
+        engine_info=EngineInfo.of(eng),
         prompt_len=m.prompt_len,
         gen_len=s.gen_len,
         depth=m.depth,
