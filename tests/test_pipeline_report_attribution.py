@@ -4,9 +4,12 @@ bench rows' attribution; its rule check line never shows a negative time per ste
 import json
 from pathlib import Path
 
+import pytest
+
 from quantkit.bench.bench_records import BenchResult
 from quantkit.core.attribution import FixedCosts, KernelTime, attribute
-from quantkit.core.fits import fit_rule
+from quantkit.core.fits import RuleFit, fit_rule
+from quantkit.core.record_checks import RecordError
 from quantkit.pipeline.report import _fit_text, lever_lines, variant_row
 from quantkit.pipeline.variant_record import VariantRecord
 
@@ -52,6 +55,7 @@ def test_the_rule_check_line_has_no_negative_overhead():
     # points a bytes-only line fits with a negative intercept
     pts = [{"weight_bytes": w, "kv_bytes": 1e6, "compute_s": (w / 1e8) ** 2 * 0.004} for w in (1e8, 2e8, 3e8, 4e8)]
     tpots = [p["weight_bytes"] / 20e9 + p["compute_s"] for p in pts]
-    text = _fit_text(fit_rule(pts, tpots).to_json(), "**Rule check**")
+    text = _fit_text(fit_rule(pts, tpots), "**Rule check**")
     assert "**Rule check**" in text and "= -" not in text and " -0." not in text.split("bytes-only")[0]
-    assert _fit_text({"effective_gbps": 5.4, "overhead_ms": -9.4, "r2": 0.95}, "x").startswith("x: not shown")
+    with pytest.raises(RecordError, match="rule-check fit: missing key 'points'"):  # the old one-term line
+        RuleFit.from_json({"effective_gbps": 5.4, "overhead_ms": -9.4, "r2": 0.95})

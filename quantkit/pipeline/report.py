@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from quantkit.bench.bench_records import BenchRow, DeviceBlock, report_cells, report_columns
+from quantkit.bench.bench_records import BenchRow, report_cells, report_columns
 from quantkit.core.fits import RuleFit, describe_fit
-from quantkit.core.record_checks import RecordError
 from quantkit.models.sizes import checkpoint_sizes
 from quantkit.pipeline.accuracy import (
     DecodeAt,
@@ -169,14 +168,9 @@ def fastest(rows: list[dict]) -> dict[str, Fastest]:
     return out
 
 
-def _fit_text(fit: dict, what: str) -> str | None:
+def _fit_text(fit: RuleFit | None, what: str) -> str | None:
     """The rule check's line (core/fits.describe_fit) of a report's fit, prefixed by `what`."""
-    if not fit:
-        return None
-    try:
-        line = describe_fit(RuleFit.from_json(fit))
-    except RecordError as exc:
-        return f"{what}: not shown ({exc})"
+    line = describe_fit(fit) if fit else None
     return f"{what}: {line.removeprefix('rule check ')}" if line else None
 
 
@@ -202,11 +196,11 @@ def engine_lines(report: ReportContent) -> list[str]:
         if e.error:
             out.append(f"- **{name}**: not benchmarked: {e.error}")
             continue
-        dev = DeviceBlock.from_json(e.device) if e.device else None
+        dev = e.device
         probe = f"{dev.threads} threads, probed {dev.bandwidth_gbps:.1f} GB/s read" if dev else "no probe"
         effs = [row.tpot_efficiency_pct for row in rows if row.engine == name and row.tpot_efficiency_pct is not None]
         eff = f"; TPOT efficiency {min(effs):.0f}–{max(effs):.0f}% of the roofline" if effs else ""
-        fit = _fit_text(e.fit or {}, "rule check")
+        fit = _fit_text(e.fit, "rule check")
         out.append(f"- **{name}** ({probe}{eff}): {fit or 'rule check: not enough variants to fit'}.")
     if report.fastest:
         out += ["", "**Fastest engine per variant** (batch-1 TPOT):"]
@@ -272,7 +266,7 @@ def render_markdown(r: ReportContent) -> str:
     eval_failed = [f"- {v.name}: eval ({e}): {msg}" for v in variants for e, msg in v.eval_errors.items()]
     if eval_failed:
         out += ["Evaluation failed on an engine:", *eval_failed, ""]
-    fit = _fit_text(r.fit.to_json() if r.fit else None, "**Rule check**")
+    fit = _fit_text(r.fit, "**Rule check**")
     if len(r.engines) > 1:
         out += [
             "**Rule check per engine**, each against its own probe of the device in this run:",

@@ -15,16 +15,50 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from quantkit.bench.bench_records import DeviceBlock
+from quantkit.bench.bench_records import DeviceBlock, LoadAverage, options_from_json, options_json
 from quantkit.core.fits import RuleFit
-from quantkit.core.record_checks import RecordError
+from quantkit.core.record_checks import TEXT_OR_NONE, RecordError, check_values, checked
 from quantkit.pipeline.accuracy import AccuracyRow, PositionRow
 from quantkit.pipeline.depths import ContextRow, DepthRow
-from quantkit.pipeline.run_report import KIND, EngineSection, Fastest, ReportRow
+from quantkit.pipeline.run_report import KIND, Fastest, ReportRow
 from quantkit.pipeline.variant_record import VariantRecord
+from quantkit.recipe.bench_options import BenchOptions
 from quantkit.recipe.schema import BenchConfig
 
 SCHEMA_VERSION = 5
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    """An engine's part of a run (report.json `engines.ENGINE`): its device probe and rule-check fit,
+    the bench options it ran and the machine's load (its bench result's parts), all None with the
+    error where it did not run."""
+
+    device: DeviceBlock | None
+    fit: RuleFit | None
+    settings: BenchOptions | None
+    load_average: LoadAverage | None
+    error: str | None
+
+    def to_json(self) -> dict:
+        return {
+            "device": self.device.to_json() if self.device else None,
+            "fit": self.fit.to_json() if self.fit else None,
+            "settings": options_json(self.settings) if self.settings else None,
+            "load_average": self.load_average.to_json() if self.load_average else None,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_json(cls, data, what: str = "engines[]") -> EngineSection:
+        d = check_values(checked(cls, data, what), {"error": TEXT_OR_NONE}, what)
+        return cls(
+            device=DeviceBlock.from_json(d["device"]) if d["device"] else None,
+            fit=RuleFit.from_json(d["fit"]) if d["fit"] else None,
+            settings=options_from_json(d["settings"]) if d["settings"] else None,
+            load_average=LoadAverage.from_json(d["load_average"]) if d["load_average"] else None,
+            error=d["error"],
+        )
 
 
 @dataclass(frozen=True)

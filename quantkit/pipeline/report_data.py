@@ -9,13 +9,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from quantkit.bench.bench_records import options_json
 from quantkit.models.checkpoint import read_config
 from quantkit.pipeline.accuracy import accuracy_rows
 from quantkit.pipeline.depths import context_rows, depth_rows
 from quantkit.pipeline.report import fastest, position_rows, variant_row
-from quantkit.pipeline.report_content import SCHEMA_VERSION, ReportContent
-from quantkit.pipeline.run_report import EngineSection, ReportRow
+from quantkit.pipeline.report_content import SCHEMA_VERSION, EngineSection, ReportContent
+from quantkit.pipeline.run_report import ReportRow
 from quantkit.pipeline.serving import EngineBench
 from quantkit.pipeline.variant_record import VariantRecord
 from quantkit.recipe.schema import BASELINE_NAME, BenchConfig
@@ -24,10 +23,10 @@ from quantkit.recipe.schema import BASELINE_NAME, BenchConfig
 def _engine_section(eb: EngineBench) -> EngineSection:
     res = eb.result
     return EngineSection(
-        device=res.device.to_json() if res else None,
-        fit=res.fit.to_json() if res else None,
-        settings=options_json(res.settings) if res else None,
-        load_average=res.load_average.to_json() if res else None,
+        device=res.device if res else None,
+        fit=res.fit if res else None,
+        settings=res.settings if res else None,
+        load_average=res.load_average if res else None,
         error=eb.error,
     )
 

@@ -124,26 +124,6 @@ class Fastest:
 
 
 @dataclass(frozen=True)
-class EngineSection:
-    """An engine's part of a run (report.json `engines.ENGINE`): its device probe and rule-check fit
-    (bench_records.DeviceBlock and core/fits.RuleFit as JSON), its settings and the machine's load,
-    all None with the error where it did not run."""
-
-    device: dict | None
-    fit: dict | None
-    settings: dict | None
-    load_average: dict | None
-    error: str | None
-
-    def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_json(cls, data, what: str = "engines[]") -> EngineSection:
-        return cls(**checked(cls, data, what))
-
-
-@dataclass(frozen=True)
 class RunReport:
     """A run's report.json as compare reads it: where and when it ran, and its rows."""
 
