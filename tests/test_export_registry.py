@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from quantkit.core.record_checks import checked
 from quantkit.errors import QuantkitError, RecipeError
 from quantkit.export import export_registry
 from quantkit.export.export_registry import EXPORTERS, capability_table, check_formats, exporter_for, formats
@@ -36,13 +38,29 @@ def test_capabilities_are_decided_on_scheme_facts():
     assert all(f"`{n}`" in table for n in EXPORTERS) and table.count("\n| ") >= len(export_registry.SCHEMES)
 
 
+@dataclass(frozen=True)
+class ToyRecord:
+    """What the toy format wrote: its file, hash, size and tensor count."""
+
+    out: str
+    sha256: str
+    bytes: int
+    tensors: int
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data) -> ToyRecord:
+        return cls(**checked(cls, data, "toy export record"))
+
+
 class Toy(Exporter):
     """A format written in a test only: the artifact's tensor names and shapes, as one JSON file."""
 
     name = "toy"
     format = "toy"
     writes = "the tensor names and shapes, as JSON"
-    keeps = ("out", "sha256", "bytes", "tensors")
 
     def takes(self, facts: sf.SchemeFacts) -> Verdict:
         return Verdict(EXACT, "names and shapes only")
@@ -54,7 +72,7 @@ class Toy(Exporter):
     def out_name(self, stem: str, settings: ExportSettings) -> str:
         return f"{stem}.toy.json"
 
-    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> dict:
+    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> ToyRecord:
         from quantkit.models.headers import read_header
 
         artifact = Path(artifact)
@@ -65,7 +83,10 @@ class Toy(Exporter):
             shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
         data = json.dumps(shapes, sort_keys=True).encode()
         out.write_bytes(data)
-        return {"out": str(out), "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "tensors": len(shapes)}
+        return ToyRecord(str(out), hashlib.sha256(data).hexdigest(), len(data), len(shapes))
+
+    def kept(self, record: ToyRecord) -> dict:
+        return {**super().kept(record), "out": record.out, "tensors": record.tensors}
 
 
 @pytest.fixture
@@ -84,6 +105,8 @@ def test_a_new_format_is_one_class_and_one_entry(toy, cli, tiny_llama, tmp_path)
     code, out, err, rec = cli("export", str(tiny_llama), "--format", "toy", "--out", str(tmp_path / "m.json"), "--json")
     assert code == 0, err
     assert rec["tensors"] > 0 and json.loads((tmp_path / "m.json").read_text())
+    code, out, err, _ = cli("export", str(tiny_llama), "--format", "toy", "--out", str(tmp_path / "n.json"))
+    assert code == 0 and out.startswith("wrote --format toy (") and rec["sha256"][:12] in out, err
     code, out, err, _ = cli(
         "export", str(tiny_llama), "--format", "toy", "--type", "Q4_K_M", "--out", str(tmp_path / "t")
     )

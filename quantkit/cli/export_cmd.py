@@ -90,7 +90,7 @@ def export_cmd(artifact, fmt, out, mixed, mixed_types, mixed_rounding, as_json, 
         out = Path.cwd() / exporter.out_name(found.named, settings)
     record = exporter.export(found.path, out, settings)
     if as_json:
-        echo_json(record)
+        echo_json(record.to_json())
         return
     for line in exporter.summary(record):
         click.echo(line)

@@ -83,8 +83,9 @@ def problems(root: Path, files: dict, deep: bool = True) -> list[str]:
     return found
 
 
-def check(root: Path, meta: dict, deep: bool = True) -> None:
-    """QuantkitError naming the first problem (and how many more) unless the artifact matches its manifest."""
+def check(root: Path, meta: dict, deep: bool = True) -> dict:
+    """The artifact's manifest (file -> sha256 and bytes) when the artifact matches it; else
+    QuantkitError naming the first problem (and how many more)."""
     files = meta.get("files")
     if not isinstance(files, dict) or not files:
         raise QuantkitError(
@@ -97,6 +98,7 @@ def check(root: Path, meta: dict, deep: bool = True) -> None:
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise QuantkitError(f"{root}: {found[0]}{more}")
+    return files
 
 
 def record(root: Path, meta: dict, name: str) -> None:

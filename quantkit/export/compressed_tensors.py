@@ -11,12 +11,11 @@ from pathlib import Path
 from quantkit.artifacts.staging import META, check_out, claim_out, guard_out, read_meta, staged_dir
 from quantkit.core import integrity
 from quantkit.errors import QuantkitError
+from quantkit.export.export_records import CopyRecord
 from quantkit.export.exporter import EXACT, REFUSED, Exporter, ExportSettings, Verdict, judge
 from quantkit.gguf.target import protected
 from quantkit.models.checkpoint import checkpoint_hash
 from quantkit.models.scheme_facts import SchemeFacts, of_meta
-
-RECORD_KIND = "quantkit-export"
 
 
 def takes(facts: SchemeFacts) -> Verdict:
@@ -32,7 +31,6 @@ class CompressedTensors(Exporter):
     format = "compressed-tensors"
     writes = "the artifact's own directory (safetensors, config.json, quantkit.json), as convert saved it"
     directory = True
-    keeps = ("out", "sha256", "bytes", "files")
 
     def takes(self, facts: SchemeFacts) -> Verdict:
         return takes(facts)
@@ -51,7 +49,7 @@ class CompressedTensors(Exporter):
     def out_name(self, stem: str, settings: ExportSettings) -> str:
         return f"{stem}.compressed-tensors"
 
-    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> dict:
+    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> CopyRecord:
         artifact = Path(artifact)
         out = (
             Path(out)
@@ -62,9 +60,8 @@ class CompressedTensors(Exporter):
         verdict = judge(takes(f) for f in of_meta(meta))
         if verdict.kind == REFUSED:
             raise QuantkitError(f"{artifact}: {verdict.reason}")
-        integrity.check(artifact, meta, deep=True)  # only an artifact convert wrote has a manifest to copy by
+        files = integrity.check(artifact, meta, deep=True)  # only an artifact convert wrote has a manifest to copy by
         _check_out(out, artifact, meta, settings.force)
-        files = meta["files"]
         with claim_out(out):
             _check_out(out, artifact, meta, settings.force)  # again under the lock
             with staged_dir(out) as stage:
@@ -74,18 +71,20 @@ class CompressedTensors(Exporter):
                 found = integrity.problems(stage, files, deep=True)
                 if found:
                     raise QuantkitError(f"{out}: the copy differs from the artifact's manifest ({found[0]})")
-        return {
-            "kind": RECORD_KIND,
-            "format": self.format,
-            "out": str(out.resolve()),
-            "artifact": str(artifact.resolve()),
-            "files": len(files) + 1,
-            "bytes": sum(os.path.getsize(out / n) for n in [*files, META]),
-            "sha256": checkpoint_hash(out),
-        }
+        return CopyRecord(
+            format=self.format,
+            out=str(out.resolve()),
+            artifact=str(artifact.resolve()),
+            files=len(files) + 1,
+            bytes=sum(os.path.getsize(out / n) for n in [*files, META]),
+            sha256=checkpoint_hash(out),
+        )
 
-    def summary(self, record: dict) -> list[str]:
-        return [f"wrote {record['out']} ({record['bytes'] / 1e6:.1f} MB, {record['files']} files, compressed-tensors)"]
+    def kept(self, record: CopyRecord) -> dict:
+        return {"out": record.out, "sha256": record.sha256, "bytes": record.bytes, "files": record.files}
+
+    def summary(self, record: CopyRecord) -> list[str]:
+        return [f"wrote {record.out} ({record.bytes / 1e6:.1f} MB, {record.files} files, compressed-tensors)"]
 
 
 def _check_out(out: Path, artifact: Path, meta: dict, force: bool) -> None:

@@ -3,16 +3,17 @@
 
 An exporter says, for each scheme an artifact may hold (models/scheme_facts.py), whether it writes
 it exactly, lossily, or refuses it, and why (`takes`); checks its settings before anything is read
-(`check`); names its output (`out_name`); writes it and returns its record (`export`: a dict
-holding at least `sha256` and `bytes` of what it wrote, which `quantkit run` reuses it by); says
-what of the record a run keeps (`kept`); and puts the record in a few lines for the terminal
-(`summary`). The registry is export/export_registry.py.
+(`check`); names its output (`out_name`); writes it and returns its record (`export`: a typed
+record, ExportRecord, holding at least `sha256` and `bytes` of what it wrote, which
+`quantkit run` reuses it by); says what of the record a run keeps (`kept`, JSON); and puts the
+record in a few lines for the terminal (`summary`). The registry is export/export_registry.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from quantkit.core.option_fields import FLAG, bound_error, option
 from quantkit.data.sources import syntaxes
@@ -97,6 +98,16 @@ class ExportSettings:
             raise QuantkitError(error)
 
 
+class ExportRecord(Protocol):
+    """What every exporter's record holds (theirs: export/export_records.py): the hash and size of
+    what it wrote, which `quantkit run` reuses the output by, and its one JSON form."""
+
+    sha256: str
+    bytes: int
+
+    def to_json(self) -> dict: ...
+
+
 class Exporter:
     """One serving format. Subclasses set the attributes and implement the methods."""
 
@@ -105,7 +116,6 @@ class Exporter:
     writes: str  # what it writes, in words (the docs table)
     directory: bool = False  # writes a directory (else one file, with whatever record it keeps beside it)
     selected_by: str | None = None  # the ExportSettings field that, when set, picks this exporter for its format
-    keeps: tuple[str, ...] = ("sha256", "bytes")  # the record's keys a run keeps in its variant's record
 
     def takes(self, facts: SchemeFacts) -> Verdict:
         raise NotImplementedError
@@ -117,14 +127,15 @@ class Exporter:
         """The output's file (or directory) name for an artifact named `stem`."""
         raise NotImplementedError
 
-    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> dict:
+    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> ExportRecord:
         """Write `out` (None: `out_name` beside the artifact); returns the record."""
         raise NotImplementedError
 
-    def kept(self, record: dict) -> dict:
-        """What a run keeps of the record in its variant's record (and its step cache)."""
-        return {k: record.get(k) for k in self.keeps}
+    def kept(self, record: ExportRecord) -> dict:
+        """What a run keeps of the record in its variant's record (and its step cache), as JSON: at
+        least what it reuses the output by."""
+        return {"sha256": record.sha256, "bytes": record.bytes}
 
-    def summary(self, record: dict) -> list[str]:
+    def summary(self, record: ExportRecord) -> list[str]:
         """The record as the terminal shows it."""
-        return [f"wrote {record.get('out')} ({record['bytes'] / 1e6:.1f} MB)"]
+        return [f"wrote --format {self.format} ({record.bytes / 1e6:.1f} MB, sha256 {record.sha256[:12]})"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
+from quantkit.export.export_records import GgufRecord, KquantRecord
 from quantkit.export.exporter import EXACT, LOSSY, REFUSED, Exporter, ExportSettings, Verdict
 from quantkit.gguf.artifact_to_gguf import GgufOptions, export_gguf
 from quantkit.models.scheme_facts import SchemeFacts
@@ -55,7 +56,6 @@ class GgufExact(Exporter):
     name = "gguf"
     format = "gguf"
     writes = "one GGUF file for llama.cpp, the artifact's grid kept"
-    keeps = ("gguf", "sha256", "bytes", "lossless", "tensor_types", "mapping")
 
     def takes(self, facts: SchemeFacts) -> Verdict:
         return takes(facts)
@@ -69,26 +69,33 @@ class GgufExact(Exporter):
     def out_name(self, stem: str, settings: ExportSettings) -> str:
         return f"{stem}.gguf"
 
-    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> dict:
+    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> GgufRecord:
         s = settings
         opts = GgufOptions(embeddings=s.embeddings, allow_lossy=s.allow_lossy, force=s.force, kl_text=s.kl_text)
-        return export_gguf(artifact, out, opts)
+        return GgufRecord.from_json(export_gguf(artifact, out, opts))
 
-    def summary(self, record: dict) -> list[str]:
-        lines = [f"wrote {record['gguf']} ({record['bytes'] / 1e6:.1f} MB, {record['architecture']})"]
-        lines += [
-            f"  {m['tensors']:4d} x {m['mapping']}{'' if m['exact'] else '  [not exact]'}" for m in record["mapping"]
-        ]
-        v = record["verification"]
-        if record["lossless"]:
+    def kept(self, record: GgufRecord | KquantRecord) -> dict:
+        return {
+            "gguf": record.gguf,
+            "sha256": record.sha256,
+            "bytes": record.bytes,
+            "lossless": record.lossless,
+            "tensor_types": record.tensor_types,
+            "mapping": [m.to_json() for m in record.mapping],
+        }
+
+    def summary(self, record: GgufRecord) -> list[str]:
+        lines = [f"wrote {record.gguf} ({record.bytes / 1e6:.1f} MB, {record.architecture})"]
+        lines += [f"  {m.tensors:4d} x {m.mapping}{'' if m.exact else '  [not exact]'}" for m in record.mapping]
+        v, kl = record.verification, record.kl_vs_artifact
+        if record.lossless:
             lines.append(
-                f"  lossless: {v['exact_tensors']} tensors dequantized by gguf equal the artifact's weights "
-                f"(max abs diff {v['max_abs_diff_exact']:g})"
+                f"  lossless: {v.exact_tensors} tensors dequantized by gguf equal the artifact's weights "
+                f"(max abs diff {v.max_abs_diff_exact:g})"
             )
         else:
-            kl = record["kl_vs_artifact"]
             lines.append(
-                f"  LOSSY: {len(record['lossy_tensors'])} tensors; KL vs the artifact {kl['mean_kl']:.3g} mean, "
-                f"{kl['max_kl']:.3g} max, top-1 {kl['top1_agreement'] * 100:.2f}% ({kl['text']})"
+                f"  LOSSY: {len(record.lossy_tensors)} tensors; KL vs the artifact {kl.mean_kl:.3g} mean, "
+                f"{kl.max_kl:.3g} max, top-1 {kl.top1_agreement * 100:.2f}% ({kl.text})"
             )
-        return lines + [f"  note: {note}" for note in record["notes"]]
+        return lines + [f"  note: {note}" for note in record.notes]

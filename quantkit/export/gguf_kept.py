@@ -1,5 +1,5 @@
 """What a run keeps of a GGUF's export record, read once as a typed record: the exact export's
-(export/gguf_exact.py `keeps`) or llama-quantize's (export/gguf_kquant.py `keeps`, and a `gguf:`
+(export/gguf_exact.py `kept`) or llama-quantize's (export/gguf_kquant.py `kept`, also a `gguf:`
 variant's, pipeline/serving.py). The run stores the kept JSON as the exporter wrote it; its readers
 (the report's row, the front's point, the llama.cpp engines' source) take it through this record."""
 

@@ -7,11 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
+from quantkit.export.export_records import GgufRecord, KquantRecord, gguf_record
 from quantkit.export.exporter import EXACT, LOSSY, REFUSED, Exporter, ExportSettings, Verdict
 from quantkit.export.gguf_exact import GgufExact, exact_type
 from quantkit.gguf.llama_quantize import QUANT_TYPES, KquantOptions, check_type, export_kquant
 from quantkit.models.scheme_facts import SchemeFacts
 from quantkit.quantize import kquant_chooser
+
+# what a run keeps of llama-quantize's record beyond the exact export's (kept): null on the exact route
+LLAMA_QUANTIZE_KEPT = ("gguf_type", "bits_per_weight", "bits_per_weight_layers", "fallback_types", "imatrix_sha256")
 
 
 def takes(facts: SchemeFacts) -> Verdict:
@@ -28,18 +32,6 @@ class GgufKquant(Exporter):
     format = "gguf"
     writes = "one GGUF file for llama.cpp, in llama-quantize's --type (K-quants, i-quants, legacy types)"
     selected_by = "qtype"
-    keeps = (
-        "gguf",
-        "sha256",
-        "bytes",
-        "lossless",
-        "tensor_types",
-        "mapping",
-        "gguf_type",
-        "bits_per_weight",
-        "bits_per_weight_layers",
-        "fallback_types",
-    )
 
     def takes(self, facts: SchemeFacts) -> Verdict:
         return takes(facts)
@@ -65,7 +57,8 @@ class GgufKquant(Exporter):
     def out_name(self, stem: str, settings: ExportSettings) -> str:
         return f"{stem}.{settings.qtype}.gguf"
 
-    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> dict:
+    def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> KquantRecord | GgufRecord:
+        """llama-quantize's record; the exact export's where the artifact is already quantized in --type's grid."""
         s = settings
         opts = KquantOptions(
             qtype=s.qtype,
@@ -82,30 +75,38 @@ class GgufKquant(Exporter):
             if s.mixed is not None
             else None
         )
-        return export_kquant(artifact, out, opts, chooser)
+        return gguf_record(export_kquant(artifact, out, opts, chooser))
 
-    def kept(self, record: dict) -> dict:
-        kept = super().kept(record)
-        kept["imatrix_sha256"] = (record.get("imatrix") or {}).get("sha256")
-        if record.get("mixed"):  # the choice's summary; every weight's type and cost stay in the GGUF's own record
-            kept["mixed"] = {k: v for k, v in record["mixed"].items() if k not in ("weights", "windows")}
+    def kept(self, record: KquantRecord | GgufRecord) -> dict:
+        kept = GgufExact().kept(record)
+        if isinstance(record, GgufRecord):  # the exact route: none of llama-quantize's figures
+            return kept | dict.fromkeys(LLAMA_QUANTIZE_KEPT)
+        kept |= {
+            "gguf_type": record.gguf_type,
+            "bits_per_weight": record.bits_per_weight,
+            "bits_per_weight_layers": record.bits_per_weight_layers,
+            "fallback_types": record.fallback_types,
+            "imatrix_sha256": record.imatrix.sha256 if record.imatrix else None,
+        }
+        if record.mixed:  # the choice's summary; every weight's type and cost stay in the GGUF's own record
+            kept["mixed"] = {k: v for k, v in record.mixed.items() if k not in ("weights", "windows")}
         return kept
 
-    def summary(self, record: dict) -> list[str]:
-        if not record.get("gguf_type"):  # a quantized artifact's own grid: the exact export's record
+    def summary(self, record: KquantRecord | GgufRecord) -> list[str]:
+        if isinstance(record, GgufRecord):  # a quantized artifact's own grid: the exact export's record
             return GgufExact().summary(record)
-        im = record["imatrix"]
+        im = record.imatrix
         lines = [
-            f"wrote {record['gguf']} ({record['bytes'] / 1e6:.1f} MB, {record['gguf_type']}, "
-            f"{record['bits_per_weight_layers']:.2f} bits/weight in the decoder layers, "
-            f"{record['bits_per_weight']:.2f} overall)",
-            "  tensor types: " + ", ".join(f"{n} x {t}" for t, n in record["tensor_types"].items()),
+            f"wrote {record.gguf} ({record.bytes / 1e6:.1f} MB, {record.gguf_type}, "
+            f"{record.bits_per_weight_layers:.2f} bits/weight in the decoder layers, "
+            f"{record.bits_per_weight:.2f} overall)",
+            "  tensor types: " + ", ".join(f"{n} x {t}" for t, n in record.tensor_types.items()),
         ]
         if im:
             lines.append(
-                f"  importance matrix: llama-imatrix over {im['calibration'].get('samples')} windows of "
-                f"{im['chunk_tokens']} tokens from {im['calibration'].get('source')} (sha256 {im['sha256'][:12]})"
+                f"  importance matrix: llama-imatrix over {im.windows} windows of {im.chunk_tokens} tokens from "
+                f"{im.text_source} (sha256 {im.sha256[:12]})"
             )
-        if record.get("mixed"):
-            lines.append(f"  {kquant_chooser.describe(record)}")
-        return lines + [f"  note: {note}" for note in record["notes"]]
+        if record.mixed:
+            lines.append(f"  {kquant_chooser.describe(record.mixed)}")
+        return lines + [f"  note: {note}" for note in record.notes]

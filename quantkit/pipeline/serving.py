@@ -27,7 +27,7 @@ from quantkit.core.record_checks import COUNT, OBJECT_OR_NONE, TEXT, check_value
 from quantkit.errors import QuantkitError
 from quantkit.export.export_registry import EXPORTERS, exporter_for
 from quantkit.export.exporter import ExportSettings
-from quantkit.gguf.llama_quantize import DEFAULT_CALIB, KquantOptions, export_kquant
+from quantkit.gguf.llama_quantize import DEFAULT_CALIB
 from quantkit.models.checkpoint import content_hash
 from quantkit.pipeline.cache import StepCache, step_key, text_fingerprint
 from quantkit.pipeline.variant_record import VariantRecord
@@ -102,12 +102,13 @@ def export_format(fmt: str, name: str, path: Path, *, out_dir: Path, stored: Sto
 
 def quantize_gguf(v: Variant, source: GgufSource, *, out_dir: Path, stored: Stored) -> Made:
     """A `gguf: {type, imatrix}` variant: RUN_DIR/gguf/NAME.gguf made by llama-quantize from the source
-    checkpoint (gguf/llama_quantize.py), the importance matrix over the run's calibration windows (its
-    source, samples, seq_len, seed and region); reused while the file matches the stored hash."""
+    checkpoint (the gguf-kquant exporter, export/gguf_kquant.py), the importance matrix over the run's
+    calibration windows (its source, samples, seq_len, seed and region); Made's value is what the
+    exporter says a run keeps of its record. Reused while the file matches the stored hash."""
 
     c = source.calibration
     calib = source.calib or DEFAULT_CALIB
-    opts = KquantOptions(
+    settings = ExportSettings(
         qtype=v.gguf.type,
         imatrix=v.gguf.imatrix,
         calib=calib,
@@ -115,6 +116,7 @@ def quantize_gguf(v: Variant, source: GgufSource, *, out_dir: Path, stored: Stor
         seq_len=c.seq_len,
         seed=c.seed,
         region=c.region,
+        mixed=",".join(v.gguf.mixed_types or kquant_chooser.DEFAULT_TYPES) if v.gguf.mixed else None,
         force=True,
     )
     out = out_dir / f"{v.name}.gguf"
@@ -131,15 +133,8 @@ def quantize_gguf(v: Variant, source: GgufSource, *, out_dir: Path, stored: Stor
         note(f"[{v.name}] llama-quantize {v.gguf.type}: reusing {out}")
         return Made(hit)
     note(f"[{v.name}] llama-quantize {v.gguf.type}{' with an importance matrix' if v.gguf.imatrix else ''}")
-    chooser = kquant_chooser.chooser(
-        kquant_chooser.parse_types(",".join(v.gguf.mixed_types or kquant_chooser.DEFAULT_TYPES))
-    )
-    rec = export_kquant(source.src, out, opts, chooser if v.gguf.mixed else None)
-    kept = EXPORTERS["gguf-kquant"].kept(rec)  # what the exporter says a run keeps of its record
-    kept["imatrix_sha256"] = (rec.get("imatrix") or {}).get("sha256")
-    if rec.get("mixed"):  # the choice's summary; every weight's type and cost stay in the GGUF's own record
-        kept["mixed"] = {k: v for k, v in rec["mixed"].items() if k not in ("weights", "windows")}
-    return Made(kept, key)
+    exporter = EXPORTERS["gguf-kquant"]
+    return Made(exporter.kept(exporter.export(source.src, out, settings)), key)
 
 
 def _sources(

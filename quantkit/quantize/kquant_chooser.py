@@ -336,9 +336,9 @@ def _dequantized(tensor, weight: dict):
     return rope_unpermute(w, weight["permute"]) if weight["permute"] else w
 
 
-def describe(record: dict) -> str:
-    """One line for the CLI: the candidates, the budget, the estimated KL of T's types and of the choice."""
-    m = record["mixed"]
+def describe(m: dict) -> str:
+    """One line for the CLI of a choice's record (an export record's `mixed`): the candidates, the
+    budget, the estimated KL of T's types and of the choice."""
     line = (
         f"types per tensor among {', '.join(m['candidates'])} within {m['budget_bytes'] / 1e6:.2f} MB of layers "
         f"(--type's own file {m['reference_bytes'] / 1e6:.2f} MB); estimated KL {m['cost_chosen']:.4f} "
