@@ -180,3 +180,84 @@ def tree_digest(root: Path) -> dict[str, str]:
             elif p.is_file():
                 out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
+
+
+def exact_json(**changes) -> dict:
+    """An exact export's record as gguf/artifact_to_gguf.py writes it, of made-up values (no export
+    needed), with `changes`."""
+    from quantkit.gguf.gguf_records import ConvertedFrom, ExportedFrom, GgufRecord, MappingLine, Verification
+
+    record = GgufRecord(
+        gguf="/models/tiny.gguf",
+        sha256="12" * 32,
+        bytes=1_000_000,
+        source=ExportedFrom("/models/tiny", "34" * 32, "tiny", None),
+        origin=ConvertedFrom("34" * 32, "/models/tiny"),
+        architecture="llama",
+        model_type="llama",
+        lossless=True,
+        mapping=(MappingLine("BF16 -> F16", 3, True),),
+        tensor_types={"F16": 2, "F32": 1},
+        tensors=(),
+        verification=Verification("every tensor dequantized and compared", 3, 3, 0.0),
+        lossy_tensors=(),
+        extra_tensors=(),
+        vocab={"model": "llama", "tokens": 256},
+        notes=(),
+        tool_versions={"quantkit": "0.0", "gguf": "0.0"},
+        gguf_quant_version=2,
+        kl_vs_artifact=None,
+        wall_seconds=1.0,
+    )
+    return {**record.to_json(), **changes}
+
+
+def kquant_json(exact: dict, mixed: bool = True) -> dict:
+    """llama-quantize's record as gguf/llama_quantize.py writes it (the tools need not be installed)."""
+    rec = {
+        "kind": exact["kind"],
+        "schema_version": exact["schema_version"],
+        "gguf": "/models/tiny.Q4_K_M.gguf",
+        "sha256": "ab" * 32,
+        "bytes": 2_000_000,
+        **{k: exact[k] for k in ("source", "origin", "architecture", "model_type")},
+        "lossless": False,
+        "gguf_type": "Q4_K_M",
+        "mapping": [{"mapping": "F16 -> Q4_K_M (llama-quantize, imatrix)", "tensors": 3, "exact": False}],
+        "tensor_types": {"F32": 1, "Q4_K": 1, "Q6_K": 1},
+        "weight_types": {"Q4_K": 1, "Q6_K": 1},
+        "bits_per_weight": 4.9,
+        "bits_per_weight_2d": 4.8,
+        "bits_per_weight_layers": 4.5,
+        "fallbacks": [{"tensor": "blk.0.ffn_down.weight", "row": 96, "type": "Q5_0"}],
+        "fallback_types": {"Q5_0": 1},
+        "block": 256,
+        "tensors": [{"name": "a", "type": "F32"}, {"name": "b", "type": "Q4_K"}, {"name": "c", "type": "Q6_K"}],
+        "imatrix": {
+            "sha256": "cd" * 32,
+            "text_sha256": "ef" * 32,
+            "chunk_tokens": 64,
+            "chunks_max": 4,
+            "seconds": 1.5,
+            "reused": False,
+            "tool": "llama-imatrix",
+            "calibration": {"source": "file:text.txt", "samples": 4, "seq_len": 64},
+        },
+        "f16": {"bytes": 4_000_000, "sha256": "01" * 32},
+        "vocab": exact["vocab"],
+        "notes": ["1 weights have rows of 96 values, no multiple of Q4_K_M's 256-value block: ..."],
+        "tool_versions": {**exact["tool_versions"], "llama-quantize": "b1", "llama.cpp build": "abc"},
+        "wall_seconds": 12.5,
+    }
+    if mixed:
+        rec["mixed"] = {
+            "reference_bytes": 2_100_000,
+            "budget_bytes": 1_500_000,
+            "candidates": ["Q4_K", "Q6_K"],
+            "windows": [{"samples": 4}],
+            "cost_reference": 0.02,
+            "cost_chosen": 0.01,
+            "weights": [{"tensor": "b", "type": "Q4_K"}],
+            "gptq": {"windows": 4, "proxy_before": 2.0, "proxy_after": 1.0},
+        }
+    return rec

@@ -6,6 +6,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from gguf_helpers import exact_json, kquant_json
 from installed import llama_tool, needs_llama_cpp
 
 from quantkit.bench import llama_bench
@@ -178,7 +179,10 @@ def test_a_lossy_gguf_has_no_self_check_reference(tmp_path):
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + bytes(60))
-    for rec, kind in (({"lossless": False, "gguf_type": "Q4_K_M"}, "Q4_K_M"), ({"lossless": False}, "--allow-lossy")):
-        (tmp_path / "m.quantkit.json").write_text(json.dumps({"kind": "quantkit-gguf-export", **rec}))
+    for rec, kind in ((kquant_json(exact_json()), "Q4_K_M"), (exact_json(lossless=False), "--allow-lossy")):
+        (tmp_path / "m.quantkit.json").write_text(json.dumps(rec))
         ref, why = reference_source(gguf)
         assert ref is None and why.startswith("skipped: a lossy GGUF") and kind in why
+    (tmp_path / "m.quantkit.json").write_text(json.dumps({"kind": "quantkit-gguf-export", "lossless": False}))
+    ref, why = reference_source(gguf)  # a record that does not read is none: nothing to compare with
+    assert ref is None and why.startswith("not possible: a GGUF without quantkit's export record")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fixtures import CALIB_DATA, RECIPES
+from gguf_helpers import kquant_json
 
 ARGS = ["--seq-len", "32", "--max-tokens", "128", "--json"]
 
@@ -259,14 +260,13 @@ def test_a_k_quant_ggufs_own_fitted_windows_come_from_its_export_record(exported
         "seq_len": 64,
         "window_starts": [1000, 2000],
     }
-    fitted = {"imatrix": {"calibration": windows}} if what == "importance matrix" else {"mixed": {"windows": windows}}
-    record = {
-        "kind": "quantkit-gguf-export",
-        "lossless": False,
-        "sha256": sha256_file(gguf),
-        "bytes": gguf.stat().st_size,
-    }
-    record_path(gguf).write_text(json.dumps({**record, **fitted}))
+    record = kquant_json(json.loads(record_path(exported["int4"]).read_text()), mixed=what == "--mixed selection")
+    record |= {"sha256": sha256_file(gguf), "bytes": gguf.stat().st_size}
+    if what == "importance matrix":
+        record["imatrix"]["calibration"] = windows
+    else:
+        record |= {"imatrix": None, "mixed": {**record["mixed"], "windows": windows}}
+    record_path(gguf).write_text(json.dumps(record))
     meta, _, found = source_meta(gguf)
     assert "quantkit.provenance" in found["found_via"]
     evaluated = Windows([], [1010, 5000], 64, {"sha256": windows["sha256"]})

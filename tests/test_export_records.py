@@ -1,4 +1,5 @@
-"""The export records (export/export_records.py): what an exporter returns, typed, with one JSON form.
+"""The export records (export/export_records.py, and the GGUF records gguf/gguf_records.py): what an
+exporter returns, typed, with one JSON form.
 
 A real export's JSON (`quantkit export --json`, the record file beside a GGUF, what a run keeps of
 it) has exactly the keys it had when exporters returned dicts; to_json and from_json round-trip;
@@ -11,11 +12,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fixtures import RECIPES
+from gguf_helpers import kquant_json
 from installed import llama_tool
 
 from quantkit.core.record_checks import RecordError
-from quantkit.export.export_records import CopyRecord, GgufRecord, KquantRecord, gguf_record
+from quantkit.export.export_records import CopyRecord
 from quantkit.export.export_registry import EXPORTERS
+from quantkit.gguf.gguf_records import GgufRecord, KquantRecord, gguf_record
 
 # The keys each record's JSON held, in order, when exporters returned dicts (compressed_tensors.py,
 # gguf/artifact_to_gguf.py, gguf/llama_quantize.py); a lossy exact export adds kl_vs_artifact before
@@ -127,57 +130,6 @@ def test_the_kquant_exporter_keeps_its_keys_on_the_exact_route(made):
     assert EXPORTERS["gguf-kquant"].kept(GgufRecord.from_json(rec)) == kept_before("gguf-kquant", rec)
 
 
-def kquant_json(exact: dict, mixed: bool = True) -> dict:
-    """llama-quantize's record as gguf/llama_quantize.py writes it (the tools need not be installed)."""
-    rec = {
-        "kind": exact["kind"],
-        "schema_version": exact["schema_version"],
-        "gguf": "/models/tiny.Q4_K_M.gguf",
-        "sha256": "ab" * 32,
-        "bytes": 2_000_000,
-        **{k: exact[k] for k in ("source", "origin", "architecture", "model_type")},
-        "lossless": False,
-        "gguf_type": "Q4_K_M",
-        "mapping": [{"mapping": "F16 -> Q4_K_M (llama-quantize, imatrix)", "tensors": 3, "exact": False}],
-        "tensor_types": {"F32": 1, "Q4_K": 1, "Q6_K": 1},
-        "weight_types": {"Q4_K": 1, "Q6_K": 1},
-        "bits_per_weight": 4.9,
-        "bits_per_weight_2d": 4.8,
-        "bits_per_weight_layers": 4.5,
-        "fallbacks": [{"tensor": "blk.0.ffn_down.weight", "row": 96, "type": "Q5_0"}],
-        "fallback_types": {"Q5_0": 1},
-        "block": 256,
-        "tensors": [{"name": "a", "type": "F32"}, {"name": "b", "type": "Q4_K"}, {"name": "c", "type": "Q6_K"}],
-        "imatrix": {
-            "sha256": "cd" * 32,
-            "text_sha256": "ef" * 32,
-            "chunk_tokens": 64,
-            "chunks_max": 4,
-            "seconds": 1.5,
-            "reused": False,
-            "tool": "llama-imatrix",
-            "calibration": {"source": "file:text.txt", "samples": 4, "seq_len": 64},
-        },
-        "f16": {"bytes": 4_000_000, "sha256": "01" * 32},
-        "vocab": exact["vocab"],
-        "notes": ["1 weights have rows of 96 values, no multiple of Q4_K_M's 256-value block: ..."],
-        "tool_versions": {**exact["tool_versions"], "llama-quantize": "b1", "llama.cpp build": "abc"},
-        "wall_seconds": 12.5,
-    }
-    if mixed:
-        rec["mixed"] = {
-            "reference_bytes": 2_100_000,
-            "budget_bytes": 1_500_000,
-            "candidates": ["Q4_K", "Q6_K"],
-            "windows": [{"samples": 4}],
-            "cost_reference": 0.02,
-            "cost_chosen": 0.01,
-            "weights": [{"tensor": "b", "type": "Q4_K"}],
-            "gptq": {"windows": 4, "proxy_before": 2.0, "proxy_after": 1.0},
-        }
-    return rec
-
-
 @pytest.mark.parametrize("mixed", [True, False])
 def test_a_kquant_record_round_trips_and_keeps_what_it_kept(made, mixed):
     rec = kquant_json(made["exact"], mixed)
@@ -243,7 +195,8 @@ def test_a_schema_1_record_reads_with_no_origin(made):
     """Schema 1 (before the record named the checkpoint the artifact was converted from) had no `origin`."""
     old = {k: v for k, v in made["exact"].items() if k != "origin"} | {"schema_version": 1}
     record = GgufRecord.from_json(old)
-    assert record.origin is None and record.schema_version == 2 and record.source == made["exact"]["source"]
+    assert record.origin is None and record.schema_version == 2
+    assert record.source.to_json() == made["exact"]["source"]
     assert record.to_json() == {**made["exact"], "origin": None}
     assert EXPORTERS["gguf"].summary(record) == EXPORTERS["gguf"].summary(GgufRecord.from_json(made["exact"]))
     with pytest.raises(RecordError, match="unknown key 'extra'"):
@@ -264,6 +217,27 @@ def test_older_kl_and_llama_quantize_forms_read(made):
     assert record.bits_per_weight_layers is None and record.imatrix.reused is None
     assert EXPORTERS["gguf-kquant"].kept(record)["bits_per_weight_layers"] is None
     assert KquantRecord.from_json({**rec, "imatrix": None}).imatrix is None  # llama-quantize alone
+
+
+def test_the_record_beside_a_gguf_reads_typed_or_not_at_all(made, tmp_path):
+    """gguf/target.py's reader of the record file: the typed record, or None where there is none, it
+    is not quantkit export's or it does not read (then nothing trusts it; --force still replaces a
+    record of quantkit's kind)."""
+    from quantkit.gguf.target import read_record, record_path, written_record
+
+    assert read_record(record_path(Path(made["exact"]["gguf"]))) == GgufRecord.from_json(made["exact"])
+    path = tmp_path / "x.quantkit.json"
+    assert read_record(path) is None and not written_record(path)
+    path.write_text(json.dumps(kquant_json(made["exact"])))
+    assert read_record(path) == KquantRecord.from_json(kquant_json(made["exact"])) and written_record(path)
+    for text, ours in (
+        ("my notes", False),
+        (json.dumps(made["copy"]), False),
+        (json.dumps({**made["exact"], "schema_version": 3}), True),
+        (json.dumps({k: v for k, v in made["exact"].items() if k != "sha256"}), True),
+    ):
+        path.write_text(text)
+        assert read_record(path) is None and written_record(path) == ours, text[:40]
 
 
 def test_a_real_kquant_export_has_the_keys_it_had(cli, tiny_llama, tiny_text, tmp_path):

@@ -158,7 +158,7 @@ def test_logits_of_the_gguf_weights_equal_the_artifacts(artifacts, tmp_path, tin
         hp = hparams(a.path, a.config)
         plans = make_plan(a, hp)
     r = logits_kl(art, out, plans, hp, f"file:{tiny_text}")
-    assert r["mean_kl"] == 0.0 and r["top1_agreement"] == 1.0
+    assert r.mean_kl == 0.0 and r.top1_agreement == 1.0
 
 
 # ---------------------------------------------------------------- metadata

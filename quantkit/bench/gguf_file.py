@@ -22,9 +22,10 @@ import gguf
 from quantkit import __version__
 from quantkit.core.integrity import sha256_file
 from quantkit.errors import ModelError, QuantkitError
-from quantkit.gguf.artifact_to_gguf import SCHEMA_VERSION, GgufOptions, export_gguf
+from quantkit.gguf.artifact_to_gguf import GgufOptions, export_gguf
+from quantkit.gguf.gguf_records import SCHEMA_VERSION, GgufRecord, KquantRecord
 from quantkit.gguf.read import field_value, open_reader
-from quantkit.gguf.target import record_path
+from quantkit.gguf.target import read_record, record_path
 from quantkit.gguf.tensor_map import NotLosslessError
 from quantkit.home import subdir
 from quantkit.models.checkpoint import checkpoint_hash
@@ -121,28 +122,15 @@ def gguf_config(path: Path) -> dict:
     }
 
 
-def export_record(gguf: Path) -> dict | None:
+def export_record(gguf: Path) -> GgufRecord | KquantRecord | None:
     """quantkit export's record beside a GGUF (NAME.quantkit.json) when it describes this very file."""
-    rec = _record(gguf)
-    return rec if _record_matches(gguf, rec) else None
+    rec = read_record(record_path(gguf))
+    return rec if rec is not None and _record_matches(gguf, rec) else None
 
 
-def _record(gguf: Path) -> dict | None:
-    try:
-        rec = json.loads(record_path(gguf).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return rec if isinstance(rec, dict) else None
-
-
-def _record_matches(gguf: Path, rec: dict | None) -> bool:
+def _record_matches(gguf: Path, rec: GgufRecord | KquantRecord) -> bool:
     """The export record describes this very file (size, then sha256)."""
-    return bool(
-        rec
-        and isinstance(rec.get("sha256"), str)
-        and rec.get("bytes") == gguf.stat().st_size
-        and sha256_file(gguf) == rec["sha256"]
-    )
+    return rec.bytes == gguf.stat().st_size and sha256_file(gguf) == rec.sha256
 
 
 def reference_source(source) -> tuple[Path | None, str | None]:
@@ -152,21 +140,22 @@ def reference_source(source) -> tuple[Path | None, str | None]:
 
     if not is_gguf(source):
         return source, None
-    rec = _record(source)
+    rec = read_record(record_path(source))
     if rec is None:
         return None, (
             "not possible: a GGUF without quantkit's export record beside it (not exported by quantkit export), "
             "so there is no checkpoint to compare llama.cpp's logits with"
         )
-    if rec.get("lossless") is False:  # llama-quantize's types, --allow-lossy: not the checkpoint's numbers by design
+    if not rec.lossless:  # llama-quantize's types, --allow-lossy: not the checkpoint's numbers by design
+        made = rec.gguf_type if isinstance(rec, KquantRecord) else "--allow-lossy"
         return None, (
-            "skipped: a lossy GGUF (" + str(rec.get("gguf_type") or "--allow-lossy") + ") does not compute its "
-            "checkpoint's logits by design; quantkit eval measures how far it is"
+            f"skipped: a lossy GGUF ({made}) does not compute its checkpoint's logits by design; quantkit eval "
+            "measures how far it is"
         )
-    art = Path(str((rec.get("source") or {}).get("artifact") or ""))
+    art = Path(rec.source.artifact)
     if not (art / "config.json").is_file():
         return None, f"not possible: the checkpoint it was exported from ({art}) is no longer there"
-    if checkpoint_hash(art) != (rec.get("source") or {}).get("sha256"):
+    if checkpoint_hash(art) != rec.source.sha256:
         return None, f"not possible: {art} changed since the GGUF was exported from it"
     if not _record_matches(source, rec):
         return None, "not possible: the GGUF changed since its export record was written"
@@ -194,9 +183,9 @@ def exported_gguf(source: Path) -> tuple[Path, dict]:
     opts = GgufOptions()
     source_hash = checkpoint_hash(source)
     out = subdir("gguf") / f"{_cache_key(source_hash, opts)}.gguf"
-    rec = _record(out) if out.is_file() else None
-    if rec and (rec.get("source") or {}).get("sha256") == source_hash and _record_matches(out, rec):
-        return out, {"gguf": str(out), "cached": True, "export_s": 0.0, "lossless": rec.get("lossless")}
+    rec = read_record(record_path(out)) if out.is_file() else None
+    if rec is not None and rec.source.sha256 == source_hash and _record_matches(out, rec):
+        return out, {"gguf": str(out), "cached": True, "export_s": 0.0, "lossless": rec.lossless}
     t = time.perf_counter()
     try:
         rec = export_gguf(source, out, GgufOptions(force=True))
@@ -209,5 +198,5 @@ def exported_gguf(source: Path) -> tuple[Path, dict]:
         "gguf": str(out),
         "cached": False,
         "export_s": time.perf_counter() - t,
-        "lossless": rec.get("lossless"),
+        "lossless": rec.lossless,
     }

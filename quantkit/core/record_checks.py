@@ -28,6 +28,14 @@ def checked(cls, data, what: str) -> dict:
     return dict(data)
 
 
+def of_kind(cls, data, kind: str, what: str) -> dict:
+    """`data` checked against `cls`'s fields (`checked`) and holding `kind` as its `kind`, else RecordError."""
+    d = checked(cls, data, what)
+    if d["kind"] != kind:
+        raise RecordError(f"{what}: kind {d['kind']!r}, not {kind!r}")
+    return d
+
+
 # ---- values: a record read back from disk is checked by value too (finite, in range, the right
 # type), so a damaged or hand-edited file is one line where it is read, never a negative TPOT in a
 # report, a NaN that silently drops a point, or a TypeError deep inside a run.

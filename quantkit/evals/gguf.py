@@ -12,6 +12,7 @@ from quantkit.bench.gguf_file import export_record, reference_source
 from quantkit.errors import DataError
 from quantkit.evals.checks import artifact_meta
 from quantkit.evals.perplexity import vocab_fingerprint
+from quantkit.gguf.gguf_records import KquantRecord
 from quantkit.gguf.read import field_value, open_reader, origin
 from quantkit.models.checkpoint import read_config
 from quantkit.progress import note
@@ -53,8 +54,11 @@ def _fitted_in_export(path: Path) -> dict:
     """What a K-quant export fitted on text itself, from its record beside the GGUF: the importance
     matrix's calibration windows and the `--mixed` selection's (evals/checks.py reads
     `gguf_export`). llama-quantize copies the F16 file's header, so the GGUF itself cannot carry them."""
-    rec = export_record(path) or {}
-    fitted = {k: rec[k] for k in ("imatrix", "mixed") if isinstance(rec.get(k), dict)}
+    rec = export_record(path)
+    if not isinstance(rec, KquantRecord):  # the exact export fits on nothing itself
+        return {}
+    fitted = {"imatrix": rec.imatrix.to_json() if rec.imatrix else None, "mixed": rec.mixed}
+    fitted = {k: v for k, v in fitted.items() if v is not None}
     return {"gguf_export": fitted} if fitted else {}
 
 

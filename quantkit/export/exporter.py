@@ -99,8 +99,9 @@ class ExportSettings:
 
 
 class ExportRecord(Protocol):
-    """What every exporter's record holds (theirs: export/export_records.py): the hash and size of
-    what it wrote, which `quantkit run` reuses the output by, and its one JSON form."""
+    """What every exporter's record holds (theirs: export/export_records.py, the GGUF exporters'
+    gguf/gguf_records.py): the hash and size of what it wrote, which `quantkit run` reuses the
+    output by, and its one JSON form."""
 
     sha256: str
     bytes: int

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
-from quantkit.export.export_records import GgufRecord, KquantRecord
 from quantkit.export.exporter import EXACT, LOSSY, REFUSED, Exporter, ExportSettings, Verdict
 from quantkit.gguf.artifact_to_gguf import GgufOptions, export_gguf
+from quantkit.gguf.gguf_records import GgufRecord, KquantRecord
 from quantkit.models.scheme_facts import SchemeFacts
 
 GGML_BLOCK = 32  # values per scale block of Q4_0, Q4_1 and Q8_0 (ggml-common.h QK4_0, QK4_1, QK8_0)
@@ -72,7 +72,7 @@ class GgufExact(Exporter):
     def export(self, artifact: Path, out: Path | None, settings: ExportSettings) -> GgufRecord:
         s = settings
         opts = GgufOptions(embeddings=s.embeddings, allow_lossy=s.allow_lossy, force=s.force, kl_text=s.kl_text)
-        return GgufRecord.from_json(export_gguf(artifact, out, opts))
+        return export_gguf(artifact, out, opts)
 
     def kept(self, record: GgufRecord | KquantRecord) -> dict:
         return {

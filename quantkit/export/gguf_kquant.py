@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
-from quantkit.export.export_records import GgufRecord, KquantRecord, gguf_record
 from quantkit.export.exporter import EXACT, LOSSY, REFUSED, Exporter, ExportSettings, Verdict
 from quantkit.export.gguf_exact import GgufExact, exact_type
+from quantkit.gguf.gguf_records import GgufRecord, KquantRecord
 from quantkit.gguf.llama_quantize import QUANT_TYPES, KquantOptions, check_type, export_kquant
 from quantkit.models.scheme_facts import SchemeFacts
 from quantkit.quantize import kquant_chooser
@@ -75,7 +75,7 @@ class GgufKquant(Exporter):
             if s.mixed is not None
             else None
         )
-        return gguf_record(export_kquant(artifact, out, opts, chooser))
+        return export_kquant(artifact, out, opts, chooser)
 
     def kept(self, record: KquantRecord | GgufRecord) -> dict:
         kept = GgufExact().kept(record)

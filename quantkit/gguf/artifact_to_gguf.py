@@ -29,13 +29,13 @@ from quantkit.core.integrity import sha256_file as _sha256
 from quantkit.errors import ModelError, QuantkitError
 from quantkit.gguf import gguf_arch, target, tensor_map
 from quantkit.gguf.artifact import Artifact, quant_method
+from quantkit.gguf.artifact_provenance import converted_path, described, export_origin
 from quantkit.gguf.fidelity import logits_kl
+from quantkit.gguf.gguf_records import ConvertedFrom, ExportedFrom, GgufRecord, KlCheck, MappingLine, Verification
 from quantkit.gguf.read import Origin
 from quantkit.gguf.target import record_path
-from quantkit.gguf.write import staged_file, write
+from quantkit.gguf.write import Written, staged_file, write
 from quantkit.models.checkpoint import checkpoint_hash
-
-SCHEMA_VERSION = 2  # 2: quantkit.source.sha256 names the checkpoint converted from (1: the artifact)
 
 
 @dataclass(frozen=True)
@@ -128,15 +128,15 @@ def online_transforms(transform_config) -> list[str]:
     return found
 
 
-def export_gguf(artifact: Path, out: Path | None = None, opts: GgufOptions = GgufOptions()) -> dict:
-    """Export `artifact` to `out` (default: ARTIFACT.gguf beside it); returns the record."""
+def export_gguf(artifact: Path, out: Path | None = None, opts: GgufOptions = GgufOptions()) -> GgufRecord:
+    """Export `artifact` to `out` (default: ARTIFACT.gguf beside it); returns the record written beside it."""
     if opts.embeddings not in tensor_map.EMBEDDING_TYPES:
         raise QuantkitError(f"--embeddings {opts.embeddings}: use one of {', '.join(tensor_map.EMBEDDING_TYPES)}")
     with sigterm_as_interrupt():  # `kill` unwinds like Ctrl-C: the temp files and the lock go, --out stays as it was
         return _export(Path(artifact), opts, Path(out) if out is not None else default_out(artifact))
 
 
-def _export(artifact: Path, opts: GgufOptions, out: Path) -> dict:
+def _export(artifact: Path, opts: GgufOptions, out: Path) -> GgufRecord:
     t0 = time.perf_counter()
     if artifact.is_file() and _head(artifact) == b"GGUF":
         raise QuantkitError(f"{artifact} is already a GGUF file; export takes a quantkit artifact directory")
@@ -152,16 +152,13 @@ def _export(artifact: Path, opts: GgufOptions, out: Path) -> dict:
         _check_artifact(art)
         hp = gguf_arch.hparams(art.path, art.config)
         plans = tensor_map.make_plan(art, hp, embeddings=opts.embeddings, allow_lossy=opts.allow_lossy)
-        origin = _origin(art, meta)
+        origin = export_origin(meta, checkpoint_hash(art.path))
         try:
             with staged_file(out, record_path(out)) as stage:
                 written = write(stage.path, art, hp, plans, origin)
-                record = _record(art, hp, plans, written, stage.path, origin)
-                record["gguf"] = str(out.resolve())
-                if not record["lossless"]:
-                    record["kl_vs_artifact"] = logits_kl(art.path, stage.path, plans, hp, opts.kl_text)
-                record["wall_seconds"] = time.perf_counter() - t0
-                stage.record = record
+                kl = None if all(p.exact for p in plans) else logits_kl(art.path, stage.path, plans, hp, opts.kl_text)
+                record = _record(art, hp, plans, written, origin, kl, staged=stage.path, out=out, t0=t0)
+                stage.record = record.to_json()
         except OSError as exc:  # a full disk, a read-only directory: the temp files are gone, --out untouched
             raise QuantkitError(
                 f"{out}: cannot write the GGUF ({exc.strerror or type(exc).__name__}); nothing was written"
@@ -169,82 +166,46 @@ def _export(artifact: Path, opts: GgufOptions, out: Path) -> dict:
     return record
 
 
-def _origin(art: Artifact, meta: dict) -> Origin:
-    """The checkpoint the artifact was converted from (quantkit.json `source.sha256`; a checkpoint
-    without one is its own origin), the artifact's own hash, and what eval's baseline and overlap
-    checks read from quantkit.json (the source, the calibration and GQA recovery windows)."""
-
-    own = checkpoint_hash(art.path)
-    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
-    recorded = source.get("sha256") if isinstance(source.get("sha256"), str) else None
-    if recorded is None:
-        return Origin(own, own, None)
-    recover = ((meta.get("gqa") or {}).get("recover") or {}) if isinstance(meta.get("gqa"), dict) else {}
-    mixed = meta.get("mixed_precision") if isinstance(meta.get("mixed_precision"), dict) else {}
-    steps = (meta.get("recipe") or {}).get("steps") if isinstance(meta.get("recipe"), dict) else None
-    provenance = {
-        "source": {"path": source.get("path"), "sha256": recorded},
-        "base_model": meta.get("base_model"),
-        "calibration": meta.get("calibration"),
-        "gqa": {"recover": {"windows": recover.get("windows")}},
-        "mixed_precision": {"windows": {"text": (mixed.get("windows") or {}).get("text")}},
-        "recipe": {"steps": [_chosen_on(st) for st in steps] if isinstance(steps, list) else []},
-    }
-    return Origin(recorded, own, provenance)
-
-
-def _chosen_on(step) -> dict:
-    """A recipe step as eval's overlap check reads it: the text its overrides were chosen on."""
-    quant = step.get("quantize") if isinstance(step, dict) else None
-    return {"quantize": {"chosen_on": quant.get("chosen_on")}} if isinstance(quant, dict) else {}
-
-
 def _head(path: Path) -> bytes:
     with open(path, "rb") as fh:
         return fh.read(4)
 
 
-def _record(art: Artifact, hp: gguf_arch.Hparams, plans: list, written: dict, out: Path, origin: Origin) -> dict:
-    checks = written["checks"]
+def _record(
+    art: Artifact,
+    hp: gguf_arch.Hparams,
+    plans: list,
+    written: Written,
+    origin: Origin,
+    kl: KlCheck | None,
+    *,
+    staged: Path,
+    out: Path,
+    t0: float,
+) -> GgufRecord:
+    """The record of the GGUF written at `staged`, to be renamed to `out`; its wall time since `t0`."""
+    checks = written.checks
     lossy = [{"tensor": p.name, "source": p.source, "reason": p.reason, **checks[p.name]} for p in plans if not p.exact]
-    n_exact = sum(1 for p in plans if p.exact)
-    info = written["vocab"]
-    return {
-        "kind": "quantkit-gguf-export",
-        "schema_version": SCHEMA_VERSION,
-        "gguf": str(out),
-        "sha256": _sha256(out),
-        "bytes": out.stat().st_size,
-        "source": {
-            "artifact": str(art.path.resolve()),
-            "sha256": origin.artifact_sha256,
-            "name": art.meta.get("name"),
-            "quantization": art.meta.get("quantization"),
-        },
-        "origin": {
-            "sha256": origin.source_sha256,
-            "path": ((origin.provenance or {}).get("source") or {}).get("path") or str(art.path.resolve()),
-        },
-        "architecture": hp.spec.gguf_arch.lower(),
-        "model_type": hp.model_type,
-        "lossless": not lossy,
-        "mapping": tensor_map.mapping_summary(plans),
-        "tensor_types": {t: sum(1 for p in plans if p.qtype == t) for t in sorted({p.qtype for p in plans})},
-        "tensors": [
+    info = written.vocab
+    return GgufRecord(
+        gguf=str(out.resolve()),
+        sha256=_sha256(staged),
+        bytes=staged.stat().st_size,
+        source=ExportedFrom(str(art.path.resolve()), origin.artifact_sha256, *described(art.meta)),
+        origin=ConvertedFrom(origin.source_sha256, converted_path(origin) or str(art.path.resolve())),
+        architecture=hp.spec.gguf_arch.lower(),
+        model_type=hp.model_type,
+        lossless=not lossy,
+        mapping=tuple(MappingLine(**m) for m in tensor_map.mapping_summary(plans)),
+        tensor_types={t: sum(1 for p in plans if p.qtype == t) for t in sorted({p.qtype for p in plans})},
+        tensors=tuple(
             {"name": p.name, "source": p.source, "type": p.qtype, "exact": p.exact, "rope_permuted_heads": p.permute}
             for p in plans
-        ],
-        "verification": {
-            "method": "every tensor dequantized with gguf.quants.dequantize and compared with the artifact's float32 "
-            "weight (q - z) * s, or for FP4 q * s (/ g, NVFP4's global scale applied as llama.cpp's F32 .scale) "
-            "(q/k rows in llama.cpp's order) before it was written",
-            "tensors": len(plans),
-            "exact_tensors": n_exact,
-            "max_abs_diff_exact": max((checks[p.name]["max_abs_diff"] for p in plans if p.exact), default=0.0),
-        },
-        "lossy_tensors": lossy,
-        "extra_tensors": written["extra_tensors"],
-        "vocab": {
+        ),
+        verification=_verification(plans, checks),
+        lossy_tensors=tuple(lossy),
+        extra_tensors=tuple(written.extra_tensors),
+        vocab={
             "model": info.model,
             "pre": info.pre,
             "tokens": info.n_tokens,
@@ -253,10 +214,23 @@ def _record(art: Artifact, hp: gguf_arch.Hparams, plans: list, written: dict, ou
             "add_bos": info.add_bos,
             "add_eos": info.add_eos,
         },
-        "notes": list(hp.notes) + _fused_note(art.quant or {}) + _kv_cache_note(art.quant or {}),
-        "tool_versions": {"quantkit": __version__, "gguf": _version("gguf")},
-        "gguf_quant_version": gguf.GGML_QUANT_VERSION,
-    }
+        notes=tuple(list(hp.notes) + _fused_note(art.quant or {}) + _kv_cache_note(art.quant or {})),
+        tool_versions={"quantkit": __version__, "gguf": _version("gguf")},
+        gguf_quant_version=gguf.GGML_QUANT_VERSION,
+        kl_vs_artifact=kl,
+        wall_seconds=time.perf_counter() - t0,
+    )
+
+
+def _verification(plans: list, checks: dict) -> Verification:
+    return Verification(
+        method="every tensor dequantized with gguf.quants.dequantize and compared with the artifact's float32 "
+        "weight (q - z) * s, or for FP4 q * s (/ g, NVFP4's global scale applied as llama.cpp's F32 .scale) "
+        "(q/k rows in llama.cpp's order) before it was written",
+        tensors=len(plans),
+        exact_tensors=sum(1 for p in plans if p.exact),
+        max_abs_diff_exact=max((checks[p.name]["max_abs_diff"] for p in plans if p.exact), default=0.0),
+    )
 
 
 def _version(pkg: str) -> str | None:

@@ -17,6 +17,7 @@ from quantkit.data.text import parse_spec, read_text, region_windows, tokenize_s
 from quantkit.errors import DataError, ModelError, VerificationError
 from quantkit.gguf.artifact import Artifact
 from quantkit.gguf.gguf_arch import Hparams
+from quantkit.gguf.gguf_records import KlCheck
 from quantkit.gguf.grids import rope_unpermute
 from quantkit.gguf.read import open_reader
 from quantkit.gguf.tensor_map import TensorPlan
@@ -110,7 +111,7 @@ def _reference(artifact: Path, plans: list[TensorPlan]):
 
 def logits_kl(
     artifact: Path, gguf_path: Path, plans: list[TensorPlan], hp: Hparams, text_spec: str | None = None
-) -> dict:
+) -> KlCheck:
     """KL(artifact || GGUF weights) per token over the windows, both in transformers at float32."""
 
     ids, described = token_windows(artifact, text_spec)
@@ -118,14 +119,17 @@ def logits_kl(
     ref = logits(ref_model, ids)
     del ref_model
     new = logits(dense_model(artifact, gguf_weights(gguf_path, plans)), ids)
-    result = compare_logits(ref, new)
-    if not result["finite"]:  # a lossy GGUF's KL is its fidelity figure: NaN is a broken file, not a figure
-        side = "the artifact" if not result["reference_finite"] else "the GGUF's weights"
+    kl = KlCheck(
+        **compare_logits(ref, new),
+        tokens=int(ids.numel()),
+        text=described,
+        reference=reference,
+        engine="transformers, float32",
+    )
+    if not kl.finite:  # a lossy GGUF's KL is its fidelity figure: NaN is a broken file, not a figure
+        side = "the artifact" if not kl.reference_finite else "the GGUF's weights"
         raise VerificationError(
             f"the lossy GGUF's fidelity check against {artifact} gives no finite KL ({side} give non-finite logits "
             "on the check's tokens); nothing was written"
         )
-    result.update(
-        {"tokens": int(ids.numel()), "text": described, "reference": reference, "engine": "transformers, float32"}
-    )
-    return result
+    return kl

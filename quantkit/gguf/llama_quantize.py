@@ -26,7 +26,7 @@ import re
 import shutil
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -42,8 +42,9 @@ from quantkit.errors import QuantkitError
 from quantkit.gguf import gguf_arch, target, tensor_map, tools
 from quantkit.gguf.artifact import Artifact
 from quantkit.gguf.artifact_to_gguf import GgufOptions, export_gguf
+from quantkit.gguf.gguf_records import GgufRecord, Imatrix, KquantRecord, MappingLine
 from quantkit.gguf.read import open_reader
-from quantkit.gguf.target import RECORD_KIND, record_path
+from quantkit.gguf.target import record_path
 from quantkit.gguf.write import staged_file
 from quantkit.home import subdir
 from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer
@@ -98,38 +99,62 @@ def ggml_block(qtype: str) -> int:
 LAYER_LINEAR = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
 
 
-def type_report(tensors: list[tuple[str, tuple[int, ...], str, int]], requested: str) -> dict:
+@dataclass(frozen=True)
+class TypeReport:
+    """What llama-quantize gave each tensor, and the bits per weight that makes."""
+
+    type_of: dict[str, str]  # tensor name -> its ggml type, in the file's order
+    requested: str
+    block: int  # values per block of the requested type's main type
+    tensor_types: dict[str, int]  # ggml type -> tensors
+    weight_types: dict[str, int]  # the same, 2-D weights only
+    bits_per_weight: float  # all tensors
+    bits_per_weight_2d: float
+    bits_per_weight_layers: float  # the decoder layers' linears
+    layer_bytes: int  # the decoder layers' linears, as models/sizes.py counts them
+    layer_weights: int
+    fallbacks: list[dict]  # 2-D weights whose rows no block divides: tensor, row, type
+    fallback_types: dict[str, int]
+
+    @property
+    def tensors(self) -> tuple[dict, ...]:
+        """Each tensor's name and type, as the export record lists them."""
+        return tuple({"name": n, "type": t} for n, t in self.type_of.items())
+
+
+def type_report(tensors: list[tuple[str, tuple[int, ...], str, int]], requested: str) -> TypeReport:
     """From (name, shape in ggml order (row length first), type, bytes) of every tensor: the count
     per type, bits per weight (all tensors; the 2-D weights; the decoder layers' linears), and the 2-D weights whose
     row length is no multiple of the requested type's block (llama-quantize gave them another type)."""
     counts = Counter(t for _, _, t, _ in tensors)
     weights = [(n, s, t, b) for n, s, t, b in tensors if len(s) == 2]
     block = ggml_block(requested)
-    fallbacks = [{"tensor": n, "row": s[0], "type": t} for n, s, t, _ in weights if s[0] % block]
+    fallbacks = [(n, s[0], t) for n, s, t, _ in weights if s[0] % block]
 
     def bpw(rows) -> float:
         elems = sum(_numel(s) for _, s, _, _ in rows)
         return 8 * sum(b for *_, b in rows) / elems if elems else 0.0
 
     layers = [w for w in weights if LAYER_LINEAR.fullmatch(w[0])]
-    return {
-        "layer_bytes": sum(b for *_, b in layers),  # the decoder layers' linears, as models/sizes.py counts them
-        "layer_weights": sum(_numel(s) for _, s, _, _ in layers),
-        "requested": requested,
-        "block": block,
-        "tensor_types": dict(sorted(counts.items())),
-        "weight_types": dict(sorted(Counter(t for _, _, t, _ in weights).items())),
-        "bits_per_weight": bpw(tensors),
-        "bits_per_weight_2d": bpw(weights),
-        "bits_per_weight_layers": bpw(layers),
-        "fallbacks": fallbacks,
-        "fallback_types": dict(sorted(Counter(f["type"] for f in fallbacks).items())),
-    }
+    return TypeReport(
+        type_of={n: t for n, _, t, _ in tensors},
+        requested=requested,
+        block=block,
+        tensor_types=dict(sorted(counts.items())),
+        weight_types=dict(sorted(Counter(t for _, _, t, _ in weights).items())),
+        bits_per_weight=bpw(tensors),
+        bits_per_weight_2d=bpw(weights),
+        bits_per_weight_layers=bpw(layers),
+        layer_bytes=sum(b for *_, b in layers),
+        layer_weights=sum(_numel(s) for _, s, _, _ in layers),
+        fallbacks=[{"tensor": n, "row": row, "type": t} for n, row, t in fallbacks],
+        fallback_types=dict(sorted(Counter(t for *_, t in fallbacks).items())),
+    )
 
 
-def layer_sizes(report: dict) -> tuple[int, int]:
+def layer_sizes(report: TypeReport) -> tuple[int, int]:
     """A type_report's decoder-layer linears: (their bytes, their weights)."""
-    return report["layer_bytes"], report["layer_weights"]
+    return report.layer_bytes, report.layer_weights
 
 
 def _numel(shape) -> int:
@@ -139,12 +164,12 @@ def _numel(shape) -> int:
     return n
 
 
-def read_types(path: Path, requested: str) -> dict:
+def read_types(path: Path, requested: str) -> TypeReport:
     """type_report of a GGUF file, read with the gguf library (through gguf.read's safe opener)."""
 
     reader = open_reader(path)
     rows = [(t.name, tuple(int(x) for x in t.shape), t.tensor_type.name, int(t.n_bytes)) for t in reader.tensors]
-    return type_report(rows, requested) | {"tensors": [{"name": n, "type": t} for n, _, t, _ in rows]}
+    return type_report(rows, requested)
 
 
 # ---------------------------------------------------------------- calibration text
@@ -192,8 +217,8 @@ class Made:
 
     work: Path
     artifact: Path
-    f16: dict
-    imatrix: dict | None
+    f16: GgufRecord
+    imatrix: Imatrix | None
     options: KquantOptions
     qtype: str
 
@@ -215,10 +240,12 @@ class Chooser(Protocol):
     def refine(self, made: Made, path: Path, chosen: dict) -> dict: ...
 
 
-def export_kquant(artifact: Path, out: Path | None, o: KquantOptions, chooser: Chooser | None = None) -> dict:
+def export_kquant(
+    artifact: Path, out: Path | None, o: KquantOptions, chooser: Chooser | None = None
+) -> KquantRecord | GgufRecord:
     """Write `out` (default: ARTIFACT.TYPE.gguf beside the checkpoint) as llama-quantize's `o.qtype`
     with an importance matrix (with `chooser`: the types it names per tensor); returns the record
-    written beside it."""
+    written beside it (the exact export's, where a compressed-tensors artifact takes the exact route)."""
 
     qtype = check_type(o.qtype)
     artifact = Path(artifact)
@@ -280,7 +307,7 @@ def _exact_route(artifact: Path, qtype: str):
     return lambda out, force: export_gguf(artifact, out, GgufOptions(force=force))
 
 
-def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str, chooser: Chooser | None) -> dict:
+def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str, chooser: Chooser | None) -> KquantRecord:
     t0 = time.perf_counter()
     work = out.parent / f".{out.name}.kquant-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
@@ -294,7 +321,7 @@ def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str, chooser: Choo
             text, manifest = calibration_text(artifact, o)
             (work / "calib.txt").write_text(text)
             note(f"export --type {qtype}: llama-imatrix over {manifest.get('samples')} windows")
-            imat = _imatrix(work, o, manifest, f16["sha256"])
+            imat = _imatrix(work, o, manifest, f16.sha256)
         made = Made(work, artifact, f16, imat, o, qtype)
         mixed = chooser.choose(made) if chooser else None
         note(f"export --type {qtype}: llama-quantize")
@@ -303,8 +330,9 @@ def _make(artifact: Path, out: Path, o: KquantOptions, qtype: str, chooser: Choo
             mixed = chooser.refine(made, work / "out.gguf", mixed)
         with staged_file(out, record_path(out)) as stage:
             os.replace(work / "out.gguf", stage.path)
-            stage.record = _record(stage.path, out, qtype, f16, imat, time.perf_counter() - t0, mixed)
-        return stage.record
+            record = _record(stage.path, out, qtype, f16, imat, time.perf_counter() - t0, mixed)
+            stage.record = record.to_json()
+        return record
     except OSError as exc:
         raise QuantkitError(
             f"{out}: cannot write the GGUF ({exc.strerror or type(exc).__name__}); nothing was written"
@@ -317,7 +345,7 @@ def _threads(o: KquantOptions) -> int:
     return o.threads or tools.available_cores()
 
 
-def _imatrix(work: Path, o: KquantOptions, manifest: dict, f16_sha256: str) -> dict:
+def _imatrix(work: Path, o: KquantOptions, manifest: dict, f16_sha256: str) -> Imatrix:
     """llama-imatrix over the calibration text, o.seq_len-token chunks, at most o.samples of them;
     kept in QUANTKIT_HOME/imatrix by what it depends on (the F16 file, the text, the chunks, the
     tools' build), so exporting a second type of the same checkpoint reuses it."""
@@ -355,19 +383,19 @@ def _imatrix(work: Path, o: KquantOptions, manifest: dict, f16_sha256: str) -> d
         tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
         shutil.copyfile(path, tmp)
         os.replace(tmp, cached)
-    return {
-        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "text_sha256": text_sha,
-        "chunk_tokens": o.seq_len,
-        "chunks_max": o.samples,
-        "seconds": time.perf_counter() - t0,
-        "reused": reused,
-        "tool": "llama-imatrix",
-        "calibration": manifest,
-    }
+    return Imatrix(
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        text_sha256=text_sha,
+        chunk_tokens=o.seq_len,
+        chunks_max=o.samples,
+        seconds=time.perf_counter() - t0,
+        reused=reused,
+        tool="llama-imatrix",
+        calibration=manifest,
+    )
 
 
-def _mapping(qtype: str, imat: dict | None, mixed: bool = False) -> str:
+def _mapping(qtype: str, imat: Imatrix | None, mixed: bool = False) -> str:
     return f"F16 -> {qtype}{' types chosen per tensor' if mixed else ''} (llama-quantize{', imatrix' if imat else ''})"
 
 
@@ -385,7 +413,7 @@ def type_lines(types: dict[str, str]) -> str:
 def _quantize(
     work: Path,
     qtype: str,
-    imat: dict | None,
+    imat: Imatrix | None,
     o: KquantOptions,
     *,
     dst: Path | None = None,
@@ -400,7 +428,7 @@ def _quantize(
     kv = ["quantkit.lossless=bool:false", f"quantkit.mapping=str:{mapping}", f"quantkit.gguf.type=str:{qtype}"]
     args: list = ["--pure"] if pure else []
     if imat:
-        kv.append(f"quantkit.imatrix.sha256=str:{imat['sha256']}")
+        kv.append(f"quantkit.imatrix.sha256=str:{imat.sha256}")
         args += ["--imatrix", work / "imatrix.gguf"]
     if types:
         (work / "tensor-types.txt").write_text(type_lines(types))
@@ -416,54 +444,56 @@ def _quantize(
 
 
 def _record(
-    path: Path, out: Path, qtype: str, f16: dict, imat: dict | None, seconds: float, mixed: dict | None = None
-) -> dict:
+    path: Path,
+    out: Path,
+    qtype: str,
+    f16: GgufRecord,
+    imat: Imatrix | None,
+    seconds: float,
+    mixed: dict | None = None,
+) -> KquantRecord:
     types = read_types(path, qtype)
     if mixed is not None:  # the chooser named every weight's type: none is llama-quantize's fallback
         check_mixed(types, mixed, path.stat().st_size)
-        types.update(fallbacks=[], fallback_types={})
-    return {
-        "kind": RECORD_KIND,
-        "schema_version": f16["schema_version"],
-        "gguf": str(out.resolve()),
-        "sha256": sha256_file(path),
-        "bytes": path.stat().st_size,
-        "source": f16["source"],
-        "origin": f16["origin"],
-        "architecture": f16["architecture"],
-        "model_type": f16["model_type"],
-        "lossless": False,
-        "gguf_type": qtype,
-        "mapping": [
-            {"mapping": _mapping(qtype, imat, mixed is not None), "tensors": len(types["tensors"]), "exact": False}
-        ],
-        "tensor_types": types["tensor_types"],
-        "weight_types": types["weight_types"],
-        "bits_per_weight": types["bits_per_weight"],
-        "bits_per_weight_2d": types["bits_per_weight_2d"],
-        "bits_per_weight_layers": types["bits_per_weight_layers"],
-        "fallbacks": types["fallbacks"],
-        "fallback_types": types["fallback_types"],
-        "block": types["block"],
-        "tensors": types["tensors"],
-        "imatrix": imat,
-        "f16": {"bytes": f16["bytes"], "sha256": f16["sha256"]},
-        "vocab": f16["vocab"],
-        "notes": f16["notes"] + _notes(types, qtype),
-        "tool_versions": {
-            **f16["tool_versions"],
+        types = replace(types, fallbacks=[], fallback_types={})
+    return KquantRecord(
+        gguf=str(out.resolve()),
+        sha256=sha256_file(path),
+        bytes=path.stat().st_size,
+        source=f16.source,
+        origin=f16.origin,
+        architecture=f16.architecture,
+        model_type=f16.model_type,
+        lossless=False,
+        gguf_type=qtype,
+        mapping=(MappingLine(_mapping(qtype, imat, mixed is not None), len(types.type_of), False),),
+        tensor_types=types.tensor_types,
+        weight_types=types.weight_types,
+        bits_per_weight=types.bits_per_weight,
+        bits_per_weight_2d=types.bits_per_weight_2d,
+        bits_per_weight_layers=types.bits_per_weight_layers,
+        fallbacks=tuple(types.fallbacks),
+        fallback_types=types.fallback_types,
+        block=types.block,
+        tensors=types.tensors,
+        imatrix=imat,
+        f16={"bytes": f16.bytes, "sha256": f16.sha256},
+        vocab=f16.vocab,
+        notes=f16.notes + tuple(_notes(types, qtype)),
+        tool_versions={
+            **f16.tool_versions,
             "llama-quantize": tools.version("llama-quantize"),
             "llama.cpp build": (tools.build_info() or {}).get("llama_cpp_commit"),
         },
-        "wall_seconds": seconds,
-        **({"mixed": {k: v for k, v in mixed.items() if k != "types"}} if mixed is not None else {}),
-    }
+        wall_seconds=seconds,
+        mixed={k: v for k, v in mixed.items() if k != "types"} if mixed is not None else None,
+    )
 
 
-def check_mixed(types: dict, mixed: dict, size: int) -> None:
+def check_mixed(types: TypeReport, mixed: dict, size: int) -> None:
     """The file holds every type the chooser named, and is no larger than --type's own file; else one
     line (raised before the file is renamed into place, so nothing is written)."""
-    got = {t["name"]: t["type"] for t in types["tensors"]}
+    got = types.type_of
     wrong = [f"{n} is {got.get(n)}, not {t}" for n, t in sorted(mixed["types"].items()) if got.get(n) != t]
     if wrong:
         raise tools.ToolError(
@@ -476,12 +506,12 @@ def check_mixed(types: dict, mixed: dict, size: int) -> None:
         )
 
 
-def _notes(types: dict, qtype: str) -> list[str]:
-    if not types["fallbacks"]:
+def _notes(types: TypeReport, qtype: str) -> list[str]:
+    if not types.fallbacks:
         return []
-    rows = sorted({f["row"] for f in types["fallbacks"]})
-    got = ", ".join(f"{n} x {t}" for t, n in types["fallback_types"].items())
+    rows = sorted({f["row"] for f in types.fallbacks})
+    got = ", ".join(f"{n} x {t}" for t, n in types.fallback_types.items())
     return [
-        f"{len(types['fallbacks'])} weights have rows of {', '.join(map(str, rows))} values, no multiple of {qtype}'s "
-        f"{types['block']}-value block: llama-quantize gave them {got}"
+        f"{len(types.fallbacks)} weights have rows of {', '.join(map(str, rows))} values, no multiple of {qtype}'s "
+        f"{types.block}-value block: llama-quantize gave them {got}"
     ]

@@ -7,6 +7,9 @@ directory, $HOME, QUANTKIT_HOME). Symlinks are resolved first, and --out itself 
 An existing --out, or its NAME.quantkit.json record, needs --force, and --force replaces only what
 quantkit export wrote: a GGUF whose header carries quantkit's keys (or whose export record beside
 it names its sha256), and a record of quantkit's kind.
+
+`read_record` reads that record (gguf/gguf_records.py) for its other readers too: the bench's GGUF
+source and self-check, eval's provenance of a GGUF.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from pathlib import Path
 
 from quantkit.artifacts.staging import guard_out, text_input
 from quantkit.core.integrity import sha256_file
+from quantkit.core.record_checks import RecordError
 from quantkit.errors import QuantkitError
+from quantkit.gguf.artifact_provenance import recorded_source
+from quantkit.gguf.gguf_records import GgufRecord, KquantRecord, gguf_record, of_record_kind
 from quantkit.gguf.read import written_by_quantkit
-
-RECORD_KIND = "quantkit-gguf-export"
 
 
 def record_path(out: Path) -> Path:
@@ -30,13 +34,6 @@ def record_path(out: Path) -> Path:
 
 def _resolved(p) -> Path:
     return Path(os.path.abspath(Path(p).expanduser())).resolve()
-
-
-def recorded_source(meta: dict) -> Path | None:
-    """The checkpoint an artifact was converted from, as its quantkit.json records it."""
-    src = meta.get("source") if isinstance(meta, dict) else None
-    path = src.get("path") if isinstance(src, dict) else None
-    return Path(path) if isinstance(path, str) and path else None
 
 
 def _tree(root: Path, what: str) -> list[tuple[Path, str]]:
@@ -93,17 +90,26 @@ def _replaceable(path: Path, force: bool, ours, what: str) -> None:
         )
 
 
-def read_record(path: Path) -> dict | None:
-    """An export record (NAME.quantkit.json), or None when the file is not one."""
+def _json(path: Path):
+    """The JSON in `path`, or None when it holds none."""
     try:
-        rec = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
-    return rec if isinstance(rec, dict) and rec.get("kind") == RECORD_KIND else None
+
+
+def read_record(path: Path) -> GgufRecord | KquantRecord | None:
+    """The export record in `path` (NAME.quantkit.json), or None when there is none, it is not
+    quantkit export's, or it does not read (gguf_records.py): then nothing trusts it."""
+    try:
+        return gguf_record(_json(path))
+    except RecordError:
+        return None
 
 
 def written_record(path: Path) -> bool:
-    return read_record(path) is not None
+    """quantkit export wrote `path`: a record of its kind, read or not (a newer schema, a damaged value)."""
+    return of_record_kind(_json(path))
 
 
 def written_gguf(path: Path) -> bool:
@@ -113,7 +119,7 @@ def written_gguf(path: Path) -> bool:
     if written_by_quantkit(path):
         return True
     rec = read_record(record_path(path))
-    return bool(rec and rec.get("bytes") == path.stat().st_size and rec.get("sha256") == sha256_file(path))
+    return rec is not None and rec.bytes == path.stat().st_size and rec.sha256 == sha256_file(path)
 
 
 def make_parent(out: Path) -> None:

@@ -29,6 +29,16 @@ from quantkit.gguf.tensors import tensor_bytes
 from quantkit.gguf.vocab import VocabInfo, add_vocab
 
 
+@dataclass(frozen=True)
+class Written:
+    """What `write` checked as it wrote: each tensor's check, the vocabulary's summary, and the
+    tensors the checkpoint does not hold (rope_freqs.weight)."""
+
+    checks: dict  # tensor name -> its check (tensors.tensor_bytes)
+    vocab: VocabInfo
+    extra_tensors: list[str]
+
+
 @dataclass
 class Stage:
     """The GGUF's temp file, and the export record to rename into place with it."""
@@ -109,7 +119,7 @@ def _byte_shape(shape: tuple[int, ...], qtype: str) -> tuple[int, ...]:
     return gguf.quant_shape_to_byte_shape(shape, getattr(gguf.GGMLQuantizationType, qtype))
 
 
-def write(tmp: Path, art: Artifact, hp: Hparams, plans: list[TensorPlan], origin: Origin) -> dict:
+def write(tmp: Path, art: Artifact, hp: Hparams, plans: list[TensorPlan], origin: Origin) -> Written:
     """Write the GGUF at `tmp`; return per-tensor checks and the vocabulary summary."""
 
     extra = extra_tensors(art.path, hp)
@@ -141,7 +151,7 @@ def write(tmp: Path, art: Artifact, hp: Hparams, plans: list[TensorPlan], origin
     finally:
         writer.close()
     _check_table(tmp, plans, extra)
-    return {"checks": checks, "vocab": info, "extra_tensors": sorted(extra)}
+    return Written(checks, info, sorted(extra))
 
 
 def _check_table(path: Path, plans: list[TensorPlan], extra: dict) -> None:

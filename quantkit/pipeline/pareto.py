@@ -207,7 +207,7 @@ def point(name: str, rec: VariantRecord) -> Point:
         made = rec.gguf
         types = read_types(made.path, made.gguf_type)
         layer_bytes, layer_weights = layer_sizes(types)
-        detail = {"weight_types": types["weight_types"], "fallback_types": made.fallback_types}
+        detail = {"weight_types": types.weight_types, "fallback_types": made.fallback_types}
         if made.mixed:
             detail["mixed"] = made.mixed
         return Point(

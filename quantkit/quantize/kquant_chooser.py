@@ -161,7 +161,7 @@ def _weights(made, ref_tensors: dict, candidates) -> dict[str, dict]:
     permutation and row length, from the F16 export's record."""
 
     out = {}
-    for t in made.f16["tensors"]:
+    for t in made.f16.tensors:
         name = t["name"]
         if LAYER_LINEAR.fullmatch(name) and name in ref_tensors:
             row = int(ref_tensors[name].shape[0])
@@ -361,7 +361,7 @@ def refine(made, path: Path, chosen: dict) -> dict:
     types (quantize/kquant_gptq.py), H over the calibration windows the importance matrix is made from."""
     t0 = time.perf_counter()
     o = made.options
-    weights = {t["name"]: t for t in made.f16["tensors"] if LAYER_LINEAR.fullmatch(t["name"])}
+    weights = {t["name"]: t for t in made.f16.tensors if LAYER_LINEAR.fullmatch(t["name"])}
     # bfloat16 forwards (H sums float32 products of the inputs; GPTQ damps it by 1% anyway): several times
     # faster than float32 on CPUs with bf16 dot products, as convert calibrates 4-bit recipes
     model = load_model(made.artifact, dtype="bfloat16", device="cpu")
