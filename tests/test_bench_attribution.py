@@ -134,28 +134,40 @@ def test_torch_rows_carry_their_attribution(cli, tiny_llama):
     assert "twin:" in a["fixed"]["twin"] and any("F.linear" in k["format"] for k in a["kernels"])
 
 
+def _dist(median=10.0, p90=10.4, low=10.0, n=5):
+    from quantkit.bench.row_parts import Distribution
+
+    return Distribution(median=median, mean=median, p90=p90, p99=p90, std=0.0, min=low, n=n)
+
+
+def _anchor(ratio_tpot: float):
+    """llama-bench beside a row, its TPOT `ratio_tpot` times the row's."""
+    from quantkit.bench.llama_bench import compare
+
+    figures = {"tpot_ms": 10.0, "tg_tokens_per_s": 100.0, "tg_tokens": 16, "tg_depth": 32, "flash_attn": False}
+    figures |= {"kv_cache": "f16/f16", "repeats": 3, "build_commit": None, "build_number": None, "cpu_info": None}
+    return compare(None, 10.0 * ratio_tpot, {**figures, "backends": "CPU", "threads": 1, "command": "llama-bench"})
+
+
 def _row(tpot_stats=None, steps=None, anchor=None):
     from types import SimpleNamespace
 
     return SimpleNamespace(
-        stats={
-            "tpot_ms": tpot_stats or {"n": 5, "min": 10.0, "p90": 10.4},
-            "step_ms": steps or {"median": 10, "p90": 11},
-        },
+        stats=SimpleNamespace(tpot_ms=tpot_stats or _dist(), step_ms=steps or _dist(median=10, p90=11)),
         anchor=anchor,
     )
 
 
 def test_disturbance_names_each_witness():
     assert disturbance(_row(), None) == ()
-    assert "spread" in disturbance(_row({"n": 5, "min": 10.0, "p90": 13.0}), None)[0]
-    assert "P90" in disturbance(_row(steps={"median": 25.6, "p90": 169.0}), None)[0]
+    assert "spread" in disturbance(_row(_dist(p90=13.0)), None)[0]
+    assert "P90" in disturbance(_row(steps=_dist(median=25.6, p90=169.0)), None)[0]
     drift = {"flagged": True, "worst": "read_gbps", "change": {"read_gbps": -0.3}, "limit": 0.15}
     assert "read bandwidth moved" in disturbance(_row(), drift)[0]
     matmul = {"flagged": True, "worst": "bf16_matmul_tflops", "change": {"read_gbps": 0.05, "bf16_matmul_tflops": 1.3}}
     assert disturbance(_row(), {**matmul, "limit": 0.15}) == ()  # a matmul's drift is the prefill's, not decode's
-    assert "llama-bench" in disturbance(_row(anchor={"ratio_tpot": 1.7}), None)[0]
-    assert disturbance(_row(anchor={"ratio_tpot": 1.05}), None) == ()
+    assert "llama-bench" in disturbance(_row(anchor=_anchor(1.7)), None)[0]
+    assert disturbance(_row(anchor=_anchor(1.05)), None) == ()
 
 
 def test_a_schema_4_result_is_refitted_without_a_negative_overhead():
@@ -176,7 +188,7 @@ def test_a_sweep_length_is_disturbed_as_a_row_is():
     from types import SimpleNamespace
 
     def point(lo, p90, n=5):
-        return SimpleNamespace(prompt_len=512, ttft_ms={"n": n, "min": lo, "p90": p90, "median": lo})
+        return SimpleNamespace(prompt_len=512, ttft_ms=_dist(median=lo, p90=p90, low=lo, n=n))
 
     assert not sweep_disturbed(point(462.6, 520.0))
     assert sweep_disturbed(point(1678.3, 2619.0))  # another process took the cores in some prefills

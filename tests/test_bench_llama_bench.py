@@ -41,12 +41,12 @@ def test_parse_turns_pp_and_tg_into_ttft_and_tpot():
     [(50.0, 10.0, []), (54.9, 9.1, []), (55.1, 10.0, ["ttft"]), (50.0, 8.9, ["tpot"]), (70.0, 20.0, ["ttft", "tpot"])],
 )
 def test_compare_flags_what_is_beyond_ten_percent(ttft, tpot, disagree):
-    anchor = {"ttft_ms": 50.0, "tpot_ms": 10.0}
-    c = llama_bench.compare(ttft, tpot, anchor)
+    figures = llama_bench.parse(_record(256, 0, 50_000_000), _record(0, 64, 640_000_000, depth=256))
+    c = llama_bench.compare(ttft, tpot, {**figures, "command": "llama-bench -m m.gguf"})  # TTFT 50 ms, TPOT 10
     assert (
-        c["disagree"] == disagree
-        and c["ratio_ttft"] == pytest.approx(ttft / 50)
-        and c["ratio_tpot"] == pytest.approx(tpot / 10)
+        list(c.disagree) == disagree
+        and c.ratio_ttft == pytest.approx(ttft / 50)
+        and c.ratio_tpot == pytest.approx(tpot / 10)
     )
 
 
@@ -96,7 +96,8 @@ def test_measure_at_a_depth_runs_tg_alone_after_it_with_the_rows_flash_attention
     assert a["tpot_ms"] == pytest.approx(1.0) and a["tg_depth"] == 4096 and a["flash_attn"] is True
     assert "ttft_ms" not in a and "-d 4096" in a["command"] and "-fa 1" in a["command"]
     c = llama_bench.compare(None, 1.2, a)
-    assert c["ratio_ttft"] is None and c["ratio_tpot"] == pytest.approx(1.2) and c["disagree"] == ["tpot"]
+    assert c.ratio_ttft is None and c.ratio_tpot == pytest.approx(1.2) and c.disagree == ("tpot",)
+    assert c.ttft_ms is None and "ttft_ms" not in c.to_json() and c.to_json()["ratio_ttft"] is None
 
 
 @needs_llama_cpp
