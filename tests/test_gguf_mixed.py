@@ -10,6 +10,7 @@ from installed import llama_tool
 
 from quantkit.errors import QuantkitError
 from quantkit.gguf import llama_quantize
+from quantkit.gguf.type_report import LAYER_LINEAR
 from quantkit.quantize import kquant_chooser
 
 
@@ -240,7 +241,7 @@ def test_mixed_export_holds_the_chosen_types_within_the_types_own_size(
     assert abs(rec["mixed"]["reference_bytes"] - plain.stat().st_size) <= 64
     got = {t.name: (t.tensor_type.name, int(t.shape[0])) for t in gguf.GGUFReader(str(out)).tensors}
     assert {t["name"]: t["type"] for t in rec["tensors"]} == {n: t for n, (t, _) in got.items()}
-    layers = [n for n in got if llama_quantize.LAYER_LINEAR.fullmatch(n)]
+    layers = [n for n in got if LAYER_LINEAR.fullmatch(n)]
     assert sorted(w["tensor"] for w in rec["mixed"]["weights"]) == sorted(layers)
     for w in rec["mixed"]["weights"]:  # each weight: the chosen type, one of the candidates its rows admit
         kind, row = got[w["tensor"]]

@@ -30,7 +30,7 @@ from quantkit.core.atomic import exclusive, write_json, write_text
 from quantkit.core.outputs import check_dir, model_inputs
 from quantkit.errors import QuantkitError
 from quantkit.gguf import tools
-from quantkit.gguf.llama_quantize import layer_sizes, read_types
+from quantkit.gguf.type_report import layer_sizes, read_types
 from quantkit.methods.schemes import Scheme
 from quantkit.models.resolve import resolve_path
 from quantkit.models.sizes import checkpoint_sizes

@@ -11,7 +11,7 @@ from quantkit.costs.commands import convert_work, read_model, this_machine
 from quantkit.costs.formulas import Model, Plan, combine, convert_plan, eval_plan
 from quantkit.costs.kquant_formulas import KquantWork, kquant_plan
 from quantkit.evals.eval_settings import EvalSettings
-from quantkit.gguf.llama_quantize import main_type
+from quantkit.gguf.type_report import main_type
 from quantkit.pipeline.pareto import check_tools, runner
 from quantkit.pipeline.pareto_settings import ParetoSettings
 from quantkit.pipeline.run_costs import variant_job

@@ -32,8 +32,8 @@ import torch
 from quantkit.data import calib
 from quantkit.errors import QuantkitError
 from quantkit.gguf.grids import rope_unpermute
-from quantkit.gguf.llama_quantize import LAYER_LINEAR
 from quantkit.gguf.read import open_reader
+from quantkit.gguf.type_report import LAYER_LINEAR
 from quantkit.models.checkpoint import checkpoint_hash, load_model, load_tokenizer
 from quantkit.progress import note
 from quantkit.quantize import kquant_gptq
