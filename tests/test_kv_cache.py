@@ -5,6 +5,7 @@ the settings of bench and eval that carry them, refused in one line where no eng
 
 import pytest
 
+from quantkit.bench.bench_records import options_json
 from quantkit.bench.bench_settings import BenchSettings, check_settings
 from quantkit.core.kv_cache import LLAMACPP_TYPES, KvCacheConfig, LlamaCache, parse_llama_cache, parse_llama_caches
 from quantkit.core.roofline import Shape, kv_bytes, kv_bytes_per_token
@@ -131,7 +132,7 @@ def test_bench_takes_cache_types_where_the_engine_has_them():
     s = BenchSettings(device="cpu", engine="llamacpp", kv_caches=("F16", "q8_0", "q4_0/f16"))
     assert s.kv_caches == ("f16", "q8_0", "q4_0/f16") and s.kv_cache_runs[1] == LlamaCache("q8_0", "q8_0")
     assert BenchSettings(device="cpu", engine="llamacpp").kv_cache_runs == (None,)
-    assert s.to_json()["kv_caches"] == ["f16", "q8_0", "q4_0/f16"]
+    assert options_json(s)["kv_caches"] == ["f16", "q8_0", "q4_0/f16"]
     refused = [
         (dict(engine="compiled", kv_caches=("q8_0",)), "the compiled engine holds its KV cache at its own type"),
         (dict(engine="llamacpp", kv_caches=("q8_0",), flash_attn="off"), "a q8_0 V cache runs in llama.cpp only"),

@@ -376,11 +376,9 @@ def ran_options(settings: BenchOptions) -> BenchOptions:
 
 
 def options_json(o: BenchOptions) -> dict:
-    return {
-        **{f.name: getattr(o, f.name) for f in fields(BenchOptions)},
-        "device": str(o.device),
-        **{f.name: list(getattr(o, f.name)) for f in fields(BenchOptions) if isinstance(getattr(o, f.name), tuple)},
-    }
+    """The options as a result's JSON holds them (BenchSettings' too): the device by name, lists for tuples."""
+    given = {f.name: getattr(o, f.name) for f in fields(BenchOptions)}
+    return {**{k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}, "device": str(o.device)}
 
 
 # bench options that files written before them lack: read as their defaults, which is what ran

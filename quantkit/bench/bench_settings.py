@@ -74,15 +74,6 @@ class BenchSettings(BenchOptions):
         """The cache types each model is benched at (None: the engine's own)."""
         return tuple(parse_llama_cache(c) for c in self.kv_caches) or (None,)
 
-    def to_json(self) -> dict:
-        return {
-            **self.__dict__,
-            "device": str(self.device),
-            "prompt_sweep": list(self.prompt_sweep),
-            "depths": list(self.depths),
-            "kv_caches": list(self.kv_caches),
-        }
-
 
 def check_settings(s: BenchSettings) -> None:
     """Settings that no model can be timed with: rejected before any loading or probing."""

@@ -232,9 +232,11 @@ class SelfCheck:
         check_values(
             d,
             {
-                **dict.fromkeys(("status",), TEXT),
-                **dict.fromkeys(("reason", "reference", "reference_dtype", "reference_kv_cache"), TEXT_OR_NONE),
-                "reference_checkpoint": TEXT_OR_NONE,
+                "status": TEXT,
+                **dict.fromkeys(
+                    ("reason", "reference", "reference_dtype", "reference_kv_cache", "reference_checkpoint"),
+                    TEXT_OR_NONE,
+                ),
                 **dict.fromkeys(("reference_s", "check_s", "threshold", "top1_agreement"), NONNEG_OR_NONE),
                 **dict.fromkeys(("mean_kl", "max_kl"), KL),
                 **dict.fromkeys(("passed", "exact"), FLAG_OR_NONE),
