@@ -513,3 +513,15 @@ def test_one_level_may_be_written_as_a_number(load):
     spec = LoadSpec(**load)
     key, value = next(iter(load.items()))
     assert getattr(spec, key) == str(value)
+
+
+def test_the_engines_table_names_every_lever():
+    """docs/LOAD.md's table of engines and their levers names each key a study may set."""
+    from quantkit.load.servers import SERVERS
+
+    doc = (Path(__file__).parents[1] / "docs" / "LOAD.md").read_text()
+    table = doc.split("Engines and the levers each has", 1)[1].split("\n\n")[1]
+    rows = {line.split("`")[1]: line for line in table.splitlines() if line.startswith("| `")}
+    for name, kind in SERVERS.items():
+        assert name in rows, name
+        assert [key for key in kind.keys if f"`{key}`" not in rows[name]] == [], name

@@ -140,6 +140,29 @@ def test_a_draft_model_turns_speculative_decoding_on():
     assert body == {} and all(key.here for key in kind.keys.values())  # every llama-server lever runs on a CPU
 
 
+@pytest.mark.parametrize("engine", ["llama-server", "vllm"])
+def test_sampling_settings_are_request_fields(engine):
+    """Temperature and seed go in every request's body, where any OpenAI-compatible server reads them."""
+    args, body = lever_args(SERVERS[engine], {"temperature": 0, "seed": 7}, "x")
+    assert args == [] and body == {"temperature": 0, "seed": 7}
+
+
+def test_every_llama_server_lever_is_a_flag_of_the_installed_server():
+    """What a study's llama-server settings become (each flag, and the flags one needs beside it) is
+    in the built llama-server's --help, so no lever fails at start-up for a flag this build lacks."""
+    import re
+
+    from quantkit.gguf import tools
+
+    llama_tool("llama-server")
+    proc = tools.run("llama-server", ["--help"], timeout=60)
+    flags = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", proc.stdout + proc.stderr))
+    keys = SERVERS["llama-server"].keys.values()
+    wanted = {flag for key in keys for flag in (key.flag, *key.also) if flag and flag.startswith("--")}
+    wanted |= {"--no-" + key.flag.removeprefix("--") for key in keys if key.flag and key.style == "pair"}
+    assert wanted and wanted <= flags, sorted(wanted - flags)
+
+
 def test_a_missing_draft_model_is_refused_before_a_server_starts(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
@@ -237,7 +260,9 @@ def test_a_lever_study_against_llama_server(tiny_gguf, tmp_path):
             "engine": "llama-server",
             "model": str(tiny_gguf),
             "ready_timeout_s": 60,
-            "settings": {"threads": 1, "ctx_size": 512, "parallel": 1},
+            # greedy: the random model's answer to each seeded prompt is the same on every run (sampled, one
+            # in some hundreds is byte tokens llama-server holds back as unfinished UTF-8: no text at all)
+            "settings": {"threads": 1, "ctx_size": 512, "parallel": 1, "temperature": 0},
         },
         "load": {
             "concurrency": "1,2",
@@ -263,7 +288,8 @@ def test_a_lever_study_against_llama_server(tiny_gguf, tmp_path):
     data = json.loads(result.stdout)
     runs = {run["label"]: run for run in data["runs"]}
     for run in runs.values():
-        assert [(s["completed"], s["error_count"]) for s in run["steps"]] == [(4, 0), (4, 0)], run["steps"]
+        found = [(s["completed"], s["error_count"]) for s in run["steps"]]
+        assert found == [(4, 0), (4, 0)], (run["label"], [s.get("error_examples") for s in run["steps"]])
         assert run["server"]["exit_code"] is not None and run["steps"][0]["tokens_from_usage"]
     rows = {row["lever"]: row for row in data["table"]}
     assert rows["one-slot"]["first_cache_hit"] > 0.3 and rows["no-prompt-cache"]["first_cache_hit"] == 0

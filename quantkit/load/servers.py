@@ -229,6 +229,14 @@ def _llama_server(check: bool) -> str:
     return str(found) if found else "llama-server"
 
 
+# Sampling as request fields, on every OpenAI-compatible server: an engine's default (llama-server's 0.8,
+# vLLM's from the model's generation config) is random on each run; 0 is greedy, the same answers run
+# after run, so a speculative lever's acceptance repeats.
+SAMPLING = {
+    "temperature": Key("sampling temperature of every request (request field; 0 is greedy)", body="temperature"),
+    "seed": Key("sampling seed of every request (request field)", body="seed"),
+}
+
 LLAMA_SERVER = ServerKind(
     name="llama-server",
     # llama.cpp's own server binary (not part of the llama-cpp-python wheel; scripts/_install.sh builds
@@ -273,6 +281,7 @@ LLAMA_SERVER = ServerKind(
         "cache_ram": Key(
             "host-memory prompt cache in MiB (-1 no limit, 0 off): prompts kept past their slot", "--cache-ram"
         ),
+        **SAMPLING,
     },
     ready="/health",
     load_engine="llamacpp",
@@ -343,6 +352,7 @@ VLLM = ServerKind(
         ),
         "quantization": Key("weight quantization method", "--quantization", here=False),
         "tensor_parallel_size": Key("GPUs per replica", "--tensor-parallel-size", here=False),
+        **SAMPLING,
     },
     ready="/health",
     load_engine="vllm",
