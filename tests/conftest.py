@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,30 @@ needs_wikitext2 = pytest.mark.skipif(
     not SHARED_TEXT.is_file(),
     reason="no copy of WikiText-2 (CC BY-SA, not shipped); set QUANTKIT_WIKITEXT2_VALID to one",
 )
+
+
+def _worker_threads() -> int | None:
+    """Threads for one pytest-xdist worker: the CPUs shared out among the workers (None outside
+    xdist). Two workers whose torch each spins a thread per core oversubscribe the cores: two
+    demo GPTQ conversions side by side took 450 s at two threads each and 80 s at one each on 2 cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, len(os.sched_getaffinity(0)) // workers) if workers > 1 else None
+
+
+def pytest_configure(config):
+    threads = _worker_threads()
+    if threads is not None:  # what this worker starts (CLI subprocesses, workers) inherits its share
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, str(threads))
+
+
+@pytest.fixture(autouse=True)
+def worker_threads():
+    """Each test starts at this worker's share of the cores: a command that set torch's threads
+    (bench --threads, GQA recovery's pick) does not carry them into the next test."""
+    threads = _worker_threads()
+    if threads is not None and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
