@@ -646,7 +646,7 @@ def demo_artifacts(demo_model, tmp_path_factory):
             "--calib",
             f"file:{DEMO_TEXT}",
             "--set",
-            "calibration.samples=16",
+            "calibration.samples=4",  # what is checked is the export of the grid GPTQ chose, not its accuracy
             "--json",
         )
         assert code == 0, err
