@@ -5,6 +5,7 @@ study against the real server the install built (fails, not skips, where the ins
 from __future__ import annotations
 
 import json
+import re
 import socketserver
 import threading
 import time
@@ -147,11 +148,28 @@ def test_sampling_settings_are_request_fields(engine):
     assert args == [] and body == {"temperature": 0, "seed": 7}
 
 
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"temperature": "hot"}, "x.settings.temperature: 'hot' must be a number, 0 or above"),
+        ({"temperature": -0.5}, "must be a number, 0 or above"),
+        ({"temperature": float("nan")}, "must be a number, 0 or above"),
+        ({"temperature": True}, "must be a number, 0 or above"),
+        ({"seed": 1.5}, "x.settings.seed: 1.5 must be an integer, 0 or above"),
+        ({"seed": "7"}, "must be an integer, 0 or above"),
+    ],
+)
+def test_a_sampling_setting_no_server_takes_is_refused_before_it_starts(settings, message):
+    from quantkit.load.servers import StudyError
+
+    for engine in ("llama-server", "vllm"):
+        with pytest.raises(StudyError, match=re.escape(message)):
+            lever_args(SERVERS[engine], settings, "x")
+
+
 def test_every_llama_server_lever_is_a_flag_of_the_installed_server():
     """What a study's llama-server settings become (each flag, and the flags one needs beside it) is
     in the built llama-server's --help, so no lever fails at start-up for a flag this build lacks."""
-    import re
-
     from quantkit.gguf import tools
 
     llama_tool("llama-server")
