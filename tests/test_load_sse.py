@@ -84,3 +84,18 @@ def test_when_a_stream_counts_as_complete():
     assert early.error == "truncated" and early.detail.startswith("[DONE] came")
     odd = record(done=True, finish_reason="length", prompt_tokens=10, cached_tokens=11)
     assert odd.error == "stream_error" and "exceed" in odd.detail
+
+
+def test_an_answer_of_tokens_that_are_no_text_is_a_stream_error_that_says_so():
+    """llama-server holds back bytes until they complete a UTF-8 character; a random model's answer
+    can be all such bytes: usage counts its tokens, and no chunk carried text to time the first."""
+    rec = RequestRecord(t_send=0.0)
+    apply_chunk(rec, {"choices": [{"text": "", "finish_reason": "length"}]}, "completions", 0.2)
+    apply_chunk(rec, {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 8}}, "completions", 0.2)
+    rec.done = True
+    rec = finish_record(rec, 0.3)
+    assert rec.error == "stream_error" and rec.detail.endswith(
+        "without generated text (8 tokens by usage, none of them text)"
+    )
+    bare = finish_record(RequestRecord(t_send=0.0, done=True, finish_reason="stop"), 0.3)  # nothing at all
+    assert bare.error == "stream_error" and bare.detail == "the stream ended without generated text"

@@ -233,6 +233,10 @@ def finish_record(rec: RequestRecord, now: float) -> RequestRecord:
         rec.detail = f"{ended} after {len(rec.chunk_times)} text chunks without a finish_reason"
     elif rec.t_first is None:
         rec.error, rec.detail = "stream_error", "the stream ended without generated text"
+        if rec.tokens_from_usage and rec.output_tokens:
+            # tokens were generated but none became text: special tokens, or bytes a server holds back
+            # until they complete a UTF-8 character (llama-server); no chunk times the first token
+            rec.detail += f" ({rec.output_tokens} tokens by usage, none of them text)"
     elif rec.cached_tokens is not None and rec.prompt_tokens is not None and rec.cached_tokens > rec.prompt_tokens:
         rec.error = "stream_error"
         rec.detail = f"cached prompt tokens ({rec.cached_tokens}) exceed the prompt ({rec.prompt_tokens})"
