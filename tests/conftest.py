@@ -25,10 +25,11 @@ needs_wikitext2 = pytest.mark.skipif(
 
 def _worker_threads() -> int | None:
     """Threads for one pytest-xdist worker: the CPUs shared out among the workers (None outside
-    xdist). Two workers whose torch each spins a thread per core oversubscribe the cores: two
-    demo GPTQ conversions side by side took 450 s at two threads each and 80 s at one each on 2 cores."""
+    xdist); at a thread per core in every worker they oversubscribe the cores (docs/DEVELOPMENT.md)."""
+    from quantkit.gguf.tools import available_cores
+
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return max(1, len(os.sched_getaffinity(0)) // workers) if workers > 1 else None
+    return max(1, available_cores() // workers) if workers > 1 else None
 
 
 def pytest_configure(config):

@@ -151,12 +151,12 @@ def test_sampling_settings_are_request_fields(engine):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"temperature": "hot"}, "x.settings.temperature: 'hot' must be a number, 0 or above"),
-        ({"temperature": -0.5}, "must be a number, 0 or above"),
-        ({"temperature": float("nan")}, "must be a number, 0 or above"),
-        ({"temperature": True}, "must be a number, 0 or above"),
-        ({"seed": 1.5}, "x.settings.seed: 1.5 must be an integer, 0 or above"),
-        ({"seed": "7"}, "must be an integer, 0 or above"),
+        ({"temperature": "hot"}, "x.settings.temperature: 'hot' is not a finite number"),
+        ({"temperature": -0.5}, "x.settings.temperature: -0.5 is not at least 0"),
+        ({"temperature": float("nan")}, "is not a finite number"),
+        ({"temperature": True}, "is not a finite number"),
+        ({"seed": 1.5}, "x.settings.seed: 1.5 is not a whole number of at least 0"),
+        ({"seed": "7"}, "is not a whole number of at least 0"),
     ],
 )
 def test_a_sampling_setting_no_server_takes_is_refused_before_it_starts(settings, message):

@@ -11,13 +11,13 @@ decoding).
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from quantkit.core.kv_cache import LLAMACPP_TYPES, LlamaCache, parse_llama_cache
+from quantkit.core.record_checks import COUNT, NONNEG, RecordError
 from quantkit.errors import QuantkitError
 from quantkit.external import vllm_env
 from quantkit.gguf import tools
@@ -40,7 +40,7 @@ class Key:
     here: bool = True  # False: written for the engine's own flag, not run on this machine
     also: tuple[str, ...] = ()  # flags the engine needs beside this one for it to take effect
     file: bool = False  # the value names a file, which must exist before the server starts
-    valid: Callable[[Any], str | None] | None = None  # why a value is refused (None: accepted), before any server
+    valid: Callable[[Any, str], Any] | None = None  # record_checks' check of the value, before any server starts
 
     def args(self, value: Any) -> list[str]:
         if self.flag is None:
@@ -234,24 +234,11 @@ def _llama_server(check: bool) -> str:
 # Sampling as request fields, on every OpenAI-compatible server: an engine's default (llama-server's 0.8,
 # vLLM's from the model's generation config) is random on each run; 0 is greedy, the same answers run
 # after run, so a speculative lever's acceptance repeats.
-def _number(value: Any) -> str | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-    return None if ok else "must be a number, 0 or above"
-
-
-def _integer(value: Any) -> str | None:
-    return (
-        None
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        else "must be an integer, 0 or above"
-    )
-
-
 SAMPLING = {
     "temperature": Key(
-        "sampling temperature of every request (request field; 0 is greedy)", body="temperature", valid=_number
+        "sampling temperature of every request (request field; 0 is greedy)", body="temperature", valid=NONNEG
     ),
-    "seed": Key("sampling seed of every request (request field)", body="seed", valid=_integer),
+    "seed": Key("sampling seed of every request (request field)", body="seed", valid=COUNT),
 }
 
 LLAMA_SERVER = ServerKind(
@@ -427,9 +414,11 @@ def lever_args(kind: ServerKind, settings: dict[str, Any], where: str) -> tuple[
         kind.check(settings, where)
     for name, value in settings.items():
         key = kind.key(name, where)
-        why = key.valid(value) if key.valid is not None else None
-        if why:
-            raise StudyError(f"{where}.settings.{name}: {value!r} {why}")
+        if key.valid is not None:
+            try:
+                key.valid(value, f"{where}.settings.{name}")
+            except RecordError as exc:
+                raise StudyError(str(exc)) from None
         if key.body:
             body[key.body] = value
             continue
